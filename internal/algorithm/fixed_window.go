@@ -1,0 +1,54 @@
+package algorithm
+
+// FixedWindow is the state of a fixed-window counter.
+//
+// Model: the first admitted request opens a window of Params.Window µs;
+// at most Params.Limit units are admitted until it closes, then the next
+// admitted request opens a new one. Windows are anchored at their first
+// admission, not at wall-clock boundaries, so one idle subject costs nothing.
+//
+// Burst: up to 2 × Limit in a short interval around a window boundary
+// (Limit at the end of one window, Limit at the start of the next). Accuracy:
+// exact per window, not per sliding interval. State: two integers.
+//
+// A clock that moves behind Start is treated as Start: the window neither
+// reopens nor stretches.
+type FixedWindow struct {
+	Start int64 // µs at which the current window opened; 0 = absent
+	Count int64 // units admitted in the current window
+}
+
+// Decide evaluates cost at now and returns the new state and the decision.
+func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
+	if s.Start != 0 && now < s.Start {
+		now = s.Start
+	}
+	if s.Start == 0 || now >= s.Start+p.Window {
+		s = FixedWindow{Start: now}
+	}
+	d := Decision{Limit: p.Limit}
+	need := verdictCost(cost)
+	if s.Count+need > p.Limit {
+		d.Remaining = p.Limit - s.Count
+		d.ResetAfter = s.Start + p.Window - now
+		d.RetryAfter = d.ResetAfter
+		return s, d
+	}
+	if cost > 0 {
+		s.Count += cost
+	}
+	d.Allowed = true
+	d.Remaining = p.Limit - s.Count
+	if s.Count > 0 {
+		d.ResetAfter = s.Start + p.Window - now
+	}
+	return s, d
+}
+
+// Expires returns the instant from which s equals an absent state.
+func (s FixedWindow) Expires(p Params) int64 {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.Start + p.Window
+}

@@ -1,0 +1,67 @@
+package algorithm
+
+// GCRA is the state of the generic cell rate algorithm (a virtual
+// scheduler).
+//
+// Model: each unit is due one emission interval T = Window/Limit µs after
+// the previous one; the theoretical arrival time (TAT) is when the next unit
+// would be on schedule. A request of cost c is admitted when
+// max(TAT, now) + c·T − now ≤ Burst·T, i.e. when it is at most Burst units
+// ahead of schedule. T is a fraction, so the TAT is kept as whole
+// microseconds plus a remainder in 1/Limit µs, and every comparison is done
+// scaled by Limit, exactly in integers.
+//
+// Burst: up to Burst at once after idling, then evenly spaced at the rate.
+// Accuracy: exact. State: one timestamp (two integers here, for exactness).
+// For the same Params, GCRA and TokenBucket admit exactly the same requests.
+//
+// A clock that moves backwards needs no special case: the TAT simply lies
+// further ahead of now, so fewer units fit, and the state is untouched.
+type GCRA struct {
+	TAT  int64 // whole µs of the theoretical arrival time; 0 = absent
+	Frac int64 // remainder of the TAT in 1/Limit µs, 0 ≤ Frac < Limit
+}
+
+// Decide evaluates cost at now and returns the new state and the decision.
+func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
+	tau := p.Burst * p.Window // Burst·T, scaled by Limit
+	need := verdictCost(cost) * p.Window
+	d := Decision{Limit: p.Burst}
+	// debt is (TAT − now) scaled by Limit, or 0 when the TAT is past.
+	var debt int64
+	if ahead := s.TAT - now; s.TAT != 0 && ahead >= 0 {
+		if ahead > tau/p.Limit+1 {
+			// Further ahead than any admissible debt (a clock that went
+			// backwards); also keeps ahead × Limit from overflowing.
+			d.RetryAfter = ahead - floorDiv(tau-need-s.Frac, p.Limit)
+			d.ResetAfter = ahead + ceilDiv(s.Frac, p.Limit)
+			return s, d
+		}
+		debt = ahead*p.Limit + s.Frac
+	}
+	if debt+need > tau {
+		d.Remaining = max(tau-debt, 0) / p.Window
+		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
+		d.ResetAfter = ceilDiv(debt, p.Limit)
+		return s, d
+	}
+	if cost > 0 {
+		debt += cost * p.Window
+		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit}
+	}
+	d.Allowed = true
+	d.Remaining = (tau - debt) / p.Window
+	d.ResetAfter = ceilDiv(debt, p.Limit)
+	return s, d
+}
+
+// Expires returns the instant from which s equals an absent state.
+func (s GCRA) Expires(p Params) int64 {
+	if s.TAT == 0 {
+		return 0
+	}
+	if s.Frac > 0 {
+		return s.TAT + 1
+	}
+	return s.TAT
+}

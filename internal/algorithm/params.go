@@ -1,0 +1,134 @@
+// Package algorithm holds the rate-limiting math of sluice, once.
+//
+// Every algorithm is a pure state machine over an explicit state value, an
+// explicit now and an explicit cost: no clock, no I/O, no floating point.
+// Time is integer microseconds since the Unix epoch and amounts are integers,
+// so every intermediate value stays below 2^53 and the Lua ports in
+// redisstore compute bit for bit the same results in Redis's doubles.
+//
+// Conventions shared by all five algorithms:
+//
+//   - cost > 0 spends cost units if the whole cost fits; a denial returns the
+//     state unchanged (denied requests never extend a window).
+//   - cost == 0 is a peek: the verdict is the one a cost of 1 would get, and
+//     the state is returned unchanged.
+//   - Decision.RetryAfter is 0 exactly when Allowed; otherwise it is the
+//     earliest wait after which the same cost would be admitted if nothing
+//     else is spent meanwhile.
+//   - Decision.ResetAfter is the wait until the state is back to full
+//     capacity (Remaining == Limit) if nothing else is spent.
+//   - Expires reports the instant from which the state is indistinguishable
+//     from an absent one, so stores can drop it (Redis TTL).
+//   - The zero value of every state type is "absent".
+package algorithm
+
+import "fmt"
+
+// Bounds every Params value satisfies. MaxExact is 2^53, the largest range
+// in which Lua's doubles represent every integer exactly.
+const (
+	MinWindow        int64 = 1_000          // 1ms in µs
+	MaxWindow        int64 = 86_400_000_000 // 24h in µs
+	MaxLimit         int64 = 1_000_000_000
+	MaxSlidingLogLen int64 = 100_000
+	MaxExact         int64 = 1 << 53
+)
+
+// Params are the numbers of one policy in the units the math uses.
+type Params struct {
+	Limit  int64 // units per window (window algorithms); rate numerator (bucket algorithms)
+	Window int64 // µs
+	Burst  int64 // bucket capacity in units (token bucket, GCRA); Limit for window algorithms
+}
+
+// Kind names an algorithm inside this package.
+type Kind uint8
+
+// The algorithms, in the order of the root package's constants.
+const (
+	KindFixedWindow Kind = iota + 1
+	KindSlidingLog
+	KindSlidingWindow
+	KindTokenBucket
+	KindGCRA
+)
+
+// RangeError says which number broke which rule.
+type RangeError struct {
+	Field string // "limit", "window", "burst"
+	Value int64
+	Rule  string
+}
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("%s = %d: %s", e.Field, e.Value, e.Rule)
+}
+
+// Check reports the first number of p that the algorithm k cannot evaluate
+// exactly, as a *RangeError.
+func (p Params) Check(k Kind) error {
+	switch {
+	case p.Window < MinWindow || p.Window > MaxWindow:
+		return &RangeError{"window", p.Window, "must be between 1ms and 24h (in µs: 1000 to 86400000000)"}
+	case p.Limit < 1 || p.Limit > MaxLimit:
+		return &RangeError{"limit", p.Limit, "must be between 1 and 1000000000"}
+	case p.Burst < 1 || p.Burst > MaxLimit:
+		return &RangeError{"burst", p.Burst, "must be between 1 and 1000000000"}
+	}
+	switch k {
+	case KindFixedWindow:
+	case KindSlidingLog:
+		if p.Limit > MaxSlidingLogLen {
+			return &RangeError{"limit", p.Limit, "sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits"}
+		}
+	case KindSlidingWindow:
+		if p.Limit > (MaxExact-1)/p.Window {
+			return &RangeError{"limit", p.Limit, fmt.Sprintf("limit × window in µs must stay below 2^53 for sliding_window; at this window the limit can be at most %d", (MaxExact-1)/p.Window)}
+		}
+	case KindTokenBucket, KindGCRA:
+		if p.Burst > (MaxExact-1-p.Limit)/p.Window {
+			return &RangeError{"burst", p.Burst, fmt.Sprintf("burst × window in µs must stay below 2^53; at this window the burst can be at most %d", (MaxExact-1-p.Limit)/p.Window)}
+		}
+	default:
+		return &RangeError{"algorithm", int64(k), "unknown algorithm"}
+	}
+	return nil
+}
+
+// Capacity is the most units one decision could ever admit: Limit for the
+// window algorithms, Burst for the bucket algorithms.
+func (p Params) Capacity(k Kind) int64 {
+	if k == KindTokenBucket || k == KindGCRA {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// Decision is the verdict of one evaluation. Durations are µs.
+type Decision struct {
+	Allowed    bool
+	Limit      int64 // capacity: Remaining never exceeds it
+	Remaining  int64 // units that could still be admitted now, after this decision
+	ResetAfter int64 // µs until Remaining == Limit again if nothing is spent
+	RetryAfter int64 // µs until this cost would be admitted; 0 iff Allowed
+}
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// floorDiv returns ⌊a/b⌋ for any a and b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// verdictCost is the cost a decision is judged on: a peek (0) is judged as 1.
+func verdictCost(cost int64) int64 {
+	if cost == 0 {
+		return 1
+	}
+	return cost
+}

@@ -1,0 +1,95 @@
+package algorithm
+
+// SlidingWindow is the state of a sliding-window counter (the weighted
+// two-window estimate).
+//
+// Model: time is cut into windows aligned to multiples of Params.Window µs
+// since the epoch. The count in the sliding interval ending now is estimated
+// as Prev × (Window − elapsed) / Window + Curr, where elapsed is the time since
+// the current window began; a request of cost c is admitted when that
+// estimate plus c does not exceed Params.Limit. The comparison is done
+// multiplied through by Window, so it is exact in integers.
+//
+// Burst: none beyond the limit under the estimate. Accuracy: approximate,
+// because it assumes the previous window's requests were spread evenly; the
+// estimate is exact when they were. Example: Prev 84, Curr 36, 25 % of the
+// window elapsed → 84 × 0.75 + 36 = 99. State: three integers.
+//
+// A clock that moves behind Start is treated as Start.
+type SlidingWindow struct {
+	Start int64 // µs at which the current window began (a multiple of Window); 0 = absent
+	Curr  int64 // units admitted in the current window
+	Prev  int64 // units admitted in the window before it
+}
+
+// advance moves s to the window that holds now.
+func (s SlidingWindow) advance(p Params, now int64) SlidingWindow {
+	w := now - now%p.Window
+	switch {
+	case w <= s.Start:
+		return s
+	case w == s.Start+p.Window:
+		return SlidingWindow{Start: w, Prev: s.Curr}
+	default:
+		return SlidingWindow{Start: w}
+	}
+}
+
+// Decide evaluates cost at now and returns the new state and the decision.
+// The returned state is always the stored state advanced to now; on a denial
+// it holds the same counts, only re-based, and need not be written.
+func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decision) {
+	if s.Start != 0 && now < s.Start {
+		now = s.Start
+	}
+	s = s.advance(p, now)
+	elapsed := now - s.Start
+	// All quantities below are scaled by Window.
+	weighted := s.Prev*(p.Window-elapsed) + s.Curr*p.Window
+	capacity := p.Limit * p.Window
+	d := Decision{Limit: p.Limit}
+	need := verdictCost(cost)
+	if weighted+need*p.Window > capacity {
+		d.Remaining = (capacity - weighted) / p.Window
+		d.ResetAfter = s.resetAfter(p, elapsed)
+		if s.Curr+need <= p.Limit {
+			// Wait for the previous window's share to decay enough.
+			at := p.Window - (p.Limit-s.Curr-need)*p.Window/s.Prev
+			d.RetryAfter = at - elapsed
+		} else {
+			// Wait for the next window, where Curr becomes Prev.
+			at := p.Window - (p.Limit-need)*p.Window/s.Curr
+			d.RetryAfter = p.Window - elapsed + at
+		}
+		return s, d
+	}
+	if cost > 0 {
+		s.Curr += cost
+		weighted += cost * p.Window
+	}
+	d.Allowed = true
+	d.Remaining = (capacity - weighted) / p.Window
+	d.ResetAfter = s.resetAfter(p, elapsed)
+	return s, d
+}
+
+func (s SlidingWindow) resetAfter(p Params, elapsed int64) int64 {
+	switch {
+	case s.Curr > 0:
+		return 2*p.Window - elapsed
+	case s.Prev > 0:
+		return p.Window - elapsed
+	}
+	return 0
+}
+
+// Expires returns the instant from which s equals an absent state.
+func (s SlidingWindow) Expires(p Params) int64 {
+	switch {
+	case s.Curr > 0:
+		return s.Start + 2*p.Window
+	case s.Prev > 0:
+		return s.Start + p.Window
+	}
+	return 0
+}

@@ -1,0 +1,62 @@
+package algorithm
+
+// TokenBucket is the state of a token bucket.
+//
+// Model: a bucket holds up to Params.Burst tokens and refills continuously
+// at Params.Limit tokens per Params.Window µs; a request of cost c takes c
+// tokens when at least c are there. Tokens are counted in fractions of
+// 1/Window token (scaled by Window), so the refill of every microsecond is an
+// exact integer: Limit scaled units.
+//
+// Burst: up to Burst at once after idling, then the steady rate. Accuracy:
+// exact. State: two integers. For the same Params, TokenBucket and GCRA
+// admit exactly the same requests; they differ in what they store.
+//
+// A clock that moves behind Last refills nothing and is treated as Last.
+type TokenBucket struct {
+	Tokens int64 // tokens × Window; meaningful only when Last != 0
+	Last   int64 // µs of the last admission; 0 = absent (a full bucket)
+}
+
+// Decide evaluates cost at now and returns the new state and the decision.
+func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
+	full := p.Burst * p.Window
+	tokens := full
+	if s.Last != 0 {
+		if now < s.Last {
+			now = s.Last
+		}
+		tokens = s.Tokens
+		// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
+		if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
+			tokens = full
+		} else {
+			tokens += elapsed * p.Limit
+		}
+	}
+	d := Decision{Limit: p.Burst}
+	need := verdictCost(cost) * p.Window
+	if tokens < need {
+		d.Remaining = tokens / p.Window
+		d.RetryAfter = ceilDiv(need-tokens, p.Limit)
+		d.ResetAfter = ceilDiv(full-tokens, p.Limit)
+		return s, d
+	}
+	if cost > 0 {
+		tokens -= cost * p.Window
+		s = TokenBucket{Tokens: tokens, Last: now}
+	}
+	d.Allowed = true
+	d.Remaining = tokens / p.Window
+	d.ResetAfter = ceilDiv(full-tokens, p.Limit)
+	return s, d
+}
+
+// Expires returns the instant from which s equals an absent state (a full
+// bucket).
+func (s TokenBucket) Expires(p Params) int64 {
+	if s.Last == 0 {
+		return 0
+	}
+	return s.Last + ceilDiv(p.Burst*p.Window-s.Tokens, p.Limit)
+}

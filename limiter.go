@@ -1,0 +1,229 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// MaxSubjectLen is the longest Subject a Request may carry, in bytes.
+const MaxSubjectLen = 200
+
+// Request asks whether Subject may spend Cost units of one or more policies.
+type Request struct {
+	// Policy is the ID of the policy to check. Exactly one of Policy and
+	// Policies is set.
+	Policy string
+	// Policies are the IDs of several policies to check at once, all or
+	// nothing.
+	Policies []string
+	// Subject is whose budget is spent: a pseudonym (see package subject),
+	// never a raw personal identifier. 1 to MaxSubjectLen bytes of printable
+	// ASCII other than space, '{' and '}'.
+	Subject string
+	// Cost is the number of units to spend. The zero value means 1; a
+	// negative cost is Incompatible. Use Peek to spend nothing.
+	Cost int64
+	// Peek reports the state without spending: the verdict is the one a
+	// cost of 1 would get. Cost must then be 0.
+	Peek bool
+	// EvaluationID, when set, identifies this request across retries.
+	EvaluationID string
+}
+
+// Options configure a Limiter. The zero value means the defaults.
+type Options struct {
+	// Clock is consulted only to see whether the context's deadline has
+	// already passed. Default: SystemClock.
+	Clock Clock
+}
+
+// Limiter checks requests against a fixed set of policies on one Store.
+// It validates every request before the store sees it. Safe for concurrent
+// use; it owns no goroutines and needs no cleanup (close the Store).
+type Limiter struct {
+	store    Store
+	clock    Clock
+	policies map[string]*Policy
+	order    []string
+	pool     sync.Pool // *Evaluation
+}
+
+// New returns a Limiter over store for policies, which must be valid and
+// have distinct IDs.
+func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
+	if store == nil {
+		return nil, errors.New("sluice: New: store is nil")
+	}
+	l := &Limiter{store: store, clock: opts.Clock, policies: make(map[string]*Policy, len(policies))}
+	if l.clock == nil {
+		l.clock = SystemClock{}
+	}
+	for i, p := range policies {
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("sluice: New: policies[%d]: %w", i, err)
+		}
+		if _, dup := l.policies[p.ID]; dup {
+			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
+		}
+		p = p.WithDefaults()
+		l.policies[p.ID] = &p
+		l.order = append(l.order, p.ID)
+	}
+	l.pool.New = func() any { return new(Evaluation) }
+	return l, nil
+}
+
+// Policy returns the validated policy with the given ID, defaults applied.
+func (l *Limiter) Policy(id string) (Policy, bool) {
+	p, ok := l.policies[id]
+	if !ok {
+		return Policy{}, false
+	}
+	return *p, true
+}
+
+// Policies returns the IDs of l's policies in the order given to New.
+func (l *Limiter) Policies() []string { return append([]string(nil), l.order...) }
+
+// Check decides req. It never panics and never returns an error: every
+// failure is an Outcome of kind Incompatible, Unavailable or Indeterminate
+// with Err set. An invalid request or an already-passed deadline is
+// answered without touching the store.
+func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
+	if err := ctx.Err(); err != nil {
+		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
+	}
+	if d, ok := ctx.Deadline(); ok && !l.clock.Now().Before(d) {
+		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
+	}
+	ev := l.pool.Get().(*Evaluation)
+	defer l.put(ev)
+	if err := l.prepare(ev, &req); err != nil {
+		return Outcome{Kind: Incompatible, Err: err}
+	}
+	if err := l.store.Evaluate(ctx, ev); err != nil {
+		return failed(err)
+	}
+	if len(ev.Statuses) != len(ev.Policies) {
+		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
+	}
+	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses)}
+	if !o.Allowed {
+		o.Kind = Denied
+	}
+	if len(req.Policies) > 0 {
+		o.Statuses = append([]Status(nil), ev.Statuses...)
+	}
+	return o
+}
+
+func (l *Limiter) put(ev *Evaluation) {
+	clear(ev.Policies)
+	*ev = Evaluation{Policies: ev.Policies[:0], Statuses: ev.Statuses[:0]}
+	l.pool.Put(ev)
+}
+
+// prepare validates req into ev.
+func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
+	switch {
+	case req.Policy != "" && len(req.Policies) > 0:
+		return fmt.Errorf("sluice: %w: set policy or policies, not both", ErrInvalidRequest)
+	case req.Policy != "":
+		p, ok := l.policies[req.Policy]
+		if !ok {
+			return fmt.Errorf("sluice: policy %q: %w", req.Policy, ErrUnknownPolicy)
+		}
+		ev.Policies = append(ev.Policies, p)
+	case len(req.Policies) > 0:
+		for i, id := range req.Policies {
+			p, ok := l.policies[id]
+			if !ok {
+				return fmt.Errorf("sluice: policies[%d] %q: %w", i, id, ErrUnknownPolicy)
+			}
+			for _, q := range ev.Policies {
+				if q == p {
+					return fmt.Errorf("sluice: %w: policies[%d] %q is named twice", ErrInvalidRequest, i, id)
+				}
+			}
+			ev.Policies = append(ev.Policies, p)
+		}
+	default:
+		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
+	}
+	if err := CheckSubject(req.Subject); err != nil {
+		return err
+	}
+	cost := req.Cost
+	switch {
+	case cost < 0:
+		return fmt.Errorf("sluice: %w: cost = %d: must not be negative", ErrInvalidRequest, cost)
+	case req.Peek && cost != 0:
+		return fmt.Errorf("sluice: %w: cost = %d: a peek spends nothing, leave cost 0", ErrInvalidRequest, cost)
+	case !req.Peek && cost == 0:
+		cost = 1
+	}
+	for _, p := range ev.Policies {
+		if cost > p.MaxCost {
+			return fmt.Errorf("sluice: policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
+		}
+	}
+	ev.Subject, ev.Cost, ev.EvaluationID = req.Subject, cost, req.EvaluationID
+	return nil
+}
+
+// CheckSubject reports whether s can be a Request.Subject: 1 to
+// MaxSubjectLen bytes of printable ASCII other than space, '{' and '}'
+// (braces delimit Redis Cluster hash tags).
+func CheckSubject(s string) error {
+	if len(s) == 0 || len(s) > MaxSubjectLen {
+		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), MaxSubjectLen)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
+			return fmt.Errorf("sluice: %w: subject byte %d is %q: must be printable ASCII other than space, '{' and '}'", ErrInvalidRequest, i, c)
+		}
+	}
+	return nil
+}
+
+// failed types a store error.
+func failed(err error) Outcome {
+	o := Outcome{Err: err}
+	switch {
+	case errors.Is(err, ErrCorruptState), errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh):
+		o.Kind = Incompatible
+	case errors.Is(err, ErrClockUnsafe):
+		o.Kind, o.Cause = Unavailable, ClockUnsafe
+	case errors.Is(err, ErrCircuitOpen):
+		o.Kind, o.Cause = Unavailable, CircuitOpen
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// A store that honours the contract returns a bare context error
+		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
+		o.Kind, o.Cause = Unavailable, DeadlinePassed
+	case errors.Is(err, ErrBeforeSend):
+		o.Kind, o.Cause = Unavailable, FailedBeforeSend
+	default:
+		// An error the store did not classify: it may have spent.
+		o.Kind = Indeterminate
+	}
+	return o
+}
+
+// mostRestrictive picks the Status that speaks for the whole decision: the
+// denial that lasts longest, else the policy closest to exhaustion.
+func mostRestrictive(ss []Status) Status {
+	best := ss[0]
+	for _, s := range ss[1:] {
+		switch {
+		case best.Allowed && !s.Allowed:
+			best = s
+		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
+			best = s
+		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
+			best = s
+		}
+	}
+	return best
+}

@@ -1,0 +1,146 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind is what became of a request. Its String form is the JSON spelling.
+type Kind uint8
+
+// Outcome kinds (DESIGN invariant 8).
+const (
+	// Allowed: the cost was spent.
+	Allowed Kind = iota + 1
+	// Denied: the limit is reached; nothing was spent.
+	Denied
+	// Incompatible: the request cannot be decided as asked (unknown policy,
+	// cost above max, invalid subject, corrupt state). Retrying will not help.
+	Incompatible
+	// Unavailable: no decision was taken and nothing was spent; Cause says
+	// why.
+	Unavailable
+	// Indeterminate: the decision may have been taken (and the cost spent)
+	// but its answer was lost. Do not assume nothing was spent; retry with
+	// the same EvaluationID where the store deduplicates.
+	Indeterminate
+)
+
+var kindNames = [...]string{Allowed: "allowed", Denied: "denied", Incompatible: "incompatible", Unavailable: "unavailable", Indeterminate: "indeterminate"}
+
+// String returns the JSON spelling, e.g. "denied".
+func (k Kind) String() string {
+	if k >= Allowed && k <= Indeterminate {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Cause says why an outcome is Unavailable.
+type Cause uint8
+
+// Causes of Unavailable. The zero value means "none".
+const (
+	// DeadlinePassed: the context was done before anything was sent.
+	DeadlinePassed Cause = iota + 1
+	// FailedBeforeSend: the store failed before the request was written
+	// (connection refused, pool exhausted); nothing was spent.
+	FailedBeforeSend
+	// ClockUnsafe: the caller's clock is further behind the stored state
+	// than the store allows; nothing was spent.
+	ClockUnsafe
+	// CircuitOpen: the store is known to be failing and was not asked.
+	CircuitOpen
+)
+
+var causeNames = [...]string{DeadlinePassed: "deadline_passed", FailedBeforeSend: "failed_before_send", ClockUnsafe: "clock_unsafe", CircuitOpen: "circuit_open"}
+
+// String returns the metric and log spelling, e.g. "clock_unsafe"; "" for
+// no cause.
+func (c Cause) String() string {
+	if int(c) < len(causeNames) {
+		return causeNames[c]
+	}
+	return fmt.Sprintf("Cause(%d)", uint8(c))
+}
+
+// Errors a Store returns, wrapped, so Limiter can tell outcomes apart; and
+// errors Limiter puts in Outcome.Err. Match them with errors.Is.
+var (
+	ErrUnknownPolicy  = errors.New("unknown policy")            // Incompatible
+	ErrInvalidRequest = errors.New("invalid request")           // Incompatible
+	ErrCostTooHigh    = errors.New("cost above policy maximum") // Incompatible
+	ErrCorruptState   = errors.New("corrupt limiter state")     // Incompatible
+	ErrBeforeSend     = errors.New("store failed before send")  // Unavailable, FailedBeforeSend
+	ErrClockUnsafe    = errors.New("clock unsafe")              // Unavailable, ClockUnsafe
+	ErrCircuitOpen    = errors.New("circuit open")              // Unavailable, CircuitOpen
+	ErrIndeterminate  = errors.New("reply lost after send")     // Indeterminate
+)
+
+// Status is the verdict of one policy.
+type Status struct {
+	// Policy is the policy ID, e.g. "login".
+	Policy string
+	// Allowed reports whether this policy admits the cost. In a denied
+	// multi-policy request a policy may admit while another denies; then
+	// nothing was spent on it either.
+	Allowed bool
+	// Limit is the most Remaining can be: the policy's Limit, or its Burst
+	// for token_bucket and gcra. Example: 3 for "3 per 10s".
+	Limit int64
+	// Remaining is how many units could still be admitted right now.
+	// Example: after the second of "3 per 10s", 1. Never negative.
+	Remaining int64
+	// ResetAfter is how long until Remaining is back to Limit if nothing
+	// more is spent. Example: 10s right after the first of "3 per 10s".
+	ResetAfter time.Duration
+	// RetryAfter is how long until the same cost would be admitted; 0 when
+	// Allowed. Example: 7.5s for the fourth of "3 per 10s" sent 2.5s after
+	// the first.
+	RetryAfter time.Duration
+	// Approximate reports that the verdict is an estimate (sliding_window).
+	Approximate bool
+}
+
+// Outcome is the typed answer to a Request. It is a value, never a panic:
+// even a failing store yields an Outcome with Kind and Err set.
+type Outcome struct {
+	// Kind is what became of the request.
+	Kind Kind
+	// Status is the verdict of the most restrictive policy: for a denial,
+	// the denying policy with the longest RetryAfter; otherwise the policy
+	// with the fewest Remaining. Zero when no store decision was taken.
+	Status
+	// Statuses holds one Status per policy, in the order of
+	// Request.Policies, when the request named several; nil otherwise.
+	Statuses []Status
+	// Cause says why the outcome is Unavailable; zero otherwise.
+	Cause Cause
+	// Err is the error behind Incompatible, Unavailable and Indeterminate;
+	// nil otherwise. Match it with errors.Is against the Err… variables.
+	Err error
+}
+
+// Reason is a one-line human reason for a non-decision, "" for Allowed and
+// Denied.
+func (o Outcome) Reason() string {
+	if o.Err == nil {
+		return ""
+	}
+	return o.Err.Error()
+}
+
+// StatusFromMicros builds a Status from durations in microseconds, the unit
+// of the algorithm math. It is exported for the stores of this module.
+func StatusFromMicros(p *Policy, allowed bool, limit, remaining, resetAfter, retryAfter int64) Status {
+	return Status{
+		Policy:      p.ID,
+		Allowed:     allowed,
+		Limit:       limit,
+		Remaining:   remaining,
+		ResetAfter:  time.Duration(resetAfter) * time.Microsecond,
+		RetryAfter:  time.Duration(retryAfter) * time.Microsecond,
+		Approximate: p.Algorithm.Approximate(),
+	}
+}

@@ -1,0 +1,228 @@
+package sluice
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/algorithm"
+)
+
+// Algorithm selects the math a policy uses. Its String form is the config
+// spelling.
+type Algorithm uint8
+
+// The five algorithms. See the package documentation for how they compare.
+const (
+	FixedWindow   Algorithm = Algorithm(algorithm.KindFixedWindow)   // fixed_window
+	SlidingLog    Algorithm = Algorithm(algorithm.KindSlidingLog)    // sliding_log
+	SlidingWindow Algorithm = Algorithm(algorithm.KindSlidingWindow) // sliding_window
+	TokenBucket   Algorithm = Algorithm(algorithm.KindTokenBucket)   // token_bucket
+	GCRA          Algorithm = Algorithm(algorithm.KindGCRA)          // gcra
+)
+
+var algorithmNames = [...]string{
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+	SlidingWindow: "sliding_window",
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+}
+
+// String returns the config spelling, e.g. "token_bucket".
+func (a Algorithm) String() string {
+	if a.valid() {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+func (a Algorithm) valid() bool { return a >= FixedWindow && a <= GCRA }
+
+// Approximate reports whether the algorithm's decisions are estimates
+// (sliding_window) rather than exact.
+func (a Algorithm) Approximate() bool { return a == SlidingWindow }
+
+// ParseAlgorithm maps a config spelling to its Algorithm.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for a := FixedWindow; a <= GCRA; a++ {
+		if algorithmNames[a] == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("sluice: unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra", s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (a Algorithm) MarshalText() ([]byte, error) {
+	if !a.valid() {
+		return nil, fmt.Errorf("sluice: cannot marshal %v", a)
+	}
+	return []byte(a.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (a *Algorithm) UnmarshalText(b []byte) error {
+	v, err := ParseAlgorithm(string(b))
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}
+
+// FailureMode says what a caller should do when the store cannot decide
+// (an Unavailable or Indeterminate outcome). The outcome itself stays
+// honest; the mode is advice to the edge (middleware, server).
+type FailureMode uint8
+
+// Failure modes. The zero value is FailClosed.
+const (
+	FailClosed FailureMode = iota // closed: answer 503, admit nothing
+	FailOpen                      // open: admit, count, log
+	FailLocal                     // local: fall back to an embedded limiter with a local share
+)
+
+var failureModeNames = [...]string{FailClosed: "closed", FailOpen: "open", FailLocal: "local"}
+
+// String returns the config spelling, e.g. "closed".
+func (m FailureMode) String() string {
+	if int(m) < len(failureModeNames) {
+		return failureModeNames[m]
+	}
+	return fmt.Sprintf("FailureMode(%d)", uint8(m))
+}
+
+// ParseFailureMode maps a config spelling to its FailureMode.
+func ParseFailureMode(s string) (FailureMode, error) {
+	for m, name := range failureModeNames {
+		if name == s {
+			return FailureMode(m), nil
+		}
+	}
+	return 0, fmt.Errorf("sluice: unknown failure mode %q: must be one of closed, open, local", s)
+}
+
+// Policy is one named limit. The zero value is not valid: ID, Algorithm,
+// Limit and Window are required; every other field's zero value means its
+// documented default. A Policy is a plain value; Limiter keeps its own
+// validated copy.
+type Policy struct {
+	// ID names the policy in requests, keys and metrics: 1 to 64 of
+	// [A-Za-z0-9_.-].
+	ID string
+	// Revision is part of every key, so changing the numbers under a new
+	// revision starts from fresh state. Default: 1.
+	Revision int64
+	// Algorithm is the math. Required.
+	Algorithm Algorithm
+	// Limit is the number of units per Window (for token_bucket and gcra:
+	// the refill rate, Limit per Window). 1 to 1e9. Required.
+	Limit int64
+	// Window is the period Limit applies to: 1ms to 24h, a whole number of
+	// microseconds. Required.
+	Window time.Duration
+	// Burst is the bucket capacity of token_bucket and gcra: how many units
+	// may be spent at once after idling. Other algorithms do not use it and
+	// reject any other value than 0 or Limit. Default: Limit.
+	Burst int64
+	// MaxCost is the largest cost one request may ask for; larger requests
+	// are Incompatible. At most what the algorithm can ever admit at once
+	// (Limit, or Burst for token_bucket and gcra). Default: that maximum.
+	MaxCost int64
+	// FailureMode is the edge's answer when the store cannot decide.
+	// Default: FailClosed.
+	FailureMode FailureMode
+	// CleanupGrace is added to every key's TTL beyond the moment its state
+	// equals absent, 0 to 1h. Default: 0.
+	CleanupGrace time.Duration
+}
+
+// PolicyError says which field of which policy broke which rule. Config
+// loading maps Field to a line of the file.
+type PolicyError struct {
+	Policy string // the policy ID, possibly empty
+	Field  string // the config spelling: "limit", "window", "burst", …
+	Value  string // the offending value as written
+	Rule   string // what the value must be
+}
+
+func (e *PolicyError) Error() string {
+	return fmt.Sprintf("sluice: policy %q: %s = %s: %s", e.Policy, e.Field, e.Value, e.Rule)
+}
+
+// WithDefaults returns p with every defaulted zero field filled in. It does
+// not validate.
+func (p Policy) WithDefaults() Policy {
+	if p.Revision == 0 {
+		p.Revision = 1
+	}
+	if p.Burst == 0 {
+		p.Burst = p.Limit
+	}
+	if p.MaxCost == 0 {
+		p.MaxCost = p.params().Capacity(algorithm.Kind(p.Algorithm))
+	}
+	return p
+}
+
+// Validate reports, as a *PolicyError, the first field of p (after
+// defaults) that breaks a rule.
+func (p Policy) Validate() error {
+	p = p.WithDefaults()
+	bad := func(field, value, rule string) error {
+		return &PolicyError{Policy: p.ID, Field: field, Value: value, Rule: rule}
+	}
+	if !validID(p.ID) {
+		return bad("id", fmt.Sprintf("%q", p.ID), "must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
+	}
+	if p.Revision < 1 || p.Revision > 1<<31 {
+		return bad("revision", fmt.Sprint(p.Revision), "must be between 1 and 2147483648")
+	}
+	if !p.Algorithm.valid() {
+		return bad("algorithm", p.Algorithm.String(), "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+	}
+	if p.Window%time.Microsecond != 0 {
+		return bad("window", p.Window.String(), "must be a whole number of microseconds")
+	}
+	if p.Burst != p.Limit && p.Algorithm != TokenBucket && p.Algorithm != GCRA {
+		return bad("burst", fmt.Sprint(p.Burst), "applies only to token_bucket and gcra; leave it unset for "+p.Algorithm.String())
+	}
+	prm := p.params()
+	if err := prm.Check(algorithm.Kind(p.Algorithm)); err != nil {
+		re := err.(*algorithm.RangeError)
+		value := fmt.Sprint(re.Value)
+		if re.Field == "window" {
+			value = p.Window.String()
+		}
+		return bad(re.Field, value, re.Rule)
+	}
+	if capacity := prm.Capacity(algorithm.Kind(p.Algorithm)); p.MaxCost < 1 || p.MaxCost > capacity {
+		return bad("max_cost", fmt.Sprint(p.MaxCost), fmt.Sprintf("must be between 1 and %d, the most %s can admit at once", capacity, p.Algorithm))
+	}
+	if p.FailureMode > FailLocal {
+		return bad("failure_mode", p.FailureMode.String(), "must be one of closed, open, local")
+	}
+	if p.CleanupGrace < 0 || p.CleanupGrace > time.Hour {
+		return bad("cleanup_grace", p.CleanupGrace.String(), "must be between 0s and 1h")
+	}
+	return nil
+}
+
+// Params returns p's numbers in the units of internal/algorithm. For use
+// by stores; p should be validated.
+func (p Policy) params() algorithm.Params {
+	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
+}
+
+func validID(id string) bool {
+	if len(id) < 1 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

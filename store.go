@@ -1,0 +1,53 @@
+package sluice
+
+import (
+	"context"
+	"time"
+)
+
+// Store takes decisions atomically. A decision covers one subject and one or
+// more policies: either every policy admits the cost and it is spent on all
+// of them, or nothing is spent.
+//
+// Implementations must be safe for concurrent use, must not modify the
+// Policies they are handed, and must report failures with errors that wrap
+// the Err… variables of this package so Limiter can type the outcome
+// (ErrBeforeSend, ErrIndeterminate, ErrClockUnsafe, ErrCircuitOpen,
+// ErrCorruptState; a context error before anything was sent). The package
+// sluicetest holds the behavioural suite every Store must pass.
+type Store interface {
+	Evaluate(ctx context.Context, ev *Evaluation) error
+}
+
+// Evaluation is one decision handed to a Store. Limiter has validated it:
+// the policies are valid with defaults applied, Subject is key-safe, and
+// 0 ≤ Cost ≤ every policy's MaxCost.
+type Evaluation struct {
+	// Subject is the pseudonymous subject the state belongs to.
+	Subject string
+	// Policies are the policies to evaluate, in request order.
+	Policies []*Policy
+	// Cost is the number of units to spend on every policy; 0 is a peek,
+	// judged as a cost of 1 and spending nothing.
+	Cost int64
+	// EvaluationID, when set, identifies the request across retries.
+	EvaluationID string
+	// Statuses receives one Status per policy, in order. The store
+	// overwrites it (reusing its capacity): Statuses = append(Statuses[:0], …).
+	Statuses []Status
+}
+
+// Clock tells the time. Nothing below Limiter reads the time by other means.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// UnixMicro returns c's time in integer microseconds since the Unix epoch,
+// the time unit of the algorithm math.
+func UnixMicro(c Clock) int64 { return c.Now().UnixMicro() }
