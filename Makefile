@@ -1,0 +1,35 @@
+# make test: what CI runs (.ci/run). It installs redis-server when missing,
+# then vets, lints and runs every test with the race detector. The tests
+# start and stop their own redis-server processes on free loopback ports.
+GO ?= go
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: test deps fmt vet lint unit bench fuzz
+
+test: deps fmt vet lint unit
+
+deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@redis-server --version
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+lint:
+	$(GO) run $(STATICCHECK) ./...
+
+unit:
+	$(GO) test -race -shuffle=on -count=1 -timeout 20m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	@for t in $$($(GO) test -list '^Fuzz' ./internal/algorithm | grep ^Fuzz); do \
+	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime 30s ./internal/algorithm || exit 1; done

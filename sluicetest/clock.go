@@ -1,0 +1,44 @@
+// Package sluicetest holds the behavioural suite every sluice.Store must
+// pass, and a fake clock to drive it.
+package sluicetest
+
+import (
+	"sync"
+	"time"
+)
+
+// Start is the instant every NewClock starts at unless told otherwise:
+// 2026-01-01T00:00:00Z, mid-way between two second boundaries of no
+// window in particular.
+var Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Clock is a fake sluice.Clock that moves only when told. Safe for
+// concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock reading start.
+func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock by d, which may be negative.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	c.now = t
+	c.mu.Unlock()
+}

@@ -1,0 +1,131 @@
+// Package subject turns the identity of a caller into the key-safe
+// pseudonym a Limiter sees, so no raw personal data reaches a store, a log
+// line or a metric.
+package subject
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"sync"
+)
+
+// MinSecretLen is the shortest HMAC secret a Key may have, in bytes.
+const MinSecretLen = 16
+
+// UnkeyedID is the key id of pseudonyms made without a secret.
+const UnkeyedID = "u0"
+
+// Key is one HMAC key. ID is part of every pseudonym it makes, so several
+// keys can coexist while one is rotated out.
+type Key struct {
+	ID     string // 1 to 16 of [a-z0-9]
+	Secret []byte // at least MinSecretLen bytes; 32 random bytes recommended
+}
+
+// Pseudonymizer maps (kind, identity, operation) triples to pseudonyms of
+// the form "<key id>:<digest>", where digest is the first 128 bits of
+// HMAC-SHA256 over the length-framed triple, in unpadded base64url. The
+// first key signs; the others remain for lookups during rotation.
+// Safe for concurrent use.
+type Pseudonymizer struct {
+	keys  []Key
+	pools []sync.Pool // one per key, of hash.Hash
+}
+
+// New returns a Pseudonymizer over keys, newest first.
+func New(keys []Key) (*Pseudonymizer, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("subject: New: at least one key is required (use Unkeyed for none)")
+	}
+	seen := map[string]bool{}
+	for i, k := range keys {
+		if !validKeyID(k.ID) {
+			return nil, fmt.Errorf("subject: keys[%d].id = %q: must be 1 to 16 of a-z 0-9", i, k.ID)
+		}
+		if seen[k.ID] {
+			return nil, fmt.Errorf("subject: keys[%d].id = %q: used twice", i, k.ID)
+		}
+		seen[k.ID] = true
+		if len(k.Secret) < MinSecretLen {
+			return nil, fmt.Errorf("subject: keys[%d] (%s): secret is %d bytes: must be at least %d", i, k.ID, len(k.Secret), MinSecretLen)
+		}
+	}
+	return newPseudonymizer(keys), nil
+}
+
+// Unkeyed returns a Pseudonymizer that digests with plain SHA-256 under key
+// id "u0". Its pseudonyms hide identities from casual view only: anyone
+// can recompute them from a guessed identity. Configure a keyed one.
+func Unkeyed() *Pseudonymizer { return newPseudonymizer([]Key{{ID: UnkeyedID}}) }
+
+func newPseudonymizer(keys []Key) *Pseudonymizer {
+	p := &Pseudonymizer{keys: append([]Key(nil), keys...), pools: make([]sync.Pool, len(keys))}
+	for i := range p.keys {
+		k := p.keys[i]
+		p.pools[i].New = func() any {
+			if k.Secret == nil {
+				return sha256.New()
+			}
+			return hmac.New(sha256.New, k.Secret)
+		}
+	}
+	return p
+}
+
+// Keyed reports whether p uses a secret.
+func (p *Pseudonymizer) Keyed() bool { return p.keys[0].Secret != nil }
+
+// Pseudonym returns the signing key's pseudonym of the triple, e.g.
+// "k1:3q2-7wAAAAAAAAAAAAAAAA". kind names where the identity came from
+// ("principal", "api_key", "ip", …); operation scopes it (a route), so the
+// same caller on two routes gets two subjects.
+func (p *Pseudonymizer) Pseudonym(kind, identity, operation string) string {
+	return p.sum(0, kind, identity, operation)
+}
+
+// All returns the pseudonym of the triple under every key, signing key
+// first: the subjects an identity may still have state under during a key
+// rotation.
+func (p *Pseudonymizer) All(kind, identity, operation string) []string {
+	out := make([]string, len(p.keys))
+	for i := range p.keys {
+		out[i] = p.sum(i, kind, identity, operation)
+	}
+	return out
+}
+
+func (p *Pseudonymizer) sum(i int, kind, identity, operation string) string {
+	h := p.pools[i].Get().(hash.Hash)
+	defer p.pools[i].Put(h)
+	h.Reset()
+	var frame [binary.MaxVarintLen64]byte
+	for _, field := range [...]string{p.keys[i].ID, kind, identity, operation} {
+		h.Write(frame[:binary.PutUvarint(frame[:], uint64(len(field)))])
+		h.Write([]byte(field))
+	}
+	var sum [sha256.Size]byte
+	digest := h.Sum(sum[:0])
+	id := p.keys[i].ID
+	out := make([]byte, len(id)+1+base64.RawURLEncoding.EncodedLen(16))
+	copy(out, id)
+	out[len(id)] = ':'
+	base64.RawURLEncoding.Encode(out[len(id)+1:], digest[:16])
+	return string(out)
+}
+
+func validKeyID(id string) bool {
+	if len(id) < 1 || len(id) > 16 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
