@@ -17,13 +17,13 @@ type SlidingLog struct {
 	Entries []int64 // admission times in µs, ascending, one per unit; nil = absent
 }
 
-// Decide evaluates cost at now and returns the new state and the decision.
-// The returned state may share Entries' backing array with s.
-func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
+// Trim drops the entries that left the window at now, compacting Entries
+// in place, and returns the trimmed state. The result is the same state
+// (same decisions from now on), so a store may write it even on a denial.
+func (s SlidingLog) Trim(p Params, now int64) SlidingLog {
 	if n := len(s.Entries); n > 0 && now < s.Entries[n-1] {
 		now = s.Entries[n-1]
 	}
-	// Drop entries that left the window: at <= now-Window.
 	cut := 0
 	for cut < len(s.Entries) && s.Entries[cut] <= now-p.Window {
 		cut++
@@ -31,6 +31,18 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
 	if cut > 0 {
 		kept := copy(s.Entries, s.Entries[cut:])
 		s.Entries = s.Entries[:kept]
+	}
+	return s
+}
+
+// Decide evaluates cost at now and returns the new state and the decision.
+// It trims first (see Trim), so the returned state may share Entries'
+// backing array with s, whose entries it may have moved: a store keeps the
+// returned state, or the result of Trim, never s.
+func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
+	s = s.Trim(p, now)
+	if n := len(s.Entries); n > 0 && now < s.Entries[n-1] {
+		now = s.Entries[n-1]
 	}
 	count := int64(len(s.Entries))
 	d := Decision{Limit: p.Limit}

@@ -1,0 +1,310 @@
+// Package memstore is the embedded sluice.Store: it runs the algorithm math
+// of sluice directly, in the process, under one lock per shard.
+//
+// Use it for a single instance, for tests, and as the local fallback of a
+// shared store. Every instance of an application keeps its own counts.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/algorithm"
+)
+
+// Options configure a Store. The zero value means the defaults.
+type Options struct {
+	// Clock is the time source of every decision. Default: sluice.SystemClock{}.
+	Clock sluice.Clock
+	// Shards is the number of independently locked partitions, rounded up to
+	// a power of two. Subjects are spread over them by a hash; all state of
+	// one subject lives in one shard, so a multi-policy decision takes one
+	// lock. Default: 64.
+	Shards int
+	// MaxKeys bounds the number of (subject, policy) states held, so a flood
+	// of distinct subjects cannot exhaust memory. It is enforced per shard
+	// (MaxKeys / Shards each, at least 1). At the bound, a new state first
+	// drops the shard's expired states; if none expired, it evicts the one
+	// expiring soonest among a sample of 8. An evicted subject starts from
+	// fresh state, so under such a flood its limit is approximate; Evictions
+	// counts how often that happened. Default: 1 000 000.
+	MaxKeys int
+	// SweepInterval is how often a background goroutine drops expired
+	// states (they are also dropped lazily when touched). Negative disables
+	// the sweeper. Default: 1m.
+	SweepInterval time.Duration
+}
+
+// Store is the embedded store. Create it with New; the zero value is not
+// usable. Safe for concurrent use. Close stops its sweeper goroutine.
+type Store struct {
+	clock     sluice.Clock
+	seed      maphash.Seed
+	shards    []shard
+	mask      uint64
+	perShard  int
+	evictions atomic.Int64
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+// key identifies one policy's state for one subject.
+type key struct {
+	subject  string
+	policy   string
+	revision int64
+}
+
+// entry is one state. Exactly the fields of its kind are meaningful: a
+// [3]int64 holds the fixed-size states, log the sliding log.
+type entry struct {
+	kind    algorithm.Kind
+	expires int64 // µs from which the state equals absent
+	v       [3]int64
+	log     []int64
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[key]entry
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+// New returns a Store, starting its sweeper unless disabled.
+func New(opts Options) (*Store, error) {
+	if opts.Shards < 0 {
+		return nil, fmt.Errorf("memstore: Shards = %d: must not be negative", opts.Shards)
+	}
+	if opts.MaxKeys < 0 {
+		return nil, fmt.Errorf("memstore: MaxKeys = %d: must not be negative", opts.MaxKeys)
+	}
+	if opts.Clock == nil {
+		opts.Clock = sluice.SystemClock{}
+	}
+	if opts.Shards == 0 {
+		opts.Shards = 64
+	}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = 1_000_000
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = time.Minute
+	}
+	n := 1
+	for n < opts.Shards {
+		n <<= 1
+	}
+	s := &Store{
+		clock:    opts.Clock,
+		seed:     maphash.MakeSeed(),
+		shards:   make([]shard, n),
+		mask:     uint64(n - 1),
+		perShard: max(opts.MaxKeys/n, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[key]entry)
+	}
+	if opts.SweepInterval > 0 {
+		go s.sweepLoop(opts.SweepInterval)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Close stops the sweeper and waits for it. The store still answers
+// afterwards, reclaiming lazily only.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Len returns the number of states held, expired ones not yet dropped
+// included.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Evictions returns how many live states were evicted at the MaxKeys bound.
+func (s *Store) Evictions() int64 { return s.evictions.Load() }
+
+// pending is one policy's decided state, written only if the whole
+// decision admits.
+type pending struct {
+	k key
+	e entry
+}
+
+// Evaluate implements sluice.Store.
+func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(ev.Policies) == 0 {
+		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
+	}
+	now := s.clock.Now().UnixMicro()
+	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
+	var buf [4]pending
+	decided := buf[:0]
+	ev.Statuses = ev.Statuses[:0]
+	allowed := true
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, p := range ev.Policies {
+		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
+		prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
+		kind := algorithm.Kind(p.Algorithm)
+		e, ok := sh.m[k]
+		if !ok || e.kind != kind || now >= e.expires {
+			// Absent, expired, or written under other numbers of the same
+			// revision with another algorithm: start fresh.
+			e = entry{kind: kind, log: e.log[:0]}
+		}
+		if kind == algorithm.KindSlidingLog && ok {
+			// Trimming moves entries within the backing array, so the
+			// stored header must follow it whatever the verdict.
+			e.log = algorithm.SlidingLog{Entries: e.log}.Trim(prm, now).Entries
+			sh.m[k] = e
+		}
+		d := decide(&e, prm, now, ev.Cost)
+		if !d.Allowed {
+			allowed = false
+		}
+		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter))
+		decided = append(decided, pending{k, e})
+	}
+	if !allowed || ev.Cost == 0 {
+		return nil
+	}
+	for _, pd := range decided {
+		s.put(sh, now, pd.k, pd.e)
+	}
+	return nil
+}
+
+// decide runs the algorithm of e.kind on e in place and returns the verdict.
+func decide(e *entry, p algorithm.Params, now, cost int64) algorithm.Decision {
+	var d algorithm.Decision
+	switch e.kind {
+	case algorithm.KindFixedWindow:
+		var st algorithm.FixedWindow
+		st, d = algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}.Decide(p, now, cost)
+		e.v = [3]int64{st.Start, st.Count}
+		e.expires = st.Expires(p)
+	case algorithm.KindSlidingLog:
+		var st algorithm.SlidingLog
+		st, d = algorithm.SlidingLog{Entries: e.log}.Decide(p, now, cost)
+		e.log = st.Entries
+		e.expires = st.Expires(p)
+	case algorithm.KindSlidingWindow:
+		var st algorithm.SlidingWindow
+		st, d = algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}.Decide(p, now, cost)
+		e.v = [3]int64{st.Start, st.Curr, st.Prev}
+		e.expires = st.Expires(p)
+	case algorithm.KindTokenBucket:
+		var st algorithm.TokenBucket
+		st, d = algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}.Decide(p, now, cost)
+		e.v = [3]int64{st.Tokens, st.Last}
+		e.expires = st.Expires(p)
+	case algorithm.KindGCRA:
+		var st algorithm.GCRA
+		st, d = algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}.Decide(p, now, cost)
+		e.v = [3]int64{st.TAT, st.Frac}
+		e.expires = st.Expires(p)
+	}
+	return d
+}
+
+// put stores e under k in sh (locked), enforcing the per-shard bound.
+func (s *Store) put(sh *shard, now int64, k key, e entry) {
+	if e.expires <= now {
+		delete(sh.m, k)
+		return
+	}
+	if _, exists := sh.m[k]; !exists && len(sh.m) >= s.perShard {
+		s.makeRoom(sh, now)
+	}
+	sh.m[k] = e
+}
+
+// makeRoom frees one slot in sh (locked): expired states first, else the
+// soonest-expiring of a sample.
+func (s *Store) makeRoom(sh *shard, now int64) {
+	if sweepShard(sh, now) > 0 {
+		return
+	}
+	var victim key
+	soonest := int64(-1)
+	sampled := 0
+	for k, e := range sh.m { // map iteration starts at a random entry
+		if soonest < 0 || e.expires < soonest {
+			victim, soonest = k, e.expires
+		}
+		if sampled++; sampled == 8 {
+			break
+		}
+	}
+	delete(sh.m, victim)
+	s.evictions.Add(1)
+}
+
+// sweepShard drops sh's expired states (sh locked) and returns how many.
+func sweepShard(sh *shard, now int64) int {
+	n := 0
+	for k, e := range sh.m {
+		if e.expires <= now {
+			delete(sh.m, k)
+			n++
+		}
+	}
+	return n
+}
+
+// Sweep drops every expired state now and returns how many it dropped. The
+// background sweeper calls it; tests and callers with the sweeper disabled
+// may too.
+func (s *Store) Sweep() int {
+	now := s.clock.Now().UnixMicro()
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sweepShard(sh, now)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+func (s *Store) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
