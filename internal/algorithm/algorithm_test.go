@@ -51,7 +51,7 @@ type swM struct {
 func (m *swM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
 func (m *swM) expires() int64                      { return m.s.Expires(m.p) }
 
-func (m *swM) clone() machine                      { c := *m; return &c }
+func (m *swM) clone() machine { c := *m; return &c }
 
 // snapshot of a sliding window is its expiry: re-basing to a later window
 // moves Curr to Prev but keeps it, while an admission extends it.

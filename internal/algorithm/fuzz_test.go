@@ -24,7 +24,7 @@ func fuzzRun(t *testing.T, k Kind, limit, burst uint16, window uint32, ops []byt
 	var admitted []admission
 	for i := 0; i+3 <= len(ops) && i < 3*400; i += 3 {
 		now += int64(binary.BigEndian.Uint16(ops[i:])) * p.Window / 8192 // 0 to 8 windows
-		cost := int64(ops[i+2]) % (capacity + 1)                        // 0 is a peek
+		cost := int64(ops[i+2]) % (capacity + 1)                         // 0 is a peek
 		before, live := m.snapshot(), m.expires() > now
 		d := m.decide(now, cost)
 		what := fmt.Sprintf("%v %+v op %d (now t0%+d, cost %d)", k, p, i/3, now-t0, cost)
