@@ -1,0 +1,407 @@
+// Package redistest starts real redis-server processes for tests: a
+// standalone server, a Redis Cluster of three masters (with one replica
+// each), and a server with a least-privilege ACL user. Each listens on free
+// loopback ports with its files in a temporary directory, and is stopped by
+// killing the process it started (by PID), never by name.
+//
+// The t-taking helpers (Standalone, Cluster, ACL) stop their servers in
+// t.Cleanup. StartServer and StartCluster return servers the caller stops,
+// for sharing one server per test package from TestMain.
+//
+// When redis-server is not installed, every helper fails with the command
+// that installs it (InstallHint).
+package redistest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// InstallHint is the command that installs redis-server on Debian and
+// Ubuntu; the error of a missing binary quotes it.
+const InstallHint = "apt-get update && apt-get install -y redis-server"
+
+// startTimeout bounds how long a server (or a cluster) may take to answer.
+const startTimeout = 30 * time.Second
+
+// Server is one running redis-server process.
+type Server struct {
+	// Addr is the host:port it listens on, e.g. "127.0.0.1:40123".
+	Addr string
+	// Dir is its working directory (config, logs, dumps), removed by Stop.
+	Dir string
+
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	stopOnce sync.Once
+	removeMe bool
+}
+
+// binaries returns the paths of redis-server and redis-cli or an error that
+// says how to install them.
+func binaries() (server, cli string, err error) {
+	server, err = exec.LookPath("redis-server")
+	if err != nil {
+		return "", "", fmt.Errorf("redistest: redis-server is not installed; install it with: %s", InstallHint)
+	}
+	cli, err = exec.LookPath("redis-cli")
+	if err != nil {
+		return "", "", fmt.Errorf("redistest: redis-cli is not installed; install it with: %s", InstallHint)
+	}
+	return server, cli, nil
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// StartServer starts a redis-server on a free loopback port with the given
+// extra config lines (e.g. "maxmemory 10mb") and waits until it answers
+// PING. dir, when empty, is a new temporary directory removed by Stop.
+// The caller must Stop it.
+func StartServer(dir string, config ...string) (*Server, error) {
+	bin, _, err := binaries()
+	if err != nil {
+		return nil, err
+	}
+	remove := false
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "redistest-"); err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		remove = true
+	}
+	var lastErr error
+	for range 5 { // a free port can be taken between probe and bind: retry
+		port, err := freePort()
+		if err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		s, err := start(bin, dir, port, config)
+		if err == nil {
+			s.removeMe = remove
+			return s, nil
+		}
+		lastErr = err
+	}
+	if remove {
+		os.RemoveAll(dir)
+	}
+	return nil, lastErr
+}
+
+func start(bin, dir string, port int, config []string) (*Server, error) {
+	conf := []string{
+		"bind 127.0.0.1",
+		"port " + strconv.Itoa(port),
+		"dir " + dir,
+		"daemonize no",
+		"save \"\"",
+		"appendonly no",
+		"logfile " + filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
+		"protected-mode no",
+	}
+	conf = append(conf, config...)
+	path := filepath.Join(dir, fmt.Sprintf("redis-%d.conf", port))
+	if err := os.WriteFile(path, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	cmd := exec.Command(bin, path)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("redistest: start redis-server: %w", err)
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(s.exited) }()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+		if err == nil {
+			c.Close()
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			log, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
+			return nil, fmt.Errorf("redistest: redis-server on port %d exited: %s%s", port, stderr.String(), tail(log))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return nil, fmt.Errorf("redistest: redis-server on port %d did not listen within %v", port, startTimeout)
+		}
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Stop kills the process (by its PID) and waits for it to exit, then removes
+// the directory StartServer created. It is safe to call more than once.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() {
+		if s.cmd.Process != nil {
+			s.cmd.Process.Kill()
+		}
+		<-s.exited
+		if s.removeMe {
+			os.RemoveAll(s.Dir)
+		}
+	})
+}
+
+// Pause stops the process with SIGSTOP: it keeps its socket open, accepts
+// connections, and answers nothing until Resume.
+func (s *Server) Pause() error { return s.cmd.Process.Signal(sigStop) }
+
+// Resume continues a paused process.
+func (s *Server) Resume() error { return s.cmd.Process.Signal(sigCont) }
+
+// Client returns a new go-redis client for s; the caller closes it.
+func (s *Server) Client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+}
+
+// Standalone starts a redis-server for the test and stops it in t.Cleanup.
+func Standalone(t testing.TB) *Server {
+	t.Helper()
+	s, err := StartServer(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// ClusterServers is a running Redis Cluster.
+type ClusterServers struct {
+	// Addrs are the masters' addresses, then the replicas'.
+	Addrs []string
+	// Masters are the master processes; Replicas the replica processes
+	// (possibly none).
+	Masters, Replicas []*Server
+}
+
+// Client returns a new go-redis cluster client for c; the caller closes it.
+func (c *ClusterServers) Client() *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ContextTimeoutEnabled: true})
+}
+
+// Stop stops every node.
+func (c *ClusterServers) Stop() {
+	var wg sync.WaitGroup
+	for _, s := range append(append([]*Server(nil), c.Masters...), c.Replicas...) {
+		wg.Go(s.Stop)
+	}
+	wg.Wait()
+}
+
+// StartCluster starts a Redis Cluster of masters masters with replicas
+// replicas each, creates it with redis-cli --cluster create, and waits until
+// every node reports cluster_state:ok and agrees on the slot map. The
+// caller must Stop it.
+func StartCluster(masters, replicas int) (c *ClusterServers, err error) {
+	_, cli, err := binaries()
+	if err != nil {
+		return nil, err
+	}
+	c = &ClusterServers{}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	n := masters * (1 + replicas)
+	servers := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			// The cluster bus port is set explicitly, so it need not be port+10000.
+			bus, err := freePort()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			servers[i], errs[i] = StartServer("",
+				"cluster-enabled yes",
+				"cluster-port "+strconv.Itoa(bus),
+				"cluster-config-file nodes.conf",
+				"cluster-node-timeout 5000",
+			)
+		})
+	}
+	wg.Wait()
+	for i, s := range servers {
+		if s != nil {
+			if i < masters {
+				c.Masters = append(c.Masters, s)
+			} else {
+				c.Replicas = append(c.Replicas, s)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	for _, s := range servers {
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
+	if err != nil {
+		return c, fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
+	}
+	if err := waitClusterOK(ctx, c, replicas); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// waitClusterOK waits until every node says cluster_state:ok, knows every
+// other node, and the replicas have finished their first sync.
+func waitClusterOK(ctx context.Context, c *ClusterServers, replicas int) error {
+	var last string
+	for {
+		ok := true
+		for _, addr := range c.Addrs {
+			cl := redis.NewClient(&redis.Options{Addr: addr})
+			info, err := cl.ClusterInfo(ctx).Result()
+			var nodes string
+			if err == nil {
+				nodes, err = cl.ClusterNodes(ctx).Result()
+			}
+			var repl string
+			if err == nil {
+				repl, err = cl.Info(ctx, "replication").Result()
+			}
+			cl.Close()
+			switch {
+			case err != nil:
+				ok, last = false, err.Error()
+			case !strings.Contains(info, "cluster_state:ok"):
+				ok, last = false, addr+": "+firstLine(info)
+			case strings.Count(strings.TrimSpace(nodes), "\n")+1 != len(c.Addrs) || strings.Contains(nodes, "handshake") || strings.Contains(nodes, "noaddr"):
+				ok, last = false, addr+" does not know every node yet"
+			case strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up"):
+				ok, last = false, addr+": replica link not up"
+			case replicas > 0 && strings.Contains(repl, "role:master") && !strings.Contains(repl, "connected_slaves:"+strconv.Itoa(replicas)):
+				ok, last = false, addr+": replicas not connected"
+			}
+			if !ok {
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redistest: cluster not ready within %v: %s", startTimeout, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func firstLine(s string) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	sc.Scan()
+	return sc.Text()
+}
+
+// Cluster starts a 3-master Redis Cluster with one replica per master for
+// the test and stops it in t.Cleanup.
+func Cluster(t testing.TB) *ClusterServers {
+	t.Helper()
+	c, err := StartCluster(3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+// ACLServer is a redis-server whose default user needs a password and
+// whose application user may run only what the Redis store needs.
+type ACLServer struct {
+	*Server
+	// Username and Password are the restricted user's credentials.
+	Username, Password string
+	// AdminPassword is the default user's password.
+	AdminPassword string
+}
+
+// ACLUser returns the ACL rule of the restricted user for keys under
+// prefix: EVALSHA and SCRIPT LOAD, PING, and the data commands the store's
+// script calls, on prefix* keys only. Everything else, EVAL included, is
+// denied.
+func ACLUser(prefix string) string {
+	return "resetkeys resetchannels -@all ~" + prefix + "* " +
+		"+evalsha +script|load +ping +time +pttl +pexpire +hmget +hset +llen +lindex +ltrim +rpush"
+}
+
+// StartACL starts a server with a default user protected by a password and
+// a user "sluice" restricted by ACLUser(prefix). The caller must Stop it.
+func StartACL(prefix string) (*ACLServer, error) {
+	a := &ACLServer{Username: "sluice", Password: "sluice-test-pw", AdminPassword: "admin-test-pw"}
+	s, err := StartServer("",
+		"user default on >"+a.AdminPassword+" ~* &* +@all",
+		"user "+a.Username+" on >"+a.Password+" "+ACLUser(prefix),
+	)
+	if err != nil {
+		return nil, err
+	}
+	a.Server = s
+	return a, nil
+}
+
+// ACL starts an ACLServer for keys under prefix for the test and stops it in
+// t.Cleanup.
+func ACL(t testing.TB, prefix string) *ACLServer {
+	t.Helper()
+	a, err := StartACL(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	return a
+}
+
+// UserClient returns a client logged in as the restricted user.
+func (a *ACLServer) UserClient() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: a.Addr, Username: a.Username, Password: a.Password, ContextTimeoutEnabled: true})
+}
+
+// AdminClient returns a client logged in as the default user.
+func (a *ACLServer) AdminClient() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: a.Addr, Password: a.AdminPassword, ContextTimeoutEnabled: true})
+}

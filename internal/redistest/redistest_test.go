@@ -1,0 +1,56 @@
+package redistest
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestStandalone(t *testing.T) {
+	s := Standalone(t)
+	c := s.Client()
+	defer c.Close()
+	if got, err := c.Ping(context.Background()).Result(); err != nil || got != "PONG" {
+		t.Fatalf("PING = %q, %v, want PONG", got, err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := Cluster(t)
+	if len(cl.Masters) != 3 || len(cl.Replicas) != 3 {
+		t.Fatalf("cluster has %d masters, %d replicas, want 3, 3", len(cl.Masters), len(cl.Replicas))
+	}
+	c := cl.Client()
+	defer c.Close()
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if err := c.Set(ctx, k, "1", 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+	}
+	info, err := c.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_state:ok") {
+		t.Fatalf("CLUSTER INFO = %q, %v", info, err)
+	}
+}
+
+func TestACL(t *testing.T) {
+	a := ACL(t, "p:")
+	ctx := context.Background()
+	u := a.UserClient()
+	defer u.Close()
+	if err := u.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING as %s: %v", a.Username, err)
+	}
+	if err := u.Set(ctx, "p:x", "1", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("SET as %s = %v, want NOPERM", a.Username, err)
+	}
+	if err := u.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("EVAL as %s = %v, want NOPERM", a.Username, err)
+	}
+	anon := a.Server.Client()
+	defer anon.Close()
+	if err := anon.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING without a password succeeded, want NOAUTH")
+	}
+}
