@@ -180,12 +180,6 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			// revision with another algorithm: start fresh.
 			e = entry{kind: kind, log: e.log[:0]}
 		}
-		if kind == algorithm.KindSlidingLog && ok {
-			// Trimming moves entries within the backing array, so the
-			// stored header must follow it whatever the verdict.
-			e.log = algorithm.SlidingLog{Entries: e.log}.Trim(prm, now).Entries
-			sh.m[k] = e
-		}
 		d := decide(&e, prm, now, ev.Cost)
 		if !d.Allowed {
 			allowed = false

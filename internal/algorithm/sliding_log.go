@@ -1,5 +1,7 @@
 package algorithm
 
+import "slices"
+
 // SlidingLog is the state of an exact sliding-window log.
 //
 // Model: one timestamp is kept per admitted unit; a request of cost c is
@@ -17,33 +19,24 @@ type SlidingLog struct {
 	Entries []int64 // admission times in µs, ascending, one per unit; nil = absent
 }
 
-// Trim drops the entries that left the window at now, compacting Entries
-// in place, and returns the trimmed state. The result is the same state
-// (same decisions from now on), so a store may write it even on a denial.
-func (s SlidingLog) Trim(p Params, now int64) SlidingLog {
-	if n := len(s.Entries); n > 0 && now < s.Entries[n-1] {
-		now = s.Entries[n-1]
-	}
-	cut := 0
-	for cut < len(s.Entries) && s.Entries[cut] <= now-p.Window {
-		cut++
-	}
-	if cut > 0 {
-		kept := copy(s.Entries, s.Entries[cut:])
-		s.Entries = s.Entries[:kept]
-	}
+// trim drops the entries that left the window at now: a binary search and a
+// reslice, no copy (appends reallocate and compact when the capacity runs
+// out), so a log under steady load costs O(log n) amortized per decision.
+// The result is the same state: same decisions from now on.
+func (s SlidingLog) trim(p Params, now int64) SlidingLog {
+	cut, _ := slices.BinarySearch(s.Entries, now-p.Window+1)
+	s.Entries = s.Entries[cut:]
 	return s
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
-// It trims first (see Trim), so the returned state may share Entries'
-// backing array with s, whose entries it may have moved: a store keeps the
-// returned state, or the result of Trim, never s.
+// The returned state may share Entries' backing array with s; an admission
+// appends past the end of s.Entries, so s stays valid and unchanged.
 func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
-	s = s.Trim(p, now)
 	if n := len(s.Entries); n > 0 && now < s.Entries[n-1] {
 		now = s.Entries[n-1]
 	}
+	s = s.trim(p, now)
 	count := int64(len(s.Entries))
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
