@@ -1,0 +1,552 @@
+// Package config reads the YAML configuration of sluice serve.
+//
+// Parse decodes strictly: an unknown key, a wrong type or a value that
+// breaks a rule is an *Error naming the field path, the value as written,
+// the rule and the line, e.g.
+//
+//	policies[1].window: "90h": must be between 1ms and 24h (in µs: 1000 to 86400000000) (line 14)
+//
+// Policy numbers are checked by sluice.Policy.Validate, so the library and
+// the config never disagree about what a valid policy is.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// Store types.
+const (
+	StoreMemory = "memory" // the embedded store (memstore)
+	StoreRedis  = "redis"  // Redis, standalone, Sentinel or Cluster (redisstore)
+)
+
+// Redis modes used with Redis.Addrs.
+const (
+	ModeCluster  = "cluster"
+	ModeSentinel = "sentinel"
+)
+
+// DefaultListen is the address sluice serve listens on when the config
+// names none.
+const DefaultListen = "127.0.0.1:8080"
+
+// Config is the whole configuration of sluice serve. Parse fills in the
+// defaults of absent keys (server.listen, store.type); a Config built in
+// Go must set them itself (see Default). Validate checks it.
+type Config struct {
+	Server   Server
+	Store    Store
+	Policies []Policy
+	Subjects Subjects
+	// Proxy configures the rate-limiting reverse proxy; nil when absent.
+	Proxy *Proxy
+	// Envoy configures the Envoy rate-limit gRPC service; nil when absent.
+	Envoy *Envoy
+
+	// pos maps field paths ("policies[1].window") to where Parse read
+	// them; nil for a Config built in Go.
+	pos map[string]position
+}
+
+// position is where a value was written and how, for error messages.
+type position struct {
+	line  int
+	value string // as written: strings quoted, numbers bare; "" for collections
+}
+
+// Server configures the HTTP check API.
+type Server struct {
+	// Listen is the host:port to listen on; port 0 picks a free port.
+	// Default: DefaultListen.
+	Listen string
+}
+
+// Store selects and configures the store.
+type Store struct {
+	// Type is StoreMemory or StoreRedis. Default: StoreMemory.
+	Type string
+	// Redis configures the Redis connection; required for StoreRedis and
+	// nil otherwise.
+	Redis *Redis
+}
+
+// Redis says how to reach Redis: either URL (one server) or Addrs with a
+// Mode.
+type Redis struct {
+	// URL is a redis:// or rediss:// URL, e.g. "redis://127.0.0.1:6379/0".
+	URL string
+	// Addrs are host:port seeds of a cluster or the sentinels.
+	Addrs []string
+	// Mode is ModeCluster or ModeSentinel; required with Addrs.
+	Mode string
+	// MasterName is the Sentinel master; required with ModeSentinel.
+	MasterName string
+	// Username is the ACL user, if any.
+	Username string
+	// PasswordEnv names the environment variable holding the password.
+	PasswordEnv string
+}
+
+// Password returns the password from the environment variable named by
+// PasswordEnv, via getenv; "" when PasswordEnv is unset.
+func (r *Redis) Password(getenv func(string) string) (string, error) {
+	if r == nil || r.PasswordEnv == "" {
+		return "", nil
+	}
+	pw := getenv(r.PasswordEnv)
+	if pw == "" {
+		return "", &Error{Path: "store.redis.password_env", Value: strconv.Quote(r.PasswordEnv), Rule: "environment variable " + r.PasswordEnv + " is not set or empty"}
+	}
+	return pw, nil
+}
+
+// Policy is one policy of the config: a sluice.Policy plus the settings
+// only the server uses.
+type Policy struct {
+	sluice.Policy
+	// NearCache lets the server deny locally until a known retry time
+	// instead of asking the store again. Default: false.
+	NearCache bool
+}
+
+// Subjects configures how subjects are pseudonymized.
+type Subjects struct {
+	// HMACKeys are the pseudonymization keys, newest first; the first one
+	// keys new decisions. Empty: subjects are digested without a key.
+	HMACKeys []HMACKey
+}
+
+// HMACKey names one HMAC key; its secret lives in an environment variable,
+// never in the file.
+type HMACKey struct {
+	ID        string // 1 to 16 of a-z 0-9, part of every pseudonym
+	SecretEnv string // name of the environment variable holding the secret
+}
+
+// Proxy configures the rate-limiting reverse proxy.
+type Proxy struct {
+	Upstream       string   // http:// or https:// URL
+	TrustedProxies []string // CIDRs whose Forwarded / X-Forwarded-For are believed
+	Routes         []Route
+}
+
+// Route applies policies to matching proxied requests.
+type Route struct {
+	Match    Match
+	Policies []string // policy IDs, checked together
+	Subject  string   // "ip", "ip+user_agent" or "header:<Name>". Default: "ip"
+	Shadow   bool     // evaluate and report, never block
+}
+
+// Match selects requests for a Route.
+type Match struct {
+	PathPrefix string   // must start with "/"
+	Methods    []string // empty: every method
+}
+
+// Envoy configures the Envoy rate-limit (RLS v3) gRPC service.
+type Envoy struct {
+	Listen  string   // host:port
+	Configs []string // glob patterns of files in envoyproxy/ratelimit's format
+}
+
+// Error is a config value that breaks a rule. Its message reads
+// "path: value: rule (line N)", leaving out what is unknown.
+type Error struct {
+	Path  string // e.g. "policies[1].window"; "" for the document
+	Value string // as written, e.g. `"90h"` or `0`; "" when not a scalar
+	Rule  string // what the value must be
+	Line  int    // 1-based; 0 when unknown (a Config built in Go)
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	if e.Value != "" {
+		b.WriteString(e.Value)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Rule)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, " (line %d)", e.Line)
+	}
+	return b.String()
+}
+
+// Default returns the built-in example config that sluice serve uses
+// without --config: the embedded store on 127.0.0.1:8080 and three
+// policies, "demo" (fixed_window, 3 per 10s), "login" (sliding_log, 5 per
+// minute) and "api" (gcra, 100 per second, burst 20).
+func Default() *Config {
+	return &Config{
+		Server: Server{Listen: DefaultListen},
+		Store:  Store{Type: StoreMemory},
+		Policies: []Policy{
+			{Policy: sluice.Policy{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second}},
+			{Policy: sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute}},
+			{Policy: sluice.Policy{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20}},
+		},
+	}
+}
+
+// Load reads and parses the file at path. Its errors start with path.
+func Load(path string) (*Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	c, err := Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// SluicePolicies returns the policies as sluice.New takes them.
+func (c *Config) SluicePolicies() []sluice.Policy {
+	ps := make([]sluice.Policy, len(c.Policies))
+	for i, p := range c.Policies {
+		ps[i] = p.Policy
+	}
+	return ps
+}
+
+// HMACKeys resolves the secrets of Subjects.HMACKeys through getenv
+// (os.Getenv in production). A missing or too short secret is an *Error
+// naming the environment variable.
+func (c *Config) HMACKeys(getenv func(string) string) ([]subject.Key, error) {
+	keys := make([]subject.Key, 0, len(c.Subjects.HMACKeys))
+	for i, k := range c.Subjects.HMACKeys {
+		path := fmt.Sprintf("subjects.hmac_keys[%d].secret_env", i)
+		secret := getenv(k.SecretEnv)
+		switch {
+		case secret == "":
+			return nil, c.errorAt(path, strconv.Quote(k.SecretEnv), "environment variable "+k.SecretEnv+" is not set or empty")
+		case len(secret) < subject.MinSecretLen:
+			return nil, c.errorAt(path, strconv.Quote(k.SecretEnv), fmt.Sprintf("environment variable %s holds %d bytes: an HMAC secret must be at least %d (32 random bytes recommended)", k.SecretEnv, len(secret), subject.MinSecretLen))
+		}
+		keys = append(keys, subject.Key{ID: k.ID, Secret: []byte(secret)})
+	}
+	return keys, nil
+}
+
+// Line returns the line Parse read path from, e.g. "proxy"; 0 when
+// unknown.
+func (c *Config) Line(path string) int { return c.pos[path].line }
+
+// Validate reports the first value that breaks a rule, as an *Error.
+func (c *Config) Validate() error {
+	if err := c.validateServer(); err != nil {
+		return err
+	}
+	if err := c.validateStore(); err != nil {
+		return err
+	}
+	if err := c.validatePolicies(); err != nil {
+		return err
+	}
+	if err := c.validateSubjects(); err != nil {
+		return err
+	}
+	if err := c.validateProxy(); err != nil {
+		return err
+	}
+	return c.validateEnvoy()
+}
+
+// errorAt builds an *Error for path. When Parse read path, the value as
+// written and its line win over value; otherwise the line is that of the
+// nearest enclosing value Parse read.
+func (c *Config) errorAt(path, value, rule string) *Error {
+	e := &Error{Path: path, Value: value, Rule: rule}
+	if p, ok := c.pos[path]; ok {
+		e.Line = p.line
+		if p.value != "" {
+			e.Value = p.value
+		}
+		return e
+	}
+	for q := parent(path); q != ""; q = parent(q) {
+		if p, ok := c.pos[q]; ok {
+			e.Line = p.line
+			break
+		}
+	}
+	return e
+}
+
+// parent strips the last ".key" or "[i]" from path.
+func parent(path string) string {
+	i := strings.LastIndexAny(path, ".[")
+	if i < 0 {
+		return ""
+	}
+	return path[:i]
+}
+
+func (c *Config) validateServer() error {
+	if c.Server.Listen == "" {
+		return c.errorAt("server.listen", "", "is required: host:port, such as "+DefaultListen)
+	}
+	if rule := checkHostPort(c.Server.Listen, true); rule != "" {
+		return c.errorAt("server.listen", strconv.Quote(c.Server.Listen), rule)
+	}
+	return nil
+}
+
+func (c *Config) validateStore() error {
+	s := c.Store
+	switch s.Type {
+	case StoreMemory:
+		if s.Redis != nil {
+			return c.errorAt("store.redis", "", "applies only to store.type redis")
+		}
+		return nil
+	case StoreRedis:
+	default:
+		return c.errorAt("store.type", strconv.Quote(s.Type), "must be one of memory, redis")
+	}
+	r := s.Redis
+	if r == nil {
+		return c.errorAt("store.redis", "", "is required when store.type is redis")
+	}
+	switch {
+	case r.URL != "" && len(r.Addrs) > 0:
+		return c.errorAt("store.redis.addrs", "", "set url or addrs, not both")
+	case r.URL == "" && len(r.Addrs) == 0:
+		return c.errorAt("store.redis", "", "needs url (one server) or addrs with mode cluster or sentinel")
+	case r.URL != "":
+		u, err := url.Parse(r.URL)
+		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+			return c.errorAt("store.redis.url", strconv.Quote(r.URL), "must be a redis:// or rediss:// URL with a host, such as redis://127.0.0.1:6379/0")
+		}
+		if r.Mode != "" {
+			return c.errorAt("store.redis.mode", strconv.Quote(r.Mode), "applies only with addrs; a url names one server")
+		}
+	default:
+		for i, a := range r.Addrs {
+			if rule := checkHostPort(a, false); rule != "" {
+				return c.errorAt(fmt.Sprintf("store.redis.addrs[%d]", i), strconv.Quote(a), rule)
+			}
+		}
+		if r.Mode == "" {
+			return c.errorAt("store.redis.mode", "", "is required with addrs: cluster or sentinel")
+		}
+		if r.Mode != ModeCluster && r.Mode != ModeSentinel {
+			return c.errorAt("store.redis.mode", strconv.Quote(r.Mode), "must be one of cluster, sentinel")
+		}
+	}
+	if r.Mode == ModeSentinel && r.MasterName == "" {
+		return c.errorAt("store.redis.master_name", "", "is required with mode sentinel")
+	}
+	if r.Mode != ModeSentinel && r.MasterName != "" {
+		return c.errorAt("store.redis.master_name", strconv.Quote(r.MasterName), "applies only to mode sentinel")
+	}
+	if r.PasswordEnv != "" && !validEnvName(r.PasswordEnv) {
+		return c.errorAt("store.redis.password_env", strconv.Quote(r.PasswordEnv), envNameRule)
+	}
+	return nil
+}
+
+func (c *Config) validatePolicies() error {
+	if len(c.Policies) == 0 {
+		return c.errorAt("policies", "", "at least one policy is required")
+	}
+	seen := make(map[string]int, len(c.Policies))
+	for i, p := range c.Policies {
+		if err := p.Validate(); err != nil {
+			var pe *sluice.PolicyError
+			if !errors.As(err, &pe) {
+				return c.errorAt(fmt.Sprintf("policies[%d]", i), "", err.Error())
+			}
+			path := fmt.Sprintf("policies[%d].%s", i, pe.Field)
+			e := c.errorAt(path, pe.Value, pe.Rule)
+			if _, written := c.pos[path]; c.pos != nil && !written {
+				// The value is a default, not something the file says.
+				e.Value = pe.Value + " (the default)"
+			}
+			return e
+		}
+		if j, dup := seen[p.ID]; dup {
+			return c.errorAt(fmt.Sprintf("policies[%d].id", i), strconv.Quote(p.ID), fmt.Sprintf("is already the id of policies[%d]", j))
+		}
+		seen[p.ID] = i
+	}
+	return nil
+}
+
+func (c *Config) validateSubjects() error {
+	seen := map[string]int{}
+	for i, k := range c.Subjects.HMACKeys {
+		path := fmt.Sprintf("subjects.hmac_keys[%d]", i)
+		if !validKeyID(k.ID) {
+			return c.errorAt(path+".id", strconv.Quote(k.ID), "must be 1 to 16 of a-z 0-9")
+		}
+		if j, dup := seen[k.ID]; dup {
+			return c.errorAt(path+".id", strconv.Quote(k.ID), fmt.Sprintf("is already the id of subjects.hmac_keys[%d]", j))
+		}
+		seen[k.ID] = i
+		if !validEnvName(k.SecretEnv) {
+			return c.errorAt(path+".secret_env", strconv.Quote(k.SecretEnv), envNameRule)
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateProxy() error {
+	p := c.Proxy
+	if p == nil {
+		return nil
+	}
+	u, err := url.Parse(p.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return c.errorAt("proxy.upstream", strconv.Quote(p.Upstream), "must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000")
+	}
+	for i, cidr := range p.TrustedProxies {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			return c.errorAt(fmt.Sprintf("proxy.trusted_proxies[%d]", i), strconv.Quote(cidr), "must be a CIDR such as 10.0.0.0/8 or ::1/128")
+		}
+	}
+	if len(p.Routes) == 0 {
+		return c.errorAt("proxy.routes", "", "at least one route is required")
+	}
+	ids := make(map[string]bool, len(c.Policies))
+	for _, pol := range c.Policies {
+		ids[pol.ID] = true
+	}
+	for i, r := range p.Routes {
+		path := fmt.Sprintf("proxy.routes[%d]", i)
+		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
+			return c.errorAt(path+".match.path_prefix", strconv.Quote(r.Match.PathPrefix), `must start with "/"`)
+		}
+		for j, m := range r.Match.Methods {
+			if !validMethod(m) {
+				return c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST")
+			}
+		}
+		if len(r.Policies) == 0 {
+			return c.errorAt(path+".policies", "", "at least one policy id is required")
+		}
+		for j, id := range r.Policies {
+			if !ids[id] {
+				return c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy")
+			}
+		}
+		switch name, isHeader := strings.CutPrefix(r.Subject, "header:"); {
+		case r.Subject == "ip", r.Subject == "ip+user_agent":
+		case isHeader && validToken(name):
+		default:
+			return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateEnvoy() error {
+	e := c.Envoy
+	if e == nil {
+		return nil
+	}
+	if rule := checkHostPort(e.Listen, true); rule != "" {
+		return c.errorAt("envoy.listen", strconv.Quote(e.Listen), rule)
+	}
+	if len(e.Configs) == 0 {
+		return c.errorAt("envoy.configs", "", "at least one file pattern is required")
+	}
+	for i, pat := range e.Configs {
+		if _, err := filepath.Match(pat, ""); pat == "" || err != nil {
+			return c.errorAt(fmt.Sprintf("envoy.configs[%d]", i), strconv.Quote(pat), "must be a file path or glob pattern such as ratelimit/*.yaml")
+		}
+	}
+	return nil
+}
+
+// checkHostPort returns the rule addr breaks, or "". A listen address may
+// leave the host empty (every interface) and use port 0 (any free port).
+func checkHostPort(addr string, listen bool) string {
+	const rule = "must be host:port, such as 127.0.0.1:8080"
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return rule
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return rule + "; the port must be a number between 0 and 65535"
+	}
+	if !listen && (host == "" || n == 0) {
+		return rule + " with a host and a port between 1 and 65535"
+	}
+	return ""
+}
+
+const envNameRule = "must be the name of an environment variable: A-Z a-z 0-9 _, not starting with a digit"
+
+func validEnvName(s string) bool {
+	if s == "" || ('0' <= s[0] && s[0] <= '9') {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// validKeyID mirrors subject.New's rule for key ids, so that validate
+// catches a bad id before serve does; TestKeyIDsMatchSubject keeps the two
+// in step.
+func validKeyID(id string) bool {
+	if len(id) < 1 || len(id) > 16 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if c := m[i]; c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// validToken reports whether s is an RFC 9110 token, as header names are.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}

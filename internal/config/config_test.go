@@ -1,0 +1,324 @@
+package config_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// invalid maps each fixture under testdata/invalid to the exact error
+// Parse must return for it.
+var invalid = []struct {
+	file string
+	want string
+}{
+		{"bad_failure_mode.yaml", "policies[0].failure_mode: \"fail_open\": must be one of closed, open, local (line 6)"},
+		{"bad_listen.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)"},
+		{"bad_listen_port.yaml", "server.listen: \"127.0.0.1:http\": must be host:port, such as 127.0.0.1:8080; the port must be a number between 0 and 65535 (line 2)"},
+		{"bad_policy_id.yaml", "policies[0].id: \"log in\": must be 1 to 64 characters of A-Z a-z 0-9 _ . - (line 2)"},
+		{"bad_store_type.yaml", "store.type: \"memcached\": must be one of memory, redis (line 2)"},
+		{"burst_on_fixed_window.yaml", "policies[0].burst: 5: applies only to token_bucket and gcra; leave it unset for fixed_window (line 6)"},
+		{"burst_zero.yaml", "policies[0].burst: 0: must be at least 1; leave it out for the default (line 6)"},
+		{"cleanup_grace_too_long.yaml", "policies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 6)"},
+		{"default_burst_too_big.yaml", "policies[0].burst: 1000000000 (the default): burst × window in µs must stay below 2^53; at this window the burst can be at most 104249 (line 2)"},
+		{"document_is_list.yaml", "the config must be a mapping, not a list (line 1)"},
+		{"duplicate_key.yaml", "policies[0].limit: is set twice (first at line 4) (line 6)"},
+		{"duplicate_policy_id.yaml", "policies[1].id: \"demo\": is already the id of policies[0] (line 6)"},
+		{"empty.yaml", "the config is empty: at least one policy is required"},
+		{"empty_policies.yaml", "policies: at least one policy is required (line 1)"},
+		{"envoy_bad_listen.yaml", "envoy.listen: \"8081\": must be host:port, such as 127.0.0.1:8080 (line 7)"},
+		{"envoy_bad_pattern.yaml", "envoy.configs[0]: \"ratelimit/[.yaml\": must be a file path or glob pattern such as ratelimit/*.yaml (line 8)"},
+		{"hmac_bad_id.yaml", "subjects.hmac_keys[0].id: \"Key-1\": must be 1 to 16 of a-z 0-9 (line 8)"},
+		{"hmac_duplicate_id.yaml", "subjects.hmac_keys[1].id: \"k2\": is already the id of subjects.hmac_keys[0] (line 9)"},
+		{"hmac_missing_secret_env.yaml", "subjects.hmac_keys[0].secret_env: is required (line 8)"},
+		{"hmac_secret_in_file.yaml", "subjects.hmac_keys[0].secret: unknown key: must be one of id, secret_env (line 9)"},
+		{"invalid_yaml.yaml", "invalid YAML: did not find expected '-' indicator (line 1)"},
+		{"limit_fraction.yaml", "policies[0].limit: 2.5: must be an integer, not a float (line 4)"},
+		{"limit_not_integer.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)"},
+		{"limit_zero.yaml", "policies[0].limit: 0: must be between 1 and 1000000000 (line 4)"},
+		{"max_cost_too_high.yaml", "policies[0].max_cost: 4: must be between 1 and 3, the most fixed_window can admit at once (line 6)"},
+		{"merge_key_in_policy.yaml", "policies[0]: <<: keys must be plain names; merge keys (<<) and complex keys are not supported (line 3)"},
+		{"missing_id.yaml", "policies[0].id: is required (line 2)"},
+		{"missing_window.yaml", "policies[0].window: is required (line 2)"},
+		{"near_cache_not_bool.yaml", "policies[0].near_cache: \"yes\": must be true or false, not a string (line 6)"},
+		{"no_policies.yaml", "policies: at least one policy is required"},
+		{"policies_not_list.yaml", "policies: must be a list, not a mapping (line 2)"},
+		{"policy_id_not_string.yaml", "policies[0].id: 42: must be a string, not an integer; quote it (line 2)"},
+		{"policy_not_mapping.yaml", "policies[0]: \"demo\": must be a mapping, not a scalar (line 2)"},
+		{"proxy_bad_cidr.yaml", "proxy.trusted_proxies[1]: \"10.0.0.300/8\": must be a CIDR such as 10.0.0.0/8 or ::1/128 (line 8)"},
+		{"proxy_bad_method.yaml", "proxy.routes[0].match.methods[0]: \"post\": must be an upper-case HTTP method such as GET or POST (line 9)"},
+		{"proxy_bad_path_prefix.yaml", "proxy.routes[0].match.path_prefix: \"login\": must start with \"/\" (line 9)"},
+		{"proxy_bad_subject.yaml", "proxy.routes[0].subject: \"cookie\": must be one of ip, ip+user_agent, header:<Name> (line 11)"},
+		{"proxy_bad_upstream.yaml", "proxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 7)"},
+		{"proxy_no_routes.yaml", "proxy.routes: at least one route is required (line 6)"},
+		{"proxy_route_without_match.yaml", "proxy.routes[0].match: is required (line 9)"},
+		{"proxy_unknown_policy.yaml", "proxy.routes[0].policies[1]: \"login\": is not the id of any policy (line 10)"},
+		{"redis_addrs_without_mode.yaml", "store.redis.mode: is required with addrs: cluster or sentinel (line 3)"},
+		{"redis_bad_addr.yaml", "store.redis.addrs[1]: \"10.0.0.2\": must be host:port, such as 127.0.0.1:8080 (line 4)"},
+		{"redis_bad_password_env.yaml", "store.redis.password_env: \"$REDIS_PASSWORD\": must be the name of an environment variable: A-Z a-z 0-9 _, not starting with a digit (line 5)"},
+		{"redis_bad_url.yaml", "store.redis.url: \"http://127.0.0.1:6379/0\": must be a redis:// or rediss:// URL with a host, such as redis://127.0.0.1:6379/0 (line 4)"},
+		{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
+		{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env (line 5)"},
+		{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
+		{"redis_sentinel_without_master.yaml", "store.redis.master_name: is required with mode sentinel (line 3)"},
+		{"redis_url_and_addrs.yaml", "store.redis.addrs: set url or addrs, not both (line 5)"},
+		{"redis_without_section.yaml", "store.redis: is required when store.type is redis (line 1)"},
+		{"revision_negative.yaml", "policies[0].revision: -1: must be between 1 and 2147483648 (line 6)"},
+		{"revision_zero.yaml", "policies[0].revision: 0: must be at least 1; leave it out for the default (line 6)"},
+		{"server_empty.yaml", "server: must be a mapping, not empty (line 1)"},
+		{"sliding_log_too_long.yaml", "policies[0].limit: 200000: sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits (line 4)"},
+		{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2)"},
+		{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
+		{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 4)"},
+		{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, near_cache (line 5)"},
+		{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
+		{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
+		{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
+		{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (in µs: 1000 to 86400000000) (line 14)"},
+		{"window_without_unit.yaml", "policies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
+}
+
+func TestParseInvalid(t *testing.T) {
+	covered := map[string]bool{}
+	for _, tc := range invalid {
+		covered[tc.file] = true
+		t.Run(strings.TrimSuffix(tc.file, ".yaml"), func(t *testing.T) {
+			f, err := os.Open(filepath.Join("testdata", "invalid", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			c, err := config.Parse(f)
+			if err == nil {
+				t.Fatalf("Parse(%s) = %+v, nil; want error %q", tc.file, c, tc.want)
+			}
+			if got := err.Error(); got != tc.want {
+				t.Errorf("Parse(%s) error\n got: %s\nwant: %s", tc.file, got, tc.want)
+			}
+			var ce *config.Error
+			if !errors.As(err, &ce) {
+				t.Errorf("Parse(%s) error is %T, want *config.Error", tc.file, err)
+			}
+		})
+	}
+	files, err := filepath.Glob(filepath.Join("testdata", "invalid", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !covered[filepath.Base(f)] {
+			t.Errorf("fixture %s has no row in the invalid table", f)
+		}
+	}
+}
+
+func TestLoadNamesTheFile(t *testing.T) {
+	path := filepath.Join("testdata", "invalid", "unknown_algorithm.yaml")
+	_, err := config.Load(path)
+	want := path + `: policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 4)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Load(%s) error = %v, want %s", path, err, want)
+	}
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.Path != "policies[0].algorithm" || ce.Line != 4 {
+		t.Errorf("Load(%s) error = %#v, want *config.Error at policies[0].algorithm line 4", path, ce)
+	}
+	if _, err := config.Load(filepath.Join("testdata", "no_such_file.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing file) error = %v, want os.ErrNotExist", err)
+	}
+}
+
+func TestDefault(t *testing.T) {
+	def := config.Default()
+	if err := def.Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v", err)
+	}
+	got, err := config.Load(filepath.Join("testdata", "valid", "default.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(def, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
+		t.Errorf("testdata/valid/default.yaml differs from Default() (-Default +file):\n%s", diff)
+	}
+	demo := def.Policies[0]
+	if demo.ID != "demo" || demo.Algorithm != sluice.FixedWindow || demo.Limit != 3 || demo.Window != 10*time.Second {
+		t.Errorf("Default().Policies[0] = %+v, want demo fixed_window 3 per 10s", demo)
+	}
+}
+
+func TestParseFull(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "full.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := config.Policy{
+		Policy:    sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second},
+		NearCache: true,
+	}
+	want := &config.Config{
+		Server: config.Server{Listen: "0.0.0.0:0"},
+		Store: config.Store{Type: config.StoreRedis, Redis: &config.Redis{
+			Addrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Mode: config.ModeSentinel, MasterName: "mymaster",
+			Username: "sluice", PasswordEnv: "SLUICE_REDIS_PASSWORD",
+		}},
+		Policies: []config.Policy{
+			{Policy: sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute}},
+			api,
+			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute, FailureMode: sluice.FailLocal}},
+			{Policy: sluice.Policy{ID: "bucket", Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Second, Burst: 10}},
+		},
+		Subjects: config.Subjects{HMACKeys: []config.HMACKey{{ID: "k2", SecretEnv: "SLUICE_HMAC_K2"}, {ID: "k1", SecretEnv: "SLUICE_HMAC_K1"}}},
+		Proxy: &config.Proxy{
+			Upstream:       "http://127.0.0.1:9000",
+			TrustedProxies: []string{"10.0.0.0/8", "::1/128"},
+			Routes: []config.Route{
+				{Match: config.Match{PathPrefix: "/login", Methods: []string{"POST"}}, Policies: []string{"login"}, Subject: "ip"},
+				{Match: config.Match{PathPrefix: "/api/"}, Policies: []string{"api", "quota"}, Subject: "header:X-Api-Key", Shadow: true},
+				{Match: config.Match{PathPrefix: "/"}, Policies: []string{"bucket"}, Subject: "ip+user_agent"},
+			},
+		},
+		Envoy: &config.Envoy{Listen: "127.0.0.1:8081", Configs: []string{"ratelimit/*.yaml"}},
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
+		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
+	}
+	if line := got.Line("proxy"); line != 41 {
+		t.Errorf("Line(proxy) = %d, want 41", line)
+	}
+	if _, err := sluice.New(nopStore{}, got.SluicePolicies(), sluice.Options{}); err != nil {
+		t.Errorf("sluice.New(full.yaml policies) = %v", err)
+	}
+}
+
+func TestParseRedisURL(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "redis_url.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.Redis{URL: "rediss://sluice@redis.internal:6380/2", PasswordEnv: "REDIS_PASSWORD"}
+	if diff := cmp.Diff(want, got.Store.Redis); diff != "" {
+		t.Errorf("store.redis mismatch (-want +got):\n%s", diff)
+	}
+	env := map[string]string{"REDIS_PASSWORD": "s3cret"}
+	if pw, err := got.Store.Redis.Password(lookup(env)); err != nil || pw != "s3cret" {
+		t.Errorf("Password() = %q, %v; want s3cret, nil", pw, err)
+	}
+	_, err = got.Store.Redis.Password(lookup(nil))
+	if want := `store.redis.password_env: "REDIS_PASSWORD": environment variable REDIS_PASSWORD is not set or empty`; err == nil || err.Error() != want {
+		t.Errorf("Password() without the variable: error = %v, want %s", err, want)
+	}
+}
+
+func TestValidateConfigBuiltInGo(t *testing.T) {
+	c := config.Default()
+	c.Policies[1].Window = 90 * time.Hour
+	err := c.Validate()
+	want := `policies[1].window: 90h0m0s: must be between 1ms and 24h (in µs: 1000 to 86400000000)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Validate() = %v, want %s", err, want)
+	}
+	c = config.Default()
+	c.Policies = append(c.Policies, c.Policies[0])
+	want = `policies[3].id: "demo": is already the id of policies[0]`
+	if err := c.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate() = %v, want %s", err, want)
+	}
+}
+
+func TestHMACKeys(t *testing.T) {
+	c, err := config.Parse(strings.NewReader(`
+policies: [{id: demo, algorithm: fixed_window, limit: 3, window: 10s}]
+subjects:
+  hmac_keys:
+    - {id: k2, secret_env: SLUICE_HMAC_K2}
+    - {id: k1, secret_env: SLUICE_HMAC_K1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, short := strings.Repeat("x", 32), "tooshort"
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"ok", map[string]string{"SLUICE_HMAC_K2": long, "SLUICE_HMAC_K1": long + "1"}, ""},
+		{"missing", map[string]string{"SLUICE_HMAC_K2": long}, `subjects.hmac_keys[1].secret_env: "SLUICE_HMAC_K1": environment variable SLUICE_HMAC_K1 is not set or empty (line 6)`},
+		{"short", map[string]string{"SLUICE_HMAC_K2": short, "SLUICE_HMAC_K1": long}, `subjects.hmac_keys[0].secret_env: "SLUICE_HMAC_K2": environment variable SLUICE_HMAC_K2 holds 8 bytes: an HMAC secret must be at least 16 (32 random bytes recommended) (line 5)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keys, err := c.HMACKeys(lookup(tc.env))
+			if tc.want != "" {
+				if err == nil || err.Error() != tc.want {
+					t.Fatalf("HMACKeys() error = %v, want %s", err, tc.want)
+				}
+				if strings.Contains(err.Error(), short) {
+					t.Errorf("HMACKeys() error %q reveals the secret", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) != 2 || keys[0].ID != "k2" || string(keys[0].Secret) != long {
+				t.Fatalf("HMACKeys() = %+v, want k2 then k1", keys)
+			}
+			if _, err := subject.New(keys); err != nil {
+				t.Errorf("subject.New(HMACKeys()) = %v", err)
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, dir := range []string{"invalid", "valid"} {
+		files, err := filepath.Glob(filepath.Join("testdata", dir, "*.yaml"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, file := range files {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b)
+		}
+	}
+	f.Add([]byte("a: &a [*a]\npolicies: *a\n"))
+	f.Add([]byte("policies:\n  - &p {id: a, algorithm: gcra, limit: 1, window: 1s}\n  - *p\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := config.Parse(bytes.NewReader(data))
+		if err != nil {
+			var ce *config.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("Parse error %v is %T, want *config.Error", err, err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("Parse accepted a config that Validate rejects: %v", err)
+		}
+		if _, err := sluice.New(nopStore{}, c.SluicePolicies(), sluice.Options{}); err != nil {
+			t.Fatalf("Parse accepted policies sluice.New rejects: %v", err)
+		}
+	})
+}
+
+type nopStore struct{}
+
+func (nopStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error { return nil }
+
+func lookup(env map[string]string) func(string) string {
+	return func(k string) string { return env[k] }
+}
