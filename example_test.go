@@ -1,0 +1,60 @@
+package sluice_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// Three requests per ten seconds per account: the fourth is denied until
+// the window ends.
+func Example() {
+	clock := sluicetest.NewClock(sluicetest.Start) // use sluice.SystemClock{} in production
+	store, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+	}, sluice.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	account := subject.Unkeyed().Pseudonym("principal", "alice@example.com", "demo")
+	for i := 0; i < 4; i++ {
+		o := limiter.Check(context.Background(), sluice.Request{Policy: "demo", Subject: account})
+		fmt.Printf("%s remaining=%d retry_after=%v\n", o.Kind, o.Remaining, o.RetryAfter)
+		clock.Advance(time.Second)
+	}
+	// Output:
+	// allowed remaining=2 retry_after=0s
+	// allowed remaining=1 retry_after=0s
+	// allowed remaining=0 retry_after=0s
+	// denied remaining=0 retry_after=7s
+}
+
+// Several policies are checked at once, all or nothing: a burst limit and
+// an hourly quota.
+func ExampleLimiter_Check_multiplePolicies() {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	store, _ := memstore.New(memstore.Options{Clock: clock})
+	defer store.Close()
+	limiter, _ := sluice.New(store, []sluice.Policy{
+		{ID: "per-second", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, Burst: 5},
+		{ID: "per-hour", Algorithm: sluice.SlidingWindow, Limit: 6, Window: time.Hour},
+	}, sluice.Options{Clock: clock})
+	req := sluice.Request{Policies: []string{"per-second", "per-hour"}, Subject: "k1:example", Cost: 5}
+	o := limiter.Check(context.Background(), req)
+	fmt.Println(o.Kind, o.Policy, o.Remaining)
+	o = limiter.Check(context.Background(), req)
+	fmt.Println(o.Kind, o.Policy, o.Statuses[0].Allowed, o.Statuses[1].Allowed)
+	// Output:
+	// allowed per-second 0
+	// denied per-hour false false
+}

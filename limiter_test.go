@@ -1,0 +1,168 @@
+package sluice_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// countingStore is a real memstore that counts the calls reaching it, to
+// prove which requests Limiter answers without touching the store.
+type countingStore struct {
+	*memstore.Store
+	calls atomic.Int64
+}
+
+func (s *countingStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	s.calls.Add(1)
+	return s.Store.Evaluate(ctx, ev)
+}
+
+func newLimiter(t *testing.T) (*sluice.Limiter, *countingStore, *sluicetest.Clock) {
+	t.Helper()
+	clock := sluicetest.NewClock(sluicetest.Start)
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	store := &countingStore{Store: ms}
+	l, err := sluice.New(store, []sluice.Policy{
+		{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+		{ID: "day", Algorithm: sluice.SlidingWindow, Limit: 1000, Window: 24 * time.Hour, MaxCost: 50},
+	}, sluice.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, store, clock
+}
+
+func TestCheckRejectsBeforeTheStore(t *testing.T) {
+	l, store, clock := newLimiter(t)
+	expired, cancel := context.WithDeadline(context.Background(), clock.Now())
+	defer cancel()
+	cancelled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	cases := []struct {
+		name  string
+		ctx   context.Context
+		req   sluice.Request
+		kind  sluice.Kind
+		cause sluice.Cause
+		err   error
+	}{
+		{"deadline passed", expired, sluice.Request{Policy: "demo", Subject: "s"}, sluice.Unavailable, sluice.DeadlinePassed, context.DeadlineExceeded},
+		{"cancelled", cancelled, sluice.Request{Policy: "demo", Subject: "s"}, sluice.Unavailable, sluice.DeadlinePassed, context.Canceled},
+		{"unknown policy", context.Background(), sluice.Request{Policy: "nope", Subject: "s"}, sluice.Incompatible, 0, sluice.ErrUnknownPolicy},
+		{"unknown among several", context.Background(), sluice.Request{Policies: []string{"demo", "nope"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrUnknownPolicy},
+		{"no policy", context.Background(), sluice.Request{Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"policy and policies", context.Background(), sluice.Request{Policy: "demo", Policies: []string{"day"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"policy named twice", context.Background(), sluice.Request{Policies: []string{"demo", "demo"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"negative cost", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: -1}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"cost above max", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: 4}, sluice.Incompatible, 0, sluice.ErrCostTooHigh},
+		{"cost above one policy's max", context.Background(), sluice.Request{Policies: []string{"demo", "day"}, Subject: "s", Cost: 51}, sluice.Incompatible, 0, sluice.ErrCostTooHigh},
+		{"peek with a cost", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: 1, Peek: true}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"empty subject", context.Background(), sluice.Request{Policy: "demo"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"subject with a hash tag", context.Background(), sluice.Request{Policy: "demo", Subject: "a{b}"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"subject with a space", context.Background(), sluice.Request{Policy: "demo", Subject: "a b"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"subject too long", context.Background(), sluice.Request{Policy: "demo", Subject: string(make([]byte, sluice.MaxSubjectLen+1))}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+	}
+	for _, c := range cases {
+		o := l.Check(c.ctx, c.req)
+		if o.Kind != c.kind || o.Cause != c.cause || !errors.Is(o.Err, c.err) {
+			t.Errorf("%s: Check(%+v) = kind %v cause %v err %v, want %v %v %v", c.name, c.req, o.Kind, o.Cause, o.Err, c.kind, c.cause, c.err)
+		}
+	}
+	if n := store.calls.Load(); n != 0 {
+		t.Fatalf("the store was called %d times for requests Limiter must reject itself", n)
+	}
+}
+
+func TestCheckCostDefaultsToOne(t *testing.T) {
+	l, _, _ := newLimiter(t)
+	o := l.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "s"})
+	if o.Kind != sluice.Allowed || o.Remaining != 2 || o.Policy != "demo" || o.Statuses != nil {
+		t.Fatalf("Check with zero Cost = %+v, want allowed, remaining 2 (cost 1), no Statuses for one policy", o)
+	}
+	o = l.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "s", Peek: true})
+	if o.Kind != sluice.Allowed || o.Remaining != 2 {
+		t.Fatalf("peek = %+v, want allowed with remaining still 2", o)
+	}
+}
+
+// failingStore fails every call with a fixed error, to check how Limiter
+// types store failures.
+type failingStore struct{ err error }
+
+func (s failingStore) Evaluate(context.Context, *sluice.Evaluation) error { return s.err }
+
+func TestStoreErrorsAreTyped(t *testing.T) {
+	cases := []struct {
+		err   error
+		kind  sluice.Kind
+		cause sluice.Cause
+	}{
+		{sluice.ErrBeforeSend, sluice.Unavailable, sluice.FailedBeforeSend},
+		{sluice.ErrClockUnsafe, sluice.Unavailable, sluice.ClockUnsafe},
+		{sluice.ErrCircuitOpen, sluice.Unavailable, sluice.CircuitOpen},
+		{sluice.ErrIndeterminate, sluice.Indeterminate, 0},
+		{sluice.ErrCorruptState, sluice.Incompatible, 0},
+		{context.DeadlineExceeded, sluice.Unavailable, sluice.DeadlinePassed},
+		{errors.New("something the store did not classify"), sluice.Indeterminate, 0},
+	}
+	for _, c := range cases {
+		l, err := sluice.New(failingStore{c.err}, []sluice.Policy{{ID: "p", Algorithm: sluice.GCRA, Limit: 1, Window: time.Second}}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := l.Check(context.Background(), sluice.Request{Policy: "p", Subject: "s"})
+		if o.Kind != c.kind || o.Cause != c.cause || !errors.Is(o.Err, c.err) || o.Reason() == "" {
+			t.Errorf("store error %v: outcome %v/%v (%v), want %v/%v wrapping it", c.err, o.Kind, o.Cause, o.Err, c.kind, c.cause)
+		}
+	}
+}
+
+func TestNewRejectsBadPolicies(t *testing.T) {
+	ms, _ := memstore.New(memstore.Options{})
+	defer ms.Close()
+	good := sluice.Policy{ID: "a", Algorithm: sluice.GCRA, Limit: 1, Window: time.Second}
+	if _, err := sluice.New(nil, []sluice.Policy{good}, sluice.Options{}); err == nil {
+		t.Error("New(nil store) = nil error")
+	}
+	if _, err := sluice.New(ms, []sluice.Policy{good, good}, sluice.Options{}); err == nil || !contains(err.Error(), `"a" is used twice`) {
+		t.Errorf("New with a duplicate id = %v, want an error naming it", err)
+	}
+	bad := good
+	bad.Limit = 0
+	var pe *sluice.PolicyError
+	if _, err := sluice.New(ms, []sluice.Policy{good, bad}, sluice.Options{}); !errors.As(err, &pe) || !contains(err.Error(), "policies[1]") {
+		t.Errorf("New with an invalid policy = %v, want a *PolicyError at policies[1]", err)
+	}
+}
+
+func TestMostRestrictiveStatus(t *testing.T) {
+	l, _, _ := newLimiter(t)
+	req := sluice.Request{Policies: []string{"day", "demo"}, Subject: "multi"}
+	o := l.Check(context.Background(), req)
+	if o.Kind != sluice.Allowed || o.Policy != "demo" || len(o.Statuses) != 2 || o.Statuses[0].Policy != "day" {
+		t.Fatalf("Check(%+v) = %+v, want allowed, top-level \"demo\" (2 left beats 999), statuses in request order", req, o)
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	ms, _ := memstore.New(memstore.Options{})
+	defer ms.Close()
+	l, _ := sluice.New(ms, []sluice.Policy{{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second}}, sluice.Options{})
+	req := sluice.Request{Policy: "p", Subject: "k1:bench"}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Check(ctx, req)
+	}
+}

@@ -1,0 +1,106 @@
+package sluice_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+func TestPolicyValidate(t *testing.T) {
+	base := sluice.Policy{ID: "api", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}
+	cases := []struct {
+		name   string
+		edit   func(*sluice.Policy)
+		field  string // "" = valid
+		substr string
+	}{
+		{"valid", func(p *sluice.Policy) {}, "", ""},
+		{"empty id", func(p *sluice.Policy) { p.ID = "" }, "id", "1 to 64"},
+		{"id with a brace", func(p *sluice.Policy) { p.ID = "a{b}" }, "id", "A-Z"},
+		{"id too long", func(p *sluice.Policy) { p.ID = string(make([]byte, 65)) }, "id", "1 to 64"},
+		{"negative revision", func(p *sluice.Policy) { p.Revision = -1 }, "revision", "between 1"},
+		{"no algorithm", func(p *sluice.Policy) { p.Algorithm = 0 }, "algorithm", "one of"},
+		{"zero limit", func(p *sluice.Policy) { p.Limit = 0 }, "limit", "between 1 and"},
+		{"negative limit", func(p *sluice.Policy) { p.Limit = -3 }, "limit", "between 1 and"},
+		{"absurd limit", func(p *sluice.Policy) { p.Limit = 1e12 }, "limit", "between 1 and"},
+		{"zero window", func(p *sluice.Policy) { p.Window = 0 }, "window", "between 1ms and 24h"},
+		{"window below 1ms", func(p *sluice.Policy) { p.Window = 999 * time.Microsecond }, "window", "between 1ms and 24h"},
+		{"window of 1ms", func(p *sluice.Policy) { p.Window = time.Millisecond }, "", ""},
+		{"window above 24h", func(p *sluice.Policy) { p.Window = 25 * time.Hour }, "window", "between 1ms and 24h"},
+		{"fractional µs window", func(p *sluice.Policy) { p.Window = time.Second + 1 }, "window", "whole number of microseconds"},
+		{"burst on fixed window", func(p *sluice.Policy) { p.Burst = 5 }, "burst", "only to token_bucket and gcra"},
+		{"burst on gcra", func(p *sluice.Policy) { p.Algorithm, p.Burst = sluice.GCRA, 5 }, "", ""},
+		{"negative burst", func(p *sluice.Policy) { p.Algorithm, p.Burst = sluice.TokenBucket, -1 }, "burst", "between 1 and"},
+		{"burst too large to stay exact", func(p *sluice.Policy) {
+			p.Algorithm, p.Burst, p.Window = sluice.TokenBucket, 1_000_000, 24*time.Hour
+		}, "burst", "2^53"},
+		{"100k/s", func(p *sluice.Policy) { p.Algorithm, p.Limit = sluice.GCRA, 100_000 }, "", ""},
+		{"huge sliding log", func(p *sluice.Policy) { p.Algorithm, p.Limit = sluice.SlidingLog, 1_000_000 }, "limit", "sliding_window"},
+		{"negative max cost", func(p *sluice.Policy) { p.MaxCost = -1 }, "max_cost", "between 1 and 10"},
+		{"max cost above limit", func(p *sluice.Policy) { p.MaxCost = 11 }, "max_cost", "between 1 and 10"},
+		{"max cost above burst", func(p *sluice.Policy) { p.Algorithm, p.Burst, p.MaxCost = sluice.GCRA, 3, 4 }, "max_cost", "between 1 and 3"},
+		{"unknown failure mode", func(p *sluice.Policy) { p.FailureMode = 7 }, "failure_mode", "one of"},
+		{"negative grace", func(p *sluice.Policy) { p.CleanupGrace = -time.Second }, "cleanup_grace", "between 0s and 1h"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := base
+			c.edit(&p)
+			err := p.Validate()
+			if c.field == "" {
+				if err != nil {
+					t.Fatalf("Validate(%+v) = %v, want nil", p, err)
+				}
+				return
+			}
+			var pe *sluice.PolicyError
+			if !errors.As(err, &pe) {
+				t.Fatalf("Validate(%+v) = %v, want a *PolicyError on %s", p, err, c.field)
+			}
+			if pe.Field != c.field || pe.Policy != p.ID || pe.Value == "" || !contains(pe.Rule, c.substr) {
+				t.Fatalf("Validate(%+v) = %+v, want field %q with a rule mentioning %q", p, pe, c.field, c.substr)
+			}
+		})
+	}
+}
+
+func TestPolicyDefaults(t *testing.T) {
+	p := sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4}.WithDefaults()
+	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 || p.FailureMode != sluice.FailClosed {
+		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst), fail closed", p)
+	}
+	p = sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}.WithDefaults()
+	if p.Burst != 10 || p.MaxCost != 10 {
+		t.Fatalf("WithDefaults = %+v, want burst and max cost = limit 10", p)
+	}
+}
+
+func TestAlgorithmText(t *testing.T) {
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		b, err := a.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back sluice.Algorithm
+		if err := back.UnmarshalText(b); err != nil || back != a {
+			t.Fatalf("UnmarshalText(%q) = %v, %v; want %v", b, back, err, a)
+		}
+	}
+	if _, err := sluice.ParseAlgorithm("leaky_bucket"); err == nil || !contains(err.Error(), "leaky_bucket") {
+		t.Fatalf("ParseAlgorithm(leaky_bucket) = %v, want an error naming the value", err)
+	}
+	if m, err := sluice.ParseFailureMode("local"); err != nil || m != sluice.FailLocal {
+		t.Fatalf("ParseFailureMode(local) = %v, %v", m, err)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
