@@ -1,0 +1,187 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+func mustNew(t testing.TB, opts Options) *Store {
+	t.Helper()
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func evaluation(subject string, p *sluice.Policy, cost int64) *sluice.Evaluation {
+	return &sluice.Evaluation{Subject: subject, Policies: []*sluice.Policy{p}, Cost: cost}
+}
+
+func validPolicy(t testing.TB, p sluice.Policy) *sluice.Policy {
+	t.Helper()
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithDefaults()
+	return &p
+}
+
+func TestNewRejectsNegativeOptions(t *testing.T) {
+	for _, o := range []Options{{Shards: -1}, {MaxKeys: -5}} {
+		if _, err := New(o); err == nil {
+			t.Errorf("New(%+v) = nil error, want one naming the field", o)
+		}
+	}
+}
+
+// TestMaxKeysBound floods the store with distinct subjects and checks that
+// it never holds more than the bound, that expired states go first, and
+// that evictions are counted.
+func TestMaxKeysBound(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	// One shard, so the bound is exactly MaxKeys (it is per shard).
+	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 64, SweepInterval: -1})
+	short := validPolicy(t, sluice.Policy{ID: "short", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
+	long := validPolicy(t, sluice.Policy{ID: "long", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
+	ctx := context.Background()
+
+	for i := 0; i < 64; i++ {
+		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("short-", i), short, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Second) // every "short" state has expired
+	for i := 0; i < 64; i++ {
+		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("long-", i), long, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n > 64 {
+		t.Fatalf("Len = %d after 128 distinct subjects, want at most MaxKeys 64", n)
+	}
+	if e := s.Evictions(); e != 0 {
+		t.Fatalf("Evictions = %d while expired states could make room, want 0", e)
+	}
+	// Now every state is live: new subjects must evict, counted, bound kept.
+	for i := 0; i < 1000; i++ {
+		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("flood-", i), long, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n > 64 {
+		t.Fatalf("Len = %d under a flood, want at most 64", n)
+	}
+	if e := s.Evictions(); e < 1000-64 {
+		t.Fatalf("Evictions = %d after 1000 new subjects into a full store, want at least %d", e, 1000-64)
+	}
+}
+
+func TestExpiredStateIsReclaimed(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, SweepInterval: -1})
+	ctx := context.Background()
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		p := validPolicy(t, sluice.Policy{ID: a.String(), Algorithm: a, Limit: 5, Window: time.Second})
+		if err := s.Evaluate(ctx, evaluation("alice", p, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n != 5 {
+		t.Fatalf("Len = %d, want 5 states", n)
+	}
+	clock.Advance(2*time.Second - time.Microsecond)
+	// Every state but the sliding window's (it weighs the previous window
+	// for one more) has expired.
+	if n := s.Sweep(); n != 4 || s.Len() != 1 {
+		t.Fatalf("Sweep 1µs before the sliding window expires dropped %d, Len %d; want 4 and 1", n, s.Len())
+	}
+	clock.Advance(time.Microsecond)
+	if n := s.Sweep(); n != 1 || s.Len() != 0 {
+		t.Fatalf("Sweep after every expiry dropped %d, Len %d; want 1 and 0", n, s.Len())
+	}
+}
+
+func TestSweeperStopsOnClose(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for i := 0; i < 20; i++ {
+		s, err := New(Options{SweepInterval: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		s.Close() // idempotent
+	}
+	// Close waits for the sweeper, so none of the 20 may remain.
+	if after := runtime.NumGoroutine(); after > before {
+		t.Fatalf("goroutines: %d before, %d after closing 20 stores", before, after)
+	}
+}
+
+func TestEvaluateExistingKeyAllocatesNothing(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, SweepInterval: -1})
+	ctx := context.Background()
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: a, Limit: 1_000_000_000, Window: time.Second})
+		ev := evaluation("alice", p, 1)
+		if err := s.Evaluate(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(200, func() { s.Evaluate(ctx, ev) }); n != 0 {
+			t.Errorf("%v: %v allocations per decision on an existing key, want 0", a, n)
+		}
+	}
+}
+
+// benchmarkPolicies are realistic policies that rarely deny, so the
+// benchmarks measure the admitting path.
+func benchmarkPolicy(b *testing.B, a sluice.Algorithm) *sluice.Policy {
+	limit := int64(1_000_000_000)
+	if a == sluice.SlidingLog {
+		limit = 100_000
+	}
+	return validPolicy(b, sluice.Policy{ID: "bench", Algorithm: a, Limit: limit, Window: time.Second})
+}
+
+// BenchmarkEvaluate measures one decision on an existing key with the real
+// clock, per algorithm, from one goroutine and from many.
+func BenchmarkEvaluate(b *testing.B) {
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		b.Run(a.String(), func(b *testing.B) {
+			s := mustNew(b, Options{})
+			p := benchmarkPolicy(b, a)
+			ev := evaluation("alice", p, 1)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.Evaluate(ctx, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(a.String()+"/parallel", func(b *testing.B) {
+			s := mustNew(b, Options{})
+			p := benchmarkPolicy(b, a)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				// Each goroutine its own subject: the contention of a real
+				// service, where subjects differ.
+				ev := evaluation(fmt.Sprintf("subject-%p", &pb), p, 1)
+				for pb.Next() {
+					if err := s.Evaluate(ctx, ev); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
