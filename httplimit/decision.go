@@ -1,0 +1,135 @@
+package httplimit
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Action is what a decision calls for. Its String form is the log and
+// metric spelling.
+type Action uint8
+
+// Actions.
+const (
+	// Admitted: the limiter (or the local fallback) admitted the request.
+	Admitted Action = iota + 1
+	// Limited: the limiter (or the local fallback) denied it: 429.
+	Limited
+	// FailedClosed: no decision, and a policy fails closed (or the local
+	// fallback failed too): 503.
+	FailedClosed
+	// FailedOpen: no decision, and every policy fails open: the request
+	// goes on.
+	FailedOpen
+	// NoSubject: no source identified the request and Options.Anonymous is
+	// DenyAnonymous: 403. The limiter was not asked.
+	NoSubject
+)
+
+var actionNames = [...]string{Admitted: "admitted", Limited: "limited", FailedClosed: "failed_closed", FailedOpen: "failed_open", NoSubject: "no_subject"}
+
+// String returns the log and metric spelling, e.g. "failed_open".
+func (a Action) String() string {
+	if a >= Admitted && a <= NoSubject {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("Action(%d)", uint8(a))
+}
+
+// Decision is what the middleware did with one request, as handed to
+// Options.OnDecision. It holds the pseudonym, never the identity. Its
+// fields are bounded enough for metric labels except Subject.
+type Decision struct {
+	// Operation is the route's operation, e.g. "POST /login", or
+	// DefaultOperation.
+	Operation string
+	// Policies are the route's policy IDs. Do not modify.
+	Policies []string
+	// SubjectKind is the source that identified the request, e.g.
+	// "api_key", or AnonymousKind; "" when none did (NoSubject).
+	SubjectKind string
+	// Subject is the pseudonym the limiter saw, e.g. "k1:3q2-7w…"; "" when
+	// none. Never a metric label: it is unbounded.
+	Subject string
+	// Action is what the outcome calls for.
+	Action Action
+	// Shadow reports that the route is in shadow mode and Action was not
+	// enforced: a Limited, FailedClosed or NoSubject request went on.
+	Shadow bool
+	// Status is the status the middleware answered with, e.g. 429; 0 when
+	// the request went on to the next handler.
+	Status int
+	// Outcome is the main limiter's outcome; its Kind tells a lost reply
+	// (Indeterminate) from a refusal to try (Unavailable) or corrupt state
+	// (Incompatible). Zero for NoSubject.
+	Outcome sluice.Outcome
+	// Local reports that the main limiter could not decide and the local
+	// fallback was asked; LocalOutcome is its answer.
+	Local        bool
+	LocalOutcome sluice.Outcome
+}
+
+func (m *Middleware) record(r *http.Request, d *Decision) {
+	if m.onDecision != nil {
+		m.onDecision(r, *d)
+	}
+	level := slog.LevelDebug
+	switch {
+	case d.Action == FailedClosed || d.Action == FailedOpen || d.Local:
+		level = slog.LevelWarn
+	case d.Shadow || d.Action == NoSubject:
+		level = slog.LevelInfo
+	}
+	ctx := r.Context()
+	if !m.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 12)
+	attrs = append(attrs,
+		slog.String("operation", d.Operation),
+		slog.String("policies", strings.Join(d.Policies, ",")),
+		slog.String("action", d.Action.String()),
+		slog.String("subject_kind", d.SubjectKind),
+		slog.String("subject", d.Subject),
+	)
+	if d.Shadow {
+		attrs = append(attrs, slog.Bool("shadow", true))
+	}
+	if d.Status != 0 {
+		attrs = append(attrs, slog.Int("status", d.Status))
+	}
+	attrs = appendOutcome(attrs, "", d.Outcome)
+	if d.Local {
+		attrs = appendOutcome(attrs, "local_", d.LocalOutcome)
+	}
+	msg := "rate limit decision"
+	if d.Shadow {
+		msg = "rate limit decision (shadow: not enforced)"
+	}
+	m.log.LogAttrs(ctx, level, msg, attrs...)
+}
+
+func appendOutcome(attrs []slog.Attr, prefix string, o sluice.Outcome) []slog.Attr {
+	if o.Kind == 0 {
+		return attrs
+	}
+	attrs = append(attrs, slog.String(prefix+"outcome", o.Kind.String()))
+	switch o.Kind {
+	case sluice.Allowed, sluice.Denied:
+		attrs = append(attrs,
+			slog.String(prefix+"policy", o.Policy),
+			slog.Int64(prefix+"remaining", o.Remaining),
+			slog.Duration(prefix+"retry_after", o.RetryAfter),
+		)
+	default:
+		if o.Cause != 0 {
+			attrs = append(attrs, slog.String(prefix+"cause", o.Cause.String()))
+		}
+		attrs = append(attrs, slog.String(prefix+"reason", o.Reason()))
+	}
+	return attrs
+}

@@ -1,0 +1,641 @@
+// Package httplimit is sluice's net/http middleware. For each request it
+// picks the route's policies, resolves who is asking (principal, API key,
+// client IP behind trusted proxies), turns that into a pseudonym, asks the
+// Limiter within a deadline, and answers:
+//
+//   - allowed: the request goes on, with RateLimit-Policy and RateLimit
+//     header fields (draft-ietf-httpapi-ratelimit-headers);
+//   - denied: 429 Too Many Requests, Retry-After, and an RFC 9457 problem
+//     of the draft's quota-exceeded type listing the violated policies;
+//   - undecidable (store down, deadline passed, reply lost, corrupt
+//     state): per the policies' failure mode, 503 with Retry-After (closed),
+//     the request goes on (open), or a local limiter holding a share of
+//     the limit decides (local).
+//
+// The raw identity (a principal, an API key, an IP address) is only ever
+// hashed: it never reaches the Limiter, a log line or a Decision.
+//
+// The middleware has the func(http.Handler) http.Handler shape that the
+// standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
+package httplimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// DefaultDeadline is how long the middleware waits for a decision unless
+// Options.Deadline says otherwise.
+const DefaultDeadline = 100 * time.Millisecond
+
+// DefaultOperation is the operation of requests that no route matches and
+// that Options.Default limits.
+const DefaultOperation = "*"
+
+// Source is a place a subject's identity can come from. Its String form is
+// the kind folded into the pseudonym.
+type Source uint8
+
+// Sources, in the default order of resolution.
+const (
+	// FromPrincipal: the authenticated principal, from Options.Principal.
+	FromPrincipal Source = iota + 1
+	// FromAPIKey: the value of the Options.APIKeyHeader header.
+	FromAPIKey
+	// FromIPUserAgent: the client IP prefix together with a digest of the
+	// User-Agent, so clients behind one NAT get separate budgets. Skipped
+	// when the request has no User-Agent. A client can vary its
+	// User-Agent to get fresh budgets: put FromIP after it on routes where
+	// that matters, or use FromIP alone.
+	FromIPUserAgent
+	// FromIP: the client IP prefix (see Options.TrustedProxies,
+	// IPv4Prefix, IPv6Prefix).
+	FromIP
+)
+
+var sourceNames = [...]string{FromPrincipal: "principal", FromAPIKey: "api_key", FromIPUserAgent: "ip_user_agent", FromIP: "ip"}
+
+// String returns the kind folded into the pseudonym, e.g. "api_key".
+func (s Source) String() string {
+	if s >= FromPrincipal && s <= FromIP {
+		return sourceNames[s]
+	}
+	return fmt.Sprintf("Source(%d)", uint8(s))
+}
+
+// DefaultSources is the resolution order unless Options.Sources says
+// otherwise: principal, API key, client IP with User-Agent, client IP.
+var DefaultSources = []Source{FromPrincipal, FromAPIKey, FromIPUserAgent, FromIP}
+
+// AnonymousKind is the kind of the shared subject of ShareAnonymous.
+const AnonymousKind = "anonymous"
+
+// Anonymous says what becomes of a request none of the sources identifies
+// (no principal and no API key on a route that reads only those, or an
+// unusable RemoteAddr).
+type Anonymous uint8
+
+const (
+	// DenyAnonymous answers 403 Forbidden with a problem body, without
+	// asking the Limiter.
+	DenyAnonymous Anonymous = iota
+	// ShareAnonymous puts every such request of a route into one shared
+	// budget (kind "anonymous", identity "").
+	ShareAnonymous
+)
+
+// Route selects the policies of the requests it matches.
+type Route struct {
+	// Operation names the route inside every subject: routes with
+	// different operations have separate budgets even under the same
+	// policy; routes naming the same operation share them. Required when
+	// Match is set. Default: the methods and prefix, e.g. "POST /login" or
+	// "* /api".
+	Operation string
+	// Methods the route matches, e.g. []string{"POST"}. Default: any.
+	Methods []string
+	// PathPrefix the route matches, by whole path segments: "/api" matches
+	// "/api" and "/api/users", not "/apikeys". The request path is cleaned
+	// first ("/a/../api//x" is "/api/x"), so a path cannot be spelled to
+	// slip past a route. Default: "/", every path.
+	PathPrefix string
+	// Match, when set, decides instead of Methods and PathPrefix.
+	// Default: nil.
+	Match func(*http.Request) bool
+	// Policies are the IDs of the Limiter's policies the route spends, all
+	// or nothing. At least one is required.
+	Policies []string
+	// Sources override Options.Sources for this route. Default: nil, use
+	// Options.Sources.
+	Sources []Source
+	// APIKeyHeader overrides Options.APIKeyHeader for this route.
+	// Default: "", use Options.APIKeyHeader.
+	APIKeyHeader string
+	// Shadow makes this route report but never block. Default: false
+	// (Options.Shadow applies to every route).
+	Shadow bool
+}
+
+// Options configure the middleware. The zero value means the defaults.
+type Options struct {
+	// Routes select policies per request; the first route that matches
+	// wins. Default: none, every request gets Default.
+	Routes []Route
+	// Default are the policy IDs of requests no route matches, under
+	// operation DefaultOperation. Default: none, such requests pass
+	// unlimited and without headers.
+	Default []string
+	// Sources is the order in which a subject is resolved; the first that
+	// yields an identity wins. Default: DefaultSources.
+	Sources []Source
+	// Pseudonymizer turns (kind, identity, operation) into the subject the
+	// Limiter sees. Default: subject.Unkeyed(), whose pseudonyms anyone can
+	// recompute from a guessed identity (an IPv4 address is guessed in
+	// minutes): configure a keyed one (subject.New) in production.
+	Pseudonymizer *subject.Pseudonymizer
+	// Principal returns the authenticated principal of a request, e.g. the
+	// user ID an authentication middleware put in the context, and whether
+	// there is one. Default: nil, FromPrincipal never matches.
+	Principal func(*http.Request) (string, bool)
+	// APIKeyHeader is the header that carries an API key, e.g. "X-API-Key".
+	// Only its pseudonym is used: the key itself is not checked here.
+	// Default: "", FromAPIKey never matches.
+	APIKeyHeader string
+	// TrustedProxies are CIDR prefixes (or addresses) of the proxies whose
+	// ForwardedHeader is believed; see subject.IPResolver for the rule.
+	// Default: none, the socket peer is the client.
+	TrustedProxies []string
+	// ForwardedHeader is the one header trusted proxies append the client
+	// to: subject.XForwardedFor or subject.Forwarded.
+	// Default: subject.XForwardedFor.
+	ForwardedHeader string
+	// IPv4Prefix is how many bits of an IPv4 client address identify it.
+	// Default: 32.
+	IPv4Prefix int
+	// IPv6Prefix is how many bits of an IPv6 client address identify it,
+	// so one host cannot rotate through its addresses. Default: 64.
+	IPv6Prefix int
+	// Anonymous says what becomes of a request no source identifies.
+	// Default: DenyAnonymous.
+	Anonymous Anonymous
+	// Deadline bounds how long one request waits for the Limiter; past it
+	// the outcome is Unavailable and the failure mode answers. The local
+	// fallback, when consulted, gets a deadline of its own.
+	// Default: DefaultDeadline (100ms).
+	Deadline time.Duration
+	// LegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (seconds from now) for clients that predate the
+	// draft. Default: false.
+	LegacyHeaders bool
+	// Shadow makes every route report but never block. Default: false.
+	Shadow bool
+	// Fallback is the Limiter consulted for policies whose failure mode is
+	// FailLocal when the main Limiter cannot decide; see LocalFallback.
+	// Required when a route spends such a policy. Default: nil.
+	Fallback *sluice.Limiter
+	// Logger receives a record per decision: failures at Warn, shadow
+	// would-be denials and anonymous denials at Info, the rest at Debug.
+	// Records carry the pseudonym, never the identity.
+	// Default: slog.Default().
+	Logger *slog.Logger
+	// OnDecision, when set, is called once per limited request, before the
+	// request goes on or the answer is written, e.g. to count decisions in
+	// metrics. It must be safe for concurrent use. Default: nil.
+	OnDecision func(*http.Request, Decision)
+}
+
+// Middleware is the compiled middleware. Create it with NewMiddleware; the
+// zero value is not usable. Immutable and safe for concurrent use; it owns
+// no goroutines (close the Limiters' stores yourself).
+type Middleware struct {
+	limiter    *sluice.Limiter
+	fallback   *sluice.Limiter
+	routes     []*route
+	fallthru   *route // Options.Default, or nil
+	pseudo     *subject.Pseudonymizer
+	ips        *subject.IPResolver
+	principal  func(*http.Request) (string, bool)
+	anonymous  Anonymous
+	deadline   time.Duration
+	legacy     bool
+	shadow     bool
+	log        *slog.Logger
+	onDecision func(*http.Request, Decision)
+}
+
+type route struct {
+	operation    string
+	methods      []string // nil: any
+	prefix       string
+	match        func(*http.Request) bool
+	policies     []string
+	local        []string // the FailLocal ones
+	mode         sluice.FailureMode
+	sources      []Source
+	apiKeyHeader string
+	shadow       bool
+	policyField  string // the RateLimit-Policy field value
+}
+
+// New returns the middleware for limiter and opts. Invalid options cannot
+// be returned as an error here: the middleware then answers every request
+// 500 and the error is logged once. Use NewMiddleware to see the error.
+func New(limiter *sluice.Limiter, opts Options) func(http.Handler) http.Handler {
+	m, err := NewMiddleware(limiter, opts)
+	if err == nil {
+		return m.Handler
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Error("httplimit: invalid options: every request is answered 500", slog.String("err", err.Error()))
+	return func(http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeProblem(w, http.StatusInternalServerError, problem{
+				Type:   "about:blank",
+				Title:  "Internal Server Error",
+				Status: http.StatusInternalServerError,
+				Detail: "The rate limiter is misconfigured.",
+			})
+		})
+	}
+}
+
+// NewMiddleware validates opts against limiter and compiles the routes.
+func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
+	if limiter == nil {
+		return nil, errors.New("httplimit: limiter is nil")
+	}
+	m := &Middleware{
+		limiter:    limiter,
+		fallback:   opts.Fallback,
+		pseudo:     opts.Pseudonymizer,
+		principal:  opts.Principal,
+		anonymous:  opts.Anonymous,
+		deadline:   opts.Deadline,
+		legacy:     opts.LegacyHeaders,
+		shadow:     opts.Shadow,
+		log:        opts.Logger,
+		onDecision: opts.OnDecision,
+	}
+	if m.pseudo == nil {
+		m.pseudo = subject.Unkeyed()
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	switch {
+	case m.deadline == 0:
+		m.deadline = DefaultDeadline
+	case m.deadline < 0:
+		return nil, fmt.Errorf("httplimit: deadline %v: must not be negative", opts.Deadline)
+	}
+	if m.anonymous > ShareAnonymous {
+		return nil, fmt.Errorf("httplimit: anonymous = %d: must be DenyAnonymous or ShareAnonymous", opts.Anonymous)
+	}
+	trusted, err := subject.ParseTrustedProxies(opts.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: %w", err)
+	}
+	m.ips, err = subject.NewIPResolver(subject.IPOptions{
+		Trusted:    trusted,
+		Header:     opts.ForwardedHeader,
+		IPv4Prefix: opts.IPv4Prefix,
+		IPv6Prefix: opts.IPv6Prefix,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: %w", err)
+	}
+	sources := opts.Sources
+	if len(sources) == 0 {
+		sources = DefaultSources
+	}
+	if err := checkSources(sources); err != nil {
+		return nil, fmt.Errorf("httplimit: sources: %w", err)
+	}
+	seen := map[string]int{}
+	for i, rt := range opts.Routes {
+		c, err := m.compile(rt, sources, opts.APIKeyHeader)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: routes[%d]: %w", i, err)
+		}
+		if j, dup := seen[c.operation]; dup && rt.Operation == "" {
+			return nil, fmt.Errorf("httplimit: routes[%d]: operation %q is also routes[%d]'s: name one Operation explicitly to share budgets", i, c.operation, j)
+		}
+		seen[c.operation] = i
+		m.routes = append(m.routes, c)
+	}
+	if len(opts.Default) > 0 {
+		c, err := m.compile(Route{Operation: DefaultOperation, Policies: opts.Default}, sources, opts.APIKeyHeader)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: default: %w", err)
+		}
+		m.fallthru = c
+	}
+	return m, nil
+}
+
+func checkSources(ss []Source) error {
+	for i, s := range ss {
+		if s < FromPrincipal || s > FromIP {
+			return fmt.Errorf("[%d] = %v: unknown source", i, s)
+		}
+	}
+	return nil
+}
+
+func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*route, error) {
+	c := &route{
+		operation:    rt.Operation,
+		match:        rt.Match,
+		sources:      sources,
+		apiKeyHeader: apiKeyHeader,
+		shadow:       rt.Shadow,
+		mode:         sluice.FailOpen,
+	}
+	if len(rt.Sources) > 0 {
+		if err := checkSources(rt.Sources); err != nil {
+			return nil, fmt.Errorf("sources: %w", err)
+		}
+		c.sources = slices.Clone(rt.Sources)
+	}
+	if rt.APIKeyHeader != "" {
+		c.apiKeyHeader = rt.APIKeyHeader
+	}
+	if rt.Match == nil {
+		c.prefix = rt.PathPrefix
+		if c.prefix == "" {
+			c.prefix = "/"
+		}
+		if c.prefix[0] != '/' {
+			return nil, fmt.Errorf("path prefix %q: must start with /", rt.PathPrefix)
+		}
+		if c.prefix != "/" {
+			c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
+		}
+		for _, meth := range rt.Methods {
+			if meth == "" {
+				return nil, errors.New("methods: empty method")
+			}
+			c.methods = append(c.methods, strings.ToUpper(meth))
+		}
+		if c.operation == "" {
+			ms := "*"
+			if len(c.methods) > 0 {
+				ms = strings.Join(c.methods, ",")
+			}
+			c.operation = ms + " " + c.prefix
+		}
+	} else if c.operation == "" {
+		return nil, errors.New("operation is required with Match")
+	}
+	if len(rt.Policies) == 0 {
+		return nil, errors.New("policies: at least one is required")
+	}
+	var items []sfItem
+	for j, id := range rt.Policies {
+		p, ok := m.limiter.Policy(id)
+		if !ok {
+			return nil, fmt.Errorf("policies[%d] %q: the limiter has no such policy", j, id)
+		}
+		if slices.Contains(c.policies, id) {
+			return nil, fmt.Errorf("policies[%d] %q: named twice", j, id)
+		}
+		c.policies = append(c.policies, id)
+		switch p.FailureMode {
+		case sluice.FailClosed:
+			c.mode = sluice.FailClosed
+		case sluice.FailLocal:
+			if m.fallback == nil {
+				return nil, fmt.Errorf("policies[%d] %q: fails local, but Options.Fallback is nil (see LocalFallback)", j, id)
+			}
+			if _, ok := m.fallback.Policy(id); !ok {
+				return nil, fmt.Errorf("policies[%d] %q: fails local, but the fallback limiter has no such policy", j, id)
+			}
+			c.local = append(c.local, id)
+			if c.mode == sluice.FailOpen {
+				c.mode = sluice.FailLocal
+			}
+		}
+		items = append(items, sfItem{str: id, params: []sfParam{{"q", p.Limit}, {"w", ceilSeconds(p.Window)}}})
+	}
+	c.policyField = string(appendSFList(nil, items))
+	return c, nil
+}
+
+// Handler wraps next: requests a route matches are limited, the others go
+// straight to next.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+}
+
+func (m *Middleware) routeOf(r *http.Request) *route {
+	var p string
+	for _, rt := range m.routes {
+		if rt.match != nil {
+			if rt.match(r) {
+				return rt
+			}
+			continue
+		}
+		if rt.methods != nil && !slices.Contains(rt.methods, r.Method) {
+			continue
+		}
+		if rt.prefix == "/" {
+			return rt
+		}
+		if p == "" {
+			p = cleanPath(r.URL.Path)
+		}
+		if hasPathPrefix(p, rt.prefix) {
+			return rt
+		}
+	}
+	return m.fallthru
+}
+
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	return path.Clean(p)
+}
+
+// hasPathPrefix reports whether p starts with the whole segments of
+// prefix (which has no trailing slash).
+func hasPathPrefix(p, prefix string) bool {
+	return strings.HasPrefix(p, prefix) && (len(p) == len(prefix) || p[len(prefix)] == '/')
+}
+
+// subjectOf resolves the identity of r along rt's sources.
+func (m *Middleware) subjectOf(r *http.Request, rt *route) (kind, identity string, ok bool) {
+	var (
+		ip       netip.Prefix
+		resolved bool
+	)
+	clientIP := func() (netip.Prefix, bool) {
+		if !resolved {
+			resolved = true
+			if p, err := m.ips.Prefix(r); err == nil {
+				ip = p
+			}
+		}
+		return ip, ip.IsValid()
+	}
+	for _, s := range rt.sources {
+		switch s {
+		case FromPrincipal:
+			if m.principal != nil {
+				if id, ok := m.principal(r); ok && id != "" {
+					return s.String(), id, true
+				}
+			}
+		case FromAPIKey:
+			if rt.apiKeyHeader != "" {
+				if key := r.Header.Get(rt.apiKeyHeader); key != "" {
+					return s.String(), key, true
+				}
+			}
+		case FromIPUserAgent:
+			if ua := r.UserAgent(); ua != "" {
+				if p, ok := clientIP(); ok {
+					sum := sha256.Sum256([]byte(ua))
+					return s.String(), p.String() + " " + hex.EncodeToString(sum[:8]), true
+				}
+			}
+		case FromIP:
+			if p, ok := clientIP(); ok {
+				return s.String(), p.String(), true
+			}
+		}
+	}
+	return "", "", false
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	rt := m.routeOf(r)
+	if rt == nil {
+		next.ServeHTTP(w, r)
+		return
+	}
+	h := w.Header()
+	h.Set("RateLimit-Policy", rt.policyField)
+	d := Decision{Operation: rt.operation, Policies: rt.policies}
+	kind, identity, ok := m.subjectOf(r, rt)
+	if !ok {
+		if m.anonymous == DenyAnonymous {
+			d.Action = NoSubject
+			m.finish(w, r, next, rt, &d, sluice.Outcome{})
+			return
+		}
+		kind, identity = AnonymousKind, ""
+	}
+	d.SubjectKind = kind
+	d.Subject = m.pseudo.Pseudonym(kind, identity, rt.operation)
+
+	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
+	d.Outcome = m.limiter.Check(ctx, request(rt.policies, d.Subject))
+	cancel()
+	decided := d.Outcome
+	switch d.Outcome.Kind {
+	case sluice.Allowed:
+		d.Action = Admitted
+	case sluice.Denied:
+		d.Action = Limited
+	default:
+		switch rt.mode {
+		case sluice.FailOpen:
+			d.Action = FailedOpen
+		case sluice.FailLocal:
+			d.Local = true
+			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
+			d.LocalOutcome = m.fallback.Check(ctx, request(rt.local, d.Subject))
+			cancel()
+			decided = d.LocalOutcome
+			switch d.LocalOutcome.Kind {
+			case sluice.Allowed:
+				d.Action = Admitted
+			case sluice.Denied:
+				d.Action = Limited
+			default:
+				d.Action = FailedClosed
+			}
+		default:
+			d.Action = FailedClosed
+		}
+	}
+	m.finish(w, r, next, rt, &d, decided)
+}
+
+func request(policies []string, subject string) sluice.Request {
+	if len(policies) == 1 {
+		return sluice.Request{Policy: policies[0], Subject: subject}
+	}
+	return sluice.Request{Policies: policies, Subject: subject}
+}
+
+// finish adds the headers of the deciding outcome, records d, and either
+// answers or passes r on.
+func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Handler, rt *route, d *Decision, decided sluice.Outcome) {
+	h := w.Header()
+	if decided.Kind == sluice.Allowed || decided.Kind == sluice.Denied {
+		m.setStatusHeaders(h, decided)
+	}
+	switch d.Action {
+	case Limited:
+		d.Status = http.StatusTooManyRequests
+	case FailedClosed:
+		d.Status = http.StatusServiceUnavailable
+	case NoSubject:
+		d.Status = http.StatusForbidden
+	}
+	if d.Status != 0 && (m.shadow || rt.shadow) {
+		d.Shadow, d.Status = true, 0
+	}
+	m.record(r, d)
+	switch d.Status {
+	case 0:
+		next.ServeHTTP(w, r)
+	case http.StatusTooManyRequests:
+		retry := max(ceilSeconds(decided.RetryAfter), 1)
+		h.Set("Retry-After", fmt.Sprint(retry))
+		writeProblem(w, d.Status, problem{
+			Type:             QuotaExceededType,
+			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+			Status:           d.Status,
+			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", retry),
+			ViolatedPolicies: violated(decided),
+		})
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", "1")
+		writeProblem(w, d.Status, problem{
+			Type:   "about:blank",
+			Title:  "Service Unavailable",
+			Status: d.Status,
+			Detail: "The rate limiter could not decide; retry shortly.",
+		})
+	case http.StatusForbidden:
+		writeProblem(w, d.Status, problem{
+			Type:   "about:blank",
+			Title:  "Forbidden",
+			Status: d.Status,
+			Detail: "The request carries no identity this endpoint can be rate limited by.",
+		})
+	}
+}
+
+// violated lists the policies that denied o.
+func violated(o sluice.Outcome) []string {
+	if len(o.Statuses) == 0 {
+		return []string{o.Policy}
+	}
+	var ids []string
+	for _, s := range o.Statuses {
+		if !s.Allowed {
+			ids = append(ids, s.Policy)
+		}
+	}
+	return ids
+}
+
+// ceilSeconds rounds d up to whole seconds; negative durations are 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
