@@ -29,7 +29,7 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
 	if s.Count+need > p.Limit {
-		d.Remaining = p.Limit - s.Count
+		d.Remaining = max(p.Limit-s.Count, 0) // Count > Limit after a limit was lowered
 		d.ResetAfter = s.Start + p.Window - now
 		d.RetryAfter = d.ResetAfter
 		return s, d
@@ -43,6 +43,19 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 		d.ResetAfter = s.Start + p.Window - now
 	}
 	return s, d
+}
+
+// Refund gives back up to n units admitted in the current window (none
+// once it has closed: that window's budget is gone) and reports the state
+// as a peek would.
+func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
+	if s.Start != 0 && now < s.Start {
+		now = s.Start
+	}
+	if s.Start != 0 && now < s.Start+p.Window {
+		s.Count = max(s.Count-n, 0)
+	}
+	return s.Decide(p, now, 0)
 }
 
 // Expires returns the instant from which s equals an absent state.

@@ -16,7 +16,9 @@ package algorithm
 // For the same Params, GCRA and TokenBucket admit exactly the same requests.
 //
 // A clock that moves backwards needs no special case: the TAT simply lies
-// further ahead of now, so fewer units fit, and the state is untouched.
+// further ahead of now, so fewer units fit, and the state is untouched. A
+// TAT further ahead than the new Burst allows (after the policy was
+// lowered under the same revision) is a longer wait, nothing worse.
 type GCRA struct {
 	TAT  int64 // whole µs of the theoretical arrival time; 0 = absent
 	Frac int64 // remainder of the TAT in 1/Limit µs, 0 ≤ Frac < Limit
@@ -53,6 +55,23 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 	d.Remaining = (tau - debt) / p.Window
 	d.ResetAfter = ceilDiv(debt, p.Limit)
 	return s, d
+}
+
+// Refund moves the TAT back by n emission intervals, never before now, and
+// reports the state as a peek would.
+func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
+	if s.TAT != 0 {
+		back := n * p.Window // n·T scaled by Limit, below 2^53 since n ≤ Burst
+		s.TAT -= back / p.Limit
+		if s.Frac -= back % p.Limit; s.Frac < 0 {
+			s.Frac += p.Limit
+			s.TAT--
+		}
+		if s.TAT < now {
+			s = GCRA{TAT: now}
+		}
+	}
+	return s.Decide(p, now, 0)
 }
 
 // Expires returns the instant from which s equals an absent state.

@@ -42,7 +42,7 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
 	need := verdictCost(cost)
 	if count+need > p.Limit {
 		// The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
-		d.Remaining = p.Limit - count
+		d.Remaining = max(p.Limit-count, 0) // count > Limit after a limit was lowered
 		d.RetryAfter = s.Entries[count+need-p.Limit-1] + p.Window - now
 		d.ResetAfter = s.Entries[count-1] + p.Window - now
 		return s, d
@@ -56,6 +56,17 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
 		d.ResetAfter = s.Entries[n-1] + p.Window - now
 	}
 	return s, d
+}
+
+// Refund removes up to n of the newest entries still in the window (the
+// most recent admissions) and reports the state as a peek would.
+func (s SlidingLog) Refund(p Params, now, n int64) (SlidingLog, Decision) {
+	if k := len(s.Entries); k > 0 && now < s.Entries[k-1] {
+		now = s.Entries[k-1]
+	}
+	s = s.trim(p, now)
+	s.Entries = s.Entries[:int64(len(s.Entries))-min(n, int64(len(s.Entries)))]
+	return s.Decide(p, now, 0)
 }
 
 // Expires returns the instant from which s equals an absent state.

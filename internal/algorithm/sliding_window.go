@@ -15,7 +15,9 @@ package algorithm
 // estimate is exact when they were. Example: Prev 84, Curr 36, 25 % of the
 // window elapsed → 84 × 0.75 + 36 = 99. State: three integers.
 //
-// A clock that moves behind Start is treated as Start.
+// A clock that moves behind Start is treated as Start. SlidingWindow has no
+// Refund: once a window rolls over, a unit spent in it is only a share of
+// the estimate, so giving it back is not well defined.
 type SlidingWindow struct {
 	Start int64 // µs at which the current window began (a multiple of Window); 0 = absent
 	Curr  int64 // units admitted in the current window
@@ -50,7 +52,7 @@ func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decisio
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
 	if weighted+need*p.Window > capacity {
-		d.Remaining = (capacity - weighted) / p.Window
+		d.Remaining = max(capacity-weighted, 0) / p.Window // above capacity after a limit was lowered
 		d.ResetAfter = s.resetAfter(p, elapsed)
 		if s.Curr+need <= p.Limit {
 			// Wait for the previous window's share to decay enough.

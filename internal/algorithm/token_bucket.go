@@ -13,27 +13,36 @@ package algorithm
 // admit exactly the same requests; they differ in what they store.
 //
 // A clock that moves behind Last refills nothing and is treated as Last.
+// Tokens above a full bucket (after Burst or Window was lowered under the
+// same revision) count as a full bucket.
 type TokenBucket struct {
 	Tokens int64 // tokens × Window; meaningful only when Last != 0
 	Last   int64 // µs of the last admission; 0 = absent (a full bucket)
 }
 
+// level returns the scaled tokens in the bucket at now, and now clamped to
+// Last.
+func (s TokenBucket) level(p Params, now int64) (tokens, at int64) {
+	full := p.Burst * p.Window
+	if s.Last == 0 {
+		return full, now
+	}
+	if now < s.Last {
+		now = s.Last
+	}
+	tokens = min(s.Tokens, full)
+	// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
+	if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
+		return full, now
+	} else {
+		return tokens + elapsed*p.Limit, now
+	}
+}
+
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 	full := p.Burst * p.Window
-	tokens := full
-	if s.Last != 0 {
-		if now < s.Last {
-			now = s.Last
-		}
-		tokens = s.Tokens
-		// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
-		if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
-			tokens = full
-		} else {
-			tokens += elapsed * p.Limit
-		}
-	}
+	tokens, now := s.level(p, now)
 	d := Decision{Limit: p.Burst}
 	need := verdictCost(cost) * p.Window
 	if tokens < need {
@@ -52,11 +61,21 @@ func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 	return s, d
 }
 
+// Refund puts n tokens back, never above Burst, and reports the state as a
+// peek would.
+func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
+	if s.Last != 0 {
+		tokens, at := s.level(p, now)
+		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at}
+	}
+	return s.Decide(p, now, 0)
+}
+
 // Expires returns the instant from which s equals an absent state (a full
 // bucket).
 func (s TokenBucket) Expires(p Params) int64 {
 	if s.Last == 0 {
 		return 0
 	}
-	return s.Last + ceilDiv(p.Burst*p.Window-s.Tokens, p.Limit)
+	return s.Last + ceilDiv(p.Burst*p.Window-min(s.Tokens, p.Burst*p.Window), p.Limit)
 }

@@ -1,0 +1,103 @@
+package algorithm
+
+import (
+	"fmt"
+	"testing"
+)
+
+// refunder is a machine that supports Refund.
+type refunder interface {
+	machine
+	refund(now, n int64) Decision
+}
+
+func (m *fixedM) refund(now, n int64) (d Decision) { m.s, d = m.s.Refund(m.p, now, n); return }
+func (m *logM) refund(now, n int64) (d Decision)   { m.s, d = m.s.Refund(m.p, now, n); return }
+func (m *tbM) refund(now, n int64) (d Decision)    { m.s, d = m.s.Refund(m.p, now, n); return }
+func (m *gcraM) refund(now, n int64) (d Decision)  { m.s, d = m.s.Refund(m.p, now, n); return }
+
+var refundKinds = []Kind{KindFixedWindow, KindSlidingLog, KindTokenBucket, KindGCRA}
+
+// TestRefundUndoesSpend: spending c and refunding c at the same instant
+// leaves exactly the state a peek saw before, for every c and history.
+func TestRefundUndoesSpend(t *testing.T) {
+	for _, k := range refundKinds {
+		p := Params{Limit: 7, Window: 3 * sec, Burst: 5}
+		if k != KindTokenBucket && k != KindGCRA {
+			p.Burst = p.Limit
+		}
+		m := newMachine(k, p).(refunder)
+		now := t0
+		for step := int64(0); step < 200; step++ {
+			now += (step * 7919) % (2 * sec)
+			c := 1 + step%p.Capacity(k)
+			before := m.decide(now, 0)
+			d := m.decide(now, c)
+			if !d.Allowed {
+				continue
+			}
+			after := m.refund(now, c)
+			if after != before {
+				t.Fatalf("%v step %d: spend %d then refund %d = %+v, want the state before %+v", k, step, c, c, after, before)
+			}
+			m.decide(now, c) // keep the spend, so the history grows
+		}
+	}
+}
+
+// TestRefundNeverExceedsCapacity refunds far more than was ever spent.
+func TestRefundNeverExceedsCapacity(t *testing.T) {
+	for _, k := range refundKinds {
+		p := Params{Limit: 4, Window: sec, Burst: 4}
+		m := newMachine(k, p).(refunder)
+		for i, now := range []int64{t0, t0 + 1, t0 + sec/2, t0 - sec, t0 + 5*sec} {
+			m.decide(now, 2)
+			d := m.refund(now, 4)
+			checkDecision(t, fmt.Sprintf("%v refund %d", k, i), d, p.Capacity(k))
+			if !d.Allowed || d.Remaining > p.Capacity(k) {
+				t.Fatalf("%v refund %d = %+v, want allowed with remaining ≤ %d", k, i, d, p.Capacity(k))
+			}
+		}
+	}
+}
+
+// TestLoweredPolicy evaluates state written under larger numbers with
+// smaller ones of the same revision: the state is clamped, never read as
+// negative remaining or an out-of-range wait.
+func TestLoweredPolicy(t *testing.T) {
+	big := Params{Limit: 100, Window: 60 * sec, Burst: 100}
+	small := []Params{
+		{Limit: 3, Window: 60 * sec, Burst: 3},
+		{Limit: 100, Window: sec, Burst: 100},
+		{Limit: 2, Window: sec, Burst: 1},
+	}
+	for _, k := range kinds {
+		for _, sp := range small {
+			if k != KindTokenBucket && k != KindGCRA {
+				sp.Burst = sp.Limit
+			}
+			m := newMachine(k, big)
+			m.decide(t0, 60)
+			setParams(m, sp)
+			for i, now := range []int64{t0, t0 + 1, t0 + sec, t0 + 30*sec, t0 + 61*sec, t0 + 200*sec} {
+				d := m.decide(now, 1)
+				checkDecision(t, fmt.Sprintf("%v %+v → %+v step %d", k, big, sp, i), d, sp.Capacity(k))
+			}
+		}
+	}
+}
+
+func setParams(m machine, p Params) {
+	switch m := m.(type) {
+	case *fixedM:
+		m.p = p
+	case *logM:
+		m.p = p
+	case *swM:
+		m.p = p
+	case *tbM:
+		m.p = p
+	case *gcraM:
+		m.p = p
+	}
+}
