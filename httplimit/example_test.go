@@ -1,0 +1,112 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// Three requests per 10 s per account on /demo: the fourth is answered 429
+// with Retry-After. The fake clock makes the numbers exact; a real
+// application leaves Clock unset.
+func Example() {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	store, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+	}, sluice.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	limit := httplimit.New(limiter, httplimit.Options{
+		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
+		// A real application returns the principal its authentication
+		// established; this example trusts a header.
+		Principal: func(r *http.Request) (string, bool) {
+			account := r.Header.Get("X-Account")
+			return account, account != ""
+		},
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /demo", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
+	srv := httptest.NewServer(limit(mux))
+	defer srv.Close()
+
+	for range 4 {
+		req, _ := http.NewRequest("GET", srv.URL+"/demo", nil)
+		req.Header.Set("X-Account", "alice")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"))
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			fmt.Println("Retry-After:", ra, resp.Header.Get("Content-Type"))
+		}
+	}
+	// Output:
+	// 200 "demo";q=3;w=10 "demo";r=2;t=10
+	// 200 "demo";q=3;w=10 "demo";r=1;t=10
+	// 200 "demo";q=3;w=10 "demo";r=0;t=10
+	// 429 "demo";q=3;w=10 "demo";r=0;t=10
+	// Retry-After: 10 application/problem+json
+}
+
+// A shared store (Redis) decides normally; when it cannot, policies with
+// FailureMode FailLocal are decided by an in-process store holding a share
+// of each limit: with four instances, a quarter each.
+func ExampleLocalFallback() {
+	shared, err := memstore.New(memstore.Options{}) // in production, e.g. a redisstore.Store
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer shared.Close()
+	limiter, err := sluice.New(shared, []sluice.Policy{
+		{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, FailureMode: sluice.FailLocal},
+	}, sluice.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	local, err := memstore.New(memstore.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer local.Close()
+	fallback, err := httplimit.LocalFallback(limiter, local, 0.25, sluice.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pseudonyms, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("load me from a secret store!")}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m, err := httplimit.NewMiddleware(limiter, httplimit.Options{
+		Default:        []string{"api"},
+		APIKeyHeader:   "X-API-Key",
+		TrustedProxies: []string{"10.0.0.0/8"},
+		Pseudonymizer:  pseudonyms,
+		Fallback:       fallback,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	p, _ := fallback.Policy("api")
+	fmt.Println("local limit:", p.Limit, "per", p.Window)
+	_ = m.Handler(http.NotFoundHandler())
+	// Output:
+	// local limit: 25 per 1s
+}
