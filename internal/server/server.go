@@ -1,0 +1,488 @@
+// Package server is the HTTP face of sluice serve: the check API
+// (POST /v1/check), liveness (GET /healthz) and readiness (GET /readyz).
+//
+// The check API answers one JSON object per request:
+//
+//	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
+//	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,"reason":""}
+//
+// with status 200 (allowed), 429 (denied), 503 (unavailable or
+// indeterminate), 400 (malformed request), 404 (unknown policy) or 422
+// (any other incompatible request). Allowed and denied answers carry the
+// RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers;
+// 429 and 503 carry Retry-After. Subjects are pseudonymized before they
+// reach the Limiter, a log line or anything else.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// DefaultMaxBodyBytes is the default cap on a check request's body.
+const DefaultMaxBodyBytes = 64 << 10
+
+// MaxSubjectLen is the longest raw subject the check API accepts, in bytes.
+// The pseudonym the Limiter sees has a fixed length whatever the subject.
+const MaxSubjectLen = 1024
+
+// MaxEvaluationIDLen is the longest evaluation_id the check API accepts.
+const MaxEvaluationIDLen = 128
+
+// Check is a readiness check: nil when the dependency it probes can serve.
+type Check func(ctx context.Context) error
+
+// Options configure a Server. The zero value means the defaults.
+type Options struct {
+	// Ready are the checks GET /readyz runs, in order; the first error
+	// answers 503. Stores add their own (a Redis PING). Default: none, so
+	// the server is ready as soon as it serves.
+	Ready []Check
+	// ReadyTimeout bounds all Ready checks of one request together.
+	// Default: 2s.
+	ReadyTimeout time.Duration
+	// MaxBodyBytes caps the body of POST /v1/check; a larger body is a 400.
+	// Default: DefaultMaxBodyBytes (64 KiB).
+	MaxBodyBytes int64
+	// Clock times requests for the request log. Default: sluice.SystemClock{}.
+	Clock sluice.Clock
+}
+
+// Server serves the check API over a Limiter. It is an http.Handler, safe
+// for concurrent use; it owns no goroutines and needs no cleanup.
+type Server struct {
+	lim      *sluice.Limiter
+	pseud    *subject.Pseudonymizer
+	log      *slog.Logger
+	ready    []Check
+	readyTTL time.Duration
+	maxBody  int64
+	clock    sluice.Clock
+	mux      *http.ServeMux
+	// policyField holds each policy's RateLimit-Policy list member, e.g.
+	// `"demo";q=3;w=10`, computed once.
+	policyField map[string]string
+}
+
+// New returns a Server answering checks with lim, pseudonymizing subjects
+// with pseud and logging requests to log.
+func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, opts Options) (*Server, error) {
+	switch {
+	case lim == nil:
+		return nil, errors.New("server: New: limiter is nil")
+	case pseud == nil:
+		return nil, errors.New("server: New: pseudonymizer is nil")
+	case log == nil:
+		return nil, errors.New("server: New: logger is nil")
+	case opts.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("server: New: MaxBodyBytes = %d: must not be negative", opts.MaxBodyBytes)
+	case opts.ReadyTimeout < 0:
+		return nil, fmt.Errorf("server: New: ReadyTimeout = %v: must not be negative", opts.ReadyTimeout)
+	}
+	for i, c := range opts.Ready {
+		if c == nil {
+			return nil, fmt.Errorf("server: New: Ready[%d] is nil", i)
+		}
+	}
+	s := &Server{
+		lim: lim, pseud: pseud, log: log,
+		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout,
+		maxBody: opts.MaxBodyBytes, clock: opts.Clock,
+		mux: http.NewServeMux(), policyField: map[string]string{},
+	}
+	if s.readyTTL == 0 {
+		s.readyTTL = 2 * time.Second
+	}
+	if s.maxBody == 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	if s.clock == nil {
+		s.clock = sluice.SystemClock{}
+	}
+	for _, id := range lim.Policies() {
+		p, _ := lim.Policy(id)
+		s.policyField[id] = string(appendPolicyItem(nil, &p))
+	}
+	s.mux.HandleFunc("POST /v1/check", s.check)
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	return s, nil
+}
+
+// ServeHTTP routes r and logs it. Unknown paths get 404, known paths with
+// another method 405 with Allow.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := s.clock.Now()
+	lw := logWriterPool.Get().(*logWriter)
+	*lw = logWriter{ResponseWriter: w, status: http.StatusOK}
+	s.mux.ServeHTTP(lw, r)
+	s.logRequest(r, lw, s.clock.Now().Sub(start))
+	*lw = logWriter{}
+	logWriterPool.Put(lw)
+}
+
+// logWriter records what the request log needs. The check handler fills
+// in the decision fields.
+type logWriter struct {
+	http.ResponseWriter
+	status   int
+	policy   string // the policy, or the policies joined by ","
+	pseudo   string // the pseudonymous subject, never the raw one
+	cost     int64
+	outcome  string
+	reason   string
+	hasCheck bool
+}
+
+var logWriterPool = sync.Pool{New: func() any { return new(logWriter) }}
+
+func (lw *logWriter) WriteHeader(code int) {
+	lw.status = code
+	lw.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (lw *logWriter) Unwrap() http.ResponseWriter { return lw.ResponseWriter }
+
+func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) {
+	level := slog.LevelDebug
+	switch {
+	case lw.status >= 500:
+		level = slog.LevelWarn
+	case lw.status >= 400 && lw.status != http.StatusTooManyRequests:
+		level = slog.LevelInfo
+	}
+	ctx := r.Context()
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 10)
+	attrs = append(attrs,
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", lw.status),
+		slog.Duration("duration", took),
+	)
+	if lw.hasCheck {
+		attrs = append(attrs, slog.String("policy", lw.policy), slog.String("subject", lw.pseudo), slog.Int64("cost", lw.cost), slog.String("outcome", lw.outcome))
+	}
+	if lw.reason != "" {
+		attrs = append(attrs, slog.String("reason", lw.reason))
+	}
+	s.log.LogAttrs(ctx, level, "request", attrs...)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	io.WriteString(w, "ok\n")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	ctx, cancel := context.WithTimeout(r.Context(), s.readyTTL)
+	defer cancel()
+	for _, check := range s.ready {
+		if err := check(ctx); err != nil {
+			if lw, ok := w.(*logWriter); ok {
+				lw.reason = err.Error()
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %v\n", err)
+			return
+		}
+	}
+	io.WriteString(w, "ok\n")
+}
+
+// checkRequest is the body of POST /v1/check. Pointers tell an absent
+// field from a zero one.
+type checkRequest struct {
+	Policy       string   `json:"policy"`
+	Policies     []string `json:"policies"`
+	Subject      *string  `json:"subject"`
+	Cost         *int64   `json:"cost"`
+	EvaluationID string   `json:"evaluation_id"`
+}
+
+// malformed is a request the server answers 400 without asking the Limiter.
+type malformed string
+
+func (s *Server) check(w http.ResponseWriter, r *http.Request) {
+	lw, _ := w.(*logWriter)
+	var in checkRequest
+	req, bad := s.decode(w, r, &in)
+	if bad != "" {
+		if lw != nil {
+			lw.reason = string(bad)
+		}
+		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
+		return
+	}
+	o := s.lim.Check(r.Context(), req)
+	code := statusCode(&o)
+	if lw != nil {
+		lw.hasCheck = true
+		lw.policy = in.Policy
+		if len(in.Policies) > 0 {
+			lw.policy = strings.Join(in.Policies, ",")
+		}
+		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), o.Reason()
+	}
+	s.answer(w, &in, code, o, o.Reason())
+}
+
+// decode reads and checks the body into in and the Request it asks for.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest) (sluice.Request, malformed) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(in); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return sluice.Request{}, malformed(fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
+		}
+		if errors.Is(err, io.EOF) {
+			return sluice.Request{}, "request body is empty: want a JSON object"
+		}
+		return sluice.Request{}, malformed("malformed JSON: " + strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return sluice.Request{}, malformed(fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
+		}
+		return sluice.Request{}, "malformed JSON: more than one value in the body"
+	}
+	switch {
+	case in.Subject == nil || *in.Subject == "":
+		return sluice.Request{}, "subject is required"
+	case len(*in.Subject) > MaxSubjectLen:
+		return sluice.Request{}, malformed(fmt.Sprintf("subject is %d bytes: must be at most %d", len(*in.Subject), MaxSubjectLen))
+	case in.Cost != nil && *in.Cost < 0:
+		return sluice.Request{}, malformed(fmt.Sprintf("cost = %d: must not be negative", *in.Cost))
+	case in.Policy == "" && len(in.Policies) == 0:
+		return sluice.Request{}, "policy is required (or policies)"
+	case in.Policy != "" && len(in.Policies) > 0:
+		return sluice.Request{}, "set policy or policies, not both"
+	case !validEvaluationID(in.EvaluationID):
+		return sluice.Request{}, malformed(fmt.Sprintf("evaluation_id must be at most %d bytes of printable ASCII other than space, '{' and '}'", MaxEvaluationIDLen))
+	}
+	req := sluice.Request{
+		Policy:       in.Policy,
+		Policies:     in.Policies,
+		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
+		Cost:         1,
+		EvaluationID: in.EvaluationID,
+	}
+	if in.Cost != nil {
+		req.Cost = *in.Cost
+		req.Peek = req.Cost == 0
+	}
+	return req, ""
+}
+
+func validEvaluationID(id string) bool {
+	if len(id) > MaxEvaluationIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
+			return false
+		}
+	}
+	return true
+}
+
+// statusCode maps an outcome to its HTTP status.
+func statusCode(o *sluice.Outcome) int {
+	switch o.Kind {
+	case sluice.Allowed:
+		return http.StatusOK
+	case sluice.Denied:
+		return http.StatusTooManyRequests
+	case sluice.Unavailable, sluice.Indeterminate:
+		return http.StatusServiceUnavailable
+	}
+	switch {
+	case errors.Is(o.Err, sluice.ErrUnknownPolicy):
+		return http.StatusNotFound
+	case errors.Is(o.Err, sluice.ErrInvalidRequest):
+		return http.StatusBadRequest
+	}
+	return http.StatusUnprocessableEntity
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// answer writes the JSON answer and its header fields.
+func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o sluice.Outcome, reason string) {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
+	if code == http.StatusOK || code == http.StatusTooManyRequests {
+		b := (*bp)[:0]
+		if len(o.Statuses) > 0 {
+			for i, id := range in.Policies {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = append(b, s.policyField[id]...)
+			}
+			h["Ratelimit-Policy"] = []string{string(b)}
+			b = b[:0]
+			for i := range o.Statuses {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = appendLimitItem(b, &o.Statuses[i])
+			}
+		} else {
+			h["Ratelimit-Policy"] = []string{s.policyField[o.Policy]}
+			b = appendLimitItem(b, &o.Status)
+		}
+		h["Ratelimit"] = []string{string(b)}
+		*bp = b
+	}
+	switch code {
+	case http.StatusTooManyRequests:
+		h["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(o.RetryAfter), 10)}
+	case http.StatusServiceUnavailable:
+		h["Retry-After"] = []string{"1"}
+	}
+	b := appendAnswer((*bp)[:0], &o, reason)
+	*bp = b
+	w.WriteHeader(code)
+	w.Write(b)
+}
+
+var (
+	jsonContentType = []string{"application/json"}
+	noStore         = []string{"no-store"}
+)
+
+// appendAnswer appends the JSON answer for o and a newline.
+func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
+	b = append(b, `{"outcome":`...)
+	b = appendString(b, o.Kind.String())
+	b = appendStatusFields(b, &o.Status)
+	b = append(b, `,"reason":`...)
+	b = appendString(b, reason)
+	if len(o.Statuses) > 0 {
+		b = append(b, `,"statuses":[`...)
+		for i := range o.Statuses {
+			st := &o.Statuses[i]
+			if i > 0 {
+				b = append(b, ',')
+			}
+			kind := sluice.Denied
+			if st.Allowed {
+				kind = sluice.Allowed
+			}
+			b = append(b, `{"policy":`...)
+			b = appendString(b, st.Policy)
+			b = append(b, `,"outcome":`...)
+			b = appendString(b, kind.String())
+			b = appendStatusFields(b, st)
+			b = append(b, `,"reason":""}`...)
+		}
+		b = append(b, ']')
+	}
+	return append(b, "}\n"...)
+}
+
+func appendStatusFields(b []byte, st *sluice.Status) []byte {
+	b = append(b, `,"allowed":`...)
+	b = strconv.AppendBool(b, st.Allowed)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, st.Limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, st.Remaining, 10)
+	b = append(b, `,"reset_after_ms":`...)
+	b = strconv.AppendInt(b, ceilDiv(st.ResetAfter, time.Millisecond), 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, ceilDiv(st.RetryAfter, time.Millisecond), 10)
+	b = append(b, `,"approximate":`...)
+	return strconv.AppendBool(b, st.Approximate)
+}
+
+// ceilDiv returns ⌈d/unit⌉, and 0 for d ≤ 0.
+func ceilDiv(d, unit time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + unit - 1) / unit)
+}
+
+// retryAfterSeconds is the Retry-After value for d: whole seconds,
+// rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(1, ceilDiv(d, time.Second))
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD;
+// U+2028 and U+2029 are escaped so the output is also valid JavaScript.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < 0x80 {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

@@ -1,0 +1,540 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// answer is the JSON of POST /v1/check, decoded strictly so that a field
+// the contract does not name fails the test.
+type answer struct {
+	Outcome      string   `json:"outcome"`
+	Allowed      bool     `json:"allowed"`
+	Limit        int64    `json:"limit"`
+	Remaining    int64    `json:"remaining"`
+	ResetAfterMS int64    `json:"reset_after_ms"`
+	RetryAfterMS int64    `json:"retry_after_ms"`
+	Approximate  bool     `json:"approximate"`
+	Reason       string   `json:"reason"`
+	Statuses     []status `json:"statuses"`
+}
+
+type status struct {
+	Policy       string `json:"policy"`
+	Outcome      string `json:"outcome"`
+	Allowed      bool   `json:"allowed"`
+	Limit        int64  `json:"limit"`
+	Remaining    int64  `json:"remaining"`
+	ResetAfterMS int64  `json:"reset_after_ms"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+	Approximate  bool   `json:"approximate"`
+	Reason       string `json:"reason"`
+}
+
+// fixture is a server on a real loopback socket over memstore and a fake
+// clock, logging at debug level into logs.
+type fixture struct {
+	url   string
+	clock *sluicetest.Clock
+	pseud *subject.Pseudonymizer
+	store *recordingStore
+	logs  *syncBuffer
+}
+
+var demoPolicies = []sluice.Policy{
+	{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+	{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute},
+	{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20},
+	{ID: "tiny", Algorithm: sluice.FixedWindow, Limit: 1, Window: 1500 * time.Microsecond},
+}
+
+func newFixture(t *testing.T, policies []sluice.Policy, opts server.Options) *fixture {
+	t.Helper()
+	clock := sluicetest.NewClock(sluicetest.Start)
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	return newFixtureOn(t, &recordingStore{Store: ms}, clock, policies, opts)
+}
+
+func newFixtureOn(t *testing.T, store *recordingStore, clock *sluicetest.Clock, policies []sluice.Policy, opts server.Options) *fixture {
+	t.Helper()
+	lim, err := sluice.New(store, policies, sluice.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pseud, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("0123456789abcdef0123456789abcdef")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	opts.Clock = clock
+	srv, err := server.New(lim, pseud, log, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	return &fixture{url: ts.URL, clock: clock, pseud: pseud, store: store, logs: logs}
+}
+
+// post sends body to /v1/check and decodes the answer strictly.
+func (f *fixture) post(t *testing.T, body string) (*http.Response, answer) {
+	t.Helper()
+	resp, err := http.Post(f.url+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		t.Fatalf("POST /v1/check %s: body %q: %v", body, raw, err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("POST /v1/check %s: Content-Type = %q, want application/json", body, ct)
+	}
+	return resp, a
+}
+
+// TestFixedWindowFourChecks is the issue's "done when": 3 per 10s answers
+// 200, 200, 200, 429 for one subject, with honest headers.
+func TestFixedWindowFourChecks(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const body = `{"policy":"demo","subject":"alice"}`
+	wantCodes := []int{200, 200, 200, 429}
+	for i, wantCode := range wantCodes {
+		resp, a := f.post(t, body)
+		if resp.StatusCode != wantCode {
+			t.Fatalf("check #%d: status %d, want %d (answer %+v)", i+1, resp.StatusCode, wantCode, a)
+		}
+		wantRemaining := int64(max(0, 2-i))
+		want := answer{Outcome: "allowed", Allowed: true, Limit: 3, Remaining: wantRemaining, ResetAfterMS: 10000}
+		if wantCode == 429 {
+			want = answer{Outcome: "denied", Limit: 3, Remaining: 0, ResetAfterMS: 10000, RetryAfterMS: 10000}
+		}
+		if diff := cmp.Diff(want, a); diff != "" {
+			t.Errorf("check #%d: answer mismatch (-want +got):\n%s", i+1, diff)
+		}
+		wantPolicy := []sfItem{{Value: "demo", Params: []sfParam{{"q", int64(3)}, {"w", int64(10)}}}}
+		if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
+			t.Errorf("check #%d: RateLimit-Policy mismatch (-want +got):\n%s", i+1, diff)
+		}
+		wantLimit := []sfItem{{Value: "demo", Params: []sfParam{{"r", wantRemaining}, {"t", int64(10)}}}}
+		if diff := cmp.Diff(wantLimit, mustParseList(t, resp.Header, "RateLimit")); diff != "" {
+			t.Errorf("check #%d: RateLimit mismatch (-want +got):\n%s", i+1, diff)
+		}
+		retry := resp.Header.Get("Retry-After")
+		if wantCode == 200 && retry != "" {
+			t.Errorf("check #%d: allowed answer has Retry-After %q", i+1, retry)
+		}
+		if wantCode == 429 {
+			if n, err := strconv.Atoi(retry); err != nil || n < 1 || n != 10 {
+				t.Errorf("check #%d: Retry-After = %q, want 10", i+1, retry)
+			}
+		}
+	}
+	// Another subject has its own budget.
+	if resp, _ := f.post(t, `{"policy":"demo","subject":"bob"}`); resp.StatusCode != 200 {
+		t.Errorf("bob's first check: status %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestRetryAfterFollowsTheClock(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const body = `{"policy":"demo","subject":"alice"}`
+	f.post(t, body)
+	f.clock.Advance(2500 * time.Millisecond)
+	f.post(t, body)
+	f.post(t, body)
+	resp, a := f.post(t, body)
+	if resp.StatusCode != 429 || a.RetryAfterMS != 7500 || a.ResetAfterMS != 7500 {
+		t.Fatalf("fourth check 2.5s into the window: %d %+v, want 429 with retry_after_ms 7500", resp.StatusCode, a)
+	}
+	if got := resp.Header.Get("Retry-After"); got != "8" {
+		t.Errorf("Retry-After = %q, want 8 (7.5s rounded up)", got)
+	}
+	if got := mustParseList(t, resp.Header, "RateLimit")[0].param("t"); got != int64(8) {
+		t.Errorf("RateLimit t = %v, want 8 (7.5s rounded up)", got)
+	}
+	f.clock.Advance(7500 * time.Millisecond)
+	if resp, a := f.post(t, body); resp.StatusCode != 200 || a.Remaining != 2 {
+		t.Errorf("first check of the next window: %d %+v, want 200 with remaining 2", resp.StatusCode, a)
+	}
+}
+
+func TestDurationsRoundUp(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const body = `{"policy":"tiny","subject":"alice"}`
+	if resp, a := f.post(t, body); resp.StatusCode != 200 || a.ResetAfterMS != 2 {
+		t.Fatalf("first check of 1 per 1.5ms: %d %+v, want 200 with reset_after_ms 2", resp.StatusCode, a)
+	}
+	f.clock.Advance(time.Millisecond)
+	resp, a := f.post(t, body)
+	if resp.StatusCode != 429 || a.RetryAfterMS != 1 || a.ResetAfterMS != 1 {
+		t.Fatalf("second check 1ms later: %d %+v, want 429 with retry_after_ms 1 (0.5ms rounded up)", resp.StatusCode, a)
+	}
+	if got := resp.Header.Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After = %q, want 1 (at least one second)", got)
+	}
+	wantPolicy := []sfItem{{Value: "tiny", Params: []sfParam{{"q", int64(1)}}}}
+	if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
+		t.Errorf("RateLimit-Policy of a sub-second window leaves out w (-want +got):\n%s", diff)
+	}
+}
+
+func TestPeekSpendsNothing(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	for i := 0; i < 2; i++ {
+		f.post(t, `{"policy":"demo","subject":"alice","cost":1}`)
+	}
+	for i := 0; i < 3; i++ {
+		resp, a := f.post(t, `{"policy":"demo","subject":"alice","cost":0}`)
+		if resp.StatusCode != 200 || a.Remaining != 1 {
+			t.Fatalf("peek #%d after 2 of 3: %d %+v, want 200 with remaining 1", i+1, resp.StatusCode, a)
+		}
+	}
+	if resp, _ := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != 200 {
+		t.Fatalf("third real check after peeks: status %d, want 200", resp.StatusCode)
+	}
+	resp, a := f.post(t, `{"policy":"demo","subject":"alice","cost":0}`)
+	if resp.StatusCode != 429 || a.Outcome != "denied" || a.Remaining != 0 {
+		t.Errorf("peek at an exhausted window: %d %+v, want 429 denied", resp.StatusCode, a)
+	}
+}
+
+func TestCostAboveOne(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	if resp, a := f.post(t, `{"policy":"demo","subject":"alice","cost":2}`); resp.StatusCode != 200 || a.Remaining != 1 {
+		t.Fatalf("cost 2 of 3: %d %+v, want 200 with remaining 1", resp.StatusCode, a)
+	}
+	if resp, a := f.post(t, `{"policy":"demo","subject":"alice","cost":2}`); resp.StatusCode != 429 || a.Remaining != 1 {
+		t.Fatalf("cost 2 with 1 left: %d %+v, want 429 with remaining 1", resp.StatusCode, a)
+	}
+}
+
+func TestErrorStatuses(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{MaxBodyBytes: 1500})
+	big := `{"policy":"demo","subject":"` + strings.Repeat("a", 2000) + `"}`
+	for _, tc := range []struct {
+		name, body string
+		code       int
+		reason     string // a substring of the reason
+	}{
+		{"unknown policy", `{"policy":"nope","subject":"alice"}`, 404, `policy "nope": unknown policy`},
+		{"unknown policy among several", `{"policies":["demo","nope"],"subject":"alice"}`, 404, "unknown policy"},
+		{"cost above max_cost", `{"policy":"demo","subject":"alice","cost":4}`, 422, "cost above policy maximum 3"},
+		{"negative cost", `{"policy":"demo","subject":"alice","cost":-1}`, 400, "cost = -1: must not be negative"},
+		{"malformed JSON", `{"policy":"demo","subject":`, 400, "malformed JSON"},
+		{"not JSON", `policy=demo&subject=alice`, 400, "malformed JSON"},
+		{"unknown field", `{"policy":"demo","subject":"alice","weight":2}`, 400, `unknown field "weight"`},
+		{"two values", `{"policy":"demo","subject":"alice"} {}`, 400, "more than one value"},
+		{"fractional cost", `{"policy":"demo","subject":"alice","cost":1.5}`, 400, "malformed JSON"},
+		{"cost as string", `{"policy":"demo","subject":"alice","cost":"1"}`, 400, "malformed JSON"},
+		{"missing subject", `{"policy":"demo"}`, 400, "subject is required"},
+		{"empty subject", `{"policy":"demo","subject":""}`, 400, "subject is required"},
+		{"null", `null`, 400, "subject is required"},
+		{"empty body", ``, 400, "request body is empty"},
+		{"body too large", big, 400, "larger than 1500 bytes"},
+		{"subject too long", `{"policy":"demo","subject":"` + strings.Repeat("a", 1025) + `"}`, 400, "subject is 1025 bytes"},
+		{"no policy", `{"subject":"alice"}`, 400, "policy is required"},
+		{"policy and policies", `{"policy":"demo","policies":["login"],"subject":"alice"}`, 400, "not both"},
+		{"policy named twice", `{"policies":["demo","demo"],"subject":"alice"}`, 400, "named twice"},
+		{"bad evaluation id", `{"policy":"demo","subject":"alice","evaluation_id":"a b"}`, 400, "evaluation_id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.check(t, tc.body, tc.code, tc.reason)
+		})
+	}
+	// Nothing above spent anything.
+	if resp, a := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != 200 || a.Remaining != 2 {
+		t.Errorf("first valid check after the errors: %d %+v, want 200 with remaining 2", resp.StatusCode, a)
+	}
+}
+
+func (f *fixture) check(t *testing.T, body string, code int, reason string) {
+	t.Helper()
+	resp, a := f.post(t, body)
+	if resp.StatusCode != code {
+		t.Errorf("POST %.60s: status %d, want %d (answer %+v)", body, resp.StatusCode, code, a)
+	}
+	if a.Outcome != "incompatible" || a.Allowed || !strings.Contains(a.Reason, reason) {
+		t.Errorf("POST %.60s: answer %+v, want outcome incompatible with a reason containing %q", body, a, reason)
+	}
+	for _, h := range []string{"RateLimit", "RateLimit-Policy", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			t.Errorf("POST %.60s: %d answer has %s: %s", body, code, h, v)
+		}
+	}
+}
+
+func TestSeveralPolicies(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const body = `{"policies":["login","demo"],"subject":"alice"}`
+	for i := 0; i < 3; i++ {
+		resp, a := f.post(t, body)
+		if resp.StatusCode != 200 || len(a.Statuses) != 2 {
+			t.Fatalf("check #%d: %d %+v, want 200 with two statuses", i+1, resp.StatusCode, a)
+		}
+		// demo (3 per 10s) is the most restrictive and speaks for the whole.
+		if a.Limit != 3 || a.Remaining != int64(2-i) {
+			t.Errorf("check #%d: top-level %+v, want demo's numbers", i+1, a)
+		}
+	}
+	resp, a := f.post(t, body)
+	want := answer{
+		Outcome: "denied", Limit: 3, ResetAfterMS: 10000, RetryAfterMS: 10000,
+		Statuses: []status{
+			{Policy: "login", Outcome: "allowed", Allowed: true, Limit: 5, Remaining: 2, ResetAfterMS: 60000},
+			{Policy: "demo", Outcome: "denied", Limit: 3, Remaining: 0, ResetAfterMS: 10000, RetryAfterMS: 10000},
+		},
+	}
+	if resp.StatusCode != 429 || len(a.Statuses) != 2 {
+		t.Fatalf("fourth check: status %d %+v, want 429 with two statuses", resp.StatusCode, a)
+	}
+	// What login reports as remaining in a denial it did not cause is the
+	// store's business (memstore reports it as if spent); what matters
+	// here is that nothing was spent, checked below.
+	want.Statuses[0].Remaining = a.Statuses[0].Remaining
+	if diff := cmp.Diff(want, a); diff != "" {
+		t.Errorf("fourth check: answer mismatch (-want +got):\n%s", diff)
+	}
+	wantPolicy := []sfItem{
+		{Value: "login", Params: []sfParam{{"q", int64(5)}, {"w", int64(60)}}},
+		{Value: "demo", Params: []sfParam{{"q", int64(3)}, {"w", int64(10)}}},
+	}
+	if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
+		t.Errorf("RateLimit-Policy mismatch (-want +got):\n%s", diff)
+	}
+	wantLimit := []sfItem{
+		{Value: "login", Params: []sfParam{{"r", a.Statuses[0].Remaining}, {"t", int64(60)}}},
+		{Value: "demo", Params: []sfParam{{"r", int64(0)}, {"t", int64(10)}}},
+	}
+	if diff := cmp.Diff(wantLimit, mustParseList(t, resp.Header, "RateLimit")); diff != "" {
+		t.Errorf("RateLimit mismatch (-want +got):\n%s", diff)
+	}
+	// All or nothing: the denied check spent nothing on login either.
+	if _, a := f.post(t, `{"policy":"login","subject":"alice","cost":0}`); a.Remaining != 2 {
+		t.Errorf("login after the denied multi-check: remaining %d, want 2", a.Remaining)
+	}
+}
+
+func TestStoreFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		code    int
+		outcome string
+		retry   string
+	}{
+		{"failed before send", fmt.Errorf("test: dial: %w", sluice.ErrBeforeSend), 503, "unavailable", "1"},
+		{"reply lost", fmt.Errorf("test: read: %w", sluice.ErrIndeterminate), 503, "indeterminate", "1"},
+		{"circuit open", sluice.ErrCircuitOpen, 503, "unavailable", "1"},
+		{"corrupt state", fmt.Errorf("test: %w", sluice.ErrCorruptState), 422, "incompatible", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := sluicetest.NewClock(sluicetest.Start)
+			f := newFixtureOn(t, &recordingStore{Store: failingStore{tc.err}}, clock, demoPolicies, server.Options{})
+			resp, a := f.post(t, `{"policy":"demo","subject":"alice"}`)
+			if resp.StatusCode != tc.code || a.Outcome != tc.outcome || a.Allowed || a.Reason == "" {
+				t.Errorf("status %d %+v, want %d with outcome %s and a reason", resp.StatusCode, a, tc.code, tc.outcome)
+			}
+			if got := resp.Header.Get("Retry-After"); got != tc.retry {
+				t.Errorf("Retry-After = %q, want %q", got, tc.retry)
+			}
+			if got := resp.Header.Get("RateLimit"); got != "" {
+				t.Errorf("a %d answer has RateLimit: %s", tc.code, got)
+			}
+		})
+	}
+}
+
+// TestSubjectIsPseudonymized checks that the raw subject reaches neither
+// the store nor the log.
+func TestSubjectIsPseudonymized(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const raw = "alice@example.com"
+	for i := 0; i < 4; i++ {
+		f.post(t, `{"policy":"demo","subject":"`+raw+`","evaluation_id":"req-`+strconv.Itoa(i)+`"}`)
+	}
+	f.post(t, `{"policy":"nope","subject":"`+raw+`"}`)
+	f.post(t, `{"policy":"demo","subject":"`+raw+`","cost":-1}`)
+	want := f.pseud.Pseudonym("api", raw, "")
+	subjects := f.store.subjects()
+	if len(subjects) != 4 {
+		t.Fatalf("store saw %d evaluations, want 4", len(subjects))
+	}
+	for _, s := range subjects {
+		if s != want {
+			t.Errorf("store saw subject %q, want the pseudonym %q", s, want)
+		}
+	}
+	logs := f.logs.String()
+	if strings.Contains(logs, "alice") {
+		t.Errorf("the log holds the raw subject:\n%s", logs)
+	}
+	if !strings.Contains(logs, want) || !strings.Contains(logs, "status=429") {
+		t.Errorf("the log lacks the pseudonym or the 429:\n%s", logs)
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	var mu sync.Mutex
+	var storeErr error
+	ready := func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return storeErr
+	}
+	f := newFixture(t, demoPolicies, server.Options{Ready: []server.Check{ready}})
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(f.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("GET /healthz = %d %q, want 200 ok", code, body)
+	}
+	if code, body := get("/readyz"); code != 200 || body != "ok\n" {
+		t.Errorf("GET /readyz = %d %q, want 200 ok", code, body)
+	}
+	mu.Lock()
+	storeErr = errors.New("redis: connection refused")
+	mu.Unlock()
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "connection refused") {
+		t.Errorf("GET /readyz with a failing check = %d %q, want 503 naming the failure", code, body)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("GET /healthz with a failing readiness check = %d, want 200", code)
+	}
+	if code, _ := get("/v2/check"); code != 404 {
+		t.Errorf("GET /v2/check = %d, want 404", code)
+	}
+}
+
+func TestMethodNotAllowed(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	for _, tc := range []struct{ method, path, allow string }{
+		{"GET", "/v1/check", "POST"},
+		{"PUT", "/v1/check", "POST"},
+		{"POST", "/healthz", "GET, HEAD"},
+		{"DELETE", "/readyz", "GET, HEAD"},
+	} {
+		req, err := http.NewRequest(tc.method, f.url+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s = %d Allow %q, want 405 Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), tc.allow)
+		}
+	}
+}
+
+func TestNewRejectsMissingParts(t *testing.T) {
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	lim, err := sluice.New(ms, demoPolicies, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name  string
+		lim   *sluice.Limiter
+		pseud *subject.Pseudonymizer
+		log   *slog.Logger
+		opts  server.Options
+	}{
+		{"no limiter", nil, subject.Unkeyed(), log, server.Options{}},
+		{"no pseudonymizer", lim, nil, log, server.Options{}},
+		{"no logger", lim, subject.Unkeyed(), nil, server.Options{}},
+		{"negative body cap", lim, subject.Unkeyed(), log, server.Options{MaxBodyBytes: -1}},
+		{"nil readiness check", lim, subject.Unkeyed(), log, server.Options{Ready: []server.Check{nil}}},
+	} {
+		if srv, err := server.New(tc.lim, tc.pseud, tc.log, tc.opts); err == nil {
+			t.Errorf("New(%s) = %v, nil; want an error", tc.name, srv)
+		}
+	}
+}
+
+// recordingStore remembers the subjects it was asked about.
+type recordingStore struct {
+	sluice.Store
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *recordingStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	s.mu.Lock()
+	s.seen = append(s.seen, ev.Subject)
+	s.mu.Unlock()
+	return s.Store.Evaluate(ctx, ev)
+}
+
+func (s *recordingStore) subjects() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+// failingStore fails every evaluation with err, as a broken backend would.
+type failingStore struct{ err error }
+
+func (s failingStore) Evaluate(context.Context, *sluice.Evaluation) error { return s.err }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
