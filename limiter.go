@@ -28,9 +28,21 @@ type Request struct {
 	// Peek reports the state without spending: the verdict is the one a
 	// cost of 1 would get. Cost must then be 0.
 	Peek bool
-	// EvaluationID, when set, identifies this request across retries.
+	// Refund gives Cost units (zero value 1) back to every named policy,
+	// for work that was admitted but never done, never raising Remaining
+	// above Limit. A policy whose Algorithm is not Refundable makes the
+	// request Incompatible with ErrNotRefundable.
+	Refund bool
+	// EvaluationID, when set, identifies this request across retries: a
+	// retry after an Indeterminate outcome with the same id gets the first
+	// decision back (Outcome.Replayed) instead of spending twice, within
+	// the policy's DedupeTTL. 1 to MaxEvaluationIDLen bytes of printable
+	// ASCII other than space.
 	EvaluationID string
 }
+
+// MaxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
+const MaxEvaluationIDLen = 128
 
 // Options configure a Limiter. The zero value means the defaults.
 type Options struct {
@@ -109,7 +121,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	if len(ev.Statuses) != len(ev.Policies) {
 		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
 	}
-	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses)}
+	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses), Replayed: ev.Replayed}
 	if !o.Allowed {
 		o.Kind = Denied
 	}
@@ -161,6 +173,8 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		return fmt.Errorf("sluice: %w: cost = %d: must not be negative", ErrInvalidRequest, cost)
 	case req.Peek && cost != 0:
 		return fmt.Errorf("sluice: %w: cost = %d: a peek spends nothing, leave cost 0", ErrInvalidRequest, cost)
+	case req.Peek && req.Refund:
+		return fmt.Errorf("sluice: %w: a request is a peek or a refund, not both", ErrInvalidRequest)
 	case !req.Peek && cost == 0:
 		cost = 1
 	}
@@ -168,8 +182,21 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		if cost > p.MaxCost {
 			return fmt.Errorf("sluice: policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
 		}
+		if req.Refund && !p.Algorithm.Refundable() {
+			return fmt.Errorf("sluice: policy %q: %w by %s: after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable, p.Algorithm)
+		}
 	}
-	ev.Subject, ev.Cost, ev.EvaluationID = req.Subject, cost, req.EvaluationID
+	if id := req.EvaluationID; id != "" {
+		if len(id) > MaxEvaluationIDLen {
+			return fmt.Errorf("sluice: %w: evaluation id is %d bytes: must be at most %d", ErrInvalidRequest, len(id), MaxEvaluationIDLen)
+		}
+		for i := 0; i < len(id); i++ {
+			if c := id[i]; c <= ' ' || c > '~' {
+				return fmt.Errorf("sluice: %w: evaluation id byte %d is %q: must be printable ASCII other than space", ErrInvalidRequest, i, c)
+			}
+		}
+	}
+	ev.Subject, ev.Cost, ev.Refund, ev.EvaluationID = req.Subject, cost, req.Refund, req.EvaluationID
 	return nil
 }
 
@@ -192,7 +219,7 @@ func CheckSubject(s string) error {
 func failed(err error) Outcome {
 	o := Outcome{Err: err}
 	switch {
-	case errors.Is(err, ErrCorruptState), errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh):
+	case errors.Is(err, ErrCorruptState), errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
 		o.Kind = Incompatible
 	case errors.Is(err, ErrClockUnsafe):
 		o.Kind, o.Cause = Unavailable, ClockUnsafe

@@ -71,6 +71,7 @@ var (
 	ErrUnknownPolicy  = errors.New("unknown policy")            // Incompatible
 	ErrInvalidRequest = errors.New("invalid request")           // Incompatible
 	ErrCostTooHigh    = errors.New("cost above policy maximum") // Incompatible
+	ErrNotRefundable  = errors.New("refund not supported")      // Incompatible
 	ErrCorruptState   = errors.New("corrupt limiter state")     // Incompatible
 	ErrBeforeSend     = errors.New("store failed before send")  // Unavailable, FailedBeforeSend
 	ErrClockUnsafe    = errors.New("clock unsafe")              // Unavailable, ClockUnsafe
@@ -115,6 +116,9 @@ type Outcome struct {
 	// Statuses holds one Status per policy, in the order of
 	// Request.Policies, when the request named several; nil otherwise.
 	Statuses []Status
+	// Replayed reports that this is the remembered first decision for the
+	// request's EvaluationID: nothing was spent this time.
+	Replayed bool
 	// Cause says why the outcome is Unavailable; zero otherwise.
 	Cause Cause
 	// Err is the error behind Incompatible, Unavailable and Indeterminate;

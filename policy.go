@@ -42,6 +42,11 @@ func (a Algorithm) valid() bool { return a >= FixedWindow && a <= GCRA }
 // (sliding_window) rather than exact.
 func (a Algorithm) Approximate() bool { return a == SlidingWindow }
 
+// Refundable reports whether units spent under the algorithm can be given
+// back exactly: every algorithm but sliding_window, whose units become a
+// share of an estimate once their window rolls over.
+func (a Algorithm) Refundable() bool { return a.valid() && a != SlidingWindow }
+
 // ParseAlgorithm maps a config spelling to its Algorithm.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a := FixedWindow; a <= GCRA; a++ {
@@ -135,6 +140,15 @@ type Policy struct {
 	// CleanupGrace is added to every key's TTL beyond the moment its state
 	// equals absent, 0 to 1h. Default: 0.
 	CleanupGrace time.Duration
+	// DedupeTTL is how long a decision taken for a request with an
+	// EvaluationID is remembered, so a retry with the same id gets the same
+	// answer without spending again; 1ms to 1h. For a multi-policy request
+	// the first policy's settings apply. Default: 5s.
+	DedupeTTL time.Duration
+	// DedupeMax bounds the evaluation ids remembered per subject and
+	// policy, 1 to 10000; at the bound the oldest is forgotten first.
+	// Default: 256.
+	DedupeMax int
 }
 
 // PolicyError says which field of which policy broke which rule. Config
@@ -161,6 +175,12 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.MaxCost == 0 {
 		p.MaxCost = p.params().Capacity(algorithm.Kind(p.Algorithm))
+	}
+	if p.DedupeTTL == 0 {
+		p.DedupeTTL = 5 * time.Second
+	}
+	if p.DedupeMax == 0 {
+		p.DedupeMax = 256
 	}
 	return p
 }
@@ -204,6 +224,12 @@ func (p Policy) Validate() error {
 	}
 	if p.CleanupGrace < 0 || p.CleanupGrace > time.Hour {
 		return bad("cleanup_grace", p.CleanupGrace.String(), "must be between 0s and 1h")
+	}
+	if p.DedupeTTL < time.Millisecond || p.DedupeTTL > time.Hour || p.DedupeTTL%time.Millisecond != 0 {
+		return bad("dedupe_ttl", p.DedupeTTL.String(), "must be a whole number of milliseconds between 1ms and 1h")
+	}
+	if p.DedupeMax < 1 || p.DedupeMax > 10000 {
+		return bad("dedupe_max", fmt.Sprint(p.DedupeMax), "must be between 1 and 10000")
 	}
 	return nil
 }

@@ -30,8 +30,21 @@ type Evaluation struct {
 	// Cost is the number of units to spend on every policy; 0 is a peek,
 	// judged as a cost of 1 and spending nothing.
 	Cost int64
-	// EvaluationID, when set, identifies the request across retries.
+	// Refund gives Cost units back to every policy instead of spending
+	// them (never above the policy's capacity). Every policy is
+	// Refundable. The statuses then describe the state after the refund,
+	// as a peek would.
+	Refund bool
+	// EvaluationID, when set, identifies the request across retries: the
+	// store remembers the decision for the first policy's DedupeTTL (at
+	// most DedupeMax ids per subject and policy, oldest forgotten first),
+	// written atomically with the decision, and answers a repeat with the
+	// remembered statuses and Replayed set, spending nothing. Spends and
+	// refunds with the same id are remembered separately; peeks are
+	// never remembered.
 	EvaluationID string
+	// Replayed is set by the store when Statuses are a remembered decision.
+	Replayed bool
 	// Statuses receives one Status per policy, in order. The store
 	// overwrites it (reusing its capacity): Statuses = append(Statuses[:0], …).
 	Statuses []Status

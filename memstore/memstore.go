@@ -73,9 +73,40 @@ type entry struct {
 }
 
 type shard struct {
-	mu sync.Mutex
-	m  map[key]entry
-	_  [40]byte // keep neighbouring shards' locks off one cache line
+	mu     sync.Mutex
+	m      map[key]entry
+	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
+	_      [32]byte           // keep neighbouring shards' locks off one cache line
+}
+
+// dedupeLog remembers the decisions taken for evaluation ids of one subject
+// and policy, oldest first.
+type dedupeLog struct {
+	records map[string]dedupeRecord
+	order   []string // ids in the order recorded; expiries ascend with it
+}
+
+type dedupeRecord struct {
+	expires  int64 // µs
+	statuses []sluice.Status
+}
+
+// newest returns the expiry of the most recent record.
+func (l *dedupeLog) newest() int64 {
+	if len(l.order) == 0 {
+		return 0
+	}
+	return l.records[l.order[len(l.order)-1]].expires
+}
+
+// prune forgets expired records, and the oldest beyond max.
+func (l *dedupeLog) prune(now int64, max int) {
+	drop := 0
+	for drop < len(l.order) && (l.records[l.order[drop]].expires <= now || len(l.order)-drop > max) {
+		delete(l.records, l.order[drop])
+		drop++
+	}
+	l.order = l.order[drop:]
 }
 
 // New returns a Store, starting its sweeper unless disabled.
@@ -113,6 +144,7 @@ func New(opts Options) (*Store, error) {
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[key]entry)
+		s.shards[i].dedupe = make(map[key]*dedupeLog)
 	}
 	if opts.SweepInterval > 0 {
 		go s.sweepLoop(opts.SweepInterval)
@@ -166,10 +198,28 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	var buf [4]pending
 	decided := buf[:0]
 	ev.Statuses = ev.Statuses[:0]
+	ev.Replayed = false
 	allowed := true
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	var dk key
+	var dedupeID string
+	if ev.EvaluationID != "" && ev.Cost > 0 {
+		first := ev.Policies[0]
+		dk = key{subject: ev.Subject, policy: first.ID, revision: first.Revision}
+		dedupeID = "s:" + ev.EvaluationID
+		if ev.Refund {
+			dedupeID = "r:" + ev.EvaluationID
+		}
+		if l := sh.dedupe[dk]; l != nil {
+			if r, ok := l.records[dedupeID]; ok && r.expires > now {
+				ev.Statuses = append(ev.Statuses, r.statuses...)
+				ev.Replayed = true
+				return nil
+			}
+		}
+	}
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
@@ -180,12 +230,20 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			// revision with another algorithm: start fresh.
 			e = entry{kind: kind, log: e.log[:0]}
 		}
-		d := decide(&e, prm, now, ev.Cost)
+		var d algorithm.Decision
+		if ev.Refund {
+			d = refund(&e, prm, now, ev.Cost)
+		} else {
+			d = decide(&e, prm, now, ev.Cost)
+		}
 		if !d.Allowed {
 			allowed = false
 		}
 		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter))
 		decided = append(decided, pending{k, e})
+	}
+	if dedupeID != "" {
+		s.remember(sh, now, dk, ev.Policies[0], dedupeID, ev.Statuses)
 	}
 	if !allowed || ev.Cost == 0 {
 		return nil
@@ -194,6 +252,89 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		s.put(sh, now, pd.k, pd.e)
 	}
 	return nil
+}
+
+// remember records statuses as the decision for id (sh locked).
+func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, statuses []sluice.Status) {
+	l := sh.dedupe[dk]
+	if l == nil {
+		if len(sh.dedupe) >= s.perShard {
+			s.makeDedupeRoom(sh, now)
+		}
+		l = &dedupeLog{records: make(map[string]dedupeRecord)}
+		sh.dedupe[dk] = l
+	}
+	if _, ok := l.records[id]; !ok {
+		l.order = append(l.order, id)
+	}
+	l.records[id] = dedupeRecord{expires: now + p.DedupeTTL.Microseconds(), statuses: append([]sluice.Status(nil), statuses...)}
+	l.prune(now, p.DedupeMax)
+}
+
+// makeDedupeRoom frees one dedupe log slot in sh (locked), as makeRoom does
+// for states.
+func (s *Store) makeDedupeRoom(sh *shard, now int64) {
+	if sweepDedupe(sh, now) > 0 {
+		return
+	}
+	var victim key
+	soonest := int64(-1)
+	sampled := 0
+	for k, l := range sh.dedupe {
+		if e := l.newest(); soonest < 0 || e < soonest {
+			victim, soonest = k, e
+		}
+		if sampled++; sampled == 8 {
+			break
+		}
+	}
+	delete(sh.dedupe, victim)
+	s.evictions.Add(1)
+}
+
+// sweepDedupe forgets expired records and empty logs (sh locked) and
+// returns how many logs it dropped.
+func sweepDedupe(sh *shard, now int64) int {
+	n := 0
+	for k, l := range sh.dedupe {
+		if l.prune(now, len(l.order)); len(l.order) == 0 {
+			delete(sh.dedupe, k)
+			n++
+		}
+	}
+	return n
+}
+
+// refund runs the Refund of e.kind on e in place; Limiter has checked that
+// the algorithm has one.
+func refund(e *entry, p algorithm.Params, now, n int64) algorithm.Decision {
+	var d algorithm.Decision
+	switch e.kind {
+	case algorithm.KindFixedWindow:
+		var st algorithm.FixedWindow
+		st, d = algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}.Refund(p, now, n)
+		e.v = [3]int64{st.Start, st.Count}
+		e.expires = st.Expires(p)
+	case algorithm.KindSlidingLog:
+		var st algorithm.SlidingLog
+		st, d = algorithm.SlidingLog{Entries: e.log}.Refund(p, now, n)
+		e.log = st.Entries
+		e.expires = st.Expires(p)
+	case algorithm.KindTokenBucket:
+		var st algorithm.TokenBucket
+		st, d = algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}.Refund(p, now, n)
+		e.v = [3]int64{st.Tokens, st.Last}
+		e.expires = st.Expires(p)
+	case algorithm.KindGCRA:
+		var st algorithm.GCRA
+		st, d = algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}.Refund(p, now, n)
+		e.v = [3]int64{st.TAT, st.Frac}
+		e.expires = st.Expires(p)
+	default:
+		// Unreachable through Limiter; answer as a peek, changing nothing.
+		d = decide(e, p, now, 0)
+	}
+	return d
 }
 
 // decide runs the algorithm of e.kind on e in place and returns the verdict.
@@ -274,9 +415,9 @@ func sweepShard(sh *shard, now int64) int {
 	return n
 }
 
-// Sweep drops every expired state now and returns how many it dropped. The
-// background sweeper calls it; tests and callers with the sweeper disabled
-// may too.
+// Sweep drops every expired state now, forgets expired evaluation ids, and
+// returns how many states it dropped. The background sweeper calls it;
+// tests and callers with the sweeper disabled may too.
 func (s *Store) Sweep() int {
 	now := s.clock.Now().UnixMicro()
 	n := 0
@@ -284,6 +425,7 @@ func (s *Store) Sweep() int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n += sweepShard(sh, now)
+		sweepDedupe(sh, now)
 		sh.mu.Unlock()
 	}
 	return n

@@ -46,8 +46,8 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 }
 
 // Refund gives back up to n units admitted in the current window (none
-// once it has closed: that window's budget is gone) and reports the state
-// as a peek would.
+// once it has closed: that window's budget is gone). The decision is the
+// peek after it, always Allowed: a refund cannot be denied.
 func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
 	if s.Start != 0 && now < s.Start {
 		now = s.Start
@@ -55,7 +55,9 @@ func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
 	if s.Start != 0 && now < s.Start+p.Window {
 		s.Count = max(s.Count-n, 0)
 	}
-	return s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	return s, d
 }
 
 // Expires returns the instant from which s equals an absent state.

@@ -57,8 +57,8 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 	return s, d
 }
 
-// Refund moves the TAT back by n emission intervals, never before now, and
-// reports the state as a peek would.
+// Refund moves the TAT back by n emission intervals, never before now. The
+// decision is the peek after it, always Allowed: a refund cannot be denied.
 func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 	if s.TAT != 0 {
 		back := n * p.Window // n·T scaled by Limit, below 2^53 since n ≤ Burst
@@ -71,7 +71,9 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 			s = GCRA{TAT: now}
 		}
 	}
-	return s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	return s, d
 }
 
 // Expires returns the instant from which s equals an absent state.

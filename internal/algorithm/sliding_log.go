@@ -59,14 +59,17 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
 }
 
 // Refund removes up to n of the newest entries still in the window (the
-// most recent admissions) and reports the state as a peek would.
+// most recent admissions). The decision is the peek after it, always
+// Allowed: a refund cannot be denied.
 func (s SlidingLog) Refund(p Params, now, n int64) (SlidingLog, Decision) {
 	if k := len(s.Entries); k > 0 && now < s.Entries[k-1] {
 		now = s.Entries[k-1]
 	}
 	s = s.trim(p, now)
 	s.Entries = s.Entries[:int64(len(s.Entries))-min(n, int64(len(s.Entries)))]
-	return s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	return s, d
 }
 
 // Expires returns the instant from which s equals an absent state.

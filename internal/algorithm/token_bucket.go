@@ -61,14 +61,16 @@ func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 	return s, d
 }
 
-// Refund puts n tokens back, never above Burst, and reports the state as a
-// peek would.
+// Refund puts n tokens back, never above Burst. The decision is the peek
+// after it, always Allowed: a refund cannot be denied.
 func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 	if s.Last != 0 {
 		tokens, at := s.level(p, now)
 		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at}
 	}
-	return s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	return s, d
 }
 
 // Expires returns the instant from which s equals an absent state (a full
