@@ -185,3 +185,44 @@ func BenchmarkEvaluate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMemoryPerState reports the heap each remembered state and each
+// remembered evaluation id costs, as B/state and B/id.
+func BenchmarkMemoryPerState(b *testing.B) {
+	const n = 20_000
+	measure := func(b *testing.B, fill func(s *Store, i int)) float64 {
+		var total float64
+		for i := 0; i < b.N; i++ {
+			s := mustNew(b, Options{SweepInterval: -1})
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			for j := 0; j < n; j++ {
+				fill(s, j)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			total += float64(after.HeapAlloc-before.HeapAlloc) / n
+			runtime.KeepAlive(s)
+		}
+		return total / float64(b.N)
+	}
+	ctx := context.Background()
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		b.Run(a.String(), func(b *testing.B) {
+			p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: a, Limit: 100, Window: time.Minute})
+			b.ReportMetric(measure(b, func(s *Store, i int) {
+				s.Evaluate(ctx, evaluation(fmt.Sprintf("k1:subject-%08d", i), p, 1))
+			}), "B/state")
+		})
+	}
+	b.Run("dedupe", func(b *testing.B) {
+		p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second, DedupeMax: 10_000})
+		b.ReportMetric(measure(b, func(s *Store, i int) {
+			// Two subjects, so all n ids stay within DedupeMax each.
+			ev := evaluation(fmt.Sprint("k1:subject-", i%2), p, 1)
+			ev.EvaluationID = fmt.Sprintf("req-%016x", i)
+			s.Evaluate(ctx, ev)
+		}), "B/id")
+	})
+}
