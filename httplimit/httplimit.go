@@ -76,9 +76,9 @@ func (s Source) String() string {
 	return fmt.Sprintf("Source(%d)", uint8(s))
 }
 
-// DefaultSources is the resolution order unless Options.Sources says
-// otherwise: principal, API key, client IP with User-Agent, client IP.
-var DefaultSources = []Source{FromPrincipal, FromAPIKey, FromIPUserAgent, FromIP}
+// defaultSources is the resolution order unless Options.Sources says
+// otherwise.
+var defaultSources = []Source{FromPrincipal, FromAPIKey, FromIPUserAgent, FromIP}
 
 // AnonymousKind is the kind of the shared subject of ShareAnonymous.
 const AnonymousKind = "anonymous"
@@ -139,7 +139,8 @@ type Options struct {
 	// unlimited and without headers.
 	Default []string
 	// Sources is the order in which a subject is resolved; the first that
-	// yields an identity wins. Default: DefaultSources.
+	// yields an identity wins. Default: FromPrincipal, FromAPIKey,
+	// FromIPUserAgent, FromIP.
 	Sources []Source
 	// Pseudonymizer turns (kind, identity, operation) into the subject the
 	// Limiter sees. Default: subject.Unkeyed(), whose pseudonyms anyone can
@@ -300,9 +301,9 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: %w", err)
 	}
-	sources := opts.Sources
+	sources := slices.Clone(opts.Sources)
 	if len(sources) == 0 {
-		sources = DefaultSources
+		sources = defaultSources
 	}
 	if err := checkSources(sources); err != nil {
 		return nil, fmt.Errorf("httplimit: sources: %w", err)
