@@ -105,7 +105,9 @@ type Route struct {
 	// Match is set. Default: the methods and prefix, e.g. "POST /login" or
 	// "* /api".
 	Operation string
-	// Methods the route matches, e.g. []string{"POST"}. Default: any.
+	// Methods the route matches, e.g. []string{"POST"}. GET includes HEAD,
+	// as in http.ServeMux, so HEAD cannot reach a GET handler unlimited.
+	// Default: any.
 	Methods []string
 	// PathPrefix the route matches, by whole path segments: "/api" matches
 	// "/api" and "/api/users", not "/apikeys". The request path is cleaned
@@ -374,10 +376,13 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 			}
 			c.methods = append(c.methods, strings.ToUpper(meth))
 		}
+		if slices.Contains(c.methods, http.MethodGet) && !slices.Contains(c.methods, http.MethodHead) {
+			c.methods = append(c.methods, http.MethodHead)
+		}
 		if c.operation == "" {
 			ms := "*"
-			if len(c.methods) > 0 {
-				ms = strings.Join(c.methods, ",")
+			if len(rt.Methods) > 0 {
+				ms = strings.ToUpper(strings.Join(rt.Methods, ","))
 			}
 			c.operation = ms + " " + c.prefix
 		}

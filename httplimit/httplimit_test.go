@@ -364,34 +364,38 @@ func TestRouteMatching(t *testing.T) {
 			{Operation: "search", Match: func(r *http.Request) bool { return r.URL.Query().Has("q") }, Policies: []string{"one"}},
 			{Operation: "shared", PathPrefix: "/a", Policies: []string{"one"}},
 			{Operation: "shared", PathPrefix: "/b", Policies: []string{"one"}},
+			{Methods: []string{"get"}, PathPrefix: "/get", Policies: []string{"one"}},
 		},
 		Sources: []httplimit.Source{httplimit.FromIP},
 	})
 	tests := []struct {
-		path, wantOp string
-		wantStatus   int
+		method, path, wantOp string
+		wantStatus           int
 	}{
-		{"/login", "* /login", 200},
-		{"/x/../login", "* /login", 429}, // cleaned: the same route and budget
-		{"/loginx", "", 200},             // no route
-		{"/?q=1", "search", 200},         // its own budget
-		{"/a", "shared", 200},
-		{"/b/c", "shared", 429}, // the same operation: a shared budget
+		{"GET", "/login", "* /login", 200},
+		{"GET", "/x/../login", "* /login", 429}, // cleaned: the same route and budget
+		{"GET", "/loginx", "", 200},             // no route
+		{"GET", "/?q=1", "search", 200},         // its own budget
+		{"GET", "/a", "shared", 200},
+		{"GET", "/b/c", "shared", 429}, // the same operation: a shared budget
+		{"HEAD", "/get", "GET /get", 200},
+		{"GET", "/get", "GET /get", 429}, // HEAD spends GET's budget
+		{"POST", "/get", "", 200},
 	}
 	for _, tt := range tests {
 		before := h.count()
-		resp := h.do("GET", tt.path)
+		resp := h.do(tt.method, tt.path)
 		if resp.StatusCode != tt.wantStatus {
-			t.Errorf("GET %s = %d, want %d", tt.path, resp.StatusCode, tt.wantStatus)
+			t.Errorf("%s %s = %d, want %d", tt.method, tt.path, resp.StatusCode, tt.wantStatus)
 		}
 		if tt.wantOp == "" {
 			if h.count() != before {
-				t.Errorf("GET %s recorded a decision, want none", tt.path)
+				t.Errorf("%s %s recorded a decision, want none", tt.method, tt.path)
 			}
 			continue
 		}
 		if d := h.last(); d.Operation != tt.wantOp {
-			t.Errorf("GET %s operation = %q, want %q", tt.path, d.Operation, tt.wantOp)
+			t.Errorf("%s %s operation = %q, want %q", tt.method, tt.path, d.Operation, tt.wantOp)
 		}
 	}
 }
