@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+func (a *app) check(ctx context.Context, args []string) error {
+	fs := newFlagSet("check")
+	var (
+		base, policy, subj, evalID string
+		cost                       int64
+		timeout                    time.Duration
+	)
+	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
+	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
+	fs.StringVar(&subj, "subject", "", "whose budget to spend (required); the server pseudonymizes it")
+	fs.Int64Var(&cost, "cost", 1, "units to spend; 0 peeks without spending")
+	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
+	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
+	if err := a.parseFlags(fs, "sluice check [--url URL] --policy ID --subject SUBJECT [--cost N]", args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return &exitError{code: 2, err: err}
+	}
+	if policy == "" || subj == "" {
+		return &exitError{code: 2, err: &usageError{msg: "check needs --policy and --subject", usage: usage}}
+	}
+	body := struct {
+		Policy       string   `json:"policy,omitempty"`
+		Policies     []string `json:"policies,omitempty"`
+		Subject      string   `json:"subject"`
+		Cost         *int64   `json:"cost,omitempty"`
+		EvaluationID string   `json:"evaluation_id,omitempty"`
+	}{Subject: subj, EvaluationID: evalID}
+	if ids := strings.Split(policy, ","); len(ids) > 1 {
+		body.Policies = ids
+	} else {
+		body.Policy = policy
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "cost" {
+			body.Cost = &cost
+		}
+	})
+	data, err := json.Marshal(body)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	url := strings.TrimSuffix(base, "/")
+	if !strings.HasSuffix(url, "/v1/check") {
+		url += "/v1/check"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("check: read answer: %w", err)}
+	}
+	a.stdout.Write(answer)
+	if len(answer) > 0 && answer[len(answer)-1] != '\n' {
+		io.WriteString(a.stdout, "\n")
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusTooManyRequests:
+		return &exitError{code: 1}
+	}
+	return &exitError{code: 2, err: fmt.Errorf("check: %s", resp.Status)}
+}

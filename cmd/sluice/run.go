@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/sluicehq/sluice"
+)
+
+// version is set at build time with -ldflags "-X main.version=v1.2.3";
+// otherwise it comes from the module's build information.
+var version = ""
+
+const usage = `sluice is a distributed rate limiter.
+
+Usage:
+  sluice serve [--config FILE] [--log-level LEVEL]
+        Serve the HTTP check API. Without --config, serve a built-in
+        example config on 127.0.0.1:8080 with the embedded store.
+  sluice validate --config FILE
+        Check a config file; print "ok" or the line-numbered reason.
+  sluice check [--url URL] --policy ID --subject SUBJECT [--cost N]
+        Ask a running server once and print its JSON answer. Exits 0 when
+        allowed, 1 when denied, 2 otherwise.
+  sluice version
+        Print the version.
+  sluice help
+        Print this help.
+
+Run "sluice COMMAND --help" for the flags of a command.
+`
+
+// app is one invocation of sluice; tests replace its environment.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	clock          sluice.Clock
+}
+
+// run executes the command line args (without the program name). It
+// returns nil on success; exitCode maps its errors to exit statuses.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: sluice.SystemClock{}}
+	return a.run(ctx, args)
+}
+
+func (a *app) run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return &usageError{msg: "no command given", usage: usage}
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return a.serve(ctx, rest)
+	case "validate":
+		return a.validate(rest)
+	case "check":
+		return a.check(ctx, rest)
+	case "version":
+		if len(rest) > 0 {
+			return &usageError{msg: "version takes no arguments", usage: usage}
+		}
+		fmt.Fprintln(a.stdout, "sluice", buildVersion())
+		return nil
+	case "help", "-h", "-help", "--help":
+		io.WriteString(a.stdout, usage)
+		return nil
+	}
+	return &usageError{msg: fmt.Sprintf("unknown command %q", cmd), usage: usage}
+}
+
+// usageError is a command line that makes no sense. Exit status 2.
+type usageError struct {
+	msg   string
+	usage string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+// exitError carries a specific exit status. A nil err exits silently:
+// the command has already said what it had to.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode reports err on stderr and returns the process's exit status.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "sluice: %s\n\n%s", ue.msg, ue.usage)
+		return 2
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(stderr, "sluice: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(stderr, "sluice: %v\n", err)
+	return 1
+}
+
+// newFlagSet returns a flag set for cmd whose errors become usage errors
+// (see parseFlags).
+func newFlagSet(cmd string) *flag.FlagSet {
+	fs := flag.NewFlagSet("sluice "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parseFlags parses args into fs. It returns errHelp after printing the
+// flags for -h, and a usage error for bad flags or stray arguments.
+func (a *app) parseFlags(fs *flag.FlagSet, synopsis string, args []string) error {
+	flagUsage := func() string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "Usage: %s\n\nFlags:\n", synopsis)
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		return b.String()
+	}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		io.WriteString(a.stdout, flagUsage())
+		return errHelp
+	case err != nil:
+		return &usageError{msg: err.Error(), usage: flagUsage()}
+	case fs.NArg() > 0:
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0)), usage: flagUsage()}
+	}
+	return nil
+}
+
+// errHelp means the command printed its help; run returns nil.
+var errHelp = errors.New("help printed")
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
+}

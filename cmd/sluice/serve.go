@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// shutdownTimeout bounds how long serve waits for requests in flight
+// after a signal.
+const shutdownTimeout = 10 * time.Second
+
+func (a *app) serve(ctx context.Context, args []string) error {
+	fs := newFlagSet("serve")
+	var path, level string
+	fs.StringVar(&path, "config", "", "read the config from `FILE` (default: the built-in example)")
+	fs.StringVar(&path, "c", "", "shorthand for --config")
+	fs.StringVar(&level, "log-level", "info", "log at `LEVEL`: debug (every decision), info, warn or error")
+	if err := a.parseFlags(fs, "sluice serve [--config FILE] [--log-level LEVEL]", args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil
+		}
+		return err
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return &usageError{msg: fmt.Sprintf("--log-level %q: must be debug, info, warn or error", level), usage: usage}
+	}
+	log := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+
+	cfg := config.Default()
+	source := "the built-in example config"
+	if path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return err
+		}
+		source = path
+	}
+	if err := unsupported(cfg); err != nil {
+		return err
+	}
+	pseud, err := a.pseudonymizer(cfg, log)
+	if err != nil {
+		return err
+	}
+	for _, p := range cfg.Policies {
+		if p.NearCache {
+			log.Warn("near_cache is not implemented yet: every check asks the store", "policy", p.ID)
+		}
+	}
+
+	st, err := newStore(ctx, cfg, a.clock, a.getenv)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	lim, err := sluice.New(st.store, cfg.SluicePolicies(), sluice.Options{Clock: a.clock})
+	if err != nil {
+		return err
+	}
+	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	ids := make([]string, len(cfg.Policies))
+	for i, p := range cfg.Policies {
+		ids[i] = p.ID
+	}
+	log.Info("listening", "addr", "http://"+ln.Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", shutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("serve: shut down: %w", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// unsupported refuses config sections this binary parses but cannot serve
+// yet, rather than ignoring them.
+func unsupported(cfg *config.Config) error {
+	if cfg.Proxy != nil {
+		return fmt.Errorf("proxy (line %d): the rate-limiting reverse proxy is not supported yet by this binary; remove the section", cfg.Line("proxy"))
+	}
+	if cfg.Envoy != nil {
+		return fmt.Errorf("envoy (line %d): the Envoy rate-limit service is not supported yet by this binary; remove the section", cfg.Line("envoy"))
+	}
+	return nil
+}
+
+// pseudonymizer builds the subject pseudonymizer from subjects.hmac_keys,
+// warning when there is none.
+func (a *app) pseudonymizer(cfg *config.Config, log *slog.Logger) (*subject.Pseudonymizer, error) {
+	keys, err := cfg.HMACKeys(a.getenv)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		log.Warn("WARNING: subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
+		return subject.Unkeyed(), nil
+	}
+	p, err := subject.New(keys)
+	if err != nil {
+		return nil, fmt.Errorf("subjects.hmac_keys: %w", err)
+	}
+	return p, nil
+}
