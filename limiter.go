@@ -219,6 +219,9 @@ func CheckSubject(s string) error {
 func failed(err error) Outcome {
 	o := Outcome{Err: err}
 	switch {
+	case errors.Is(err, ErrIndeterminate):
+		// First: a lost reply may also wrap the context error that cut it off.
+		o.Kind = Indeterminate
 	case errors.Is(err, ErrCorruptState), errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
 		o.Kind = Incompatible
 	case errors.Is(err, ErrClockUnsafe):

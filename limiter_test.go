@@ -3,6 +3,7 @@ package sluice_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,6 +113,7 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 		{sluice.ErrClockUnsafe, sluice.Unavailable, sluice.ClockUnsafe},
 		{sluice.ErrCircuitOpen, sluice.Unavailable, sluice.CircuitOpen},
 		{sluice.ErrIndeterminate, sluice.Indeterminate, 0},
+		{fmt.Errorf("%w: %w", sluice.ErrIndeterminate, context.DeadlineExceeded), sluice.Indeterminate, 0},
 		{sluice.ErrCorruptState, sluice.Incompatible, 0},
 		{context.DeadlineExceeded, sluice.Unavailable, sluice.DeadlinePassed},
 		{errors.New("something the store did not classify"), sluice.Indeterminate, 0},

@@ -222,14 +222,8 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
-		prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
-		kind := algorithm.Kind(p.Algorithm)
-		e, ok := sh.m[k]
-		if !ok || e.kind != kind || now >= e.expires {
-			// Absent, expired, or written under other numbers of the same
-			// revision with another algorithm: start fresh.
-			e = entry{kind: kind, log: e.log[:0]}
-		}
+		prm := params(p)
+		e := sh.load(k, algorithm.Kind(p.Algorithm), now)
 		var d algorithm.Decision
 		if ev.Refund {
 			d = refund(&e, prm, now, ev.Cost)
@@ -241,6 +235,17 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		}
 		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter))
 		decided = append(decided, pending{k, e})
+	}
+	if !allowed && len(ev.Policies) > 1 {
+		// Nothing is spent: a policy that would have admitted reports its
+		// unspent state, as a peek does, still admitting the cost.
+		for i, p := range ev.Policies {
+			if ev.Statuses[i].Allowed {
+				e := sh.load(decided[i].k, algorithm.Kind(p.Algorithm), now)
+				d := decide(&e, params(p), now, 0)
+				ev.Statuses[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
+			}
+		}
 	}
 	if dedupeID != "" {
 		s.remember(sh, now, dk, ev.Policies[0], dedupeID, ev.Statuses)
@@ -303,6 +308,21 @@ func sweepDedupe(sh *shard, now int64) int {
 		}
 	}
 	return n
+}
+
+// load returns the state under k (sh locked) as of now: a fresh one when it
+// is absent, expired, or was written by another algorithm under the same
+// revision.
+func (sh *shard) load(k key, kind algorithm.Kind, now int64) entry {
+	e, ok := sh.m[k]
+	if !ok || e.kind != kind || now >= e.expires {
+		return entry{kind: kind, log: e.log[:0]}
+	}
+	return e
+}
+
+func params(p *sluice.Policy) algorithm.Params {
+	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
 }
 
 // refund runs the Refund of e.kind on e in place; Limiter has checked that

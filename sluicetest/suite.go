@@ -398,9 +398,12 @@ func testMultiPolicy(t *testing.T, newStore NewStoreFunc) {
 	if o.Kind != sluice.Denied || o.Policy != "second" || o.Statuses[0].Allowed || !o.Statuses[1].Allowed || !o.Statuses[2].Allowed {
 		t.Fatalf("multi with \"second\" exhausted = %+v, want denied by \"second\" only", o)
 	}
-	for _, id := range []string{"hour", "bucket"} {
+	for i, id := range []string{"hour", "bucket"} {
 		if got := h.check(id, 0, true).Remaining; got != before[id] {
 			t.Fatalf("%s remaining after a denied multi-policy request = %d, want %d (nothing spent)", id, got, before[id])
+		}
+		if got := o.Statuses[i+1]; got.Remaining != before[id] || got.RetryAfter != 0 {
+			t.Fatalf("%s status in the denied multi-policy answer = %+v, want remaining %d as unspent, no retry", id, got, before[id])
 		}
 	}
 	// A second later "second" admits again; after 5 units "hour" denies.
