@@ -1,0 +1,628 @@
+--[[
+decide.lua: one sluice decision, atomically, for one subject and one or
+more policies: either every policy admits the cost and it is spent on all of
+them, or nothing is written.
+
+KEYS[i]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>:<algorithm code>.
+         All keys of one call share the subject's hash tag (one Cluster slot).
+ARGV[1]  cost, an integer >= 0; 0 is a peek: judged as a cost of 1, writes nothing.
+ARGV[2]  now in integer microseconds since the Unix epoch (caller clock), or
+         "" to read the time with Redis TIME (one clock for every caller).
+ARGV[3]  caller clock only: the most, in microseconds, now may lie behind the
+         newest now a key was written at; -1 means unbounded.
+ARGV[4+5(i-1) .. 8+5(i-1)]  policy i: algorithm (1 fixed_window, 2 sliding_log,
+         3 sliding_window, 4 token_bucket, 5 gcra), limit, window in
+         microseconds, burst, TTL grace in microseconds (CleanupGrace + ExtraTTL).
+
+Reply: a flat array of 5 integers per policy, in KEYS order: allowed (1 or 0),
+limit, remaining, reset_after (µs), retry_after (µs). Errors, raised before
+any write: "SLUICE_ARGS <reason>", "SLUICE_CORRUPT <key>: <reason>" (state this
+script did not write: wrong type, a non-integer, a missing field, no TTL),
+"SLUICE_CLOCK <key>: <reason>" (caller clock too far behind).
+
+Time source: ARGV[2] or Redis TIME, never both. Every written key gets
+PEXPIRE = ceil((Expires(state) - now + grace) / 1000) ms, now being the
+unclamped time of this call, so a key never vanishes before its state equals
+absent. Needs Redis >= 5 (effects replication of a script that calls TIME).
+
+Each decide function below is a line-by-line port of the Go function it
+names in internal/algorithm; memstore's Evaluate is ported by main. All
+arithmetic is on integers below 2^53, exact in Lua's doubles; Go's integer
+division, remainder and the helpers of algorithm/params.go are quo, rem,
+ceilDiv and floorDiv.
+]]
+
+local EXACT = 9007199254740992 -- 2^53, algorithm.MaxExact
+
+-- raise aborts the decision with a SLUICE_* error reply (caught in the
+-- pcall at the bottom; nothing has been written when it is raised).
+local function raise(code, msg)
+  error({sluice = code .. ' ' .. msg})
+end
+
+local function corrupt(key, msg)
+  raise('SLUICE_CORRUPT', key .. ': ' .. msg)
+end
+
+-- int parses a decimal integer string of magnitude <= 2^53, or returns nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then
+    return nil
+  end
+  local n = tonumber(s)
+  if n > EXACT or n < -EXACT then
+    return nil
+  end
+  return n
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
+-- double quotient is off by at most one, which the remainder corrects.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- quo is Go's a / b (truncated toward zero) for b > 0.
+local function quo(a, b)
+  if a >= 0 then
+    return fdiv(a, b)
+  end
+  return -fdiv(-a, b)
+end
+
+-- rem is Go's a % b for b > 0.
+local function rem(a, b)
+  return a - quo(a, b) * b
+end
+
+-- ceilDiv ports algorithm.ceilDiv: (a + b - 1) / b.
+local function ceilDiv(a, b)
+  return quo(a + b - 1, b)
+end
+
+-- floorDiv ports algorithm.floorDiv.
+local function floorDiv(a, b)
+  return fdiv(a, b)
+end
+
+-- verdictCost ports algorithm.verdictCost.
+local function verdictCost(cost)
+  if cost == 0 then
+    return 1
+  end
+  return cost
+end
+
+local function decision(limit)
+  return {allowed = false, limit = limit, remaining = 0, reset = 0, retry = 0}
+end
+
+-- checkParams ports algorithm.Params.Check and the cost bound of
+-- Params.Capacity.
+local function checkParams(i, kind, p, cost)
+  local bad
+  if p.window < 1000 or p.window > 86400000000 then
+    bad = 'window must be between 1000 and 86400000000 µs'
+  elseif p.limit < 1 or p.limit > 1000000000 then
+    bad = 'limit must be between 1 and 1000000000'
+  elseif p.burst < 1 or p.burst > 1000000000 then
+    bad = 'burst must be between 1 and 1000000000'
+  elseif p.grace < 0 or p.grace > 90000000000 then
+    bad = 'grace must be between 0 and 90000000000 µs'
+  elseif kind == 2 and p.limit > 100000 then
+    bad = 'sliding_log limit must be at most 100000'
+  elseif kind == 3 and p.limit > quo(EXACT - 1, p.window) then
+    bad = 'sliding_window limit × window must stay below 2^53'
+  elseif (kind == 4 or kind == 5) and p.burst > quo(EXACT - 1 - p.limit, p.window) then
+    bad = 'burst × window must stay below 2^53'
+  elseif kind ~= 4 and kind ~= 5 and p.burst ~= p.limit then
+    bad = 'burst applies only to token_bucket and gcra'
+  else
+    local capacity = p.limit
+    if kind == 4 or kind == 5 then
+      capacity = p.burst
+    end
+    if cost > capacity then
+      bad = 'cost ' .. fmt(cost) .. ' is above the capacity ' .. fmt(capacity)
+    end
+  end
+  if bad then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. bad)
+  end
+end
+
+-- readHash returns the integer fields of the hash at key, or nil when the
+-- key does not exist. Anything else than a hash with a TTL whose fields are
+-- all integers >= 0 is corrupt.
+local function readHash(key, fields)
+  local ttl = redis.call('PTTL', key)
+  if ttl == -2 then
+    return nil
+  end
+  if ttl == -1 then
+    corrupt(key, 'has no TTL')
+  end
+  local vals = redis.pcall('HMGET', key, unpack(fields))
+  if vals.err then
+    corrupt(key, 'is not a hash: ' .. vals.err)
+  end
+  local st = {}
+  for i, f in ipairs(fields) do
+    local v = int(vals[i])
+    if v == nil or v < 0 then
+      if vals[i] == false then
+        corrupt(key, 'field ' .. f .. ' is missing')
+      end
+      corrupt(key, 'field ' .. f .. ' = ' .. string.sub(tostring(vals[i]), 1, 40) .. ': want an integer >= 0')
+    end
+    st[f] = v
+  end
+  return st
+end
+
+-- checkClock raises SLUICE_CLOCK when now lies more than maxreg behind
+-- last, the newest time the key was written at.
+local function checkClock(key, now, last, maxreg)
+  if maxreg >= 0 and last - now > maxreg then
+    raise('SLUICE_CLOCK', key .. ': caller clock is ' .. fmt(last - now) ..
+      ' µs behind the last write, more than the allowed ' .. fmt(maxreg))
+  end
+end
+
+------------------------------------------------------------------------
+-- fixed_window: hash {s = Start, c = Count, t = newest write time}
+
+-- fixedWindow ports algorithm.FixedWindow.Decide.
+local function fixedWindow(s, p, now, cost)
+  if s.start ~= 0 and now < s.start then
+    now = s.start
+  end
+  if s.start == 0 or now >= s.start + p.window then
+    s = {start = now, count = 0}
+  end
+  local d = decision(p.limit)
+  local need = verdictCost(cost)
+  if s.count + need > p.limit then
+    d.remaining = math.max(p.limit - s.count, 0) -- Count > Limit after a limit was lowered
+    d.reset = s.start + p.window - now
+    d.retry = d.reset
+    return s, d
+  end
+  if cost > 0 then
+    s = {start = s.start, count = s.count + cost}
+  end
+  d.allowed = true
+  d.remaining = p.limit - s.count
+  if s.count > 0 then
+    d.reset = s.start + p.window - now
+  end
+  return s, d
+end
+
+-- fixedWindowExpires ports algorithm.FixedWindow.Expires.
+local function fixedWindowExpires(s, p)
+  if s.count == 0 then
+    return 0
+  end
+  return s.start + p.window
+end
+
+------------------------------------------------------------------------
+-- sliding_window: hash {s = Start, c = Curr, p = Prev, t = newest write time}
+
+-- slidingWindowAdvance ports algorithm.SlidingWindow.advance.
+local function slidingWindowAdvance(s, p, now)
+  local w = now - rem(now, p.window)
+  if w <= s.start then
+    return s
+  elseif w == s.start + p.window then
+    return {start = w, curr = 0, prev = s.curr}
+  end
+  return {start = w, curr = 0, prev = 0}
+end
+
+-- slidingWindowResetAfter ports algorithm.SlidingWindow.resetAfter.
+local function slidingWindowResetAfter(s, p, elapsed)
+  if s.curr > 0 then
+    return 2 * p.window - elapsed
+  elseif s.prev > 0 then
+    return p.window - elapsed
+  end
+  return 0
+end
+
+-- slidingWindow ports algorithm.SlidingWindow.Decide.
+local function slidingWindow(s, p, now, cost)
+  if s.start ~= 0 and now < s.start then
+    now = s.start
+  end
+  s = slidingWindowAdvance(s, p, now)
+  local elapsed = now - s.start
+  -- All quantities below are scaled by Window.
+  local weighted = s.prev * (p.window - elapsed) + s.curr * p.window
+  local capacity = p.limit * p.window
+  local d = decision(p.limit)
+  local need = verdictCost(cost)
+  -- weighted + need*window may pass 2^53 and round, but only when it is far
+  -- above capacity (< 2^53), so the comparison stays exact.
+  if weighted + need * p.window > capacity then
+    d.remaining = quo(math.max(capacity - weighted, 0), p.window) -- above capacity after a limit was lowered
+    d.reset = slidingWindowResetAfter(s, p, elapsed)
+    if s.curr + need <= p.limit then
+      -- Wait for the previous window's share to decay enough.
+      local at = p.window - quo((p.limit - s.curr - need) * p.window, s.prev)
+      d.retry = at - elapsed
+    else
+      -- Wait for the next window, where Curr becomes Prev.
+      local at = p.window - quo((p.limit - need) * p.window, s.curr)
+      d.retry = p.window - elapsed + at
+    end
+    return s, d
+  end
+  if cost > 0 then
+    s = {start = s.start, curr = s.curr + cost, prev = s.prev}
+    weighted = weighted + cost * p.window
+  end
+  d.allowed = true
+  d.remaining = quo(capacity - weighted, p.window)
+  d.reset = slidingWindowResetAfter(s, p, elapsed)
+  return s, d
+end
+
+-- slidingWindowExpires ports algorithm.SlidingWindow.Expires.
+local function slidingWindowExpires(s, p)
+  if s.curr > 0 then
+    return s.start + 2 * p.window
+  elseif s.prev > 0 then
+    return s.start + p.window
+  end
+  return 0
+end
+
+------------------------------------------------------------------------
+-- token_bucket: hash {k = Tokens, l = Last}; Last is the newest write time.
+
+-- tokenBucketLevel ports algorithm.TokenBucket.level.
+local function tokenBucketLevel(s, p, now)
+  local full = p.burst * p.window
+  if s.last == 0 then
+    return full, now
+  end
+  if now < s.last then
+    now = s.last
+  end
+  local tokens = math.min(s.tokens, full)
+  -- Refill, capping the elapsed time first.
+  local elapsed = now - s.last
+  if elapsed >= ceilDiv(full - tokens, p.limit) then
+    return full, now
+  end
+  return tokens + elapsed * p.limit, now
+end
+
+-- tokenBucket ports algorithm.TokenBucket.Decide.
+local function tokenBucket(s, p, now, cost)
+  local full = p.burst * p.window
+  local tokens
+  tokens, now = tokenBucketLevel(s, p, now)
+  local d = decision(p.burst)
+  local need = verdictCost(cost) * p.window
+  if tokens < need then
+    d.remaining = quo(tokens, p.window)
+    d.retry = ceilDiv(need - tokens, p.limit)
+    d.reset = ceilDiv(full - tokens, p.limit)
+    return s, d
+  end
+  if cost > 0 then
+    tokens = tokens - cost * p.window
+    s = {tokens = tokens, last = now}
+  end
+  d.allowed = true
+  d.remaining = quo(tokens, p.window)
+  d.reset = ceilDiv(full - tokens, p.limit)
+  return s, d
+end
+
+-- tokenBucketExpires ports algorithm.TokenBucket.Expires.
+local function tokenBucketExpires(s, p)
+  if s.last == 0 then
+    return 0
+  end
+  return s.last + ceilDiv(p.burst * p.window - math.min(s.tokens, p.burst * p.window), p.limit)
+end
+
+------------------------------------------------------------------------
+-- gcra: hash {a = TAT, f = Frac, t = newest write time}
+
+-- gcra ports algorithm.GCRA.Decide.
+local function gcra(s, p, now, cost)
+  local tau = p.burst * p.window -- Burst·T, scaled by Limit
+  local need = verdictCost(cost) * p.window
+  local d = decision(p.burst)
+  -- debt is (TAT - now) scaled by Limit, or 0 when the TAT is past.
+  local debt = 0
+  local ahead = s.tat - now
+  if s.tat ~= 0 and ahead >= 0 then
+    if ahead > quo(tau, p.limit) + 1 then
+      -- Further ahead than any admissible debt (a clock that went backwards).
+      d.retry = ahead - floorDiv(tau - need - s.frac, p.limit)
+      d.reset = ahead + ceilDiv(s.frac, p.limit)
+      return s, d
+    end
+    debt = ahead * p.limit + s.frac
+  end
+  -- Go: debt+need > tau. debt - tau is formed first: debt + need may pass
+  -- 2^53, debt - tau + need stays small.
+  if debt - tau + need > 0 then
+    d.remaining = quo(math.max(tau - debt, 0), p.window)
+    d.retry = ceilDiv(debt - tau + need, p.limit)
+    d.reset = ceilDiv(debt, p.limit)
+    return s, d
+  end
+  if cost > 0 then
+    debt = debt + cost * p.window
+    s = {tat = now + quo(debt, p.limit), frac = rem(debt, p.limit)}
+  end
+  d.allowed = true
+  d.remaining = quo(tau - debt, p.window)
+  d.reset = ceilDiv(debt, p.limit)
+  return s, d
+end
+
+-- gcraExpires ports algorithm.GCRA.Expires.
+local function gcraExpires(s)
+  if s.tat == 0 then
+    return 0
+  end
+  if s.frac > 0 then
+    return s.tat + 1
+  end
+  return s.tat
+end
+
+------------------------------------------------------------------------
+-- Hash-backed algorithms: how each maps to its fields.
+
+local HASH = {
+  [1] = {
+    fields = {'s', 'c', 't'},
+    load = function(h) return {start = h.s, count = h.c}, h.t end,
+    store = function(s, t) return {'s', fmt(s.start), 'c', fmt(s.count), 't', fmt(t)} end,
+    decide = fixedWindow, expires = fixedWindowExpires,
+    absent = {start = 0, count = 0},
+  },
+  [3] = {
+    fields = {'s', 'c', 'p', 't'},
+    load = function(h) return {start = h.s, curr = h.c, prev = h.p}, h.t end,
+    store = function(s, t) return {'s', fmt(s.start), 'c', fmt(s.curr), 'p', fmt(s.prev), 't', fmt(t)} end,
+    decide = slidingWindow, expires = slidingWindowExpires,
+    absent = {start = 0, curr = 0, prev = 0},
+  },
+  [4] = {
+    fields = {'k', 'l'},
+    load = function(h) return {tokens = h.k, last = h.l}, h.l end,
+    store = function(s) return {'k', fmt(s.tokens), 'l', fmt(s.last)} end,
+    decide = tokenBucket, expires = tokenBucketExpires,
+    absent = {tokens = 0, last = 0},
+  },
+  [5] = {
+    fields = {'a', 'f', 't'},
+    load = function(h) return {tat = h.a, frac = h.f}, h.t end,
+    store = function(s, t) return {'a', fmt(s.tat), 'f', fmt(s.frac), 't', fmt(t)} end,
+    decide = gcra, expires = gcraExpires,
+    absent = {tat = 0, frac = 0},
+  },
+}
+
+-- decideHash reads, validates and decides one hash-backed policy; the
+-- returned write, if any, is applied only when the whole decision admits.
+local function decideHash(key, kind, p, now, cost, maxreg)
+  local a = HASH[kind]
+  local s, last = a.absent, 0
+  local h = readHash(key, a.fields)
+  if h then
+    s, last = a.load(h)
+    if now >= a.expires(s, p) then
+      -- memstore: an expired state is absent (and the decisions agree).
+      s, last = a.absent, 0
+    else
+      checkClock(key, now, last, maxreg)
+    end
+  end
+  local ns, d = a.decide(s, p, now, cost)
+  if not d.allowed or cost == 0 then
+    return d, nil
+  end
+  local t = math.max(last, now)
+  return d, {hash = a.store(ns, t), expires = a.expires(ns, p)}
+end
+
+------------------------------------------------------------------------
+-- sliding_log: a list of admission times in µs, ascending, one per unit.
+-- Its last entry is the newest write time.
+
+-- logEntry returns entry i (0-based) of the list at key.
+local function logEntry(key, i)
+  local raw = redis.call('LINDEX', key, i)
+  local v = int(raw)
+  if v == nil or v < 0 then
+    corrupt(key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer >= 0')
+  end
+  return v
+end
+
+-- slidingLog ports algorithm.SlidingLog.Decide (with its Trim) over the list
+-- at key, reading only the entries it needs: the newest, the cut point (by
+-- binary search; the list is sorted) and the one that frees room.
+local function slidingLog(key, p, now, cost, maxreg)
+  local n, newest = 0, 0
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 then
+    corrupt(key, 'has no TTL')
+  end
+  if ttl ~= -2 then
+    local len = redis.pcall('LLEN', key)
+    if type(len) == 'table' and len.err then
+      corrupt(key, 'is not a list: ' .. len.err)
+    end
+    n = len
+    if n > 0 then
+      newest = logEntry(key, n - 1)
+    end
+  end
+  local cut = 0
+  if n > 0 and now >= newest + p.window then
+    -- memstore: an expired state is absent; every entry is dropped.
+    cut = n
+  elseif n > 0 then
+    checkClock(key, now, newest, maxreg)
+    -- Trim: a clock behind the newest entry is treated as its time.
+    if now < newest then
+      now = newest
+    end
+    -- Drop entries that left the window: at <= now-Window. The newest stays.
+    local lo, hi = 0, n - 1
+    while lo < hi do
+      local mid = fdiv(lo + hi, 2)
+      if logEntry(key, mid) <= now - p.window then
+        lo = mid + 1
+      else
+        hi = mid
+      end
+    end
+    cut = lo
+  end
+  local count = n - cut
+  local d = decision(p.limit)
+  local need = verdictCost(cost)
+  if count + need > p.limit then
+    -- The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
+    d.remaining = math.max(p.limit - count, 0) -- count > Limit after a limit was lowered
+    d.retry = logEntry(key, cut + count + need - p.limit - 1) + p.window - now
+    d.reset = newest + p.window - now
+    return d, nil
+  end
+  d.allowed = true
+  d.remaining = p.limit - count - cost
+  if cost > 0 then
+    d.reset = p.window -- the newest entry is now
+  elseif count > 0 then
+    d.reset = newest + p.window - now
+  end
+  if cost == 0 then
+    return d, nil
+  end
+  return d, {log = true, cut = cut, at = now, cost = cost, expires = now + p.window}
+end
+
+------------------------------------------------------------------------
+
+-- apply performs one policy's write and sets the key's TTL.
+local function apply(key, w, now, grace)
+  if w.log then
+    if w.cut > 0 then
+      redis.call('LTRIM', key, w.cut, -1)
+    end
+    local v = fmt(w.at)
+    local left = w.cost
+    while left > 0 do
+      local batch = {}
+      for j = 1, math.min(left, 1000) do
+        batch[j] = v
+      end
+      redis.call('RPUSH', key, unpack(batch))
+      left = left - #batch
+    end
+  else
+    redis.call('HSET', key, unpack(w.hash))
+  end
+  local ms = ceilDiv(w.expires - now + grace, 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  redis.call('PEXPIRE', key, fmt(ms))
+end
+
+-- main ports memstore.Store.Evaluate: decide every policy, then write all or
+-- nothing.
+local function main()
+  local n = #KEYS
+  if n == 0 or #ARGV ~= 3 + 5 * n then
+    raise('SLUICE_ARGS', 'want 3 + 5 ARGV per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+  end
+  local cost = int(ARGV[1])
+  if cost == nil or cost < 0 then
+    raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+  end
+  local now
+  local maxreg = -1
+  if ARGV[2] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = int(ARGV[2])
+    maxreg = int(ARGV[3])
+    if now == nil or now < 1 or now >= EXACT then
+      raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
+    end
+    if maxreg == nil or maxreg < -1 then
+      raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
+    end
+  end
+
+  local reply, writes = {}, {}
+  local admitted = true
+  for i = 1, n do
+    local base = 3 + 5 * (i - 1)
+    local kind = int(ARGV[base + 1])
+    local p = {limit = int(ARGV[base + 2]), window = int(ARGV[base + 3]), burst = int(ARGV[base + 4]), grace = int(ARGV[base + 5])}
+    if kind == nil or kind < 1 or kind > 5 or not (p.limit and p.window and p.burst and p.grace) then
+      raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers, algorithm 1 to 5')
+    end
+    checkParams(i, kind, p, cost)
+    local d, w
+    if kind == 2 then
+      d, w = slidingLog(KEYS[i], p, now, cost, maxreg)
+    else
+      d, w = decideHash(KEYS[i], kind, p, now, cost, maxreg)
+    end
+    if not d.allowed then
+      admitted = false
+    end
+    writes[i] = w or false
+    local k = 5 * (i - 1)
+    reply[k + 1] = d.allowed and 1 or 0
+    reply[k + 2] = d.limit
+    reply[k + 3] = d.remaining
+    reply[k + 4] = d.reset
+    reply[k + 5] = d.retry
+  end
+  if admitted and cost > 0 then
+    for i = 1, n do
+      if writes[i] then
+        apply(KEYS[i], writes[i], now, int(ARGV[3 + 5 * (i - 1) + 5]))
+      end
+    end
+  end
+  return reply
+end
+
+local ok, res = pcall(main)
+if ok then
+  return res
+end
+if type(res) == 'table' and res.sluice then
+  return redis.error_reply(res.sluice)
+end
+error(res)

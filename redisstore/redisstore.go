@@ -1,0 +1,414 @@
+// Package redisstore is the shared sluice.Store: every decision is one
+// EVALSHA of a Lua script that ports internal/algorithm line by line, so
+// any number of application instances share one limit through one Redis, a
+// Sentinel-managed Redis, or a Redis Cluster.
+//
+// # Keys
+//
+// The state of policy P (revision R) for subject S lives under
+//
+//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1.3q2x…}login:1:sl
+//
+// The braces make S the Cluster hash tag, so every key of one decision lies
+// in one slot and a multi-policy decision is one atomic script call, never
+// CROSSSLOT. The algorithm code (fw, sl, sw, tb, gcra) keeps a policy whose
+// algorithm changed without a revision bump from reading the other's state.
+// Keys are at most len(Prefix) + 290 bytes. Every key carries a TTL: the
+// time until its state equals an absent one, plus the policy's
+// CleanupGrace, rounded up to the millisecond.
+//
+// State: fixed_window, sliding_window and gcra are small hashes that also
+// hold the newest time they were written at (for the caller-clock bound);
+// token_bucket a hash of two integers; sliding_log a list of admission times
+// in microseconds, one entry per admitted unit.
+//
+// # Least-privilege ACL
+//
+// The store sends EVALSHA and SCRIPT LOAD (never EVAL), and its script calls
+// only TIME, PTTL, PEXPIRE, HMGET, HSET, LLEN, LINDEX, LTRIM and RPUSH on keys
+// under Prefix. A user restricted to exactly that works:
+//
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +hmget +hset +llen +lindex +ltrim +rpush
+//
+// A cluster client additionally needs +cluster|slots +cluster|shards
+// +command for its topology discovery.
+//
+// # Failures
+//
+// Errors wrap the sluice sentinels so sluice.Limiter can type the outcome:
+// a context already done returns the context error and sends nothing; a
+// failure before the command was written (dial refused, pool timeout,
+// client closed, write error, Redis refusing the call before the script
+// ran) wraps sluice.ErrBeforeSend; a lost reply (read timeout, reset, EOF
+// after the write) wraps sluice.ErrIndeterminate; state the script did not
+// write wraps sluice.ErrCorruptState; a caller clock too far behind wraps
+// sluice.ErrClockUnsafe. The script command is marked not retryable, so
+// go-redis's MaxRetries never replays a decision whose reply was lost
+// (which could spend twice); only NOSCRIPT, which proves the script did not
+// run, is retried, once, after SCRIPT LOAD on that node.
+package redisstore
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+)
+
+//go:embed decide.lua
+var decideLua string
+
+var decideSHA = func() string {
+	h := sha1.Sum([]byte(decideLua))
+	return hex.EncodeToString(h[:])
+}()
+
+// MaxPrefixLen is the longest Options.Prefix, in bytes.
+const MaxPrefixLen = 64
+
+// ClockMode selects the time source of decisions.
+type ClockMode uint8
+
+const (
+	// RedisTime reads the time with Redis TIME inside the script: one clock
+	// for every caller, whatever their own clocks say.
+	RedisTime ClockMode = iota
+	// CallerClock passes Options.Clock's time to the script. Each key
+	// remembers the newest time it was written at; a caller whose time lies
+	// more than Options.MaxClockRegression behind it gets
+	// sluice.ErrClockUnsafe and changes nothing.
+	CallerClock
+)
+
+// String returns "redis_time" or "caller_clock".
+func (m ClockMode) String() string {
+	switch m {
+	case RedisTime:
+		return "redis_time"
+	case CallerClock:
+		return "caller_clock"
+	}
+	return fmt.Sprintf("ClockMode(%d)", uint8(m))
+}
+
+// Options configure a Store. The zero value means the defaults.
+type Options struct {
+	// Prefix starts every key, at most MaxPrefixLen bytes without '{' or
+	// '}'. Default: "sluice:".
+	Prefix string
+	// Timeout bounds each decision, as a deadline on its context (the
+	// caller's earlier deadline wins). go-redis applies context deadlines
+	// to the socket only when the client has ContextTimeoutEnabled;
+	// otherwise its ReadTimeout and WriteTimeout bound the call. Negative
+	// means no bound beyond the caller's context. Default: 1s.
+	Timeout time.Duration
+	// ClockMode is the time source. Default: RedisTime.
+	ClockMode ClockMode
+	// Clock is the time source in CallerClock mode; unused otherwise.
+	// Default: sluice.SystemClock{}.
+	Clock sluice.Clock
+	// MaxClockRegression is, in CallerClock mode, how far a caller's time
+	// may lie behind the newest time a key was written at; further behind
+	// is sluice.ErrClockUnsafe. Within the bound the algorithms treat the
+	// earlier time as the later one. Negative means unbounded.
+	// Default: 1s.
+	MaxClockRegression time.Duration
+	// ExtraTTL is added to every key's TTL on top of the policy's
+	// CleanupGrace. TTLs run on Redis's clock; in CallerClock mode with a
+	// clock that does not advance with it (a fake clock in tests), state
+	// could otherwise expire in Redis while it is still live by the
+	// caller's clock. Default: 0.
+	ExtraTTL time.Duration
+}
+
+// rediser is the part of a go-redis client the store uses; *redis.Client
+// (including Sentinel failover clients), *redis.ClusterClient and
+// *redis.Ring all provide it.
+type rediser interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+}
+
+// Store is the Redis store. Create it with New; the zero value is not
+// usable. Safe for concurrent use; it owns no goroutines. Close does not
+// close the client, which stays the caller's.
+type Store struct {
+	client  redis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	clock   sluice.Clock // nil in RedisTime mode
+	maxReg  string       // ARGV[3]
+	extra   time.Duration
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+// New returns a Store over client and loads its script on every master
+// (SCRIPT LOAD), failing if that is not possible.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: New: client is nil")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = "sluice:"
+	}
+	if len(opts.Prefix) > MaxPrefixLen || strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: New: prefix %q: must be at most %d bytes without '{' or '}'", opts.Prefix, MaxPrefixLen)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Second
+	}
+	if opts.ExtraTTL < 0 || opts.ExtraTTL > 24*time.Hour {
+		return nil, fmt.Errorf("redisstore: New: ExtraTTL = %v: must be between 0 and 24h", opts.ExtraTTL)
+	}
+	s := &Store{client: client, prefix: opts.Prefix, timeout: opts.Timeout, maxReg: "-1", extra: opts.ExtraTTL}
+	switch opts.ClockMode {
+	case RedisTime:
+	case CallerClock:
+		s.clock = opts.Clock
+		if s.clock == nil {
+			s.clock = sluice.SystemClock{}
+		}
+		switch {
+		case opts.MaxClockRegression == 0:
+			s.maxReg = strconv.FormatInt(time.Second.Microseconds(), 10)
+		case opts.MaxClockRegression > 0:
+			s.maxReg = strconv.FormatInt(opts.MaxClockRegression.Microseconds(), 10)
+		}
+	default:
+		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
+	}
+	ctx, cancel := s.callContext(context.Background())
+	defer cancel()
+	if err := s.load(ctx); err != nil {
+		return nil, fmt.Errorf("redisstore: New: %w", err)
+	}
+	return s, nil
+}
+
+// Close releases nothing: the store owns no goroutines and the client
+// stays the caller's. It exists so a Store can be closed like memstore's.
+func (s *Store) Close() error { return nil }
+
+// Ready reports whether Redis answers and holds the script on every
+// master, loading it where it is missing.
+func (s *Store) Ready(ctx context.Context) error {
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := s.load(ctx); err != nil {
+		return fmt.Errorf("redisstore: not ready: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout > 0 {
+		return context.WithTimeout(ctx, s.timeout)
+	}
+	return ctx, func() {}
+}
+
+// load runs SCRIPT LOAD on every master (every shard of a Ring).
+func (s *Store) load(ctx context.Context) error {
+	loadOn := func(ctx context.Context, c *redis.Client) error { return loadScript(ctx, c) }
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, loadOn)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, loadOn)
+	default:
+		return loadScript(ctx, c)
+	}
+}
+
+// loadNode runs SCRIPT LOAD on the node that owns key, after a NOSCRIPT.
+func (s *Store) loadNode(ctx context.Context, key string) error {
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		return loadScript(ctx, node)
+	case *redis.Ring:
+		return s.load(ctx)
+	default:
+		return loadScript(ctx, c)
+	}
+}
+
+func loadScript(ctx context.Context, c rediser) error {
+	sha, err := c.ScriptLoad(ctx, decideLua).Result()
+	if err != nil {
+		return fmt.Errorf("script load: %w", err)
+	}
+	if sha != decideSHA {
+		return fmt.Errorf("script load: redis answered sha1 %s, want %s", sha, decideSHA)
+	}
+	return nil
+}
+
+// algorithmCodes name each algorithm in keys and in the script's ARGV.
+var algorithmCodes = [...]struct{ key, arg string }{
+	sluice.FixedWindow:   {"fw", "1"},
+	sluice.SlidingLog:    {"sl", "2"},
+	sluice.SlidingWindow: {"sw", "3"},
+	sluice.TokenBucket:   {"tb", "4"},
+	sluice.GCRA:          {"gcra", "5"},
+}
+
+// Key returns the Redis key of p's state for subject: see the package
+// documentation.
+func (s *Store) Key(subject string, p *sluice.Policy) string {
+	var b strings.Builder
+	code := algorithmCodes[p.Algorithm].key
+	b.Grow(len(s.prefix) + len(subject) + len(p.ID) + len(code) + 16)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.WriteString(subject)
+	b.WriteByte('}')
+	b.WriteString(p.ID)
+	b.WriteByte(':')
+	b.WriteString(strconv.FormatInt(p.Revision, 10))
+	b.WriteByte(':')
+	b.WriteString(code)
+	return b.String()
+}
+
+// scriptCmd is an EVALSHA that go-redis must never retry on its own: a
+// retry after the command was written could spend twice.
+type scriptCmd struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder.
+func (scriptCmd) NoRetry() bool { return true }
+
+// Evaluate implements sluice.Store.
+func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n := len(ev.Policies)
+	if n == 0 {
+		return fmt.Errorf("redisstore: %w: no policies", sluice.ErrInvalidRequest)
+	}
+	if ev.Cost < 0 {
+		return fmt.Errorf("redisstore: %w: cost = %d", sluice.ErrInvalidRequest, ev.Cost)
+	}
+	if err := sluice.CheckSubject(ev.Subject); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
+	}
+	args := make([]any, 0, 3+n+3+5*n)
+	args = append(args, "evalsha", decideSHA, strconv.Itoa(n))
+	for _, p := range ev.Policies {
+		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
+			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
+		}
+		args = append(args, s.Key(ev.Subject, p))
+	}
+	now := ""
+	if s.clock != nil {
+		now = strconv.FormatInt(sluice.UnixMicro(s.clock), 10)
+	}
+	args = append(args, strconv.FormatInt(ev.Cost, 10), now, s.maxReg)
+	for _, p := range ev.Policies {
+		args = append(args,
+			algorithmCodes[p.Algorithm].arg,
+			strconv.FormatInt(p.Limit, 10),
+			strconv.FormatInt(p.Window.Microseconds(), 10),
+			strconv.FormatInt(p.Burst, 10),
+			strconv.FormatInt((p.CleanupGrace+s.extra).Microseconds(), 10),
+		)
+	}
+
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	vals, err := s.run(ctx, args)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// The script certainly did not run: load it where the key lives and
+		// try once more.
+		if lerr := s.loadNode(ctx, args[3].(string)); lerr != nil {
+			return s.classify(ctx, "reload script after NOSCRIPT", lerr)
+		}
+		vals, err = s.run(ctx, args)
+	}
+	if err != nil {
+		return s.classify(ctx, "run script", err)
+	}
+	if len(vals) != 5*n {
+		return fmt.Errorf("redisstore: %w: script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
+	}
+	ev.Statuses = ev.Statuses[:0]
+	for i, p := range ev.Policies {
+		v := vals[5*i:]
+		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, v[0] == 1, v[1], v[2], v[3], v[4]))
+	}
+	return nil
+}
+
+func (s *Store) run(ctx context.Context, args []any) ([]int64, error) {
+	cmd := scriptCmd{redis.NewCmd(ctx, args...)}
+	cmd.SetFirstKeyPos(3)
+	if err := s.client.Process(ctx, cmd); err != nil {
+		return nil, err
+	}
+	return cmd.Int64Slice()
+}
+
+// refusedBeforeRun are error replies with which Redis refuses a script
+// before it runs, or at its first write (nothing written yet: the script
+// writes only after every read and check).
+var refusedBeforeRun = []string{
+	"NOSCRIPT", "NOPERM", "NOAUTH", "WRONGPASS", "CROSSSLOT", "CLUSTERDOWN",
+	"MOVED", "ASK", "TRYAGAIN", "LOADING", "BUSY", "MASTERDOWN", "READONLY",
+	"OOM", "MISCONF", "NOREPLICAS", "MAXCLIENTS",
+}
+
+// classify wraps err, from doing what, in the sentinel that types it.
+func (s *Store) classify(ctx context.Context, what string, err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
+		msg := rerr.Error()
+		code, _, _ := strings.Cut(msg, " ")
+		switch code {
+		case "SLUICE_CORRUPT":
+			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrCorruptState)
+		case "SLUICE_CLOCK":
+			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrClockUnsafe)
+		case "SLUICE_ARGS":
+			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrInvalidRequest)
+		}
+		for _, c := range refusedBeforeRun {
+			if code == c {
+				return fmt.Errorf("redisstore: %s: redis refused: %s: %w", what, msg, sluice.ErrBeforeSend)
+			}
+		}
+		return fmt.Errorf("redisstore: %s: %s: %w", what, msg, sluice.ErrIndeterminate)
+	}
+	var op *net.OpError
+	switch {
+	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+	case errors.As(err, &op) && op.Op == "dial":
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+	case errors.As(err, &op) && op.Op == "write":
+		// A failed write left the command incomplete on the wire: a Redis
+		// server executes only complete commands.
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+	case op == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && ctx.Err() != nil:
+		// go-redis returns a bare context error only while waiting for a
+		// connection or dialling; a read cut short by the deadline is a
+		// *net.OpError timeout.
+		return fmt.Errorf("redisstore: %s: nothing sent: %w", what, err)
+	}
+	return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrIndeterminate, err)
+}
