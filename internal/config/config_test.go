@@ -29,8 +29,11 @@ var invalid = []struct {
 	{"bad_policy_id.yaml", "policies[0].id: \"log in\": must be 1 to 64 characters of A-Z a-z 0-9 _ . - (line 2)"},
 	{"bad_store_type.yaml", "store.type: \"memcached\": must be one of memory, redis (line 2)"},
 	{"burst_on_fixed_window.yaml", "policies[0].burst: 5: applies only to token_bucket and gcra; leave it unset for fixed_window (line 6)"},
-	{"burst_zero.yaml", "policies[0].burst: 0: must be at least 1; leave it out for the default (line 6)"},
+	{"burst_zero.yaml", "policies[0].burst: 0: must not be zero; leave it out for the default (line 6)"},
 	{"cleanup_grace_too_long.yaml", "policies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 6)"},
+	{"dedupe_max_too_big.yaml", "policies[0].dedupe_max: 20000: must be between 1 and 10000 (line 6)"},
+	{"dedupe_max_zero.yaml", "policies[0].dedupe_max: 0: must not be zero; leave it out for the default (line 6)"},
+	{"dedupe_ttl_too_long.yaml", "policies[0].dedupe_ttl: \"2h\": must be a whole number of milliseconds between 1ms and 1h (line 6)"},
 	{"default_burst_too_big.yaml", "policies[0].burst: 1000000000 (the default): burst × window in µs must stay below 2^53; at this window the burst can be at most 104249 (line 2)"},
 	{"document_is_list.yaml", "the config must be a mapping, not a list (line 1)"},
 	{"duplicate_key.yaml", "policies[0].limit: is set twice (first at line 4) (line 6)"},
@@ -75,13 +78,13 @@ var invalid = []struct {
 	{"redis_url_and_addrs.yaml", "store.redis.addrs: set url or addrs, not both (line 5)"},
 	{"redis_without_section.yaml", "store.redis: is required when store.type is redis (line 1)"},
 	{"revision_negative.yaml", "policies[0].revision: -1: must be between 1 and 2147483648 (line 6)"},
-	{"revision_zero.yaml", "policies[0].revision: 0: must be at least 1; leave it out for the default (line 6)"},
+	{"revision_zero.yaml", "policies[0].revision: 0: must not be zero; leave it out for the default (line 6)"},
 	{"server_empty.yaml", "server: must be a mapping, not empty (line 1)"},
 	{"sliding_log_too_long.yaml", "policies[0].limit: 200000: sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits (line 4)"},
 	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2)"},
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 4)"},
-	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, near_cache (line 5)"},
+	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 5)"},
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
@@ -163,7 +166,7 @@ func TestParseFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := config.Policy{
-		Policy:    sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second},
+		Policy:    sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000},
 		NearCache: true,
 	}
 	want := &config.Config{
@@ -193,8 +196,8 @@ func TestParseFull(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
 	}
-	if line := got.Line("proxy"); line != 41 {
-		t.Errorf("Line(proxy) = %d, want 41", line)
+	if line := got.Line("proxy"); line != 43 {
+		t.Errorf("Line(proxy) = %d, want 43", line)
 	}
 	if _, err := sluice.New(nopStore{}, got.SluicePolicies(), sluice.Options{}); err != nil {
 		t.Errorf("sluice.New(full.yaml policies) = %v", err)

@@ -183,7 +183,7 @@ func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
-	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "burst", "max_cost", "failure_mode", "cleanup_grace", "near_cache")
+	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache")
 	if err != nil {
 		return err
 	}
@@ -193,6 +193,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		}
 	}
 	var algorithm, failureMode string
+	var dedupeMax int64
 	for _, err := range []error{
 		d.str(path+".id", m["id"], &p.ID),
 		d.int(path+".revision", m["revision"], &p.Revision),
@@ -203,12 +204,18 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		d.int(path+".max_cost", m["max_cost"], &p.MaxCost),
 		d.str(path+".failure_mode", m["failure_mode"], &failureMode),
 		d.duration(path+".cleanup_grace", m["cleanup_grace"], &p.CleanupGrace),
+		d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL),
+		d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax),
 		d.bool(path+".near_cache", m["near_cache"], &p.NearCache),
 	} {
 		if err != nil {
 			return err
 		}
 	}
+	if dedupeMax != int64(int(dedupeMax)) {
+		return &Error{Path: path + ".dedupe_max", Value: written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
+	}
+	p.DedupeMax = int(dedupeMax)
 	// Spellings that name nothing are left as invalid values for
 	// sluice.Policy.Validate to reject, so its rule text is the only one.
 	if p.Algorithm, err = sluice.ParseAlgorithm(algorithm); err != nil {
@@ -223,9 +230,9 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	for _, f := range [...]struct {
 		key string
 		v   int64
-	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}} {
+	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
 		if key := f.key; m[key] != nil && f.v == 0 {
-			return &Error{Path: path + "." + key, Value: "0", Rule: "must be at least 1; leave it out for the default", Line: resolve(m[key]).Line}
+			return &Error{Path: path + "." + key, Value: written(m[key]), Rule: "must not be zero; leave it out for the default", Line: resolve(m[key]).Line}
 		}
 	}
 	return nil

@@ -39,9 +39,6 @@ const DefaultMaxBodyBytes = 64 << 10
 // The pseudonym the Limiter sees has a fixed length whatever the subject.
 const MaxSubjectLen = 1024
 
-// MaxEvaluationIDLen is the longest evaluation_id the check API accepts.
-const MaxEvaluationIDLen = 128
-
 // Check is a readiness check: nil when the dependency it probes can serve.
 type Check func(ctx context.Context) error
 
@@ -278,8 +275,6 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		return sluice.Request{}, "policy is required (or policies)"
 	case in.Policy != "" && len(in.Policies) > 0:
 		return sluice.Request{}, "set policy or policies, not both"
-	case !validEvaluationID(in.EvaluationID):
-		return sluice.Request{}, malformed(fmt.Sprintf("evaluation_id must be at most %d bytes of printable ASCII other than space, '{' and '}'", MaxEvaluationIDLen))
 	}
 	req := sluice.Request{
 		Policy:       in.Policy,
@@ -293,18 +288,6 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		req.Peek = req.Cost == 0
 	}
 	return req, ""
-}
-
-func validEvaluationID(id string) bool {
-	if len(id) > MaxEvaluationIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
-			return false
-		}
-	}
-	return true
 }
 
 // statusCode maps an outcome to its HTTP status.

@@ -267,7 +267,8 @@ func TestErrorStatuses(t *testing.T) {
 		{"no policy", `{"subject":"alice"}`, 400, "policy is required"},
 		{"policy and policies", `{"policy":"demo","policies":["login"],"subject":"alice"}`, 400, "not both"},
 		{"policy named twice", `{"policies":["demo","demo"],"subject":"alice"}`, 400, "named twice"},
-		{"bad evaluation id", `{"policy":"demo","subject":"alice","evaluation_id":"a b"}`, 400, "evaluation_id"},
+		{"bad evaluation id", `{"policy":"demo","subject":"alice","evaluation_id":"a b"}`, 400, "evaluation id byte 1"},
+		{"evaluation id too long", `{"policy":"demo","subject":"alice","evaluation_id":"` + strings.Repeat("e", 129) + `"}`, 400, "evaluation id is 129 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f.check(t, tc.body, tc.code, tc.reason)
@@ -537,4 +538,19 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestEvaluationIDReplays checks that a retry with the same evaluation_id
+// gets the first answer without spending again.
+func TestEvaluationIDReplays(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const body = `{"policy":"demo","subject":"alice","evaluation_id":"order-42"}`
+	for i := 0; i < 3; i++ {
+		if resp, a := f.post(t, body); resp.StatusCode != 200 || a.Remaining != 2 {
+			t.Fatalf("check #%d with evaluation_id order-42: %d %+v, want 200 with remaining 2", i+1, resp.StatusCode, a)
+		}
+	}
+	if resp, a := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != 200 || a.Remaining != 1 {
+		t.Errorf("check without an id after the replays: %d %+v, want 200 with remaining 1", resp.StatusCode, a)
+	}
 }
