@@ -22,7 +22,7 @@ func Example() {
 	defer store.Close()
 	limiter, err := sluice.New(store, []sluice.Policy{
 		{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
-	}, sluice.Options{Clock: clock})
+	}, sluice.Options{})
 	if err != nil {
 		panic(err)
 	}
@@ -48,7 +48,7 @@ func ExampleLimiter_Check_multiplePolicies() {
 	limiter, _ := sluice.New(store, []sluice.Policy{
 		{ID: "per-second", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, Burst: 5},
 		{ID: "per-hour", Algorithm: sluice.SlidingWindow, Limit: 6, Window: time.Hour},
-	}, sluice.Options{Clock: clock})
+	}, sluice.Options{})
 	req := sluice.Request{Policies: []string{"per-second", "per-hour"}, Subject: "k1:example", Cost: 5}
 	o := limiter.Check(context.Background(), req)
 	fmt.Println(o.Kind, o.Policy, o.Remaining)

@@ -44,19 +44,17 @@ type Request struct {
 // MaxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
 const MaxEvaluationIDLen = 128
 
-// Options configure a Limiter. The zero value means the defaults.
-type Options struct {
-	// Clock is consulted only to see whether the context's deadline has
-	// already passed. Default: SystemClock.
-	Clock Clock
-}
+// Options configure a Limiter. The zero value means the defaults; there
+// are no options yet. Policies' clocks belong to the Store: Limiter reads
+// the real time only to compare it with a context's deadline, which is
+// real time too.
+type Options struct{}
 
 // Limiter checks requests against a fixed set of policies on one Store.
 // It validates every request before the store sees it. Safe for concurrent
 // use; it owns no goroutines and needs no cleanup (close the Store).
 type Limiter struct {
 	store    Store
-	clock    Clock
 	policies map[string]*Policy
 	order    []string
 	pool     sync.Pool // *Evaluation
@@ -68,10 +66,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	if store == nil {
 		return nil, errors.New("sluice: New: store is nil")
 	}
-	l := &Limiter{store: store, clock: opts.Clock, policies: make(map[string]*Policy, len(policies))}
-	if l.clock == nil {
-		l.clock = SystemClock{}
-	}
+	l := &Limiter{store: store, policies: make(map[string]*Policy, len(policies))}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: %w", i, err)
@@ -107,7 +102,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
-	if d, ok := ctx.Deadline(); ok && !l.clock.Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !(SystemClock{}).Now().Before(d) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
 	ev := l.pool.Get().(*Evaluation)

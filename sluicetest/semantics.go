@@ -144,7 +144,7 @@ func testLoweredPolicy(t *testing.T, newStore NewStoreFunc) {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 20, time.Minute, 0))
 			expect(t, "spend 15", h.check("p", 15, false), sluice.Allowed)
-			lowered, err := sluice.New(h.store, []sluice.Policy{policy("p", a, 4, 30*time.Second, 0)}, sluice.Options{Clock: h.clock})
+			lowered, err := sluice.New(h.store, []sluice.Policy{policy("p", a, 4, 30*time.Second, 0)}, sluice.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

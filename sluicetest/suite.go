@@ -62,7 +62,7 @@ func newHarness(t *testing.T, newStore NewStoreFunc, policies ...sluice.Policy) 
 	t.Helper()
 	clock := NewClock(Start)
 	store := newStore(t, clock)
-	l, err := sluice.New(store, policies, sluice.Options{Clock: clock})
+	l, err := sluice.New(store, policies, sluice.Options{})
 	if err != nil {
 		t.Fatalf("sluice.New: %v", err)
 	}
@@ -464,7 +464,7 @@ func testRevision(t *testing.T, newStore NewStoreFunc) {
 	expect(t, "revision 1 again", h.check("demo", 1, false), sluice.Denied)
 	p := policy("demo", sluice.FixedWindow, 1, time.Minute, 0)
 	p.Revision = 2
-	l2, err := sluice.New(h.store, []sluice.Policy{p}, sluice.Options{Clock: h.clock})
+	l2, err := sluice.New(h.store, []sluice.Policy{p}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.close()
-	lim, err := sluice.New(st.store, cfg.SluicePolicies(), sluice.Options{Clock: a.clock})
+	lim, err := sluice.New(st.store, cfg.SluicePolicies(), sluice.Options{})
 	if err != nil {
 		return err
 	}
