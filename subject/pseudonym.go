@@ -44,7 +44,7 @@ func New(keys []Key) (*Pseudonymizer, error) {
 	}
 	seen := map[string]bool{}
 	for i, k := range keys {
-		if !validKeyID(k.ID) {
+		if !ValidKeyID(k.ID) {
 			return nil, fmt.Errorf("subject: keys[%d].id = %q: must be 1 to 16 of a-z 0-9", i, k.ID)
 		}
 		if seen[k.ID] {
@@ -118,7 +118,8 @@ func (p *Pseudonymizer) sum(i int, kind, identity, operation string) string {
 	return string(out)
 }
 
-func validKeyID(id string) bool {
+// ValidKeyID reports whether id can name a Key: 1 to 16 of [a-z0-9].
+func ValidKeyID(id string) bool {
 	if len(id) < 1 || len(id) > 16 {
 		return false
 	}

@@ -69,7 +69,7 @@ func (e *RangeError) Error() string {
 func (p Params) Check(k Kind) error {
 	switch {
 	case p.Window < MinWindow || p.Window > MaxWindow:
-		return &RangeError{"window", p.Window, "must be between 1ms and 24h (in µs: 1000 to 86400000000)"}
+		return &RangeError{"window", p.Window, "must be between 1ms and 24h"}
 	case p.Limit < 1 || p.Limit > MaxLimit:
 		return &RangeError{"limit", p.Limit, "must be between 1 and 1000000000"}
 	case p.Burst < 1 || p.Burst > MaxLimit:

@@ -4,7 +4,7 @@
 // breaks a rule is an *Error naming the field path, the value as written,
 // the rule and the line, e.g.
 //
-//	policies[1].window: "90h": must be between 1ms and 24h (in µs: 1000 to 86400000000) (line 14)
+//	policies[1].window: "90h": must be between 1ms and 24h (line 14)
 //
 // Policy numbers are checked by sluice.Policy.Validate, so the library and
 // the config never disagree about what a valid policy is.
@@ -395,7 +395,7 @@ func (c *Config) validateSubjects() error {
 	seen := map[string]int{}
 	for i, k := range c.Subjects.HMACKeys {
 		path := fmt.Sprintf("subjects.hmac_keys[%d]", i)
-		if !validKeyID(k.ID) {
+		if !subject.ValidKeyID(k.ID) {
 			return c.errorAt(path+".id", strconv.Quote(k.ID), "must be 1 to 16 of a-z 0-9")
 		}
 		if j, dup := seen[k.ID]; dup {
@@ -503,21 +503,6 @@ func validEnvName(s string) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// validKeyID mirrors subject.New's rule for key ids, so that validate
-// catches a bad id before serve does; TestKeyIDsMatchSubject keeps the two
-// in step.
-func validKeyID(id string) bool {
-	if len(id) < 1 || len(id) > 16 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
 			return false
 		}
 	}

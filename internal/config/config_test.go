@@ -88,7 +88,7 @@ var invalid = []struct {
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
-	{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (in µs: 1000 to 86400000000) (line 14)"},
+	{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (line 14)"},
 	{"window_without_unit.yaml", "policies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
 }
 
@@ -227,7 +227,7 @@ func TestValidateConfigBuiltInGo(t *testing.T) {
 	c := config.Default()
 	c.Policies[1].Window = 90 * time.Hour
 	err := c.Validate()
-	want := `policies[1].window: 90h0m0s: must be between 1ms and 24h (in µs: 1000 to 86400000000)`
+	want := `policies[1].window: 90h0m0s: must be between 1ms and 24h`
 	if err == nil || err.Error() != want {
 		t.Fatalf("Validate() = %v, want %s", err, want)
 	}
