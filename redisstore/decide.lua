@@ -15,7 +15,9 @@ ARGV[4+5(i-1) .. 8+5(i-1)]  policy i: algorithm (1 fixed_window, 2 sliding_log,
          microseconds, burst, TTL grace in microseconds (CleanupGrace + ExtraTTL).
 
 Reply: a flat array of 5 integers per policy, in KEYS order: allowed (1 or 0),
-limit, remaining, reset_after (µs), retry_after (µs). Errors, raised before
+limit, remaining, reset_after (µs), retry_after (µs). When several policies
+are named and one denies, the ones that would have admitted report their
+unspent state (a peek's remaining and reset_after), still allowed. Errors, raised before
 any write: "SLUICE_ARGS <reason>", "SLUICE_CORRUPT <key>: <reason>" (state this
 script did not write: wrong type, a non-integer, a missing field, no TTL),
 "SLUICE_CLOCK <key>: <reason>" (caller clock too far behind).
@@ -441,11 +443,15 @@ local function decideHash(key, kind, p, now, cost, maxreg)
     end
   end
   local ns, d = a.decide(s, p, now, cost)
+  local peek = function()
+    local _, pd = a.decide(s, p, now, 0)
+    return pd
+  end
   if not d.allowed or cost == 0 then
-    return d, nil
+    return d, nil, peek
   end
   local t = math.max(last, now)
-  return d, {hash = a.store(ns, t), expires = a.expires(ns, p)}
+  return d, {hash = a.store(ns, t), expires = a.expires(ns, p)}, peek
 end
 
 ------------------------------------------------------------------------
@@ -465,7 +471,8 @@ end
 -- slidingLog ports algorithm.SlidingLog.Decide (with its Trim) over the list
 -- at key, reading only the entries it needs: the newest, the cut point (by
 -- binary search; the list is sorted) and the one that frees room.
-local function slidingLog(key, p, now, cost, maxreg)
+local slidingLog
+slidingLog = function(key, p, now, cost, maxreg)
   local n, newest = 0, 0
   local ttl = redis.call('PTTL', key)
   if ttl == -1 then
@@ -506,12 +513,15 @@ local function slidingLog(key, p, now, cost, maxreg)
   local count = n - cut
   local d = decision(p.limit)
   local need = verdictCost(cost)
+  local peek = function()
+    return slidingLog(key, p, now, 0, maxreg)
+  end
   if count + need > p.limit then
     -- The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
     d.remaining = math.max(p.limit - count, 0) -- count > Limit after a limit was lowered
     d.retry = logEntry(key, cut + count + need - p.limit - 1) + p.window - now
     d.reset = newest + p.window - now
-    return d, nil
+    return d, nil, peek
   end
   d.allowed = true
   d.remaining = p.limit - count - cost
@@ -521,9 +531,9 @@ local function slidingLog(key, p, now, cost, maxreg)
     d.reset = newest + p.window - now
   end
   if cost == 0 then
-    return d, nil
+    return d, nil, peek
   end
-  return d, {log = true, cut = cut, at = now, cost = cost, expires = now + p.window}
+  return d, {log = true, cut = cut, at = now, cost = cost, expires = now + p.window}, peek
 end
 
 ------------------------------------------------------------------------
@@ -581,7 +591,7 @@ local function main()
     end
   end
 
-  local reply, writes = {}, {}
+  local reply, writes, peeks, allowed = {}, {}, {}, {}
   local admitted = true
   for i = 1, n do
     local base = 3 + 5 * (i - 1)
@@ -593,13 +603,14 @@ local function main()
     checkParams(i, kind, p, cost)
     local d, w
     if kind == 2 then
-      d, w = slidingLog(KEYS[i], p, now, cost, maxreg)
+      d, w, peeks[i] = slidingLog(KEYS[i], p, now, cost, maxreg)
     else
-      d, w = decideHash(KEYS[i], kind, p, now, cost, maxreg)
+      d, w, peeks[i] = decideHash(KEYS[i], kind, p, now, cost, maxreg)
     end
     if not d.allowed then
       admitted = false
     end
+    allowed[i] = d.allowed
     writes[i] = w or false
     local k = 5 * (i - 1)
     reply[k + 1] = d.allowed and 1 or 0
@@ -607,6 +618,19 @@ local function main()
     reply[k + 3] = d.remaining
     reply[k + 4] = d.reset
     reply[k + 5] = d.retry
+  end
+  if not admitted and n > 1 then
+    -- Nothing is spent: a policy that would have admitted reports its
+    -- unspent state, as a peek does, still admitting the cost.
+    for i = 1, n do
+      if allowed[i] then
+        local d = peeks[i]()
+        local k = 5 * (i - 1)
+        reply[k + 3] = d.remaining
+        reply[k + 4] = d.reset
+        reply[k + 5] = 0
+      end
+    end
   end
   if admitted and cost > 0 then
     for i = 1, n do

@@ -258,6 +258,17 @@ func TestDifferential(t *testing.T) {
 				want[i] = statusOf(p, d)
 				admit = admit && d.Allowed
 			}
+			if !admit && len(ps) > 1 {
+				// memstore: the policies that would have admitted report
+				// their unspent state.
+				for i, p := range ps {
+					if want[i].Allowed {
+						prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
+						d := clone(ms[i]).decide(prm, now, 0)
+						want[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
+					}
+				}
+			}
 			if admit && cost > 0 {
 				for i, p := range ps {
 					ms[i].decide(algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}, now, cost)

@@ -1,0 +1,498 @@
+package redisstore_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+func TestSuiteStandalone(t *testing.T) {
+	c := standaloneClient(t)
+	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+	})
+}
+
+func TestSuiteCluster(t *testing.T) {
+	c := clusterClient(t)
+	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+	})
+}
+
+// TestConcurrent: 40 goroutines on one key, Redis TIME, admit exactly the
+// limit, for every algorithm.
+func TestConcurrent(t *testing.T) {
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			const limit, callers = 10, 40
+			p := policy(t, "conc", a, limit, time.Hour)
+			subj := subject(t)
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for range callers {
+				wg.Go(func() {
+					<-start
+					st, err := evaluate(context.Background(), s, subj, 1, p)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if st[0].Allowed {
+						admitted.Add(1)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if got := admitted.Load(); got != limit {
+				t.Fatalf("%d concurrent callers: %d admitted, want exactly %d", callers, got, limit)
+			}
+		})
+	}
+}
+
+// TestTwoProcesses: two OS processes sharing one Redis together admit
+// exactly the limit.
+func TestTwoProcesses(t *testing.T) {
+	standaloneClient(t) // starts the shared server
+	subj := subject(t)
+	var outs [2]strings.Builder
+	var cmds [2]*exec.Cmd
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"="+shared.standalone.Addr, "SLUICE_HELPER_SUBJECT="+subj, "SLUICE_HELPER_POLICY=procs")
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i] = cmd
+	}
+	total := 0
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("helper %d: %v\n%s", i, err, outs[i].String())
+		}
+		var n int
+		if _, err := fmt.Sscanf(outs[i].String(), "admitted %d", &n); err != nil {
+			t.Fatalf("helper %d said %q: %v", i, outs[i].String(), err)
+		}
+		total += n
+	}
+	if total != helperLimit {
+		t.Fatalf("two processes of %d calls each admitted %d together, want exactly the limit %d", helperCalls, total, helperLimit)
+	}
+}
+
+// TestScriptFlush: after SCRIPT FLUSH the next decision loads the script
+// again and succeeds, on a standalone server and on every cluster master.
+func TestScriptFlush(t *testing.T) {
+	ctx := context.Background()
+	t.Run("standalone", func(t *testing.T) {
+		c := standaloneClient(t)
+		s := newStore(t, c, redisstore.Options{})
+		p := policy(t, "flush", sluice.FixedWindow, 5, time.Minute)
+		subj := subject(t)
+		for i := range 3 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != int64(4-i) {
+				t.Fatalf("decision %d after SCRIPT FLUSH = %+v, want allowed, remaining %d", i, st[0], 4-i)
+			}
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := clusterClient(t)
+		s := newStore(t, c, redisstore.Options{})
+		p := policy(t, "flush", sluice.GCRA, 5, time.Minute)
+		if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.ScriptFlush(ctx).Err() }); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 30 { // subjects spread over every master
+			mustEvaluate(t, s, fmt.Sprint(subject(t), i), 1, p)
+		}
+		if err := s.Ready(ctx); err != nil {
+			t.Fatalf("Ready after reloads: %v", err)
+		}
+	})
+}
+
+// TestACL: a user allowed only EVALSHA, SCRIPT LOAD and the script's data
+// commands on the prefix can run every algorithm, NOSCRIPT included, and
+// the server never sees an EVAL.
+func TestACL(t *testing.T) {
+	ctx := context.Background()
+	a := redistest.ACL(t, "sluice:")
+	admin := a.AdminClient()
+	defer admin.Close()
+	user := a.UserClient()
+	defer user.Close()
+	s := newStore(t, user, redisstore.Options{})
+	var ps []*sluice.Policy
+	for _, alg := range algorithms {
+		ps = append(ps, policy(t, "acl-"+alg.String(), alg, 3, time.Minute))
+	}
+	subj := subject(t)
+	for i := range 4 {
+		if i == 2 {
+			if err := admin.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range ps {
+			mustEvaluate(t, s, subj, 1, p)
+		}
+		st := mustEvaluate(t, s, subj, 0, ps...)
+		if len(st) != len(ps) {
+			t.Fatalf("multi-policy peek = %+v", st)
+		}
+	}
+	if err := s.Ready(ctx); err != nil {
+		t.Fatalf("Ready as the restricted user: %v", err)
+	}
+	stats, err := admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stats, "cmdstat_eval:") {
+		t.Fatalf("INFO commandstats shows EVAL:\n%s", stats)
+	}
+	if !strings.Contains(stats, "cmdstat_evalsha:") {
+		t.Fatalf("INFO commandstats shows no EVALSHA:\n%s", stats)
+	}
+	// The user really is restricted: other keys and EVAL are refused.
+	if err := user.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("EVAL as the restricted user = %v, want NOPERM", err)
+	}
+	s2, err := redisstore.New(user, redisstore.Options{Prefix: "other:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = evaluate(ctx, s2, subj, 1, ps[0])
+	if !errors.Is(err, sluice.ErrBeforeSend) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Evaluate on a prefix the user may not touch = %v, want NOPERM wrapped as ErrBeforeSend", err)
+	}
+}
+
+// TestClusterMultiPolicy: every algorithm and all five together on a
+// cluster, for subjects in every slot range: no CROSSSLOT, all or nothing.
+func TestClusterMultiPolicy(t *testing.T) {
+	c := clusterClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	var ps []*sluice.Policy
+	for _, a := range algorithms {
+		ps = append(ps, policy(t, "cl-"+a.String(), a, 2, time.Minute))
+	}
+	for i := range 50 {
+		subj := fmt.Sprint(subject(t), i)
+		for _, p := range ps {
+			mustEvaluate(t, s, subj, 1, p)
+		}
+		st := mustEvaluate(t, s, subj, 1, ps...)
+		for j := range st {
+			if !st[j].Allowed {
+				t.Fatalf("subject %d: second unit on all five = %+v, want all allowed", i, st)
+			}
+		}
+		st = mustEvaluate(t, s, subj, 1, ps...)
+		for j := range st {
+			if st[j].Allowed || st[j].Remaining != 0 {
+				t.Fatalf("subject %d: third unit on all five = %+v, want all denied", i, st)
+			}
+		}
+	}
+}
+
+// TestEveryKeyHasTTL: after a random run, every key the store wrote has a
+// positive PTTL.
+func TestEveryKeyHasTTL(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	prefix := fmt.Sprintf("ttl%x:", rand.Uint32())
+	s := newStore(t, c, redisstore.Options{Prefix: prefix})
+	r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	for i := range 500 {
+		var ps []*sluice.Policy
+		for j := range 1 + r.IntN(3) {
+			ps = append(ps, randomPolicy(r, fmt.Sprint("t", j), algorithms[r.IntN(len(algorithms))]))
+		}
+		cost := randomCost(r, ps[0])
+		for _, p := range ps {
+			cost = min(cost, p.MaxCost)
+		}
+		mustEvaluate(t, s, fmt.Sprint("subj", i%37), cost, ps...)
+	}
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		t.Fatal("the random run wrote no key")
+	}
+	expired := 0
+	for _, k := range keys {
+		// -2 (gone) is fine: a key of a 1ms window may expire meanwhile.
+		ttl, err := c.Do(ctx, "PTTL", k).Int64()
+		switch {
+		case err != nil || ttl == -1 || ttl < -2:
+			t.Errorf("PTTL %s = %v, %v, want a TTL", k, ttl, err)
+		case ttl == -2:
+			expired++
+		}
+	}
+	t.Logf("%d keys, all with a TTL (%d expired meanwhile)", len(keys), expired)
+}
+
+// TestCorruptState: state the script did not write is Incompatible with a
+// reason, never silently reset, and nothing is written.
+func TestCorruptState(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	for _, tc := range []struct {
+		name string
+		alg  sluice.Algorithm
+		harm func(key string) error
+		want string
+	}{
+		{"string", sluice.FixedWindow, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "is not a hash"},
+		{"non-integer", sluice.FixedWindow, func(k string) error { return c.HSet(ctx, k, "c", "1.5").Err() }, "field c"},
+		{"negative", sluice.GCRA, func(k string) error { return c.HSet(ctx, k, "a", "-3").Err() }, "field a"},
+		{"no TTL", sluice.TokenBucket, func(k string) error { return c.Persist(ctx, k).Err() }, "has no TTL"},
+		{"missing field", sluice.SlidingWindow, func(k string) error { return c.HDel(ctx, k, "p").Err() }, "field p is missing"},
+		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "is not a list"},
+		{"log entry", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "soon").Err() }, "entry"},
+		{"log no TTL", sluice.SlidingLog, func(k string) error { return c.Persist(ctx, k).Err() }, "has no TTL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := policy(t, "corrupt", tc.alg, 5, time.Minute)
+			other := policy(t, "fine", sluice.FixedWindow, 5, time.Minute)
+			subj := subject(t)
+			mustEvaluate(t, s, subj, 1, p, other)
+			key := s.Key(subj, p)
+			if err := tc.harm(key); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := c.HGetAll(ctx, s.Key(subj, other)).Result()
+			_, err := evaluate(ctx, s, subj, 1, other, p)
+			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate over %s = %v, want ErrCorruptState saying %q", tc.name, err, tc.want)
+			}
+			after, _ := c.HGetAll(ctx, s.Key(subj, other)).Result()
+			if fmt.Sprint(before) != fmt.Sprint(after) {
+				t.Fatalf("the other policy's state changed from %v to %v: a failed decision wrote", before, after)
+			}
+			// Through a Limiter it is an Incompatible outcome.
+			l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Incompatible {
+				t.Fatalf("Check over corrupt state = %+v, want Incompatible", o)
+			}
+		})
+	}
+}
+
+// TestClockUnsafe: in caller-clock mode a caller further behind the newest
+// write than MaxClockRegression is refused and changes nothing; within the
+// bound the earlier time counts as the later one.
+func TestClockUnsafe(t *testing.T) {
+	c := standaloneClient(t)
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: time.Second})
+	for _, a := range algorithms {
+		t.Run(a.String(), func(t *testing.T) {
+			p := policy(t, "clock", a, 5, time.Minute)
+			subj := subject(t)
+			clock.Set(sluicetest.Start)
+			mustEvaluate(t, s, subj, 2, p)
+			clock.Set(sluicetest.Start.Add(-999 * time.Millisecond))
+			st := mustEvaluate(t, s, subj, 1, p)
+			if !st[0].Allowed || st[0].Remaining > 2 {
+				// gcra counts an earlier now as a longer debt: fewer remain.
+				t.Fatalf("within the bound = %+v, want allowed, remaining at most 2", st[0])
+			}
+			clock.Set(sluicetest.Start.Add(-1001 * time.Millisecond))
+			_, err := evaluate(context.Background(), s, subj, 1, p)
+			if !errors.Is(err, sluice.ErrClockUnsafe) {
+				t.Fatalf("1.001s behind = %v, want ErrClockUnsafe", err)
+			}
+			clock.Set(sluicetest.Start)
+			before := mustEvaluate(t, s, subj, 0, p)[0]
+			clock.Set(sluicetest.Start.Add(-1001 * time.Millisecond))
+			if _, err := evaluate(context.Background(), s, subj, 1, p); !errors.Is(err, sluice.ErrClockUnsafe) {
+				t.Fatalf("1.001s behind again = %v, want ErrClockUnsafe", err)
+			}
+			clock.Set(sluicetest.Start)
+			if after := mustEvaluate(t, s, subj, 0, p)[0]; after != before {
+				t.Fatalf("peek after the refused call = %+v, want %+v (nothing spent)", after, before)
+			}
+		})
+	}
+}
+
+// TestDoneContext: a context already done returns its error, bare, and
+// sends nothing.
+func TestDoneContext(t *testing.T) {
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := evaluate(ctx, s, subject(t), 1, policy(t, "done", sluice.FixedWindow, 1, time.Minute))
+	if err != context.Canceled {
+		t.Fatalf("Evaluate with a canceled context = %v, want context.Canceled itself", err)
+	}
+}
+
+// TestStoppedServer: with the server gone, the decision fails before send.
+func TestStoppedServer(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	s := newStore(t, c, redisstore.Options{})
+	p := policy(t, "stopped", sluice.FixedWindow, 5, time.Minute)
+	subj := subject(t)
+	mustEvaluate(t, s, subj, 1, p)
+	srv.Stop()
+	for i := range 3 {
+		_, err := evaluate(context.Background(), s, subj, 1, p)
+		if !errors.Is(err, sluice.ErrBeforeSend) {
+			t.Fatalf("call %d to a stopped server = %v, want ErrBeforeSend", i, err)
+		}
+	}
+	if err := s.Ready(context.Background()); err == nil {
+		t.Fatal("Ready with the server stopped = nil, want an error")
+	}
+}
+
+// TestNoReply: a peer that accepts the command and never answers yields
+// ErrIndeterminate within the store's timeout.
+func TestNoReply(t *testing.T) {
+	standaloneClient(t) // starts the shared server
+	proxy := newBlackholeProxy(t, shared.standalone.Addr)
+	pc := redis.NewClient(&redis.Options{Addr: proxy.addr, ContextTimeoutEnabled: true, MaxRetries: 3})
+	defer pc.Close()
+	const timeout = 300 * time.Millisecond
+	s := newStore(t, pc, redisstore.Options{Timeout: timeout})
+	p := policy(t, "noreply", sluice.FixedWindow, 5, time.Minute)
+	subj := subject(t)
+	mustEvaluate(t, s, subj, 1, p) // the connection is up, the script loaded
+	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.swallow.Store(true)
+	start := time.Now()
+	o := l.Check(context.Background(), sluice.Request{Policy: "noreply", Subject: subj})
+	took := time.Since(start)
+	if o.Kind != sluice.Indeterminate || !errors.Is(o.Err, sluice.ErrIndeterminate) {
+		t.Fatalf("Check with no reply = %+v, want Indeterminate wrapping ErrIndeterminate", o)
+	}
+	if took > timeout+time.Second {
+		t.Fatalf("Check with no reply took %v, want about the %v timeout", took, timeout)
+	}
+	if n := proxy.swallowed.Load(); n != 1 {
+		t.Fatalf("the peer received %d commands, want 1: go-redis must not resend a script call", n)
+	}
+}
+
+// blackholeProxy forwards to a Redis server until swallow is set; from then
+// on it accepts and reads commands but never answers.
+type blackholeProxy struct {
+	addr      string
+	swallow   atomic.Bool
+	swallowed atomic.Int64 // commands received while swallowing
+}
+
+func newBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &blackholeProxy{addr: l.Addr().String()}
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
+	conns.Go(func() {
+		for {
+			down, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, down, up)
+			mu.Unlock()
+			conns.Go(func() { io.Copy(down, up) })
+			conns.Go(func() {
+				rd := bufio.NewReader(down)
+				for {
+					// Read one RESP array command: *N then N bulk strings.
+					line, err := rd.ReadString('\n')
+					if err != nil {
+						return
+					}
+					n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+					cmd := []byte(line)
+					for range n {
+						head, err := rd.ReadString('\n')
+						if err != nil {
+							return
+						}
+						size, _ := strconv.Atoi(strings.TrimSpace(head[1:]))
+						body := make([]byte, size+2)
+						if _, err := io.ReadFull(rd, body); err != nil {
+							return
+						}
+						cmd = append(append(cmd, head...), body...)
+					}
+					if p.swallow.Load() {
+						p.swallowed.Add(1)
+						continue
+					}
+					if _, err := up.Write(cmd); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return p
+}
