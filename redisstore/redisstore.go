@@ -46,6 +46,11 @@
 // go-redis's MaxRetries never replays a decision whose reply was lost
 // (which could spend twice); only NOSCRIPT, which proves the script did not
 // run, is retried, once, after SCRIPT LOAD on that node.
+//
+// Not yet implemented: refunds (Evaluation.Refund is refused with
+// sluice.ErrNotRefundable, nothing spent) and deduplication by
+// Evaluation.EvaluationID (ignored: a retry after an Indeterminate outcome
+// may spend again).
 package redisstore
 
 import (
@@ -306,6 +311,10 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	if err := sluice.CheckSubject(ev.Subject); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
+	}
+	if ev.Refund {
+		// Refusing is safe; spending instead of refunding would not be.
+		return fmt.Errorf("redisstore: %w: the Redis store does not implement refunds yet", sluice.ErrNotRefundable)
 	}
 	args := make([]any, 0, 3+n+3+5*n)
 	args = append(args, "evalsha", decideSHA, strconv.Itoa(n))

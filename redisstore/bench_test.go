@@ -1,0 +1,102 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// TestMemoryUsage measures, with MEMORY USAGE, the bytes one subject's
+// state takes per algorithm after typical use, and logs a table (go test
+// -v -run TestMemoryUsage). It asserts only that every state is small.
+func TestMemoryUsage(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	cases := []struct {
+		name  string
+		alg   sluice.Algorithm
+		limit int64
+		spend int64 // units admitted, one request each
+	}{
+		{"fixed_window, after 1 request", sluice.FixedWindow, 100, 1},
+		{"sliding_window, after 1 request", sluice.SlidingWindow, 100, 1},
+		{"token_bucket, after 1 request", sluice.TokenBucket, 100, 1},
+		{"gcra, after 1 request", sluice.GCRA, 100, 1},
+		{"sliding_log, 1 entry", sluice.SlidingLog, 1000, 1},
+		{"sliding_log, 100 entries", sluice.SlidingLog, 1000, 100},
+		{"sliding_log, 1000 entries", sluice.SlidingLog, 1000, 1000},
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| state (subject of 43 bytes, policy id %q) | key bytes | MEMORY USAGE bytes |\n|---|---|---|\n", "api")
+	for i, tc := range cases {
+		p := policy(t, "api", tc.alg, tc.limit, time.Hour)
+		subj := fmt.Sprintf("k1.%040d", i) // a pseudonym's length
+		key := s.Key(subj, p)
+		c.Del(ctx, key)
+		for range tc.spend {
+			mustEvaluate(t, s, subj, 1, p)
+		}
+		n, err := c.MemoryUsage(ctx, key, 0).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&table, "| %s | %d | %d |\n", tc.name, len(key), n)
+		if n > 64*tc.spend+200 {
+			t.Errorf("%s: MEMORY USAGE %d bytes, more than expected", tc.name, n)
+		}
+	}
+	t.Log(table.String())
+}
+
+// BenchmarkEvaluate measures one decision per algorithm on the shared
+// standalone server, serially and from 64 concurrent callers
+// (b.SetParallelism(64 / GOMAXPROCS)), each caller on its own subject.
+func BenchmarkEvaluate(b *testing.B) {
+	c := standaloneClient(b)
+	s := newStore(b, c, redisstore.Options{})
+	for _, a := range algorithms {
+		limit := int64(1_000_000)
+		if a == sluice.SlidingLog {
+			limit = 100_000 // its most: the log keeps one entry per admitted unit
+		}
+		p := policy(b, "bench", a, limit, time.Second)
+		b.Run(a.String()+"/serial", func(b *testing.B) {
+			subj := subject(b)
+			ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.Evaluate(context.Background(), ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+		})
+		b.Run(a.String()+"/parallel64", func(b *testing.B) {
+			procs := runtime.GOMAXPROCS(0)
+			b.SetParallelism(max(64/procs, 1))
+			var seq atomic.Int64
+			base := subject(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				ev := &sluice.Evaluation{Subject: fmt.Sprint(base, seq.Add(1)), Policies: []*sluice.Policy{p}, Cost: 1}
+				for pb.Next() {
+					if err := s.Evaluate(context.Background(), ev); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+		})
+	}
+}
