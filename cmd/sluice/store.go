@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // storeHandle is a store built from the config with what serve needs
@@ -30,7 +33,51 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		return &storeHandle{store: ms, close: ms.Close}, nil
 	case config.StoreRedis:
-		return nil, errors.New("store type redis: not built into this binary yet")
+		client, err := newRedisClient(cfg.Store.Redis, getenv)
+		if err != nil {
+			return nil, fmt.Errorf("store type redis: %w", err)
+		}
+		rs, err := redisstore.New(client, redisstore.Options{})
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("store type redis: %w", err)
+		}
+		return &storeHandle{store: rs, ready: []server.Check{rs.Ready}, close: func() error {
+			return errors.Join(rs.Close(), client.Close())
+		}}, nil
 	}
 	return nil, fmt.Errorf("store type %q: unknown", cfg.Store.Type)
+}
+
+// newRedisClient connects as the config says: a redis:// or rediss:// URL
+// (TLS for rediss), or addrs of a cluster or of sentinels. The password
+// comes from the environment. Context deadlines bound every call.
+func newRedisClient(rc *config.Redis, getenv func(string) string) (redis.UniversalClient, error) {
+	if rc == nil {
+		return nil, errors.New("store.redis is missing")
+	}
+	password, err := rc.Password(getenv)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rc.URL != "":
+		opts, err := redis.ParseURL(rc.URL)
+		if err != nil {
+			return nil, fmt.Errorf("store.redis.url: %w", err)
+		}
+		if rc.Username != "" {
+			opts.Username = rc.Username
+		}
+		if password != "" {
+			opts.Password = password
+		}
+		opts.ContextTimeoutEnabled = true
+		return redis.NewClient(opts), nil
+	case rc.Mode == config.ModeCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true}), nil
+	case rc.Mode == config.ModeSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true}), nil
+	}
+	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
 }
