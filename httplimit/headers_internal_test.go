@@ -5,22 +5,23 @@ import (
 	"time"
 )
 
-func TestAppendSFList(t *testing.T) {
-	tests := []struct {
-		name  string
-		items []sfItem
-		want  string
-	}{
-		{"one", []sfItem{{"api", []sfParam{{"q", 100}, {"w", 60}}}}, `"api";q=100;w=60`},
-		{"two", []sfItem{{"a", []sfParam{{"r", 0}}}, {"b", nil}}, `"a";r=0, "b"`},
-		{"escapes", []sfItem{{`a"b\c`, nil}}, `"a\"b\\c"`},
-		{"non-printable replaced", []sfItem{{"a\x01\u00e9", nil}}, `"a???"`},
-		{"integer clamped", []sfItem{{"x", []sfParam{{"t", 1 << 62}}}}, `"x";t=999999999999999`},
-		{"empty", nil, ``},
+func TestAppendSFString(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"api", `"api"`},
+		{`a"b\c`, `"a\"b\\c"`},
+		{"a\x01\u00e9", `"a???"`},
+		{"", `""`},
+	} {
+		if got := string(appendSFString(nil, tt.in)); got != tt.want {
+			t.Errorf("appendSFString(%q) = %s, want %s", tt.in, got, tt.want)
+		}
 	}
-	for _, tt := range tests {
-		if got := string(appendSFList(nil, tt.items)); got != tt.want {
-			t.Errorf("%s: appendSFList(%v) = %s, want %s", tt.name, tt.items, got, tt.want)
+}
+
+func TestAppendSFIntegerClamps(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", -7: "-7", 1 << 62: "999999999999999", -1 << 62: "-999999999999999"} {
+		if got := string(appendSFInteger(nil, n)); got != want {
+			t.Errorf("appendSFInteger(%d) = %s, want %s", n, got, want)
 		}
 	}
 }

@@ -392,7 +392,7 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 	if len(rt.Policies) == 0 {
 		return nil, errors.New("policies: at least one is required")
 	}
-	var items []sfItem
+	var field []byte
 	for j, id := range rt.Policies {
 		p, ok := m.limiter.Policy(id)
 		if !ok {
@@ -417,9 +417,12 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 				c.mode = sluice.FailLocal
 			}
 		}
-		items = append(items, sfItem{str: id, params: []sfParam{{"q", p.Limit}, {"w", ceilSeconds(p.Window)}}})
+		if j > 0 {
+			field = append(field, ", "...)
+		}
+		field = AppendPolicyItem(field, p)
 	}
-	c.policyField = string(appendSFList(nil, items))
+	c.policyField = string(field)
 	return c, nil
 }
 
@@ -597,7 +600,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	case 0:
 		next.ServeHTTP(w, r)
 	case http.StatusTooManyRequests:
-		retry := max(ceilSeconds(decided.RetryAfter), 1)
+		retry := RetryAfterSeconds(decided.RetryAfter)
 		h.Set("Retry-After", fmt.Sprint(retry))
 		writeProblem(w, d.Status, problem{
 			Type:             QuotaExceededType,

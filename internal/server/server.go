@@ -29,6 +29,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -111,7 +112,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	}
 	for _, id := range lim.Policies() {
 		p, _ := lim.Policy(id)
-		s.policyField[id] = string(appendPolicyItem(nil, &p))
+		s.policyField[id] = string(httplimit.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST /v1/check", s.check)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -328,23 +329,16 @@ func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o slu
 				b = append(b, s.policyField[id]...)
 			}
 			h["Ratelimit-Policy"] = []string{string(b)}
-			b = b[:0]
-			for i := range o.Statuses {
-				if i > 0 {
-					b = append(b, ", "...)
-				}
-				b = appendLimitItem(b, &o.Statuses[i])
-			}
 		} else {
 			h["Ratelimit-Policy"] = []string{s.policyField[o.Policy]}
-			b = appendLimitItem(b, &o.Status)
 		}
+		b = httplimit.AppendLimitField(b[:0], o)
 		h["Ratelimit"] = []string{string(b)}
 		*bp = b
 	}
 	switch code {
 	case http.StatusTooManyRequests:
-		h["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(o.RetryAfter), 10)}
+		h["Retry-After"] = []string{strconv.FormatInt(httplimit.RetryAfterSeconds(o.RetryAfter), 10)}
 	case http.StatusServiceUnavailable:
 		h["Retry-After"] = []string{"1"}
 	}
@@ -410,12 +404,6 @@ func ceilDiv(d, unit time.Duration) int64 {
 		return 0
 	}
 	return int64((d + unit - 1) / unit)
-}
-
-// retryAfterSeconds is the Retry-After value for d: whole seconds,
-// rounded up, at least 1.
-func retryAfterSeconds(d time.Duration) int64 {
-	return max(1, ceilDiv(d, time.Second))
 }
 
 const hexDigits = "0123456789abcdef"

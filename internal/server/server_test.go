@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/internal/sfparse"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 	"github.com/sluicehq/sluice/subject"
@@ -48,6 +49,33 @@ type status struct {
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	Approximate  bool   `json:"approximate"`
 	Reason       string `json:"reason"`
+}
+
+// sfItem and sfParam are what the RateLimit fields parse into.
+type (
+	sfItem  = sfparse.Member
+	sfParam = sfparse.Param
+)
+
+// mustParseList parses the one field line of name in h as an RFC 9651
+// List with at least one member, as the draft requires.
+func mustParseList(t *testing.T, h http.Header, name string) []sfItem {
+	t.Helper()
+	lines := h.Values(name)
+	if len(lines) != 1 {
+		t.Fatalf("%s: %d field lines %q, want 1", name, len(lines), lines)
+	}
+	items, err := sfparse.ParseList(lines[0])
+	if err != nil || len(items) == 0 {
+		t.Fatalf("%s: %q: %v, want a non-empty list", name, lines[0], err)
+	}
+	return items
+}
+
+// param returns the value of the parameter key of it, nil when absent.
+func param(it sfItem, key string) any {
+	v, _ := it.Param(key)
+	return v
 }
 
 // fixture is a server on a real loopback socket over memstore and a fake
@@ -143,11 +171,11 @@ func TestFixedWindowFourChecks(t *testing.T) {
 		if diff := cmp.Diff(want, a); diff != "" {
 			t.Errorf("check #%d: answer mismatch (-want +got):\n%s", i+1, diff)
 		}
-		wantPolicy := []sfItem{{Value: "demo", Params: []sfParam{{"q", int64(3)}, {"w", int64(10)}}}}
+		wantPolicy := []sfItem{{Value: "demo", Params: []sfParam{{Key: "q", Value: int64(3)}, {Key: "w", Value: int64(10)}}}}
 		if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
 			t.Errorf("check #%d: RateLimit-Policy mismatch (-want +got):\n%s", i+1, diff)
 		}
-		wantLimit := []sfItem{{Value: "demo", Params: []sfParam{{"r", wantRemaining}, {"t", int64(10)}}}}
+		wantLimit := []sfItem{{Value: "demo", Params: []sfParam{{Key: "r", Value: wantRemaining}, {Key: "t", Value: int64(10)}}}}
 		if diff := cmp.Diff(wantLimit, mustParseList(t, resp.Header, "RateLimit")); diff != "" {
 			t.Errorf("check #%d: RateLimit mismatch (-want +got):\n%s", i+1, diff)
 		}
@@ -181,7 +209,7 @@ func TestRetryAfterFollowsTheClock(t *testing.T) {
 	if got := resp.Header.Get("Retry-After"); got != "8" {
 		t.Errorf("Retry-After = %q, want 8 (7.5s rounded up)", got)
 	}
-	if got := mustParseList(t, resp.Header, "RateLimit")[0].param("t"); got != int64(8) {
+	if got := param(mustParseList(t, resp.Header, "RateLimit")[0], "t"); got != int64(8) {
 		t.Errorf("RateLimit t = %v, want 8 (7.5s rounded up)", got)
 	}
 	f.clock.Advance(7500 * time.Millisecond)
@@ -204,7 +232,7 @@ func TestDurationsRoundUp(t *testing.T) {
 	if got := resp.Header.Get("Retry-After"); got != "1" {
 		t.Errorf("Retry-After = %q, want 1 (at least one second)", got)
 	}
-	wantPolicy := []sfItem{{Value: "tiny", Params: []sfParam{{"q", int64(1)}}}}
+	wantPolicy := []sfItem{{Value: "tiny", Params: []sfParam{{Key: "q", Value: int64(1)}}}}
 	if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
 		t.Errorf("RateLimit-Policy of a sub-second window leaves out w (-want +got):\n%s", diff)
 	}
@@ -324,15 +352,16 @@ func TestSeveralPolicies(t *testing.T) {
 		t.Errorf("fourth check: answer mismatch (-want +got):\n%s", diff)
 	}
 	wantPolicy := []sfItem{
-		{Value: "login", Params: []sfParam{{"q", int64(5)}, {"w", int64(60)}}},
-		{Value: "demo", Params: []sfParam{{"q", int64(3)}, {"w", int64(10)}}},
+		{Value: "login", Params: []sfParam{{Key: "q", Value: int64(5)}, {Key: "w", Value: int64(60)}}},
+		{Value: "demo", Params: []sfParam{{Key: "q", Value: int64(3)}, {Key: "w", Value: int64(10)}}},
 	}
 	if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
 		t.Errorf("RateLimit-Policy mismatch (-want +got):\n%s", diff)
 	}
+	// RateLimit names the denying policy first (httplimit.AppendLimitField).
 	wantLimit := []sfItem{
-		{Value: "login", Params: []sfParam{{"r", int64(2)}, {"t", int64(60)}}},
-		{Value: "demo", Params: []sfParam{{"r", int64(0)}, {"t", int64(10)}}},
+		{Value: "demo", Params: []sfParam{{Key: "r", Value: int64(0)}, {Key: "t", Value: int64(10)}}},
+		{Value: "login", Params: []sfParam{{Key: "r", Value: int64(2)}, {Key: "t", Value: int64(60)}}},
 	}
 	if diff := cmp.Diff(wantLimit, mustParseList(t, resp.Header, "RateLimit")); diff != "" {
 		t.Errorf("RateLimit mismatch (-want +got):\n%s", diff)
