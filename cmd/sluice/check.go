@@ -18,15 +18,17 @@ func (a *app) check(ctx context.Context, args []string) error {
 	var (
 		base, policy, subj, evalID string
 		cost                       int64
+		refund                     bool
 		timeout                    time.Duration
 	)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
 	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
 	fs.StringVar(&subj, "subject", "", "whose budget to spend (required); the server pseudonymizes it")
 	fs.Int64Var(&cost, "cost", 1, "units to spend; 0 peeks without spending")
+	fs.BoolVar(&refund, "refund", false, "give --cost units back instead of spending them")
 	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
-	if err := a.parseFlags(fs, "sluice check [--url URL] --policy ID --subject SUBJECT [--cost N]", args); err != nil {
+	if err := a.parseFlags(fs, "sluice check [--url URL] --policy ID --subject SUBJECT [--cost N] [--refund]", args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
 		}
@@ -40,8 +42,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 		Policies     []string `json:"policies,omitempty"`
 		Subject      string   `json:"subject"`
 		Cost         *int64   `json:"cost,omitempty"`
+		Refund       bool     `json:"refund,omitempty"`
 		EvaluationID string   `json:"evaluation_id,omitempty"`
-	}{Subject: subj, EvaluationID: evalID}
+	}{Subject: subj, Refund: refund, EvaluationID: evalID}
 	if ids := strings.Split(policy, ","); len(ids) > 1 {
 		body.Policies = ids
 	} else {

@@ -25,7 +25,7 @@ Usage:
         example config on 127.0.0.1:8080 with the embedded store.
   sluice validate --config FILE
         Check a config file; print "ok" or the line-numbered reason.
-  sluice check [--url URL] --policy ID --subject SUBJECT [--cost N]
+  sluice check [--url URL] --policy ID --subject SUBJECT [--cost N] [--refund]
         Ask a running server once and print its JSON answer. Exits 0 when
         allowed, 1 when denied, 2 otherwise.
   sluice version

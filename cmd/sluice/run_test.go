@@ -189,6 +189,12 @@ func TestCheckCommand(t *testing.T) {
 			t.Errorf("check #4 printed %q, want the denied answer", out)
 		}
 	}
+	if code, out := check("--refund"); code != 0 || !strings.Contains(out, `"remaining":1`) {
+		t.Fatalf("check --refund = %d %q, want 0 with remaining 1", code, out)
+	}
+	if code, _ := check(); code != 0 {
+		t.Fatalf("check after the refund: exit %d, want 0", code)
+	}
 	if code, out := check("--cost", "4"); code != 2 || !strings.Contains(out, `"outcome":"incompatible"`) {
 		t.Errorf("check --cost 4 = %d %q, want 2 with the incompatible answer", code, out)
 	}

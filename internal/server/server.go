@@ -4,7 +4,14 @@
 // The check API answers one JSON object per request:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
-//	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,"reason":""}
+//	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
+//	 "reason":"","replayed":false}
+//
+// "replayed" is always present: true when the answer is the remembered
+// first decision of the request's evaluation_id and nothing was spent this
+// time. A request with "refund": true gives cost units back instead of
+// spending them (422 for a policy whose algorithm cannot refund, such as
+// sliding_window).
 //
 // with status 200 (allowed), 429 (denied), 503 (unavailable or
 // indeterminate), 400 (malformed request), 404 (unknown policy) or 422
@@ -140,6 +147,8 @@ type logWriter struct {
 	policy   string // the policy, or the policies joined by ","
 	pseudo   string // the pseudonymous subject, never the raw one
 	cost     int64
+	refund   bool
+	replayed bool
 	outcome  string
 	reason   string
 	hasCheck bool
@@ -176,6 +185,12 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 	)
 	if lw.hasCheck {
 		attrs = append(attrs, slog.String("policy", lw.policy), slog.String("subject", lw.pseudo), slog.Int64("cost", lw.cost), slog.String("outcome", lw.outcome))
+		if lw.refund {
+			attrs = append(attrs, slog.Bool("refund", true))
+		}
+		if lw.replayed {
+			attrs = append(attrs, slog.Bool("replayed", true))
+		}
 	}
 	if lw.reason != "" {
 		attrs = append(attrs, slog.String("reason", lw.reason))
@@ -214,6 +229,7 @@ type checkRequest struct {
 	Policies     []string `json:"policies"`
 	Subject      *string  `json:"subject"`
 	Cost         *int64   `json:"cost"`
+	Refund       bool     `json:"refund"`
 	EvaluationID string   `json:"evaluation_id"`
 }
 
@@ -240,6 +256,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 			lw.policy = strings.Join(in.Policies, ",")
 		}
 		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), o.Reason()
+		lw.refund, lw.replayed = req.Refund, o.Replayed
 	}
 	s.answer(w, &in, code, o, o.Reason())
 }
@@ -282,6 +299,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		Policies:     in.Policies,
 		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
 		Cost:         1,
+		Refund:       in.Refund,
 		EvaluationID: in.EvaluationID,
 	}
 	if in.Cost != nil {
@@ -360,6 +378,8 @@ func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
 	b = appendStatusFields(b, &o.Status)
 	b = append(b, `,"reason":`...)
 	b = appendString(b, reason)
+	b = append(b, `,"replayed":`...)
+	b = strconv.AppendBool(b, o.Replayed)
 	if len(o.Statuses) > 0 {
 		b = append(b, `,"statuses":[`...)
 		for i := range o.Statuses {

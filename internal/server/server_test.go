@@ -36,6 +36,7 @@ type answer struct {
 	RetryAfterMS int64    `json:"retry_after_ms"`
 	Approximate  bool     `json:"approximate"`
 	Reason       string   `json:"reason"`
+	Replayed     *bool    `json:"replayed"` // a pointer, to see that it is always there
 	Statuses     []status `json:"statuses"`
 }
 
@@ -145,6 +146,14 @@ func (f *fixture) post(t *testing.T, body string) (*http.Response, answer) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&a); err != nil {
 		t.Fatalf("POST /v1/check %s: body %q: %v", body, raw, err)
+	}
+	if a.Replayed == nil {
+		t.Fatalf("POST /v1/check %s: body %q has no replayed field", body, raw)
+	}
+	replayed := *a.Replayed
+	a.Replayed = nil
+	if replayed {
+		a.Replayed = &replayed // only a true value stays, so tests compare answers without it
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("POST /v1/check %s: Content-Type = %q, want application/json", body, ct)
@@ -566,16 +575,57 @@ func (b *syncBuffer) String() string {
 }
 
 // TestEvaluationIDReplays checks that a retry with the same evaluation_id
-// gets the first answer without spending again.
+// gets the first answer without spending again, marked replayed.
 func TestEvaluationIDReplays(t *testing.T) {
 	f := newFixture(t, demoPolicies, server.Options{})
 	const body = `{"policy":"demo","subject":"alice","evaluation_id":"order-42"}`
 	for i := 0; i < 3; i++ {
-		if resp, a := f.post(t, body); resp.StatusCode != 200 || a.Remaining != 2 {
+		resp, a := f.post(t, body)
+		if resp.StatusCode != 200 || a.Remaining != 2 {
 			t.Fatalf("check #%d with evaluation_id order-42: %d %+v, want 200 with remaining 2", i+1, resp.StatusCode, a)
 		}
+		if got, want := a.Replayed != nil, i > 0; got != want {
+			t.Errorf("check #%d with evaluation_id order-42: replayed = %v, want %v", i+1, got, want)
+		}
+	}
+	if !strings.Contains(f.logs.String(), "replayed=true") {
+		t.Errorf("the log does not mark the replays:\n%s", f.logs.String())
 	}
 	if resp, a := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != 200 || a.Remaining != 1 {
 		t.Errorf("check without an id after the replays: %d %+v, want 200 with remaining 1", resp.StatusCode, a)
+	}
+}
+
+func TestRefund(t *testing.T) {
+	policies := append(append([]sluice.Policy(nil), demoPolicies...),
+		sluice.Policy{ID: "broad", Algorithm: sluice.SlidingWindow, Limit: 100, Window: time.Minute})
+	f := newFixture(t, policies, server.Options{})
+	for i := 0; i < 3; i++ {
+		f.post(t, `{"policy":"demo","subject":"alice"}`)
+	}
+	if resp, _ := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != 429 {
+		t.Fatalf("fourth check: status %d, want 429", resp.StatusCode)
+	}
+	resp, a := f.post(t, `{"policy":"demo","subject":"alice","refund":true,"cost":2}`)
+	if resp.StatusCode != 200 || a.Outcome != "allowed" || a.Remaining != 2 {
+		t.Fatalf("refund of 2: %d %+v, want 200 allowed with remaining 2", resp.StatusCode, a)
+	}
+	for i, want := range []int{200, 200, 429} {
+		if resp, _ := f.post(t, `{"policy":"demo","subject":"alice"}`); resp.StatusCode != want {
+			t.Fatalf("check #%d after the refund: status %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	// A refund never raises remaining above the limit.
+	if _, a := f.post(t, `{"policy":"demo","subject":"bob","refund":true,"cost":3}`); a.Remaining != 3 {
+		t.Errorf("refund to an untouched subject: remaining %d, want 3", a.Remaining)
+	}
+	// sliding_window units cannot be given back exactly: 422 with the reason.
+	f.check(t, `{"policy":"broad","subject":"alice","refund":true}`, 422, "refund not supported")
+	f.check(t, `{"policies":["demo","broad"],"subject":"alice","refund":true}`, 422, "refund not supported")
+	// A refund of nothing is a peek and a refund at once.
+	f.check(t, `{"policy":"demo","subject":"alice","refund":true,"cost":0}`, 400, "a peek or a refund, not both")
+	f.check(t, `{"policy":"demo","subject":"alice","refund":"yes"}`, 400, "malformed JSON")
+	if !strings.Contains(f.logs.String(), "refund=true") {
+		t.Errorf("the log does not mark the refund:\n%s", f.logs.String())
 	}
 }
