@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -214,6 +215,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		}
 		if l := sh.dedupe[dk]; l != nil {
 			if r, ok := l.records[dedupeID]; ok && r.expires > now {
+				if len(r.statuses) != len(ev.Policies) {
+					return fmt.Errorf("memstore: %w: evaluation id %q was first used with %d policies, now with %d", sluice.ErrInvalidRequest, ev.EvaluationID, len(r.statuses), len(ev.Policies))
+				}
 				ev.Statuses = append(ev.Statuses, r.statuses...)
 				ev.Replayed = true
 				return nil
@@ -269,9 +273,14 @@ func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id stri
 		l = &dedupeLog{records: make(map[string]dedupeRecord)}
 		sh.dedupe[dk] = l
 	}
-	if _, ok := l.records[id]; !ok {
-		l.order = append(l.order, id)
+	// Forget expired records first. A live id would have been replayed, so
+	// id is new or expired, and goes to the back.
+	l.prune(now, p.DedupeMax)
+	if _, stale := l.records[id]; stale {
+		// Expired but behind a longer-lived record (DedupeTTL changed).
+		l.order = slices.DeleteFunc(l.order, func(x string) bool { return x == id })
 	}
+	l.order = append(l.order, id)
 	l.records[id] = dedupeRecord{expires: now + p.DedupeTTL.Microseconds(), statuses: append([]sluice.Status(nil), statuses...)}
 	l.prune(now, p.DedupeMax)
 }
