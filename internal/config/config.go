@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	pathpkg "path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,6 +42,17 @@ const (
 // DefaultListen is the address sluice serve listens on when the config
 // names none.
 const DefaultListen = "127.0.0.1:8080"
+
+// DefaultProxyListen is the address the reverse proxy listens on when
+// proxy.listen is absent. The proxy has an address of its own so that
+// every path reaches the upstream (none is shadowed by /v1/check,
+// /metrics or the health checks) and the check API and metrics can stay
+// on a private interface while the proxy faces clients.
+const DefaultProxyListen = "127.0.0.1:8090"
+
+// DefaultLocalShare is the share of each failure_mode: local policy the
+// proxy's local fallback holds when proxy.local_share is absent.
+const DefaultLocalShare = 0.1
 
 // Config is the whole configuration of sluice serve. Parse fills in the
 // defaults of absent keys (server.listen, store.type); a Config built in
@@ -137,9 +149,17 @@ type HMACKey struct {
 
 // Proxy configures the rate-limiting reverse proxy.
 type Proxy struct {
+	// Listen is the host:port the proxy listens on, distinct from
+	// server.listen. Parse defaults it to DefaultProxyListen.
+	Listen         string
 	Upstream       string   // http:// or https:// URL
-	TrustedProxies []string // CIDRs whose Forwarded / X-Forwarded-For are believed
+	TrustedProxies []string // CIDRs whose X-Forwarded-For is believed
 	Routes         []Route
+	// LocalShare is the share (0, 1] of a failure_mode: local policy's
+	// limit that this instance enforces on its own while the store cannot
+	// decide: 1/N for N proxy instances. Parse defaults it to
+	// DefaultLocalShare.
+	LocalShare float64
 }
 
 // Route applies policies to matching proxied requests.
@@ -414,6 +434,18 @@ func (c *Config) validateProxy() error {
 	if p == nil {
 		return nil
 	}
+	if p.Listen == "" {
+		return c.errorAt("proxy.listen", "", "is required: host:port, such as "+DefaultProxyListen)
+	}
+	if rule := checkHostPort(p.Listen, true); rule != "" {
+		return c.errorAt("proxy.listen", strconv.Quote(p.Listen), rule)
+	}
+	if sameAddr(p.Listen, c.Server.Listen) {
+		return c.errorAt("proxy.listen", strconv.Quote(p.Listen), "must differ from server.listen: the proxy has an address of its own")
+	}
+	if !(p.LocalShare > 0 && p.LocalShare <= 1) {
+		return c.errorAt("proxy.local_share", strconv.FormatFloat(p.LocalShare, 'g', -1, 64), "must be more than 0 and at most 1, such as 0.25 for four proxy instances")
+	}
 	u, err := url.Parse(p.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return c.errorAt("proxy.upstream", strconv.Quote(p.Upstream), "must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000")
@@ -430,6 +462,7 @@ func (c *Config) validateProxy() error {
 	for _, pol := range c.Policies {
 		ids[pol.ID] = true
 	}
+	matches := make(map[string]int, len(p.Routes))
 	for i, r := range p.Routes {
 		path := fmt.Sprintf("proxy.routes[%d]", i)
 		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
@@ -440,6 +473,14 @@ func (c *Config) validateProxy() error {
 				return c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST")
 			}
 		}
+		// The first matching route wins, so a second route with the same
+		// match could never apply; it would also share the first's
+		// budgets, which are keyed by the match.
+		key := r.Match.Operation()
+		if j, dup := matches[key]; dup {
+			return c.errorAt(path+".match", "", fmt.Sprintf("matches what proxy.routes[%d] matches (%s): the first matching route wins, so this one would never apply", j, key))
+		}
+		matches[key] = i
 		if len(r.Policies) == 0 {
 			return c.errorAt(path+".policies", "", "at least one policy id is required")
 		}
@@ -466,6 +507,9 @@ func (c *Config) validateEnvoy() error {
 	if rule := checkHostPort(e.Listen, true); rule != "" {
 		return c.errorAt("envoy.listen", strconv.Quote(e.Listen), rule)
 	}
+	if sameAddr(e.Listen, c.Server.Listen) || c.Proxy != nil && sameAddr(e.Listen, c.Proxy.Listen) {
+		return c.errorAt("envoy.listen", strconv.Quote(e.Listen), "must differ from server.listen and proxy.listen")
+	}
 	if len(e.Configs) == 0 {
 		return c.errorAt("envoy.configs", "", "at least one file pattern is required")
 	}
@@ -475,6 +519,33 @@ func (c *Config) validateEnvoy() error {
 		}
 	}
 	return nil
+}
+
+// Operation is the name the proxy gives the budgets of a route with this
+// match, e.g. "POST /login" or "* /api": the methods and the cleaned path
+// prefix, as httplimit.Route names them by default.
+func (m Match) Operation() string {
+	methods := "*"
+	if len(m.Methods) > 0 {
+		methods = strings.Join(m.Methods, ",")
+	}
+	prefix := m.PathPrefix
+	if prefix != "/" {
+		prefix = strings.TrimSuffix(pathpkg.Clean(prefix), "/")
+	}
+	return methods + " " + prefix
+}
+
+// sameAddr reports whether two listen addresses name the same port on
+// the same host; port 0 always picks a fresh one.
+func sameAddr(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil || pa == "0" || pa != pb {
+		return false
+	}
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wildcard(ha) || wildcard(hb)
 }
 
 // checkHostPort returns the rule addr breaks, or "". A listen address may

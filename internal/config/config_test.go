@@ -42,6 +42,7 @@ var invalid = []struct {
 	{"empty_policies.yaml", "policies: at least one policy is required (line 1)"},
 	{"envoy_bad_listen.yaml", "envoy.listen: \"8081\": must be host:port, such as 127.0.0.1:8080 (line 7)"},
 	{"envoy_bad_pattern.yaml", "envoy.configs[0]: \"ratelimit/[.yaml\": must be a file path or glob pattern such as ratelimit/*.yaml (line 8)"},
+	{"envoy_listen_same_as_proxy.yaml", "envoy.listen: \"127.0.0.1:8090\": must differ from server.listen and proxy.listen (line 12)"},
 	{"hmac_bad_id.yaml", "subjects.hmac_keys[0].id: \"Key-1\": must be 1 to 16 of a-z 0-9 (line 8)"},
 	{"hmac_duplicate_id.yaml", "subjects.hmac_keys[1].id: \"k2\": is already the id of subjects.hmac_keys[0] (line 9)"},
 	{"hmac_missing_secret_env.yaml", "subjects.hmac_keys[0].secret_env: is required (line 8)"},
@@ -60,10 +61,16 @@ var invalid = []struct {
 	{"policy_id_not_string.yaml", "policies[0].id: 42: must be a string, not an integer; quote it (line 2)"},
 	{"policy_not_mapping.yaml", "policies[0]: \"demo\": must be a mapping, not a scalar (line 2)"},
 	{"proxy_bad_cidr.yaml", "proxy.trusted_proxies[1]: \"10.0.0.300/8\": must be a CIDR such as 10.0.0.0/8 or ::1/128 (line 8)"},
+	{"proxy_bad_listen.yaml", "proxy.listen: \"8090\": must be host:port, such as 127.0.0.1:8080 (line 7)"},
 	{"proxy_bad_method.yaml", "proxy.routes[0].match.methods[0]: \"post\": must be an upper-case HTTP method such as GET or POST (line 9)"},
 	{"proxy_bad_path_prefix.yaml", "proxy.routes[0].match.path_prefix: \"login\": must start with \"/\" (line 9)"},
 	{"proxy_bad_subject.yaml", "proxy.routes[0].subject: \"cookie\": must be one of ip, ip+user_agent, header:<Name> (line 11)"},
 	{"proxy_bad_upstream.yaml", "proxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 7)"},
+	{"proxy_duplicate_match.yaml", "proxy.routes[1].match: matches what proxy.routes[0] matches (GET /api): the first matching route wins, so this one would never apply (line 11)"},
+	{"proxy_listen_same_as_server.yaml", "proxy.listen: \"0.0.0.0:8080\": must differ from server.listen: the proxy has an address of its own (line 8)"},
+	{"proxy_local_share_not_number.yaml", "proxy.local_share: \"10%\": must be a number, not a string (line 8)"},
+	{"proxy_local_share_too_big.yaml", "proxy.local_share: 1.5: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
+	{"proxy_local_share_zero.yaml", "proxy.local_share: 0: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"proxy_no_routes.yaml", "proxy.routes: at least one route is required (line 6)"},
 	{"proxy_route_without_match.yaml", "proxy.routes[0].match: is required (line 9)"},
 	{"proxy_unknown_policy.yaml", "proxy.routes[0].policies[1]: \"login\": is not the id of any policy (line 10)"},
@@ -183,6 +190,8 @@ func TestParseFull(t *testing.T) {
 		},
 		Subjects: config.Subjects{HMACKeys: []config.HMACKey{{ID: "k2", SecretEnv: "SLUICE_HMAC_K2"}, {ID: "k1", SecretEnv: "SLUICE_HMAC_K1"}}},
 		Proxy: &config.Proxy{
+			Listen:         "0.0.0.0:8000",
+			LocalShare:     0.25,
 			Upstream:       "http://127.0.0.1:9000",
 			TrustedProxies: []string{"10.0.0.0/8", "::1/128"},
 			Routes: []config.Route{
@@ -201,6 +210,51 @@ func TestParseFull(t *testing.T) {
 	}
 	if _, err := sluice.New(nopStore{}, got.SluicePolicies(), sluice.Options{}); err != nil {
 		t.Errorf("sluice.New(full.yaml policies) = %v", err)
+	}
+}
+
+func TestProxyDefaults(t *testing.T) {
+	c, err := config.Parse(strings.NewReader(`
+policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
+proxy:
+  upstream: "http://127.0.0.1:9000"
+  local_share: 1
+  routes: [{ match: { path_prefix: / }, policies: [demo] }]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Proxy.Listen != config.DefaultProxyListen || c.Proxy.LocalShare != 1 || c.Proxy.Routes[0].Subject != "ip" {
+		t.Errorf("proxy = %+v, want listen %s, local_share 1 (an integer is a number), subject ip", c.Proxy, config.DefaultProxyListen)
+	}
+	c, err = config.Parse(strings.NewReader(`
+server: { listen: "127.0.0.1:0" }
+policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "http://127.0.0.1:9000"
+  routes: [{ match: { path_prefix: / }, policies: [demo] }]
+`))
+	if err != nil {
+		t.Fatalf("server and proxy both on port 0 (two free ports): %v", err)
+	}
+	if c.Proxy.LocalShare != config.DefaultLocalShare {
+		t.Errorf("local_share = %v, want the default %v", c.Proxy.LocalShare, config.DefaultLocalShare)
+	}
+}
+
+func TestMatchOperation(t *testing.T) {
+	for _, tt := range []struct {
+		m    config.Match
+		want string
+	}{
+		{config.Match{PathPrefix: "/"}, "* /"},
+		{config.Match{PathPrefix: "/api/"}, "* /api"},
+		{config.Match{PathPrefix: "/a/../login", Methods: []string{"POST", "PUT"}}, "POST,PUT /login"},
+	} {
+		if got := tt.m.Operation(); got != tt.want {
+			t.Errorf("%+v.Operation() = %q, want %q", tt.m, got, tt.want)
+		}
 	}
 }
 

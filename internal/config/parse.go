@@ -275,12 +275,18 @@ func (d *decoder) subjects(s *Subjects, n *yaml.Node) error {
 }
 
 func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
-	m, err := d.mapping("proxy", n, "upstream", "trusted_proxies", "routes")
+	m, err := d.mapping("proxy", n, "listen", "upstream", "trusted_proxies", "routes", "local_share")
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{}
+	p := &Proxy{Listen: DefaultProxyListen, LocalShare: DefaultLocalShare}
+	if err := d.str("proxy.listen", m["listen"], &p.Listen); err != nil {
+		return nil, err
+	}
 	if err := d.str("proxy.upstream", m["upstream"], &p.Upstream); err != nil {
+		return nil, err
+	}
+	if err := d.float("proxy.local_share", m["local_share"], &p.LocalShare); err != nil {
 		return nil, err
 	}
 	if err := d.strs("proxy.trusted_proxies", m["trusted_proxies"], &p.TrustedProxies); err != nil {
@@ -508,6 +514,20 @@ func (d *decoder) int(path string, n *yaml.Node, out *int64) error {
 	}
 	if err := n.Decode(out); err != nil {
 		return &Error{Path: path, Value: written(n), Rule: "must be an integer that fits in 64 bits", Line: n.Line}
+	}
+	return nil
+}
+
+// float decodes a number; an integer such as 1 is a number too.
+func (d *decoder) float(path string, n *yaml.Node, out *float64) error {
+	if n == nil {
+		return nil
+	}
+	if err := scalar(path, n, "a number", "!!float", "!!int"); err != nil {
+		return err
+	}
+	if err := n.Decode(out); err != nil {
+		return &Error{Path: path, Value: written(n), Rule: "must be a number", Line: n.Line}
 	}
 	return nil
 }
