@@ -21,8 +21,10 @@ const usage = `sluice is a distributed rate limiter.
 
 Usage:
   sluice serve [--config FILE] [--log-level LEVEL]
-        Serve the HTTP check API. Without --config, serve a built-in
-        example config on 127.0.0.1:8080 with the embedded store.
+        Serve the HTTP check API and /metrics, and with a proxy: section
+        the rate-limiting reverse proxy on proxy.listen. Without --config,
+        serve a built-in example config on 127.0.0.1:8080 with the
+        embedded store.
   sluice validate --config FILE
         Check a config file; print "ok" or the line-numbered reason.
   sluice check [--url URL] --policy ID --subject SUBJECT [--cost N] [--refund]

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/server"
@@ -60,24 +63,35 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		}
 	}
 
+	ids := make([]string, len(cfg.Policies))
+	for i, p := range cfg.Policies {
+		ids[i] = p.ID
+	}
+	reg := prometheus.NewRegistry()
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	metrics, err := server.NewMetrics(reg, ids)
+	if err != nil {
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+
 	st, err := newStore(ctx, cfg, a.clock, a.getenv)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	lim, err := sluice.New(st.store, cfg.SluicePolicies(), sluice.Options{})
+	lim, err := sluice.New(metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), cfg.SluicePolicies(), sluice.Options{})
 	if err != nil {
 		return err
 	}
-	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock})
+	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock, Metrics: metrics})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	srv := &http.Server{
+	servers := []*http.Server{{
 		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -85,28 +99,63 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}
+	addrs := []string{cfg.Server.Listen}
+	if cfg.Proxy != nil {
+		proxy, err := server.NewProxy(cfg.Proxy, lim, server.ProxyOptions{Pseudonymizer: pseud, Logger: log, Metrics: metrics, Clock: a.clock})
+		if err != nil {
+			return err
+		}
+		defer proxy.Close()
+		// No read or write timeout: uploads, downloads and streams to and
+		// from the upstream may take as long as they take.
+		servers = append(servers, &http.Server{
+			Handler:           proxy,
+			ReadHeaderTimeout: 5 * time.Second,
+			IdleTimeout:       60 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		})
+		addrs = append(addrs, cfg.Proxy.Listen)
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	ids := make([]string, len(cfg.Policies))
-	for i, p := range cfg.Policies {
-		ids[i] = p.ID
+	lns := make([]net.Listener, len(servers))
+	for i, addr := range addrs {
+		if lns[i], err = net.Listen("tcp", addr); err != nil {
+			for _, ln := range lns[:i] {
+				ln.Close()
+			}
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
-	log.Info("listening", "addr", "http://"+ln.Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
+	served := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { served <- srv.Serve(lns[i]) }()
+	}
+	log.Info("listening", "addr", "http://"+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
+	if cfg.Proxy != nil {
+		log.Info("proxy listening", "addr", "http://"+lns[1].Addr().String(), "upstream", cfg.Proxy.Upstream, "routes", len(cfg.Proxy.Routes))
+	}
 
+	var failed error
 	select {
 	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
+		failed = fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down", "timeout", shutdownTimeout)
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("serve: shut down: %w", err)
+	for _, srv := range servers {
+		if err := srv.Shutdown(shutdownCtx); err != nil && failed == nil {
+			failed = fmt.Errorf("serve: shut down: %w", err)
+		}
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", err)
+	if failed != nil {
+		return failed
+	}
+	for range servers {
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
 	log.Info("stopped")
 	return nil
@@ -115,9 +164,6 @@ func (a *app) serve(ctx context.Context, args []string) error {
 // unsupported refuses config sections this binary parses but cannot serve
 // yet, rather than ignoring them.
 func unsupported(cfg *config.Config) error {
-	if cfg.Proxy != nil {
-		return fmt.Errorf("proxy (line %d): the rate-limiting reverse proxy is not supported yet by this binary; remove the section", cfg.Line("proxy"))
-	}
 	if cfg.Envoy != nil {
 		return fmt.Errorf("envoy (line %d): the Envoy rate-limit service is not supported yet by this binary; remove the section", cfg.Line("envoy"))
 	}

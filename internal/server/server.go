@@ -1,5 +1,7 @@
 // Package server is the HTTP face of sluice serve: the check API
-// (POST /v1/check), liveness (GET /healthz) and readiness (GET /readyz).
+// (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz),
+// Prometheus metrics (GET /metrics, see Metrics), and the rate-limiting
+// reverse proxy (see Proxy), which listens on an address of its own.
 //
 // The check API answers one JSON object per request:
 //
@@ -64,6 +66,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// Clock times requests for the request log. Default: sluice.SystemClock{}.
 	Clock sluice.Clock
+	// Metrics, when set, counts requests and decisions and is served at
+	// GET /metrics. Default: nil, no metrics and no /metrics.
+	Metrics *Metrics
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -76,6 +81,7 @@ type Server struct {
 	readyTTL time.Duration
 	maxBody  int64
 	clock    sluice.Clock
+	metrics  *Metrics
 	mux      *http.ServeMux
 	// policyField holds each policy's RateLimit-Policy list member, e.g.
 	// `"demo";q=3;w=10`, computed once.
@@ -105,7 +111,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s := &Server{
 		lim: lim, pseud: pseud, log: log,
 		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout,
-		maxBody: opts.MaxBodyBytes, clock: opts.Clock,
+		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 	}
 	if s.readyTTL == 0 {
@@ -124,6 +130,9 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s.mux.HandleFunc("POST /v1/check", s.check)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
+	if s.metrics != nil {
+		s.mux.Handle("GET /metrics", s.metrics.Handler())
+	}
 	return s, nil
 }
 
@@ -135,6 +144,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	*lw = logWriter{ResponseWriter: w, status: http.StatusOK}
 	s.mux.ServeHTTP(lw, r)
 	s.logRequest(r, lw, s.clock.Now().Sub(start))
+	if s.metrics != nil {
+		handler := r.Pattern // set by the mux; "" for 404 and 405
+		if handler == "" {
+			handler = "unmatched"
+		}
+		s.metrics.countRequest(handler, lw.status)
+	}
 	*lw = logWriter{}
 	logWriterPool.Put(lw)
 }
@@ -248,6 +264,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := s.lim.Check(r.Context(), req)
+	if s.metrics != nil && !req.Peek && !req.Refund {
+		s.metrics.countDecision(req.Policy, req.Policies, o)
+	}
 	code := statusCode(&o)
 	if lw != nil {
 		lw.hasCheck = true

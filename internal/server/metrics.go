@@ -1,0 +1,153 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
+)
+
+// UnknownPolicy is the policy label of a check that names a policy the
+// server does not have: the name comes from the client, so it never
+// becomes a label value.
+const UnknownPolicy = "(unknown)"
+
+// Metrics are the Prometheus collectors of sluice serve, registered on a
+// registry the caller creates and owns (no global registry):
+//
+//   - sluice_decisions_total{policy, outcome}: spending decisions of the
+//     check API and the proxy, one count per policy the request named,
+//     with the request's outcome (allowed, denied, unavailable,
+//     incompatible, indeterminate). Peeks and refunds spend nothing and
+//     are not counted.
+//   - sluice_decision_duration_seconds{store}: how long the store took
+//     per evaluation (see InstrumentStore).
+//   - sluice_http_requests_total{handler, code}: answers per handler
+//     ("POST /v1/check", "GET /healthz", …, "proxy", or "unmatched") and
+//     status code.
+//   - sluice_proxy_decisions_total{route, action, shadow}: what the proxy
+//     did per route (admitted, limited, failed_closed, failed_open,
+//     no_subject); shadow="true" counts what a shadow route would have
+//     done but did not enforce.
+//   - sluice_proxy_local_decisions_total{route, outcome}: answers of the
+//     local fallback while the store could not decide.
+//
+// Every label value comes from the config or a fixed set: never a
+// subject, key, address or tenant. Safe for concurrent use.
+type Metrics struct {
+	reg       *prometheus.Registry
+	policies  map[string]bool
+	decisions *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	requests  *prometheus.CounterVec
+	proxy     *prometheus.CounterVec
+	local     *prometheus.CounterVec
+}
+
+// NewMetrics registers the collectors on reg. policies are the IDs the
+// decisions may be labelled with; their counters start at zero so every
+// series exists from the first scrape.
+func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
+	m := &Metrics{
+		reg:      reg,
+		policies: make(map[string]bool, len(policies)),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_decisions_total",
+			Help: "Spending decisions, per policy the request named and the request's outcome.",
+		}, []string{"policy", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_decision_duration_seconds",
+			Help:    "Time the store took to evaluate one decision.",
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}, []string{"store"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_http_requests_total",
+			Help: "HTTP answers, per handler and status code.",
+		}, []string{"handler", "code"}),
+		proxy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_decisions_total",
+			Help: "What the reverse proxy did with limited requests, per route and action; shadow=\"true\" was reported, not enforced.",
+		}, []string{"route", "action", "shadow"}),
+		local: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_local_decisions_total",
+			Help: "Answers of the proxy's local fallback limiter while the store could not decide, per route and outcome.",
+		}, []string{"route", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, id := range policies {
+		m.policies[id] = true
+		for k := sluice.Allowed; k <= sluice.Indeterminate; k++ {
+			m.decisions.WithLabelValues(id, k.String())
+		}
+	}
+	return m, nil
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// InstrumentStore returns st timing every Evaluate with clock into
+// sluice_decision_duration_seconds{store}. store is a fixed name such as
+// "memory" or "redis".
+func (m *Metrics) InstrumentStore(st sluice.Store, store string, clock sluice.Clock) sluice.Store {
+	return &timedStore{Store: st, obs: m.duration.WithLabelValues(store), clock: clock}
+}
+
+type timedStore struct {
+	sluice.Store
+	obs   prometheus.Observer
+	clock sluice.Clock
+}
+
+func (s *timedStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	start := s.clock.Now()
+	err := s.Store.Evaluate(ctx, ev)
+	s.obs.Observe(s.clock.Now().Sub(start).Seconds())
+	return err
+}
+
+// policyLabel bounds a policy ID to the configured ones.
+func (m *Metrics) policyLabel(id string) string {
+	if m.policies[id] {
+		return id
+	}
+	return UnknownPolicy
+}
+
+// countDecision counts o once per policy of the request.
+func (m *Metrics) countDecision(policy string, policies []string, o sluice.Outcome) {
+	kind := o.Kind.String()
+	if policy != "" {
+		m.decisions.WithLabelValues(m.policyLabel(policy), kind).Inc()
+	}
+	for _, id := range policies {
+		m.decisions.WithLabelValues(m.policyLabel(id), kind).Inc()
+	}
+}
+
+// countRequest counts one answer of handler.
+func (m *Metrics) countRequest(handler string, code int) {
+	m.requests.WithLabelValues(handler, strconv.Itoa(code)).Inc()
+}
+
+// onProxyDecision records what the proxy middleware did.
+func (m *Metrics) onProxyDecision(d httplimit.Decision) {
+	if d.Outcome.Kind != 0 {
+		m.countDecision("", d.Policies, d.Outcome)
+	}
+	m.proxy.WithLabelValues(d.Operation, d.Action.String(), strconv.FormatBool(d.Shadow)).Inc()
+	if d.Local {
+		m.local.WithLabelValues(d.Operation, d.LocalOutcome.Kind.String()).Inc()
+	}
+}

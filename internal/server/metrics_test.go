@@ -1,0 +1,90 @@
+package server_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/server"
+)
+
+func TestCheckAPIMetrics(t *testing.T) {
+	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"demo", "login", "api", "tiny"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, demoPolicies, server.Options{Metrics: m})
+	for range 4 {
+		f.post(t, `{"policy":"demo","subject":"alice@example.com"}`)
+	}
+	f.post(t, `{"policy":"demo","subject":"alice@example.com","cost":0}`)            // a peek: not a decision
+	f.post(t, `{"policy":"demo","subject":"bob","refund":true}`)                     // a refund: not a decision
+	f.post(t, `{"policy":"no-such-policy-for-alice","subject":"alice@example.com"}`) // unknown: bounded label
+	f.post(t, `{"policies":["login","demo"],"subject":"carol"}`)                     // one count per policy
+	f.post(t, `{"policy":"demo","subject":"alice@example.com","cost":-1}`)           // 400: no decision
+	resp, err := http.Get(f.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	got := parseExposition(t, text)
+	for series, want := range map[string]float64{
+		`sluice_decisions_total{outcome="allowed",policy="demo"}`:           4,
+		`sluice_decisions_total{outcome="denied",policy="demo"}`:            1,
+		`sluice_decisions_total{outcome="allowed",policy="login"}`:          1,
+		`sluice_decisions_total{outcome="incompatible",policy="(unknown)"}`: 1,
+		`sluice_decisions_total{outcome="unavailable",policy="api"}`:        0,
+		`sluice_http_requests_total{code="200",handler="POST /v1/check"}`:   5,
+		`sluice_http_requests_total{code="429",handler="POST /v1/check"}`:   2, // the 4th and the peek at the exhausted window
+		`sluice_http_requests_total{code="404",handler="POST /v1/check"}`:   1,
+		`sluice_http_requests_total{code="400",handler="POST /v1/check"}`:   1,
+		`sluice_decision_duration_seconds{store="memory"}_count`:            0, // the fixture's store is not instrumented
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+	for _, raw := range []string{"alice", "bob", "carol", "no-such-policy"} {
+		if strings.Contains(text, raw) {
+			t.Errorf("/metrics holds %q:\n%s", raw, text)
+		}
+	}
+	// The first scrape is counted once it is answered.
+	if got := parseExposition(t, scrapeText(t, f.url))[`sluice_http_requests_total{code="200",handler="GET /metrics"}`]; got != 1 {
+		t.Errorf("scrapes counted: %v, want 1", got)
+	}
+}
+
+func TestNoMetricsWithoutMetrics(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	resp, err := http.Get(f.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Errorf("GET /metrics without Metrics = %d, want 404", resp.StatusCode)
+	}
+}
+
+func scrapeText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,456 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// seen is one request as the upstream received it.
+type seen struct {
+	Method, URI, Host string
+	Header            http.Header
+	Body              string
+}
+
+// upstream is a real HTTP server that records what reaches it and
+// answers 201 with a body and headers of its own.
+type upstream struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []seen
+}
+
+func newUpstream(t *testing.T) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.reqs = append(u.reqs, seen{r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(body)})
+		u.mu.Unlock()
+		w.Header().Set("X-Upstream", "yes")
+		w.Header().Add("Set-Cookie", "a=1")
+		w.Header().Add("Set-Cookie", "b=2")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "upstream body for "+r.URL.Path)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) requests() []seen {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]seen(nil), u.reqs...)
+}
+
+// proxyFixture is the proxy on a real socket over memstore on a fake
+// clock, with metrics on their own registry.
+type proxyFixture struct {
+	url     string
+	clock   *sluicetest.Clock
+	logs    *syncBuffer
+	metrics *server.Metrics
+}
+
+var proxyPolicies = []sluice.Policy{
+	{ID: "three", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+	{ID: "shadowed", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second},
+	{ID: "keyed", Algorithm: sluice.FixedWindow, Limit: 2, Window: 10 * time.Second},
+}
+
+func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy) *proxyFixture {
+	t.Helper()
+	clock := sluicetest.NewClock(sluicetest.Start)
+	if store == nil {
+		ms, err := memstore.New(memstore.Options{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ms.Close() })
+		store = ms
+	}
+	f := &proxyFixture{clock: clock, logs: &syncBuffer{}}
+	ids := make([]string, len(policies))
+	for i, p := range policies {
+		ids[i] = p.ID
+	}
+	var err error
+	if f.metrics, err = server.NewMetrics(prometheus.NewRegistry(), ids); err != nil {
+		t.Fatal(err)
+	}
+	lim, err := sluice.New(f.metrics.InstrumentStore(store, "memory", clock), policies, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.LocalShare == 0 {
+		cfg.LocalShare = config.DefaultLocalShare
+	}
+	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, err := server.NewProxy(cfg, lim, server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: log, Metrics: f.metrics, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	ts := httptest.NewServer(p)
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	return f
+}
+
+type proxied struct {
+	*http.Response
+	body string
+}
+
+// send sends a request through the proxy; header is "Name: value" pairs.
+func (f *proxyFixture) send(t *testing.T, method, path, body string, header ...string) proxied {
+	t.Helper()
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range header {
+		k, v, _ := strings.Cut(kv, ": ")
+		req.Header.Add(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxied{resp, string(b)}
+}
+
+// TestProxyForwardsThenLimits is 3 per 10s on a route: three requests
+// reach the upstream as sent and come back as answered, the fourth is a
+// 429 from sluice that the upstream never sees.
+func TestProxyForwardsThenLimits(t *testing.T) {
+	up := newUpstream(t)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/api", Methods: []string{"POST"}}, Policies: []string{"three"}, Subject: "ip"},
+	}}, nil, proxyPolicies)
+
+	for i := range 3 {
+		resp := f.send(t, "POST", "/api/orders?x=1&y=%2F", fmt.Sprintf(`{"n":%d}`, i),
+			"Content-Type: application/json", "X-Custom: c1", "X-Custom: c2", "Authorization: Bearer t0ken",
+			"Connection: X-Hop", "X-Hop: drop me")
+		if resp.StatusCode != http.StatusCreated || resp.body != "upstream body for /api/orders" {
+			t.Fatalf("request %d: %d %q, want the upstream's 201 and body", i+1, resp.StatusCode, resp.body)
+		}
+		if got := resp.Header.Values("Set-Cookie"); len(got) != 2 || resp.Header.Get("X-Upstream") != "yes" {
+			t.Errorf("request %d: upstream headers lost: Set-Cookie %q, X-Upstream %q", i+1, got, resp.Header.Get("X-Upstream"))
+		}
+		want := []sfItem{{Value: "three", Params: []sfParam{{Key: "r", Value: int64(2 - i)}, {Key: "t", Value: int64(10)}}}}
+		if got := mustParseList(t, resp.Header, "RateLimit"); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("request %d: RateLimit = %v, want %v", i+1, got, want)
+		}
+	}
+	resp := f.send(t, "POST", "/api/orders", `{"n":3}`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "10" {
+		t.Fatalf("request 4: %d Retry-After %q, want 429 with Retry-After 10", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	var problem struct {
+		Type             string   `json:"type"`
+		Status           int      `json:"status"`
+		ViolatedPolicies []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal([]byte(resp.body), &problem); err != nil || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		problem.Status != 429 || len(problem.ViolatedPolicies) != 1 || problem.ViolatedPolicies[0] != "three" {
+		t.Errorf("request 4: %s %q (%v), want a problem naming policy three", resp.Header.Get("Content-Type"), resp.body, err)
+	}
+	if resp.Header.Get("X-Upstream") != "" {
+		t.Errorf("request 4 carries the upstream's headers: it must be sluice's own answer")
+	}
+
+	reqs := up.requests()
+	if len(reqs) != 3 {
+		t.Fatalf("upstream saw %d requests, want 3", len(reqs))
+	}
+	host := strings.TrimPrefix(f.url, "http://")
+	for i, r := range reqs {
+		if r.Method != "POST" || r.URI != "/api/orders?x=1&y=%2F" || r.Host != host || r.Body != fmt.Sprintf(`{"n":%d}`, i) {
+			t.Errorf("upstream request %d = %s %s Host %s body %q, want the client's", i+1, r.Method, r.URI, r.Host, r.Body)
+		}
+		for name, want := range map[string]string{
+			"Content-Type": "application/json", "Authorization": "Bearer t0ken",
+			"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Host": host, "X-Forwarded-Proto": "http",
+		} {
+			if got := r.Header.Get(name); got != want {
+				t.Errorf("upstream request %d: %s = %q, want %q", i+1, name, got, want)
+			}
+		}
+		if got := r.Header.Values("X-Custom"); len(got) != 2 || got[0] != "c1" || got[1] != "c2" {
+			t.Errorf("upstream request %d: X-Custom = %q, want both lines", i+1, got)
+		}
+		if got := r.Header.Get("X-Hop"); got != "" {
+			t.Errorf("upstream request %d: hop-by-hop X-Hop reached the upstream: %q", i+1, got)
+		}
+	}
+}
+
+// TestProxySpoofedForwardedFor checks that X-Forwarded-For from a peer
+// that is not a trusted proxy neither changes the subject nor reaches the
+// upstream; from a trusted one, the right-most untrusted hop is the
+// subject and the chain is kept.
+func TestProxySpoofedForwardedFor(t *testing.T) {
+	up := newUpstream(t)
+	routes := []config.Route{{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}}
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, TrustedProxies: []string{"10.0.0.0/8"}, Routes: routes}, nil, proxyPolicies)
+	for i, want := range []int{201, 201, 201, 429, 429} {
+		resp := f.send(t, "GET", "/", "", fmt.Sprintf("X-Forwarded-For: 198.51.100.%d", i+1), "Forwarded: for=192.0.2.9")
+		if resp.StatusCode != want {
+			t.Fatalf("request %d with a fresh spoofed X-Forwarded-For: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	for _, r := range up.requests() {
+		if got := r.Header.Values("X-Forwarded-For"); len(got) != 1 || got[0] != "127.0.0.1" {
+			t.Errorf("upstream X-Forwarded-For = %q, want only the peer 127.0.0.1", got)
+		}
+		if got := r.Header.Get("Forwarded"); got != "" {
+			t.Errorf("upstream Forwarded = %q from an untrusted peer, want none", got)
+		}
+	}
+
+	up = newUpstream(t)
+	f = newProxyFixture(t, &config.Proxy{Upstream: up.URL, TrustedProxies: []string{"127.0.0.0/8"}, Routes: routes}, nil, proxyPolicies)
+	for i := range 3 {
+		if resp := f.send(t, "GET", "/", "", "X-Forwarded-For: 203.0.113.7", "X-Forwarded-Proto: https"); resp.StatusCode != 201 {
+			t.Fatalf("request %d from 203.0.113.7 via a trusted proxy: %d, want 201", i+1, resp.StatusCode)
+		}
+	}
+	if resp := f.send(t, "GET", "/", "", "X-Forwarded-For: 203.0.113.7"); resp.StatusCode != 429 {
+		t.Errorf("fourth request from 203.0.113.7: %d, want 429", resp.StatusCode)
+	}
+	if resp := f.send(t, "GET", "/", "", "X-Forwarded-For: 203.0.113.8"); resp.StatusCode != 201 {
+		t.Errorf("first request from 203.0.113.8: %d, want 201 (a budget of its own)", resp.StatusCode)
+	}
+	r := up.requests()[0]
+	if got := r.Header.Get("X-Forwarded-For"); got != "203.0.113.7, 127.0.0.1" {
+		t.Errorf("upstream X-Forwarded-For = %q, want the chain with the peer appended", got)
+	}
+	if got := r.Header.Get("X-Forwarded-Proto"); got != "https" {
+		t.Errorf("upstream X-Forwarded-Proto = %q, want the trusted proxy's https", got)
+	}
+}
+
+func TestProxyShadowAndUnmatched(t *testing.T) {
+	up := newUpstream(t)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/shadow"}, Policies: []string{"shadowed"}, Subject: "ip", Shadow: true},
+		{Match: config.Match{PathPrefix: "/api"}, Policies: []string{"three"}, Subject: "ip"},
+	}}, nil, proxyPolicies)
+	for i := range 5 {
+		resp := f.send(t, "GET", "/shadow/x", "")
+		if resp.StatusCode != 201 || resp.Header.Get("RateLimit-Policy") == "" {
+			t.Fatalf("shadow request %d: %d RateLimit-Policy %q, want the upstream's 201 with the headers", i+1, resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+		}
+	}
+	for i := range 10 {
+		resp := f.send(t, "GET", "/apikeys", "")
+		if resp.StatusCode != 201 || resp.Header.Get("RateLimit-Policy") != "" {
+			t.Fatalf("unmatched request %d: %d RateLimit-Policy %q, want 201 unlimited without headers", i+1, resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+		}
+	}
+	if n := len(up.requests()); n != 15 {
+		t.Errorf("upstream saw %d requests, want 15", n)
+	}
+	if !strings.Contains(f.logs.String(), "shadow: not enforced") {
+		t.Errorf("the log does not report the would-be denials:\n%s", f.logs.String())
+	}
+	got := scrape(t, f.metrics)
+	for series, want := range map[string]float64{
+		`sluice_proxy_decisions_total{action="admitted",route="* /shadow",shadow="false"}`: 3,
+		`sluice_proxy_decisions_total{action="limited",route="* /shadow",shadow="true"}`:   2,
+		`sluice_decisions_total{outcome="denied",policy="shadowed"}`:                       2,
+		`sluice_http_requests_total{code="201",handler="proxy"}`:                           15,
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+}
+
+func TestProxyUpstreamDown(t *testing.T) {
+	up := newUpstream(t)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"},
+	}}, nil, proxyPolicies)
+	up.Close()
+	resp := f.send(t, "GET", "/x", "")
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(resp.body, `"status":502`) {
+		t.Fatalf("upstream down: %d %s %q, want a 502 problem", resp.StatusCode, resp.Header.Get("Content-Type"), resp.body)
+	}
+	if resp.Header.Get("RateLimit") == "" {
+		t.Errorf("the 502 of an admitted request lacks its RateLimit field")
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "proxy: upstream failed") || strings.Contains(logs, "panic") {
+		t.Errorf("the log does not report the upstream failure cleanly:\n%s", logs)
+	}
+	if got := scrape(t, f.metrics)[`sluice_http_requests_total{code="502",handler="proxy"}`]; got != 1 {
+		t.Errorf("502s counted: %v, want 1", got)
+	}
+}
+
+// TestProxyFailureModes runs the proxy over a store that cannot decide.
+func TestProxyFailureModes(t *testing.T) {
+	policies := []sluice.Policy{
+		{ID: "closed", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+		{ID: "open", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailOpen},
+		{ID: "local", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailLocal},
+	}
+	up := newUpstream(t)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, LocalShare: 0.2, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/closed"}, Policies: []string{"closed"}, Subject: "ip"},
+		{Match: config.Match{PathPrefix: "/open"}, Policies: []string{"open"}, Subject: "ip"},
+		{Match: config.Match{PathPrefix: "/local"}, Policies: []string{"local"}, Subject: "ip"},
+	}}, failingStore{fmt.Errorf("test: dial: %w", sluice.ErrBeforeSend)}, policies)
+	if resp := f.send(t, "GET", "/closed", ""); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("fail closed: %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	for i := range 3 {
+		if resp := f.send(t, "GET", "/open", ""); resp.StatusCode != 201 {
+			t.Errorf("fail open request %d: %d, want 201", i+1, resp.StatusCode)
+		}
+	}
+	// 0.2 of 10: the local fallback admits 2.
+	for i, want := range []int{201, 201, 429} {
+		if resp := f.send(t, "GET", "/local", ""); resp.StatusCode != want {
+			t.Errorf("fail local request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	got := scrape(t, f.metrics)
+	for series, want := range map[string]float64{
+		`sluice_decisions_total{outcome="unavailable",policy="closed"}`:                     1,
+		`sluice_decisions_total{outcome="unavailable",policy="open"}`:                       3,
+		`sluice_decisions_total{outcome="unavailable",policy="local"}`:                      3,
+		`sluice_proxy_decisions_total{action="failed_open",route="* /open",shadow="false"}`: 3,
+		`sluice_proxy_local_decisions_total{outcome="allowed",route="* /local"}`:            2,
+		`sluice_proxy_local_decisions_total{outcome="denied",route="* /local"}`:             1,
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+}
+
+func TestProxyHeaderSubject(t *testing.T) {
+	up := newUpstream(t)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/"}, Policies: []string{"keyed"}, Subject: "header:X-Api-Key"},
+	}}, nil, proxyPolicies)
+	for i, want := range []int{201, 201, 429} {
+		if resp := f.send(t, "GET", "/", "", "X-Api-Key: key-a"); resp.StatusCode != want {
+			t.Fatalf("key-a request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	if resp := f.send(t, "GET", "/", "", "X-Api-Key: key-b"); resp.StatusCode != 201 {
+		t.Errorf("key-b: %d, want 201 (a budget of its own)", resp.StatusCode)
+	}
+	// Without the header, the address is the subject: limited, not free.
+	for i, want := range []int{201, 201, 429} {
+		if resp := f.send(t, "GET", "/", ""); resp.StatusCode != want {
+			t.Errorf("request %d without a key: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	if got := up.requests()[0].Header.Get("X-Api-Key"); got != "key-a" {
+		t.Errorf("upstream X-Api-Key = %q, want the client's key passed on", got)
+	}
+}
+
+func TestNewProxyRejects(t *testing.T) {
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	lim, err := sluice.New(ms, proxyPolicies, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: slog.New(slog.DiscardHandler)}
+	route := config.Route{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}
+	for name, tc := range map[string]struct {
+		cfg  *config.Proxy
+		lim  *sluice.Limiter
+		opts server.ProxyOptions
+	}{
+		"no config":       {nil, lim, opts},
+		"no limiter":      {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{route}}, nil, opts},
+		"no logger":       {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{route}}, lim, server.ProxyOptions{Pseudonymizer: subject.Unkeyed()}},
+		"bad upstream":    {&config.Proxy{Upstream: "127.0.0.1:9", Routes: []config.Route{route}}, lim, opts},
+		"bad subject":     {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: route.Policies, Subject: "cookie"}}}, lim, opts},
+		"unknown policy":  {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: []string{"nope"}, Subject: "ip"}}}, lim, opts},
+		"bad trusted net": {&config.Proxy{Upstream: "http://127.0.0.1:9", TrustedProxies: []string{"nope"}, Routes: []config.Route{route}}, lim, opts},
+	} {
+		if p, err := server.NewProxy(tc.cfg, tc.lim, tc.opts); err == nil {
+			p.Close()
+			t.Errorf("NewProxy(%s) succeeded, want an error", name)
+		}
+	}
+}
+
+// scrape gathers m through the text exposition format, as Prometheus
+// would, and returns every sample by its series name with sorted labels.
+func scrape(t *testing.T, m *server.Metrics) map[string]float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return parseExposition(t, rec.Body.String())
+}
+
+// parseExposition parses the Prometheus text format strictly.
+func parseExposition(t *testing.T, text string) map[string]float64 {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("the metrics do not parse: %v\n%s", err, text)
+	}
+	out := map[string]float64{}
+	for name, fam := range families {
+		for _, m := range fam.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			series := name
+			if len(labels) > 0 {
+				series += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch fam.GetType() {
+			case dto.MetricType_COUNTER:
+				out[series] = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				out[series] = m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				out[series+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
