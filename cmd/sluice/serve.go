@@ -130,10 +130,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	for i, srv := range servers {
 		go func() { served <- srv.Serve(lns[i]) }()
 	}
-	log.Info("listening", "addr", "http://"+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
 	if cfg.Proxy != nil {
 		log.Info("proxy listening", "addr", "http://"+lns[1].Addr().String(), "upstream", cfg.Proxy.Upstream, "routes", len(cfg.Proxy.Routes))
 	}
+	// Last: once this line is out, every listener is serving.
+	log.Info("listening", "addr", "http://"+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
 
 	var failed error
 	select {
