@@ -53,6 +53,27 @@ func TestMemoryUsage(t *testing.T) {
 			t.Errorf("%s: MEMORY USAGE %d bytes, more than expected", tc.name, n)
 		}
 	}
+	// Evaluation ids: the two record keys of one subject and policy with
+	// 1 and with 256 (the default DedupeMax) remembered ids.
+	p := policy(t, "api", sluice.GCRA, 1_000_000, time.Hour)
+	for _, ids := range []int{1, 256} {
+		subj := fmt.Sprintf("k1.%040d", 100+ids)
+		for i := range ids {
+			ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, EvaluationID: fmt.Sprintf("req-%016x", i)}
+			if err := s.Evaluate(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var n int64
+		for _, suffix := range []string{"ids", "idv"} {
+			m, err := c.MemoryUsage(ctx, "sluice:{"+subj+"}api:1:"+suffix, 0).Result()
+			if err != nil {
+				t.Fatalf("MEMORY USAGE of the %s key: %v", suffix, err)
+			}
+			n += m
+		}
+		fmt.Fprintf(&table, "| evaluation ids, %d remembered (20-byte ids) | both keys | %d (%d per id) |\n", ids, n, n/int64(ids))
+	}
 	t.Log(table.String())
 }
 

@@ -3,21 +3,30 @@ decide.lua: one sluice decision, atomically, for one subject and one or
 more policies: either every policy admits the cost and it is spent on all of
 them, or nothing is written.
 
-KEYS[i]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>:<algorithm code>.
-         All keys of one call share the subject's hash tag (one Cluster slot).
+KEYS[1..n]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>:<algorithm code>.
+         With an evaluation id, KEYS[n+1] is the sorted set of remembered ids
+         (score: expiry in µs) and KEYS[n+2] the hash id -> remembered reply,
+         both of the first policy. All keys of one call share the subject's
+         hash tag (one Cluster slot).
 ARGV[1]  cost, an integer >= 0; 0 is a peek: judged as a cost of 1, writes nothing.
 ARGV[2]  now in integer microseconds since the Unix epoch (caller clock), or
          "" to read the time with Redis TIME (one clock for every caller).
 ARGV[3]  caller clock only: the most, in microseconds, now may lie behind the
          newest now a key was written at; -1 means unbounded.
-ARGV[4+5(i-1) .. 8+5(i-1)]  policy i: algorithm (1 fixed_window, 2 sliding_log,
+ARGV[4]  "spend" (or peek, by cost 0) or "refund": give cost units back.
+ARGV[5]  the evaluation id ("s:<id>" for spends, "r:<id>" for refunds), or "".
+ARGV[6]  how long a decision for an id is remembered, µs (DedupeTTL).
+ARGV[7]  how many ids are remembered at most (DedupeMax).
+ARGV[8+5(i-1) .. 12+5(i-1)]  policy i: algorithm (1 fixed_window, 2 sliding_log,
          3 sliding_window, 4 token_bucket, 5 gcra), limit, window in
          microseconds, burst, TTL grace in microseconds (CleanupGrace + ExtraTTL).
 
-Reply: a flat array of 5 integers per policy, in KEYS order: allowed (1 or 0),
-limit, remaining, reset_after (µs), retry_after (µs). When several policies
-are named and one denies, the ones that would have admitted report their
-unspent state (a peek's remaining and reset_after), still allowed. Errors, raised before
+Reply: replayed (1 when the reply is the remembered one of the evaluation id,
+else 0), then a flat array of 5 integers per policy, in KEYS order: allowed
+(1 or 0), limit, remaining, reset_after (µs), retry_after (µs). When several
+policies are named and one denies, the ones that would have admitted report
+their unspent state (a peek's remaining and reset_after), still allowed. A
+refund is always allowed and reports the peek after it. Errors, raised before
 any write: "SLUICE_ARGS <reason>", "SLUICE_CORRUPT <key>: <reason>" (state this
 script did not write: wrong type, a non-integer, a missing field, no TTL),
 "SLUICE_CLOCK <key>: <reason>" (caller clock too far behind).
@@ -27,8 +36,9 @@ PEXPIRE = ceil((Expires(state) - now + grace) / 1000) ms, now being the
 unclamped time of this call, so a key never vanishes before its state equals
 absent. Needs Redis >= 5 (effects replication of a script that calls TIME).
 
-Each decide function below is a line-by-line port of the Go function it
-names in internal/algorithm; memstore's Evaluate is ported by main. All
+Each decide and refund function below is a line-by-line port of the Go
+function it names in internal/algorithm; memstore's Evaluate (with its
+dedupe records) is ported by main. All
 arithmetic is on integers below 2^53, exact in Lua's doubles; Go's integer
 division, remainder and the helpers of algorithm/params.go are quo, rem,
 ceilDiv and floorDiv.
@@ -212,12 +222,26 @@ local function fixedWindow(s, p, now, cost)
   return s, d
 end
 
+
 -- fixedWindowExpires ports algorithm.FixedWindow.Expires.
 local function fixedWindowExpires(s, p)
   if s.count == 0 then
     return 0
   end
   return s.start + p.window
+end
+
+-- fixedWindowRefund ports algorithm.FixedWindow.Refund.
+local function fixedWindowRefund(s, p, now, n)
+  if s.start ~= 0 and math.max(now, s.start) < s.start + p.window then
+    s = {start = s.start, count = math.max(s.count - n, 0)}
+  end
+  if fixedWindowExpires(s, p) <= now then
+    s = {start = 0, count = 0} -- nothing left to remember: absent, deleted by apply
+  end
+  local _, d = fixedWindow(s, p, now, 0)
+  d.allowed, d.retry = true, 0
+  return s, d
 end
 
 ------------------------------------------------------------------------
@@ -336,12 +360,29 @@ local function tokenBucket(s, p, now, cost)
   return s, d
 end
 
+
 -- tokenBucketExpires ports algorithm.TokenBucket.Expires.
 local function tokenBucketExpires(s, p)
   if s.last == 0 then
     return 0
   end
   return s.last + ceilDiv(p.burst * p.window - math.min(s.tokens, p.burst * p.window), p.limit)
+end
+
+-- tokenBucketRefund ports algorithm.TokenBucket.Refund.
+local function tokenBucketRefund(s, p, now, n)
+  if s.last ~= 0 then
+    local tokens, at = tokenBucketLevel(s, p, now)
+    -- tokens + n*window may pass 2^53 and round, but only far above the
+    -- full bucket (< 2^53), so the min stays exact.
+    s = {tokens = math.min(tokens + n * p.window, p.burst * p.window), last = at}
+    if tokenBucketExpires(s, p) <= now then
+      s = {tokens = 0, last = 0} -- full: absent, deleted by apply
+    end
+  end
+  local _, d = tokenBucket(s, p, now, 0)
+  d.allowed, d.retry = true, 0
+  return s, d
 end
 
 ------------------------------------------------------------------------
@@ -382,6 +423,7 @@ local function gcra(s, p, now, cost)
   return s, d
 end
 
+
 -- gcraExpires ports algorithm.GCRA.Expires.
 local function gcraExpires(s)
   if s.tat == 0 then
@@ -393,6 +435,26 @@ local function gcraExpires(s)
   return s.tat
 end
 
+-- gcraRefund ports algorithm.GCRA.Refund.
+local function gcraRefund(s, p, now, n)
+  if s.tat ~= 0 then
+    local back = n * p.window -- n·T scaled by Limit, below 2^53 since n <= Burst
+    local tat = s.tat - quo(back, p.limit)
+    local frac = s.frac - rem(back, p.limit)
+    if frac < 0 then
+      frac = frac + p.limit
+      tat = tat - 1
+    end
+    s = {tat = tat, frac = frac}
+    if gcraExpires(s) <= now then
+      s = {tat = 0, frac = 0} -- no debt left: absent, deleted by apply
+    end
+  end
+  local _, d = gcra(s, p, now, 0)
+  d.allowed, d.retry = true, 0
+  return s, d
+end
+
 ------------------------------------------------------------------------
 -- Hash-backed algorithms: how each maps to its fields.
 
@@ -401,7 +463,7 @@ local HASH = {
     fields = {'s', 'c', 't'},
     load = function(h) return {start = h.s, count = h.c}, h.t end,
     store = function(s, t) return {'s', fmt(s.start), 'c', fmt(s.count), 't', fmt(t)} end,
-    decide = fixedWindow, expires = fixedWindowExpires,
+    decide = fixedWindow, refund = fixedWindowRefund, expires = fixedWindowExpires,
     absent = {start = 0, count = 0},
   },
   [3] = {
@@ -415,21 +477,22 @@ local HASH = {
     fields = {'k', 'l'},
     load = function(h) return {tokens = h.k, last = h.l}, h.l end,
     store = function(s) return {'k', fmt(s.tokens), 'l', fmt(s.last)} end,
-    decide = tokenBucket, expires = tokenBucketExpires,
+    decide = tokenBucket, refund = tokenBucketRefund, expires = tokenBucketExpires,
     absent = {tokens = 0, last = 0},
   },
   [5] = {
     fields = {'a', 'f', 't'},
     load = function(h) return {tat = h.a, frac = h.f}, h.t end,
     store = function(s, t) return {'a', fmt(s.tat), 'f', fmt(s.frac), 't', fmt(t)} end,
-    decide = gcra, expires = gcraExpires,
+    decide = gcra, refund = gcraRefund, expires = gcraExpires,
     absent = {tat = 0, frac = 0},
   },
 }
 
--- decideHash reads, validates and decides one hash-backed policy; the
--- returned write, if any, is applied only when the whole decision admits.
-local function decideHash(key, kind, p, now, cost, maxreg)
+-- decideHash reads, validates and decides (or refunds) one hash-backed
+-- policy; the returned write, if any, is applied only when the whole
+-- decision admits.
+local function decideHash(key, kind, p, now, cost, maxreg, refund)
   local a = HASH[kind]
   local s, last = a.absent, 0
   local h = readHash(key, a.fields)
@@ -442,7 +505,12 @@ local function decideHash(key, kind, p, now, cost, maxreg)
       checkClock(key, now, last, maxreg)
     end
   end
-  local ns, d = a.decide(s, p, now, cost)
+  local ns, d
+  if refund then
+    ns, d = a.refund(s, p, now, cost)
+  else
+    ns, d = a.decide(s, p, now, cost)
+  end
   local peek = function()
     local _, pd = a.decide(s, p, now, 0)
     return pd
@@ -468,11 +536,12 @@ local function logEntry(key, i)
   return v
 end
 
--- slidingLog ports algorithm.SlidingLog.Decide (with its Trim) over the list
--- at key, reading only the entries it needs: the newest, the cut point (by
--- binary search; the list is sorted) and the one that frees room.
+-- slidingLog ports algorithm.SlidingLog.Decide (with its trim), or with
+-- refund set algorithm.SlidingLog.Refund, over the list at key, reading only
+-- the entries it needs: the newest, the cut point (by binary search; the
+-- list is sorted) and the one that frees room.
 local slidingLog
-slidingLog = function(key, p, now, cost, maxreg)
+slidingLog = function(key, p, now, cost, maxreg, refund)
   local n, newest = 0, 0
   local ttl = redis.call('PTTL', key)
   if ttl == -1 then
@@ -512,6 +581,20 @@ slidingLog = function(key, p, now, cost, maxreg)
   end
   local count = n - cut
   local d = decision(p.limit)
+  if refund then
+    -- Refund: drop up to cost of the newest entries, then report as a peek.
+    local drop = math.min(cost, count)
+    local left = count - drop
+    d.allowed = true
+    d.remaining = math.max(p.limit - left, 0)
+    local expires = 0
+    if left > 0 then
+      local newest = logEntry(key, cut + left - 1)
+      d.reset = newest + p.window - now
+      expires = newest + p.window
+    end
+    return d, {log = true, cut = cut, drop = drop, cost = 0, at = now, expires = expires}, nil
+  end
   local need = verdictCost(cost)
   local peek = function()
     return slidingLog(key, p, now, 0, maxreg)
@@ -533,16 +616,21 @@ slidingLog = function(key, p, now, cost, maxreg)
   if cost == 0 then
     return d, nil, peek
   end
-  return d, {log = true, cut = cut, at = now, cost = cost, expires = now + p.window}, peek
+  return d, {log = true, cut = cut, drop = 0, at = now, cost = cost, expires = now + p.window}, peek
 end
 
 ------------------------------------------------------------------------
 
--- apply performs one policy's write and sets the key's TTL.
+-- apply performs one policy's write and sets the key's TTL; a state that
+-- equals absent (after a refund) is deleted.
 local function apply(key, w, now, grace)
+  if w.expires <= now then
+    redis.call('DEL', key)
+    return
+  end
   if w.log then
-    if w.cut > 0 then
-      redis.call('LTRIM', key, w.cut, -1)
+    if w.cut > 0 or w.drop > 0 then
+      redis.call('LTRIM', key, w.cut, -1 - w.drop)
     end
     local v = fmt(w.at)
     local left = w.cost
@@ -564,16 +652,113 @@ local function apply(key, w, now, grace)
   redis.call('PEXPIRE', key, fmt(ms))
 end
 
--- main ports memstore.Store.Evaluate: decide every policy, then write all or
--- nothing.
+------------------------------------------------------------------------
+-- Evaluation ids: a sorted set (member: id, score: expiry in µs) and a hash
+-- (id -> the reply's integers, comma-separated) per subject and first
+-- policy, as memstore's dedupeLog.
+
+-- dedupeLookup returns the remembered reply for id, or nil when there is
+-- none or it expired (score <= now).
+local function dedupeLookup(zkey, hkey, id, now, n)
+  for _, key in ipairs({zkey, hkey}) do
+    if redis.call('PTTL', key) == -1 then
+      corrupt(key, 'has no TTL')
+    end
+  end
+  local score = redis.pcall('ZSCORE', zkey, id)
+  if type(score) == 'table' and score.err then
+    corrupt(zkey, 'is not a sorted set: ' .. score.err)
+  end
+  if not score then
+    return nil
+  end
+  local expires = int(score)
+  if expires == nil then
+    corrupt(zkey, 'score of an id = ' .. tostring(score) .. ': want an integer')
+  end
+  if expires <= now then
+    return nil
+  end
+  local raw = redis.pcall('HGET', hkey, id)
+  if type(raw) == 'table' and raw.err then
+    corrupt(hkey, 'is not a hash: ' .. raw.err)
+  end
+  if not raw then
+    corrupt(hkey, 'holds no reply for a remembered id')
+  end
+  local reply = {1}
+  for v in string.gmatch(raw, '[^,]+') do
+    local x = int(v)
+    if x == nil then
+      corrupt(hkey, 'a remembered reply holds ' .. string.sub(v, 1, 40) .. ': want integers')
+    end
+    reply[#reply + 1] = x
+  end
+  if #reply ~= 1 + 5 * n then
+    raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. fmt((#reply - 1) / 5) .. ' policies, now with ' .. n)
+  end
+  return reply
+end
+
+-- dedupeRemember records reply for id until now + ttl, forgetting expired
+-- ids and, beyond max, the oldest; the keys live until the newest record
+-- expires, plus grace.
+local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
+  local expired = redis.call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
+    redis.call('HDEL', hkey, unpack(expired))
+  end
+  local vals = {}
+  for i = 2, #reply do
+    vals[i - 1] = fmt(reply[i])
+  end
+  redis.call('HSET', hkey, id, table.concat(vals, ','))
+  redis.call('ZADD', zkey, fmt(now + ttl), id)
+  local over = redis.call('ZCARD', zkey) - max
+  if over > 0 then
+    local oldest = redis.call('ZRANGE', zkey, 0, over - 1)
+    redis.call('ZREMRANGEBYRANK', zkey, 0, over - 1)
+    redis.call('HDEL', hkey, unpack(oldest))
+  end
+  local ms = fmt(ceilDiv(ttl + grace, 1000))
+  redis.call('PEXPIRE', zkey, ms)
+  redis.call('PEXPIRE', hkey, ms)
+end
+
+------------------------------------------------------------------------
+
+-- main ports memstore.Store.Evaluate: replay a remembered id, or decide
+-- every policy, then write all or nothing, and remember the reply.
 local function main()
+  local id = ARGV[5] or ''
   local n = #KEYS
-  if n == 0 or #ARGV ~= 3 + 5 * n then
-    raise('SLUICE_ARGS', 'want 3 + 5 ARGV per key, got ' .. #ARGV .. ' for ' .. n .. ' keys')
+  if id ~= '' then
+    n = n - 2
+  end
+  if n < 1 or #ARGV ~= 7 + 5 * n then
+    raise('SLUICE_ARGS', 'want 7 + 5 ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
   local cost = int(ARGV[1])
   if cost == nil or cost < 0 then
     raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+  end
+  local refund = ARGV[4] == 'refund'
+  if not refund and ARGV[4] ~= 'spend' then
+    raise('SLUICE_ARGS', 'mode must be spend or refund')
+  end
+  if refund and cost < 1 then
+    raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
+  end
+  local dttl, dmax
+  if id ~= '' then
+    dttl, dmax = int(ARGV[6]), int(ARGV[7])
+    if cost == 0 then
+      raise('SLUICE_ARGS', 'a peek is never remembered: send no evaluation id')
+    end
+    if dttl == nil or dttl < 1000 or dttl > 3600000000 or dmax == nil or dmax < 1 or dmax > 10000 then
+      raise('SLUICE_ARGS', 'dedupe TTL must be 1000 to 3600000000 µs and dedupe max 1 to 10000')
+    end
   end
   local now
   local maxreg = -1
@@ -590,29 +775,38 @@ local function main()
       raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
     end
   end
+  if id ~= '' then
+    local replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now, n)
+    if replay then
+      return replay
+    end
+  end
 
-  local reply, writes, peeks, allowed = {}, {}, {}, {}
+  local reply, writes, peeks, allowed = {0}, {}, {}, {}
   local admitted = true
   for i = 1, n do
-    local base = 3 + 5 * (i - 1)
+    local base = 7 + 5 * (i - 1)
     local kind = int(ARGV[base + 1])
     local p = {limit = int(ARGV[base + 2]), window = int(ARGV[base + 3]), burst = int(ARGV[base + 4]), grace = int(ARGV[base + 5])}
     if kind == nil or kind < 1 or kind > 5 or not (p.limit and p.window and p.burst and p.grace) then
       raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers, algorithm 1 to 5')
     end
     checkParams(i, kind, p, cost)
+    if refund and kind == 3 then
+      raise('SLUICE_ARGS', 'policy ' .. i .. ': sliding_window has no refund')
+    end
     local d, w
     if kind == 2 then
-      d, w, peeks[i] = slidingLog(KEYS[i], p, now, cost, maxreg)
+      d, w, peeks[i] = slidingLog(KEYS[i], p, now, cost, maxreg, refund)
     else
-      d, w, peeks[i] = decideHash(KEYS[i], kind, p, now, cost, maxreg)
+      d, w, peeks[i] = decideHash(KEYS[i], kind, p, now, cost, maxreg, refund)
     end
     if not d.allowed then
       admitted = false
     end
     allowed[i] = d.allowed
     writes[i] = w or false
-    local k = 5 * (i - 1)
+    local k = 1 + 5 * (i - 1)
     reply[k + 1] = d.allowed and 1 or 0
     reply[k + 2] = d.limit
     reply[k + 3] = d.remaining
@@ -625,7 +819,7 @@ local function main()
     for i = 1, n do
       if allowed[i] then
         local d = peeks[i]()
-        local k = 5 * (i - 1)
+        local k = 1 + 5 * (i - 1)
         reply[k + 3] = d.remaining
         reply[k + 4] = d.reset
         reply[k + 5] = 0
@@ -635,9 +829,12 @@ local function main()
   if admitted and cost > 0 then
     for i = 1, n do
       if writes[i] then
-        apply(KEYS[i], writes[i], now, int(ARGV[3 + 5 * (i - 1) + 5]))
+        apply(KEYS[i], writes[i], now, int(ARGV[7 + 5 * (i - 1) + 5]))
       end
     end
+  end
+  if id ~= '' then
+    dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, int(ARGV[12]), reply)
   end
   return reply
 end

@@ -25,6 +25,32 @@ type model interface {
 	decide(p algorithm.Params, now, cost int64) algorithm.Decision
 }
 
+// refunder is a model whose algorithm has a Refund, applied as memstore
+// applies it: the new state is always kept.
+type refunder interface {
+	refund(p algorithm.Params, now, n int64) algorithm.Decision
+}
+
+func (m *fixedWindowModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
+	m.s, d = m.s.Refund(p, now, n)
+	return d
+}
+
+func (m *slidingLogModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
+	m.s, d = algorithm.SlidingLog{Entries: slices.Clone(m.s.Entries)}.Refund(p, now, n)
+	return d
+}
+
+func (m *tokenBucketModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
+	m.s, d = m.s.Refund(p, now, n)
+	return d
+}
+
+func (m *gcraModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
+	m.s, d = m.s.Refund(p, now, n)
+	return d
+}
+
 type fixedWindowModel struct{ s algorithm.FixedWindow }
 
 func (m *fixedWindowModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
@@ -186,9 +212,9 @@ func TestDifferential(t *testing.T) {
 				subj string
 				now  int64
 			)
-			var allowed, denied, regressions int
+			var allowed, denied, regressions, refunds int
 			defer func() {
-				t.Logf("%d steps: %d allowed, %d denied, %d with the clock moved back", *diffSteps, allowed, denied, regressions)
+				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d with the clock moved back", *diffSteps, allowed, denied, refunds, regressions)
 			}()
 			for step := range *diffSteps {
 				if step%episode == 0 {
@@ -204,10 +230,21 @@ func TestDifferential(t *testing.T) {
 				now = max(now+dt, 1)
 				cost := randomCost(r, p)
 				clock.Set(time.UnixMicro(now))
-				want := statusOf(p, m.decide(algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}, now, cost))
-				got, err := evaluate(context.Background(), s, subj, cost, p)
+				prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
+				rf, refund := m.(refunder)
+				refund = refund && cost > 0 && r.IntN(8) == 0
+				var want sluice.Status
+				if refund {
+					refunds++
+					want = statusOf(p, rf.refund(prm, now, cost))
+				} else {
+					want = statusOf(p, m.decide(prm, now, cost))
+				}
+				ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: cost, Refund: refund}
+				err := s.Evaluate(context.Background(), ev)
+				got := ev.Statuses
 				if err != nil {
-					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d): %v", seed, step, *p, now, cost, err)
+					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d, refund=%v): %v", seed, step, *p, now, cost, refund, err)
 				}
 				if want.Allowed {
 					allowed++
@@ -215,7 +252,7 @@ func TestDifferential(t *testing.T) {
 					denied++
 				}
 				if got[0] != want {
-					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d) = %+v, want %+v", seed, step, *p, now, cost, got[0], want)
+					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d, refund=%v) = %+v, want %+v", seed, step, *p, now, cost, refund, got[0], want)
 				}
 			}
 		})

@@ -25,10 +25,12 @@
 // # Least-privilege ACL
 //
 // The store sends EVALSHA and SCRIPT LOAD (never EVAL), and its script calls
-// only TIME, PTTL, PEXPIRE, HMGET, HSET, LLEN, LINDEX, LTRIM and RPUSH on keys
-// under Prefix. A user restricted to exactly that works:
+// only TIME, PTTL, PEXPIRE, DEL, HMGET, HGET, HSET, HDEL, LLEN, LINDEX,
+// LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE
+// and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
+// that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +hmget +hset +llen +lindex +ltrim +rpush
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +del +hmget +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery.
@@ -47,10 +49,15 @@
 // (which could spend twice); only NOSCRIPT, which proves the script did not
 // run, is retried, once, after SCRIPT LOAD on that node.
 //
-// Not yet implemented: refunds (Evaluation.Refund is refused with
-// sluice.ErrNotRefundable, nothing spent) and deduplication by
-// Evaluation.EvaluationID (ignored: a retry after an Indeterminate outcome
-// may spend again).
+// # Evaluation ids
+//
+// A decision with an Evaluation.EvaluationID is remembered in the same
+// script call that takes it, under two keys of the subject's slot named
+// after the first policy: <Prefix>{<S>}<P>:<R>:ids, a sorted set of ids
+// scored by expiry, and <Prefix>{<S>}<P>:<R>:idv, a hash of id to reply.
+// A repeat within the first policy's DedupeTTL gets the remembered reply
+// (Evaluation.Replayed) and spends nothing; beyond DedupeMax ids the one
+// expiring first is forgotten. Both keys expire with their newest record.
 package redisstore
 
 import (
@@ -290,6 +297,12 @@ func (s *Store) Key(subject string, p *sluice.Policy) string {
 	return b.String()
 }
 
+// dedupeKey returns a key of the evaluation-id records of p for subject:
+// see the package documentation.
+func (s *Store) dedupeKey(subject string, p *sluice.Policy, suffix string) string {
+	return s.prefix + "{" + subject + "}" + p.ID + ":" + strconv.FormatInt(p.Revision, 10) + ":" + suffix
+}
+
 // scriptCmd is an EVALSHA that go-redis must never retry on its own: a
 // retry after the command was written could spend twice.
 type scriptCmd struct{ *redis.Cmd }
@@ -312,23 +325,43 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := sluice.CheckSubject(ev.Subject); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
-	if ev.Refund {
-		// Refusing is safe; spending instead of refunding would not be.
-		return fmt.Errorf("redisstore: %w: the Redis store does not implement refunds yet", sluice.ErrNotRefundable)
+	if ev.Refund && ev.Cost < 1 {
+		return fmt.Errorf("redisstore: %w: a refund gives back a cost >= 1", sluice.ErrInvalidRequest)
 	}
-	args := make([]any, 0, 3+n+3+5*n)
-	args = append(args, "evalsha", decideSHA, strconv.Itoa(n))
+	// Peeks are never remembered.
+	id := ""
+	if ev.EvaluationID != "" && ev.Cost > 0 {
+		id = "s:" + ev.EvaluationID
+		if ev.Refund {
+			id = "r:" + ev.EvaluationID
+		}
+	}
+	keys := n
+	if id != "" {
+		keys += 2
+	}
+	args := make([]any, 0, 3+keys+7+5*n)
+	args = append(args, "evalsha", decideSHA, strconv.Itoa(keys))
 	for _, p := range ev.Policies {
 		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
 			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
 		}
 		args = append(args, s.Key(ev.Subject, p))
 	}
+	first := ev.Policies[0]
+	if id != "" {
+		args = append(args, s.dedupeKey(ev.Subject, first, "ids"), s.dedupeKey(ev.Subject, first, "idv"))
+	}
 	now := ""
 	if s.clock != nil {
 		now = strconv.FormatInt(sluice.UnixMicro(s.clock), 10)
 	}
-	args = append(args, strconv.FormatInt(ev.Cost, 10), now, s.maxReg)
+	mode := "spend"
+	if ev.Refund {
+		mode = "refund"
+	}
+	args = append(args, strconv.FormatInt(ev.Cost, 10), now, s.maxReg, mode, id,
+		strconv.FormatInt(first.DedupeTTL.Microseconds(), 10), strconv.Itoa(first.DedupeMax))
 	for _, p := range ev.Policies {
 		args = append(args,
 			algorithmCodes[p.Algorithm].arg,
@@ -353,12 +386,13 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err != nil {
 		return s.classify(ctx, "run script", err)
 	}
-	if len(vals) != 5*n {
+	if len(vals) != 1+5*n {
 		return fmt.Errorf("redisstore: %w: script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
+	ev.Replayed = vals[0] == 1
 	ev.Statuses = ev.Statuses[:0]
 	for i, p := range ev.Policies {
-		v := vals[5*i:]
+		v := vals[1+5*i:]
 		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, v[0] == 1, v[1], v[2], v[3], v[4]))
 	}
 	return nil

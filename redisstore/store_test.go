@@ -39,6 +39,65 @@ func TestSuiteCluster(t *testing.T) {
 	})
 }
 
+func TestSemanticsStandalone(t *testing.T) {
+	c := standaloneClient(t)
+	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+	})
+}
+
+func TestSemanticsCluster(t *testing.T) {
+	c := clusterClient(t)
+	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+	})
+}
+
+// TestLostReplyIsReplayed: the proxy forwards the script call to Redis and
+// drops the reply, so the decision is taken but the caller sees
+// Indeterminate; the retry with the same evaluation id gets the first
+// decision back and the budget shows one spend, not two.
+func TestLostReplyIsReplayed(t *testing.T) {
+	direct := standaloneClient(t)
+	proxy := newBlackholeProxy(t, shared.standalone.Addr)
+	pc := redis.NewClient(&redis.Options{Addr: proxy.addr, ContextTimeoutEnabled: true, MaxRetries: 3})
+	defer pc.Close()
+	s := newStore(t, pc, redisstore.Options{Timeout: 300 * time.Millisecond})
+	p := policy(t, "lost", sluice.FixedWindow, 5, time.Minute)
+	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := subject(t)
+	check := func(id string) sluice.Outcome {
+		return l.Check(context.Background(), sluice.Request{Policy: "lost", Subject: subj, EvaluationID: id})
+	}
+	if o := check("warm-up"); o.Kind != sluice.Allowed || o.Remaining != 4 {
+		t.Fatalf("warm-up = %+v, want allowed with 4 left", o)
+	}
+	proxy.dropReplies.Store(true)
+	lost := check("job-1")
+	proxy.dropReplies.Store(false)
+	if lost.Kind != sluice.Indeterminate {
+		t.Fatalf("Check whose reply was dropped = %+v, want Indeterminate", lost)
+	}
+	if n := proxy.forwardedWhileDropping.Load(); n != 1 {
+		t.Fatalf("%d commands reached Redis while replies were dropped, want exactly the one script call", n)
+	}
+	retry := check("job-1")
+	if retry.Kind != sluice.Allowed || !retry.Replayed || retry.Remaining != 3 {
+		t.Fatalf("retry with the same id = %+v, want the first decision replayed: allowed, 3 left", retry)
+	}
+	again := l.Check(context.Background(), sluice.Request{Policy: "lost", Subject: subj, Peek: true})
+	if again.Remaining != 3 {
+		t.Fatalf("remaining after a lost reply and its retry = %d, want 3: one spend, not two", again.Remaining)
+	}
+	// And directly in Redis: the counter holds the warm-up and job-1.
+	if c, err := direct.HGet(context.Background(), s.Key(subj, p), "c").Result(); err != nil || c != "2" {
+		t.Fatalf("counter in Redis = %q, %v; want 2", c, err)
+	}
+}
+
 // TestConcurrent: 40 goroutines on one key, Redis TIME, admit exactly the
 // limit, for every algorithm.
 func TestConcurrent(t *testing.T) {
@@ -173,6 +232,11 @@ func TestACL(t *testing.T) {
 	if err := s.Ready(ctx); err != nil {
 		t.Fatalf("Ready as the restricted user: %v", err)
 	}
+	// Every path of the script (dedupe records, refunds, deletes) runs
+	// under the restricted user.
+	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+		return newStore(t, user, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+	})
 	stats, err := admin.Info(ctx, "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -426,6 +490,9 @@ type blackholeProxy struct {
 	addr      string
 	swallow   atomic.Bool
 	swallowed atomic.Int64 // commands received while swallowing
+	// dropReplies forwards commands but throws Redis's replies away.
+	dropReplies            atomic.Bool
+	forwardedWhileDropping atomic.Int64
 }
 
 func newBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
@@ -460,7 +527,20 @@ func newBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
 			mu.Lock()
 			open = append(open, down, up)
 			mu.Unlock()
-			conns.Go(func() { io.Copy(down, up) })
+			conns.Go(func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := up.Read(buf)
+					if n > 0 && !p.dropReplies.Load() {
+						if _, err := down.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
 			conns.Go(func() {
 				rd := bufio.NewReader(down)
 				for {
@@ -486,6 +566,9 @@ func newBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
 					if p.swallow.Load() {
 						p.swallowed.Add(1)
 						continue
+					}
+					if p.dropReplies.Load() {
+						p.forwardedWhileDropping.Add(1)
 					}
 					if _, err := up.Write(cmd); err != nil {
 						return

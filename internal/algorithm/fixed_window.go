@@ -49,11 +49,11 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 // once it has closed: that window's budget is gone). The decision is the
 // peek after it, always Allowed: a refund cannot be denied.
 func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
-	if s.Start != 0 && now < s.Start {
-		now = s.Start
-	}
-	if s.Start != 0 && now < s.Start+p.Window {
+	if s.Start != 0 && max(now, s.Start) < s.Start+p.Window {
 		s.Count = max(s.Count-n, 0)
+	}
+	if s.Expires(p) <= now {
+		s = FixedWindow{} // nothing left to remember: absent, as a store drops it
 	}
 	_, d := s.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0

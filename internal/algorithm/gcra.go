@@ -67,8 +67,8 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 			s.Frac += p.Limit
 			s.TAT--
 		}
-		if s.TAT < now {
-			s = GCRA{TAT: now}
+		if s.Expires(p) <= now {
+			s = GCRA{} // no debt left: absent, as a store drops it
 		}
 	}
 	_, d := s.Decide(p, now, 0)

@@ -67,6 +67,9 @@ func (s SlidingLog) Refund(p Params, now, n int64) (SlidingLog, Decision) {
 	}
 	s = s.trim(p, now)
 	s.Entries = s.Entries[:int64(len(s.Entries))-min(n, int64(len(s.Entries)))]
+	if len(s.Entries) == 0 {
+		s = SlidingLog{} // absent, as a store drops it
+	}
 	_, d := s.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d

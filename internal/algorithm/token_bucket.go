@@ -67,6 +67,9 @@ func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 	if s.Last != 0 {
 		tokens, at := s.level(p, now)
 		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at}
+		if s.Expires(p) <= now {
+			s = TokenBucket{} // full: absent, as a store drops it
+		}
 	}
 	_, d := s.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0

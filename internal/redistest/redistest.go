@@ -366,7 +366,8 @@ type ACLServer struct {
 // denied.
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
-		"+evalsha +script|load +ping +time +pttl +pexpire +hmget +hset +llen +lindex +ltrim +rpush"
+		"+evalsha +script|load +ping +time +pttl +pexpire +del +hmget +hget +hset +hdel +llen +lindex +ltrim +rpush " +
+		"+zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
 }
 
 // StartACL starts a server with a default user protected by a password and
