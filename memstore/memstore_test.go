@@ -18,5 +18,3 @@ func newStore(t *testing.T, clock sluice.Clock) sluice.Store {
 }
 
 func TestStore(t *testing.T) { sluicetest.TestStore(t, newStore) }
-
-func TestSemantics(t *testing.T) { sluicetest.TestSemantics(t, newStore) }

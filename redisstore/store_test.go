@@ -39,20 +39,6 @@ func TestSuiteCluster(t *testing.T) {
 	})
 }
 
-func TestSemanticsStandalone(t *testing.T) {
-	c := standaloneClient(t)
-	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
-		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
-	})
-}
-
-func TestSemanticsCluster(t *testing.T) {
-	c := clusterClient(t)
-	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
-		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
-	})
-}
-
 // TestLostReplyIsReplayed: the proxy forwards the script call to Redis and
 // drops the reply, so the decision is taken but the caller sees
 // Indeterminate; the retry with the same evaluation id gets the first
@@ -234,7 +220,7 @@ func TestACL(t *testing.T) {
 	}
 	// Every path of the script (dedupe records, refunds, deletes) runs
 	// under the restricted user.
-	sluicetest.TestSemantics(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
+	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
 		return newStore(t, user, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
 	})
 	stats, err := admin.Info(ctx, "commandstats").Result()

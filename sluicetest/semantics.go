@@ -9,9 +9,8 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// TestSemantics runs the suite of exactly-once, refund and policy-change
-// semantics against the stores newStore makes.
-func TestSemantics(t *testing.T, newStore NewStoreFunc) {
+// testSemantics runs the exactly-once, refund and policy-change scenarios.
+func testSemantics(t *testing.T, newStore NewStoreFunc) {
 	t.Run("RetryWithSameIDSpendsOnce", func(t *testing.T) { testDedupe(t, newStore) })
 	t.Run("DedupeForgetsAfterTTL", func(t *testing.T) { testDedupeTTL(t, newStore) })
 	t.Run("DedupeEvictsOldestFirst", func(t *testing.T) { testDedupeCap(t, newStore) })

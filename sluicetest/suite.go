@@ -37,6 +37,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 	t.Run("RetryAfterIsExact", func(t *testing.T) { testRetryAfterExact(t, newStore) })
 	t.Run("RevisionStartsFresh", func(t *testing.T) { testRevision(t, newStore) })
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
+	testSemantics(t, newStore)
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that
