@@ -20,7 +20,9 @@ import (
 
 // Options configure a Store. The zero value means the defaults.
 type Options struct {
-	// Clock is the time source of every decision. Default: sluice.SystemClock{}.
+	// Clock is the time source of every decision. Default: a
+	// sluice.MonotonicClock started by New, which never steps when the
+	// system clock is adjusted.
 	Clock sluice.Clock
 	// Shards is the number of independently locked partitions, rounded up to
 	// a power of two. Subjects are spread over them by a hash; all state of
@@ -75,7 +77,7 @@ type entry struct {
 
 type shard struct {
 	mu     sync.Mutex
-	m      map[key]entry
+	m      map[key]*entry // pointers: an existing key costs one lookup
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
 	_      [32]byte           // keep neighbouring shards' locks off one cache line
 }
@@ -119,7 +121,7 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("memstore: MaxKeys = %d: must not be negative", opts.MaxKeys)
 	}
 	if opts.Clock == nil {
-		opts.Clock = sluice.SystemClock{}
+		opts.Clock = sluice.NewMonotonicClock()
 	}
 	if opts.Shards == 0 {
 		opts.Shards = 64
@@ -144,7 +146,7 @@ func New(opts Options) (*Store, error) {
 		done:     make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[key]entry)
+		s.shards[i].m = make(map[key]*entry)
 		s.shards[i].dedupe = make(map[key]*dedupeLog)
 	}
 	if opts.SweepInterval > 0 {
@@ -180,10 +182,12 @@ func (s *Store) Len() int {
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
 
 // pending is one policy's decided state, written only if the whole
-// decision admits.
+// decision admits: over stored (nil when the key holds nothing), or as a
+// new key.
 type pending struct {
-	k key
-	e entry
+	k      key
+	stored *entry
+	e      entry
 }
 
 // Evaluate implements sluice.Store.
@@ -194,9 +198,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if len(ev.Policies) == 0 {
 		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
 	}
-	now := s.clock.Now().UnixMicro()
+	now := sluice.UnixMicro(s.clock)
 	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
-	var buf [4]pending
+	var buf [2]pending
 	decided := buf[:0]
 	ev.Statuses = ev.Statuses[:0]
 	ev.Replayed = false
@@ -226,26 +230,26 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
-		prm := params(p)
-		e := sh.load(k, algorithm.Kind(p.Algorithm), now)
+		decided = append(decided, pending{k: k, stored: sh.m[k]})
+		pd := &decided[len(decided)-1]
+		pd.e = current(pd.stored, algorithm.Kind(p.Algorithm), now)
 		var d algorithm.Decision
 		if ev.Refund {
-			d = refund(&e, prm, now, ev.Cost)
+			d = refund(&pd.e, params(p), now, ev.Cost)
 		} else {
-			d = decide(&e, prm, now, ev.Cost)
+			d = decide(&pd.e, params(p), now, ev.Cost)
 		}
 		if !d.Allowed {
 			allowed = false
 		}
 		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter))
-		decided = append(decided, pending{k, e})
 	}
 	if !allowed && len(ev.Policies) > 1 {
 		// Nothing is spent: a policy that would have admitted reports its
 		// unspent state, as a peek does, still admitting the cost.
 		for i, p := range ev.Policies {
 			if ev.Statuses[i].Allowed {
-				e := sh.load(decided[i].k, algorithm.Kind(p.Algorithm), now)
+				e := current(decided[i].stored, algorithm.Kind(p.Algorithm), now)
 				d := decide(&e, params(p), now, 0)
 				ev.Statuses[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
 			}
@@ -257,8 +261,8 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if !allowed || ev.Cost == 0 {
 		return nil
 	}
-	for _, pd := range decided {
-		s.put(sh, now, pd.k, pd.e)
+	for i := range decided {
+		s.put(sh, now, &decided[i])
 	}
 	return nil
 }
@@ -319,15 +323,17 @@ func sweepDedupe(sh *shard, now int64) int {
 	return n
 }
 
-// load returns the state under k (sh locked) as of now: a fresh one when it
-// is absent, expired, or was written by another algorithm under the same
-// revision.
-func (sh *shard) load(k key, kind algorithm.Kind, now int64) entry {
-	e, ok := sh.m[k]
-	if !ok || e.kind != kind || now >= e.expires {
-		return entry{kind: kind, log: e.log[:0]}
+// current returns a copy of the stored state as of now: a fresh one when
+// there is none, it expired, or it was written by another algorithm under
+// the same revision.
+func current(stored *entry, kind algorithm.Kind, now int64) entry {
+	if stored == nil {
+		return entry{kind: kind}
 	}
-	return e
+	if stored.kind != kind || now >= stored.expires {
+		return entry{kind: kind, log: stored.log[:0]}
+	}
+	return *stored
 }
 
 func params(p *sluice.Policy) algorithm.Params {
@@ -399,16 +405,23 @@ func decide(e *entry, p algorithm.Params, now, cost int64) algorithm.Decision {
 	return d
 }
 
-// put stores e under k in sh (locked), enforcing the per-shard bound.
-func (s *Store) put(sh *shard, now int64, k key, e entry) {
-	if e.expires <= now {
-		delete(sh.m, k)
-		return
+// put writes a decided state in sh (locked), enforcing the per-shard bound.
+// Only a new key allocates.
+func (s *Store) put(sh *shard, now int64, pd *pending) {
+	switch {
+	case pd.e.expires <= now:
+		if pd.stored != nil {
+			delete(sh.m, pd.k)
+		}
+	case pd.stored != nil:
+		*pd.stored = pd.e
+	default:
+		if len(sh.m) >= s.perShard {
+			s.makeRoom(sh, now)
+		}
+		e := pd.e
+		sh.m[pd.k] = &e
 	}
-	if _, exists := sh.m[k]; !exists && len(sh.m) >= s.perShard {
-		s.makeRoom(sh, now)
-	}
-	sh.m[k] = e
 }
 
 // makeRoom frees one slot in sh (locked): expired states first, else the
@@ -448,7 +461,7 @@ func sweepShard(sh *shard, now int64) int {
 // returns how many states it dropped. The background sweeper calls it;
 // tests and callers with the sweeper disabled may too.
 func (s *Store) Sweep() int {
-	now := s.clock.Now().UnixMicro()
+	now := sluice.UnixMicro(s.clock)
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
