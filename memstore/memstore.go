@@ -77,7 +77,7 @@ type entry struct {
 
 type shard struct {
 	mu     sync.Mutex
-	m      map[key]*entry // pointers: an existing key costs one lookup
+	m      map[key]*entry     // pointers: an existing key costs one lookup
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
 	_      [32]byte           // keep neighbouring shards' locks off one cache line
 }
