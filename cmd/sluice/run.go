@@ -48,7 +48,7 @@ type app struct {
 // run executes the command line args (without the program name). It
 // returns nil on success; exitCode maps its errors to exit statuses.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: sluice.SystemClock{}}
+	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: sluice.NewMonotonicClock()}
 	return a.run(ctx, args)
 }
 

@@ -78,7 +78,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
 
-	st, err := newStore(ctx, cfg, a.clock, a.getenv)
+	st, err := newStore(ctx, cfg, a.clock, a.getenv, log)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,7 +25,7 @@ type storeHandle struct {
 
 // newStore builds the store the config names. It is the one place where
 // store types are wired into the binary.
-func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, getenv func(string) string) (*storeHandle, error) {
+func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, getenv func(string) string, log *slog.Logger) (*storeHandle, error) {
 	switch cfg.Store.Type {
 	case config.StoreMemory:
 		ms, err := memstore.New(memstore.Options{Clock: clock})
@@ -33,6 +34,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		return &storeHandle{store: ms, close: ms.Close}, nil
 	case config.StoreRedis:
+		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; this binary owns it
 		client, err := newRedisClient(cfg.Store.Redis, getenv)
 		if err != nil {
 			return nil, fmt.Errorf("store type redis: %w", err)
@@ -80,4 +82,12 @@ func newRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
+}
+
+// redisLogger sends go-redis's own log lines (dial retries, pool trouble)
+// to the server's log instead of the standard logger.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
