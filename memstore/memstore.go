@@ -233,12 +233,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		decided = append(decided, pending{k: k, stored: sh.m[k]})
 		pd := &decided[len(decided)-1]
 		pd.e = current(pd.stored, algorithm.Kind(p.Algorithm), now)
-		var d algorithm.Decision
-		if ev.Refund {
-			d = refund(&pd.e, params(p), now, ev.Cost)
-		} else {
-			d = decide(&pd.e, params(p), now, ev.Cost)
-		}
+		d := step(&pd.e, params(p), now, ev.Cost, ev.Refund)
 		if !d.Allowed {
 			allowed = false
 		}
@@ -250,7 +245,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		for i, p := range ev.Policies {
 			if ev.Statuses[i].Allowed {
 				e := current(decided[i].stored, algorithm.Kind(p.Algorithm), now)
-				d := decide(&e, params(p), now, 0)
+				d := step(&e, params(p), now, 0, false)
 				ev.Statuses[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
 			}
 		}
@@ -340,67 +335,52 @@ func params(p *sluice.Policy) algorithm.Params {
 	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
 }
 
-// refund runs the Refund of e.kind on e in place; Limiter has checked that
-// the algorithm has one.
-func refund(e *entry, p algorithm.Params, now, n int64) algorithm.Decision {
+// step runs the algorithm of e.kind on e in place, deciding cost, or with
+// refund set giving n back, and returns the verdict.
+func step(e *entry, p algorithm.Params, now, n int64, refund bool) algorithm.Decision {
 	var d algorithm.Decision
 	switch e.kind {
 	case algorithm.KindFixedWindow:
-		var st algorithm.FixedWindow
-		st, d = algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}.Refund(p, now, n)
-		e.v = [3]int64{st.Start, st.Count}
-		e.expires = st.Expires(p)
+		st := algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}
+		if refund {
+			st, d = st.Refund(p, now, n)
+		} else {
+			st, d = st.Decide(p, now, n)
+		}
+		e.v, e.expires = [3]int64{st.Start, st.Count}, st.Expires(p)
 	case algorithm.KindSlidingLog:
-		var st algorithm.SlidingLog
-		st, d = algorithm.SlidingLog{Entries: e.log}.Refund(p, now, n)
-		e.log = st.Entries
-		e.expires = st.Expires(p)
-	case algorithm.KindTokenBucket:
-		var st algorithm.TokenBucket
-		st, d = algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}.Refund(p, now, n)
-		e.v = [3]int64{st.Tokens, st.Last}
-		e.expires = st.Expires(p)
-	case algorithm.KindGCRA:
-		var st algorithm.GCRA
-		st, d = algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}.Refund(p, now, n)
-		e.v = [3]int64{st.TAT, st.Frac}
-		e.expires = st.Expires(p)
-	default:
-		// Unreachable through Limiter; answer as a peek, changing nothing.
-		d = decide(e, p, now, 0)
-	}
-	return d
-}
-
-// decide runs the algorithm of e.kind on e in place and returns the verdict.
-func decide(e *entry, p algorithm.Params, now, cost int64) algorithm.Decision {
-	var d algorithm.Decision
-	switch e.kind {
-	case algorithm.KindFixedWindow:
-		var st algorithm.FixedWindow
-		st, d = algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}.Decide(p, now, cost)
-		e.v = [3]int64{st.Start, st.Count}
-		e.expires = st.Expires(p)
-	case algorithm.KindSlidingLog:
-		var st algorithm.SlidingLog
-		st, d = algorithm.SlidingLog{Entries: e.log}.Decide(p, now, cost)
-		e.log = st.Entries
-		e.expires = st.Expires(p)
+		st := algorithm.SlidingLog{Entries: e.log}
+		if refund {
+			st, d = st.Refund(p, now, n)
+		} else {
+			st, d = st.Decide(p, now, n)
+		}
+		e.log, e.expires = st.Entries, st.Expires(p)
 	case algorithm.KindSlidingWindow:
-		var st algorithm.SlidingWindow
-		st, d = algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}.Decide(p, now, cost)
-		e.v = [3]int64{st.Start, st.Curr, st.Prev}
-		e.expires = st.Expires(p)
+		// No Refund (Limiter refuses it first): a refund would only peek.
+		st := algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}
+		if refund {
+			_, d = st.Decide(p, now, 0)
+		} else {
+			st, d = st.Decide(p, now, n)
+		}
+		e.v, e.expires = [3]int64{st.Start, st.Curr, st.Prev}, st.Expires(p)
 	case algorithm.KindTokenBucket:
-		var st algorithm.TokenBucket
-		st, d = algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}.Decide(p, now, cost)
-		e.v = [3]int64{st.Tokens, st.Last}
-		e.expires = st.Expires(p)
+		st := algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}
+		if refund {
+			st, d = st.Refund(p, now, n)
+		} else {
+			st, d = st.Decide(p, now, n)
+		}
+		e.v, e.expires = [3]int64{st.Tokens, st.Last}, st.Expires(p)
 	case algorithm.KindGCRA:
-		var st algorithm.GCRA
-		st, d = algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}.Decide(p, now, cost)
-		e.v = [3]int64{st.TAT, st.Frac}
-		e.expires = st.Expires(p)
+		st := algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}
+		if refund {
+			st, d = st.Refund(p, now, n)
+		} else {
+			st, d = st.Decide(p, now, n)
+		}
+		e.v, e.expires = [3]int64{st.TAT, st.Frac}, st.Expires(p)
 	}
 	return d
 }
