@@ -35,7 +35,9 @@ type Options struct {
 	// drops the shard's expired states; if none expired, it evicts the one
 	// expiring soonest among a sample of 8. An evicted subject starts from
 	// fresh state, so under such a flood its limit is approximate; Evictions
-	// counts how often that happened. Default: 1 000 000.
+	// counts how often that happened. Remembered evaluation ids are bounded
+	// by the same number, separately: expired ones go first, then the ids
+	// of whole (subject, policy) pairs. Default: 1 000 000.
 	MaxKeys int
 	// SweepInterval is how often a background goroutine drops expired
 	// states (they are also dropped lazily when touched). Negative disables
@@ -79,6 +81,7 @@ type shard struct {
 	mu     sync.Mutex
 	m      map[key]*entry     // pointers: an existing key costs one lookup
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
+	ids    int                // records in all of dedupe, at most perShard
 	_      [32]byte           // keep neighbouring shards' locks off one cache line
 }
 
@@ -102,14 +105,16 @@ func (l *dedupeLog) newest() int64 {
 	return l.records[l.order[len(l.order)-1]].expires
 }
 
-// prune forgets expired records, and the oldest beyond max.
-func (l *dedupeLog) prune(now int64, max int) {
+// prune forgets expired records, and the oldest beyond max, and returns
+// how many it forgot.
+func (l *dedupeLog) prune(now int64, max int) int {
 	drop := 0
 	for drop < len(l.order) && (l.records[l.order[drop]].expires <= now || len(l.order)-drop > max) {
 		delete(l.records, l.order[drop])
 		drop++
 	}
 	l.order = l.order[drop:]
+	return drop
 }
 
 // New returns a Store, starting its sweeper unless disabled.
@@ -262,60 +267,71 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-// remember records statuses as the decision for id (sh locked).
+// remember records statuses as the decision for id (sh locked). The
+// shard holds at most perShard records in all: beyond, expired ones go
+// first, then whole logs, the soonest-expiring of a sample.
 func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, statuses []sluice.Status) {
 	l := sh.dedupe[dk]
 	if l == nil {
-		if len(sh.dedupe) >= s.perShard {
-			s.makeDedupeRoom(sh, now)
-		}
 		l = &dedupeLog{records: make(map[string]dedupeRecord)}
 		sh.dedupe[dk] = l
 	}
 	// Forget expired records first. A live id would have been replayed, so
 	// id is new or expired, and goes to the back.
-	l.prune(now, p.DedupeMax)
+	sh.ids -= l.prune(now, p.DedupeMax)
 	if _, stale := l.records[id]; stale {
 		// Expired but behind a longer-lived record (DedupeTTL changed).
 		l.order = slices.DeleteFunc(l.order, func(x string) bool { return x == id })
+		delete(l.records, id)
+		sh.ids--
 	}
 	l.order = append(l.order, id)
 	l.records[id] = dedupeRecord{expires: now + p.DedupeTTL.Microseconds(), statuses: append([]sluice.Status(nil), statuses...)}
-	l.prune(now, p.DedupeMax)
+	sh.ids++
+	sh.ids -= l.prune(now, p.DedupeMax)
+	if sh.ids > s.perShard {
+		s.makeDedupeRoom(sh, now, l)
+	}
 }
 
-// makeDedupeRoom frees one dedupe log slot in sh (locked), as makeRoom does
-// for states.
-func (s *Store) makeDedupeRoom(sh *shard, now int64) {
-	if sweepDedupe(sh, now) > 0 {
-		return
-	}
-	var victim key
-	soonest := int64(-1)
-	sampled := 0
-	for k, l := range sh.dedupe {
-		if e := l.newest(); soonest < 0 || e < soonest {
-			victim, soonest = k, e
+// makeDedupeRoom brings sh (locked) back to perShard records: expired
+// records first, then whole logs other than keep, the soonest-expiring of
+// a sample of 8, then keep's oldest.
+func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
+	sweepDedupe(sh, now)
+	for sh.ids > s.perShard {
+		var victim key
+		var found bool
+		soonest := int64(-1)
+		sampled := 0
+		for k, l := range sh.dedupe {
+			if l == keep {
+				continue
+			}
+			if e := l.newest(); !found || e < soonest {
+				victim, soonest, found = k, e, true
+			}
+			if sampled++; sampled == 8 {
+				break
+			}
 		}
-		if sampled++; sampled == 8 {
-			break
+		if !found {
+			sh.ids -= keep.prune(now, s.perShard)
+			return
 		}
+		sh.ids -= len(sh.dedupe[victim].order)
+		delete(sh.dedupe, victim)
+		s.evictions.Add(1)
 	}
-	delete(sh.dedupe, victim)
-	s.evictions.Add(1)
 }
 
-// sweepDedupe forgets expired records and empty logs (sh locked) and
-// returns how many logs it dropped.
-func sweepDedupe(sh *shard, now int64) int {
-	n := 0
+// sweepDedupe forgets expired records and empty logs (sh locked).
+func sweepDedupe(sh *shard, now int64) {
 	for k, l := range sh.dedupe {
-		if l.prune(now, len(l.order)); len(l.order) == 0 {
+		if sh.ids -= l.prune(now, len(l.order)); len(l.order) == 0 {
 			delete(sh.dedupe, k)
-			n++
 		}
 	}
-	return n
 }
 
 // current returns a copy of the stored state as of now: a fresh one when

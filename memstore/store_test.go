@@ -84,6 +84,44 @@ func TestMaxKeysBound(t *testing.T) {
 	}
 }
 
+// TestMaxKeysBoundsEvaluationIDs floods one shard with remembered ids of
+// many subjects: their total never exceeds MaxKeys, and the subject being
+// served keeps its newest id.
+func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 64, SweepInterval: -1})
+	p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e6, Window: time.Second, DedupeMax: 100})
+	ctx := context.Background()
+	for i := 0; i < 2000; i++ {
+		ev := evaluation(fmt.Sprint("subject-", i%50), p, 1)
+		ev.EvaluationID = fmt.Sprint("id-", i)
+		if err := s.Evaluate(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if n := s.shards[0].ids; n > 64 {
+			t.Fatalf("after %d ids: %d remembered, want at most MaxKeys 64", i+1, n)
+		}
+		ev.Statuses = nil
+		if err := s.Evaluate(ctx, ev); err != nil || !ev.Replayed {
+			t.Fatalf("repeat of the id just decided: replayed=%v err=%v, want replayed", ev.Replayed, err)
+		}
+	}
+	if s.Evictions() == 0 {
+		t.Fatal("no eviction counted while 2000 ids passed through a bound of 64")
+	}
+	// Expired ids make room without evicting anything live.
+	clock.Advance(time.Hour)
+	before := s.Evictions()
+	for i := 0; i < 64; i++ {
+		ev := evaluation("late", p, 1)
+		ev.EvaluationID = fmt.Sprint("late-", i)
+		s.Evaluate(ctx, ev)
+	}
+	if s.Evictions() != before || s.shards[0].ids != 64 {
+		t.Fatalf("after expiry: evictions %d → %d, %d ids; want no eviction and 64 ids", before, s.Evictions(), s.shards[0].ids)
+	}
+}
+
 func TestExpiredStateIsReclaimed(t *testing.T) {
 	clock := sluicetest.NewClock(sluicetest.Start)
 	s := mustNew(t, Options{Clock: clock, SweepInterval: -1})
