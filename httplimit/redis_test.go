@@ -29,6 +29,11 @@ func redisHarness(t *testing.T, opts httplimit.Options, policies ...sluice.Polic
 	if err != nil {
 		t.Fatalf("redisstore.New: %v", err)
 	}
+	if opts.Deadline == 0 {
+		// Generous, so a loaded machine never fails the calls Redis answers;
+		// the failure cases wait it out.
+		opts.Deadline = 2 * time.Second
+	}
 	return newHarnessStore(t, sluicetest.NewClock(sluicetest.Start), st, policies, opts), srv, srv.Client()
 }
 
@@ -57,8 +62,8 @@ func expectStatus(t *testing.T, h *harness, path string, want int) response {
 	t.Helper()
 	start := time.Now()
 	resp := h.do("GET", path)
-	if elapsed := time.Since(start); elapsed > 5*time.Second {
-		t.Errorf("GET %s answered after %v, want about the 100ms deadline", path, elapsed)
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("GET %s answered after %v, want about the deadline", path, elapsed)
 	}
 	if resp.StatusCode != want {
 		t.Fatalf("GET %s = %d (%s), want %d", path, resp.StatusCode, resp.body, want)
