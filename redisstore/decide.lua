@@ -700,6 +700,14 @@ local function dedupeLookup(zkey, hkey, id, now, n)
   return reply
 end
 
+-- hdel deletes fields from the hash at key, 1000 at a time: Lua's unpack
+-- fails on a few thousand values, and up to 10000 ids may go at once.
+local function hdel(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
 -- dedupeRemember records reply for id until now + ttl, forgetting expired
 -- ids and, beyond max, the oldest; the keys live until the newest record
 -- expires, plus grace.
@@ -707,7 +715,7 @@ local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
   local expired = redis.call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
-    redis.call('HDEL', hkey, unpack(expired))
+    hdel(hkey, expired)
   end
   local vals = {}
   for i = 2, #reply do
@@ -719,7 +727,7 @@ local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
   if over > 0 then
     local oldest = redis.call('ZRANGE', zkey, 0, over - 1)
     redis.call('ZREMRANGEBYRANK', zkey, 0, over - 1)
-    redis.call('HDEL', hkey, unpack(oldest))
+    hdel(hkey, oldest)
   end
   local ms = fmt(ceilDiv(ttl + grace, 1000))
   redis.call('PEXPIRE', zkey, ms)

@@ -567,3 +567,34 @@ func newBlackholeProxy(t *testing.T, upstream string) *blackholeProxy {
 	})
 	return p
 }
+
+// TestDedupeForgetsManyIDsAtOnce: thousands of remembered ids expiring
+// together (Lua's unpack fails on a few thousand values) are forgotten in
+// the same call that remembers the next one, which still replays.
+func TestDedupeForgetsManyIDsAtOnce(t *testing.T) {
+	c := standaloneClient(t)
+	s, clock := callerStore(t, c)
+	p := policy(t, "many", sluice.GCRA, 1_000_000, time.Second)
+	p.DedupeMax = 10_000
+	subj := subject(t)
+	// Remember 9000 ids through the store, so the records are the script's own.
+	for i := range 9000 {
+		ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, EvaluationID: fmt.Sprint("id-", i)}
+		if err := s.Evaluate(context.Background(), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(p.DedupeTTL)
+	ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, EvaluationID: "after"}
+	if err := s.Evaluate(context.Background(), ev); err != nil {
+		t.Fatalf("the decision that forgets 9000 expired ids: %v", err)
+	}
+	again := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, EvaluationID: "after"}
+	if err := s.Evaluate(context.Background(), again); err != nil || !again.Replayed {
+		t.Fatalf("retry = replayed %v, err %v; want replayed", again.Replayed, err)
+	}
+	n, err := c.HLen(context.Background(), "sluice:{"+subj+"}many:1:idv").Result()
+	if err != nil || n != 1 {
+		t.Fatalf("remembered replies = %d, %v; want 1 (the 9000 expired ones forgotten)", n, err)
+	}
+}
