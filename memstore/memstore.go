@@ -31,9 +31,10 @@ type Options struct {
 	Shards int
 	// MaxKeys bounds the number of (subject, policy) states held, so a flood
 	// of distinct subjects cannot exhaust memory. It is enforced per shard
-	// (MaxKeys / Shards each, at least 1). At the bound, a new state first
-	// drops the shard's expired states; if none expired, it evicts the one
-	// expiring soonest among a sample of 8. An evicted subject starts from
+	// (MaxKeys / Shards each, at least 1). At the bound, a new state looks
+	// at a sample of 32 other subjects' states in its shard: the expired ones
+	// go; if none had expired, the one expiring soonest is evicted (the
+	// sweeper drops the rest of the expired ones). An evicted subject starts from
 	// fresh state, so under such a flood its limit is approximate; Evictions
 	// counts how often that happened. Remembered evaluation ids are bounded
 	// by the same number, separately: expired ones go first, then the ids
@@ -294,34 +295,44 @@ func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id stri
 	}
 }
 
-// makeDedupeRoom brings sh (locked) back to perShard records: expired
-// records first, then whole logs other than keep, the soonest-expiring of
-// a sample of 8, then keep's oldest.
+// makeDedupeRoom brings sh (locked) back to perShard records, looking at
+// samples of its logs other than keep: their expired records go first (a
+// log left empty goes too); if that freed nothing, the log whose newest
+// record expires soonest is evicted whole. As a last resort keep's own
+// oldest records go.
 func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
-	sweepDedupe(sh, now)
 	for sh.ids > s.perShard {
 		var victim key
-		var found bool
-		soonest := int64(-1)
+		found, freed := false, false
+		soonest := int64(0)
 		sampled := 0
 		for k, l := range sh.dedupe {
 			if l == keep {
 				continue
 			}
-			if e := l.newest(); !found || e < soonest {
+			if n := l.prune(now, len(l.order)); n > 0 {
+				sh.ids -= n
+				freed = true
+			}
+			if len(l.order) == 0 {
+				delete(sh.dedupe, k)
+			} else if e := l.newest(); !found || e < soonest {
 				victim, soonest, found = k, e, true
 			}
-			if sampled++; sampled == 8 {
+			if sampled++; sampled == roomSample {
 				break
 			}
 		}
-		if !found {
+		switch {
+		case freed:
+		case found:
+			sh.ids -= len(sh.dedupe[victim].order)
+			delete(sh.dedupe, victim)
+			s.evictions.Add(1)
+		default:
 			sh.ids -= keep.prune(now, s.perShard)
 			return
 		}
-		sh.ids -= len(sh.dedupe[victim].order)
-		delete(sh.dedupe, victim)
-		s.evictions.Add(1)
 	}
 }
 
@@ -413,32 +424,45 @@ func (s *Store) put(sh *shard, now int64, pd *pending) {
 		*pd.stored = pd.e
 	default:
 		if len(sh.m) >= s.perShard {
-			s.makeRoom(sh, now)
+			s.makeRoom(sh, now, pd.k.subject)
 		}
 		e := pd.e
 		sh.m[pd.k] = &e
 	}
 }
 
-// makeRoom frees one slot in sh (locked): expired states first, else the
-// soonest-expiring of a sample.
-func (s *Store) makeRoom(sh *shard, now int64) {
-	if sweepShard(sh, now) > 0 {
-		return
-	}
+// roomSample is how many entries making room looks at: bounded, so a
+// decision at the bound costs the same however large the shard is.
+const roomSample = 32
+
+// makeRoom frees at least one slot in sh (locked) by looking at a sample of
+// its states (map iteration starts at a random entry): the expired ones in
+// it go; if none had expired, the one expiring soonest is evicted. States
+// of subject, the one being decided, are never touched, so a multi-policy
+// decision cannot lose what it is writing.
+func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 	var victim key
-	soonest := int64(-1)
+	found, freed := false, false
+	soonest := int64(0)
 	sampled := 0
-	for k, e := range sh.m { // map iteration starts at a random entry
-		if soonest < 0 || e.expires < soonest {
-			victim, soonest = k, e.expires
+	for k, e := range sh.m {
+		if k.subject == subject {
+			continue
 		}
-		if sampled++; sampled == 8 {
+		if e.expires <= now {
+			delete(sh.m, k)
+			freed = true
+		} else if !found || e.expires < soonest {
+			victim, soonest, found = k, e.expires, true
+		}
+		if sampled++; sampled == roomSample {
 			break
 		}
 	}
-	delete(sh.m, victim)
-	s.evictions.Add(1)
+	if !freed && found {
+		delete(sh.m, victim)
+		s.evictions.Add(1)
+	}
 }
 
 // sweepShard drops sh's expired states (sh locked) and returns how many.

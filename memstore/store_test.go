@@ -43,8 +43,9 @@ func TestNewRejectsNegativeOptions(t *testing.T) {
 }
 
 // TestMaxKeysBound floods the store with distinct subjects and checks that
-// it never holds more than the bound, that expired states go first, and
-// that evictions are counted.
+// it never holds more than the bound, that expired states make room before
+// live ones are evicted, that evictions are counted, and that a decision at
+// the bound looks at a bounded sample, not the whole shard.
 func TestMaxKeysBound(t *testing.T) {
 	clock := sluicetest.NewClock(sluicetest.Start)
 	// One shard, so the bound is exactly MaxKeys (it is per shard).
@@ -52,35 +53,58 @@ func TestMaxKeysBound(t *testing.T) {
 	short := validPolicy(t, sluice.Policy{ID: "short", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
 	long := validPolicy(t, sluice.Policy{ID: "long", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour})
 	ctx := context.Background()
-
-	for i := 0; i < 64; i++ {
-		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("short-", i), short, 1)); err != nil {
+	add := func(name string, p *sluice.Policy) {
+		t.Helper()
+		if err := s.Evaluate(ctx, evaluation(name, p, 1)); err != nil {
 			t.Fatal(err)
 		}
+		if n := s.Len(); n > 64 {
+			t.Fatalf("Len = %d after adding %s, want at most MaxKeys 64", n, name)
+		}
+	}
+	for i := 0; i < 64; i++ {
+		add(fmt.Sprint("short-", i), short)
 	}
 	clock.Advance(2 * time.Second) // every "short" state has expired
-	for i := 0; i < 64; i++ {
-		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("long-", i), long, 1)); err != nil {
-			t.Fatal(err)
-		}
+	add("long-0", long)
+	if e, n := s.Evictions(), s.Len(); e != 0 || n != 64-roomSample+1 {
+		t.Fatalf("first state at the bound, all others expired: %d evictions, Len %d; want 0 and %d (the expired of one sample of %d dropped)", e, n, 64-roomSample+1, roomSample)
 	}
-	if n := s.Len(); n > 64 {
-		t.Fatalf("Len = %d after 128 distinct subjects, want at most MaxKeys 64", n)
-	}
-	if e := s.Evictions(); e != 0 {
-		t.Fatalf("Evictions = %d while expired states could make room, want 0", e)
+	s.Sweep()
+	for i := 1; i < 64; i++ {
+		add(fmt.Sprint("long-", i), long)
 	}
 	// Now every state is live: new subjects must evict, counted, bound kept.
 	for i := 0; i < 1000; i++ {
-		if err := s.Evaluate(ctx, evaluation(fmt.Sprint("flood-", i), long, 1)); err != nil {
-			t.Fatal(err)
-		}
+		add(fmt.Sprint("flood-", i), long)
 	}
-	if n := s.Len(); n > 64 {
-		t.Fatalf("Len = %d under a flood, want at most 64", n)
+	if e := s.Evictions(); e != 1000 {
+		t.Fatalf("Evictions = %d after 1000 new subjects into a full store of live states, want 1000", e)
 	}
-	if e := s.Evictions(); e < 1000-64 {
-		t.Fatalf("Evictions = %d after 1000 new subjects into a full store, want at least %d", e, 1000-64)
+}
+
+// TestMultiPolicyAtBoundKeepsItsSpend: making room for a new policy's state
+// never drops the other states the same decision is writing.
+func TestMultiPolicyAtBoundKeepsItsSpend(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 2, SweepInterval: -1})
+	a := validPolicy(t, sluice.Policy{ID: "a", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Second})
+	b := validPolicy(t, sluice.Policy{ID: "b", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour})
+	ctx := context.Background()
+	if err := s.Evaluate(ctx, evaluation("alice", b, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Evaluate(ctx, evaluation("bob", a, 1)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour) // both expired, still held
+	ev := &sluice.Evaluation{Subject: "alice", Policies: []*sluice.Policy{a, b}, Cost: 3}
+	if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[1].Allowed || ev.Statuses[1].Remaining != 2 {
+		t.Fatalf("multi-policy spend of 3 = %+v, %v; want b allowed with 2 left", ev.Statuses, err)
+	}
+	peek := &sluice.Evaluation{Subject: "alice", Policies: []*sluice.Policy{b}}
+	if err := s.Evaluate(ctx, peek); err != nil || peek.Statuses[0].Remaining != 2 {
+		t.Fatalf("peek at b after the spend = %+v, %v; want 2 left: the spend must not be lost while making room", peek.Statuses, err)
 	}
 }
 
