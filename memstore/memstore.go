@@ -70,11 +70,11 @@ type key struct {
 }
 
 // entry is one state. Exactly the fields of its kind are meaningful: a
-// [3]int64 holds the fixed-size states, log the sliding log.
+// [5]int64 holds the fixed-size states, log the sliding log.
 type entry struct {
 	kind    algorithm.Kind
-	expires int64 // µs from which the state equals absent
-	v       [3]int64
+	expires int64 // µs from which the state equals absent, under the numbers it was written with (for sweeping)
+	v       [5]int64
 	log     []int64
 }
 
@@ -238,8 +238,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		decided = append(decided, pending{k: k, stored: sh.m[k]})
 		pd := &decided[len(decided)-1]
-		pd.e = current(pd.stored, algorithm.Kind(p.Algorithm), now)
-		d := step(&pd.e, params(p), now, ev.Cost, ev.Refund)
+		prm := params(p)
+		pd.e = current(pd.stored, algorithm.Kind(p.Algorithm), prm, now)
+		d := step(&pd.e, prm, now, ev.Cost, ev.Refund)
 		if !d.Allowed {
 			allowed = false
 		}
@@ -250,8 +251,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		// unspent state, as a peek does, still admitting the cost.
 		for i, p := range ev.Policies {
 			if ev.Statuses[i].Allowed {
-				e := current(decided[i].stored, algorithm.Kind(p.Algorithm), now)
-				d := step(&e, params(p), now, 0, false)
+				prm := params(p)
+				e := current(decided[i].stored, algorithm.Kind(p.Algorithm), prm, now)
+				d := step(&e, prm, now, 0, false)
 				ev.Statuses[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
 			}
 		}
@@ -346,13 +348,14 @@ func sweepDedupe(sh *shard, now int64) {
 }
 
 // current returns a copy of the stored state as of now: a fresh one when
-// there is none, it expired, or it was written by another algorithm under
-// the same revision.
-func current(stored *entry, kind algorithm.Kind, now int64) entry {
+// there is none, it expired (under p, which may differ from the numbers it
+// was written under), or it was written by another algorithm under the
+// same revision.
+func current(stored *entry, kind algorithm.Kind, p algorithm.Params, now int64) entry {
 	if stored == nil {
 		return entry{kind: kind}
 	}
-	if stored.kind != kind || now >= stored.expires {
+	if stored.kind != kind || now >= stored.expiresUnder(p) {
 		return entry{kind: kind, log: stored.log[:0]}
 	}
 	return *stored
@@ -362,19 +365,53 @@ func params(p *sluice.Policy) algorithm.Params {
 	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
 }
 
+// The states of the fixed-size algorithms, to and from an entry's v.
+func (e *entry) fixedWindow() algorithm.FixedWindow {
+	return algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}
+}
+
+func (e *entry) slidingWindow() algorithm.SlidingWindow {
+	return algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}
+}
+
+func (e *entry) tokenBucket() algorithm.TokenBucket {
+	return algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1], Window: e.v[2]}
+}
+
+func (e *entry) gcra() algorithm.GCRA {
+	return algorithm.GCRA{TAT: e.v[0], Frac: e.v[1], Limit: e.v[2], Window: e.v[3], Last: e.v[4]}
+}
+
+// expiresUnder returns when e equals absent under p.
+func (e *entry) expiresUnder(p algorithm.Params) int64 {
+	switch e.kind {
+	case algorithm.KindFixedWindow:
+		return e.fixedWindow().Expires(p)
+	case algorithm.KindSlidingLog:
+		return algorithm.SlidingLog{Entries: e.log}.Expires(p)
+	case algorithm.KindSlidingWindow:
+		return e.slidingWindow().Expires(p)
+	case algorithm.KindTokenBucket:
+		return e.tokenBucket().Expires(p)
+	case algorithm.KindGCRA:
+		return e.gcra().Expires(p)
+	}
+	return 0
+}
+
 // step runs the algorithm of e.kind on e in place, deciding cost, or with
 // refund set giving n back, and returns the verdict.
 func step(e *entry, p algorithm.Params, now, n int64, refund bool) algorithm.Decision {
 	var d algorithm.Decision
 	switch e.kind {
 	case algorithm.KindFixedWindow:
-		st := algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}
+		st := e.fixedWindow()
 		if refund {
 			st, d = st.Refund(p, now, n)
 		} else {
 			st, d = st.Decide(p, now, n)
 		}
-		e.v, e.expires = [3]int64{st.Start, st.Count}, st.Expires(p)
+		e.v = [5]int64{st.Start, st.Count}
 	case algorithm.KindSlidingLog:
 		st := algorithm.SlidingLog{Entries: e.log}
 		if refund {
@@ -382,33 +419,34 @@ func step(e *entry, p algorithm.Params, now, n int64, refund bool) algorithm.Dec
 		} else {
 			st, d = st.Decide(p, now, n)
 		}
-		e.log, e.expires = st.Entries, st.Expires(p)
+		e.log = st.Entries
 	case algorithm.KindSlidingWindow:
 		// No Refund (Limiter refuses it first): a refund would only peek.
-		st := algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}
+		st := e.slidingWindow()
 		if refund {
 			_, d = st.Decide(p, now, 0)
 		} else {
 			st, d = st.Decide(p, now, n)
 		}
-		e.v, e.expires = [3]int64{st.Start, st.Curr, st.Prev}, st.Expires(p)
+		e.v = [5]int64{st.Start, st.Curr, st.Prev}
 	case algorithm.KindTokenBucket:
-		st := algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1]}
+		st := e.tokenBucket()
 		if refund {
 			st, d = st.Refund(p, now, n)
 		} else {
 			st, d = st.Decide(p, now, n)
 		}
-		e.v, e.expires = [3]int64{st.Tokens, st.Last}, st.Expires(p)
+		e.v = [5]int64{st.Tokens, st.Last, st.Window}
 	case algorithm.KindGCRA:
-		st := algorithm.GCRA{TAT: e.v[0], Frac: e.v[1]}
+		st := e.gcra()
 		if refund {
 			st, d = st.Refund(p, now, n)
 		} else {
 			st, d = st.Decide(p, now, n)
 		}
-		e.v, e.expires = [3]int64{st.TAT, st.Frac}, st.Expires(p)
+		e.v = [5]int64{st.TAT, st.Frac, st.Limit, st.Window, st.Last}
 	}
+	e.expires = e.expiresUnder(p)
 	return d
 }
 

@@ -317,7 +317,16 @@ local function slidingWindowExpires(s, p)
 end
 
 ------------------------------------------------------------------------
--- token_bucket: hash {k = Tokens, l = Last}; Last is the newest write time.
+-- token_bucket: hash {k = Tokens, l = Last, w = Window}; Last is the newest
+-- write time.
+
+-- tokenBucketTokens ports algorithm.TokenBucket.tokens.
+local function tokenBucketTokens(s, p)
+  if s.window ~= 0 and s.window ~= p.window then
+    return math.min(quo(s.tokens, s.window), p.burst) * p.window
+  end
+  return math.min(s.tokens, p.burst * p.window)
+end
 
 -- tokenBucketLevel ports algorithm.TokenBucket.level.
 local function tokenBucketLevel(s, p, now)
@@ -328,7 +337,7 @@ local function tokenBucketLevel(s, p, now)
   if now < s.last then
     now = s.last
   end
-  local tokens = math.min(s.tokens, full)
+  local tokens = tokenBucketTokens(s, p)
   -- Refill, capping the elapsed time first.
   local elapsed = now - s.last
   if elapsed >= ceilDiv(full - tokens, p.limit) then
@@ -352,7 +361,7 @@ local function tokenBucket(s, p, now, cost)
   end
   if cost > 0 then
     tokens = tokens - cost * p.window
-    s = {tokens = tokens, last = now}
+    s = {tokens = tokens, last = now, window = p.window}
   end
   d.allowed = true
   d.remaining = quo(tokens, p.window)
@@ -366,7 +375,7 @@ local function tokenBucketExpires(s, p)
   if s.last == 0 then
     return 0
   end
-  return s.last + ceilDiv(p.burst * p.window - math.min(s.tokens, p.burst * p.window), p.limit)
+  return s.last + ceilDiv(p.burst * p.window - tokenBucketTokens(s, p), p.limit)
 end
 
 -- tokenBucketRefund ports algorithm.TokenBucket.Refund.
@@ -375,9 +384,9 @@ local function tokenBucketRefund(s, p, now, n)
     local tokens, at = tokenBucketLevel(s, p, now)
     -- tokens + n*window may pass 2^53 and round, but only far above the
     -- full bucket (< 2^53), so the min stays exact.
-    s = {tokens = math.min(tokens + n * p.window, p.burst * p.window), last = at}
+    s = {tokens = math.min(tokens + n * p.window, p.burst * p.window), last = at, window = p.window}
     if tokenBucketExpires(s, p) <= now then
-      s = {tokens = 0, last = 0} -- full: absent, deleted by apply
+      s = {tokens = 0, last = 0, window = 0} -- full: absent, deleted by apply
     end
   end
   local _, d = tokenBucket(s, p, now, 0)
@@ -386,10 +395,33 @@ local function tokenBucketRefund(s, p, now, n)
 end
 
 ------------------------------------------------------------------------
--- gcra: hash {a = TAT, f = Frac, t = newest write time}
+-- gcra: hash {a = TAT, f = Frac, r = Limit, w = Window, t = Last, the
+-- newest write time}
+
+-- gcraScheduledUnder ports algorithm.GCRA.scheduledUnder.
+local function gcraScheduledUnder(s, p)
+  return (s.limit == p.limit and s.window == p.window) or s.tat == 0 or s.limit == 0 or s.window == 0
+end
+
+-- gcraReschedule ports algorithm.GCRA.reschedule.
+local function gcraReschedule(s, p)
+  local units = 0 -- nothing outstanding when the TAT is not after Last
+  local ahead = s.tat - s.last
+  if ahead > quo(EXACT - 1 - s.frac, s.limit) then
+    units = p.burst -- scheduled absurdly far ahead: as many as fit
+  elseif ahead >= 0 then
+    units = math.min(ceilDiv(ahead * s.limit + s.frac, s.window), p.burst)
+  end
+  local debt = units * p.window
+  return {tat = s.last + quo(debt, p.limit), frac = rem(debt, p.limit), limit = p.limit, window = p.window, last = s.last}
+end
 
 -- gcra ports algorithm.GCRA.Decide.
 local function gcra(s, p, now, cost)
+  local stored = s
+  if not gcraScheduledUnder(s, p) then
+    s = gcraReschedule(s, p)
+  end
   local tau = p.burst * p.window -- Burst·T, scaled by Limit
   local need = verdictCost(cost) * p.window
   local d = decision(p.burst)
@@ -401,7 +433,7 @@ local function gcra(s, p, now, cost)
       -- Further ahead than any admissible debt (a clock that went backwards).
       d.retry = ahead - floorDiv(tau - need - s.frac, p.limit)
       d.reset = ahead + ceilDiv(s.frac, p.limit)
-      return s, d
+      return stored, d
     end
     debt = ahead * p.limit + s.frac
   end
@@ -411,11 +443,17 @@ local function gcra(s, p, now, cost)
     d.remaining = quo(math.max(tau - debt, 0), p.window)
     d.retry = ceilDiv(debt - tau + need, p.limit)
     d.reset = ceilDiv(debt, p.limit)
-    return s, d
+    return stored, d
   end
+  -- A state that expired equals absent: its Last does not carry over.
+  local last = now
+  if s.tat ~= 0 and s.tat + math.min(s.frac, 1) > now then
+    last = math.max(stored.last, now)
+  end
+  s = stored
   if cost > 0 then
     debt = debt + cost * p.window
-    s = {tat = now + quo(debt, p.limit), frac = rem(debt, p.limit)}
+    s = {tat = now + quo(debt, p.limit), frac = rem(debt, p.limit), limit = p.limit, window = p.window, last = last}
   end
   d.allowed = true
   d.remaining = quo(tau - debt, p.window)
@@ -425,19 +463,23 @@ end
 
 
 -- gcraExpires ports algorithm.GCRA.Expires.
-local function gcraExpires(s)
+local function gcraExpires(s, p)
+  if not gcraScheduledUnder(s, p) then
+    s = gcraReschedule(s, p)
+  end
   if s.tat == 0 then
     return 0
   end
-  if s.frac > 0 then
-    return s.tat + 1
-  end
-  return s.tat
+  return s.tat + math.min(s.frac, 1) -- a remainder rounds up
 end
 
 -- gcraRefund ports algorithm.GCRA.Refund.
 local function gcraRefund(s, p, now, n)
+  if not gcraScheduledUnder(s, p) then
+    s = gcraReschedule(s, p)
+  end
   if s.tat ~= 0 then
+    local last = math.max(s.last, now)
     local back = n * p.window -- n·T scaled by Limit, below 2^53 since n <= Burst
     local tat = s.tat - quo(back, p.limit)
     local frac = s.frac - rem(back, p.limit)
@@ -445,9 +487,9 @@ local function gcraRefund(s, p, now, n)
       frac = frac + p.limit
       tat = tat - 1
     end
-    s = {tat = tat, frac = frac}
-    if gcraExpires(s) <= now then
-      s = {tat = 0, frac = 0} -- no debt left: absent, deleted by apply
+    s = {tat = tat, frac = frac, limit = s.limit, window = s.window, last = last}
+    if gcraExpires(s, p) <= now then
+      s = {tat = 0, frac = 0, limit = 0, window = 0, last = 0} -- no debt left: absent, deleted by apply
     end
   end
   local _, d = gcra(s, p, now, 0)
@@ -474,18 +516,18 @@ local HASH = {
     absent = {start = 0, curr = 0, prev = 0},
   },
   [4] = {
-    fields = {'k', 'l'},
-    load = function(h) return {tokens = h.k, last = h.l}, h.l end,
-    store = function(s) return {'k', fmt(s.tokens), 'l', fmt(s.last)} end,
+    fields = {'k', 'l', 'w'},
+    load = function(h) return {tokens = h.k, last = h.l, window = h.w}, h.l end,
+    store = function(s) return {'k', fmt(s.tokens), 'l', fmt(s.last), 'w', fmt(s.window)} end,
     decide = tokenBucket, refund = tokenBucketRefund, expires = tokenBucketExpires,
-    absent = {tokens = 0, last = 0},
+    absent = {tokens = 0, last = 0, window = 0},
   },
   [5] = {
-    fields = {'a', 'f', 't'},
-    load = function(h) return {tat = h.a, frac = h.f}, h.t end,
-    store = function(s, t) return {'a', fmt(s.tat), 'f', fmt(s.frac), 't', fmt(t)} end,
+    fields = {'a', 'f', 'r', 'w', 't'},
+    load = function(h) return {tat = h.a, frac = h.f, limit = h.r, window = h.w, last = h.t}, h.t end,
+    store = function(s, t) return {'a', fmt(s.tat), 'f', fmt(s.frac), 'r', fmt(s.limit), 'w', fmt(s.window), 't', fmt(t)} end,
     decide = gcra, refund = gcraRefund, expires = gcraExpires,
-    absent = {tat = 0, frac = 0},
+    absent = {tat = 0, frac = 0, limit = 0, window = 0, last = 0},
   },
 }
 
@@ -518,6 +560,8 @@ local function decideHash(key, kind, p, now, cost, maxreg, refund)
   if not d.allowed or cost == 0 then
     return d, nil, peek
   end
+  -- The newest write time; for gcra this is its Last (an expired state
+  -- was read as absent above, so its time does not carry over).
   local t = math.max(last, now)
   return d, {hash = a.store(ns, t), expires = a.expires(ns, p)}, peek
 end

@@ -212,16 +212,22 @@ func TestDifferential(t *testing.T) {
 				subj string
 				now  int64
 			)
-			var allowed, denied, regressions, refunds int
+			var allowed, denied, regressions, refunds, changes int
 			defer func() {
-				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d with the clock moved back", *diffSteps, allowed, denied, refunds, regressions)
+				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d with the clock moved back, %d policy changes under one revision", *diffSteps, allowed, denied, refunds, regressions, changes)
 			}()
 			for step := range *diffSteps {
-				if step%episode == 0 {
+				switch {
+				case step%episode == 0:
 					p = randomPolicy(r, "diff", a)
 					m = newModel(a)
 					subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
 					now = sluicetest0 + r.Int64N(1_000_000_000)
+				case r.IntN(20) == 0:
+					// New numbers under the same revision: the state written
+					// under the old ones is read under these.
+					p = randomPolicy(r, "diff", a)
+					changes++
 				}
 				dt := randomStep(r, p.Window.Microseconds())
 				if dt < 0 {

@@ -3,6 +3,7 @@ package sluicetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ func testSemantics(t *testing.T, newStore NewStoreFunc) {
 	t.Run("DedupeMultiPolicy", func(t *testing.T) { testDedupeMulti(t, newStore) })
 	t.Run("Refund", func(t *testing.T) { testRefund(t, newStore) })
 	t.Run("LoweredPolicySameRevision", func(t *testing.T) { testLoweredPolicy(t, newStore) })
+	t.Run("ChangedWindowSameRevision", func(t *testing.T) { testChangedWindow(t, newStore) })
 }
 
 func (h *harness) checkID(policy string, cost int64, id string) sluice.Outcome {
@@ -155,5 +157,27 @@ func testLoweredPolicy(t *testing.T, newStore NewStoreFunc) {
 				h.clock.Advance(10 * time.Second)
 			}
 		})
+	}
+}
+
+// testChangedWindow spends 5 of 10 under one window, then reads the state
+// under another window of the same revision, at the same instant: every
+// algorithm carries the 5 units over (bucket states as whole units).
+func testChangedWindow(t *testing.T, newStore NewStoreFunc) {
+	for _, a := range everyAlgorithm {
+		for _, c := range []struct{ from, to time.Duration }{{time.Minute, time.Second}, {time.Second, time.Minute}} {
+			t.Run(fmt.Sprintf("%v/%v-to-%v", a, c.from, c.to), func(t *testing.T) {
+				h := newHarness(t, newStore, policy("p", a, 10, c.from, 0))
+				expect(t, "spend 5", h.check("p", 5, false), sluice.Allowed)
+				changed, err := sluice.New(h.store, []sluice.Policy{policy("p", a, 10, c.to, 0)}, sluice.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				o := changed.Check(context.Background(), sluice.Request{Policy: "p", Subject: h.subject, Peek: true})
+				if o.Kind != sluice.Allowed || o.Remaining != 5 {
+					t.Fatalf("5 of 10 spent per %v, read per %v = %+v (err %v), want 5 remaining: numbers changed under one revision carry the state over", c.from, c.to, o, o.Err)
+				}
+			})
+		}
 	}
 }

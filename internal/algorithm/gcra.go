@@ -12,20 +12,51 @@ package algorithm
 // scaled by Limit, exactly in integers.
 //
 // Burst: up to Burst at once after idling, then evenly spaced at the rate.
-// Accuracy: exact. State: one timestamp (two integers here, for exactness).
-// For the same Params, GCRA and TokenBucket admit exactly the same requests.
+// Accuracy: exact. State: one timestamp (two integers here, for
+// exactness), and the Limit and Window it was scheduled under. For the same
+// Params, GCRA and TokenBucket admit exactly the same requests.
 //
 // A clock that moves backwards needs no special case: the TAT simply lies
-// further ahead of now, so fewer units fit, and the state is untouched. A
-// TAT further ahead than the new Burst allows (after the policy was
-// lowered under the same revision) is a longer wait, nothing worse.
+// further ahead of now, so fewer units fit, and the state is untouched.
+// After a policy's numbers change under the same revision, the units that
+// were outstanding at the last write (rounded up, at most the new Burst)
+// are rescheduled from that write at the new rate.
 type GCRA struct {
-	TAT  int64 // whole µs of the theoretical arrival time; 0 = absent
-	Frac int64 // remainder of the TAT in 1/Limit µs, 0 ≤ Frac < Limit
+	TAT    int64 // whole µs of the theoretical arrival time; 0 = absent
+	Frac   int64 // remainder of the TAT in 1/Limit µs, 0 ≤ Frac < Limit
+	Limit  int64 // the Params.Limit and Params.Window the TAT is scheduled under
+	Window int64
+	Last   int64 // µs of the newest write, never after TAT
+}
+
+// scheduledUnder reports whether s needs no rescheduling under p: the
+// common case, small enough to inline at every call.
+func (s *GCRA) scheduledUnder(p Params) bool {
+	return s.Limit == p.Limit && s.Window == p.Window || s.TAT == 0 || s.Limit == 0 || s.Window == 0
+}
+
+// reschedule returns s under p's numbers, which differ from the ones it
+// was scheduled under: the units outstanding at Last, rounded up and at
+// most p.Burst, scheduled from Last at p's rate. It depends on the state
+// alone, so every read between two writes sees the same schedule.
+func (s GCRA) reschedule(p Params) GCRA {
+	var units int64 // nothing outstanding when the TAT is not after Last (a refund moved it)
+	switch ahead := s.TAT - s.Last; {
+	case ahead > (MaxExact-1-s.Frac)/s.Limit:
+		units = p.Burst // scheduled absurdly far ahead: as many as fit
+	case ahead >= 0:
+		units = min(ceilDiv(ahead*s.Limit+s.Frac, s.Window), p.Burst)
+	}
+	debt := units * p.Window
+	return GCRA{TAT: s.Last + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: s.Last}
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
+	stored := s
+	if !s.scheduledUnder(p) {
+		s = s.reschedule(p)
+	}
 	tau := p.Burst * p.Window // Burst·T, scaled by Limit
 	need := verdictCost(cost) * p.Window
 	d := Decision{Limit: p.Burst}
@@ -37,7 +68,7 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 			// backwards); also keeps ahead × Limit from overflowing.
 			d.RetryAfter = ahead - floorDiv(tau-need-s.Frac, p.Limit)
 			d.ResetAfter = ahead + ceilDiv(s.Frac, p.Limit)
-			return s, d
+			return stored, d
 		}
 		debt = ahead*p.Limit + s.Frac
 	}
@@ -45,11 +76,17 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 		d.Remaining = max(tau-debt, 0) / p.Window
 		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
 		d.ResetAfter = ceilDiv(debt, p.Limit)
-		return s, d
+		return stored, d
 	}
+	// A state that expired equals absent: its Last does not carry over.
+	last := now
+	if s.TAT != 0 && s.TAT+min(s.Frac, 1) > now {
+		last = max(stored.Last, now)
+	}
+	s = stored
 	if cost > 0 {
 		debt += cost * p.Window
-		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit}
+		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: last}
 	}
 	d.Allowed = true
 	d.Remaining = (tau - debt) / p.Window
@@ -60,7 +97,11 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 // Refund moves the TAT back by n emission intervals, never before now. The
 // decision is the peek after it, always Allowed: a refund cannot be denied.
 func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
+	if !s.scheduledUnder(p) {
+		s = s.reschedule(p)
+	}
 	if s.TAT != 0 {
+		s.Last = max(s.Last, now)
 		back := n * p.Window // n·T scaled by Limit, below 2^53 since n ≤ Burst
 		s.TAT -= back / p.Limit
 		if s.Frac -= back % p.Limit; s.Frac < 0 {
@@ -78,11 +119,11 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 
 // Expires returns the instant from which s equals an absent state.
 func (s GCRA) Expires(p Params) int64 {
+	if !s.scheduledUnder(p) {
+		s = s.reschedule(p)
+	}
 	if s.TAT == 0 {
 		return 0
 	}
-	if s.Frac > 0 {
-		return s.TAT + 1
-	}
-	return s.TAT
+	return s.TAT + min(s.Frac, 1) // a remainder rounds up
 }

@@ -87,6 +87,32 @@ func TestLoweredPolicy(t *testing.T) {
 	}
 }
 
+// TestChangedNumbers: bucket state written under one window or rate is read
+// under another as the same whole number of units.
+func TestChangedNumbers(t *testing.T) {
+	minute := Params{Limit: 10, Window: 60 * sec, Burst: 10}
+	second := Params{Limit: 10, Window: sec, Burst: 10}
+	slow := Params{Limit: 1, Window: sec, Burst: 10}
+	for _, k := range []Kind{KindTokenBucket, KindGCRA} {
+		for _, c := range []struct{ from, to Params }{{minute, second}, {second, minute}, {second, slow}, {slow, minute}} {
+			m := newMachine(k, c.from)
+			m.decide(t0, 5)
+			setParams(m, c.to)
+			if d := m.decide(t0, 0); d.Remaining != 5 {
+				t.Errorf("%v: 5 of 10 spent under %+v, read under %+v: remaining %d, want 5", k, c.from, c.to, d.Remaining)
+			}
+			// The rest refills at the new rate: 5 units take 5 intervals.
+			interval := c.to.Window / c.to.Limit
+			if d := m.decide(t0+5*interval-1, 0); d.Remaining != 9 {
+				t.Errorf("%v %+v → %+v: remaining %d one µs before the fifth interval, want 9", k, c.from, c.to, d.Remaining)
+			}
+			if d := m.decide(t0+5*interval, 0); d.Remaining != 10 {
+				t.Errorf("%v %+v → %+v: remaining %d after five intervals, want 10", k, c.from, c.to, d.Remaining)
+			}
+		}
+	}
+}
+
 func setParams(m machine, p Params) {
 	switch m := m.(type) {
 	case *fixedM:

@@ -9,15 +9,26 @@ package algorithm
 // exact integer: Limit scaled units.
 //
 // Burst: up to Burst at once after idling, then the steady rate. Accuracy:
-// exact. State: two integers. For the same Params, TokenBucket and GCRA
-// admit exactly the same requests; they differ in what they store.
+// exact. State: three integers (tokens, last refill, the window they are
+// scaled by). For the same Params, TokenBucket and GCRA admit exactly the
+// same requests; they differ in what they store.
 //
 // A clock that moves behind Last refills nothing and is treated as Last.
-// Tokens above a full bucket (after Burst or Window was lowered under the
-// same revision) count as a full bucket.
+// After a policy's numbers change under the same revision, the tokens carry
+// over as whole tokens (rounded down), never more than the new Burst.
 type TokenBucket struct {
 	Tokens int64 // tokens × Window; meaningful only when Last != 0
 	Last   int64 // µs of the last admission; 0 = absent (a full bucket)
+	Window int64 // the Params.Window Tokens is scaled by
+}
+
+// tokens returns the stored tokens scaled by p.Window, at most a full
+// bucket: whole tokens when they were scaled by another window.
+func (s TokenBucket) tokens(p Params) int64 {
+	if s.Window != 0 && s.Window != p.Window {
+		return min(s.Tokens/s.Window, p.Burst) * p.Window
+	}
+	return min(s.Tokens, p.Burst*p.Window)
 }
 
 // level returns the scaled tokens in the bucket at now, and now clamped to
@@ -30,7 +41,7 @@ func (s TokenBucket) level(p Params, now int64) (tokens, at int64) {
 	if now < s.Last {
 		now = s.Last
 	}
-	tokens = min(s.Tokens, full)
+	tokens = s.tokens(p)
 	// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
 	if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
 		return full, now
@@ -53,7 +64,7 @@ func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 	}
 	if cost > 0 {
 		tokens -= cost * p.Window
-		s = TokenBucket{Tokens: tokens, Last: now}
+		s = TokenBucket{Tokens: tokens, Last: now, Window: p.Window}
 	}
 	d.Allowed = true
 	d.Remaining = tokens / p.Window
@@ -66,7 +77,7 @@ func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 	if s.Last != 0 {
 		tokens, at := s.level(p, now)
-		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at}
+		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at, Window: p.Window}
 		if s.Expires(p) <= now {
 			s = TokenBucket{} // full: absent, as a store drops it
 		}
@@ -82,5 +93,5 @@ func (s TokenBucket) Expires(p Params) int64 {
 	if s.Last == 0 {
 		return 0
 	}
-	return s.Last + ceilDiv(p.Burst*p.Window-min(s.Tokens, p.Burst*p.Window), p.Limit)
+	return s.Last + ceilDiv(p.Burst*p.Window-s.tokens(p), p.Limit)
 }
