@@ -135,16 +135,21 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 	}
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, cmd: cmd, exited: make(chan struct{})}
 	go func() { cmd.Wait(); close(s.exited) }()
+	// Ready when this process says so in its own log: a successful dial
+	// alone could reach another server that took the port first (this one
+	// then fails to bind and exits, which the select below reports).
+	logPath := filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
 	deadline := time.Now().Add(startTimeout)
 	for {
-		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
-		if err == nil {
-			c.Close()
-			return s, nil
+		if log, err := os.ReadFile(logPath); err == nil && bytes.Contains(log, []byte("Ready to accept connections")) {
+			if c, err := net.DialTimeout("tcp", s.Addr, time.Second); err == nil {
+				c.Close()
+				return s, nil
+			}
 		}
 		select {
 		case <-s.exited:
-			log, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
+			log, _ := os.ReadFile(logPath)
 			return nil, fmt.Errorf("redistest: redis-server on port %d exited: %s%s", port, stderr.String(), tail(log))
 		case <-time.After(20 * time.Millisecond):
 		}
