@@ -76,8 +76,9 @@ func freePort() (int, error) {
 }
 
 // StartServer starts a redis-server on a free loopback port with the given
-// extra config lines (e.g. "maxmemory 10mb") and waits until it answers
-// PING. dir, when empty, is a new temporary directory removed by Stop.
+// extra config lines (e.g. "maxmemory 10mb") and waits until it logs that
+// it is ready and accepts a connection. dir, when empty, is a new temporary
+// directory removed by Stop.
 // The caller must Stop it.
 func StartServer(dir string, config ...string) (*Server, error) {
 	bin, _, err := binaries()
