@@ -94,7 +94,7 @@ func (l *Limiter) Policy(id string) (Policy, bool) {
 // Policies returns the IDs of l's policies in the order given to New.
 func (l *Limiter) Policies() []string { return append([]string(nil), l.order...) }
 
-// Check decides req. It never panics and never returns an error: every
+// Check decides req. It does not panic itself and never returns an error: every
 // failure is an Outcome of kind Incompatible, Unavailable or Indeterminate
 // with Err set. An invalid request or an already-passed deadline is
 // answered without touching the store.

@@ -7,7 +7,7 @@
 //
 // The state of policy P (revision R) for subject S lives under
 //
-//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1.3q2x…}login:1:sl
+//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1:3q2x…}login:1:sl
 //
 // The braces make S the Cluster hash tag, so every key of one decision lies
 // in one slot and a multi-policy decision is one atomic script call, never
