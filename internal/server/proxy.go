@@ -122,7 +122,8 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 			// Without a User-Agent, the address alone.
 			rt.Sources = []httplimit.Source{httplimit.FromIPUserAgent, httplimit.FromIP}
 		case isHeader && name != "":
-			// Without the header, the address: never unlimited.
+			// Without the header, the address. The value is trusted as
+			// sent (see README): a client that varies it varies its budget.
 			rt.Sources = []httplimit.Source{httplimit.FromAPIKey, httplimit.FromIP}
 			rt.APIKeyHeader = name
 		default:

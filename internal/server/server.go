@@ -9,18 +9,18 @@
 //	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
 //	 "reason":"","replayed":false}
 //
-// "replayed" is always present: true when the answer is the remembered
-// first decision of the request's evaluation_id and nothing was spent this
-// time. A request with "refund": true gives cost units back instead of
-// spending them (422 for a policy whose algorithm cannot refund, such as
-// sliding_window).
-//
 // with status 200 (allowed), 429 (denied), 503 (unavailable or
 // indeterminate), 400 (malformed request), 404 (unknown policy) or 422
 // (any other incompatible request). Allowed and denied answers carry the
 // RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers;
 // 429 and 503 carry Retry-After. Subjects are pseudonymized before they
 // reach the Limiter, a log line or anything else.
+//
+// "replayed" is always present: true when the answer is the remembered
+// first decision of the request's evaluation_id and nothing was spent this
+// time. A request with "refund": true gives cost units back instead of
+// spending them (422 for a policy whose algorithm cannot refund, such as
+// sliding_window).
 package server
 
 import (
