@@ -17,10 +17,12 @@
 // time until its state equals an absent one, plus the policy's
 // CleanupGrace, rounded up to the millisecond.
 //
-// State: fixed_window, sliding_window and gcra are small hashes that also
-// hold the newest time they were written at (for the caller-clock bound);
-// token_bucket a hash of two integers; sliding_log a list of admission times
-// in microseconds, one entry per admitted unit.
+// State: small hashes of integers, each algorithm's fields of
+// internal/algorithm (token_bucket and gcra also keep the numbers they were
+// written under, so a policy changed under the same revision is read
+// right), plus the newest write time for the caller-clock bound;
+// sliding_log a list of admission times in microseconds, one entry per
+// admitted unit.
 //
 // # Least-privilege ACL
 //
