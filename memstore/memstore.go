@@ -1,5 +1,6 @@
-// Package memstore is the embedded sluice.Store: it runs the algorithm math
-// of sluice directly, in the process, under one lock per shard.
+// Package memstore is the embedded sluice.Store: it runs the decision
+// engine of sluice directly, in the process, under one lock per shard,
+// keeping each state in a map.
 //
 // Use it for a single instance, for tests, and as the local fallback of a
 // shared store. Every instance of an application keeps its own counts.
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // Options configure a Store. The zero value means the defaults.
@@ -69,13 +71,11 @@ type key struct {
 	revision int64
 }
 
-// entry is one state. Exactly the fields of its kind are meaningful: a
-// [5]int64 holds the fixed-size states, log the sliding log.
+// entry is one state, and the algorithm it was written by.
 type entry struct {
 	kind    algorithm.Kind
 	expires int64 // µs from which the state equals absent, under the numbers it was written with (for sweeping)
-	v       [5]int64
-	log     []int64
+	st      algorithm.State
 }
 
 type shard struct {
@@ -94,8 +94,8 @@ type dedupeLog struct {
 }
 
 type dedupeRecord struct {
-	expires  int64 // µs
-	statuses []sluice.Status
+	expires   int64 // µs
+	decisions []algorithm.Decision
 }
 
 // newest returns the expiry of the most recent record.
@@ -187,15 +187,6 @@ func (s *Store) Len() int {
 // Evictions returns how many live states were evicted at the MaxKeys bound.
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
 
-// pending is one policy's decided state, written only if the whole
-// decision admits: over stored (nil when the key holds nothing), or as a
-// new key.
-type pending struct {
-	k      key
-	stored *entry
-	e      entry
-}
-
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
@@ -204,76 +195,75 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if len(ev.Policies) == 0 {
 		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
 	}
-	now := sluice.UnixMicro(s.clock)
+	now := evaluation.Now(s.clock)
 	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
-	var buf [2]pending
-	decided := buf[:0]
-	ev.Statuses = ev.Statuses[:0]
-	ev.Replayed = false
-	allowed := true
+	n := len(ev.Policies)
+	// Room for two policies on the stack: more allocate.
+	var (
+		policies  [2]algorithm.Policy
+		states    [2]*algorithm.State
+		decisions [2]algorithm.Decision
+		writes    [2]algorithm.Write
+		keys      [2]key
+		stored    [2]*entry
+	)
+	e := algorithm.Evaluation{
+		Policies: policies[:0], States: states[:0], Decisions: decisions[:], Writes: writes[:],
+		Now: now, Cost: ev.Cost, Refund: ev.Refund, MaxRegression: -1,
+	}
+	if n > len(policies) {
+		e.Decisions, e.Writes = make([]algorithm.Decision, n), make([]algorithm.Write, n)
+	}
+	e.Decisions, e.Writes = e.Decisions[:n], e.Writes[:n]
+	ks, es := keys[:0], stored[:0]
+	id := algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund)
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	var dk key
-	var dedupeID string
-	if ev.EvaluationID != "" && ev.Cost > 0 {
-		first := ev.Policies[0]
-		dk = key{subject: ev.Subject, policy: first.ID, revision: first.Revision}
-		dedupeID = "s:" + ev.EvaluationID
-		if ev.Refund {
-			dedupeID = "r:" + ev.EvaluationID
-		}
-		if l := sh.dedupe[dk]; l != nil {
-			if r, ok := l.records[dedupeID]; ok && r.expires > now {
-				if len(r.statuses) != len(ev.Policies) {
-					return fmt.Errorf("memstore: %w: evaluation id %q was first used with %d policies, now with %d", sluice.ErrInvalidRequest, ev.EvaluationID, len(r.statuses), len(ev.Policies))
-				}
-				ev.Statuses = append(ev.Statuses, r.statuses...)
-				ev.Replayed = true
-				return nil
-			}
-		}
-	}
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
-		decided = append(decided, pending{k: k, stored: sh.m[k]})
-		pd := &decided[len(decided)-1]
-		prm := params(p)
-		pd.e = current(pd.stored, algorithm.Kind(p.Algorithm), prm, now)
-		d := step(&pd.e, prm, now, ev.Cost, ev.Refund)
-		if !d.Allowed {
-			allowed = false
+		ap := evaluation.Policy(p)
+		en := sh.m[k]
+		var st *algorithm.State
+		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
+			st = &en.st
 		}
-		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter))
+		ks, es = append(ks, k), append(es, en)
+		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
 	}
-	if !allowed && len(ev.Policies) > 1 {
-		// Nothing is spent: a policy that would have admitted reports its
-		// unspent state, as a peek does, still admitting the cost.
-		for i, p := range ev.Policies {
-			if ev.Statuses[i].Allowed {
-				prm := params(p)
-				e := current(decided[i].stored, algorithm.Kind(p.Algorithm), prm, now)
-				d := step(&e, prm, now, 0, false)
-				ev.Statuses[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
+	if id != "" {
+		if l := sh.dedupe[ks[0]]; l != nil {
+			if r, ok := l.records[id]; ok && r.expires > now {
+				e.Replay = r.decisions
 			}
 		}
 	}
-	if dedupeID != "" {
-		s.remember(sh, now, dk, ev.Policies[0], dedupeID, ev.Statuses)
+	if err := algorithm.Evaluate(&e); err != nil {
+		return fmt.Errorf("memstore: %w: %w", sluice.ErrInvalidRequest, err)
 	}
-	if !allowed || ev.Cost == 0 {
+	ev.Statuses = ev.Statuses[:0]
+	for i, d := range e.Decisions {
+		ev.Statuses = append(ev.Statuses, evaluation.Status(ev.Policies[i], d))
+	}
+	ev.Replayed = e.Replayed
+	if e.Replayed {
 		return nil
 	}
-	for i := range decided {
-		s.put(sh, now, &decided[i])
+	if id != "" {
+		s.remember(sh, now, ks[0], ev.Policies[0], id, e.Decisions)
+	}
+	if e.Commit {
+		for i := range e.Writes {
+			s.put(sh, now, ks[i], es[i], e.Policies[i].Kind, &e.Writes[i])
+		}
 	}
 	return nil
 }
 
-// remember records statuses as the decision for id (sh locked). The
+// remember records decisions as the decision for id (sh locked). The
 // shard holds at most perShard records in all: beyond, expired ones go
 // first, then whole logs, the soonest-expiring of a sample.
-func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, statuses []sluice.Status) {
+func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision) {
 	l := sh.dedupe[dk]
 	if l == nil {
 		l = &dedupeLog{records: make(map[string]dedupeRecord)}
@@ -289,7 +279,7 @@ func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id stri
 		sh.ids--
 	}
 	l.order = append(l.order, id)
-	l.records[id] = dedupeRecord{expires: now + p.DedupeTTL.Microseconds(), statuses: append([]sluice.Status(nil), statuses...)}
+	l.records[id] = dedupeRecord{expires: now + p.DedupeTTL.Microseconds(), decisions: append([]algorithm.Decision(nil), decisions...)}
 	sh.ids++
 	sh.ids -= l.prune(now, p.DedupeMax)
 	if sh.ids > s.perShard {
@@ -347,126 +337,25 @@ func sweepDedupe(sh *shard, now int64) {
 	}
 }
 
-// current returns a copy of the stored state as of now: a fresh one when
-// there is none, it expired (under p, which may differ from the numbers it
-// was written under), or it was written by another algorithm under the
-// same revision.
-func current(stored *entry, kind algorithm.Kind, p algorithm.Params, now int64) entry {
-	if stored == nil {
-		return entry{kind: kind}
-	}
-	if stored.kind != kind || now >= stored.expiresUnder(p) {
-		return entry{kind: kind, log: stored.log[:0]}
-	}
-	return *stored
-}
-
-func params(p *sluice.Policy) algorithm.Params {
-	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
-}
-
-// The states of the fixed-size algorithms, to and from an entry's v.
-func (e *entry) fixedWindow() algorithm.FixedWindow {
-	return algorithm.FixedWindow{Start: e.v[0], Count: e.v[1]}
-}
-
-func (e *entry) slidingWindow() algorithm.SlidingWindow {
-	return algorithm.SlidingWindow{Start: e.v[0], Curr: e.v[1], Prev: e.v[2]}
-}
-
-func (e *entry) tokenBucket() algorithm.TokenBucket {
-	return algorithm.TokenBucket{Tokens: e.v[0], Last: e.v[1], Window: e.v[2]}
-}
-
-func (e *entry) gcra() algorithm.GCRA {
-	return algorithm.GCRA{TAT: e.v[0], Frac: e.v[1], Limit: e.v[2], Window: e.v[3], Last: e.v[4]}
-}
-
-// expiresUnder returns when e equals absent under p.
-func (e *entry) expiresUnder(p algorithm.Params) int64 {
-	switch e.kind {
-	case algorithm.KindFixedWindow:
-		return e.fixedWindow().Expires(p)
-	case algorithm.KindSlidingLog:
-		return algorithm.SlidingLog{Entries: e.log}.Expires(p)
-	case algorithm.KindSlidingWindow:
-		return e.slidingWindow().Expires(p)
-	case algorithm.KindTokenBucket:
-		return e.tokenBucket().Expires(p)
-	case algorithm.KindGCRA:
-		return e.gcra().Expires(p)
-	}
-	return 0
-}
-
-// step runs the algorithm of e.kind on e in place, deciding cost, or with
-// refund set giving n back, and returns the verdict.
-func step(e *entry, p algorithm.Params, now, n int64, refund bool) algorithm.Decision {
-	var d algorithm.Decision
-	switch e.kind {
-	case algorithm.KindFixedWindow:
-		st := e.fixedWindow()
-		if refund {
-			st, d = st.Refund(p, now, n)
-		} else {
-			st, d = st.Decide(p, now, n)
-		}
-		e.v = [5]int64{st.Start, st.Count}
-	case algorithm.KindSlidingLog:
-		st := algorithm.SlidingLog{Entries: e.log}
-		if refund {
-			st, d = st.Refund(p, now, n)
-		} else {
-			st, d = st.Decide(p, now, n)
-		}
-		e.log = st.Entries
-	case algorithm.KindSlidingWindow:
-		// No Refund (Limiter refuses it first): a refund would only peek.
-		st := e.slidingWindow()
-		if refund {
-			_, d = st.Decide(p, now, 0)
-		} else {
-			st, d = st.Decide(p, now, n)
-		}
-		e.v = [5]int64{st.Start, st.Curr, st.Prev}
-	case algorithm.KindTokenBucket:
-		st := e.tokenBucket()
-		if refund {
-			st, d = st.Refund(p, now, n)
-		} else {
-			st, d = st.Decide(p, now, n)
-		}
-		e.v = [5]int64{st.Tokens, st.Last, st.Window}
-	case algorithm.KindGCRA:
-		st := e.gcra()
-		if refund {
-			st, d = st.Refund(p, now, n)
-		} else {
-			st, d = st.Decide(p, now, n)
-		}
-		e.v = [5]int64{st.TAT, st.Frac, st.Limit, st.Window, st.Last}
-	}
-	e.expires = e.expiresUnder(p)
-	return d
-}
-
-// put writes a decided state in sh (locked), enforcing the per-shard bound.
-// Only a new key allocates.
-func (s *Store) put(sh *shard, now int64, pd *pending) {
+// put keeps the state w describes for k in sh (locked): over en, the entry
+// stored under k (nil when there is none), or as a new entry, enforcing the
+// per-shard bound. Only a new key allocates.
+func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind, w *algorithm.Write) {
 	switch {
-	case pd.e.expires <= now:
-		if pd.stored != nil {
-			delete(sh.m, pd.k)
+	case w.Expires <= now:
+		if en != nil {
+			delete(sh.m, k)
 		}
-	case pd.stored != nil:
-		*pd.stored = pd.e
-	default:
+		return
+	case en == nil:
 		if len(sh.m) >= s.perShard {
-			s.makeRoom(sh, now, pd.k.subject)
+			s.makeRoom(sh, now, k.subject)
 		}
-		e := pd.e
-		sh.m[pd.k] = &e
+		en = new(entry)
+		sh.m[k] = en
 	}
+	en.kind, en.expires = kind, w.Expires
+	en.st.Apply(*w)
 }
 
 // roomSample is how many entries making room looks at: bounded, so a
@@ -519,7 +408,7 @@ func sweepShard(sh *shard, now int64) int {
 // returns how many states it dropped. The background sweeper calls it;
 // tests and callers with the sweeper disabled may too.
 func (s *Store) Sweep() int {
-	now := sluice.UnixMicro(s.clock)
+	now := evaluation.Now(s.clock)
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -21,7 +21,7 @@ func mustNew(t testing.TB, opts Options) *Store {
 	return s
 }
 
-func evaluation(subject string, p *sluice.Policy, cost int64) *sluice.Evaluation {
+func evaluationOf(subject string, p *sluice.Policy, cost int64) *sluice.Evaluation {
 	return &sluice.Evaluation{Subject: subject, Policies: []*sluice.Policy{p}, Cost: cost}
 }
 
@@ -55,7 +55,7 @@ func TestMaxKeysBound(t *testing.T) {
 	ctx := context.Background()
 	add := func(name string, p *sluice.Policy) {
 		t.Helper()
-		if err := s.Evaluate(ctx, evaluation(name, p, 1)); err != nil {
+		if err := s.Evaluate(ctx, evaluationOf(name, p, 1)); err != nil {
 			t.Fatal(err)
 		}
 		if n := s.Len(); n > 64 {
@@ -91,10 +91,10 @@ func TestMultiPolicyAtBoundKeepsItsSpend(t *testing.T) {
 	a := validPolicy(t, sluice.Policy{ID: "a", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Second})
 	b := validPolicy(t, sluice.Policy{ID: "b", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour})
 	ctx := context.Background()
-	if err := s.Evaluate(ctx, evaluation("alice", b, 1)); err != nil {
+	if err := s.Evaluate(ctx, evaluationOf("alice", b, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Evaluate(ctx, evaluation("bob", a, 1)); err != nil {
+	if err := s.Evaluate(ctx, evaluationOf("bob", a, 1)); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(2 * time.Hour) // both expired, still held
@@ -117,7 +117,7 @@ func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
 	p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e6, Window: time.Second, DedupeMax: 100})
 	ctx := context.Background()
 	for i := 0; i < 2000; i++ {
-		ev := evaluation(fmt.Sprint("subject-", i%50), p, 1)
+		ev := evaluationOf(fmt.Sprint("subject-", i%50), p, 1)
 		ev.EvaluationID = fmt.Sprint("id-", i)
 		if err := s.Evaluate(ctx, ev); err != nil {
 			t.Fatal(err)
@@ -137,7 +137,7 @@ func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
 	clock.Advance(time.Hour)
 	before := s.Evictions()
 	for i := 0; i < 64; i++ {
-		ev := evaluation("late", p, 1)
+		ev := evaluationOf("late", p, 1)
 		ev.EvaluationID = fmt.Sprint("late-", i)
 		s.Evaluate(ctx, ev)
 	}
@@ -152,7 +152,7 @@ func TestExpiredStateIsReclaimed(t *testing.T) {
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
 		p := validPolicy(t, sluice.Policy{ID: a.String(), Algorithm: a, Limit: 5, Window: time.Second})
-		if err := s.Evaluate(ctx, evaluation("alice", p, 2)); err != nil {
+		if err := s.Evaluate(ctx, evaluationOf("alice", p, 2)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -193,7 +193,7 @@ func TestEvaluateExistingKeyAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
 		p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: a, Limit: 1_000_000_000, Window: time.Second})
-		ev := evaluation("alice", p, 1)
+		ev := evaluationOf("alice", p, 1)
 		if err := s.Evaluate(ctx, ev); err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func BenchmarkEvaluate(b *testing.B) {
 		b.Run(a.String(), func(b *testing.B) {
 			s := mustNew(b, Options{})
 			p := benchmarkPolicy(b, a)
-			ev := evaluation("alice", p, 1)
+			ev := evaluationOf("alice", p, 1)
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
@@ -237,7 +237,7 @@ func BenchmarkEvaluate(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				// Each goroutine its own subject: the contention of a real
 				// service, where subjects differ.
-				ev := evaluation(fmt.Sprintf("subject-%p", &pb), p, 1)
+				ev := evaluationOf(fmt.Sprintf("subject-%p", &pb), p, 1)
 				for pb.Next() {
 					if err := s.Evaluate(ctx, ev); err != nil {
 						b.Fatal(err)
@@ -274,7 +274,7 @@ func BenchmarkMemoryPerState(b *testing.B) {
 		b.Run(a.String(), func(b *testing.B) {
 			p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: a, Limit: 100, Window: time.Minute})
 			b.ReportMetric(measure(b, func(s *Store, i int) {
-				s.Evaluate(ctx, evaluation(fmt.Sprintf("k1:subject-%08d", i), p, 1))
+				s.Evaluate(ctx, evaluationOf(fmt.Sprintf("k1:subject-%08d", i), p, 1))
 			}), "B/state")
 		})
 	}
@@ -282,7 +282,7 @@ func BenchmarkMemoryPerState(b *testing.B) {
 		p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second, DedupeMax: 10_000})
 		b.ReportMetric(measure(b, func(s *Store, i int) {
 			// Two subjects, so all n ids stay within DedupeMax each.
-			ev := evaluation(fmt.Sprint("k1:subject-", i%2), p, 1)
+			ev := evaluationOf(fmt.Sprint("k1:subject-", i%2), p, 1)
 			ev.EvaluationID = fmt.Sprintf("req-%016x", i)
 			s.Evaluate(ctx, ev)
 		}), "B/id")

@@ -6,91 +6,65 @@ import (
 	"testing"
 )
 
-// machine runs one algorithm over a state it holds, so tests can drive all
-// five the same way.
-type machine interface {
-	decide(now, cost int64) Decision
-	expires() int64
-	snapshot() string // the state, for "unchanged" checks
-	clone() machine
+// machine runs one policy through Evaluate over a state it holds, the way
+// a store does: the state changes only when the evaluation commits.
+type machine struct {
+	p  Policy
+	st *State // nil = absent
 }
 
-type fixedM struct {
-	p Params
-	s FixedWindow
-}
+func newMachine(k Kind, p Params) *machine { return &machine{p: Policy{Kind: k, Params: p}} }
 
-func (m *fixedM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
-func (m *fixedM) expires() int64                      { return m.s.Expires(m.p) }
-func (m *fixedM) snapshot() string                    { return fmt.Sprint(m.s) }
-func (m *fixedM) clone() machine                      { c := *m; return &c }
+func (m *machine) decide(now, cost int64) Decision { return m.run(now, cost, false) }
+func (m *machine) refund(now, n int64) Decision    { return m.run(now, n, true) }
 
-type logM struct {
-	p Params
-	s SlidingLog
-}
-
-func (m *logM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
-func (m *logM) expires() int64                      { return m.s.Expires(m.p) }
-func (m *logM) clone() machine                      { return &logM{m.p, SlidingLog{slices.Clone(m.s.Entries)}} }
-
-// snapshot of a log is its newest entry: trimming may drop old entries at
-// any call, but only an admission adds one.
-func (m *logM) snapshot() string {
-	if n := len(m.s.Entries); n > 0 {
-		return fmt.Sprint(m.s.Entries[n-1])
+func (m *machine) run(now, cost int64, refund bool) Decision {
+	ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Cost: cost, Refund: refund, MaxRegression: -1,
+		Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
+	if err := Evaluate(&ev); err != nil {
+		panic(err)
 	}
-	return "empty"
-}
-
-type swM struct {
-	p Params
-	s SlidingWindow
-}
-
-func (m *swM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
-func (m *swM) expires() int64                      { return m.s.Expires(m.p) }
-
-func (m *swM) clone() machine { c := *m; return &c }
-
-// snapshot of a sliding window is its expiry: re-basing to a later window
-// moves Curr to Prev but keeps it, while an admission extends it.
-func (m *swM) snapshot() string { return fmt.Sprint(m.s.Expires(m.p)) }
-
-type tbM struct {
-	p Params
-	s TokenBucket
-}
-
-func (m *tbM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
-func (m *tbM) expires() int64                      { return m.s.Expires(m.p) }
-func (m *tbM) snapshot() string                    { return fmt.Sprint(m.s) }
-func (m *tbM) clone() machine                      { c := *m; return &c }
-
-type gcraM struct {
-	p Params
-	s GCRA
-}
-
-func (m *gcraM) decide(now, cost int64) (d Decision) { m.s, d = m.s.Decide(m.p, now, cost); return }
-func (m *gcraM) expires() int64                      { return m.s.Expires(m.p) }
-func (m *gcraM) snapshot() string                    { return fmt.Sprint(m.s) }
-func (m *gcraM) clone() machine                      { c := *m; return &c }
-
-func newMachine(k Kind, p Params) machine {
-	switch k {
-	case KindFixedWindow:
-		return &fixedM{p: p}
-	case KindSlidingLog:
-		return &logM{p: p}
-	case KindSlidingWindow:
-		return &swM{p: p}
-	case KindTokenBucket:
-		return &tbM{p: p}
-	case KindGCRA:
-		return &gcraM{p: p}
+	if ev.Commit {
+		if m.st == nil {
+			m.st = new(State)
+		}
+		m.st.Apply(ev.Writes[0])
 	}
-	panic("unknown kind")
+	return ev.Decisions[0]
+}
+
+func (m *machine) expires() int64 {
+	if m.st == nil {
+		return 0
+	}
+	return m.p.Expires(m.st)
+}
+
+func (m *machine) clone() *machine {
+	c := *m
+	if m.st != nil {
+		st := *m.st
+		st.Log = slices.Clone(m.st.Log)
+		c.st = &st
+	}
+	return &c
+}
+
+// snapshot returns the state, for "unchanged" checks. A log's is its
+// newest entry (trimming may drop old entries at any write, but only an
+// admission adds one); a sliding window's is its expiry (re-basing to a
+// later window moves Curr to Prev but keeps it, while an admission
+// extends it).
+func (m *machine) snapshot() string {
+	switch {
+	case m.st == nil:
+		return "absent"
+	case m.p.Kind == KindSlidingLog:
+		return fmt.Sprint(SlidingLog{Entries: m.st.Log}.Newest())
+	case m.p.Kind == KindSlidingWindow:
+		return fmt.Sprint(m.expires())
+	}
+	return fmt.Sprint(m.st.V)
 }
 
 var kinds = []Kind{KindFixedWindow, KindSlidingLog, KindSlidingWindow, KindTokenBucket, KindGCRA}

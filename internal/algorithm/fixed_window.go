@@ -7,22 +7,29 @@ package algorithm
 // admitted request opens a new one. Windows are anchored at their first
 // admission, not at wall-clock boundaries, so one idle subject costs nothing.
 //
-// Burst: up to 2 × Limit in a short interval around a window boundary
-// (Limit at the end of one window, Limit at the start of the next). Accuracy:
-// exact per window, not per sliding interval. State: two integers.
-//
-// A clock that moves behind Start is treated as Start: the window neither
-// reopens nor stretches.
+// Burst: at most 2 × Limit − 1 units in any half-open interval of one
+// window's length (Limit at the very end of one window, Limit − 1 more
+// before the interval closes in the next; 2 × Limit in a closed interval
+// of exactly one window). Accuracy: exact per window, not per sliding
+// interval. State: three integers.
 type FixedWindow struct {
 	Start int64 // µs at which the current window opened; 0 = absent
 	Count int64 // units admitted in the current window
+	Last  int64 // µs of the newest write
+}
+
+// fixedWindowOf reads a FixedWindow from the fields of a State.
+func fixedWindowOf(v *[5]int64) FixedWindow {
+	return FixedWindow{Start: v[0], Count: v[1], Last: v[2]}
+}
+
+// fields returns s as the fields of a State.
+func (s FixedWindow) fields() [5]int64 {
+	return [5]int64{s.Start, s.Count, s.Last}
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
-	if s.Start != 0 && now < s.Start {
-		now = s.Start
-	}
 	if s.Start == 0 || now >= s.Start+p.Window {
 		s = FixedWindow{Start: now}
 	}
@@ -35,7 +42,7 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 		return s, d
 	}
 	if cost > 0 {
-		s.Count += cost
+		s = FixedWindow{Start: s.Start, Count: s.Count + cost, Last: now}
 	}
 	d.Allowed = true
 	d.Remaining = p.Limit - s.Count
@@ -49,8 +56,8 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 // once it has closed: that window's budget is gone). The decision is the
 // peek after it, always Allowed: a refund cannot be denied.
 func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
-	if s.Start != 0 && max(now, s.Start) < s.Start+p.Window {
-		s.Count = max(s.Count-n, 0)
+	if s.Start != 0 && now < s.Start+p.Window {
+		s = FixedWindow{Start: s.Start, Count: max(s.Count-n, 0), Last: now}
 	}
 	if s.Expires(p) <= now {
 		s = FixedWindow{} // nothing left to remember: absent, as a store drops it
@@ -67,3 +74,6 @@ func (s FixedWindow) Expires(p Params) int64 {
 	}
 	return s.Start + p.Window
 }
+
+// Newest returns the time of the newest write to s.
+func (s FixedWindow) Newest() int64 { return s.Last }

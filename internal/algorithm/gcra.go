@@ -12,12 +12,11 @@ package algorithm
 // scaled by Limit, exactly in integers.
 //
 // Burst: up to Burst at once after idling, then evenly spaced at the rate.
-// Accuracy: exact. State: one timestamp (two integers here, for
-// exactness), and the Limit and Window it was scheduled under. For the same
-// Params, GCRA and TokenBucket admit exactly the same requests.
+// Accuracy: exact. State: five integers: the TAT (whole µs and a
+// remainder, for exactness), the Limit and Window it was scheduled under,
+// and the time of the newest write. For the same Params, GCRA and
+// TokenBucket admit exactly the same requests.
 //
-// A clock that moves backwards needs no special case: the TAT simply lies
-// further ahead of now, so fewer units fit, and the state is untouched.
 // After a policy's numbers change under the same revision, the units that
 // were outstanding at the last write (rounded up, at most the new Burst)
 // are rescheduled from that write at the new rate.
@@ -26,7 +25,17 @@ type GCRA struct {
 	Frac   int64 // remainder of the TAT in 1/Limit µs, 0 ≤ Frac < Limit
 	Limit  int64 // the Params.Limit and Params.Window the TAT is scheduled under
 	Window int64
-	Last   int64 // µs of the newest write, never after TAT
+	Last   int64 // µs of the newest write
+}
+
+// gcraOf reads a GCRA from the fields of a State.
+func gcraOf(v *[5]int64) GCRA {
+	return GCRA{TAT: v[0], Frac: v[1], Limit: v[2], Window: v[3], Last: v[4]}
+}
+
+// fields returns s as the fields of a State.
+func (s GCRA) fields() [5]int64 {
+	return [5]int64{s.TAT, s.Frac, s.Limit, s.Window, s.Last}
 }
 
 // scheduledUnder reports whether s needs no rescheduling under p: the
@@ -64,8 +73,8 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 	var debt int64
 	if ahead := s.TAT - now; s.TAT != 0 && ahead >= 0 {
 		if ahead > tau/p.Limit+1 {
-			// Further ahead than any admissible debt (a clock that went
-			// backwards); also keeps ahead × Limit from overflowing.
+			// Further ahead than any admissible debt; keeps ahead × Limit
+			// from overflowing.
 			d.RetryAfter = ahead - floorDiv(tau-need-s.Frac, p.Limit)
 			d.ResetAfter = ahead + ceilDiv(s.Frac, p.Limit)
 			return stored, d
@@ -78,15 +87,10 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 		d.ResetAfter = ceilDiv(debt, p.Limit)
 		return stored, d
 	}
-	// A state that expired equals absent: its Last does not carry over.
-	last := now
-	if s.TAT != 0 && s.TAT+min(s.Frac, 1) > now {
-		last = max(stored.Last, now)
-	}
 	s = stored
 	if cost > 0 {
 		debt += cost * p.Window
-		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: last}
+		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: now}
 	}
 	d.Allowed = true
 	d.Remaining = (tau - debt) / p.Window
@@ -101,7 +105,7 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 		s = s.reschedule(p)
 	}
 	if s.TAT != 0 {
-		s.Last = max(s.Last, now)
+		s.Last = now
 		back := n * p.Window // n·T scaled by Limit, below 2^53 since n ≤ Burst
 		s.TAT -= back / p.Limit
 		if s.Frac -= back % p.Limit; s.Frac < 0 {
@@ -127,3 +131,6 @@ func (s GCRA) Expires(p Params) int64 {
 	}
 	return s.TAT + min(s.Frac, 1) // a remainder rounds up
 }
+
+// Newest returns the time of the newest write to s.
+func (s GCRA) Newest() int64 { return s.Last }

@@ -5,17 +5,6 @@ import (
 	"testing"
 )
 
-// refunder is a machine that supports Refund.
-type refunder interface {
-	machine
-	refund(now, n int64) Decision
-}
-
-func (m *fixedM) refund(now, n int64) (d Decision) { m.s, d = m.s.Refund(m.p, now, n); return }
-func (m *logM) refund(now, n int64) (d Decision)   { m.s, d = m.s.Refund(m.p, now, n); return }
-func (m *tbM) refund(now, n int64) (d Decision)    { m.s, d = m.s.Refund(m.p, now, n); return }
-func (m *gcraM) refund(now, n int64) (d Decision)  { m.s, d = m.s.Refund(m.p, now, n); return }
-
 var refundKinds = []Kind{KindFixedWindow, KindSlidingLog, KindTokenBucket, KindGCRA}
 
 // TestRefundUndoesSpend: spending c and refunding c at the same instant
@@ -26,7 +15,7 @@ func TestRefundUndoesSpend(t *testing.T) {
 		if k != KindTokenBucket && k != KindGCRA {
 			p.Burst = p.Limit
 		}
-		m := newMachine(k, p).(refunder)
+		m := newMachine(k, p)
 		now := t0
 		for step := int64(0); step < 200; step++ {
 			now += (step * 7919) % (2 * sec)
@@ -49,7 +38,7 @@ func TestRefundUndoesSpend(t *testing.T) {
 func TestRefundNeverExceedsCapacity(t *testing.T) {
 	for _, k := range refundKinds {
 		p := Params{Limit: 4, Window: sec, Burst: 4}
-		m := newMachine(k, p).(refunder)
+		m := newMachine(k, p)
 		for i, now := range []int64{t0, t0 + 1, t0 + sec/2, t0 - sec, t0 + 5*sec} {
 			m.decide(now, 2)
 			d := m.refund(now, 4)
@@ -113,17 +102,4 @@ func TestChangedNumbers(t *testing.T) {
 	}
 }
 
-func setParams(m machine, p Params) {
-	switch m := m.(type) {
-	case *fixedM:
-		m.p = p
-	case *logM:
-		m.p = p
-	case *swM:
-		m.p = p
-	case *tbM:
-		m.p = p
-	case *gcraM:
-		m.p = p
-	}
-}
+func setParams(m *machine, p Params) { m.p.Params = p }

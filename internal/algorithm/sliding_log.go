@@ -1,7 +1,5 @@
 package algorithm
 
-import "slices"
-
 // SlidingLog is the state of an exact sliding-window log.
 //
 // Model: one timestamp is kept per admitted unit; a request of cost c is
@@ -11,68 +9,96 @@ import "slices"
 // Burst: none beyond the limit; every interval of Window µs holds at most
 // Limit units. Accuracy: exact. State: one entry per admitted unit still in
 // the window (Limit entries at most), so memory grows with the limit.
+// Several units admitted in the same microsecond are separate entries.
 //
-// Several units admitted in the same microsecond are separate entries. A
-// clock that moves behind the newest entry is treated as that entry's time,
-// which keeps Entries sorted.
+// Decide and Refund read only the entries they need (the newest, a binary
+// search for the cut, the one that frees room) and return the change as a
+// LogEdit, so a store can keep the log where reading all of it costs (a
+// Redis list).
 type SlidingLog struct {
 	Entries []int64 // admission times in µs, ascending, one per unit; nil = absent
 }
 
-// trim drops the entries that left the window at now: a binary search and a
-// reslice, no copy (appends reallocate and compact when the capacity runs
-// out), so a log under steady load costs O(log n) amortized per decision.
-// The result is the same state: same decisions from now on.
-func (s SlidingLog) trim(p Params, now int64) SlidingLog {
-	cut, _ := slices.BinarySearch(s.Entries, now-p.Window+1)
-	s.Entries = s.Entries[cut:]
+// LogEdit is the change a decision makes to a sliding log: drop the Cut
+// oldest entries (they left the window) and the Drop newest (refunded),
+// then append Add entries at At.
+type LogEdit struct {
+	Cut, Drop, Add, At int64
+	Newest             int64 // the newest entry after the edit; 0 = the log is empty
+}
+
+// Apply returns s changed by e. Appending may reuse s.Entries' spare
+// capacity, so s must not be used afterwards.
+func (s SlidingLog) Apply(e LogEdit) SlidingLog {
+	s.Entries = s.Entries[e.Cut : int64(len(s.Entries))-e.Drop]
+	for i := int64(0); i < e.Add; i++ {
+		s.Entries = append(s.Entries, e.At)
+	}
+	if len(s.Entries) == 0 {
+		return SlidingLog{Entries: s.Entries[:0]}
+	}
 	return s
 }
 
-// Decide evaluates cost at now and returns the new state and the decision.
-// The returned state may share Entries' backing array with s; an admission
-// appends past the end of s.Entries, so s stays valid and unchanged.
-func (s SlidingLog) Decide(p Params, now, cost int64) (SlidingLog, Decision) {
-	if n := len(s.Entries); n > 0 && now < s.Entries[n-1] {
-		now = s.Entries[n-1]
+// cut returns how many of the oldest entries left the window at now: the
+// first entry after now-Window, by binary search (the log is sorted).
+func (s SlidingLog) cut(p Params, now int64) int64 {
+	lo, hi := int64(0), int64(len(s.Entries))
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if s.Entries[mid] <= now-p.Window {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
 	}
-	s = s.trim(p, now)
-	count := int64(len(s.Entries))
+	return lo
+}
+
+// Decide evaluates cost at now and returns the edit that spends it (empty
+// on a denial or a peek) and the decision.
+func (s SlidingLog) Decide(p Params, now, cost int64) (LogEdit, Decision) {
+	n := int64(len(s.Entries))
+	cut := s.cut(p, now)
+	count := n - cut
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
 	if count+need > p.Limit {
 		// The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
 		d.Remaining = max(p.Limit-count, 0) // count > Limit after a limit was lowered
-		d.RetryAfter = s.Entries[count+need-p.Limit-1] + p.Window - now
-		d.ResetAfter = s.Entries[count-1] + p.Window - now
-		return s, d
+		d.RetryAfter = s.Entries[cut+count+need-p.Limit-1] + p.Window - now
+		d.ResetAfter = s.Entries[n-1] + p.Window - now
+		return LogEdit{Newest: s.Entries[n-1]}, d
 	}
-	for i := int64(0); i < cost; i++ {
-		s.Entries = append(s.Entries, now)
+	e := LogEdit{Cut: cut}
+	if count > 0 {
+		e.Newest = s.Entries[n-1]
+	}
+	if cost > 0 {
+		e.Add, e.At, e.Newest = cost, now, now
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - int64(len(s.Entries))
-	if n := len(s.Entries); n > 0 {
-		d.ResetAfter = s.Entries[n-1] + p.Window - now
+	d.Remaining = p.Limit - count - max(cost, 0)
+	if e.Newest != 0 {
+		d.ResetAfter = e.Newest + p.Window - now
 	}
-	return s, d
+	return e, d
 }
 
 // Refund removes up to n of the newest entries still in the window (the
-// most recent admissions). The decision is the peek after it, always
-// Allowed: a refund cannot be denied.
-func (s SlidingLog) Refund(p Params, now, n int64) (SlidingLog, Decision) {
-	if k := len(s.Entries); k > 0 && now < s.Entries[k-1] {
-		now = s.Entries[k-1]
+// most recent admissions), and returns the edit and the peek after it,
+// always Allowed: a refund cannot be denied.
+func (s SlidingLog) Refund(p Params, now, n int64) (LogEdit, Decision) {
+	cut := s.cut(p, now)
+	count := int64(len(s.Entries)) - cut
+	e := LogEdit{Cut: cut, Drop: min(n, count)}
+	left := count - e.Drop
+	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.Limit-left, 0)}
+	if left > 0 {
+		e.Newest = s.Entries[cut+left-1]
+		d.ResetAfter = e.Newest + p.Window - now
 	}
-	s = s.trim(p, now)
-	s.Entries = s.Entries[:int64(len(s.Entries))-min(n, int64(len(s.Entries)))]
-	if len(s.Entries) == 0 {
-		s = SlidingLog{} // absent, as a store drops it
-	}
-	_, d := s.Decide(p, now, 0)
-	d.Allowed, d.RetryAfter = true, 0
-	return s, d
+	return e, d
 }
 
 // Expires returns the instant from which s equals an absent state.
@@ -81,4 +107,12 @@ func (s SlidingLog) Expires(p Params) int64 {
 		return 0
 	}
 	return s.Entries[len(s.Entries)-1] + p.Window
+}
+
+// Newest returns the time of the newest write to s: its newest entry.
+func (s SlidingLog) Newest() int64 {
+	if len(s.Entries) == 0 {
+		return 0
+	}
+	return s.Entries[len(s.Entries)-1]
 }

@@ -10,18 +10,35 @@ package algorithm
 // estimate plus c does not exceed Params.Limit. The comparison is done
 // multiplied through by Window, so it is exact in integers.
 //
-// Burst: none beyond the limit under the estimate. Accuracy: approximate,
-// because it assumes the previous window's requests were spread evenly; the
-// estimate is exact when they were. Example: Prev 84, Curr 36, 25 % of the
-// window elapsed → 84 × 0.75 + 36 = 99. State: three integers.
+// Burst: the estimate never exceeds the limit, but it assumes the previous
+// window's requests were spread evenly, and the real count in a
+// window-long interval can approach 2 × Limit: Limit crowded into the end
+// of one window weighs almost nothing a little later, when most of Limit
+// more is admitted. Example: 100 per 1s, 100 requests in the last 10ms of a
+// window, then 97 more 970–980ms into the next: 197 admitted within 990ms.
+// Poisson traffic that starts mid-window reaches about 1.5 × Limit.
+// Accuracy: approximate; exact when the previous window's requests were
+// spread evenly. Example: Prev 84, Curr 36, 25 % of the window elapsed →
+// 84 × 0.75 + 36 = 99. State: four integers.
 //
-// A clock that moves behind Start is treated as Start. SlidingWindow has no
-// Refund: once a window rolls over, a unit spent in it is only a share of
-// the estimate, so giving it back is not well defined.
+// SlidingWindow has no Refund: once a window rolls over, a unit spent in
+// it is only a share of the estimate, so giving it back is not well
+// defined.
 type SlidingWindow struct {
 	Start int64 // µs at which the current window began (a multiple of Window); 0 = absent
 	Curr  int64 // units admitted in the current window
 	Prev  int64 // units admitted in the window before it
+	Last  int64 // µs of the newest write
+}
+
+// slidingWindowOf reads a SlidingWindow from the fields of a State.
+func slidingWindowOf(v *[5]int64) SlidingWindow {
+	return SlidingWindow{Start: v[0], Curr: v[1], Prev: v[2], Last: v[3]}
+}
+
+// fields returns s as the fields of a State.
+func (s SlidingWindow) fields() [5]int64 {
+	return [5]int64{s.Start, s.Curr, s.Prev, s.Last}
 }
 
 // advance moves s to the window that holds now.
@@ -31,9 +48,9 @@ func (s SlidingWindow) advance(p Params, now int64) SlidingWindow {
 	case w <= s.Start:
 		return s
 	case w == s.Start+p.Window:
-		return SlidingWindow{Start: w, Prev: s.Curr}
+		return SlidingWindow{Start: w, Prev: s.Curr, Last: s.Last}
 	default:
-		return SlidingWindow{Start: w}
+		return SlidingWindow{Start: w, Last: s.Last}
 	}
 }
 
@@ -41,9 +58,6 @@ func (s SlidingWindow) advance(p Params, now int64) SlidingWindow {
 // The returned state is always the stored state advanced to now; on a denial
 // it holds the same counts, only re-based, and need not be written.
 func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decision) {
-	if s.Start != 0 && now < s.Start {
-		now = s.Start
-	}
 	s = s.advance(p, now)
 	elapsed := now - s.Start
 	// All quantities below are scaled by Window.
@@ -66,7 +80,7 @@ func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decisio
 		return s, d
 	}
 	if cost > 0 {
-		s.Curr += cost
+		s = SlidingWindow{Start: s.Start, Curr: s.Curr + cost, Prev: s.Prev, Last: now}
 		weighted += cost * p.Window
 	}
 	d.Allowed = true
@@ -95,3 +109,6 @@ func (s SlidingWindow) Expires(p Params) int64 {
 	}
 	return 0
 }
+
+// Newest returns the time of the newest write to s.
+func (s SlidingWindow) Newest() int64 { return s.Last }

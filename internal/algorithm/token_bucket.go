@@ -13,13 +13,22 @@ package algorithm
 // scaled by). For the same Params, TokenBucket and GCRA admit exactly the
 // same requests; they differ in what they store.
 //
-// A clock that moves behind Last refills nothing and is treated as Last.
 // After a policy's numbers change under the same revision, the tokens carry
 // over as whole tokens (rounded down), never more than the new Burst.
 type TokenBucket struct {
-	Tokens int64 // tokens × Window; meaningful only when Last != 0
-	Last   int64 // µs of the last admission; 0 = absent (a full bucket)
+	Tokens int64 // tokens × Window at Last; meaningful only when Last != 0
+	Last   int64 // µs of the newest write; 0 = absent (a full bucket)
 	Window int64 // the Params.Window Tokens is scaled by
+}
+
+// tokenBucketOf reads a TokenBucket from the fields of a State.
+func tokenBucketOf(v *[5]int64) TokenBucket {
+	return TokenBucket{Tokens: v[0], Last: v[1], Window: v[2]}
+}
+
+// fields returns s as the fields of a State.
+func (s TokenBucket) fields() [5]int64 {
+	return [5]int64{s.Tokens, s.Last, s.Window}
 }
 
 // tokens returns the stored tokens scaled by p.Window, at most a full
@@ -31,29 +40,24 @@ func (s TokenBucket) tokens(p Params) int64 {
 	return min(s.Tokens, p.Burst*p.Window)
 }
 
-// level returns the scaled tokens in the bucket at now, and now clamped to
-// Last.
-func (s TokenBucket) level(p Params, now int64) (tokens, at int64) {
+// level returns the scaled tokens in the bucket at now.
+func (s TokenBucket) level(p Params, now int64) int64 {
 	full := p.Burst * p.Window
 	if s.Last == 0 {
-		return full, now
+		return full
 	}
-	if now < s.Last {
-		now = s.Last
-	}
-	tokens = s.tokens(p)
+	tokens := s.tokens(p)
 	// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
 	if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
-		return full, now
-	} else {
-		return tokens + elapsed*p.Limit, now
+		return full
 	}
+	return tokens + (now-s.Last)*p.Limit
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 	full := p.Burst * p.Window
-	tokens, now := s.level(p, now)
+	tokens := s.level(p, now)
 	d := Decision{Limit: p.Burst}
 	need := verdictCost(cost) * p.Window
 	if tokens < need {
@@ -76,8 +80,8 @@ func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
 // after it, always Allowed: a refund cannot be denied.
 func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 	if s.Last != 0 {
-		tokens, at := s.level(p, now)
-		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: at, Window: p.Window}
+		tokens := s.level(p, now)
+		s = TokenBucket{Tokens: min(tokens+n*p.Window, p.Burst*p.Window), Last: now, Window: p.Window}
 		if s.Expires(p) <= now {
 			s = TokenBucket{} // full: absent, as a store drops it
 		}
@@ -95,3 +99,6 @@ func (s TokenBucket) Expires(p Params) int64 {
 	}
 	return s.Last + ceilDiv(p.Burst*p.Window-s.tokens(p), p.Limit)
 }
+
+// Newest returns the time of the newest write to s.
+func (s TokenBucket) Newest() int64 { return s.Last }

@@ -1,0 +1,288 @@
+package algorithm
+
+import "fmt"
+
+// The decision engine: what a store runs for one decision, whatever it
+// keeps its state in. memstore calls Evaluate directly; redisstore's
+// engine.lua ports this file function by function.
+
+// Policy is what the engine needs of one policy: its algorithm and numbers.
+type Policy struct {
+	Kind   Kind
+	Params Params
+}
+
+// State is the stored state of one policy for one subject, flat: exactly
+// the integers a store keeps. A fixed-size algorithm keeps Fields[kind]
+// integers in V, in the order of its fields method (redisstore writes them
+// as one string); the sliding log keeps Log. The zero value is absent.
+type State struct {
+	V   [5]int64
+	Log []int64
+}
+
+// Fields is how many integers of State.V each algorithm keeps.
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5}
+
+// Write is the state a decision leaves behind, for a store to keep when the
+// whole evaluation commits.
+type Write struct {
+	V       [5]int64 // a fixed-size algorithm's new fields
+	Log     LogEdit  // the sliding log's change
+	Fresh   bool     // the stored state was read as absent (it expired): replace it, do not edit it
+	Expires int64    // µs from which the written state equals absent; at or before the decision's time: delete it
+}
+
+// Evaluation is one decision for one subject over one or more policies:
+// either every policy admits the cost and it is spent on all of them, or
+// nothing is.
+type Evaluation struct {
+	Policies []Policy
+	// States are the stored states, one per policy; nil is absent. They
+	// are read, never modified.
+	States []*State
+	// Now is the time of the request, µs since the Unix epoch.
+	Now int64
+	// Cost is the number of units to spend; 0 peeks (judged as 1,
+	// spends nothing). With Refund, the units to give back (≥ 1).
+	Cost   int64
+	Refund bool
+	// MaxRegression is how far Now may lie behind a state's newest write,
+	// µs; further is a *ClockError. -1: unbounded.
+	MaxRegression int64
+	// Replay, when not nil, is the decision remembered for this
+	// evaluation's id (see RecordID) and still live: Evaluate answers
+	// with it and spends nothing.
+	Replay []Decision
+
+	// Decisions receives the Decision of each policy; the caller sizes it,
+	// one element per policy.
+	Decisions []Decision
+	// Writes receives the Write of each policy; the caller sizes it, one
+	// element per policy.
+	Writes []Write
+	// Commit reports that the store must apply every Write: the whole
+	// evaluation admits and spends (or refunds) a cost above 0.
+	Commit bool
+	// Replayed reports that Decisions are Replay.
+	Replayed bool
+}
+
+// ClockError says that a request's time lies further behind a state's
+// newest write than Evaluation.MaxRegression allows.
+type ClockError struct {
+	Policy      int   // index in Evaluation.Policies
+	Behind, Max int64 // µs
+}
+
+func (e *ClockError) Error() string {
+	return fmt.Sprintf("policy %d: caller clock is %d µs behind the last write, more than the allowed %d", e.Policy, e.Behind, e.Max)
+}
+
+// ReplayError says that an evaluation id was first used with another
+// number of policies.
+type ReplayError struct{ First, Now int }
+
+func (e *ReplayError) Error() string {
+	return fmt.Sprintf("the evaluation id was first used with %d policies, now with %d", e.First, e.Now)
+}
+
+// RecordID returns the key under which a store remembers the decision for
+// evaluation id: spends and refunds apart, peeks never ("").
+func RecordID(id string, cost int64, refund bool) string {
+	switch {
+	case id == "" || cost == 0:
+		return ""
+	case refund:
+		return "r:" + id
+	}
+	return "s:" + id
+}
+
+// Evaluate decides ev: a remembered replay, or every policy on its state,
+// all or nothing.
+//
+// The clock rule: a request whose time lies behind a state's newest write
+// is decided at that write's time, so no algorithm ever sees time go
+// backwards and they all agree on what it means; the waits it answers
+// (RetryAfter, ResetAfter) are then lengthened by the lag, measured from
+// the request's own time, never early.
+//
+// When several policies are named and one denies, nothing is spent, and
+// each policy that would have admitted reports its unspent state (the
+// peek's Remaining and ResetAfter), still Allowed.
+func Evaluate(ev *Evaluation) error {
+	n := len(ev.Policies)
+	if len(ev.States) != n || len(ev.Decisions) != n || len(ev.Writes) != n {
+		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
+	}
+	ev.Commit, ev.Replayed = false, false
+	if ev.Replay != nil {
+		if len(ev.Replay) != n {
+			return &ReplayError{First: len(ev.Replay), Now: n}
+		}
+		copy(ev.Decisions, ev.Replay)
+		ev.Replayed = true
+		return nil
+	}
+	admitted := true
+	for i, p := range ev.Policies {
+		st, at, err := current(p, ev.States[i], ev.Now, ev.MaxRegression)
+		if err != nil {
+			err.Policy = i
+			return err
+		}
+		w, d := p.step(st, at, ev.Cost, ev.Refund)
+		w.Fresh = st != ev.States[i]
+		ev.Decisions[i], ev.Writes[i] = lengthen(d, at-ev.Now), w
+		admitted = admitted && d.Allowed
+	}
+	if !admitted && n > 1 {
+		for i, p := range ev.Policies {
+			if ev.Decisions[i].Allowed {
+				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
+				_, d := p.step(st, at, 0, false)
+				ev.Decisions[i] = lengthen(d, at-ev.Now)
+			}
+		}
+	}
+	ev.Commit = admitted && ev.Cost > 0
+	return nil
+}
+
+// absent is the state of a policy that has none.
+var absent State
+
+// current returns the state p decides on for a request at now, and the
+// time it decides at: a live state whose newest write lies after now is
+// decided at that write's time (within maxRegression), and a state that
+// equals absent by then is absent.
+func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
+	if st == nil {
+		return &absent, now, nil
+	}
+	expires := p.expires(st)
+	if expires <= now {
+		return &absent, now, nil
+	}
+	at := now
+	if newest := p.newest(st); newest > now {
+		if maxRegression >= 0 && newest-now > maxRegression {
+			return nil, 0, &ClockError{Behind: newest - now, Max: maxRegression}
+		}
+		at = newest
+	}
+	if expires <= at {
+		return &absent, at, nil
+	}
+	return st, at, nil
+}
+
+// lengthen adds lag to the waits of d, which was decided lag µs after the
+// request's own time.
+func lengthen(d Decision, lag int64) Decision {
+	if d.RetryAfter > 0 {
+		d.RetryAfter += lag
+	}
+	if d.ResetAfter > 0 {
+		d.ResetAfter += lag
+	}
+	return d
+}
+
+// step runs p's algorithm on st at now: a spend of cost, a peek (cost 0),
+// or with refund set a refund of cost. It returns the state after it as a
+// Write, and the verdict.
+func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) {
+	var w Write
+	var d Decision
+	switch p.Kind {
+	case KindFixedWindow:
+		s := fixedWindowOf(&st.V)
+		if refund {
+			s, d = s.Refund(p.Params, now, cost)
+		} else {
+			s, d = s.Decide(p.Params, now, cost)
+		}
+		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+	case KindSlidingLog:
+		s := SlidingLog{Entries: st.Log}
+		if refund {
+			w.Log, d = s.Refund(p.Params, now, cost)
+		} else {
+			w.Log, d = s.Decide(p.Params, now, cost)
+		}
+		if w.Log.Newest != 0 {
+			w.Expires = w.Log.Newest + p.Params.Window
+		}
+	case KindSlidingWindow:
+		// No Refund: a store never asks (sluice.Limiter refuses it first).
+		s := slidingWindowOf(&st.V)
+		s, d = s.Decide(p.Params, now, cost)
+		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+	case KindTokenBucket:
+		s := tokenBucketOf(&st.V)
+		if refund {
+			s, d = s.Refund(p.Params, now, cost)
+		} else {
+			s, d = s.Decide(p.Params, now, cost)
+		}
+		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+	case KindGCRA:
+		s := gcraOf(&st.V)
+		if refund {
+			s, d = s.Refund(p.Params, now, cost)
+		} else {
+			s, d = s.Decide(p.Params, now, cost)
+		}
+		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+	}
+	return w, d
+}
+
+// expires returns the instant from which st equals an absent state under p.
+func (p Policy) expires(st *State) int64 {
+	switch p.Kind {
+	case KindFixedWindow:
+		return fixedWindowOf(&st.V).Expires(p.Params)
+	case KindSlidingLog:
+		return SlidingLog{Entries: st.Log}.Expires(p.Params)
+	case KindSlidingWindow:
+		return slidingWindowOf(&st.V).Expires(p.Params)
+	case KindTokenBucket:
+		return tokenBucketOf(&st.V).Expires(p.Params)
+	case KindGCRA:
+		return gcraOf(&st.V).Expires(p.Params)
+	}
+	return 0
+}
+
+// Expires returns the instant from which st equals an absent state under
+// p: a store may drop it then.
+func (p Policy) Expires(st *State) int64 { return p.expires(st) }
+
+// newest returns the time of the newest write to st.
+func (p Policy) newest(st *State) int64 {
+	switch p.Kind {
+	case KindFixedWindow:
+		return fixedWindowOf(&st.V).Newest()
+	case KindSlidingLog:
+		return SlidingLog{Entries: st.Log}.Newest()
+	case KindSlidingWindow:
+		return slidingWindowOf(&st.V).Newest()
+	case KindTokenBucket:
+		return tokenBucketOf(&st.V).Newest()
+	case KindGCRA:
+		return gcraOf(&st.V).Newest()
+	}
+	return 0
+}
+
+// Apply changes st to the state w describes.
+func (st *State) Apply(w Write) {
+	if w.Fresh {
+		st.Log = st.Log[:0]
+	}
+	st.V = w.V
+	st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
+}

@@ -1,0 +1,189 @@
+package algorithm
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestClockRegressionNeverEarly: a request whose time lies behind the
+// newest write gets waits measured from its own time: retrying RetryAfter
+// later is admitted, 1µs earlier is not, for every algorithm.
+func TestClockRegressionNeverEarly(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.String(), func(t *testing.T) {
+			p := Params{Limit: 1, Window: sec, Burst: 1}
+			for _, lag := range []int64{1, 500_000, 999_999} {
+				m := newMachine(k, p)
+				if d := m.decide(t0, 1); !d.Allowed {
+					t.Fatalf("first spend = %+v, want allowed", d)
+				}
+				now := t0 - lag
+				d := m.decide(now, 1)
+				if d.Allowed {
+					t.Fatalf("lag %d: Decide = %+v, want denied", lag, d)
+				}
+				if early := m.clone().decide(now+d.RetryAfter-1, 1); early.Allowed {
+					t.Fatalf("lag %d: RetryAfter %d from t0-%d: admitted 1µs before it", lag, d.RetryAfter, lag)
+				}
+				if onTime := m.clone().decide(now+d.RetryAfter, 1); !onTime.Allowed {
+					t.Fatalf("lag %d: RetryAfter %d from t0-%d: denied at it: %+v", lag, d.RetryAfter, lag, onTime)
+				}
+				if full := m.clone().decide(now+d.ResetAfter, 0); full.Remaining != 1 {
+					t.Fatalf("lag %d: ResetAfter %d from t0-%d: %d remaining then, want 1", lag, d.ResetAfter, lag, full.Remaining)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenBucketMatchesGCRA: for the same numbers the two bucket
+// algorithms answer every request alike, spends, peeks and refunds, also
+// when the clock steps back.
+func TestTokenBucketMatchesGCRA(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := range 200 {
+		p := Params{Limit: 1 + r.Int64N(20), Window: sec * (1 + r.Int64N(10)), Burst: 1 + r.Int64N(20)}
+		tb, gcra := newMachine(KindTokenBucket, p), newMachine(KindGCRA, p)
+		now := t0
+		for step := range 200 {
+			switch r.IntN(4) {
+			case 0:
+				now -= r.Int64N(p.Window)
+			default:
+				now += r.Int64N(p.Window / 2)
+			}
+			cost := r.Int64N(p.Burst + 1)
+			refund := cost > 0 && r.IntN(8) == 0
+			a, b := tb.run(now, cost, refund), gcra.run(now, cost, refund)
+			if a != b {
+				t.Fatalf("trial %d step %d %+v: now t0%+d cost %d refund %v: token_bucket %+v, gcra %+v", trial, step, p, now-t0, cost, refund, a, b)
+			}
+		}
+	}
+}
+
+// TestEvaluateAllOrNothing: one denying policy spends nothing on any; the
+// ones that would have admitted report their unspent state.
+func TestEvaluateAllOrNothing(t *testing.T) {
+	wide := Policy{KindFixedWindow, Params{Limit: 10, Window: 10 * sec, Burst: 10}}
+	narrow := Policy{KindGCRA, Params{Limit: 1, Window: sec, Burst: 2}}
+	states := []*State{nil, nil}
+	run := func(now, cost int64) *Evaluation {
+		t.Helper()
+		ev := &Evaluation{Policies: []Policy{wide, narrow}, States: states, Now: now, Cost: cost, MaxRegression: -1, Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
+		if err := Evaluate(ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Commit {
+			for i, w := range ev.Writes {
+				if states[i] == nil {
+					states[i] = new(State)
+				}
+				states[i].Apply(w)
+			}
+		}
+		return ev
+	}
+	if ev := run(t0, 2); !ev.Commit || ev.Decisions[0].Remaining != 8 || ev.Decisions[1].Remaining != 0 {
+		t.Fatalf("spend 2 = %+v, want committed with 8 and 0 left", ev)
+	}
+	ev := run(t0+1, 3)
+	want := []Decision{
+		{Allowed: true, Limit: 10, Remaining: 8, ResetAfter: 10*sec - 1},
+		{Limit: 2, RetryAfter: 3*sec - 1, ResetAfter: 2*sec - 1},
+	}
+	if ev.Commit || fmt.Sprint(ev.Decisions) != fmt.Sprint(want) {
+		t.Fatalf("spend 3 over a full bucket = commit %v %+v, want nothing spent and %+v", ev.Commit, ev.Decisions, want)
+	}
+	if ev := run(t0+2, 0); ev.Commit || ev.Decisions[0].Remaining != 8 {
+		t.Fatalf("peek after the denial = %+v, want 8 left on the wide policy", ev)
+	}
+}
+
+func TestEvaluateReplay(t *testing.T) {
+	p := Policy{KindFixedWindow, Params{Limit: 3, Window: sec, Burst: 3}}
+	first := []Decision{{Allowed: true, Limit: 3, Remaining: 2, ResetAfter: sec}}
+	ev := &Evaluation{Policies: []Policy{p}, States: []*State{nil}, Now: t0, Cost: 1, MaxRegression: -1, Replay: first, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
+	if err := Evaluate(ev); err != nil || !ev.Replayed || ev.Commit || ev.Decisions[0] != first[0] {
+		t.Fatalf("Evaluate with a replay = %+v, %v; want the replay, nothing committed", ev, err)
+	}
+	ev = &Evaluation{Policies: []Policy{p, p}, States: []*State{nil, nil}, Now: t0, Cost: 1, MaxRegression: -1, Replay: first, Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
+	var re *ReplayError
+	if err := Evaluate(ev); !errors.As(err, &re) || re.First != 1 || re.Now != 2 {
+		t.Fatalf("Evaluate with a replay of 1 policy for 2 = %v, want a *ReplayError", err)
+	}
+	for _, c := range []struct {
+		id     string
+		cost   int64
+		refund bool
+		want   string
+	}{{"", 1, false, ""}, {"x", 0, false, ""}, {"x", 1, false, "s:x"}, {"x", 2, true, "r:x"}} {
+		if got := RecordID(c.id, c.cost, c.refund); got != c.want {
+			t.Errorf("RecordID(%q, %d, %v) = %q, want %q", c.id, c.cost, c.refund, got, c.want)
+		}
+	}
+}
+
+// TestEvaluateClockBound: behind the newest write by more than
+// MaxRegression is a *ClockError naming the policy; within it, decided.
+func TestEvaluateClockBound(t *testing.T) {
+	p := Policy{KindTokenBucket, Params{Limit: 5, Window: sec, Burst: 5}}
+	st := new(State)
+	ev := &Evaluation{Policies: []Policy{p}, States: []*State{st}, Now: t0, Cost: 1, MaxRegression: 1000, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
+	if err := Evaluate(ev); err != nil {
+		t.Fatal(err)
+	}
+	st.Apply(ev.Writes[0])
+	ev.Now = t0 - 1000
+	if err := Evaluate(ev); err != nil || !ev.Decisions[0].Allowed {
+		t.Fatalf("1000µs behind with a bound of 1000 = %+v, %v; want decided", ev.Decisions, err)
+	}
+	ev.Now = t0 - 1001
+	var ce *ClockError
+	if err := Evaluate(ev); !errors.As(err, &ce) || ce.Policy != 0 || ce.Behind != 1001 {
+		t.Fatalf("1001µs behind with a bound of 1000 = %v, want a *ClockError", err)
+	}
+}
+
+// TestWorstCaseBursts holds the worst cases the documentation states:
+// fixed_window admits 2 × Limit − 1 in a half-open window-long interval,
+// sliding_window 197 of 100 per second within 990ms under a pattern aimed
+// at its estimate, sliding_log never more than Limit.
+func TestWorstCaseBursts(t *testing.T) {
+	const ms = 1000
+	type req struct{ at, cost int64 }
+	admitted := func(k Kind, p Params, reqs []req, from, to int64) int64 {
+		m := newMachine(k, p)
+		var n int64
+		for _, r := range reqs {
+			if d := m.decide(r.at, r.cost); d.Allowed && r.at >= from && r.at < to {
+				n += r.cost
+			}
+		}
+		return n
+	}
+	p := Params{Limit: 100, Window: sec, Burst: 100}
+	// fixed_window: the window opens at t0 with one unit; 99 at its last
+	// µs, 100 at the first µs of the next.
+	fw := []req{{t0, 1}, {t0 + sec - 1, 99}, {t0 + sec, 100}}
+	if n := admitted(KindFixedWindow, p, fw, t0+1, t0+1+sec); n != 199 {
+		t.Errorf("fixed_window boundary burst: %d admitted in a half-open window-long interval, want 2 × 100 − 1", n)
+	}
+	// sliding_window: 100 over the last 10ms of a window, 100 more offered
+	// 970–980ms into the next.
+	var sw []req
+	for i := range int64(100) {
+		sw = append(sw, req{t0 + sec - 10*ms + i*100, 1})
+	}
+	for i := range int64(100) {
+		sw = append(sw, req{t0 + 2*sec - 30*ms + i*100, 1})
+	}
+	if n := admitted(KindSlidingWindow, p, sw, t0+sec-10*ms, t0+2*sec-20*ms); n != 197 {
+		t.Errorf("sliding_window aimed at its estimate: %d admitted within 990ms, want 197", n)
+	}
+	if n := admitted(KindSlidingLog, p, sw, t0+sec-10*ms, t0+2*sec-10*ms); n > 100 {
+		t.Errorf("sliding_log under the same pattern: %d admitted within one window, want at most 100", n)
+	}
+}
