@@ -159,7 +159,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	default:
 		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
 	}
-	if err := CheckSubject(req.Subject); err != nil {
+	if err := checkSubject(req.Subject); err != nil {
 		return err
 	}
 	cost := req.Cost
@@ -195,10 +195,10 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	return nil
 }
 
-// CheckSubject reports whether s can be a Request.Subject: 1 to
+// checkSubject reports whether s can be a Request.Subject: 1 to
 // MaxSubjectLen bytes of printable ASCII other than space, '{' and '}'
 // (braces delimit Redis Cluster hash tags).
-func CheckSubject(s string) error {
+func checkSubject(s string) error {
 	if len(s) == 0 || len(s) > MaxSubjectLen {
 		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), MaxSubjectLen)
 	}

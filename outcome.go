@@ -134,17 +134,3 @@ func (o Outcome) Reason() string {
 	}
 	return o.Err.Error()
 }
-
-// StatusFromMicros builds a Status from durations in microseconds, the unit
-// of the algorithm math. It is exported for the stores of this module.
-func StatusFromMicros(p *Policy, allowed bool, limit, remaining, resetAfter, retryAfter int64) Status {
-	return Status{
-		Policy:      p.ID,
-		Allowed:     allowed,
-		Limit:       limit,
-		Remaining:   remaining,
-		ResetAfter:  time.Duration(resetAfter) * time.Microsecond,
-		RetryAfter:  time.Duration(retryAfter) * time.Microsecond,
-		Approximate: p.Algorithm.Approximate(),
-	}
-}

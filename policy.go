@@ -234,8 +234,8 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// Params returns p's numbers in the units of internal/algorithm. For use
-// by stores; p should be validated.
+// params returns p's numbers in the engine's units, for Validate and
+// WithDefaults.
 func (p Policy) params() algorithm.Params {
 	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
 }

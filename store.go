@@ -80,13 +80,3 @@ func (c *MonotonicClock) Now() time.Time { return c.start.Add(time.Since(c.start
 func (c *MonotonicClock) UnixMicro() int64 {
 	return c.start.UnixMicro() + int64(time.Since(c.start)/time.Microsecond)
 }
-
-// UnixMicro returns c's time in integer microseconds since the Unix epoch,
-// the time unit of the algorithm math. A clock with a UnixMicro method of
-// its own (MonotonicClock) is asked directly.
-func UnixMicro(c Clock) int64 {
-	if m, ok := c.(interface{ UnixMicro() int64 }); ok {
-		return m.UnixMicro()
-	}
-	return c.Now().UnixMicro()
-}

@@ -123,7 +123,7 @@ func TestRedisCorruptCounter(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys after one decision = %q, %v; want exactly one", keys, err)
 	}
-	// A hand-written INCR counter where sluice keeps a hash.
+	// A hand-written INCR counter where sluice keeps its own state.
 	if err := admin.Set(ctx, keys[0], "41", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +133,8 @@ func TestRedisCorruptCounter(t *testing.T) {
 	if d.Outcome.Kind != sluice.Incompatible || d.Action != httplimit.FailedClosed {
 		t.Errorf("corrupt counter: decision %v/%v (%v), want failed closed on an incompatible outcome", d.Action, d.Outcome.Kind, d.Outcome.Err)
 	}
-	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "is not a hash") {
-		t.Errorf("logs %s: want the reason (SLUICE_CORRUPT … is not a hash)", logs)
+	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "want 3 integers") {
+		t.Errorf("logs %s: want the reason (SLUICE_CORRUPT … want 3 integers)", logs)
 	}
 	if v, _ := admin.Get(ctx, keys[0]).Result(); v != "41" {
 		t.Errorf("the corrupt key now holds %q: a failed decision must write nothing", v)

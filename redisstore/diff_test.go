@@ -6,115 +6,22 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/sluicetest"
 )
 
 var (
 	diffSteps = flag.Int("sluice.diffsteps", 10_000, "steps per algorithm in TestDifferential")
 	diffSeed  = flag.Uint64("sluice.diffseed", 0, "seed of TestDifferential; 0 picks one")
 )
-
-// model is the Go side of the differential test: one algorithm's state,
-// held in Go and evolved by internal/algorithm the way memstore does (the
-// new state is kept only when the decision admits a positive cost).
-type model interface {
-	decide(p algorithm.Params, now, cost int64) algorithm.Decision
-}
-
-// refunder is a model whose algorithm has a Refund, applied as memstore
-// applies it: the new state is always kept.
-type refunder interface {
-	refund(p algorithm.Params, now, n int64) algorithm.Decision
-}
-
-func (m *fixedWindowModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
-	m.s, d = m.s.Refund(p, now, n)
-	return d
-}
-
-func (m *slidingLogModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
-	m.s, d = algorithm.SlidingLog{Entries: slices.Clone(m.s.Entries)}.Refund(p, now, n)
-	return d
-}
-
-func (m *tokenBucketModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
-	m.s, d = m.s.Refund(p, now, n)
-	return d
-}
-
-func (m *gcraModel) refund(p algorithm.Params, now, n int64) (d algorithm.Decision) {
-	m.s, d = m.s.Refund(p, now, n)
-	return d
-}
-
-type fixedWindowModel struct{ s algorithm.FixedWindow }
-
-func (m *fixedWindowModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
-	s, d := m.s.Decide(p, now, cost)
-	if d.Allowed && cost > 0 {
-		m.s = s
-	}
-	return d
-}
-
-type slidingLogModel struct{ s algorithm.SlidingLog }
-
-func (m *slidingLogModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
-	s, d := algorithm.SlidingLog{Entries: slices.Clone(m.s.Entries)}.Decide(p, now, cost)
-	if d.Allowed && cost > 0 {
-		m.s = s
-	}
-	return d
-}
-
-type slidingWindowModel struct{ s algorithm.SlidingWindow }
-
-func (m *slidingWindowModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
-	s, d := m.s.Decide(p, now, cost)
-	if d.Allowed && cost > 0 {
-		m.s = s
-	}
-	return d
-}
-
-type tokenBucketModel struct{ s algorithm.TokenBucket }
-
-func (m *tokenBucketModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
-	s, d := m.s.Decide(p, now, cost)
-	if d.Allowed && cost > 0 {
-		m.s = s
-	}
-	return d
-}
-
-type gcraModel struct{ s algorithm.GCRA }
-
-func (m *gcraModel) decide(p algorithm.Params, now, cost int64) algorithm.Decision {
-	s, d := m.s.Decide(p, now, cost)
-	if d.Allowed && cost > 0 {
-		m.s = s
-	}
-	return d
-}
-
-func newModel(a sluice.Algorithm) model {
-	switch a {
-	case sluice.FixedWindow:
-		return &fixedWindowModel{}
-	case sluice.SlidingLog:
-		return &slidingLogModel{}
-	case sluice.SlidingWindow:
-		return &slidingWindowModel{}
-	case sluice.TokenBucket:
-		return &tokenBucketModel{}
-	default:
-		return &gcraModel{}
-	}
-}
 
 // randomPolicy draws valid policy numbers for a, favouring edge cases: 1ms
 // windows, limits of 1, 100000 per second, 24h windows.
@@ -186,13 +93,11 @@ func randomStep(r *rand.Rand, w int64) int64 {
 	}
 }
 
-func statusOf(p *sluice.Policy, d algorithm.Decision) sluice.Status {
-	return sluice.StatusFromMicros(p, d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter)
-}
-
-// TestDifferential drives random operation sequences through the Go math
-// (internal/algorithm, held the way memstore holds it) and through the Lua
-// script in caller-clock mode, and demands identical statuses.
+// TestDifferential drives random operation sequences through memstore,
+// which runs the Go engine of internal/algorithm, and through the Lua
+// script in caller-clock mode, both on one fake clock, and demands
+// identical statuses: spends, peeks, refunds, clocks that step back, policy
+// numbers changed under one revision, and several policies at once.
 func TestDifferential(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -203,15 +108,10 @@ func TestDifferential(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			s, clock := callerStore(t, c)
+			d := newDiff(t, c)
 			r := rand.New(rand.NewPCG(seed, uint64(a)))
 			const episode = 500 // steps per policy before new numbers and a new key
-			var (
-				p    *sluice.Policy
-				m    model
-				subj string
-				now  int64
-			)
+			var ps []*sluice.Policy
 			var allowed, denied, regressions, refunds, changes int
 			defer func() {
 				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d with the clock moved back, %d policy changes under one revision", *diffSteps, allowed, denied, refunds, regressions, changes)
@@ -219,135 +119,108 @@ func TestDifferential(t *testing.T) {
 			for step := range *diffSteps {
 				switch {
 				case step%episode == 0:
-					p = randomPolicy(r, "diff", a)
-					m = newModel(a)
-					subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
-					now = sluicetest0 + r.Int64N(1_000_000_000)
+					ps = []*sluice.Policy{randomPolicy(r, "diff", a)}
+					d.newSubject(r, seed, step)
 				case r.IntN(20) == 0:
 					// New numbers under the same revision: the state written
 					// under the old ones is read under these.
-					p = randomPolicy(r, "diff", a)
+					ps[0] = randomPolicy(r, "diff", a)
 					changes++
 				}
-				dt := randomStep(r, p.Window.Microseconds())
+				dt := randomStep(r, ps[0].Window.Microseconds())
 				if dt < 0 {
 					regressions++
 				}
-				now = max(now+dt, 1)
-				cost := randomCost(r, p)
-				clock.Set(time.UnixMicro(now))
-				prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
-				rf, refund := m.(refunder)
-				refund = refund && cost > 0 && r.IntN(8) == 0
-				var want sluice.Status
+				cost := randomCost(r, ps[0])
+				refund := a.Refundable() && cost > 0 && r.IntN(8) == 0
 				if refund {
 					refunds++
-					want = statusOf(p, rf.refund(prm, now, cost))
-				} else {
-					want = statusOf(p, m.decide(prm, now, cost))
 				}
-				ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: cost, Refund: refund}
-				err := s.Evaluate(context.Background(), ev)
-				got := ev.Statuses
-				if err != nil {
-					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d, refund=%v): %v", seed, step, *p, now, cost, refund, err)
-				}
-				if want.Allowed {
+				if got := d.step(seed, step, dt, cost, refund, ps); got[0].Allowed {
 					allowed++
 				} else {
 					denied++
-				}
-				if got[0] != want {
-					t.Fatalf("seed %d step %d: policy %+v now=%d: Evaluate(cost=%d, refund=%v) = %+v, want %+v", seed, step, *p, now, cost, refund, got[0], want)
 				}
 			}
 		})
 	}
 	t.Run("multi", func(t *testing.T) {
 		t.Parallel()
-		s, clock := callerStore(t, c)
+		d := newDiff(t, c)
 		r := rand.New(rand.NewPCG(seed, 99))
 		const episode = 200
-		var (
-			ps   []*sluice.Policy
-			ms   []model
-			subj string
-			now  int64
-		)
+		var ps []*sluice.Policy
 		for step := range *diffSteps / 5 {
 			if step%episode == 0 {
-				ps, ms = nil, nil
+				ps = nil
 				for i := range 1 + r.IntN(4) {
-					a := algorithms[r.IntN(len(algorithms))]
-					ps = append(ps, randomPolicy(r, fmt.Sprint("p", i), a))
-					ms = append(ms, newModel(a))
+					ps = append(ps, randomPolicy(r, fmt.Sprint("p", i), algorithms[r.IntN(len(algorithms))]))
 				}
-				subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
-				now = sluicetest0 + r.Int64N(1_000_000_000)
+				d.newSubject(r, seed, step)
 			}
-			now = max(now+randomStep(r, ps[0].Window.Microseconds()), 1)
 			cost := randomCost(r, ps[0])
+			refund := cost > 0 && r.IntN(8) == 0
 			for _, p := range ps {
 				cost = min(cost, p.MaxCost)
+				refund = refund && p.Algorithm.Refundable()
 			}
-			clock.Set(time.UnixMicro(now))
-			// All or nothing: decide every policy on a peek-free copy
-			// first, then commit only when every one admits.
-			want := make([]sluice.Status, len(ps))
-			admit := true
-			for i, p := range ps {
-				prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
-				d := clone(ms[i]).decide(prm, now, cost)
-				want[i] = statusOf(p, d)
-				admit = admit && d.Allowed
-			}
-			if !admit && len(ps) > 1 {
-				// memstore: the policies that would have admitted report
-				// their unspent state.
-				for i, p := range ps {
-					if want[i].Allowed {
-						prm := algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
-						d := clone(ms[i]).decide(prm, now, 0)
-						want[i] = sluice.StatusFromMicros(p, true, d.Limit, d.Remaining, d.ResetAfter, 0)
-					}
-				}
-			}
-			if admit && cost > 0 {
-				for i, p := range ps {
-					ms[i].decide(algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}, now, cost)
-				}
-			}
-			got, err := evaluate(context.Background(), s, subj, cost, ps...)
-			if err != nil {
-				t.Fatalf("seed %d step %d: now=%d: Evaluate(cost=%d): %v", seed, step, now, cost, err)
-			}
-			if !slices.Equal(got, want) {
-				t.Fatalf("seed %d step %d: now=%d: Evaluate(cost=%d) = %+v, want %+v", seed, step, now, cost, got, want)
-			}
+			d.step(seed, step, randomStep(r, ps[0].Window.Microseconds()), cost, refund, ps)
 		}
 	})
 }
 
+// diff is one memstore and one Redis store on one fake clock.
+type diff struct {
+	t       *testing.T
+	mem     *memstore.Store
+	redis   *redisstore.Store
+	clock   *sluicetest.Clock
+	now     int64
+	subject string
+}
+
+func newDiff(t *testing.T, c redis.UniversalClient) *diff {
+	rs, clock := callerStore(t, c)
+	ms, err := memstore.New(memstore.Options{Clock: clock, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	return &diff{t: t, mem: ms, redis: rs, clock: clock}
+}
+
+// newSubject starts an episode: a fresh subject at a random instant.
+func (d *diff) newSubject(r *rand.Rand, seed uint64, step int) {
+	d.subject = fmt.Sprintf("%s.%d.%d", subject(d.t), seed, step)
+	d.now = sluicetest0 + r.Int64N(1_000_000_000)
+}
+
+// step moves the clock by dt µs and evaluates on both stores.
+func (d *diff) step(seed uint64, step int, dt, cost int64, refund bool, ps []*sluice.Policy) []sluice.Status {
+	d.t.Helper()
+	d.now = max(d.now+dt, 1)
+	d.clock.Set(time.UnixMicro(d.now))
+	want := &sluice.Evaluation{Subject: d.subject, Policies: ps, Cost: cost, Refund: refund}
+	got := &sluice.Evaluation{Subject: d.subject, Policies: ps, Cost: cost, Refund: refund}
+	if err := d.mem.Evaluate(context.Background(), want); err != nil {
+		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, refund=%v): %v", seed, step, d.now, cost, refund, err)
+	}
+	if err := d.redis.Evaluate(context.Background(), got); err != nil {
+		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, refund=%v): %v", seed, step, d.now, cost, refund, err)
+	}
+	if !slices.Equal(got.Statuses, want.Statuses) {
+		d.t.Fatalf("seed %d step %d: policies %s now=%d: Evaluate(cost=%d, refund=%v) = %+v, memstore says %+v", seed, step, describe(ps), d.now, cost, refund, got.Statuses, want.Statuses)
+	}
+	return got.Statuses
+}
+
+func describe(ps []*sluice.Policy) string {
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, "[%s %v limit=%d window=%v burst=%d]", p.ID, p.Algorithm, p.Limit, p.Window, p.Burst)
+	}
+	return b.String()
+}
+
 // sluicetest0 is 2026-01-01T00:00:00Z in µs, where the differential runs start.
 const sluicetest0 = 1_767_225_600_000_000
-
-// clone copies a model so deciding on it leaves the original untouched.
-func clone(m model) model {
-	switch m := m.(type) {
-	case *fixedWindowModel:
-		c := *m
-		return &c
-	case *slidingLogModel:
-		return &slidingLogModel{algorithm.SlidingLog{Entries: slices.Clone(m.s.Entries)}}
-	case *slidingWindowModel:
-		c := *m
-		return &c
-	case *tokenBucketModel:
-		c := *m
-		return &c
-	case *gcraModel:
-		c := *m
-		return &c
-	}
-	panic("unknown model")
-}

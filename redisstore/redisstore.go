@@ -1,38 +1,42 @@
 // Package redisstore is the shared sluice.Store: every decision is one
-// EVALSHA of a Lua script that ports internal/algorithm line by line, so
-// any number of application instances share one limit through one Redis, a
-// Sentinel-managed Redis, or a Redis Cluster.
+// EVALSHA of a Lua script that runs sluice's decision engine, ported
+// function by function from Go, so any number of application instances
+// share one limit through one Redis, a Sentinel-managed Redis, or a Redis
+// Cluster.
 //
 // # Keys
 //
 // The state of policy P (revision R) for subject S lives under
 //
-//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1:3q2x…}login:1:sl
+//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1:3q2x…}login:1:l
 //
 // The braces make S the Cluster hash tag, so every key of one decision lies
 // in one slot and a multi-policy decision is one atomic script call, never
-// CROSSSLOT. The algorithm code (fw, sl, sw, tb, gcra) keeps a policy whose
-// algorithm changed without a revision bump from reading the other's state.
-// Keys are at most len(Prefix) + 290 bytes. Every key carries a TTL: the
-// time until its state equals an absent one, plus the policy's
+// CROSSSLOT. The algorithm code (f fixed_window, l sliding_log, w
+// sliding_window, t token_bucket, g gcra) keeps a policy whose algorithm
+// changed without a revision bump from reading the other's state. Keys are
+// at most len(Prefix) + 290 bytes. Every key the script writes carries a
+// TTL: the time until its state equals an absent one, plus the policy's
 // CleanupGrace, rounded up to the millisecond.
 //
-// State: small hashes of integers, each algorithm's fields of
-// internal/algorithm (token_bucket and gcra also keep the numbers they were
+// State: one string of integers joined by ':' per fixed-size algorithm,
+// its fields in the engine's order (e.g. fixed_window "start:count:last",
+// times in µs; token_bucket and gcra also keep the numbers they were
 // written under, so a policy changed under the same revision is read
-// right), plus the newest write time for the caller-clock bound;
-// sliding_log a list of admission times in microseconds, one entry per
-// admitted unit.
+// right; every state keeps its newest write time, for the clock rule);
+// sliding_log a list of admission times in µs, one entry per admitted
+// unit. A decision reads a string state with one GET and writes it with
+// one SET … PX.
 //
 // # Least-privilege ACL
 //
 // The store sends EVALSHA and SCRIPT LOAD (never EVAL), and its script calls
-// only TIME, PTTL, PEXPIRE, DEL, HMGET, HGET, HSET, HDEL, LLEN, LINDEX,
+// only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
 // LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE
 // and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
 // that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +del +hmget +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery.
@@ -65,7 +69,7 @@ package redisstore
 import (
 	"context"
 	"crypto/sha1"
-	_ "embed"
+	"embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -77,15 +81,69 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
-//go:embed decide.lua
-var decideLua string
+// The decision script, one Lua file per Go file it ports, joined in this
+// order (each defines what the later ones use) into one script: one
+// EVALSHA per decision.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+var scriptFiles = []string{
+	"params.lua",         // internal/algorithm/params.go
+	"codec.lua",          // error replies and integer strings
+	"fixed_window.lua",   // internal/algorithm/fixed_window.go
+	"sliding_log.lua",    // internal/algorithm/sliding_log.go
+	"sliding_window.lua", // internal/algorithm/sliding_window.go
+	"token_bucket.lua",   // internal/algorithm/token_bucket.go
+	"gcra.lua",           // internal/algorithm/gcra.go
+	"engine.lua",         // internal/algorithm/engine.go
+	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
+}
+
+var decideLua = func() string {
+	var b strings.Builder
+	for _, name := range scriptFiles {
+		src, err := luaFiles.ReadFile("lua/" + name)
+		if err != nil {
+			panic(err) // embedded at build time: cannot happen
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}()
 
 var decideSHA = func() string {
 	h := sha1.Sum([]byte(decideLua))
 	return hex.EncodeToString(h[:])
 }()
+
+// The script's argument and reply layout; redisstore.lua names each alike
+// (ARGV_COST, …), and a test holds the two equal.
+const (
+	argvCost          = 1
+	argvNow           = 2
+	argvMaxRegression = 3
+	argvMode          = 4
+	argvID            = 5
+	argvDedupeTTL     = 6
+	argvDedupeMax     = 7
+	argvPolicies      = 7 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
+	argvPerPolicy     = 5
+	policyKind        = 1
+	policyLimit       = 2
+	policyWindow      = 3
+	policyBurst       = 4
+	policyGrace       = 5
+	replyPerPolicy    = 5
+	maxGrace          = int64((time.Hour + 24*time.Hour) / time.Microsecond) // CleanupGrace + ExtraTTL
+	maxDedupeTTL      = int64(time.Hour / time.Microsecond)
+	maxDedupeIDs      = 10000
+)
 
 // MaxPrefixLen is the longest Options.Prefix, in bytes.
 const MaxPrefixLen = 64
@@ -272,21 +330,26 @@ func loadScript(ctx context.Context, c rediser) error {
 	return nil
 }
 
-// algorithmCodes name each algorithm in keys and in the script's ARGV.
-var algorithmCodes = [...]struct{ key, arg string }{
-	sluice.FixedWindow:   {"fw", "1"},
-	sluice.SlidingLog:    {"sl", "2"},
-	sluice.SlidingWindow: {"sw", "3"},
-	sluice.TokenBucket:   {"tb", "4"},
-	sluice.GCRA:          {"gcra", "5"},
+// algorithmCodes name each algorithm in keys.
+var algorithmCodes = [...]string{
+	sluice.FixedWindow:   "f",
+	sluice.SlidingLog:    "l",
+	sluice.SlidingWindow: "w",
+	sluice.TokenBucket:   "t",
+	sluice.GCRA:          "g",
 }
 
-// Key returns the Redis key of p's state for subject: see the package
+// key returns the Redis key of p's state for subject: see the package
 // documentation.
-func (s *Store) Key(subject string, p *sluice.Policy) string {
+func (s *Store) key(subject string, p *sluice.Policy) string {
+	return s.policyKey(subject, p, algorithmCodes[p.Algorithm])
+}
+
+// policyKey returns the key of p for subject that ends in suffix: the
+// algorithm code of its state, or one of the evaluation-id records.
+func (s *Store) policyKey(subject string, p *sluice.Policy, suffix string) string {
 	var b strings.Builder
-	code := algorithmCodes[p.Algorithm].key
-	b.Grow(len(s.prefix) + len(subject) + len(p.ID) + len(code) + 16)
+	b.Grow(len(s.prefix) + len(subject) + len(p.ID) + len(suffix) + 16)
 	b.WriteString(s.prefix)
 	b.WriteByte('{')
 	b.WriteString(subject)
@@ -295,14 +358,8 @@ func (s *Store) Key(subject string, p *sluice.Policy) string {
 	b.WriteByte(':')
 	b.WriteString(strconv.FormatInt(p.Revision, 10))
 	b.WriteByte(':')
-	b.WriteString(code)
+	b.WriteString(suffix)
 	return b.String()
-}
-
-// dedupeKey returns a key of the evaluation-id records of p for subject:
-// see the package documentation.
-func (s *Store) dedupeKey(subject string, p *sluice.Policy, suffix string) string {
-	return s.prefix + "{" + subject + "}" + p.ID + ":" + strconv.FormatInt(p.Revision, 10) + ":" + suffix
 }
 
 // scriptCmd is an EVALSHA that go-redis must never retry on its own: a
@@ -324,54 +381,50 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if ev.Cost < 0 {
 		return fmt.Errorf("redisstore: %w: cost = %d", sluice.ErrInvalidRequest, ev.Cost)
 	}
-	if err := sluice.CheckSubject(ev.Subject); err != nil {
-		return fmt.Errorf("redisstore: %w", err)
-	}
 	if ev.Refund && ev.Cost < 1 {
 		return fmt.Errorf("redisstore: %w: a refund gives back a cost >= 1", sluice.ErrInvalidRequest)
 	}
-	// Peeks are never remembered.
 	id := ""
-	if ev.EvaluationID != "" && ev.Cost > 0 {
-		id = "s:" + ev.EvaluationID
-		if ev.Refund {
-			id = "r:" + ev.EvaluationID
-		}
+	if algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund) != "" {
+		id = ev.EvaluationID // the script derives the record id alike
 	}
 	keys := n
 	if id != "" {
 		keys += 2
 	}
-	args := make([]any, 0, 3+keys+7+5*n)
-	args = append(args, "evalsha", decideSHA, strconv.Itoa(keys))
-	for _, p := range ev.Policies {
+	args := make([]any, 3+keys+argvPolicies+argvPerPolicy*n)
+	args[0], args[1], args[2] = "evalsha", decideSHA, strconv.Itoa(keys)
+	for i, p := range ev.Policies {
 		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
 			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
 		}
-		args = append(args, s.Key(ev.Subject, p))
+		args[3+i] = s.key(ev.Subject, p)
 	}
 	first := ev.Policies[0]
 	if id != "" {
-		args = append(args, s.dedupeKey(ev.Subject, first, "ids"), s.dedupeKey(ev.Subject, first, "idv"))
+		args[3+n], args[3+n+1] = s.policyKey(ev.Subject, first, "ids"), s.policyKey(ev.Subject, first, "idv")
 	}
-	now := ""
+	argv := args[3+keys-1:] // argv[i] is ARGV[i]
+	argv[argvNow] = ""
 	if s.clock != nil {
-		now = strconv.FormatInt(sluice.UnixMicro(s.clock), 10)
+		argv[argvNow] = strconv.FormatInt(evaluation.Now(s.clock), 10)
 	}
-	mode := "spend"
+	argv[argvMode] = "spend"
 	if ev.Refund {
-		mode = "refund"
+		argv[argvMode] = "refund"
 	}
-	args = append(args, strconv.FormatInt(ev.Cost, 10), now, s.maxReg, mode, id,
-		strconv.FormatInt(first.DedupeTTL.Microseconds(), 10), strconv.Itoa(first.DedupeMax))
-	for _, p := range ev.Policies {
-		args = append(args,
-			algorithmCodes[p.Algorithm].arg,
-			strconv.FormatInt(p.Limit, 10),
-			strconv.FormatInt(p.Window.Microseconds(), 10),
-			strconv.FormatInt(p.Burst, 10),
-			strconv.FormatInt((p.CleanupGrace+s.extra).Microseconds(), 10),
-		)
+	argv[argvCost] = strconv.FormatInt(ev.Cost, 10)
+	argv[argvMaxRegression] = s.maxReg
+	argv[argvID] = id
+	argv[argvDedupeTTL] = strconv.FormatInt(first.DedupeTTL.Microseconds(), 10)
+	argv[argvDedupeMax] = strconv.Itoa(first.DedupeMax)
+	for i, p := range ev.Policies {
+		a := argv[argvPolicies+argvPerPolicy*i:]
+		a[policyKind] = strconv.Itoa(int(p.Algorithm))
+		a[policyLimit] = strconv.FormatInt(p.Limit, 10)
+		a[policyWindow] = strconv.FormatInt(p.Window.Microseconds(), 10)
+		a[policyBurst] = strconv.FormatInt(p.Burst, 10)
+		a[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
 	}
 
 	ctx, cancel := s.callContext(ctx)
@@ -388,14 +441,15 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err != nil {
 		return s.classify(ctx, "run script", err)
 	}
-	if len(vals) != 1+5*n {
+	if len(vals) != 1+replyPerPolicy*n {
 		return fmt.Errorf("redisstore: %w: script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
 	ev.Statuses = ev.Statuses[:0]
 	for i, p := range ev.Policies {
-		v := vals[1+5*i:]
-		ev.Statuses = append(ev.Statuses, sluice.StatusFromMicros(p, v[0] == 1, v[1], v[2], v[3], v[4]))
+		v := vals[1+replyPerPolicy*i:]
+		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
+		ev.Statuses = append(ev.Statuses, evaluation.Status(p, d))
 	}
 	return nil
 }

@@ -81,8 +81,8 @@ func TestLostReplyIsReplayed(t *testing.T) {
 		t.Fatalf("remaining after a lost reply and its retry = %d, want 3: one spend, not two", again.Remaining)
 	}
 	// And directly in Redis: the counter holds the warm-up and job-1.
-	if c, err := direct.HGet(context.Background(), s.Key(subj, p), "c").Result(); err != nil || c != "2" {
-		t.Fatalf("counter in Redis = %q, %v; want 2", c, err)
+	if v, err := direct.Get(context.Background(), s.Key(subj, p)).Result(); err != nil || strings.Split(v, ":")[1] != "2" {
+		t.Fatalf("state in Redis = %q, %v; want a count of 2 (start:count:last)", v, err)
 	}
 }
 
@@ -330,14 +330,15 @@ func TestCorruptState(t *testing.T) {
 		harm func(key string) error
 		want string
 	}{
-		{"string", sluice.FixedWindow, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "is not a hash"},
-		{"non-integer", sluice.FixedWindow, func(k string) error { return c.HSet(ctx, k, "c", "1.5").Err() }, "field c"},
-		{"negative", sluice.GCRA, func(k string) error { return c.HSet(ctx, k, "a", "-3").Err() }, "field a"},
-		{"no TTL", sluice.TokenBucket, func(k string) error { return c.Persist(ctx, k).Err() }, "has no TTL"},
-		{"missing field", sluice.SlidingWindow, func(k string) error { return c.HDel(ctx, k, "p").Err() }, "field p is missing"},
-		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "is not a list"},
+		{"not integers", sluice.FixedWindow, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "want 3 integers"},
+		{"non-integer", sluice.FixedWindow, func(k string) error { return c.Set(ctx, k, "1:1.5:2", time.Hour).Err() }, "want 3 integers"},
+		{"negative", sluice.GCRA, func(k string) error { return c.Set(ctx, k, "-3:0:1:1:1", time.Hour).Err() }, "want 5 integers"},
+		{"leading zero", sluice.TokenBucket, func(k string) error { return c.Set(ctx, k, "1:01:1", time.Hour).Err() }, "want 3 integers"},
+		{"above 2^53", sluice.TokenBucket, func(k string) error { return c.Set(ctx, k, "9007199254740993:1:1", time.Hour).Err() }, "want 3 integers"},
+		{"missing field", sluice.SlidingWindow, func(k string) error { return c.Set(ctx, k, "1:2:3", time.Hour).Err() }, "want 4 integers"},
+		{"hash", sluice.FixedWindow, func(k string) error { c.Del(ctx, k); return c.HSet(ctx, k, "c", "1").Err() }, "holds another type"},
+		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "holds another type"},
 		{"log entry", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "soon").Err() }, "entry"},
-		{"log no TTL", sluice.SlidingLog, func(k string) error { return c.Persist(ctx, k).Err() }, "has no TTL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := policy(t, "corrupt", tc.alg, 5, time.Minute)
@@ -348,13 +349,13 @@ func TestCorruptState(t *testing.T) {
 			if err := tc.harm(key); err != nil {
 				t.Fatal(err)
 			}
-			before, _ := c.HGetAll(ctx, s.Key(subj, other)).Result()
+			before, _ := c.Get(ctx, s.Key(subj, other)).Result()
 			_, err := evaluate(ctx, s, subj, 1, other, p)
 			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Evaluate over %s = %v, want ErrCorruptState saying %q", tc.name, err, tc.want)
 			}
-			after, _ := c.HGetAll(ctx, s.Key(subj, other)).Result()
-			if fmt.Sprint(before) != fmt.Sprint(after) {
+			after, _ := c.Get(ctx, s.Key(subj, other)).Result()
+			if before != after {
 				t.Fatalf("the other policy's state changed from %v to %v: a failed decision wrote", before, after)
 			}
 			// Through a Limiter it is an Incompatible outcome.
@@ -366,6 +367,30 @@ func TestCorruptState(t *testing.T) {
 				t.Fatalf("Check over corrupt state = %+v, want Incompatible", o)
 			}
 		})
+	}
+}
+
+// TestStateWithoutTTLGetsOne: the script reads state without asking for
+// its TTL; a key that lost it (PERSIST by hand) is given one again by the
+// next write.
+func TestStateWithoutTTLGetsOne(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	for _, alg := range algorithms {
+		p := policy(t, "persisted", alg, 5, time.Minute)
+		subj := subject(t)
+		mustEvaluate(t, s, subj, 1, p)
+		key := s.Key(subj, p)
+		if err := c.Persist(ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != 3 {
+			t.Fatalf("%v: second spend over a key without TTL = %+v, want allowed with 3 left", alg, st)
+		}
+		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= 0 {
+			t.Fatalf("%v: PTTL after the write = %v, %v; want a TTL again", alg, ttl, err)
+		}
 	}
 }
 

@@ -67,18 +67,18 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (LogEdit, Decision) {
 		// The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
 		d.Remaining = max(p.Limit-count, 0) // count > Limit after a limit was lowered
 		d.RetryAfter = s.Entries[cut+count+need-p.Limit-1] + p.Window - now
-		d.ResetAfter = s.Entries[n-1] + p.Window - now
-		return LogEdit{Newest: s.Entries[n-1]}, d
+		d.ResetAfter = s.Newest() + p.Window - now
+		return LogEdit{Newest: s.Newest()}, d
 	}
 	e := LogEdit{Cut: cut}
 	if count > 0 {
-		e.Newest = s.Entries[n-1]
+		e.Newest = s.Newest()
 	}
 	if cost > 0 {
 		e.Add, e.At, e.Newest = cost, now, now
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - count - max(cost, 0)
+	d.Remaining = p.Limit - count - cost
 	if e.Newest != 0 {
 		d.ResetAfter = e.Newest + p.Window - now
 	}

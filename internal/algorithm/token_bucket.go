@@ -48,10 +48,11 @@ func (s TokenBucket) level(p Params, now int64) int64 {
 	}
 	tokens := s.tokens(p)
 	// Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
-	if elapsed := now - s.Last; elapsed >= ceilDiv(full-tokens, p.Limit) {
+	elapsed := now - s.Last
+	if elapsed >= ceilDiv(full-tokens, p.Limit) {
 		return full
 	}
-	return tokens + (now-s.Last)*p.Limit
+	return tokens + elapsed*p.Limit
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.

@@ -372,7 +372,7 @@ type ACLServer struct {
 // denied.
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
-		"+evalsha +script|load +ping +time +pttl +pexpire +del +hmget +hget +hset +hdel +llen +lindex +ltrim +rpush " +
+		"+evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush " +
 		"+zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
 }
 

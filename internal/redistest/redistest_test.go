@@ -42,8 +42,11 @@ func TestACL(t *testing.T) {
 	if err := u.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING as %s: %v", a.Username, err)
 	}
-	if err := u.Set(ctx, "p:x", "1", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Fatalf("SET as %s = %v, want NOPERM", a.Username, err)
+	if err := u.Incr(ctx, "p:x").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("INCR as %s = %v, want NOPERM", a.Username, err)
+	}
+	if err := u.Set(ctx, "other:x", "1", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("SET outside the prefix as %s = %v, want NOPERM", a.Username, err)
 	}
 	if err := u.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("EVAL as %s = %v, want NOPERM", a.Username, err)

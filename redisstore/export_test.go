@@ -1,0 +1,7 @@
+package redisstore
+
+import "github.com/sluicehq/sluice"
+
+// Key returns the Redis key of p's state for subject, for the tests of
+// package redisstore_test.
+func (s *Store) Key(subject string, p *sluice.Policy) string { return s.key(subject, p) }

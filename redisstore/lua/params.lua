@@ -1,0 +1,104 @@
+--[[ params.lua ports internal/algorithm/params.go: the bounds every
+policy's numbers satisfy, Params.Check, Params.Capacity, and the integer
+helpers. Lua numbers are doubles, which hold every integer below 2^53
+exactly; every value here stays below it. Go's integer division and
+remainder (truncated toward zero) are quo and rem. ]]
+
+local MIN_WINDOW = 1000 -- algorithm.MinWindow, µs
+local MAX_WINDOW = 86400000000 -- algorithm.MaxWindow, µs
+local MAX_LIMIT = 1000000000 -- algorithm.MaxLimit
+local MAX_SLIDING_LOG_LEN = 100000 -- algorithm.MaxSlidingLogLen
+local MAX_EXACT = 9007199254740992 -- algorithm.MaxExact, 2^53
+
+-- The algorithms: algorithm.Kind.
+local KIND_FIXED_WINDOW = 1
+local KIND_SLIDING_LOG = 2
+local KIND_SLIDING_WINDOW = 3
+local KIND_TOKEN_BUCKET = 4
+local KIND_GCRA = 5
+
+-- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
+-- double quotient is off by at most one, which the remainder corrects.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- quo is Go's a / b for b > 0.
+local function quo(a, b)
+  if a >= 0 then
+    return fdiv(a, b)
+  end
+  return -fdiv(-a, b)
+end
+
+-- rem is Go's a % b for b > 0.
+local function rem(a, b)
+  return a - quo(a, b) * b
+end
+
+-- ceilDiv ports ceilDiv.
+local function ceilDiv(a, b)
+  return quo(a + b - 1, b)
+end
+
+-- floorDiv ports floorDiv.
+local function floorDiv(a, b)
+  return fdiv(a, b)
+end
+
+-- verdictCost ports verdictCost.
+local function verdictCost(cost)
+  if cost == 0 then
+    return 1
+  end
+  return cost
+end
+
+-- decision returns Decision{Limit: limit}.
+local function decision(limit)
+  return {allowed = false, limit = limit, remaining = 0, resetAfter = 0, retryAfter = 0}
+end
+
+-- check ports Params.Check: the field and the rule p breaks for kind k, or nil.
+local function check(p, k)
+  if p.window < MIN_WINDOW or p.window > MAX_WINDOW then
+    return 'window', 'must be between 1ms and 24h'
+  elseif p.limit < 1 or p.limit > MAX_LIMIT then
+    return 'limit', 'must be between 1 and 1000000000'
+  elseif p.burst < 1 or p.burst > MAX_LIMIT then
+    return 'burst', 'must be between 1 and 1000000000'
+  end
+  if k == KIND_FIXED_WINDOW then
+    return nil
+  elseif k == KIND_SLIDING_LOG then
+    if p.limit > MAX_SLIDING_LOG_LEN then
+      return 'limit', 'sliding_log allows at most 100000'
+    end
+  elseif k == KIND_SLIDING_WINDOW then
+    if p.limit > quo(MAX_EXACT - 1, p.window) then
+      return 'limit', 'limit × window in µs must stay below 2^53 for sliding_window'
+    end
+  elseif k == KIND_TOKEN_BUCKET or k == KIND_GCRA then
+    if p.burst > quo(MAX_EXACT - 1 - p.limit, p.window) then
+      return 'burst', 'burst × window in µs must stay below 2^53'
+    end
+  else
+    return 'algorithm', 'unknown algorithm'
+  end
+  return nil
+end
+
+-- capacity ports Params.Capacity.
+local function capacity(p, k)
+  if k == KIND_TOKEN_BUCKET or k == KIND_GCRA then
+    return p.burst
+  end
+  return p.limit
+end

@@ -1,0 +1,337 @@
+--[[ redisstore.lua: one sluice decision, atomically, for one subject and
+one or more policies: either every policy admits the cost and it is spent
+on all of them, or nothing is written. main ports the part of
+redisstore.Store.Evaluate that runs in Redis, around the engine
+(engine.lua ports internal/algorithm/engine.go), as memstore.Store.Evaluate
+does around the Go engine.
+
+KEYS[1..n]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>:<algorithm code>.
+         With an evaluation id, KEYS[n+1] is the sorted set of remembered ids
+         (score: expiry in µs) and KEYS[n+2] the hash id -> remembered reply,
+         both of the first policy. All keys of one call share the subject's
+         hash tag (one Cluster slot).
+ARGV, by the named positions below (redisstore.go names them alike):
+  ARGV_COST            cost, an integer >= 0; 0 is a peek (judged as 1, writes nothing).
+  ARGV_NOW             now in µs since the Unix epoch (caller clock), or "" to
+                       read the time with Redis TIME (one clock for every caller).
+  ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
+                       state's newest write; -1 means unbounded.
+  ARGV_MODE            "spend" (or peek, by cost 0) or "refund": give cost units back.
+  ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
+  ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
+  ARGV_DEDUPE_MAX      how many ids are remembered at most.
+  then ARGV_PER_POLICY arguments per policy, from ARGV_POLICIES + 1: the
+  algorithm (algorithm.Kind), limit, window in µs, burst, and the TTL grace
+  in µs (CleanupGrace + ExtraTTL), at offsets POLICY_KIND .. POLICY_GRACE.
+
+Reply: replayed (1 when the reply is the one remembered for the evaluation
+id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
+allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs).
+Errors, raised before any write: "SLUICE_ARGS <reason>",
+"SLUICE_CORRUPT <key>: <reason>" (state this script did not write: wrong
+type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
+far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
+script with that error.
+
+State: a fixed-size algorithm's fields as one string of integers joined
+by ':' (SET … PX), the sliding log as a list of admission times in µs.
+Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
+PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
+time of this call, so a key never vanishes before its state equals absent.
+Needs Redis >= 5 (effects replication of a script that calls TIME). ]]
+
+local ARGV_COST = 1
+local ARGV_NOW = 2
+local ARGV_MAX_REGRESSION = 3
+local ARGV_MODE = 4
+local ARGV_ID = 5
+local ARGV_DEDUPE_TTL = 6
+local ARGV_DEDUPE_MAX = 7
+local ARGV_POLICIES = 7
+local ARGV_PER_POLICY = 5
+local POLICY_KIND = 1
+local POLICY_LIMIT = 2
+local POLICY_WINDOW = 3
+local POLICY_BURST = 4
+local POLICY_GRACE = 5
+local REPLY_PER_POLICY = 5
+local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
+local MAX_DEDUPE_TTL = 3600000000 -- µs
+local MAX_DEDUPE_IDS = 10000
+
+-- The string a fixed-size state of n fields is kept as.
+local FIELDS_PATTERN = {
+  [3] = '^(%d+):(%d+):(%d+)$',
+  [4] = '^(%d+):(%d+):(%d+):(%d+)$',
+  [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
+}
+
+-- readState returns the state of kind at key, or nil when there is none.
+-- Anything but what apply writes is corrupt.
+local function readState(key, kind)
+  if kind == KIND_SLIDING_LOG then
+    local len = read(key, 'LLEN')
+    if len == 0 then
+      return nil
+    end
+    local view = {key = key, len = len, newest = 0}
+    view.newest = slidingLogEntry(view, len - 1)
+    return {log = view}
+  end
+  local raw = read(key, 'GET')
+  if not raw then
+    return nil
+  end
+  local n = FIELDS[kind]
+  local f = {string.match(raw, FIELDS_PATTERN[n])}
+  local v = {0, 0, 0, 0, 0}
+  for i = 1, n do
+    v[i] = int(f[i])
+    if v[i] == nil then
+      corrupt(key, 'holds ' .. string.sub(raw, 1, 60) .. ': want ' .. n .. ' integers >= 0 joined by ":"')
+    end
+  end
+  return {v = v}
+end
+
+-- apply keeps the state w describes at key and sets its TTL; a state that
+-- equals absent is deleted. stored tells whether the key held a state.
+local function apply(key, kind, w, stored, now, grace)
+  if w.expires <= now then
+    redis.call('DEL', key)
+    return
+  end
+  local px = fmt(math.max(ceilDiv(w.expires - now + grace, 1000), 1))
+  if kind ~= KIND_SLIDING_LOG then
+    local f = {}
+    for i = 1, FIELDS[kind] do
+      f[i] = fmt(w.v[i])
+    end
+    redis.call('SET', key, table.concat(f, ':'), 'PX', px)
+    return
+  end
+  local e = w.log
+  if w.fresh and stored then
+    redis.call('DEL', key)
+  elseif e.cut > 0 or e.drop > 0 then
+    redis.call('LTRIM', key, e.cut, -1 - e.drop)
+  end
+  local at, left = fmt(e.at), e.add
+  while left > 0 do
+    local batch = {}
+    for j = 1, math.min(left, 1000) do
+      batch[j] = at
+    end
+    redis.call('RPUSH', key, unpack(batch))
+    left = left - #batch
+  end
+  redis.call('PEXPIRE', key, px)
+end
+
+------------------------------------------------------------------------
+-- Evaluation ids: a sorted set (member: id, score: expiry in µs) and a hash
+-- (id -> the reply's integers, comma-separated) per subject and first
+-- policy, as memstore's dedupeLog.
+
+-- dedupeLookup returns the decisions remembered for id, or nil when there
+-- are none or they expired (score <= now).
+local function dedupeLookup(zkey, hkey, id, now)
+  for _, key in ipairs({zkey, hkey}) do
+    if redis.call('PTTL', key) == -1 then
+      corrupt(key, 'has no TTL')
+    end
+  end
+  local score = read(zkey, 'ZSCORE', id)
+  if not score then
+    return nil
+  end
+  local exp = int(score)
+  if exp == nil then
+    corrupt(zkey, 'score of an id = ' .. tostring(score) .. ': want an integer')
+  end
+  if exp <= now then
+    return nil
+  end
+  local raw = read(hkey, 'HGET', id)
+  if not raw then
+    corrupt(hkey, 'holds no reply for a remembered id')
+  end
+  local vals = {}
+  for x in string.gmatch(raw, '[^,]+') do
+    local v = int(x)
+    if v == nil then
+      corrupt(hkey, 'a remembered reply holds ' .. string.sub(x, 1, 40) .. ': want integers')
+    end
+    vals[#vals + 1] = v
+  end
+  if #vals % REPLY_PER_POLICY ~= 0 then
+    corrupt(hkey, 'a remembered reply holds ' .. #vals .. ' integers')
+  end
+  local decisions = {}
+  for i = 1, #vals, REPLY_PER_POLICY do
+    decisions[#decisions + 1] = {allowed = vals[i] == 1, limit = vals[i + 1], remaining = vals[i + 2],
+      resetAfter = vals[i + 3], retryAfter = vals[i + 4]}
+  end
+  return decisions
+end
+
+-- hdel deletes fields from the hash at key, 1000 at a time: Lua's unpack
+-- fails on a few thousand values, and up to 10000 ids may go at once.
+local function hdel(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
+-- dedupeRemember records reply for id until now + ttl, forgetting expired
+-- ids and, beyond max, the oldest; the keys live until the newest record
+-- expires, plus grace.
+local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
+  local expired = redis.call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
+    hdel(hkey, expired)
+  end
+  local vals = {}
+  for i = 2, #reply do
+    vals[i - 1] = fmt(reply[i])
+  end
+  redis.call('HSET', hkey, id, table.concat(vals, ','))
+  redis.call('ZADD', zkey, fmt(now + ttl), id)
+  local over = redis.call('ZCARD', zkey) - max
+  if over > 0 then
+    local oldest = redis.call('ZRANGE', zkey, 0, over - 1)
+    redis.call('ZREMRANGEBYRANK', zkey, 0, over - 1)
+    hdel(hkey, oldest)
+  end
+  local ms = fmt(ceilDiv(ttl + grace, 1000))
+  redis.call('PEXPIRE', zkey, ms)
+  redis.call('PEXPIRE', hkey, ms)
+end
+
+------------------------------------------------------------------------
+
+-- policyArgs reads and checks the arguments of policy i.
+local function policyArgs(i, cost, refund)
+  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
+  local kind = int(ARGV[base + POLICY_KIND])
+  local prm = {limit = int(ARGV[base + POLICY_LIMIT]), window = int(ARGV[base + POLICY_WINDOW]), burst = int(ARGV[base + POLICY_BURST])}
+  local grace = int(ARGV[base + POLICY_GRACE])
+  if kind == nil or not (prm.limit and prm.window and prm.burst and grace) then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
+  end
+  local field, rule = check(prm, kind)
+  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and prm.burst ~= prm.limit then
+    field, rule = 'burst', 'applies only to token_bucket and gcra'
+  elseif field == nil and cost > capacity(prm, kind) then
+    field, rule = 'cost', 'is above the capacity ' .. fmt(capacity(prm, kind))
+  elseif field == nil and (grace < 0 or grace > MAX_GRACE) then
+    field, rule = 'grace', 'must be between 0 and ' .. fmt(MAX_GRACE) .. ' µs'
+  elseif field == nil and refund and kind == KIND_SLIDING_WINDOW then
+    field, rule = 'algorithm', 'sliding_window has no refund'
+  end
+  if field ~= nil then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)
+  end
+  return {kind = kind, params = prm}, grace
+end
+
+local function main()
+  local rawID = ARGV[ARGV_ID] or ''
+  local n = #KEYS
+  if rawID ~= '' then
+    n = n - 2
+  end
+  if n < 1 or #ARGV ~= ARGV_POLICIES + ARGV_PER_POLICY * n then
+    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. ARGV_PER_POLICY .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  end
+  local cost = int(ARGV[ARGV_COST])
+  if cost == nil or cost < 0 then
+    raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+  end
+  local mode = ARGV[ARGV_MODE]
+  local refund = mode == 'refund'
+  if not refund and mode ~= 'spend' then
+    raise('SLUICE_ARGS', 'mode must be spend or refund')
+  end
+  if refund and cost < 1 then
+    raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
+  end
+  local id = recordID(rawID, cost, refund)
+  if id == '' and rawID ~= '' then
+    raise('SLUICE_ARGS', 'a peek is never remembered: send no evaluation id')
+  end
+  local dttl, dmax
+  if id ~= '' then
+    dttl, dmax = int(ARGV[ARGV_DEDUPE_TTL]), int(ARGV[ARGV_DEDUPE_MAX])
+    if dttl == nil or dttl < 1000 or dttl > MAX_DEDUPE_TTL or dmax == nil or dmax < 1 or dmax > MAX_DEDUPE_IDS then
+      raise('SLUICE_ARGS', 'dedupe TTL must be 1000 to ' .. fmt(MAX_DEDUPE_TTL) .. ' µs and dedupe max 1 to ' .. MAX_DEDUPE_IDS)
+    end
+  end
+  local now
+  local maxRegression = -1
+  if ARGV[ARGV_NOW] == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = int(ARGV[ARGV_NOW])
+    maxRegression = int(ARGV[ARGV_MAX_REGRESSION])
+    if now == nil or now < 1 or now >= MAX_EXACT then
+      raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
+    end
+    if maxRegression == nil or maxRegression < -1 then
+      raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
+    end
+  end
+
+  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, maxRegression = maxRegression}
+  local graces = {}
+  for i = 1, n do
+    ev.policies[i], graces[i] = policyArgs(i, cost, refund)
+  end
+  for i = 1, n do
+    ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
+  end
+  if id ~= '' then
+    ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
+  end
+  local err = evaluate(ev)
+  if err ~= nil and err.clock then
+    raise('SLUICE_CLOCK', KEYS[err.clock.policy + 1] .. ': caller clock is ' .. fmt(err.clock.behind) ..
+      ' µs behind the last write, more than the allowed ' .. fmt(err.clock.max))
+  elseif err ~= nil then
+    raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
+  end
+  local reply = {ev.replayed and 1 or 0}
+  for _, d in ipairs(ev.decisions) do
+    reply[#reply + 1] = d.allowed and 1 or 0
+    reply[#reply + 1] = d.limit
+    reply[#reply + 1] = d.remaining
+    reply[#reply + 1] = d.resetAfter
+    reply[#reply + 1] = d.retryAfter
+  end
+  if ev.replayed then
+    return reply
+  end
+  if ev.commit then
+    for i = 1, n do
+      apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, graces[i])
+    end
+  end
+  if id ~= '' then
+    dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, graces[1], reply)
+  end
+  return reply
+end
+
+local ok, res = pcall(main)
+if ok then
+  return res
+end
+if type(res) == 'table' and res.sluice then
+  return redis.error_reply(res.sluice)
+end
+if type(res) == 'table' and res.err then
+  return res -- a call's error reply (OOM, READONLY, …), its code kept
+end
+error(res)

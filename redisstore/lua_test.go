@@ -1,0 +1,109 @@
+package redisstore
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/algorithm"
+)
+
+// TestLuaConstants holds every named constant of the script equal to its Go
+// twin: the bounds of internal/algorithm, the algorithm kinds, the fields
+// each state keeps, and the argument and reply layout redisstore.go sends
+// and reads. A constant on one side only fails too.
+func TestLuaConstants(t *testing.T) {
+	want := map[string]int64{
+		"MIN_WINDOW":          algorithm.MinWindow,
+		"MAX_WINDOW":          algorithm.MaxWindow,
+		"MAX_LIMIT":           algorithm.MaxLimit,
+		"MAX_SLIDING_LOG_LEN": algorithm.MaxSlidingLogLen,
+		"MAX_EXACT":           algorithm.MaxExact,
+		"KIND_FIXED_WINDOW":   int64(algorithm.KindFixedWindow),
+		"KIND_SLIDING_LOG":    int64(algorithm.KindSlidingLog),
+		"KIND_SLIDING_WINDOW": int64(algorithm.KindSlidingWindow),
+		"KIND_TOKEN_BUCKET":   int64(algorithm.KindTokenBucket),
+		"KIND_GCRA":           int64(algorithm.KindGCRA),
+		"ARGV_COST":           argvCost,
+		"ARGV_NOW":            argvNow,
+		"ARGV_MAX_REGRESSION": argvMaxRegression,
+		"ARGV_MODE":           argvMode,
+		"ARGV_ID":             argvID,
+		"ARGV_DEDUPE_TTL":     argvDedupeTTL,
+		"ARGV_DEDUPE_MAX":     argvDedupeMax,
+		"ARGV_POLICIES":       argvPolicies,
+		"ARGV_PER_POLICY":     argvPerPolicy,
+		"POLICY_KIND":         policyKind,
+		"POLICY_LIMIT":        policyLimit,
+		"POLICY_WINDOW":       policyWindow,
+		"POLICY_BURST":        policyBurst,
+		"POLICY_GRACE":        policyGrace,
+		"REPLY_PER_POLICY":    replyPerPolicy,
+		"MAX_GRACE":           maxGrace,
+		"MAX_DEDUPE_TTL":      maxDedupeTTL,
+		"MAX_DEDUPE_IDS":      maxDedupeIDs,
+	}
+	got := map[string]int64{}
+	def := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*) = (-?\d+)`)
+	for _, m := range def.FindAllStringSubmatch(decideLua, -1) {
+		v, err := strconv.ParseInt(m[2], 10, 64)
+		if err != nil {
+			t.Fatalf("local %s = %s: %v", m[1], m[2], err)
+		}
+		if _, dup := got[m[1]]; dup {
+			t.Errorf("the script defines %s twice", m[1])
+		}
+		got[m[1]] = v
+	}
+	for name, v := range want {
+		if g, ok := got[name]; !ok {
+			t.Errorf("the script has no constant %s (Go: %d)", name, v)
+		} else if g != v {
+			t.Errorf("the script's %s = %d, Go's twin = %d", name, g, v)
+		}
+	}
+	for name, v := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("the script's %s = %d has no Go twin in this test", name, v)
+		}
+	}
+	// The fields each state keeps: FIELDS in engine.lua, algorithm.Fields.
+	fields := regexp.MustCompile(`\[(KIND_[A-Z_]+)\] = (\d+),`)
+	n := 0
+	for _, m := range fields.FindAllStringSubmatch(decideLua, -1) {
+		k, v := got[m[1]], m[2]
+		if strconv.Itoa(algorithm.Fields[k]) != v {
+			t.Errorf("FIELDS[%s] = %s in the script, algorithm.Fields = %d", m[1], v, algorithm.Fields[k])
+		}
+		n++
+	}
+	if n != len(algorithm.Fields)-1 {
+		t.Errorf("the script's FIELDS names %d algorithms, want %d", n, len(algorithm.Fields)-1)
+	}
+}
+
+// TestScriptFilesPortTheirTwins: every Lua file is joined into the script
+// and says which Go file it ports.
+func TestScriptFilesPortTheirTwins(t *testing.T) {
+	entries, err := luaFiles.ReadDir("lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(scriptFiles) {
+		t.Errorf("lua/ holds %d files, the script joins %d", len(entries), len(scriptFiles))
+	}
+	for _, name := range scriptFiles {
+		src, _ := luaFiles.ReadFile("lua/" + name)
+		twin := "internal/algorithm/" + strings.TrimSuffix(name, ".lua") + ".go"
+		switch name {
+		case "codec.lua":
+			continue
+		case "redisstore.lua":
+			twin = "redisstore.Store.Evaluate"
+		}
+		if !strings.Contains(string(src), twin) {
+			t.Errorf("%s does not name its Go twin %s", name, twin)
+		}
+	}
+}
