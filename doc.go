@@ -10,29 +10,36 @@
 //
 // # Algorithms
 //
-// Every algorithm is an integer state machine in internal/algorithm; the
-// stores run that math (memstore directly, redisstore as a line-by-line Lua
-// port proven equal by a differential test).
+// Every algorithm is an integer state machine, decided by one engine that
+// both stores run: memstore in the process, redisstore as a Lua port of it,
+// proven equal by a differential test.
 //
-//	algorithm       burst                               accuracy                 state per subject
-//	fixed_window    up to 2×limit around a boundary     exact per window         count + window start
-//	sliding_log     none: ≤ limit in every window       exact                    one entry per admitted unit
-//	sliding_window  none under the estimate             approximate (weighted)   two counts + window start
-//	token_bucket    burst at once, then the rate        exact                    tokens + last refill
-//	gcra            burst at once, then evenly spaced   exact                    theoretical arrival time
+//	algorithm       burst in a window-long interval              accuracy                 state per subject
+//	fixed_window    up to 2×limit−1 around a boundary            exact per window         window start, count
+//	sliding_log     none: ≤ limit in every window                exact                    one entry per admitted unit
+//	sliding_window  estimate ≤ limit; real count up to ~2×limit  approximate (weighted)   window start, two counts
+//	token_bucket    burst at once, then the rate                 exact                    tokens, last refill
+//	gcra            burst at once, then evenly spaced            exact                    theoretical arrival time
+//
+// sliding_window assumes the previous window's requests were spread
+// evenly: 100 per second admits 197 within 990ms when 100 arrive in the
+// last 10ms of a window and 100 more 970–980ms into the next, and about
+// 1.3× to 1.9× the limit under Poisson traffic offered at 1× to 10× it.
 //
 // Pick fixed_window for cheap internal quotas, sliding_log where exactness
 // matters more than memory (login, payment), sliding_window for broad API
 // quotas with large limits, token_bucket or gcra where bursts are
 // legitimate. token_bucket and gcra admit exactly the same requests for the
-// same numbers; gcra keeps one timestamp instead of two numbers. Every
-// decision is one store call (one EVALSHA on Redis) whatever the algorithm.
+// same numbers. Every decision is one store call (one EVALSHA on Redis)
+// whatever the algorithm.
 //
 // # Time
 //
 // Time is integer microseconds. Nothing below Limiter reads the clock except
 // through a Clock (memstore) or Redis TIME (redisstore's default). A clock
-// that moves backwards never resets state.
+// that moves backwards never resets state: a request behind a state's
+// newest write is decided at that write's time, and its RetryAfter is
+// measured from its own time, never early.
 //
 // # Subjects
 //

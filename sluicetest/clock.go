@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// Start is the instant every NewClock starts at unless told otherwise:
-// 2026-01-01T00:00:00Z, mid-way between two second boundaries of no
-// window in particular.
+// Start is an instant for NewClock to start at: 2026-01-01T00:00:00Z, a
+// whole number of days since the Unix epoch, so the windows sliding_window
+// aligns to the epoch start there for every window that divides a day.
 var Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Clock is a fake sluice.Clock that moves only when told. Safe for

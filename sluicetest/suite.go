@@ -32,6 +32,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 	t.Run("SubMillisecond", func(t *testing.T) { testSubMillisecond(t, newStore) })
 	t.Run("ConcurrentExactlyLimit", func(t *testing.T) { testConcurrent(t, newStore) })
 	t.Run("ClockJumpsBackwards", func(t *testing.T) { testJumpBackwards(t, newStore) })
+	t.Run("RetryAfterBehindTheClockIsNeverEarly", func(t *testing.T) { testRegressionRetryAfter(t, newStore) })
 	t.Run("PeekSpendsNothing", func(t *testing.T) { testPeek(t, newStore) })
 	t.Run("MultiPolicyAllOrNothing", func(t *testing.T) { testMultiPolicy(t, newStore) })
 	t.Run("RetryAfterIsExact", func(t *testing.T) { testRetryAfterExact(t, newStore) })
@@ -346,6 +347,36 @@ func testJumpBackwards(t *testing.T, newStore NewStoreFunc) {
 			}
 			h.clock.Advance(o.RetryAfter)
 			expect(t, "after the retry", h.check("p", 1, false), sluice.Allowed)
+		})
+	}
+}
+
+// testRegressionRetryAfter: a request whose time lies behind the newest
+// write (another instance's clock, a clock stepped back) gets a RetryAfter
+// measured from its own time: waiting exactly that long is admitted, 1µs
+// less is not. 1 per second, spent at T (a window boundary); asked at
+// T−500ms: 1.5s, or 2.5s for sliding_window, whose estimate weighs the
+// unit fully until the next window starts and decays it over that one.
+func testRegressionRetryAfter(t *testing.T, newStore NewStoreFunc) {
+	for _, a := range everyAlgorithm {
+		t.Run(a.String(), func(t *testing.T) {
+			want := 1500 * time.Millisecond
+			if a == sluice.SlidingWindow {
+				want = 2500 * time.Millisecond
+			}
+			h := newHarness(t, newStore, policy("p", a, 1, time.Second, 0))
+			at := Start.Add(10 * time.Second)
+			h.clock.Set(at)
+			expect(t, "spend at T", h.check("p", 1, false), sluice.Allowed)
+			h.clock.Set(at.Add(-500 * time.Millisecond))
+			o := h.check("p", 1, false)
+			if o.Kind != sluice.Denied || o.RetryAfter != want {
+				t.Fatalf("Check at T-500ms = %+v (err %v), want denied with RetryAfter %v: measured from the request's own time", o, o.Err, want)
+			}
+			h.clock.Set(at.Add(-500 * time.Millisecond).Add(o.RetryAfter - time.Microsecond))
+			expect(t, "1µs before RetryAfter", h.check("p", 1, false), sluice.Denied)
+			h.clock.Set(at.Add(-500 * time.Millisecond).Add(o.RetryAfter))
+			expect(t, "at RetryAfter", h.check("p", 1, false), sluice.Allowed)
 		})
 	}
 }

@@ -187,3 +187,38 @@ func TestWorstCaseBursts(t *testing.T) {
 		t.Errorf("sliding_log under the same pattern: %d admitted within one window, want at most 100", n)
 	}
 }
+
+// TestSlidingWindowUnderPoisson measures what sliding_window admits in a
+// window-long interval under Poisson arrivals that start mid-window, at
+// several offered rates (go test -v -run TestSlidingWindowUnderPoisson
+// prints the figures the documentation quotes), and holds it below
+// 2 × Limit, the bound of its model.
+func TestSlidingWindowUnderPoisson(t *testing.T) {
+	p := Params{Limit: 100, Window: sec, Burst: 100}
+	for _, rate := range []float64{1, 2, 10} {
+		var worst int
+		for trial := range 200 {
+			r := rand.New(rand.NewPCG(uint64(trial), 7))
+			m := newMachine(KindSlidingWindow, p)
+			now := t0 + sec/2 + r.Int64N(sec/2)
+			var admitted []int64
+			for range 2000 {
+				now += int64(r.ExpFloat64() / (rate * float64(p.Limit)) * float64(sec))
+				if d := m.decide(now, 1); d.Allowed {
+					admitted = append(admitted, now)
+				}
+			}
+			j := 0
+			for i := range admitted {
+				for j < len(admitted) && admitted[j]-admitted[i] < p.Window {
+					j++
+				}
+				worst = max(worst, j-i)
+			}
+		}
+		t.Logf("offered %v × the limit: at most %d admitted in a window-long interval (%.2f × limit, worst of 200 runs of 2000 requests)", rate, worst, float64(worst)/float64(p.Limit))
+		if worst >= 2*int(p.Limit) {
+			t.Errorf("offered %v × the limit: %d admitted in a window-long interval, want below 2 × %d", rate, worst, p.Limit)
+		}
+	}
+}
