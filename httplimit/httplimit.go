@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -420,7 +421,7 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 		if j > 0 {
 			field = append(field, ", "...)
 		}
-		field = AppendPolicyItem(field, p)
+		field = ratelimitheader.AppendPolicyItem(field, p)
 	}
 	c.policyField = string(field)
 	return c, nil
@@ -600,7 +601,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	case 0:
 		next.ServeHTTP(w, r)
 	case http.StatusTooManyRequests:
-		retry := RetryAfterSeconds(decided.RetryAfter)
+		retry := ratelimitheader.RetryAfterSeconds(decided.RetryAfter)
 		h.Set("Retry-After", fmt.Sprint(retry))
 		writeProblem(w, d.Status, problem{
 			Type:             QuotaExceededType,
@@ -639,12 +640,4 @@ func violated(o sluice.Outcome) []string {
 		}
 	}
 	return ids
-}
-
-// ceilSeconds rounds d up to whole seconds; negative durations are 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

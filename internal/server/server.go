@@ -38,7 +38,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -125,7 +125,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	}
 	for _, id := range lim.Policies() {
 		p, _ := lim.Policy(id)
-		s.policyField[id] = string(httplimit.AppendPolicyItem(nil, p))
+		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST /v1/check", s.check)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -369,13 +369,13 @@ func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o slu
 		} else {
 			h["Ratelimit-Policy"] = []string{s.policyField[o.Policy]}
 		}
-		b = httplimit.AppendLimitField(b[:0], o)
+		b = ratelimitheader.AppendLimitField(b[:0], o)
 		h["Ratelimit"] = []string{string(b)}
 		*bp = b
 	}
 	switch code {
 	case http.StatusTooManyRequests:
-		h["Retry-After"] = []string{strconv.FormatInt(httplimit.RetryAfterSeconds(o.RetryAfter), 10)}
+		h["Retry-After"] = []string{strconv.FormatInt(ratelimitheader.RetryAfterSeconds(o.RetryAfter), 10)}
 	case http.StatusServiceUnavailable:
 		h["Retry-After"] = []string{"1"}
 	}
