@@ -93,45 +93,116 @@ func (d *decoder) config(n *yaml.Node) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Each section is decoded even when another one failed, so that one
+	// run reports every error it can find.
+	var errs []error
 	if v := m["server"]; v != nil {
-		if err := d.server(&c.Server, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.server(&c.Server, v))
 	}
 	if v := m["store"]; v != nil {
-		if err := d.store(&c.Store, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.store(&c.Store, v))
 	}
 	if v := m["policies"]; v != nil {
-		if c.Policies, err = d.policies(v); err != nil {
-			return nil, err
-		}
+		c.Policies, err = d.policies(v)
+		errs = append(errs, err)
 	}
 	if v := m["subjects"]; v != nil {
-		if err := d.subjects(&c.Subjects, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.subjects(&c.Subjects, v))
 	}
 	if v := m["proxy"]; v != nil {
-		if c.Proxy, err = d.proxy(v); err != nil {
-			return nil, err
-		}
+		c.Proxy, err = d.proxy(v)
+		errs = append(errs, err)
 	}
 	if v := m["envoy"]; v != nil {
-		if c.Envoy, err = d.envoy(v); err != nil {
-			return nil, err
-		}
+		c.Envoy, err = d.envoy(v)
+		errs = append(errs, err)
+	}
+	if err := collect(errs); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
+// collect flattens decoding errors (each an *Error or Errors) into one
+// error as joinErrors does; nil when there are none.
+func collect(errs []error) error {
+	var all []*Error
+	for _, err := range errs {
+		var es Errors
+		var e *Error
+		switch {
+		case err == nil:
+		case errors.As(err, &es):
+			all = append(all, es...)
+		case errors.As(err, &e):
+			all = append(all, e)
+		default:
+			all = append(all, &Error{Rule: err.Error()})
+		}
+	}
+	return joinErrors(all)
+}
+
 func (d *decoder) server(s *Server, n *yaml.Node) error {
-	m, err := d.mapping("server", n, "listen")
+	m, err := d.mapping("server", n, "listen", "tls", "auth")
 	if err != nil {
 		return err
 	}
-	return d.str("server.listen", m["listen"], &s.Listen)
+	if err := d.str("server.listen", m["listen"], &s.Listen); err != nil {
+		return err
+	}
+	if v := m["tls"]; v != nil {
+		tm, err := d.mapping("server.tls", v, "cert_file", "key_file")
+		if err != nil {
+			return err
+		}
+		s.TLS = &TLS{}
+		if err := collect([]error{
+			d.str("server.tls.cert_file", tm["cert_file"], &s.TLS.CertFile),
+			d.str("server.tls.key_file", tm["key_file"], &s.TLS.KeyFile),
+		}); err != nil {
+			return err
+		}
+	}
+	v := m["auth"]
+	if v == nil {
+		return nil
+	}
+	am, err := d.mapping("server.auth", v, "tokens")
+	if err != nil {
+		return err
+	}
+	s.Auth = &Auth{}
+	if am["tokens"] == nil {
+		return nil
+	}
+	items, err := d.sequence("server.auth.tokens", am["tokens"])
+	if err != nil {
+		return err
+	}
+	s.Auth.Tokens = make([]Token, len(items))
+	var errs []error
+	for i, item := range items {
+		errs = append(errs, d.token(fmt.Sprintf("server.auth.tokens[%d]", i), item, &s.Auth.Tokens[i]))
+	}
+	return collect(errs)
+}
+
+func (d *decoder) token(path string, n *yaml.Node, t *Token) error {
+	m, err := d.mapping(path, n, "id", "secret_env", "scopes")
+	if err != nil {
+		return err
+	}
+	for _, key := range [...]string{"id", "secret_env", "scopes"} {
+		if m[key] == nil {
+			return &Error{Path: path + "." + key, Rule: "is required", Line: resolve(n).Line}
+		}
+	}
+	return collect([]error{
+		d.str(path+".id", m["id"], &t.ID),
+		d.str(path+".secret_env", m["secret_env"], &t.SecretEnv),
+		d.strs(path+".scopes", m["scopes"], &t.Scopes),
+	})
 }
 
 func (d *decoder) store(s *Store, n *yaml.Node) error {
@@ -174,10 +245,12 @@ func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
 		return nil, err
 	}
 	ps := make([]Policy, len(items))
+	errs := make([]error, len(items))
 	for i, item := range items {
-		if err := d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i]); err != nil {
-			return nil, err
-		}
+		errs[i] = d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i])
+	}
+	if err := collect(errs); err != nil {
+		return nil, err
 	}
 	return ps, nil
 }
@@ -298,10 +371,12 @@ func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
 			return nil, err
 		}
 		p.Routes = make([]Route, len(items))
+		errs := make([]error, len(items))
 		for i, item := range items {
-			if err := d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i]); err != nil {
-				return nil, err
-			}
+			errs[i] = d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i])
+		}
+		if err := collect(errs); err != nil {
+			return nil, err
 		}
 	}
 	return p, nil
