@@ -262,3 +262,12 @@ func equalStrings(a, b []string) bool {
 	}
 	return true
 }
+
+// The README tells users to run validate on the repository's sluice.yaml.
+func TestRepositoryConfigValidates(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "sluice.yaml")}, &out, &errOut)
+	if err != nil || out.String() != "ok\n" {
+		t.Errorf("validate sluice.yaml = %v, stdout %q, stderr %q; want ok", err, out.String(), errOut.String())
+	}
+}
