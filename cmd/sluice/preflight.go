@@ -31,7 +31,8 @@ func (l errorList) Error() string {
 func (l errorList) Unwrap() []error { return l }
 
 // loadConfig reads the config at path. Every error it finds names the
-// file, so that each line of a report stands on its own.
+// file, so that each line of a report stands on its own. A config that
+// decoded but breaks rules comes back with the error (see config.Parse).
 func loadConfig(path string) (*config.Config, error) {
 	cfg, err := config.Load(path)
 	var errs config.Errors
@@ -40,7 +41,7 @@ func loadConfig(path string) (*config.Config, error) {
 		for i, e := range errs {
 			list[i] = fmt.Errorf("%s: %w", path, e)
 		}
-		return nil, list
+		return cfg, list
 	}
 	return cfg, err
 }
@@ -69,7 +70,7 @@ func preflight(cfg *config.Config, getenv func(string) string, source string) er
 	add(err)
 	_, err = cfg.Tokens(getenv)
 	add(err)
-	if t := cfg.Server.TLS; t != nil {
+	if t := cfg.Server.TLS; t != nil && t.CertFile != "" && t.KeyFile != "" {
 		_, err := tlsConfig(cfg)
 		add(err)
 	}
@@ -79,7 +80,8 @@ func preflight(cfg *config.Config, getenv func(string) string, source string) er
 			ce.Line = cfg.Line(ce.Path)
 		}
 		add(err)
-		if r.URL != "" {
+		if r.URL != "" && cfg.Validate() == nil {
+			// Only once the config's own URL rules pass: they say more.
 			if _, err := redis.ParseURL(r.URL); err != nil {
 				add(&config.Error{Path: "store.redis.url", Value: strconv.Quote(r.URL), Rule: strings.TrimPrefix(err.Error(), "redis: "), Line: cfg.Line("store.redis.url")})
 			}

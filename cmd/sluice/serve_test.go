@@ -206,6 +206,15 @@ subjects:
 			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_HMAC": environment variable SLUICE_TEST_UNSET_HMAC is not set or empty (line 7)`,
 			`server.auth.tokens[0].secret_env: "SLUICE_TEST_UNSET_TOKEN": environment variable SLUICE_TEST_UNSET_TOKEN is not set or empty (line 4)`,
 		}},
+		{"rules and environment together", `
+policies:
+  - { id: demo, algorithm: leaky_bucket, limit: 3, window: 10s }
+subjects:
+  hmac_keys: [{ id: k1, secret_env: SLUICE_TEST_UNSET_HMAC }]
+`, map[string]string{"SLUICE_TEST_UNSET_HMAC": ""}, []string{
+			`policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 3)`,
+			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_HMAC": environment variable SLUICE_TEST_UNSET_HMAC is not set or empty (line 5)`,
+		}},
 		{"bad port", `
 store:
   type: redis

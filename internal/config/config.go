@@ -307,7 +307,9 @@ func Default() *Config {
 	}
 }
 
-// Load reads and parses the file at path. Its errors start with path.
+// Load reads and parses the file at path. Its errors start with path. As
+// with Parse, a config that decodes but breaks rules comes back with the
+// error.
 func Load(path string) (*Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -316,7 +318,7 @@ func Load(path string) (*Config, error) {
 	defer f.Close()
 	c, err := Parse(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }

@@ -20,7 +20,10 @@ const MaxSize = 1 << 20
 
 // Parse reads one YAML document from r, decodes it strictly, fills in the
 // defaults of absent keys and validates it. Every error is an *Error with
-// the line it was found on.
+// the line it was found on, or Errors when there are several. When the
+// document decodes but breaks rules, Parse returns the decoded Config
+// with the error, so that a tool can report more (sluice validate checks
+// the environment too); such a Config must not be served.
 func Parse(r io.Reader) (c *Config, err error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
@@ -40,7 +43,7 @@ func Parse(r io.Reader) (c *Config, err error) {
 	}
 	c.pos = d.pos
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return c, err
 	}
 	return c, nil
 }
