@@ -10,7 +10,7 @@
 //
 // # Algorithms
 //
-// Every algorithm is an integer state machine written once in Go; the
+// Every algorithm is an integer state machine in internal/algorithm; the
 // stores run that math (memstore directly, redisstore as a line-by-line Lua
 // port proven equal by a differential test).
 //
