@@ -316,6 +316,13 @@ func outcome(code int, a *answer, req *sluice.Request) (sluice.Outcome, bool) {
 	case "unavailable":
 		return sluice.Outcome{Kind: sluice.Unavailable, Err: fmt.Errorf("sluiceclient: server could not decide: %s", a.Reason)}, false
 	}
+	// 422: the reason carries the library's error text; name its sentinel
+	// so errors.Is works as it does on the Limiter's outcomes.
+	for _, sentinel := range []error{sluice.ErrCostTooHigh, sluice.ErrNotRefundable, sluice.ErrCorruptState, sluice.ErrInvalidRequest, sluice.ErrUnknownPolicy} {
+		if strings.Contains(a.Reason, sentinel.Error()) {
+			return sluice.Outcome{Kind: sluice.Incompatible, Err: reason(sentinel)}, false
+		}
+	}
 	return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("sluiceclient: %d: %s", code, a.Reason)}, false
 }
 

@@ -131,7 +131,7 @@ func TestCheckOutcomes(t *testing.T) {
 		{"unknown policy", sluice.Request{Policy: "nope", Subject: "alice"}, sluice.ErrUnknownPolicy},
 		{"no subject", sluice.Request{Policy: "demo"}, sluice.ErrInvalidRequest},
 		{"negative cost", sluice.Request{Policy: "demo", Subject: "alice", Cost: -1}, sluice.ErrInvalidRequest},
-		{"cost above max", sluice.Request{Policy: "demo", Subject: "alice", Cost: 4}, nil},
+		{"cost above max", sluice.Request{Policy: "demo", Subject: "alice", Cost: 4}, sluice.ErrCostTooHigh},
 	} {
 		o := c.Check(ctx, tc.req)
 		if o.Kind != sluice.Incompatible || o.Err == nil || (tc.want != nil && !errors.Is(o.Err, tc.want)) {

@@ -231,6 +231,14 @@ policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
 `, nil, []string{
 			`store.redis.url: "redis://127.0.0.1:6379/x": the database number "x" must be a whole number such as 0, such as redis://127.0.0.1:6379/0 (line 4)`,
 		}},
+		{"an option the Redis client rejects", `
+store:
+  type: redis
+  redis: { url: "redis://127.0.0.1:6379/0?pool_size=many" }
+policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
+`, nil, []string{
+			`store.redis.url: "redis://127.0.0.1:6379/0?pool_size=many": invalid pool_size number: strconv.Atoi: parsing "many": invalid syntax (line 4)`,
+		}},
 		{"missing TLS files", `
 server:
   tls: { cert_file: /nonexistent/tls.crt, key_file: /nonexistent/tls.key }
@@ -278,5 +286,16 @@ func TestRepositoryConfigValidates(t *testing.T) {
 	err := run(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "sluice.yaml")}, &out, &errOut)
 	if err != nil || out.String() != "ok\n" {
 		t.Errorf("validate sluice.yaml = %v, stdout %q, stderr %q; want ok", err, out.String(), errOut.String())
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:8080": true, "[::1]:8080": true, "localhost:8080": true,
+		"0.0.0.0:8080": false, ":8080": false, "10.0.0.1:8080": false, "[::]:8080": false,
+	} {
+		if got := loopback(addr); got != want {
+			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }

@@ -6,6 +6,9 @@
 //
 //	policies[1].window: "90h": must be between 1ms and 24h (line 14)
 //
+// Parse reports every such error it finds, as Errors when there are
+// several.
+//
 // Policy numbers are checked by sluice.Policy.Validate, so the library and
 // the config never disagree about what a valid policy is.
 package config
