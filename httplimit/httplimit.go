@@ -243,9 +243,9 @@ type Options struct {
 	OnDecision func(*http.Request, Decision)
 }
 
-// Middleware is the compiled middleware. Create it with NewMiddleware; the
-// zero value is not usable. Immutable and safe for concurrent use; it owns
-// no goroutines (close the Limiters' stores yourself).
+// Middleware is the compiled middleware. Create it with NewMiddleware or
+// PerIP; the zero value is not usable. Immutable and safe for concurrent
+// use; it owns no goroutines (close the Limiters' stores yourself).
 type Middleware struct {
 	limiter    *sluice.Limiter
 	fallback   *sluice.Limiter
