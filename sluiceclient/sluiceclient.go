@@ -263,10 +263,14 @@ func (c *Client) once(ctx context.Context, data []byte, req *sluice.Request) (sl
 	}
 	var a answer
 	if err := json.Unmarshal(raw, &a); err != nil || a.Outcome == "" {
-		// Not the check API's answer: a proxy in between failed, or
-		// something else answers at this URL.
-		err := fmt.Errorf("%s: not a check API answer", resp.Status)
-		return lost(err), resp.StatusCode >= 500
+		// Not the check API's answer. A 5xx is a gateway in between that
+		// may have lost sluice's answer; anything else means something
+		// other than the check API answers at this URL.
+		err := fmt.Errorf("%s from %s: not a check API answer", resp.Status, c.endpoint)
+		if resp.StatusCode >= 500 {
+			return lost(err), true
+		}
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("sluiceclient: %w", err)}, false
 	}
 	return outcome(resp.StatusCode, &a, req)
 }

@@ -277,3 +277,27 @@ func TestNewErrors(t *testing.T) {
 		}
 	}
 }
+
+// Something other than the check API at the URL is the caller's mistake;
+// a gateway's 502 may have lost sluice's answer and is retried.
+func TestNotTheCheckAPI(t *testing.T) {
+	var calls atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.URL.Path == "/gateway/v1/check" {
+			http.Error(w, "bad gateway", http.StatusBadGateway)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer ts.Close()
+	c := newClient(t, ts.URL+"/elsewhere", sluiceclient.Options{})
+	if o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: "ivy"}); o.Kind != sluice.Incompatible || calls.Load() != 1 {
+		t.Errorf("a 404 page = %v (%v) after %d calls, want incompatible after 1", o.Kind, o.Err, calls.Load())
+	}
+	calls.Store(0)
+	c = newClient(t, ts.URL+"/gateway", sluiceclient.Options{})
+	if o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: "ivy"}); o.Kind != sluice.Indeterminate || calls.Load() != 3 {
+		t.Errorf("a gateway's 502 = %v (%v) after %d calls, want indeterminate after 3", o.Kind, o.Err, calls.Load())
+	}
+}
