@@ -87,6 +87,7 @@ var invalid = []struct {
 	{"auth_duplicate_token_id.yaml", "server.auth.tokens[1].id: \"app\": is already the id of server.auth.tokens[0] (line 5)"},
 	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
 	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 9)"},
+	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
 	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env (line 5)"},

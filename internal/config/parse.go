@@ -226,17 +226,15 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		return err
 	}
 	r := &Redis{}
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(p+".url", rm["url"], &r.URL),
 		d.strs(p+".addrs", rm["addrs"], &r.Addrs),
 		d.str(p+".mode", rm["mode"], &r.Mode),
 		d.str(p+".master_name", rm["master_name"], &r.MasterName),
 		d.str(p+".username", rm["username"], &r.Username),
 		d.str(p+".password_env", rm["password_env"], &r.PasswordEnv),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	s.Redis = r
 	return nil
@@ -270,7 +268,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	}
 	var algorithm, failureMode string
 	var dedupeMax int64
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(path+".id", m["id"], &p.ID),
 		d.int(path+".revision", m["revision"], &p.Revision),
 		d.str(path+".algorithm", m["algorithm"], &algorithm),
@@ -283,10 +281,8 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL),
 		d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax),
 		d.bool(path+".near_cache", m["near_cache"], &p.NearCache),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	if dedupeMax != int64(int(dedupeMax)) {
 		return &Error{Path: path + ".dedupe_max", Value: written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
@@ -398,16 +394,14 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) error {
 		return err
 	}
 	r.Subject = "ip"
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(path+".match.path_prefix", mm["path_prefix"], &r.Match.PathPrefix),
 		d.strs(path+".match.methods", mm["methods"], &r.Match.Methods),
 		d.strs(path+".policies", m["policies"], &r.Policies),
 		d.str(path+".subject", m["subject"], &r.Subject),
 		d.bool(path+".shadow", m["shadow"], &r.Shadow),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	return nil
 }
