@@ -12,9 +12,11 @@ import (
 )
 
 // Three requests per ten seconds per account: the fourth is denied until
-// the window ends.
+// the window ends. A real application leaves memstore's Clock unset (it
+// then reads a monotonic clock); the fake clock here makes the output
+// exact.
 func Example() {
-	clock := sluicetest.NewClock(sluicetest.Start) // use sluice.SystemClock{} in production
+	clock := sluicetest.NewClock(sluicetest.Start)
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		panic(err)

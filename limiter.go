@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -60,16 +61,19 @@ type Limiter struct {
 	pool     sync.Pool // *Evaluation
 }
 
-// New returns a Limiter over store for policies, which must be valid and
-// have distinct IDs.
+// New returns a Limiter over store for policies: at least one, each valid,
+// with distinct IDs.
 func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	if store == nil {
 		return nil, errors.New("sluice: New: store is nil")
 	}
+	if len(policies) == 0 {
+		return nil, errors.New("sluice: New: no policies: at least one is required")
+	}
 	l := &Limiter{store: store, policies: make(map[string]*Policy, len(policies))}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
-			return nil, fmt.Errorf("sluice: New: policies[%d]: %w", i, err)
+			return nil, &prefixError{prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), err: err}
 		}
 		if _, dup := l.policies[p.ID]; dup {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
@@ -81,6 +85,20 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	l.pool.New = func() any { return new(Evaluation) }
 	return l, nil
 }
+
+// prefixError wraps err behind prefix without repeating the "sluice: "
+// that err's own message starts with, e.g.
+// `sluice: New: policies[0]: policy "x": limit = 0: …`.
+type prefixError struct {
+	prefix string
+	err    error
+}
+
+func (e *prefixError) Error() string {
+	return e.prefix + strings.TrimPrefix(e.err.Error(), "sluice: ")
+}
+
+func (e *prefixError) Unwrap() error { return e.err }
 
 // Policy returns the validated policy with the given ID, defaults applied.
 func (l *Limiter) Policy(id string) (Policy, bool) {

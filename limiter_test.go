@@ -143,8 +143,12 @@ func TestNewRejectsBadPolicies(t *testing.T) {
 	bad := good
 	bad.Limit = 0
 	var pe *sluice.PolicyError
-	if _, err := sluice.New(ms, []sluice.Policy{good, bad}, sluice.Options{}); !errors.As(err, &pe) || !contains(err.Error(), "policies[1]") {
-		t.Errorf("New with an invalid policy = %v, want a *PolicyError at policies[1]", err)
+	_, err := sluice.New(ms, []sluice.Policy{good, bad}, sluice.Options{})
+	if want := `sluice: New: policies[1]: policy "a": limit = 0: must be between 1 and 1000000000`; !errors.As(err, &pe) || err.Error() != want {
+		t.Errorf("New with an invalid policy = %v, want a *PolicyError reading %q", err, want)
+	}
+	if _, err := sluice.New(ms, nil, sluice.Options{}); err == nil || err.Error() != "sluice: New: no policies: at least one is required" {
+		t.Errorf("New without policies = %v, want an error", err)
 	}
 }
 

@@ -25,8 +25,9 @@ const (
 	// FailedOpen: no decision, and every policy fails open: the request
 	// goes on.
 	FailedOpen
-	// NoSubject: no source identified the request and Options.Anonymous is
-	// DenyAnonymous: 403. The limiter was not asked.
+	// NoSubject: no source identified the request, and Options.Anonymous
+	// is DenyAnonymous (403) or PassAnonymous (the request goes on). The
+	// limiter was not asked.
 	NoSubject
 )
 
@@ -41,8 +42,9 @@ func (a Action) String() string {
 }
 
 // Decision is what the middleware did with one request, as handed to
-// Options.OnDecision. It holds the pseudonym, never the identity. Its
-// fields are bounded enough for metric labels except Subject.
+// Options.OnDecision and found by FromContext. It holds the pseudonym,
+// never the identity. Its fields are bounded enough for metric labels
+// except Subject and EvaluationID.
 type Decision struct {
 	// Operation is the route's operation, e.g. "POST /login", or
 	// DefaultOperation.
@@ -55,13 +57,20 @@ type Decision struct {
 	// Subject is the pseudonym the limiter saw, e.g. "k1:3q2-7w…"; "" when
 	// none. Never a metric label: it is unbounded.
 	Subject string
+	// Cost is the number of units the request asked for: the route's
+	// Cost, e.g. 1.
+	Cost int64
+	// EvaluationID is the digest of the request's idempotency key (see
+	// Options.IdempotencyKeyHeader), e.g. "ik:Qm9…"; "" when none.
+	EvaluationID string
 	// Action is what the outcome calls for.
 	Action Action
 	// Shadow reports that the route is in shadow mode and Action was not
 	// enforced: a Limited, FailedClosed or NoSubject request went on.
 	Shadow bool
-	// Status is the status the middleware answered with, e.g. 429; 0 when
-	// the request went on to the next handler.
+	// Status is the status the middleware answers with, e.g. 429 (or
+	// Options.Deny answers in its place); 0 when the request went on to
+	// the next handler.
 	Status int
 	// Outcome is the main limiter's outcome; its Kind tells a lost reply
 	// (Indeterminate) from a refusal to try (Unavailable) or corrupt state

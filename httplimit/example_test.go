@@ -1,7 +1,9 @@
 package httplimit_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -109,4 +111,91 @@ func ExampleLocalFallback() {
 	_ = m.Handler(http.NotFoundHandler())
 	// Output:
 	// local limit: 25 per 1s
+}
+
+// The common case: each client address may send 3 requests per minute to
+// /api/. Over Redis, only the store line changes:
+// redisstore.New(rdb, redisstore.Options{}).
+func ExamplePerIP() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	perIP, err := httplimit.PerIP(store, sluice.Policy{ID: "api", Algorithm: sluice.SlidingLog, Limit: 3, Window: time.Minute}, httplimit.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/api/", perIP.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })))
+
+	srv := httptest.NewServer(mux) // http.ListenAndServe(":8080", mux) in an application
+	defer srv.Close()
+	for range 4 {
+		resp, err := srv.Client().Get(srv.URL + "/api/items")
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+	}
+	// Output:
+	// 200 "api";q=3;w=60
+	// 200 "api";q=3;w=60
+	// 200 "api";q=3;w=60
+	// 429 "api";q=3;w=60
+}
+
+// The handler finds the middleware's decision in its request's context,
+// and gives the units back when the work it was admitted for failed before
+// it was done. Options.Deny replaces the built-in 429 answer.
+func ExampleRefund() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "export", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Hour},
+	}, sluice.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m, err := httplimit.NewMiddleware(limiter, httplimit.Options{
+		Routes: []httplimit.Route{{PathPrefix: "/export", Policies: []string{"export"}, Cost: 5}},
+		Deny: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := httplimit.FromContext(r.Context())
+			w.WriteHeader(d.Status)
+			fmt.Fprintf(w, "no more exports for %v", d.Outcome.RetryAfter.Round(time.Minute))
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	export := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := httplimit.FromContext(r.Context())
+		if r.URL.Query().Get("format") == "xls" { // fails before any work
+			o := httplimit.Refund(r.Context())
+			http.Error(w, fmt.Sprintf("unsupported format; %d of %d units left", o.Remaining, o.Limit), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "exported; %d units left", d.Outcome.Remaining)
+	})
+	srv := httptest.NewServer(m.Handler(export))
+	defer srv.Close()
+
+	for _, q := range []string{"?format=xls", "?format=csv", "?format=csv", "?format=csv"} {
+		resp, err := srv.Client().Get(srv.URL + "/export" + q)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d %s\n", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	// Output:
+	// 400 unsupported format; 10 of 10 units left
+	// 200 exported; 5 units left
+	// 200 exported; 0 units left
+	// 429 no more exports for 30m0s
 }

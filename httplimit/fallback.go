@@ -33,6 +33,9 @@ func LocalFallback(l *sluice.Limiter, store sluice.Store, share float64, opts sl
 		}
 		local = append(local, scale(p, share))
 	}
+	if len(local) == 0 {
+		return nil, errors.New("httplimit: LocalFallback: the limiter has no policy whose failure mode is local")
+	}
 	fl, err := sluice.New(store, local, opts)
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: LocalFallback: %w", err)

@@ -1,7 +1,8 @@
 // Package httplimit is sluice's net/http middleware. For each request it
-// picks the route's policies, resolves who is asking (principal, API key,
-// client IP behind trusted proxies), turns that into a pseudonym, asks the
-// Limiter within a deadline, and answers:
+// picks the route's policies, resolves who is asking (by default the
+// client address behind trusted proxies; a principal or an API key where
+// configured), turns that into a pseudonym, asks the Limiter within a
+// deadline, and answers:
 //
 //   - allowed: the request goes on, with RateLimit-Policy and RateLimit
 //     header fields (draft-ietf-httpapi-ratelimit-headers);
@@ -15,6 +16,16 @@
 // The raw identity (a principal, an API key, an IP address) is only ever
 // hashed: it never reaches the Limiter, a log line or a Decision.
 //
+// PerIP builds the common case in one call: one policy, per client
+// address. NewMiddleware takes routes, several policies per route, costs
+// and the other Options. Every invalid option is an error at
+// construction, naming the option, its value and the rule it breaks.
+//
+// The handler behind the middleware finds the Decision in its request's
+// context (FromContext) and can give the units back (Refund) when the
+// work it was admitted for was not done; Options.Deny writes custom
+// answers to the requests the middleware refuses.
+//
 // The middleware has the func(http.Handler) http.Handler shape that the
 // standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
 package httplimit
@@ -22,6 +33,7 @@ package httplimit
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -30,10 +42,12 @@ import (
 	"net/netip"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -49,7 +63,8 @@ const DefaultOperation = "*"
 // the kind folded into the pseudonym.
 type Source uint8
 
-// Sources, in the default order of resolution.
+// Sources. The default order is FromPrincipal, FromAPIKey, FromIP:
+// without Options.Principal and Options.APIKeyHeader, the client address.
 const (
 	// FromPrincipal: the authenticated principal, from Options.Principal.
 	FromPrincipal Source = iota + 1
@@ -57,9 +72,9 @@ const (
 	FromAPIKey
 	// FromIPUserAgent: the client IP prefix together with a digest of the
 	// User-Agent, so clients behind one NAT get separate budgets. Skipped
-	// when the request has no User-Agent. A client can vary its
-	// User-Agent to get fresh budgets: put FromIP after it on routes where
-	// that matters, or use FromIP alone.
+	// when the request has no User-Agent. Not in the default order, and
+	// only for routes where that is acceptable: a client that varies its
+	// User-Agent gets a fresh budget every time.
 	FromIPUserAgent
 	// FromIP: the client IP prefix (see Options.TrustedProxies,
 	// IPv4Prefix, IPv6Prefix).
@@ -77,8 +92,11 @@ func (s Source) String() string {
 }
 
 // defaultSources is the resolution order unless Options.Sources says
-// otherwise.
-var defaultSources = []Source{FromPrincipal, FromAPIKey, FromIPUserAgent, FromIP}
+// otherwise. Nothing the client controls freely (a User-Agent) is in it:
+// the principal comes from the application's authentication, the API key
+// header is only read when configured, and the address is resolved
+// through trusted proxies only.
+var defaultSources = []Source{FromPrincipal, FromAPIKey, FromIP}
 
 // AnonymousKind is the kind of the shared subject of ShareAnonymous.
 const AnonymousKind = "anonymous"
@@ -95,6 +113,11 @@ const (
 	// ShareAnonymous puts every such request of a route into one shared
 	// budget (kind "anonymous", identity "").
 	ShareAnonymous
+	// PassAnonymous lets such requests go on, unlimited, so that the
+	// application's own authentication answers them (typically 401 for a
+	// missing API key). Use it only where the next handler refuses every
+	// unidentified request.
+	PassAnonymous
 )
 
 // Route selects the policies of the requests it matches.
@@ -120,6 +143,9 @@ type Route struct {
 	// Policies are the IDs of the Limiter's policies the route spends, all
 	// or nothing. At least one is required.
 	Policies []string
+	// Cost is the number of units one request spends, e.g. 5 for an
+	// expensive search; at most every policy's MaxCost. Default: 1.
+	Cost int64
 	// Sources override Options.Sources for this route. Default: nil, use
 	// Options.Sources.
 	Sources []Source
@@ -137,12 +163,12 @@ type Options struct {
 	// wins. Default: none, every request gets Default.
 	Routes []Route
 	// Default are the policy IDs of requests no route matches, under
-	// operation DefaultOperation. Default: none, such requests pass
-	// unlimited and without headers.
+	// operation DefaultOperation, at a cost of 1. Default: none, such
+	// requests pass unlimited and without headers.
 	Default []string
 	// Sources is the order in which a subject is resolved; the first that
-	// yields an identity wins. Default: FromPrincipal, FromAPIKey,
-	// FromIPUserAgent, FromIP.
+	// yields an identity wins. Default: FromPrincipal, FromAPIKey, FromIP,
+	// which is the client address unless Principal or APIKeyHeader is set.
 	Sources []Source
 	// Pseudonymizer turns (kind, identity, operation) into the subject the
 	// Limiter sees. Default: subject.Unkeyed(), whose pseudonyms anyone can
@@ -174,6 +200,23 @@ type Options struct {
 	// Anonymous says what becomes of a request no source identifies.
 	// Default: DenyAnonymous.
 	Anonymous Anonymous
+	// IdempotencyKeyHeader names a request header, typically
+	// "Idempotency-Key", whose value identifies a request across its
+	// retries: a retry with the same value gets the first decision back
+	// (Outcome.Replayed) instead of spending again, within each policy's
+	// DedupeTTL. Only a digest of the value reaches the Limiter. Set it
+	// only where the application itself answers a repeated key without
+	// doing the work again: a client that repeats a key is not charged
+	// again. Default: "", every request spends.
+	IdempotencyKeyHeader string
+	// Deny, when set, writes the answer to every request the middleware
+	// refuses instead of the built-in RFC 9457 problem: limited (429),
+	// failed closed (503) and unidentified (403, with DenyAnonymous). The
+	// Decision is in the request's context (FromContext); its Status is
+	// the status the built-in answer would have. RateLimit-Policy,
+	// RateLimit and, for 429 and 503, Retry-After are already set; Deny
+	// writes the status and the body. Default: nil, the built-in answer.
+	Deny http.Handler
 	// Deadline bounds how long one request waits for the Limiter; past it
 	// the outcome is Unavailable and the failure mode answers. The local
 	// fallback, when consulted, gets a deadline of its own.
@@ -200,9 +243,9 @@ type Options struct {
 	OnDecision func(*http.Request, Decision)
 }
 
-// Middleware is the compiled middleware. Create it with NewMiddleware; the
-// zero value is not usable. Immutable and safe for concurrent use; it owns
-// no goroutines (close the Limiters' stores yourself).
+// Middleware is the compiled middleware. Create it with NewMiddleware or
+// PerIP; the zero value is not usable. Immutable and safe for concurrent
+// use; it owns no goroutines (close the Limiters' stores yourself).
 type Middleware struct {
 	limiter    *sluice.Limiter
 	fallback   *sluice.Limiter
@@ -212,6 +255,8 @@ type Middleware struct {
 	ips        *subject.IPResolver
 	principal  func(*http.Request) (string, bool)
 	anonymous  Anonymous
+	idemHeader string
+	deny       http.Handler
 	deadline   time.Duration
 	legacy     bool
 	shadow     bool
@@ -225,6 +270,7 @@ type route struct {
 	prefix       string
 	match        func(*http.Request) bool
 	policies     []string
+	cost         int64
 	local        []string // the FailLocal ones
 	mode         sluice.FailureMode
 	sources      []Source
@@ -233,9 +279,10 @@ type route struct {
 	policyField  string // the RateLimit-Policy field value
 }
 
-// New returns the middleware for limiter and opts. Invalid options cannot
-// be returned as an error here: the middleware then answers every request
-// 500 and the error is logged once. Use NewMiddleware to see the error.
+// New returns the middleware for limiter and opts, for options known to be
+// valid. Invalid options cannot be returned as an error here: the
+// middleware then answers every request 500 and the error is logged once.
+// Prefer NewMiddleware (or PerIP), which return the error at construction.
 func New(limiter *sluice.Limiter, opts Options) func(http.Handler) http.Handler {
 	m, err := NewMiddleware(limiter, opts)
 	if err == nil {
@@ -269,6 +316,8 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		pseudo:     opts.Pseudonymizer,
 		principal:  opts.Principal,
 		anonymous:  opts.Anonymous,
+		idemHeader: opts.IdempotencyKeyHeader,
+		deny:       opts.Deny,
 		deadline:   opts.Deadline,
 		legacy:     opts.LegacyHeaders,
 		shadow:     opts.Shadow,
@@ -285,10 +334,16 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	case m.deadline == 0:
 		m.deadline = DefaultDeadline
 	case m.deadline < 0:
-		return nil, fmt.Errorf("httplimit: deadline %v: must not be negative", opts.Deadline)
+		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
 	}
-	if m.anonymous > ShareAnonymous {
-		return nil, fmt.Errorf("httplimit: anonymous = %d: must be DenyAnonymous or ShareAnonymous", opts.Anonymous)
+	if m.anonymous > PassAnonymous {
+		return nil, optionError("Anonymous", uint8(opts.Anonymous), "must be DenyAnonymous, ShareAnonymous or PassAnonymous")
+	}
+	if h := opts.IdempotencyKeyHeader; h != "" && !validToken(h) {
+		return nil, optionError("IdempotencyKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as Idempotency-Key")
+	}
+	if h := opts.APIKeyHeader; h != "" && !validToken(h) {
+		return nil, optionError("APIKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as X-API-Key")
 	}
 	trusted, err := subject.ParseTrustedProxies(opts.TrustedProxies)
 	if err != nil {
@@ -307,41 +362,67 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	if len(sources) == 0 {
 		sources = defaultSources
 	}
-	if err := checkSources(sources); err != nil {
-		return nil, fmt.Errorf("httplimit: sources: %w", err)
+	if err := checkSources("Sources", sources); err != nil {
+		return nil, err
 	}
 	seen := map[string]int{}
 	for i, rt := range opts.Routes {
-		c, err := m.compile(rt, sources, opts.APIKeyHeader)
+		at := fmt.Sprintf("Routes[%d]", i)
+		c, err := m.compile(at, rt, sources, opts.APIKeyHeader)
 		if err != nil {
-			return nil, fmt.Errorf("httplimit: routes[%d]: %w", i, err)
+			return nil, err
 		}
 		if j, dup := seen[c.operation]; dup && rt.Operation == "" {
-			return nil, fmt.Errorf("httplimit: routes[%d]: operation %q is also routes[%d]'s: name one Operation explicitly to share budgets", i, c.operation, j)
+			return nil, optionError(at+".Operation", fmt.Sprintf("%q (the default)", c.operation), fmt.Sprintf("is also Routes[%d]'s: name one Operation explicitly to share budgets", j))
 		}
 		seen[c.operation] = i
 		m.routes = append(m.routes, c)
 	}
 	if len(opts.Default) > 0 {
-		c, err := m.compile(Route{Operation: DefaultOperation, Policies: opts.Default}, sources, opts.APIKeyHeader)
+		c, err := m.compile("Default", Route{Operation: DefaultOperation, Policies: opts.Default}, sources, opts.APIKeyHeader)
 		if err != nil {
-			return nil, fmt.Errorf("httplimit: default: %w", err)
+			return nil, err
 		}
 		m.fallthru = c
 	}
 	return m, nil
 }
 
-func checkSources(ss []Source) error {
+// optionError is an invalid option: where it is, its value and the rule
+// it breaks, e.g.
+//
+//	httplimit: Routes[0].Policies[0] = "logn": the limiter has no such policy; it has login, api
+func optionError(at string, value any, rule string) error {
+	return fmt.Errorf("httplimit: %s = %v: %s", at, value, rule)
+}
+
+func checkSources(at string, ss []Source) error {
 	for i, s := range ss {
 		if s < FromPrincipal || s > FromIP {
-			return fmt.Errorf("[%d] = %v: unknown source", i, s)
+			return optionError(fmt.Sprintf("%s[%d]", at, i), s, "unknown source: must be FromPrincipal, FromAPIKey, FromIPUserAgent or FromIP")
 		}
 	}
 	return nil
 }
 
-func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*route, error) {
+// validToken reports whether s is an RFC 9110 token, as header names are.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// compile checks rt, found at at ("Routes[2]", "Default"), against the
+// limiters and returns it ready to match.
+func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader string) (*route, error) {
 	c := &route{
 		operation:    rt.Operation,
 		match:        rt.Match,
@@ -349,15 +430,25 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 		apiKeyHeader: apiKeyHeader,
 		shadow:       rt.Shadow,
 		mode:         sluice.FailOpen,
+		cost:         rt.Cost,
 	}
 	if len(rt.Sources) > 0 {
-		if err := checkSources(rt.Sources); err != nil {
-			return nil, fmt.Errorf("sources: %w", err)
+		if err := checkSources(at+".Sources", rt.Sources); err != nil {
+			return nil, err
 		}
 		c.sources = slices.Clone(rt.Sources)
 	}
 	if rt.APIKeyHeader != "" {
+		if !validToken(rt.APIKeyHeader) {
+			return nil, optionError(at+".APIKeyHeader", fmt.Sprintf("%q", rt.APIKeyHeader), "must be a header name such as X-API-Key")
+		}
 		c.apiKeyHeader = rt.APIKeyHeader
+	}
+	switch {
+	case c.cost == 0:
+		c.cost = 1
+	case c.cost < 0:
+		return nil, optionError(at+".Cost", rt.Cost, "must not be negative; leave it 0 for 1")
 	}
 	if rt.Match == nil {
 		c.prefix = rt.PathPrefix
@@ -365,14 +456,14 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 			c.prefix = "/"
 		}
 		if c.prefix[0] != '/' {
-			return nil, fmt.Errorf("path prefix %q: must start with /", rt.PathPrefix)
+			return nil, optionError(at+".PathPrefix", fmt.Sprintf("%q", rt.PathPrefix), `must start with "/"`)
 		}
 		if c.prefix != "/" {
 			c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
 		}
-		for _, meth := range rt.Methods {
-			if meth == "" {
-				return nil, errors.New("methods: empty method")
+		for j, meth := range rt.Methods {
+			if !validToken(meth) {
+				return nil, optionError(fmt.Sprintf("%s.Methods[%d]", at, j), fmt.Sprintf("%q", meth), "must be an HTTP method such as GET or POST")
 			}
 			c.methods = append(c.methods, strings.ToUpper(meth))
 		}
@@ -387,19 +478,23 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 			c.operation = ms + " " + c.prefix
 		}
 	} else if c.operation == "" {
-		return nil, errors.New("operation is required with Match")
+		return nil, optionError(at+".Operation", `""`, "is required with Match")
 	}
 	if len(rt.Policies) == 0 {
-		return nil, errors.New("policies: at least one is required")
+		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
 	}
 	var field []byte
 	for j, id := range rt.Policies {
+		pat := fmt.Sprintf("%s.Policies[%d]", at, j)
 		p, ok := m.limiter.Policy(id)
 		if !ok {
-			return nil, fmt.Errorf("policies[%d] %q: the limiter has no such policy", j, id)
+			return nil, optionError(pat, fmt.Sprintf("%q", id), "the limiter has no such policy; it has "+strings.Join(m.limiter.Policies(), ", "))
 		}
 		if slices.Contains(c.policies, id) {
-			return nil, fmt.Errorf("policies[%d] %q: named twice", j, id)
+			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
+		}
+		if c.cost > p.MaxCost {
+			return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
 		}
 		c.policies = append(c.policies, id)
 		switch p.FailureMode {
@@ -407,10 +502,14 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 			c.mode = sluice.FailClosed
 		case sluice.FailLocal:
 			if m.fallback == nil {
-				return nil, fmt.Errorf("policies[%d] %q: fails local, but Options.Fallback is nil (see LocalFallback)", j, id)
+				return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, but Options.Fallback is nil (see LocalFallback)")
 			}
-			if _, ok := m.fallback.Policy(id); !ok {
-				return nil, fmt.Errorf("policies[%d] %q: fails local, but the fallback limiter has no such policy", j, id)
+			lp, ok := m.fallback.Policy(id)
+			if !ok {
+				return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, but the fallback limiter has no such policy")
+			}
+			if c.cost > lp.MaxCost {
+				return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the fallback limiter, %d", id, lp.MaxCost))
 			}
 			c.local = append(c.local, id)
 			if c.mode == sluice.FailOpen {
@@ -420,7 +519,7 @@ func (m *Middleware) compile(rt Route, sources []Source, apiKeyHeader string) (*
 		if j > 0 {
 			field = append(field, ", "...)
 		}
-		field = AppendPolicyItem(field, p)
+		field = ratelimitheader.AppendPolicyItem(field, p)
 	}
 	c.policyField = string(field)
 	return c, nil
@@ -523,10 +622,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	h := w.Header()
 	h.Set("RateLimit-Policy", rt.policyField)
-	d := Decision{Operation: rt.operation, Policies: rt.policies}
+	d := Decision{Operation: rt.operation, Policies: rt.policies, Cost: rt.cost}
 	kind, identity, ok := m.subjectOf(r, rt)
 	if !ok {
-		if m.anonymous == DenyAnonymous {
+		if m.anonymous != ShareAnonymous {
 			d.Action = NoSubject
 			m.finish(w, r, next, rt, &d, sluice.Outcome{})
 			return
@@ -535,9 +634,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	d.SubjectKind = kind
 	d.Subject = m.pseudo.Pseudonym(kind, identity, rt.operation)
+	if m.idemHeader != "" {
+		if key := r.Header.Get(m.idemHeader); key != "" {
+			d.EvaluationID = evaluationID(key)
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-	d.Outcome = m.limiter.Check(ctx, request(rt.policies, d.Subject))
+	d.Outcome = m.limiter.Check(ctx, request(rt.policies, &d))
 	cancel()
 	decided := d.Outcome
 	switch d.Outcome.Kind {
@@ -552,7 +656,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case sluice.FailLocal:
 			d.Local = true
 			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-			d.LocalOutcome = m.fallback.Check(ctx, request(rt.local, d.Subject))
+			d.LocalOutcome = m.fallback.Check(ctx, request(rt.local, &d))
 			cancel()
 			decided = d.LocalOutcome
 			switch d.LocalOutcome.Kind {
@@ -570,11 +674,23 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.finish(w, r, next, rt, &d, decided)
 }
 
-func request(policies []string, subject string) sluice.Request {
+// request is the Limiter request that spends d's cost of policies.
+func request(policies []string, d *Decision) sluice.Request {
+	req := sluice.Request{Subject: d.Subject, Cost: d.Cost, EvaluationID: d.EvaluationID}
 	if len(policies) == 1 {
-		return sluice.Request{Policy: policies[0], Subject: subject}
+		req.Policy = policies[0]
+	} else {
+		req.Policies = policies
 	}
-	return sluice.Request{Policies: policies, Subject: subject}
+	return req
+}
+
+// evaluationID turns an idempotency key as the client sent it into an
+// evaluation ID: a digest, so any value is a valid ID and the key itself
+// never reaches the store.
+func evaluationID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "ik:" + base64.RawURLEncoding.EncodeToString(sum[:18])
 }
 
 // finish adds the headers of the deciding outcome, records d, and either
@@ -590,18 +706,32 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	case FailedClosed:
 		d.Status = http.StatusServiceUnavailable
 	case NoSubject:
-		d.Status = http.StatusForbidden
+		if m.anonymous == DenyAnonymous {
+			d.Status = http.StatusForbidden
+		}
 	}
 	if d.Status != 0 && (m.shadow || rt.shadow) {
 		d.Shadow, d.Status = true, 0
 	}
 	m.record(r, d)
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt}))
+	var retry int64
 	switch d.Status {
 	case 0:
 		next.ServeHTTP(w, r)
+		return
 	case http.StatusTooManyRequests:
-		retry := RetryAfterSeconds(decided.RetryAfter)
-		h.Set("Retry-After", fmt.Sprint(retry))
+		retry = ratelimitheader.RetryAfterSeconds(decided.RetryAfter)
+		h.Set("Retry-After", strconv.FormatInt(retry, 10))
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", "1")
+	}
+	if m.deny != nil {
+		m.deny.ServeHTTP(w, r)
+		return
+	}
+	switch d.Status {
+	case http.StatusTooManyRequests:
 		writeProblem(w, d.Status, problem{
 			Type:             QuotaExceededType,
 			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
@@ -610,7 +740,6 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 			ViolatedPolicies: violated(decided),
 		})
 	case http.StatusServiceUnavailable:
-		h.Set("Retry-After", "1")
 		writeProblem(w, d.Status, problem{
 			Type:   "about:blank",
 			Title:  "Service Unavailable",
@@ -639,12 +768,4 @@ func violated(o sluice.Outcome) []string {
 		}
 	}
 	return ids
-}
-
-// ceilSeconds rounds d up to whole seconds; negative durations are 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

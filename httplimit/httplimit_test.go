@@ -432,7 +432,7 @@ func TestSubjectResolutionOrder(t *testing.T) {
 	}{
 		{"principal first", []string{"X-User: u1", "X-API-Key: k1"}, "principal"},
 		{"then API key", []string{"X-API-Key: k1"}, "api_key"},
-		{"then IP and User-Agent", []string{"User-Agent: curl/8"}, "ip_user_agent"},
+		{"then IP, whatever the User-Agent", []string{"User-Agent: curl/8"}, "ip"},
 		{"then IP", []string{"User-Agent: "}, "ip"},
 	} {
 		h.do("GET", "/", tt.header...)
@@ -706,7 +706,7 @@ func TestShadow(t *testing.T) {
 				t.Errorf("request %d: decision action %v shadow %v status %d, want shadow=%v and status 0", i+1, d.Action, d.Shadow, d.Status, wantShadow)
 			}
 		}
-		if n := strings.Count(h.logs.String(), `"action":"limited","subject_kind":"ip_user_agent"`); n != 2 {
+		if n := strings.Count(h.logs.String(), `"action":"limited","subject_kind":"ip"`); n != 2 {
 			t.Errorf("logs %s: %d would-be denials, want 2", h.logs.String(), n)
 		}
 		if !strings.Contains(h.logs.String(), `"level":"INFO","msg":"rate limit decision (shadow: not enforced)"`) {
@@ -794,18 +794,25 @@ func TestNewMiddlewareErrors(t *testing.T) {
 		opts    httplimit.Options
 		wantErr string
 	}{
-		{"unknown policy", httplimit.Options{Default: []string{"nope"}}, `default: policies[0] "nope": the limiter has no such policy`},
-		{"no policies", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x"}}}, "routes[0]: policies: at least one is required"},
-		{"policy twice", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p", "p"}}}}, `routes[0]: policies[1] "p": named twice`},
+		{"unknown policy", httplimit.Options{Default: []string{"nope"}}, `httplimit: Default.Policies[0] = "nope": the limiter has no such policy; it has p, local`},
+		{"typo in a route's policy", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x", Policies: []string{"p"}}, {PathPrefix: "/y", Policies: []string{"q"}}}}, `httplimit: Routes[1].Policies[0] = "q": the limiter has no such policy; it has p, local`},
+		{"no policies", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x"}}}, "httplimit: Routes[0].Policies = []: at least one policy ID is required"},
+		{"policy twice", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p", "p"}}}}, `httplimit: Routes[0].Policies[1] = "p": is named twice`},
 		{"bad trusted proxy", httplimit.Options{TrustedProxies: []string{"10.0.0.0/8", "10.0.0.300"}}, `trusted proxy [1] "10.0.0.300"`},
 		{"bad header", httplimit.Options{ForwardedHeader: "X-Real-IP"}, `header "X-Real-IP"`},
 		{"bad IPv6 prefix", httplimit.Options{IPv6Prefix: 200}, "IPv6 prefix /200"},
-		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, "operation is required with Match"},
-		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `path prefix "api"`},
-		{"local without fallback", httplimit.Options{Default: []string{"local"}}, "Options.Fallback is nil"},
-		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `routes[1]: operation "* /a" is also routes[0]'s`},
-		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "deadline -1s"},
-		{"bad source", httplimit.Options{Sources: []httplimit.Source{9}}, "unknown source"},
+		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
+		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
+		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
+		{"local without fallback", httplimit.Options{Default: []string{"local"}}, `httplimit: Default.Policies[0] = "local": fails local, but Options.Fallback is nil`},
+		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
+		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
+		{"bad source", httplimit.Options{Sources: []httplimit.Source{9}}, "httplimit: Sources[0] = Source(9): unknown source"},
+		{"bad anonymous", httplimit.Options{Anonymous: 7}, "httplimit: Anonymous = 7: must be DenyAnonymous, ShareAnonymous or PassAnonymous"},
+		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},
+		{"cost above max cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: 2}}}, `httplimit: Routes[0].Cost = 2: must be at most the max cost of policy "p", 1`},
+		{"bad idempotency header", httplimit.Options{IdempotencyKeyHeader: "Idempotency Key"}, `httplimit: IdempotencyKeyHeader = "Idempotency Key": must be a header name`},
+		{"bad API key header", httplimit.Options{APIKeyHeader: "X-API-Key:"}, `httplimit: APIKeyHeader = "X-API-Key:": must be a header name`},
 	}
 	for _, tt := range tests {
 		_, err := httplimit.NewMiddleware(l, tt.opts)

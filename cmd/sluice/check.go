@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 )
@@ -16,10 +19,10 @@ import (
 func (a *app) check(ctx context.Context, args []string) error {
 	fs := newFlagSet("check")
 	var (
-		base, policy, subj, evalID string
-		cost                       int64
-		refund                     bool
-		timeout                    time.Duration
+		base, policy, subj, evalID, tokenEnv, caFile string
+		cost                                         int64
+		refund                                       bool
+		timeout                                      time.Duration
 	)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
 	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
@@ -28,7 +31,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 	fs.BoolVar(&refund, "refund", false, "give --cost units back instead of spending them")
 	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
-	if err := a.parseFlags(fs, "sluice check [--url URL] --policy ID --subject SUBJECT [--cost N] [--refund]", args); err != nil {
+	fs.StringVar(&tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
+	fs.StringVar(&caFile, "ca-file", "", "trust the PEM certificates in `FILE` for an https:// URL, besides the system's")
+	if err := a.parseFlags(fs, checkSynopsis, args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
 		}
@@ -70,7 +75,31 @@ func (a *app) check(ctx context.Context, args []string) error {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	if tokenEnv != "" {
+		token := a.getenv(tokenEnv)
+		if token == "" {
+			return &exitError{code: 2, err: fmt.Errorf("check: --token-env: environment variable %s is not set or empty", tokenEnv)}
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	client := http.DefaultClient
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("check: --ca-file: %w", err)}
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return &exitError{code: 2, err: fmt.Errorf("check: --ca-file %s: no PEM certificate in it", caFile)}
+		}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		client = &http.Client{Transport: t}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}

@@ -20,23 +20,32 @@ var version = ""
 const usage = `sluice is a distributed rate limiter.
 
 Usage:
-  sluice serve [--config FILE] [--log-level LEVEL]
+  ` + serveSynopsis + `
         Serve the HTTP check API and /metrics, and with a proxy: section
         the rate-limiting reverse proxy on proxy.listen. Without --config,
         serve a built-in example config on 127.0.0.1:8080 with the
         embedded store.
-  sluice validate --config FILE
-        Check a config file; print "ok" or the line-numbered reason.
-  sluice check [--url URL] --policy ID --subject SUBJECT [--cost N] [--refund]
+  ` + validateSynopsis + `
+        Check a config file, and the environment serve would read (secrets,
+        TLS files); print "ok" or every line-numbered reason.
+  ` + checkSynopsis + `
         Ask a running server once and print its JSON answer. Exits 0 when
         allowed, 1 when denied, 2 otherwise.
   sluice version
         Print the version.
-  sluice help
-        Print this help.
+  sluice help [COMMAND]
+        Print this help, or the flags of a command.
 
-Run "sluice COMMAND --help" for the flags of a command.
+Run "sluice help COMMAND" or "sluice COMMAND --help" for the flags of a
+command.
 `
+
+// Synopses of the commands, shared by the help and the usage errors.
+const (
+	serveSynopsis    = "sluice serve [--config FILE] [--log-level LEVEL] [--log-format text|json]"
+	validateSynopsis = "sluice validate --config FILE"
+	checkSynopsis    = "sluice check [--url URL] [--token-env NAME] --policy ID --subject SUBJECT [--cost N] [--refund]"
+)
 
 // app is one invocation of sluice; tests replace its environment.
 type app struct {
@@ -71,8 +80,21 @@ func (a *app) run(ctx context.Context, args []string) error {
 		fmt.Fprintln(a.stdout, "sluice", buildVersion())
 		return nil
 	case "help", "-h", "-help", "--help":
-		io.WriteString(a.stdout, usage)
-		return nil
+		switch {
+		case len(rest) == 0:
+			io.WriteString(a.stdout, usage)
+			return nil
+		case len(rest) > 1:
+			return &usageError{msg: "help takes at most one command", usage: usage}
+		}
+		switch rest[0] {
+		case "serve", "validate", "check":
+			return a.run(ctx, []string{rest[0], "--help"})
+		case "version", "help":
+			io.WriteString(a.stdout, usage)
+			return nil
+		}
+		return &usageError{msg: fmt.Sprintf("help: unknown command %q", rest[0]), usage: usage}
 	}
 	return &usageError{msg: fmt.Sprintf("unknown command %q", cmd), usage: usage}
 }
@@ -110,6 +132,13 @@ func exitCode(err error, stderr io.Writer) int {
 	if errors.As(err, &ue) {
 		fmt.Fprintf(stderr, "sluice: %s\n\n%s", ue.msg, ue.usage)
 		return 2
+	}
+	var list errorList
+	if errors.As(err, &list) {
+		for _, e := range list {
+			fmt.Fprintf(stderr, "sluice: %v\n", e)
+		}
+		return 1
 	}
 	var ee *exitError
 	if errors.As(err, &ee) {

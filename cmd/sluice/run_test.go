@@ -25,7 +25,7 @@ type logSink struct {
 	sent bool
 }
 
-var listenLine = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+var listenLine = regexp.MustCompile(`msg=listening addr=(https?://\S+)|"msg":"listening","addr":"(https?://[^"]+)"`)
 
 func newLogSink() *logSink { return &logSink{addr: make(chan string, 1)} }
 
@@ -35,7 +35,7 @@ func (s *logSink) Write(p []byte) (int, error) {
 	s.b.Write(p)
 	if m := listenLine.FindSubmatch(s.b.Bytes()); m != nil && !s.sent {
 		s.sent = true
-		s.addr <- string(m[1])
+		s.addr <- string(m[1]) + string(m[2])
 	}
 	return len(p), nil
 }
@@ -144,7 +144,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("serve after cancel: %v, want a clean shutdown", err)
 	}
 	logs := s.logs.String()
-	for _, want := range []string{"WARNING: subjects.hmac_keys is not configured", "msg=\"shutting down\"", "msg=stopped", "status=429"} {
+	for _, want := range []string{"level=WARN msg=\"subjects.hmac_keys is not configured", "msg=\"shutting down\"", "msg=stopped", "status=429"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("serve logs lack %q:\n%s", want, logs)
 		}
@@ -225,7 +225,7 @@ policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
 		{"envoy", policies + "envoy:\n  listen: 127.0.0.1:8081\n  configs: [ratelimit/*.yaml]\n", nil,
 			"envoy (line 4): the Envoy rate-limit service is not supported yet"},
 		{"redis password", policies + "store:\n  type: redis\n  redis: {url: redis://127.0.0.1:6379/0, password_env: SLUICE_TEST_REDIS_PW}\n", map[string]string{"SLUICE_TEST_REDIS_PW": ""},
-			"store type redis: store.redis.password_env"},
+			`store.redis.password_env: "SLUICE_TEST_REDIS_PW": environment variable SLUICE_TEST_REDIS_PW is not set or empty (line 6)`},
 		{"missing secret", policies + "subjects:\n  hmac_keys: [{id: k1, secret_env: SLUICE_TEST_HMAC_K1}]\n", map[string]string{"SLUICE_TEST_HMAC_K1": ""},
 			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_HMAC_K1": environment variable SLUICE_TEST_HMAC_K1 is not set or empty (line 5)`},
 		{"short secret", policies + "subjects:\n  hmac_keys: [{id: k1, secret_env: SLUICE_TEST_HMAC_K1}]\n", map[string]string{"SLUICE_TEST_HMAC_K1": "short"},
@@ -263,7 +263,7 @@ func TestServeWithHMACKey(t *testing.T) {
 	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if logs := s.logs.String(); strings.Contains(logs, "WARNING") || strings.Contains(logs, strings.Repeat("s", 32)) {
+	if logs := s.logs.String(); strings.Contains(logs, "hmac_keys is not configured") || strings.Contains(logs, strings.Repeat("s", 32)) {
 		t.Errorf("serve with a key warned or logged the secret:\n%s", logs)
 	}
 }
@@ -336,6 +336,13 @@ func TestUsage(t *testing.T) {
 		{args: []string{"help"}, code: 0, stdout: "sluice serve [--config FILE]"},
 		{args: []string{"--help"}, code: 0, stdout: "sluice validate --config FILE"},
 		{args: []string{"check", "-h"}, code: 0, stdout: "-subject"},
+		{args: []string{"help", "serve"}, code: 0, stdout: "-log-format"},
+		{args: []string{"help", "validate"}, code: 0, stdout: "Usage: sluice validate --config FILE"},
+		{args: []string{"help", "check"}, code: 0, stdout: "-token-env"},
+		{args: []string{"help", "version"}, code: 0, stdout: "sluice version"},
+		{args: []string{"help", "frobnicate"}, code: 2, stderr: `help: unknown command "frobnicate"`},
+		{args: []string{"serve", "-h"}, code: 0, stdout: "-log-level"},
+		{args: []string{"serve", "--log-format", "xml"}, code: 2, stderr: `--log-format "xml": must be text or json`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errOut bytes.Buffer

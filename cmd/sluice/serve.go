@@ -25,27 +25,26 @@ const shutdownTimeout = 10 * time.Second
 
 func (a *app) serve(ctx context.Context, args []string) error {
 	fs := newFlagSet("serve")
-	var path, level string
+	var path, level, format string
 	fs.StringVar(&path, "config", "", "read the config from `FILE` (default: the built-in example)")
 	fs.StringVar(&path, "c", "", "shorthand for --config")
 	fs.StringVar(&level, "log-level", "info", "log at `LEVEL`: debug (every decision), info, warn or error")
-	if err := a.parseFlags(fs, "sluice serve [--config FILE] [--log-level LEVEL]", args); err != nil {
+	fs.StringVar(&format, "log-format", "text", "write log records as `FORMAT`: text (key=value) or json")
+	if err := a.parseFlags(fs, serveSynopsis, args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
 		}
 		return err
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return &usageError{msg: fmt.Sprintf("--log-level %q: must be debug, info, warn or error", level), usage: usage}
+	log, err := newLogger(a.stderr, level, format)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
 
 	cfg := config.Default()
 	source := "the built-in example config"
 	if path != "" {
-		var err error
-		if cfg, err = config.Load(path); err != nil {
+		if cfg, err = loadConfig(path); err != nil {
 			return err
 		}
 		source = path
@@ -53,7 +52,18 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if err := unsupported(cfg); err != nil {
 		return err
 	}
+	if err := preflight(cfg, a.getenv, path); err != nil {
+		return err
+	}
 	pseud, err := a.pseudonymizer(cfg, log)
+	if err != nil {
+		return err
+	}
+	tokens, err := a.checkAPITokens(cfg, log)
+	if err != nil {
+		return err
+	}
+	tlsConf, err := tlsConfig(cfg)
 	if err != nil {
 		return err
 	}
@@ -87,7 +97,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock, Metrics: metrics})
+	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock, Metrics: metrics, Tokens: tokens})
 	if err != nil {
 		return err
 	}
@@ -99,8 +109,10 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		TLSConfig:         tlsConf,
 	}}
 	addrs := []string{cfg.Server.Listen}
+	fields := []string{"server.listen"}
 	if cfg.Proxy != nil {
 		proxy, err := server.NewProxy(cfg.Proxy, lim, server.ProxyOptions{Pseudonymizer: pseud, Logger: log, Metrics: metrics, Clock: a.clock})
 		if err != nil {
@@ -116,6 +128,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		})
 		addrs = append(addrs, cfg.Proxy.Listen)
+		fields = append(fields, "proxy.listen")
 	}
 	lns := make([]net.Listener, len(servers))
 	for i, addr := range addrs {
@@ -123,18 +136,28 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			for _, ln := range lns[:i] {
 				ln.Close()
 			}
-			return fmt.Errorf("serve: %w", err)
+			return fmt.Errorf("serve: %s %q: %w", fields[i], addr, err)
 		}
 	}
 	served := make(chan error, len(servers))
 	for i, srv := range servers {
-		go func() { served <- srv.Serve(lns[i]) }()
+		go func() {
+			if srv.TLSConfig != nil {
+				served <- srv.ServeTLS(lns[i], "", "") // the certificate is in TLSConfig
+				return
+			}
+			served <- srv.Serve(lns[i])
+		}()
+	}
+	scheme := "http://"
+	if tlsConf != nil {
+		scheme = "https://"
 	}
 	if cfg.Proxy != nil {
 		log.Info("proxy listening", "addr", "http://"+lns[1].Addr().String(), "upstream", cfg.Proxy.Upstream, "routes", len(cfg.Proxy.Routes))
 	}
 	// Last: once this line is out, every listener is serving.
-	log.Info("listening", "addr", "http://"+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
+	log.Info("listening", "addr", scheme+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
 
 	var failed error
 	select {
@@ -179,7 +202,7 @@ func (a *app) pseudonymizer(cfg *config.Config, log *slog.Logger) (*subject.Pseu
 		return nil, err
 	}
 	if len(keys) == 0 {
-		log.Warn("WARNING: subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
+		log.Warn("subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
 		return subject.Unkeyed(), nil
 	}
 	p, err := subject.New(keys)

@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-
-	"github.com/sluicehq/sluice/internal/config"
 )
 
 func (a *app) validate(args []string) error {
@@ -12,7 +10,7 @@ func (a *app) validate(args []string) error {
 	var path string
 	fs.StringVar(&path, "config", "", "the config `FILE` to check (required)")
 	fs.StringVar(&path, "c", "", "shorthand for --config")
-	if err := a.parseFlags(fs, "sluice validate --config FILE", args); err != nil {
+	if err := a.parseFlags(fs, validateSynopsis, args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
 		}
@@ -21,9 +19,30 @@ func (a *app) validate(args []string) error {
 	if path == "" {
 		return &usageError{msg: "validate needs --config FILE", usage: usage}
 	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		return err
+	cfg, err := loadConfig(path)
+	if cfg == nil {
+		return err // unreadable, or not decodable: nothing more to check
+	}
+	// What serve would refuse after parsing, reported even when the file
+	// breaks rules too: secrets missing from the environment, a Redis URL
+	// the client rejects, TLS files that do not load.
+	var all errorList
+	for _, e := range []error{err, preflight(cfg, a.getenv, path)} {
+		var list errorList
+		switch {
+		case e == nil:
+		case errors.As(e, &list):
+			all = append(all, list...)
+		default:
+			all = append(all, e)
+		}
+	}
+	switch len(all) {
+	case 0:
+	case 1:
+		return all[0]
+	default:
+		return all
 	}
 	if err := unsupported(cfg); err != nil {
 		fmt.Fprintf(a.stderr, "sluice: warning: %v\n", err)

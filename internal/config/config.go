@@ -6,11 +6,15 @@
 //
 //	policies[1].window: "90h": must be between 1ms and 24h (line 14)
 //
+// Parse reports every such error it finds, as Errors when there are
+// several.
+//
 // Policy numbers are checked by sluice.Policy.Validate, so the library and
 // the config never disagree about what a valid policy is.
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +23,7 @@ import (
 	"os"
 	pathpkg "path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -83,6 +88,49 @@ type Server struct {
 	// Listen is the host:port to listen on; port 0 picks a free port.
 	// Default: DefaultListen.
 	Listen string
+	// TLS, when set, serves the check API over HTTPS. Default: nil, HTTP.
+	TLS *TLS
+	// Auth, when set, makes POST /v1/check require a bearer token.
+	// Default: nil, anyone who can reach Listen may check and refund.
+	Auth *Auth
+}
+
+// TLS names the certificate and key files of an HTTPS listener.
+type TLS struct {
+	CertFile string // PEM certificate chain, leaf first
+	KeyFile  string // PEM private key of the leaf
+}
+
+// Auth lists the bearer tokens the check API accepts.
+type Auth struct {
+	Tokens []Token
+}
+
+// Token is one bearer token of the check API. Its secret lives in an
+// environment variable, never in the file.
+type Token struct {
+	ID        string   // names the token in logs: 1 to 32 of a-z 0-9 _ -
+	SecretEnv string   // name of the environment variable holding the token
+	Scopes    []string // what the token may do: ScopeCheck, ScopeRefund
+}
+
+// Scopes of a Token.
+const (
+	// ScopeCheck allows spending and peeking: POST /v1/check.
+	ScopeCheck = "check"
+	// ScopeRefund allows giving units back: POST /v1/check with
+	// "refund": true.
+	ScopeRefund = "refund"
+)
+
+// MinTokenLen is the shortest bearer token secret, in bytes.
+const MinTokenLen = 16
+
+// ResolvedToken is a Token with its secret read from the environment.
+type ResolvedToken struct {
+	ID     string
+	Secret []byte
+	Scopes []string
 }
 
 // Store selects and configures the store.
@@ -182,6 +230,44 @@ type Envoy struct {
 	Configs []string // glob patterns of files in envoyproxy/ratelimit's format
 }
 
+// Errors is every rule a config breaks, in the order of the file. Parse
+// returns it when it finds more than one; errors.As finds each *Error.
+type Errors []*Error
+
+// Error lists the errors, one per line.
+func (es Errors) Error() string {
+	var b strings.Builder
+	for i, e := range es {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(e.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the errors for errors.Is and errors.As.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
+}
+
+// joinErrors returns nil for no errors, the *Error itself for one, and
+// Errors sorted by line for several.
+func joinErrors(es []*Error) error {
+	switch len(es) {
+	case 0:
+		return nil
+	case 1:
+		return es[0]
+	}
+	slices.SortStableFunc(es, func(a, b *Error) int { return cmp.Compare(a.Line, b.Line) })
+	return Errors(es)
+}
+
 // Error is a config value that breaks a rule. Its message reads
 // "path: value: rule (line N)", leaving out what is unknown.
 type Error struct {
@@ -224,7 +310,9 @@ func Default() *Config {
 	}
 }
 
-// Load reads and parses the file at path. Its errors start with path.
+// Load reads and parses the file at path. Its errors start with path. As
+// with Parse, a config that decodes but breaks rules comes back with the
+// error.
 func Load(path string) (*Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -233,7 +321,7 @@ func Load(path string) (*Config, error) {
 	defer f.Close()
 	c, err := Parse(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }
@@ -266,28 +354,55 @@ func (c *Config) HMACKeys(getenv func(string) string) ([]subject.Key, error) {
 	return keys, nil
 }
 
+// Tokens resolves the secrets of Server.Auth.Tokens through getenv
+// (os.Getenv in production). A missing or too short secret is an *Error
+// naming the environment variable; every such token is reported.
+func (c *Config) Tokens(getenv func(string) string) ([]ResolvedToken, error) {
+	if c.Server.Auth == nil {
+		return nil, nil
+	}
+	var (
+		out  []ResolvedToken
+		errs []*Error
+	)
+	for i, t := range c.Server.Auth.Tokens {
+		path := fmt.Sprintf("server.auth.tokens[%d].secret_env", i)
+		secret := getenv(t.SecretEnv)
+		switch {
+		case secret == "":
+			errs = append(errs, c.errorAt(path, strconv.Quote(t.SecretEnv), "environment variable "+t.SecretEnv+" is not set or empty"))
+		case len(secret) < MinTokenLen:
+			errs = append(errs, c.errorAt(path, strconv.Quote(t.SecretEnv), fmt.Sprintf("environment variable %s holds %d bytes: a token must be at least %d (32 random bytes recommended)", t.SecretEnv, len(secret), MinTokenLen)))
+		}
+		out = append(out, ResolvedToken{ID: t.ID, Secret: []byte(secret), Scopes: slices.Clone(t.Scopes)})
+	}
+	if err := joinErrors(errs); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Line returns the line Parse read path from, e.g. "proxy"; 0 when
 // unknown.
 func (c *Config) Line(path string) int { return c.pos[path].line }
 
-// Validate reports the first value that breaks a rule, as an *Error.
+// Validate reports every value that breaks a rule: one *Error, or Errors
+// when there are several. Within one policy, route or key it reports the
+// first; sections and list entries are checked independently.
 func (c *Config) Validate() error {
-	if err := c.validateServer(); err != nil {
-		return err
+	var errs []*Error
+	add := func(err *Error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if err := c.validateStore(); err != nil {
-		return err
-	}
-	if err := c.validatePolicies(); err != nil {
-		return err
-	}
-	if err := c.validateSubjects(); err != nil {
-		return err
-	}
-	if err := c.validateProxy(); err != nil {
-		return err
-	}
-	return c.validateEnvoy()
+	add(c.validateServer())
+	add(c.validateStore())
+	errs = append(errs, c.validatePolicies()...)
+	errs = append(errs, c.validateSubjects()...)
+	errs = append(errs, c.validateProxy()...)
+	add(c.validateEnvoy())
+	return joinErrors(errs)
 }
 
 // errorAt builds an *Error for path. When Parse read path, the value as
@@ -320,17 +435,97 @@ func parent(path string) string {
 	return path[:i]
 }
 
-func (c *Config) validateServer() error {
+func (c *Config) validateServer() *Error {
 	if c.Server.Listen == "" {
 		return c.errorAt("server.listen", "", "is required: host:port, such as "+DefaultListen)
 	}
 	if rule := checkHostPort(c.Server.Listen, true); rule != "" {
 		return c.errorAt("server.listen", strconv.Quote(c.Server.Listen), rule)
 	}
+	if t := c.Server.TLS; t != nil {
+		if t.CertFile == "" {
+			return c.errorAt("server.tls.cert_file", "", "is required with server.tls: the PEM certificate file")
+		}
+		if t.KeyFile == "" {
+			return c.errorAt("server.tls.key_file", "", "is required with server.tls: the PEM private key file")
+		}
+	}
+	if a := c.Server.Auth; a != nil {
+		if len(a.Tokens) == 0 {
+			return c.errorAt("server.auth.tokens", "", "at least one token is required; leave out server.auth for an open check API")
+		}
+		seen := map[string]int{}
+		for i, t := range a.Tokens {
+			path := fmt.Sprintf("server.auth.tokens[%d]", i)
+			if !validTokenID(t.ID) {
+				return c.errorAt(path+".id", strconv.Quote(t.ID), "must be 1 to 32 of a-z 0-9 _ -")
+			}
+			if j, dup := seen[t.ID]; dup {
+				return c.errorAt(path+".id", strconv.Quote(t.ID), fmt.Sprintf("is already the id of server.auth.tokens[%d]", j))
+			}
+			seen[t.ID] = i
+			if !validEnvName(t.SecretEnv) {
+				return c.errorAt(path+".secret_env", strconv.Quote(t.SecretEnv), envNameRule)
+			}
+			if len(t.Scopes) == 0 {
+				return c.errorAt(path+".scopes", "", "at least one scope is required: check, refund")
+			}
+			for j, sc := range t.Scopes {
+				if sc != ScopeCheck && sc != ScopeRefund {
+					return c.errorAt(fmt.Sprintf("%s.scopes[%d]", path, j), strconv.Quote(sc), "must be one of check, refund")
+				}
+			}
+		}
+	}
 	return nil
 }
 
-func (c *Config) validateStore() error {
+func validTokenID(id string) bool {
+	if len(id) < 1 || len(id) > 32 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkRedisURL returns the rule a redis:// URL breaks, or "": the
+// scheme, the host and port, and the database number, each named.
+func checkRedisURL(raw string) string {
+	const example = "such as redis://127.0.0.1:6379/0"
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) && strings.Contains(ue.Err.Error(), "invalid port") {
+			return "the port must be a number between 1 and 65535, " + example
+		}
+		return "must be a redis:// or rediss:// URL, " + example + ": " + strings.TrimPrefix(err.Error(), "parse "+strconv.Quote(raw)+": ")
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return "must be a redis:// or rediss:// URL, " + example
+	}
+	if u.Hostname() == "" {
+		return "must name a host, " + example
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return "the port must be a number between 1 and 65535, " + example
+		}
+	}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+		if n, err := strconv.ParseUint(db, 10, 31); err != nil {
+			return fmt.Sprintf("the database number %q must be a whole number such as 0, %s", db, example)
+		} else if n > 1<<20 {
+			return fmt.Sprintf("the database number %d is out of range, %s", n, example)
+		}
+	}
+	return ""
+}
+
+func (c *Config) validateStore() *Error {
 	s := c.Store
 	switch s.Type {
 	case StoreMemory:
@@ -352,9 +547,8 @@ func (c *Config) validateStore() error {
 	case r.URL == "" && len(r.Addrs) == 0:
 		return c.errorAt("store.redis", "", "needs url (one server) or addrs with mode cluster or sentinel")
 	case r.URL != "":
-		u, err := url.Parse(r.URL)
-		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-			return c.errorAt("store.redis.url", strconv.Quote(r.URL), "must be a redis:// or rediss:// URL with a host, such as redis://127.0.0.1:6379/0")
+		if rule := checkRedisURL(r.URL); rule != "" {
+			return c.errorAt("store.redis.url", strconv.Quote(r.URL), rule)
 		}
 		if r.Mode != "" {
 			return c.errorAt("store.redis.mode", strconv.Quote(r.Mode), "applies only with addrs; a url names one server")
@@ -384,16 +578,18 @@ func (c *Config) validateStore() error {
 	return nil
 }
 
-func (c *Config) validatePolicies() error {
+func (c *Config) validatePolicies() []*Error {
 	if len(c.Policies) == 0 {
-		return c.errorAt("policies", "", "at least one policy is required")
+		return []*Error{c.errorAt("policies", "", "at least one policy is required")}
 	}
+	var errs []*Error
 	seen := make(map[string]int, len(c.Policies))
 	for i, p := range c.Policies {
 		if err := p.Validate(); err != nil {
 			var pe *sluice.PolicyError
 			if !errors.As(err, &pe) {
-				return c.errorAt(fmt.Sprintf("policies[%d]", i), "", err.Error())
+				errs = append(errs, c.errorAt(fmt.Sprintf("policies[%d]", i), "", err.Error()))
+				continue
 			}
 			path := fmt.Sprintf("policies[%d].%s", i, pe.Field)
 			e := c.errorAt(path, pe.Value, pe.Rule)
@@ -401,62 +597,65 @@ func (c *Config) validatePolicies() error {
 				// The value is a default, not something the file says.
 				e.Value = pe.Value + " (the default)"
 			}
-			return e
+			errs = append(errs, e)
+			continue
 		}
 		if j, dup := seen[p.ID]; dup {
-			return c.errorAt(fmt.Sprintf("policies[%d].id", i), strconv.Quote(p.ID), fmt.Sprintf("is already the id of policies[%d]", j))
+			errs = append(errs, c.errorAt(fmt.Sprintf("policies[%d].id", i), strconv.Quote(p.ID), fmt.Sprintf("is already the id of policies[%d]", j)))
+			continue
 		}
 		seen[p.ID] = i
 	}
-	return nil
+	return errs
 }
 
-func (c *Config) validateSubjects() error {
+func (c *Config) validateSubjects() []*Error {
+	var errs []*Error
 	seen := map[string]int{}
 	for i, k := range c.Subjects.HMACKeys {
 		path := fmt.Sprintf("subjects.hmac_keys[%d]", i)
-		if !subject.ValidKeyID(k.ID) {
-			return c.errorAt(path+".id", strconv.Quote(k.ID), "must be 1 to 16 of a-z 0-9")
+		switch j, dup := seen[k.ID]; {
+		case !subject.ValidKeyID(k.ID):
+			errs = append(errs, c.errorAt(path+".id", strconv.Quote(k.ID), "must be 1 to 16 of a-z 0-9"))
+		case dup:
+			errs = append(errs, c.errorAt(path+".id", strconv.Quote(k.ID), fmt.Sprintf("is already the id of subjects.hmac_keys[%d]", j)))
+		case !validEnvName(k.SecretEnv):
+			errs = append(errs, c.errorAt(path+".secret_env", strconv.Quote(k.SecretEnv), envNameRule))
 		}
-		if j, dup := seen[k.ID]; dup {
-			return c.errorAt(path+".id", strconv.Quote(k.ID), fmt.Sprintf("is already the id of subjects.hmac_keys[%d]", j))
-		}
-		seen[k.ID] = i
-		if !validEnvName(k.SecretEnv) {
-			return c.errorAt(path+".secret_env", strconv.Quote(k.SecretEnv), envNameRule)
+		if _, dup := seen[k.ID]; !dup {
+			seen[k.ID] = i
 		}
 	}
-	return nil
+	return errs
 }
 
-func (c *Config) validateProxy() error {
+func (c *Config) validateProxy() []*Error {
 	p := c.Proxy
 	if p == nil {
 		return nil
 	}
+	var errs []*Error
 	if p.Listen == "" {
-		return c.errorAt("proxy.listen", "", "is required: host:port, such as "+DefaultProxyListen)
-	}
-	if rule := checkHostPort(p.Listen, true); rule != "" {
-		return c.errorAt("proxy.listen", strconv.Quote(p.Listen), rule)
-	}
-	if sameAddr(p.Listen, c.Server.Listen) {
-		return c.errorAt("proxy.listen", strconv.Quote(p.Listen), "must differ from server.listen: the proxy has an address of its own")
+		errs = append(errs, c.errorAt("proxy.listen", "", "is required: host:port, such as "+DefaultProxyListen))
+	} else if rule := checkHostPort(p.Listen, true); rule != "" {
+		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), rule))
+	} else if sameAddr(p.Listen, c.Server.Listen) {
+		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), "must differ from server.listen: the proxy has an address of its own"))
 	}
 	if !(p.LocalShare > 0 && p.LocalShare <= 1) {
-		return c.errorAt("proxy.local_share", strconv.FormatFloat(p.LocalShare, 'g', -1, 64), "must be more than 0 and at most 1, such as 0.25 for four proxy instances")
+		errs = append(errs, c.errorAt("proxy.local_share", strconv.FormatFloat(p.LocalShare, 'g', -1, 64), "must be more than 0 and at most 1, such as 0.25 for four proxy instances"))
 	}
 	u, err := url.Parse(p.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return c.errorAt("proxy.upstream", strconv.Quote(p.Upstream), "must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000")
+		errs = append(errs, c.errorAt("proxy.upstream", strconv.Quote(p.Upstream), "must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000"))
 	}
 	for i, cidr := range p.TrustedProxies {
 		if _, err := netip.ParsePrefix(cidr); err != nil {
-			return c.errorAt(fmt.Sprintf("proxy.trusted_proxies[%d]", i), strconv.Quote(cidr), "must be a CIDR such as 10.0.0.0/8 or ::1/128")
+			errs = append(errs, c.errorAt(fmt.Sprintf("proxy.trusted_proxies[%d]", i), strconv.Quote(cidr), "must be a CIDR such as 10.0.0.0/8 or ::1/128"))
 		}
 	}
 	if len(p.Routes) == 0 {
-		return c.errorAt("proxy.routes", "", "at least one route is required")
+		return append(errs, c.errorAt("proxy.routes", "", "at least one route is required"))
 	}
 	ids := make(map[string]bool, len(c.Policies))
 	for _, pol := range c.Policies {
@@ -464,42 +663,51 @@ func (c *Config) validateProxy() error {
 	}
 	matches := make(map[string]int, len(p.Routes))
 	for i, r := range p.Routes {
-		path := fmt.Sprintf("proxy.routes[%d]", i)
-		if !strings.HasPrefix(r.Match.PathPrefix, "/") {
-			return c.errorAt(path+".match.path_prefix", strconv.Quote(r.Match.PathPrefix), `must start with "/"`)
+		if err := c.validateRoute(i, r, ids, matches); err != nil {
+			errs = append(errs, err)
 		}
-		for j, m := range r.Match.Methods {
-			if !validMethod(m) {
-				return c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST")
-			}
+	}
+	return errs
+}
+
+// validateRoute reports the first rule proxy.routes[i] breaks. ids are
+// the policy IDs; matches records each route's match.
+func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[string]int) *Error {
+	path := fmt.Sprintf("proxy.routes[%d]", i)
+	if !strings.HasPrefix(r.Match.PathPrefix, "/") {
+		return c.errorAt(path+".match.path_prefix", strconv.Quote(r.Match.PathPrefix), `must start with "/"`)
+	}
+	for j, m := range r.Match.Methods {
+		if !validMethod(m) {
+			return c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST")
 		}
-		// The first matching route wins, so a second route with the same
-		// match could never apply; it would also share the first's
-		// budgets, which are keyed by the match.
-		key := r.Match.Operation()
-		if j, dup := matches[key]; dup {
-			return c.errorAt(path+".match", "", fmt.Sprintf("matches what proxy.routes[%d] matches (%s): the first matching route wins, so this one would never apply", j, key))
+	}
+	// The first matching route wins, so a second route with the same
+	// match could never apply; it would also share the first's budgets,
+	// which are keyed by the match.
+	key := r.Match.Operation()
+	if j, dup := matches[key]; dup {
+		return c.errorAt(path+".match", "", fmt.Sprintf("matches what proxy.routes[%d] matches (%s): the first matching route wins, so this one would never apply", j, key))
+	}
+	matches[key] = i
+	if len(r.Policies) == 0 {
+		return c.errorAt(path+".policies", "", "at least one policy id is required")
+	}
+	for j, id := range r.Policies {
+		if !ids[id] {
+			return c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy")
 		}
-		matches[key] = i
-		if len(r.Policies) == 0 {
-			return c.errorAt(path+".policies", "", "at least one policy id is required")
-		}
-		for j, id := range r.Policies {
-			if !ids[id] {
-				return c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy")
-			}
-		}
-		switch name, isHeader := strings.CutPrefix(r.Subject, "header:"); {
-		case r.Subject == "ip", r.Subject == "ip+user_agent":
-		case isHeader && validToken(name):
-		default:
-			return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
-		}
+	}
+	switch name, isHeader := strings.CutPrefix(r.Subject, "header:"); {
+	case r.Subject == "ip", r.Subject == "ip+user_agent":
+	case isHeader && validToken(name):
+	default:
+		return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
 	}
 	return nil
 }
 
-func (c *Config) validateEnvoy() error {
+func (c *Config) validateEnvoy() *Error {
 	e := c.Envoy
 	if e == nil {
 		return nil

@@ -77,7 +77,18 @@ var invalid = []struct {
 	{"redis_addrs_without_mode.yaml", "store.redis.mode: is required with addrs: cluster or sentinel (line 3)"},
 	{"redis_bad_addr.yaml", "store.redis.addrs[1]: \"10.0.0.2\": must be host:port, such as 127.0.0.1:8080 (line 4)"},
 	{"redis_bad_password_env.yaml", "store.redis.password_env: \"$REDIS_PASSWORD\": must be the name of an environment variable: A-Z a-z 0-9 _, not starting with a digit (line 5)"},
-	{"redis_bad_url.yaml", "store.redis.url: \"http://127.0.0.1:6379/0\": must be a redis:// or rediss:// URL with a host, such as redis://127.0.0.1:6379/0 (line 4)"},
+	{"redis_bad_url.yaml", "store.redis.url: \"http://127.0.0.1:6379/0\": must be a redis:// or rediss:// URL, such as redis://127.0.0.1:6379/0 (line 4)"},
+	{"redis_bad_port.yaml", "store.redis.url: \"redis://127.0.0.1:notaport/0\": the port must be a number between 1 and 65535, such as redis://127.0.0.1:6379/0 (line 4)"},
+	{"redis_bad_database.yaml", "store.redis.url: \"redis://127.0.0.1:6379/sessions\": the database number \"sessions\" must be a whole number such as 0, such as redis://127.0.0.1:6379/0 (line 4)"},
+	{"redis_url_without_host.yaml", "store.redis.url: \"redis:///0\": must name a host, such as redis://127.0.0.1:6379/0 (line 4)"},
+	{"auth_bad_scope.yaml", "server.auth.tokens[0].scopes[1]: \"reset\": must be one of check, refund (line 5)"},
+	{"auth_no_tokens.yaml", "server.auth.tokens: at least one token is required; leave out server.auth for an open check API (line 2)"},
+	{"auth_token_without_scopes.yaml", "server.auth.tokens[0].scopes: is required (line 4)"},
+	{"auth_duplicate_token_id.yaml", "server.auth.tokens[1].id: \"app\": is already the id of server.auth.tokens[0] (line 5)"},
+	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
+	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 9)"},
+	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
+	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
@@ -177,7 +188,14 @@ func TestParseFull(t *testing.T) {
 		NearCache: true,
 	}
 	want := &config.Config{
-		Server: config.Server{Listen: "0.0.0.0:0"},
+		Server: config.Server{
+			Listen: "0.0.0.0:0",
+			TLS:    &config.TLS{CertFile: "/etc/sluice/tls.crt", KeyFile: "/etc/sluice/tls.key"},
+			Auth: &config.Auth{Tokens: []config.Token{
+				{ID: "app", SecretEnv: "SLUICE_TOKEN_APP", Scopes: []string{"check"}},
+				{ID: "ops", SecretEnv: "SLUICE_TOKEN_OPS", Scopes: []string{"check", "refund"}},
+			}},
+		},
 		Store: config.Store{Type: config.StoreRedis, Redis: &config.Redis{
 			Addrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Mode: config.ModeSentinel, MasterName: "mymaster",
 			Username: "sluice", PasswordEnv: "SLUICE_REDIS_PASSWORD",
@@ -205,8 +223,18 @@ func TestParseFull(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
 	}
-	if line := got.Line("proxy"); line != 43 {
-		t.Errorf("Line(proxy) = %d, want 43", line)
+	if line := got.Line("proxy"); line != 49 {
+		t.Errorf("Line(proxy) = %d, want 49", line)
+	}
+	env := map[string]string{"SLUICE_TOKEN_APP": "app-token-0123456789", "SLUICE_TOKEN_OPS": "short"}
+	_, err = got.Tokens(lookup(env))
+	if want := `server.auth.tokens[1].secret_env: "SLUICE_TOKEN_OPS": environment variable SLUICE_TOKEN_OPS holds 5 bytes: a token must be at least 16 (32 random bytes recommended) (line 8)`; err == nil || err.Error() != want {
+		t.Errorf("Tokens() with a short secret: error = %v, want %s", err, want)
+	}
+	env["SLUICE_TOKEN_OPS"] = "ops-token-0123456789"
+	toks, err := got.Tokens(lookup(env))
+	if err != nil || len(toks) != 2 || string(toks[1].Secret) != "ops-token-0123456789" || toks[1].Scopes[1] != "refund" {
+		t.Errorf("Tokens() = %+v, %v; want both tokens with their secrets and scopes", toks, err)
 	}
 	if _, err := sluice.New(nopStore{}, got.SluicePolicies(), sluice.Options{}); err != nil {
 		t.Errorf("sluice.New(full.yaml policies) = %v", err)

@@ -20,7 +20,10 @@ const MaxSize = 1 << 20
 
 // Parse reads one YAML document from r, decodes it strictly, fills in the
 // defaults of absent keys and validates it. Every error is an *Error with
-// the line it was found on.
+// the line it was found on, or Errors when there are several. When the
+// document decodes but breaks rules, Parse returns the decoded Config
+// with the error, so that a tool can report more (sluice validate checks
+// the environment too); such a Config must not be served.
 func Parse(r io.Reader) (c *Config, err error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
@@ -40,7 +43,7 @@ func Parse(r io.Reader) (c *Config, err error) {
 	}
 	c.pos = d.pos
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return c, err
 	}
 	return c, nil
 }
@@ -93,45 +96,116 @@ func (d *decoder) config(n *yaml.Node) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Each section is decoded even when another one failed, so that one
+	// run reports every error it can find.
+	var errs []error
 	if v := m["server"]; v != nil {
-		if err := d.server(&c.Server, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.server(&c.Server, v))
 	}
 	if v := m["store"]; v != nil {
-		if err := d.store(&c.Store, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.store(&c.Store, v))
 	}
 	if v := m["policies"]; v != nil {
-		if c.Policies, err = d.policies(v); err != nil {
-			return nil, err
-		}
+		c.Policies, err = d.policies(v)
+		errs = append(errs, err)
 	}
 	if v := m["subjects"]; v != nil {
-		if err := d.subjects(&c.Subjects, v); err != nil {
-			return nil, err
-		}
+		errs = append(errs, d.subjects(&c.Subjects, v))
 	}
 	if v := m["proxy"]; v != nil {
-		if c.Proxy, err = d.proxy(v); err != nil {
-			return nil, err
-		}
+		c.Proxy, err = d.proxy(v)
+		errs = append(errs, err)
 	}
 	if v := m["envoy"]; v != nil {
-		if c.Envoy, err = d.envoy(v); err != nil {
-			return nil, err
-		}
+		c.Envoy, err = d.envoy(v)
+		errs = append(errs, err)
+	}
+	if err := collect(errs); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
+// collect flattens decoding errors (each an *Error or Errors) into one
+// error as joinErrors does; nil when there are none.
+func collect(errs []error) error {
+	var all []*Error
+	for _, err := range errs {
+		var es Errors
+		var e *Error
+		switch {
+		case err == nil:
+		case errors.As(err, &es):
+			all = append(all, es...)
+		case errors.As(err, &e):
+			all = append(all, e)
+		default:
+			all = append(all, &Error{Rule: err.Error()})
+		}
+	}
+	return joinErrors(all)
+}
+
 func (d *decoder) server(s *Server, n *yaml.Node) error {
-	m, err := d.mapping("server", n, "listen")
+	m, err := d.mapping("server", n, "listen", "tls", "auth")
 	if err != nil {
 		return err
 	}
-	return d.str("server.listen", m["listen"], &s.Listen)
+	if err := d.str("server.listen", m["listen"], &s.Listen); err != nil {
+		return err
+	}
+	if v := m["tls"]; v != nil {
+		tm, err := d.mapping("server.tls", v, "cert_file", "key_file")
+		if err != nil {
+			return err
+		}
+		s.TLS = &TLS{}
+		if err := collect([]error{
+			d.str("server.tls.cert_file", tm["cert_file"], &s.TLS.CertFile),
+			d.str("server.tls.key_file", tm["key_file"], &s.TLS.KeyFile),
+		}); err != nil {
+			return err
+		}
+	}
+	v := m["auth"]
+	if v == nil {
+		return nil
+	}
+	am, err := d.mapping("server.auth", v, "tokens")
+	if err != nil {
+		return err
+	}
+	s.Auth = &Auth{}
+	if am["tokens"] == nil {
+		return nil
+	}
+	items, err := d.sequence("server.auth.tokens", am["tokens"])
+	if err != nil {
+		return err
+	}
+	s.Auth.Tokens = make([]Token, len(items))
+	var errs []error
+	for i, item := range items {
+		errs = append(errs, d.token(fmt.Sprintf("server.auth.tokens[%d]", i), item, &s.Auth.Tokens[i]))
+	}
+	return collect(errs)
+}
+
+func (d *decoder) token(path string, n *yaml.Node, t *Token) error {
+	m, err := d.mapping(path, n, "id", "secret_env", "scopes")
+	if err != nil {
+		return err
+	}
+	for _, key := range [...]string{"id", "secret_env", "scopes"} {
+		if m[key] == nil {
+			return &Error{Path: path + "." + key, Rule: "is required", Line: resolve(n).Line}
+		}
+	}
+	return collect([]error{
+		d.str(path+".id", m["id"], &t.ID),
+		d.str(path+".secret_env", m["secret_env"], &t.SecretEnv),
+		d.strs(path+".scopes", m["scopes"], &t.Scopes),
+	})
 }
 
 func (d *decoder) store(s *Store, n *yaml.Node) error {
@@ -152,17 +226,15 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		return err
 	}
 	r := &Redis{}
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(p+".url", rm["url"], &r.URL),
 		d.strs(p+".addrs", rm["addrs"], &r.Addrs),
 		d.str(p+".mode", rm["mode"], &r.Mode),
 		d.str(p+".master_name", rm["master_name"], &r.MasterName),
 		d.str(p+".username", rm["username"], &r.Username),
 		d.str(p+".password_env", rm["password_env"], &r.PasswordEnv),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	s.Redis = r
 	return nil
@@ -174,10 +246,12 @@ func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
 		return nil, err
 	}
 	ps := make([]Policy, len(items))
+	errs := make([]error, len(items))
 	for i, item := range items {
-		if err := d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i]); err != nil {
-			return nil, err
-		}
+		errs[i] = d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i])
+	}
+	if err := collect(errs); err != nil {
+		return nil, err
 	}
 	return ps, nil
 }
@@ -194,7 +268,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	}
 	var algorithm, failureMode string
 	var dedupeMax int64
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(path+".id", m["id"], &p.ID),
 		d.int(path+".revision", m["revision"], &p.Revision),
 		d.str(path+".algorithm", m["algorithm"], &algorithm),
@@ -207,10 +281,8 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL),
 		d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax),
 		d.bool(path+".near_cache", m["near_cache"], &p.NearCache),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	if dedupeMax != int64(int(dedupeMax)) {
 		return &Error{Path: path + ".dedupe_max", Value: written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
@@ -298,10 +370,12 @@ func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
 			return nil, err
 		}
 		p.Routes = make([]Route, len(items))
+		errs := make([]error, len(items))
 		for i, item := range items {
-			if err := d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i]); err != nil {
-				return nil, err
-			}
+			errs[i] = d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i])
+		}
+		if err := collect(errs); err != nil {
+			return nil, err
 		}
 	}
 	return p, nil
@@ -320,16 +394,14 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) error {
 		return err
 	}
 	r.Subject = "ip"
-	for _, err := range []error{
+	if err := collect([]error{
 		d.str(path+".match.path_prefix", mm["path_prefix"], &r.Match.PathPrefix),
 		d.strs(path+".match.methods", mm["methods"], &r.Match.Methods),
 		d.strs(path+".policies", m["policies"], &r.Policies),
 		d.str(path+".subject", m["subject"], &r.Subject),
 		d.bool(path+".shadow", m["shadow"], &r.Shadow),
-	} {
-		if err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	return nil
 }

@@ -16,6 +16,11 @@
 // 429 and 503 carry Retry-After. Subjects are pseudonymized before they
 // reach the Limiter, a log line or anything else.
 //
+// With Options.Tokens, POST /v1/check requires "Authorization: Bearer
+// <token>": 401 without a valid one, 403 when the token lacks the scope
+// (check to spend or peek, refund to give back). The health checks and
+// /metrics stay open.
+//
 // "replayed" is always present: true when the answer is the remembered
 // first decision of the request's evaluation_id and nothing was spent this
 // time. A request with "refund": true gives cost units back instead of
@@ -31,6 +36,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +44,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -69,6 +76,9 @@ type Options struct {
 	// Metrics, when set, counts requests and decisions and is served at
 	// GET /metrics. Default: nil, no metrics and no /metrics.
 	Metrics *Metrics
+	// Tokens, when any, are the bearer tokens POST /v1/check accepts.
+	// Default: none, the check API is open to anyone who can reach it.
+	Tokens []Token
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -82,6 +92,7 @@ type Server struct {
 	maxBody  int64
 	clock    sluice.Clock
 	metrics  *Metrics
+	auth     *auth // nil: open
 	mux      *http.ServeMux
 	// policyField holds each policy's RateLimit-Policy list member, e.g.
 	// `"demo";q=3;w=10`, computed once.
@@ -114,6 +125,10 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 	}
+	var err error
+	if s.auth, err = newAuth(opts.Tokens); err != nil {
+		return nil, err
+	}
 	if s.readyTTL == 0 {
 		s.readyTTL = 2 * time.Second
 	}
@@ -125,7 +140,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	}
 	for _, id := range lim.Policies() {
 		p, _ := lim.Policy(id)
-		s.policyField[id] = string(httplimit.AppendPolicyItem(nil, p))
+		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST /v1/check", s.check)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -165,6 +180,7 @@ type logWriter struct {
 	cost     int64
 	refund   bool
 	replayed bool
+	token    string // the ID of the token the request presented
 	outcome  string
 	reason   string
 	hasCheck bool
@@ -207,6 +223,9 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 		if lw.replayed {
 			attrs = append(attrs, slog.Bool("replayed", true))
 		}
+	}
+	if lw.token != "" {
+		attrs = append(attrs, slog.String("token", lw.token))
 	}
 	if lw.reason != "" {
 		attrs = append(attrs, slog.String("reason", lw.reason))
@@ -255,6 +274,20 @@ type malformed string
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	lw, _ := w.(*logWriter)
 	var in checkRequest
+	var tok *authToken
+	if s.auth != nil {
+		var err error
+		if tok, err = s.auth.authenticate(r); err != nil {
+			if lw != nil {
+				lw.reason = err.Error()
+			}
+			s.refuse(w, &in, nil, "")
+			return
+		}
+		if lw != nil {
+			lw.token = tok.id
+		}
+	}
 	req, bad := s.decode(w, r, &in)
 	if bad != "" {
 		if lw != nil {
@@ -262,6 +295,19 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		}
 		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
 		return
+	}
+	if tok != nil {
+		scope := config.ScopeCheck
+		if req.Refund {
+			scope = config.ScopeRefund
+		}
+		if !slices.Contains(tok.scopes, scope) {
+			if lw != nil {
+				lw.reason = "token lacks scope " + scope
+			}
+			s.refuse(w, &in, tok, scope)
+			return
+		}
 	}
 	o := s.lim.Check(r.Context(), req)
 	if s.metrics != nil && !req.Peek && !req.Refund {
@@ -369,13 +415,13 @@ func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o slu
 		} else {
 			h["Ratelimit-Policy"] = []string{s.policyField[o.Policy]}
 		}
-		b = httplimit.AppendLimitField(b[:0], o)
+		b = ratelimitheader.AppendLimitField(b[:0], o)
 		h["Ratelimit"] = []string{string(b)}
 		*bp = b
 	}
 	switch code {
 	case http.StatusTooManyRequests:
-		h["Retry-After"] = []string{strconv.FormatInt(httplimit.RetryAfterSeconds(o.RetryAfter), 10)}
+		h["Retry-After"] = []string{strconv.FormatInt(ratelimitheader.RetryAfterSeconds(o.RetryAfter), 10)}
 	case http.StatusServiceUnavailable:
 		h["Retry-After"] = []string{"1"}
 	}

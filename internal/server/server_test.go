@@ -367,7 +367,7 @@ func TestSeveralPolicies(t *testing.T) {
 	if diff := cmp.Diff(wantPolicy, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
 		t.Errorf("RateLimit-Policy mismatch (-want +got):\n%s", diff)
 	}
-	// RateLimit names the denying policy first (httplimit.AppendLimitField).
+	// RateLimit names the denying policy first (ratelimitheader.AppendLimitField).
 	wantLimit := []sfItem{
 		{Value: "demo", Params: []sfParam{{Key: "r", Value: int64(0)}, {Key: "t", Value: int64(10)}}},
 		{Value: "login", Params: []sfParam{{Key: "r", Value: int64(2)}, {Key: "t", Value: int64(60)}}},

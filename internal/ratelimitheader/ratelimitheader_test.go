@@ -1,11 +1,11 @@
-package httplimit_test
+package ratelimitheader_test
 
 import (
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/sfparse"
 )
 
@@ -22,7 +22,7 @@ func TestAppendPolicyItem(t *testing.T) {
 		{"sub-second", sluice.Policy{ID: "tiny", Limit: 1, Window: 1500 * time.Microsecond}, `"tiny";q=1`},
 		{"fractional seconds", sluice.Policy{ID: "slow", Limit: 1, Window: 2500 * time.Millisecond}, `"slow";q=1`},
 	} {
-		got := string(httplimit.AppendPolicyItem(nil, tt.p))
+		got := string(ratelimitheader.AppendPolicyItem(nil, tt.p))
 		if got != tt.want {
 			t.Errorf("%s: AppendPolicyItem(%+v) = %s, want %s", tt.name, tt.p, got, tt.want)
 		}
@@ -44,7 +44,7 @@ func TestAppendLimitField(t *testing.T) {
 		{"most restrictive first", sluice.Outcome{Kind: sluice.Denied, Status: demo, Statuses: []sluice.Status{login, demo}}, `"demo";r=0;t=8, "login";r=2;t=60`},
 		{"negative remaining is 0", sluice.Outcome{Kind: sluice.Denied, Status: sluice.Status{Policy: "x", Remaining: -1}}, `"x";r=0;t=0`},
 	} {
-		if got := string(httplimit.AppendLimitField(nil, tt.o)); got != tt.want {
+		if got := string(ratelimitheader.AppendLimitField(nil, tt.o)); got != tt.want {
 			t.Errorf("%s: AppendLimitField = %s, want %s", tt.name, got, tt.want)
 		}
 	}
@@ -55,7 +55,7 @@ func TestRetryAfterSeconds(t *testing.T) {
 		-time.Second: 1, 0: 1, time.Microsecond: 1, time.Second: 1,
 		time.Second + time.Microsecond: 2, 7500 * time.Millisecond: 8,
 	} {
-		if got := httplimit.RetryAfterSeconds(d); got != want {
+		if got := ratelimitheader.RetryAfterSeconds(d); got != want {
 			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", d, got, want)
 		}
 	}
