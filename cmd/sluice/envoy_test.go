@@ -217,9 +217,19 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Errorf("sluice_config_generation = %q, want 2", v)
 	}
 
+	// Putting the serving rules back reloads nothing and says so.
+	writeTree(t, dir, map[string]string{"rules/shop.yaml": rulesFile(5)})
+	waitFor(t, "an unchanged reload", func() bool {
+		cs := configStatus(t, s)
+		return cs.LastReload != nil && cs.LastReload.Result == "unchanged"
+	})
+	if cs := configStatus(t, s); cs.Generation != 2 {
+		t.Errorf("generation after restoring the serving rules = %d, want 2", cs.Generation)
+	}
+
 	// The sluice config itself reloads too; what needs a restart is refused.
 	cfg := strings.Replace(envoyConfig(""), "limit: 3", "limit: 4", 1)
-	writeTree(t, dir, map[string]string{"rules/shop.yaml": rulesFile(5), "sluice.yaml": cfg})
+	writeTree(t, dir, map[string]string{"sluice.yaml": cfg})
 	waitFor(t, "generation 3", func() bool { return configStatus(t, s).Generation == 3 })
 	resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"carol"}`))
 	if err != nil {

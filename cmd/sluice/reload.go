@@ -105,23 +105,23 @@ func (l *loaded) watchDirs(path string) []string {
 // restartOnly reports a setting that differs between old and new and
 // that a reload cannot change: listen addresses, which services listen,
 // and the store.
-func restartOnly(old, new *config.Config) error {
+func restartOnly(prev, next *config.Config) error {
 	changed := func(field string, a, b any) error {
-		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence and the store are fixed until sluice restarts; restart it to apply", field, a, b, new.Line(field))
+		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence and the store are fixed until sluice restarts; restart it to apply", field, a, b, next.Line(field))
 	}
 	switch {
-	case old.Server.Listen != new.Server.Listen:
-		return changed("server.listen", strconv.Quote(old.Server.Listen), strconv.Quote(new.Server.Listen))
-	case !reflect.DeepEqual(old.Store, new.Store):
+	case prev.Server.Listen != next.Server.Listen:
+		return changed("server.listen", strconv.Quote(prev.Server.Listen), strconv.Quote(next.Server.Listen))
+	case !reflect.DeepEqual(prev.Store, next.Store):
 		return changed("store", "its old settings", "new ones")
-	case (old.Proxy == nil) != (new.Proxy == nil):
-		return changed("proxy", present(old.Proxy != nil), present(new.Proxy != nil))
-	case old.Proxy != nil && old.Proxy.Listen != new.Proxy.Listen:
-		return changed("proxy.listen", strconv.Quote(old.Proxy.Listen), strconv.Quote(new.Proxy.Listen))
-	case (old.Envoy == nil) != (new.Envoy == nil):
-		return changed("envoy", present(old.Envoy != nil), present(new.Envoy != nil))
-	case old.Envoy != nil && old.Envoy.Listen != new.Envoy.Listen:
-		return changed("envoy.listen", strconv.Quote(old.Envoy.Listen), strconv.Quote(new.Envoy.Listen))
+	case (prev.Proxy == nil) != (next.Proxy == nil):
+		return changed("proxy", present(prev.Proxy != nil), present(next.Proxy != nil))
+	case prev.Proxy != nil && prev.Proxy.Listen != next.Proxy.Listen:
+		return changed("proxy.listen", strconv.Quote(prev.Proxy.Listen), strconv.Quote(next.Proxy.Listen))
+	case (prev.Envoy == nil) != (next.Envoy == nil):
+		return changed("envoy", present(prev.Envoy != nil), present(next.Envoy != nil))
+	case prev.Envoy != nil && prev.Envoy.Listen != next.Envoy.Listen:
+		return changed("envoy.listen", strconv.Quote(prev.Envoy.Listen), strconv.Quote(next.Envoy.Listen))
 	}
 	return nil
 }
@@ -293,7 +293,12 @@ func (r *reloader) reload(trigger string, force bool) {
 	old := r.cur.Load()
 	l, err := load(r.path)
 	if err == nil && !force && l.hash == old.loaded.hash {
-		return // an event that changed nothing sluice reads
+		// An event that changed nothing sluice reads; or the files are back
+		// to what is serving after a failed reload, which /v1/config says.
+		if last := r.last.Load(); last != nil && last.Result == "failure" {
+			r.last.Store(&server.ReloadStatus{Result: "unchanged", Trigger: trigger, At: r.a.clock.Now()})
+		}
+		return
 	}
 	if err == nil {
 		err = restartOnly(old.loaded.cfg, l.cfg)

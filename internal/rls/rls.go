@@ -260,6 +260,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			}
 			continue
 		}
+		if d.refund {
+			// Giving back more than the capacity is giving back the capacity.
+			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
+		}
 		var g *group
 		for _, c := range groups {
 			if c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {

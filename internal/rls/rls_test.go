@@ -277,6 +277,19 @@ func testHitsAddend(t *testing.T, h *harness) {
 	})
 }
 
+func testRefund(t *testing.T, h *harness) {
+	spend := req(d("api", "r"))
+	spend.HitsAddend = 4
+	back := req(d("api", "r"))
+	back.Descriptors[0].IsNegativeHits = true
+	back.Descriptors[0].HitsAddend = wrapperspb.UInt64(9) // more than the limit: gives back all
+	run(t, h, []step{
+		{"spend 4", spend, "OK", []st{{"OK", "5/DAY", 1}}},
+		{"give back", back, "OK", []st{{"OK", "5/DAY", 5}}},
+		{"spend 1", req(d("api", "r")), "OK", []st{{"OK", "5/DAY", 4}}},
+	})
+}
+
 func testMatching(t *testing.T, h *harness) {
 	run(t, h, []step{
 		{"wildcard", req(d("path", "/search/a")), "OK", []st{{"OK", "2/HOUR", 1}}},
@@ -368,6 +381,7 @@ var cases = []struct {
 	{"SecondDescriptorOverLimit", testSecondDescriptorOverLimit},
 	{"SameSubjectAtomic", testSameSubjectAtomic},
 	{"HitsAddend", testHitsAddend},
+	{"Refund", testRefund},
 	{"Matching", testMatching},
 	{"Shadow", testShadow},
 	{"Replaces", testReplaces},

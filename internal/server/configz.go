@@ -26,7 +26,7 @@ type ConfigStatus struct {
 
 // ReloadStatus is one reload attempt.
 type ReloadStatus struct {
-	Result  string    `json:"result"`          // "success" or "failure"
+	Result  string    `json:"result"`          // "success", "failure", or "unchanged" (the files are back to the serving config)
 	Trigger string    `json:"trigger"`         // "signal" (SIGHUP) or "file" (a watched file changed)
 	At      time.Time `json:"at"`              // when it was tried
 	Error   string    `json:"error,omitempty"` // the line-numbered reason of a failure
