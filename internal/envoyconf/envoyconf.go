@@ -740,11 +740,13 @@ func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string
 		if !ok {
 			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
 		}
-		if _, dup := m[k.Value]; dup {
+		if _, dup := lines[k.Value]; dup {
 			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line}
 		}
-		m[k.Value] = resolve(n.Content[i+1])
 		lines[k.Value] = k.Line
+		if v := resolve(n.Content[i+1]); v.Kind != yaml.ScalarNode || v.Tag != "!!null" {
+			m[k.Value] = v
+		} // an empty value is an absent one, as envoyproxy/ratelimit reads it
 	}
 	return m, nil
 }

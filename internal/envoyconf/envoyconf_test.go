@@ -57,6 +57,37 @@ func TestInvalid(t *testing.T) {
 	}
 }
 
+// TestEmptyValues: envoyproxy/ratelimit reads an empty value as an absent
+// one, so files that leave keys empty load the same here.
+func TestEmptyValues(t *testing.T) {
+	c, err := Parse([]Source{{Name: "e.yaml", Data: []byte(`domain: d
+descriptors:
+  - key: k
+    value:
+    shadow_mode:
+    rate_limit:
+      name:
+      replaces:
+      unit: second
+      requests_per_unit: 2
+  - key: placeholder
+    rate_limit:
+    descriptors:
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := c.Match("d", []Entry{{"k", "v"}}); r == nil || r.Shadow || r.RequestsPerUnit != 2 {
+		t.Errorf("Match(k) = %+v, want the 2 per second rule", r)
+	}
+	if r, _ := c.Match("d", []Entry{{"placeholder", "v"}}); r != nil {
+		t.Errorf("Match(placeholder) = %+v, want no rule", r)
+	}
+	if _, err := Parse([]Source{{Name: "e.yaml", Data: []byte("domain: d\ndescriptors:\n  - key:\n")}}); err == nil || !strings.Contains(err.Error(), "descriptors[0].key: is required (line 3)") {
+		t.Errorf("an empty key: %v, want it required", err)
+	}
+}
+
 func TestLoadDomainsAndGlobs(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) {
