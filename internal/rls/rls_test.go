@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -433,4 +434,40 @@ func TestFailureModes(t *testing.T) {
 	if n := sum(t, h.reg, "sluice_envoy_requests_total", "Unavailable"); n != 2 {
 		t.Errorf("sluice_envoy_requests_total{code=Unavailable} = %v, want 2", n)
 	}
+}
+
+// TestEveryField serves envoyconf's fixture that uses every field of the
+// format and sluice's additions, and checks that they behave as
+// envoyproxy/ratelimit documents them.
+func TestEveryField(t *testing.T) {
+	data, err := os.ReadFile("../envoyconf/testdata/valid/messaging.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	h := start(t, ms, string(data))
+	r := func(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+		return &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: descs}
+	}
+	marketing := r(d("message_type", "marketing", "to_number", "2061111111"), d("to_number", "2061111111"))
+	run(t, h, []step{
+		{"nested and key-only, one subject", marketing, "OK", []st{{"OK", "5/DAY", 4}, {"OK", "100/DAY", 99}}},
+		{"detailed_metric changes nothing", r(d("to_number", "2061111111")), "OK", []st{{"OK", "100/DAY", 98}}},
+		{"per address", r(d("remote_address", "50.0.0.1")), "OK", []st{{"OK", "10/SECOND", 9}}},
+		{"blocked address", r(d("remote_address", "50.0.0.5")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/SECOND", 0}}},
+		{"unlimited", r(d("ldap", "x")), "OK", []st{{"OK", "", math.MaxUint32}}},
+		{"gcra burst 2: first", r(d("path", "/api/a")), "OK", []st{{"OK", "3/MINUTE", 1}}},
+		{"gcra burst 2: second", r(d("path", "/api/a")), "OK", []st{{"OK", "3/MINUTE", 0}}},
+		{"gcra burst 2: third", r(d("path", "/api/a")), "OVER_LIMIT", []st{{"OVER_LIMIT", "3/MINUTE", 0}}},
+		{"shadow user-a", r(d("service", "s", "user", "user-a")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"shadow user-a over", r(d("service", "s", "user", "user-a")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"user-b enforced", r(d("service", "s", "user", "user-b")), "OK", []st{{"OK", "2/HOUR", 1}}},
+		{"user-b", r(d("service", "s", "user", "user-b")), "OK", []st{{"OK", "2/HOUR", 0}}},
+		{"user-b over", r(d("service", "s", "user", "user-b")), "OVER_LIMIT", []st{{"OVER_LIMIT", "2/HOUR", 0}}},
+		{"replaces", r(d("key_1", "value_1", "user", "u"), d("key_2", "value_2", "user", "u")), "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
+	})
 }
