@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -30,11 +31,12 @@ func (l errorList) Error() string {
 
 func (l errorList) Unwrap() []error { return l }
 
-// loadConfig reads the config at path. Every error it finds names the
-// file, so that each line of a report stands on its own. A config that
-// decoded but breaks rules comes back with the error (see config.Parse).
-func loadConfig(path string) (*config.Config, error) {
-	cfg, err := config.Load(path)
+// parseConfig parses data, the config read from path. Every error it finds
+// names the file, so that each line of a report stands on its own. A config
+// that decoded but breaks rules comes back with the error (see
+// config.Parse).
+func parseConfig(path string, data []byte) (*config.Config, error) {
+	cfg, err := config.Parse(bytes.NewReader(data))
 	var errs config.Errors
 	if err != nil && errors.As(err, &errs) {
 		list := make(errorList, len(errs))
@@ -43,7 +45,10 @@ func loadConfig(path string) (*config.Config, error) {
 		}
 		return cfg, list
 	}
-	return cfg, err
+	if err != nil {
+		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
 }
 
 // preflight reports everything serve would refuse in a config that

@@ -222,8 +222,8 @@ policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
 		env        map[string]string
 		want       string
 	}{
-		{"envoy", policies + "envoy:\n  listen: 127.0.0.1:8081\n  configs: [ratelimit/*.yaml]\n", nil,
-			"envoy (line 4): the Envoy rate-limit service is not supported yet"},
+		{"envoy without rules files", policies + "envoy:\n  listen: 127.0.0.1:8081\n  configs: [ratelimit/*.yaml]\n", nil,
+			"line 6): " /* the config's envoy.configs line, then the pattern */},
 		{"redis password", policies + "store:\n  type: redis\n  redis: {url: redis://127.0.0.1:6379/0, password_env: SLUICE_TEST_REDIS_PW}\n", map[string]string{"SLUICE_TEST_REDIS_PW": ""},
 			`store.redis.password_env: "SLUICE_TEST_REDIS_PW": environment variable SLUICE_TEST_REDIS_PW is not set or empty (line 6)`},
 		{"missing secret", policies + "subjects:\n  hmac_keys: [{id: k1, secret_env: SLUICE_TEST_HMAC_K1}]\n", map[string]string{"SLUICE_TEST_HMAC_K1": ""},
@@ -305,11 +305,30 @@ policies:
 		t.Errorf("validate with a proxy section = %v, stdout %q, stderr %q; want ok and no warning", err, out.String(), errOut.String())
 	}
 
+	// With an envoy section, validate reads the rules files too, relative
+	// to the config file.
 	out.Reset()
 	errOut.Reset()
 	envoy := writeConfig(t, demoConfig+"envoy:\n  listen: 127.0.0.1:8081\n  configs: [ratelimit/*.yaml]\n")
-	if err := run(context.Background(), []string{"validate", "-c", envoy}, &out, &errOut); err != nil || out.String() != "ok\n" || !strings.Contains(errOut.String(), "not supported yet") {
-		t.Errorf("validate with an envoy section = %v, stdout %q, stderr %q; want ok and a warning", err, out.String(), errOut.String())
+	rules := filepath.Join(filepath.Dir(envoy), "ratelimit", "api.yaml")
+	if err := os.MkdirAll(filepath.Dir(rules), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"validate", "-c", envoy}, &out, &errOut); err != nil || out.String() != "ok\n" || errOut.Len() != 0 {
+		t.Errorf("validate with an envoy section = %v, stdout %q, stderr %q; want ok", err, out.String(), errOut.String())
+	}
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: week, requests_per_unit: 5}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	err = run(context.Background(), []string{"validate", "-c", envoy}, &out, &errOut)
+	want = rules + `: descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day`
+	if exitCode(err, &errOut) != 1 || !strings.Contains(errOut.String(), want) || !strings.Contains(errOut.String(), "(line 4)") {
+		t.Errorf("validate with a bad rules file: stderr %q, want exit 1 and %q with its line", errOut.String(), want)
 	}
 }
 

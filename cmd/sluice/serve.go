@@ -7,14 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -41,49 +45,32 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return err
 	}
 
-	cfg := config.Default()
+	l, err := load(path, a.getenv)
+	if err != nil {
+		return err
+	}
+	cfg := l.cfg
 	source := "the built-in example config"
 	if path != "" {
-		if cfg, err = loadConfig(path); err != nil {
-			return err
-		}
 		source = path
-	}
-	if err := unsupported(cfg); err != nil {
-		return err
-	}
-	if err := preflight(cfg, a.getenv, path); err != nil {
-		return err
-	}
-	pseud, err := a.pseudonymizer(cfg, log)
-	if err != nil {
-		return err
-	}
-	tokens, err := a.checkAPITokens(cfg, log)
-	if err != nil {
-		return err
 	}
 	tlsConf, err := tlsConfig(cfg)
 	if err != nil {
 		return err
 	}
-	for _, p := range cfg.Policies {
-		if p.NearCache {
-			log.Warn("near_cache is not implemented yet: every check asks the store", "policy", p.ID)
-		}
-	}
 
-	ids := make([]string, len(cfg.Policies))
-	for i, p := range cfg.Policies {
-		ids[i] = p.ID
-	}
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
+	ids := policyIDs(cfg)
 	metrics, err := server.NewMetrics(reg, ids)
+	if err != nil {
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+	reloadM, err := newReloadMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
@@ -93,16 +80,23 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.close()
-	lim, err := sluice.New(metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), cfg.SluicePolicies(), sluice.Options{})
+	r := &reloader{a: a, path: path, log: log, store: metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), ready: st.ready, metrics: metrics, reloadM: reloadM}
+	if cfg.Envoy != nil {
+		if r.rlsM, err = rls.NewMetrics(reg); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	g, err := r.build(l, 1)
 	if err != nil {
 		return err
 	}
-	handler, err := server.New(lim, pseud, log, server.Options{Ready: st.ready, Clock: a.clock, Metrics: metrics, Tokens: tokens})
-	if err != nil {
-		return err
-	}
+	r.cur.Store(g)
+	defer func() { r.cur.Load().retire() }()
+	reloadM.generation.Set(1)
+	reloadM.lastOK.Set(float64(g.loadedAt.Unix()))
+
 	servers := []*http.Server{{
-		Handler:           handler,
+		Handler:           r.serveWith(func(g *generation) http.Handler { return g.api }),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -114,15 +108,10 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	addrs := []string{cfg.Server.Listen}
 	fields := []string{"server.listen"}
 	if cfg.Proxy != nil {
-		proxy, err := server.NewProxy(cfg.Proxy, lim, server.ProxyOptions{Pseudonymizer: pseud, Logger: log, Metrics: metrics, Clock: a.clock})
-		if err != nil {
-			return err
-		}
-		defer proxy.Close()
 		// No read or write timeout: uploads, downloads and streams to and
 		// from the upstream may take as long as they take.
 		servers = append(servers, &http.Server{
-			Handler:           proxy,
+			Handler:           r.serveWith(func(g *generation) http.Handler { return g.proxy }),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       60 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -130,7 +119,17 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		addrs = append(addrs, cfg.Proxy.Listen)
 		fields = append(fields, "proxy.listen")
 	}
-	lns := make([]net.Listener, len(servers))
+	var grpcSrv *grpc.Server
+	if cfg.Envoy != nil {
+		if r.rlsSvc, err = rls.New(g.rls, rls.Options{Logger: log, Metrics: r.rlsM}); err != nil {
+			return err
+		}
+		grpcSrv = grpc.NewServer()
+		r.rlsSvc.Register(grpcSrv)
+		addrs = append(addrs, cfg.Envoy.Listen)
+		fields = append(fields, "envoy.listen")
+	}
+	lns := make([]net.Listener, len(addrs))
 	for i, addr := range addrs {
 		if lns[i], err = net.Listen("tcp", addr); err != nil {
 			for _, ln := range lns[:i] {
@@ -139,7 +138,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			return fmt.Errorf("serve: %s %q: %w", fields[i], addr, err)
 		}
 	}
-	served := make(chan error, len(servers))
+	served := make(chan error, len(addrs))
 	for i, srv := range servers {
 		go func() {
 			if srv.TLSConfig != nil {
@@ -153,21 +152,50 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if tlsConf != nil {
 		scheme = "https://"
 	}
+	if grpcSrv != nil {
+		go func() { served <- grpcSrv.Serve(lns[len(lns)-1]) }()
+	}
+
+	// Reload on SIGHUP and when a watched directory changes.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	w, err := newWatcher(log)
+	if err != nil {
+		log.Warn("cannot watch the config files: reload with SIGHUP", "reason", err)
+	}
+	defer w.close()
+	if path != "" {
+		w.add(l.watchDirs(path))
+	}
+
 	if cfg.Proxy != nil {
 		log.Info("proxy listening", "addr", "http://"+lns[1].Addr().String(), "upstream", cfg.Proxy.Upstream, "routes", len(cfg.Proxy.Routes))
+	}
+	if cfg.Envoy != nil {
+		log.Info("envoy rate-limit service listening", "addr", lns[len(lns)-1].Addr().String(), "domains", strings.Join(l.envoy.Domains(), ","), "rules", len(l.envoy.Rules()), "files", len(l.envoy.Files()))
 	}
 	// Last: once this line is out, every listener is serving.
 	log.Info("listening", "addr", scheme+lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(ids, ","))
 
 	var failed error
-	select {
-	case err := <-served:
+	if err := r.watchLoop(ctx, hup, w, served); err != nil {
 		failed = fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
 	}
 	log.Info("shutting down", "timeout", shutdownTimeout)
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
+	if grpcSrv != nil {
+		r.rlsSvc.Shutdown()
+		stopped := make(chan struct{})
+		go func() { grpcSrv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-shutdownCtx.Done():
+			grpcSrv.Stop()
+			<-stopped
+		}
+	}
 	for _, srv := range servers {
 		if err := srv.Shutdown(shutdownCtx); err != nil && failed == nil {
 			failed = fmt.Errorf("serve: shut down: %w", err)
@@ -176,21 +204,14 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if failed != nil {
 		return failed
 	}
-	for range servers {
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+	// http.Server.Serve ends with ErrServerClosed, grpc.Server.Serve with
+	// nil, after a clean shutdown.
+	for range addrs {
+		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve: %w", err)
 		}
 	}
 	log.Info("stopped")
-	return nil
-}
-
-// unsupported refuses config sections this binary parses but cannot serve
-// yet, rather than ignoring them.
-func unsupported(cfg *config.Config) error {
-	if cfg.Envoy != nil {
-		return fmt.Errorf("envoy (line %d): the Envoy rate-limit service is not supported yet by this binary; remove the section", cfg.Line("envoy"))
-	}
 	return nil
 }
 

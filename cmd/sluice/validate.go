@@ -19,33 +19,10 @@ func (a *app) validate(args []string) error {
 	if path == "" {
 		return &usageError{msg: "validate needs --config FILE", usage: usage}
 	}
-	cfg, err := loadConfig(path)
-	if cfg == nil {
-		return err // unreadable, or not decodable: nothing more to check
-	}
-	// What serve would refuse after parsing, reported even when the file
-	// breaks rules too: secrets missing from the environment, a Redis URL
-	// the client rejects, TLS files that do not load.
-	var all errorList
-	for _, e := range []error{err, preflight(cfg, a.getenv, path)} {
-		var list errorList
-		switch {
-		case e == nil:
-		case errors.As(e, &list):
-			all = append(all, list...)
-		default:
-			all = append(all, e)
-		}
-	}
-	switch len(all) {
-	case 0:
-	case 1:
-		return all[0]
-	default:
-		return all
-	}
-	if err := unsupported(cfg); err != nil {
-		fmt.Fprintf(a.stderr, "sluice: warning: %v\n", err)
+	// Everything serve would refuse: the config's rules, what it needs
+	// from the environment, and the Envoy rules files it names.
+	if _, err := load(path, a.getenv); err != nil {
+		return err
 	}
 	fmt.Fprintln(a.stdout, "ok")
 	return nil

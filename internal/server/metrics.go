@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,7 +42,7 @@ const UnknownPolicy = "(unknown)"
 // subject, key, address or tenant. Safe for concurrent use.
 type Metrics struct {
 	reg       *prometheus.Registry
-	policies  map[string]bool
+	policies  atomic.Pointer[map[string]bool] // see SetPolicies
 	decisions *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	requests  *prometheus.CounterVec
@@ -54,8 +55,7 @@ type Metrics struct {
 // series exists from the first scrape.
 func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 	m := &Metrics{
-		reg:      reg,
-		policies: make(map[string]bool, len(policies)),
+		reg: reg,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
 			Help: "Spending decisions, per policy the request named and the request's outcome.",
@@ -83,13 +83,22 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			return nil, err
 		}
 	}
-	for _, id := range policies {
-		m.policies[id] = true
+	m.SetPolicies(policies)
+	return m, nil
+}
+
+// SetPolicies makes ids the policy IDs decisions may be labelled with,
+// after a config reload; their counters start at zero. Series of policies
+// no longer configured stay until the process restarts.
+func (m *Metrics) SetPolicies(ids []string) {
+	known := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		known[id] = true
 		for k := sluice.Allowed; k <= sluice.Indeterminate; k++ {
 			m.decisions.WithLabelValues(id, k.String())
 		}
 	}
-	return m, nil
+	m.policies.Store(&known)
 }
 
 // Handler serves the registry in the Prometheus exposition formats.
@@ -119,7 +128,7 @@ func (s *timedStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error 
 
 // policyLabel bounds a policy ID to the configured ones.
 func (m *Metrics) policyLabel(id string) string {
-	if m.policies[id] {
+	if (*m.policies.Load())[id] {
 		return id
 	}
 	return UnknownPolicy

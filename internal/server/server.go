@@ -79,6 +79,9 @@ type Options struct {
 	// Tokens, when any, are the bearer tokens POST /v1/check accepts.
 	// Default: none, the check API is open to anyone who can reach it.
 	Tokens []Token
+	// ConfigStatus, when set, answers GET /v1/config (see ConfigStatus).
+	// Default: nil, no /v1/config.
+	ConfigStatus func() ConfigStatus
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -97,6 +100,8 @@ type Server struct {
 	// policyField holds each policy's RateLimit-Policy list member, e.g.
 	// `"demo";q=3;w=10`, computed once.
 	policyField map[string]string
+	// configStatus answers GET /v1/config; nil without it.
+	configStatus func() ConfigStatus
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -147,6 +152,10 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	if s.metrics != nil {
 		s.mux.Handle("GET /metrics", s.metrics.Handler())
+	}
+	if opts.ConfigStatus != nil {
+		s.configStatus = opts.ConfigStatus
+		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
 	return s, nil
 }

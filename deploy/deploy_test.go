@@ -1,0 +1,534 @@
+// Package deploy_test checks the deployment files offline, as far as a
+// machine without Docker, Kubernetes or Envoy can: the Dockerfile's build
+// line builds a static binary, every YAML and JSON file is well formed,
+// the sluice configs in them load, and every metric the Grafana
+// dashboard queries is served by a real sluice process.
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoyconf"
+)
+
+// dockerBuild is the go build line of the Dockerfile's build stage, split
+// into its environment and its arguments.
+func dockerBuild(t *testing.T) (env, args []string) {
+	t.Helper()
+	data, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var froms []string
+	var user string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		switch fields[0] {
+		case "FROM":
+			froms = append(froms, fields[1])
+		case "USER":
+			user = fields[1]
+		case "RUN":
+			if !strings.Contains(line, "go build") {
+				continue
+			}
+			words := shellWords(t, strings.TrimPrefix(strings.TrimSpace(line), "RUN "))
+			for len(words) > 0 && strings.Contains(words[0], "=") {
+				env = append(env, words[0])
+				words = words[1:]
+			}
+			if len(words) < 2 || words[0] != "go" || words[1] != "build" {
+				t.Fatalf("Dockerfile: RUN line %q: want [VAR=value …] go build …", line)
+			}
+			args = words[2:]
+		}
+	}
+	if len(froms) < 2 {
+		t.Errorf("Dockerfile has %d FROM lines, want a multi-stage build", len(froms))
+	}
+	if last := froms[len(froms)-1]; !strings.HasPrefix(last, "gcr.io/distroless/static") && last != "scratch" {
+		t.Errorf("Dockerfile's final stage is %q, want distroless static or scratch", last)
+	}
+	if user == "" || strings.HasPrefix(user, "root") || strings.HasPrefix(user, "0") {
+		t.Errorf("Dockerfile USER = %q, want a non-root user", user)
+	}
+	if args == nil {
+		t.Fatal("Dockerfile has no RUN … go build line")
+	}
+	return env, args
+}
+
+// shellWords splits a command line as a POSIX shell would for the plain
+// words and double-quoted strings a Dockerfile RUN line uses here.
+func shellWords(t *testing.T, s string) []string {
+	var words []string
+	var cur strings.Builder
+	inWord, quoted := false, false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted, inWord = !quoted, true
+		case (r == ' ' || r == '\t') && !quoted:
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quoted {
+		t.Fatalf("unbalanced quotes in %q", s)
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words
+}
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+	buildDir  string
+)
+
+// sluiceBinary builds cmd/sluice once, with the Dockerfile's go build line
+// (its -o replaced by a temporary path, ${VERSION} by "deploy-test").
+func sluiceBinary(t *testing.T) string {
+	t.Helper()
+	env, args := dockerBuild(t)
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "sluice-deploy-test")
+		if buildErr != nil {
+			return
+		}
+		binary = filepath.Join(buildDir, "sluice")
+		for i := range args {
+			args[i] = strings.ReplaceAll(args[i], "${VERSION}", "deploy-test")
+			if args[i] == "-o" && i+1 < len(args) {
+				args[i+1] = binary
+			}
+		}
+		cmd := exec.Command("go", append([]string{"build"}, args...)...)
+		cmd.Dir = ".." // the Dockerfile builds from the repository root
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build %q with %q: %v\n%s", args, env, err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func TestDockerfileBuildsStaticBinary(t *testing.T) {
+	env, _ := dockerBuild(t)
+	if !contains(env, "CGO_ENABLED=0") {
+		t.Errorf("Dockerfile go build environment = %q, want CGO_ENABLED=0 for a static binary", env)
+	}
+	bin := sluiceBinary(t)
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatalf("the built binary is not ELF: %v", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("the binary has a program interpreter: it is dynamically linked")
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		t.Errorf("the binary needs shared libraries %q, want none", libs)
+	}
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "sluice deploy-test" {
+		t.Errorf("sluice version = %q, %v; want the version the build line sets", out, err)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// yamlDocs decodes every document of a YAML file.
+func yamlDocs(t *testing.T, name string) []map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []map[string]any
+	for {
+		var doc map[string]any
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		docs = append(docs, doc)
+	}
+}
+
+func TestFilesWellFormed(t *testing.T) {
+	files, _ := filepath.Glob("*.yaml")
+	more, _ := filepath.Glob("ratelimit/*.yaml")
+	for _, f := range append(files, more...) {
+		if len(yamlDocs(t, f)) == 0 {
+			t.Errorf("%s holds no YAML document", f)
+		}
+	}
+	var dash map[string]any
+	data, err := os.ReadFile("grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("grafana-dashboard.json: %v", err)
+	}
+	if ps, _ := dash["panels"].([]any); len(ps) == 0 {
+		t.Errorf("grafana-dashboard.json has no panels")
+	}
+}
+
+// TestConfigsLoad loads the sluice configs and rules of the compose setup
+// and of the Kubernetes ConfigMap as sluice serve would.
+func TestConfigsLoad(t *testing.T) {
+	cfg, err := config.Load("sluice.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Envoy == nil || cfg.Store.Type != config.StoreRedis {
+		t.Fatalf("deploy/sluice.yaml: want an envoy section and the Redis store")
+	}
+	rules, err := envoyconf.Load(cfg.Envoy.Configs) // relative to this directory, as to the config file
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !contains(rules.Domains(), "edge") {
+		t.Errorf("deploy/ratelimit domains = %q, want edge (envoy.yaml's domain)", rules.Domains())
+	}
+
+	var cm map[string]any
+	kinds := map[string]map[string]any{}
+	for _, doc := range yamlDocs(t, "kubernetes.yaml") {
+		kind, _ := doc["kind"].(string)
+		name, _ := doc["metadata"].(map[string]any)["name"].(string)
+		kinds[kind+"/"+name] = doc
+		if kind == "ConfigMap" {
+			cm = doc["data"].(map[string]any)
+		}
+	}
+	for _, want := range []string{"ConfigMap/sluice", "Deployment/sluice", "Service/sluice"} {
+		if kinds[want] == nil {
+			t.Errorf("kubernetes.yaml lacks %s", want)
+		}
+	}
+	kcfg, err := config.Parse(strings.NewReader(cm["sluice.yaml"].(string)))
+	if err != nil {
+		t.Fatalf("the ConfigMap's sluice.yaml: %v", err)
+	}
+	var srcs []envoyconf.Source
+	for _, pat := range kcfg.Envoy.Configs {
+		for key, body := range cm {
+			if ok, _ := filepath.Match(pat, key); ok {
+				srcs = append(srcs, envoyconf.Source{Name: key, Data: []byte(body.(string))})
+			}
+		}
+	}
+	if len(srcs) == 0 {
+		t.Fatalf("no ConfigMap key matches envoy.configs %q", kcfg.Envoy.Configs)
+	}
+	if _, err := envoyconf.Parse(srcs); err != nil {
+		t.Fatalf("the ConfigMap's rules: %v", err)
+	}
+	// Probes on /healthz and /readyz; the ConfigMap mounted as a directory,
+	// without subPath (which would never see an update).
+	dep, _ := json.Marshal(kinds["Deployment/sluice"])
+	for _, want := range []string{`"path":"/healthz"`, `"path":"/readyz"`, `"configMap":{"name":"sluice"}`, `"runAsNonRoot":true`} {
+		if !bytes.Contains(dep, []byte(want)) {
+			t.Errorf("Deployment/sluice lacks %s", want)
+		}
+	}
+	if bytes.Contains(dep, []byte("subPath")) {
+		t.Errorf("Deployment/sluice mounts with subPath: ConfigMap updates would never reach sluice")
+	}
+
+	env, _ := json.Marshal(yamlDocs(t, "envoy.yaml")[0])
+	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`} {
+		if !bytes.Contains(env, []byte(want)) {
+			t.Errorf("envoy.yaml lacks %s", want)
+		}
+	}
+	compose, _ := json.Marshal(yamlDocs(t, "docker-compose.yaml")[0])
+	for _, want := range []string{`"redis":`, `"sluice":`, `"envoy":`, `"dockerfile":"deploy/Dockerfile"`} {
+		if !bytes.Contains(compose, []byte(want)) {
+			t.Errorf("docker-compose.yaml lacks %s", want)
+		}
+	}
+}
+
+// process is a sluice serve running as a child process.
+type process struct {
+	cmd             *exec.Cmd
+	api, proxy, rls string
+	mu              sync.Mutex
+	log             bytes.Buffer
+	exited          chan struct{} // closed when the process has exited
+	waitErr         error         // its Wait error, once exited is closed
+}
+
+func (p *process) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+var addrLine = regexp.MustCompile(`msg="?(listening|proxy listening|envoy rate-limit service listening)"? addr=(\S+)`)
+
+// startProcess runs the built binary with serve -c cfg and waits until it
+// has logged every address.
+func startProcess(t *testing.T, bin, cfg string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(bin, "serve", "-c", cfg), exited: make(chan struct{})}
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.log.WriteString(line + "\n")
+			if m := addrLine.FindStringSubmatch(line); m != nil {
+				switch m[1] {
+				case "listening":
+					p.api = m[2]
+					close(ready)
+				case "proxy listening":
+					p.proxy = m[2]
+				default:
+					p.rls = m[2]
+				}
+			}
+			p.mu.Unlock()
+		}
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		p.cmd.Process.Signal(syscall.SIGTERM) // this test's own child, by PID
+		select {
+		case <-p.exited:
+		case <-time.After(15 * time.Second):
+			p.cmd.Process.Kill()
+		}
+	})
+	select {
+	case <-ready:
+	case <-p.exited:
+		t.Fatalf("sluice serve exited before listening: %v\n%s", p.waitErr, p.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sluice serve did not listen within 30s:\n%s", p.logs())
+	}
+	return p
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+var metricName = regexp.MustCompile(`\b((?:sluice|process|go)_[a-z_]+)\b`)
+
+// TestDashboardAndSIGHUP runs the built binary as a real process with
+// every listener (check API, proxy, Envoy rate-limit service), sends each
+// some traffic, and checks that every metric the dashboard queries is in
+// /metrics. Then it sends SIGHUP, as an operator would, and checks that
+// the process reloaded.
+func TestDashboardAndSIGHUP(t *testing.T) {
+	bin := sluiceBinary(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "up") }))
+	defer up.Close()
+	dir := t.TempDir()
+	rules, err := os.ReadFile("ratelimit/edge.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "ratelimit"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ratelimit", "edge.yaml"), rules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20 }
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "`+up.URL+`"
+  routes:
+    - { match: { path_prefix: / }, policies: [api] }
+envoy:
+  listen: "127.0.0.1:0"
+  configs: ["ratelimit/*.yaml"]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProcess(t, bin, cfg)
+
+	resp, err := http.Post(p.api+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","subject":"alice"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	get(t, p.proxy+"/anything")
+	conn, err := grpc.NewClient(p.rls, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*commonpb.RateLimitDescriptor{
+		{Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "198.51.100.7"}}},
+	}}); err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	get(t, p.api+"/healthz") // so sluice_http_requests_total has a series
+	exposition := get(t, p.api+"/metrics")
+	served := map[string]bool{}
+	for _, line := range strings.Split(exposition, "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, _, _ := strings.Cut(line, "{")
+		name, _, _ = strings.Cut(name, " ")
+		served[name] = true
+	}
+	dash, err := os.ReadFile("grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queried []string
+	seen := map[string]bool{}
+	for _, m := range metricName.FindAllStringSubmatch(string(dash), -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			queried = append(queried, m[1])
+		}
+	}
+	sort.Strings(queried)
+	if len(queried) < 5 {
+		t.Fatalf("found only %q in the dashboard's queries", queried)
+	}
+	for _, name := range queried {
+		if !served[name] {
+			t.Errorf("the dashboard queries %s, which sluice serve does not expose", name)
+		}
+	}
+	if strings.Contains(exposition, "198.51.100.7") || strings.Contains(exposition, "alice") {
+		t.Errorf("/metrics holds a raw subject or descriptor value")
+	}
+
+	// SIGHUP, sent to the process by its PID.
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	var status struct {
+		Generation int64 `json:"generation"`
+		LastReload struct {
+			Trigger, Result string
+		} `json:"last_reload"`
+	}
+	for range 400 {
+		if err := json.Unmarshal([]byte(get(t, p.api+"/v1/config")), &status); err != nil {
+			t.Fatal(err)
+		}
+		if status.Generation == 2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if status.Generation != 2 || status.LastReload.Trigger != "signal" || status.LastReload.Result != "success" {
+		t.Fatalf("after SIGHUP: %+v, want generation 2 reloaded by the signal\n%s", status, p.logs())
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.waitErr != nil {
+			t.Errorf("sluice serve after SIGTERM: %v\n%s", p.waitErr, p.logs())
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("sluice serve did not stop within 15s of SIGTERM")
+	}
+}

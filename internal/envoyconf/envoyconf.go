@@ -1,0 +1,781 @@
+// Package envoyconf reads rate-limit rules written in envoyproxy/ratelimit's
+// file format and matches Envoy rate-limit descriptors against them.
+//
+// A file holds one domain and a tree of descriptors:
+//
+//	domain: messaging
+//	descriptors:
+//	  - key: message_type
+//	    value: marketing
+//	    descriptors:
+//	      - key: to_number
+//	        rate_limit: { unit: day, requests_per_unit: 5 }
+//	  - key: to_number
+//	    rate_limit: { unit: day, requests_per_unit: 100 }
+//
+// Each descriptor has a key and optionally a value; a value ending in "*"
+// matches every value with that prefix. A descriptor with a rate_limit
+// block is a rule: rate_limit holds unit (second, minute, hour or day) and
+// requests_per_unit, or unlimited: true; optionally name and replaces
+// (a list of {name: …}). shadow_mode: true reports a rule's verdict but
+// never enforces it; detailed_metric is accepted and has no effect, since
+// sluice never labels a metric with a descriptor value.
+//
+// sluice adds three optional keys to rate_limit: algorithm (default
+// fixed_window), burst (token_bucket and gcra) and failure_mode (closed,
+// the default, or open).
+//
+// Matching follows envoyproxy/ratelimit: a request descriptor's entries are
+// walked level by level, and at each level the most specific descriptor
+// wins: the exact key and value, else a wildcard value (in file order),
+// else the key alone. A rule applies only when the request has as many
+// entries as the rule is deep.
+//
+// Each rule with a limit becomes a sluice.Policy whose ID is derived from
+// its domain and path (see Rule.Policy); the values matched by a key alone
+// or a wildcard are the subject (see Match).
+package envoyconf
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice"
+)
+
+// MaxFileSize is the largest rules file Load reads, in bytes.
+const MaxFileSize = 1 << 20
+
+// Error is a rules file that breaks a rule. Its message reads
+// "file: path: value: rule (line N)", leaving out what is unknown, e.g.
+//
+//	ratelimit/api.yaml: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 6)
+type Error struct {
+	File  string // as named by the glob pattern
+	Path  string // e.g. "descriptors[0].rate_limit.unit"; "" for the file
+	Value string // as written; "" when not a scalar
+	Rule  string // what the value must be
+	Line  int    // 1-based; 0 when unknown
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(": ")
+	}
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	if e.Value != "" {
+		b.WriteString(e.Value)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Rule)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, " (line %d)", e.Line)
+	}
+	return b.String()
+}
+
+// Unit is a rate_limit unit. Its String form is the file spelling.
+type Unit uint8
+
+// Units. Their numbers are those of envoy.service.ratelimit.v3's
+// RateLimitResponse.RateLimit.Unit, so a Unit converts to it directly.
+const (
+	Second Unit = 1
+	Minute Unit = 2
+	Hour   Unit = 3
+	Day    Unit = 4
+)
+
+var units = map[string]Unit{"second": Second, "minute": Minute, "hour": Hour, "day": Day}
+
+// String returns the file spelling, e.g. "minute".
+func (u Unit) String() string {
+	for name, v := range units {
+		if v == u {
+			return name
+		}
+	}
+	return fmt.Sprintf("Unit(%d)", uint8(u))
+}
+
+// Duration is the length of one unit.
+func (u Unit) Duration() time.Duration {
+	switch u {
+	case Second:
+		return time.Second
+	case Minute:
+		return time.Minute
+	case Hour:
+		return time.Hour
+	case Day:
+		return 24 * time.Hour
+	}
+	return 0
+}
+
+// Rule is one descriptor with a rate_limit block.
+type Rule struct {
+	// Domain is the domain of the file the rule is in.
+	Domain string
+	// Key is the rule's full key as envoyproxy/ratelimit names it: the
+	// domain and every level's key, or key_value, joined by dots, e.g.
+	// "messaging.message_type_marketing.to_number".
+	Key string
+	// Name is rate_limit.name, the handle replaces refers to; may be "".
+	Name string
+	// Replaces are the names of the rules this one replaces when both
+	// apply to one request.
+	Replaces []string
+	// Unlimited rules are answered OK without asking the store.
+	Unlimited bool
+	// Shadow rules are decided and counted but always answered OK.
+	Shadow bool
+	// DetailedMetric is accepted for compatibility; it has no effect.
+	DetailedMetric bool
+	// RequestsPerUnit and Unit are the limit; 0 requests per unit denies
+	// every request without asking the store. Zero for unlimited rules.
+	RequestsPerUnit int64
+	Unit            Unit
+	// Policy is the sluice policy that decides the rule; its ID is zero
+	// for unlimited rules and rules of 0 requests per unit, which need
+	// no store.
+	Policy sluice.Policy
+	// File and Line say where the rule is written.
+	File string
+	Line int
+}
+
+// Decided reports whether the store decides r (it has a Policy).
+func (r *Rule) Decided() bool { return r.Policy.ID != "" }
+
+// Config is a loaded set of rules files: one tree per domain. Build one
+// with Load or Parse; it is immutable and safe for concurrent use.
+type Config struct {
+	domains map[string]*node
+	rules   []*Rule
+	files   []string
+	hash    string
+}
+
+// node is one level of a domain's descriptor tree.
+type node struct {
+	rule     *Rule
+	exact    map[entry]*node
+	wildcard []wildcardNode // in file order
+	keyOnly  map[string]*node
+	has      int // number of children
+}
+
+type entry struct{ key, value string }
+
+type wildcardNode struct {
+	key, prefix string
+	n           *node
+}
+
+func newNode() *node { return &node{exact: map[entry]*node{}, keyOnly: map[string]*node{}} }
+
+// Domains returns the domains, sorted.
+func (c *Config) Domains() []string {
+	ds := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		ds = append(ds, d)
+	}
+	sort.Strings(ds)
+	return ds
+}
+
+// Rules returns every rule in load order (files sorted by name, then
+// file order).
+func (c *Config) Rules() []*Rule { return c.rules }
+
+// Files returns the files loaded, sorted.
+func (c *Config) Files() []string { return c.files }
+
+// Hash is the SHA-256 of the files' names and contents, in hex.
+func (c *Config) Hash() string { return c.hash }
+
+// Policies returns the policies of the rules the store decides.
+func (c *Config) Policies() []sluice.Policy {
+	var ps []sluice.Policy
+	for _, r := range c.rules {
+		if r.Decided() {
+			ps = append(ps, r.Policy)
+		}
+	}
+	return ps
+}
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct{ Key, Value string }
+
+// Match returns the rule that applies to a request descriptor of domain,
+// or nil, and the entries whose values the rule does not fix (matched by
+// a key alone or by a wildcard): the part of the descriptor that names
+// whose budget is spent.
+func (c *Config) Match(domain string, entries []Entry) (*Rule, []Entry) {
+	n := c.domains[domain]
+	if n == nil || len(entries) == 0 {
+		return nil, nil
+	}
+	var vars []Entry
+	for i, e := range entries {
+		next, variable := n.lookup(e)
+		if next == nil {
+			return nil, nil
+		}
+		if variable {
+			vars = append(vars, e)
+		}
+		if i == len(entries)-1 {
+			return next.rule, vars
+		}
+		if next.has == 0 {
+			return nil, nil // the request is deeper than the tree
+		}
+		n = next
+	}
+	return nil, nil
+}
+
+// lookup finds the most specific child of n for e.
+func (n *node) lookup(e Entry) (next *node, variable bool) {
+	if next := n.exact[entry{e.Key, e.Value}]; next != nil {
+		return next, false
+	}
+	for _, w := range n.wildcard {
+		if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
+			return w.n, true
+		}
+	}
+	if next := n.keyOnly[e.Key]; next != nil {
+		return next, true
+	}
+	return nil, false
+}
+
+// Load reads the files that patterns (filepath.Glob patterns) match, in
+// sorted order, each name once. A pattern that matches nothing is fine as
+// long as some pattern matches a file. Errors are *Error naming the file.
+func Load(patterns []string) (*Config, error) {
+	seen := map[string]bool{}
+	var files []string
+	for _, pat := range patterns {
+		ms, err := filepath.Glob(pat)
+		if err != nil {
+			return nil, &Error{File: pat, Rule: "is not a valid glob pattern"}
+		}
+		for _, m := range ms {
+			if fi, err := os.Stat(m); err == nil && fi.IsDir() {
+				continue
+			}
+			if !seen[m] {
+				seen[m] = true
+				files = append(files, m)
+			}
+		}
+	}
+	if len(files) == 0 {
+		return nil, &Error{File: strings.Join(patterns, ", "), Rule: "no rules file matches"}
+	}
+	sort.Strings(files)
+	srcs := make([]Source, len(files))
+	for i, f := range files {
+		data, err := readFile(f)
+		if err != nil {
+			return nil, err
+		}
+		srcs[i] = Source{Name: f, Data: data}
+	}
+	return Parse(srcs)
+}
+
+func readFile(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, &Error{File: name, Rule: "cannot be read: " + errors.Unwrap(err).Error()}
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, &Error{File: name, Rule: "cannot be read: " + err.Error()}
+	}
+	if len(data) > MaxFileSize {
+		return nil, &Error{File: name, Rule: fmt.Sprintf("is larger than %d bytes", MaxFileSize)}
+	}
+	return data, nil
+}
+
+// Source is one rules file's name and content.
+type Source struct {
+	Name string
+	Data []byte
+}
+
+// Parse builds a Config from files' contents, in the order given. Two
+// files may not hold the same domain.
+func Parse(files []Source) (*Config, error) {
+	c := &Config{domains: map[string]*node{}}
+	domainFile := map[string]string{}
+	ids := map[string]*Rule{}
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+		c.files = append(c.files, f.Name)
+		p := &parser{file: f.Name}
+		domain, root, line, err := p.parse(f.Data)
+		if err != nil {
+			return nil, err
+		}
+		if prev, dup := domainFile[domain]; dup {
+			return nil, &Error{File: f.Name, Path: "domain", Value: strconv.Quote(domain), Rule: "is already the domain of " + prev + ": each domain lives in one file", Line: line}
+		}
+		domainFile[domain] = f.Name
+		c.domains[domain] = root
+		for _, r := range p.rules {
+			if !r.Decided() {
+				continue
+			}
+			if other, dup := ids[r.Policy.ID]; dup {
+				return nil, &Error{File: r.File, Rule: fmt.Sprintf("rule %s has policy id %q, as has rule %s in %s (line %d); rename a key", r.Key, r.Policy.ID, other.Key, other.File, other.Line), Line: r.Line}
+			}
+			ids[r.Policy.ID] = r
+		}
+		c.rules = append(c.rules, p.rules...)
+	}
+	c.hash = hex.EncodeToString(h.Sum(nil))
+	return c, nil
+}
+
+// parser reads one file.
+type parser struct {
+	file  string
+	rules []*Rule
+}
+
+func (p *parser) errorf(path string, n *yaml.Node, format string, args ...any) *Error {
+	e := &Error{File: p.file, Path: path, Rule: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line = n.Line
+		e.Value = written(n)
+	}
+	return e
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// file parses one file and returns its domain and tree.
+func (p *parser) parse(data []byte) (domain string, root *node, line int, err error) {
+	defer func() {
+		if r := recover(); r != nil { // the YAML parser is third-party code
+			err = &Error{File: p.file, Rule: fmt.Sprintf("invalid YAML: %v", r)}
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	switch err := dec.Decode(&doc); {
+	case errors.Is(err, io.EOF):
+		return "", nil, 0, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
+	case err != nil:
+		e := &Error{File: p.file, Rule: "invalid YAML: " + err.Error()}
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			e.Rule = "invalid YAML: " + m[2]
+			e.Line, _ = strconv.Atoi(m[1])
+		}
+		return "", nil, 0, e
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return "", nil, 0, &Error{File: p.file, Rule: "only one YAML document is allowed", Line: next.Line}
+	}
+	if len(doc.Content) == 0 {
+		return "", nil, 0, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
+	}
+	m, err := p.mapping("", doc.Content[0], "domain", "descriptors")
+	if err != nil {
+		return "", nil, 0, err
+	}
+	dn := m["domain"]
+	if dn == nil {
+		return "", nil, 0, &Error{File: p.file, Path: "domain", Rule: "is required: the domain Envoy's rate_limit filter names", Line: resolve(doc.Content[0]).Line}
+	}
+	if domain, err = p.text("domain", dn); err != nil {
+		return "", nil, 0, err
+	}
+	if domain == "" {
+		return "", nil, 0, p.errorf("domain", dn, "must not be empty")
+	}
+	root = newNode()
+	if ds := m["descriptors"]; ds != nil {
+		if err := p.descriptors("descriptors", ds, root, domain, domain); err != nil {
+			return "", nil, 0, err
+		}
+	}
+	return domain, root, dn.Line, nil
+}
+
+func (p *parser) descriptors(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
+	n = resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		return p.errorf(path, n, "must be a list of descriptors, not %s", kindName(n))
+	}
+	for i, item := range n.Content {
+		if err := p.descriptor(fmt.Sprintf("%s[%d]", path, i), item, parent, domain, parentKey); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
+	m, err := p.mapping(path, n, "key", "value", "rate_limit", "shadow_mode", "detailed_metric", "descriptors")
+	if err != nil {
+		return err
+	}
+	if m["key"] == nil {
+		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: resolve(n).Line}
+	}
+	key, err := p.text(path+".key", m["key"])
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		return p.errorf(path+".key", m["key"], "must not be empty")
+	}
+	var value string
+	if v := m["value"]; v != nil {
+		if value, err = p.text(path+".value", v); err != nil {
+			return err
+		}
+	}
+	full := key
+	if value != "" {
+		full += "_" + value
+	}
+	full = parentKey + "." + full
+	e := entry{key, value}
+	child := newNode()
+	switch {
+	case value == "":
+		if parent.keyOnly[key] != nil {
+			return p.errorf(path+".key", m["key"], "duplicate descriptor: %s is already defined at this level", full)
+		}
+		parent.keyOnly[key] = child
+	case strings.HasSuffix(value, "*"):
+		for _, w := range parent.wildcard {
+			if w.key == key && w.prefix == strings.TrimSuffix(value, "*") {
+				return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
+			}
+		}
+		parent.wildcard = append(parent.wildcard, wildcardNode{key: key, prefix: strings.TrimSuffix(value, "*"), n: child})
+	default:
+		if parent.exact[e] != nil {
+			return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
+		}
+		parent.exact[e] = child
+	}
+	parent.has++
+	var shadow, detailed bool
+	if err := p.bool(path+".shadow_mode", m["shadow_mode"], &shadow); err != nil {
+		return err
+	}
+	if err := p.bool(path+".detailed_metric", m["detailed_metric"], &detailed); err != nil {
+		return err
+	}
+	if rl := m["rate_limit"]; rl != nil {
+		r, err := p.rateLimit(path+".rate_limit", rl, domain, full)
+		if err != nil {
+			return err
+		}
+		r.Shadow, r.DetailedMetric = shadow, detailed
+		child.rule = r
+		p.rules = append(p.rules, r)
+	}
+	if ds := m["descriptors"]; ds != nil {
+		return p.descriptors(path+".descriptors", ds, child, domain, full)
+	}
+	return nil
+}
+
+func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rule, error) {
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode")
+	if err != nil {
+		return nil, err
+	}
+	r := &Rule{Domain: domain, Key: full, File: p.file, Line: resolve(n).Line}
+	if err := p.bool(path+".unlimited", m["unlimited"], &r.Unlimited); err != nil {
+		return nil, err
+	}
+	if v := m["name"]; v != nil {
+		if r.Name, err = p.text(path+".name", v); err != nil {
+			return nil, err
+		}
+	}
+	if v := m["replaces"]; v != nil {
+		v = resolve(v)
+		if v.Kind != yaml.SequenceNode {
+			return nil, p.errorf(path+".replaces", v, "must be a list of {name: …}, not %s", kindName(v))
+		}
+		for i, item := range v.Content {
+			ipath := fmt.Sprintf("%s.replaces[%d]", path, i)
+			im, err := p.mapping(ipath, item, "name")
+			if err != nil {
+				return nil, err
+			}
+			var name string
+			if im["name"] != nil {
+				if name, err = p.text(ipath+".name", im["name"]); err != nil {
+					return nil, err
+				}
+			}
+			if name == "" {
+				return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: resolve(item).Line}
+			}
+			if name == r.Name {
+				return nil, p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself")
+			}
+			r.Replaces = append(r.Replaces, name)
+		}
+	}
+	unit, rpu := m["unit"], m["requests_per_unit"]
+	if r.Unlimited {
+		for _, k := range [...]string{"unit", "requests_per_unit", "algorithm", "burst", "failure_mode"} {
+			if m[k] != nil {
+				return nil, p.errorf(path+"."+k, m[k], "must not be set when unlimited is true")
+			}
+		}
+		return r, nil
+	}
+	if unit == nil {
+		return nil, &Error{File: p.file, Path: path + ".unit", Rule: "is required: second, minute, hour or day (or unlimited: true)", Line: r.Line}
+	}
+	us, err := p.text(path+".unit", unit)
+	if err != nil {
+		return nil, err
+	}
+	u, ok := units[strings.ToLower(us)]
+	if !ok {
+		rule := "must be one of second, minute, hour, day"
+		switch strings.ToLower(us) {
+		case "week", "month", "year":
+			rule += ": sluice windows are at most 24h, and a month or a year has no fixed length"
+		}
+		return nil, p.errorf(path+".unit", unit, "%s", rule)
+	}
+	r.Unit = u
+	if rpu != nil {
+		if err := p.int(path+".requests_per_unit", rpu, &r.RequestsPerUnit); err != nil {
+			return nil, err
+		}
+		if r.RequestsPerUnit < 0 || r.RequestsPerUnit > 1<<32-1 {
+			return nil, p.errorf(path+".requests_per_unit", rpu, "must be between 0 and 4294967295")
+		}
+	}
+	pol := sluice.Policy{ID: PolicyID(full), Algorithm: sluice.FixedWindow, Limit: r.RequestsPerUnit, Window: u.Duration()}
+	if v := m["algorithm"]; v != nil {
+		s, err := p.text(path+".algorithm", v)
+		if err != nil {
+			return nil, err
+		}
+		if pol.Algorithm, err = sluice.ParseAlgorithm(s); err != nil {
+			return nil, p.errorf(path+".algorithm", v, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+		}
+	}
+	if v := m["burst"]; v != nil {
+		if err := p.int(path+".burst", v, &pol.Burst); err != nil {
+			return nil, err
+		}
+		if pol.Burst == 0 {
+			return nil, p.errorf(path+".burst", v, "must not be zero; leave it out for the default (requests_per_unit)")
+		}
+	}
+	if v := m["failure_mode"]; v != nil {
+		s, err := p.text(path+".failure_mode", v)
+		if err != nil {
+			return nil, err
+		}
+		switch s {
+		case "closed":
+			pol.FailureMode = sluice.FailClosed
+		case "open":
+			pol.FailureMode = sluice.FailOpen
+		default:
+			return nil, p.errorf(path+".failure_mode", v, "must be one of closed, open (local needs a per-instance share, which the Envoy service does not have)")
+		}
+	}
+	if r.RequestsPerUnit == 0 {
+		// Denies everything (envoyproxy/ratelimit's way to block a value):
+		// no policy, no store.
+		if m["algorithm"] != nil || m["burst"] != nil {
+			k := "algorithm"
+			if m[k] == nil {
+				k = "burst"
+			}
+			return nil, p.errorf(path+"."+k, m[k], "must not be set with requests_per_unit 0, which denies every request")
+		}
+		return r, nil
+	}
+	if err := pol.Validate(); err != nil {
+		var pe *sluice.PolicyError
+		if !errors.As(err, &pe) {
+			return nil, &Error{File: p.file, Path: path, Rule: err.Error(), Line: r.Line}
+		}
+		field := map[string]string{"limit": "requests_per_unit", "window": "unit", "max_cost": "requests_per_unit"}[pe.Field]
+		if field == "" {
+			field = pe.Field
+		}
+		e := &Error{File: p.file, Path: path + "." + field, Value: pe.Value, Rule: pe.Rule, Line: r.Line}
+		if v := m[field]; v != nil {
+			e.Line, e.Value = v.Line, written(v)
+		}
+		return nil, e
+	}
+	r.Policy = pol
+	return r, nil
+}
+
+// PolicyID derives a policy ID from a rule's full key: the key itself
+// when it is a valid ID (1 to 64 of A-Z a-z 0-9 _ . -); otherwise the
+// key with other bytes replaced by "-", cut to 55 bytes, then "-" and the
+// first 8 hex digits of the key's SHA-256, so distinct keys keep distinct
+// IDs.
+func PolicyID(key string) string {
+	clean := true
+	b := []byte(key)
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			b[i] = '-'
+			clean = false
+		}
+	}
+	if clean && len(b) <= 64 {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	if len(b) > 55 {
+		b = b[:55]
+	}
+	return string(b) + "-" + hex.EncodeToString(sum[:4])
+}
+
+// resolve follows aliases.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 16; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "empty"
+		}
+		return "a scalar"
+	}
+	return "an unexpected YAML node"
+}
+
+// written is how a scalar was written: strings quoted, the rest bare.
+func written(n *yaml.Node) string {
+	n = resolve(n)
+	if n.Kind != yaml.ScalarNode {
+		return ""
+	}
+	if n.Tag == "!!str" {
+		return strconv.Quote(n.Value)
+	}
+	return n.Value
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// mapping checks that n is a mapping of known, distinct keys and returns
+// its values by key.
+func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string]*yaml.Node, error) {
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		return nil, &Error{File: p.file, Path: path, Value: written(n), Rule: fmt.Sprintf("must be a mapping, not %s", kindName(n)), Line: n.Line}
+	}
+	m := make(map[string]*yaml.Node, len(n.Content)/2)
+	lines := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := resolve(n.Content[i])
+		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
+			return nil, &Error{File: p.file, Path: path, Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
+		}
+		ok := false
+		for _, kn := range known {
+			ok = ok || kn == k.Value
+		}
+		if !ok {
+			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+		}
+		if _, dup := lines[k.Value]; dup {
+			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line}
+		}
+		lines[k.Value] = k.Line
+		if v := resolve(n.Content[i+1]); v.Kind != yaml.ScalarNode || v.Tag != "!!null" {
+			m[k.Value] = v
+		} // an empty value is an absent one, as envoyproxy/ratelimit reads it
+	}
+	return m, nil
+}
+
+// text reads a scalar as written: numbers and booleans are text too, as
+// descriptor values are strings on the wire.
+func (p *parser) text(path string, n *yaml.Node) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		return "", p.errorf(path, n, "must be a string, not %s", kindName(n))
+	}
+	return n.Value, nil
+}
+
+func (p *parser) bool(path string, n *yaml.Node, out *bool) error {
+	if n == nil {
+		return nil
+	}
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+		return p.errorf(path, n, "must be true or false")
+	}
+	return n.Decode(out)
+}
+
+func (p *parser) int(path string, n *yaml.Node, out *int64) error {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		return p.errorf(path, n, "must be an integer")
+	}
+	if err := n.Decode(out); err != nil {
+		return p.errorf(path, n, "must be an integer that fits in 64 bits")
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+package envoyconf
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+func TestInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want string // the message after "testdata/invalid/<file>: "
+	}{
+		{"bad_algorithm.yaml", `descriptors[0].rate_limit.algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 7)`},
+		{"bad_failure_mode.yaml", `descriptors[0].rate_limit.failure_mode: "local": must be one of closed, open`},
+		{"bad_unit.yaml", `descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 5)`},
+		{"burst_fixed_window.yaml", `descriptors[0].rate_limit.burst: 10: applies only to token_bucket and gcra; leave it unset for fixed_window (line 7)`},
+		{"duplicate_descriptor.yaml", `descriptors[1].value: "v": duplicate descriptor: d.k_v is already defined at this level (line 7)`},
+		{"empty_key.yaml", `descriptors[0].key: "": must not be empty (line 3)`},
+		{"invalid_yaml.yaml", `invalid YAML: did not find expected '-' indicator`},
+		{"limit_too_big.yaml", `descriptors[0].rate_limit.requests_per_unit: 2000000000: must be between 1 and 1000000000 (line 4)`},
+		{"list_of_scalars.yaml", `descriptors[0]: "k": must be a mapping, not a scalar (line 3)`},
+		{"missing_key.yaml", `descriptors[0].key: is required (line 3)`},
+		{"no_domain.yaml", `domain: is required`},
+		{"replaces_empty.yaml", `descriptors[0].rate_limit.replaces[0].name: is required: the name of the rate_limit this one replaces (line 6)`},
+		{"replaces_self.yaml", `descriptors[0].rate_limit.replaces[0].name: "mine": is this rate_limit's own name: a rule cannot replace itself (line 7)`},
+		{"rpu_string.yaml", `descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 6)`},
+		{"shadow_not_bool.yaml", `descriptors[0].shadow_mode: "yes please": must be true or false (line 4)`},
+		{"unknown_key.yaml", `descriptors[0].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, descriptors (line 4)`},
+		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
+		{"week.yaml", `descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day: sluice windows are at most 24h, and a month or a year has no fixed length (line 5)`},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			name := filepath.Join("testdata", "invalid", tc.file)
+			_, err := Load([]string{name})
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Load(%q) = %v, want an *Error", name, err)
+			}
+			if got := err.Error(); !strings.HasPrefix(got, name+": "+tc.want) {
+				t.Errorf("Load(%q) = %q, want %q", name, got, name+": "+tc.want)
+			}
+			if e.Line == 0 {
+				t.Errorf("Load(%q): error has no line", name)
+			}
+		})
+	}
+	// Every fixture has a case.
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	if len(files) != 18 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 18)
+	}
+}
+
+// TestEmptyValues: envoyproxy/ratelimit reads an empty value as an absent
+// one, so files that leave keys empty load the same here.
+func TestEmptyValues(t *testing.T) {
+	c, err := Parse([]Source{{Name: "e.yaml", Data: []byte(`domain: d
+descriptors:
+  - key: k
+    value:
+    shadow_mode:
+    rate_limit:
+      name:
+      replaces:
+      unit: second
+      requests_per_unit: 2
+  - key: placeholder
+    rate_limit:
+    descriptors:
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := c.Match("d", []Entry{{"k", "v"}}); r == nil || r.Shadow || r.RequestsPerUnit != 2 {
+		t.Errorf("Match(k) = %+v, want the 2 per second rule", r)
+	}
+	if r, _ := c.Match("d", []Entry{{"placeholder", "v"}}); r != nil {
+		t.Errorf("Match(placeholder) = %+v, want no rule", r)
+	}
+	if _, err := Parse([]Source{{Name: "e.yaml", Data: []byte("domain: d\ndescriptors:\n  - key:\n")}}); err == nil || !strings.Contains(err.Error(), "descriptors[0].key: is required (line 3)") {
+		t.Errorf("an empty key: %v, want it required", err)
+	}
+}
+
+func TestLoadDomainsAndGlobs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: one\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n")
+	write("b.yaml", "domain: two\n")
+	c, err := Load([]string{filepath.Join(dir, "*.yaml"), filepath.Join(dir, "a.yaml"), filepath.Join(dir, "none-*.yml")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.Domains(), ","); got != "one,two" {
+		t.Errorf("Domains() = %q, want one,two", got)
+	}
+	if len(c.Files()) != 2 || len(c.Hash()) != 64 {
+		t.Errorf("Files() = %q, Hash() = %q; want 2 files and a SHA-256", c.Files(), c.Hash())
+	}
+	write("c.yaml", "domain: one\n")
+	_, err = Load([]string{filepath.Join(dir, "*.yaml")})
+	if want := `c.yaml: domain: "one": is already the domain of ` + filepath.Join(dir, "a.yaml"); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("two files with domain one: %v, want %q", err, want)
+	}
+	if _, err := Load([]string{filepath.Join(dir, "*.json")}); err == nil || !strings.Contains(err.Error(), "no rules file matches") {
+		t.Errorf("a pattern that matches nothing: %v, want no rules file matches", err)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	c, err := Load([]string{"testdata/valid/messaging.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := func(kv ...string) []Entry {
+		var es []Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			es = append(es, Entry{kv[i], kv[i+1]})
+		}
+		return es
+	}
+	for _, tc := range []struct {
+		name    string
+		domain  string
+		entries []Entry
+		rule    string // Rule.Key; "" for none
+		vars    string
+	}{
+		{"nested", "messaging", e("message_type", "marketing", "to_number", "2061111111"), "messaging.message_type_marketing.to_number", "[{to_number 2061111111}]"},
+		{"key only", "messaging", e("to_number", "2061111111"), "messaging.to_number", "[{to_number 2061111111}]"},
+		{"placeholder has no limit", "messaging", e("message_type", "marketing"), "", "[]"},
+		{"most specific wins", "messaging", e("remote_address", "50.0.0.5"), "messaging.remote_address_50.0.0.5", "[]"},
+		{"default value", "messaging", e("remote_address", "50.0.0.6"), "messaging.remote_address", "[{remote_address 50.0.0.6}]"},
+		{"wildcard", "messaging", e("path", "/api/v1/users"), "messaging.path_/api/*", "[{path /api/v1/users}]"},
+		{"wildcard miss", "messaging", e("path", "/web"), "", "[]"},
+		{"deeper than the tree", "messaging", e("to_number", "1", "extra", "x"), "", "[]"},
+		{"shallower than the tree", "messaging", e("service", "s"), "", "[]"},
+		{"unknown key", "messaging", e("nope", "x"), "", "[]"},
+		{"unknown domain", "other", e("to_number", "1"), "", "[]"},
+		{"no entries", "messaging", nil, "", "[]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, vars := c.Match(tc.domain, tc.entries)
+			got := ""
+			if r != nil {
+				got = r.Key
+			}
+			if got != tc.rule {
+				t.Fatalf("Match(%q, %v) = rule %q, want %q", tc.domain, tc.entries, got, tc.rule)
+			}
+			if r != nil && fmtEntries(vars) != tc.vars {
+				t.Errorf("Match(%q, %v) vars = %s, want %s", tc.domain, tc.entries, fmtEntries(vars), tc.vars)
+			}
+		})
+	}
+}
+
+func fmtEntries(es []Entry) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, e := range es {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString("{" + e.Key + " " + e.Value + "}")
+	}
+	return b.String() + "]"
+}
+
+func TestRules(t *testing.T) {
+	c, err := Load([]string{"testdata/valid/messaging.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKey := map[string]*Rule{}
+	for _, r := range c.Rules() {
+		byKey[r.Key] = r
+	}
+	gcra := byKey["messaging.path_/api/*"]
+	if gcra == nil {
+		t.Fatal("no rule messaging.path_/api/*")
+	}
+	want := sluice.Policy{ID: PolicyID("messaging.path_/api/*"), Algorithm: sluice.GCRA, Limit: 3, Window: time.Minute, Burst: 2, FailureMode: sluice.FailOpen}
+	if gcra.Policy != want {
+		t.Errorf("path_/api/* policy = %+v, want %+v", gcra.Policy, want)
+	}
+	if r := byKey["messaging.ldap"]; r == nil || !r.Unlimited || r.Decided() {
+		t.Errorf("ldap = %+v, want unlimited and not decided by the store", r)
+	}
+	if r := byKey["messaging.remote_address_50.0.0.5"]; r == nil || r.RequestsPerUnit != 0 || r.Decided() {
+		t.Errorf("blocked address = %+v, want 0 per unit, not decided by the store", r)
+	}
+	if r := byKey["messaging.service.user_user-a"]; r == nil || !r.Shadow {
+		t.Errorf("user-a = %+v, want shadow", r)
+	}
+	if r := byKey["messaging.to_number"]; r == nil || !r.DetailedMetric || r.Policy.Window != 24*time.Hour || r.Line != 16 {
+		t.Errorf("to_number = %+v, want detailed_metric, a 24h window, line 16", r)
+	}
+	if r := byKey["messaging.key_2_value_2.user"]; r == nil || strings.Join(r.Replaces, ",") != "specific_limit" {
+		t.Errorf("key_2 user = %+v, want it to replace specific_limit", r)
+	}
+	if n := len(c.Policies()); n != 8 {
+		t.Errorf("Policies() has %d, want 8 (every rule but ldap and the blocked address)", n)
+	}
+	for _, p := range c.Policies() {
+		if err := p.Validate(); err != nil {
+			t.Errorf("policy %q: %v", p.ID, err)
+		}
+	}
+}
+
+func TestPolicyID(t *testing.T) {
+	for _, tc := range []struct{ key, want string }{
+		{"messaging.to_number", "messaging.to_number"},
+		{"messaging.path_/api/*", "messaging.path_-api--" + "-"},
+	} {
+		got := PolicyID(tc.key)
+		if !strings.HasPrefix(got, tc.want) {
+			t.Errorf("PolicyID(%q) = %q, want prefix %q", tc.key, got, tc.want)
+		}
+	}
+	long := "d." + strings.Repeat("k", 100)
+	a, b := PolicyID(long), PolicyID(long+"x")
+	if len(a) > 64 || a == b {
+		t.Errorf("PolicyID of long keys = %q, %q: want distinct IDs of at most 64 bytes", a, b)
+	}
+	// Sanitizing must not merge keys: "/" and "*" both become "-".
+	if PolicyID("d.p_/a") == PolicyID("d.p_*a") {
+		t.Errorf("PolicyID merges keys that differ only in replaced bytes")
+	}
+	for _, k := range []string{long, "d.p_/a", "d.ü", "d.k"} {
+		if err := (sluice.Policy{ID: PolicyID(k), Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second}).Validate(); err != nil {
+			t.Errorf("PolicyID(%q) = %q is not a valid ID: %v", k, PolicyID(k), err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile("testdata/valid/messaging.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte("domain: d\ndescriptors: [{key: k, value: 'a*', rate_limit: {unit: second, requests_per_unit: 1}}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse([]Source{{Name: "f.yaml", Data: data}})
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Parse error %v is not an *Error", err)
+			}
+			return
+		}
+		for _, p := range c.Policies() {
+			if err := p.Validate(); err != nil {
+				t.Fatalf("Parse accepted an invalid policy: %v", err)
+			}
+		}
+	})
+}

@@ -1,0 +1,87 @@
+package rls
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/internal/envoyconf"
+)
+
+// NoRule is the rule label of descriptors no rule matched: their domain
+// and entries come from the client, so they never become label values.
+const NoRule = "(none)"
+
+// Metrics are the Prometheus collectors of the rate-limit service,
+// registered on a registry the caller owns:
+//
+//   - sluice_envoy_requests_total{code}: answers to ShouldRateLimit by
+//     overall code (OK, OVER_LIMIT) or, for a failed call, gRPC status
+//     code (Unavailable, InvalidArgument, …).
+//   - sluice_envoy_descriptors_total{rule, code}: descriptor statuses by
+//     rule (the policy ID derived from the rule's key, or NoRule) and
+//     what became of them: ok, over_limit, shadow_over_limit (over the
+//     limit but answered OK: shadow_mode), unlimited, failed_open, or
+//     no_rule.
+//
+// Label values come from the rules files or fixed sets, never from a
+// descriptor value. Safe for concurrent use.
+type Metrics struct {
+	requests    *prometheus.CounterVec
+	descriptors *prometheus.CounterVec
+}
+
+// NewMetrics registers the collectors on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_requests_total",
+			Help: "Answers to Envoy's ShouldRateLimit, by overall code or gRPC error code.",
+		}, []string{"code"}),
+		descriptors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_descriptors_total",
+			Help: "Descriptor statuses of Envoy rate-limit requests, by rule and result.",
+		}, []string{"rule", "code"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.descriptors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, code := range []string{rlspb.RateLimitResponse_OK.String(), rlspb.RateLimitResponse_OVER_LIMIT.String()} {
+		m.requests.WithLabelValues(code)
+	}
+	return m, nil
+}
+
+func (m *Metrics) countRequest(resp *rlspb.RateLimitResponse, err error) {
+	if err != nil {
+		m.requests.WithLabelValues(status.Code(err).String()).Inc()
+		return
+	}
+	m.requests.WithLabelValues(resp.GetOverallCode().String()).Inc()
+}
+
+func (m *Metrics) countDescriptor(r *envoyconf.Rule, code string) {
+	label := NoRule
+	if r != nil {
+		label = envoyconf.PolicyID(r.Key)
+	}
+	m.descriptors.WithLabelValues(label, code).Inc()
+}
+
+// codeLabel is the code label of a descriptor's final status.
+func codeLabel(d *descriptor) string {
+	switch {
+	case d.rule == nil:
+		return "no_rule"
+	case d.failedOpen:
+		return "failed_open"
+	case d.rule.Unlimited:
+		return "unlimited"
+	case d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT:
+		return "over_limit"
+	}
+	return "ok"
+}

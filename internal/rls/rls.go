@@ -1,0 +1,435 @@
+// Package rls is Envoy's rate-limit service (RLS v3,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) over a
+// sluice Limiter, with rules read by package envoyconf, and the standard
+// gRPC health service.
+//
+// A request names a domain and descriptors. Each descriptor is matched to
+// at most one rule (envoyconf.Config.Match); a rule named in another
+// matched rule's replaces is dropped. The cost is the descriptor's
+// hits_addend, else the request's, where 0 or absent means 1. The subject
+// of a descriptor is the pseudonym of its domain and of the entries its
+// rule does not fix (the values matched by a key alone or a wildcard), so
+// no raw descriptor value reaches a store, a log line or a metric.
+//
+// Descriptors of one request with the same subject and cost are decided
+// in one Limiter.Check over their policies, all or nothing: when one is
+// over its limit nothing is spent on the others. Descriptors with
+// different subjects are decided separately, as envoyproxy/ratelimit
+// decides every descriptor.
+//
+// Each descriptor gets a status: OK or OVER_LIMIT with current_limit,
+// limit_remaining and duration_until_reset; OK without current_limit
+// when no rule matches (an unknown domain or descriptor, as
+// envoyproxy/ratelimit answers); OK with limit_remaining 4294967295 for
+// unlimited rules; OK, whatever the verdict, for shadow_mode rules. The
+// overall code is OVER_LIMIT when any status is. The answer carries the
+// RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers (and Retry-After when over the
+// limit) as response_headers_to_add.
+//
+// When the store cannot decide (an Unavailable or Indeterminate outcome,
+// or corrupt state), the policies' failure mode picks the answer: if
+// every policy of the descriptors concerned is open, they are answered OK
+// (without limit_remaining); otherwise the call fails with gRPC status
+// UNAVAILABLE, so Envoy's rate_limit filter applies its own
+// failure_mode_deny (deny when true, allow when false). The response code
+// UNKNOWN is never sent: Envoy treats it as OK.
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync/atomic"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// ServiceName is the gRPC name of the rate-limit service, also a name the
+// health service answers for.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// SubjectKind is the kind folded into every descriptor's pseudonym.
+const SubjectKind = "envoy"
+
+// State is what the service decides with: the rules, a Limiter holding
+// exactly the rules' policies, and the pseudonymizer. Swap replaces it
+// as a whole; a request in flight finishes with the State it started with.
+type State struct {
+	Rules         *envoyconf.Config
+	Limiter       *sluice.Limiter
+	Pseudonymizer *subject.Pseudonymizer
+}
+
+func (st *State) check() error {
+	switch {
+	case st == nil:
+		return errors.New("state is nil")
+	case st.Rules == nil:
+		return errors.New("rules are nil")
+	case st.Limiter == nil:
+		return errors.New("limiter is nil")
+	case st.Pseudonymizer == nil:
+		return errors.New("pseudonymizer is nil")
+	}
+	for _, p := range st.Rules.Policies() {
+		if _, ok := st.Limiter.Policy(p.ID); !ok {
+			return fmt.Errorf("the limiter lacks policy %q of the rules", p.ID)
+		}
+	}
+	return nil
+}
+
+// Options configure a Service. Logger is required.
+type Options struct {
+	// Logger receives one debug line per request and warnings for
+	// failures. Required.
+	Logger *slog.Logger
+	// Metrics, when set, counts answers. Default: nil, no metrics.
+	Metrics *Metrics
+}
+
+// Service answers ShouldRateLimit. Safe for concurrent use; it owns no
+// goroutines.
+type Service struct {
+	rlspb.UnimplementedRateLimitServiceServer
+	state   atomic.Pointer[State]
+	log     *slog.Logger
+	metrics *Metrics
+	health  *health.Server
+}
+
+// New returns a Service deciding with st.
+func New(st *State, opts Options) (*Service, error) {
+	if opts.Logger == nil {
+		return nil, errors.New("rls: New: logger is nil")
+	}
+	s := &Service{log: opts.Logger, metrics: opts.Metrics, health: health.NewServer()}
+	if err := s.Swap(st); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Swap makes st the State of every request that starts from now on.
+func (s *Service) Swap(st *State) error {
+	if err := st.check(); err != nil {
+		return fmt.Errorf("rls: %w", err)
+	}
+	s.state.Store(st)
+	return nil
+}
+
+// Register registers the rate-limit service and the health service
+// (grpc.health.v1.Health, SERVING for "" and ServiceName) on g.
+func (s *Service) Register(g *grpc.Server) {
+	rlspb.RegisterRateLimitServiceServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// Shutdown answers NOT_SERVING to health checks from now on, so clients
+// move away before the server stops.
+func (s *Service) Shutdown() { s.health.Shutdown() }
+
+// descriptor is one request descriptor on its way to an answer.
+type descriptor struct {
+	rule    *envoyconf.Rule
+	subject string
+	cost    int64
+	refund  bool
+	status  *rlspb.RateLimitResponse_DescriptorStatus
+	// decided is the store's verdict for an enforced (non-shadow) rule,
+	// for the response headers.
+	decided *sluice.Status
+	// failedOpen: the store could not decide and the rule fails open.
+	failedOpen bool
+}
+
+// group is the descriptors decided in one Limiter.Check.
+type group struct {
+	subject string
+	cost    int64
+	refund  bool
+	shadow  bool
+	peek    bool // a descriptor of the subject is denied without the store
+	members []int
+}
+
+func (g *group) has(ds []descriptor, id string) bool {
+	for _, i := range g.members {
+		if ds[i].rule.Policy.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// errUnavailable is the answer when the store cannot decide for a
+// fail-closed policy.
+func errUnavailable(reason string) error {
+	return status.Error(codes.Unavailable, "sluice: the store cannot decide and the policy fails closed: "+reason)
+}
+
+// ShouldRateLimit decides req; see the package documentation.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	resp, err := s.shouldRateLimit(ctx, req)
+	if s.metrics != nil {
+		s.metrics.countRequest(resp, err)
+	}
+	return resp, err
+}
+
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	st := s.state.Load()
+	domain := req.GetDomain()
+	if domain == "" {
+		return nil, status.Error(codes.InvalidArgument, "sluice: domain must not be empty")
+	}
+	if len(req.GetDescriptors()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "sluice: descriptors must not be empty")
+	}
+	reqCost := int64(req.GetHitsAddend())
+	if reqCost == 0 {
+		reqCost = 1
+	}
+	ds := make([]descriptor, len(req.Descriptors))
+	replaced := map[string]bool{}
+	entries := make([]envoyconf.Entry, 0, 4)
+	for i, d := range req.Descriptors {
+		entries = entries[:0]
+		for _, e := range d.GetEntries() {
+			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		rule, vars := st.Rules.Match(domain, entries)
+		ds[i] = descriptor{rule: rule, cost: reqCost, refund: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
+			ds[i].cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		if rule == nil {
+			continue
+		}
+		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
+		for _, name := range rule.Replaces {
+			replaced[name] = true
+		}
+	}
+	for i := range ds {
+		if r := ds[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
+			ds[i].rule = nil // replaced: neither decided nor spent
+		}
+	}
+
+	// Answer what needs no store; group the rest by subject.
+	var groups []*group
+	blocked := map[string]bool{} // subjects with a descriptor denied locally
+	for i := range ds {
+		d := &ds[i]
+		r := d.rule
+		switch {
+		case r == nil:
+			d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+			continue
+		case r.Unlimited:
+			d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			continue
+		case !r.Decided(), !d.refund && d.cost > r.Policy.WithDefaults().MaxCost:
+			// 0 per unit, or more than the limit could ever admit.
+			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
+				Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
+				DurationUntilReset: durationpb.New(r.Unit.Duration()),
+			}
+			if !r.Shadow {
+				blocked[d.subject] = true
+			}
+			continue
+		}
+		if d.refund {
+			// Giving back more than the capacity is giving back the capacity.
+			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
+		}
+		var g *group
+		for _, c := range groups {
+			if c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
+				g = c
+				break
+			}
+		}
+		if g == nil {
+			g = &group{subject: d.subject, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			groups = append(groups, g)
+		}
+		g.members = append(g.members, i)
+	}
+	for _, g := range groups {
+		g.peek = blocked[g.subject] && !g.shadow && !g.refund
+		if err := s.decide(ctx, st, ds, g); err != nil {
+			return nil, err
+		}
+	}
+
+	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
+	for i := range ds {
+		d := &ds[i]
+		if d.rule != nil && d.rule.Shadow && d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
+			// shadow_mode: decided and counted, never enforced.
+			if s.metrics != nil {
+				s.metrics.countDescriptor(d.rule, "shadow_over_limit")
+			}
+			d.status.Code = rlspb.RateLimitResponse_OK
+		} else if s.metrics != nil {
+			s.metrics.countDescriptor(d.rule, codeLabel(d))
+		}
+		if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = d.status
+	}
+	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "envoy rate limit", slog.String("domain", domain), slog.Int("descriptors", len(ds)), slog.String("overall_code", resp.OverallCode.String()))
+	}
+	return resp, nil
+}
+
+// decide asks the store for one group and fills in its statuses. It
+// returns a gRPC error when a fail-closed policy cannot be decided.
+func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *group) error {
+	ids := make([]string, len(g.members))
+	for j, i := range g.members {
+		ids[j] = ds[i].rule.Policy.ID
+	}
+	req := sluice.Request{Policies: ids, Subject: g.subject, Cost: g.cost, Refund: g.refund}
+	if g.peek {
+		req.Cost, req.Peek = 0, true
+	}
+	o := st.Limiter.Check(ctx, req)
+	switch {
+	case o.Kind == sluice.Allowed || o.Kind == sluice.Denied:
+		for j, i := range g.members {
+			d := &ds[i]
+			sst := o.Statuses[j]
+			code := rlspb.RateLimitResponse_OK
+			if !sst.Allowed && !g.refund {
+				code = rlspb.RateLimitResponse_OVER_LIMIT
+			}
+			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
+				Code:               code,
+				CurrentLimit:       currentLimit(d.rule),
+				LimitRemaining:     uint32(min(max(sst.Remaining, 0), math.MaxUint32)),
+				DurationUntilReset: durationpb.New(sst.ResetAfter),
+			}
+			if !d.rule.Shadow {
+				d.decided = &sst
+			}
+		}
+		return nil
+	case o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.ErrCorruptState):
+		return status.Error(codes.InvalidArgument, "sluice: "+o.Reason())
+	}
+	// The store could not decide: the failure mode answers.
+	open := g.shadow // a shadow rule never blocks
+	if !open {
+		open = true
+		for _, i := range g.members {
+			open = open && ds[i].rule.Policy.FailureMode == sluice.FailOpen
+		}
+	}
+	s.log.LogAttrs(ctx, slog.LevelWarn, "envoy rate limit: the store cannot decide", slog.String("outcome", o.Kind.String()), slog.String("reason", o.Reason()), slog.Bool("fail_open", open))
+	if !open {
+		return errUnavailable(o.Reason())
+	}
+	for _, i := range g.members {
+		ds[i].status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(ds[i].rule)}
+		ds[i].decided = nil
+		ds[i].failedOpen = true
+	}
+	return nil
+}
+
+// identity frames the entries a rule does not fix, so that no two
+// different lists give the same string.
+func identity(vars []envoyconf.Entry) string {
+	var b []byte
+	for _, e := range vars {
+		b = strconv.AppendInt(b, int64(len(e.Key)), 10)
+		b = append(b, ':')
+		b = append(b, e.Key...)
+		b = strconv.AppendInt(b, int64(len(e.Value)), 10)
+		b = append(b, ':')
+		b = append(b, e.Value...)
+	}
+	return string(b)
+}
+
+func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
+	return &rlspb.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: uint32(r.RequestsPerUnit),
+		Unit:            rlspb.RateLimitResponse_RateLimit_Unit(r.Unit),
+	}
+}
+
+// headers returns the RateLimit-Policy and RateLimit fields for the
+// enforced rules the store decided, the most restrictive first, and
+// Retry-After when the request is over the limit. This is the one place
+// the service calls the field serializer.
+func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
+	var policies []sluice.Policy
+	var statuses []sluice.Status
+	seen := map[string]bool{}
+	for i := range ds {
+		if d := &ds[i]; d.decided != nil && !seen[d.rule.Policy.ID] {
+			seen[d.rule.Policy.ID] = true
+			policies = append(policies, d.rule.Policy)
+			statuses = append(statuses, *d.decided)
+		}
+	}
+	if len(statuses) == 0 {
+		return nil
+	}
+	most := statuses[0]
+	for _, st := range statuses[1:] {
+		switch {
+		case most.Allowed && !st.Allowed,
+			!most.Allowed && !st.Allowed && st.RetryAfter > most.RetryAfter,
+			most.Allowed && st.Allowed && st.Remaining < most.Remaining:
+			most = st
+		}
+	}
+	var pol []byte
+	for i, p := range policies {
+		if i > 0 {
+			pol = append(pol, ", "...)
+		}
+		pol = ratelimitheader.AppendPolicyItem(pol, p)
+	}
+	o := sluice.Outcome{Status: most}
+	if len(statuses) > 1 {
+		o.Statuses = statuses
+	}
+	hs := []*corepb.HeaderValue{
+		{Key: "RateLimit-Policy", Value: string(pol)},
+		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
+	}
+	if over && !most.Allowed {
+		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
+	}
+	return hs
+}

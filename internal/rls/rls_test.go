@@ -1,0 +1,473 @@
+package rls_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/rls"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// rules is the rules file of these tests, in envoyproxy/ratelimit's
+// format. Windows are an hour or more so that the Redis runs, on Redis
+// TIME, never see one roll over.
+const rules = `
+domain: shop
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+  - key: plan
+    value: free
+    descriptors:
+      - key: user
+        rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: api
+    rate_limit: { unit: day, requests_per_unit: 5 }
+  - key: path
+    value: "/search*"
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: path
+    value: /search/special
+    rate_limit: { unit: hour, requests_per_unit: 4 }
+  - key: internal
+    rate_limit: { unlimited: true }
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: { unit: second, requests_per_unit: 0 }
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        shadow_mode: true
+        rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        rate_limit: { name: specific_limit, unit: hour, requests_per_unit: 2 }
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        rate_limit:
+          replaces: [{ name: specific_limit }]
+          unit: hour
+          requests_per_unit: 4
+  - key: closed
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: open
+    rate_limit: { unit: hour, requests_per_unit: 5, failure_mode: open }
+`
+
+type harness struct {
+	client rlspb.RateLimitServiceClient
+	conn   *grpc.ClientConn
+	reg    *prometheus.Registry
+	svc    *rls.Service
+	store  sluice.Store
+}
+
+// start serves the rules over store on a real loopback socket.
+func start(t *testing.T, store sluice.Store, yaml string) *harness {
+	t.Helper()
+	cfg, err := envoyconf.Parse([]envoyconf.Source{{Name: "shop.yaml", Data: []byte(yaml)}})
+	if err != nil {
+		t.Fatalf("envoyconf.Parse: %v", err)
+	}
+	lim, err := sluice.New(store, cfg.Policies(), sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := rls.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := rls.New(&rls.State{Rules: cfg, Limiter: lim, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: log, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	svc.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		g.Stop()
+		<-done
+	})
+	return &harness{client: rlspb.NewRateLimitServiceClient(conn), conn: conn, reg: reg, svc: svc, store: store}
+}
+
+func memHarness(t *testing.T) *harness {
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	return start(t, ms, rules)
+}
+
+func redisHarness(t *testing.T) (*harness, *redistest.Server) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	st, err := redisstore.New(c, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, st, rules), srv
+}
+
+// d builds a descriptor from key, value pairs.
+func d(kv ...string) *commonpb.RateLimitDescriptor {
+	var es []*commonpb.RateLimitDescriptor_Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		es = append(es, &commonpb.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return &commonpb.RateLimitDescriptor{Entries: es}
+}
+
+// st is a descriptor status in short: code, limit ("1/HOUR", "" for
+// none) and remaining.
+type st struct {
+	Code      string
+	Limit     string
+	Remaining uint32
+}
+
+func (h *harness) ask(t *testing.T, req *rlspb.RateLimitRequest) (string, []st, *rlspb.RateLimitResponse) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := h.client.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
+	}
+	var got []st
+	for _, s := range resp.Statuses {
+		x := st{Code: s.Code.String(), Remaining: s.LimitRemaining}
+		if l := s.CurrentLimit; l != nil {
+			x.Limit = strings.TrimSpace(strings.Join([]string{itoa(l.RequestsPerUnit), l.Unit.String()}, "/"))
+		}
+		got = append(got, x)
+	}
+	return resp.OverallCode.String(), got, resp
+}
+
+func itoa(n uint32) string {
+	var b []byte
+	if n == 0 {
+		return "0"
+	}
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+func req(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+	return &rlspb.RateLimitRequest{Domain: "shop", Descriptors: descs}
+}
+
+// step is one request and the answer it must get.
+type step struct {
+	name    string
+	req     *rlspb.RateLimitRequest
+	overall string
+	want    []st
+}
+
+func run(t *testing.T, h *harness, steps []step) {
+	t.Helper()
+	for _, s := range steps {
+		overall, got, _ := h.ask(t, s.req)
+		if overall != s.overall || !cmp.Equal(got, s.want) {
+			t.Fatalf("%s: ShouldRateLimit = %s %+v, want %s %+v", s.name, overall, got, s.overall, s.want)
+		}
+	}
+}
+
+func testSecondDescriptorOverLimit(t *testing.T, h *harness) {
+	// Two subjects: the first descriptor is spent, the second is over.
+	r := req(d("api", "k1"), d("path", "/search/q"))
+	run(t, h, []step{
+		{"first", r, "OK", []st{{"OK", "5/DAY", 4}, {"OK", "2/HOUR", 1}}},
+		{"second", r, "OK", []st{{"OK", "5/DAY", 3}, {"OK", "2/HOUR", 0}}},
+		{"third", r, "OVER_LIMIT", []st{{"OK", "5/DAY", 2}, {"OVER_LIMIT", "2/HOUR", 0}}},
+	})
+	_, _, resp := h.ask(t, r)
+	if resp.Statuses[1].DurationUntilReset.AsDuration() <= 0 {
+		t.Errorf("over-limit status has duration_until_reset %v, want > 0", resp.Statuses[1].DurationUntilReset.AsDuration())
+	}
+	hdr := map[string]string{}
+	for _, hv := range resp.ResponseHeadersToAdd {
+		hdr[hv.Key] = hv.Value
+	}
+	if p := hdr["RateLimit-Policy"]; !strings.Contains(p, `"shop.api";q=5;w=86400`) || !strings.Contains(p, ";q=2;w=3600") {
+		t.Errorf("RateLimit-Policy = %q, want both policies", p)
+	}
+	if l := hdr["RateLimit"]; !strings.HasPrefix(l, `"shop.path_-search-`) || !strings.Contains(l, ";r=0;t=") {
+		t.Errorf("RateLimit = %q, want the over-limit policy first with r=0", l)
+	}
+	if hdr["Retry-After"] == "" {
+		t.Errorf("over-limit answer lacks Retry-After: %v", hdr)
+	}
+}
+
+func testSameSubjectAtomic(t *testing.T, h *harness) {
+	// Both descriptors fix nothing but the user: one subject, decided
+	// all or nothing.
+	both := req(d("user", "u1"), d("plan", "free", "user", "u1"))
+	run(t, h, []step{
+		{"first", both, "OK", []st{{"OK", "10/HOUR", 9}, {"OK", "1/HOUR", 0}}},
+		{"second: nothing spent on the first", both, "OVER_LIMIT", []st{{"OK", "10/HOUR", 9}, {"OVER_LIMIT", "1/HOUR", 0}}},
+		{"user alone", req(d("user", "u1")), "OK", []st{{"OK", "10/HOUR", 8}}},
+		{"another user", req(d("user", "u2"), d("plan", "free", "user", "u2")), "OK", []st{{"OK", "10/HOUR", 9}, {"OK", "1/HOUR", 0}}},
+	})
+}
+
+func testHitsAddend(t *testing.T, h *harness) {
+	r := req(d("api", "h"))
+	r.HitsAddend = 3
+	r2 := req(d("api", "h"))
+	r2.Descriptors[0].HitsAddend = wrapperspb.UInt64(2) // overrides the request's
+	r2.HitsAddend = 4
+	r3 := req(d("api", "h2"))
+	r3.HitsAddend = 6
+	run(t, h, []step{
+		{"hits_addend 3", r, "OK", []st{{"OK", "5/DAY", 2}}},
+		{"descriptor hits_addend 2", r2, "OK", []st{{"OK", "5/DAY", 0}}},
+		{"one more", req(d("api", "h")), "OVER_LIMIT", []st{{"OVER_LIMIT", "5/DAY", 0}}},
+		{"more than the limit", r3, "OVER_LIMIT", []st{{"OVER_LIMIT", "5/DAY", 0}}},
+		{"nothing was spent", req(d("api", "h2")), "OK", []st{{"OK", "5/DAY", 4}}},
+	})
+}
+
+func testRefund(t *testing.T, h *harness) {
+	spend := req(d("api", "r"))
+	spend.HitsAddend = 4
+	back := req(d("api", "r"))
+	back.Descriptors[0].IsNegativeHits = true
+	back.Descriptors[0].HitsAddend = wrapperspb.UInt64(9) // more than the limit: gives back all
+	run(t, h, []step{
+		{"spend 4", spend, "OK", []st{{"OK", "5/DAY", 1}}},
+		{"give back", back, "OK", []st{{"OK", "5/DAY", 5}}},
+		{"spend 1", req(d("api", "r")), "OK", []st{{"OK", "5/DAY", 4}}},
+	})
+}
+
+func testMatching(t *testing.T, h *harness) {
+	run(t, h, []step{
+		{"wildcard", req(d("path", "/search/a")), "OK", []st{{"OK", "2/HOUR", 1}}},
+		{"wildcard, another value is another subject", req(d("path", "/search/b")), "OK", []st{{"OK", "2/HOUR", 1}}},
+		{"exact beats wildcard", req(d("path", "/search/special")), "OK", []st{{"OK", "4/HOUR", 3}}},
+		{"wildcard miss", req(d("path", "/home")), "OK", []st{{"OK", "", 0}}},
+		{"nested", req(d("plan", "free", "user", "n1")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"placeholder alone", req(d("plan", "free")), "OK", []st{{"OK", "", 0}}},
+		{"deeper than the rules", req(d("user", "n1", "extra", "x")), "OK", []st{{"OK", "", 0}}},
+		{"unlimited", req(d("internal", "x")), "OK", []st{{"OK", "", math.MaxUint32}}},
+		{"blocked value", req(d("remote_address", "50.0.0.5")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/SECOND", 0}}},
+		{"unknown descriptor", req(d("nope", "x")), "OK", []st{{"OK", "", 0}}},
+		{"unknown domain", &rlspb.RateLimitRequest{Domain: "other", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u")}}, "OK", []st{{"OK", "", 0}}},
+	})
+}
+
+func testShadow(t *testing.T, h *harness) {
+	r := req(d("service", "s", "user", "user-a"))
+	run(t, h, []step{
+		{"first", r, "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"over, but shadow", r, "OK", []st{{"OK", "1/HOUR", 0}}},
+	})
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "shadow_over_limit"); n != 1 {
+		t.Errorf("shadow_over_limit count = %v, want 1", n)
+	}
+}
+
+func testReplaces(t *testing.T, h *harness) {
+	both := req(d("key_1", "value_1", "user", "bk"), d("key_2", "value_2", "user", "bk"))
+	run(t, h, []step{
+		{"1", both, "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
+		{"2", both, "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 2}}},
+		{"3", both, "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 1}}},
+		{"the replaced limit was not spent", req(d("key_1", "value_1", "user", "bk")), "OK", []st{{"OK", "2/HOUR", 1}}},
+	})
+}
+
+func testInvalid(t *testing.T, h *harness) {
+	for _, r := range []*rlspb.RateLimitRequest{{Descriptors: []*commonpb.RateLimitDescriptor{d("a", "b")}}, {Domain: "shop"}} {
+		_, err := h.client.ShouldRateLimit(context.Background(), r)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("ShouldRateLimit(%v) = %v, want InvalidArgument", r, err)
+		}
+	}
+}
+
+func testHealth(t *testing.T, h *harness) {
+	hc := healthpb.NewHealthClient(h.conn)
+	for _, svc := range []string{"", rls.ServiceName} {
+		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health Check(%q) = %v, %v; want SERVING", svc, resp, err)
+		}
+	}
+	h.svc.Shutdown()
+	resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: rls.ServiceName})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health Check after Shutdown = %v, %v; want NOT_SERVING", resp, err)
+	}
+}
+
+// sum adds up the series of name whose code label is code.
+func sum(t *testing.T, reg *prometheus.Registry, name, code string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "code" && l.GetValue() == code {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+var cases = []struct {
+	name string
+	fn   func(*testing.T, *harness)
+}{
+	{"SecondDescriptorOverLimit", testSecondDescriptorOverLimit},
+	{"SameSubjectAtomic", testSameSubjectAtomic},
+	{"HitsAddend", testHitsAddend},
+	{"Refund", testRefund},
+	{"Matching", testMatching},
+	{"Shadow", testShadow},
+	{"Replaces", testReplaces},
+	{"Invalid", testInvalid},
+	{"Health", testHealth},
+}
+
+func TestMemstore(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, memHarness(t)) })
+	}
+}
+
+func TestRedis(t *testing.T) {
+	h, _ := redisHarness(t)
+	// One server for all cases: every case uses subjects of its own.
+	for _, c := range cases {
+		if c.name == "Health" || c.name == "Shadow" {
+			continue // both need a fresh service; memstore covers them
+		}
+		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
+	}
+}
+
+// TestFailureModes stops Redis: a fail-closed rule makes the call fail
+// with UNAVAILABLE, so Envoy's failure_mode_deny decides; a fail-open
+// rule is answered OK.
+func TestFailureModes(t *testing.T) {
+	h, srv := redisHarness(t)
+	run(t, h, []step{
+		{"closed, Redis up", req(d("closed", "c")), "OK", []st{{"OK", "5/HOUR", 4}}},
+		{"open, Redis up", req(d("open", "o")), "OK", []st{{"OK", "5/HOUR", 4}}},
+	})
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := h.client.ShouldRateLimit(ctx, req(d("closed", "c")))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "fails closed") {
+		t.Errorf("closed rule, Redis stopped: %v, want UNAVAILABLE", err)
+	}
+	_, err = h.client.ShouldRateLimit(ctx, req(d("open", "o"), d("closed", "c")))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("open and closed rules, Redis stopped: %v, want UNAVAILABLE", err)
+	}
+	run(t, h, []step{
+		{"open, Redis stopped", req(d("open", "o")), "OK", []st{{"OK", "5/HOUR", 0}}},
+		{"no rule needs no store", req(d("nope", "x")), "OK", []st{{"OK", "", 0}}},
+	})
+	if n := sum(t, h.reg, "sluice_envoy_requests_total", "Unavailable"); n != 2 {
+		t.Errorf("sluice_envoy_requests_total{code=Unavailable} = %v, want 2", n)
+	}
+}
+
+// TestEveryField serves envoyconf's fixture that uses every field of the
+// format and sluice's additions, and checks that they behave as
+// envoyproxy/ratelimit documents them.
+func TestEveryField(t *testing.T) {
+	data, err := os.ReadFile("../envoyconf/testdata/valid/messaging.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	h := start(t, ms, string(data))
+	r := func(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+		return &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: descs}
+	}
+	marketing := r(d("message_type", "marketing", "to_number", "2061111111"), d("to_number", "2061111111"))
+	run(t, h, []step{
+		{"nested and key-only, one subject", marketing, "OK", []st{{"OK", "5/DAY", 4}, {"OK", "100/DAY", 99}}},
+		{"detailed_metric changes nothing", r(d("to_number", "2061111111")), "OK", []st{{"OK", "100/DAY", 98}}},
+		{"per address", r(d("remote_address", "50.0.0.1")), "OK", []st{{"OK", "10/SECOND", 9}}},
+		{"blocked address", r(d("remote_address", "50.0.0.5")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/SECOND", 0}}},
+		{"unlimited", r(d("ldap", "x")), "OK", []st{{"OK", "", math.MaxUint32}}},
+		{"gcra burst 2: first", r(d("path", "/api/a")), "OK", []st{{"OK", "3/MINUTE", 1}}},
+		{"gcra burst 2: second", r(d("path", "/api/a")), "OK", []st{{"OK", "3/MINUTE", 0}}},
+		{"gcra burst 2: third", r(d("path", "/api/a")), "OVER_LIMIT", []st{{"OVER_LIMIT", "3/MINUTE", 0}}},
+		{"shadow user-a", r(d("service", "s", "user", "user-a")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"shadow user-a over", r(d("service", "s", "user", "user-a")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"user-b enforced", r(d("service", "s", "user", "user-b")), "OK", []st{{"OK", "2/HOUR", 1}}},
+		{"user-b", r(d("service", "s", "user", "user-b")), "OK", []st{{"OK", "2/HOUR", 0}}},
+		{"user-b over", r(d("service", "s", "user", "user-b")), "OVER_LIMIT", []st{{"OVER_LIMIT", "2/HOUR", 0}}},
+		{"replaces", r(d("key_1", "value_1", "user", "u"), d("key_2", "value_2", "user", "u")), "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
+	})
+}

@@ -1,0 +1,45 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// ConfigStatus is the answer of GET /v1/config: which configuration is
+// serving and how the last reload went.
+type ConfigStatus struct {
+	// Generation counts the configurations served since the start: 1 for
+	// the one read at start, one more for each successful reload.
+	Generation int64 `json:"generation"`
+	// Hash is the SHA-256 (hex) of every file the configuration was read
+	// from: the config file and the Envoy rules files.
+	Hash string `json:"hash"`
+	// LoadedAt is when this generation started serving.
+	LoadedAt time.Time `json:"loaded_at"`
+	// Files are the files read, config file first; empty for the
+	// built-in example.
+	Files []string `json:"files"`
+	// LastReload is the last reload attempt; nil when there was none.
+	LastReload *ReloadStatus `json:"last_reload,omitempty"`
+}
+
+// ReloadStatus is one reload attempt.
+type ReloadStatus struct {
+	Result  string    `json:"result"`          // "success", "failure", or "unchanged" (the files are back to the serving config)
+	Trigger string    `json:"trigger"`         // "signal" (SIGHUP) or "file" (a watched file changed)
+	At      time.Time `json:"at"`              // when it was tried
+	Error   string    `json:"error,omitempty"` // the line-numbered reason of a failure
+}
+
+func (s *Server) configz(w http.ResponseWriter, r *http.Request) {
+	b, err := json.Marshal(s.configStatus())
+	if err != nil { // strings, ints and times only: cannot happen
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
+	w.Write(append(b, '\n'))
+}
