@@ -249,18 +249,25 @@ func StartCluster(masters, replicas int) (c *ClusterServers, err error) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			// The cluster bus port is set explicitly, so it need not be port+10000.
-			bus, err := freePort()
-			if err != nil {
-				errs[i] = err
-				return
+			// The cluster bus port is set explicitly, so it need not be
+			// port+10000; it too can be taken between probe and bind, so a
+			// failed start tries a new pair.
+			for range 5 {
+				bus, err := freePort()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				servers[i], errs[i] = StartServer("",
+					"cluster-enabled yes",
+					"cluster-port "+strconv.Itoa(bus),
+					"cluster-config-file nodes.conf",
+					"cluster-node-timeout 5000",
+				)
+				if errs[i] == nil {
+					return
+				}
 			}
-			servers[i], errs[i] = StartServer("",
-				"cluster-enabled yes",
-				"cluster-port "+strconv.Itoa(bus),
-				"cluster-config-file nodes.conf",
-				"cluster-node-timeout 5000",
-			)
 		})
 	}
 	wg.Wait()
