@@ -374,13 +374,13 @@ type ACLServer struct {
 }
 
 // ACLUser returns the ACL rule of the restricted user for keys under
-// prefix: EVALSHA and SCRIPT LOAD, PING, and the data commands the store's
-// script calls, on prefix* keys only. Everything else, EVAL included, is
-// denied.
+// prefix: FCALL and FUNCTION LOAD, EVALSHA and SCRIPT LOAD, PING, and the
+// data commands the store's code calls, on prefix* keys only. Everything
+// else, EVAL included, is denied.
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
-		"+evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush " +
-		"+zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
+		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel " +
+		"+llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
 }
 
 // StartACL starts a server with a default user protected by a password and
