@@ -1,8 +1,17 @@
 // Package redisstore is the shared sluice.Store: every decision is one
-// EVALSHA of a Lua script that runs sluice's decision engine, ported
+// call of Lua code in Redis that runs sluice's decision engine, ported
 // function by function from Go, so any number of application instances
 // share one limit through one Redis, a Sentinel-managed Redis, or a Redis
 // Cluster.
+//
+// # Calls
+//
+// On Redis 7 and later the code is a function library (FUNCTION LOAD once
+// per master) and each decision one FCALL; before Redis 7, or for a user
+// not allowed FUNCTION LOAD, it is a script (SCRIPT LOAD) and each
+// decision one EVALSHA. Decisions that meet at a Store while its senders
+// are on the wire go to Redis together in one pipeline (Options.Senders),
+// each with its own reply; a lone decision is sent at once.
 //
 // # Keys
 //
@@ -30,13 +39,13 @@
 //
 // # Least-privilege ACL
 //
-// The store sends EVALSHA and SCRIPT LOAD (never EVAL), and its script calls
-// only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
+// The store sends FCALL and FUNCTION LOAD, or EVALSHA and SCRIPT LOAD (never
+// EVAL), and its code calls only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
 // LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE
 // and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
 // that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery.
@@ -50,10 +59,13 @@
 // ran) wraps sluice.ErrBeforeSend; a lost reply (read timeout, reset, EOF
 // after the write) wraps sluice.ErrIndeterminate; state the script did not
 // write wraps sluice.ErrCorruptState; a caller clock too far behind wraps
-// sluice.ErrClockUnsafe. The script command is marked not retryable, so
-// go-redis's MaxRetries never replays a decision whose reply was lost
-// (which could spend twice); only NOSCRIPT, which proves the script did not
-// run, is retried, once, after SCRIPT LOAD on that node.
+// sluice.ErrClockUnsafe; a pipeline cut short by its deadline makes each
+// of its decisions ErrIndeterminate. The decision command is marked not
+// retryable, so go-redis's MaxRetries never replays a decision, or a
+// pipeline holding one, whose reply was lost (which could spend twice);
+// only a node's answer that it does not hold the code (NOSCRIPT, "Function
+// not found"), which proves the decision did not run, is retried, once,
+// after loading it on that node.
 //
 // # Evaluation ids
 //
@@ -68,14 +80,13 @@ package redisstore
 
 import (
 	"context"
-	"crypto/sha1"
-	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -84,43 +95,6 @@ import (
 	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/internal/evaluation"
 )
-
-// The decision script, one Lua file per Go file it ports, joined in this
-// order (each defines what the later ones use) into one script: one
-// EVALSHA per decision.
-//
-//go:embed lua/*.lua
-var luaFiles embed.FS
-
-var scriptFiles = []string{
-	"params.lua",         // internal/algorithm/params.go
-	"codec.lua",          // error replies and integer strings
-	"fixed_window.lua",   // internal/algorithm/fixed_window.go
-	"sliding_log.lua",    // internal/algorithm/sliding_log.go
-	"sliding_window.lua", // internal/algorithm/sliding_window.go
-	"token_bucket.lua",   // internal/algorithm/token_bucket.go
-	"gcra.lua",           // internal/algorithm/gcra.go
-	"engine.lua",         // internal/algorithm/engine.go
-	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
-}
-
-var decideLua = func() string {
-	var b strings.Builder
-	for _, name := range scriptFiles {
-		src, err := luaFiles.ReadFile("lua/" + name)
-		if err != nil {
-			panic(err) // embedded at build time: cannot happen
-		}
-		b.Write(src)
-		b.WriteByte('\n')
-	}
-	return b.String()
-}()
-
-var decideSHA = func() string {
-	h := sha1.Sum([]byte(decideLua))
-	return hex.EncodeToString(h[:])
-}()
 
 // The script's argument and reply layout; redisstore.lua names each alike
 // (ARGV_COST, …), and a test holds the two equal.
@@ -178,12 +152,20 @@ type Options struct {
 	// Prefix starts every key, at most MaxPrefixLen bytes without '{' or
 	// '}'. Default: "sluice:".
 	Prefix string
-	// Timeout bounds each decision, as a deadline on its context (the
-	// caller's earlier deadline wins). go-redis applies context deadlines
-	// to the socket only when the client has ContextTimeoutEnabled;
-	// otherwise its ReadTimeout and WriteTimeout bound the call. Negative
-	// means no bound beyond the caller's context. Default: 1s.
+	// Timeout bounds each round trip to Redis (a pipeline of decisions, or
+	// one), as a deadline on its context; a caller's own deadline bounds
+	// its wait too. go-redis applies context deadlines to the socket only
+	// when the client has ContextTimeoutEnabled; otherwise its ReadTimeout
+	// and WriteTimeout bound the call. Negative means no bound beyond the
+	// caller's context. Default: 1s.
 	Timeout time.Duration
+	// Senders is how many pipelines of decisions may be on the wire at
+	// once. Concurrent decisions that find every sender busy go together
+	// in the next pipeline, which costs Redis and the client far less than
+	// one round trip each; a lone decision is sent at once, never held
+	// back by a timer. Negative sends every decision alone, from its
+	// caller's goroutine. Default: 2.
+	Senders int
 	// ClockMode is the time source. Default: RedisTime.
 	ClockMode ClockMode
 	// Clock is the time source in CallerClock mode; unused otherwise.
@@ -212,21 +194,23 @@ type rediser interface {
 }
 
 // Store is the Redis store. Create it with New; the zero value is not
-// usable. Safe for concurrent use; it owns no goroutines. Close does not
-// close the client, which stays the caller's.
+// usable. Safe for concurrent use. Its sender goroutines stop on Close,
+// which does not close the client: that stays the caller's.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
 	clock   sluice.Clock // nil in RedisTime mode
-	maxReg  string       // ARGV[3]
+	maxReg  string       // ARGV_MAX_REGRESSION
 	extra   time.Duration
+	scripts atomic.Bool // the code is loaded as a script, not a function library
+	batch   *batcher    // nil: every decision is sent alone by its caller
 }
 
 var _ sluice.Store = (*Store)(nil)
 
-// New returns a Store over client and loads its script on every master
-// (SCRIPT LOAD), failing if that is not possible.
+// New returns a Store over client and loads its code on every master,
+// failing if that is not possible, and starts its senders.
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New: client is nil")
@@ -265,15 +249,26 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if err := s.load(ctx); err != nil {
 		return nil, fmt.Errorf("redisstore: New: %w", err)
 	}
+	switch {
+	case opts.Senders == 0:
+		s.batch = newBatcher(s, 2)
+	case opts.Senders > 0:
+		s.batch = newBatcher(s, opts.Senders)
+	}
 	return s, nil
 }
 
-// Close releases nothing: the store owns no goroutines and the client
-// stays the caller's. It exists so a Store can be closed like memstore's.
-func (s *Store) Close() error { return nil }
+// Close stops the store's sender goroutines; decisions asked afterwards,
+// or still queued, fail before send. The client stays the caller's.
+func (s *Store) Close() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
+	return nil
+}
 
-// Ready reports whether Redis answers and holds the script on every
-// master, loading it where it is missing.
+// Ready reports whether Redis answers and holds the decision code on
+// every master, loading it where it is missing.
 func (s *Store) Ready(ctx context.Context) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
@@ -288,46 +283,6 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 		return context.WithTimeout(ctx, s.timeout)
 	}
 	return ctx, func() {}
-}
-
-// load runs SCRIPT LOAD on every master (every shard of a Ring).
-func (s *Store) load(ctx context.Context) error {
-	loadOn := func(ctx context.Context, c *redis.Client) error { return loadScript(ctx, c) }
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, loadOn)
-	case *redis.Ring:
-		return c.ForEachShard(ctx, loadOn)
-	default:
-		return loadScript(ctx, c)
-	}
-}
-
-// loadNode runs SCRIPT LOAD on the node that owns key, after a NOSCRIPT.
-func (s *Store) loadNode(ctx context.Context, key string) error {
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		node, err := c.MasterForKey(ctx, key)
-		if err != nil {
-			return err
-		}
-		return loadScript(ctx, node)
-	case *redis.Ring:
-		return s.load(ctx)
-	default:
-		return loadScript(ctx, c)
-	}
-}
-
-func loadScript(ctx context.Context, c rediser) error {
-	sha, err := c.ScriptLoad(ctx, decideLua).Result()
-	if err != nil {
-		return fmt.Errorf("script load: %w", err)
-	}
-	if sha != decideSHA {
-		return fmt.Errorf("script load: redis answered sha1 %s, want %s", sha, decideSHA)
-	}
-	return nil
 }
 
 // algorithmCodes name each algorithm in keys.
@@ -362,13 +317,6 @@ func (s *Store) policyKey(subject string, p *sluice.Policy, suffix string) strin
 	return b.String()
 }
 
-// scriptCmd is an EVALSHA that go-redis must never retry on its own: a
-// retry after the command was written could spend twice.
-type scriptCmd struct{ *redis.Cmd }
-
-// NoRetry implements redis.Cmder.
-func (scriptCmd) NoRetry() bool { return true }
-
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
@@ -392,8 +340,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if id != "" {
 		keys += 2
 	}
-	args := make([]any, 3+keys+argvPolicies+argvPerPolicy*n)
-	args[0], args[1], args[2] = "evalsha", decideSHA, strconv.Itoa(keys)
+	p := pendingPool.Get().(*pending)
+	p.state.Store(queued)
+	args := slices.Grow(p.args[:0], 3+keys+argvPolicies+argvPerPolicy*n)[:3+keys+argvPolicies+argvPerPolicy*n]
+	p.args = args
+	cmdName, code := s.call()
+	args[0], args[1], args[2] = cmdName, code, strconv.Itoa(keys)
 	for i, p := range ev.Policies {
 		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
 			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
@@ -427,22 +379,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		a[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
 	}
 
-	ctx, cancel := s.callContext(ctx)
-	defer cancel()
-	vals, err := s.run(ctx, args)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		// The script certainly did not run: load it where the key lives and
-		// try once more.
-		if lerr := s.loadNode(ctx, args[3].(string)); lerr != nil {
-			return s.classify(ctx, "reload script after NOSCRIPT", lerr)
-		}
-		vals, err = s.run(ctx, args)
-	}
+	vals, err := s.send(ctx, p)
 	if err != nil {
-		return s.classify(ctx, "run script", err)
+		return err
 	}
 	if len(vals) != 1+replyPerPolicy*n {
-		return fmt.Errorf("redisstore: %w: script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
+		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
 	ev.Statuses = ev.Statuses[:0]
@@ -454,13 +396,48 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-func (s *Store) run(ctx context.Context, args []any) ([]int64, error) {
-	cmd := scriptCmd{redis.NewCmd(ctx, args...)}
-	cmd.SetFirstKeyPos(3)
-	if err := s.client.Process(ctx, cmd); err != nil {
+// send runs the decision p holds, through the senders or alone, and
+// returns the script's reply, or the error typed by classify.
+func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
+	if s.batch == nil {
+		defer s.release(p)
+		ctx, cancel := s.callContext(ctx)
+		defer cancel()
+		p.cmd = newScriptCmd(ctx, p.args)
+		err := s.client.Process(ctx, p.cmd)
+		if notLoaded(err) {
+			// The code certainly did not run: load it where the key lives
+			// and try once more.
+			if lerr := s.loadNode(ctx, p.args[3].(string)); lerr != nil {
+				return nil, s.classify(ctx, "reload after "+err.Error(), lerr)
+			}
+			p.cmd = newScriptCmd(ctx, p.args)
+			err = s.client.Process(ctx, p.cmd)
+		}
+		if err != nil {
+			return nil, s.classify(ctx, "run script", err)
+		}
+		return p.cmd.Int64Slice()
+	}
+	p.cmd, p.err = newScriptCmd(ctx, p.args), nil
+	reuse, err := s.batch.do(ctx, p)
+	if reuse {
+		defer s.release(p)
+	}
+	if err != nil {
 		return nil, err
 	}
-	return cmd.Int64Slice()
+	if p.err != nil {
+		return nil, p.err
+	}
+	return p.cmd.Int64Slice()
+}
+
+// release returns p to the pool, dropping what it references.
+func (s *Store) release(p *pending) {
+	clear(p.args)
+	p.cmd, p.err = scriptCmd{}, nil
+	pendingPool.Put(p)
 }
 
 // refusedBeforeRun are error replies with which Redis refuses a script

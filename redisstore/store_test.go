@@ -155,19 +155,27 @@ func TestTwoProcesses(t *testing.T) {
 
 // TestScriptFlush: after SCRIPT FLUSH the next decision loads the script
 // again and succeeds, on a standalone server and on every cluster master.
-func TestScriptFlush(t *testing.T) {
+// TestCodeFlushed: after FUNCTION FLUSH and SCRIPT FLUSH the next decision
+// loads the code again where its key lives and is decided once.
+func TestCodeFlushed(t *testing.T) {
 	ctx := context.Background()
+	flush := func(ctx context.Context, c *redis.Client) error {
+		if err := c.FunctionFlush(ctx).Err(); err != nil {
+			return err
+		}
+		return c.ScriptFlush(ctx).Err()
+	}
 	t.Run("standalone", func(t *testing.T) {
 		c := standaloneClient(t)
 		s := newStore(t, c, redisstore.Options{})
 		p := policy(t, "flush", sluice.FixedWindow, 5, time.Minute)
 		subj := subject(t)
 		for i := range 3 {
-			if err := c.ScriptFlush(ctx).Err(); err != nil {
+			if err := flush(ctx, c); err != nil {
 				t.Fatal(err)
 			}
 			if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != int64(4-i) {
-				t.Fatalf("decision %d after SCRIPT FLUSH = %+v, want allowed, remaining %d", i, st[0], 4-i)
+				t.Fatalf("decision %d after the flush = %+v, want allowed, remaining %d", i, st[0], 4-i)
 			}
 		}
 	})
@@ -175,11 +183,13 @@ func TestScriptFlush(t *testing.T) {
 		c := clusterClient(t)
 		s := newStore(t, c, redisstore.Options{})
 		p := policy(t, "flush", sluice.GCRA, 5, time.Minute)
-		if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.ScriptFlush(ctx).Err() }); err != nil {
+		if err := c.ForEachMaster(ctx, flush); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 30 { // subjects spread over every master
-			mustEvaluate(t, s, fmt.Sprint(subject(t), i), 1, p)
+			if st := mustEvaluate(t, s, fmt.Sprint(subject(t), i), 1, p); !st[0].Allowed || st[0].Remaining != 4 {
+				t.Fatalf("first decision of subject %d after the flush = %+v, want allowed, remaining 4", i, st[0])
+			}
 		}
 		if err := s.Ready(ctx); err != nil {
 			t.Fatalf("Ready after reloads: %v", err)
@@ -187,9 +197,6 @@ func TestScriptFlush(t *testing.T) {
 	})
 }
 
-// TestACL: a user allowed only EVALSHA, SCRIPT LOAD and the script's data
-// commands on the prefix can run every algorithm, NOSCRIPT included, and
-// the server never sees an EVAL.
 func TestACL(t *testing.T) {
 	ctx := context.Background()
 	a := redistest.ACL(t, "sluice:")
@@ -205,7 +212,7 @@ func TestACL(t *testing.T) {
 	subj := subject(t)
 	for i := range 4 {
 		if i == 2 {
-			if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			if err := admin.FunctionFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -229,11 +236,11 @@ func TestACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(stats, "cmdstat_eval:") {
-		t.Fatalf("INFO commandstats shows EVAL:\n%s", stats)
+	if strings.Contains(stats, "cmdstat_eval:") || strings.Contains(stats, "cmdstat_evalsha:") {
+		t.Fatalf("INFO commandstats shows EVAL or EVALSHA where the user may load functions:\n%s", stats)
 	}
-	if !strings.Contains(stats, "cmdstat_evalsha:") {
-		t.Fatalf("INFO commandstats shows no EVALSHA:\n%s", stats)
+	if !strings.Contains(stats, "cmdstat_fcall:") {
+		t.Fatalf("INFO commandstats shows no FCALL:\n%s", stats)
 	}
 	// The user really is restricted: other keys and EVAL are refused.
 	if err := user.Eval(ctx, "return 1", nil).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
@@ -251,6 +258,50 @@ func TestACL(t *testing.T) {
 
 // TestClusterMultiPolicy: every algorithm and all five together on a
 // cluster, for subjects in every slot range: no CROSSSLOT, all or nothing.
+// TestACLWithoutFunctions: a user allowed EVALSHA and SCRIPT LOAD but not
+// FUNCTION LOAD or FCALL (an ACL written for scripts) is served by the
+// script form of the same code.
+func TestACLWithoutFunctions(t *testing.T) {
+	ctx := context.Background()
+	a := redistest.ACL(t, "sluice:")
+	admin := a.AdminClient()
+	defer admin.Close()
+	rule := strings.NewReplacer("+fcall ", "", "+function|load ", "").Replace(redistest.ACLUser("sluice:"))
+	if err := admin.Do(ctx, append([]any{"acl", "setuser", "scripts", "on", ">scripts-pw"}, splitRule(rule)...)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	user := redis.NewClient(&redis.Options{Addr: a.Addr, Username: "scripts", Password: "scripts-pw"})
+	defer user.Close()
+	s := newStore(t, user, redisstore.Options{})
+	p := policy(t, "scripts", sluice.TokenBucket, 3, time.Minute)
+	subj := subject(t)
+	for i := range 3 {
+		if i == 1 {
+			if err := admin.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != int64(2-i) {
+			t.Fatalf("decision %d = %+v, want allowed with %d left", i, st[0], 2-i)
+		}
+	}
+	stats, err := admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stats, "cmdstat_evalsha:") || strings.Contains(stats, "cmdstat_fcall:") {
+		t.Fatalf("INFO commandstats: want EVALSHA and no FCALL:\n%s", stats)
+	}
+}
+
+func splitRule(rule string) []any {
+	var out []any
+	for _, f := range strings.Fields(rule) {
+		out = append(out, f)
+	}
+	return out
+}
+
 func TestClusterMultiPolicy(t *testing.T) {
 	c := clusterClient(t)
 	s := newStore(t, c, redisstore.Options{})

@@ -249,18 +249,25 @@ func StartCluster(masters, replicas int) (c *ClusterServers, err error) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			// The cluster bus port is set explicitly, so it need not be port+10000.
-			bus, err := freePort()
-			if err != nil {
-				errs[i] = err
-				return
+			// The cluster bus port is set explicitly, so it need not be
+			// port+10000; it too can be taken between probe and bind, so a
+			// failed start tries a new pair.
+			for range 5 {
+				bus, err := freePort()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				servers[i], errs[i] = StartServer("",
+					"cluster-enabled yes",
+					"cluster-port "+strconv.Itoa(bus),
+					"cluster-config-file nodes.conf",
+					"cluster-node-timeout 5000",
+				)
+				if errs[i] == nil {
+					return
+				}
 			}
-			servers[i], errs[i] = StartServer("",
-				"cluster-enabled yes",
-				"cluster-port "+strconv.Itoa(bus),
-				"cluster-config-file nodes.conf",
-				"cluster-node-timeout 5000",
-			)
 		})
 	}
 	wg.Wait()
@@ -367,13 +374,13 @@ type ACLServer struct {
 }
 
 // ACLUser returns the ACL rule of the restricted user for keys under
-// prefix: EVALSHA and SCRIPT LOAD, PING, and the data commands the store's
-// script calls, on prefix* keys only. Everything else, EVAL included, is
-// denied.
+// prefix: FCALL and FUNCTION LOAD, EVALSHA and SCRIPT LOAD, PING, and the
+// data commands the store's code calls, on prefix* keys only. Everything
+// else, EVAL included, is denied.
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
-		"+evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush " +
-		"+zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
+		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel " +
+		"+llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
 }
 
 // StartACL starts a server with a default user protected by a password and

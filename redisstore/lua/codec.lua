@@ -27,16 +27,33 @@ local function read(key, cmd, ...)
 end
 
 -- int parses a decimal integer as Go's strconv.FormatInt writes it (no
--- sign on 0, no leading zeros) of magnitude at most 2^53, or returns nil.
+-- sign on 0, no leading zeros) of magnitude at most 2^53, or returns nil:
+-- for what the store reads back from Redis, where anything else is
+-- corrupt.
 local function int(s)
   if type(s) ~= 'string' or (s ~= '0' and not string.find(s, '^%-?[1-9]%d*$')) then
     return nil
   end
-  local digits = string.gsub(s, '^%-', '')
-  if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
-    return nil -- beyond 2^53, where doubles skip integers
+  if #s >= 16 then -- compare long ones as strings: doubles round beyond 2^53
+    local digits = s
+    if string.byte(s, 1) == 45 then
+      digits = string.sub(s, 2)
+    end
+    if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+      return nil
+    end
   end
   return tonumber(s)
+end
+
+-- arg parses an integer argument, which redisstore.go writes with
+-- strconv: any whole number of magnitude below 2^53, or nil.
+local function arg(s)
+  local n = tonumber(s)
+  if n == nil or n ~= math.floor(n) or n >= MAX_EXACT or n <= -MAX_EXACT then
+    return nil
+  end
+  return n
 end
 
 -- fmt writes an integer as int reads it.

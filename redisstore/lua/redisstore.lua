@@ -38,7 +38,9 @@ by ':' (SET … PX), the sliding log as a list of admission times in µs.
 Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent.
-Needs Redis >= 5 (effects replication of a script that calls TIME). ]]
+Needs Redis >= 5 (effects replication of a script that calls TIME); on
+Redis >= 7 it is loaded once as a function library (FUNCTION LOAD) and
+called with FCALL, so its definitions are not rebuilt on every call. ]]
 
 local ARGV_COST = 1
 local ARGV_NOW = 2
@@ -212,11 +214,11 @@ end
 ------------------------------------------------------------------------
 
 -- policyArgs reads and checks the arguments of policy i.
-local function policyArgs(i, cost, refund)
+local function policyArgs(ARGV, i, cost, refund)
   local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
-  local kind = int(ARGV[base + POLICY_KIND])
-  local prm = {limit = int(ARGV[base + POLICY_LIMIT]), window = int(ARGV[base + POLICY_WINDOW]), burst = int(ARGV[base + POLICY_BURST])}
-  local grace = int(ARGV[base + POLICY_GRACE])
+  local kind = arg(ARGV[base + POLICY_KIND])
+  local prm = {limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]), burst = arg(ARGV[base + POLICY_BURST])}
+  local grace = arg(ARGV[base + POLICY_GRACE])
   if kind == nil or not (prm.limit and prm.window and prm.burst and grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
   end
@@ -236,7 +238,8 @@ local function policyArgs(i, cost, refund)
   return {kind = kind, params = prm}, grace
 end
 
-local function main()
+-- main decides one call; KEYS and ARGV are the call's keys and arguments.
+local function main(KEYS, ARGV)
   local rawID = ARGV[ARGV_ID] or ''
   local n = #KEYS
   if rawID ~= '' then
@@ -245,7 +248,7 @@ local function main()
   if n < 1 or #ARGV ~= ARGV_POLICIES + ARGV_PER_POLICY * n then
     raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. ARGV_PER_POLICY .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
-  local cost = int(ARGV[ARGV_COST])
+  local cost = arg(ARGV[ARGV_COST])
   if cost == nil or cost < 0 then
     raise('SLUICE_ARGS', 'cost must be an integer >= 0')
   end
@@ -263,7 +266,7 @@ local function main()
   end
   local dttl, dmax
   if id ~= '' then
-    dttl, dmax = int(ARGV[ARGV_DEDUPE_TTL]), int(ARGV[ARGV_DEDUPE_MAX])
+    dttl, dmax = arg(ARGV[ARGV_DEDUPE_TTL]), arg(ARGV[ARGV_DEDUPE_MAX])
     if dttl == nil or dttl < 1000 or dttl > MAX_DEDUPE_TTL or dmax == nil or dmax < 1 or dmax > MAX_DEDUPE_IDS then
       raise('SLUICE_ARGS', 'dedupe TTL must be 1000 to ' .. fmt(MAX_DEDUPE_TTL) .. ' µs and dedupe max 1 to ' .. MAX_DEDUPE_IDS)
     end
@@ -274,8 +277,8 @@ local function main()
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   else
-    now = int(ARGV[ARGV_NOW])
-    maxRegression = int(ARGV[ARGV_MAX_REGRESSION])
+    now = arg(ARGV[ARGV_NOW])
+    maxRegression = arg(ARGV[ARGV_MAX_REGRESSION])
     if now == nil or now < 1 or now >= MAX_EXACT then
       raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
     end
@@ -287,7 +290,7 @@ local function main()
   local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, maxRegression = maxRegression}
   local graces = {}
   for i = 1, n do
-    ev.policies[i], graces[i] = policyArgs(i, cost, refund)
+    ev.policies[i], graces[i] = policyArgs(ARGV, i, cost, refund)
   end
   for i = 1, n do
     ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
@@ -324,14 +327,20 @@ local function main()
   return reply
 end
 
-local ok, res = pcall(main)
-if ok then
-  return res
+-- decide runs main and turns an abort into its error reply. It is the
+-- function the library registers (FCALL), or the script's body (EVALSHA,
+-- with the globals KEYS and ARGV): redisstore.go appends the line that
+-- does one or the other.
+local function decide(keys, args)
+  local ok, res = pcall(main, keys, args)
+  if ok then
+    return res
+  end
+  if type(res) == 'table' and res.sluice then
+    return redis.error_reply(res.sluice)
+  end
+  if type(res) == 'table' and res.err then
+    return res -- a call's error reply (OOM, READONLY, …), its code kept
+  end
+  error(res)
 end
-if type(res) == 'table' and res.sluice then
-  return redis.error_reply(res.sluice)
-end
-if type(res) == 'table' and res.err then
-  return res -- a call's error reply (OOM, READONLY, …), its code kept
-end
-error(res)

@@ -1,0 +1,196 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// roundTrips is a go-redis hook that counts the store's round trips: each
+// single command and each pipeline, with the pipelines' sizes.
+type roundTrips struct {
+	mu        sync.Mutex
+	singles   int
+	pipelines []int
+	sent      chan struct{} // a decision went on the wire
+}
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "fcall" {
+			h.mu.Lock()
+			h.singles++
+			h.mu.Unlock()
+			select {
+			case h.sent <- struct{}{}:
+			default:
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, cmd := range cmds {
+			if cmd.Name() == "fcall" {
+				n++
+			}
+		}
+		if n > 0 { // not go-redis's own connection set-up
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, n)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestDecisionsShareRoundTrips: a decision that finds the sender idle goes
+// alone, at once; the decisions that arrive while it is on the wire go
+// together in one pipeline, each with its own answer. Redis is paused so
+// the first decision stays on the wire while the others queue.
+func TestDecisionsShareRoundTrips(t *testing.T) {
+	srv, err := redistest.StartServer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	c := srv.Client()
+	defer c.Close()
+	hook := &roundTrips{sent: make(chan struct{}, 1)}
+	c.AddHook(hook)
+	s := newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	const queued = 50
+	p := policy(t, "batch", sluice.FixedWindow, queued, time.Minute)
+	ctx := context.Background()
+	subj := subject(t)
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	first := make(chan []sluice.Status, 1)
+	go func() { st, _ := evaluate(ctx, s, subj, 1, p); first <- st }()
+	<-hook.sent // on the wire, and Redis is not answering
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	remaining := make([]int64, queued)
+	for i := range queued {
+		wg.Go(func() {
+			st, err := evaluate(ctx, s, subj, 1, p)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if st[0].Allowed {
+				allowed.Add(1)
+			}
+			remaining[i] = st[0].Remaining
+		})
+	}
+	// Give the 50 callers time to queue; they cannot be sent before Redis
+	// answers the first decision, with one sender.
+	time.Sleep(200 * time.Millisecond)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	wg.Wait()
+	if st := <-first; len(st) != 1 || !st[0].Allowed {
+		t.Fatalf("first decision = %+v, want allowed", st)
+	}
+	if n := allowed.Load(); n != queued-1 {
+		t.Fatalf("%d of the %d queued decisions allowed, want %d: a limit of %d, one spent first", n, queued, queued-1, queued)
+	}
+	seen := map[int64]bool{}
+	for _, r := range remaining {
+		if seen[r] && r != 0 {
+			t.Fatalf("two decisions answered remaining %d: each must get its own reply (%v)", r, remaining)
+		}
+		seen[r] = true
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	total := hook.singles
+	for _, n := range hook.pipelines {
+		total += n
+	}
+	if total != queued+1 || hook.singles+len(hook.pipelines) > 3 {
+		t.Fatalf("round trips: %d single, pipelines %v; want the %d decisions in about two round trips", hook.singles, hook.pipelines, queued+1)
+	}
+	t.Logf("round trips: %d single, pipelines of %v", hook.singles, hook.pipelines)
+}
+
+// TestLostBatchIsReplayed: decisions whose replies are lost, alone or in a
+// pipeline, are each Indeterminate; retried with their evaluation ids,
+// those that ran get their first decisions back and the others are decided
+// now, so each job is spent exactly once: the limit of 20 admits all 20
+// retries and nothing more.
+func TestLostBatchIsReplayed(t *testing.T) {
+	standaloneClient(t)
+	proxy := newBlackholeProxy(t, shared.standalone.Addr)
+	pc := redis.NewClient(&redis.Options{Addr: proxy.addr, ContextTimeoutEnabled: true, MaxRetries: 3})
+	defer pc.Close()
+	s := newStore(t, pc, redisstore.Options{Timeout: 2 * time.Second, Senders: 1})
+	const n = 20
+	p := policy(t, "lostbatch", sluice.SlidingLog, n, time.Minute)
+	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := subject(t)
+	check := func(i int) sluice.Outcome {
+		return l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, EvaluationID: fmt.Sprint("job-", i)})
+	}
+	if o := l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, Peek: true}); o.Kind != sluice.Allowed {
+		t.Fatalf("warm-up peek = %+v", o)
+	}
+	proxy.dropReplies.Store(true)
+	outcomes := make([]sluice.Outcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { outcomes[i] = check(i) })
+	}
+	wg.Wait()
+	proxy.dropReplies.Store(false)
+	for i, o := range outcomes {
+		if o.Kind != sluice.Indeterminate {
+			t.Fatalf("decision %d with its reply lost = %+v, want Indeterminate", i, o)
+		}
+	}
+	replayed := 0
+	for i := range n {
+		o := check(i)
+		if o.Kind != sluice.Allowed {
+			t.Fatalf("retry of decision %d = %+v, want allowed: a job spent twice would exhaust the limit", i, o)
+		}
+		if o.Replayed {
+			replayed++
+		}
+	}
+	if replayed == 0 {
+		t.Fatal("no retry was a replay, but at least the first lost decision reached Redis")
+	}
+	t.Logf("%d of %d retries replayed a decision Redis had taken; the rest had not reached it", replayed, n)
+	if o := l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, Peek: true}); o.Remaining != 0 {
+		t.Fatalf("remaining after %d lost and replayed decisions = %d, want 0: each spent once", n, o.Remaining)
+	}
+}

@@ -1,0 +1,153 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The decision code, one Lua file per Go file it ports, joined in this
+// order (each defines what the later ones use).
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+var scriptFiles = []string{
+	"params.lua",         // internal/algorithm/params.go
+	"codec.lua",          // error replies and integer strings
+	"fixed_window.lua",   // internal/algorithm/fixed_window.go
+	"sliding_log.lua",    // internal/algorithm/sliding_log.go
+	"sliding_window.lua", // internal/algorithm/sliding_window.go
+	"token_bucket.lua",   // internal/algorithm/token_bucket.go
+	"gcra.lua",           // internal/algorithm/gcra.go
+	"engine.lua",         // internal/algorithm/engine.go
+	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
+}
+
+// decideLua is the joined code: it defines decide(keys, args) and runs
+// nothing.
+var decideLua = func() string {
+	var b strings.Builder
+	for _, name := range scriptFiles {
+		src, err := luaFiles.ReadFile("lua/" + name)
+		if err != nil {
+			panic(err) // embedded at build time: cannot happen
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}()
+
+// codeName names this version of the code in Redis: the library and its
+// function are "sluice_" and the first 16 hex digits of the code's SHA-1,
+// so stores of two versions of sluice (a rolling deploy) share one Redis
+// without replacing each other's code.
+var codeName = func() string {
+	h := sha1.Sum([]byte(decideLua))
+	return "sluice_" + hex.EncodeToString(h[:8])
+}()
+
+// The two forms the code is loaded in. On Redis 7 and later it is a
+// function library: FUNCTION LOAD runs the definitions once and each
+// decision is one FCALL of the registered function, which costs Redis far
+// less than a script that rebuilds every definition on each call. Before
+// Redis 7, or for a user not allowed FUNCTION LOAD, it is a script: SCRIPT
+// LOAD once, one EVALSHA per decision. Both take KEYS and ARGV alike.
+var (
+	librarySource = "#!lua name=" + codeName + "\n" + decideLua +
+		"redis.register_function('" + codeName + "', decide)\n"
+	scriptSource = decideLua + "return decide(KEYS, ARGV)\n"
+	scriptSHA    = func() string {
+		h := sha1.Sum([]byte(scriptSource))
+		return hex.EncodeToString(h[:])
+	}()
+)
+
+// call returns the command name and the function name or script SHA of a
+// decision.
+func (s *Store) call() (string, string) {
+	if s.scripts.Load() {
+		return "evalsha", scriptSHA
+	}
+	return "fcall", codeName
+}
+
+// load loads the code on every master (every shard of a Ring).
+func (s *Store) load(ctx context.Context) error {
+	loadOn := func(ctx context.Context, c *redis.Client) error { return s.loadOn(ctx, c) }
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, loadOn)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, loadOn)
+	default:
+		return s.loadOn(ctx, c)
+	}
+}
+
+// loadNode loads the code on the node that owns key, after the node
+// answered that it does not hold it.
+func (s *Store) loadNode(ctx context.Context, key string) error {
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		return s.loadOn(ctx, node)
+	case *redis.Ring:
+		return s.load(ctx)
+	default:
+		return s.loadOn(ctx, c)
+	}
+}
+
+// loadOn loads the code on one node: as a function library unless the
+// store already fell back to scripts, falling back for good when the node
+// does not know FUNCTION (before Redis 7) or the user may not run it.
+func (s *Store) loadOn(ctx context.Context, c rediser) error {
+	if !s.scripts.Load() {
+		cmd := redis.NewStringCmd(ctx, "function", "load", librarySource)
+		err := c.Process(ctx, cmd)
+		msg := replyError(err)
+		switch {
+		case err == nil, strings.HasPrefix(msg, "ERR Library") && strings.Contains(msg, "already exists"):
+			return nil
+		case strings.HasPrefix(msg, "NOPERM"), strings.HasPrefix(msg, "ERR unknown command"):
+			s.scripts.Store(true)
+		default:
+			return fmt.Errorf("function load: %w", err)
+		}
+	}
+	sha, err := c.ScriptLoad(ctx, scriptSource).Result()
+	if err != nil {
+		return fmt.Errorf("script load: %w", err)
+	}
+	if sha != scriptSHA {
+		return fmt.Errorf("script load: redis answered sha1 %s, want %s", sha, scriptSHA)
+	}
+	return nil
+}
+
+// notLoaded reports whether err says the node does not hold the code, so
+// the call certainly did not run.
+func notLoaded(err error) bool {
+	msg := replyError(err)
+	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found")
+}
+
+// replyError returns the error reply err carries, "" when it is none.
+func replyError(err error) string {
+	var re redis.Error
+	if errors.As(err, &re) {
+		return re.Error()
+	}
+	return ""
+}
