@@ -83,7 +83,24 @@ type shard struct {
 	m      map[key]*entry     // pointers: an existing key costs one lookup
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
 	ids    int                // records in all of dedupe, at most perShard
+	work   work               // the decision being taken, under mu
 	_      [32]byte           // keep neighbouring shards' locks off one cache line
+}
+
+// work is the room one decision takes: reused under the shard lock, so a
+// decision neither allocates nor clears it.
+type work struct {
+	e      algorithm.Evaluation
+	keys   []key
+	stored []*entry
+}
+
+// reset readies w for a decision over n policies.
+func (w *work) reset(n int) {
+	w.e.Policies, w.e.States = w.e.Policies[:0], w.e.States[:0]
+	w.e.Decisions, w.e.Writes = slices.Grow(w.e.Decisions[:0], n)[:n], slices.Grow(w.e.Writes[:0], n)[:n]
+	w.e.Replay = nil
+	w.keys, w.stored = w.keys[:0], w.stored[:0]
 }
 
 // dedupeLog remembers the decisions taken for evaluation ids of one subject
@@ -197,29 +214,14 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	now := evaluation.Now(s.clock)
 	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
-	n := len(ev.Policies)
-	// Room for two policies on the stack: more allocate.
-	var (
-		policies  [2]algorithm.Policy
-		states    [2]*algorithm.State
-		decisions [2]algorithm.Decision
-		writes    [2]algorithm.Write
-		keys      [2]key
-		stored    [2]*entry
-	)
-	e := algorithm.Evaluation{
-		Policies: policies[:0], States: states[:0], Decisions: decisions[:], Writes: writes[:],
-		Now: now, Cost: ev.Cost, Refund: ev.Refund, MaxRegression: -1,
-	}
-	if n > len(policies) {
-		e.Decisions, e.Writes = make([]algorithm.Decision, n), make([]algorithm.Write, n)
-	}
-	e.Decisions, e.Writes = e.Decisions[:n], e.Writes[:n]
-	ks, es := keys[:0], stored[:0]
 	id := algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund)
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	w := &sh.work
+	w.reset(len(ev.Policies))
+	e := &w.e
+	e.Now, e.Cost, e.Refund, e.MaxRegression = now, ev.Cost, ev.Refund, -1
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)
@@ -228,9 +230,10 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
 			st = &en.st
 		}
-		ks, es = append(ks, k), append(es, en)
+		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
 		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
 	}
+	ks := w.keys
 	if id != "" {
 		if l := sh.dedupe[ks[0]]; l != nil {
 			if r, ok := l.records[id]; ok && r.expires > now {
@@ -238,12 +241,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			}
 		}
 	}
-	if err := algorithm.Evaluate(&e); err != nil {
+	if err := algorithm.Evaluate(e); err != nil {
 		return fmt.Errorf("memstore: %w: %w", sluice.ErrInvalidRequest, err)
 	}
 	ev.Statuses = ev.Statuses[:0]
-	for i, d := range e.Decisions {
-		ev.Statuses = append(ev.Statuses, evaluation.Status(ev.Policies[i], d))
+	for i := range e.Decisions {
+		ev.Statuses = append(ev.Statuses, evaluation.Status(ev.Policies[i], e.Decisions[i]))
 	}
 	ev.Replayed = e.Replayed
 	if e.Replayed {
@@ -254,7 +257,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	if e.Commit {
 		for i := range e.Writes {
-			s.put(sh, now, ks[i], es[i], e.Policies[i].Kind, &e.Writes[i])
+			s.put(sh, now, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i])
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -289,4 +290,37 @@ func BenchmarkMemoryPerState(b *testing.B) {
 			s.Evaluate(ctx, ev)
 		}), "B/id")
 	})
+}
+
+// TestAlgorithmsShareAShard: decisions of different algorithms one after
+// another in one shard (the same subject) each start from their own state,
+// whatever the decision before them left behind.
+func TestAlgorithmsShareAShard(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, Shards: 1, SweepInterval: -1})
+	ctx := context.Background()
+	var ps []*sluice.Policy
+	for _, a := range []sluice.Algorithm{sluice.SlidingLog, sluice.FixedWindow, sluice.GCRA, sluice.SlidingLog, sluice.TokenBucket, sluice.SlidingWindow} {
+		ps = append(ps, validPolicy(t, sluice.Policy{ID: fmt.Sprint("p", len(ps)), Algorithm: a, Limit: 5, Window: 24 * time.Hour}))
+	}
+	for round := range 5 {
+		for i, p := range ps {
+			clock.Advance(time.Second)
+			ev := evaluationOf("alice", p, 1)
+			if err := s.Evaluate(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+			if st := ev.Statuses[0]; !st.Allowed || st.Remaining != int64(4-round) {
+				t.Fatalf("round %d, %v (policy %d): %+v, want allowed with %d left", round, p.Algorithm, i, st, 4-round)
+			}
+		}
+	}
+	for k, en := range s.shards[0].m {
+		if en.kind != algorithm.KindSlidingLog && len(en.st.Log) != 0 {
+			t.Errorf("%s (%v) holds a log of %d entries: another decision's edit was applied to it", k.policy, en.kind, len(en.st.Log))
+		}
+		if en.kind == algorithm.KindSlidingLog && en.st.V != [5]int64{} {
+			t.Errorf("%s (sliding_log) holds fields %v: another decision's fields were applied to it", k.policy, en.st.V)
+		}
+	}
 }

@@ -132,16 +132,21 @@ func Evaluate(ev *Evaluation) error {
 			err.Policy = i
 			return err
 		}
-		w, d := p.step(st, at, ev.Cost, ev.Refund)
+		w := &ev.Writes[i]
+		d := p.step(st, at, ev.Cost, ev.Refund, w)
 		w.Fresh = st != ev.States[i]
-		ev.Decisions[i], ev.Writes[i] = lengthen(d, at-ev.Now), w
+		if at != ev.Now {
+			d = lengthen(d, at-ev.Now)
+		}
+		ev.Decisions[i] = d
 		admitted = admitted && d.Allowed
 	}
 	if !admitted && n > 1 {
 		for i, p := range ev.Policies {
 			if ev.Decisions[i].Allowed {
 				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
-				_, d := p.step(st, at, 0, false)
+				var w Write
+				d := p.step(st, at, 0, false, &w)
 				ev.Decisions[i] = lengthen(d, at-ev.Now)
 			}
 		}
@@ -161,12 +166,12 @@ func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *Clo
 	if st == nil {
 		return &absent, now, nil
 	}
-	expires := p.expires(st)
+	expires, newest := p.bounds(st)
 	if expires <= now {
 		return &absent, now, nil
 	}
 	at := now
-	if newest := p.newest(st); newest > now {
+	if newest > now {
 		if maxRegression >= 0 && newest-now > maxRegression {
 			return nil, 0, &ClockError{Behind: newest - now, Max: maxRegression}
 		}
@@ -191,10 +196,10 @@ func lengthen(d Decision, lag int64) Decision {
 }
 
 // step runs p's algorithm on st at now: a spend of cost, a peek (cost 0),
-// or with refund set a refund of cost. It returns the state after it as a
-// Write, and the verdict.
-func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) {
-	var w Write
+// or with refund set a refund of cost. It leaves the state after it in w,
+// every field but Fresh (w may hold another decision's), and returns the
+// verdict.
+func (p Policy) step(st *State, now, cost int64, refund bool, w *Write) Decision {
 	var d Decision
 	switch p.Kind {
 	case KindFixedWindow:
@@ -204,7 +209,7 @@ func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) 
 		} else {
 			s, d = s.Decide(p.Params, now, cost)
 		}
-		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		if refund {
@@ -212,6 +217,7 @@ func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) 
 		} else {
 			w.Log, d = s.Decide(p.Params, now, cost)
 		}
+		w.V, w.Expires = [5]int64{}, 0
 		if w.Log.Newest != 0 {
 			w.Expires = w.Log.Newest + p.Params.Window
 		}
@@ -219,7 +225,7 @@ func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) 
 		// No Refund: a store never asks (sluice.Limiter refuses it first).
 		s := slidingWindowOf(&st.V)
 		s, d = s.Decide(p.Params, now, cost)
-		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
 	case KindTokenBucket:
 		s := tokenBucketOf(&st.V)
 		if refund {
@@ -227,7 +233,7 @@ func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) 
 		} else {
 			s, d = s.Decide(p.Params, now, cost)
 		}
-		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
 	case KindGCRA:
 		s := gcraOf(&st.V)
 		if refund {
@@ -235,47 +241,39 @@ func (p Policy) step(st *State, now, cost int64, refund bool) (Write, Decision) 
 		} else {
 			s, d = s.Decide(p.Params, now, cost)
 		}
-		w = Write{V: s.fields(), Expires: s.Expires(p.Params)}
+		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
 	}
-	return w, d
+	return d
 }
 
-// expires returns the instant from which st equals an absent state under p.
-func (p Policy) expires(st *State) int64 {
+// bounds returns the instant from which st equals an absent state under p,
+// and the time of its newest write.
+func (p Policy) bounds(st *State) (expires, newest int64) {
 	switch p.Kind {
 	case KindFixedWindow:
-		return fixedWindowOf(&st.V).Expires(p.Params)
+		s := fixedWindowOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
 	case KindSlidingLog:
-		return SlidingLog{Entries: st.Log}.Expires(p.Params)
+		s := SlidingLog{Entries: st.Log}
+		return s.Expires(p.Params), s.Newest()
 	case KindSlidingWindow:
-		return slidingWindowOf(&st.V).Expires(p.Params)
+		s := slidingWindowOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
 	case KindTokenBucket:
-		return tokenBucketOf(&st.V).Expires(p.Params)
+		s := tokenBucketOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
 	case KindGCRA:
-		return gcraOf(&st.V).Expires(p.Params)
+		s := gcraOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
 	}
-	return 0
+	return 0, 0
 }
 
 // Expires returns the instant from which st equals an absent state under
 // p: a store may drop it then.
-func (p Policy) Expires(st *State) int64 { return p.expires(st) }
-
-// newest returns the time of the newest write to st.
-func (p Policy) newest(st *State) int64 {
-	switch p.Kind {
-	case KindFixedWindow:
-		return fixedWindowOf(&st.V).Newest()
-	case KindSlidingLog:
-		return SlidingLog{Entries: st.Log}.Newest()
-	case KindSlidingWindow:
-		return slidingWindowOf(&st.V).Newest()
-	case KindTokenBucket:
-		return tokenBucketOf(&st.V).Newest()
-	case KindGCRA:
-		return gcraOf(&st.V).Newest()
-	}
-	return 0
+func (p Policy) Expires(st *State) int64 {
+	expires, _ := p.bounds(st)
+	return expires
 }
 
 // Apply changes st to the state w describes.

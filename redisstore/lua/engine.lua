@@ -31,43 +31,31 @@ local function recordID(id, cost, refund)
   return 's:' .. id
 end
 
--- expires ports Policy.expires.
-local function expires(p, st)
+-- bounds ports Policy.bounds.
+local function bounds(p, st)
   local k = p.kind
   if k == KIND_FIXED_WINDOW then
-    return fixedWindowExpires(fixedWindowOf(st.v), p.params)
+    local s = fixedWindowOf(st.v)
+    return fixedWindowExpires(s, p.params), fixedWindowNewest(s)
   elseif k == KIND_SLIDING_LOG then
-    return slidingLogExpires(st.log, p.params)
+    local s = st.log
+    return slidingLogExpires(s, p.params), slidingLogNewest(s)
   elseif k == KIND_SLIDING_WINDOW then
-    return slidingWindowExpires(slidingWindowOf(st.v), p.params)
+    local s = slidingWindowOf(st.v)
+    return slidingWindowExpires(s, p.params), slidingWindowNewest(s)
   elseif k == KIND_TOKEN_BUCKET then
-    return tokenBucketExpires(tokenBucketOf(st.v), p.params)
+    local s = tokenBucketOf(st.v)
+    return tokenBucketExpires(s, p.params), tokenBucketNewest(s)
   elseif k == KIND_GCRA then
-    return gcraExpires(gcraOf(st.v), p.params)
+    local s = gcraOf(st.v)
+    return gcraExpires(s, p.params), gcraNewest(s)
   end
-  return 0
-end
-
--- newest ports Policy.newest.
-local function newest(p, st)
-  local k = p.kind
-  if k == KIND_FIXED_WINDOW then
-    return fixedWindowNewest(fixedWindowOf(st.v))
-  elseif k == KIND_SLIDING_LOG then
-    return slidingLogNewest(st.log)
-  elseif k == KIND_SLIDING_WINDOW then
-    return slidingWindowNewest(slidingWindowOf(st.v))
-  elseif k == KIND_TOKEN_BUCKET then
-    return tokenBucketNewest(tokenBucketOf(st.v))
-  elseif k == KIND_GCRA then
-    return gcraNewest(gcraOf(st.v))
-  end
-  return 0
+  return 0, 0
 end
 
 -- step ports Policy.step.
-local function step(p, st, now, cost, refund)
-  local w, d
+local function step(p, st, now, cost, refund, w)
+  local d
   local k, prm = p.kind, p.params
   if k == KIND_FIXED_WINDOW then
     local s = fixedWindowOf(st.v)
@@ -76,15 +64,15 @@ local function step(p, st, now, cost, refund)
     else
       s, d = fixedWindowDecide(s, prm, now, cost)
     end
-    w = {v = fixedWindowFields(s), expires = fixedWindowExpires(s, prm)}
+    w.v, w.expires = fixedWindowFields(s), fixedWindowExpires(s, prm)
   elseif k == KIND_SLIDING_LOG then
     local s = st.log
-    w = {expires = 0}
     if refund then
       w.log, d = slidingLogRefund(s, prm, now, cost)
     else
       w.log, d = slidingLogDecide(s, prm, now, cost)
     end
+    w.expires = 0
     if w.log.newest ~= 0 then
       w.expires = w.log.newest + prm.window
     end
@@ -92,7 +80,7 @@ local function step(p, st, now, cost, refund)
     -- No Refund: a store never asks (sluice.Limiter refuses it first).
     local s = slidingWindowOf(st.v)
     s, d = slidingWindowDecide(s, prm, now, cost)
-    w = {v = slidingWindowFields(s), expires = slidingWindowExpires(s, prm)}
+    w.v, w.expires = slidingWindowFields(s), slidingWindowExpires(s, prm)
   elseif k == KIND_TOKEN_BUCKET then
     local s = tokenBucketOf(st.v)
     if refund then
@@ -100,7 +88,7 @@ local function step(p, st, now, cost, refund)
     else
       s, d = tokenBucketDecide(s, prm, now, cost)
     end
-    w = {v = tokenBucketFields(s), expires = tokenBucketExpires(s, prm)}
+    w.v, w.expires = tokenBucketFields(s), tokenBucketExpires(s, prm)
   elseif k == KIND_GCRA then
     local s = gcraOf(st.v)
     if refund then
@@ -108,9 +96,9 @@ local function step(p, st, now, cost, refund)
     else
       s, d = gcraDecide(s, prm, now, cost)
     end
-    w = {v = gcraFields(s), expires = gcraExpires(s, prm)}
+    w.v, w.expires = gcraFields(s), gcraExpires(s, prm)
   end
-  return w, d
+  return d
 end
 
 -- current ports current.
@@ -118,12 +106,11 @@ local function current(p, st, now, maxRegression)
   if st == nil then
     return ABSENT, now, nil
   end
-  local exp = expires(p, st)
+  local exp, nw = bounds(p, st)
   if exp <= now then
     return ABSENT, now, nil
   end
   local at = now
-  local nw = newest(p, st)
   if nw > now then
     if maxRegression >= 0 and nw - now > maxRegression then
       return nil, 0, {behind = nw - now, max = maxRegression}
@@ -167,16 +154,20 @@ local function evaluate(ev)
       err.policy = i - 1
       return {clock = err}
     end
-    local w, d = step(p, st, at, ev.cost, ev.refund)
+    local w = {}
+    local d = step(p, st, at, ev.cost, ev.refund, w)
     w.fresh = st ~= ev.states[i]
-    ev.decisions[i], ev.writes[i] = lengthen(d, at - ev.now), w
+    if at ~= ev.now then
+      d = lengthen(d, at - ev.now)
+    end
+    ev.decisions[i], ev.writes[i] = d, w
     admitted = admitted and d.allowed
   end
   if not admitted and n > 1 then
     for i, p in ipairs(ev.policies) do
       if ev.decisions[i].allowed then
         local st, at = current(p, ev.states[i], ev.now, ev.maxRegression)
-        local _, d = step(p, st, at, 0, false)
+        local d = step(p, st, at, 0, false, {})
         ev.decisions[i] = lengthen(d, at - ev.now)
       end
     end
