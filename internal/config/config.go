@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/yamlnode"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -270,29 +271,7 @@ func joinErrors(es []*Error) error {
 
 // Error is a config value that breaks a rule. Its message reads
 // "path: value: rule (line N)", leaving out what is unknown.
-type Error struct {
-	Path  string // e.g. "policies[1].window"; "" for the document
-	Value string // as written, e.g. `"90h"` or `0`; "" when not a scalar
-	Rule  string // what the value must be
-	Line  int    // 1-based; 0 when unknown (a Config built in Go)
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	if e.Path != "" {
-		b.WriteString(e.Path)
-		b.WriteString(": ")
-	}
-	if e.Value != "" {
-		b.WriteString(e.Value)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Rule)
-	if e.Line > 0 {
-		fmt.Fprintf(&b, " (line %d)", e.Line)
-	}
-	return b.String()
-}
+type Error = yamlnode.Error
 
 // Default returns the built-in example config that sluice serve uses
 // without --config: the embedded store on 127.0.0.1:8080 and three

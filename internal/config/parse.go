@@ -13,6 +13,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/yamlnode"
 )
 
 // MaxSize is the largest config Parse reads, in bytes.
@@ -87,7 +89,7 @@ type decoder struct {
 }
 
 func (d *decoder) config(n *yaml.Node) (*Config, error) {
-	n = resolve(n)
+	n = yamlnode.Resolve(n)
 	if n.Tag == "!!null" {
 		return nil, &Error{Rule: "the config is empty: at least one policy is required", Line: n.Line}
 	}
@@ -198,7 +200,7 @@ func (d *decoder) token(path string, n *yaml.Node, t *Token) error {
 	}
 	for _, key := range [...]string{"id", "secret_env", "scopes"} {
 		if m[key] == nil {
-			return &Error{Path: path + "." + key, Rule: "is required", Line: resolve(n).Line}
+			return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(n).Line}
 		}
 	}
 	return collect([]error{
@@ -263,7 +265,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	}
 	for _, key := range [...]string{"id", "algorithm", "limit", "window"} {
 		if m[key] == nil {
-			return &Error{Path: path + "." + key, Rule: "is required", Line: resolve(n).Line}
+			return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(n).Line}
 		}
 	}
 	var algorithm, failureMode string
@@ -285,7 +287,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		return err
 	}
 	if dedupeMax != int64(int(dedupeMax)) {
-		return &Error{Path: path + ".dedupe_max", Value: written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
+		return &Error{Path: path + ".dedupe_max", Value: yamlnode.Written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
 	}
 	p.DedupeMax = int(dedupeMax)
 	// Spellings that name nothing are left as invalid values for
@@ -304,7 +306,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		v   int64
 	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
 		if key := f.key; m[key] != nil && f.v == 0 {
-			return &Error{Path: path + "." + key, Value: written(m[key]), Rule: "must not be zero; leave it out for the default", Line: resolve(m[key]).Line}
+			return &Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line}
 		}
 	}
 	return nil
@@ -332,7 +334,7 @@ func (d *decoder) subjects(s *Subjects, n *yaml.Node) error {
 		}
 		for _, key := range [...]string{"id", "secret_env"} {
 			if km[key] == nil {
-				return &Error{Path: path + "." + key, Rule: "is required", Line: resolve(item).Line}
+				return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(item).Line}
 			}
 		}
 		k := &s.HMACKeys[i]
@@ -387,7 +389,7 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) error {
 		return err
 	}
 	if m["match"] == nil {
-		return &Error{Path: path + ".match", Rule: "is required", Line: resolve(n).Line}
+		return &Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
 	mm, err := d.mapping(path+".match", m["match"], "path_prefix", "methods")
 	if err != nil {
@@ -421,80 +423,38 @@ func (d *decoder) envoy(n *yaml.Node) (*Envoy, error) {
 	return e, nil
 }
 
-// resolve follows aliases to the node they name.
-func resolve(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 16; i++ {
-		n = n.Alias
-	}
-	return n
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "empty"
-		}
-		return "a scalar"
-	}
-	return "an unexpected YAML node"
-}
-
-// written is how a scalar was written, for messages: strings quoted, the
-// rest bare.
-func written(n *yaml.Node) string {
-	if n.Kind != yaml.ScalarNode {
-		return ""
-	}
-	if n.Tag == "!!str" {
-		return strconv.Quote(n.Value)
-	}
-	return n.Value
-}
-
-func join(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
 // mapping checks that n is a mapping whose keys are all known, distinct
 // strings, records it at path, and returns its values by key.
 func (d *decoder) mapping(path string, n *yaml.Node, known ...string) (map[string]*yaml.Node, error) {
-	n = resolve(n)
+	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.MappingNode {
-		rule := fmt.Sprintf("must be a mapping, not %s", kindName(n))
+		rule := fmt.Sprintf("must be a mapping, not %s", yamlnode.KindName(n))
 		if path == "" {
 			rule = "the config " + rule
 		}
-		return nil, &Error{Path: path, Value: written(n), Rule: rule, Line: n.Line}
+		return nil, &Error{Path: path, Value: yamlnode.Written(n), Rule: rule, Line: n.Line}
 	}
 	if _, known := d.pos[path]; !known && path != "" {
 		d.pos[path] = position{line: n.Line}
 	}
 	m := make(map[string]*yaml.Node, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := resolve(n.Content[i])
+		k := yamlnode.Resolve(n.Content[i])
 		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
-			return nil, &Error{Path: path, Value: written(k), Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
+			return nil, &Error{Path: path, Value: yamlnode.Written(k), Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
 		}
 		if k.Tag != "!!str" {
-			return nil, &Error{Path: join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
 		}
 		if !contains(known, k.Value) {
-			return nil, &Error{Path: join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
 		}
 		if _, dup := m[k.Value]; dup {
-			return nil, &Error{Path: join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", d.pos[join(path, k.Value)].line), Line: k.Line}
+			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", d.pos[yamlnode.Join(path, k.Value)].line), Line: k.Line}
 		}
-		v := resolve(n.Content[i+1])
+		v := yamlnode.Resolve(n.Content[i+1])
 		m[k.Value] = v
-		d.pos[join(path, k.Value)] = position{line: k.Line, value: written(v)}
+		d.pos[yamlnode.Join(path, k.Value)] = position{line: k.Line, value: yamlnode.Written(v)}
 	}
 	return m, nil
 }
@@ -510,15 +470,15 @@ func contains(list []string, s string) bool {
 
 // sequence checks that n is a list and returns its items.
 func (d *decoder) sequence(path string, n *yaml.Node) ([]*yaml.Node, error) {
-	n = resolve(n)
+	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		return nil, &Error{Path: path, Value: written(n), Rule: fmt.Sprintf("must be a list, not %s", kindName(n)), Line: n.Line}
+		return nil, &Error{Path: path, Value: yamlnode.Written(n), Rule: fmt.Sprintf("must be a list, not %s", yamlnode.KindName(n)), Line: n.Line}
 	}
 	items := make([]*yaml.Node, len(n.Content))
 	for i, item := range n.Content {
-		item = resolve(item)
+		item = yamlnode.Resolve(item)
 		items[i] = item
-		d.pos[fmt.Sprintf("%s[%d]", path, i)] = position{line: item.Line, value: written(item)}
+		d.pos[fmt.Sprintf("%s[%d]", path, i)] = position{line: item.Line, value: yamlnode.Written(item)}
 	}
 	return items, nil
 }
@@ -528,7 +488,7 @@ func scalar(path string, n *yaml.Node, want string, tags ...string) error {
 	if n.Kind == yaml.ScalarNode && contains(tags, n.Tag) {
 		return nil
 	}
-	what := kindName(n)
+	what := yamlnode.KindName(n)
 	if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
 		what = strings.TrimPrefix(n.Tag, "!!")
 		switch what {
@@ -540,7 +500,7 @@ func scalar(path string, n *yaml.Node, want string, tags ...string) error {
 			what = "a " + what
 		}
 	}
-	return &Error{Path: path, Value: written(n), Rule: fmt.Sprintf("must be %s, not %s", want, what), Line: n.Line}
+	return &Error{Path: path, Value: yamlnode.Written(n), Rule: fmt.Sprintf("must be %s, not %s", want, what), Line: n.Line}
 }
 
 // str decodes a string at path into *out; a nil n leaves *out alone.
@@ -585,7 +545,7 @@ func (d *decoder) int(path string, n *yaml.Node, out *int64) error {
 		return err
 	}
 	if err := n.Decode(out); err != nil {
-		return &Error{Path: path, Value: written(n), Rule: "must be an integer that fits in 64 bits", Line: n.Line}
+		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be an integer that fits in 64 bits", Line: n.Line}
 	}
 	return nil
 }
@@ -599,7 +559,7 @@ func (d *decoder) float(path string, n *yaml.Node, out *float64) error {
 		return err
 	}
 	if err := n.Decode(out); err != nil {
-		return &Error{Path: path, Value: written(n), Rule: "must be a number", Line: n.Line}
+		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a number", Line: n.Line}
 	}
 	return nil
 }
@@ -619,14 +579,14 @@ func (d *decoder) duration(path string, n *yaml.Node, out *time.Duration) error 
 		return nil
 	}
 	if n.Kind == yaml.ScalarNode && (n.Tag == "!!int" || n.Tag == "!!float") {
-		return &Error{Path: path, Value: written(n), Rule: "must be a duration with a unit, such as 10s, 1m or 1h30m", Line: n.Line}
+		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration with a unit, such as 10s, 1m or 1h30m", Line: n.Line}
 	}
 	if err := scalar(path, n, "a duration such as 10s, 1m or 1h30m", "!!str"); err != nil {
 		return err
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return &Error{Path: path, Value: written(n), Rule: "must be a duration such as 10s, 1m or 1h30m", Line: n.Line}
+		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration such as 10s, 1m or 1h30m", Line: n.Line}
 	}
 	*out = v
 	return nil

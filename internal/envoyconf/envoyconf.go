@@ -53,6 +53,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/yamlnode"
+
 	"github.com/sluicehq/sluice"
 )
 
@@ -63,34 +65,7 @@ const MaxFileSize = 1 << 20
 // "file: path: value: rule (line N)", leaving out what is unknown, e.g.
 //
 //	ratelimit/api.yaml: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 6)
-type Error struct {
-	File  string // as named by the glob pattern
-	Path  string // e.g. "descriptors[0].rate_limit.unit"; "" for the file
-	Value string // as written; "" when not a scalar
-	Rule  string // what the value must be
-	Line  int    // 1-based; 0 when unknown
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	if e.File != "" {
-		b.WriteString(e.File)
-		b.WriteString(": ")
-	}
-	if e.Path != "" {
-		b.WriteString(e.Path)
-		b.WriteString(": ")
-	}
-	if e.Value != "" {
-		b.WriteString(e.Value)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Rule)
-	if e.Line > 0 {
-		fmt.Fprintf(&b, " (line %d)", e.Line)
-	}
-	return b.String()
-}
+type Error = yamlnode.Error
 
 // Unit is a rate_limit unit. Its String form is the file spelling.
 type Unit uint8
@@ -376,7 +351,7 @@ func (p *parser) errorf(path string, n *yaml.Node, format string, args ...any) *
 	e := &Error{File: p.file, Path: path, Rule: fmt.Sprintf(format, args...)}
 	if n != nil {
 		e.Line = n.Line
-		e.Value = written(n)
+		e.Value = yamlnode.Written(n)
 	}
 	return e
 }
@@ -416,7 +391,7 @@ func (p *parser) parse(data []byte) (domain string, root *node, line int, err er
 	}
 	dn := m["domain"]
 	if dn == nil {
-		return "", nil, 0, &Error{File: p.file, Path: "domain", Rule: "is required: the domain Envoy's rate_limit filter names", Line: resolve(doc.Content[0]).Line}
+		return "", nil, 0, &Error{File: p.file, Path: "domain", Rule: "is required: the domain Envoy's rate_limit filter names", Line: yamlnode.Resolve(doc.Content[0]).Line}
 	}
 	if domain, err = p.text("domain", dn); err != nil {
 		return "", nil, 0, err
@@ -434,9 +409,9 @@ func (p *parser) parse(data []byte) (domain string, root *node, line int, err er
 }
 
 func (p *parser) descriptors(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
-	n = resolve(n)
+	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		return p.errorf(path, n, "must be a list of descriptors, not %s", kindName(n))
+		return p.errorf(path, n, "must be a list of descriptors, not %s", yamlnode.KindName(n))
 	}
 	for i, item := range n.Content {
 		if err := p.descriptor(fmt.Sprintf("%s[%d]", path, i), item, parent, domain, parentKey); err != nil {
@@ -452,7 +427,7 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 		return err
 	}
 	if m["key"] == nil {
-		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: resolve(n).Line}
+		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
 	key, err := p.text(path+".key", m["key"])
 	if err != nil {
@@ -521,7 +496,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 	if err != nil {
 		return nil, err
 	}
-	r := &Rule{Domain: domain, Key: full, File: p.file, Line: resolve(n).Line}
+	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
 	if err := p.bool(path+".unlimited", m["unlimited"], &r.Unlimited); err != nil {
 		return nil, err
 	}
@@ -531,9 +506,9 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 		}
 	}
 	if v := m["replaces"]; v != nil {
-		v = resolve(v)
+		v = yamlnode.Resolve(v)
 		if v.Kind != yaml.SequenceNode {
-			return nil, p.errorf(path+".replaces", v, "must be a list of {name: …}, not %s", kindName(v))
+			return nil, p.errorf(path+".replaces", v, "must be a list of {name: …}, not %s", yamlnode.KindName(v))
 		}
 		for i, item := range v.Content {
 			ipath := fmt.Sprintf("%s.replaces[%d]", path, i)
@@ -548,7 +523,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 				}
 			}
 			if name == "" {
-				return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: resolve(item).Line}
+				return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: yamlnode.Resolve(item).Line}
 			}
 			if name == r.Name {
 				return nil, p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself")
@@ -645,7 +620,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 		}
 		e := &Error{File: p.file, Path: path + "." + field, Value: pe.Value, Rule: pe.Rule, Line: r.Line}
 		if v := m[field]; v != nil {
-			e.Line, e.Value = v.Line, written(v)
+			e.Line, e.Value = v.Line, yamlnode.Written(v)
 		}
 		return nil, e
 	}
@@ -677,59 +652,17 @@ func PolicyID(key string) string {
 	return string(b) + "-" + hex.EncodeToString(sum[:4])
 }
 
-// resolve follows aliases.
-func resolve(n *yaml.Node) *yaml.Node {
-	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 16; i++ {
-		n = n.Alias
-	}
-	return n
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "empty"
-		}
-		return "a scalar"
-	}
-	return "an unexpected YAML node"
-}
-
-// written is how a scalar was written: strings quoted, the rest bare.
-func written(n *yaml.Node) string {
-	n = resolve(n)
-	if n.Kind != yaml.ScalarNode {
-		return ""
-	}
-	if n.Tag == "!!str" {
-		return strconv.Quote(n.Value)
-	}
-	return n.Value
-}
-
-func join(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
 // mapping checks that n is a mapping of known, distinct keys and returns
 // its values by key.
 func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string]*yaml.Node, error) {
-	n = resolve(n)
+	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.MappingNode {
-		return nil, &Error{File: p.file, Path: path, Value: written(n), Rule: fmt.Sprintf("must be a mapping, not %s", kindName(n)), Line: n.Line}
+		return nil, &Error{File: p.file, Path: path, Value: yamlnode.Written(n), Rule: fmt.Sprintf("must be a mapping, not %s", yamlnode.KindName(n)), Line: n.Line}
 	}
 	m := make(map[string]*yaml.Node, len(n.Content)/2)
 	lines := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := resolve(n.Content[i])
+		k := yamlnode.Resolve(n.Content[i])
 		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
 			return nil, &Error{File: p.file, Path: path, Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
 		}
@@ -738,13 +671,13 @@ func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string
 			ok = ok || kn == k.Value
 		}
 		if !ok {
-			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+			return nil, &Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
 		}
 		if _, dup := lines[k.Value]; dup {
-			return nil, &Error{File: p.file, Path: join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line}
+			return nil, &Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line}
 		}
 		lines[k.Value] = k.Line
-		if v := resolve(n.Content[i+1]); v.Kind != yaml.ScalarNode || v.Tag != "!!null" {
+		if v := yamlnode.Resolve(n.Content[i+1]); v.Kind != yaml.ScalarNode || v.Tag != "!!null" {
 			m[k.Value] = v
 		} // an empty value is an absent one, as envoyproxy/ratelimit reads it
 	}
@@ -755,7 +688,7 @@ func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string
 // descriptor values are strings on the wire.
 func (p *parser) text(path string, n *yaml.Node) (string, error) {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		return "", p.errorf(path, n, "must be a string, not %s", kindName(n))
+		return "", p.errorf(path, n, "must be a string, not %s", yamlnode.KindName(n))
 	}
 	return n.Value, nil
 }

@@ -1,0 +1,86 @@
+// Package yamlnode reads YAML documents node by node for the strict
+// decoders of sluice's config files, which point every error at its line:
+// aliases followed, a node's kind named, a scalar shown as written, and
+// the error type they all report.
+package yamlnode
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Error is a value in a file that breaks a rule. Its message reads
+// "file: path: value: rule (line N)", leaving out what is unknown, e.g.
+//
+//	policies[1].window: "90h": must be between 1ms and 24h (line 14)
+type Error struct {
+	File  string // the file, when it is not the one the caller named
+	Path  string // e.g. "policies[1].window"; "" for the document
+	Value string // as written, e.g. `"90h"` or `0`; "" when not a scalar
+	Rule  string // what the value must be
+	Line  int    // 1-based; 0 when unknown (a value built in Go)
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	for _, part := range []string{e.File, e.Path, e.Value} {
+		if part != "" {
+			b.WriteString(part)
+			b.WriteString(": ")
+		}
+	}
+	b.WriteString(e.Rule)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, " (line %d)", e.Line)
+	}
+	return b.String()
+}
+
+// Resolve follows aliases to the node they name (at most 16 deep).
+func Resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 16; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// KindName names n's kind for messages: "a mapping", "a list", "a
+// scalar", "empty".
+func KindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "empty"
+		}
+		return "a scalar"
+	}
+	return "an unexpected YAML node"
+}
+
+// Written is how a scalar was written, for messages: strings quoted, the
+// rest bare; "" for anything but a scalar.
+func Written(n *yaml.Node) string {
+	n = Resolve(n)
+	if n.Kind != yaml.ScalarNode {
+		return ""
+	}
+	if n.Tag == "!!str" {
+		return strconv.Quote(n.Value)
+	}
+	return n.Value
+}
+
+// Join returns the path of key under path.
+func Join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
