@@ -46,6 +46,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
@@ -339,10 +341,10 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	if m.anonymous > PassAnonymous {
 		return nil, optionError("Anonymous", uint8(opts.Anonymous), "must be DenyAnonymous, ShareAnonymous or PassAnonymous")
 	}
-	if h := opts.IdempotencyKeyHeader; h != "" && !validToken(h) {
+	if h := opts.IdempotencyKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
 		return nil, optionError("IdempotencyKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as Idempotency-Key")
 	}
-	if h := opts.APIKeyHeader; h != "" && !validToken(h) {
+	if h := opts.APIKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
 		return nil, optionError("APIKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as X-API-Key")
 	}
 	trusted, err := subject.ParseTrustedProxies(opts.TrustedProxies)
@@ -405,21 +407,6 @@ func checkSources(at string, ss []Source) error {
 	return nil
 }
 
-// validToken reports whether s is an RFC 9110 token, as header names are.
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
-			continue
-		}
-		return false
-	}
-	return true
-}
-
 // compile checks rt, found at at ("Routes[2]", "Default"), against the
 // limiters and returns it ready to match.
 func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader string) (*route, error) {
@@ -439,7 +426,7 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 		c.sources = slices.Clone(rt.Sources)
 	}
 	if rt.APIKeyHeader != "" {
-		if !validToken(rt.APIKeyHeader) {
+		if !httpguts.ValidHeaderFieldName(rt.APIKeyHeader) {
 			return nil, optionError(at+".APIKeyHeader", fmt.Sprintf("%q", rt.APIKeyHeader), "must be a header name such as X-API-Key")
 		}
 		c.apiKeyHeader = rt.APIKeyHeader
@@ -462,7 +449,7 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 			c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
 		}
 		for j, meth := range rt.Methods {
-			if !validToken(meth) {
+			if !httpguts.ValidHeaderFieldName(meth) {
 				return nil, optionError(fmt.Sprintf("%s.Methods[%d]", at, j), fmt.Sprintf("%q", meth), "must be an HTTP method such as GET or POST")
 			}
 			c.methods = append(c.methods, strings.ToUpper(meth))

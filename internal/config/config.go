@@ -28,6 +28,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 	"github.com/sluicehq/sluice/subject"
@@ -679,7 +681,7 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 	}
 	switch name, isHeader := strings.CutPrefix(r.Subject, "header:"); {
 	case r.Subject == "ip", r.Subject == "ip+user_agent":
-	case isHeader && validToken(name):
+	case isHeader && httpguts.ValidHeaderFieldName(name):
 	default:
 		return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
 	}
@@ -775,21 +777,6 @@ func validMethod(m string) bool {
 		if c := m[i]; c < 'A' || c > 'Z' {
 			return false
 		}
-	}
-	return true
-}
-
-// validToken reports whether s is an RFC 9110 token, as header names are.
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
-			continue
-		}
-		return false
 	}
 	return true
 }
