@@ -34,6 +34,13 @@ type Request struct {
 	// above Limit. A policy whose Algorithm is not Refundable makes the
 	// request Incompatible with ErrNotRefundable.
 	Refund bool
+	// Reset clears the subject's state of every named policy, as if the
+	// subject had never been seen: the way to unlock a user locked out by
+	// a login limit. Cost must be 0 and EvaluationID empty; Peek and
+	// Refund must not be set. The Outcome is Allowed, with the statuses of
+	// fresh state. Remembered evaluation ids are kept, so a retry of a
+	// decision taken before the reset is still answered, not spent again.
+	Reset bool
 	// EvaluationID, when set, identifies this request across retries: a
 	// retry after an Indeterminate outcome with the same id gets the first
 	// decision back (Outcome.Replayed) instead of spending twice, within
@@ -112,6 +119,16 @@ func (l *Limiter) Policy(id string) (Policy, bool) {
 // Policies returns the IDs of l's policies in the order given to New.
 func (l *Limiter) Policies() []string { return append([]string(nil), l.order...) }
 
+// Reset clears subject's state of the named policies (all of l's policies
+// when none are named), atomically: a Check with Request.Reset. Use it to
+// unlock a subject, e.g. a user locked out by a login limit.
+func (l *Limiter) Reset(ctx context.Context, subject string, policies ...string) Outcome {
+	if len(policies) == 0 {
+		policies = l.order
+	}
+	return l.Check(ctx, Request{Policies: policies, Subject: subject, Reset: true})
+}
+
 // Check decides req. It does not panic itself and never returns an error: every
 // failure is an Outcome of kind Incompatible, Unavailable or Indeterminate
 // with Err set. An invalid request or an already-passed deadline is
@@ -188,7 +205,9 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		return fmt.Errorf("sluice: %w: cost = %d: a peek spends nothing, leave cost 0", ErrInvalidRequest, cost)
 	case req.Peek && req.Refund:
 		return fmt.Errorf("sluice: %w: a request is a peek or a refund, not both", ErrInvalidRequest)
-	case !req.Peek && cost == 0:
+	case req.Reset && (req.Peek || req.Refund || cost != 0 || req.EvaluationID != ""):
+		return fmt.Errorf("sluice: %w: a reset takes no cost, peek, refund or evaluation id", ErrInvalidRequest)
+	case !req.Peek && !req.Reset && cost == 0:
 		cost = 1
 	}
 	for _, p := range ev.Policies {
@@ -209,7 +228,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 			}
 		}
 	}
-	ev.Subject, ev.Cost, ev.Refund, ev.EvaluationID = req.Subject, cost, req.Refund, req.EvaluationID
+	ev.Subject, ev.Cost, ev.Refund, ev.Reset, ev.EvaluationID = req.Subject, cost, req.Refund, req.Reset, req.EvaluationID
 	return nil
 }
 

@@ -35,6 +35,10 @@ type Evaluation struct {
 	// Refundable. The statuses then describe the state after the refund,
 	// as a peek would.
 	Refund bool
+	// Reset clears the state of every policy (Cost is 0), whatever it
+	// holds, corrupt state included; the statuses describe fresh state.
+	// Remembered evaluation ids are kept.
+	Reset bool
 	// EvaluationID, when set, identifies the request across retries: the
 	// store remembers the decision for the first policy's DedupeTTL (at
 	// most DedupeMax ids per subject and policy, oldest forgotten first),

@@ -221,7 +221,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	w := &sh.work
 	w.reset(len(ev.Policies))
 	e := &w.e
-	e.Now, e.Cost, e.Refund, e.MaxRegression = now, ev.Cost, ev.Refund, -1
+	e.Now, e.Cost, e.Refund, e.Reset, e.MaxRegression = now, ev.Cost, ev.Refund, ev.Reset, -1
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)

@@ -361,9 +361,13 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if s.clock != nil {
 		argv[argvNow] = strconv.FormatInt(evaluation.Now(s.clock), 10)
 	}
-	argv[argvMode] = "spend"
-	if ev.Refund {
+	switch {
+	case ev.Reset:
+		argv[argvMode] = "reset"
+	case ev.Refund:
 		argv[argvMode] = "refund"
+	default:
+		argv[argvMode] = "spend"
 	}
 	argv[argvCost] = strconv.FormatInt(ev.Cost, 10)
 	argv[argvMaxRegression] = s.maxReg

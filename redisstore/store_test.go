@@ -417,6 +417,13 @@ func TestCorruptState(t *testing.T) {
 			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Incompatible {
 				t.Fatalf("Check over corrupt state = %+v, want Incompatible", o)
 			}
+			// An operator's way out: a reset deletes it, unread.
+			if o := l.Reset(ctx, subj, "corrupt"); o.Kind != sluice.Allowed {
+				t.Fatalf("Reset over corrupt state = %+v (err %v), want allowed", o, o.Err)
+			}
+			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Allowed || o.Remaining != 4 {
+				t.Fatalf("Check after the reset = %+v (err %v), want allowed with 4 left", o, o.Err)
+			}
 		})
 	}
 }

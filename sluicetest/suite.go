@@ -37,6 +37,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 	t.Run("MultiPolicyAllOrNothing", func(t *testing.T) { testMultiPolicy(t, newStore) })
 	t.Run("RetryAfterIsExact", func(t *testing.T) { testRetryAfterExact(t, newStore) })
 	t.Run("RevisionStartsFresh", func(t *testing.T) { testRevision(t, newStore) })
+	t.Run("ResetClearsTheNamedPolicies", func(t *testing.T) { testReset(t, newStore) })
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
 	testSemantics(t, newStore)
 }
@@ -502,6 +503,53 @@ func testRevision(t *testing.T, newStore NewStoreFunc) {
 	}
 	o := l2.Check(context.Background(), sluice.Request{Policy: "demo", Subject: h.subject})
 	expect(t, "revision 2 starts fresh", o, sluice.Allowed)
+}
+
+// testReset: a subject denied by every algorithm is reset on some
+// policies: those start fresh, at once and together; the others keep
+// their state; resetting a subject with no state is harmless.
+func testReset(t *testing.T, newStore NewStoreFunc) {
+	var ps []sluice.Policy
+	var ids []string
+	for _, a := range everyAlgorithm {
+		ps = append(ps, policy(a.String(), a, 2, time.Hour, 0))
+		ids = append(ids, a.String())
+	}
+	h := newHarness(t, newStore, ps...)
+	for _, id := range ids {
+		expect(t, id+": spend all", h.check(id, 2, false), sluice.Allowed)
+		expect(t, id+": then denied", h.check(id, 1, false), sluice.Denied)
+	}
+	ctx := context.Background()
+	o := h.limiter.Reset(ctx, h.subject, ids[:3]...)
+	if o.Kind != sluice.Allowed || len(o.Statuses) != 3 {
+		t.Fatalf("Reset(%v) = %+v (err %v), want allowed with 3 statuses", ids[:3], o, o.Err)
+	}
+	for _, st := range o.Statuses {
+		if !st.Allowed || st.Remaining != 2 || st.ResetAfter != 0 {
+			t.Fatalf("Reset status %+v, want fresh state: allowed, 2 remaining, nothing to reset", st)
+		}
+	}
+	for i, id := range ids {
+		want := sluice.Denied
+		if i < 3 {
+			want = sluice.Allowed
+		}
+		expect(t, id+" after resetting "+strings.Join(ids[:3], ","), h.check(id, 1, false), want)
+	}
+	if o := h.limiter.Reset(ctx, h.subject); o.Kind != sluice.Allowed || len(o.Statuses) != len(ids) {
+		t.Fatalf("Reset of every policy = %+v (err %v), want allowed with %d statuses", o, o.Err, len(ids))
+	}
+	for _, id := range ids {
+		expect(t, id+" after resetting all", h.check(id, 2, false), sluice.Allowed)
+	}
+	if o := h.limiter.Reset(ctx, uniqueSubject(t, "never"), ids[0]); o.Kind != sluice.Allowed {
+		t.Fatalf("Reset of a subject with no state = %+v (err %v), want allowed", o, o.Err)
+	}
+	bad := h.limiter.Check(ctx, sluice.Request{Policy: ids[0], Subject: h.subject, Reset: true, Cost: 1})
+	if bad.Kind != sluice.Incompatible || !errors.Is(bad.Err, sluice.ErrInvalidRequest) {
+		t.Fatalf("reset with a cost = %+v, want Incompatible: a reset takes no cost", bad)
+	}
 }
 
 func testDoneContext(t *testing.T, newStore NewStoreFunc) {

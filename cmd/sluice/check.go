@@ -21,7 +21,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	var (
 		base, policy, subj, evalID, tokenEnv, caFile string
 		cost                                         int64
-		refund                                       bool
+		refund, reset                                bool
 		timeout                                      time.Duration
 	)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
@@ -29,6 +29,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	fs.StringVar(&subj, "subject", "", "whose budget to spend (required); the server pseudonymizes it")
 	fs.Int64Var(&cost, "cost", 1, "units to spend; 0 peeks without spending")
 	fs.BoolVar(&refund, "refund", false, "give --cost units back instead of spending them")
+	fs.BoolVar(&reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
 	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
 	fs.StringVar(&tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
@@ -48,8 +49,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 		Subject      string   `json:"subject"`
 		Cost         *int64   `json:"cost,omitempty"`
 		Refund       bool     `json:"refund,omitempty"`
+		Reset        bool     `json:"reset,omitempty"`
 		EvaluationID string   `json:"evaluation_id,omitempty"`
-	}{Subject: subj, Refund: refund, EvaluationID: evalID}
+	}{Subject: subj, Refund: refund, Reset: reset, EvaluationID: evalID}
 	if ids := strings.Split(policy, ","); len(ids) > 1 {
 		body.Policies = ids
 	} else {

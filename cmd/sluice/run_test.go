@@ -198,6 +198,19 @@ func TestCheckCommand(t *testing.T) {
 	if code, out := check("--cost", "4"); code != 2 || !strings.Contains(out, `"outcome":"incompatible"`) {
 		t.Errorf("check --cost 4 = %d %q, want 2 with the incompatible answer", code, out)
 	}
+	// bob has spent 3 of 3: a reset unlocks him at once.
+	if code, _ := check(); code != 1 {
+		t.Fatalf("check with the budget spent: exit %d, want 1 (denied)", code)
+	}
+	if code, out := check("--reset"); code != 0 || !strings.Contains(out, `"remaining":3`) {
+		t.Fatalf("check --reset = %d %q, want 0 with remaining 3", code, out)
+	}
+	if code, out := check(); code != 0 || !strings.Contains(out, `"remaining":2`) {
+		t.Fatalf("check after the reset = %d %q, want 0 with remaining 2", code, out)
+	}
+	if code, out := check("--reset", "--cost", "1"); code != 2 || !strings.Contains(out, "a reset takes no cost") {
+		t.Errorf("check --reset --cost 1 = %d %q, want 2 saying a reset takes no cost", code, out)
+	}
 	var out, errOut bytes.Buffer
 	args := []string{"check", "--url", s.url, "--policy", "nope", "--subject", "bob"}
 	if code := exitCode(run(context.Background(), args, &out, &errOut), &errOut); code != 2 || !strings.Contains(errOut.String(), "404") {

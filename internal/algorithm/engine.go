@@ -47,6 +47,10 @@ type Evaluation struct {
 	// spends nothing). With Refund, the units to give back (≥ 1).
 	Cost   int64
 	Refund bool
+	// Reset clears every policy's state, whatever States hold (Cost 0):
+	// the decisions are those of absent state, and Commit is set with
+	// writes that delete.
+	Reset bool
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
 	MaxRegression int64
@@ -117,6 +121,14 @@ func Evaluate(ev *Evaluation) error {
 		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
 	}
 	ev.Commit, ev.Replayed = false, false
+	if ev.Reset {
+		for i, p := range ev.Policies {
+			ev.Decisions[i] = p.step(&absent, ev.Now, 0, false, &ev.Writes[i])
+			ev.Writes[i].Fresh = true
+		}
+		ev.Commit = true
+		return nil
+	}
 	if ev.Replay != nil {
 		if len(ev.Replay) != n {
 			return &ReplayError{First: len(ev.Replay), Now: n}

@@ -102,6 +102,29 @@ func TestEvaluateAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestEvaluateReset: a reset decides every policy as absent state and
+// commits writes that delete, whatever the states hold.
+func TestEvaluateReset(t *testing.T) {
+	p := Policy{KindSlidingLog, Params{Limit: 2, Window: sec, Burst: 2}}
+	q := Policy{KindGCRA, Params{Limit: 1, Window: sec, Burst: 3}}
+	full := &State{Log: []int64{t0, t0}}
+	owing := &State{V: [5]int64{t0 + 3*sec, 0, 1, sec, t0}}
+	ev := &Evaluation{Policies: []Policy{p, q}, States: []*State{full, owing}, Now: t0 + 1, Reset: true, MaxRegression: -1,
+		Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
+	if err := Evaluate(ev); err != nil {
+		t.Fatal(err)
+	}
+	want := []Decision{{Allowed: true, Limit: 2, Remaining: 2}, {Allowed: true, Limit: 3, Remaining: 3}}
+	if !ev.Commit || fmt.Sprint(ev.Decisions) != fmt.Sprint(want) {
+		t.Fatalf("reset = commit %v %+v, want committed %+v", ev.Commit, ev.Decisions, want)
+	}
+	for i, w := range ev.Writes {
+		if w.Expires > ev.Now || !w.Fresh {
+			t.Fatalf("reset write %d = %+v, want one that deletes", i, w)
+		}
+	}
+}
+
 func TestEvaluateReplay(t *testing.T) {
 	p := Policy{KindFixedWindow, Params{Limit: 3, Window: sec, Burst: 3}}
 	first := []Decision{{Allowed: true, Limit: 3, Remaining: 2, ResetAfter: sec}}

@@ -114,7 +114,7 @@ type Auth struct {
 type Token struct {
 	ID        string   // names the token in logs: 1 to 32 of a-z 0-9 _ -
 	SecretEnv string   // name of the environment variable holding the token
-	Scopes    []string // what the token may do: ScopeCheck, ScopeRefund
+	Scopes    []string // what the token may do: ScopeCheck, ScopeRefund, ScopeReset
 }
 
 // Scopes of a Token.
@@ -124,7 +124,18 @@ const (
 	// ScopeRefund allows giving units back: POST /v1/check with
 	// "refund": true.
 	ScopeRefund = "refund"
+	// ScopeReset allows clearing a subject's state: POST /v1/check with
+	// "reset": true.
+	ScopeReset = "reset"
 )
+
+// Scopes lists every scope a Token may hold, for messages.
+const Scopes = ScopeCheck + ", " + ScopeRefund + ", " + ScopeReset
+
+// ValidScope reports whether s is a scope a Token may hold.
+func ValidScope(s string) bool {
+	return s == ScopeCheck || s == ScopeRefund || s == ScopeReset
+}
 
 // MinTokenLen is the shortest bearer token secret, in bytes.
 const MinTokenLen = 16
@@ -449,11 +460,11 @@ func (c *Config) validateServer() *Error {
 				return c.errorAt(path+".secret_env", strconv.Quote(t.SecretEnv), envNameRule)
 			}
 			if len(t.Scopes) == 0 {
-				return c.errorAt(path+".scopes", "", "at least one scope is required: check, refund")
+				return c.errorAt(path+".scopes", "", "at least one scope is required: "+Scopes)
 			}
 			for j, sc := range t.Scopes {
-				if sc != ScopeCheck && sc != ScopeRefund {
-					return c.errorAt(fmt.Sprintf("%s.scopes[%d]", path, j), strconv.Quote(sc), "must be one of check, refund")
+				if !ValidScope(sc) {
+					return c.errorAt(fmt.Sprintf("%s.scopes[%d]", path, j), strconv.Quote(sc), "must be one of "+Scopes)
 				}
 			}
 		}

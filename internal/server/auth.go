@@ -20,8 +20,8 @@ type Token struct {
 	// Secret is what a client sends as "Authorization: Bearer <secret>";
 	// at least config.MinTokenLen bytes.
 	Secret []byte
-	// Scopes are config.ScopeCheck (spend and peek) and config.ScopeRefund
-	// (give units back).
+	// Scopes are config.ScopeCheck (spend and peek), config.ScopeRefund
+	// (give units back) and config.ScopeReset (clear a subject's state).
 	Scopes []string
 }
 
@@ -51,11 +51,11 @@ func newAuth(tokens []Token) (*auth, error) {
 		case len(t.Secret) < config.MinTokenLen:
 			return nil, fmt.Errorf("server: New: Tokens[%d] (%s): secret is %d bytes: must be at least %d", i, t.ID, len(t.Secret), config.MinTokenLen)
 		case len(t.Scopes) == 0:
-			return nil, fmt.Errorf("server: New: Tokens[%d] (%s): no scopes: want %s or %s", i, t.ID, config.ScopeCheck, config.ScopeRefund)
+			return nil, fmt.Errorf("server: New: Tokens[%d] (%s): no scopes: want one of %s", i, t.ID, config.Scopes)
 		}
 		for _, sc := range t.Scopes {
-			if sc != config.ScopeCheck && sc != config.ScopeRefund {
-				return nil, fmt.Errorf("server: New: Tokens[%d] (%s): scope %q: must be %s or %s", i, t.ID, sc, config.ScopeCheck, config.ScopeRefund)
+			if !config.ValidScope(sc) {
+				return nil, fmt.Errorf("server: New: Tokens[%d] (%s): scope %q: must be one of %s", i, t.ID, sc, config.Scopes)
 			}
 		}
 		d := sha256.Sum256(t.Secret)

@@ -18,7 +18,7 @@ import (
 
 var (
 	appToken = server.Token{ID: "app", Secret: []byte("app-secret-0123456789"), Scopes: []string{"check"}}
-	opsToken = server.Token{ID: "ops", Secret: []byte("ops-secret-0123456789"), Scopes: []string{"check", "refund"}}
+	opsToken = server.Token{ID: "ops", Secret: []byte("ops-secret-0123456789"), Scopes: []string{"check", "refund", "reset"}}
 )
 
 // send posts body to /v1/check with an Authorization header (none when
@@ -52,7 +52,7 @@ func send(t *testing.T, url, auth, body string) (int, string, string) {
 
 func TestBearerTokens(t *testing.T) {
 	f := newFixture(t, demoPolicies, server.Options{Tokens: []server.Token{appToken, opsToken}})
-	const spend, refund = `{"policy":"login","subject":"alice"}`, `{"policy":"login","subject":"alice","refund":true}`
+	const spend, refund, reset = `{"policy":"login","subject":"alice"}`, `{"policy":"login","subject":"alice","refund":true}`, `{"policy":"login","subject":"alice","reset":true}`
 	type result struct {
 		Code   int
 		Reason string
@@ -69,6 +69,8 @@ func TestBearerTokens(t *testing.T) {
 		{"scheme is case-insensitive", "bearer app-secret-0123456789", spend, result{200, "", ""}},
 		{"check scope cannot refund", "Bearer app-secret-0123456789", refund, result{403, `token "app" lacks scope refund`, `Bearer realm="sluice", error="insufficient_scope", scope="refund"`}},
 		{"refund scope refunds", "Bearer ops-secret-0123456789", refund, result{200, "", ""}},
+		{"check scope cannot reset", "Bearer app-secret-0123456789", reset, result{403, `token "app" lacks scope reset`, `Bearer realm="sluice", error="insufficient_scope", scope="reset"`}},
+		{"reset scope resets", "Bearer ops-secret-0123456789", reset, result{200, "", ""}},
 		{"malformed body with a token", "Bearer app-secret-0123456789", `{"policy":"login"}`, result{400, "subject is required", ""}},
 	} {
 		code, reason, challenge := send(t, f.url, tt.auth, tt.body)
@@ -108,7 +110,7 @@ func TestNewRejectsBadTokens(t *testing.T) {
 	}{
 		{"short secret", []server.Token{{ID: "a", Secret: []byte("short"), Scopes: []string{"check"}}}, "server: New: Tokens[0] (a): secret is 5 bytes: must be at least 16"},
 		{"no scopes", []server.Token{{ID: "a", Secret: appToken.Secret}}, "server: New: Tokens[0] (a): no scopes"},
-		{"unknown scope", []server.Token{{ID: "a", Secret: appToken.Secret, Scopes: []string{"admin"}}}, `server: New: Tokens[0] (a): scope "admin": must be check or refund`},
+		{"unknown scope", []server.Token{{ID: "a", Secret: appToken.Secret, Scopes: []string{"admin"}}}, `server: New: Tokens[0] (a): scope "admin": must be one of check, refund, reset`},
 		{"same secret twice", []server.Token{appToken, {ID: "b", Secret: appToken.Secret, Scopes: []string{"refund"}}}, "server: New: Tokens[1] (b): same secret as token app"},
 	} {
 		_, err := server.New(lim, subject.Unkeyed(), slog.New(slog.DiscardHandler), server.Options{Tokens: tt.tokens})

@@ -18,14 +18,16 @@
 //
 // With Options.Tokens, POST /v1/check requires "Authorization: Bearer
 // <token>": 401 without a valid one, 403 when the token lacks the scope
-// (check to spend or peek, refund to give back). The health checks and
-// /metrics stay open.
+// (check to spend or peek, refund to give back, reset to clear). The
+// health checks and /metrics stay open.
 //
 // "replayed" is always present: true when the answer is the remembered
 // first decision of the request's evaluation_id and nothing was spent this
 // time. A request with "refund": true gives cost units back instead of
 // spending them (422 for a policy whose algorithm cannot refund, such as
-// sliding_window).
+// sliding_window). A request with "reset": true (no cost, no
+// evaluation_id) clears the subject's state of the named policies, corrupt
+// state included: the answer is 200 with the statuses of fresh state.
 package server
 
 import (
@@ -274,6 +276,7 @@ type checkRequest struct {
 	Subject      *string  `json:"subject"`
 	Cost         *int64   `json:"cost"`
 	Refund       bool     `json:"refund"`
+	Reset        bool     `json:"reset"`
 	EvaluationID string   `json:"evaluation_id"`
 }
 
@@ -307,8 +310,11 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	}
 	if tok != nil {
 		scope := config.ScopeCheck
-		if req.Refund {
+		switch {
+		case req.Refund:
 			scope = config.ScopeRefund
+		case req.Reset:
+			scope = config.ScopeReset
 		}
 		if !slices.Contains(tok.scopes, scope) {
 			if lw != nil {
@@ -319,7 +325,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	o := s.lim.Check(r.Context(), req)
-	if s.metrics != nil && !req.Peek && !req.Refund {
+	if s.metrics != nil && !req.Peek && !req.Refund && !req.Reset {
 		s.metrics.countDecision(req.Policy, req.Policies, o)
 	}
 	code := statusCode(&o)
@@ -374,7 +380,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
 		Cost:         1,
 		Refund:       in.Refund,
+		Reset:        in.Reset,
 		EvaluationID: in.EvaluationID,
+	}
+	if in.Reset {
+		req.Cost = 0 // a reset takes no cost; one sent is refused below
 	}
 	if in.Cost != nil {
 		req.Cost = *in.Cost

@@ -3,7 +3,7 @@ nothing, with the clock rule and the unspent-peek answers. A policy is a
 table {kind, params = {limit, window, burst}}; a state {v = fields} for
 the fixed-size algorithms, {log = view} for the sliding log; a write
 {v, log, fresh, expires}; an evaluation
-{policies, states, now, cost, refund, maxRegression, replay} that
+{policies, states, now, cost, refund, reset, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed. Errors are
 returned as tables {clock = {policy, behind, max}} or
 {replay = {first, now}}, as the Go code returns *ClockError and
@@ -139,6 +139,15 @@ local function evaluate(ev)
   local n = #ev.policies
   ev.decisions, ev.writes = {}, {}
   ev.commit, ev.replayed = false, false
+  if ev.reset then
+    for i, p in ipairs(ev.policies) do
+      ev.writes[i] = {}
+      ev.decisions[i] = step(p, ABSENT, ev.now, 0, false, ev.writes[i])
+      ev.writes[i].fresh = true
+    end
+    ev.commit = true
+    return nil
+  end
   if ev.replay ~= nil then
     if #ev.replay ~= n then
       return {replay = {first = #ev.replay, now = n}}

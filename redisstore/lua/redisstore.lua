@@ -16,7 +16,8 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        read the time with Redis TIME (one clock for every caller).
   ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
                        state's newest write; -1 means unbounded.
-  ARGV_MODE            "spend" (or peek, by cost 0) or "refund": give cost units back.
+  ARGV_MODE            "spend" (or peek, by cost 0), "refund" (give cost units back)
+                       or "reset" (cost 0: delete every policy's state, whatever it holds).
   ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
   ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
   ARGV_DEDUPE_MAX      how many ids are remembered at most.
@@ -253,12 +254,15 @@ local function main(KEYS, ARGV)
     raise('SLUICE_ARGS', 'cost must be an integer >= 0')
   end
   local mode = ARGV[ARGV_MODE]
-  local refund = mode == 'refund'
-  if not refund and mode ~= 'spend' then
-    raise('SLUICE_ARGS', 'mode must be spend or refund')
+  local refund, reset = mode == 'refund', mode == 'reset'
+  if not refund and not reset and mode ~= 'spend' then
+    raise('SLUICE_ARGS', 'mode must be spend, refund or reset')
   end
   if refund and cost < 1 then
     raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
+  end
+  if reset and (cost ~= 0 or rawID ~= '') then
+    raise('SLUICE_ARGS', 'a reset takes cost 0 and no evaluation id')
   end
   local id = recordID(rawID, cost, refund)
   if id == '' and rawID ~= '' then
@@ -287,13 +291,15 @@ local function main(KEYS, ARGV)
     end
   end
 
-  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, maxRegression = maxRegression}
+  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, reset = reset, maxRegression = maxRegression}
   local graces = {}
   for i = 1, n do
     ev.policies[i], graces[i] = policyArgs(ARGV, i, cost, refund)
   end
   for i = 1, n do
-    ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
+    if not reset then -- a reset deletes whatever is there, corrupt state included
+      ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
+    end
   end
   if id ~= '' then
     ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
