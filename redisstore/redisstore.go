@@ -86,6 +86,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -201,10 +202,14 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 	clock   sluice.Clock // nil in RedisTime mode
-	maxReg  string       // ARGV_MAX_REGRESSION
+	maxReg  any          // ARGV_MAX_REGRESSION, a string
 	extra   time.Duration
 	scripts atomic.Bool // the code is loaded as a script, not a function library
-	batch   *batcher    // nil: every decision is sent alone by its caller
+	// policyArgs caches each policy's formatted arguments:
+	// *sluice.Policy → *policyArgs, about cachedArgs of them.
+	policyArgs sync.Map
+	cachedArgs atomic.Int64
+	batch      *batcher // nil: every decision is sent alone by its caller
 }
 
 var _ sluice.Store = (*Store)(nil)
@@ -345,7 +350,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	args := slices.Grow(p.args[:0], 3+keys+argvPolicies+argvPerPolicy*n)[:3+keys+argvPolicies+argvPerPolicy*n]
 	p.args = args
 	cmdName, code := s.call()
-	args[0], args[1], args[2] = cmdName, code, strconv.Itoa(keys)
+	args[0], args[1], args[2] = cmdName, code, intArg(int64(keys))
 	for i, p := range ev.Policies {
 		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
 			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
@@ -369,18 +374,17 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	default:
 		argv[argvMode] = "spend"
 	}
-	argv[argvCost] = strconv.FormatInt(ev.Cost, 10)
+	argv[argvCost] = intArg(ev.Cost)
 	argv[argvMaxRegression] = s.maxReg
-	argv[argvID] = id
-	argv[argvDedupeTTL] = strconv.FormatInt(first.DedupeTTL.Microseconds(), 10)
-	argv[argvDedupeMax] = strconv.Itoa(first.DedupeMax)
+	argv[argvID] = ""
+	argv[argvDedupeTTL], argv[argvDedupeMax] = "", ""
+	if id != "" {
+		fa := s.argsOf(first)
+		argv[argvID] = id
+		argv[argvDedupeTTL], argv[argvDedupeMax] = fa.dedupeTTL, fa.dedupeN
+	}
 	for i, p := range ev.Policies {
-		a := argv[argvPolicies+argvPerPolicy*i:]
-		a[policyKind] = strconv.Itoa(int(p.Algorithm))
-		a[policyLimit] = strconv.FormatInt(p.Limit, 10)
-		a[policyWindow] = strconv.FormatInt(p.Window.Microseconds(), 10)
-		a[policyBurst] = strconv.FormatInt(p.Burst, 10)
-		a[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
+		copy(argv[argvPolicies+argvPerPolicy*i+1:], s.argsOf(p).args[1:])
 	}
 
 	vals, err := s.send(ctx, p)

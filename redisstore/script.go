@@ -7,9 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
 )
 
 // The decision code, one Lua file per Go file it ports, joined in this
@@ -70,13 +73,22 @@ var (
 	}()
 )
 
+// The command name and the function name or script SHA of a decision,
+// held as interface values so that putting them in a command's arguments
+// does not allocate.
+var (
+	callFunction = [2]any{"fcall", codeName}
+	callScript   = [2]any{"evalsha", scriptSHA}
+)
+
 // call returns the command name and the function name or script SHA of a
 // decision.
-func (s *Store) call() (string, string) {
+func (s *Store) call() (any, any) {
+	c := &callFunction
 	if s.scripts.Load() {
-		return "evalsha", scriptSHA
+		c = &callScript
 	}
-	return "fcall", codeName
+	return c[0], c[1]
 }
 
 // load loads the code on every master (every shard of a Ring).
@@ -145,9 +157,67 @@ func notLoaded(err error) bool {
 
 // replyError returns the error reply err carries, "" when it is none.
 func replyError(err error) string {
+	if err == nil {
+		return ""
+	}
 	var re redis.Error
 	if errors.As(err, &re) {
 		return re.Error()
 	}
 	return ""
+}
+
+// policyArgs are a policy's arguments to the decision code, formatted once
+// and held as interface values: a decision copies them without allocating.
+type policyArgs struct {
+	policy             sluice.Policy // the numbers they were formatted from
+	args               [argvPerPolicy + 1]any
+	dedupeTTL, dedupeN any
+}
+
+// argsOf returns p's arguments, formatting them the first time p (the
+// Limiter's own copy of a policy, which does not change) is seen, and again
+// should its numbers differ from what they were formatted from.
+func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
+	if v, ok := s.policyArgs.Load(p); ok {
+		if a := v.(*policyArgs); a.policy == *p {
+			return a
+		}
+	}
+	a := &policyArgs{policy: *p}
+	a.args[policyKind] = strconv.Itoa(int(p.Algorithm))
+	a.args[policyLimit] = strconv.FormatInt(p.Limit, 10)
+	a.args[policyWindow] = strconv.FormatInt(p.Window.Microseconds(), 10)
+	a.args[policyBurst] = strconv.FormatInt(p.Burst, 10)
+	a.args[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
+	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)
+	a.dedupeN = strconv.Itoa(p.DedupeMax)
+	if s.cachedArgs.Add(1) > maxCachedArgs {
+		// Policies built afresh for every decision (a caller of Evaluate
+		// that is not a Limiter) must not grow the cache without bound.
+		s.policyArgs.Clear()
+		s.cachedArgs.Store(1)
+	}
+	s.policyArgs.Store(p, a)
+	return a
+}
+
+// maxCachedArgs bounds the policies whose arguments a Store keeps.
+const maxCachedArgs = 4096
+
+// smallInts holds "0" to "255" as interface values, for the counts and
+// costs most decisions send.
+var smallInts = func() (v [256]any) {
+	for i := range v {
+		v[i] = strconv.Itoa(i)
+	}
+	return v
+}()
+
+// intArg returns n as an argument, without allocating for 0 to 255.
+func intArg(n int64) any {
+	if n >= 0 && n < int64(len(smallInts)) {
+		return smallInts[n]
+	}
+	return strconv.FormatInt(n, 10)
 }
