@@ -152,6 +152,7 @@ func (b *batcher) exec(batch []*pending) {
 				p.err = b.s.classify(ctx, "reload after "+err.Error(), lerr)
 				continue
 			}
+			p.args[0], p.args[1] = b.s.call() // loading may have fallen back to scripts
 			p.cmd = newScriptCmd(ctx, p.args)
 			retry = append(retry, p)
 		}

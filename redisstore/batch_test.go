@@ -194,3 +194,49 @@ func TestLostBatchIsReplayed(t *testing.T) {
 		t.Fatalf("remaining after %d lost and replayed decisions = %d, want 0: each spent once", n, o.Remaining)
 	}
 }
+
+// TestLazyStartsWithRedisDown: a Lazy store is built while Redis is down;
+// its decisions fail before send (nothing spent) and it is not Ready; once
+// Redis is back, the first decision loads the code and is decided.
+func TestLazyStartsWithRedisDown(t *testing.T) {
+	srv, err := redistest.StartServer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	srv.Kill()
+	c := srv.Client()
+	defer c.Close()
+	s := newStore(t, c, redisstore.Options{Lazy: true, Timeout: 2 * time.Second})
+	p := policy(t, "lazy", sluice.GCRA, 3, time.Minute)
+	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	subj := subject(t)
+	if o := l.Check(ctx, sluice.Request{Policy: "lazy", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend {
+		t.Fatalf("Check with Redis down = %+v, want Unavailable, failed before send", o)
+	}
+	if err := s.Ready(ctx); err == nil {
+		t.Fatal("Ready with Redis down = nil, want an error")
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// go-redis dials again on its own schedule: ask until it does, a
+	// bounded number of times.
+	var o sluice.Outcome
+	for range 100 {
+		if o = l.Check(ctx, sluice.Request{Policy: "lazy", Subject: subj}); o.Kind != sluice.Unavailable {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if o.Kind != sluice.Allowed || o.Remaining != 2 {
+		t.Fatalf("Check once Redis is back = %+v (err %v), want allowed with 2 left: nothing was spent while it was down", o, o.Err)
+	}
+	if err := s.Ready(ctx); err != nil {
+		t.Fatalf("Ready once Redis is back = %v", err)
+	}
+}

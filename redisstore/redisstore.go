@@ -167,6 +167,13 @@ type Options struct {
 	// back by a timer. Negative sends every decision alone, from its
 	// caller's goroutine. Default: 2.
 	Senders int
+	// Lazy makes New return without contacting Redis, so an application
+	// starts while Redis is down or hung: decisions fail (before send, so
+	// each policy's failure mode answers) until Redis answers, and the
+	// first decision to reach a node that lacks the decision code loads it
+	// there; Ready reports whether Redis answers. Default: false, New
+	// loads the code on every master and fails if it cannot.
+	Lazy bool
 	// ClockMode is the time source. Default: RedisTime.
 	ClockMode ClockMode
 	// Clock is the time source in CallerClock mode; unused otherwise.
@@ -249,10 +256,12 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
 	}
-	ctx, cancel := s.callContext(context.Background())
-	defer cancel()
-	if err := s.load(ctx); err != nil {
-		return nil, fmt.Errorf("redisstore: New: %w", err)
+	if !opts.Lazy {
+		ctx, cancel := s.callContext(context.Background())
+		defer cancel()
+		if err := s.load(ctx); err != nil {
+			return nil, fmt.Errorf("redisstore: New: %w", err)
+		}
 	}
 	switch {
 	case opts.Senders == 0:
@@ -419,6 +428,7 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 			if lerr := s.loadNode(ctx, p.args[3].(string)); lerr != nil {
 				return nil, s.classify(ctx, "reload after "+err.Error(), lerr)
 			}
+			p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
 			p.cmd = newScriptCmd(ctx, p.args)
 			err = s.client.Process(ctx, p.cmd)
 		}

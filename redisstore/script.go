@@ -148,11 +148,15 @@ func (s *Store) loadOn(ctx context.Context, c rediser) error {
 	return nil
 }
 
-// notLoaded reports whether err says the node does not hold the code, so
-// the call certainly did not run.
+// notLoaded reports whether err says the node does not hold the code, or
+// cannot run it as a function (a Lazy store has not learnt yet that the
+// node predates Redis 7 or that the user may not FCALL), so the call
+// certainly did not run.
 func notLoaded(err error) bool {
 	msg := replyError(err)
-	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found")
+	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") ||
+		strings.HasPrefix(msg, "ERR unknown command 'fcall'") || strings.HasPrefix(msg, "ERR unknown command `fcall`") ||
+		strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'")
 }
 
 // replyError returns the error reply err carries, "" when it is none.

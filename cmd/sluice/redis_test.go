@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -59,5 +60,65 @@ policies:
 		if err := s.stop(); err != nil {
 			t.Fatalf("serve after cancel: %v", err)
 		}
+	}
+}
+
+// TestServeStartsWithRedisDown: serve starts while its Redis is down,
+// answers per failure mode (503 for a closed policy, 200 for an open one),
+// /readyz says 503; once Redis is back, decisions are taken there and
+// /readyz says 200.
+func TestServeStartsWithRedisDown(t *testing.T) {
+	srv := redistest.Standalone(t)
+	srv.Kill()
+	cfg := writeConfig(t, fmt.Sprintf(`
+server:
+  listen: "127.0.0.1:0"
+store:
+  type: redis
+  redis: { url: "redis://%s/0" }
+policies:
+  - { id: closed, algorithm: fixed_window, limit: 3, window: 1h }
+  - { id: open, algorithm: fixed_window, limit: 3, window: 1h, failure_mode: open }
+`, srv.Addr))
+	s := startServe(t, "-c", cfg)
+	status := func(method, path, body string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := status("GET", "/readyz", ""); code != 503 {
+		t.Fatalf("GET /readyz with Redis down = %d, want 503", code)
+	}
+	if code := status("POST", "/v1/check", `{"policy":"closed","subject":"alice"}`); code != 503 {
+		t.Fatalf("check of a closed policy with Redis down = %d, want 503", code)
+	}
+	if code := status("POST", "/v1/check", `{"policy":"open","subject":"alice"}`); code != 503 {
+		// The check API answers what the store said; failure modes are
+		// the edge's (proxy, middleware) to apply.
+		t.Fatalf("check of an open policy with Redis down = %d, want 503 (unavailable)", code)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	code := 0
+	for range 100 { // go-redis dials again on its own schedule
+		if code = status("POST", "/v1/check", `{"policy":"closed","subject":"alice"}`); code != 503 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code != 200 {
+		t.Fatalf("check once Redis is back = %d, want 200", code)
+	}
+	if code := status("GET", "/readyz", ""); code != 200 {
+		t.Fatalf("GET /readyz once Redis is back = %d, want 200", code)
 	}
 }

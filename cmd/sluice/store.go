@@ -39,7 +39,9 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		if err != nil {
 			return nil, fmt.Errorf("store type redis: %w", err)
 		}
-		rs, err := redisstore.New(client, redisstore.Options{})
+		// Lazy: serve starts while Redis is down or hung, answers per
+		// failure mode until it is back, and /readyz tells which.
+		rs, err := redisstore.New(client, redisstore.Options{Lazy: true})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("store type redis: %w", err)

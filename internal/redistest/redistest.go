@@ -45,6 +45,10 @@ type Server struct {
 	// Dir is its working directory (config, logs, dumps), removed by Stop.
 	Dir string
 
+	bin      string
+	port     int
+	config   []string
+	mu       sync.Mutex // guards cmd and exited across Kill and Restart
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	stopOnce sync.Once
@@ -134,7 +138,7 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("redistest: start redis-server: %w", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, cmd: cmd, exited: make(chan struct{})}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, bin: bin, port: port, config: config, cmd: cmd, exited: make(chan struct{})}
 	go func() { cmd.Wait(); close(s.exited) }()
 	// Ready when this process says so in its own log: a successful dial
 	// alone could reach another server that took the port first (this one
@@ -172,22 +176,55 @@ func tail(b []byte) string {
 // the directory StartServer created. It is safe to call more than once.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
-		if s.cmd.Process != nil {
-			s.cmd.Process.Kill()
-		}
-		<-s.exited
+		s.Kill()
 		if s.removeMe {
 			os.RemoveAll(s.Dir)
 		}
 	})
 }
 
+// Kill kills the process (by its PID), as a crash would, and waits for it
+// to exit; its port and directory stay for Restart.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+	}
+	<-s.exited
+}
+
+// Restart kills the process if it runs and starts a new one on the same
+// port with the same config (and no data: nothing is saved), as a Redis
+// brought back after a crash.
+func (s *Server) Restart() error {
+	s.Kill()
+	// The new process is ready when its log says so: not the old one's.
+	os.Remove(filepath.Join(s.Dir, fmt.Sprintf("redis-%d.log", s.port)))
+	n, err := start(s.bin, s.Dir, s.port, s.config)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cmd, s.exited = n.cmd, n.exited
+	s.mu.Unlock()
+	return nil
+}
+
 // Pause stops the process with SIGSTOP: it keeps its socket open, accepts
 // connections, and answers nothing until Resume.
-func (s *Server) Pause() error { return s.cmd.Process.Signal(sigStop) }
+func (s *Server) Pause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Signal(sigStop)
+}
 
 // Resume continues a paused process.
-func (s *Server) Resume() error { return s.cmd.Process.Signal(sigCont) }
+func (s *Server) Resume() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Signal(sigCont)
+}
 
 // Client returns a new go-redis client for s; the caller closes it.
 func (s *Server) Client() *redis.Client {
