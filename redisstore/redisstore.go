@@ -174,6 +174,9 @@ type Options struct {
 	// there; Ready reports whether Redis answers. Default: false, New
 	// loads the code on every master and fails if it cannot.
 	Lazy bool
+	// Breaker configures the circuit breaker that sheds decisions while
+	// Redis is down or hung. Default: see BreakerOptions.
+	Breaker BreakerOptions
 	// ClockMode is the time source. Default: RedisTime.
 	ClockMode ClockMode
 	// Clock is the time source in CallerClock mode; unused otherwise.
@@ -217,6 +220,7 @@ type Store struct {
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
 	batch      *batcher // nil: every decision is sent alone by its caller
+	breaker    *breaker // nil: disabled
 }
 
 var _ sluice.Store = (*Store)(nil)
@@ -256,6 +260,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
 	}
+	s.breaker = newBreaker(opts.Breaker)
 	if !opts.Lazy {
 		ctx, cancel := s.callContext(context.Background())
 		defer cancel()
@@ -416,7 +421,18 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 // send runs the decision p holds, through the senders or alone, and
 // returns the script's reply, or the error typed by classify.
 func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
+	if err := s.breaker.allow(); err != nil {
+		s.release(p)
+		return nil, err
+	}
+	vals, err := s.sendNow(ctx, p)
+	s.breaker.done(err)
+	return vals, err
+}
+
+func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
 	if s.batch == nil {
+		callerCtx := ctx
 		defer s.release(p)
 		ctx, cancel := s.callContext(ctx)
 		defer cancel()
@@ -431,6 +447,13 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 			p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
 			p.cmd = newScriptCmd(ctx, p.args)
 			err = s.client.Process(ctx, p.cmd)
+		}
+		if err != nil && callerCtx.Err() != nil && !errors.Is(err, sluice.ErrIndeterminate) {
+			var op *net.OpError
+			if !errors.As(err, &op) {
+				// The caller's own deadline ended the wait: nothing sent.
+				return nil, fmt.Errorf("redisstore: run script: nothing sent: %w", callerCtx.Err())
+			}
 		}
 		if err != nil {
 			return nil, s.classify(ctx, "run script", err)
@@ -500,9 +523,11 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
 	case op == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && ctx.Err() != nil:
 		// go-redis returns a bare context error only while waiting for a
-		// connection or dialling; a read cut short by the deadline is a
-		// *net.OpError timeout.
-		return fmt.Errorf("redisstore: %s: nothing sent: %w", what, err)
+		// connection, dialling or setting a new one up (a Redis that
+		// accepts and never answers); a read cut short by the deadline is
+		// a *net.OpError timeout. The deadline is the store's (Timeout),
+		// not the caller's: Redis failed to take the command in time.
+		return fmt.Errorf("redisstore: %s: nothing sent within the store's timeout (%v): %w", what, err, sluice.ErrBeforeSend)
 	}
 	return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrIndeterminate, err)
 }

@@ -41,7 +41,11 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		// Lazy: serve starts while Redis is down or hung, answers per
 		// failure mode until it is back, and /readyz tells which.
-		rs, err := redisstore.New(client, redisstore.Options{Lazy: true})
+		rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Breaker: redisstore.BreakerOptions{
+			OnChange: func(state string) {
+				log.Warn("redis circuit breaker", "state", state) // transitions only: not one line per request
+			},
+		}})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("store type redis: %w", err)
