@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,5 +304,64 @@ func TestBreakerShedsWhileRedisHangs(t *testing.T) {
 	defer mu.Unlock()
 	if fmt.Sprint(states) != "[open half_open closed]" {
 		t.Fatalf("breaker states %v, want [open half_open closed]", states)
+	}
+}
+
+// TestReadyTellsTheTruth: a Redis out of memory for writes, or read-only
+// (a replica), is not ready, and a decision there is Unavailable (Redis
+// refused it before it ran: nothing spent), its error code kept through
+// the script; both recover when Redis does.
+func TestReadyTellsTheTruth(t *testing.T) {
+	srv, err := redistest.StartServer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	c := srv.Client()
+	defer c.Close()
+	s := newStore(t, c, redisstore.Options{Breaker: redisstore.BreakerOptions{Failures: -1}})
+	p := policy(t, "truth", sluice.TokenBucket, 5, time.Minute)
+	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	subj := subject(t)
+	check := func(what string, want sluice.Kind, code string) {
+		t.Helper()
+		o := l.Check(ctx, sluice.Request{Policy: "truth", Subject: subj})
+		if o.Kind != want || code != "" && (o.Cause != sluice.FailedBeforeSend || !strings.Contains(o.Reason(), code)) {
+			t.Fatalf("%s: Check = %+v (err %v), want %v %s", what, o, o.Err, want, code)
+		}
+	}
+	for _, fault := range []struct {
+		name, code   string
+		break_, heal func() error
+	}{
+		{"out of memory", "OOM",
+			func() error { return c.ConfigSet(ctx, "maxmemory", "1").Err() },
+			func() error { return c.ConfigSet(ctx, "maxmemory", "0").Err() }},
+		{"read-only replica", "READONLY",
+			func() error { return c.Do(ctx, "replicaof", "127.0.0.1", "1").Err() },
+			func() error { return c.Do(ctx, "replicaof", "no", "one").Err() }},
+	} {
+		check("before "+fault.name, sluice.Allowed, "")
+		if err := fault.break_(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Ready(ctx); err == nil || !strings.Contains(err.Error(), fault.code) {
+			t.Errorf("Ready when %s = %v, want an error saying %s", fault.name, err, fault.code)
+		}
+		check("when "+fault.name, sluice.Unavailable, fault.code)
+		if err := fault.heal(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Ready(ctx); err != nil {
+			t.Errorf("Ready after %s = %v", fault.name, err)
+		}
+	}
+	check("after both", sluice.Allowed, "")
+	if o := l.Check(ctx, sluice.Request{Policy: "truth", Subject: subj, Peek: true}); o.Remaining != 2 {
+		t.Fatalf("remaining after 3 allowed decisions and 2 refused = %d, want 2: a refused decision spends nothing", o.Remaining)
 	}
 }
