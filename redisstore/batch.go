@@ -46,19 +46,21 @@ type pending struct {
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
 // batcher sends the decisions that meet at a Store to Redis together.
-// Senders goroutines each wait for work, take everything queued, send it
-// as one pipeline (a lone decision as a plain command) and hand each
-// decision its own reply. A caller who finds a sender idle is sent at
-// once; callers who arrive while every sender is on the wire are sent
-// together in the next pipeline. No timer ever holds a decision back.
+// A caller who finds nothing on the wire sends its decision itself, at
+// once, with no hand-off. Callers who arrive while something is on the
+// wire queue; Senders goroutines each wait for work, take everything
+// queued, send it as one pipeline (a lone decision as a plain command)
+// and hand each decision its own reply. No timer ever holds a decision
+// back.
 type batcher struct {
-	s      *Store
-	mu     sync.Mutex
-	queue  []*pending
-	closed bool
-	wake   chan struct{}
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	s        *Store
+	inflight atomic.Int32 // round trips on the wire, by callers and senders
+	mu       sync.Mutex
+	queue    []*pending
+	closed   bool
+	wake     chan struct{}
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 func newBatcher(s *Store, senders int) *batcher {
@@ -130,7 +132,9 @@ func (b *batcher) send() {
 		if len(batch) == 0 {
 			continue
 		}
+		b.inflight.Add(1)
 		b.exec(batch)
+		b.inflight.Add(-1)
 		for i, p := range batch {
 			p.done <- struct{}{}
 			batch[i] = nil

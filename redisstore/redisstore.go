@@ -431,7 +431,11 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 }
 
 func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
-	if s.batch == nil {
+	if s.batch == nil || s.batch.inflight.CompareAndSwap(0, 1) {
+		// Nothing on the wire: this decision goes now, from its caller.
+		if s.batch != nil {
+			defer s.batch.inflight.Add(-1)
+		}
 		callerCtx := ctx
 		defer s.release(p)
 		ctx, cancel := s.callContext(ctx)
