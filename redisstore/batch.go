@@ -164,6 +164,7 @@ func (b *batcher) exec(batch []*pending) {
 	if len(retry) > 0 {
 		b.pipeline(ctx, retry)
 	}
+	var failed error
 	for _, p := range batch {
 		switch err := p.cmd.Err(); {
 		case err == nil || p.err != nil:
@@ -174,7 +175,11 @@ func (b *batcher) exec(batch []*pending) {
 		default:
 			p.err = b.s.classify(ctx, "run script", err)
 		}
+		if failed == nil && p.err != nil {
+			failed = p.err
+		}
 	}
+	b.s.breaker.roundTrip(failed)
 }
 
 func (b *batcher) pipeline(ctx context.Context, batch []*pending) {

@@ -12,15 +12,19 @@ import (
 // BreakerOptions configure a Store's circuit breaker. The zero value
 // means the defaults.
 type BreakerOptions struct {
-	// Failures is how many decisions in a row must fail for want of Redis
-	// (nothing sent, or no reply) before the breaker opens: from then on
-	// decisions fail at once with sluice.ErrCircuitOpen, without waiting
-	// for a Redis that is down or hung. Negative disables the breaker.
+	// Failures is how many round trips to Redis in a row must fail
+	// (nothing sent, or no reply within Options.Timeout) before the
+	// breaker opens: from then on decisions fail at once with
+	// sluice.ErrCircuitOpen, without waiting for a Redis that is down or
+	// hung. A caller that gives up on its own deadline does not count:
+	// that says nothing about Redis. Negative disables the breaker.
 	// Default: 5.
 	Failures int
 	// OpenFor is how long the breaker stays open before it lets one
-	// decision through to try Redis again (half open): its success closes
-	// the breaker, its failure opens it for another OpenFor. Default: 1s.
+	// decision through to try Redis again (half open), and how often it
+	// lets one through while half open: a round trip that succeeds closes
+	// the breaker, one that fails opens it for another OpenFor.
+	// Default: 1s.
 	OpenFor time.Duration
 	// OnChange, when set, is called with each new state ("closed",
 	// "open", "half_open"), outside the breaker's lock; for metrics and
@@ -37,11 +41,10 @@ type breaker struct {
 	onChange func(string)
 	now      func() time.Time
 
-	mu       sync.Mutex
-	state    string // "closed", "open", "half_open"
-	failed   int    // consecutive failures while closed
-	openedAt time.Time
-	probing  bool // the half-open probe is on its way
+	mu     sync.Mutex
+	state  string    // "closed", "open", "half_open"
+	failed int       // consecutive failed round trips while closed
+	since  time.Time // when it opened, or let the last decision through while half open
 }
 
 func newBreaker(o BreakerOptions) *breaker {
@@ -61,7 +64,7 @@ func newBreaker(o BreakerOptions) *breaker {
 var errOpen = fmt.Errorf("redisstore: Redis is failing, not asked: %w", sluice.ErrCircuitOpen)
 
 // allow reports whether a decision may go to Redis: always while closed;
-// while open, only the one probe once OpenFor has passed.
+// otherwise one every OpenFor, from OpenFor after it opened.
 func (b *breaker) allow() error {
 	if b == nil {
 		return nil
@@ -70,10 +73,11 @@ func (b *breaker) allow() error {
 	var changed string
 	switch {
 	case b.state == "closed":
-	case b.state == "open" && b.now().Sub(b.openedAt) >= b.openFor:
-		b.state, b.probing, changed = "half_open", true, "half_open"
-	case b.state == "half_open" && !b.probing:
-		b.probing = true
+	case b.now().Sub(b.since) >= b.openFor:
+		if b.state == "open" {
+			changed = "half_open"
+		}
+		b.state, b.since = "half_open", b.now()
 	default:
 		b.mu.Unlock()
 		return errOpen
@@ -83,9 +87,10 @@ func (b *breaker) allow() error {
 	return nil
 }
 
-// done records how a decision that was let through ended. Only failures
-// for want of Redis count; a denial or a corrupt state is Redis answering.
-func (b *breaker) done(err error) {
+// roundTrip records how a round trip to Redis ended: err is the error of
+// (one of) its decisions, nil when Redis answered. Only failures for want
+// of Redis count; a denial or a corrupt state is Redis answering.
+func (b *breaker) roundTrip(err error) {
 	if b == nil {
 		return
 	}
@@ -97,12 +102,12 @@ func (b *breaker) done(err error) {
 		if b.state != "closed" {
 			changed = "closed"
 		}
-		b.state, b.failed, b.probing = "closed", 0, false
+		b.state, b.failed = "closed", 0
 	case b.state == "half_open":
-		b.state, b.openedAt, b.probing, changed = "open", b.now(), false, "open"
+		b.state, b.since, changed = "open", b.now(), "open"
 	case b.state == "closed":
 		if b.failed++; b.failed >= b.failures {
-			b.state, b.openedAt, changed = "open", b.now(), "open"
+			b.state, b.since, changed = "open", b.now(), "open"
 		}
 	}
 	b.mu.Unlock()

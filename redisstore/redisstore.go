@@ -425,9 +425,7 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 		s.release(p)
 		return nil, err
 	}
-	vals, err := s.sendNow(ctx, p)
-	s.breaker.done(err)
-	return vals, err
+	return s.sendNow(ctx, p)
 }
 
 func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
@@ -452,15 +450,21 @@ func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
 			p.cmd = newScriptCmd(ctx, p.args)
 			err = s.client.Process(ctx, p.cmd)
 		}
-		if err != nil && callerCtx.Err() != nil && !errors.Is(err, sluice.ErrIndeterminate) {
+		if err != nil && callerCtx.Err() != nil {
+			// The caller's own deadline ended the wait, which says nothing
+			// of Redis: not a round trip for the breaker.
 			var op *net.OpError
 			if !errors.As(err, &op) {
-				// The caller's own deadline ended the wait: nothing sent.
 				return nil, fmt.Errorf("redisstore: run script: nothing sent: %w", callerCtx.Err())
 			}
+			return nil, s.classify(ctx, "run script", err)
 		}
 		if err != nil {
-			return nil, s.classify(ctx, "run script", err)
+			err = s.classify(ctx, "run script", err)
+		}
+		s.breaker.roundTrip(err)
+		if err != nil {
+			return nil, err
 		}
 		return p.cmd.Int64Slice()
 	}

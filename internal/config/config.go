@@ -31,6 +31,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -222,7 +223,15 @@ type Proxy struct {
 	// decide: 1/N for N proxy instances. Parse defaults it to
 	// DefaultLocalShare.
 	LocalShare float64
+	// DecisionTimeout is how long the proxy waits for the store's
+	// decision before the route's failure mode answers, 1ms to 10s.
+	// Parse defaults it to DefaultDecisionTimeout.
+	DecisionTimeout time.Duration
 }
+
+// DefaultDecisionTimeout is the proxy's proxy.decision_timeout when it is
+// absent: the middleware's own default.
+const DefaultDecisionTimeout = httplimit.DefaultDeadline
 
 // Route applies policies to matching proxied requests.
 type Route struct {
@@ -633,6 +642,9 @@ func (c *Config) validateProxy() []*Error {
 		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), rule))
 	} else if sameAddr(p.Listen, c.Server.Listen) {
 		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), "must differ from server.listen: the proxy has an address of its own"))
+	}
+	if p.DecisionTimeout < time.Millisecond || p.DecisionTimeout > 10*time.Second {
+		errs = append(errs, c.errorAt("proxy.decision_timeout", p.DecisionTimeout.String(), "must be between 1ms and 10s"))
 	}
 	if !(p.LocalShare > 0 && p.LocalShare <= 1) {
 		errs = append(errs, c.errorAt("proxy.local_share", strconv.FormatFloat(p.LocalShare, 'g', -1, 64), "must be more than 0 and at most 1, such as 0.25 for four proxy instances"))

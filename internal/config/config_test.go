@@ -71,6 +71,7 @@ var invalid = []struct {
 	{"proxy_local_share_not_number.yaml", "proxy.local_share: \"10%\": must be a number, not a string (line 8)"},
 	{"proxy_local_share_too_big.yaml", "proxy.local_share: 1.5: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"proxy_local_share_zero.yaml", "proxy.local_share: 0: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
+	{"proxy_decision_timeout.yaml", "proxy.decision_timeout: \"30s\": must be between 1ms and 10s (line 6)"},
 	{"proxy_no_routes.yaml", "proxy.routes: at least one route is required (line 6)"},
 	{"proxy_route_without_match.yaml", "proxy.routes[0].match: is required (line 9)"},
 	{"proxy_unknown_policy.yaml", "proxy.routes[0].policies[1]: \"login\": is not the id of any policy (line 10)"},
@@ -208,10 +209,11 @@ func TestParseFull(t *testing.T) {
 		},
 		Subjects: config.Subjects{HMACKeys: []config.HMACKey{{ID: "k2", SecretEnv: "SLUICE_HMAC_K2"}, {ID: "k1", SecretEnv: "SLUICE_HMAC_K1"}}},
 		Proxy: &config.Proxy{
-			Listen:         "0.0.0.0:8000",
-			LocalShare:     0.25,
-			Upstream:       "http://127.0.0.1:9000",
-			TrustedProxies: []string{"10.0.0.0/8", "::1/128"},
+			Listen:          "0.0.0.0:8000",
+			LocalShare:      0.25,
+			DecisionTimeout: 250 * time.Millisecond,
+			Upstream:        "http://127.0.0.1:9000",
+			TrustedProxies:  []string{"10.0.0.0/8", "::1/128"},
 			Routes: []config.Route{
 				{Match: config.Match{PathPrefix: "/login", Methods: []string{"POST"}}, Policies: []string{"login"}, Subject: "ip"},
 				{Match: config.Match{PathPrefix: "/api/"}, Policies: []string{"api", "quota"}, Subject: "header:X-Api-Key", Shadow: true},

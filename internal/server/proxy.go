@@ -106,6 +106,7 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		Pseudonymizer:  opts.Pseudonymizer,
 		TrustedProxies: cfg.TrustedProxies,
 		Logger:         opts.Logger,
+		Deadline:       cfg.DecisionTimeout,
 	}
 	for i, r := range cfg.Routes {
 		rt := httplimit.Route{
