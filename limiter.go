@@ -254,7 +254,9 @@ func failed(err error) Outcome {
 	case errors.Is(err, ErrIndeterminate):
 		// First: a lost reply may also wrap the context error that cut it off.
 		o.Kind = Indeterminate
-	case errors.Is(err, ErrCorruptState), errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
+	case errors.Is(err, ErrCorruptState):
+		o.Kind, o.Cause = Unavailable, CorruptState
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
 		o.Kind = Incompatible
 	case errors.Is(err, ErrClockUnsafe):
 		o.Kind, o.Cause = Unavailable, ClockUnsafe

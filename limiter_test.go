@@ -114,7 +114,7 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 		{sluice.ErrCircuitOpen, sluice.Unavailable, sluice.CircuitOpen},
 		{sluice.ErrIndeterminate, sluice.Indeterminate, 0},
 		{fmt.Errorf("%w: %w", sluice.ErrIndeterminate, context.DeadlineExceeded), sluice.Indeterminate, 0},
-		{sluice.ErrCorruptState, sluice.Incompatible, 0},
+		{sluice.ErrCorruptState, sluice.Unavailable, sluice.CorruptState},
 		{context.DeadlineExceeded, sluice.Unavailable, sluice.DeadlinePassed},
 		{errors.New("something the store did not classify"), sluice.Indeterminate, 0},
 	}

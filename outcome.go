@@ -16,7 +16,7 @@ const (
 	// Denied: the limit is reached; nothing was spent.
 	Denied
 	// Incompatible: the request cannot be decided as asked (unknown policy,
-	// cost above max, invalid subject, corrupt state). Retrying will not help.
+	// cost above max, invalid subject). Retrying will not help.
 	Incompatible
 	// Unavailable: no decision was taken and nothing was spent; Cause says
 	// why.
@@ -52,9 +52,13 @@ const (
 	ClockUnsafe
 	// CircuitOpen: the store is known to be failing and was not asked.
 	CircuitOpen
+	// CorruptState: the store holds state for the subject that it could
+	// not have written; nothing was spent. A server fault, not the
+	// request's: clear it with a reset (Request.Reset).
+	CorruptState
 )
 
-var causeNames = [...]string{DeadlinePassed: "deadline_passed", FailedBeforeSend: "failed_before_send", ClockUnsafe: "clock_unsafe", CircuitOpen: "circuit_open"}
+var causeNames = [...]string{DeadlinePassed: "deadline_passed", FailedBeforeSend: "failed_before_send", ClockUnsafe: "clock_unsafe", CircuitOpen: "circuit_open", CorruptState: "corrupt_state"}
 
 // String returns the metric and log spelling, e.g. "clock_unsafe"; "" for
 // no cause.
@@ -72,7 +76,7 @@ var (
 	ErrInvalidRequest = errors.New("invalid request")           // Incompatible
 	ErrCostTooHigh    = errors.New("cost above policy maximum") // Incompatible
 	ErrNotRefundable  = errors.New("refund not supported")      // Incompatible
-	ErrCorruptState   = errors.New("corrupt limiter state")     // Incompatible
+	ErrCorruptState   = errors.New("corrupt limiter state")     // Unavailable, CorruptState
 	ErrBeforeSend     = errors.New("store failed before send")  // Unavailable, FailedBeforeSend
 	ErrClockUnsafe    = errors.New("clock unsafe")              // Unavailable, ClockUnsafe
 	ErrCircuitOpen    = errors.New("circuit open")              // Unavailable, CircuitOpen

@@ -565,7 +565,7 @@ func TestFailureModes(t *testing.T) {
 	}{
 		{"closed, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "deadline_passed"},
 		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.ErrCorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Incompatible, "counter is not an integer"},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.ErrCorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "counter is not an integer"},
 		{"open, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailOpen}, 200, httplimit.FailedOpen, sluice.Unavailable, `"action":"failed_open"`},
 		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.ErrCircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, httplimit.FailedOpen, sluice.Unavailable, "circuit_open"},
 		{"open and closed: closed wins", blockingStore{}, []sluice.FailureMode{sluice.FailOpen, sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "failed_closed"},

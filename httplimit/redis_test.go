@@ -130,8 +130,8 @@ func TestRedisCorruptCounter(t *testing.T) {
 	resp := expectStatus(t, h, "/closed", 503)
 	wantProblem(t, resp, 503)
 	d := h.last()
-	if d.Outcome.Kind != sluice.Incompatible || d.Action != httplimit.FailedClosed {
-		t.Errorf("corrupt counter: decision %v/%v (%v), want failed closed on an incompatible outcome", d.Action, d.Outcome.Kind, d.Outcome.Err)
+	if d.Outcome.Kind != sluice.Unavailable || d.Outcome.Cause != sluice.CorruptState || d.Action != httplimit.FailedClosed {
+		t.Errorf("corrupt counter: decision %v/%v (%v), want failed closed on an unavailable outcome (corrupt_state)", d.Action, d.Outcome.Kind, d.Outcome.Err)
 	}
 	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "want 3 integers") {
 		t.Errorf("logs %s: want the reason (SLUICE_CORRUPT … want 3 integers)", logs)

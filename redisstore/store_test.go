@@ -377,8 +377,9 @@ func TestEveryKeyHasTTL(t *testing.T) {
 	t.Logf("%d keys, all with a TTL (%d expired meanwhile)", len(keys), expired)
 }
 
-// TestCorruptState: state the script did not write is Incompatible with a
-// reason, never silently reset, and nothing is written.
+// TestCorruptState: state the script did not write is Unavailable
+// (corrupt_state) with a reason, never silently reset, and nothing is
+// written; a reset clears it.
 func TestCorruptState(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
@@ -422,8 +423,8 @@ func TestCorruptState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Incompatible {
-				t.Fatalf("Check over corrupt state = %+v, want Incompatible", o)
+			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check over corrupt state = %+v, want Unavailable, corrupt_state: a server fault", o)
 			}
 			// An operator's way out: a reset deletes it, unread.
 			if o := l.Reset(ctx, subj, "corrupt"); o.Kind != sluice.Allowed {

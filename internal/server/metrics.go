@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -48,6 +49,7 @@ type Metrics struct {
 	requests  *prometheus.CounterVec
 	proxy     *prometheus.CounterVec
 	local     *prometheus.CounterVec
+	failures  *prometheus.CounterVec
 }
 
 // NewMetrics registers the collectors on reg. policies are the IDs the
@@ -77,8 +79,12 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Name: "sluice_proxy_local_decisions_total",
 			Help: "Answers of the proxy's local fallback limiter while the store could not decide, per route and outcome.",
 		}, []string{"route", "outcome"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_store_failures_total",
+			Help: "Decisions the store could not take, per store and cause: failed_before_send, indeterminate, circuit_open, corrupt_state, clock_unsafe, deadline_passed, other.",
+		}, []string{"store", "cause"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -109,21 +115,47 @@ func (m *Metrics) Handler() http.Handler {
 // InstrumentStore returns st timing every Evaluate with clock into
 // sluice_decision_duration_seconds{store}. store is a fixed name such as
 // "memory" or "redis".
+// Its failures are counted in sluice_store_failures_total{store,cause}.
 func (m *Metrics) InstrumentStore(st sluice.Store, store string, clock sluice.Clock) sluice.Store {
-	return &timedStore{Store: st, obs: m.duration.WithLabelValues(store), clock: clock}
+	return &timedStore{Store: st, obs: m.duration.WithLabelValues(store), failures: m.failures.MustCurryWith(prometheus.Labels{"store": store}), clock: clock}
 }
 
 type timedStore struct {
 	sluice.Store
-	obs   prometheus.Observer
-	clock sluice.Clock
+	obs      prometheus.Observer
+	failures *prometheus.CounterVec
+	clock    sluice.Clock
 }
 
 func (s *timedStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	start := s.clock.Now()
 	err := s.Store.Evaluate(ctx, ev)
 	s.obs.Observe(s.clock.Now().Sub(start).Seconds())
+	if err != nil {
+		s.failures.WithLabelValues(failureCause(err)).Inc()
+	}
 	return err
+}
+
+// failureCause names the sentinel err wraps, from a fixed set.
+func failureCause(err error) string {
+	for _, c := range []struct {
+		err   error
+		cause string
+	}{
+		{sluice.ErrIndeterminate, "indeterminate"}, // first: a lost reply may wrap a context error
+		{sluice.ErrCircuitOpen, "circuit_open"},
+		{sluice.ErrCorruptState, "corrupt_state"},
+		{sluice.ErrClockUnsafe, "clock_unsafe"},
+		{sluice.ErrBeforeSend, "failed_before_send"},
+		{context.DeadlineExceeded, "deadline_passed"},
+		{context.Canceled, "deadline_passed"},
+	} {
+		if errors.Is(err, c.err) {
+			return c.cause
+		}
+	}
+	return "other"
 }
 
 // policyLabel bounds a policy ID to the configured ones.

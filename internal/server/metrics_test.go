@@ -1,14 +1,20 @@
 package server_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/sluicetest"
 )
 
 func TestCheckAPIMetrics(t *testing.T) {
@@ -87,4 +93,47 @@ func scrapeText(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestStoreFailureMetrics: an instrumented store's failures are counted per
+// cause, from a fixed set of label values.
+func TestStoreFailureMetrics(t *testing.T) {
+	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := sluicetest.NewClock(sluicetest.Start)
+	ctx := context.Background()
+	for _, e := range []error{
+		fmt.Errorf("test: %w", sluice.ErrCorruptState),
+		fmt.Errorf("test: %w", sluice.ErrCorruptState),
+		sluice.ErrCircuitOpen,
+		fmt.Errorf("test: read: %w: %w", sluice.ErrIndeterminate, context.DeadlineExceeded),
+		errors.New("test: something else"),
+	} {
+		st := m.InstrumentStore(failingStore{e}, "redis", clock)
+		st.Evaluate(ctx, &sluice.Evaluation{Subject: "s"})
+	}
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := parseExposition(t, string(raw))
+	for series, want := range map[string]float64{
+		`sluice_store_failures_total{cause="corrupt_state",store="redis"}`: 2,
+		`sluice_store_failures_total{cause="circuit_open",store="redis"}`:  1,
+		`sluice_store_failures_total{cause="indeterminate",store="redis"}`: 1,
+		`sluice_store_failures_total{cause="other",store="redis"}`:         1,
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
 }

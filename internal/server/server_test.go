@@ -392,7 +392,7 @@ func TestStoreFailures(t *testing.T) {
 		{"failed before send", fmt.Errorf("test: dial: %w", sluice.ErrBeforeSend), 503, "unavailable", "1"},
 		{"reply lost", fmt.Errorf("test: read: %w", sluice.ErrIndeterminate), 503, "indeterminate", "1"},
 		{"circuit open", sluice.ErrCircuitOpen, 503, "unavailable", "1"},
-		{"corrupt state", fmt.Errorf("test: %w", sluice.ErrCorruptState), 422, "incompatible", ""},
+		{"corrupt state", fmt.Errorf("test: %w", sluice.ErrCorruptState), 503, "unavailable", "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := sluicetest.NewClock(sluicetest.Start)
