@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 )
 
 // MaxSubjectLen is the longest Subject a Request may carry, in bytes.
@@ -65,7 +66,8 @@ type Limiter struct {
 	store    Store
 	policies map[string]*Policy
 	order    []string
-	pool     sync.Pool // *Evaluation
+	pool     sync.Pool  // *Evaluation
+	near     *nearCache // nil when no policy has NearCache
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -88,6 +90,9 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		p = p.WithDefaults()
 		l.policies[p.ID] = &p
 		l.order = append(l.order, p.ID)
+		if p.NearCache && l.near == nil {
+			l.near = newNearCache()
+		}
 	}
 	l.pool.New = func() any { return new(Evaluation) }
 	return l, nil
@@ -145,6 +150,22 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	if err := l.prepare(ev, &req); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
 	}
+	var near *Policy // the NearCache policy this spend may be answered for
+	var sent time.Time
+	switch {
+	case l.near == nil:
+	case req.Reset:
+		for _, p := range ev.Policies {
+			l.near.forget(ev.Subject, p)
+		}
+	case len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.Cost > 0 && !ev.Refund && ev.EvaluationID == "":
+		p := ev.Policies[0]
+		sent = SystemClock{}.Now()
+		if st, ok := l.near.lookup(ev.Subject, p, ev.Cost, sent); ok {
+			return Outcome{Kind: Denied, Status: st, FromCache: true}
+		}
+		near = p
+	}
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		return failed(err)
 	}
@@ -154,6 +175,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses), Replayed: ev.Replayed}
 	if !o.Allowed {
 		o.Kind = Denied
+		if near != nil {
+			l.near.remember(ev.Subject, near, ev.Cost, sent, o.Status)
+		}
 	}
 	if len(req.Policies) > 0 {
 		o.Statuses = append([]Status(nil), ev.Statuses...)

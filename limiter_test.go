@@ -172,3 +172,63 @@ func BenchmarkCheck(b *testing.B) {
 		l.Check(ctx, req)
 	}
 }
+
+
+// TestNearCacheSparesTheStore: a flood of 100 × the limit from one subject
+// on a NearCache policy reaches the store once per admission plus once for
+// the first denial; the rest are denied locally, marked FromCache, with a
+// RetryAfter never longer than the store's. Without NearCache every
+// request reaches the store. Other subjects and a reset are unaffected.
+func TestNearCacheSparesTheStore(t *testing.T) {
+	for _, nearCache := range []bool{true, false} {
+		clock := sluicetest.NewClock(sluicetest.Start)
+		ms, err := memstore.New(memstore.Options{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ms.Close()
+		store := &countingStore{Store: ms}
+		l, err := sluice.New(store, []sluice.Policy{{ID: "login", Algorithm: sluice.SlidingLog, Limit: 10, Window: time.Hour, NearCache: nearCache}}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		var allowed, cached int
+		var storeRetry time.Duration
+		for range 1000 {
+			o := l.Check(ctx, sluice.Request{Policy: "login", Subject: "mallory"})
+			switch {
+			case o.Kind == sluice.Allowed:
+				allowed++
+			case o.FromCache:
+				cached++
+				if o.RetryAfter <= 0 || o.RetryAfter > storeRetry {
+					t.Fatalf("cached denial %+v: RetryAfter must be positive and at most the store's %v", o, storeRetry)
+				}
+			case o.Kind == sluice.Denied:
+				storeRetry = o.RetryAfter
+			default:
+				t.Fatalf("Check = %+v", o)
+			}
+		}
+		calls := store.calls.Load()
+		if allowed != 10 {
+			t.Fatalf("near_cache %v: %d admitted, want exactly the limit, 10", nearCache, allowed)
+		}
+		if nearCache && (calls != 11 || cached != 989) {
+			t.Fatalf("near_cache: %d store calls and %d cached denials for 1000 requests, want 11 and 989", calls, cached)
+		}
+		if !nearCache && (calls != 1000 || cached != 0) {
+			t.Fatalf("no near_cache: %d store calls and %d cached denials, want 1000 and 0", calls, cached)
+		}
+		if o := l.Check(ctx, sluice.Request{Policy: "login", Subject: "alice"}); o.Kind != sluice.Allowed {
+			t.Fatalf("another subject = %+v, want allowed", o)
+		}
+		if o := l.Reset(ctx, "mallory"); o.Kind != sluice.Allowed {
+			t.Fatalf("Reset = %+v", o)
+		}
+		if o := l.Check(ctx, sluice.Request{Policy: "login", Subject: "mallory"}); o.Kind != sluice.Allowed || o.FromCache {
+			t.Fatalf("after a reset = %+v, want allowed by the store", o)
+		}
+	}
+}

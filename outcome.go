@@ -123,6 +123,9 @@ type Outcome struct {
 	// Replayed reports that this is the remembered first decision for the
 	// request's EvaluationID: nothing was spent this time.
 	Replayed bool
+	// FromCache reports that the Limiter answered this denial from its
+	// near cache (Policy.NearCache), without asking the store.
+	FromCache bool
 	// Cause says why the outcome is Unavailable; zero otherwise.
 	Cause Cause
 	// Err is the error behind Incompatible, Unavailable and Indeterminate;

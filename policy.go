@@ -149,6 +149,16 @@ type Policy struct {
 	// policy, 1 to 10000; at the bound the oldest is forgotten first.
 	// Default: 256.
 	DedupeMax int
+	// NearCache lets the Limiter deny a subject it saw denied again
+	// without asking the store, until the retry time that denial named: a
+	// flood from one subject then costs the store one call per retry time
+	// instead of one per request. It never admits what the store would
+	// deny (it only denies, and only a cost at least the denied one) and
+	// never denies past the retry time, measured from before the store was
+	// asked. It applies to requests naming this one policy, spending, with
+	// no EvaluationID. A Reset clears it in this process only: other
+	// processes deny until that time at most. Default: false.
+	NearCache bool
 }
 
 // PolicyError says which field of which policy broke which rule. Config

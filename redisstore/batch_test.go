@@ -369,3 +369,45 @@ func TestReadyTellsTheTruth(t *testing.T) {
 		t.Fatalf("remaining after 3 allowed decisions and 2 refused = %d, want 2: a refused decision spends nothing", o.Remaining)
 	}
 }
+
+// TestNearCacheCutsRedisCalls: a flood of 100 × the limit on one subject
+// with NearCache reaches Redis for the admissions and the first denial
+// only (INFO commandstats), and admits exactly the limit.
+func TestNearCacheCutsRedisCalls(t *testing.T) {
+	srv, err := redistest.StartServer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	c := srv.Client()
+	defer c.Close()
+	s := newStore(t, c, redisstore.Options{})
+	l, err := sluice.New(s, []sluice.Policy{{ID: "flood", Algorithm: sluice.GCRA, Limit: 10, Window: time.Hour, NearCache: true}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	allowed := 0
+	for range 1000 {
+		if o := l.Check(ctx, sluice.Request{Policy: "flood", Subject: "mallory"}); o.Kind == sluice.Allowed {
+			allowed++
+		}
+	}
+	stats, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	for _, line := range strings.Split(stats, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+			fmt.Sscanf(rest, "%d", &calls)
+		}
+	}
+	if allowed != 10 || calls > 100 {
+		t.Fatalf("1000 requests, limit 10: %d admitted, %d FCALLs; want 10 admitted and at most 100 calls (a 90%% cut)", allowed, calls)
+	}
+	t.Logf("1000 requests, limit 10: %d admitted, %d FCALLs reached Redis", allowed, calls)
+}

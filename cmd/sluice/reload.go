@@ -268,11 +268,6 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range cfg.Policies {
-		if p.NearCache {
-			r.log.Warn("near_cache is not implemented yet: every check asks the store", "policy", p.ID)
-		}
-	}
 	lim, err := sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{})
 	if err != nil {
 		return nil, err

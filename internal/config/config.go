@@ -187,13 +187,10 @@ func (r *Redis) Password(getenv func(string) string) (string, error) {
 	return pw, nil
 }
 
-// Policy is one policy of the config: a sluice.Policy plus the settings
-// only the server uses.
+// Policy is one policy of the config (near_cache is sluice.Policy's
+// NearCache).
 type Policy struct {
 	sluice.Policy
-	// NearCache lets the server deny locally until a known retry time
-	// instead of asking the store again. Default: false.
-	NearCache bool
 }
 
 // Subjects configures how subjects are pseudonymized.

@@ -185,8 +185,7 @@ func TestParseFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := config.Policy{
-		Policy:    sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000},
-		NearCache: true,
+		Policy: sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000, NearCache: true},
 	}
 	want := &config.Config{
 		Server: config.Server{

@@ -50,6 +50,7 @@ type Metrics struct {
 	proxy     *prometheus.CounterVec
 	local     *prometheus.CounterVec
 	failures  *prometheus.CounterVec
+	near      *prometheus.CounterVec
 }
 
 // NewMetrics registers the collectors on reg. policies are the IDs the
@@ -83,8 +84,12 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Name: "sluice_store_failures_total",
 			Help: "Decisions the store could not take, per store and cause: failed_before_send, indeterminate, circuit_open, corrupt_state, clock_unsafe, deadline_passed, other.",
 		}, []string{"store", "cause"}),
+		near: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_near_cache_denials_total",
+			Help: "Denials answered from the near cache (near_cache: true) without asking the store, per policy: the store calls it saved.",
+		}, []string{"policy"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -171,6 +176,9 @@ func (m *Metrics) countDecision(policy string, policies []string, o sluice.Outco
 	kind := o.Kind.String()
 	if policy != "" {
 		m.decisions.WithLabelValues(m.policyLabel(policy), kind).Inc()
+		if o.FromCache {
+			m.near.WithLabelValues(m.policyLabel(policy)).Inc()
+		}
 	}
 	for _, id := range policies {
 		m.decisions.WithLabelValues(m.policyLabel(id), kind).Inc()

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -97,6 +98,38 @@ func scrapeText(t *testing.T, url string) string {
 
 // TestStoreFailureMetrics: an instrumented store's failures are counted per
 // cause, from a fixed set of label values.
+// TestNearCacheMetrics: a flood on a near_cache policy counts the denials
+// answered without the store.
+func TestNearCacheMetrics(t *testing.T) {
+	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"tiny"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, []sluice.Policy{{ID: "tiny", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour, NearCache: true}}, server.Options{Metrics: m})
+	for range 5 {
+		f.post(t, `{"policy":"tiny","subject":"mallory"}`)
+	}
+	resp, err := http.Get(f.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := parseExposition(t, string(raw))
+	for series, want := range map[string]float64{
+		`sluice_decisions_total{outcome="allowed",policy="tiny"}`: 1,
+		`sluice_decisions_total{outcome="denied",policy="tiny"}`:  4,
+		`sluice_near_cache_denials_total{policy="tiny"}`:          3, // the first denial asked the store
+	} {
+		if got[series] != want {
+			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+}
+
 func TestStoreFailureMetrics(t *testing.T) {
 	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"demo"})
 	if err != nil {

@@ -1,0 +1,78 @@
+package sluice
+
+import (
+	"sync"
+	"time"
+)
+
+// maxNearCache bounds the denials a Limiter remembers.
+const maxNearCache = 100_000
+
+// nearCache remembers, per subject and NearCache policy, a denial the
+// store gave and until when it holds, so the Limiter can deny again
+// without asking. Safe for concurrent use.
+type nearCache struct {
+	mu sync.Mutex
+	m  map[nearKey]nearEntry
+}
+
+type nearKey struct {
+	subject string
+	policy  *Policy
+}
+
+// nearEntry is a remembered denial: a cost of at least cost is denied
+// until until, when the store said it would wait RetryAfter, measured from
+// before the store was asked (so never later than the store's own time).
+type nearEntry struct {
+	cost    int64
+	until   time.Time // monotonic
+	resetAt time.Time
+	status  Status
+}
+
+func newNearCache() *nearCache { return &nearCache{m: make(map[nearKey]nearEntry)} }
+
+// lookup returns the status of a remembered denial that covers cost at
+// now, its waits measured from now.
+func (c *nearCache) lookup(subject string, p *Policy, cost int64, now time.Time) (Status, bool) {
+	c.mu.Lock()
+	e, ok := c.m[nearKey{subject, p}]
+	if ok && !now.Before(e.until) {
+		delete(c.m, nearKey{subject, p})
+		ok = false
+	}
+	c.mu.Unlock()
+	if !ok || cost < e.cost {
+		return Status{}, false
+	}
+	st := e.status
+	st.RetryAfter = e.until.Sub(now)
+	st.ResetAfter = max(e.resetAt.Sub(now), st.RetryAfter)
+	return st, true
+}
+
+// remember records the store's denial st of cost, asked at sent.
+func (c *nearCache) remember(subject string, p *Policy, cost int64, sent time.Time, st Status) {
+	k := nearKey{subject, p}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; !ok && len(c.m) >= maxNearCache {
+		for k, e := range c.m { // make room: what has expired goes
+			if !sent.Before(e.until) {
+				delete(c.m, k)
+			}
+		}
+		if len(c.m) >= maxNearCache {
+			return // full of live denials: this one is simply asked again
+		}
+	}
+	c.m[k] = nearEntry{cost: cost, until: sent.Add(st.RetryAfter), resetAt: sent.Add(st.ResetAfter), status: st}
+}
+
+// forget drops what is remembered of subject under p.
+func (c *nearCache) forget(subject string, p *Policy) {
+	c.mu.Lock()
+	delete(c.m, nearKey{subject, p})
+	c.mu.Unlock()
+}
