@@ -173,7 +173,6 @@ func BenchmarkCheck(b *testing.B) {
 	}
 }
 
-
 // TestNearCacheSparesTheStore: a flood of 100 × the limit from one subject
 // on a NearCache policy reaches the store once per admission plus once for
 // the first denial; the rest are denied locally, marked FromCache, with a
