@@ -115,6 +115,7 @@ func markdown(rep *report) string {
 	fmt.Fprintf(&b, "Measured %s: %s, %d CPUs (GOMAXPROCS %d); %s; %s. %s per cell after %s of warm-up; one go-redis client with a pool of %d shared by all callers.\n\n",
 		m.Date, m.CPU, m.CPUs, m.GOMAXPROCS, m.Go, m.Redis, m.Duration, m.Warmup, m.Pool)
 	fmt.Fprintf(&b, "Command: `cd bench && %s`\n\n", m.Command)
+	b.WriteString(legend)
 	var keys []groupKey
 	groups := map[groupKey][]result{}
 	for _, r := range rep.Results {
@@ -179,6 +180,17 @@ func markdown(rep *report) string {
 	}
 	return b.String()
 }
+
+// legend says what each column of the cell tables counts.
+const legend = `How to read the cell tables:
+
+- *decisions/s*: allowed + denied decisions per second of the measured time, all callers together; calls that failed count as errors, not decisions. *× best peer* divides it by the highest decisions/s of a peer of the same kind in the same cell (Redis path: redis_rate, ulule/limiter, throttled; in process: go-limiter, the x/time/rate map). Peers are in italics. Floors are not limiters; they are compared with the Redis peers.
+- *p50/p99/p99.9*: latency of one call as a caller sees it, queueing for a pool connection included; a pipelined floor's call carries 16 decisions.
+- *client allocs/dec*, *client CPU µs/dec*: ` + "`runtime.MemStats.Mallocs`" + ` and ` + "`getrusage`" + ` (user + system) deltas of this whole process, the load generator included, per decision.
+- *Redis CPU µs/dec*: ` + "`INFO cpu`" + ` used_cpu_user + used_cpu_sys delta per decision. *× best peer* divides by the lowest Redis CPU of a Redis peer in the same cell.
+- *Redis cmds/dec*: ` + "`INFO stats`" + ` total_commands_processed delta per decision. It counts the commands a script runs inside (each ` + "`redis.call`" + `) as well as the EVALSHA itself. *scripts/dec*: EVAL, EVALSHA, FCALL (and _RO forms) calls from ` + "`INFO commandstats`" + `. *round trips/dec*: the client's calls to Redis counted by a go-redis hook, a pipeline counting once.
+
+`
 
 // libraryFigure finds the decisions/s of Limiter.Check on the check API
 // row's store and algorithm in the same cell.
