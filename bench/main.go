@@ -7,6 +7,9 @@
 //	cd bench && go run . -duration 5s -svg decisions.svg > results.md
 //
 // A quick run: go run . -callers 1,64 -subjects 10000 -mode allowed -duration 3s
+//
+// -json prints everything measured; -render FILE prints the tables (and
+// with -svg the chart) of such a file again without measuring.
 package main
 
 import (
@@ -21,6 +24,7 @@ import (
 	"os/signal"
 	"regexp"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,11 +50,13 @@ type config struct {
 	only              *regexp.Regexp
 	run               runOptions
 	pool              int
+	passes            int
 	json              bool
 	svg               string
 	http              bool
 	httpAlgorithm     string
 	redisServer       string
+	render            string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -63,12 +69,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	only := fs.String("limiters", "", "run only the limiters whose name matches this `regexp`")
 	fs.DurationVar(&c.run.duration, "duration", 5*time.Second, "measured time per cell (the warm-up comes on top)")
 	fs.DurationVar(&c.run.warmup, "warmup", time.Second, "unmeasured load before each cell, after every subject was touched once")
+	fs.IntVar(&c.passes, "passes", 1, "run every cell this many times, interleaved, and keep the pass with the median decisions/s")
 	fs.IntVar(&c.pool, "pool", 20, "connections in the one go-redis client every Redis limiter shares")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of markdown")
 	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
 	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
 	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
 	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server binary (default: the one on PATH)")
+	fs.StringVar(&c.render, "render", "", "measure nothing: print the tables (and -svg) of the -json output saved in `FILE`")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -95,6 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.run.duration <= 0 || c.run.duration > 10*time.Minute || c.run.warmup < 0 || c.run.warmup > time.Minute {
 		return nil, errors.New("-duration must be in (0, 10m] and -warmup in [0, 1m]")
+	}
+	if c.passes < 1 || c.passes > 9 {
+		return nil, errors.New("-passes must be between 1 and 9")
 	}
 	if c.pool < 1 || c.pool > 1000 {
 		return nil, errors.New("-pool must be between 1 and 1000")
@@ -133,6 +144,7 @@ type machine struct {
 	Duration   string `json:"duration_per_cell"`
 	Warmup     string `json:"warmup_per_cell"`
 	Pool       int    `json:"pool"`
+	Passes     int    `json:"passes"`
 }
 
 func describeMachine(c *config, redisBin string, args []string) machine {
@@ -145,6 +157,7 @@ func describeMachine(c *config, redisBin string, args []string) machine {
 		Duration:   c.run.duration.String(),
 		Warmup:     c.run.warmup.String(),
 		Pool:       c.pool,
+		Passes:     c.passes,
 	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -164,6 +177,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.render != "" {
+		return render(cfg, stdout)
 	}
 	redisBin, err := lookRedis(cfg.redisServer)
 	if err != nil {
@@ -213,22 +229,35 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	total *= cfg.passes
 	done := 0
-	for _, c := range cells {
-		for _, t := range targets {
-			// The floors set no limits: they run in the first mode's cells only.
-			if t.modeless() && c.mode != cfg.modes[0] {
-				continue
+	// passes[i] holds every pass's result of the i-th (cell, target).
+	var passes [][]result
+	for pass := range cfg.passes {
+		i := 0
+		for _, c := range cells {
+			for _, t := range targets {
+				// The floors set no limits: they run in the first mode's cells only.
+				if t.modeless() && c.mode != cfg.modes[0] {
+					continue
+				}
+				done++
+				r, err := runCell(ctx, e, t, c, cfg.run)
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", c, t.name, err)
+				}
+				fmt.Fprintf(stderr, "[%d/%d] %s: %-40s %10.0f decisions/s  p99 %7.0f µs  redis %5.1f µs/dec  errors %d\n",
+					done, total, c, t.name, r.PerSecond, r.P99US, r.RedisCPUPerDecision, r.Errors)
+				if pass == 0 {
+					passes = append(passes, nil)
+				}
+				passes[i] = append(passes[i], r)
+				i++
 			}
-			done++
-			r, err := runCell(ctx, e, t, c, cfg.run)
-			if err != nil {
-				return fmt.Errorf("%s, %s: %w", c, t.name, err)
-			}
-			fmt.Fprintf(stderr, "[%d/%d] %s: %-40s %10.0f decisions/s  p99 %7.0f µs  redis %5.1f µs/dec  errors %d\n",
-				done, total, c, t.name, r.PerSecond, r.P99US, r.RedisCPUPerDecision, r.Errors)
-			rep.Results = append(rep.Results, r)
 		}
+	}
+	for _, rs := range passes {
+		rep.Results = append(rep.Results, median(rs))
 	}
 	for _, t := range targets {
 		if t.kind == inProcess || t.keyless || t.batch > 1 {
@@ -248,7 +277,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.HTTP = rs
 	}
 	compare(rep.Results)
+	return output(cfg, &rep, stdout)
+}
 
+// median returns the pass with the median decisions/s (the lower middle
+// of an even number), all its figures from that one pass.
+func median(rs []result) result {
+	sorted := append([]result(nil), rs...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].PerSecond < sorted[j].PerSecond })
+	m := sorted[(len(sorted)-1)/2]
+	m.Passes = len(rs)
+	return m
+}
+
+// render prints a saved -json report as a run would have.
+func render(cfg *config, stdout io.Writer) error {
+	b, err := os.ReadFile(cfg.render)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", cfg.render, err)
+	}
+	compare(rep.Results)
+	return output(cfg, &rep, stdout)
+}
+
+func output(cfg *config, rep *report, stdout io.Writer) error {
 	if cfg.svg != "" {
 		if err := os.WriteFile(cfg.svg, []byte(chart(rep.Results)), 0o644); err != nil {
 			return err
@@ -259,6 +315,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	_, err = io.WriteString(stdout, markdown(&rep))
+	_, err := io.WriteString(stdout, markdown(rep))
 	return err
 }

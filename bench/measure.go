@@ -31,6 +31,7 @@ type result struct {
 	Callers  int    `json:"callers"`
 	Subjects int    `json:"subjects"`
 	Mode     mode   `json:"mode"`
+	Passes   int    `json:"passes,omitempty"` // of which this is the median
 
 	Seconds    float64 `json:"seconds"`
 	Decisions  int64   `json:"decisions"`
