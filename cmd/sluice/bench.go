@@ -368,14 +368,14 @@ func (h *latencies) quantile(q float64) float64 {
 }
 
 // benchCaller is one caller's tally; done is read by the progress line
-// while the caller runs.
+// while the caller runs (the histogram keeps neighbouring callers' done
+// counters on different cache lines).
 type benchCaller struct {
 	done            atomic.Int64
 	allowed, denied int64
 	other           map[string]int64
 	firstErr        error
 	lat             latencies
-	_               [64]byte // keeps done of neighbouring callers apart
 }
 
 type benchResult struct {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -119,5 +121,34 @@ func TestBenchUsage(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("sluice bench %q: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
 		}
+	}
+}
+
+// On a cluster the run's keys spread over every master (one hash tag per
+// subject), and the cleanup finds and deletes them on each.
+func TestBenchRedisCluster(t *testing.T) {
+	cl := redistest.Cluster(t)
+	rep := runBench(t, "--store", "redis", "--redis-addrs", strings.Join(cl.Addrs, ","), "--redis-mode", "cluster",
+		"--policy-algorithm", "fixed_window", "--limit", "10", "--window", "1h", "--subjects", "30", "--callers", "8", "--duration", "500ms")
+	if rep.Other != 0 {
+		t.Fatalf("bench on a cluster: %d without a decision (%v), the first: %s", rep.Other, rep.OtherKinds, rep.FirstError)
+	}
+	// Callers pick subjects at random: in a short run on a slow machine a
+	// subject may not come up at all, but none gets more than 10.
+	if rep.Allowed > 10*rep.KeysDeleted || rep.KeysDeleted > 30 || rep.KeysDeleted == 0 {
+		t.Errorf("bench on a cluster, 10 per hour, 30 subjects: allowed %d, keys deleted %d; want 1 to 30 keys and at most 10 allowed per key", rep.Allowed, rep.KeysDeleted)
+	}
+	c := cl.Client()
+	defer c.Close()
+	ctx := context.Background()
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		keys, err := m.Keys(ctx, "*").Result()
+		if err == nil && len(keys) > 0 {
+			err = fmt.Errorf("master %s still holds %q", m.Options().Addr, keys)
+		}
+		return err
+	})
+	if err != nil {
+		t.Error(err)
 	}
 }
