@@ -4,9 +4,10 @@
 // subject takes per limiter, the check API of a real `sluice serve` end
 // to end, and optionally an SVG chart of decisions/s against callers.
 //
-//	cd bench && go run . -duration 5s -svg decisions.svg > results.md
+// BENCHMARKS.md at the repository root holds the command that reproduces
+// it and the figures of the last full run. A quick run:
 //
-// A quick run: go run . -callers 1,64 -subjects 10000 -mode allowed -duration 3s
+//	cd bench && go run . -callers 1,64 -subjects 10000 -mode allowed -duration 3s
 //
 // -json prints everything measured; -render FILE prints the tables (and
 // with -svg the chart) of such a file again without measuring.
