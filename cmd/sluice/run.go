@@ -31,6 +31,11 @@ Usage:
   ` + checkSynopsis + `
         Ask a running server once and print its JSON answer. Exits 0 when
         allowed, 1 when denied, 2 otherwise.
+  sluice bench [--store memory|redis --redis-url URL | --url URL] [--policy-algorithm ALG]
+               [--limit N] [--window D] [--subjects N] [--callers N] [--duration D] [--json]
+        Load-test a store and policy, or a running server, and print
+        decisions/s, outcome counts and latency quantiles. Against Redis
+        it uses a key prefix of its own and deletes its keys at the end.
   sluice version
         Print the version.
   sluice help [COMMAND]
@@ -73,6 +78,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.validate(rest)
 	case "check":
 		return a.check(ctx, rest)
+	case "bench":
+		return a.bench(ctx, rest)
 	case "version":
 		if len(rest) > 0 {
 			return &usageError{msg: "version takes no arguments", usage: usage}

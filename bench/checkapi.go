@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// kindHTTP marks check API rows.
+const kindHTTP kind = "check_api"
+
+// runCheckAPI builds ../cmd/sluice, serves a generated config with the
+// memory store and then with the redis store, and drives POST /v1/check
+// over HTTP/1.1 keep-alive in every cell.
+func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
+	alg, err := sluice.ParseAlgorithm(cfg.httpAlgorithm)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sluice-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "sluice")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sluice")
+	build.Dir = ".." // the main module, whose go.mod this module does not share
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build ./cmd/sluice: %w\n%s", err, out)
+	}
+	var rs []result
+	for _, store := range []string{"memory", "redis"} {
+		yaml := policiesYAML(alg)
+		if store == "redis" {
+			yaml += fmt.Sprintf("store:\n  type: redis\n  redis: { url: \"redis://%s/0\" }\n", redisAddr)
+		}
+		path := filepath.Join(dir, store+".yaml")
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			return nil, err
+		}
+		sv, err := startServe(ctx, bin, path)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cells {
+			r := result{Limiter: fmt.Sprintf("sluice serve %s (%s), POST /v1/check", alg, storeName(store)), Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
+			if store == "redis" {
+				if err := e.admin.FlushAll(ctx).Err(); err != nil {
+					sv.stop()
+					return nil, err
+				}
+			}
+			d, release := httpDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+			err := measure(ctx, e, &r, d, 1, c, cfg.run, store == "redis", sv.cpu)
+			release()
+			if err != nil {
+				sv.stop()
+				return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
+			}
+			r.RoundTripsPerDecision = 0 // the server has its own client; the hook sees none of it
+			fmt.Fprintf(stderr, "[check API] %s: %-45s %10.0f decisions/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
+			rs = append(rs, r)
+		}
+		if err := sv.stop(); err != nil {
+			return nil, err
+		}
+	}
+	return rs, nil
+}
+
+func storeName(store string) string {
+	if store == "redis" {
+		return "redisstore"
+	}
+	return "memstore"
+}
+
+// policiesYAML returns a config with one policy per mode, named after
+// the mode, with the limits the library cells use.
+func policiesYAML(alg sluice.Algorithm) string {
+	var b strings.Builder
+	b.WriteString("server:\n  listen: \"127.0.0.1:0\"\npolicies:\n")
+	for _, m := range []mode{allowedMode, deniedMode} {
+		limit, window := limits(m, alg)
+		fmt.Fprintf(&b, "  - id: %s\n    algorithm: %s\n    limit: %d\n    window: %s\n", m, alg, limit, window)
+	}
+	return b.String()
+}
+
+// httpDecide returns a decideFunc that asks the server over a keep-alive
+// transport with a connection per caller.
+func httpDecide(base, policy string, subjects []string, callers int) (decideFunc, func()) {
+	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	bodies := make([][]byte, len(subjects))
+	for i, s := range subjects {
+		bodies[i] = []byte(`{"policy":"` + policy + `","subject":"` + s + `"}`)
+	}
+	url := base + "/v1/check"
+	return func(ctx context.Context, i int) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i]))
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return 1, nil
+		case http.StatusTooManyRequests:
+			return 0, nil
+		}
+		return 0, fmt.Errorf("POST /v1/check: %s", resp.Status)
+	}, tr.CloseIdleConnections
+}
+
+// served is a sluice serve process this run started.
+type served struct {
+	cmd *exec.Cmd
+	url string
+}
+
+var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+
+// startServe runs bin serve -c path and waits (at most 30 s) for the
+// line that names its address.
+func startServe(ctx context.Context, bin, path string) (*served, error) {
+	cmd := exec.Command(bin, "serve", "-c", path)
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	sv := &served{cmd: cmd}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(errPipe)
+		var log bytes.Buffer
+		for sc.Scan() {
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m[1]
+			} else if log.Len() < 64<<10 {
+				log.WriteString(sc.Text() + "\n")
+			}
+		}
+		close(found)
+	}()
+	select {
+	case url, ok := <-found:
+		if ok {
+			sv.url = url
+			return sv, nil
+		}
+		sv.stop()
+		return nil, errors.New("sluice serve exited before listening")
+	case <-time.After(30 * time.Second):
+	case <-ctx.Done():
+	}
+	sv.stop()
+	return nil, errors.New("sluice serve did not report its address within 30s")
+}
+
+// stop sends SIGTERM to the process this run started and waits for it,
+// at most 15 s before SIGKILL.
+func (s *served) stop() error {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(15 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+		return errors.New("sluice serve did not stop within 15s of SIGTERM; killed")
+	}
+}
+
+// cpu returns the server process's user + system CPU time in µs, read
+// from /proc (clock ticks of 10 ms); 0 where /proc is missing.
+func (s *served) cpu() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3, state
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) * 1e4
+}

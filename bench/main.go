@@ -1,0 +1,321 @@
+// Command bench runs sluice and its peers side by side against one
+// redis-server it starts itself on a free loopback port, and prints one
+// markdown table per cell (or JSON with -json), the Redis memory one
+// subject takes per limiter, the check API of a real `sluice serve` end
+// to end, and optionally an SVG chart of decisions/s against callers.
+//
+// BENCHMARKS.md at the repository root holds the command that reproduces
+// it and the figures of the last full run. A quick run:
+//
+//	cd bench && go run . -callers 1,64 -subjects 10000 -mode allowed -duration 3s
+//
+// -json prints everything measured; -render FILE prints the tables (and
+// with -svg the chart) of such a file again without measuring.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the parsed command line.
+type config struct {
+	callers, subjects []int
+	modes             []mode
+	only              *regexp.Regexp
+	run               runOptions
+	pool              int
+	passes            int
+	json              bool
+	svg               string
+	http              bool
+	httpAlgorithm     string
+	redisServer       string
+	render            string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c config
+	callers := fs.String("callers", "1,16,64,256", "concurrent callers per cell, comma-separated")
+	subjects := fs.String("subjects", "1,10000", "subjects per cell, comma-separated (1 is one hot subject)")
+	modes := fs.String("mode", "allowed,denied", "limits per cell: allowed (a limit never reached), denied (1 per hour)")
+	only := fs.String("limiters", "", "run only the limiters whose name matches this `regexp`")
+	fs.DurationVar(&c.run.duration, "duration", 5*time.Second, "measured time per cell (the warm-up comes on top)")
+	fs.DurationVar(&c.run.warmup, "warmup", time.Second, "unmeasured load before each cell, after every subject was touched once")
+	fs.IntVar(&c.passes, "passes", 1, "run every cell this many times, interleaved, and keep the pass with the median decisions/s")
+	fs.IntVar(&c.pool, "pool", 20, "connections in the one go-redis client every Redis limiter shares")
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of markdown")
+	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
+	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
+	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
+	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server binary (default: the one on PATH)")
+	fs.StringVar(&c.render, "render", "", "measure nothing: print the tables (and -svg) of the -json output saved in `FILE`")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.callers, err = ints(*callers, 1, 4096); err != nil {
+		return nil, fmt.Errorf("-callers: %w", err)
+	}
+	if c.subjects, err = ints(*subjects, 1, 1_000_000); err != nil {
+		return nil, fmt.Errorf("-subjects: %w", err)
+	}
+	for _, m := range strings.Split(*modes, ",") {
+		switch mode(m) {
+		case allowedMode, deniedMode:
+			c.modes = append(c.modes, mode(m))
+		default:
+			return nil, fmt.Errorf("-mode %q: must be allowed, denied or both", m)
+		}
+	}
+	if c.only, err = regexp.Compile(*only); err != nil {
+		return nil, fmt.Errorf("-limiters: %w", err)
+	}
+	if c.run.duration <= 0 || c.run.duration > 10*time.Minute || c.run.warmup < 0 || c.run.warmup > time.Minute {
+		return nil, errors.New("-duration must be in (0, 10m] and -warmup in [0, 1m]")
+	}
+	if c.passes < 1 || c.passes > 9 {
+		return nil, errors.New("-passes must be between 1 and 9")
+	}
+	if c.pool < 1 || c.pool > 1000 {
+		return nil, errors.New("-pool must be between 1 and 1000")
+	}
+	return &c, nil
+}
+
+func ints(s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < lo || n > hi {
+			return nil, fmt.Errorf("%q: want integers between %d and %d", f, lo, hi)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// report is everything one run measured; -json prints it as is.
+type report struct {
+	Machine machine        `json:"machine"`
+	Results []result       `json:"results"`
+	Memory  []memoryResult `json:"memory"`
+	HTTP    []result       `json:"check_api,omitempty"`
+}
+
+type machine struct {
+	Date       string `json:"date"`
+	Command    string `json:"command"`
+	CPU        string `json:"cpu"`
+	CPUs       int    `json:"cpus"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Go         string `json:"go"`
+	Redis      string `json:"redis"`
+	Duration   string `json:"duration_per_cell"`
+	Warmup     string `json:"warmup_per_cell"`
+	Pool       int    `json:"pool"`
+	Passes     int    `json:"passes"`
+}
+
+func describeMachine(c *config, redisBin string, args []string) machine {
+	m := machine{
+		Date:       time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		Command:    strings.TrimSpace("go run . " + strings.Join(args, " ")),
+		CPUs:       runtime.NumCPU(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0),
+		Go:         runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
+		Duration:   c.run.duration.String(),
+		Warmup:     c.run.warmup.String(),
+		Pool:       c.pool,
+		Passes:     c.passes,
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(name) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if out, err := exec.Command(redisBin, "--version").Output(); err == nil {
+		m.Redis = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.render != "" {
+		return render(cfg, stdout)
+	}
+	redisBin, err := lookRedis(cfg.redisServer)
+	if err != nil {
+		return err
+	}
+	srv, err := startRedis(redisBin)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.addr, srv.cmd.Process.Pid)
+
+	maxSubjects := 1
+	for _, n := range cfg.subjects {
+		maxSubjects = max(maxSubjects, n)
+	}
+	e := &env{
+		client:   redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: cfg.pool}),
+		admin:    redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2}),
+		trips:    &tripHook{},
+		subjects: newSubjects(maxSubjects),
+	}
+	defer e.client.Close()
+	defer e.admin.Close()
+	e.client.AddHook(e.trips)
+
+	var targets []target
+	for _, t := range allTargets() {
+		if cfg.only.MatchString(t.name) {
+			targets = append(targets, t)
+		}
+	}
+	rep := report{Machine: describeMachine(cfg, redisBin, args)}
+	var cells []cell
+	for _, m := range cfg.modes {
+		for _, s := range cfg.subjects {
+			for _, c := range cfg.callers {
+				cells = append(cells, cell{callers: c, subjects: s, mode: m})
+			}
+		}
+	}
+	total := 0
+	for _, c := range cells {
+		for _, t := range targets {
+			if !t.modeless() || c.mode == cfg.modes[0] {
+				total++
+			}
+		}
+	}
+	total *= cfg.passes
+	done := 0
+	// passes[i] holds every pass's result of the i-th (cell, target).
+	var passes [][]result
+	for pass := range cfg.passes {
+		i := 0
+		for _, c := range cells {
+			for _, t := range targets {
+				// The floors set no limits: they run in the first mode's cells only.
+				if t.modeless() && c.mode != cfg.modes[0] {
+					continue
+				}
+				done++
+				r, err := runCell(ctx, e, t, c, cfg.run)
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", c, t.name, err)
+				}
+				fmt.Fprintf(stderr, "[%d/%d] %s: %-40s %10.0f decisions/s  p99 %7.0f µs  redis %5.1f µs/dec  errors %d\n",
+					done, total, c, t.name, r.PerSecond, r.P99US, r.RedisCPUPerDecision, r.Errors)
+				if pass == 0 {
+					passes = append(passes, nil)
+				}
+				passes[i] = append(passes[i], r)
+				i++
+			}
+		}
+	}
+	for _, rs := range passes {
+		rep.Results = append(rep.Results, median(rs))
+	}
+	for _, t := range targets {
+		if t.kind == inProcess || t.keyless || t.batch > 1 {
+			continue
+		}
+		m, err := measureMemory(ctx, e, t)
+		if err != nil {
+			return fmt.Errorf("memory of %s: %w", t.name, err)
+		}
+		rep.Memory = append(rep.Memory, m)
+	}
+	if cfg.http {
+		rs, err := runCheckAPI(ctx, cfg, e, srv.addr, cells, stderr)
+		if err != nil {
+			return fmt.Errorf("check API: %w", err)
+		}
+		rep.HTTP = rs
+	}
+	compare(rep.Results)
+	return output(cfg, &rep, stdout)
+}
+
+// median returns the pass with the median decisions/s (the lower middle
+// of an even number), all its figures from that one pass.
+func median(rs []result) result {
+	sorted := append([]result(nil), rs...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].PerSecond < sorted[j].PerSecond })
+	m := sorted[(len(sorted)-1)/2]
+	m.Passes = len(rs)
+	return m
+}
+
+// render prints a saved -json report as a run would have.
+func render(cfg *config, stdout io.Writer) error {
+	b, err := os.ReadFile(cfg.render)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", cfg.render, err)
+	}
+	compare(rep.Results)
+	return output(cfg, &rep, stdout)
+}
+
+func output(cfg *config, rep *report, stdout io.Writer) error {
+	if cfg.svg != "" {
+		if err := os.WriteFile(cfg.svg, []byte(chart(rep.Results)), 0o644); err != nil {
+			return err
+		}
+	}
+	if cfg.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	_, err := io.WriteString(stdout, markdown(rep))
+	return err
+}

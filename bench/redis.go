@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is the one redis-server a run starts on a free loopback
+// port and stops by its PID at the end.
+type redisServer struct {
+	addr string
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+}
+
+// startRedis execs redis-server without persistence on a free loopback
+// port and waits until it answers PING (at most 10 s).
+func startRedis(bin string) (*redisServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	s := &redisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning")
+	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s: %v\n%s", s.addr, err, s.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends the server this run started, by its PID: SIGTERM, then
+// SIGKILL after 5 s.
+func (s *redisServer) stop() {
+	if s == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// redisInfo is what one INFO cpu stats commandstats call tells.
+type redisInfo struct {
+	cpuUS    float64          // used_cpu_user + used_cpu_sys, µs
+	commands int64            // total_commands_processed
+	calls    map[string]int64 // commandstats calls per command, e.g. "evalsha"
+}
+
+func readInfo(ctx context.Context, c *redis.Client) (redisInfo, error) {
+	text, err := c.Info(ctx, "cpu", "stats", "commandstats").Result()
+	if err != nil {
+		return redisInfo{}, fmt.Errorf("INFO: %w", err)
+	}
+	ri := redisInfo{calls: map[string]int64{}}
+	for _, line := range strings.Split(text, "\r\n") {
+		name, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case name == "used_cpu_user" || name == "used_cpu_sys":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return ri, fmt.Errorf("INFO %s: %w", line, err)
+			}
+			ri.cpuUS += f * 1e6
+		case name == "total_commands_processed":
+			ri.commands, _ = strconv.ParseInt(v, 10, 64)
+		case strings.HasPrefix(name, "cmdstat_"):
+			// cmdstat_evalsha:calls=12,usec=…
+			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+			n, _ := strconv.ParseInt(calls, 10, 64)
+			ri.calls[strings.TrimPrefix(name, "cmdstat_")] = n
+		}
+	}
+	return ri, nil
+}
+
+// scriptCommands are the commands that run a script; their commandstats
+// calls count script invocations, not what the scripts call inside.
+var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+
+// memoryPerSubject returns the MEMORY USAGE, summed, and the names of the
+// keys on a server that holds one subject's state and nothing else.
+func memoryPerSubject(ctx context.Context, c *redis.Client) (int64, []string, error) {
+	var keys []string
+	var cursor uint64
+	for range 1000 { // bounded: one subject has a handful of keys
+		ks, next, err := c.Scan(ctx, cursor, "*", 1000).Result()
+		if err != nil {
+			return 0, nil, fmt.Errorf("SCAN: %w", err)
+		}
+		keys = append(keys, ks...)
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	var total int64
+	for _, k := range keys {
+		n, err := c.MemoryUsage(ctx, k, 0).Result()
+		if err != nil {
+			return 0, nil, fmt.Errorf("MEMORY USAGE %s: %w", k, err)
+		}
+		total += n
+	}
+	return total, keys, nil
+}
+
+// lookRedis finds redis-server on PATH, or names the flag that sets it.
+func lookRedis(flagValue string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("redis-server not found on PATH (install it, or pass -redis-server PATH): %w", err)
+	}
+	return p, nil
+}

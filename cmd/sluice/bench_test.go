@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// runBench runs sluice bench with args and --json and decodes its summary.
+func runBench(t *testing.T, args ...string) benchReport {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	args = append([]string{"bench", "--json"}, args...)
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("sluice %s: %v\nstderr: %s", strings.Join(args, " "), err, errOut.String())
+	}
+	var rep benchReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
+	}
+	if rep.Decisions != rep.Allowed+rep.Denied {
+		t.Errorf("decisions = %d, want allowed %d + denied %d", rep.Decisions, rep.Allowed, rep.Denied)
+	}
+	return rep
+}
+
+// With 10 per hour, every subject gets exactly 10 admissions in a short
+// run, whatever the algorithm and however many callers race for them.
+func TestBenchMemoryCounts(t *testing.T) {
+	for _, alg := range []string{"fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra"} {
+		t.Run(alg, func(t *testing.T) {
+			rep := runBench(t, "--store", "memory", "--policy-algorithm", alg, "--limit", "10", "--window", "1h",
+				"--subjects", "2", "--callers", "4", "--duration", "200ms")
+			if rep.Allowed != 20 || rep.Other != 0 {
+				t.Errorf("bench %s, 10 per hour, 2 subjects: allowed %d, other %d (%v); want 20 allowed, 0 other", alg, rep.Allowed, rep.Other, rep.OtherKinds)
+			}
+			if rep.Target != "memory" || rep.Algorithm != alg || rep.Limit != 10 || rep.Callers != 4 || rep.Subjects != 2 {
+				t.Errorf("bench summary = %+v, want it to describe the run", rep)
+			}
+		})
+	}
+}
+
+func TestBenchTable(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"bench", "--limit", "5", "--window", "1h", "--subjects", "1", "--callers", "2", "--duration", "100ms"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("sluice bench: %v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{"target       memory", "policy       bench: gcra, 5 per 1h0m0s, burst 5", "decisions/s", "allowed      5\n", "other        0\n", "p99.9"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("sluice bench printed\n%s\nwant it to contain %q", out.String(), want)
+		}
+	}
+}
+
+// Against a real Redis: the counts hold across the store, the run's keys
+// live under a prefix of their own and are gone afterwards, and a key that
+// was there before is untouched.
+func TestBenchRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	ctx := context.Background()
+	if err := c.Set(ctx, "app:keep", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rep := runBench(t, "--store", "redis", "--redis-url", fmt.Sprintf("redis://%s/0", srv.Addr), "--policy-algorithm", "sliding_log",
+		"--limit", "10", "--window", "1h", "--subjects", "3", "--callers", "8", "--duration", "300ms")
+	if rep.Allowed != 30 || rep.Other != 0 {
+		t.Errorf("bench on redis, 10 per hour, 3 subjects: allowed %d, other %d (%v, %s); want 30, 0", rep.Allowed, rep.Other, rep.OtherKinds, rep.FirstError)
+	}
+	if rep.KeysDeleted != 3 {
+		t.Errorf("bench deleted %d keys, want 3 (one state key per subject)", rep.KeysDeleted)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(keys) != "[app:keep]" {
+		t.Errorf("keys after bench = %q, want only the key that was there before", keys)
+	}
+}
+
+func TestBenchServer(t *testing.T) {
+	s := startServe(t, "-c", writeConfig(t, demoConfig))
+	rep := runBench(t, "--url", s.url, "--policy", "demo", "--subjects", "1", "--callers", "4", "--duration", "200ms")
+	if rep.Allowed != 3 || rep.Other != 0 {
+		t.Errorf("bench --url with the 3-per-hour demo policy: allowed %d, other %d (%s); want 3, 0", rep.Allowed, rep.Other, rep.FirstError)
+	}
+	rep = runBench(t, "--url", s.url, "--policy", "nope", "--subjects", "1", "--callers", "1", "--duration", "50ms")
+	if rep.Decisions != 0 || rep.Other == 0 || !strings.Contains(rep.FirstError, "404") {
+		t.Errorf("bench --url with an unknown policy = %+v, want no decisions and 404 errors", rep)
+	}
+}
+
+func TestBenchUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", "disk"}, `--store "disk": want memory or redis`},
+		{[]string{"--store", "redis"}, "--store redis needs --redis-url"},
+		{[]string{"--redis-url", "redis://127.0.0.1:1/0"}, "need --store redis"},
+		{[]string{"--store", "redis", "--redis-addrs", "a:1,b:2"}, "--redis-addrs needs --redis-mode cluster"},
+		{[]string{"--url", "http://127.0.0.1:1", "--limit", "5"}, "--url uses the server's policy"},
+		{[]string{"--url", "127.0.0.1:1"}, "want http://host:port"},
+		{[]string{"--policy-algorithm", "leaky"}, `unknown algorithm "leaky"`},
+		{[]string{"--limit", "0"}, "limit = 0"},
+		{[]string{"--callers", "0"}, "--callers 0"},
+		{[]string{"--duration", "0s"}, "--duration 0s"},
+	} {
+		var out, errOut bytes.Buffer
+		code := exitCode(run(context.Background(), append([]string{"bench"}, tc.args...), &out, &errOut), &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("sluice bench %q: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+}
+
+// On a cluster the run's keys spread over every master (one hash tag per
+// subject), and the cleanup finds and deletes them on each.
+func TestBenchRedisCluster(t *testing.T) {
+	cl := redistest.Cluster(t)
+	rep := runBench(t, "--store", "redis", "--redis-addrs", strings.Join(cl.Addrs, ","), "--redis-mode", "cluster",
+		"--policy-algorithm", "fixed_window", "--limit", "10", "--window", "1h", "--subjects", "30", "--callers", "8", "--duration", "500ms")
+	if rep.Other != 0 {
+		t.Fatalf("bench on a cluster: %d without a decision (%v), the first: %s", rep.Other, rep.OtherKinds, rep.FirstError)
+	}
+	// Callers pick subjects at random: in a short run on a slow machine a
+	// subject may not come up at all, but none gets more than 10.
+	if rep.Allowed > 10*rep.KeysDeleted || rep.KeysDeleted > 30 || rep.KeysDeleted == 0 {
+		t.Errorf("bench on a cluster, 10 per hour, 30 subjects: allowed %d, keys deleted %d; want 1 to 30 keys and at most 10 allowed per key", rep.Allowed, rep.KeysDeleted)
+	}
+	c := cl.Client()
+	defer c.Close()
+	ctx := context.Background()
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		keys, err := m.Keys(ctx, "*").Result()
+		if err == nil && len(keys) > 0 {
+			err = fmt.Errorf("master %s still holds %q", m.Options().Addr, keys)
+		}
+		return err
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
