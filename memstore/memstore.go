@@ -84,23 +84,39 @@ type shard struct {
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
 	ids    int                // records in all of dedupe, at most perShard
 	work   work               // the decision being taken, under mu
-	_      [32]byte           // keep neighbouring shards' locks off one cache line
+	_      [128]byte          // keep neighbouring shards off each other's cache lines
 }
 
 // work is the room one decision takes: reused under the shard lock, so a
-// decision neither allocates nor clears it.
+// decision neither allocates nor clears it. Room for two policies lies in
+// the shard itself (its slices' arrays elsewhere on the heap would share
+// cache lines with other shards' and slow parallel decisions down); more
+// allocate.
 type work struct {
 	e      algorithm.Evaluation
 	keys   []key
 	stored []*entry
+
+	policies  [2]algorithm.Policy
+	states    [2]*algorithm.State
+	decisions [2]algorithm.Decision
+	writes    [2]algorithm.Write
+	keyRoom   [2]key
+	entries   [2]*entry
 }
 
 // reset readies w for a decision over n policies.
 func (w *work) reset(n int) {
-	w.e.Policies, w.e.States = w.e.Policies[:0], w.e.States[:0]
-	w.e.Decisions, w.e.Writes = slices.Grow(w.e.Decisions[:0], n)[:n], slices.Grow(w.e.Writes[:0], n)[:n]
+	if n <= len(w.policies) {
+		w.e.Policies, w.e.States = w.policies[:0], w.states[:0]
+		w.e.Decisions, w.e.Writes = w.decisions[:n], w.writes[:n]
+		w.keys, w.stored = w.keyRoom[:0], w.entries[:0]
+	} else {
+		w.e.Policies, w.e.States = make([]algorithm.Policy, 0, n), make([]*algorithm.State, 0, n)
+		w.e.Decisions, w.e.Writes = make([]algorithm.Decision, n), make([]algorithm.Write, n)
+		w.keys, w.stored = make([]key, 0, n), make([]*entry, 0, n)
+	}
 	w.e.Replay = nil
-	w.keys, w.stored = w.keys[:0], w.stored[:0]
 }
 
 // dedupeLog remembers the decisions taken for evaluation ids of one subject
@@ -358,7 +374,7 @@ func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind,
 		sh.m[k] = en
 	}
 	en.kind, en.expires = kind, w.Expires
-	en.st.Apply(*w)
+	en.st.Apply(w)
 }
 
 // roomSample is how many entries making room looks at: bounded, so a

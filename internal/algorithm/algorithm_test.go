@@ -28,7 +28,7 @@ func (m *machine) run(now, cost int64, refund bool) Decision {
 		if m.st == nil {
 			m.st = new(State)
 		}
-		m.st.Apply(ev.Writes[0])
+		m.st.Apply(&ev.Writes[0])
 	}
 	return ev.Decisions[0]
 }

@@ -289,10 +289,12 @@ func (p Policy) Expires(st *State) int64 {
 }
 
 // Apply changes st to the state w describes.
-func (st *State) Apply(w Write) {
+func (st *State) Apply(w *Write) {
 	if w.Fresh {
 		st.Log = st.Log[:0]
 	}
 	st.V = w.V
-	st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
+	if w.Log != (LogEdit{}) {
+		st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
+	}
 }

@@ -81,7 +81,7 @@ func TestEvaluateAllOrNothing(t *testing.T) {
 				if states[i] == nil {
 					states[i] = new(State)
 				}
-				states[i].Apply(w)
+				states[i].Apply(&w)
 			}
 		}
 		return ev
@@ -158,7 +158,7 @@ func TestEvaluateClockBound(t *testing.T) {
 	if err := Evaluate(ev); err != nil {
 		t.Fatal(err)
 	}
-	st.Apply(ev.Writes[0])
+	st.Apply(&ev.Writes[0])
 	ev.Now = t0 - 1000
 	if err := Evaluate(ev); err != nil || !ev.Decisions[0].Allowed {
 		t.Fatalf("1000µs behind with a bound of 1000 = %+v, %v; want decided", ev.Decisions, err)
