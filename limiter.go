@@ -162,7 +162,11 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 		p := ev.Policies[0]
 		sent = SystemClock{}.Now()
 		if st, ok := l.near.lookup(ev.Subject, p, ev.Cost, sent); ok {
-			return Outcome{Kind: Denied, Status: st, FromCache: true}
+			o := Outcome{Kind: Denied, Status: st, FromCache: true}
+			if len(req.Policies) > 0 {
+				o.Statuses = []Status{st}
+			}
+			return o
 		}
 		near = p
 	}

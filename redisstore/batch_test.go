@@ -64,11 +64,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // together in one pipeline, each with its own answer. Redis is paused so
 // the first decision stays on the wire while the others queue.
 func TestDecisionsShareRoundTrips(t *testing.T) {
-	srv, err := redistest.StartServer("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
+	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
 	hook := &roundTrips{sent: make(chan struct{}, 1)}
@@ -250,11 +246,7 @@ func TestLazyStartsWithRedisDown(t *testing.T) {
 // ones fail at once with CircuitOpen, nothing sent; once Redis answers
 // again, one probe closes it and decisions are taken again.
 func TestBreakerShedsWhileRedisHangs(t *testing.T) {
-	srv, err := redistest.StartServer("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
+	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
 	var mu sync.Mutex
@@ -316,11 +308,7 @@ func TestBreakerShedsWhileRedisHangs(t *testing.T) {
 // refused it before it ran: nothing spent), its error code kept through
 // the script; both recover when Redis does.
 func TestReadyTellsTheTruth(t *testing.T) {
-	srv, err := redistest.StartServer("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
+	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
 	s := newStore(t, c, redisstore.Options{Breaker: redisstore.BreakerOptions{Failures: -1}})
@@ -374,11 +362,7 @@ func TestReadyTellsTheTruth(t *testing.T) {
 // with NearCache reaches Redis for the admissions and the first denial
 // only (INFO commandstats), and admits exactly the limit.
 func TestNearCacheCutsRedisCalls(t *testing.T) {
-	srv, err := redistest.StartServer("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
+	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
 	s := newStore(t, c, redisstore.Options{})

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -109,16 +108,7 @@ func TestNearCacheMetrics(t *testing.T) {
 	for range 5 {
 		f.post(t, `{"policy":"tiny","subject":"mallory"}`)
 	}
-	resp, err := http.Get(f.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := parseExposition(t, string(raw))
+	got := scrape(t, m)
 	for series, want := range map[string]float64{
 		`sluice_decisions_total{outcome="allowed",policy="tiny"}`: 1,
 		`sluice_decisions_total{outcome="denied",policy="tiny"}`:  4,
@@ -147,18 +137,7 @@ func TestStoreFailureMetrics(t *testing.T) {
 		st := m.InstrumentStore(failingStore{e}, "redis", clock)
 		st.Evaluate(ctx, &sluice.Evaluation{Subject: "s"})
 	}
-	srv := httptest.NewServer(m.Handler())
-	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := parseExposition(t, string(raw))
+	got := scrape(t, m)
 	for series, want := range map[string]float64{
 		`sluice_store_failures_total{cause="corrupt_state",store="redis"}`: 2,
 		`sluice_store_failures_total{cause="circuit_open",store="redis"}`:  1,
