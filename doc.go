@@ -30,8 +30,8 @@
 // matters more than memory (login, payment), sliding_window for broad API
 // quotas with large limits, token_bucket or gcra where bursts are
 // legitimate. token_bucket and gcra admit exactly the same requests for the
-// same numbers. Every decision is one store call (one EVALSHA on Redis)
-// whatever the algorithm.
+// same numbers. Every decision is one store call (one FCALL on Redis, or
+// EVALSHA before Redis 7) whatever the algorithm.
 //
 // # Time
 //
