@@ -41,7 +41,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		// Lazy: serve starts while Redis is down or hung, answers per
 		// failure mode until it is back, and /readyz tells which.
-		rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Breaker: redisstore.BreakerOptions{
+		rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: cfg.Store.Redis.Timeout, Breaker: redisstore.BreakerOptions{
 			OnChange: func(state string) {
 				log.Warn("redis circuit breaker", "state", state) // transitions only: not one line per request
 			},
@@ -81,11 +81,14 @@ func newRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 			opts.Password = password
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.DialTimeout, opts.PoolSize = rc.DialTimeout, int(rc.PoolSize)
 		return redis.NewClient(opts), nil
 	case rc.Mode == config.ModeCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize)}), nil
 	case rc.Mode == config.ModeSentinel:
-		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true}), nil
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize)}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
 }

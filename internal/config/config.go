@@ -172,6 +172,17 @@ type Redis struct {
 	Username string
 	// PasswordEnv names the environment variable holding the password.
 	PasswordEnv string
+	// Timeout bounds each round trip of decisions to Redis, 1ms to 1m;
+	// past it they are undecidable and the failure mode answers. 0: the
+	// store's default (1s).
+	Timeout time.Duration
+	// DialTimeout bounds opening a connection, 1ms to 1m. 0: go-redis's
+	// default (5s).
+	DialTimeout time.Duration
+	// PoolSize is the most connections to each Redis node, 1 to 10000.
+	// Decisions that meet share pipelines, so few are needed. 0:
+	// go-redis's default (10 per CPU).
+	PoolSize int64
 }
 
 // Password returns the password from the environment variable named by
@@ -572,6 +583,17 @@ func (c *Config) validateStore() *Error {
 	}
 	if r.PasswordEnv != "" && !validEnvName(r.PasswordEnv) {
 		return c.errorAt("store.redis.password_env", strconv.Quote(r.PasswordEnv), envNameRule)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"timeout", r.Timeout}, {"dial_timeout", r.DialTimeout}} {
+		if d.v != 0 && (d.v < time.Millisecond || d.v > time.Minute) {
+			return c.errorAt("store.redis."+d.field, d.v.String(), "must be between 1ms and 1m")
+		}
+	}
+	if r.PoolSize < 0 || r.PoolSize > 10000 {
+		return c.errorAt("store.redis.pool_size", strconv.FormatInt(r.PoolSize, 10), "must be between 1 and 10000")
 	}
 	return nil
 }

@@ -223,7 +223,7 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		return nil
 	}
 	const p = "store.redis"
-	rm, err := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env")
+	rm, err := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size")
 	if err != nil {
 		return err
 	}
@@ -235,6 +235,9 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		d.str(p+".master_name", rm["master_name"], &r.MasterName),
 		d.str(p+".username", rm["username"], &r.Username),
 		d.str(p+".password_env", rm["password_env"], &r.PasswordEnv),
+		d.duration(p+".timeout", rm["timeout"], &r.Timeout),
+		d.duration(p+".dial_timeout", rm["dial_timeout"], &r.DialTimeout),
+		d.int(p+".pool_size", rm["pool_size"], &r.PoolSize),
 	}); err != nil {
 		return err
 	}
