@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -352,6 +353,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		}
 		if errors.Is(err, io.EOF) {
 			return sluice.Request{}, "request body is empty: want a JSON object"
+		}
+		if _, ok := errors.AsType[net.Error](err); ok {
+			// A network error names both ends' addresses: never in an
+			// answer or a log line.
+			return sluice.Request{}, "request body could not be read: the connection failed or timed out"
 		}
 		return sluice.Request{}, malformed("malformed JSON: " + strings.TrimPrefix(err.Error(), "json: "))
 	}

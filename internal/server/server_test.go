@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -628,4 +629,51 @@ func TestRefund(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "refund=true") {
 		t.Errorf("the log does not mark the refund:\n%s", f.logs.String())
 	}
+}
+
+// TestStalledBodyNamesNoAddress: a client that stops sending its body
+// mid-way is answered, and neither the answer nor the log names an
+// address (a network error's text carries both ends').
+func TestStalledBodyNamesNoAddress(t *testing.T) {
+	lim, err := sluice.New(memstoreFor(t), demoPolicies, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	srv, err := server.New(lim, subject.Unkeyed(), slog.New(slog.NewTextHandler(logs, nil)), server.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(srv)
+	ts.Config.ReadTimeout = 300 * time.Millisecond
+	ts.Start()
+	defer ts.Close()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"policy":"demo",`
+	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n%s", body)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	raw, _ := io.ReadAll(conn)
+	answer := string(raw)
+	if !strings.Contains(answer, "could not be read") {
+		t.Fatalf("answer to a stalled body = %q, want one saying the body could not be read", answer)
+	}
+	for what, text := range map[string]string{"answer": answer, "log": logs.String()} {
+		if strings.Contains(text, "127.0.0.1:") {
+			t.Errorf("the %s names an address:\n%s", what, text)
+		}
+	}
+}
+
+func memstoreFor(t *testing.T) sluice.Store {
+	t.Helper()
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	return ms
 }
