@@ -272,8 +272,9 @@ type Middleware struct {
 
 type route struct {
 	operation    string
-	methods      []string // nil: any
-	prefix       string
+	methods      []string // nil: any; upper case
+	prefix       string   // as configured, cleaned: part of the operation
+	canonical    string   // prefix in the canonical form requests are matched in
 	match        func(*http.Request) bool
 	policies     []string
 	cost         int64
@@ -452,6 +453,7 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 		if c.prefix != "/" {
 			c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
 		}
+		c.canonical = canonicalPath(c.prefix)
 		for j, meth := range rt.Methods {
 			if !httpguts.ValidHeaderFieldName(meth) {
 				return nil, optionError(fmt.Sprintf("%s.Methods[%d]", at, j), fmt.Sprintf("%q", meth), "must be an HTTP method such as GET or POST")
@@ -531,23 +533,40 @@ func (m *Middleware) routeOf(r *http.Request) *route {
 			}
 			continue
 		}
-		if rt.methods != nil && !slices.Contains(rt.methods, r.Method) {
+		if rt.methods != nil && !slices.Contains(rt.methods, strings.ToUpper(r.Method)) {
 			continue
 		}
 		if rt.prefix == "/" {
 			return rt
 		}
 		if p == "" {
-			p = cleanPath(r.URL.Path)
+			p = canonicalPath(r.URL.Path)
 		}
-		if hasPathPrefix(p, rt.prefix) {
+		if hasPathPrefix(p, rt.canonical) {
 			return rt
 		}
 	}
 	return m.fallthru
 }
 
-func cleanPath(p string) string {
+// canonicalPath is the form routes match paths in, so that no spelling a
+// lenient upstream server takes for the same path dodges its route: lower
+// case; each segment without ;parameters (Tomcat, Jetty) and without
+// trailing dots and spaces (IIS); dot segments resolved. Methods match
+// whatever their case. "/LOGIN", "/login;jsessionid=1", "/login..;/" and
+// "/login." all match "/login".
+func canonicalPath(p string) string {
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if j := strings.IndexByte(s, ';'); j >= 0 {
+			s = s[:j]
+		}
+		if s != "." && s != ".." {
+			s = strings.TrimRight(s, ". ")
+		}
+		segs[i] = strings.ToLower(s)
+	}
+	p = strings.Join(segs, "/")
 	if p == "" || p[0] != '/' {
 		p = "/" + p
 	}

@@ -218,6 +218,11 @@ func (p *Proxy) setForwarded(pr *httputil.ProxyRequest) {
 	}
 	pr.SetXForwarded() // appends the peer; sets Host and Proto to this hop's
 	if !trusted {
+		// Client addresses an untrusted peer claims for itself: an
+		// upstream that believes one would key on a spoofed address.
+		for _, name := range []string{"X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip"} {
+			out.Del(name)
+		}
 		return
 	}
 	for _, name := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {

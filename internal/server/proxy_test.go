@@ -222,7 +222,7 @@ func TestProxySpoofedForwardedFor(t *testing.T) {
 	routes := []config.Route{{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}}
 	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, TrustedProxies: []string{"10.0.0.0/8"}, Routes: routes}, nil, proxyPolicies)
 	for i, want := range []int{201, 201, 201, 429, 429} {
-		resp := f.send(t, "GET", "/", "", fmt.Sprintf("X-Forwarded-For: 198.51.100.%d", i+1), "Forwarded: for=192.0.2.9")
+		resp := f.send(t, "GET", "/", "", fmt.Sprintf("X-Forwarded-For: 198.51.100.%d", i+1), "Forwarded: for=192.0.2.9", "X-Real-IP: 192.0.2.10", "True-Client-IP: 192.0.2.11")
 		if resp.StatusCode != want {
 			t.Fatalf("request %d with a fresh spoofed X-Forwarded-For: %d, want %d", i+1, resp.StatusCode, want)
 		}
@@ -233,6 +233,11 @@ func TestProxySpoofedForwardedFor(t *testing.T) {
 		}
 		if got := r.Header.Get("Forwarded"); got != "" {
 			t.Errorf("upstream Forwarded = %q from an untrusted peer, want none", got)
+		}
+		for _, name := range []string{"X-Real-Ip", "True-Client-Ip"} {
+			if got := r.Header.Get(name); got != "" {
+				t.Errorf("upstream %s = %q from an untrusted peer, want none", name, got)
+			}
 		}
 	}
 
@@ -453,4 +458,28 @@ func parseExposition(t *testing.T, text string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestProxyRouteSpellings: a POST /login route limits every spelling of
+// that path and method a lenient upstream server takes for it; the budget
+// spent by one spelling is the budget of all.
+func TestProxyRouteSpellings(t *testing.T) {
+	up := newUpstream(t)
+	routes := []config.Route{{Match: config.Match{PathPrefix: "/login", Methods: []string{"POST"}}, Policies: []string{"three"}, Subject: "ip"}}
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: routes}, nil, proxyPolicies)
+	for i, sp := range []struct{ method, path string }{
+		{"POST", "/login"}, {"post", "/LOGIN"}, {"POST", "/login;jsessionid=1"},
+		{"POST", "/login..;/"}, {"Post", "/login."}, {"POST", "/login%20"}, {"POST", "/x/../Login/"},
+	} {
+		want := 201
+		if i >= 3 {
+			want = 429
+		}
+		if resp := f.send(t, sp.method, sp.path, ""); resp.StatusCode != want {
+			t.Errorf("%s %s (request %d): %d, want %d: every spelling shares the route's budget of 3", sp.method, sp.path, i+1, resp.StatusCode, want)
+		}
+	}
+	if resp := f.send(t, "POST", "/loginx", ""); resp.StatusCode != 201 {
+		t.Errorf("POST /loginx: %d, want 201: another path, unlimited", resp.StatusCode)
+	}
 }
