@@ -603,10 +603,10 @@ func (m *Middleware) subjectOf(r *http.Request, rt *route) (kind, identity strin
 				}
 			}
 		case FromAPIKey:
-			if rt.apiKeyHeader != "" {
-				if key := r.Header.Get(rt.apiKeyHeader); key != "" {
-					return s.String(), key, true
-				}
+			// Sent more than once, the header names no one subject (and an
+			// upstream may read either line): it identifies nobody.
+			if vals := r.Header.Values(rt.apiKeyHeader); rt.apiKeyHeader != "" && len(vals) == 1 && vals[0] != "" {
+				return s.String(), vals[0], true
 			}
 		case FromIPUserAgent:
 			if ua := r.UserAgent(); ua != "" {

@@ -382,6 +382,11 @@ func TestProxyHeaderSubject(t *testing.T) {
 			t.Errorf("request %d without a key: %d, want %d", i+1, resp.StatusCode, want)
 		}
 	}
+	// Sent twice, the header names no one subject: the address is the
+	// subject, whose budget the keyless requests spent.
+	if resp := f.send(t, "GET", "/", "", "X-Api-Key: key-c", "X-Api-Key: key-d"); resp.StatusCode != 429 {
+		t.Errorf("two X-Api-Key lines: %d, want 429: keyed on the address, not on a fresh key", resp.StatusCode)
+	}
 	if got := up.requests()[0].Header.Get("X-Api-Key"); got != "key-a" {
 		t.Errorf("upstream X-Api-Key = %q, want the client's key passed on", got)
 	}
