@@ -1,13 +1,16 @@
 package main
 
 import (
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -168,5 +171,44 @@ proxy:
 		if strings.Contains(logs, secret) {
 			t.Errorf("the logs hold the raw %q:\n%s", secret, logs)
 		}
+	}
+}
+
+// TestServeProxySlowBody: a client that stops sending its request body
+// mid-way loses its connection after proxy.read_timeout instead of holding
+// it, and the upstream's, forever.
+func TestServeProxySlowBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer up.Close()
+	cfg := `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: three, algorithm: fixed_window, limit: 3, window: 1h }
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "` + up.URL + `"
+  read_timeout: 1s
+  routes:
+    - match: { path_prefix: / }
+      policies: [three]
+`
+	s := startServe(t, "-c", writeConfig(t, cfg))
+	m := proxyLine.FindStringSubmatch(s.logs.String())
+	if m == nil {
+		t.Fatalf("no proxy listening line:\n%s", s.logs)
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(m[1], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nonly a few bytes")
+	// Bounded: the server must end the exchange well within this.
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(conn); err != nil {
+		t.Fatalf("the stalled request's connection was still open after 20s with read_timeout 1s: %v", err)
 	}
 }

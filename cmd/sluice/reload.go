@@ -139,6 +139,10 @@ func restartOnly(prev, next *config.Config) error {
 		return changed("proxy", present(prev.Proxy != nil), present(next.Proxy != nil))
 	case prev.Proxy != nil && prev.Proxy.Listen != next.Proxy.Listen:
 		return changed("proxy.listen", strconv.Quote(prev.Proxy.Listen), strconv.Quote(next.Proxy.Listen))
+	case prev.Proxy != nil && prev.Proxy.ReadTimeout != next.Proxy.ReadTimeout:
+		return changed("proxy.read_timeout", prev.Proxy.ReadTimeout, next.Proxy.ReadTimeout)
+	case !reflect.DeepEqual(prev.Server.TLS, next.Server.TLS):
+		return changed("server.tls", "its old settings", "new ones")
 	case (prev.Envoy == nil) != (next.Envoy == nil):
 		return changed("envoy", present(prev.Envoy != nil), present(next.Envoy != nil))
 	case prev.Envoy != nil && prev.Envoy.Listen != next.Envoy.Listen:

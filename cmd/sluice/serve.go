@@ -108,11 +108,13 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	addrs := []string{cfg.Server.Listen}
 	fields := []string{"server.listen"}
 	if cfg.Proxy != nil {
-		// No read or write timeout: uploads, downloads and streams to and
-		// from the upstream may take as long as they take.
+		// No write timeout: downloads and streams from the upstream may
+		// take as long as they take; a request must arrive within
+		// proxy.read_timeout, so a slow body cannot hold a connection.
 		servers = append(servers, &http.Server{
 			Handler:           r.serveWith(func(g *generation) http.Handler { return g.proxy }),
 			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       cfg.Proxy.ReadTimeout,
 			IdleTimeout:       60 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		})

@@ -235,7 +235,14 @@ type Proxy struct {
 	// decision before the route's failure mode answers, 1ms to 10s.
 	// Parse defaults it to DefaultDecisionTimeout.
 	DecisionTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included, 1s to
+	// 1h, so a client that sends its body slowly cannot hold connections
+	// forever. Parse defaults it to DefaultProxyReadTimeout.
+	ReadTimeout time.Duration
 }
+
+// DefaultProxyReadTimeout is proxy.read_timeout when it is absent.
+const DefaultProxyReadTimeout = time.Minute
 
 // DefaultDecisionTimeout is the proxy's proxy.decision_timeout when it is
 // absent: the middleware's own default.
@@ -661,6 +668,9 @@ func (c *Config) validateProxy() []*Error {
 		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), rule))
 	} else if sameAddr(p.Listen, c.Server.Listen) {
 		errs = append(errs, c.errorAt("proxy.listen", strconv.Quote(p.Listen), "must differ from server.listen: the proxy has an address of its own"))
+	}
+	if p.ReadTimeout < time.Second || p.ReadTimeout > time.Hour {
+		errs = append(errs, c.errorAt("proxy.read_timeout", p.ReadTimeout.String(), "must be between 1s and 1h"))
 	}
 	if p.DecisionTimeout < time.Millisecond || p.DecisionTimeout > 10*time.Second {
 		errs = append(errs, c.errorAt("proxy.decision_timeout", p.DecisionTimeout.String(), "must be between 1ms and 10s"))

@@ -212,6 +212,7 @@ func TestParseFull(t *testing.T) {
 			Listen:          "0.0.0.0:8000",
 			LocalShare:      0.25,
 			DecisionTimeout: 250 * time.Millisecond,
+			ReadTimeout:     config.DefaultProxyReadTimeout,
 			Upstream:        "http://127.0.0.1:9000",
 			TrustedProxies:  []string{"10.0.0.0/8", "::1/128"},
 			Routes: []config.Route{

@@ -352,11 +352,11 @@ func (d *decoder) subjects(s *Subjects, n *yaml.Node) error {
 }
 
 func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
-	m, err := d.mapping("proxy", n, "listen", "upstream", "trusted_proxies", "routes", "local_share", "decision_timeout")
+	m, err := d.mapping("proxy", n, "listen", "upstream", "trusted_proxies", "routes", "local_share", "decision_timeout", "read_timeout")
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{Listen: DefaultProxyListen, LocalShare: DefaultLocalShare, DecisionTimeout: DefaultDecisionTimeout}
+	p := &Proxy{Listen: DefaultProxyListen, LocalShare: DefaultLocalShare, DecisionTimeout: DefaultDecisionTimeout, ReadTimeout: DefaultProxyReadTimeout}
 	if err := d.str("proxy.listen", m["listen"], &p.Listen); err != nil {
 		return nil, err
 	}
@@ -367,6 +367,9 @@ func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
 		return nil, err
 	}
 	if err := d.duration("proxy.decision_timeout", m["decision_timeout"], &p.DecisionTimeout); err != nil {
+		return nil, err
+	}
+	if err := d.duration("proxy.read_timeout", m["read_timeout"], &p.ReadTimeout); err != nil {
 		return nil, err
 	}
 	if err := d.strs("proxy.trusted_proxies", m["trusted_proxies"], &p.TrustedProxies); err != nil {
