@@ -97,7 +97,19 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	if !m.log.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 12)
+	var suppressed int64
+	if level == slog.LevelWarn {
+		// Store failures fail every request while they last: one line a
+		// second, with the count of those held back.
+		var ok bool
+		if ok, suppressed = m.warnings.Allow(sluice.SystemClock{}.Now()); !ok {
+			return
+		}
+	}
+	attrs := make([]slog.Attr, 0, 13)
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
+	}
 	attrs = append(attrs,
 		slog.String("operation", d.Operation),
 		slog.String("policies", strings.Join(d.Policies, ",")),

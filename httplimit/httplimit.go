@@ -49,6 +49,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -253,6 +254,7 @@ type Options struct {
 // PerIP; the zero value is not usable. Immutable and safe for concurrent
 // use; it owns no goroutines (close the Limiters' stores yourself).
 type Middleware struct {
+	warnings   logthrottle.Throttle // of failed-decision lines
 	limiter    *sluice.Limiter
 	fallback   *sluice.Limiter
 	routes     []*route

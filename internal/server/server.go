@@ -48,6 +48,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -105,6 +106,7 @@ type Server struct {
 	policyField map[string]string
 	// configStatus answers GET /v1/config; nil without it.
 	configStatus func() ConfigStatus
+	warnings     logthrottle.Throttle // of 5xx request lines
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -220,7 +222,19 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 10)
+	var suppressed int64
+	if level == slog.LevelWarn {
+		// Store failures fail every request while they last: one line a
+		// second, with the count of those held back.
+		var ok bool
+		if ok, suppressed = s.warnings.Allow(s.clock.Now()); !ok {
+			return
+		}
+	}
+	attrs := make([]slog.Attr, 0, 11)
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
+	}
 	attrs = append(attrs,
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),

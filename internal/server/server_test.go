@@ -677,3 +677,20 @@ func memstoreFor(t *testing.T) sluice.Store {
 	t.Cleanup(func() { ms.Close() })
 	return ms
 }
+
+// TestOutageLogsAreThrottled: a store that fails every request is logged a
+// few lines a second with the count held back, not one line per request.
+func TestOutageLogsAreThrottled(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	f := newFixtureOn(t, &recordingStore{Store: failingStore{fmt.Errorf("test: %w", sluice.ErrBeforeSend)}}, clock, demoPolicies, server.Options{})
+	const n = 100
+	for range n {
+		f.post(t, `{"policy":"demo","subject":"alice"}`)
+	}
+	clock.Advance(time.Second)
+	f.post(t, `{"policy":"demo","subject":"alice"}`)
+	logs := f.logs.String()
+	if lines := strings.Count(logs, "level=WARN"); lines != 11 || !strings.Contains(logs, "suppressed_since_last=90") {
+		t.Fatalf("%d failing requests in one second, then one more a second later, wrote %d WARN lines: want 10, then one counting the 90 held back\n%s", n, lines, logs)
+	}
+}
