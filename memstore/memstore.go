@@ -35,7 +35,8 @@ type Options struct {
 	// of distinct subjects cannot exhaust memory. It is enforced per shard
 	// (MaxKeys / Shards each, at least 1). At the bound, a new state looks
 	// at a sample of 32 other subjects' states in its shard: the expired ones
-	// go; if none had expired, the one expiring soonest is evicted (the
+	// go; if none had expired, the one with the most of its capacity left
+	// is evicted, so an exhausted subject is the last to go (the
 	// sweeper drops the rest of the expired ones). An evicted subject starts from
 	// fresh state, so under such a flood its limit is approximate; Evictions
 	// counts how often that happened. Remembered evaluation ids are bounded
@@ -74,7 +75,8 @@ type key struct {
 // entry is one state, and the algorithm it was written by.
 type entry struct {
 	kind    algorithm.Kind
-	expires int64 // µs from which the state equals absent, under the numbers it was written with (for sweeping)
+	left    uint16 // the share of capacity left after the last write, in 1/65535: what losing the state gives away
+	expires int64  // µs from which the state equals absent, under the numbers it was written with (for sweeping)
 	st      algorithm.State
 }
 
@@ -273,7 +275,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	if e.Commit {
 		for i := range e.Writes {
-			s.put(sh, now, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i])
+			s.put(sh, now, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
 		}
 	}
 	return nil
@@ -359,7 +361,7 @@ func sweepDedupe(sh *shard, now int64) {
 // put keeps the state w describes for k in sh (locked): over en, the entry
 // stored under k (nil when there is none), or as a new entry, enforcing the
 // per-shard bound. Only a new key allocates.
-func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind, w *algorithm.Write) {
+func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind, w *algorithm.Write, d *algorithm.Decision) {
 	switch {
 	case w.Expires <= now:
 		if en != nil {
@@ -374,6 +376,7 @@ func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind,
 		sh.m[k] = en
 	}
 	en.kind, en.expires = kind, w.Expires
+	en.left = uint16(min(max(d.Remaining, 0), d.Limit) * 65535 / max(d.Limit, 1))
 	en.st.Apply(w)
 }
 
@@ -383,13 +386,16 @@ const roomSample = 32
 
 // makeRoom frees at least one slot in sh (locked) by looking at a sample of
 // its states (map iteration starts at a random entry): the expired ones in
-// it go; if none had expired, the one expiring soonest is evicted. States
-// of subject, the one being decided, are never touched, so a multi-policy
-// decision cannot lose what it is writing.
+// it go; if none had expired, the one whose loss gives away least is
+// evicted: the one with the largest share of its capacity left (then the
+// one expiring soonest), so a flood of new subjects evicts fresh states
+// before a subject that is being denied. States of subject, the one being
+// decided, are never touched, so a multi-policy decision cannot lose what
+// it is writing.
 func (s *Store) makeRoom(sh *shard, now int64, subject string) {
-	var victim key
-	found, freed := false, false
-	soonest := int64(0)
+	var victim *entry
+	var victimKey key
+	freed := false
 	sampled := 0
 	for k, e := range sh.m {
 		if k.subject == subject {
@@ -398,15 +404,15 @@ func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 		if e.expires <= now {
 			delete(sh.m, k)
 			freed = true
-		} else if !found || e.expires < soonest {
-			victim, soonest, found = k, e.expires, true
+		} else if victim == nil || e.left > victim.left || e.left == victim.left && e.expires < victim.expires {
+			victim, victimKey = e, k
 		}
 		if sampled++; sampled == roomSample {
 			break
 		}
 	}
-	if !freed && found {
-		delete(sh.m, victim)
+	if !freed && victim != nil {
+		delete(sh.m, victimKey)
 		s.evictions.Add(1)
 	}
 }

@@ -324,3 +324,40 @@ func TestAlgorithmsShareAShard(t *testing.T) {
 		}
 	}
 }
+
+// TestFloodKeepsExhaustedSubjects: a flood of new subjects at the MaxKeys
+// bound evicts states that gave away little (one unit of ten spent) before
+// subjects that exhausted their budget, so spraying subjects cannot unlock
+// a login limit.
+func TestFloodKeepsExhaustedSubjects(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 200, SweepInterval: -1})
+	login := validPolicy(t, sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 10, Window: time.Hour})
+	ctx := context.Background()
+	for i := range 100 {
+		if err := s.Evaluate(ctx, evaluationOf(fmt.Sprint("victim-", i), login, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5000 {
+		if err := s.Evaluate(ctx, evaluationOf(fmt.Sprint("spray-", i), login, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlocked := 0
+	for i := range 100 {
+		ev := evaluationOf(fmt.Sprint("victim-", i), login, 1)
+		if err := s.Evaluate(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Statuses[0].Allowed {
+			unlocked++
+		}
+	}
+	if unlocked != 0 {
+		t.Fatalf("%d of 100 exhausted subjects admitted again after a flood of 5000 new subjects: evicted before fresh states", unlocked)
+	}
+	if s.Evictions() == 0 {
+		t.Fatal("no eviction: the flood did not reach the bound, the test proved nothing")
+	}
+}

@@ -80,6 +80,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.close()
+	if st.evictions != nil {
+		if err := metrics.CountEvictions(cfg.Store.Type, st.evictions); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
 	r := &reloader{a: a, path: path, log: log, store: metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), ready: st.ready, metrics: metrics, reloadM: reloadM}
 	if cfg.Envoy != nil {
 		if r.rlsM, err = rls.NewMetrics(reg); err != nil {

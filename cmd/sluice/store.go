@@ -18,9 +18,10 @@ import (
 // storeHandle is a store built from the config with what serve needs
 // around it.
 type storeHandle struct {
-	store sluice.Store
-	ready []server.Check // readiness checks for GET /readyz
-	close func() error
+	store     sluice.Store
+	ready     []server.Check // readiness checks for GET /readyz
+	close     func() error
+	evictions func() int64 // nil: the store evicts nothing
 }
 
 // newStore builds the store the config names. It is the one place where
@@ -32,7 +33,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close}, nil
+		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions}, nil
 	case config.StoreRedis:
 		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; this binary owns it
 		client, err := newRedisClient(cfg.Store.Redis, getenv)

@@ -112,6 +112,16 @@ func (m *Metrics) SetPolicies(ids []string) {
 	m.policies.Store(&known)
 }
 
+// CountEvictions serves evictions, a store's running count of live states
+// it dropped at its size bound, as sluice_store_evictions_total{store}.
+func (m *Metrics) CountEvictions(store string, evictions func() int64) error {
+	return m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "sluice_store_evictions_total",
+		Help:        "Live states the store dropped at its size bound (memstore's MaxKeys): each such subject starts again from fresh state.",
+		ConstLabels: prometheus.Labels{"store": store},
+	}, func() float64 { return float64(evictions()) }))
+}
+
 // Handler serves the registry in the Prometheus exposition formats.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
