@@ -389,7 +389,8 @@ const roomSample = 32
 // it go; if none had expired, the one whose loss gives away least is
 // evicted: the one with the largest share of its capacity left (then the
 // one expiring soonest), so a flood of new subjects evicts fresh states
-// before a subject that is being denied. States of subject, the one being
+// before a subject that is being denied. A sample of nothing but
+// exhausted states looks further, up to four samples. States of subject, the one being
 // decided, are never touched, so a multi-policy decision cannot lose what
 // it is writing.
 func (s *Store) makeRoom(sh *shard, now int64, subject string) {
@@ -407,7 +408,11 @@ func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 		} else if victim == nil || e.left > victim.left || e.left == victim.left && e.expires < victim.expires {
 			victim, victimKey = e, k
 		}
-		if sampled++; sampled == roomSample {
+		sampled++
+		// A sample whose best candidate has nothing left (a subject being
+		// denied) looks further, up to four samples, for one that gives
+		// away less.
+		if sampled%roomSample == 0 && (victim == nil || victim.left > 0 || sampled == 4*roomSample) {
 			break
 		}
 	}
