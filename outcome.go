@@ -9,7 +9,7 @@ import (
 // Kind is what became of a request. Its String form is the JSON spelling.
 type Kind uint8
 
-// Outcome kinds (DESIGN invariant 8).
+// Outcome kinds: two decisions, and three ways of not deciding.
 const (
 	// Allowed: the cost was spent.
 	Allowed Kind = iota + 1
