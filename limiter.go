@@ -12,7 +12,10 @@ import (
 // MaxSubjectLen is the longest Subject a Request may carry, in bytes.
 const MaxSubjectLen = 200
 
-// Request asks whether Subject may spend Cost units of one or more policies.
+// Request asks whether Subject may spend Cost units of one or more
+// policies. A spend (not a peek, refund or reset) that names Concurrency
+// policies acquires one lease on each of them when Allowed, whatever the
+// cost: Outcome.Lease, to give back with Limiter.Release.
 type Request struct {
 	// Policy is the ID of the policy to check. Exactly one of Policy and
 	// Policies is set.
@@ -170,6 +173,17 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 		}
 		near = p
 	}
+	var leased []string // the concurrency policies a spend acquires a lease on
+	if ev.Cost > 0 && !ev.Refund {
+		for _, p := range ev.Policies {
+			if p.Algorithm == Concurrency {
+				leased = append(leased, p.ID)
+			}
+		}
+		if leased != nil {
+			ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
+		}
+	}
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		return failed(err)
 	}
@@ -177,6 +191,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
 	}
 	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses), Replayed: ev.Replayed}
+	if o.Allowed && leased != nil {
+		o.Lease = Lease{ID: ev.LeaseID, Subject: ev.Subject, Policies: leased}
+	}
 	if !o.Allowed {
 		o.Kind = Denied
 		if near != nil {
@@ -239,6 +256,12 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		cost = 1
 	}
 	for _, p := range ev.Policies {
+		if p.Algorithm == Concurrency {
+			if req.Refund {
+				return fmt.Errorf("sluice: policy %q: %w by concurrency: release the lease instead (Limiter.Release)", p.ID, ErrNotRefundable)
+			}
+			continue // a lease holds one slot whatever the cost
+		}
 		if cost > p.MaxCost {
 			return fmt.Errorf("sluice: policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
 		}

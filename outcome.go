@@ -120,6 +120,11 @@ type Outcome struct {
 	// Statuses holds one Status per policy, in the order of
 	// Request.Policies, when the request named several; nil otherwise.
 	Statuses []Status
+	// Lease is the lease an Allowed spend acquired on the request's
+	// Concurrency policies, to give back with Limiter.Release (and keep
+	// with Limiter.Renew); the zero Lease when it named none. Example:
+	// {ID: "q3Xh0bV8Yx2lC0mQe1o7bA", Subject: "u:42", Policies: ["reports"]}.
+	Lease Lease
 	// Replayed reports that this is the remembered first decision for the
 	// request's EvaluationID: nothing was spent this time.
 	Replayed bool

@@ -11,13 +11,17 @@ import (
 // spelling.
 type Algorithm uint8
 
-// The five algorithms. See the package documentation for how they compare.
+// The five rate algorithms, and concurrency. See the package documentation
+// for how they compare.
 const (
 	FixedWindow   Algorithm = Algorithm(algorithm.KindFixedWindow)   // fixed_window
 	SlidingLog    Algorithm = Algorithm(algorithm.KindSlidingLog)    // sliding_log
 	SlidingWindow Algorithm = Algorithm(algorithm.KindSlidingWindow) // sliding_window
 	TokenBucket   Algorithm = Algorithm(algorithm.KindTokenBucket)   // token_bucket
 	GCRA          Algorithm = Algorithm(algorithm.KindGCRA)          // gcra
+	// Concurrency limits how many leases a subject holds at once, not how
+	// often it spends: see Policy.LeaseTTL and Limiter.Release.
+	Concurrency Algorithm = Algorithm(algorithm.KindConcurrency) // concurrency
 )
 
 var algorithmNames = [...]string{
@@ -26,6 +30,7 @@ var algorithmNames = [...]string{
 	SlidingWindow: "sliding_window",
 	TokenBucket:   "token_bucket",
 	GCRA:          "gcra",
+	Concurrency:   "concurrency",
 }
 
 // String returns the config spelling, e.g. "token_bucket".
@@ -36,25 +41,26 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-func (a Algorithm) valid() bool { return a >= FixedWindow && a <= GCRA }
+func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
 
 // Approximate reports whether the algorithm's decisions are estimates
 // (sliding_window) rather than exact.
 func (a Algorithm) Approximate() bool { return a == SlidingWindow }
 
 // Refundable reports whether units spent under the algorithm can be given
-// back exactly: every algorithm but sliding_window, whose units become a
-// share of an estimate once their window rolls over.
-func (a Algorithm) Refundable() bool { return a.valid() && a != SlidingWindow }
+// back exactly: every rate algorithm but sliding_window, whose units become
+// a share of an estimate once their window rolls over. A concurrency
+// policy's slot is given back by releasing its lease (Limiter.Release).
+func (a Algorithm) Refundable() bool { return a.valid() && a != SlidingWindow && a != Concurrency }
 
 // ParseAlgorithm maps a config spelling to its Algorithm.
 func ParseAlgorithm(s string) (Algorithm, error) {
-	for a := FixedWindow; a <= GCRA; a++ {
+	for a := FixedWindow; a <= Concurrency; a++ {
 		if algorithmNames[a] == s {
 			return a, nil
 		}
 	}
-	return 0, fmt.Errorf("sluice: unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra", s)
+	return 0, fmt.Errorf("sluice: unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency", s)
 }
 
 // MarshalText implements encoding.TextMarshaler.
@@ -121,11 +127,20 @@ type Policy struct {
 	// Algorithm is the math. Required.
 	Algorithm Algorithm
 	// Limit is the number of units per Window (for token_bucket and gcra:
-	// the refill rate, Limit per Window). 1 to 1e9. Required.
+	// the refill rate, Limit per Window). 1 to 1e9. For concurrency, the
+	// most leases one subject holds at once, 1 to 100000. Required.
 	Limit int64
 	// Window is the period Limit applies to: 1ms to 24h, a whole number of
-	// microseconds. Required.
+	// microseconds. Required, except for concurrency, which has none.
 	Window time.Duration
+	// LeaseTTL is how long a concurrency lease lives unless it is released
+	// or renewed first: a holder that dies without releasing gives its
+	// slot back this long after it acquired it. Set it above the longest
+	// time a request is expected to hold its lease (renew longer ones).
+	// 1ms to 24h, a whole number of microseconds. Required for
+	// concurrency; other algorithms reject it. Change it with a new
+	// Revision.
+	LeaseTTL time.Duration
 	// Burst is the bucket capacity of token_bucket and gcra: how many units
 	// may be spent at once after idling. Other algorithms do not use it and
 	// reject any other value than 0 or Limit. Default: Limit.
@@ -133,6 +148,7 @@ type Policy struct {
 	// MaxCost is the largest cost one request may ask for; larger requests
 	// are Incompatible. At most what the algorithm can ever admit at once
 	// (Limit, or Burst for token_bucket and gcra). Default: that maximum.
+	// Concurrency rejects it: a lease holds one slot whatever the cost.
 	MaxCost int64
 	// FailureMode is the edge's answer when the store cannot decide.
 	// Default: FailClosed.
@@ -198,6 +214,7 @@ func (p Policy) WithDefaults() Policy {
 // Validate reports, as a *PolicyError, the first field of p (after
 // defaults) that breaks a rule.
 func (p Policy) Validate() error {
+	maxCost := p.MaxCost
 	p = p.WithDefaults()
 	bad := func(field, value, rule string) error {
 		return &PolicyError{Policy: p.ID, Field: field, Value: value, Rule: rule}
@@ -209,7 +226,23 @@ func (p Policy) Validate() error {
 		return bad("revision", fmt.Sprint(p.Revision), "must be between 1 and 2147483648")
 	}
 	if !p.Algorithm.valid() {
-		return bad("algorithm", p.Algorithm.String(), "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+		return bad("algorithm", p.Algorithm.String(), "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
+	}
+	if p.Algorithm == Concurrency {
+		switch {
+		case p.Window != 0:
+			return bad("window", p.Window.String(), "does not apply to concurrency, which limits leases held at once; set lease_ttl, how long a lease lives if never released")
+		case p.LeaseTTL == 0:
+			return bad("lease_ttl", "0s", "is required for concurrency: how long a lease lives if never released, 1ms to 24h")
+		case p.LeaseTTL%time.Microsecond != 0:
+			return bad("lease_ttl", p.LeaseTTL.String(), "must be a whole number of microseconds")
+		case maxCost != 0:
+			return bad("max_cost", fmt.Sprint(maxCost), "does not apply to concurrency: a lease holds one slot whatever the cost")
+		case p.NearCache:
+			return bad("near_cache", "true", "does not apply to concurrency: a release frees a slot before a denial's retry time")
+		}
+	} else if p.LeaseTTL != 0 {
+		return bad("lease_ttl", p.LeaseTTL.String(), "applies only to concurrency; leave it unset for "+p.Algorithm.String())
 	}
 	if p.Window%time.Microsecond != 0 {
 		return bad("window", p.Window.String(), "must be a whole number of microseconds")
@@ -221,7 +254,10 @@ func (p Policy) Validate() error {
 	if err := prm.Check(algorithm.Kind(p.Algorithm)); err != nil {
 		re := err.(*algorithm.RangeError)
 		value := fmt.Sprint(re.Value)
-		if re.Field == "window" {
+		switch {
+		case re.Field == "window" && p.Algorithm == Concurrency:
+			re.Field, value = "lease_ttl", p.LeaseTTL.String()
+		case re.Field == "window":
 			value = p.Window.String()
 		}
 		return bad(re.Field, value, re.Rule)
@@ -247,7 +283,11 @@ func (p Policy) Validate() error {
 // params returns p's numbers in the engine's units, for Validate and
 // WithDefaults.
 func (p Policy) params() algorithm.Params {
-	return algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst}
+	w := p.Window
+	if p.Algorithm == Concurrency {
+		w = p.LeaseTTL // the engine's window: how long a lease lives
+	}
+	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst}
 }
 
 func validID(id string) bool {

@@ -43,6 +43,21 @@ func TestPolicyValidate(t *testing.T) {
 		{"max cost above burst", func(p *sluice.Policy) { p.Algorithm, p.Burst, p.MaxCost = sluice.GCRA, 3, 4 }, "max_cost", "between 1 and 3"},
 		{"unknown failure mode", func(p *sluice.Policy) { p.FailureMode = 7 }, "failure_mode", "one of"},
 		{"negative grace", func(p *sluice.Policy) { p.CleanupGrace = -time.Second }, "cleanup_grace", "between 0s and 1h"},
+		{"concurrency", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, 30*time.Second }, "", ""},
+		{"concurrency without lease ttl", func(p *sluice.Policy) { p.Algorithm, p.Window = sluice.Concurrency, 0 }, "lease_ttl", "required for concurrency"},
+		{"concurrency with a window", func(p *sluice.Policy) { p.Algorithm, p.LeaseTTL = sluice.Concurrency, time.Second }, "window", "does not apply to concurrency"},
+		{"lease ttl above 24h", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, 25*time.Hour }, "lease_ttl", "between 1ms and 24h"},
+		{"lease ttl below 1ms", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, time.Microsecond }, "lease_ttl", "between 1ms and 24h"},
+		{"lease ttl on fixed window", func(p *sluice.Policy) { p.LeaseTTL = time.Second }, "lease_ttl", "only to concurrency"},
+		{"huge concurrency", func(p *sluice.Policy) {
+			p.Algorithm, p.Window, p.LeaseTTL, p.Limit = sluice.Concurrency, 0, time.Second, 200_000
+		}, "limit", "at most 100000"},
+		{"max cost on concurrency", func(p *sluice.Policy) {
+			p.Algorithm, p.Window, p.LeaseTTL, p.MaxCost = sluice.Concurrency, 0, time.Second, 2
+		}, "max_cost", "one slot"},
+		{"near cache on concurrency", func(p *sluice.Policy) {
+			p.Algorithm, p.Window, p.LeaseTTL, p.NearCache = sluice.Concurrency, 0, time.Second, true
+		}, "near_cache", "release"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -240,6 +240,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	w.reset(len(ev.Policies))
 	e := &w.e
 	e.Now, e.Cost, e.Refund, e.Reset, e.MaxRegression = now, ev.Cost, ev.Refund, ev.Reset, -1
+	e.LeaseID, e.Release, e.Renew = ev.LeaseID, ev.Release, ev.Renew
 	for _, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // The decision code, one Lua file per Go file it ports, joined in this
@@ -191,7 +192,7 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 	a := &policyArgs{policy: *p}
 	a.args[policyKind] = strconv.Itoa(int(p.Algorithm))
 	a.args[policyLimit] = strconv.FormatInt(p.Limit, 10)
-	a.args[policyWindow] = strconv.FormatInt(p.Window.Microseconds(), 10)
+	a.args[policyWindow] = strconv.FormatInt(evaluation.Window(p), 10)
 	a.args[policyBurst] = strconv.FormatInt(p.Burst, 10)
 	a.args[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
 	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)

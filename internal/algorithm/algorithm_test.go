@@ -70,7 +70,7 @@ func (m *machine) snapshot() string {
 var kinds = []Kind{KindFixedWindow, KindSlidingLog, KindSlidingWindow, KindTokenBucket, KindGCRA}
 
 func (k Kind) String() string {
-	return [...]string{"", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra"}[k]
+	return [...]string{"", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency"}[k]
 }
 
 // t0 is an arbitrary instant, a whole number of seconds.

@@ -15,22 +15,26 @@ type Policy struct {
 // State is the stored state of one policy for one subject, flat: exactly
 // the integers a store keeps. A fixed-size algorithm keeps Fields[kind]
 // integers in V, in the order of its fields method (redisstore writes them
-// as one string); the sliding log keeps Log. The zero value is absent.
+// as one string); the sliding log keeps Log; concurrency keeps its
+// leases' expiries in Log and their ids in IDs (see Concurrency). The
+// zero value is absent.
 type State struct {
 	V   [5]int64
 	Log []int64
+	IDs []string
 }
 
 // Fields is how many integers of State.V each algorithm keeps.
-var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5}
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0}
 
 // Write is the state a decision leaves behind, for a store to keep when the
 // whole evaluation commits.
 type Write struct {
-	V       [5]int64 // a fixed-size algorithm's new fields
-	Log     LogEdit  // the sliding log's change
-	Fresh   bool     // the stored state was read as absent (it expired): replace it, do not edit it
-	Expires int64    // µs from which the written state equals absent; at or before the decision's time: delete it
+	V       [5]int64  // a fixed-size algorithm's new fields
+	Log     LogEdit   // the sliding log's change
+	Leases  LeaseEdit // concurrency's change
+	Fresh   bool      // the stored state was read as absent (it expired): replace it, do not edit it
+	Expires int64     // µs from which the written state equals absent; at or before the decision's time: delete it
 }
 
 // Evaluation is one decision for one subject over one or more policies:
@@ -47,6 +51,14 @@ type Evaluation struct {
 	// spends nothing). With Refund, the units to give back (≥ 1).
 	Cost   int64
 	Refund bool
+	// LeaseID is the lease a spend acquires on every concurrency policy
+	// (with Release: gives back; with Renew: extends). Other policies
+	// ignore it.
+	LeaseID string
+	// Release gives LeaseID back to every policy, all of them concurrency
+	// policies (Cost 1): always admitted, harmless for a lease not held.
+	// Renew extends it (Cost 1), acquiring it afresh where it is not held.
+	Release, Renew bool
 	// Reset clears every policy's state, whatever States hold (Cost 0):
 	// the decisions are those of absent state, and Commit is set with
 	// writes that delete.
@@ -121,9 +133,19 @@ func Evaluate(ev *Evaluation) error {
 		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
 	}
 	ev.Commit, ev.Replayed = false, false
+	if ev.Release || ev.Renew {
+		if ev.Release && ev.Renew || ev.Refund || ev.Reset || ev.Cost != 1 || ev.LeaseID == "" {
+			return fmt.Errorf("a release or renewal is alone, of cost 1, with a lease id")
+		}
+		for i, p := range ev.Policies {
+			if p.Kind != KindConcurrency {
+				return fmt.Errorf("policy %d: only a concurrency policy holds leases", i)
+			}
+		}
+	}
 	if ev.Reset {
 		for i, p := range ev.Policies {
-			ev.Decisions[i] = p.step(&absent, ev.Now, 0, false, &ev.Writes[i])
+			ev.Decisions[i] = p.step(&absent, ev.Now, 0, op{}, &ev.Writes[i])
 			ev.Writes[i].Fresh = true
 		}
 		ev.Commit = true
@@ -145,7 +167,7 @@ func Evaluate(ev *Evaluation) error {
 			return err
 		}
 		w := &ev.Writes[i]
-		d := p.step(st, at, ev.Cost, ev.Refund, w)
+		d := p.step(st, at, ev.Cost, op{refund: ev.Refund, release: ev.Release, renew: ev.Renew, lease: ev.LeaseID}, w)
 		w.Fresh = st != ev.States[i]
 		if at != ev.Now {
 			d = lengthen(d, at-ev.Now)
@@ -158,7 +180,7 @@ func Evaluate(ev *Evaluation) error {
 			if ev.Decisions[i].Allowed {
 				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
 				var w Write
-				d := p.step(st, at, 0, false, &w)
+				d := p.step(st, at, 0, op{}, &w)
 				ev.Decisions[i] = lengthen(d, at-ev.Now)
 			}
 		}
@@ -207,12 +229,21 @@ func lengthen(d Decision, lag int64) Decision {
 	return d
 }
 
+// op is what a step does beyond spending: a refund, or a release or
+// renewal of lease, the lease a spend acquires on a concurrency policy.
+type op struct {
+	refund, release, renew bool
+	lease                  string
+}
+
 // step runs p's algorithm on st at now: a spend of cost, a peek (cost 0),
-// or with refund set a refund of cost. It leaves the state after it in w,
-// every field but Fresh (w may hold another decision's), and returns the
-// verdict.
-func (p Policy) step(st *State, now, cost int64, refund bool, w *Write) Decision {
+// or as o says a refund of cost, or a lease's release or renewal. It
+// leaves the state after it in w, every field but Fresh (w may hold
+// another decision's), and returns the verdict.
+func (p Policy) step(st *State, now, cost int64, o op, w *Write) Decision {
 	var d Decision
+	refund := o.refund
+	w.Leases = LeaseEdit{}
 	switch p.Kind {
 	case KindFixedWindow:
 		s := fixedWindowOf(&st.V)
@@ -254,6 +285,18 @@ func (p Policy) step(st *State, now, cost int64, refund bool, w *Write) Decision
 			s, d = s.Decide(p.Params, now, cost)
 		}
 		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
+	case KindConcurrency:
+		// No Refund: a store never asks (sluice.Limiter refuses it first).
+		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
+		switch {
+		case o.release:
+			w.Leases, d = s.Release(p.Params, now, o.lease)
+		case o.renew:
+			w.Leases, d = s.Renew(p.Params, now, o.lease)
+		default:
+			w.Leases, d = s.Decide(p.Params, now, cost, o.lease)
+		}
+		w.V, w.Log, w.Expires = [5]int64{}, LogEdit{}, w.Leases.Newest
 	}
 	return d
 }
@@ -277,6 +320,12 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 	case KindGCRA:
 		s := gcraOf(&st.V)
 		return s.Expires(p.Params), s.Newest()
+	case KindConcurrency:
+		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
+		if s.Newest() == 0 {
+			return 0, 0
+		}
+		return s.Expires(), s.Newest() - p.Params.Window
 	}
 	return 0, 0
 }
@@ -291,10 +340,14 @@ func (p Policy) Expires(st *State) int64 {
 // Apply changes st to the state w describes.
 func (st *State) Apply(w *Write) {
 	if w.Fresh {
-		st.Log = st.Log[:0]
+		st.Log, st.IDs = st.Log[:0], st.IDs[:0]
 	}
 	st.V = w.V
 	if w.Log != (LogEdit{}) {
 		st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
+	}
+	if w.Leases != (LeaseEdit{}) {
+		c := Concurrency{Expiries: st.Log, IDs: st.IDs}.Apply(w.Leases)
+		st.Log, st.IDs = c.Expiries, c.IDs
 	}
 }

@@ -37,7 +37,7 @@ const (
 // Params are the numbers of one policy in the units the math uses.
 type Params struct {
 	Limit  int64 // units per window (window algorithms); rate numerator (bucket algorithms)
-	Window int64 // µs
+	Window int64 // µs; for concurrency, the lease TTL
 	Burst  int64 // bucket capacity in units (token bucket, GCRA); Limit for window algorithms
 }
 
@@ -51,6 +51,7 @@ const (
 	KindSlidingWindow
 	KindTokenBucket
 	KindGCRA
+	KindConcurrency
 )
 
 // RangeError says which number broke which rule.
@@ -84,6 +85,10 @@ func (p Params) Check(k Kind) error {
 	case KindSlidingWindow:
 		if p.Limit > (MaxExact-1)/p.Window {
 			return &RangeError{"limit", p.Limit, fmt.Sprintf("limit × window in µs must stay below 2^53 for sliding_window; at this window the limit can be at most %d", (MaxExact-1)/p.Window)}
+		}
+	case KindConcurrency:
+		if p.Limit > MaxConcurrencyLimit {
+			return &RangeError{"limit", p.Limit, "concurrency keeps one entry per lease and allows at most 100000"}
 		}
 	case KindTokenBucket, KindGCRA:
 		if p.Burst > (MaxExact-1-p.Limit)/p.Window {

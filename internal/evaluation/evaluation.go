@@ -15,8 +15,17 @@ import (
 func Policy(p *sluice.Policy) algorithm.Policy {
 	return algorithm.Policy{
 		Kind:   algorithm.Kind(p.Algorithm),
-		Params: algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst},
+		Params: algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst},
 	}
+}
+
+// Window returns the period p's math runs on, µs: its Window, or for
+// concurrency its LeaseTTL (how long a lease lives).
+func Window(p *sluice.Policy) int64 {
+	if p.Algorithm == sluice.Concurrency {
+		return p.LeaseTTL.Microseconds()
+	}
+	return p.Window.Microseconds()
 }
 
 // Status returns d, a decision of p, as a Status.

@@ -1,0 +1,122 @@
+package sluice
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+)
+
+// Lease is a slot held on one or more Concurrency policies, from an
+// Allowed Check until Limiter.Release gives it back, or until the
+// policy's LeaseTTL passes without a renewal (so a holder that dies
+// cannot leak a slot for longer than that). The zero value holds nothing;
+// releasing it does nothing.
+//
+// The usual shape:
+//
+//	o := lim.Check(ctx, req)
+//	if o.Kind != sluice.Allowed { … }
+//	defer lim.Release(context.WithoutCancel(ctx), o.Lease)
+type Lease struct {
+	// ID names the lease: 22 characters of base64url, random (or, for a
+	// request with an EvaluationID, derived from it and the subject, so a
+	// replayed decision names the lease the first one acquired). It never
+	// contains the subject. Example: "q3Xh0bV8Yx2lC0mQe1o7bA".
+	ID string
+	// Subject is the subject the lease is held for.
+	Subject string
+	// Policies are the IDs of the Concurrency policies it is held on, in
+	// the order of the request that acquired it.
+	Policies []string
+}
+
+// MaxLeaseIDLen is the longest lease id Release and Renew accept, in bytes.
+const MaxLeaseIDLen = 64
+
+// newLeaseID returns a lease id for a spend by subject: random, or derived
+// from evaluationID when set (a retry then names the same lease).
+func newLeaseID(subject, evaluationID string) string {
+	var b [16]byte
+	if evaluationID != "" {
+		h := sha256.Sum256([]byte("sluice lease\x00" + subject + "\x00" + evaluationID))
+		copy(b[:], h[:])
+	} else {
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// Release gives lease back on every policy it is held on, atomically.
+// It is idempotent: releasing a lease twice, after it expired, or that
+// was never acquired is Allowed all the same (the statuses then describe
+// the policies as they are). A zero Lease is Allowed without asking the
+// store. A release the store could not take (Unavailable, Indeterminate)
+// leaves the lease to expire after its LeaseTTL.
+//
+// Pass a context that outlives the request being limited (e.g.
+// context.WithoutCancel): a release cut off by a cancelled context holds
+// the slot until the lease expires.
+func (l *Limiter) Release(ctx context.Context, lease Lease) Outcome {
+	if lease.ID == "" {
+		return Outcome{Kind: Allowed}
+	}
+	return l.leaseOp(ctx, lease, true)
+}
+
+// Renew extends lease to a full LeaseTTL from now on every policy it is
+// held on, for work that holds its slot longer than LeaseTTL. A lease
+// that is no longer held (it expired) is acquired afresh if a slot is
+// free: Allowed; else Denied, and the slot is gone.
+func (l *Limiter) Renew(ctx context.Context, lease Lease) Outcome {
+	return l.leaseOp(ctx, lease, false)
+}
+
+// leaseOp releases (or renews) lease.
+func (l *Limiter) leaseOp(ctx context.Context, lease Lease, release bool) Outcome {
+	if err := ctx.Err(); err != nil {
+		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
+	}
+	if err := checkLeaseID(lease.ID); err != nil {
+		return Outcome{Kind: Incompatible, Err: err}
+	}
+	ev := l.pool.Get().(*Evaluation)
+	defer l.put(ev)
+	if err := l.prepare(ev, &Request{Policies: lease.Policies, Subject: lease.Subject}); err != nil {
+		return Outcome{Kind: Incompatible, Err: err}
+	}
+	for i, p := range ev.Policies {
+		if p.Algorithm != Concurrency {
+			return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: %w: policies[%d] %q is %s: only a concurrency policy holds leases", ErrInvalidRequest, i, p.ID, p.Algorithm)}
+		}
+	}
+	ev.LeaseID, ev.Release, ev.Renew = lease.ID, release, !release
+	if err := l.store.Evaluate(ctx, ev); err != nil {
+		return failed(err)
+	}
+	if len(ev.Statuses) != len(ev.Policies) {
+		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
+	}
+	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses), Statuses: append([]Status(nil), ev.Statuses...)}
+	if !o.Allowed {
+		o.Kind = Denied
+	} else if !release {
+		o.Lease = lease
+	}
+	return o
+}
+
+// checkLeaseID reports whether id can name a lease: 1 to MaxLeaseIDLen
+// bytes of printable ASCII other than space.
+func checkLeaseID(id string) error {
+	if len(id) == 0 || len(id) > MaxLeaseIDLen {
+		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), MaxLeaseIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("sluice: %w: lease id byte %d is %q: must be printable ASCII other than space", ErrInvalidRequest, i, c)
+		}
+	}
+	return nil
+}
