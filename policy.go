@@ -236,7 +236,7 @@ func (p Policy) Validate() error {
 			return bad("lease_ttl", "0s", "is required for concurrency: how long a lease lives if never released, 1ms to 24h")
 		case p.LeaseTTL%time.Microsecond != 0:
 			return bad("lease_ttl", p.LeaseTTL.String(), "must be a whole number of microseconds")
-		case maxCost != 0:
+		case maxCost != 0 && maxCost != p.Limit: // Limit: the default, as Limiter.Policy reports it
 			return bad("max_cost", fmt.Sprint(maxCost), "does not apply to concurrency: a lease holds one slot whatever the cost")
 		case p.NearCache:
 			return bad("near_cache", "true", "does not apply to concurrency: a release frees a slot before a denial's retry time")

@@ -47,7 +47,9 @@ func FromContext(ctx context.Context) (Decision, bool) {
 // The answer is the Limiter's outcome: Allowed with the numbers after the
 // refund, or Incompatible with ErrNothingSpent for a request that spent
 // nothing (or was refunded already) and with sluice.ErrNotRefundable for a
-// policy whose algorithm cannot give units back (sliding_window). The
+// policy whose algorithm cannot give units back (sliding_window). A
+// route's concurrency policies are left alone: their lease is released
+// when the handler returns. The
 // refund gets the middleware's deadline of its own, so it also runs when
 // the request's context is already canceled.
 func Refund(ctx context.Context) sluice.Outcome {
@@ -64,7 +66,8 @@ func Refund(ctx context.Context) sluice.Outcome {
 	if st.d.Local {
 		lim, policies = st.m.fallback, st.rt.local
 	}
-	if !st.refunded.CompareAndSwap(false, true) {
+	policies = rated(lim, policies)
+	if len(policies) == 0 || !st.refunded.CompareAndSwap(false, true) {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: ErrNothingSpent}
 	}
 	req := request(policies, &st.d)
@@ -78,4 +81,16 @@ func Refund(ctx context.Context) sluice.Outcome {
 		st.refunded.Store(false)
 	}
 	return o
+}
+
+// rated returns the policies among ids that are not concurrency policies
+// of lim: those a refund gives units back to.
+func rated(lim *sluice.Limiter, ids []string) []string {
+	out := ids[:0:0]
+	for _, id := range ids {
+		if p, _ := lim.Policy(id); p.Algorithm != sluice.Concurrency {
+			out = append(out, id)
+		}
+	}
+	return out
 }

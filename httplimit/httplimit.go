@@ -488,7 +488,7 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 		if slices.Contains(c.policies, id) {
 			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
 		}
-		if c.cost > p.MaxCost {
+		if c.cost > p.MaxCost && p.Algorithm != sluice.Concurrency { // a lease is one slot whatever the cost
 			return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
 		}
 		c.policies = append(c.policies, id)
@@ -503,7 +503,7 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 			if !ok {
 				return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, but the fallback limiter has no such policy")
 			}
-			if c.cost > lp.MaxCost {
+			if c.cost > lp.MaxCost && lp.Algorithm != sluice.Concurrency {
 				return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the fallback limiter, %d", id, lp.MaxCost))
 			}
 			c.local = append(c.local, id)
@@ -730,6 +730,17 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	var retry int64
 	switch d.Status {
 	case 0:
+		if d.Action == Admitted && decided.Lease.ID != "" {
+			// Released when next returns, panics, or gives up on a client
+			// that went away (r's context is canceled then; a handler that
+			// ignores it holds the slot until it returns or the lease
+			// expires).
+			lim := m.limiter
+			if d.Local {
+				lim = m.fallback
+			}
+			defer m.release(r.Context(), lim, decided.Lease)
+		}
 		next.ServeHTTP(w, r)
 		return
 	case http.StatusTooManyRequests:
@@ -765,6 +776,21 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 			Status: d.Status,
 			Detail: "The request carries no identity this endpoint can be rate limited by.",
 		})
+	}
+}
+
+// release gives lease back to lim, with a deadline of its own: r's
+// context may be canceled already (the client went away).
+func (m *Middleware) release(ctx context.Context, lim *sluice.Limiter, lease sluice.Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.deadline)
+	defer cancel()
+	o := lim.Release(ctx, lease)
+	if o.Kind == sluice.Allowed {
+		return
+	}
+	if ok, suppressed := m.warnings.Allow(sluice.SystemClock{}.Now()); ok {
+		m.log.Warn("sluice: lease not released; it is held until its lease_ttl passes",
+			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Reason(), "suppressed", suppressed)
 	}
 }
 
