@@ -296,7 +296,7 @@ policies:
 	if code := exitCode(err, &errOut); code == 0 {
 		t.Fatalf("validate of an unknown algorithm exited 0")
 	}
-	want := bad + `: policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 6)`
+	want := bad + `: policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 6)`
 	if got := strings.TrimSpace(errOut.String()); got != "sluice: "+want {
 		t.Errorf("validate stderr = %q, want %q", got, "sluice: "+want)
 	}

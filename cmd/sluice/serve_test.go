@@ -193,7 +193,7 @@ policies:
 `, nil, []string{
 			`server.listen: "localhost": must be host:port, such as 127.0.0.1:8080 (line 2)`,
 			`policies[0].limit: 0: must be between 1 and 1000000000 (line 4)`,
-			`policies[1].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 5)`,
+			`policies[1].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 5)`,
 		}},
 		{"unset secrets", `
 server:
@@ -212,7 +212,7 @@ policies:
 subjects:
   hmac_keys: [{ id: k1, secret_env: SLUICE_TEST_UNSET_HMAC }]
 `, map[string]string{"SLUICE_TEST_UNSET_HMAC": ""}, []string{
-			`policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 3)`,
+			`policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 3)`,
 			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_HMAC": environment variable SLUICE_TEST_UNSET_HMAC is not set or empty (line 5)`,
 		}},
 		{"bad port", `

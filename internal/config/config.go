@@ -120,7 +120,9 @@ type Token struct {
 
 // Scopes of a Token.
 const (
-	// ScopeCheck allows spending and peeking: POST /v1/check.
+	// ScopeCheck allows spending and peeking: POST /v1/check; and giving
+	// back or renewing a lease that check acquired: POST /v1/release,
+	// POST /v1/renew (the lease id entitles its holder).
 	ScopeCheck = "check"
 	// ScopeRefund allows giving units back: POST /v1/check with
 	// "refund": true.

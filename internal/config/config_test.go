@@ -30,6 +30,13 @@ var invalid = []struct {
 	{"bad_store_type.yaml", "store.type: \"memcached\": must be one of memory, redis (line 2)"},
 	{"burst_on_fixed_window.yaml", "policies[0].burst: 5: applies only to token_bucket and gcra; leave it unset for fixed_window (line 6)"},
 	{"burst_zero.yaml", "policies[0].burst: 0: must not be zero; leave it out for the default (line 6)"},
+	{"concurrency_limit_too_big.yaml", "policies[0].limit: 200000: concurrency keeps one entry per lease and allows at most 100000 (line 4)"},
+	{"concurrency_missing_lease_ttl.yaml", "policies[0].lease_ttl: is required for concurrency: how long a lease lives if never released, e.g. 30s (line 2)"},
+	{"concurrency_with_window.yaml", "policies[0].window: \"1m\": does not apply to concurrency, which limits leases held at once; set lease_ttl, how long a lease lives if never released (line 6)"},
+	{"lease_ttl_not_duration.yaml", "policies[0].lease_ttl: \"forever\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
+	{"lease_ttl_on_fixed_window.yaml", "policies[0].lease_ttl: \"30s\": applies only to concurrency; leave it unset for fixed_window (line 6)"},
+	{"lease_ttl_too_long.yaml", "policies[0].lease_ttl: \"48h\": must be between 1ms and 24h (line 5)"},
+	{"lease_ttl_zero.yaml", "policies[0].lease_ttl: \"0s\": must be between 1ms and 24h: concurrency requires it, how long a lease lives if never released (line 5)"},
 	{"cleanup_grace_too_long.yaml", "policies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 6)"},
 	{"dedupe_max_too_big.yaml", "policies[0].dedupe_max: 20000: must be between 1 and 10000 (line 6)"},
 	{"dedupe_max_zero.yaml", "policies[0].dedupe_max: 0: must not be zero; leave it out for the default (line 6)"},
@@ -88,9 +95,9 @@ var invalid = []struct {
 	{"auth_token_without_scopes.yaml", "server.auth.tokens[0].scopes: is required (line 4)"},
 	{"auth_duplicate_token_id.yaml", "server.auth.tokens[1].id: \"app\": is already the id of server.auth.tokens[0] (line 5)"},
 	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
-	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 9)"},
+	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)"},
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
-	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
+	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
@@ -103,8 +110,8 @@ var invalid = []struct {
 	{"sliding_log_too_long.yaml", "policies[0].limit: 200000: sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits (line 4)"},
 	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2)"},
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
-	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 4)"},
-	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 5)"},
+	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
+	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 5)"},
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
@@ -149,7 +156,7 @@ func TestParseInvalid(t *testing.T) {
 func TestLoadNamesTheFile(t *testing.T) {
 	path := filepath.Join("testdata", "invalid", "unknown_algorithm.yaml")
 	_, err := config.Load(path)
-	want := path + `: policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 4)`
+	want := path + `: policies[0].algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)`
 	if err == nil || err.Error() != want {
 		t.Fatalf("Load(%s) error = %v, want %s", path, err, want)
 	}
@@ -206,6 +213,7 @@ func TestParseFull(t *testing.T) {
 			api,
 			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute, FailureMode: sluice.FailLocal}},
 			{Policy: sluice.Policy{ID: "bucket", Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Second, Burst: 10}},
+			{Policy: sluice.Policy{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: 30 * time.Second}},
 		},
 		Subjects: config.Subjects{HMACKeys: []config.HMACKey{{ID: "k2", SecretEnv: "SLUICE_HMAC_K2"}, {ID: "k1", SecretEnv: "SLUICE_HMAC_K1"}}},
 		Proxy: &config.Proxy{
@@ -218,7 +226,7 @@ func TestParseFull(t *testing.T) {
 			Routes: []config.Route{
 				{Match: config.Match{PathPrefix: "/login", Methods: []string{"POST"}}, Policies: []string{"login"}, Subject: "ip"},
 				{Match: config.Match{PathPrefix: "/api/"}, Policies: []string{"api", "quota"}, Subject: "header:X-Api-Key", Shadow: true},
-				{Match: config.Match{PathPrefix: "/"}, Policies: []string{"bucket"}, Subject: "ip+user_agent"},
+				{Match: config.Match{PathPrefix: "/"}, Policies: []string{"bucket", "reports"}, Subject: "ip+user_agent"},
 			},
 		},
 		Envoy: &config.Envoy{Listen: "127.0.0.1:8081", Configs: []string{"ratelimit/*.yaml"}},
@@ -226,8 +234,8 @@ func TestParseFull(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
 	}
-	if line := got.Line("proxy"); line != 52 {
-		t.Errorf("Line(proxy) = %d, want 52", line)
+	if line := got.Line("proxy"); line != 56 {
+		t.Errorf("Line(proxy) = %d, want 56", line)
 	}
 	env := map[string]string{"SLUICE_TOKEN_APP": "app-token-0123456789", "SLUICE_TOKEN_OPS": "short"}
 	_, err = got.Tokens(lookup(env))

@@ -262,14 +262,24 @@ func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
-	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache")
+	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache")
 	if err != nil {
 		return err
 	}
-	for _, key := range [...]string{"id", "algorithm", "limit", "window"} {
+	for _, key := range [...]string{"id", "algorithm", "limit"} {
 		if m[key] == nil {
 			return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(n).Line}
 		}
+	}
+	// A concurrency policy has a lease_ttl and no window; the others a
+	// window (sluice.Policy.Validate judges a window on concurrency or a
+	// lease_ttl elsewhere).
+	if a := m["algorithm"]; a.Kind == yaml.ScalarNode && a.Value == sluice.Concurrency.String() {
+		if m["lease_ttl"] == nil && m["window"] == nil {
+			return &Error{Path: path + ".lease_ttl", Rule: "is required for concurrency: how long a lease lives if never released, e.g. 30s", Line: yamlnode.Resolve(n).Line}
+		}
+	} else if m["window"] == nil {
+		return &Error{Path: path + ".window", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
 	var algorithm, failureMode string
 	var dedupeMax int64
@@ -279,6 +289,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		d.str(path+".algorithm", m["algorithm"], &algorithm),
 		d.int(path+".limit", m["limit"], &p.Limit),
 		d.duration(path+".window", m["window"], &p.Window),
+		d.duration(path+".lease_ttl", m["lease_ttl"], &p.LeaseTTL),
 		d.int(path+".burst", m["burst"], &p.Burst),
 		d.int(path+".max_cost", m["max_cost"], &p.MaxCost),
 		d.str(path+".failure_mode", m["failure_mode"], &failureMode),

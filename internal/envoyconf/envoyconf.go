@@ -574,6 +574,9 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 		if pol.Algorithm, err = sluice.ParseAlgorithm(s); err != nil {
 			return nil, p.errorf(path+".algorithm", v, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
 		}
+		if pol.Algorithm == sluice.Concurrency {
+			return nil, p.errorf(path+".algorithm", v, "is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware")
+		}
 	}
 	if v := m["burst"]; v != nil {
 		if err := p.int(path+".burst", v, &pol.Burst); err != nil {

@@ -17,6 +17,7 @@ func TestInvalid(t *testing.T) {
 		want string // the message after "testdata/invalid/<file>: "
 	}{
 		{"bad_algorithm.yaml", `descriptors[0].rate_limit.algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 7)`},
+		{"concurrency.yaml", `descriptors[0].rate_limit.algorithm: "concurrency": is not supported by the Envoy service: RLS has no call to release a lease`},
 		{"bad_failure_mode.yaml", `descriptors[0].rate_limit.failure_mode: "local": must be one of closed, open`},
 		{"bad_unit.yaml", `descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 5)`},
 		{"burst_fixed_window.yaml", `descriptors[0].rate_limit.burst: 10: applies only to token_bucket and gcra; leave it unset for fixed_window (line 7)`},
@@ -52,8 +53,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 18 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 18)
+	if len(files) != 19 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 19)
 	}
 }
 

@@ -34,6 +34,12 @@
 // UNAVAILABLE, so Envoy's rate_limit filter applies its own
 // failure_mode_deny (deny when true, allow when false). The response code
 // UNKNOWN is never sent: Envoy treats it as OK.
+//
+// Concurrency limits are not served here: RLS has no call that tells the
+// service a request has finished, so a lease could never be released and
+// every one would be held for its whole lease_ttl. envoyconf refuses
+// algorithm: concurrency with an error naming the line; limit concurrency
+// with the check API, the proxy or the middleware.
 package rls
 
 import (

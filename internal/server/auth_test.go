@@ -25,7 +25,13 @@ var (
 // auth is "") and returns the status, the reason and WWW-Authenticate.
 func send(t *testing.T, url, auth, body string) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest("POST", url+"/v1/check", strings.NewReader(body))
+	return sendTo(t, url+"/v1/check", auth, body)
+}
+
+// sendTo is send to another endpoint, a whole URL.
+func sendTo(t *testing.T, url, auth, body string) (int, string, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

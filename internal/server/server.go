@@ -28,6 +28,16 @@
 // sliding_window). A request with "reset": true (no cost, no
 // evaluation_id) clears the subject's state of the named policies, corrupt
 // state included: the answer is 200 with the statuses of fresh state.
+//
+// A check that names concurrency policies acquires a lease when allowed:
+// the answer adds "lease_id". POST /v1/release with
+// {"policy","subject","lease_id"} (or "policies": the concurrency
+// policies the lease was acquired on) gives it back: 200 whether or not
+// the lease was still held (released twice, expired), with the policy's
+// status after it. POST /v1/renew with the same body extends it by a
+// lease_ttl (acquiring it afresh if it expired: 429 when no slot is
+// free). Both need the check scope: the lease id, 128 random bits, is
+// what entitles its holder to give it back.
 package server
 
 import (
@@ -153,6 +163,8 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST /v1/check", s.check)
+	s.mux.HandleFunc("POST /v1/release", s.lease)
+	s.mux.HandleFunc("POST /v1/renew", s.lease)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	if s.metrics != nil {
@@ -293,6 +305,7 @@ type checkRequest struct {
 	Refund       bool     `json:"refund"`
 	Reset        bool     `json:"reset"`
 	EvaluationID string   `json:"evaluation_id"`
+	LeaseID      string   `json:"lease_id"` // /v1/release and /v1/renew only
 }
 
 // malformed is a request the server answers 400 without asking the Limiter.
@@ -316,6 +329,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	req, bad := s.decode(w, r, &in)
+	if bad == "" && in.LeaseID != "" {
+		bad = "lease_id belongs to POST /v1/release and /v1/renew; a check acquires a new lease"
+	}
 	if bad != "" {
 		if lw != nil {
 			lw.reason = string(bad)
@@ -354,6 +370,66 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		lw.refund, lw.replayed = req.Refund, o.Replayed
 	}
 	s.answer(w, &in, code, o, o.Reason())
+}
+
+// lease answers POST /v1/release and POST /v1/renew.
+func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
+	lw, _ := w.(*logWriter)
+	var in checkRequest
+	if s.auth != nil {
+		tok, err := s.auth.authenticate(r)
+		if err != nil {
+			if lw != nil {
+				lw.reason = err.Error()
+			}
+			s.refuse(w, &in, nil, "")
+			return
+		}
+		if lw != nil {
+			lw.token = tok.id
+		}
+		if !slices.Contains(tok.scopes, config.ScopeCheck) {
+			if lw != nil {
+				lw.reason = "token lacks scope " + config.ScopeCheck
+			}
+			s.refuse(w, &in, tok, config.ScopeCheck)
+			return
+		}
+	}
+	req, bad := s.decode(w, r, &in)
+	switch {
+	case bad != "":
+	case in.LeaseID == "":
+		bad = "lease_id is required: the one /v1/check answered"
+	case in.Cost != nil || in.Refund || in.Reset || in.EvaluationID != "":
+		bad = "a release or renewal takes policy (or policies), subject and lease_id only"
+	}
+	if bad != "" {
+		if lw != nil {
+			lw.reason = string(bad)
+		}
+		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
+		return
+	}
+	lease := sluice.Lease{ID: in.LeaseID, Subject: req.Subject, Policies: req.Policies}
+	if req.Policy != "" {
+		lease.Policies = []string{req.Policy}
+	}
+	var o sluice.Outcome
+	if r.URL.Path == "/v1/renew" {
+		o = s.lim.Renew(r.Context(), lease)
+	} else {
+		o = s.lim.Release(r.Context(), lease)
+	}
+	if len(in.Policies) == 0 {
+		o.Statuses = nil // one policy: its status is the top level, as for a check
+	}
+	if lw != nil {
+		lw.hasCheck = true
+		lw.policy = strings.Join(lease.Policies, ",")
+		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), o.Reason()
+	}
+	s.answer(w, &in, statusCode(&o), o, o.Reason())
 }
 
 // decode reads and checks the body into in and the Request it asks for.
@@ -484,6 +560,10 @@ func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
 	b = appendString(b, reason)
 	b = append(b, `,"replayed":`...)
 	b = strconv.AppendBool(b, o.Replayed)
+	if o.Lease.ID != "" {
+		b = append(b, `,"lease_id":`...)
+		b = appendString(b, o.Lease.ID)
+	}
 	if len(o.Statuses) > 0 {
 		b = append(b, `,"statuses":[`...)
 		for i := range o.Statuses {

@@ -39,6 +39,7 @@ type answer struct {
 	Reason       string   `json:"reason"`
 	Replayed     *bool    `json:"replayed"` // a pointer, to see that it is always there
 	Statuses     []status `json:"statuses"`
+	LeaseID      string   `json:"lease_id"`
 }
 
 type status struct {
@@ -133,7 +134,13 @@ func newFixtureOn(t *testing.T, store *recordingStore, clock *sluicetest.Clock, 
 // post sends body to /v1/check and decodes the answer strictly.
 func (f *fixture) post(t *testing.T, body string) (*http.Response, answer) {
 	t.Helper()
-	resp, err := http.Post(f.url+"/v1/check", "application/json", strings.NewReader(body))
+	return f.postTo(t, "/v1/check", body)
+}
+
+// postTo sends body to path and decodes the answer strictly.
+func (f *fixture) postTo(t *testing.T, path, body string) (*http.Response, answer) {
+	t.Helper()
+	resp, err := http.Post(f.url+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
