@@ -232,8 +232,8 @@ func (p Policy) Validate() error {
 		switch {
 		case p.Window != 0:
 			return bad("window", p.Window.String(), "does not apply to concurrency, which limits leases held at once; set lease_ttl, how long a lease lives if never released")
-		case p.LeaseTTL == 0:
-			return bad("lease_ttl", "0s", "is required for concurrency: how long a lease lives if never released, 1ms to 24h")
+		case p.LeaseTTL <= 0:
+			return bad("lease_ttl", p.LeaseTTL.String(), "must be between 1ms and 24h: concurrency requires it, how long a lease lives if never released")
 		case p.LeaseTTL%time.Microsecond != 0:
 			return bad("lease_ttl", p.LeaseTTL.String(), "must be a whole number of microseconds")
 		case maxCost != 0 && maxCost != p.Limit: // Limit: the default, as Limiter.Policy reports it

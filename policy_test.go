@@ -44,7 +44,7 @@ func TestPolicyValidate(t *testing.T) {
 		{"unknown failure mode", func(p *sluice.Policy) { p.FailureMode = 7 }, "failure_mode", "one of"},
 		{"negative grace", func(p *sluice.Policy) { p.CleanupGrace = -time.Second }, "cleanup_grace", "between 0s and 1h"},
 		{"concurrency", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, 30*time.Second }, "", ""},
-		{"concurrency without lease ttl", func(p *sluice.Policy) { p.Algorithm, p.Window = sluice.Concurrency, 0 }, "lease_ttl", "required for concurrency"},
+		{"concurrency without lease ttl", func(p *sluice.Policy) { p.Algorithm, p.Window = sluice.Concurrency, 0 }, "lease_ttl", "concurrency requires it"},
 		{"concurrency with a window", func(p *sluice.Policy) { p.Algorithm, p.LeaseTTL = sluice.Concurrency, time.Second }, "window", "does not apply to concurrency"},
 		{"lease ttl above 24h", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, 25*time.Hour }, "lease_ttl", "between 1ms and 24h"},
 		{"lease ttl below 1ms", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, time.Microsecond }, "lease_ttl", "between 1ms and 24h"},
