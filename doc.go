@@ -33,6 +33,16 @@
 // same numbers. Every decision is one store call (one FCALL on Redis, or
 // EVALSHA before Redis 7) whatever the algorithm.
 //
+// # Concurrency
+//
+// The Concurrency algorithm limits how many leases a subject holds at
+// once rather than how often it spends: a spend naming a Concurrency
+// policy acquires a lease (Outcome.Lease) when allowed, Limiter.Release
+// gives it back, and a lease never released expires after the policy's
+// LeaseTTL, so a crashed holder cannot leak a slot. It combines with rate
+// policies in one request, all or nothing; in Redis its state is a sorted
+// set of leases scored by expiry, one per subject and policy.
+//
 // # Time
 //
 // Time is integer microseconds. Nothing below Limiter reads the clock except

@@ -60,3 +60,41 @@ func ExampleLimiter_Check_multiplePolicies() {
 	// allowed per-second 0
 	// denied per-hour false false
 }
+
+// At most two reports at once per account, and ten a minute: an allowed
+// check holds a lease until it is released (or until its lease_ttl
+// passes, should the holder die).
+func ExampleLimiter_Release() {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	store, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: 30 * time.Second},
+		{ID: "reports-rate", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+	}, sluice.Options{})
+	if err != nil {
+		panic(err)
+	}
+	account := subject.Unkeyed().Pseudonym("principal", "alice@example.com", "reports")
+	req := sluice.Request{Policies: []string{"reports-rate", "reports"}, Subject: account}
+	ctx := context.Background()
+
+	first := limiter.Check(ctx, req)
+	second := limiter.Check(ctx, req)
+	third := limiter.Check(ctx, req)
+	fmt.Println(first.Kind, second.Kind, third.Kind, "retry after", third.RetryAfter, "by", third.Policy)
+
+	limiter.Release(ctx, first.Lease) // usually: defer limiter.Release(context.WithoutCancel(ctx), o.Lease)
+	fmt.Println("after a release:", limiter.Check(ctx, req).Kind)
+
+	clock.Advance(30 * time.Second) // the other holders never released: their leases expire
+	o := limiter.Check(ctx, req)
+	fmt.Println("30s later:", o.Kind, "remaining", o.Statuses[1].Remaining)
+	// Output:
+	// allowed allowed denied retry after 30s by reports
+	// after a release: allowed
+	// 30s later: allowed remaining 1
+}
