@@ -12,6 +12,11 @@
 // sent again with the same evaluation ID, a few times: the server answers
 // a repeat with the first decision instead of spending twice. Check
 // generates an evaluation ID for every spend and refund that has none.
+//
+// A check of a concurrency policy that is allowed holds a lease
+// (Outcome.Lease); Release gives it back (POST /v1/release) and Renew
+// extends it (POST /v1/renew). Both are idempotent on the server, so a
+// lost answer is simply asked again.
 package sluiceclient
 
 import (
@@ -80,7 +85,8 @@ type Options struct {
 // Client asks one sluice server. Safe for concurrent use; it owns no
 // goroutines. Close releases its idle connections.
 type Client struct {
-	endpoint string
+	endpoint string // …/v1/check
+	base     string // endpoint without /v1/check
 	token    string
 	http     *http.Client
 	own      bool // http is the Client's own
@@ -116,6 +122,7 @@ func New(baseURL string, opts Options) (*Client, error) {
 	if !strings.HasSuffix(c.endpoint, "/v1/check") {
 		c.endpoint += "/v1/check"
 	}
+	c.base = strings.TrimSuffix(c.endpoint, "/v1/check")
 	if c.http == nil {
 		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 		c.own = true
@@ -151,6 +158,7 @@ type body struct {
 	Cost         *int64   `json:"cost,omitempty"`
 	Refund       bool     `json:"refund,omitempty"`
 	EvaluationID string   `json:"evaluation_id,omitempty"`
+	LeaseID      string   `json:"lease_id,omitempty"`
 }
 
 // status is one policy's part of the answer.
@@ -171,6 +179,7 @@ type answer struct {
 	status
 	Replayed bool     `json:"replayed"`
 	Statuses []status `json:"statuses"`
+	LeaseID  string   `json:"lease_id"`
 }
 
 // Check asks the server to decide req and returns its outcome. req.Subject
@@ -217,7 +226,7 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	var o sluice.Outcome
 	for attempt := 0; ; attempt++ {
 		var retry bool
-		o, retry = c.once(ctx, data, &req)
+		o, retry = c.once(ctx, c.endpoint, data, &req)
 		if !retry || attempt >= retries {
 			return o
 		}
@@ -234,13 +243,13 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 // once sends one attempt and reports whether its outcome may be retried
 // with the same evaluation ID: an answer lost after the request was sent,
 // or an Indeterminate one.
-func (c *Client) once(ctx context.Context, data []byte, req *sluice.Request) (sluice.Outcome, bool) {
+func (c *Client) once(ctx context.Context, endpoint string, data []byte, req *sluice.Request) (sluice.Outcome, bool) {
 	if err := ctx.Err(); err != nil {
 		return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.DeadlinePassed, Err: fmt.Errorf("sluiceclient: nothing sent: %w", err)}, false
 	}
 	actx, cancel := context.WithTimeout(ctx, c.attempt)
 	defer cancel()
-	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, c.endpoint, bytes.NewReader(data))
+	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint, bytes.NewReader(data))
 	if err != nil {
 		return incompatible(sluice.ErrInvalidRequest, err.Error()), false
 	}
@@ -266,7 +275,7 @@ func (c *Client) once(ctx context.Context, data []byte, req *sluice.Request) (sl
 		// Not the check API's answer. A 5xx is a gateway in between that
 		// may have lost sluice's answer; anything else means something
 		// other than the check API answers at this URL.
-		err := fmt.Errorf("%s from %s: not a check API answer", resp.Status, c.endpoint)
+		err := fmt.Errorf("%s from %s: not a check API answer", resp.Status, endpoint)
 		if resp.StatusCode >= 500 {
 			return lost(err), true
 		}
@@ -288,6 +297,12 @@ func outcome(code int, a *answer, req *sluice.Request) (sluice.Outcome, bool) {
 		o := sluice.Outcome{Kind: sluice.Allowed, Status: a.status.toStatus(), Replayed: a.Replayed}
 		if !a.Allowed {
 			o.Kind = sluice.Denied
+		}
+		if a.LeaseID != "" {
+			o.Lease = sluice.Lease{ID: a.LeaseID, Subject: req.Subject, Policies: req.Policies}
+			if req.Policy != "" {
+				o.Lease.Policies = []string{req.Policy}
+			}
 		}
 		if len(a.Statuses) == 0 {
 			o.Policy = req.Policy
@@ -328,6 +343,56 @@ func outcome(code int, a *answer, req *sluice.Request) (sluice.Outcome, bool) {
 		}
 	}
 	return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("sluiceclient: %d: %s", code, a.Reason)}, false
+}
+
+// Release gives lease (an Outcome.Lease of Check) back: POST /v1/release.
+// It is idempotent: Allowed also when the lease was released already or
+// expired. A zero Lease is Allowed without asking. Pass a context that
+// outlives the work the lease was for: a release that never arrives
+// holds the slot until the lease expires.
+func (c *Client) Release(ctx context.Context, lease sluice.Lease) sluice.Outcome {
+	if lease.ID == "" {
+		return sluice.Outcome{Kind: sluice.Allowed}
+	}
+	return c.leaseCall(ctx, "/v1/release", lease)
+}
+
+// Renew extends lease by its policy's lease_ttl: POST /v1/renew. A lease
+// that expired is acquired afresh if a slot is free, else Denied.
+func (c *Client) Renew(ctx context.Context, lease sluice.Lease) sluice.Outcome {
+	return c.leaseCall(ctx, "/v1/renew", lease)
+}
+
+// leaseCall posts lease to path, asking again (it is idempotent) while
+// answers are lost.
+func (c *Client) leaseCall(ctx context.Context, path string, lease sluice.Lease) sluice.Outcome {
+	b := body{Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID}
+	if len(b.Policies) == 1 {
+		b.Policy, b.Policies = b.Policies[0], nil
+	}
+	data, err := json.Marshal(b)
+	if err != nil {
+		return incompatible(sluice.ErrInvalidRequest, err.Error())
+	}
+	req := sluice.Request{Policy: b.Policy, Policies: b.Policies, Subject: lease.Subject}
+	for attempt := 0; ; attempt++ {
+		o, retry := c.once(ctx, c.base+path, data, &req)
+		if o.Kind == sluice.Allowed && path == "/v1/renew" {
+			o.Lease = lease
+		} else {
+			o.Lease = sluice.Lease{}
+		}
+		if !retry || attempt >= c.retries {
+			return o
+		}
+		wait := time.NewTimer(c.backoff << attempt)
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return o
+		case <-wait.C:
+		}
+	}
 }
 
 func (s *status) toStatus() sluice.Status {

@@ -25,6 +25,7 @@ import (
 var policies = []sluice.Policy{
 	{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour},
 	{ID: "daily", Algorithm: sluice.SlidingLog, Limit: 10, Window: 24 * time.Hour},
+	{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: time.Hour},
 }
 
 // checkServer is the check API of sluice serve on a loopback socket. The
@@ -299,5 +300,40 @@ func TestNotTheCheckAPI(t *testing.T) {
 	c = newClient(t, ts.URL+"/gateway", sluiceclient.Options{})
 	if o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: "ivy"}); o.Kind != sluice.Indeterminate || calls.Load() != 3 {
 		t.Errorf("a gateway's 502 = %v (%v) after %d calls, want indeterminate after 3", o.Kind, o.Err, calls.Load())
+	}
+}
+
+// TestLeases: an allowed check of a concurrency policy holds a lease;
+// Release gives it back, also when its first answer is lost (a release
+// is idempotent: it is simply sent again); a lease acquired with a rate
+// policy is released by naming both.
+func TestLeases(t *testing.T) {
+	cs, _ := startServer(t, nil, server.Options{}, false)
+	c := newClient(t, cs.url, sluiceclient.Options{})
+	ctx := t.Context()
+	req := sluice.Request{Policy: "reports", Subject: "carol"}
+	a, b := c.Check(ctx, req), c.Check(ctx, req)
+	if a.Kind != sluice.Allowed || a.Lease.ID == "" || b.Lease.ID == a.Lease.ID || a.Lease.Subject != "carol" || fmt.Sprint(a.Lease.Policies) != "[reports]" {
+		t.Fatalf("two checks: %+v, %+v; want two distinct leases for carol on [reports]", a.Lease, b.Lease)
+	}
+	if o := c.Check(ctx, req); o.Kind != sluice.Denied || o.Lease.ID != "" {
+		t.Fatalf("third at once = %+v, want denied without a lease", o)
+	}
+	cs.lose.Store(1)
+	if o := c.Release(ctx, a.Lease); o.Kind != sluice.Allowed || o.Remaining != 1 {
+		t.Fatalf("Release with its first answer lost = %+v (%v), want allowed, 1 remaining", o, o.Err)
+	}
+	if o := c.Release(ctx, sluice.Lease{}); o.Kind != sluice.Allowed {
+		t.Fatalf("Release of the zero lease = %+v, want allowed", o)
+	}
+	if o := c.Renew(ctx, b.Lease); o.Kind != sluice.Allowed || o.Lease.ID != b.Lease.ID {
+		t.Fatalf("Renew = %+v, want allowed, the same lease", o)
+	}
+	both := c.Check(ctx, sluice.Request{Policies: []string{"demo", "reports"}, Subject: "carol"})
+	if both.Kind != sluice.Allowed || both.Lease.ID == "" {
+		t.Fatalf("check of demo and reports = %+v, want allowed with a lease", both)
+	}
+	if o := c.Release(ctx, both.Lease); o.Kind != sluice.Allowed || len(o.Statuses) != 1 || o.Statuses[0].Remaining != 1 {
+		t.Fatalf("Release naming demo and reports = %+v (%v), want allowed, reports' status only", o, o.Err)
 	}
 }

@@ -82,9 +82,18 @@ func TestLeaseWithRate(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || len(r.Statuses) != 1 || r.Remaining != 1 {
 		t.Fatalf("release: %d %+v, want 200 with one status, 1 remaining", resp.StatusCode, r)
 	}
+	// Naming every policy of the check releases from the concurrency ones
+	// and leaves the rate alone.
 	resp, r = f.postTo(t, "/v1/release", fmt.Sprintf(`{"policies":["hourly","reports"],"subject":"bob","lease_id":%q}`, a.LeaseID))
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(r.Reason, "only a concurrency policy holds leases") {
-		t.Fatalf("release naming a rate policy: %d %+v, want 400", resp.StatusCode, r)
+	if resp.StatusCode != http.StatusOK || len(r.Statuses) != 1 || r.Statuses[0].Policy != "reports" {
+		t.Fatalf("release naming the check's policies: %d %+v, want 200 with the status of reports only", resp.StatusCode, r)
+	}
+	if _, a := f.post(t, `{"policy":"hourly","subject":"bob","cost":0}`); a.Remaining != 8 {
+		t.Fatalf("hourly after the releases: %d remaining, want 8 (nothing given back)", a.Remaining)
+	}
+	resp, r = f.postTo(t, "/v1/release", fmt.Sprintf(`{"policy":"hourly","subject":"bob","lease_id":%q}`, a.LeaseID))
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(r.Reason, "names no concurrency policy") {
+		t.Fatalf("release naming only a rate policy: %d %+v, want 400", resp.StatusCode, r)
 	}
 }
 

@@ -31,8 +31,9 @@
 //
 // A check that names concurrency policies acquires a lease when allowed:
 // the answer adds "lease_id". POST /v1/release with
-// {"policy","subject","lease_id"} (or "policies": the concurrency
-// policies the lease was acquired on) gives it back: 200 whether or not
+// {"policy","subject","lease_id"} (or "policies": those of the check that
+// acquired it; rate policies among them are left alone) gives it back:
+// 200 whether or not
 // the lease was still held (released twice, expired), with the policy's
 // status after it. POST /v1/renew with the same body extends it by a
 // lease_ttl (acquiring it afresh if it expired: 429 when no slot is
@@ -411,9 +412,24 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
 		return
 	}
-	lease := sluice.Lease{ID: in.LeaseID, Subject: req.Subject, Policies: req.Policies}
-	if req.Policy != "" {
-		lease.Policies = []string{req.Policy}
+	// The lease is released from the concurrency policies named: a client
+	// may name every policy of the check that acquired it.
+	lease := sluice.Lease{ID: in.LeaseID, Subject: req.Subject}
+	for _, id := range append([]string{req.Policy}, req.Policies...) {
+		if p, known := s.lim.Policy(id); id != "" && (!known || p.Algorithm == sluice.Concurrency) {
+			lease.Policies = append(lease.Policies, id) // an unknown one is the Limiter's 404
+		}
+	}
+	if len(lease.Policies) == 0 {
+		const bad = "names no concurrency policy: only those hold leases"
+		if lw != nil {
+			lw.reason = bad
+		}
+		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, bad)
+		return
+	}
+	if len(in.Policies) > 0 {
+		in.Policies = lease.Policies // the answer's statuses and RateLimit-Policy
 	}
 	var o sluice.Outcome
 	if r.URL.Path == "/v1/renew" {
