@@ -35,10 +35,6 @@ type LeaseEdit struct {
 	Newest int64 // the latest expiry after the edit; 0 = no lease left
 }
 
-// MaxConcurrencyLimit is the most leases a concurrency policy may hold at
-// once per subject: every lease is an entry of the state.
-const MaxConcurrencyLimit int64 = 100_000
-
 // Apply returns s changed by e. It may reuse s's arrays, so s must not be
 // used afterwards.
 func (s Concurrency) Apply(e LeaseEdit) Concurrency {
@@ -152,8 +148,9 @@ func (s Concurrency) Renew(p Params, now int64, id string) (LeaseEdit, Decision)
 	if s.live(id, now) < 0 {
 		return s.Decide(p, now, 1, id)
 	}
-	count := int64(len(s.Expiries)) - s.cut(now)
-	e := LeaseEdit{Cut: s.cut(now), Add: id, At: now + p.Window, Newest: max(s.Newest(), now+p.Window)}
+	cut := s.cut(now)
+	count := int64(len(s.Expiries)) - cut
+	e := LeaseEdit{Cut: cut, Add: id, At: now + p.Window, Newest: max(s.Newest(), now+p.Window)}
 	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.Limit-count, 0), ResetAfter: e.Newest - now}
 	return e, d
 }
@@ -173,8 +170,8 @@ func (s Concurrency) Release(p Params, now int64, id string) (LeaseEdit, Decisio
 		left--
 	}
 	if left > 0 {
-		e.Newest = s.Expiries[n-1]
-		if i == n-1 {
+		e.Newest = s.Newest()
+		if i == n-1 { // the newest is the one released
 			e.Newest = s.Expiries[n-2]
 		}
 	}

@@ -31,7 +31,10 @@ const (
 	MaxWindow        int64 = 86_400_000_000 // 24h in µs
 	MaxLimit         int64 = 1_000_000_000
 	MaxSlidingLogLen int64 = 100_000
-	MaxExact         int64 = 1 << 53
+	// MaxConcurrencyLimit is the most leases a concurrency policy holds
+	// at once per subject: each is an entry of the state.
+	MaxConcurrencyLimit int64 = 100_000
+	MaxExact            int64 = 1 << 53
 )
 
 // Params are the numbers of one policy in the units the math uses.
