@@ -196,3 +196,70 @@ func TestConcurrencyRefusesOtherOps(t *testing.T) {
 		t.Fatal("release on a fixed_window policy: no error")
 	}
 }
+
+// FuzzConcurrency drives acquisitions, releases, renewals and peeks
+// encoded in ops (time never going back) and checks: no more than Limit
+// leases live at once; 0 ≤ Remaining ≤ Limit; RetryAfter is 0 exactly
+// when allowed, and when denied it is exact (1µs earlier still denied,
+// at it admitted) as long as nothing is released meanwhile.
+func FuzzConcurrency(f *testing.F) {
+	f.Add(uint16(2), uint32(10*sec), []byte{0, 0, 0, 0, 0, 1, 0, 0, 2, 1, 0, 0, 0, 9, 3})
+	f.Add(uint16(1), uint32(0), []byte{0, 1, 0, 0, 1, 1, 255, 0, 0, 3, 0, 4})
+	f.Add(uint16(63), uint32(7*sec+13), []byte{9, 9, 9, 200, 1, 63, 0, 0, 63, 0, 77, 2, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, limit uint16, ttl uint32, ops []byte) {
+		p := Params{Limit: 1 + int64(limit%64), Window: MinWindow + int64(ttl)%(20*sec)}
+		p.Burst = p.Limit
+		m := &leases{p: Policy{KindConcurrency, p}}
+		now := t0
+		held := map[string]int64{} // lease -> expiry, as the caller knows it
+		for i := 0; i+3 <= len(ops) && i < 3*400; i += 3 {
+			now += int64(ops[i]) * p.Window / 64 // 0 to 4 TTLs
+			id := fmt.Sprint("l", ops[i+1]%16)
+			var d Decision
+			what := fmt.Sprintf("%+v op %d (now t0%+d)", p, i/3, now-t0)
+			switch ops[i+2] % 4 {
+			case 0, 1:
+				d = m.acquire(now, id)
+				if d.Allowed {
+					held[id] = now + p.Window
+				}
+				if !d.Allowed {
+					c := &leases{p: m.p, st: cloneState(m.st)}
+					if early := c.acquire(now+d.RetryAfter-1, "probe"); early.Allowed {
+						t.Fatalf("%s: admitted 1µs before RetryAfter %d", what, d.RetryAfter)
+					}
+					c = &leases{p: m.p, st: cloneState(m.st)}
+					if onTime := c.acquire(now+d.RetryAfter, "probe"); !onTime.Allowed {
+						t.Fatalf("%s: denied at RetryAfter %d: %+v", what, d.RetryAfter, onTime)
+					}
+				}
+			case 2:
+				d = m.release(now, id)
+				delete(held, id)
+			case 3:
+				d = m.peek(now)
+			}
+			if d.Remaining < 0 || d.Remaining > p.Limit || d.Allowed != (d.RetryAfter == 0) {
+				t.Fatalf("%s: %+v breaks 0 ≤ remaining ≤ limit or RetryAfter = 0 iff allowed", what, d)
+			}
+			live := 0
+			for _, e := range held {
+				if e > now {
+					live++
+				}
+			}
+			if int64(live) > p.Limit {
+				t.Fatalf("%s: %d leases live at once, limit %d", what, live, p.Limit)
+			}
+		}
+	})
+}
+
+func cloneState(st *State) *State {
+	if st == nil {
+		return nil
+	}
+	c := *st
+	c.Log, c.IDs = slices.Clone(st.Log), slices.Clone(st.IDs)
+	return &c
+}
