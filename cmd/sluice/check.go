@@ -19,10 +19,10 @@ import (
 func (a *app) check(ctx context.Context, args []string) error {
 	fs := newFlagSet("check")
 	var (
-		base, policy, subj, evalID, tokenEnv, caFile string
-		cost                                         int64
-		refund, reset                                bool
-		timeout                                      time.Duration
+		base, policy, subj, evalID, tokenEnv, caFile, lease string
+		cost                                                int64
+		refund, reset                                       bool
+		timeout                                             time.Duration
 	)
 	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
 	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
@@ -31,6 +31,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	fs.BoolVar(&refund, "refund", false, "give --cost units back instead of spending them")
 	fs.BoolVar(&reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
 	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
+	fs.StringVar(&lease, "release", "", "give back the lease `ID` a check of a concurrency policy answered (POST /v1/release)")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
 	fs.StringVar(&tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
 	fs.StringVar(&caFile, "ca-file", "", "trust the PEM certificates in `FILE` for an https:// URL, besides the system's")
@@ -51,7 +52,8 @@ func (a *app) check(ctx context.Context, args []string) error {
 		Refund       bool     `json:"refund,omitempty"`
 		Reset        bool     `json:"reset,omitempty"`
 		EvaluationID string   `json:"evaluation_id,omitempty"`
-	}{Subject: subj, Refund: refund, Reset: reset, EvaluationID: evalID}
+		LeaseID      string   `json:"lease_id,omitempty"`
+	}{Subject: subj, Refund: refund, Reset: reset, EvaluationID: evalID, LeaseID: lease}
 	if ids := strings.Split(policy, ","); len(ids) > 1 {
 		body.Policies = ids
 	} else {
@@ -68,8 +70,10 @@ func (a *app) check(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	url := strings.TrimSuffix(base, "/")
-	if !strings.HasSuffix(url, "/v1/check") {
+	url := strings.TrimSuffix(strings.TrimSuffix(base, "/"), "/v1/check")
+	if lease != "" {
+		url += "/v1/release"
+	} else {
 		url += "/v1/check"
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))

@@ -49,7 +49,7 @@ command.
 const (
 	serveSynopsis    = "sluice serve [--config FILE] [--log-level LEVEL] [--log-format text|json]"
 	validateSynopsis = "sluice validate --config FILE"
-	checkSynopsis    = "sluice check [--url URL] [--token-env NAME] --policy ID --subject SUBJECT [--cost N] [--refund]"
+	checkSynopsis    = "sluice check [--url URL] [--token-env NAME] --policy ID --subject SUBJECT [--cost N] [--refund] [--release LEASE_ID]"
 )
 
 // app is one invocation of sluice; tests replace its environment.

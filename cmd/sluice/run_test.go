@@ -100,6 +100,10 @@ policies:
     algorithm: fixed_window
     limit: 3
     window: 1h
+  - id: reports
+    algorithm: concurrency
+    limit: 1
+    lease_ttl: 1h
 `
 
 func TestServeEndToEnd(t *testing.T) {
@@ -210,6 +214,29 @@ func TestCheckCommand(t *testing.T) {
 	}
 	if code, out := check("--reset", "--cost", "1"); code != 2 || !strings.Contains(out, "a reset takes no cost") {
 		t.Errorf("check --reset --cost 1 = %d %q, want 2 saying a reset takes no cost", code, out)
+	}
+	// A concurrency policy: the check answers a lease_id, --release gives it back.
+	lease := func(extra ...string) (int, string) {
+		var out, errOut bytes.Buffer
+		args := append([]string{"check", "--url", s.url, "--policy", "reports", "--subject", "bob"}, extra...)
+		code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
+		return code, out.String()
+	}
+	code, answer := lease()
+	var held struct {
+		LeaseID string `json:"lease_id"`
+	}
+	if err := json.Unmarshal([]byte(answer), &held); code != 0 || err != nil || held.LeaseID == "" {
+		t.Fatalf("check of a concurrency policy = %d %q, want 0 with a lease_id", code, answer)
+	}
+	if code, _ := lease(); code != 1 {
+		t.Fatalf("second check with the lease held: exit %d, want 1", code)
+	}
+	if code, out := lease("--release", held.LeaseID); code != 0 || !strings.Contains(out, `"remaining":1`) {
+		t.Fatalf("check --release = %d %q, want 0 with remaining 1", code, out)
+	}
+	if code, _ := lease(); code != 0 {
+		t.Fatalf("check after the release: exit %d, want 0", code)
 	}
 	var out, errOut bytes.Buffer
 	args := []string{"check", "--url", s.url, "--policy", "nope", "--subject", "bob"}
