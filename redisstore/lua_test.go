@@ -40,6 +40,8 @@ func TestLuaConstants(t *testing.T) {
 		"POLICY_BURST":        policyBurst,
 		"POLICY_GRACE":        policyGrace,
 		"REPLY_PER_POLICY":    replyPerPolicy,
+		"DECISION_SIZE":       replyPerPolicy, // the reply carries the engine's decisions as they are
+		"STATE_BINARY":        StateBinary,
 		"MAX_GRACE":           maxGrace,
 		"MAX_DEDUPE_TTL":      maxDedupeTTL,
 		"MAX_DEDUPE_IDS":      maxDedupeIDs,

@@ -34,8 +34,8 @@ type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
 
-State: a fixed-size algorithm's fields as one string of integers joined
-by ':' (SET … PX), the sliding log as a list of admission times in µs.
+State: a fixed-size algorithm's fields as one string (SET … PX; its form
+is in codec.lua), the sliding log as a list of admission times in µs.
 Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent.
@@ -62,13 +62,6 @@ local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
 local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
 
--- The string a fixed-size state of n fields is kept as.
-local FIELDS_PATTERN = {
-  [3] = '^(%d+):(%d+):(%d+)$',
-  [4] = '^(%d+):(%d+):(%d+):(%d+)$',
-  [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
-}
-
 -- readState returns the state of kind at key, or nil when there is none.
 -- Anything but what apply writes is corrupt.
 local function readState(key, kind)
@@ -79,22 +72,13 @@ local function readState(key, kind)
     end
     local view = {key = key, len = len, newest = 0}
     view.newest = slidingLogEntry(view, len - 1)
-    return {log = view}
+    return view
   end
   local raw = read(key, 'GET')
   if not raw then
     return nil
   end
-  local n = FIELDS[kind]
-  local f = {string.match(raw, FIELDS_PATTERN[n])}
-  local v = {0, 0, 0, 0, 0}
-  for i = 1, n do
-    v[i] = int(f[i])
-    if v[i] == nil then
-      corrupt(key, 'holds ' .. string.sub(raw, 1, 60) .. ': want ' .. n .. ' integers >= 0 joined by ":"')
-    end
-  end
-  return {v = v}
+  return decodeState(key, raw, FIELDS[kind])
 end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
@@ -106,11 +90,7 @@ local function apply(key, kind, w, stored, now, grace)
   end
   local px = fmt(math.max(ceilDiv(w.expires - now + grace, 1000), 1))
   if kind ~= KIND_SLIDING_LOG then
-    local f = {}
-    for i = 1, FIELDS[kind] do
-      f[i] = fmt(w.v[i])
-    end
-    redis.call('SET', key, table.concat(f, ':'), 'PX', px)
+    redis.call('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
     return
   end
   local e = w.log
@@ -136,8 +116,9 @@ end
 -- (id -> the reply's integers, comma-separated) per subject and first
 -- policy, as memstore's dedupeLog.
 
--- dedupeLookup returns the decisions remembered for id, or nil when there
--- are none or they expired (score <= now).
+-- dedupeLookup returns the decisions remembered for id (flat, as
+-- evaluate keeps them), or nil when there are none or they expired
+-- (score <= now).
 local function dedupeLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
     if redis.call('PTTL', key) == -1 then
@@ -170,12 +151,7 @@ local function dedupeLookup(zkey, hkey, id, now)
   if #vals % REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. #vals .. ' integers')
   end
-  local decisions = {}
-  for i = 1, #vals, REPLY_PER_POLICY do
-    decisions[#decisions + 1] = {allowed = vals[i] == 1, limit = vals[i + 1], remaining = vals[i + 2],
-      resetAfter = vals[i + 3], retryAfter = vals[i + 4]}
-  end
-  return decisions
+  return vals
 end
 
 -- hdel deletes fields from the hash at key, 1000 at a time: Lua's unpack
@@ -214,11 +190,12 @@ end
 
 ------------------------------------------------------------------------
 
--- policyArgs reads and checks the arguments of policy i.
+-- policyArgs reads and checks the arguments of policy i: the policy, as
+-- engine.lua takes it, and its TTL grace.
 local function policyArgs(ARGV, i, cost, refund)
   local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
   local kind = arg(ARGV[base + POLICY_KIND])
-  local prm = {limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]), burst = arg(ARGV[base + POLICY_BURST])}
+  local prm = {kind = kind, limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]), burst = arg(ARGV[base + POLICY_BURST])}
   local grace = arg(ARGV[base + POLICY_GRACE])
   if kind == nil or not (prm.limit and prm.window and prm.burst and grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
@@ -236,7 +213,7 @@ local function policyArgs(ARGV, i, cost, refund)
   if field ~= nil then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)
   end
-  return {kind = kind, params = prm}, grace
+  return prm, grace
 end
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments.
@@ -311,14 +288,8 @@ local function main(KEYS, ARGV)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end
-  local reply = {ev.replayed and 1 or 0}
-  for _, d in ipairs(ev.decisions) do
-    reply[#reply + 1] = d.allowed and 1 or 0
-    reply[#reply + 1] = d.limit
-    reply[#reply + 1] = d.remaining
-    reply[#reply + 1] = d.resetAfter
-    reply[#reply + 1] = d.retryAfter
-  end
+  local reply = ev.decisions
+  table.insert(reply, 1, ev.replayed and 1 or 0)
   if ev.replayed then
     return reply
   end
@@ -348,5 +319,10 @@ local function decide(keys, args)
   if type(res) == 'table' and res.err then
     return res -- a call's error reply (OOM, READONLY, …), its code kept
   end
-  error(res)
+  if type(res) == 'string' then
+    error(res) -- a bug of this code: Lua's own message
+  end
+  -- Never raise anything else: Redis 7.0 crashes on an error value that
+  -- is neither a string nor an error reply.
+  return redis.error_reply('ERR sluice: ' .. tostring(res))
 end
