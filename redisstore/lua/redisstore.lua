@@ -190,30 +190,54 @@ end
 
 ------------------------------------------------------------------------
 
--- policyArgs reads and checks the arguments of policy i: the policy, as
--- engine.lua takes it, and its TTL grace.
-local function policyArgs(ARGV, i, cost, refund)
-  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
+-- Policies whose arguments were read and checked, by those arguments
+-- joined. A function library keeps this table from one call to the next
+-- (a script, before Redis 7, starts every call with it empty), so a
+-- policy's numbers are parsed and checked once, not on every decision;
+-- the policies in it are never modified. It is emptied when it holds
+-- checkedMax policies.
+local checked, nChecked, checkedMax = {}, 0, 1000
+
+-- parsePolicy reads and checks the arguments of a policy from
+-- ARGV[base + 1]: the policy as engine.lua takes it, with its TTL grace.
+local function parsePolicy(ARGV, base, i)
   local kind = arg(ARGV[base + POLICY_KIND])
-  local prm = {kind = kind, limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]), burst = arg(ARGV[base + POLICY_BURST])}
-  local grace = arg(ARGV[base + POLICY_GRACE])
-  if kind == nil or not (prm.limit and prm.window and prm.burst and grace) then
+  local p = {kind = kind, limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]),
+    burst = arg(ARGV[base + POLICY_BURST]), grace = arg(ARGV[base + POLICY_GRACE])}
+  if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
   end
-  local field, rule = check(prm, kind)
-  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and prm.burst ~= prm.limit then
+  local field, rule = check(p, kind)
+  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
     field, rule = 'burst', 'applies only to token_bucket and gcra'
-  elseif field == nil and cost > capacity(prm, kind) then
-    field, rule = 'cost', 'is above the capacity ' .. fmt(capacity(prm, kind))
-  elseif field == nil and (grace < 0 or grace > MAX_GRACE) then
+  elseif field == nil and (p.grace < 0 or p.grace > MAX_GRACE) then
     field, rule = 'grace', 'must be between 0 and ' .. fmt(MAX_GRACE) .. ' µs'
-  elseif field == nil and refund and kind == KIND_SLIDING_WINDOW then
-    field, rule = 'algorithm', 'sliding_window has no refund'
   end
   if field ~= nil then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)
   end
-  return prm, grace
+  return p
+end
+
+-- policyArgs returns policy i, checked, with cost and refund: the policy
+-- as engine.lua takes it, and its TTL grace.
+local function policyArgs(ARGV, i, cost, refund)
+  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
+  local id = table.concat(ARGV, ' ', base + 1, base + ARGV_PER_POLICY)
+  local p = checked[id]
+  if p == nil then
+    p = parsePolicy(ARGV, base, i)
+    if nChecked >= checkedMax then
+      checked, nChecked = {}, 0
+    end
+    checked[id], nChecked = p, nChecked + 1
+  end
+  if cost > capacity(p, p.kind) then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': cost is above the capacity ' .. fmt(capacity(p, p.kind)))
+  elseif refund and p.kind == KIND_SLIDING_WINDOW then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm sliding_window has no refund')
+  end
+  return p, p.grace
 end
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments.
