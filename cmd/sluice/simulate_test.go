@@ -126,3 +126,31 @@ func TestSimulateUsage(t *testing.T) {
 		t.Errorf("simulate --csv missing.csv = exit %d, stderr %q; want 1 naming the file", code, stderr)
 	}
 }
+
+// ACCURACY.md and its charts are what the engine does today: regenerate
+// them with the command this names when the math or the charts change.
+func TestAccuracyDocIsCurrent(t *testing.T) {
+	dir := t.TempDir()
+	stdout, code, stderr := sim(t, "--accuracy", dir)
+	if code != 0 {
+		t.Fatalf("simulate --accuracy = exit %d\n%s", code, stderr)
+	}
+	const regenerate = "regenerate with: go run ./cmd/sluice simulate --accuracy docs/accuracy, and paste its table into ACCURACY.md"
+	doc, err := os.ReadFile("../../ACCURACY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), stdout) {
+		t.Errorf("ACCURACY.md does not hold the table simulate --accuracy prints:\n%s\n%s", stdout, regenerate)
+	}
+	for _, p := range []string{"poisson", "bursts", "boundary", "sliding_worst", "ramp"} {
+		got, err := os.ReadFile(filepath.Join(dir, p+".svg"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed, err := os.ReadFile(filepath.Join("../../docs/accuracy", p+".svg"))
+		if err != nil || !bytes.Equal(got, committed) {
+			t.Errorf("docs/accuracy/%s.svg differs from what simulate draws now (%v): %s", p, err, regenerate)
+		}
+	}
+}
