@@ -43,6 +43,9 @@ type PatternSpec struct {
 	On, Off int64
 	// Seed makes Poisson arrivals repeatable. Default: 1.
 	Seed uint64
+	// MaxRequests bounds the requests the pattern may offer, at most
+	// the package's MaxRequests. Default: MaxRequests.
+	MaxRequests int
 }
 
 // MaxDurationWindows bounds PatternSpec.Duration, in windows.
@@ -89,11 +92,15 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
 		return nil, 0, 0, &Error{"rate", fmt.Sprint(ps.Rate), "must be a positive number of requests per second"}
 	}
-	if expect := rate * float64(d) / 1e6; expect > MaxRequests {
-		return nil, 0, 0, &Error{"rate", fmt.Sprint(rate), fmt.Sprintf("rate × duration is %.0f requests: at most %d", expect, MaxRequests)}
+	most := MaxRequests
+	if ps.MaxRequests > 0 {
+		most = min(ps.MaxRequests, MaxRequests)
 	}
-	if (ps.Name == Boundary || ps.Name == SlidingWorst) && 2*limit+1 > MaxRequests {
-		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), fmt.Sprintf("the %s pattern offers 2 × limit requests: at most %d", ps.Name, MaxRequests)}
+	if expect := rate * float64(d) / 1e6; expect > float64(most) && ps.Name != Boundary && ps.Name != SlidingWorst {
+		return nil, 0, 0, &Error{"rate", fmt.Sprint(rate), fmt.Sprintf("rate × duration is %.0f requests: at most %d", expect, most)}
+	}
+	if (ps.Name == Boundary || ps.Name == SlidingWorst) && 2*limit+1 > int64(most) {
+		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), fmt.Sprintf("the %s pattern offers 2 × limit requests: at most %d", ps.Name, most)}
 	}
 	start = Epoch(window)
 	end = start + d
@@ -107,7 +114,7 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		meanGap := 1e6 / rate
 		for t := float64(start); ; {
 			t += rng.ExpFloat64() * meanGap
-			if t >= float64(end) || len(arrivals) >= MaxRequests {
+			if t >= float64(end) || len(arrivals) >= most {
 				break
 			}
 			arrivals = append(arrivals, int64(t))
@@ -125,7 +132,7 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		}
 		gap := 1e6 / rate
 		for p := start; p < end; p += on + off {
-			for t := float64(p); t < float64(min(p+on, end)) && len(arrivals) < MaxRequests; t += gap {
+			for t := float64(p); t < float64(min(p+on, end)) && len(arrivals) < most; t += gap {
 				arrivals = append(arrivals, int64(t))
 			}
 		}
@@ -157,7 +164,7 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		dur := float64(d) / 1e6
 		for k := 1; ; k++ {
 			t := math.Sqrt(2 * dur * float64(k) / rate)
-			if t >= dur || len(arrivals) >= MaxRequests {
+			if t >= dur || len(arrivals) >= most {
 				break
 			}
 			arrivals = append(arrivals, start+int64(t*1e6))
