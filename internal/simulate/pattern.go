@@ -130,10 +130,18 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		if on < 1 || off < 0 {
 			return nil, 0, 0, &Error{"on", fmt.Sprint(on), "bursts need on > 0 and off ≥ 0"}
 		}
+		// Evenly spaced at rate while on: ⌈on × rate⌉ arrivals per burst
+		// (counted, not stepped in floating point, so none is added by
+		// rounding), the last burst cut at the end.
 		gap := 1e6 / rate
+		n := int(math.Ceil(float64(on)*rate/1e6 - 1e-9))
 		for p := start; p < end; p += on + off {
-			for t := float64(p); t < float64(min(p+on, end)) && len(arrivals) < most; t += gap {
-				arrivals = append(arrivals, int64(t))
+			for i := 0; i < n && len(arrivals) < most; i++ {
+				t := p + int64(float64(i)*gap)
+				if t >= end {
+					break
+				}
+				arrivals = append(arrivals, t)
 			}
 		}
 	case Boundary:
