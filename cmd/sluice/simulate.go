@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -123,10 +124,34 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		return fmt.Errorf("--window %v: must be a positive whole number of microseconds", f.window)
 	case f.rate < 0:
 		return fmt.Errorf("--rate %v: must not be negative", f.rate)
-	case f.duration < 0 || f.on < 0 || f.off < 0:
-		return errors.New("--duration, --on and --off must not be negative")
+	case f.duration < 0:
+		return fmt.Errorf("--duration %v: must not be negative", f.duration)
+	case f.on < 0:
+		return fmt.Errorf("--on %v: must not be negative", f.on)
+	case f.off < 0:
+		return fmt.Errorf("--off %v: must not be negative", f.off)
 	case len(f.policies) > simulate.MaxPolicies:
 		return fmt.Errorf("--policy given %d times: at most %d", len(f.policies), simulate.MaxPolicies)
+	}
+	// Flags that shape one pattern only: refuse them elsewhere rather
+	// than ignore them.
+	pattern := f.pattern
+	if f.csv != "" {
+		pattern = "a --csv replay"
+	}
+	for _, c := range []struct {
+		flag     string
+		patterns []string
+	}{
+		{"rate", []string{simulate.Poisson, simulate.Bursts, simulate.Ramp}},
+		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp}},
+		{"on", []string{simulate.Bursts}},
+		{"off", []string{simulate.Bursts}},
+		{"seed", []string{simulate.Poisson}},
+	} {
+		if set[c.flag] && f.accuracy == "" && !slices.Contains(c.patterns, pattern) {
+			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
+		}
 	}
 	return nil
 }

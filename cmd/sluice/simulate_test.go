@@ -112,6 +112,10 @@ func TestSimulateUsage(t *testing.T) {
 		{[]string{"--out", "chart.png"}, `--out "chart.png": must end in .svg or .html`},
 		{[]string{"--accuracy", "x", "--pattern", "ramp"}, "--accuracy runs the built-in patterns at their defaults"},
 		{[]string{"--csv", "a.csv", "--pattern", "ramp"}, "--csv replays a file: leave out --pattern"},
+		{[]string{"--pattern", "boundary", "--rate", "5"}, "--rate does not apply to boundary: only to poisson, bursts, ramp"},
+		{[]string{"--pattern", "ramp", "--on", "1s"}, "--on does not apply to ramp: only to bursts"},
+		{[]string{"--csv", "a.csv", "--duration", "1m"}, "--duration does not apply to a --csv replay: only to poisson,"},
+		{[]string{"--off", "-1s", "--pattern", "bursts"}, "--off -1s: must not be negative"},
 	} {
 		stdout, code, stderr := sim(t, c.args...)
 		if code != 2 || !strings.Contains(stderr, "sluice: simulate: "+c.want) {
