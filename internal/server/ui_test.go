@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
 )
 
 var adminToken = server.Token{ID: "admin", Secret: []byte("admin-secret-0123456789"), Scopes: []string{"admin"}}
@@ -128,12 +130,18 @@ func TestUIStateCountsDecisionsPerSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, demoPolicies, server.Options{
+	clock := sluicetest.NewClock(sluicetest.Start)
+	server.SetMetricsClock(m, clock) // before the server serves: no race
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	f := newFixtureOn(t, &recordingStore{Store: ms}, clock, demoPolicies, server.Options{
 		Metrics:      m,
 		Store:        server.StoreInfo{Type: "redis", Breaker: func() string { return "half_open" }},
 		ConfigStatus: func() server.ConfigStatus { return server.ConfigStatus{Generation: 7} },
 	})
-	server.SetMetricsClock(m, f.clock)
 	for range 4 {
 		f.post(t, `{"policy":"demo","subject":"alice@example.com"}`) // 3 allowed, 1 denied
 	}
