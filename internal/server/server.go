@@ -83,7 +83,8 @@ type Options struct {
 	// GET /metrics. Default: nil, no metrics and no /metrics.
 	Metrics *Metrics
 	// Tokens, when any, are the bearer tokens POST /v1/check accepts.
-	// Default: none, the check API is open to anyone who can reach it.
+	// Default: none, the check API and the dashboard are open to anyone
+	// who can reach them.
 	Tokens []Token
 	// ConfigStatus, when set, answers GET /v1/config (see ConfigStatus).
 	// Default: nil, no /v1/config.
