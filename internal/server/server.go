@@ -1,7 +1,8 @@
 // Package server is the HTTP face of sluice serve: the check API
 // (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz),
-// Prometheus metrics (GET /metrics, see Metrics), and the rate-limiting
-// reverse proxy (see Proxy), which listens on an address of its own.
+// Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
+// see ui.go), and the rate-limiting reverse proxy (see Proxy), which
+// listens on an address of its own.
 //
 // The check API answers one JSON object per request:
 //
@@ -18,8 +19,9 @@
 //
 // With Options.Tokens, POST /v1/check requires "Authorization: Bearer
 // <token>": 401 without a valid one, 403 when the token lacks the scope
-// (check to spend or peek, refund to give back, reset to clear). The
-// health checks and /metrics stay open.
+// (check to spend or peek, refund to give back, reset to clear), and
+// the dashboard under /ui requires the admin scope. The health checks and
+// /metrics stay open.
 //
 // "replayed" is always present: true when the answer is the remembered
 // first decision of the request's evaluation_id and nothing was spent this
@@ -81,11 +83,15 @@ type Options struct {
 	// GET /metrics. Default: nil, no metrics and no /metrics.
 	Metrics *Metrics
 	// Tokens, when any, are the bearer tokens POST /v1/check accepts.
-	// Default: none, the check API is open to anyone who can reach it.
+	// Default: none, the check API and the dashboard are open to anyone
+	// who can reach them.
 	Tokens []Token
 	// ConfigStatus, when set, answers GET /v1/config (see ConfigStatus).
 	// Default: nil, no /v1/config.
 	ConfigStatus func() ConfigStatus
+	// Store describes the store to the dashboard (GET /ui). Default: an
+	// unnamed store without a circuit breaker.
+	Store StoreInfo
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -107,6 +113,8 @@ type Server struct {
 	// configStatus answers GET /v1/config; nil without it.
 	configStatus func() ConfigStatus
 	warnings     logthrottle.Throttle // of 5xx request lines
+	store        StoreInfo
+	sims         chan struct{} // playground runs in progress
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -134,6 +142,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout,
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
+		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
 	}
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
@@ -162,6 +171,11 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.configStatus = opts.ConfigStatus
 		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
+	s.mux.HandleFunc("GET /ui", s.admin(s.uiPage))
+	s.mux.Handle("GET /ui/{$}", http.RedirectHandler("/ui", http.StatusMovedPermanently))
+	s.mux.HandleFunc("GET /ui/{file}", s.admin(s.uiAsset))
+	s.mux.HandleFunc("GET /ui/api/state", s.admin(s.uiState))
+	s.mux.HandleFunc("POST /ui/api/simulate", s.admin(s.uiSimulate))
 	return s, nil
 }
 
