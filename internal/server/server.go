@@ -412,6 +412,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		Policy:       in.Policy,
 		Policies:     in.Policies,
 		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
+		Previous:     s.pseud.Previous("api", *in.Subject, ""),
 		Cost:         1,
 		Refund:       in.Refund,
 		Reset:        in.Reset,

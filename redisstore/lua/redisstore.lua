@@ -21,6 +21,14 @@ ARGV, by the named positions below (redisstore.go names them alike):
   ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
   ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
   ARGV_DEDUPE_MAX      how many ids are remembered at most.
+  ARGV_CARRY           a key rotation (sluice.Evaluation.Previous): "" (none), "probe"
+                       (answer {REPLY_ABSENT}, deciding and writing nothing, when a
+                       policy has no live state), or "carry": then CARRY_PER_POLICY
+                       more arguments per policy follow the policies', the state
+                       read under an older subject ("" for none; a fixed-size
+                       state as stored, a log's entries joined by ',') and its
+                       TTL in ms. A policy without a live state takes it, kept
+                       at its key with that TTL whatever the verdict.
   then ARGV_PER_POLICY arguments per policy, from ARGV_POLICIES + 1: the
   algorithm (algorithm.Kind), limit, window in µs, burst, and the TTL grace
   in µs (CleanupGrace + ExtraTTL), at offsets POLICY_KIND .. POLICY_GRACE.
@@ -50,7 +58,8 @@ local ARGV_MODE = 4
 local ARGV_ID = 5
 local ARGV_DEDUPE_TTL = 6
 local ARGV_DEDUPE_MAX = 7
-local ARGV_POLICIES = 7
+local ARGV_CARRY = 8
+local ARGV_POLICIES = 8
 local ARGV_PER_POLICY = 5
 local POLICY_KIND = 1
 local POLICY_LIMIT = 2
@@ -58,6 +67,8 @@ local POLICY_WINDOW = 3
 local POLICY_BURST = 4
 local POLICY_GRACE = 5
 local REPLY_PER_POLICY = 5
+local CARRY_PER_POLICY = 2
+local REPLY_ABSENT = 2
 local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
 local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
@@ -190,6 +201,58 @@ end
 
 ------------------------------------------------------------------------
 
+------------------------------------------------------------------------
+-- Key rotation: state read under an older subject of the same caller.
+
+-- live reports whether st, the state of policy p, is there and not yet
+-- equal to absent at now.
+local function live(p, st, now)
+  return st ~= nil and bounds(p, st) > now
+end
+
+-- carryOver gives each policy of ev without a live state the state
+-- carried in ARGV, if any: checked first (anything the store would not
+-- have written is corrupt), then kept at its key with its TTL.
+local function carryOver(KEYS, ARGV, ev, now)
+  local n = #ev.policies
+  local take = {}
+  for i, p in ipairs(ev.policies) do
+    local base = ARGV_POLICIES + ARGV_PER_POLICY * n + CARRY_PER_POLICY * (i - 1)
+    local raw, ttl = ARGV[base + 1], arg(ARGV[base + 2])
+    if raw ~= '' and ttl ~= nil and ttl >= 1 and not live(p, ev.states[i], now) then
+      if p.kind == KIND_SLIDING_LOG then
+        local entries, prev = {}, 0
+        for x in string.gmatch(raw, '[^,]+') do
+          local v = int(x)
+          if v == nil or v < prev or v < 1 then
+            corrupt(KEYS[i], 'carried log entry ' .. string.sub(x, 1, 40) .. ': want ascending integers > 0')
+          end
+          entries[#entries + 1], prev = x, v
+        end
+        take[i] = {entries = entries, ttl = ttl}
+      else
+        take[i] = {v = decodeState(KEYS[i], raw, FIELDS[p.kind]), ttl = ttl}
+      end
+    end
+  end
+  for i, p in ipairs(ev.policies) do
+    local c = take[i]
+    if c ~= nil and c.v ~= nil then
+      redis.call('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
+      ev.states[i] = c.v
+    elseif c ~= nil then
+      redis.call('DEL', KEYS[i])
+      for j = 1, #c.entries, 1000 do
+        redis.call('RPUSH', KEYS[i], unpack(c.entries, j, math.min(j + 999, #c.entries)))
+      end
+      redis.call('PEXPIRE', KEYS[i], fmt(c.ttl))
+      ev.states[i] = readState(KEYS[i], p.kind)
+    end
+  end
+end
+
+------------------------------------------------------------------------
+
 -- Policies whose arguments were read and checked, by those arguments
 -- joined. A function library keeps this table from one call to the next
 -- (a script, before Redis 7, starts every call with it empty), so a
@@ -247,8 +310,15 @@ local function main(KEYS, ARGV)
   if rawID ~= '' then
     n = n - 2
   end
-  if n < 1 or #ARGV ~= ARGV_POLICIES + ARGV_PER_POLICY * n then
-    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. ARGV_PER_POLICY .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  local carry = ARGV[ARGV_CARRY]
+  local perPolicy = ARGV_PER_POLICY
+  if carry == 'carry' then
+    perPolicy = ARGV_PER_POLICY + CARRY_PER_POLICY
+  elseif carry ~= '' and carry ~= 'probe' then
+    raise('SLUICE_ARGS', 'carry must be "", probe or carry')
+  end
+  if n < 1 or #ARGV ~= ARGV_POLICIES + perPolicy * n then
+    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. perPolicy .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
   local cost = arg(ARGV[ARGV_COST])
   if cost == nil or cost < 0 then
@@ -262,8 +332,8 @@ local function main(KEYS, ARGV)
   if refund and cost < 1 then
     raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
   end
-  if reset and (cost ~= 0 or rawID ~= '') then
-    raise('SLUICE_ARGS', 'a reset takes cost 0 and no evaluation id')
+  if reset and (cost ~= 0 or rawID ~= '' or carry ~= '') then
+    raise('SLUICE_ARGS', 'a reset takes cost 0, no evaluation id and no carry')
   end
   local id = recordID(rawID, cost, refund)
   if id == '' and rawID ~= '' then
@@ -301,6 +371,15 @@ local function main(KEYS, ARGV)
     if not reset then -- a reset deletes whatever is there, corrupt state included
       ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
     end
+  end
+  if carry == 'probe' then
+    for i = 1, n do
+      if not live(ev.policies[i], ev.states[i], now) then
+        return {REPLY_ABSENT}
+      end
+    end
+  elseif carry == 'carry' then
+    carryOver(KEYS, ARGV, ev, now)
   end
   if id ~= '' then
     ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
