@@ -10,6 +10,10 @@
 //	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
 //	 "reason":"","replayed":false}
 //
+// An unavailable answer adds "cause", why the store could not decide:
+// deadline_passed, failed_before_send, clock_unsafe, circuit_open or
+// corrupt_state.
+//
 // with status 200 (allowed), 429 (denied), 503 (unavailable or
 // indeterminate), 400 (malformed request), 404 (unknown policy) or 422
 // (any other incompatible request). Allowed and denied answers carry the
@@ -497,6 +501,10 @@ func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
 	b = appendStatusFields(b, &o.Status)
 	b = append(b, `,"reason":`...)
 	b = appendString(b, reason)
+	if o.Cause != 0 {
+		b = append(b, `,"cause":`...)
+		b = appendString(b, o.Cause.String())
+	}
 	b = append(b, `,"replayed":`...)
 	b = strconv.AppendBool(b, o.Replayed)
 	if len(o.Statuses) > 0 {
