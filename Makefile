@@ -1,6 +1,7 @@
-# make test: what CI runs (.ci/run). It installs redis-server when missing,
-# then vets, lints and runs every test with the race detector. The tests
-# start and stop their own redis-server processes on free loopback ports.
+# make test: what CI runs (.ci/run). It installs redis-server and chromium
+# when missing, then vets, lints and runs every test with the race
+# detector. The tests start and stop their own redis-server processes on
+# free loopback ports, and a headless chromium for the dashboard's test.
 GO ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
@@ -13,6 +14,10 @@ deps:
 	  echo "installing redis-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@redis-server --version
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@chromium --version 2>/dev/null
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

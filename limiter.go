@@ -45,6 +45,16 @@ type Request struct {
 	// fresh state. Remembered evaluation ids are kept, so a retry of a
 	// decision taken before the reset is still answered, not spent again.
 	Reset bool
+	// Previous are the pseudonyms the same caller had under older keys
+	// while a key rotation is under way, newest first (see
+	// subject.Pseudonymizer.Previous; httplimit and the server pass them).
+	// A policy with no state under Subject takes the state found under
+	// the first of them that has one: it is carried over, kept under
+	// Subject from then on, so adding a key resets no budget. The older
+	// state is left to expire. A Reset clears the state under every one of
+	// them too. At most MaxPrevious, each a valid Subject other than
+	// Subject.
+	Previous []string
 	// EvaluationID, when set, identifies this request across retries: a
 	// retry after an Indeterminate outcome with the same id gets the first
 	// decision back (Outcome.Replayed) instead of spending twice, within
@@ -52,6 +62,10 @@ type Request struct {
 	// ASCII other than space.
 	EvaluationID string
 }
+
+// MaxPrevious is the most subjects a Request's Previous may name: the
+// keys that may be rotated out at once.
+const MaxPrevious = 4
 
 // MaxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
 const MaxEvaluationIDLen = 128
@@ -129,7 +143,9 @@ func (l *Limiter) Policies() []string { return append([]string(nil), l.order...)
 
 // Reset clears subject's state of the named policies (all of l's policies
 // when none are named), atomically: a Check with Request.Reset. Use it to
-// unlock a subject, e.g. a user locked out by a login limit.
+// unlock a subject, e.g. a user locked out by a login limit. During a key
+// rotation, Check a Request with Reset and Previous set instead, so no
+// older state is carried over afterwards.
 func (l *Limiter) Reset(ctx context.Context, subject string, policies ...string) Outcome {
 	if len(policies) == 0 {
 		policies = l.order
@@ -242,6 +258,17 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	if err := checkSubject(req.Subject); err != nil {
 		return err
 	}
+	if len(req.Previous) > MaxPrevious {
+		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", ErrInvalidRequest, len(req.Previous), MaxPrevious)
+	}
+	for i, prev := range req.Previous {
+		if err := checkSubject(prev); err != nil {
+			return fmt.Errorf("sluice: previous[%d]: %w", i, err)
+		}
+		if prev == req.Subject {
+			return fmt.Errorf("sluice: %w: previous[%d] is the subject itself", ErrInvalidRequest, i)
+		}
+	}
 	cost := req.Cost
 	switch {
 	case cost < 0:
@@ -280,6 +307,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		}
 	}
 	ev.Subject, ev.Cost, ev.Refund, ev.Reset, ev.EvaluationID = req.Subject, cost, req.Refund, req.Reset, req.EvaluationID
+	ev.Previous = req.Previous
 	return nil
 }
 

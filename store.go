@@ -61,6 +61,13 @@ type Evaluation struct {
 	// refunds with the same id are remembered separately; peeks are
 	// never remembered.
 	EvaluationID string
+	// Previous are older subjects of the same caller, newest first (a key
+	// rotation): for a policy with no live state under Subject, the store
+	// copies the state kept under the first of them that has one to
+	// Subject, whatever the verdict, and decides on it; with Reset it
+	// clears the state under each of them too. The copy is not atomic
+	// with changes made under the older subject meanwhile.
+	Previous []string
 	// Replayed is set by the store when Statuses are a remembered decision.
 	Replayed bool
 	// Statuses receives one Status per policy, in order. The store

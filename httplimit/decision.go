@@ -73,13 +73,15 @@ type Decision struct {
 	// the next handler.
 	Status int
 	// Outcome is the main limiter's outcome; its Kind tells a lost reply
-	// (Indeterminate) from a refusal to try (Unavailable) or corrupt state
-	// (Incompatible). Zero for NoSubject.
+	// (Indeterminate) from a refusal to try or corrupt state (Unavailable,
+	// with its Cause). Zero for NoSubject.
 	Outcome sluice.Outcome
 	// Local reports that the main limiter could not decide and the local
 	// fallback was asked; LocalOutcome is its answer.
 	Local        bool
 	LocalOutcome sluice.Outcome
+
+	previous []string // the subject under older keys during a key rotation
 }
 
 func (m *Middleware) record(r *http.Request, d *Decision) {

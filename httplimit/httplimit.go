@@ -646,6 +646,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	d.SubjectKind = kind
 	d.Subject = m.pseudo.Pseudonym(kind, identity, rt.operation)
+	d.previous = m.pseudo.Previous(kind, identity, rt.operation)
 	if m.idemHeader != "" {
 		if key := r.Header.Get(m.idemHeader); key != "" {
 			d.EvaluationID = evaluationID(key)
@@ -688,7 +689,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 // request is the Limiter request that spends d's cost of policies.
 func request(policies []string, d *Decision) sluice.Request {
-	req := sluice.Request{Subject: d.Subject, Cost: d.Cost, EvaluationID: d.EvaluationID}
+	req := sluice.Request{Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
 	if len(policies) == 1 {
 		req.Policy = policies[0]
 	} else {

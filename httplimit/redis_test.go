@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // redisHarness serves the middleware over a redisstore on a server of its
@@ -169,5 +171,65 @@ func TestRawIdentityNeverInRedis(t *testing.T) {
 				t.Errorf("Redis key %q contains the raw identity %q", k, raw)
 			}
 		}
+	}
+}
+
+// TestRedisKeyRotation: adding a new HMAC key in front of the old one
+// carries each caller's budget over, over real sockets and a real Redis;
+// replacing the key outright would have started every caller afresh.
+func TestRedisKeyRotation(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	st, err := redisstore.New(c, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := sluice.New(st, []sluice.Policy{{ID: "api", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Hour}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1 := subject.Key{ID: "k1", Secret: []byte("first-secret-0123456789")}
+	k2 := subject.Key{ID: "k2", Secret: []byte("second-secret-0123456789")}
+	serve := func(keys ...subject.Key) string {
+		pseudo, err := subject.New(keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := httplimit.NewMiddleware(lim, httplimit.Options{
+			Routes:        []httplimit.Route{{PathPrefix: "/", Policies: []string{"api"}}},
+			Pseudonymizer: pseudo,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+		t.Cleanup(ts.Close)
+		return ts.URL
+	}
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("RateLimit")
+	}
+	before, rotating, replaced := serve(k1), serve(k2, k1), serve(k2)
+	for range 3 {
+		get(before)
+	}
+	if code, rl := get(rotating); code != 200 || !strings.Contains(rl, "r=1") {
+		t.Fatalf("4th request under keys [k2, k1] = %d, RateLimit %q; want 200 with r=1: the k1 budget carried over", code, rl)
+	}
+	if code, rl := get(rotating); code != 200 || !strings.Contains(rl, "r=0") {
+		t.Fatalf("5th request = %d, RateLimit %q; want 200 with r=0", code, rl)
+	}
+	if code, _ := get(rotating); code != 429 {
+		t.Fatalf("6th request = %d, want 429: the limit of 5 held across the rotation", code)
+	}
+	if code, _ := get(replaced); code != 429 {
+		t.Fatalf("request under k2 alone after the rotation = %d, want 429: the carried state is kept under k2", code)
 	}
 }

@@ -231,6 +231,14 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
 	}
 	now := evaluation.Now(s.clock)
+	var carried []*entry
+	switch {
+	case len(ev.Previous) == 0:
+	case ev.Reset:
+		s.forget(ev.Previous, ev.Policies)
+	default:
+		carried = s.previous(ev.Previous, ev.Policies)
+	}
 	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
 	id := algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund)
 
@@ -241,10 +249,21 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	e := &w.e
 	e.Now, e.Cost, e.Refund, e.Reset, e.MaxRegression = now, ev.Cost, ev.Refund, ev.Reset, -1
 	e.LeaseID, e.Release, e.Renew = ev.LeaseID, ev.Release, ev.Renew
-	for _, p := range ev.Policies {
+	for i, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)
 		en := sh.m[k]
+		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
+			// Carried over from an older subject: kept from now on.
+			if en == nil {
+				if len(sh.m) >= s.perShard {
+					s.makeRoom(sh, now, k.subject)
+				}
+				en = new(entry)
+				sh.m[k] = en
+			}
+			*en = *carried[i]
+		}
 		var st *algorithm.State
 		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
 			st = &en.st
@@ -285,6 +304,49 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 // remember records decisions as the decision for id (sh locked). The
 // shard holds at most perShard records in all: beyond, expired ones go
 // first, then whole logs, the soonest-expiring of a sample.
+// previous returns, for each policy, a copy of the live state kept under
+// the first of subjects that has one, or nil; nil when there is none at
+// all. It locks one shard at a time.
+func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*entry {
+	var out []*entry
+	now := evaluation.Now(s.clock)
+	for _, subject := range subjects {
+		sh := &s.shards[maphash.String(s.seed, subject)&s.mask]
+		sh.mu.Lock()
+		for i, p := range policies {
+			if out != nil && out[i] != nil {
+				continue
+			}
+			en := sh.m[key{subject: subject, policy: p.ID, revision: p.Revision}]
+			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
+				continue
+			}
+			if out == nil {
+				out = make([]*entry, len(policies))
+			}
+			c := *en
+			c.st.Log = append([]int64(nil), en.st.Log...)
+			c.st.IDs = append([]string(nil), en.st.IDs...) // a concurrency policy's lease ids
+			out[i] = &c
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// forget deletes the state of policies kept under each of subjects, one
+// shard at a time.
+func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
+	for _, subject := range subjects {
+		sh := &s.shards[maphash.String(s.seed, subject)&s.mask]
+		sh.mu.Lock()
+		for _, p := range policies {
+			delete(sh.m, key{subject: subject, policy: p.ID, revision: p.Revision})
+		}
+		sh.mu.Unlock()
+	}
+}
+
 func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision) {
 	l := sh.dedupe[dk]
 	if l == nil {

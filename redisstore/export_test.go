@@ -5,3 +5,8 @@ import "github.com/sluicehq/sluice"
 // Key returns the Redis key of p's state for subject, for the tests of
 // package redisstore_test.
 func (s *Store) Key(subject string, p *sluice.Policy) string { return s.key(subject, p) }
+
+// StateBinary is the first byte of a fixed-size state as the script
+// stores it (codec.lua's STATE_BINARY); its fields follow as
+// little-endian IEEE doubles.
+const StateBinary = 1

@@ -32,6 +32,7 @@ func TestLuaConstants(t *testing.T) {
 		"ARGV_ID":             argvID,
 		"ARGV_DEDUPE_TTL":     argvDedupeTTL,
 		"ARGV_DEDUPE_MAX":     argvDedupeMax,
+		"ARGV_CARRY":          argvCarry,
 		"ARGV_POLICIES":       argvPolicies,
 		"ARGV_PER_POLICY":     argvPerPolicy,
 		"POLICY_KIND":         policyKind,
@@ -40,6 +41,10 @@ func TestLuaConstants(t *testing.T) {
 		"POLICY_BURST":        policyBurst,
 		"POLICY_GRACE":        policyGrace,
 		"REPLY_PER_POLICY":    replyPerPolicy,
+		"CARRY_PER_POLICY":    carryPerPolicy,
+		"REPLY_ABSENT":        replyAbsent,
+		"DECISION_SIZE":       replyPerPolicy, // the reply carries the engine's decisions as they are
+		"STATE_BINARY":        StateBinary,
 		"MAX_GRACE":           maxGrace,
 		"MAX_DEDUPE_TTL":      maxDedupeTTL,
 		"MAX_DEDUPE_IDS":      maxDedupeIDs,

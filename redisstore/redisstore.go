@@ -107,8 +107,11 @@ const (
 	argvID            = 5
 	argvDedupeTTL     = 6
 	argvDedupeMax     = 7
-	argvPolicies      = 7 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
+	argvCarry         = 8
+	argvPolicies      = 8 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
 	argvPerPolicy     = 5
+	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
+	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
 	policyKind        = 1
 	policyLimit       = 2
 	policyWindow      = 3
@@ -355,25 +358,72 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund) != "" {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
+	for _, p := range ev.Policies {
+		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
+			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
+		}
+	}
+	var vals []int64
+	var err error
+	switch {
+	case len(ev.Previous) == 0:
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+	case ev.Reset:
+		for _, prev := range ev.Previous {
+			if _, err := s.decide(ctx, prev, ev, "", "", nil); err != nil {
+				return err
+			}
+		}
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+	default:
+		// A key rotation: decide unless a policy has no state under
+		// Subject; then read the older subjects' and decide again, the
+		// script keeping what it carries over.
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil)
+		if err == nil && len(vals) == 1 && vals[0] == replyAbsent {
+			var carried []any
+			if carried, err = s.previous(ctx, ev); err == nil {
+				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried)
+			}
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if len(vals) != 1+replyPerPolicy*n {
+		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
+	}
+	ev.Replayed = vals[0] == 1
+	ev.Statuses = ev.Statuses[:0]
+	for i, p := range ev.Policies {
+		v := vals[1+replyPerPolicy*i:]
+		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
+		ev.Statuses = append(ev.Statuses, evaluation.Status(p, d))
+	}
+	return nil
+}
+
+// decide runs the script once for subject: ev's decision, with carry ""
+// (none), "probe" or "carry" and the carried states (see redisstore.lua).
+func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any) ([]int64, error) {
+	n := len(ev.Policies)
 	keys := n
 	if id != "" {
 		keys += 2
 	}
+	nargv := argvPolicies + argvPerPolicy*n + len(carried)
 	p := pendingPool.Get().(*pending)
 	p.state.Store(queued)
-	args := slices.Grow(p.args[:0], 3+keys+argvPolicies+argvPerPolicy*n)[:3+keys+argvPolicies+argvPerPolicy*n]
+	args := slices.Grow(p.args[:0], 3+keys+nargv)[:3+keys+nargv]
 	p.args = args
 	cmdName, code := s.call()
 	args[0], args[1], args[2] = cmdName, code, intArg(int64(keys))
 	for i, p := range ev.Policies {
-		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
-			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
-		}
-		args[3+i] = s.key(ev.Subject, p)
+		args[3+i] = s.key(subject, p)
 	}
 	first := ev.Policies[0]
 	if id != "" {
-		args[3+n], args[3+n+1] = s.policyKey(ev.Subject, first, "ids"), s.policyKey(ev.Subject, first, "idv")
+		args[3+n], args[3+n+1] = s.policyKey(subject, first, "ids"), s.policyKey(subject, first, "idv")
 	}
 	argv := args[3+keys-1:] // argv[i] is ARGV[i]
 	argv[argvNow] = ""
@@ -397,25 +447,71 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		argv[argvID] = id
 		argv[argvDedupeTTL], argv[argvDedupeMax] = fa.dedupeTTL, fa.dedupeN
 	}
+	argv[argvCarry] = carry
 	for i, p := range ev.Policies {
 		copy(argv[argvPolicies+argvPerPolicy*i+1:], s.argsOf(p).args[1:])
 	}
+	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
+	return s.send(ctx, p)
+}
 
-	vals, err := s.send(ctx, p)
-	if err != nil {
-		return err
+// previous reads the state of ev's policies under ev.Previous, one
+// pipeline per older subject (its keys share one slot), and returns the
+// script's carry arguments: for each policy, the state of the first
+// subject that has one (a fixed-size state as stored, a log's entries
+// joined by ','; "" for none) and its TTL in ms.
+func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, error) {
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	n := len(ev.Policies)
+	out := make([]any, carryPerPolicy*n)
+	for i := range out {
+		out[i] = ""
 	}
-	if len(vals) != 1+replyPerPolicy*n {
-		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
+	for _, prev := range ev.Previous {
+		states := make([]redis.Cmder, n)
+		ttls := make([]*redis.DurationCmd, n)
+		_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for i, p := range ev.Policies {
+				if out[carryPerPolicy*i] != "" {
+					continue
+				}
+				k := s.key(prev, p)
+				if p.Algorithm == sluice.SlidingLog {
+					states[i] = pipe.LRange(ctx, k, 0, -1)
+				} else {
+					states[i] = pipe.Get(ctx, k)
+				}
+				ttls[i] = pipe.PTTL(ctx, k)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			err = s.classify(ctx, "read the state of an older subject", err)
+			if errors.Is(err, sluice.ErrIndeterminate) {
+				// Reads only: nothing was spent, whatever happened.
+				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %w", sluice.ErrBeforeSend, err)
+			}
+			return nil, err
+		}
+		for i, c := range states {
+			if c == nil || ttls[i].Val() <= 0 {
+				continue
+			}
+			var raw string
+			switch c := c.(type) {
+			case *redis.StringCmd:
+				raw = c.Val()
+			case *redis.StringSliceCmd:
+				raw = strings.Join(c.Val(), ",")
+			}
+			if raw != "" {
+				out[carryPerPolicy*i] = raw
+				out[carryPerPolicy*i+1] = strconv.FormatInt(ttls[i].Val().Milliseconds(), 10)
+			}
+		}
 	}
-	ev.Replayed = vals[0] == 1
-	ev.Statuses = ev.Statuses[:0]
-	for i, p := range ev.Policies {
-		v := vals[1+replyPerPolicy*i:]
-		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
-		ev.Statuses = append(ev.Statuses, evaluation.Status(p, d))
-	}
-	return nil
+	return out, nil
 }
 
 // send runs the decision p holds, through the senders or alone, and

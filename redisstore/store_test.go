@@ -3,9 +3,11 @@ package redisstore_test
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -81,8 +83,8 @@ func TestLostReplyIsReplayed(t *testing.T) {
 		t.Fatalf("remaining after a lost reply and its retry = %d, want 3: one spend, not two", again.Remaining)
 	}
 	// And directly in Redis: the counter holds the warm-up and job-1.
-	if v, err := direct.Get(context.Background(), s.Key(subj, p)).Result(); err != nil || strings.Split(v, ":")[1] != "2" {
-		t.Fatalf("state in Redis = %q, %v; want a count of 2 (start:count:last)", v, err)
+	if v, err := direct.Get(context.Background(), s.Key(subj, p)).Result(); err != nil || len(stateFields(t, v)) != 3 || stateFields(t, v)[1] != 2 {
+		t.Fatalf("state in Redis = %q, %v; want a count of 2 (start, count, last)", v, err)
 	}
 }
 
@@ -397,6 +399,11 @@ func TestCorruptState(t *testing.T) {
 		{"above 2^53", sluice.TokenBucket, func(k string) error { return c.Set(ctx, k, "9007199254740993:1:1", time.Hour).Err() }, "want 3 integers"},
 		{"missing field", sluice.SlidingWindow, func(k string) error { return c.Set(ctx, k, "1:2:3", time.Hour).Err() }, "want 4 integers"},
 		{"hash", sluice.FixedWindow, func(k string) error { c.Del(ctx, k); return c.HSet(ctx, k, "c", "1").Err() }, "holds another type"},
+		{"binary NaN", sluice.FixedWindow, setBinary(c, 1, math.NaN(), 1), "field 2 = nan"},
+		{"binary negative", sluice.GCRA, setBinary(c, 1, 0, 1, 1, -5), "field 5 = -5"},
+		{"binary fraction", sluice.TokenBucket, setBinary(c, 1.5, 1, 1), "field 1 = 1.5"},
+		{"binary above 2^53", sluice.SlidingWindow, setBinary(c, 1, 1, 1<<54, 1), "want an integer in [0, 2^53]"},
+		{"binary too short", sluice.GCRA, setBinary(c, 1, 1, 1, 1), "want 5 integers"},
 		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "holds another type"},
 		{"log entry", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "soon").Err() }, "entry"},
 	} {
@@ -688,5 +695,62 @@ func TestDedupeForgetsManyIDsAtOnce(t *testing.T) {
 	n, err := c.HLen(context.Background(), "sluice:{"+subj+"}many:1:idv").Result()
 	if err != nil || n != 1 {
 		t.Fatalf("remembered replies = %d, %v; want 1 (the 9000 expired ones forgotten)", n, err)
+	}
+}
+
+// stateFields decodes a fixed-size state as the script stores it.
+func stateFields(t *testing.T, raw string) []int64 {
+	t.Helper()
+	if len(raw) < 1 || raw[0] != redisstore.StateBinary || (len(raw)-1)%8 != 0 {
+		t.Fatalf("state %q: not the script's binary form", raw)
+	}
+	var v []int64
+	for b := []byte(raw[1:]); len(b) > 0; b = b[8:] {
+		v = append(v, int64(math.Float64frombits(binary.LittleEndian.Uint64(b))))
+	}
+	return v
+}
+
+// setBinary returns a function that stores fields at a key in the
+// script's binary form, whatever they hold.
+func setBinary(c *redis.Client, fields ...float64) func(key string) error {
+	return func(key string) error {
+		b := []byte{redisstore.StateBinary}
+		for _, f := range fields {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+		}
+		return c.Set(context.Background(), key, b, time.Hour).Err()
+	}
+}
+
+// TestDecimalStateIsRead: state an older version kept as decimals joined
+// by ':' is read as it was meant, and the next write stores it in the
+// binary form: upgrading resets no budget.
+func TestDecimalStateIsRead(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	p := policy(t, "decimal", sluice.FixedWindow, 5, time.Minute)
+	subj := subject(t)
+	mustEvaluate(t, s, subj, 1, p)
+	key := s.Key(subj, p)
+	raw, err := c.Get(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := stateFields(t, raw)
+	decimal := fmt.Sprintf("%d:%d:%d", v[0], 3, v[2])
+	if err := c.Set(ctx, key, decimal, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != 1 {
+		t.Fatalf("spend over the decimal state %q = %+v, want allowed with 1 left (4 spent)", decimal, st)
+	}
+	raw, err = c.Get(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := stateFields(t, raw); v[1] != 4 {
+		t.Fatalf("state after the write = %v, want a count of 4 in the binary form", v)
 	}
 }

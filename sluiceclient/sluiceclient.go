@@ -177,6 +177,7 @@ type status struct {
 // answer is the JSON answer of POST /v1/check.
 type answer struct {
 	status
+	Cause    string   `json:"cause"`
 	Replayed bool     `json:"replayed"`
 	Statuses []status `json:"statuses"`
 	LeaseID  string   `json:"lease_id"`
@@ -189,8 +190,8 @@ type answer struct {
 // token: ErrUnauthenticated, ErrForbidden), Unavailable (nothing was
 // spent: the server could not decide, or was not reached) or
 // Indeterminate (the answer was lost after every retry: the units may
-// have been spent), with Err set. The Cause of an Unavailable answer from
-// the server is not transmitted: it is zero.
+// have been spent), with Err set; an Unavailable answer from the server
+// keeps its Cause.
 func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	b := body{Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Refund: req.Refund, EvaluationID: req.EvaluationID}
 	switch {
@@ -333,7 +334,7 @@ func outcome(code int, a *answer, req *sluice.Request) (sluice.Outcome, bool) {
 	case "indeterminate":
 		return sluice.Outcome{Kind: sluice.Indeterminate, Err: reason(sluice.ErrIndeterminate)}, true
 	case "unavailable":
-		return sluice.Outcome{Kind: sluice.Unavailable, Err: fmt.Errorf("sluiceclient: server could not decide: %s", a.Reason)}, false
+		return sluice.Outcome{Kind: sluice.Unavailable, Cause: causeOf(a.Cause), Err: fmt.Errorf("sluiceclient: server could not decide: %s", a.Reason)}, false
 	}
 	// 422: the reason carries the library's error text; name its sentinel
 	// so errors.Is works as it does on the Limiter's outcomes.
@@ -442,4 +443,15 @@ func newEvaluationID() string {
 	var b [16]byte
 	rand.Read(b[:]) // never fails (crypto/rand)
 	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// causeOf returns the Cause the server spelt name, or 0 for none or one
+// this client does not know.
+func causeOf(name string) sluice.Cause {
+	for c := sluice.DeadlinePassed; c <= sluice.CorruptState; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return 0
 }

@@ -337,3 +337,21 @@ func TestLeases(t *testing.T) {
 		t.Fatalf("Release naming demo and reports = %+v (%v), want allowed, reports' status only", o, o.Err)
 	}
 }
+
+// openCircuit refuses every decision as a store whose breaker is open.
+type openCircuit struct{}
+
+func (openCircuit) Evaluate(context.Context, *sluice.Evaluation) error {
+	return fmt.Errorf("test store: %w", sluice.ErrCircuitOpen)
+}
+
+// TestUnavailableKeepsItsCause: the server's reason for not deciding
+// reaches the caller as the Outcome's Cause.
+func TestUnavailableKeepsItsCause(t *testing.T) {
+	cs, _ := startServer(t, openCircuit{}, server.Options{}, false)
+	c := newClient(t, cs.url, sluiceclient.Options{})
+	o := c.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "ivy"})
+	if o.Kind != sluice.Unavailable || o.Cause != sluice.CircuitOpen {
+		t.Fatalf("Check against an open circuit = %+v, want Unavailable, cause circuit_open", o)
+	}
+}

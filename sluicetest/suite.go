@@ -39,6 +39,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 	t.Run("RevisionStartsFresh", func(t *testing.T) { testRevision(t, newStore) })
 	t.Run("ResetClearsTheNamedPolicies", func(t *testing.T) { testReset(t, newStore) })
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
+	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
 	testSemantics(t, newStore)
 }
 
@@ -549,6 +550,45 @@ func testReset(t *testing.T, newStore NewStoreFunc) {
 	bad := h.limiter.Check(ctx, sluice.Request{Policy: ids[0], Subject: h.subject, Reset: true, Cost: 1})
 	if bad.Kind != sluice.Incompatible || !errors.Is(bad.Err, sluice.ErrInvalidRequest) {
 		t.Fatalf("reset with a cost = %+v, want Incompatible: a reset takes no cost", bad)
+	}
+}
+
+// testKeyRotation: while a new HMAC key is added, a caller's state kept
+// under its older pseudonym is carried over to the new one, not started
+// afresh; a reset clears both.
+func testKeyRotation(t *testing.T, newStore NewStoreFunc) {
+	for _, a := range everyAlgorithm {
+		t.Run(a.String(), func(t *testing.T) {
+			h := newHarness(t, newStore, policy("p", a, 4, time.Hour, 0))
+			ctx := context.Background()
+			check := func(subject string, previous []string, cost int64) sluice.Outcome {
+				return h.limiter.Check(ctx, sluice.Request{Policy: "p", Subject: subject, Previous: previous, Cost: cost})
+			}
+			old, neu, absent := uniqueSubject(t, "old"), uniqueSubject(t, "new"), uniqueSubject(t, "absent")
+			if o := check(old, nil, 3); o.Kind != sluice.Allowed || o.Remaining != 1 {
+				t.Fatalf("Check(old, cost=3) = %+v (err %v), want allowed with 1 left", o, o.Err)
+			}
+			h.clock.Advance(time.Second)
+			if o := check(neu, []string{absent, old}, 1); o.Kind != sluice.Allowed || o.Remaining != 0 {
+				t.Fatalf("Check(new, previous [absent, old], cost=1) = %+v (err %v), want allowed with 0 left: the old state carried over", o, o.Err)
+			}
+			if o := check(neu, nil, 1); o.Kind != sluice.Denied {
+				t.Fatalf("Check(new, cost=1) with no previous = %+v (err %v), want denied: the carried state is kept under the new subject", o, o.Err)
+			}
+			if o := check(neu, []string{old}, 1); o.Kind != sluice.Denied {
+				t.Fatalf("Check(new, previous [old]) = %+v (err %v), want denied: a state under the new subject is never replaced", o, o.Err)
+			}
+			o := h.limiter.Check(ctx, sluice.Request{Policy: "p", Subject: neu, Previous: []string{old}, Reset: true})
+			if o.Kind != sluice.Allowed {
+				t.Fatalf("reset with previous = %+v (err %v), want allowed", o, o.Err)
+			}
+			if o := check(neu, []string{old}, 1); o.Kind != sluice.Allowed || o.Remaining != 3 {
+				t.Fatalf("Check(new, previous [old]) after the reset = %+v (err %v), want allowed with 3 left: both states cleared", o, o.Err)
+			}
+			if o := check(neu, []string{neu}, 1); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+				t.Fatalf("Check with the subject among previous = %+v, want Incompatible", o)
+			}
+		})
 	}
 }
 

@@ -99,6 +99,21 @@ func (p *Pseudonymizer) All(kind, identity, operation string) []string {
 	return out
 }
 
+// Previous returns the pseudonyms of the triple under every key but the
+// signing one, newest first, or nil when there is one key: what
+// sluice.Request.Previous takes, so that state kept under an older key is
+// carried over during a rotation instead of starting a fresh budget.
+func (p *Pseudonymizer) Previous(kind, identity, operation string) []string {
+	if len(p.keys) == 1 {
+		return nil
+	}
+	out := make([]string, len(p.keys)-1)
+	for i := range out {
+		out[i] = p.sum(i+1, kind, identity, operation)
+	}
+	return out
+}
+
 func (p *Pseudonymizer) sum(i int, kind, identity, operation string) string {
 	h := p.pools[i].Get().(hash.Hash)
 	defer p.pools[i].Put(h)

@@ -128,7 +128,7 @@ func (a *app) checkAPITokens(cfg *config.Config, log *slog.Logger) ([]server.Tok
 	}
 	if len(resolved) == 0 {
 		if !loopback(cfg.Server.Listen) {
-			log.Warn("server.auth is not configured and server.listen is not a loopback address: anyone who can reach it can spend and refund any subject's budget; configure server.auth.tokens", "listen", cfg.Server.Listen)
+			log.Warn("server.auth is not configured and server.listen is not a loopback address: anyone who can reach it can spend and refund any subject's budget and read the dashboard at /ui; configure server.auth.tokens", "listen", cfg.Server.Listen)
 		}
 		return nil, nil
 	}

@@ -256,6 +256,7 @@ type reloader struct {
 	log     *slog.Logger
 	store   sluice.Store // instrumented; shared by every generation
 	ready   []server.Check
+	info    server.StoreInfo
 	metrics *server.Metrics
 	rlsM    *rls.Metrics
 	reloadM *reloadMetrics
@@ -281,7 +282,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.a.clock.Now()}
-	if g.api, err = server.New(lim, pseud, r.log, server.Options{Ready: r.ready, Clock: r.a.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens}); err != nil {
+	if g.api, err = server.New(lim, pseud, r.log, server.Options{Ready: r.ready, Clock: r.a.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {

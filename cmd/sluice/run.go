@@ -36,6 +36,13 @@ Usage:
         Load-test a store and policy, or a running server, and print
         decisions/s, outcome counts and latency quantiles. Against Redis
         it uses a key prefix of its own and deletes its keys at the end.
+  sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]...
+                  [--rate R] [--duration D] [--out FILE.svg] | --accuracy DIR
+        Run a traffic pattern (poisson, bursts, boundary, sliding_worst,
+        ramp, or timestamps from a CSV) through policies on a virtual
+        clock with the real decision engine; print how each admitted
+        against "at most limit in any window" and chart it. With no
+        --policy, compare all five algorithms at 10 per 10s.
   sluice version
         Print the version.
   sluice help [COMMAND]
@@ -80,6 +87,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.check(ctx, rest)
 	case "bench":
 		return a.bench(ctx, rest)
+	case "simulate":
+		return a.simulate(rest)
 	case "version":
 		if len(rest) > 0 {
 			return &usageError{msg: "version takes no arguments", usage: usage}
@@ -95,7 +104,7 @@ func (a *app) run(ctx context.Context, args []string) error {
 			return &usageError{msg: "help takes at most one command", usage: usage}
 		}
 		switch rest[0] {
-		case "serve", "validate", "check":
+		case "serve", "validate", "check", "bench", "simulate":
 			return a.run(ctx, []string{rest[0], "--help"})
 		case "version", "help":
 			io.WriteString(a.stdout, usage)

@@ -85,7 +85,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	r := &reloader{a: a, path: path, log: log, store: metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), ready: st.ready, metrics: metrics, reloadM: reloadM}
+	r := &reloader{a: a, path: path, log: log, store: metrics.InstrumentStore(st.store, cfg.Store.Type, a.clock), ready: st.ready, info: st.info, metrics: metrics, reloadM: reloadM}
 	if cfg.Envoy != nil {
 		if r.rlsM, err = rls.NewMetrics(reg); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,7 +22,8 @@ type storeHandle struct {
 	store     sluice.Store
 	ready     []server.Check // readiness checks for GET /readyz
 	close     func() error
-	evictions func() int64 // nil: the store evicts nothing
+	evictions func() int64     // nil: the store evicts nothing
+	info      server.StoreInfo // for the dashboard
 }
 
 // newStore builds the store the config names. It is the one place where
@@ -33,7 +35,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions}, nil
+		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, info: server.StoreInfo{Type: config.StoreMemory}}, nil
 	case config.StoreRedis:
 		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; this binary owns it
 		client, err := newRedisClient(cfg.Store.Redis, getenv)
@@ -42,8 +44,12 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		// Lazy: serve starts while Redis is down or hung, answers per
 		// failure mode until it is back, and /readyz tells which.
+		var breaker atomic.Pointer[string] // the state the dashboard shows
+		closed := "closed"
+		breaker.Store(&closed)
 		rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: cfg.Store.Redis.Timeout, Breaker: redisstore.BreakerOptions{
 			OnChange: func(state string) {
+				breaker.Store(&state)
 				log.Warn("redis circuit breaker", "state", state) // transitions only: not one line per request
 			},
 		}})
@@ -53,7 +59,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		}
 		return &storeHandle{store: rs, ready: []server.Check{rs.Ready}, close: func() error {
 			return errors.Join(rs.Close(), client.Close())
-		}}, nil
+		}, info: server.StoreInfo{Type: config.StoreRedis, Breaker: func() string { return *breaker.Load() }}}, nil
 	}
 	return nil, fmt.Errorf("store type %q: unknown", cfg.Store.Type)
 }

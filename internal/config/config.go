@@ -115,7 +115,7 @@ type Auth struct {
 type Token struct {
 	ID        string   // names the token in logs: 1 to 32 of a-z 0-9 _ -
 	SecretEnv string   // name of the environment variable holding the token
-	Scopes    []string // what the token may do: ScopeCheck, ScopeRefund, ScopeReset
+	Scopes    []string // what the token may do: ScopeCheck, ScopeRefund, ScopeReset, ScopeAdmin
 }
 
 // Scopes of a Token.
@@ -130,14 +130,17 @@ const (
 	// ScopeReset allows clearing a subject's state: POST /v1/check with
 	// "reset": true.
 	ScopeReset = "reset"
+	// ScopeAdmin allows the operator's views: the dashboard at GET /ui
+	// and its playground.
+	ScopeAdmin = "admin"
 )
 
 // Scopes lists every scope a Token may hold, for messages.
-const Scopes = ScopeCheck + ", " + ScopeRefund + ", " + ScopeReset
+const Scopes = ScopeCheck + ", " + ScopeRefund + ", " + ScopeReset + ", " + ScopeAdmin
 
 // ValidScope reports whether s is a scope a Token may hold.
 func ValidScope(s string) bool {
-	return s == ScopeCheck || s == ScopeRefund || s == ScopeReset
+	return s == ScopeCheck || s == ScopeRefund || s == ScopeReset || s == ScopeAdmin
 }
 
 // MinTokenLen is the shortest bearer token secret, in bytes.

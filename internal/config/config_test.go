@@ -90,7 +90,7 @@ var invalid = []struct {
 	{"redis_bad_port.yaml", "store.redis.url: \"redis://127.0.0.1:notaport/0\": the port must be a number between 1 and 65535, such as redis://127.0.0.1:6379/0 (line 4)"},
 	{"redis_bad_database.yaml", "store.redis.url: \"redis://127.0.0.1:6379/sessions\": the database number \"sessions\" must be a whole number such as 0, such as redis://127.0.0.1:6379/0 (line 4)"},
 	{"redis_url_without_host.yaml", "store.redis.url: \"redis:///0\": must name a host, such as redis://127.0.0.1:6379/0 (line 4)"},
-	{"auth_bad_scope.yaml", "server.auth.tokens[0].scopes[1]: \"admin\": must be one of check, refund, reset (line 5)"},
+	{"auth_bad_scope.yaml", "server.auth.tokens[0].scopes[1]: \"superuser\": must be one of check, refund, reset, admin (line 5)"},
 	{"auth_no_tokens.yaml", "server.auth.tokens: at least one token is required; leave out server.auth for an open check API (line 2)"},
 	{"auth_token_without_scopes.yaml", "server.auth.tokens[0].scopes: is required (line 4)"},
 	{"auth_duplicate_token_id.yaml", "server.auth.tokens[1].id: \"app\": is already the id of server.auth.tokens[0] (line 5)"},

@@ -156,11 +156,12 @@ func (s *Service) Shutdown() { s.health.Shutdown() }
 
 // descriptor is one request descriptor on its way to an answer.
 type descriptor struct {
-	rule    *envoyconf.Rule
-	subject string
-	cost    int64
-	refund  bool
-	status  *rlspb.RateLimitResponse_DescriptorStatus
+	rule     *envoyconf.Rule
+	subject  string
+	previous []string // subject under older keys during a key rotation
+	cost     int64
+	refund   bool
+	status   *rlspb.RateLimitResponse_DescriptorStatus
 	// decided is the store's verdict for an enforced (non-shadow) rule,
 	// for the response headers.
 	decided *sluice.Status
@@ -170,12 +171,13 @@ type descriptor struct {
 
 // group is the descriptors decided in one Limiter.Check.
 type group struct {
-	subject string
-	cost    int64
-	refund  bool
-	shadow  bool
-	peek    bool // a descriptor of the subject is denied without the store
-	members []int
+	subject  string
+	previous []string
+	cost     int64
+	refund   bool
+	shadow   bool
+	peek     bool // a descriptor of the subject is denied without the store
+	members  []int
 }
 
 func (g *group) has(ds []descriptor, id string) bool {
@@ -232,6 +234,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			continue
 		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
+		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
 		for _, name := range rule.Replaces {
 			replaced[name] = true
 		}
@@ -278,7 +281,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			}
 		}
 		if g == nil {
-			g = &group{subject: d.subject, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			g = &group{subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -321,7 +324,7 @@ func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *gro
 	for j, i := range g.members {
 		ids[j] = ds[i].rule.Policy.ID
 	}
-	req := sluice.Request{Policies: ids, Subject: g.subject, Cost: g.cost, Refund: g.refund}
+	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost, Refund: g.refund}
 	if g.peek {
 		req.Cost, req.Peek = 0, true
 	}

@@ -116,7 +116,7 @@ func TestNewRejectsBadTokens(t *testing.T) {
 	}{
 		{"short secret", []server.Token{{ID: "a", Secret: []byte("short"), Scopes: []string{"check"}}}, "server: New: Tokens[0] (a): secret is 5 bytes: must be at least 16"},
 		{"no scopes", []server.Token{{ID: "a", Secret: appToken.Secret}}, "server: New: Tokens[0] (a): no scopes"},
-		{"unknown scope", []server.Token{{ID: "a", Secret: appToken.Secret, Scopes: []string{"admin"}}}, `server: New: Tokens[0] (a): scope "admin": must be one of check, refund, reset`},
+		{"unknown scope", []server.Token{{ID: "a", Secret: appToken.Secret, Scopes: []string{"superuser"}}}, `server: New: Tokens[0] (a): scope "superuser": must be one of check, refund, reset, admin`},
 		{"same secret twice", []server.Token{appToken, {ID: "b", Secret: appToken.Secret, Scopes: []string{"refund"}}}, "server: New: Tokens[1] (b): same secret as token app"},
 	} {
 		_, err := server.New(lim, subject.Unkeyed(), slog.New(slog.DiscardHandler), server.Options{Tokens: tt.tokens})

@@ -40,9 +40,13 @@ const UnknownPolicy = "(unknown)"
 //     local fallback while the store could not decide.
 //
 // Every label value comes from the config or a fixed set: never a
-// subject, key, address or tenant. Safe for concurrent use.
+// subject, key, address or tenant. The same decisions are also counted
+// per second over the last LiveSeconds for the dashboard (GET /ui). Safe
+// for concurrent use.
 type Metrics struct {
 	reg       *prometheus.Registry
+	clock     sluice.Clock // the second live counts fall in
+	live      *live
 	policies  atomic.Pointer[map[string]bool] // see SetPolicies
 	decisions *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
@@ -58,7 +62,9 @@ type Metrics struct {
 // series exists from the first scrape.
 func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 	m := &Metrics{
-		reg: reg,
+		reg:   reg,
+		clock: sluice.SystemClock{},
+		live:  newLive(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
 			Help: "Spending decisions, per policy the request named and the request's outcome.",
@@ -110,6 +116,7 @@ func (m *Metrics) SetPolicies(ids []string) {
 		}
 	}
 	m.policies.Store(&known)
+	m.live.keep(known)
 }
 
 // CountEvictions serves evictions, a store's running count of live states
@@ -184,14 +191,19 @@ func (m *Metrics) policyLabel(id string) string {
 // countDecision counts o once per policy of the request.
 func (m *Metrics) countDecision(policy string, policies []string, o sluice.Outcome) {
 	kind := o.Kind.String()
+	sec := m.clock.Now().Unix()
 	if policy != "" {
-		m.decisions.WithLabelValues(m.policyLabel(policy), kind).Inc()
+		label := m.policyLabel(policy)
+		m.decisions.WithLabelValues(label, kind).Inc()
+		m.live.add(label, o.Kind, sec)
 		if o.FromCache {
-			m.near.WithLabelValues(m.policyLabel(policy)).Inc()
+			m.near.WithLabelValues(label).Inc()
 		}
 	}
 	for _, id := range policies {
-		m.decisions.WithLabelValues(m.policyLabel(id), kind).Inc()
+		label := m.policyLabel(id)
+		m.decisions.WithLabelValues(label, kind).Inc()
+		m.live.add(label, o.Kind, sec)
 	}
 }
 

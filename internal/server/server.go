@@ -1,13 +1,18 @@
 // Package server is the HTTP face of sluice serve: the check API
 // (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz),
-// Prometheus metrics (GET /metrics, see Metrics), and the rate-limiting
-// reverse proxy (see Proxy), which listens on an address of its own.
+// Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
+// see ui.go), and the rate-limiting reverse proxy (see Proxy), which
+// listens on an address of its own.
 //
 // The check API answers one JSON object per request:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
 //	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
 //	 "reason":"","replayed":false}
+//
+// An unavailable answer adds "cause", why the store could not decide:
+// deadline_passed, failed_before_send, clock_unsafe, circuit_open or
+// corrupt_state.
 //
 // with status 200 (allowed), 429 (denied), 503 (unavailable or
 // indeterminate), 400 (malformed request), 404 (unknown policy) or 422
@@ -18,8 +23,9 @@
 //
 // With Options.Tokens, POST /v1/check requires "Authorization: Bearer
 // <token>": 401 without a valid one, 403 when the token lacks the scope
-// (check to spend or peek, refund to give back, reset to clear). The
-// health checks and /metrics stay open.
+// (check to spend or peek, refund to give back, reset to clear), and
+// the dashboard under /ui requires the admin scope. The health checks and
+// /metrics stay open.
 //
 // "replayed" is always present: true when the answer is the remembered
 // first decision of the request's evaluation_id and nothing was spent this
@@ -92,11 +98,15 @@ type Options struct {
 	// GET /metrics. Default: nil, no metrics and no /metrics.
 	Metrics *Metrics
 	// Tokens, when any, are the bearer tokens POST /v1/check accepts.
-	// Default: none, the check API is open to anyone who can reach it.
+	// Default: none, the check API and the dashboard are open to anyone
+	// who can reach them.
 	Tokens []Token
 	// ConfigStatus, when set, answers GET /v1/config (see ConfigStatus).
 	// Default: nil, no /v1/config.
 	ConfigStatus func() ConfigStatus
+	// Store describes the store to the dashboard (GET /ui). Default: an
+	// unnamed store without a circuit breaker.
+	Store StoreInfo
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -118,6 +128,8 @@ type Server struct {
 	// configStatus answers GET /v1/config; nil without it.
 	configStatus func() ConfigStatus
 	warnings     logthrottle.Throttle // of 5xx request lines
+	store        StoreInfo
+	sims         chan struct{} // playground runs in progress
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -145,6 +157,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout,
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
+		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
 	}
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
@@ -175,6 +188,11 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.configStatus = opts.ConfigStatus
 		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
+	s.mux.HandleFunc("GET /ui", s.admin(s.uiPage))
+	s.mux.Handle("GET /ui/{$}", http.RedirectHandler("/ui", http.StatusMovedPermanently))
+	s.mux.HandleFunc("GET /ui/{file}", s.admin(s.uiAsset))
+	s.mux.HandleFunc("GET /ui/api/state", s.admin(s.uiState))
+	s.mux.HandleFunc("POST /ui/api/simulate", s.admin(s.uiSimulate))
 	return s, nil
 }
 
@@ -490,6 +508,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		Policy:       in.Policy,
 		Policies:     in.Policies,
 		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
+		Previous:     s.pseud.Previous("api", *in.Subject, ""),
 		Cost:         1,
 		Refund:       in.Refund,
 		Reset:        in.Reset,
@@ -574,6 +593,10 @@ func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
 	b = appendStatusFields(b, &o.Status)
 	b = append(b, `,"reason":`...)
 	b = appendString(b, reason)
+	if o.Cause != 0 {
+		b = append(b, `,"cause":`...)
+		b = appendString(b, o.Cause.String())
+	}
 	b = append(b, `,"replayed":`...)
 	b = strconv.AppendBool(b, o.Replayed)
 	if o.Lease.ID != "" {

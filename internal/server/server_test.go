@@ -37,6 +37,7 @@ type answer struct {
 	RetryAfterMS int64    `json:"retry_after_ms"`
 	Approximate  bool     `json:"approximate"`
 	Reason       string   `json:"reason"`
+	Cause        string   `json:"cause"`
 	Replayed     *bool    `json:"replayed"` // a pointer, to see that it is always there
 	Statuses     []status `json:"statuses"`
 	LeaseID      string   `json:"lease_id"`

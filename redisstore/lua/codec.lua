@@ -1,5 +1,6 @@
 --[[ codec.lua: the script's own plumbing, with no Go twin: the SLUICE_*
-error replies, and integers read from and written as strings. ]]
+error replies, integers read from and written as strings, and the stored
+form of a fixed-size state. ]]
 
 -- raise aborts the decision with a SLUICE_* error reply (caught by the
 -- pcall around main; nothing has been written when it is raised).
@@ -50,7 +51,7 @@ end
 -- strconv: any whole number of magnitude below 2^53, or nil.
 local function arg(s)
   local n = tonumber(s)
-  if n == nil or n ~= math.floor(n) or n >= MAX_EXACT or n <= -MAX_EXACT then
+  if n == nil or n % 1 ~= 0 or n >= MAX_EXACT or n <= -MAX_EXACT then
     return nil
   end
   return n
@@ -61,4 +62,55 @@ end
 -- half the time of %.0f.
 local function fmt(n)
   return string.format('%d', n)
+end
+
+-- A fixed-size state is kept as one string: the byte STATE_BINARY, then
+-- its fields as little-endian IEEE doubles (exact for every integer below
+-- 2^53), e.g. 41 bytes for GCRA's five — short enough for Redis to keep
+-- value and object in one allocation. Older versions of this code kept
+-- the fields as decimals joined by ':' (no such string starts with that
+-- byte); decodeState still reads them, and the next write replaces them.
+local STATE_BINARY = 1
+local STATE_FORMAT = {[3] = '<Bddd', [4] = '<Bdddd', [5] = '<Bddddd'}
+local STATE_DECIMAL = {
+  [3] = '^(%d+):(%d+):(%d+)$',
+  [4] = '^(%d+):(%d+):(%d+):(%d+)$',
+  [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
+}
+
+-- encodeState returns the stored form of the n fields v.
+local function encodeState(v, n)
+  return struct.pack(STATE_FORMAT[n], STATE_BINARY, v[1], v[2], v[3], v[4], v[5])
+end
+
+-- decodeState returns the n fields stored at key as raw. Anything
+-- encodeState (or an older version) did not write is corrupt: another
+-- length, a value that is not an integer in [0, 2^53].
+local function decodeState(key, raw, n)
+  local v
+  if string.byte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
+    local _, a, b, c, d, e = struct.unpack(STATE_FORMAT[n], raw)
+    v = {a, b, c, d, e}
+    for i = n + 1, 5 do
+      v[i] = nil -- the position after the last field, from unpack
+    end
+    for i = 1, n do
+      local x = v[i]
+      if not (x >= 0 and x <= MAX_EXACT and x % 1 == 0) then
+        corrupt(key, 'field ' .. i .. ' = ' .. tostring(x) .. ': want an integer in [0, 2^53]')
+      end
+    end
+    return v
+  end
+  local f = {string.match(raw, STATE_DECIMAL[n])}
+  v = {0, 0, 0, 0, 0}
+  for i = 1, n do
+    v[i] = int(f[i])
+    if v[i] == nil then
+      -- Only printable bytes go into the reply: Redis cuts it at a NUL.
+      local shown = string.gsub(string.sub(raw, 1, 60), '[^%w%p ]', '?')
+      corrupt(key, 'holds ' .. #raw .. ' bytes, ' .. shown .. ': want ' .. n .. ' integers >= 0')
+    end
+  end
+  return v
 end

@@ -1,13 +1,17 @@
 --[[ engine.lua ports internal/algorithm/engine.go: one evaluation, all or
-nothing, with the clock rule and the unspent-peek answers. A policy is a
-table {kind, params = {limit, window, burst}}; a state {v = fields} for
-the fixed-size algorithms, {log = view} for the sliding log; a write
-{v, log, fresh, expires}; an evaluation
-{policies, states, now, cost, refund, reset, maxRegression, replay} that
+nothing, with the clock rule and the unspent-peek answers.
+
+A policy is a table {kind, limit, window, burst}: Policy with its Params
+inline, so the algorithms read p.limit as Go reads p.Params.Limit. A state
+is the array of a fixed-size algorithm's fields (State.V), or for the
+sliding log a view {key, len, newest} (State.Log); nil is absent. A write
+is {v, log, fresh, expires}. Decisions are flat, DECISION_SIZE integers per
+policy from offset DECISION_SIZE × (i − 1): allowed (1 or 0), limit,
+remaining, resetAfter, retryAfter — the layout of the reply. An evaluation
+is {policies, states, now, cost, refund, reset, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed. Errors are
-returned as tables {clock = {policy, behind, max}} or
-{replay = {first, now}}, as the Go code returns *ClockError and
-*ReplayError. ]]
+returned as tables {clock = {policy, behind, max}} or {replay = {first,
+now}}, as the Go code returns *ClockError and *ReplayError. ]]
 
 -- The integers each fixed-size algorithm keeps: algorithm.Fields.
 local FIELDS = {
@@ -18,8 +22,20 @@ local FIELDS = {
   [KIND_GCRA] = 5,
 }
 
--- ABSENT is the state of a policy that has none: absent.
-local ABSENT = {v = {0, 0, 0, 0, 0}, log = {len = 0, newest = 0}}
+-- The integers of one decision: algorithm.Decision's fields.
+local DECISION_SIZE = 5
+
+-- The states of a policy that has none: absent.
+local ABSENT_V = {0, 0, 0, 0, 0}
+local ABSENT_LOG = {len = 0, newest = 0}
+
+-- absentOf returns the absent state of kind k.
+local function absentOf(k)
+  if k == KIND_SLIDING_LOG then
+    return ABSENT_LOG
+  end
+  return ABSENT_V
+end
 
 -- recordID ports RecordID.
 local function recordID(id, cost, refund)
@@ -34,123 +50,126 @@ end
 -- bounds ports Policy.bounds.
 local function bounds(p, st)
   local k = p.kind
+  if k == KIND_SLIDING_LOG then
+    return slidingLogExpires(st, p), slidingLogNewest(st)
+  end
+  local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
   if k == KIND_FIXED_WINDOW then
-    local s = fixedWindowOf(st.v)
-    return fixedWindowExpires(s, p.params), fixedWindowNewest(s)
-  elseif k == KIND_SLIDING_LOG then
-    local s = st.log
-    return slidingLogExpires(s, p.params), slidingLogNewest(s)
+    return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
   elseif k == KIND_SLIDING_WINDOW then
-    local s = slidingWindowOf(st.v)
-    return slidingWindowExpires(s, p.params), slidingWindowNewest(s)
+    return slidingWindowExpires(a, b, c, p), slidingWindowNewest(d)
   elseif k == KIND_TOKEN_BUCKET then
-    local s = tokenBucketOf(st.v)
-    return tokenBucketExpires(s, p.params), tokenBucketNewest(s)
+    return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
   elseif k == KIND_GCRA then
-    local s = gcraOf(st.v)
-    return gcraExpires(s, p.params), gcraNewest(s)
+    return gcraExpires(a, b, c, d, e, p), gcraNewest(e)
   end
   return 0, 0
 end
 
--- step ports Policy.step.
-local function step(p, st, now, cost, refund, w)
-  local d
-  local k, prm = p.kind, p.params
-  if k == KIND_FIXED_WINDOW then
-    local s = fixedWindowOf(st.v)
+-- step ports Policy.step: it puts the decision in ds at offset o and
+-- returns the write.
+local function step(p, st, now, cost, refund, ds, o)
+  local k = p.kind
+  local w = {expires = 0}
+  local allowed, remaining, resetAfter, retryAfter
+  if k == KIND_SLIDING_LOG then
     if refund then
-      s, d = fixedWindowRefund(s, prm, now, cost)
+      w.log, allowed, remaining, resetAfter, retryAfter = slidingLogRefund(st, p, now, cost)
     else
-      s, d = fixedWindowDecide(s, prm, now, cost)
+      w.log, allowed, remaining, resetAfter, retryAfter = slidingLogDecide(st, p, now, cost)
     end
-    w.v, w.expires = fixedWindowFields(s), fixedWindowExpires(s, prm)
-  elseif k == KIND_SLIDING_LOG then
-    local s = st.log
-    if refund then
-      w.log, d = slidingLogRefund(s, prm, now, cost)
-    else
-      w.log, d = slidingLogDecide(s, prm, now, cost)
-    end
-    w.expires = 0
     if w.log.newest ~= 0 then
-      w.expires = w.log.newest + prm.window
+      w.expires = w.log.newest + p.window
     end
-  elseif k == KIND_SLIDING_WINDOW then
-    -- No Refund: a store never asks (sluice.Limiter refuses it first).
-    local s = slidingWindowOf(st.v)
-    s, d = slidingWindowDecide(s, prm, now, cost)
-    w.v, w.expires = slidingWindowFields(s), slidingWindowExpires(s, prm)
-  elseif k == KIND_TOKEN_BUCKET then
-    local s = tokenBucketOf(st.v)
-    if refund then
-      s, d = tokenBucketRefund(s, prm, now, cost)
-    else
-      s, d = tokenBucketDecide(s, prm, now, cost)
+    ds[o + 2] = p.limit
+  else
+    local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
+    if k == KIND_FIXED_WINDOW then
+      if refund then
+        a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowRefund(a, b, c, p, now, cost)
+      else
+        a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
+      end
+      w.v, w.expires = {a, b, c}, fixedWindowExpires(a, b, p)
+      ds[o + 2] = p.limit
+    elseif k == KIND_SLIDING_WINDOW then
+      -- No Refund: a store never asks (sluice.Limiter refuses it first).
+      a, b, c, d, allowed, remaining, resetAfter, retryAfter = slidingWindowDecide(a, b, c, d, p, now, cost)
+      w.v, w.expires = {a, b, c, d}, slidingWindowExpires(a, b, c, p)
+      ds[o + 2] = p.limit
+    elseif k == KIND_TOKEN_BUCKET then
+      if refund then
+        a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
+      else
+        a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost)
+      end
+      w.v, w.expires = {a, b, c}, tokenBucketExpires(a, b, c, p)
+      ds[o + 2] = p.burst
+    else -- KIND_GCRA
+      if refund then
+        a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraRefund(a, b, c, d, e, p, now, cost)
+      else
+        a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost)
+      end
+      w.v, w.expires = {a, b, c, d, e}, gcraExpires(a, b, c, d, e, p)
+      ds[o + 2] = p.burst
     end
-    w.v, w.expires = tokenBucketFields(s), tokenBucketExpires(s, prm)
-  elseif k == KIND_GCRA then
-    local s = gcraOf(st.v)
-    if refund then
-      s, d = gcraRefund(s, prm, now, cost)
-    else
-      s, d = gcraDecide(s, prm, now, cost)
-    end
-    w.v, w.expires = gcraFields(s), gcraExpires(s, prm)
   end
-  return d
+  ds[o + 1] = allowed and 1 or 0
+  ds[o + 3], ds[o + 4], ds[o + 5] = remaining, resetAfter, retryAfter
+  return w
 end
 
--- current ports current.
+-- current ports current: the state, the time it is decided at, and when
+-- the caller's clock lies too far behind, nil, 0 and by how much.
 local function current(p, st, now, maxRegression)
   if st == nil then
-    return ABSENT, now, nil
+    return absentOf(p.kind), now
   end
   local exp, nw = bounds(p, st)
   if exp <= now then
-    return ABSENT, now, nil
+    return absentOf(p.kind), now
   end
   local at = now
   if nw > now then
     if maxRegression >= 0 and nw - now > maxRegression then
-      return nil, 0, {behind = nw - now, max = maxRegression}
+      return nil, 0, nw - now
     end
     at = nw
   end
   if exp <= at then
-    return ABSENT, at, nil
+    return absentOf(p.kind), at
   end
-  return st, at, nil
+  return st, at
 end
 
--- lengthen ports lengthen.
-local function lengthen(d, lag)
-  if d.retryAfter > 0 then
-    d.retryAfter = d.retryAfter + lag
+-- lengthen ports lengthen, on the decision at offset o of ds.
+local function lengthen(ds, o, lag)
+  if ds[o + 5] > 0 then
+    ds[o + 5] = ds[o + 5] + lag
   end
-  if d.resetAfter > 0 then
-    d.resetAfter = d.resetAfter + lag
+  if ds[o + 4] > 0 then
+    ds[o + 4] = ds[o + 4] + lag
   end
-  return d
 end
 
 -- evaluate ports Evaluate.
 local function evaluate(ev)
-  local n = #ev.policies
-  ev.decisions, ev.writes = {}, {}
+  local n, now = #ev.policies, ev.now
+  local ds, ws = {}, {}
+  ev.decisions, ev.writes = ds, ws
   ev.commit, ev.replayed = false, false
   if ev.reset then
     for i, p in ipairs(ev.policies) do
-      ev.writes[i] = {}
-      ev.decisions[i] = step(p, ABSENT, ev.now, 0, false, ev.writes[i])
-      ev.writes[i].fresh = true
+      ws[i] = step(p, absentOf(p.kind), now, 0, false, ds, DECISION_SIZE * (i - 1))
+      ws[i].fresh = true
     end
     ev.commit = true
     return nil
   end
   if ev.replay ~= nil then
-    if #ev.replay ~= n then
-      return {replay = {first = #ev.replay, now = n}}
+    if #ev.replay ~= DECISION_SIZE * n then
+      return {replay = {first = #ev.replay / DECISION_SIZE, now = n}}
     end
     ev.decisions = ev.replay
     ev.replayed = true
@@ -158,26 +177,26 @@ local function evaluate(ev)
   end
   local admitted = true
   for i, p in ipairs(ev.policies) do
-    local st, at, err = current(p, ev.states[i], ev.now, ev.maxRegression)
-    if err ~= nil then
-      err.policy = i - 1
-      return {clock = err}
+    local st, at, behind = current(p, ev.states[i], now, ev.maxRegression)
+    if st == nil then
+      return {clock = {policy = i - 1, behind = behind, max = ev.maxRegression}}
     end
-    local w = {}
-    local d = step(p, st, at, ev.cost, ev.refund, w)
+    local o = DECISION_SIZE * (i - 1)
+    local w = step(p, st, at, ev.cost, ev.refund, ds, o)
     w.fresh = st ~= ev.states[i]
-    if at ~= ev.now then
-      d = lengthen(d, at - ev.now)
+    if at ~= now then
+      lengthen(ds, o, at - now)
     end
-    ev.decisions[i], ev.writes[i] = d, w
-    admitted = admitted and d.allowed
+    ws[i] = w
+    admitted = admitted and ds[o + 1] == 1
   end
   if not admitted and n > 1 then
     for i, p in ipairs(ev.policies) do
-      if ev.decisions[i].allowed then
-        local st, at = current(p, ev.states[i], ev.now, ev.maxRegression)
-        local d = step(p, st, at, 0, false, {})
-        ev.decisions[i] = lengthen(d, at - ev.now)
+      local o = DECISION_SIZE * (i - 1)
+      if ds[o + 1] == 1 then
+        local st, at = current(p, ev.states[i], now, ev.maxRegression)
+        step(p, st, at, 0, false, ds, o)
+        lengthen(ds, o, at - now)
       end
     end
   end

@@ -1,62 +1,51 @@
---[[ fixed_window.lua ports internal/algorithm/fixed_window.go. The state
-is a table {start, count, last}; the fields of a State are an array. ]]
-
--- fixedWindowOf ports fixedWindowOf.
-local function fixedWindowOf(v)
-  return {start = v[1], count = v[2], last = v[3]}
-end
-
--- fixedWindowFields ports FixedWindow.fields.
-local function fixedWindowFields(s)
-  return {s.start, s.count, s.last}
-end
+--[[ fixed_window.lua ports internal/algorithm/fixed_window.go. A state is
+its fields as separate values (start, count, last), as fixedWindowOf reads
+them from State.V; Decide and Refund return the state after them, then
+the decision's allowed, remaining, resetAfter and retryAfter (its limit is
+p.limit). Values, not tables: a decision allocates nothing here. ]]
 
 -- fixedWindowDecide ports FixedWindow.Decide.
-local function fixedWindowDecide(s, p, now, cost)
-  if s.start == 0 or now >= s.start + p.window then
-    s = {start = now, count = 0, last = 0}
+local function fixedWindowDecide(start, count, last, p, now, cost)
+  local window, limit = p.window, p.limit
+  if start == 0 or now >= start + window then
+    start, count, last = now, 0, 0
   end
-  local d = decision(p.limit)
-  local need = verdictCost(cost)
-  if s.count + need > p.limit then
-    d.remaining = math.max(p.limit - s.count, 0) -- Count > Limit after a limit was lowered
-    d.resetAfter = s.start + p.window - now
-    d.retryAfter = d.resetAfter
-    return s, d
+  if count + verdictCost(cost) > limit then
+    local resetAfter = start + window - now
+    -- Count > Limit after a limit was lowered: remaining 0.
+    return start, count, last, false, math.max(limit - count, 0), resetAfter, resetAfter
   end
   if cost > 0 then
-    s = {start = s.start, count = s.count + cost, last = now}
+    count, last = count + cost, now
   end
-  d.allowed = true
-  d.remaining = p.limit - s.count
-  if s.count > 0 then
-    d.resetAfter = s.start + p.window - now
+  local resetAfter = 0
+  if count > 0 then
+    resetAfter = start + window - now
   end
-  return s, d
+  return start, count, last, true, limit - count, resetAfter, 0
 end
 
 -- fixedWindowExpires ports FixedWindow.Expires.
-local function fixedWindowExpires(s, p)
-  if s.count == 0 then
+local function fixedWindowExpires(start, count, p)
+  if count == 0 then
     return 0
   end
-  return s.start + p.window
+  return start + p.window
 end
 
 -- fixedWindowRefund ports FixedWindow.Refund.
-local function fixedWindowRefund(s, p, now, n)
-  if s.start ~= 0 and now < s.start + p.window then
-    s = {start = s.start, count = math.max(s.count - n, 0), last = now}
+local function fixedWindowRefund(start, count, last, p, now, n)
+  if start ~= 0 and now < start + p.window then
+    count, last = math.max(count - n, 0), now
   end
-  if fixedWindowExpires(s, p) <= now then
-    s = {start = 0, count = 0, last = 0} -- nothing left to remember: absent, as a store drops it
+  if fixedWindowExpires(start, count, p) <= now then
+    start, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it
   end
-  local _, d = fixedWindowDecide(s, p, now, 0)
-  d.allowed, d.retryAfter = true, 0
-  return s, d
+  local _, _, _, _, remaining, resetAfter = fixedWindowDecide(start, count, last, p, now, 0)
+  return start, count, last, true, remaining, resetAfter, 0
 end
 
 -- fixedWindowNewest ports FixedWindow.Newest.
-local function fixedWindowNewest(s)
-  return s.last
+local function fixedWindowNewest(last)
+  return last
 end

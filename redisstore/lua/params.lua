@@ -61,11 +61,6 @@ local function verdictCost(cost)
   return cost
 end
 
--- decision returns Decision{Limit: limit}.
-local function decision(limit)
-  return {allowed = false, limit = limit, remaining = 0, resetAfter = 0, retryAfter = 0}
-end
-
 -- check ports Params.Check: the field and the rule p breaks for kind k, or nil.
 local function check(p, k)
   if p.window < MIN_WINDOW or p.window > MAX_WINDOW then

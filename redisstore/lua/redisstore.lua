@@ -21,6 +21,14 @@ ARGV, by the named positions below (redisstore.go names them alike):
   ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
   ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
   ARGV_DEDUPE_MAX      how many ids are remembered at most.
+  ARGV_CARRY           a key rotation (sluice.Evaluation.Previous): "" (none), "probe"
+                       (answer {REPLY_ABSENT}, deciding and writing nothing, when a
+                       policy has no live state), or "carry": then CARRY_PER_POLICY
+                       more arguments per policy follow the policies', the state
+                       read under an older subject ("" for none; a fixed-size
+                       state as stored, a log's entries joined by ',') and its
+                       TTL in ms. A policy without a live state takes it, kept
+                       at its key with that TTL whatever the verdict.
   then ARGV_PER_POLICY arguments per policy, from ARGV_POLICIES + 1: the
   algorithm (algorithm.Kind), limit, window in µs, burst, and the TTL grace
   in µs (CleanupGrace + ExtraTTL), at offsets POLICY_KIND .. POLICY_GRACE.
@@ -34,8 +42,8 @@ type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
 
-State: a fixed-size algorithm's fields as one string of integers joined
-by ':' (SET … PX), the sliding log as a list of admission times in µs.
+State: a fixed-size algorithm's fields as one string (SET … PX; its form
+is in codec.lua), the sliding log as a list of admission times in µs.
 Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent.
@@ -50,7 +58,8 @@ local ARGV_MODE = 4
 local ARGV_ID = 5
 local ARGV_DEDUPE_TTL = 6
 local ARGV_DEDUPE_MAX = 7
-local ARGV_POLICIES = 7
+local ARGV_CARRY = 8
+local ARGV_POLICIES = 8
 local ARGV_PER_POLICY = 5
 local POLICY_KIND = 1
 local POLICY_LIMIT = 2
@@ -58,16 +67,11 @@ local POLICY_WINDOW = 3
 local POLICY_BURST = 4
 local POLICY_GRACE = 5
 local REPLY_PER_POLICY = 5
+local CARRY_PER_POLICY = 2
+local REPLY_ABSENT = 2
 local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
 local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
-
--- The string a fixed-size state of n fields is kept as.
-local FIELDS_PATTERN = {
-  [3] = '^(%d+):(%d+):(%d+)$',
-  [4] = '^(%d+):(%d+):(%d+):(%d+)$',
-  [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
-}
 
 -- readState returns the state of kind at key, or nil when there is none.
 -- Anything but what apply writes is corrupt.
@@ -79,22 +83,13 @@ local function readState(key, kind)
     end
     local view = {key = key, len = len, newest = 0}
     view.newest = slidingLogEntry(view, len - 1)
-    return {log = view}
+    return view
   end
   local raw = read(key, 'GET')
   if not raw then
     return nil
   end
-  local n = FIELDS[kind]
-  local f = {string.match(raw, FIELDS_PATTERN[n])}
-  local v = {0, 0, 0, 0, 0}
-  for i = 1, n do
-    v[i] = int(f[i])
-    if v[i] == nil then
-      corrupt(key, 'holds ' .. string.sub(raw, 1, 60) .. ': want ' .. n .. ' integers >= 0 joined by ":"')
-    end
-  end
-  return {v = v}
+  return decodeState(key, raw, FIELDS[kind])
 end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
@@ -106,11 +101,7 @@ local function apply(key, kind, w, stored, now, grace)
   end
   local px = fmt(math.max(ceilDiv(w.expires - now + grace, 1000), 1))
   if kind ~= KIND_SLIDING_LOG then
-    local f = {}
-    for i = 1, FIELDS[kind] do
-      f[i] = fmt(w.v[i])
-    end
-    redis.call('SET', key, table.concat(f, ':'), 'PX', px)
+    redis.call('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
     return
   end
   local e = w.log
@@ -136,8 +127,9 @@ end
 -- (id -> the reply's integers, comma-separated) per subject and first
 -- policy, as memstore's dedupeLog.
 
--- dedupeLookup returns the decisions remembered for id, or nil when there
--- are none or they expired (score <= now).
+-- dedupeLookup returns the decisions remembered for id (flat, as
+-- evaluate keeps them), or nil when there are none or they expired
+-- (score <= now).
 local function dedupeLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
     if redis.call('PTTL', key) == -1 then
@@ -170,12 +162,7 @@ local function dedupeLookup(zkey, hkey, id, now)
   if #vals % REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. #vals .. ' integers')
   end
-  local decisions = {}
-  for i = 1, #vals, REPLY_PER_POLICY do
-    decisions[#decisions + 1] = {allowed = vals[i] == 1, limit = vals[i + 1], remaining = vals[i + 2],
-      resetAfter = vals[i + 3], retryAfter = vals[i + 4]}
-  end
-  return decisions
+  return vals
 end
 
 -- hdel deletes fields from the hash at key, 1000 at a time: Lua's unpack
@@ -214,29 +201,106 @@ end
 
 ------------------------------------------------------------------------
 
--- policyArgs reads and checks the arguments of policy i.
-local function policyArgs(ARGV, i, cost, refund)
-  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
+------------------------------------------------------------------------
+-- Key rotation: state read under an older subject of the same caller.
+
+-- live reports whether st, the state of policy p, is there and not yet
+-- equal to absent at now.
+local function live(p, st, now)
+  return st ~= nil and bounds(p, st) > now
+end
+
+-- carryOver gives each policy of ev without a live state the state
+-- carried in ARGV, if any: checked first (anything the store would not
+-- have written is corrupt), then kept at its key with its TTL.
+local function carryOver(KEYS, ARGV, ev, now)
+  local n = #ev.policies
+  local take = {}
+  for i, p in ipairs(ev.policies) do
+    local base = ARGV_POLICIES + ARGV_PER_POLICY * n + CARRY_PER_POLICY * (i - 1)
+    local raw, ttl = ARGV[base + 1], arg(ARGV[base + 2])
+    if raw ~= '' and ttl ~= nil and ttl >= 1 and not live(p, ev.states[i], now) then
+      if p.kind == KIND_SLIDING_LOG then
+        local entries, prev = {}, 0
+        for x in string.gmatch(raw, '[^,]+') do
+          local v = int(x)
+          if v == nil or v < prev or v < 1 then
+            corrupt(KEYS[i], 'carried log entry ' .. string.sub(x, 1, 40) .. ': want ascending integers > 0')
+          end
+          entries[#entries + 1], prev = x, v
+        end
+        take[i] = {entries = entries, ttl = ttl}
+      else
+        take[i] = {v = decodeState(KEYS[i], raw, FIELDS[p.kind]), ttl = ttl}
+      end
+    end
+  end
+  for i, p in ipairs(ev.policies) do
+    local c = take[i]
+    if c ~= nil and c.v ~= nil then
+      redis.call('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
+      ev.states[i] = c.v
+    elseif c ~= nil then
+      redis.call('DEL', KEYS[i])
+      for j = 1, #c.entries, 1000 do
+        redis.call('RPUSH', KEYS[i], unpack(c.entries, j, math.min(j + 999, #c.entries)))
+      end
+      redis.call('PEXPIRE', KEYS[i], fmt(c.ttl))
+      ev.states[i] = readState(KEYS[i], p.kind)
+    end
+  end
+end
+
+------------------------------------------------------------------------
+
+-- Policies whose arguments were read and checked, by those arguments
+-- joined. A function library keeps this table from one call to the next
+-- (a script, before Redis 7, starts every call with it empty), so a
+-- policy's numbers are parsed and checked once, not on every decision;
+-- the policies in it are never modified. It is emptied when it holds
+-- checkedMax policies.
+local checked, nChecked, checkedMax = {}, 0, 1000
+
+-- parsePolicy reads and checks the arguments of a policy from
+-- ARGV[base + 1]: the policy as engine.lua takes it, with its TTL grace.
+local function parsePolicy(ARGV, base, i)
   local kind = arg(ARGV[base + POLICY_KIND])
-  local prm = {limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]), burst = arg(ARGV[base + POLICY_BURST])}
-  local grace = arg(ARGV[base + POLICY_GRACE])
-  if kind == nil or not (prm.limit and prm.window and prm.burst and grace) then
+  local p = {kind = kind, limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]),
+    burst = arg(ARGV[base + POLICY_BURST]), grace = arg(ARGV[base + POLICY_GRACE])}
+  if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
   end
-  local field, rule = check(prm, kind)
-  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and prm.burst ~= prm.limit then
+  local field, rule = check(p, kind)
+  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
     field, rule = 'burst', 'applies only to token_bucket and gcra'
-  elseif field == nil and cost > capacity(prm, kind) then
-    field, rule = 'cost', 'is above the capacity ' .. fmt(capacity(prm, kind))
-  elseif field == nil and (grace < 0 or grace > MAX_GRACE) then
+  elseif field == nil and (p.grace < 0 or p.grace > MAX_GRACE) then
     field, rule = 'grace', 'must be between 0 and ' .. fmt(MAX_GRACE) .. ' µs'
-  elseif field == nil and refund and kind == KIND_SLIDING_WINDOW then
-    field, rule = 'algorithm', 'sliding_window has no refund'
   end
   if field ~= nil then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)
   end
-  return {kind = kind, params = prm}, grace
+  return p
+end
+
+-- policyArgs returns policy i, checked, with cost and refund: the policy
+-- as engine.lua takes it, and its TTL grace.
+local function policyArgs(ARGV, i, cost, refund)
+  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
+  local id = table.concat(ARGV, ' ', base + 1, base + ARGV_PER_POLICY)
+  local p = checked[id]
+  if p == nil then
+    p = parsePolicy(ARGV, base, i)
+    if nChecked >= checkedMax then
+      checked, nChecked = {}, 0
+    end
+    checked[id], nChecked = p, nChecked + 1
+  end
+  if cost > capacity(p, p.kind) then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': cost is above the capacity ' .. fmt(capacity(p, p.kind)))
+  elseif refund and p.kind == KIND_SLIDING_WINDOW then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm sliding_window has no refund')
+  end
+  return p, p.grace
 end
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments.
@@ -246,8 +310,15 @@ local function main(KEYS, ARGV)
   if rawID ~= '' then
     n = n - 2
   end
-  if n < 1 or #ARGV ~= ARGV_POLICIES + ARGV_PER_POLICY * n then
-    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. ARGV_PER_POLICY .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  local carry = ARGV[ARGV_CARRY]
+  local perPolicy = ARGV_PER_POLICY
+  if carry == 'carry' then
+    perPolicy = ARGV_PER_POLICY + CARRY_PER_POLICY
+  elseif carry ~= '' and carry ~= 'probe' then
+    raise('SLUICE_ARGS', 'carry must be "", probe or carry')
+  end
+  if n < 1 or #ARGV ~= ARGV_POLICIES + perPolicy * n then
+    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. perPolicy .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
   local cost = arg(ARGV[ARGV_COST])
   if cost == nil or cost < 0 then
@@ -261,8 +332,8 @@ local function main(KEYS, ARGV)
   if refund and cost < 1 then
     raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
   end
-  if reset and (cost ~= 0 or rawID ~= '') then
-    raise('SLUICE_ARGS', 'a reset takes cost 0 and no evaluation id')
+  if reset and (cost ~= 0 or rawID ~= '' or carry ~= '') then
+    raise('SLUICE_ARGS', 'a reset takes cost 0, no evaluation id and no carry')
   end
   local id = recordID(rawID, cost, refund)
   if id == '' and rawID ~= '' then
@@ -301,6 +372,15 @@ local function main(KEYS, ARGV)
       ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
     end
   end
+  if carry == 'probe' then
+    for i = 1, n do
+      if not live(ev.policies[i], ev.states[i], now) then
+        return {REPLY_ABSENT}
+      end
+    end
+  elseif carry == 'carry' then
+    carryOver(KEYS, ARGV, ev, now)
+  end
   if id ~= '' then
     ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
   end
@@ -311,14 +391,8 @@ local function main(KEYS, ARGV)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end
-  local reply = {ev.replayed and 1 or 0}
-  for _, d in ipairs(ev.decisions) do
-    reply[#reply + 1] = d.allowed and 1 or 0
-    reply[#reply + 1] = d.limit
-    reply[#reply + 1] = d.remaining
-    reply[#reply + 1] = d.resetAfter
-    reply[#reply + 1] = d.retryAfter
-  end
+  local reply = ev.decisions
+  table.insert(reply, 1, ev.replayed and 1 or 0)
   if ev.replayed then
     return reply
   end
@@ -348,5 +422,10 @@ local function decide(keys, args)
   if type(res) == 'table' and res.err then
     return res -- a call's error reply (OOM, READONLY, …), its code kept
   end
-  error(res)
+  if type(res) == 'string' then
+    error(res) -- a bug of this code: Lua's own message
+  end
+  -- Never raise anything else: Redis 7.0 crashes on an error value that
+  -- is neither a string nor an error reply.
+  return redis.error_reply('ERR sluice: ' .. tostring(res))
 end

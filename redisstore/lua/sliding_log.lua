@@ -2,7 +2,8 @@
 a Redis list of admission times in µs, ascending; a state here is a view
 of it, {key, len, newest}, and s.Entries[i] of the Go code is
 slidingLogEntry(s, i), one LINDEX. An edit is a table
-{cut, drop, add, at, newest}. ]]
+{cut, drop, add, at, newest}; a decision is the values allowed,
+remaining, resetAfter and retryAfter (its limit is p.limit). ]]
 
 -- slidingLogEntry returns s.Entries[i] (0-based), read from the list.
 local function slidingLogEntry(s, i)
@@ -33,19 +34,21 @@ local function slidingLogCut(s, p, now)
   return lo
 end
 
--- slidingLogDecide ports SlidingLog.Decide.
+-- slidingLogDecide ports SlidingLog.Decide: the edit, then the
+-- decision's allowed, remaining, resetAfter and retryAfter (its limit is
+-- p.limit).
 local function slidingLogDecide(s, p, now, cost)
-  local n = s.len
+  local limit, window = p.limit, p.window
   local cut = slidingLogCut(s, p, now)
-  local count = n - cut
-  local d = decision(p.limit)
+  local count = s.len - cut
   local need = verdictCost(cost)
-  if count + need > p.limit then
+  if count + need > limit then
     -- The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
-    d.remaining = math.max(p.limit - count, 0) -- count > Limit after a limit was lowered
-    d.retryAfter = slidingLogEntry(s, cut + count + need - p.limit - 1) + p.window - now
-    d.resetAfter = slidingLogNewest(s) + p.window - now
-    return {cut = 0, drop = 0, add = 0, at = 0, newest = slidingLogNewest(s)}, d
+    local retryAfter = slidingLogEntry(s, cut + count + need - limit - 1) + window - now
+    -- count > Limit after a limit was lowered: remaining 0.
+    local newest = slidingLogNewest(s)
+    return {cut = 0, drop = 0, add = 0, at = 0, newest = newest}, false, math.max(limit - count, 0),
+      newest + window - now, retryAfter
   end
   local e = {cut = cut, drop = 0, add = 0, at = 0, newest = 0}
   if count > 0 then
@@ -54,12 +57,11 @@ local function slidingLogDecide(s, p, now, cost)
   if cost > 0 then
     e.add, e.at, e.newest = cost, now, now
   end
-  d.allowed = true
-  d.remaining = p.limit - count - cost
+  local resetAfter = 0
   if e.newest ~= 0 then
-    d.resetAfter = e.newest + p.window - now
+    resetAfter = e.newest + window - now
   end
-  return e, d
+  return e, true, limit - count - cost, resetAfter, 0
 end
 
 -- slidingLogRefund ports SlidingLog.Refund.
@@ -68,13 +70,12 @@ local function slidingLogRefund(s, p, now, n)
   local count = s.len - cut
   local e = {cut = cut, drop = math.min(n, count), add = 0, at = 0, newest = 0}
   local left = count - e.drop
-  local d = decision(p.limit)
-  d.allowed, d.remaining = true, math.max(p.limit - left, 0)
+  local resetAfter = 0
   if left > 0 then
     e.newest = slidingLogEntry(s, cut + left - 1)
-    d.resetAfter = e.newest + p.window - now
+    resetAfter = e.newest + p.window - now
   end
-  return e, d
+  return e, true, math.max(p.limit - left, 0), resetAfter, 0
 end
 
 -- slidingLogExpires ports SlidingLog.Expires.

@@ -1,33 +1,26 @@
---[[ token_bucket.lua ports internal/algorithm/token_bucket.go. The state
-is a table {tokens, last, window}. ]]
-
--- tokenBucketOf ports tokenBucketOf.
-local function tokenBucketOf(v)
-  return {tokens = v[1], last = v[2], window = v[3]}
-end
-
--- tokenBucketFields ports TokenBucket.fields.
-local function tokenBucketFields(s)
-  return {s.tokens, s.last, s.window}
-end
+--[[ token_bucket.lua ports internal/algorithm/token_bucket.go. A state is
+its fields as separate values (tokens, last, window), as tokenBucketOf
+reads them; Decide and Refund return the state after them, then the
+decision's allowed, remaining, resetAfter and retryAfter (its limit is
+p.burst). ]]
 
 -- tokenBucketTokens ports TokenBucket.tokens.
-local function tokenBucketTokens(s, p)
-  if s.window ~= 0 and s.window ~= p.window then
-    return math.min(quo(s.tokens, s.window), p.burst) * p.window
+local function tokenBucketTokens(tokens, window, p)
+  if window ~= 0 and window ~= p.window then
+    return math.min(quo(tokens, window), p.burst) * p.window
   end
-  return math.min(s.tokens, p.burst * p.window)
+  return math.min(tokens, p.burst * p.window)
 end
 
 -- tokenBucketLevel ports TokenBucket.level.
-local function tokenBucketLevel(s, p, now)
+local function tokenBucketLevel(tokens, last, window, p, now)
   local full = p.burst * p.window
-  if s.last == 0 then
+  if last == 0 then
     return full
   end
-  local tokens = tokenBucketTokens(s, p)
+  tokens = tokenBucketTokens(tokens, window, p)
   -- Refill, capping the elapsed time first so elapsed × Limit cannot overflow.
-  local elapsed = now - s.last
+  local elapsed = now - last
   if elapsed >= ceilDiv(full - tokens, p.limit) then
     return full
   end
@@ -35,52 +28,44 @@ local function tokenBucketLevel(s, p, now)
 end
 
 -- tokenBucketDecide ports TokenBucket.Decide.
-local function tokenBucketDecide(s, p, now, cost)
+local function tokenBucketDecide(tokens, last, window, p, now, cost)
   local full = p.burst * p.window
-  local tokens = tokenBucketLevel(s, p, now)
-  local d = decision(p.burst)
+  local level = tokenBucketLevel(tokens, last, window, p, now)
   local need = verdictCost(cost) * p.window
-  if tokens < need then
-    d.remaining = quo(tokens, p.window)
-    d.retryAfter = ceilDiv(need - tokens, p.limit)
-    d.resetAfter = ceilDiv(full - tokens, p.limit)
-    return s, d
+  if level < need then
+    return tokens, last, window, false, quo(level, p.window), ceilDiv(full - level, p.limit), ceilDiv(need - level, p.limit)
   end
   if cost > 0 then
-    tokens = tokens - cost * p.window
-    s = {tokens = tokens, last = now, window = p.window}
+    level = level - cost * p.window
+    tokens, last, window = level, now, p.window
   end
-  d.allowed = true
-  d.remaining = quo(tokens, p.window)
-  d.resetAfter = ceilDiv(full - tokens, p.limit)
-  return s, d
+  return tokens, last, window, true, quo(level, p.window), ceilDiv(full - level, p.limit), 0
 end
 
 -- tokenBucketExpires ports TokenBucket.Expires.
-local function tokenBucketExpires(s, p)
-  if s.last == 0 then
+local function tokenBucketExpires(tokens, last, window, p)
+  if last == 0 then
     return 0
   end
-  return s.last + ceilDiv(p.burst * p.window - tokenBucketTokens(s, p), p.limit)
+  return last + ceilDiv(p.burst * p.window - tokenBucketTokens(tokens, window, p), p.limit)
 end
 
 -- tokenBucketRefund ports TokenBucket.Refund.
-local function tokenBucketRefund(s, p, now, n)
-  if s.last ~= 0 then
-    local tokens = tokenBucketLevel(s, p, now)
-    -- tokens + n*window may pass 2^53 and round, but only far above the
+local function tokenBucketRefund(tokens, last, window, p, now, n)
+  if last ~= 0 then
+    local level = tokenBucketLevel(tokens, last, window, p, now)
+    -- level + n*window may pass 2^53 and round, but only far above the
     -- full bucket (< 2^53), so the min stays exact.
-    s = {tokens = math.min(tokens + n * p.window, p.burst * p.window), last = now, window = p.window}
-    if tokenBucketExpires(s, p) <= now then
-      s = {tokens = 0, last = 0, window = 0} -- full: absent, as a store drops it
+    tokens, last, window = math.min(level + n * p.window, p.burst * p.window), now, p.window
+    if tokenBucketExpires(tokens, last, window, p) <= now then
+      tokens, last, window = 0, 0, 0 -- full: absent, as a store drops it
     end
   end
-  local _, d = tokenBucketDecide(s, p, now, 0)
-  d.allowed, d.retryAfter = true, 0
-  return s, d
+  local _, _, _, _, remaining, resetAfter = tokenBucketDecide(tokens, last, window, p, now, 0)
+  return tokens, last, window, true, remaining, resetAfter, 0
 end
 
 -- tokenBucketNewest ports TokenBucket.Newest.
-local function tokenBucketNewest(s)
-  return s.last
+local function tokenBucketNewest(last)
+  return last
 end

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumHint says how to get the browser the dashboard test drives.
+const chromiumHint = "make deps (apt-get install chromium)"
+
+// TestDashboardInBrowser opens the dashboard of a running sluice serve in
+// a real headless Chromium: the policies render, the decision counts move
+// after traffic reaches /v1/check, the playground draws a chart, and the
+// page asks nothing of any other origin. Like the Redis tests, it fails
+// when the binary it needs is missing: make test installs it.
+func TestDashboardInBrowser(t *testing.T) {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("chromium is not installed; install it with: %s", chromiumHint)
+	}
+	s := startServe(t, "-c", writeConfig(t, `
+server:
+  listen: "127.0.0.1:0"
+policies:
+  - { id: login, algorithm: sliding_log, limit: 5, window: 1h }
+  - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20 }
+`))
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+		chromedp.Flag("disable-gpu", true),
+	)
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to sandbox as root
+	}
+	// A bound for a browser that hangs, not a performance threshold.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+
+	var mu sync.Mutex
+	var requested []string
+	if err := chromedp.Listen(bctx, func(ev any) {
+		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
+			mu.Lock()
+			requested = append(requested, e.Request.URL)
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("chromedp: %v", err)
+	}
+
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	waitFor := func(what, predicate string) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](predicate, chromedp.WithPollingTimeout(90*time.Second))); err != nil {
+			t.Fatalf("waiting until %s (%s): %v", what, predicate, err)
+		}
+	}
+	cell := func(policy, class string) string {
+		return `document.querySelector('#policies tr[data-policy="` + policy + `"] td.` + class + `').textContent`
+	}
+
+	// The policies render with their numbers.
+	do("open /ui", chromedp.Navigate(s.url+"/ui"), chromedp.WaitVisible(chromedp.CSS(`#policies tr[data-policy="api"]`)))
+	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra 100 1s 20" {
+		t.Errorf("policies table = %q, want login and api with their numbers", got)
+	}
+	if got := eval(cell("login", "allowed")); got != "0" {
+		t.Errorf("login allowed before traffic = %q, want 0", got)
+	}
+	if got := eval(`document.querySelector('#store').textContent`); !strings.Contains(got, "reachable") || !strings.Contains(got, "memory") {
+		t.Errorf("store health = %q, want the memory store reachable", got)
+	}
+
+	// Traffic moves the counts: 5 allowed and 2 denied for login.
+	for range 7 {
+		resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"login","subject":"alice@example.com"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	waitFor("the login counts move", cell("login", "allowed")+` === "5" && `+cell("login", "denied")+` === "2"`)
+	if n := eval(`String(document.querySelectorAll('#live .live-policy[data-policy="login"] polyline').length)`); n != "2" {
+		t.Errorf("live chart of login has %s lines, want 2 (allowed, denied)", n)
+	}
+
+	// The playground runs the simulator and draws its chart.
+	do("run the playground", chromedp.Click(chromedp.CSS(`#sim-form button`)))
+	waitFor("the playground draws a chart", `document.querySelectorAll('#sim-chart svg g.lane').length === 5`)
+	if got := eval(`document.querySelector('#sim-results tr[data-algorithm="fixed_window"]').cells[3].textContent`); got != "19" {
+		t.Errorf("playground: fixed_window most in one window = %q, want 19 on the boundary pattern", got)
+	}
+	if got := eval(`document.querySelector('#sim-error').hidden ? '' : document.querySelector('#sim-error').textContent`); got != "" {
+		t.Errorf("playground error %q", got)
+	}
+
+	// Nothing on the page names the subject.
+	if body := eval(`document.body.innerText`); strings.Contains(body, "alice") {
+		t.Errorf("the dashboard shows the subject:\n%s", body)
+	}
+
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(90))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "dashboard.png")
+	if err := os.WriteFile(path, shot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+
+	// Every request the page made went to the server it came from.
+	mu.Lock()
+	defer mu.Unlock()
+	seen := map[string]bool{}
+	for _, u := range requested {
+		switch {
+		case strings.HasPrefix(u, s.url+"/"):
+			seen[strings.TrimPrefix(u, s.url)] = true
+		case strings.HasPrefix(u, "data:"):
+		default:
+			t.Errorf("the page requested %s, outside the server %s", u, s.url)
+		}
+	}
+	for _, want := range []string{"/ui", "/ui/app.js", "/ui/app.css", "/ui/api/state", "/ui/api/simulate"} {
+		if !seen[want] {
+			t.Errorf("no request for %s seen among %v: is the network listener working?", want, requested)
+		}
+	}
+}

@@ -1,0 +1,7 @@
+package server
+
+import "github.com/sluicehq/sluice"
+
+// SetMetricsClock makes m count live decisions in the seconds of clock,
+// so tests on a fake clock can say which second a decision falls in.
+func SetMetricsClock(m *Metrics, clock sluice.Clock) { m.clock = clock }

@@ -1,0 +1,267 @@
+package simulate
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The built-in patterns, by the name --pattern takes.
+const (
+	Poisson      = "poisson"       // steady Poisson arrivals at Rate, seeded
+	Bursts       = "bursts"        // On at Rate, then Off silent, repeated
+	Boundary     = "boundary"      // a full limit just before a window edge and just after it
+	SlidingWorst = "sliding_worst" // what over-admits most under the sliding window counter
+	Ramp         = "ramp"          // a rate rising evenly from 0 to Rate
+)
+
+// Patterns lists the built-in patterns in the order charts and tables use.
+var Patterns = []string{Poisson, Bursts, Boundary, SlidingWorst, Ramp}
+
+// PatternSpec describes offered traffic. Its zero fields mean the
+// defaults Generate documents, which depend on the limit and window the
+// traffic is aimed at.
+type PatternSpec struct {
+	// Name is one of Patterns.
+	Name string
+	// Rate is requests per second: Poisson's mean, Bursts' rate while on,
+	// Ramp's final rate. Default: 2 × limit per window for Poisson, 3 ×
+	// for Bursts and Ramp.
+	Rate float64
+	// Duration is how much virtual time the traffic spans, µs. Default:
+	// 30 windows for Poisson (enough requests for its averages to mean
+	// something), 3 for Boundary and SlidingWorst, 6 for the others.
+	Duration int64
+	// On and Off are Bursts' phases, µs. Default: half a window on, one
+	// window off.
+	On, Off int64
+	// Seed makes Poisson arrivals repeatable. Default: 1.
+	Seed uint64
+	// MaxRequests bounds the requests the pattern may offer, at most
+	// the package's MaxRequests. Default: MaxRequests.
+	MaxRequests int
+}
+
+// MaxDurationWindows bounds PatternSpec.Duration, in windows.
+const MaxDurationWindows = 1000
+
+// Epoch returns the virtual start time for traffic aimed at window:
+// the first multiple of window at or after 2023-11-14T22:13:20Z, so that
+// the sliding window counter's windows (aligned to the epoch) start with
+// the traffic.
+func Epoch(window int64) int64 {
+	const base = 1_700_000_000_000_000
+	return (base + window - 1) / window * window
+}
+
+// Generate returns the arrivals of ps aimed at a limit per window (µs),
+// starting at Epoch(window), and the end of the span they cover. The error
+// is an *Error naming the field, value and rule broken.
+func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end int64, err error) {
+	if limit < 1 || window < 1 {
+		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), "limit and window must be positive"}
+	}
+	d := ps.Duration
+	if d == 0 {
+		switch ps.Name {
+		case Poisson:
+			d = 30 * window
+		case Boundary, SlidingWorst:
+			d = 3 * window
+		default:
+			d = 6 * window
+		}
+	}
+	if d < window || d > MaxDurationWindows*window {
+		return nil, 0, 0, &Error{"duration", time.Duration(d * 1000).String(), fmt.Sprintf("must be between one window and %d windows (%v)", MaxDurationWindows, time.Duration(MaxDurationWindows*window*1000))}
+	}
+	perSecond := float64(limit) * 1e6 / float64(window)
+	rate := ps.Rate
+	if rate == 0 {
+		rate = 3 * perSecond
+		if ps.Name == Poisson {
+			rate = 2 * perSecond
+		}
+	}
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
+		return nil, 0, 0, &Error{"rate", fmt.Sprint(ps.Rate), "must be a positive number of requests per second"}
+	}
+	most := MaxRequests
+	if ps.MaxRequests > 0 {
+		most = min(ps.MaxRequests, MaxRequests)
+	}
+	if expect := rate * float64(d) / 1e6; expect > float64(most) && ps.Name != Boundary && ps.Name != SlidingWorst {
+		return nil, 0, 0, &Error{"rate", fmt.Sprint(rate), fmt.Sprintf("rate × duration is %.0f requests: at most %d", expect, most)}
+	}
+	if (ps.Name == Boundary || ps.Name == SlidingWorst) && 2*limit+1 > int64(most) {
+		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), fmt.Sprintf("the %s pattern offers 2 × limit requests: at most %d", ps.Name, most)}
+	}
+	start = Epoch(window)
+	end = start + d
+	switch ps.Name {
+	case Poisson:
+		seed := ps.Seed
+		if seed == 0 {
+			seed = 1
+		}
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		meanGap := 1e6 / rate
+		for t := float64(start); ; {
+			t += rng.ExpFloat64() * meanGap
+			if t >= float64(end) || len(arrivals) >= most {
+				break
+			}
+			arrivals = append(arrivals, int64(t))
+		}
+	case Bursts:
+		on, off := ps.On, ps.Off
+		if on == 0 {
+			on = window / 2
+		}
+		if off == 0 {
+			off = window
+		}
+		if on < 1 || off < 0 {
+			return nil, 0, 0, &Error{"on", fmt.Sprint(on), "bursts need on > 0 and off ≥ 0"}
+		}
+		// Evenly spaced at rate while on: ⌈on × rate⌉ arrivals per burst
+		// (counted, not stepped in floating point, so none is added by
+		// rounding), the last burst cut at the end.
+		gap := 1e6 / rate
+		n := int(math.Ceil(float64(on)*rate/1e6 - 1e-9))
+		for p := start; p < end; p += on + off {
+			for i := 0; i < n && len(arrivals) < most; i++ {
+				t := p + int64(float64(i)*gap)
+				if t >= end {
+					break
+				}
+				arrivals = append(arrivals, t)
+			}
+		}
+	case Boundary:
+		// One request opens the window at the start (a client learns the
+		// edge from the reset time it is answered with), then the full
+		// limit in the last 5 % before the edge and the full limit again
+		// in the first 5 % after it.
+		arrivals = append(arrivals, start)
+		edge := start + window
+		arrivals = append(arrivals, spread(edge-window/20, edge, limit)...)
+		arrivals = append(arrivals, spread(edge, edge+window/20, limit)...)
+	case SlidingWorst:
+		// The counter weighs the previous window's units as if spread
+		// evenly: crowd the limit into its very end, then offer one unit
+		// at each instant k/limit of the next window, when the
+		// estimate has just room for it. The crowd lies within the last
+		// window/(2 × limit), so all of it is still inside the interval
+		// that ends at the last of those instants: 2 × limit − 1 units in
+		// one window's length.
+		edge := start + window
+		arrivals = append(arrivals, spread(edge-min(window/100, window/(2*limit)), edge, limit)...)
+		for k := int64(1); k < limit; k++ {
+			arrivals = append(arrivals, edge+ceilDiv(k*window, limit))
+		}
+	case Ramp:
+		// Deterministic: the k-th arrival is where ∫rate reaches k, for a
+		// rate rising linearly to Rate at the end.
+		dur := float64(d) / 1e6
+		for k := 1; ; k++ {
+			t := math.Sqrt(2 * dur * float64(k) / rate)
+			if t >= dur || len(arrivals) >= most {
+				break
+			}
+			arrivals = append(arrivals, start+int64(t*1e6))
+		}
+	default:
+		return nil, 0, 0, &Error{"pattern", strconv.Quote(ps.Name), "must be one of " + strings.Join(Patterns, ", ") + " (or a CSV file)"}
+	}
+	return arrivals, start, end, nil
+}
+
+// spread returns n instants evenly spaced in [from, to).
+func spread(from, to, n int64) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = from + (to-from)*int64(i)/n
+	}
+	return out
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// ReadCSV reads request timestamps, one per line, from the first
+// comma-separated field: RFC 3339 (fractions allowed) or Unix seconds
+// (a decimal fraction allowed). Empty lines, lines starting with '#' and
+// a first line that is not a time (a header) are skipped. The arrivals
+// are sorted; start is the first truncated to a multiple of window, end
+// lies one microsecond after the last. At most MaxRequests lines are read.
+func ReadCSV(r io.Reader, window int64) (arrivals []int64, start, end int64, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		field, _, _ := strings.Cut(text, ",")
+		field = strings.Trim(strings.TrimSpace(field), `"`)
+		t, perr := parseTime(field)
+		if perr != nil {
+			if line == 1 {
+				continue // a header
+			}
+			return nil, 0, 0, &Error{fmt.Sprintf("csv line %d", line), strconv.Quote(field), "want an RFC 3339 time or Unix seconds, e.g. 2024-05-01T12:00:00.25Z or 1714564800.25"}
+		}
+		if len(arrivals) == MaxRequests {
+			return nil, 0, 0, &Error{fmt.Sprintf("csv line %d", line), "", fmt.Sprintf("at most %d requests", MaxRequests)}
+		}
+		arrivals = append(arrivals, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, 0, 0, fmt.Errorf("csv line %d: %w", line+1, err)
+	}
+	if len(arrivals) == 0 {
+		return nil, 0, 0, &Error{"csv", "", "no timestamps found"}
+	}
+	slices.Sort(arrivals)
+	start = arrivals[0] - arrivals[0]%window
+	end = max(arrivals[len(arrivals)-1]+1, start+window)
+	return arrivals, start, end, nil
+}
+
+// parseTime reads an RFC 3339 time or Unix seconds into µs since the epoch.
+func parseTime(s string) (int64, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		if t.Unix() <= 0 {
+			return 0, fmt.Errorf("before 1970")
+		}
+		return t.UnixMicro(), nil
+	}
+	whole, frac, _ := strings.Cut(s, ".")
+	sec, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || sec <= 0 || sec > 1<<40 {
+		return 0, fmt.Errorf("not a time")
+	}
+	us := sec * 1_000_000
+	if frac != "" {
+		if len(frac) > 6 {
+			frac = frac[:6]
+		}
+		f, err := strconv.ParseUint(frac, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("not a time")
+		}
+		for i := len(frac); i < 6; i++ {
+			f *= 10
+		}
+		us += int64(f)
+	}
+	return us, nil
+}

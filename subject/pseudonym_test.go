@@ -1,0 +1,37 @@
+package subject_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/subject"
+)
+
+// TestPrevious: the pseudonyms under the keys being rotated out are All's
+// but the first, newest first; with one key there are none.
+func TestPrevious(t *testing.T) {
+	one, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("first-secret-0123456789")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := one.Previous("ip", "192.0.2.1", "GET /"); got != nil {
+		t.Errorf("Previous with one key = %q, want nil", got)
+	}
+	three, err := subject.New([]subject.Key{
+		{ID: "k3", Secret: []byte("third-secret-0123456789")},
+		{ID: "k2", Secret: []byte("second-secret-0123456789")},
+		{ID: "k1", Secret: []byte("first-secret-0123456789")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := three.All("ip", "192.0.2.1", "GET /")
+	prev := three.Previous("ip", "192.0.2.1", "GET /")
+	if !slices.Equal(prev, all[1:]) || !strings.HasPrefix(prev[0], "k2:") || !strings.HasPrefix(prev[1], "k1:") {
+		t.Errorf("Previous = %q, want All()[1:] = %q, k2's first", prev, all[1:])
+	}
+	if prev[1] != one.Pseudonym("ip", "192.0.2.1", "GET /") {
+		t.Errorf("Previous under k1 = %q, want what a Pseudonymizer of k1 alone makes, %q", prev[1], one.Pseudonym("ip", "192.0.2.1", "GET /"))
+	}
+}
