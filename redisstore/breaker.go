@@ -181,6 +181,16 @@ func (b *breaker) allow() error {
 	return nil
 }
 
+// isOpen reports whether the breaker sheds every decision now.
+func (b *breaker) isOpen() bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == "open"
+}
+
 // roundTrip records how a round trip to Redis ended: err is the error of
 // (one of) its decisions, nil when Redis answered. Only failures for want
 // of Redis count; a denial or a corrupt state is Redis answering.

@@ -294,8 +294,14 @@ func (s *Store) Close() error {
 }
 
 // Ready reports whether Redis answers and holds the decision code on
-// every master, loading it where it is missing.
+// every master, loading it where it is missing. While the circuit
+// breaker is open (Redis known to be failing) it says so at once,
+// without waiting on Redis: readiness probes of a hung Redis then cost
+// no timeout each.
 func (s *Store) Ready(ctx context.Context) error {
+	if s.breaker.isOpen() {
+		return fmt.Errorf("redisstore: not ready: %w", errOpen)
+	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := s.load(ctx); err != nil {
