@@ -159,12 +159,15 @@ func (r *faultRun) waitAllowed(from time.Time, n int, budget time.Duration) {
 
 // inject runs the workers through a fault: warm up, break, hold for
 // faultFor, heal (Redis is back when heal returns), then on until every
-// worker is allowed again, and stop.
+// worker is allowed again, and stop. A nil breakIt means Redis is down
+// from the start: no warm-up.
 func (r *faultRun) inject(breakIt, heal func(), faultFor time.Duration) {
 	t := r.t
 	t.Helper()
-	r.waitAllowed(time.Time{}, 5, faultRunBudget)
-	breakIt()
+	if breakIt != nil {
+		r.waitAllowed(time.Time{}, 5, faultRunBudget)
+		breakIt()
+	}
 	time.Sleep(faultFor)
 	heal()
 	r.mu.Lock()
@@ -317,6 +320,33 @@ func TestFaultKilled(t *testing.T) {
 		}
 	}, time.Second)
 	r.check("killed", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
+}
+
+// TestFaultStartsWithoutRedis: a Lazy store is built while Redis is
+// down and decisions are asked at once; they fail before send (nothing
+// spent) or are shed by the breaker, each within its deadline, until
+// Redis starts, a second later; then they are taken.
+func TestFaultStartsWithoutRedis(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.Standalone(t)
+	srv.Kill()
+	c := faultClient(srv.Addr)
+	t.Cleanup(func() { c.Close() })
+	l := faultStore(t, c, redisstore.Options{Lazy: true})
+	r := startLoad(t, l, "fault")
+	r.inject(nil, func() {
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}, time.Second)
+	// A pipeline of decisions whose connection was still being dialled
+	// when the store's timeout ended it is Indeterminate: batch.go types
+	// every pipeline cut short by its deadline so, sent or not. Nothing
+	// ran, and the retries show it (none replays).
+	f := r.check("started without Redis", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
+	if f.kinds["allowed/"] == 0 || f.kinds["unavailable/failed_before_send"] == 0 {
+		t.Errorf("%v: want failures before send, then decisions taken", f)
+	}
 }
 
 // TestFaultHung: Redis is stopped (SIGSTOP) for two seconds: it keeps its
