@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"slices"
@@ -296,4 +297,188 @@ func goroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// TestServeProxyRedisHangs: sluice serve's proxy in front of an upstream,
+// its Redis hung for two seconds (the fault proxy accepts and never
+// answers). A fail-closed route answers 503 and a fail-open route forwards,
+// each within proxy.decision_timeout (500ms by default) plus 250ms; once
+// Redis is back both are decided by it again within 1s. It logs the
+// figures RELIABILITY.md quotes:
+//
+//	go test ./cmd/sluice -run TestServeProxyRedisHangs -v -count=1
+func TestServeProxyRedisHangs(t *testing.T) {
+	srv := redistest.Standalone(t)
+	before := goroutines()
+	p, err := faultproxy.New(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	var upMu sync.Mutex
+	upstreamSaw := map[string]int{}
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upMu.Lock()
+		upstreamSaw[r.URL.Path]++
+		upMu.Unlock()
+		w.WriteHeader(http.StatusAccepted)
+	})}
+	upL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Serve(upL)
+	const (
+		decisionTimeout = 500 * time.Millisecond // proxy.decision_timeout's default
+		margin          = 250 * time.Millisecond
+	)
+	cfg := writeConfig(t, fmt.Sprintf(`
+server: { listen: "127.0.0.1:0" }
+store:
+  type: redis
+  redis: { url: "redis://%s/0", timeout: 500ms }
+policies:
+  - { id: closed, algorithm: fixed_window, limit: 1000000, window: 1h }
+  - { id: open, algorithm: fixed_window, limit: 1000000, window: 1h, failure_mode: open }
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "http://%s"
+  routes:
+    - { match: { path_prefix: /closed }, policies: [closed] }
+    - { match: { path_prefix: /open }, policies: [open] }
+`, p.Addr(), upL.Addr()))
+	s := startServe(t, "-c", cfg)
+	m := proxyLine.FindStringSubmatch(s.logs.String())
+	if m == nil {
+		t.Fatalf("no proxy listening line:\n%s", s.logs)
+	}
+	proxyURL := m[1]
+	tr := &http.Transport{MaxIdleConnsPerHost: 4}
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+
+	type answer struct {
+		path  string
+		start time.Time
+		took  time.Duration
+		code  int
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+		stop    = make(chan struct{})
+	)
+	for _, path := range []string{"/closed", "/open", "/closed", "/open"} {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				a := answer{path: path, start: time.Now()}
+				resp, err := client.Post(proxyURL+path, "text/plain", strings.NewReader("x"))
+				a.took = time.Since(a.start)
+				if err != nil {
+					t.Errorf("POST %s: %v", path, err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				a.code = resp.StatusCode
+				mu.Lock()
+				answers = append(answers, a)
+				mu.Unlock()
+			}
+		})
+	}
+	// decided reports whether each route has had n answers decided by
+	// Redis in a row since from (202 forwarded for closed; for open a 202
+	// is also what failing open gives, so its streak counts only once the
+	// closed route's did).
+	decided := func(from time.Time, n int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		streak := 0
+		for _, a := range answers {
+			switch {
+			case a.start.Before(from) || a.path != "/closed":
+			case a.code == 202:
+				streak++
+			default:
+				streak = 0
+			}
+		}
+		return streak >= n
+	}
+	wait := func(from time.Time) {
+		for range 750 { // 15s at most
+			if decided(from, 20) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wait(time.Time{})
+	hung := time.Now()
+	p.Hang()
+	p.Drop()
+	time.Sleep(2 * time.Second)
+	p.Drop()
+	p.Forward()
+	back := time.Now()
+	wait(back)
+	close(stop)
+	wg.Wait()
+
+	sort.Slice(answers, func(i, j int) bool { return answers[i].start.Before(answers[j].start) })
+	codes := map[string]int{}
+	maxTook := map[string]time.Duration{}
+	recovered := back
+	for _, a := range answers {
+		codes[fmt.Sprintf("%s %d", a.path, a.code)]++
+		maxTook[a.path] = max(maxTook[a.path], a.took)
+		if a.took > decisionTimeout+margin {
+			t.Errorf("POST %s at %v took %v, want at most %v + %v", a.path, a.start.Sub(hung), a.took, decisionTimeout, margin)
+		}
+		switch {
+		case a.path == "/closed" && a.code != 202 && a.code != 503,
+			a.path == "/open" && a.code != 202:
+			t.Errorf("POST %s = %d, want 202 forwarded%s", a.path, a.code, map[bool]string{true: " or 503 failed closed"}[a.path == "/closed"])
+		}
+		if a.path == "/closed" && a.code != 202 && !a.start.Before(recovered) {
+			recovered = a.start.Add(a.took)
+		}
+	}
+	if codes["/closed 503"] == 0 {
+		t.Errorf("no 503 on the fail-closed route during a 2s hang: %v", codes)
+	}
+	if r := recovered.Sub(back); r > time.Second {
+		t.Errorf("the fail-closed route answered 503 until %v after Redis was back, want at most 1s", r)
+	}
+	var list []string
+	for k, n := range codes {
+		list = append(list, fmt.Sprintf("%s: %d", k, n))
+	}
+	sort.Strings(list)
+	upMu.Lock()
+	t.Logf("Redis hung 2s behind the proxy: %s; max latency closed %v, open %v (bound %v + %v); closed route decided again %v after Redis was back; upstream received %v",
+		strings.Join(list, ", "), maxTook["/closed"].Round(time.Millisecond), maxTook["/open"].Round(time.Millisecond), decisionTimeout, margin,
+		recovered.Sub(back).Round(time.Millisecond), upstreamSaw)
+	upMu.Unlock()
+
+	if err := s.stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	p.Close()
+	up.Close()
+	tr.CloseIdleConnections()
+	for range 100 {
+		if goroutines() <= before {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	buf := make([]byte, 1<<20)
+	t.Errorf("goroutines: %d before, %d after serve stopped:\n%s", before, goroutines(), buf[:runtime.Stack(buf, true)])
 }
