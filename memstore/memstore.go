@@ -43,13 +43,17 @@ type Options struct {
 	// by the same number, separately: expired ones go first, then the ids
 	// of whole (subject, policy) pairs.
 	//
-	// Memory: each state takes about 205 bytes of heap and each remembered
-	// id about 120–290 (290 when every subject has an id of its own), with
-	// 43-byte subjects and 36-byte ids (BenchmarkMemoryPerState, HeapInuse
-	// at 200 000 entries). At the default bound a flood of distinct subjects
-	// holds about 205 MB of live heap, and about 500 MB when each request
-	// also carries an evaluation id; a Go process may peak at up to twice
-	// its live heap (GOGC=100). Lower MaxKeys to bound it tighter.
+	// Memory: filled once, each state takes about 205 bytes of heap and
+	// each remembered id about 120–290 (290 when every subject has an id
+	// of its own), with 43-byte subjects and 36-byte ids
+	// (BenchmarkMemoryPerState). A flood that keeps evicting at the bound
+	// costs more (maps stay large, spans half empty): 2 000 000 distinct
+	// subjects at the default bound hold about 330 MiB of heap, the process
+	// peaking at about 420 MiB, and about 810 MiB and 890 MiB when each
+	// request also carries an evaluation id that does not expire
+	// (BenchmarkMemoryFlood). Lower MaxKeys to bound it tighter: about 440
+	// bytes of process memory per state at the bound, and 500 more per
+	// remembered id.
 	// Default: 1 000 000.
 	MaxKeys int
 	// SweepInterval is how often a background goroutine drops expired

@@ -3,8 +3,11 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -308,6 +311,48 @@ func BenchmarkMemoryPerState(b *testing.B) {
 			s.Evaluate(ctx, ev)
 		}), "B/request")
 	})
+}
+
+// BenchmarkMemoryFlood is issue 10's flood at the default MaxKeys: 2 000 000
+// distinct subjects (43-byte pseudonyms), one request each, then the heap
+// the runtime holds after a GC (MiB-heap) and the process's peak resident
+// memory so far (MiB-peak-rss, VmHWM of /proc/self/status; Linux only),
+// without ids and then with an id per request. Evicting at the bound
+// leaves maps larger and spans emptier than filling them once does, so
+// these exceed BenchmarkMemoryPerState's figures × MaxKeys. Run it alone,
+// once: -benchtime 1x, no -count.
+func BenchmarkMemoryFlood(b *testing.B) {
+	for _, ids := range []bool{false, true} {
+		b.Run(map[bool]string{false: "states", true: "ids"}[ids], func(b *testing.B) {
+			p := validPolicy(b, sluice.Policy{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
+			ctx := context.Background()
+			for range b.N {
+				// A clock that stands still: no id expires, the worst case.
+				s := mustNew(b, Options{Clock: sluicetest.NewClock(sluicetest.Start), SweepInterval: -1})
+				for i := range 2_000_000 {
+					ev := evaluationOf(fmt.Sprintf("k1:%040d", i), p, 1)
+					if ids {
+						ev.EvaluationID = fmt.Sprintf("%036d", i)
+					}
+					s.Evaluate(ctx, ev)
+				}
+				runtime.GC()
+				var m runtime.MemStats
+				runtime.ReadMemStats(&m)
+				b.ReportMetric(float64(m.HeapInuse)/(1<<20), "MiB-heap")
+				if status, err := os.ReadFile("/proc/self/status"); err == nil {
+					for _, line := range strings.Split(string(status), "\n") {
+						if f := strings.Fields(line); len(f) == 3 && f[0] == "VmHWM:" {
+							kb, _ := strconv.ParseFloat(f[1], 64)
+							b.ReportMetric(kb/1024, "MiB-peak-rss")
+						}
+					}
+				}
+				runtime.KeepAlive(s)
+				s.Close()
+			}
+		})
+	}
 }
 
 // TestAlgorithmsShareAShard: decisions of different algorithms one after
