@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -76,13 +75,9 @@ func newBatcher(s *Store, senders int) *batcher {
 // errClosed is the error of a decision asked of a closed store.
 var errClosed = fmt.Errorf("redisstore: store closed: %w", sluice.ErrBeforeSend)
 
-// do sends p and waits for its reply, or for ctx, or for the store's
-// Timeout (which bounds the whole wait, queue included, as it bounds a
-// decision sent alone: a caller without a deadline of its own must not
-// wait for the pipeline ahead of it and then for its own): a decision
-// still queued then is taken back (nothing was sent) and returns ctx's
-// error, or ErrBeforeSend at the timeout; one on the wire returns
-// ErrIndeterminate. It reports whether p may be pooled.
+// do sends p and waits for its reply, or for ctx: a decision still queued
+// then is taken back (nothing was sent) and returns ctx's error; one on
+// the wire returns ErrIndeterminate. It reports whether p may be pooled.
 func (b *batcher) do(ctx context.Context, p *pending) (reuse bool, err error) {
 	b.mu.Lock()
 	if b.closed {
@@ -95,12 +90,6 @@ func (b *batcher) do(ctx context.Context, p *pending) (reuse bool, err error) {
 	case b.wake <- struct{}{}:
 	default: // every sender is awake already and will find it
 	}
-	var timeout <-chan time.Time
-	if b.s.timeout > 0 {
-		t := time.NewTimer(b.s.timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
 	select {
 	case <-p.done:
 		return true, nil
@@ -109,11 +98,6 @@ func (b *batcher) do(ctx context.Context, p *pending) (reuse bool, err error) {
 			return false, ctx.Err()
 		}
 		return false, fmt.Errorf("redisstore: sent, no reply before the caller's deadline: %w: %w", sluice.ErrIndeterminate, ctx.Err())
-	case <-timeout:
-		if p.state.CompareAndSwap(queued, abandoned) {
-			return false, fmt.Errorf("redisstore: not sent within the store's timeout (%v), every sender busy: %w", b.s.timeout, sluice.ErrBeforeSend)
-		}
-		return false, fmt.Errorf("redisstore: sent, no reply within the store's timeout (%v): %w", b.s.timeout, sluice.ErrIndeterminate)
 	}
 }
 
