@@ -9,7 +9,8 @@
 //     flows on, as after a SIGSTOP'd server is continued);
 //   - ResetAfter forwards n more bytes from the client on each
 //     connection, then resets it (RST), closing the upstream side gently
-//     so that a command complete within those n bytes still runs;
+//     so that a command complete within those n bytes still runs; no
+//     reply to those bytes reaches the client;
 //   - ResetOnReply forwards what the client sends and resets the client's
 //     connection instead of delivering the upstream's reply: the command
 //     ran and its answer is lost;
@@ -24,6 +25,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,6 +53,7 @@ type Proxy struct {
 type link struct {
 	client, upstream net.Conn
 	once             sync.Once
+	cut              atomic.Bool // being reset: deliver nothing more to the client
 	mu               sync.Mutex
 	gen              int64 // resetGen the count below belongs to
 	sent             int64 // client bytes forwarded since gen was set
@@ -227,7 +230,7 @@ func (p *Proxy) deliver(lk *link, fromClient bool, dst net.Conn, b []byte) bool 
 			}
 		}
 		switch {
-		case !fromClient && resetReply:
+		case !fromClient && (resetReply || lk.cut.Load()):
 			lk.close(true)
 			return false
 		case fromClient && resetAfter >= 0:
@@ -243,6 +246,7 @@ func (p *Proxy) deliver(lk *link, fromClient bool, dst net.Conn, b []byte) bool 
 			}
 			lk.sent = resetAfter
 			lk.mu.Unlock()
+			lk.cut.Store(true) // no reply to what goes up now reaches the client
 			if room > 0 {
 				dst.Write(b[:room])
 			}
