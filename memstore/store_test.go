@@ -3,7 +3,11 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,45 +255,104 @@ func BenchmarkEvaluate(b *testing.B) {
 	}
 }
 
-// BenchmarkMemoryPerState reports the heap each remembered state and each
-// remembered evaluation id costs, as B/state and B/id.
+// BenchmarkMemoryPerState reports what each state and each remembered
+// evaluation id costs the process, at scale: memoryN of them in one store,
+// each subject 43 bytes long (a pseudonym's length), and the heap the
+// runtime holds for them (HeapInuse after a GC, before and after, over
+// memoryN): what is reachable plus the empty slots of growing maps and the
+// unused rest of size classes. B/state is per (subject, policy) state;
+// B/id per remembered id on a subject that has many; "flood" is issue 10's
+// case, every request a new subject with an id of its own, B/request its
+// state and its id. Run with -benchtime 1x; a process's peak is up to
+// twice the live heap under GOGC=100.
 func BenchmarkMemoryPerState(b *testing.B) {
-	const n = 20_000
+	const memoryN = 200_000
 	measure := func(b *testing.B, fill func(s *Store, i int)) float64 {
 		var total float64
-		for i := 0; i < b.N; i++ {
-			s := mustNew(b, Options{SweepInterval: -1})
+		for range b.N {
+			s := mustNew(b, Options{SweepInterval: -1, MaxKeys: 2 * memoryN})
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			for j := 0; j < n; j++ {
+			for j := range memoryN {
 				fill(s, j)
 			}
 			runtime.GC()
 			runtime.ReadMemStats(&after)
-			total += float64(after.HeapAlloc-before.HeapAlloc) / n
+			total += float64(after.HeapInuse-before.HeapInuse) / memoryN
 			runtime.KeepAlive(s)
 		}
 		return total / float64(b.N)
 	}
+	subject := func(i int) string { return fmt.Sprintf("k1:%040d", i) } // 43 bytes
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
 		b.Run(a.String(), func(b *testing.B) {
 			p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: a, Limit: 100, Window: time.Minute})
 			b.ReportMetric(measure(b, func(s *Store, i int) {
-				s.Evaluate(ctx, evaluationOf(fmt.Sprintf("k1:subject-%08d", i), p, 1))
+				s.Evaluate(ctx, evaluationOf(subject(i), p, 1))
 			}), "B/state")
 		})
 	}
-	b.Run("dedupe", func(b *testing.B) {
+	b.Run("ids", func(b *testing.B) {
 		p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second, DedupeMax: 10_000})
 		b.ReportMetric(measure(b, func(s *Store, i int) {
-			// Two subjects, so all n ids stay within DedupeMax each.
-			ev := evaluationOf(fmt.Sprint("k1:subject-", i%2), p, 1)
-			ev.EvaluationID = fmt.Sprintf("req-%016x", i)
+			// memoryN/10_000 subjects, so every id stays within DedupeMax.
+			ev := evaluationOf(subject(i%(memoryN/10_000)), p, 1)
+			ev.EvaluationID = fmt.Sprintf("%036d", i) // a UUID's length
 			s.Evaluate(ctx, ev)
 		}), "B/id")
 	})
+	b.Run("flood", func(b *testing.B) {
+		p := validPolicy(b, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
+		b.ReportMetric(measure(b, func(s *Store, i int) {
+			ev := evaluationOf(subject(i), p, 1)
+			ev.EvaluationID = fmt.Sprintf("%036d", i)
+			s.Evaluate(ctx, ev)
+		}), "B/request")
+	})
+}
+
+// BenchmarkMemoryFlood is issue 10's flood at the default MaxKeys: 2 000 000
+// distinct subjects (43-byte pseudonyms), one request each, then the heap
+// the runtime holds after a GC (MiB-heap) and the process's peak resident
+// memory so far (MiB-peak-rss, VmHWM of /proc/self/status; Linux only),
+// without ids and then with an id per request. Evicting at the bound
+// leaves maps larger and spans emptier than filling them once does, so
+// these exceed BenchmarkMemoryPerState's figures × MaxKeys. Run it alone,
+// once: -benchtime 1x, no -count.
+func BenchmarkMemoryFlood(b *testing.B) {
+	for _, ids := range []bool{false, true} {
+		b.Run(map[bool]string{false: "states", true: "ids"}[ids], func(b *testing.B) {
+			p := validPolicy(b, sluice.Policy{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute})
+			ctx := context.Background()
+			for range b.N {
+				// A clock that stands still: no id expires, the worst case.
+				s := mustNew(b, Options{Clock: sluicetest.NewClock(sluicetest.Start), SweepInterval: -1})
+				for i := range 2_000_000 {
+					ev := evaluationOf(fmt.Sprintf("k1:%040d", i), p, 1)
+					if ids {
+						ev.EvaluationID = fmt.Sprintf("%036d", i)
+					}
+					s.Evaluate(ctx, ev)
+				}
+				runtime.GC()
+				var m runtime.MemStats
+				runtime.ReadMemStats(&m)
+				b.ReportMetric(float64(m.HeapInuse)/(1<<20), "MiB-heap")
+				if status, err := os.ReadFile("/proc/self/status"); err == nil {
+					for _, line := range strings.Split(string(status), "\n") {
+						if f := strings.Fields(line); len(f) == 3 && f[0] == "VmHWM:" {
+							kb, _ := strconv.ParseFloat(f[1], 64)
+							b.ReportMetric(kb/1024, "MiB-peak-rss")
+						}
+					}
+				}
+				runtime.KeepAlive(s)
+				s.Close()
+			}
+		})
+	}
 }
 
 // TestAlgorithmsShareAShard: decisions of different algorithms one after
@@ -360,4 +423,48 @@ func TestFloodKeepsExhaustedSubjects(t *testing.T) {
 	if s.Evictions() == 0 {
 		t.Fatal("no eviction: the flood did not reach the bound, the test proved nothing")
 	}
+}
+
+// TestDedupeLogGrowsAndShrinks: a log finds each of its ids whether it
+// scans (a few ids) or keeps an index (past indexFrom), across pruning
+// from the front and removal from the middle.
+func TestDedupeLogGrowsAndShrinks(t *testing.T) {
+	l := &dedupeLog{}
+	const n = 3*indexFrom + 1
+	for i := range n {
+		l.add(dedupeRecord{id: fmt.Sprint("id-", i), expires: int64(i + 1)})
+	}
+	find := func(when string, live ...int) {
+		t.Helper()
+		for i := range n {
+			r, ok := l.get(fmt.Sprint("id-", i))
+			want := slices.Contains(live, i)
+			if ok != want || ok && r.expires != int64(i+1) {
+				t.Fatalf("%s: get(id-%d) = %+v, %v; want found %v", when, i, r, ok, want)
+			}
+		}
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	find("filled", all...)
+	if l.index == nil {
+		t.Fatalf("a log of %d ids keeps no index", n)
+	}
+	if got := l.prune(5, n); got != 5 {
+		t.Fatalf("prune at 5 forgot %d, want 5", got)
+	}
+	find("after the first 5 expired", all[5:]...)
+	l.remove("id-10")
+	find("after id-10 was removed", slices.Concat(all[5:10], all[11:])...)
+	if got := l.prune(int64(n-2), n); got != n-2-5-1 {
+		t.Fatalf("prune at %d forgot %d, want %d", n-2, got, n-2-5-1)
+	}
+	find("down to 2", n-2, n-1)
+	if l.index != nil {
+		t.Fatalf("a log of %d ids still keeps an index", len(l.order))
+	}
+	l.add(dedupeRecord{id: "id-0", expires: 1})
+	find("with id-0 again", 0, n-2, n-1)
 }

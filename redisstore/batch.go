@@ -179,7 +179,7 @@ func (b *batcher) exec(batch []*pending) {
 			failed = p.err
 		}
 	}
-	b.s.breaker.roundTrip(failed)
+	b.s.roundTrip(failed)
 }
 
 func (b *batcher) pipeline(ctx context.Context, batch []*pending) {

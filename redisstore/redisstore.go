@@ -208,8 +208,9 @@ type rediser interface {
 }
 
 // Store is the Redis store. Create it with New; the zero value is not
-// usable. Safe for concurrent use. Its sender goroutines stop on Close,
-// which does not close the client: that stays the caller's.
+// usable. Safe for concurrent use. Its sender goroutines (and, while
+// Redis fails, its breaker's probe) stop on Close, which does not close
+// the client: that stays the caller's.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
@@ -263,7 +264,11 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
 	}
-	s.breaker = newBreaker(opts.Breaker)
+	s.breaker = newBreaker(opts.Breaker, func(ctx context.Context) error {
+		ctx, cancel := s.callContext(ctx)
+		defer cancel()
+		return client.Ping(ctx).Err()
+	})
 	if !opts.Lazy {
 		ctx, cancel := s.callContext(context.Background())
 		defer cancel()
@@ -280,18 +285,26 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the store's sender goroutines; decisions asked afterwards,
-// or still queued, fail before send. The client stays the caller's.
+// Close stops the store's sender goroutines and its breaker's probe;
+// decisions asked afterwards, or still queued, fail before send. The
+// client stays the caller's.
 func (s *Store) Close() error {
 	if s.batch != nil {
 		s.batch.close()
 	}
+	s.breaker.close()
 	return nil
 }
 
 // Ready reports whether Redis answers and holds the decision code on
-// every master, loading it where it is missing.
+// every master, loading it where it is missing. While the circuit
+// breaker is open (Redis known to be failing) it says so at once,
+// without waiting on Redis: readiness probes of a hung Redis then cost
+// no timeout each.
 func (s *Store) Ready(ctx context.Context) error {
+	if s.breaker.isOpen() {
+		return fmt.Errorf("redisstore: not ready: %w", errOpen)
+	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := s.load(ctx); err != nil {
@@ -558,7 +571,7 @@ func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
 		if err != nil {
 			err = s.classify(ctx, "run script", err)
 		}
-		s.breaker.roundTrip(err)
+		s.roundTrip(err)
 		if err != nil {
 			return nil, err
 		}
@@ -576,6 +589,24 @@ func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
 		return nil, p.err
 	}
 	return p.cmd.Int64Slice()
+}
+
+// stateReloader is a cluster client: it routes by a slot map of its own,
+// which it refreshes on MOVED replies but not when a master it routes to
+// is gone, so after a failover it would keep dialling the dead master for
+// up to its ClusterStateReloadInterval (60s by default).
+type stateReloader interface{ ReloadState(context.Context) }
+
+// roundTrip tells the breaker how a round trip to Redis ended, and a
+// cluster client whose round trip failed for want of Redis to look at the
+// slot map again (at most one reload at a time, 200ms apart: go-redis
+// coalesces them), so a replica promoted in the dead master's place is
+// found within one reload.
+func (s *Store) roundTrip(err error) {
+	s.breaker.roundTrip(err)
+	if r, ok := s.client.(stateReloader); ok && (errors.Is(err, sluice.ErrBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)) {
+		r.ReloadState(context.Background())
+	}
 }
 
 // release returns p to the pool, dropping what it references.

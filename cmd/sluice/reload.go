@@ -282,7 +282,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.a.clock.Now()}
-	if g.api, err = server.New(lim, pseud, r.log, server.Options{Ready: r.ready, Clock: r.a.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
+	if g.api, err = server.New(lim, pseud, r.log, server.Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.a.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {

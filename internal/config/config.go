@@ -97,6 +97,11 @@ type Server struct {
 	// Auth, when set, makes POST /v1/check require a bearer token.
 	// Default: nil, anyone who can reach Listen may check and refund.
 	Auth *Auth
+	// DecisionTimeout is how long POST /v1/check waits for the store's
+	// decision before it answers 503 (unavailable, nothing spent, or
+	// indeterminate), 1ms to 10s. Parse defaults it to
+	// DefaultDecisionTimeout.
+	DecisionTimeout time.Duration
 }
 
 // TLS names the certificate and key files of an HTTPS listener.
@@ -249,7 +254,8 @@ type Proxy struct {
 // DefaultProxyReadTimeout is proxy.read_timeout when it is absent.
 const DefaultProxyReadTimeout = time.Minute
 
-// DefaultDecisionTimeout is the proxy's proxy.decision_timeout when it is
+// DefaultDecisionTimeout is server.decision_timeout and the proxy's
+// proxy.decision_timeout when they are
 // absent: the middleware's own default.
 const DefaultDecisionTimeout = httplimit.DefaultDeadline
 
@@ -321,7 +327,7 @@ type Error = yamlnode.Error
 // minute) and "api" (gcra, 100 per second, burst 20).
 func Default() *Config {
 	return &Config{
-		Server: Server{Listen: DefaultListen},
+		Server: Server{Listen: DefaultListen, DecisionTimeout: DefaultDecisionTimeout},
 		Store:  Store{Type: StoreMemory},
 		Policies: []Policy{
 			{Policy: sluice.Policy{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: 10 * time.Second}},
@@ -462,6 +468,9 @@ func (c *Config) validateServer() *Error {
 	}
 	if rule := checkHostPort(c.Server.Listen, true); rule != "" {
 		return c.errorAt("server.listen", strconv.Quote(c.Server.Listen), rule)
+	}
+	if t := c.Server.DecisionTimeout; t < time.Millisecond || t > 10*time.Second {
+		return c.errorAt("server.decision_timeout", t.String(), "must be between 1ms and 10s")
 	}
 	if t := c.Server.TLS; t != nil {
 		if t.CertFile == "" {

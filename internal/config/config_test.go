@@ -80,6 +80,7 @@ var invalid = []struct {
 	{"proxy_local_share_zero.yaml", "proxy.local_share: 0: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"redis_timeout.yaml", "store.redis.timeout: \"2m\": must be between 1ms and 1m (line 5)"},
 	{"proxy_decision_timeout.yaml", "proxy.decision_timeout: \"30s\": must be between 1ms and 10s (line 6)"},
+	{"server_decision_timeout.yaml", "server.decision_timeout: \"0s\": must be between 1ms and 10s (line 3)"},
 	{"proxy_no_routes.yaml", "proxy.routes: at least one route is required (line 6)"},
 	{"proxy_route_without_match.yaml", "proxy.routes[0].match: is required (line 9)"},
 	{"proxy_unknown_policy.yaml", "proxy.routes[0].policies[1]: \"login\": is not the id of any policy (line 10)"},
@@ -197,8 +198,9 @@ func TestParseFull(t *testing.T) {
 	}
 	want := &config.Config{
 		Server: config.Server{
-			Listen: "0.0.0.0:0",
-			TLS:    &config.TLS{CertFile: "/etc/sluice/tls.crt", KeyFile: "/etc/sluice/tls.key"},
+			Listen:          "0.0.0.0:0",
+			DecisionTimeout: 750 * time.Millisecond,
+			TLS:             &config.TLS{CertFile: "/etc/sluice/tls.crt", KeyFile: "/etc/sluice/tls.key"},
 			Auth: &config.Auth{Tokens: []config.Token{
 				{ID: "app", SecretEnv: "SLUICE_TOKEN_APP", Scopes: []string{"check"}},
 				{ID: "ops", SecretEnv: "SLUICE_TOKEN_OPS", Scopes: []string{"check", "refund"}},
@@ -234,12 +236,12 @@ func TestParseFull(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
 	}
-	if line := got.Line("proxy"); line != 56 {
-		t.Errorf("Line(proxy) = %d, want 56", line)
+	if line := got.Line("proxy"); line != 57 {
+		t.Errorf("Line(proxy) = %d, want 57", line)
 	}
 	env := map[string]string{"SLUICE_TOKEN_APP": "app-token-0123456789", "SLUICE_TOKEN_OPS": "short"}
 	_, err = got.Tokens(lookup(env))
-	if want := `server.auth.tokens[1].secret_env: "SLUICE_TOKEN_OPS": environment variable SLUICE_TOKEN_OPS holds 5 bytes: a token must be at least 16 (32 random bytes recommended) (line 8)`; err == nil || err.Error() != want {
+	if want := `server.auth.tokens[1].secret_env: "SLUICE_TOKEN_OPS": environment variable SLUICE_TOKEN_OPS holds 5 bytes: a token must be at least 16 (32 random bytes recommended) (line 9)`; err == nil || err.Error() != want {
 		t.Errorf("Tokens() with a short secret: error = %v, want %s", err, want)
 	}
 	env["SLUICE_TOKEN_OPS"] = "ops-token-0123456789"

@@ -93,7 +93,7 @@ func (d *decoder) config(n *yaml.Node) (*Config, error) {
 	if n.Tag == "!!null" {
 		return nil, &Error{Rule: "the config is empty: at least one policy is required", Line: n.Line}
 	}
-	c := &Config{Server: Server{Listen: DefaultListen}, Store: Store{Type: StoreMemory}}
+	c := &Config{Server: Server{Listen: DefaultListen, DecisionTimeout: DefaultDecisionTimeout}, Store: Store{Type: StoreMemory}}
 	m, err := d.mapping("", n, "server", "store", "policies", "subjects", "proxy", "envoy")
 	if err != nil {
 		return nil, err
@@ -149,11 +149,14 @@ func collect(errs []error) error {
 }
 
 func (d *decoder) server(s *Server, n *yaml.Node) error {
-	m, err := d.mapping("server", n, "listen", "tls", "auth")
+	m, err := d.mapping("server", n, "listen", "tls", "auth", "decision_timeout")
 	if err != nil {
 		return err
 	}
 	if err := d.str("server.listen", m["listen"], &s.Listen); err != nil {
+		return err
+	}
+	if err := d.duration("server.decision_timeout", m["decision_timeout"], &s.DecisionTimeout); err != nil {
 		return err
 	}
 	if v := m["tls"]; v != nil {

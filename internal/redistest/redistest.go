@@ -267,9 +267,11 @@ func (c *ClusterServers) Stop() {
 
 // StartCluster starts a Redis Cluster of masters masters with replicas
 // replicas each, creates it with redis-cli --cluster create, and waits until
-// every node reports cluster_state:ok and agrees on the slot map. The
-// caller must Stop it.
-func StartCluster(masters, replicas int) (c *ClusterServers, err error) {
+// every node reports cluster_state:ok and agrees on the slot map. Extra
+// config lines apply to every node and override the defaults (e.g.
+// "cluster-node-timeout 1000" for a faster failover than the default 5s).
+// The caller must Stop it.
+func StartCluster(masters, replicas int, config ...string) (c *ClusterServers, err error) {
 	_, cli, err := binaries()
 	if err != nil {
 		return nil, err
@@ -295,12 +297,12 @@ func StartCluster(masters, replicas int) (c *ClusterServers, err error) {
 					errs[i] = err
 					return
 				}
-				servers[i], errs[i] = StartServer("",
+				servers[i], errs[i] = StartServer("", append([]string{
 					"cluster-enabled yes",
-					"cluster-port "+strconv.Itoa(bus),
+					"cluster-port " + strconv.Itoa(bus),
 					"cluster-config-file nodes.conf",
 					"cluster-node-timeout 5000",
-				)
+				}, config...)...)
 				if errs[i] == nil {
 					return
 				}
@@ -378,6 +380,58 @@ func waitClusterOK(ctx context.Context, c *ClusterServers, replicas int) error {
 		case <-ctx.Done():
 			return fmt.Errorf("redistest: cluster not ready within %v: %s", startTimeout, last)
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ReplicaOf returns a replica of the master at addr.
+func (c *ClusterServers) ReplicaOf(ctx context.Context, addr string) (*Server, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	for _, s := range c.Replicas {
+		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
+		repl, err := cl.Info(ctx, "replication").Result()
+		cl.Close()
+		if err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		if strings.Contains(repl, "master_host:"+host+"\r\n") && strings.Contains(repl, "master_port:"+port+"\r\n") {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("redistest: no replica of %s", addr)
+}
+
+// WaitPromoted waits until replica says it is a master and every node but
+// the one at dead (a master that was killed) says cluster_state:ok: the
+// replica has taken over dead's slots.
+func (c *ClusterServers) WaitPromoted(ctx context.Context, replica *Server, dead string) error {
+	last := ""
+	for {
+		cl := redis.NewClient(&redis.Options{Addr: replica.Addr})
+		repl, err := cl.Info(ctx, "replication").Result()
+		cl.Close()
+		ok := err == nil && strings.Contains(repl, "role:master")
+		if !ok {
+			last = replica.Addr + " is not a master yet"
+		}
+		for _, a := range c.Addrs {
+			if !ok || a == dead {
+				continue
+			}
+			cl := redis.NewClient(&redis.Options{Addr: a})
+			info, err := cl.ClusterInfo(ctx).Result()
+			cl.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				ok, last = false, a+" says the cluster is not ok"
+			}
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redistest: %s not promoted: %s", replica.Addr, last)
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }

@@ -64,6 +64,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
@@ -89,6 +90,11 @@ type Options struct {
 	// ReadyTimeout bounds all Ready checks of one request together.
 	// Default: 2s.
 	ReadyTimeout time.Duration
+	// DecisionTimeout bounds how long POST /v1/check waits for the
+	// store's decision; past it the answer is 503, typed as the Limiter
+	// types it (nothing spent, or indeterminate). Default: 500ms
+	// (httplimit.DefaultDeadline).
+	DecisionTimeout time.Duration
 	// MaxBodyBytes caps the body of POST /v1/check; a larger body is a 400.
 	// Default: DefaultMaxBodyBytes (64 KiB).
 	MaxBodyBytes int64
@@ -117,6 +123,7 @@ type Server struct {
 	log      *slog.Logger
 	ready    []Check
 	readyTTL time.Duration
+	decide   time.Duration // DecisionTimeout
 	maxBody  int64
 	clock    sluice.Clock
 	metrics  *Metrics
@@ -146,6 +153,11 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		return nil, fmt.Errorf("server: New: MaxBodyBytes = %d: must not be negative", opts.MaxBodyBytes)
 	case opts.ReadyTimeout < 0:
 		return nil, fmt.Errorf("server: New: ReadyTimeout = %v: must not be negative", opts.ReadyTimeout)
+	case opts.DecisionTimeout < 0:
+		return nil, fmt.Errorf("server: New: DecisionTimeout = %v: must not be negative", opts.DecisionTimeout)
+	}
+	if opts.DecisionTimeout == 0 {
+		opts.DecisionTimeout = httplimit.DefaultDeadline
 	}
 	for i, c := range opts.Ready {
 		if c == nil {
@@ -154,7 +166,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	}
 	s := &Server{
 		lim: lim, pseud: pseud, log: log,
-		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout,
+		ready: append([]Check(nil), opts.Ready...), readyTTL: opts.ReadyTimeout, decide: opts.DecisionTimeout,
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
@@ -374,7 +386,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	o := s.lim.Check(r.Context(), req)
+	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
+	o := s.lim.Check(ctx, req)
+	cancel()
 	if s.metrics != nil && !req.Peek && !req.Refund && !req.Reset {
 		s.metrics.countDecision(req.Policy, req.Policies, o)
 	}

@@ -702,3 +702,43 @@ func TestOutageLogsAreThrottled(t *testing.T) {
 		t.Fatalf("%d failing requests in one second, then one more a second later, wrote %d WARN lines: want 10, then one counting the 90 held back\n%s", n, lines, logs)
 	}
 }
+
+// hungStore never decides: it waits for the caller to give up, as a
+// store in front of a Redis that accepts and never answers.
+type hungStore struct{}
+
+func (hungStore) Evaluate(ctx context.Context, _ *sluice.Evaluation) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestDecisionTimeout: a check waits for the store no longer than
+// DecisionTimeout, then answers 503, unavailable, nothing spent.
+func TestDecisionTimeout(t *testing.T) {
+	lim, err := sluice.New(hungStore{}, demoPolicies, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pseud := subject.Unkeyed()
+	srv, err := server.New(lim, pseud, slog.New(slog.DiscardHandler), server.Options{DecisionTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	// The client's own timeout only keeps a broken server from hanging the
+	// test; the server must answer long before it.
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Post(ts.URL+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"alice"}`))
+	if err != nil {
+		t.Fatalf("POST /v1/check against a hung store: %v", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || !strings.Contains(string(raw), `"outcome":"unavailable"`) || !strings.Contains(string(raw), `"cause":"deadline_passed"`) {
+		t.Fatalf("answer = %d %s, want 503 unavailable, cause deadline_passed", resp.StatusCode, raw)
+	}
+	if _, err := server.New(lim, pseud, slog.New(slog.DiscardHandler), server.Options{DecisionTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "DecisionTimeout = -1s") {
+		t.Errorf("New with a negative DecisionTimeout: error = %v, want one naming it", err)
+	}
+}

@@ -372,6 +372,19 @@ local function main(KEYS, ARGV)
       ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
     end
   end
+  if ARGV[ARGV_NOW] == '' then
+    -- On Redis time, no write lies further ahead of the clock than the
+    -- longest window: such a state would lock its subject out until then.
+    -- (The caller's clock has MaxClockRegression for this.)
+    for i = 1, n do
+      if ev.states[i] ~= nil then
+        local _, newest = bounds(ev.policies[i], ev.states[i])
+        if newest - now > MAX_WINDOW then
+          corrupt(KEYS[i], 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+        end
+      end
+    end
+  end
   if carry == 'probe' then
     for i = 1, n do
       if not live(ev.policies[i], ev.states[i], now) then
