@@ -108,14 +108,14 @@ func (l *Limiter) leaseOp(ctx context.Context, lease Lease, release bool) Outcom
 }
 
 // checkLeaseID reports whether id can name a lease: 1 to MaxLeaseIDLen
-// bytes of printable ASCII other than space.
+// bytes of A-Z a-z 0-9 - _, the alphabet lease ids are written in.
 func checkLeaseID(id string) error {
 	if len(id) == 0 || len(id) > MaxLeaseIDLen {
 		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), MaxLeaseIDLen)
 	}
 	for i := 0; i < len(id); i++ {
-		if c := id[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("sluice: %w: lease id byte %d is %q: must be printable ASCII other than space", ErrInvalidRequest, i, c)
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("sluice: %w: lease id byte %d is %q: must be one of A-Z a-z 0-9 - _", ErrInvalidRequest, i, c)
 		}
 	}
 	return nil

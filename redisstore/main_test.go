@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		os.Exit(helperProcess(addr))
 	}
+	if spec := os.Getenv(leaseHelperEnv); spec != "" {
+		os.Exit(leaseHelper(spec))
+	}
 	flag.Parse()
 	code := m.Run()
 	if shared.standalone != nil {

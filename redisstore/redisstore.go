@@ -45,7 +45,7 @@
 // and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
 // that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery.
@@ -108,7 +108,8 @@ const (
 	argvDedupeTTL     = 6
 	argvDedupeMax     = 7
 	argvCarry         = 8
-	argvPolicies      = 8 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
+	argvLease         = 9
+	argvPolicies      = 9 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
 	argvPerPolicy     = 5
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
@@ -327,6 +328,7 @@ var algorithmCodes = [...]string{
 	sluice.SlidingWindow: "w",
 	sluice.TokenBucket:   "t",
 	sluice.GCRA:          "g",
+	sluice.Concurrency:   "c",
 }
 
 // key returns the Redis key of p's state for subject: see the package
@@ -372,7 +374,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
 	for _, p := range ev.Policies {
-		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.GCRA {
+		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.Concurrency {
 			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
 		}
 	}
@@ -448,9 +450,14 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvMode] = "reset"
 	case ev.Refund:
 		argv[argvMode] = "refund"
+	case ev.Release:
+		argv[argvMode] = "release"
+	case ev.Renew:
+		argv[argvMode] = "renew"
 	default:
 		argv[argvMode] = "spend"
 	}
+	argv[argvLease] = ev.LeaseID
 	argv[argvCost] = intArg(ev.Cost)
 	argv[argvMaxRegression] = s.maxReg
 	argv[argvID] = ""
@@ -472,7 +479,8 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 // pipeline per older subject (its keys share one slot), and returns the
 // script's carry arguments: for each policy, the state of the first
 // subject that has one (a fixed-size state as stored, a log's entries
-// joined by ','; "" for none) and its TTL in ms.
+// joined by ',', a concurrency policy's leases as id,expiry pairs joined
+// by ','; "" for none) and its TTL in ms.
 func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, error) {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
@@ -490,9 +498,12 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 					continue
 				}
 				k := s.key(prev, p)
-				if p.Algorithm == sluice.SlidingLog {
+				switch p.Algorithm {
+				case sluice.SlidingLog:
 					states[i] = pipe.LRange(ctx, k, 0, -1)
-				} else {
+				case sluice.Concurrency:
+					states[i] = pipe.ZRangeWithScores(ctx, k, 0, -1)
+				default:
 					states[i] = pipe.Get(ctx, k)
 				}
 				ttls[i] = pipe.PTTL(ctx, k)
@@ -517,6 +528,17 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 				raw = c.Val()
 			case *redis.StringSliceCmd:
 				raw = strings.Join(c.Val(), ",")
+			case *redis.ZSliceCmd:
+				var b strings.Builder
+				for j, z := range c.Val() {
+					if j > 0 {
+						b.WriteByte(',')
+					}
+					fmt.Fprint(&b, z.Member)
+					b.WriteByte(',')
+					b.WriteString(strconv.FormatFloat(z.Score, 'f', -1, 64)) // the script checks it is an integer
+				}
+				raw = b.String()
 			}
 			if raw != "" {
 				out[carryPerPolicy*i] = raw

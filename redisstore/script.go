@@ -30,6 +30,7 @@ var scriptFiles = []string{
 	"sliding_window.lua", // internal/algorithm/sliding_window.go
 	"token_bucket.lua",   // internal/algorithm/token_bucket.go
 	"gcra.lua",           // internal/algorithm/gcra.go
+	"concurrency.lua",    // internal/algorithm/concurrency.go
 	"engine.lua",         // internal/algorithm/engine.go
 	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
 }

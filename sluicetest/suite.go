@@ -41,6 +41,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
 	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
 	testSemantics(t, newStore)
+	testConcurrency(t, newStore)
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that

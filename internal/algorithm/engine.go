@@ -25,7 +25,7 @@ type State struct {
 }
 
 // Fields is how many integers of State.V each algorithm keeps.
-var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5}
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0}
 
 // Write is the state a decision leaves behind, for a store to keep when the
 // whole evaluation commits.

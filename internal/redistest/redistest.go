@@ -471,7 +471,7 @@ type ACLServer struct {
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
 		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel " +
-		"+llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
+		"+llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem"
 }
 
 // StartACL starts a server with a default user protected by a password and

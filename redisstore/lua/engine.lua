@@ -4,14 +4,17 @@ nothing, with the clock rule and the unspent-peek answers.
 A policy is a table {kind, limit, window, burst}: Policy with its Params
 inline, so the algorithms read p.limit as Go reads p.Params.Limit. A state
 is the array of a fixed-size algorithm's fields (State.V), or for the
-sliding log a view {key, len, newest} (State.Log); nil is absent. A write
-is {v, log, fresh, expires}. Decisions are flat, DECISION_SIZE integers per
-policy from offset DECISION_SIZE × (i − 1): allowed (1 or 0), limit,
+sliding log a view {key, len, newest} (State.Log), or for concurrency a
+view {key, len, newest} of its leases (State.Log and State.IDs); nil is
+absent. A write is {v, log, leases, fresh, expires}. Decisions are flat,
+DECISION_SIZE integers per policy from offset DECISION_SIZE × (i − 1): allowed (1 or 0), limit,
 remaining, resetAfter, retryAfter — the layout of the reply. An evaluation
 is {policies, states, now, cost, refund, reset, maxRegression, replay} that
-evaluate fills with decisions, writes, commit and replayed. Errors are
-returned as tables {clock = {policy, behind, max}} or {replay = {first,
-now}}, as the Go code returns *ClockError and *ReplayError. ]]
+evaluate fills with decisions, writes, commit and replayed; with lease,
+release and renew for concurrency policies (lease '' for none). Errors are
+returned as tables {clock = {policy, behind, max}}, {replay = {first,
+now}} or {lease = reason}, as the Go code returns *ClockError,
+*ReplayError and its error for a misused release or renewal. ]]
 
 -- The integers each fixed-size algorithm keeps: algorithm.Fields.
 local FIELDS = {
@@ -20,6 +23,7 @@ local FIELDS = {
   [KIND_SLIDING_WINDOW] = 4,
   [KIND_TOKEN_BUCKET] = 3,
   [KIND_GCRA] = 5,
+  [KIND_CONCURRENCY] = 0,
 }
 
 -- The integers of one decision: algorithm.Decision's fields.
@@ -28,11 +32,14 @@ local DECISION_SIZE = 5
 -- The states of a policy that has none: absent.
 local ABSENT_V = {0, 0, 0, 0, 0}
 local ABSENT_LOG = {len = 0, newest = 0}
+local ABSENT_LEASES = {len = 0, newest = 0}
 
 -- absentOf returns the absent state of kind k.
 local function absentOf(k)
   if k == KIND_SLIDING_LOG then
     return ABSENT_LOG
+  elseif k == KIND_CONCURRENCY then
+    return ABSENT_LEASES
   end
   return ABSENT_V
 end
@@ -52,6 +59,11 @@ local function bounds(p, st)
   local k = p.kind
   if k == KIND_SLIDING_LOG then
     return slidingLogExpires(st, p), slidingLogNewest(st)
+  elseif k == KIND_CONCURRENCY then
+    if concurrencyNewest(st) == 0 then
+      return 0, 0
+    end
+    return concurrencyExpires(st), concurrencyNewest(st) - p.window
   end
   local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
   if k == KIND_FIXED_WINDOW then
@@ -67,12 +79,29 @@ local function bounds(p, st)
 end
 
 -- step ports Policy.step: it puts the decision in ds at offset o and
--- returns the write.
-local function step(p, st, now, cost, refund, ds, o)
+-- returns the write. op is the Go code's op: nil for a spend or a peek,
+-- else {refund, release, renew, lease}.
+local function step(p, st, now, cost, op, ds, o)
   local k = p.kind
   local w = {expires = 0}
   local allowed, remaining, resetAfter, retryAfter
-  if k == KIND_SLIDING_LOG then
+  local refund = op ~= nil and op.refund
+  if k == KIND_CONCURRENCY then
+    -- No Refund: a store never asks (sluice.Limiter refuses it first).
+    if op ~= nil and op.release then
+      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyRelease(st, p, now, op.lease)
+    elseif op ~= nil and op.renew then
+      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyRenew(st, p, now, op.lease)
+    else
+      local lease = ''
+      if op ~= nil then
+        lease = op.lease
+      end
+      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, cost, lease)
+    end
+    w.expires = w.leases.newest
+    ds[o + 2] = p.limit
+  elseif k == KIND_SLIDING_LOG then
     if refund then
       w.log, allowed, remaining, resetAfter, retryAfter = slidingLogRefund(st, p, now, cost)
     else
@@ -159,9 +188,19 @@ local function evaluate(ev)
   local ds, ws = {}, {}
   ev.decisions, ev.writes = ds, ws
   ev.commit, ev.replayed = false, false
+  if ev.release or ev.renew then
+    if ev.release and ev.renew or ev.refund or ev.reset or ev.cost ~= 1 or ev.lease == '' then
+      return {lease = 'a release or renewal is alone, of cost 1, with a lease id'}
+    end
+    for i, p in ipairs(ev.policies) do
+      if p.kind ~= KIND_CONCURRENCY then
+        return {lease = 'policy ' .. (i - 1) .. ': only a concurrency policy holds leases'}
+      end
+    end
+  end
   if ev.reset then
     for i, p in ipairs(ev.policies) do
-      ws[i] = step(p, absentOf(p.kind), now, 0, false, ds, DECISION_SIZE * (i - 1))
+      ws[i] = step(p, absentOf(p.kind), now, 0, nil, ds, DECISION_SIZE * (i - 1))
       ws[i].fresh = true
     end
     ev.commit = true
@@ -175,6 +214,10 @@ local function evaluate(ev)
     ev.replayed = true
     return nil
   end
+  local op -- the Go code's op: nil, allocating nothing, for a plain spend or peek
+  if ev.refund or ev.release or ev.renew or ev.lease ~= '' then
+    op = {refund = ev.refund, release = ev.release, renew = ev.renew, lease = ev.lease}
+  end
   local admitted = true
   for i, p in ipairs(ev.policies) do
     local st, at, behind = current(p, ev.states[i], now, ev.maxRegression)
@@ -182,7 +225,7 @@ local function evaluate(ev)
       return {clock = {policy = i - 1, behind = behind, max = ev.maxRegression}}
     end
     local o = DECISION_SIZE * (i - 1)
-    local w = step(p, st, at, ev.cost, ev.refund, ds, o)
+    local w = step(p, st, at, ev.cost, op, ds, o)
     w.fresh = st ~= ev.states[i]
     if at ~= now then
       lengthen(ds, o, at - now)
@@ -195,7 +238,7 @@ local function evaluate(ev)
       local o = DECISION_SIZE * (i - 1)
       if ds[o + 1] == 1 then
         local st, at = current(p, ev.states[i], now, ev.maxRegression)
-        step(p, st, at, 0, false, ds, o)
+        step(p, st, at, 0, nil, ds, o)
         lengthen(ds, o, at - now)
       end
     end

@@ -8,6 +8,7 @@ local MIN_WINDOW = 1000 -- algorithm.MinWindow, µs
 local MAX_WINDOW = 86400000000 -- algorithm.MaxWindow, µs
 local MAX_LIMIT = 1000000000 -- algorithm.MaxLimit
 local MAX_SLIDING_LOG_LEN = 100000 -- algorithm.MaxSlidingLogLen
+local MAX_CONCURRENCY_LIMIT = 100000 -- algorithm.MaxConcurrencyLimit
 local MAX_EXACT = 9007199254740992 -- algorithm.MaxExact, 2^53
 
 -- The algorithms: algorithm.Kind.
@@ -16,6 +17,7 @@ local KIND_SLIDING_LOG = 2
 local KIND_SLIDING_WINDOW = 3
 local KIND_TOKEN_BUCKET = 4
 local KIND_GCRA = 5
+local KIND_CONCURRENCY = 6
 
 -- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
 -- double quotient is off by at most one, which the remainder corrects.
@@ -79,6 +81,10 @@ local function check(p, k)
   elseif k == KIND_SLIDING_WINDOW then
     if p.limit > quo(MAX_EXACT - 1, p.window) then
       return 'limit', 'limit × window in µs must stay below 2^53 for sliding_window'
+    end
+  elseif k == KIND_CONCURRENCY then
+    if p.limit > MAX_CONCURRENCY_LIMIT then
+      return 'limit', 'concurrency allows at most 100000'
     end
   elseif k == KIND_TOKEN_BUCKET or k == KIND_GCRA then
     if p.burst > quo(MAX_EXACT - 1 - p.limit, p.window) then

@@ -16,8 +16,10 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        read the time with Redis TIME (one clock for every caller).
   ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
                        state's newest write; -1 means unbounded.
-  ARGV_MODE            "spend" (or peek, by cost 0), "refund" (give cost units back)
-                       or "reset" (cost 0: delete every policy's state, whatever it holds).
+  ARGV_MODE            "spend" (or peek, by cost 0), "refund" (give cost units back),
+                       "reset" (cost 0: delete every policy's state, whatever it holds),
+                       or, naming concurrency policies only (cost 1), "release" (give
+                       the lease ARGV_LEASE back) or "renew" (extend it).
   ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
   ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
   ARGV_DEDUPE_MAX      how many ids are remembered at most.
@@ -29,6 +31,8 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        state as stored, a log's entries joined by ',') and its
                        TTL in ms. A policy without a live state takes it, kept
                        at its key with that TTL whatever the verdict.
+  ARGV_LEASE           the lease a spend acquires on each concurrency policy, or
+                       the one a release or renewal names; "" for none.
   then ARGV_PER_POLICY arguments per policy, from ARGV_POLICIES + 1: the
   algorithm (algorithm.Kind), limit, window in µs, burst, and the TTL grace
   in µs (CleanupGrace + ExtraTTL), at offsets POLICY_KIND .. POLICY_GRACE.
@@ -42,6 +46,9 @@ type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
 
+State of a concurrency policy: a sorted set of its leases, member the
+lease id, score its expiry in µs; expired leases are swept by the call
+that next writes it, and its TTL follows the latest expiry.
 State: a fixed-size algorithm's fields as one string (SET … PX; its form
 is in codec.lua), the sliding log as a list of admission times in µs.
 Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
@@ -59,7 +66,8 @@ local ARGV_ID = 5
 local ARGV_DEDUPE_TTL = 6
 local ARGV_DEDUPE_MAX = 7
 local ARGV_CARRY = 8
-local ARGV_POLICIES = 8
+local ARGV_LEASE = 9
+local ARGV_POLICIES = 9
 local ARGV_PER_POLICY = 5
 local POLICY_KIND = 1
 local POLICY_LIMIT = 2
@@ -76,6 +84,15 @@ local MAX_DEDUPE_IDS = 10000
 -- readState returns the state of kind at key, or nil when there is none.
 -- Anything but what apply writes is corrupt.
 local function readState(key, kind)
+  if kind == KIND_CONCURRENCY then
+    local len = read(key, 'ZCARD')
+    if len == 0 then
+      return nil
+    end
+    local view = {key = key, len = len, newest = 0}
+    view.newest = concurrencyEntry(view, len - 1)
+    return view
+  end
   if kind == KIND_SLIDING_LOG then
     local len = read(key, 'LLEN')
     if len == 0 then
@@ -100,6 +117,22 @@ local function apply(key, kind, w, stored, now, grace)
     return
   end
   local px = fmt(math.max(ceilDiv(w.expires - now + grace, 1000), 1))
+  if kind == KIND_CONCURRENCY then
+    local e = w.leases
+    if w.fresh and stored then
+      redis.call('DEL', key)
+    elseif e.cut > 0 then
+      redis.call('ZREMRANGEBYRANK', key, 0, e.cut - 1)
+    end
+    if e.remove ~= '' then
+      redis.call('ZREM', key, e.remove)
+    end
+    if e.add ~= '' then
+      redis.call('ZADD', key, fmt(e.at), e.add)
+    end
+    redis.call('PEXPIRE', key, px)
+    return
+  end
   if kind ~= KIND_SLIDING_LOG then
     redis.call('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
     return
@@ -220,7 +253,24 @@ local function carryOver(KEYS, ARGV, ev, now)
     local base = ARGV_POLICIES + ARGV_PER_POLICY * n + CARRY_PER_POLICY * (i - 1)
     local raw, ttl = ARGV[base + 1], arg(ARGV[base + 2])
     if raw ~= '' and ttl ~= nil and ttl >= 1 and not live(p, ev.states[i], now) then
-      if p.kind == KIND_SLIDING_LOG then
+      if p.kind == KIND_CONCURRENCY then
+        local zadd, member = {}, nil
+        for x in string.gmatch(raw, '[^,]+') do
+          if member == nil then
+            member = x
+          else
+            local v = int(x)
+            if v == nil or v < 1 then
+              corrupt(KEYS[i], 'carried lease expiry ' .. string.sub(x, 1, 40) .. ': want an integer > 0')
+            end
+            zadd[#zadd + 1], zadd[#zadd + 2], member = x, member, nil
+          end
+        end
+        if member ~= nil then
+          corrupt(KEYS[i], 'carried leases: want id,expiry pairs')
+        end
+        take[i] = {leases = zadd, ttl = ttl}
+      elseif p.kind == KIND_SLIDING_LOG then
         local entries, prev = {}, 0
         for x in string.gmatch(raw, '[^,]+') do
           local v = int(x)
@@ -237,7 +287,14 @@ local function carryOver(KEYS, ARGV, ev, now)
   end
   for i, p in ipairs(ev.policies) do
     local c = take[i]
-    if c ~= nil and c.v ~= nil then
+    if c ~= nil and c.leases ~= nil then
+      redis.call('DEL', KEYS[i])
+      for j = 1, #c.leases, 1000 do
+        redis.call('ZADD', KEYS[i], unpack(c.leases, j, math.min(j + 999, #c.leases)))
+      end
+      redis.call('PEXPIRE', KEYS[i], fmt(c.ttl))
+      ev.states[i] = readState(KEYS[i], p.kind)
+    elseif c ~= nil and c.v ~= nil then
       redis.call('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
       ev.states[i] = c.v
     elseif c ~= nil then
@@ -295,7 +352,11 @@ local function policyArgs(ARGV, i, cost, refund)
     end
     checked[id], nChecked = p, nChecked + 1
   end
-  if cost > capacity(p, p.kind) then
+  if p.kind == KIND_CONCURRENCY then
+    if refund then -- a lease holds one slot whatever the cost
+      raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm concurrency has no refund: release the lease')
+    end
+  elseif cost > capacity(p, p.kind) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': cost is above the capacity ' .. fmt(capacity(p, p.kind)))
   elseif refund and p.kind == KIND_SLIDING_WINDOW then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm sliding_window has no refund')
@@ -326,9 +387,11 @@ local function main(KEYS, ARGV)
   end
   local mode = ARGV[ARGV_MODE]
   local refund, reset = mode == 'refund', mode == 'reset'
-  if not refund and not reset and mode ~= 'spend' then
-    raise('SLUICE_ARGS', 'mode must be spend, refund or reset')
+  local release, renew = mode == 'release', mode == 'renew'
+  if not refund and not reset and not release and not renew and mode ~= 'spend' then
+    raise('SLUICE_ARGS', 'mode must be spend, refund, reset, release or renew')
   end
+  local lease = ARGV[ARGV_LEASE]
   if refund and cost < 1 then
     raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
   end
@@ -362,7 +425,8 @@ local function main(KEYS, ARGV)
     end
   end
 
-  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, reset = reset, maxRegression = maxRegression}
+  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, reset = reset, maxRegression = maxRegression,
+    lease = lease, release = release, renew = renew}
   local graces = {}
   for i = 1, n do
     ev.policies[i], graces[i] = policyArgs(ARGV, i, cost, refund)
@@ -401,6 +465,8 @@ local function main(KEYS, ARGV)
   if err ~= nil and err.clock then
     raise('SLUICE_CLOCK', KEYS[err.clock.policy + 1] .. ': caller clock is ' .. fmt(err.clock.behind) ..
       ' µs behind the last write, more than the allowed ' .. fmt(err.clock.max))
+  elseif err ~= nil and err.lease then
+    raise('SLUICE_ARGS', err.lease)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end

@@ -1,0 +1,131 @@
+--[[ concurrency.lua ports internal/algorithm/concurrency.go. The leases
+of one subject under one policy are a Redis sorted set: member the lease
+id, score its expiry in µs. A state here is a view of it, {key, len,
+newest}; s.Expiries[i] of the Go code is concurrencyEntry(s, i), one
+ZRANGE, and s.find(id) one ZRANK. An edit is a table {cut, remove, add,
+at, newest}, '' naming no lease; a decision is the values allowed,
+remaining, resetAfter and retryAfter (its limit is p.limit). Leases whose
+expiries tie are ordered by id in Redis and by insertion in Go: the math
+reads expiries only, which agree. ]]
+
+-- concurrencyEntry returns s.Expiries[i] (0-based), read from the set.
+local function concurrencyEntry(s, i)
+  local r = redis.call('ZRANGE', s.key, i, i, 'WITHSCORES')
+  local v = int(r[2])
+  if v == nil or v < 1 then
+    corrupt(s.key, 'score of lease ' .. i .. ' = ' .. string.sub(tostring(r[2]), 1, 40) .. ': want an integer > 0')
+  end
+  return v
+end
+
+-- concurrencyNewest ports Concurrency.Newest: read once, with the length.
+local function concurrencyNewest(s)
+  return s.newest
+end
+
+-- concurrencyFind ports Concurrency.find. An absent state has no key to
+-- ask, and holds no lease.
+local function concurrencyFind(s, id)
+  if s.len == 0 then
+    return -1
+  end
+  return redis.call('ZRANK', s.key, id) or -1
+end
+
+-- concurrencyCut ports Concurrency.cut.
+local function concurrencyCut(s, now)
+  local lo, hi = 0, s.len
+  while lo < hi do
+    local mid = quo(lo + hi, 2)
+    if concurrencyEntry(s, mid) <= now then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
+-- concurrencyLive ports Concurrency.live.
+local function concurrencyLive(s, id, now)
+  local i = concurrencyFind(s, id)
+  if i < 0 or concurrencyEntry(s, i) <= now then
+    return -1
+  end
+  return i
+end
+
+local concurrencyRenew -- below: Decide and Renew call each other
+
+-- concurrencyDecide ports Concurrency.Decide.
+local function concurrencyDecide(s, p, now, cost, id)
+  local limit = p.limit
+  local cut = concurrencyCut(s, now)
+  local count = s.len - cut
+  if cost > 0 and concurrencyLive(s, id, now) >= 0 then
+    return concurrencyRenew(s, p, now, id)
+  end
+  if count + 1 > limit then
+    -- The lease whose expiry frees a slot: the (count+1-Limit)-th soonest.
+    local retryAfter = concurrencyEntry(s, cut + count - limit) - now
+    -- count > Limit after a limit was lowered: remaining 0.
+    local newest = concurrencyNewest(s)
+    return {cut = 0, remove = '', add = '', at = 0, newest = newest}, false, math.max(limit - count, 0),
+      newest - now, retryAfter
+  end
+  local e = {cut = cut, remove = '', add = '', at = 0, newest = 0}
+  if count > 0 then
+    e.newest = concurrencyNewest(s)
+  end
+  local held = count
+  if cost > 0 then
+    e.add, e.at, e.newest = id, now + p.window, now + p.window
+    held = held + 1
+  end
+  local resetAfter = 0
+  if e.newest ~= 0 then
+    resetAfter = e.newest - now
+  end
+  return e, true, limit - held, resetAfter, 0
+end
+
+-- concurrencyRenew ports Concurrency.Renew.
+concurrencyRenew = function(s, p, now, id)
+  if concurrencyLive(s, id, now) < 0 then
+    return concurrencyDecide(s, p, now, 1, id)
+  end
+  local cut = concurrencyCut(s, now)
+  local count = s.len - cut
+  local e = {cut = cut, remove = '', add = id, at = now + p.window, newest = math.max(concurrencyNewest(s), now + p.window)}
+  return e, true, math.max(p.limit - count, 0), e.newest - now, 0
+end
+
+-- concurrencyRelease ports Concurrency.Release.
+local function concurrencyRelease(s, p, now, id)
+  local n = s.len
+  local cut = concurrencyCut(s, now)
+  local count = n - cut
+  local e = {cut = cut, remove = '', add = '', at = 0, newest = 0}
+  local i = concurrencyLive(s, id, now)
+  local left = count
+  if i >= 0 then
+    e.remove = id
+    left = left - 1
+  end
+  if left > 0 then
+    e.newest = concurrencyNewest(s)
+    if i == n - 1 then -- the newest is the one released
+      e.newest = concurrencyEntry(s, n - 2)
+    end
+  end
+  local resetAfter = 0
+  if e.newest ~= 0 then
+    resetAfter = e.newest - now
+  end
+  return e, true, math.max(p.limit - left, 0), resetAfter, 0
+end
+
+-- concurrencyExpires ports Concurrency.Expires.
+local function concurrencyExpires(s)
+  return concurrencyNewest(s)
+end
