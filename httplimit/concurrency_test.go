@@ -3,26 +3,41 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // leaseServer serves next behind a middleware limiting every request to
 // "1 at once" (a lease that lives an hour, so only a release frees it
 // within a test) on a real loopback socket, and reports on returned each
 // time the middleware has finished with a request, its release included.
-func leaseServer(t *testing.T, next http.Handler) (srv *httptest.Server, returned chan struct{}) {
+func leaseServer(t *testing.T, store sluice.Store, next http.Handler) (srv *httptest.Server, returned chan struct{}) {
 	t.Helper()
-	clock := sluicetest.NewClock(sluicetest.Start)
-	l := newLimiter(t, clock, sluice.Policy{ID: "one", Algorithm: sluice.Concurrency, Limit: 1, LeaseTTL: time.Hour},
-		sluice.Policy{ID: "rate", Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour})
-	m := newMiddleware(t, l, httplimit.Options{Default: []string{"rate", "one"}})
+	l, err := sluice.New(store, []sluice.Policy{{ID: "one", Algorithm: sluice.Concurrency, Limit: 1, LeaseTTL: time.Hour},
+		{ID: "rate", Algorithm: sluice.FixedWindow, Limit: 100, Window: time.Hour}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every test server has its own pseudonym key: the same loopback
+	// client is another subject on each, whatever store they share.
+	pseudo, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte(fmt.Sprintf("lease-test-%d-0123456789abcdef", rand.Uint64()))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMiddleware(t, l, httplimit.Options{Default: []string{"rate", "one"}, Pseudonymizer: pseudo, Deadline: 5 * time.Second})
 	returned = make(chan struct{}, 10)
 	h := m.Handler(next)
 	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -33,11 +48,59 @@ func leaseServer(t *testing.T, next http.Handler) (srv *httptest.Server, returne
 	return srv, returned
 }
 
-// TestLeaseReleasedWhenHandlerReturns: while one request is in the
+// TestLeaseMiddleware runs the lease scenarios of the middleware over real
+// sockets on memstore, a standalone Redis and a 3-master Redis Cluster.
+func TestLeaseMiddleware(t *testing.T) {
+	scenarios := []struct {
+		name string
+		run  func(*testing.T, sluice.Store)
+	}{
+		{"ReleasedWhenHandlerReturns", testLeaseReleasedWhenHandlerReturns},
+		{"ReleasedOnPanic", testLeaseReleasedOnPanic},
+		{"ReleasedOnClientDisconnect", testLeaseReleasedOnClientDisconnect},
+		{"RefundLeavesTheLease", testRefundLeavesTheLease},
+	}
+	stores := []struct {
+		name  string
+		store func(t *testing.T) sluice.Store
+	}{
+		{"memstore", func(t *testing.T) sluice.Store { return newMemStore(t, sluicetest.NewClock(sluicetest.Start)) }},
+		{"redis", func(t *testing.T) sluice.Store {
+			c := redistest.Standalone(t).Client()
+			t.Cleanup(func() { c.Close() })
+			return newRedisStore(t, c)
+		}},
+		{"cluster", func(t *testing.T) sluice.Store {
+			c := redistest.Cluster(t).Client()
+			t.Cleanup(func() { c.Close() })
+			return newRedisStore(t, c)
+		}},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			store := st.store(t)
+			for _, sc := range scenarios {
+				t.Run(sc.name, func(t *testing.T) { sc.run(t, store) })
+			}
+		})
+	}
+}
+
+func newRedisStore(t *testing.T, c redis.UniversalClient) sluice.Store {
+	t.Helper()
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// testLeaseReleasedWhenHandlerReturns: while one request is in the
 // handler a second is refused; once it returns, a third goes through.
-func TestLeaseReleasedWhenHandlerReturns(t *testing.T) {
+func testLeaseReleasedWhenHandlerReturns(t *testing.T, store sluice.Store) {
 	entered, proceed := make(chan httplimit.Decision), make(chan struct{})
-	srv, returned := leaseServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, returned := leaseServer(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			d, _ := httplimit.FromContext(r.Context())
 			entered <- d
@@ -74,9 +137,9 @@ func TestLeaseReleasedWhenHandlerReturns(t *testing.T) {
 	}
 }
 
-// TestLeaseReleasedOnPanic: a handler that panics still gives its slot back.
-func TestLeaseReleasedOnPanic(t *testing.T) {
-	srv, returned := leaseServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// testLeaseReleasedOnPanic: a handler that panics still gives its slot back.
+func testLeaseReleasedOnPanic(t *testing.T, store sluice.Store) {
+	srv, returned := leaseServer(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/panic" {
 			panic(http.ErrAbortHandler) // net/http's own abort: a real panic, not logged
 		}
@@ -91,12 +154,12 @@ func TestLeaseReleasedOnPanic(t *testing.T) {
 	}
 }
 
-// TestLeaseReleasedOnClientDisconnect: a client that hangs up mid-request
+// testLeaseReleasedOnClientDisconnect: a client that hangs up mid-request
 // cancels the request's context; the handler returns and the slot is
 // given back, although the context the release could have used is done.
-func TestLeaseReleasedOnClientDisconnect(t *testing.T) {
+func testLeaseReleasedOnClientDisconnect(t *testing.T, store sluice.Store) {
 	entered := make(chan struct{})
-	srv, returned := leaseServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, returned := leaseServer(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hang" {
 			close(entered)
 			<-r.Context().Done() // the client went away
@@ -122,11 +185,11 @@ func TestLeaseReleasedOnClientDisconnect(t *testing.T) {
 	}
 }
 
-// TestRefundLeavesTheLease: Refund gives back a route's rate units, not
+// testRefundLeavesTheLease: Refund gives back a route's rate units, not
 // its lease, which goes when the handler returns.
-func TestRefundLeavesTheLease(t *testing.T) {
+func testRefundLeavesTheLease(t *testing.T, store sluice.Store) {
 	var refunded sluice.Outcome
-	srv, returned := leaseServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, returned := leaseServer(t, store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		refunded = httplimit.Refund(r.Context())
 		w.Write([]byte("ok"))
 	}))

@@ -353,7 +353,8 @@ local function policyArgs(ARGV, i, cost, refund)
     checked[id], nChecked = p, nChecked + 1
   end
   if p.kind == KIND_CONCURRENCY then
-    if refund then -- a lease holds one slot whatever the cost
+    -- No capacity to check: a lease holds one slot whatever the cost.
+    if refund then
       raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm concurrency has no refund: release the lease')
     end
   elseif cost > capacity(p, p.kind) then
