@@ -41,9 +41,16 @@ func (s SlidingLog) Apply(e LogEdit) SlidingLog {
 }
 
 // cut returns how many of the oldest entries left the window at now: the
-// first entry after now-Window, by binary search (the log is sorted).
+// first entry after now-Window, by binary search (the log is sorted). The
+// oldest entry is looked at first: while it is still in the window, as it
+// mostly is, that one read answers (redisstore reads each entry from
+// Redis).
 func (s SlidingLog) cut(p Params, now int64) int64 {
 	lo, hi := int64(0), int64(len(s.Entries))
+	if hi == 0 || s.Entries[0] > now-p.Window {
+		return 0
+	}
+	lo = 1
 	for lo < hi {
 		mid := (lo + hi) / 2
 		if s.Entries[mid] <= now-p.Window {

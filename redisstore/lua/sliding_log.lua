@@ -23,6 +23,10 @@ end
 -- slidingLogCut ports SlidingLog.cut.
 local function slidingLogCut(s, p, now)
   local lo, hi = 0, s.len
+  if hi == 0 or slidingLogEntry(s, 0) > now - p.window then
+    return 0
+  end
+  lo = 1
   while lo < hi do
     local mid = quo(lo + hi, 2)
     if slidingLogEntry(s, mid) <= now - p.window then
