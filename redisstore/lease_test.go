@@ -90,6 +90,11 @@ func leaseHelper(spec string) int {
 		return 2
 	}
 	defer s.Close()
+	// Warm the connections (and the cluster's slot map) first, so both
+	// processes race from the same start.
+	for range 4 {
+		l.Check(context.Background(), sluice.Request{Policy: "leases", Subject: os.Getenv(leaseSubjectEnv), Peek: true})
+	}
 	in := bufio.NewScanner(os.Stdin)
 	fmt.Println("ready")
 	if !in.Scan() || in.Text() != "go" {
@@ -170,6 +175,9 @@ func testLeasesAcrossProcesses(t *testing.T, c redis.UniversalClient, spec strin
 		t.Fatalf("helper did not get ready: %q, stderr %s", out.Text(), stderr.String())
 	}
 
+	for range 4 { // warm the connections, as the helper did
+		peek()
+	}
 	start := make(chan struct{})
 	type result struct {
 		held     []sluice.Lease
@@ -202,6 +210,7 @@ func testLeasesAcrossProcesses(t *testing.T, c redis.UniversalClient, spec strin
 	if got := peek(); got != 0 {
 		t.Fatalf("remaining with every lease held = %d, want 0", got)
 	}
+	t.Logf("%d acquirers in two processes: %d leases held here, %d in the helper", 2*leaseCallers, len(r.held), theirs)
 	for _, lease := range r.held {
 		if o := l.Release(context.Background(), lease); o.Kind != sluice.Allowed {
 			t.Fatalf("Release = %v: %v", o.Kind, o.Err)
