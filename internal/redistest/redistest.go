@@ -133,6 +133,7 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 	}
 	cmd := exec.Command(bin, path)
 	cmd.Dir = dir
+	cmd.SysProcAttr = dieWithParent()
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
