@@ -511,10 +511,9 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 			return nil
 		})
 		if err != nil && !errors.Is(err, redis.Nil) {
-			err = s.classify(ctx, "read the state of an older subject", err)
-			if errors.Is(err, sluice.ErrIndeterminate) {
+			if err = s.classify(ctx, "read the state of an older subject", err); errors.Is(err, sluice.ErrIndeterminate) {
 				// Reads only: nothing was spent, whatever happened.
-				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %w", sluice.ErrBeforeSend, err)
+				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %v", sluice.ErrBeforeSend, err)
 			}
 			return nil, err
 		}
