@@ -45,7 +45,7 @@
 // and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
 // that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery.
