@@ -40,10 +40,11 @@
 // # Least-privilege ACL
 //
 // The store sends FCALL and FUNCTION LOAD, or EVALSHA and SCRIPT LOAD (never
-// EVAL), and its code calls only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
-// LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE
-// and ZREMRANGEBYRANK on keys under Prefix. A user restricted to exactly
-// that works:
+// EVAL), and it and its code call only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
+// LRANGE, LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
+// ZREMRANGEBYRANK, ZRANK and ZREM on keys under Prefix (LRANGE and ZRANGE
+// with scores read an older subject's state during a key rotation). A user
+// restricted to exactly that works:
 //
 //	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
 //
