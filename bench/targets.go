@@ -101,13 +101,73 @@ func allTargets() []target {
 	for _, alg := range sluiceAlgorithms {
 		ts = append(ts, sluiceTarget(alg, redisPath))
 	}
+	ts = append(ts, sluiceLeaseTarget(redisPath))
 	ts = append(ts, redisRateTarget(), ululeTarget(), throttledTarget())
 	for _, alg := range sluiceAlgorithms {
 		ts = append(ts, sluiceTarget(alg, inProcess))
 	}
+	ts = append(ts, sluiceLeaseTarget(inProcess))
 	ts = append(ts, goLimiterTarget(), xrateTarget())
 	ts = append(ts, floorTargets()...)
 	return ts
+}
+
+// sluiceLeaseTarget drives a concurrency policy: one decision is an
+// acquire (Limiter.Check) and, when allowed and the mode is mostly
+// allowed, its release (Limiter.Release): two store calls. Mostly denied:
+// the first acquire of each subject (the warm-up's) holds its one slot
+// for the hour, every later one is denied.
+func sluiceLeaseTarget(k kind) target {
+	store := "redisstore"
+	if k == inProcess {
+		store = "memstore"
+	}
+	return target{
+		name: "sluice concurrency, acquire+release (" + store + ")", kind: k, batch: 1,
+		build: func(ctx context.Context, e *env, m mode) (decideFunc, func(), error) {
+			var st sluice.Store
+			var closeStore func()
+			if k == redisPath {
+				rs, err := redisstore.New(e.client, redisstore.Options{})
+				if err != nil {
+					return nil, nil, err
+				}
+				st, closeStore = rs, func() { rs.Close() }
+			} else {
+				ms, err := memstore.New(memstore.Options{})
+				if err != nil {
+					return nil, nil, err
+				}
+				st, closeStore = ms, func() { ms.Close() }
+			}
+			limit := int64(100_000)
+			if m == deniedMode {
+				limit = 1
+			}
+			lim, err := sluice.New(st, []sluice.Policy{{ID: "bench", Algorithm: sluice.Concurrency, Limit: limit, LeaseTTL: time.Hour}}, sluice.Options{})
+			if err != nil {
+				closeStore()
+				return nil, nil, err
+			}
+			subjects := e.subjects
+			return func(ctx context.Context, i int) (int, error) {
+				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})
+				switch o.Kind {
+				case sluice.Allowed:
+					if m == deniedMode {
+						return 1, nil
+					}
+					if r := lim.Release(ctx, o.Lease); r.Kind != sluice.Allowed {
+						return 0, fmt.Errorf("release: %v: %w", r.Kind, r.Err)
+					}
+					return 1, nil
+				case sluice.Denied:
+					return 0, nil
+				}
+				return 0, fmt.Errorf("%v: %w", o.Kind, o.Err)
+			}, closeStore, nil
+		},
+	}
 }
 
 // sluiceTarget drives sluice.Limiter.Check over redisstore (on the shared
