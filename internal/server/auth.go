@@ -89,6 +89,42 @@ func (a *auth) authenticate(r *http.Request) (*authToken, error) {
 	return found, nil
 }
 
+// authenticated returns the request's token when tokens are configured
+// (nil when they are not) and whether the request may go on; a missing or
+// unknown token is answered 401 here.
+func (s *Server) authenticated(w http.ResponseWriter, r *http.Request, in *checkRequest) (*authToken, bool) {
+	if s.auth == nil {
+		return nil, true
+	}
+	lw, _ := w.(*logWriter)
+	tok, err := s.auth.authenticate(r)
+	if err != nil {
+		if lw != nil {
+			lw.reason = err.Error()
+		}
+		s.refuse(w, in, nil, "")
+		return nil, false
+	}
+	if lw != nil {
+		lw.token = tok.id
+	}
+	return tok, true
+}
+
+// permits reports whether tok, the request's token (nil without tokens
+// configured), allows scope; when it does not the request is answered 403
+// here.
+func (s *Server) permits(w http.ResponseWriter, in *checkRequest, tok *authToken, scope string) bool {
+	if tok == nil || slices.Contains(tok.scopes, scope) {
+		return true
+	}
+	if lw, ok := w.(*logWriter); ok {
+		lw.reason = "token lacks scope " + scope
+	}
+	s.refuse(w, in, tok, scope)
+	return false
+}
+
 // refuse answers a request the token does not allow: 401 with a
 // challenge when there is no valid token, 403 naming the missing scope.
 func (s *Server) refuse(w http.ResponseWriter, in *checkRequest, tok *authToken, scope string) {

@@ -56,7 +56,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -345,46 +344,27 @@ type malformed string
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	lw, _ := w.(*logWriter)
 	var in checkRequest
-	var tok *authToken
-	if s.auth != nil {
-		var err error
-		if tok, err = s.auth.authenticate(r); err != nil {
-			if lw != nil {
-				lw.reason = err.Error()
-			}
-			s.refuse(w, &in, nil, "")
-			return
-		}
-		if lw != nil {
-			lw.token = tok.id
-		}
+	tok, ok := s.authenticated(w, r, &in)
+	if !ok {
+		return
 	}
 	req, bad := s.decode(w, r, &in)
 	if bad == "" && in.LeaseID != "" {
 		bad = "lease_id belongs to POST /v1/release and /v1/renew; a check acquires a new lease"
 	}
 	if bad != "" {
-		if lw != nil {
-			lw.reason = string(bad)
-		}
-		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
+		s.badRequest(w, &in, string(bad))
 		return
 	}
-	if tok != nil {
-		scope := config.ScopeCheck
-		switch {
-		case req.Refund:
-			scope = config.ScopeRefund
-		case req.Reset:
-			scope = config.ScopeReset
-		}
-		if !slices.Contains(tok.scopes, scope) {
-			if lw != nil {
-				lw.reason = "token lacks scope " + scope
-			}
-			s.refuse(w, &in, tok, scope)
-			return
-		}
+	scope := config.ScopeCheck
+	switch {
+	case req.Refund:
+		scope = config.ScopeRefund
+	case req.Reset:
+		scope = config.ScopeReset
+	}
+	if !s.permits(w, &in, tok, scope) {
+		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	o := s.lim.Check(ctx, req)
@@ -409,25 +389,8 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 	lw, _ := w.(*logWriter)
 	var in checkRequest
-	if s.auth != nil {
-		tok, err := s.auth.authenticate(r)
-		if err != nil {
-			if lw != nil {
-				lw.reason = err.Error()
-			}
-			s.refuse(w, &in, nil, "")
-			return
-		}
-		if lw != nil {
-			lw.token = tok.id
-		}
-		if !slices.Contains(tok.scopes, config.ScopeCheck) {
-			if lw != nil {
-				lw.reason = "token lacks scope " + config.ScopeCheck
-			}
-			s.refuse(w, &in, tok, config.ScopeCheck)
-			return
-		}
+	if tok, ok := s.authenticated(w, r, &in); !ok || !s.permits(w, &in, tok, config.ScopeCheck) {
+		return
 	}
 	req, bad := s.decode(w, r, &in)
 	switch {
@@ -438,10 +401,7 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		bad = "a release or renewal takes policy (or policies), subject and lease_id only"
 	}
 	if bad != "" {
-		if lw != nil {
-			lw.reason = string(bad)
-		}
-		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, string(bad))
+		s.badRequest(w, &in, string(bad))
 		return
 	}
 	// The lease is released from the concurrency policies named: a client
@@ -453,21 +413,19 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(lease.Policies) == 0 {
-		const bad = "names no concurrency policy: only those hold leases"
-		if lw != nil {
-			lw.reason = bad
-		}
-		s.answer(w, &in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, bad)
+		s.badRequest(w, &in, "names no concurrency policy: only those hold leases")
 		return
 	}
 	if len(in.Policies) > 0 {
 		in.Policies = lease.Policies // the answer's statuses and RateLimit-Policy
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
+	defer cancel()
 	var o sluice.Outcome
 	if r.URL.Path == "/v1/renew" {
-		o = s.lim.Renew(r.Context(), lease)
+		o = s.lim.Renew(ctx, lease)
 	} else {
-		o = s.lim.Release(r.Context(), lease)
+		o = s.lim.Release(ctx, lease)
 	}
 	if len(in.Policies) == 0 {
 		o.Statuses = nil // one policy: its status is the top level, as for a check
@@ -478,6 +436,14 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), o.Reason()
 	}
 	s.answer(w, &in, statusCode(&o), o, o.Reason())
+}
+
+// badRequest answers 400 with why, without asking the Limiter.
+func (s *Server) badRequest(w http.ResponseWriter, in *checkRequest, why string) {
+	if lw, ok := w.(*logWriter); ok {
+		lw.reason = why
+	}
+	s.answer(w, in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, why)
 }
 
 // decode reads and checks the body into in and the Request it asks for.

@@ -712,10 +712,11 @@ func (hungStore) Evaluate(ctx context.Context, _ *sluice.Evaluation) error {
 	return ctx.Err()
 }
 
-// TestDecisionTimeout: a check waits for the store no longer than
-// DecisionTimeout, then answers 503, unavailable, nothing spent.
+// TestDecisionTimeout: a check, a release or a renewal waits for the store
+// no longer than DecisionTimeout, then answers 503, unavailable.
 func TestDecisionTimeout(t *testing.T) {
-	lim, err := sluice.New(hungStore{}, demoPolicies, sluice.Options{})
+	policies := append([]sluice.Policy{{ID: "slots", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: time.Minute}}, demoPolicies...)
+	lim, err := sluice.New(hungStore{}, policies, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -729,14 +730,20 @@ func TestDecisionTimeout(t *testing.T) {
 	// The client's own timeout only keeps a broken server from hanging the
 	// test; the server must answer long before it.
 	client := &http.Client{Timeout: time.Minute}
-	resp, err := client.Post(ts.URL+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"alice"}`))
-	if err != nil {
-		t.Fatalf("POST /v1/check against a hung store: %v", err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 503 || !strings.Contains(string(raw), `"outcome":"unavailable"`) || !strings.Contains(string(raw), `"cause":"deadline_passed"`) {
-		t.Fatalf("answer = %d %s, want 503 unavailable, cause deadline_passed", resp.StatusCode, raw)
+	for path, body := range map[string]string{
+		"/v1/check":   `{"policy":"demo","subject":"alice"}`,
+		"/v1/release": `{"policy":"slots","subject":"alice","lease_id":"q3Xh0bV8Yx2lC0mQe1o7bA"}`,
+		"/v1/renew":   `{"policy":"slots","subject":"alice","lease_id":"q3Xh0bV8Yx2lC0mQe1o7bA"}`,
+	} {
+		resp, err := client.Post(ts.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("POST %s against a hung store: %v", path, err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || !strings.Contains(string(raw), `"outcome":"unavailable"`) || !strings.Contains(string(raw), `"cause":"deadline_passed"`) {
+			t.Fatalf("POST %s: answer = %d %s, want 503 unavailable, cause deadline_passed", path, resp.StatusCode, raw)
+		}
 	}
 	if _, err := server.New(lim, pseud, slog.New(slog.DiscardHandler), server.Options{DecisionTimeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "DecisionTimeout = -1s") {
 		t.Errorf("New with a negative DecisionTimeout: error = %v, want one naming it", err)
