@@ -84,22 +84,18 @@ local MAX_DEDUPE_IDS = 10000
 -- readState returns the state of kind at key, or nil when there is none.
 -- Anything but what apply writes is corrupt.
 local function readState(key, kind)
-  if kind == KIND_CONCURRENCY then
-    local len = read(key, 'ZCARD')
+  if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
+    -- A view of the list (sorted set), its newest entry read with its length.
+    local length, entry = 'LLEN', slidingLogEntry
+    if kind == KIND_CONCURRENCY then
+      length, entry = 'ZCARD', concurrencyEntry
+    end
+    local len = read(key, length)
     if len == 0 then
       return nil
     end
     local view = {key = key, len = len, newest = 0}
-    view.newest = concurrencyEntry(view, len - 1)
-    return view
-  end
-  if kind == KIND_SLIDING_LOG then
-    local len = read(key, 'LLEN')
-    if len == 0 then
-      return nil
-    end
-    local view = {key = key, len = len, newest = 0}
-    view.newest = slidingLogEntry(view, len - 1)
+    view.newest = entry(view, len - 1)
     return view
   end
   local raw = read(key, 'GET')
