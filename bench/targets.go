@@ -112,33 +112,39 @@ func allTargets() []target {
 	return ts
 }
 
+// newStore returns the store of kind k with default options, and how to
+// close it: redisstore on the shared client, or memstore.
+func newStore(e *env, k kind) (sluice.Store, func(), error) {
+	if k == redisPath {
+		rs, err := redisstore.New(e.client, redisstore.Options{})
+		if err != nil {
+			return nil, nil, err
+		}
+		return rs, func() { rs.Close() }, nil
+	}
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ms, func() { ms.Close() }, nil
+}
+
 // sluiceLeaseTarget drives a concurrency policy: one decision is an
 // acquire (Limiter.Check) and, when allowed and the mode is mostly
 // allowed, its release (Limiter.Release): two store calls. Mostly denied:
 // the first acquire of each subject (the warm-up's) holds its one slot
 // for the hour, every later one is denied.
 func sluiceLeaseTarget(k kind) target {
-	store := "redisstore"
+	store := storeName("redis")
 	if k == inProcess {
-		store = "memstore"
+		store = storeName("memory")
 	}
 	return target{
 		name: "sluice concurrency, acquire+release (" + store + ")", kind: k, batch: 1,
 		build: func(ctx context.Context, e *env, m mode) (decideFunc, func(), error) {
-			var st sluice.Store
-			var closeStore func()
-			if k == redisPath {
-				rs, err := redisstore.New(e.client, redisstore.Options{})
-				if err != nil {
-					return nil, nil, err
-				}
-				st, closeStore = rs, func() { rs.Close() }
-			} else {
-				ms, err := memstore.New(memstore.Options{})
-				if err != nil {
-					return nil, nil, err
-				}
-				st, closeStore = ms, func() { ms.Close() }
+			st, closeStore, err := newStore(e, k)
+			if err != nil {
+				return nil, nil, err
 			}
 			limit := int64(100_000)
 			if m == deniedMode {
@@ -173,28 +179,17 @@ func sluiceLeaseTarget(k kind) target {
 // sluiceTarget drives sluice.Limiter.Check over redisstore (on the shared
 // client, default options) or memstore (default options).
 func sluiceTarget(alg sluice.Algorithm, k kind) target {
-	store := "redisstore"
+	store := storeName("redis")
 	if k == inProcess {
-		store = "memstore"
+		store = storeName("memory")
 	}
 	return target{
 		name: "sluice " + alg.String() + " (" + store + ")", kind: k, batch: 1,
 		build: func(ctx context.Context, e *env, m mode) (decideFunc, func(), error) {
 			limit, window := limits(m, alg)
-			var st sluice.Store
-			var closeStore func()
-			if k == redisPath {
-				rs, err := redisstore.New(e.client, redisstore.Options{})
-				if err != nil {
-					return nil, nil, err
-				}
-				st, closeStore = rs, func() { rs.Close() }
-			} else {
-				ms, err := memstore.New(memstore.Options{})
-				if err != nil {
-					return nil, nil, err
-				}
-				st, closeStore = ms, func() { ms.Close() }
+			st, closeStore, err := newStore(e, k)
+			if err != nil {
+				return nil, nil, err
 			}
 			lim, err := sluice.New(st, []sluice.Policy{{ID: "bench", Algorithm: alg, Limit: limit, Window: window}}, sluice.Options{})
 			if err != nil {
