@@ -224,10 +224,15 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	if req.Peek {
 		retries = 0 // a peek spends nothing: the caller may simply ask again
 	}
-	var o sluice.Outcome
+	return c.send(ctx, c.endpoint, data, &req, retries)
+}
+
+// send posts data to url, retrying up to retries times with exponential
+// back-off an answer lost after it was sent (see once), and returns the
+// last outcome.
+func (c *Client) send(ctx context.Context, url string, data []byte, req *sluice.Request, retries int) sluice.Outcome {
 	for attempt := 0; ; attempt++ {
-		var retry bool
-		o, retry = c.once(ctx, c.endpoint, data, &req)
+		o, retry := c.once(ctx, url, data, req)
 		if !retry || attempt >= retries {
 			return o
 		}
@@ -376,24 +381,13 @@ func (c *Client) leaseCall(ctx context.Context, path string, lease sluice.Lease)
 		return incompatible(sluice.ErrInvalidRequest, err.Error())
 	}
 	req := sluice.Request{Policy: b.Policy, Policies: b.Policies, Subject: lease.Subject}
-	for attempt := 0; ; attempt++ {
-		o, retry := c.once(ctx, c.base+path, data, &req)
-		if o.Kind == sluice.Allowed && path == "/v1/renew" {
-			o.Lease = lease
-		} else {
-			o.Lease = sluice.Lease{}
-		}
-		if !retry || attempt >= c.retries {
-			return o
-		}
-		wait := time.NewTimer(c.backoff << attempt)
-		select {
-		case <-ctx.Done():
-			wait.Stop()
-			return o
-		case <-wait.C:
-		}
+	o := c.send(ctx, c.base+path, data, &req, c.retries)
+	if o.Kind == sluice.Allowed && path == "/v1/renew" {
+		o.Lease = lease
+	} else {
+		o.Lease = sluice.Lease{}
 	}
+	return o
 }
 
 func (s *status) toStatus() sluice.Status {
