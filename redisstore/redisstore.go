@@ -28,11 +28,12 @@
 // TTL: the time until its state equals an absent one, plus the policy's
 // CleanupGrace, rounded up to the millisecond.
 //
-// State: one string of integers joined by ':' per fixed-size algorithm,
-// its fields in the engine's order (e.g. fixed_window "start:count:last",
-// times in µs; token_bucket and gcra also keep the numbers they were
-// written under, so a policy changed under the same revision is read
-// right; every state keeps its newest write time, for the clock rule);
+// State: one string per fixed-size algorithm, the byte 1 and then its
+// integer fields as little-endian IEEE doubles in the engine's order
+// (e.g. fixed_window start, count, last: 25 bytes; times in µs;
+// token_bucket and gcra also keep the numbers they were written under, so
+// a policy changed under the same revision is read right; every state
+// keeps its newest write time, for the clock rule);
 // sliding_log a list of admission times in µs, one entry per admitted
 // unit. A decision reads a string state with one GET and writes it with
 // one SET … PX.
@@ -110,15 +111,10 @@ const (
 	argvDedupeMax     = 7
 	argvCarry         = 8
 	argvLease         = 9
-	argvPolicies      = 9 // policy i's arguments follow argvPolicies + argvPerPolicy×(i−1)
-	argvPerPolicy     = 5
+	argvPolicies      = 9 // policy i's argument is argvPolicies + i: "kind limit window burst grace"
+	argvPerPolicy     = 1
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
-	policyKind        = 1
-	policyLimit       = 2
-	policyWindow      = 3
-	policyBurst       = 4
-	policyGrace       = 5
 	replyPerPolicy    = 5
 	maxGrace          = int64((time.Hour + 24*time.Hour) / time.Microsecond) // CleanupGrace + ExtraTTL
 	maxDedupeTTL      = int64(time.Hour / time.Microsecond)
@@ -470,7 +466,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	}
 	argv[argvCarry] = carry
 	for i, p := range ev.Policies {
-		copy(argv[argvPolicies+argvPerPolicy*i+1:], s.argsOf(p).args[1:])
+		argv[argvPolicies+i+1] = s.argsOf(p).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
 	return s.send(ctx, p)

@@ -177,7 +177,7 @@ func replyError(err error) string {
 // and held as interface values: a decision copies them without allocating.
 type policyArgs struct {
 	policy             sluice.Policy // the numbers they were formatted from
-	args               [argvPerPolicy + 1]any
+	arg                any           // the policy's argument: "kind limit window burst grace"
 	dedupeTTL, dedupeN any
 }
 
@@ -191,11 +191,7 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 		}
 	}
 	a := &policyArgs{policy: *p}
-	a.args[policyKind] = strconv.Itoa(int(p.Algorithm))
-	a.args[policyLimit] = strconv.FormatInt(p.Limit, 10)
-	a.args[policyWindow] = strconv.FormatInt(evaluation.Window(p), 10)
-	a.args[policyBurst] = strconv.FormatInt(p.Burst, 10)
-	a.args[policyGrace] = strconv.FormatInt((p.CleanupGrace + s.extra).Microseconds(), 10)
+	a.arg = fmt.Sprintf("%d %d %d %d %d", p.Algorithm, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds())
 	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)
 	a.dedupeN = strconv.Itoa(p.DedupeMax)
 	if s.cachedArgs.Add(1) > maxCachedArgs {

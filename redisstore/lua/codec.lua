@@ -17,7 +17,7 @@ end
 -- what this script never writes there: SLUICE_CORRUPT. Any other error
 -- (NOPERM, …) aborts the script with its own code.
 local function read(key, cmd, ...)
-  local r = redis.pcall(cmd, key, ...)
+  local r = redisPcall(cmd, key, ...)
   if type(r) == 'table' and r.err then
     if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
       corrupt(key, 'holds another type (' .. cmd .. ': ' .. r.err .. ')')
@@ -32,25 +32,25 @@ end
 -- for what the store reads back from Redis, where anything else is
 -- corrupt.
 local function int(s)
-  if type(s) ~= 'string' or (s ~= '0' and not string.find(s, '^%-?[1-9]%d*$')) then
+  if type(s) ~= 'string' or (s ~= '0' and not stringFind(s, '^%-?[1-9]%d*$')) then
     return nil
   end
   if #s >= 16 then -- compare long ones as strings: doubles round beyond 2^53
     local digits = s
-    if string.byte(s, 1) == 45 then
+    if stringByte(s, 1) == 45 then
       digits = string.sub(s, 2)
     end
     if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
       return nil
     end
   end
-  return tonumber(s)
+  return toNumber(s)
 end
 
 -- arg parses an integer argument, which redisstore.go writes with
 -- strconv: any whole number of magnitude below 2^53, or nil.
 local function arg(s)
-  local n = tonumber(s)
+  local n = toNumber(s)
   if n == nil or n % 1 ~= 0 or n >= MAX_EXACT or n <= -MAX_EXACT then
     return nil
   end
@@ -61,7 +61,7 @@ end
 -- here), exact for every integer the store writes (below 2^53), in about
 -- half the time of %.0f.
 local function fmt(n)
-  return string.format('%d', n)
+  return stringFormat('%d', n)
 end
 
 -- A fixed-size state is kept as one string: the byte STATE_BINARY, then
@@ -80,7 +80,7 @@ local STATE_DECIMAL = {
 
 -- encodeState returns the stored form of the n fields v.
 local function encodeState(v, n)
-  return struct.pack(STATE_FORMAT[n], STATE_BINARY, v[1], v[2], v[3], v[4], v[5])
+  return structPack(STATE_FORMAT[n], STATE_BINARY, v[1], v[2], v[3], v[4], v[5])
 end
 
 -- decodeState returns the n fields stored at key as raw. Anything
@@ -88,8 +88,8 @@ end
 -- length, a value that is not an integer in [0, 2^53].
 local function decodeState(key, raw, n)
   local v
-  if string.byte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
-    local _, a, b, c, d, e = struct.unpack(STATE_FORMAT[n], raw)
+  if stringByte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
+    local _, a, b, c, d, e = structUnpack(STATE_FORMAT[n], raw)
     v = {a, b, c, d, e}
     for i = n + 1, 5 do
       v[i] = nil -- the position after the last field, from unpack

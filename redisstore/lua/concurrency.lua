@@ -10,7 +10,7 @@ reads expiries only, which agree. ]]
 
 -- concurrencyEntry returns s.Expiries[i] (0-based), read from the set.
 local function concurrencyEntry(s, i)
-  local r = redis.call('ZRANGE', s.key, i, i, 'WITHSCORES')
+  local r = redisCall('ZRANGE', s.key, i, i, 'WITHSCORES')
   local v = int(r[2])
   if v == nil or v < 1 then
     corrupt(s.key, 'score of lease ' .. i .. ' = ' .. string.sub(tostring(r[2]), 1, 40) .. ': want an integer > 0')
@@ -29,7 +29,7 @@ local function concurrencyFind(s, id)
   if s.len == 0 then
     return -1
   end
-  return redis.call('ZRANK', s.key, id) or -1
+  return redisCall('ZRANK', s.key, id) or -1
 end
 
 -- concurrencyCut ports Concurrency.cut.
@@ -70,7 +70,7 @@ local function concurrencyDecide(s, p, now, cost, id)
     local retryAfter = concurrencyEntry(s, cut + count - limit) - now
     -- count > Limit after a limit was lowered: remaining 0.
     local newest = concurrencyNewest(s)
-    return {cut = 0, remove = '', add = '', at = 0, newest = newest}, false, math.max(limit - count, 0),
+    return {cut = 0, remove = '', add = '', at = 0, newest = newest}, false, mathMax(limit - count, 0),
       newest - now, retryAfter
   end
   local e = {cut = cut, remove = '', add = '', at = 0, newest = 0}
@@ -96,8 +96,8 @@ concurrencyRenew = function(s, p, now, id)
   end
   local cut = concurrencyCut(s, now)
   local count = s.len - cut
-  local e = {cut = cut, remove = '', add = id, at = now + p.window, newest = math.max(concurrencyNewest(s), now + p.window)}
-  return e, true, math.max(p.limit - count, 0), e.newest - now, 0
+  local e = {cut = cut, remove = '', add = id, at = now + p.window, newest = mathMax(concurrencyNewest(s), now + p.window)}
+  return e, true, mathMax(p.limit - count, 0), e.newest - now, 0
 end
 
 -- concurrencyRelease ports Concurrency.Release.
@@ -122,7 +122,7 @@ local function concurrencyRelease(s, p, now, id)
   if e.newest ~= 0 then
     resetAfter = e.newest - now
   end
-  return e, true, math.max(p.limit - left, 0), resetAfter, 0
+  return e, true, mathMax(p.limit - left, 0), resetAfter, 0
 end
 
 -- concurrencyExpires ports Concurrency.Expires.

@@ -7,8 +7,10 @@ is the array of a fixed-size algorithm's fields (State.V), or for the
 sliding log a view {key, len, newest} (State.Log), or for concurrency a
 view {key, len, newest} of its leases (State.Log and State.IDs); nil is
 absent. A write is {v, log, leases, fresh, expires}. Decisions are flat,
-DECISION_SIZE integers per policy from offset DECISION_SIZE × (i − 1): allowed (1 or 0), limit,
-remaining, resetAfter, retryAfter — the layout of the reply. An evaluation
+DECISION_SIZE integers per policy from offset 1 + DECISION_SIZE × (i − 1):
+allowed (1 or 0), limit, remaining, resetAfter, retryAfter; the first
+integer is the store's (its reply's replayed flag, 0 here), so the
+decisions are the reply as they stand. An evaluation
 is {policies, states, now, cost, refund, reset, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed; with lease,
 release and renew for concurrency policies (lease '' for none). Errors are
@@ -80,37 +82,37 @@ end
 
 -- step ports Policy.step: it puts the decision in ds at offset o and
 -- returns the write. op is the Go code's op: nil for a spend or a peek,
--- else {refund, release, renew, lease}.
+-- else {refund, release, renew, lease}. The decision's integers go into ds
+-- in order and the write is built in one constructor: a Lua table that
+-- grows key by key is rebuilt at each step of its growth.
 local function step(p, st, now, cost, op, ds, o)
   local k = p.kind
-  local w = {expires = 0}
+  local v, log, leases, expires, limit = nil, nil, nil, 0, p.limit
   local allowed, remaining, resetAfter, retryAfter
   local refund = op ~= nil and op.refund
   if k == KIND_CONCURRENCY then
     -- No Refund: a store never asks (sluice.Limiter refuses it first).
     if op ~= nil and op.release then
-      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyRelease(st, p, now, op.lease)
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRelease(st, p, now, op.lease)
     elseif op ~= nil and op.renew then
-      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyRenew(st, p, now, op.lease)
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRenew(st, p, now, op.lease)
     else
       local lease = ''
       if op ~= nil then
         lease = op.lease
       end
-      w.leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, cost, lease)
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, cost, lease)
     end
-    w.expires = w.leases.newest
-    ds[o + 2] = p.limit
+    expires = leases.newest
   elseif k == KIND_SLIDING_LOG then
     if refund then
-      w.log, allowed, remaining, resetAfter, retryAfter = slidingLogRefund(st, p, now, cost)
+      log, allowed, remaining, resetAfter, retryAfter = slidingLogRefund(st, p, now, cost)
     else
-      w.log, allowed, remaining, resetAfter, retryAfter = slidingLogDecide(st, p, now, cost)
+      log, allowed, remaining, resetAfter, retryAfter = slidingLogDecide(st, p, now, cost)
     end
-    if w.log.newest ~= 0 then
-      w.expires = w.log.newest + p.window
+    if log.newest ~= 0 then
+      expires = log.newest + p.window
     end
-    ds[o + 2] = p.limit
   else
     local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
     if k == KIND_FIXED_WINDOW then
@@ -119,34 +121,33 @@ local function step(p, st, now, cost, op, ds, o)
       else
         a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
       end
-      w.v, w.expires = {a, b, c}, fixedWindowExpires(a, b, p)
-      ds[o + 2] = p.limit
+      v, expires = {a, b, c}, fixedWindowExpires(a, b, p)
     elseif k == KIND_SLIDING_WINDOW then
       -- No Refund: a store never asks (sluice.Limiter refuses it first).
       a, b, c, d, allowed, remaining, resetAfter, retryAfter = slidingWindowDecide(a, b, c, d, p, now, cost)
-      w.v, w.expires = {a, b, c, d}, slidingWindowExpires(a, b, c, p)
-      ds[o + 2] = p.limit
+      v, expires = {a, b, c, d}, slidingWindowExpires(a, b, c, p)
     elseif k == KIND_TOKEN_BUCKET then
       if refund then
         a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
       else
         a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost)
       end
-      w.v, w.expires = {a, b, c}, tokenBucketExpires(a, b, c, p)
-      ds[o + 2] = p.burst
+      v, expires, limit = {a, b, c}, tokenBucketExpires(a, b, c, p), p.burst
     else -- KIND_GCRA
       if refund then
         a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraRefund(a, b, c, d, e, p, now, cost)
       else
         a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost)
       end
-      w.v, w.expires = {a, b, c, d, e}, gcraExpires(a, b, c, d, e, p)
-      ds[o + 2] = p.burst
+      v, expires, limit = {a, b, c, d, e}, gcraExpires(a, b, c, d, e, p), p.burst
     end
   end
   ds[o + 1] = allowed and 1 or 0
-  ds[o + 3], ds[o + 4], ds[o + 5] = remaining, resetAfter, retryAfter
-  return w
+  ds[o + 2] = limit
+  ds[o + 3] = remaining
+  ds[o + 4] = resetAfter
+  ds[o + 5] = retryAfter
+  return {v = v, log = log, leases = leases, expires = expires, fresh = false}
 end
 
 -- current ports current: the state, the time it is decided at, and when
@@ -184,31 +185,33 @@ end
 
 -- evaluate ports Evaluate.
 local function evaluate(ev)
-  local n, now = #ev.policies, ev.now
-  local ds, ws = {}, {}
+  local policies, states = ev.policies, ev.states
+  local n, now = #policies, ev.now
+  local ds, ws = {0}, {}
   ev.decisions, ev.writes = ds, ws
   ev.commit, ev.replayed = false, false
   if ev.release or ev.renew then
     if ev.release and ev.renew or ev.refund or ev.reset or ev.cost ~= 1 or ev.lease == '' then
       return {lease = 'a release or renewal is alone, of cost 1, with a lease id'}
     end
-    for i, p in ipairs(ev.policies) do
-      if p.kind ~= KIND_CONCURRENCY then
+    for i = 1, n do
+      if policies[i].kind ~= KIND_CONCURRENCY then
         return {lease = 'policy ' .. (i - 1) .. ': only a concurrency policy holds leases'}
       end
     end
   end
   if ev.reset then
-    for i, p in ipairs(ev.policies) do
-      ws[i] = step(p, absentOf(p.kind), now, 0, nil, ds, DECISION_SIZE * (i - 1))
+    for i = 1, n do
+      local p = policies[i]
+      ws[i] = step(p, absentOf(p.kind), now, 0, nil, ds, 1 + DECISION_SIZE * (i - 1))
       ws[i].fresh = true
     end
     ev.commit = true
     return nil
   end
   if ev.replay ~= nil then
-    if #ev.replay ~= DECISION_SIZE * n then
-      return {replay = {first = #ev.replay / DECISION_SIZE, now = n}}
+    if #ev.replay ~= 1 + DECISION_SIZE * n then
+      return {replay = {first = (#ev.replay - 1) / DECISION_SIZE, now = n}}
     end
     ev.decisions = ev.replay
     ev.replayed = true
@@ -218,15 +221,16 @@ local function evaluate(ev)
   if ev.refund or ev.release or ev.renew or ev.lease ~= '' then
     op = {refund = ev.refund, release = ev.release, renew = ev.renew, lease = ev.lease}
   end
-  local admitted = true
-  for i, p in ipairs(ev.policies) do
-    local st, at, behind = current(p, ev.states[i], now, ev.maxRegression)
+  local admitted, cost, maxRegression = true, ev.cost, ev.maxRegression
+  for i = 1, n do
+    local p = policies[i]
+    local st, at, behind = current(p, states[i], now, maxRegression)
     if st == nil then
-      return {clock = {policy = i - 1, behind = behind, max = ev.maxRegression}}
+      return {clock = {policy = i - 1, behind = behind, max = maxRegression}}
     end
-    local o = DECISION_SIZE * (i - 1)
-    local w = step(p, st, at, ev.cost, op, ds, o)
-    w.fresh = st ~= ev.states[i]
+    local o = 1 + DECISION_SIZE * (i - 1)
+    local w = step(p, st, at, cost, op, ds, o)
+    w.fresh = st ~= states[i]
     if at ~= now then
       lengthen(ds, o, at - now)
     end
@@ -234,15 +238,15 @@ local function evaluate(ev)
     admitted = admitted and ds[o + 1] == 1
   end
   if not admitted and n > 1 then
-    for i, p in ipairs(ev.policies) do
-      local o = DECISION_SIZE * (i - 1)
+    for i = 1, n do
+      local p, o = policies[i], 1 + DECISION_SIZE * (i - 1)
       if ds[o + 1] == 1 then
-        local st, at = current(p, ev.states[i], now, ev.maxRegression)
+        local st, at = current(p, states[i], now, maxRegression)
         step(p, st, at, 0, nil, ds, o)
         lengthen(ds, o, at - now)
       end
     end
   end
-  ev.commit = admitted and ev.cost > 0
+  ev.commit = admitted and cost > 0
   return nil
 end

@@ -13,7 +13,7 @@ local function fixedWindowDecide(start, count, last, p, now, cost)
   if count + verdictCost(cost) > limit then
     local resetAfter = start + window - now
     -- Count > Limit after a limit was lowered: remaining 0.
-    return start, count, last, false, math.max(limit - count, 0), resetAfter, resetAfter
+    return start, count, last, false, mathMax(limit - count, 0), resetAfter, resetAfter
   end
   if cost > 0 then
     count, last = count + cost, now
@@ -36,7 +36,7 @@ end
 -- fixedWindowRefund ports FixedWindow.Refund.
 local function fixedWindowRefund(start, count, last, p, now, n)
   if start ~= 0 and now < start + p.window then
-    count, last = math.max(count - n, 0), now
+    count, last = mathMax(count - n, 0), now
   end
   if fixedWindowExpires(start, count, p) <= now then
     start, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it

@@ -16,7 +16,7 @@ local function gcraReschedule(tat, frac, sLimit, sWindow, last, p)
   if ahead > quo(MAX_EXACT - 1 - frac, sLimit) then
     units = p.burst -- scheduled absurdly far ahead: as many as fit
   elseif ahead >= 0 then
-    units = math.min(ceilDiv(ahead * sLimit + frac, sWindow), p.burst)
+    units = mathMin(ceilDiv(ahead * sLimit + frac, sWindow), p.burst)
   end
   local debt = units * p.window
   return last + quo(debt, p.limit), rem(debt, p.limit), p.limit, p.window, last
@@ -44,7 +44,7 @@ local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost)
     debt = ahead * limit + f
   end
   if debt + need > tau then
-    return tat, frac, sLimit, sWindow, last, false, quo(math.max(tau - debt, 0), window),
+    return tat, frac, sLimit, sWindow, last, false, quo(mathMax(tau - debt, 0), window),
       ceilDiv(debt, limit), ceilDiv(debt + need - tau, limit)
   end
   if cost > 0 then
@@ -62,7 +62,7 @@ local function gcraExpires(tat, frac, sLimit, sWindow, last, p)
   if tat == 0 then
     return 0
   end
-  return tat + math.min(frac, 1) -- a remainder rounds up
+  return tat + mathMin(frac, 1) -- a remainder rounds up
 end
 
 -- gcraRefund ports GCRA.Refund.

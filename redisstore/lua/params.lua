@@ -4,6 +4,21 @@ helpers. Lua numbers are doubles, which hold every integer below 2^53
 exactly; every value here stays below it. Go's integer division and
 remainder (truncated toward zero) are quo and rem. ]]
 
+-- The library functions the decision calls, as locals: a function
+-- library's global names are looked up through the sandbox's table on
+-- every use, a local in one step. They are bound the first time decide
+-- runs (while a library loads, Redis hides them).
+local mathFloor, mathMax, mathMin, stringFormat, stringByte, stringFind
+local structPack, structUnpack, redisCall, redisPcall, toNumber
+
+-- bindLibrary binds the locals above.
+local function bindLibrary()
+  mathFloor, mathMax, mathMin = math.floor, math.max, math.min
+  stringFormat, stringByte, stringFind = string.format, string.byte, string.find
+  structPack, structUnpack = struct.pack, struct.unpack
+  redisCall, redisPcall, toNumber = redis.call, redis.pcall, tonumber
+end
+
 local MIN_WINDOW = 1000 -- algorithm.MinWindow, µs
 local MAX_WINDOW = 86400000000 -- algorithm.MaxWindow, µs
 local MAX_LIMIT = 1000000000 -- algorithm.MaxLimit
@@ -22,7 +37,7 @@ local KIND_CONCURRENCY = 6
 -- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
 -- double quotient is off by at most one, which the remainder corrects.
 local function fdiv(a, b)
-  local q = math.floor(a / b)
+  local q = mathFloor(a / b)
   local r = a - q * b
   if r < 0 then
     q = q - 1

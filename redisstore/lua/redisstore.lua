@@ -33,9 +33,11 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        at its key with that TTL whatever the verdict.
   ARGV_LEASE           the lease a spend acquires on each concurrency policy, or
                        the one a release or renewal names; "" for none.
-  then ARGV_PER_POLICY arguments per policy, from ARGV_POLICIES + 1: the
-  algorithm (algorithm.Kind), limit, window in µs, burst, and the TTL grace
-  in µs (CleanupGrace + ExtraTTL), at offsets POLICY_KIND .. POLICY_GRACE.
+  then one argument per policy, from ARGV_POLICIES + 1: its algorithm
+  (algorithm.Kind), limit, window in µs, burst and TTL grace in µs
+  (CleanupGrace + ExtraTTL), in that order, as decimals joined by spaces,
+  e.g. "5 100 1000000 20 0" (the same string for every decision of the
+  policy, so it is parsed and checked once).
 
 Reply: replayed (1 when the reply is the one remembered for the evaluation
 id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
@@ -68,12 +70,7 @@ local ARGV_DEDUPE_MAX = 7
 local ARGV_CARRY = 8
 local ARGV_LEASE = 9
 local ARGV_POLICIES = 9
-local ARGV_PER_POLICY = 5
-local POLICY_KIND = 1
-local POLICY_LIMIT = 2
-local POLICY_WINDOW = 3
-local POLICY_BURST = 4
-local POLICY_GRACE = 5
+local ARGV_PER_POLICY = 1
 local REPLY_PER_POLICY = 5
 local CARRY_PER_POLICY = 2
 local REPLY_ABSENT = 2
@@ -109,46 +106,46 @@ end
 -- equals absent is deleted. stored tells whether the key held a state.
 local function apply(key, kind, w, stored, now, grace)
   if w.expires <= now then
-    redis.call('DEL', key)
+    redisCall('DEL', key)
     return
   end
-  local px = fmt(math.max(ceilDiv(w.expires - now + grace, 1000), 1))
+  local px = fmt(mathMax(ceilDiv(w.expires - now + grace, 1000), 1))
   if kind == KIND_CONCURRENCY then
     local e = w.leases
     if w.fresh and stored then
-      redis.call('DEL', key)
+      redisCall('DEL', key)
     elseif e.cut > 0 then
-      redis.call('ZREMRANGEBYRANK', key, 0, e.cut - 1)
+      redisCall('ZREMRANGEBYRANK', key, 0, e.cut - 1)
     end
     if e.remove ~= '' then
-      redis.call('ZREM', key, e.remove)
+      redisCall('ZREM', key, e.remove)
     end
     if e.add ~= '' then
-      redis.call('ZADD', key, fmt(e.at), e.add)
+      redisCall('ZADD', key, fmt(e.at), e.add)
     end
-    redis.call('PEXPIRE', key, px)
+    redisCall('PEXPIRE', key, px)
     return
   end
   if kind ~= KIND_SLIDING_LOG then
-    redis.call('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
+    redisCall('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
     return
   end
   local e = w.log
   if w.fresh and stored then
-    redis.call('DEL', key)
+    redisCall('DEL', key)
   elseif e.cut > 0 or e.drop > 0 then
-    redis.call('LTRIM', key, e.cut, -1 - e.drop)
+    redisCall('LTRIM', key, e.cut, -1 - e.drop)
   end
   local at, left = fmt(e.at), e.add
   while left > 0 do
     local batch = {}
-    for j = 1, math.min(left, 1000) do
+    for j = 1, mathMin(left, 1000) do
       batch[j] = at
     end
-    redis.call('RPUSH', key, unpack(batch))
+    redisCall('RPUSH', key, unpack(batch))
     left = left - #batch
   end
-  redis.call('PEXPIRE', key, px)
+  redisCall('PEXPIRE', key, px)
 end
 
 ------------------------------------------------------------------------
@@ -157,11 +154,11 @@ end
 -- policy, as memstore's dedupeLog.
 
 -- dedupeLookup returns the decisions remembered for id (flat, as
--- evaluate keeps them), or nil when there are none or they expired
+-- evaluate keeps them: the replayed flag, here 1, first), or nil when there are none or they expired
 -- (score <= now).
 local function dedupeLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
-    if redis.call('PTTL', key) == -1 then
+    if redisCall('PTTL', key) == -1 then
       corrupt(key, 'has no TTL')
     end
   end
@@ -180,7 +177,7 @@ local function dedupeLookup(zkey, hkey, id, now)
   if not raw then
     corrupt(hkey, 'holds no reply for a remembered id')
   end
-  local vals = {}
+  local vals = {1} -- the reply's replayed flag, then the decisions
   for x in string.gmatch(raw, '[^,]+') do
     local v = int(x)
     if v == nil then
@@ -188,8 +185,8 @@ local function dedupeLookup(zkey, hkey, id, now)
     end
     vals[#vals + 1] = v
   end
-  if #vals % REPLY_PER_POLICY ~= 0 then
-    corrupt(hkey, 'a remembered reply holds ' .. #vals .. ' integers')
+  if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
+    corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
   end
   return vals
 end
@@ -198,7 +195,7 @@ end
 -- fails on a few thousand values, and up to 10000 ids may go at once.
 local function hdel(key, fields)
   for i = 1, #fields, 1000 do
-    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+    redisCall('HDEL', key, unpack(fields, i, mathMin(i + 999, #fields)))
   end
 end
 
@@ -206,26 +203,26 @@ end
 -- ids and, beyond max, the oldest; the keys live until the newest record
 -- expires, plus grace.
 local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
-  local expired = redis.call('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
+  local expired = redisCall('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
   if #expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
+    redisCall('ZREMRANGEBYSCORE', zkey, '-inf', fmt(now))
     hdel(hkey, expired)
   end
   local vals = {}
   for i = 2, #reply do
     vals[i - 1] = fmt(reply[i])
   end
-  redis.call('HSET', hkey, id, table.concat(vals, ','))
-  redis.call('ZADD', zkey, fmt(now + ttl), id)
-  local over = redis.call('ZCARD', zkey) - max
+  redisCall('HSET', hkey, id, table.concat(vals, ','))
+  redisCall('ZADD', zkey, fmt(now + ttl), id)
+  local over = redisCall('ZCARD', zkey) - max
   if over > 0 then
-    local oldest = redis.call('ZRANGE', zkey, 0, over - 1)
-    redis.call('ZREMRANGEBYRANK', zkey, 0, over - 1)
+    local oldest = redisCall('ZRANGE', zkey, 0, over - 1)
+    redisCall('ZREMRANGEBYRANK', zkey, 0, over - 1)
     hdel(hkey, oldest)
   end
   local ms = fmt(ceilDiv(ttl + grace, 1000))
-  redis.call('PEXPIRE', zkey, ms)
-  redis.call('PEXPIRE', hkey, ms)
+  redisCall('PEXPIRE', zkey, ms)
+  redisCall('PEXPIRE', hkey, ms)
 end
 
 ------------------------------------------------------------------------
@@ -284,21 +281,21 @@ local function carryOver(KEYS, ARGV, ev, now)
   for i, p in ipairs(ev.policies) do
     local c = take[i]
     if c ~= nil and c.leases ~= nil then
-      redis.call('DEL', KEYS[i])
+      redisCall('DEL', KEYS[i])
       for j = 1, #c.leases, 1000 do
-        redis.call('ZADD', KEYS[i], unpack(c.leases, j, math.min(j + 999, #c.leases)))
+        redisCall('ZADD', KEYS[i], unpack(c.leases, j, mathMin(j + 999, #c.leases)))
       end
-      redis.call('PEXPIRE', KEYS[i], fmt(c.ttl))
+      redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
       ev.states[i] = readState(KEYS[i], p.kind)
     elseif c ~= nil and c.v ~= nil then
-      redis.call('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
+      redisCall('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
       ev.states[i] = c.v
     elseif c ~= nil then
-      redis.call('DEL', KEYS[i])
+      redisCall('DEL', KEYS[i])
       for j = 1, #c.entries, 1000 do
-        redis.call('RPUSH', KEYS[i], unpack(c.entries, j, math.min(j + 999, #c.entries)))
+        redisCall('RPUSH', KEYS[i], unpack(c.entries, j, mathMin(j + 999, #c.entries)))
       end
-      redis.call('PEXPIRE', KEYS[i], fmt(c.ttl))
+      redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
       ev.states[i] = readState(KEYS[i], p.kind)
     end
   end
@@ -306,22 +303,22 @@ end
 
 ------------------------------------------------------------------------
 
--- Policies whose arguments were read and checked, by those arguments
--- joined. A function library keeps this table from one call to the next
+-- Policies whose arguments were read and checked, by their argument
+-- string. A function library keeps this table from one call to the next
 -- (a script, before Redis 7, starts every call with it empty), so a
 -- policy's numbers are parsed and checked once, not on every decision;
 -- the policies in it are never modified. It is emptied when it holds
 -- checkedMax policies.
 local checked, nChecked, checkedMax = {}, 0, 1000
 
--- parsePolicy reads and checks the arguments of a policy from
--- ARGV[base + 1]: the policy as engine.lua takes it, with its TTL grace.
-local function parsePolicy(ARGV, base, i)
-  local kind = arg(ARGV[base + POLICY_KIND])
-  local p = {kind = kind, limit = arg(ARGV[base + POLICY_LIMIT]), window = arg(ARGV[base + POLICY_WINDOW]),
-    burst = arg(ARGV[base + POLICY_BURST]), grace = arg(ARGV[base + POLICY_GRACE])}
+-- parsePolicy reads and checks the argument of policy i, raw: the policy
+-- as engine.lua takes it, with its TTL grace.
+local function parsePolicy(raw, i)
+  local kind, limit, window, burst, grace = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$')
+  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace)}
+  kind = p.kind
   if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
-    raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm, limit, window, burst and grace must be integers')
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst and grace as integers joined by spaces')
   end
   local field, rule = check(p, kind)
   if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
@@ -336,17 +333,16 @@ local function parsePolicy(ARGV, base, i)
 end
 
 -- policyArgs returns policy i, checked, with cost and refund: the policy
--- as engine.lua takes it, and its TTL grace.
+-- as engine.lua takes it, with its TTL grace (p.grace).
 local function policyArgs(ARGV, i, cost, refund)
-  local base = ARGV_POLICIES + ARGV_PER_POLICY * (i - 1)
-  local id = table.concat(ARGV, ' ', base + 1, base + ARGV_PER_POLICY)
-  local p = checked[id]
+  local raw = ARGV[ARGV_POLICIES + i]
+  local p = checked[raw]
   if p == nil then
-    p = parsePolicy(ARGV, base, i)
+    p = parsePolicy(raw, i)
     if nChecked >= checkedMax then
       checked, nChecked = {}, 0
     end
-    checked[id], nChecked = p, nChecked + 1
+    checked[raw], nChecked = p, nChecked + 1
   end
   if p.kind == KIND_CONCURRENCY then
     -- No capacity to check: a lease holds one slot whatever the cost.
@@ -358,7 +354,7 @@ local function policyArgs(ARGV, i, cost, refund)
   elseif refund and p.kind == KIND_SLIDING_WINDOW then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm sliding_window has no refund')
   end
-  return p, p.grace
+  return p
 end
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments.
@@ -409,8 +405,8 @@ local function main(KEYS, ARGV)
   local now
   local maxRegression = -1
   if ARGV[ARGV_NOW] == '' then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local t = redisCall('TIME')
+    now = toNumber(t[1]) * 1000000 + toNumber(t[2])
   else
     now = arg(ARGV[ARGV_NOW])
     maxRegression = arg(ARGV[ARGV_MAX_REGRESSION])
@@ -422,29 +418,29 @@ local function main(KEYS, ARGV)
     end
   end
 
+  -- Every field evaluate sets is named here, so the table is built at its
+  -- size once rather than grown.
   local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, reset = reset, maxRegression = maxRegression,
-    lease = lease, release = release, renew = renew}
-  local graces = {}
+    lease = lease, release = release, renew = renew, replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
+  local policies, states, redisTime = ev.policies, ev.states, ARGV[ARGV_NOW] == ''
   for i = 1, n do
-    ev.policies[i], graces[i] = policyArgs(ARGV, i, cost, refund)
+    policies[i] = policyArgs(ARGV, i, cost, refund)
   end
   for i = 1, n do
+    local st
     if not reset then -- a reset deletes whatever is there, corrupt state included
-      ev.states[i] = readState(KEYS[i], ev.policies[i].kind)
+      st = readState(KEYS[i], policies[i].kind)
     end
-  end
-  if ARGV[ARGV_NOW] == '' then
-    -- On Redis time, no write lies further ahead of the clock than the
-    -- longest window: such a state would lock its subject out until then.
-    -- (The caller's clock has MaxClockRegression for this.)
-    for i = 1, n do
-      if ev.states[i] ~= nil then
-        local _, newest = bounds(ev.policies[i], ev.states[i])
-        if newest - now > MAX_WINDOW then
-          corrupt(KEYS[i], 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
-        end
+    if st ~= nil and redisTime then
+      -- On Redis time, no write lies further ahead of the clock than the
+      -- longest window: such a state would lock its subject out until
+      -- then. (The caller's clock has MaxClockRegression for this.)
+      local _, newest = bounds(policies[i], st)
+      if newest - now > MAX_WINDOW then
+        corrupt(KEYS[i], 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
       end
     end
+    states[i] = st
   end
   if carry == 'probe' then
     for i = 1, n do
@@ -467,18 +463,17 @@ local function main(KEYS, ARGV)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end
-  local reply = ev.decisions
-  table.insert(reply, 1, ev.replayed and 1 or 0)
+  local reply = ev.decisions -- the reply as it stands, its replayed flag first
   if ev.replayed then
     return reply
   end
   if ev.commit then
     for i = 1, n do
-      apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, graces[i])
+      apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, ev.policies[i].grace)
     end
   end
   if id ~= '' then
-    dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, graces[1], reply)
+    dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
   end
   return reply
 end
@@ -488,6 +483,9 @@ end
 -- with the globals KEYS and ARGV): redisstore.go appends the line that
 -- does one or the other.
 local function decide(keys, args)
+  if redisCall == nil then
+    bindLibrary()
+  end
   local ok, res = pcall(main, keys, args)
   if ok then
     return res

@@ -7,7 +7,7 @@ remaining, resetAfter and retryAfter (its limit is p.limit). ]]
 
 -- slidingLogEntry returns s.Entries[i] (0-based), read from the list.
 local function slidingLogEntry(s, i)
-  local raw = redis.call('LINDEX', s.key, i)
+  local raw = redisCall('LINDEX', s.key, i)
   local v = int(raw)
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
@@ -51,7 +51,7 @@ local function slidingLogDecide(s, p, now, cost)
     local retryAfter = slidingLogEntry(s, cut + count + need - limit - 1) + window - now
     -- count > Limit after a limit was lowered: remaining 0.
     local newest = slidingLogNewest(s)
-    return {cut = 0, drop = 0, add = 0, at = 0, newest = newest}, false, math.max(limit - count, 0),
+    return {cut = 0, drop = 0, add = 0, at = 0, newest = newest}, false, mathMax(limit - count, 0),
       newest + window - now, retryAfter
   end
   local e = {cut = cut, drop = 0, add = 0, at = 0, newest = 0}
@@ -72,14 +72,14 @@ end
 local function slidingLogRefund(s, p, now, n)
   local cut = slidingLogCut(s, p, now)
   local count = s.len - cut
-  local e = {cut = cut, drop = math.min(n, count), add = 0, at = 0, newest = 0}
+  local e = {cut = cut, drop = mathMin(n, count), add = 0, at = 0, newest = 0}
   local left = count - e.drop
   local resetAfter = 0
   if left > 0 then
     e.newest = slidingLogEntry(s, cut + left - 1)
     resetAfter = e.newest + p.window - now
   end
-  return e, true, math.max(p.limit - left, 0), resetAfter, 0
+  return e, true, mathMax(p.limit - left, 0), resetAfter, 0
 end
 
 -- slidingLogExpires ports SlidingLog.Expires.

@@ -49,7 +49,7 @@ local function slidingWindowDecide(start, curr, prev, last, p, now, cost)
       retryAfter = window - elapsed + at
     end
     -- Above capacity after a limit was lowered: remaining 0.
-    return start, curr, prev, last, false, quo(math.max(capacity - weighted, 0), window),
+    return start, curr, prev, last, false, quo(mathMax(capacity - weighted, 0), window),
       slidingWindowResetAfter(curr, prev, p, elapsed), retryAfter
   end
   if cost > 0 then

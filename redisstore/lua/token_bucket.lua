@@ -7,9 +7,9 @@ p.burst). ]]
 -- tokenBucketTokens ports TokenBucket.tokens.
 local function tokenBucketTokens(tokens, window, p)
   if window ~= 0 and window ~= p.window then
-    return math.min(quo(tokens, window), p.burst) * p.window
+    return mathMin(quo(tokens, window), p.burst) * p.window
   end
-  return math.min(tokens, p.burst * p.window)
+  return mathMin(tokens, p.burst * p.window)
 end
 
 -- tokenBucketLevel ports TokenBucket.level.
@@ -56,7 +56,7 @@ local function tokenBucketRefund(tokens, last, window, p, now, n)
     local level = tokenBucketLevel(tokens, last, window, p, now)
     -- level + n*window may pass 2^53 and round, but only far above the
     -- full bucket (< 2^53), so the min stays exact.
-    tokens, last, window = math.min(level + n * p.window, p.burst * p.window), now, p.window
+    tokens, last, window = mathMin(level + n * p.window, p.burst * p.window), now, p.window
     if tokenBucketExpires(tokens, last, window, p) <= now then
       tokens, last, window = 0, 0, 0 -- full: absent, as a store drops it
     end
