@@ -36,9 +36,11 @@ const (
 
 // pending is one decision waiting for, or on, the wire.
 type pending struct {
-	args  []any
-	cmd   scriptCmd
-	err   error // the command's error, typed by classify
+	args  []any     // the decision's command: name, code, number of keys, keys, ARGV
+	keys  int       // how many keys args holds
+	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
+	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
+	err   error     // the command's error, typed by classify
 	state atomic.Int32
 	done  chan struct{} // receives one value when cmd holds the reply or err is set
 }
@@ -49,11 +51,15 @@ var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan st
 // A caller who finds nothing on the wire sends its decision itself, at
 // once, with no hand-off. Callers who arrive while something is on the
 // wire queue; Senders goroutines each wait for work, take everything
-// queued, send it as one pipeline (a lone decision as a plain command)
-// and hand each decision its own reply. No timer ever holds a decision
-// back.
+// queued, send it in one round trip and hand each decision its own reply.
+// To one Redis (not a Cluster or a Ring, whose decisions of different
+// subjects live on different nodes) the queued decisions go as decideAll
+// calls of at most maxAll decisions each, which cost Redis less than one
+// call per decision; otherwise as a pipeline of their own calls (a lone
+// decision as a plain command). No timer ever holds a decision back.
 type batcher struct {
 	s        *Store
+	together bool         // one Redis: queued decisions may share a decideAll call
 	inflight atomic.Int32 // round trips on the wire, by callers and senders
 	mu       sync.Mutex
 	queue    []*pending
@@ -64,7 +70,8 @@ type batcher struct {
 }
 
 func newBatcher(s *Store, senders int) *batcher {
-	b := &batcher{s: s, wake: make(chan struct{}, senders), stop: make(chan struct{})}
+	_, one := s.client.(*redis.Client)
+	b := &batcher{s: s, together: one, wake: make(chan struct{}, senders), stop: make(chan struct{})}
 	b.wg.Add(senders)
 	for range senders {
 		go b.send()
@@ -182,16 +189,40 @@ func (b *batcher) exec(batch []*pending) {
 	b.s.roundTrip(failed)
 }
 
+// maxAll is the most decisions one decideAll call takes: Redis runs a
+// call to its end before it serves anyone else.
+const maxAll = 64
+
+// pipeline sends batch in one round trip and leaves each decision's reply
+// or error in its command.
 func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 	if len(batch) == 1 {
 		b.s.client.Process(ctx, batch[0].cmd)
 		return
 	}
-	pipe := b.s.client.Pipeline()
+	calls := batch
+	all := b.together && !b.s.scripts.Load()
 	for _, p := range batch {
+		all = all && !p.alone && p.args[0] == callFunction[0]
+	}
+	var cmds []scriptCmd
+	if all {
+		for i := 0; i < len(batch); i += maxAll {
+			cmds = append(cmds, allCmd(ctx, batch[i:min(i+maxAll, len(batch))]))
+		}
+		calls = nil
+	}
+	pipe := b.s.client.Pipeline()
+	for _, p := range calls {
 		pipe.Process(ctx, p.cmd)
 	}
+	for _, c := range cmds {
+		pipe.Process(ctx, c)
+	}
 	_, err := pipe.Exec(ctx)
+	for i, c := range cmds {
+		spread(c, batch[i*maxAll:min((i+1)*maxAll, len(batch))])
+	}
 	if err != nil && !errors.As(err, new(redis.Error)) {
 		// A failure of the whole pipeline: every command without an
 		// answer of its own carries it.
@@ -199,6 +230,48 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 			if p.cmd.Err() == nil && p.cmd.Val() == nil {
 				p.cmd.SetErr(err)
 			}
+		}
+	}
+}
+
+// allCmd returns the decideAll call that takes the decisions of batch
+// (see redisstore.lua): their number, each one's number of keys, then
+// their keys and their arguments, in order.
+func allCmd(ctx context.Context, batch []*pending) scriptCmd {
+	keys, argv := 0, 0
+	for _, p := range batch {
+		keys += p.keys
+		argv += len(p.args) - 3 - p.keys
+	}
+	args := make([]any, 0, 3+keys+1+len(batch)+argv)
+	args = append(args, callAll[0], callAll[1], keys)
+	for _, p := range batch {
+		args = append(args, p.args[3:3+p.keys]...)
+	}
+	args = append(args, len(batch))
+	for _, p := range batch {
+		args = append(args, p.keys)
+	}
+	for _, p := range batch {
+		args = append(args, p.args[3+p.keys:]...)
+	}
+	return newScriptCmd(ctx, args)
+}
+
+// spread hands each decision of batch its part of c's reply: its own
+// reply or error reply, or c's error when the call failed as a whole.
+func spread(c scriptCmd, batch []*pending) {
+	replies, err := c.Slice()
+	if err == nil && len(replies) != len(batch) {
+		err = fmt.Errorf("redisstore: decideAll answered %d replies for %d decisions: %w", len(replies), len(batch), sluice.ErrIndeterminate)
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.cmd.SetErr(err)
+		} else if rerr, ok := replies[i].(error); ok {
+			p.cmd.SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
+		} else {
+			p.cmd.SetVal(replies[i])
 		}
 	}
 }

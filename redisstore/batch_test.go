@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -17,11 +18,13 @@ import (
 )
 
 // roundTrips is a go-redis hook that counts the store's round trips: each
-// single command and each pipeline, with the pipelines' sizes.
+// single command and each pipeline, with the number of decisions each
+// pipeline carried.
 type roundTrips struct {
 	mu        sync.Mutex
 	singles   int
 	pipelines []int
+	shared    int           // decideAll calls among them
 	sent      chan struct{} // a decision went on the wire
 }
 
@@ -46,8 +49,11 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		n := 0
 		for _, cmd := range cmds {
-			if cmd.Name() == "fcall" {
-				n++
+			n += decisions(cmd)
+			if name, _ := cmd.Args()[1].(string); cmd.Name() == "fcall" && strings.HasSuffix(name, "_all") {
+				h.mu.Lock()
+				h.shared++
+				h.mu.Unlock()
 			}
 		}
 		if n > 0 { // not go-redis's own connection set-up
@@ -57,6 +63,22 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// decisions returns how many decisions cmd takes: one for an FCALL of the
+// decision function, their number for a call of its decideAll twin
+// (FCALL <name>_all numkeys keys… m …), none for any other command.
+func decisions(cmd redis.Cmder) int {
+	args := cmd.Args()
+	if cmd.Name() != "fcall" || len(args) < 3 {
+		return 0
+	}
+	if name, _ := args[1].(string); !strings.HasSuffix(name, "_all") {
+		return 1
+	}
+	keys, _ := args[2].(int)
+	m, _ := args[3+keys].(int)
+	return m
 }
 
 // TestDecisionsShareRoundTrips: a decision that finds the sender idle goes
@@ -134,6 +156,110 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 		t.Fatalf("round trips: %d single, pipelines %v; want the %d decisions in about two round trips", hook.singles, hook.pipelines, queued+1)
 	}
 	t.Logf("round trips: %d single, pipelines of %v", hook.singles, hook.pipelines)
+}
+
+// TestSharedCallKeepsEachAnswer: decisions queued behind one on the wire
+// reach one Redis in a single decideAll call, and each keeps its own
+// answer there: corrupt state fails its own decision only (ErrCorruptState),
+// a bad request its own (ErrInvalidRequest), a decision with an evaluation
+// id is remembered (its repeat is Replayed, nothing spent), a multi-policy
+// decision stays all or nothing, and the others are decided as alone.
+func TestSharedCallKeepsEachAnswer(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	hook := &roundTrips{sent: make(chan struct{}, 1)}
+	c.AddHook(hook)
+	s := newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	gcra := policy(t, "shared-gcra", sluice.GCRA, 3, time.Minute)
+	logp := policy(t, "shared-log", sluice.SlidingLog, 1, time.Minute)
+	fw := policy(t, "shared-fw", sluice.FixedWindow, 5, time.Minute)
+	corrupt, busy, idSubj, multi := subject(t), subject(t), subject(t), subject(t)
+	if err := c.Set(ctx, s.Key(corrupt, gcra), "not a state", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustEvaluate(t, s, multi, 1, logp) // the log is full: multi's decision must spend nothing
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	first := make(chan error, 1)
+	go func() { _, err := evaluate(ctx, s, subject(t), 1, fw); first <- err }()
+	<-hook.sent // on the wire, and Redis is not answering
+
+	type answer struct {
+		st  []sluice.Status
+		err error
+		ev  *sluice.Evaluation
+	}
+	run := func(ev *sluice.Evaluation) chan answer {
+		ch := make(chan answer, 1)
+		go func() { err := s.Evaluate(ctx, ev); ch <- answer{ev.Statuses, err, ev} }()
+		return ch
+	}
+	var busyAnswers []chan answer
+	for range 5 {
+		busyAnswers = append(busyAnswers, run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{gcra}, Cost: 1}))
+	}
+	corruptAnswer := run(&sluice.Evaluation{Subject: corrupt, Policies: []*sluice.Policy{gcra}, Cost: 1})
+	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{fw}, Cost: 1, Refund: true, EvaluationID: "r"})
+	idAnswer := run(&sluice.Evaluation{Subject: idSubj, Policies: []*sluice.Policy{fw}, Cost: 2, EvaluationID: "job-1"})
+	multiAnswer := run(&sluice.Evaluation{Subject: multi, Policies: []*sluice.Policy{fw, logp}, Cost: 1})
+	time.Sleep(200 * time.Millisecond) // let them queue behind the first
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+
+	allowed := 0
+	for _, ch := range busyAnswers {
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("decision on a healthy subject beside a corrupt one: %v", a.err)
+		}
+		if a.st[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 3 {
+		t.Errorf("%d of 5 decisions of a gcra limit of 3 allowed, want 3", allowed)
+	}
+	if a := <-corruptAnswer; !errors.Is(a.err, sluice.ErrCorruptState) {
+		t.Errorf("decision on corrupt state = %+v, %v; want ErrCorruptState", a.st, a.err)
+	}
+	if a := <-badAnswer; a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 5 {
+		// A refund of what was never spent gives nothing beyond the limit.
+		t.Errorf("refund = %+v, %v; want allowed, 5 remaining", a.st, a.err)
+	}
+	a := <-idAnswer
+	if a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 3 || a.ev.Replayed {
+		t.Fatalf("decision with an id = %+v, %v (replayed %v); want allowed, 3 remaining, not replayed", a.st, a.err, a.ev.Replayed)
+	}
+	again := &sluice.Evaluation{Subject: idSubj, Policies: []*sluice.Policy{fw}, Cost: 2, EvaluationID: "job-1"}
+	if err := s.Evaluate(ctx, again); err != nil || !again.Replayed || again.Statuses[0].Remaining != 3 {
+		t.Errorf("repeat of the id = %+v, %v (replayed %v); want the first decision replayed", again.Statuses, err, again.Replayed)
+	}
+	if a := <-multiAnswer; a.err != nil || a.st[1].Allowed || a.st[0].Remaining != 5 {
+		t.Errorf("two policies, the second exhausted = %+v, %v; want denied by the second, the first unspent", a.st, a.err)
+	}
+	if st := mustEvaluate(t, s, multi, 0, fw); st[0].Remaining != 5 {
+		t.Errorf("fixed window after a denied multi-policy decision: %d remaining, want 5 (nothing spent)", st[0].Remaining)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if hook.shared == 0 {
+		t.Errorf("round trips: %d single, pipelines %v, no decideAll call; want the queued decisions in one", hook.singles, hook.pipelines)
+	}
 }
 
 // TestLostBatchIsReplayed: decisions whose replies are lost, alone or in a

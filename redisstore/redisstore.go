@@ -10,8 +10,12 @@
 // per master) and each decision one FCALL; before Redis 7, or for a user
 // not allowed FUNCTION LOAD, it is a script (SCRIPT LOAD) and each
 // decision one EVALSHA. Decisions that meet at a Store while its senders
-// are on the wire go to Redis together in one pipeline (Options.Senders),
-// each with its own reply; a lone decision is sent at once.
+// are on the wire go to Redis together in one round trip
+// (Options.Senders), each with its own reply; a lone decision is sent at
+// once. To one Redis (a Client, Sentinel-managed or not) they go as calls
+// of the library's second function, which takes up to 64 decisions in one
+// FCALL, each exactly as alone and with its own reply or error; to a
+// Cluster or a Ring, as a pipeline of one call per decision.
 //
 // # Keys
 //
@@ -427,7 +431,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	p := pendingPool.Get().(*pending)
 	p.state.Store(queued)
 	args := slices.Grow(p.args[:0], 3+keys+nargv)[:3+keys+nargv]
-	p.args = args
+	p.args, p.keys, p.alone = args, keys, carry == "carry"
 	cmdName, code := s.call()
 	args[0], args[1], args[2] = cmdName, code, intArg(int64(keys))
 	for i, p := range ev.Policies {

@@ -62,12 +62,15 @@ var codeName = func() string {
 // The two forms the code is loaded in. On Redis 7 and later it is a
 // function library: FUNCTION LOAD runs the definitions once and each
 // decision is one FCALL of the registered function, which costs Redis far
-// less than a script that rebuilds every definition on each call. Before
-// Redis 7, or for a user not allowed FUNCTION LOAD, it is a script: SCRIPT
-// LOAD once, one EVALSHA per decision. Both take KEYS and ARGV alike.
+// less than a script that rebuilds every definition on each call; the
+// library also registers codeName_all, several decisions in one call
+// (decideAll). Before Redis 7, or for a user not allowed FUNCTION LOAD,
+// it is a script: SCRIPT LOAD once, one EVALSHA per decision. Both take
+// KEYS and ARGV alike.
 var (
 	librarySource = "#!lua name=" + codeName + "\n" + decideLua +
-		"redis.register_function('" + codeName + "', decide)\n"
+		"redis.register_function('" + codeName + "', decide)\n" +
+		"redis.register_function('" + codeName + "_all', decideAll)\n"
 	scriptSource = decideLua + "return decide(KEYS, ARGV)\n"
 	scriptSHA    = func() string {
 		h := sha1.Sum([]byte(scriptSource))
@@ -81,6 +84,7 @@ var (
 var (
 	callFunction = [2]any{"fcall", codeName}
 	callScript   = [2]any{"evalsha", scriptSHA}
+	callAll      = [2]any{"fcall", codeName + "_all"}
 )
 
 // call returns the command name and the function name or script SHA of a

@@ -357,8 +357,15 @@ local function policyArgs(ARGV, i, cost, refund)
   return p
 end
 
--- main decides one call; KEYS and ARGV are the call's keys and arguments.
-local function main(KEYS, ARGV)
+-- redisTime returns the time of this call by Redis TIME, in µs.
+local function redisTime()
+  local t = redisCall('TIME')
+  return toNumber(t[1]) * 1000000 + toNumber(t[2])
+end
+
+-- main decides one call; KEYS and ARGV are the call's keys and arguments,
+-- and at, when not nil, the time of this call read already by redisTime.
+local function main(KEYS, ARGV, at)
   local rawID = ARGV[ARGV_ID] or ''
   local n = #KEYS
   if rawID ~= '' then
@@ -405,8 +412,7 @@ local function main(KEYS, ARGV)
   local now
   local maxRegression = -1
   if ARGV[ARGV_NOW] == '' then
-    local t = redisCall('TIME')
-    now = toNumber(t[1]) * 1000000 + toNumber(t[2])
+    now = at or redisTime()
   else
     now = arg(ARGV[ARGV_NOW])
     maxRegression = arg(ARGV[ARGV_MAX_REGRESSION])
@@ -478,15 +484,15 @@ local function main(KEYS, ARGV)
   return reply
 end
 
--- decide runs main and turns an abort into its error reply. It is the
--- function the library registers (FCALL), or the script's body (EVALSHA,
--- with the globals KEYS and ARGV): redisstore.go appends the line that
--- does one or the other.
-local function decide(keys, args)
+-- decide runs main and turns an abort into its error reply; at is as
+-- main's. It is the function the library registers (FCALL), or the
+-- script's body (EVALSHA, with the globals KEYS and ARGV): redisstore.go
+-- appends the line that does one or the other.
+local function decide(keys, args, at)
   if redisCall == nil then
     bindLibrary()
   end
-  local ok, res = pcall(main, keys, args)
+  local ok, res = pcall(main, keys, args, at)
   if ok then
     return res
   end
@@ -496,10 +502,47 @@ local function decide(keys, args)
   if type(res) == 'table' and res.err then
     return res -- a call's error reply (OOM, READONLY, …), its code kept
   end
-  if type(res) == 'string' then
-    error(res) -- a bug of this code: Lua's own message
-  end
-  -- Never raise anything else: Redis 7.0 crashes on an error value that
-  -- is neither a string nor an error reply.
+  -- A bug of this code: Lua's own message. Never raise it: in decideAll
+  -- it would fail the other decisions too, and Redis 7.0 crashes on an
+  -- error value that is neither a string nor an error reply.
   return redis.error_reply('ERR sluice: ' .. tostring(res))
+end
+
+-- decideAll takes several decisions in one call, each as decide takes it
+-- alone, and answers an array of their replies (or error replies), in
+-- order. ARGV[1] is their number m and ARGV[1 + j] the number of keys of
+-- decision j; KEYS holds the decisions' keys one after the other, and
+-- ARGV, after those m + 1, their arguments likewise: ARGV_POLICIES plus
+-- ARGV_PER_POLICY per policy each (no carried state: a decision that
+-- carries some goes alone). Decisions on Redis time share one reading of
+-- it, as they share this call. The library registers it beside decide
+-- (FCALL <name>_all); it spares each decision the call's own cost.
+local function decideAll(keys, args)
+  if redisCall == nil then
+    bindLibrary()
+  end
+  local m = arg(args[1])
+  if m == nil or m < 1 or #args < 1 + m then
+    return redis.error_reply('SLUICE_ARGS decideAll: want the number of decisions, then each one\'s number of keys')
+  end
+  local out, at = {}, nil
+  local ko, ao = 0, 1 + m
+  for j = 1, m do
+    local nk = arg(args[1 + j])
+    if nk == nil or nk < 1 or ko + nk > #keys then
+      return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' names ' .. tostring(args[1 + j]) .. ' keys')
+    end
+    local n = nk
+    if args[ao + ARGV_ID] ~= '' then
+      n = n - 2
+    end
+    local na = ARGV_POLICIES + ARGV_PER_POLICY * n
+    local A = {unpack(args, ao + 1, ao + na)}
+    if at == nil and A[ARGV_NOW] == '' then
+      at = redisTime()
+    end
+    out[j] = decide({unpack(keys, ko + 1, ko + nk)}, A, at)
+    ko, ao = ko + nk, ao + na
+  end
+  return out
 end
