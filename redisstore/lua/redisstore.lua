@@ -154,8 +154,8 @@ end
 -- policy, as memstore's dedupeLog.
 
 -- dedupeLookup returns the decisions remembered for id (flat, as
--- evaluate keeps them: the replayed flag, here 1, first), or nil when there are none or they expired
--- (score <= now).
+-- evaluate keeps them: the replayed flag, here 1, first), or nil when
+-- there are none or they expired (score <= now).
 local function dedupeLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
     if redisCall('PTTL', key) == -1 then
