@@ -20,6 +20,11 @@ import (
 	"github.com/sluicehq/sluice/subject"
 )
 
+// maxIdleUpstream is how many idle connections the default transport
+// keeps to the upstream: more than the concurrent requests of a busy
+// proxy, so that a request finds one ready instead of dialling.
+const maxIdleUpstream = 512
+
 // ProxyOptions configure a Proxy. Pseudonymizer and Logger are required.
 type ProxyOptions struct {
 	// Pseudonymizer turns client identities into subjects. Required.
@@ -34,7 +39,8 @@ type ProxyOptions struct {
 	// sluice.SystemClock{}.
 	Clock sluice.Clock
 	// Transport carries requests to the upstream. Default: a clone of
-	// http.DefaultTransport that ignores the HTTP_PROXY environment.
+	// http.DefaultTransport that ignores the HTTP_PROXY environment and
+	// keeps up to 512 idle connections to the upstream.
 	Transport http.RoundTripper
 }
 
@@ -100,6 +106,11 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	if p.transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.Proxy = nil // the upstream is named in the config; no detour
+		// One upstream takes every request: keep as many idle connections
+		// to it as callers come at once. The default keeps 2, so under
+		// concurrency nearly every request dialled a new connection (and
+		// left one in TIME_WAIT): 4x the proxy's CPU per request.
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleUpstream, maxIdleUpstream
 		p.transport = t
 	}
 	mopts := httplimit.Options{

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -389,6 +391,55 @@ func TestProxyHeaderSubject(t *testing.T) {
 	}
 	if got := up.requests()[0].Header.Get("X-Api-Key"); got != "key-a" {
 		t.Errorf("upstream X-Api-Key = %q, want the client's key passed on", got)
+	}
+}
+
+// TestProxyReusesUpstreamConnections: 32 clients sending at once through
+// the proxy reach the upstream over about as many connections, reused
+// from one request to the next, instead of a new connection for nearly
+// every request (http.DefaultTransport keeps 2 idle per host).
+func TestProxyReusesUpstreamConnections(t *testing.T) {
+	var dialled atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}))
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialled.Add(1)
+		}
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, Routes: []config.Route{
+		{Match: config.Match{PathPrefix: "/"}, Policies: []string{"open"}, Subject: "header:X-Api-Key"},
+	}}, nil, []sluice.Policy{{ID: "open", Algorithm: sluice.GCRA, Limit: 1_000_000, Window: time.Second}})
+	const clients, each = 32, 20
+	tr := &http.Transport{MaxIdleConnsPerHost: clients}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for range each {
+				req, _ := http.NewRequest("GET", f.url+"/", nil)
+				req.Header.Set("X-Api-Key", fmt.Sprint("client-", c))
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("status %d, want 200", resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := dialled.Load(); n > 2*clients {
+		t.Errorf("the upstream accepted %d connections for %d requests from %d clients at once, want at most %d: the proxy dials anew instead of reusing", n, clients*each, clients, 2*clients)
 	}
 }
 
