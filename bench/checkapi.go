@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,7 +26,9 @@ const kindHTTP kind = "check_api"
 
 // runCheckAPI builds ../cmd/sluice, serves a generated config with the
 // memory store and then with the redis store, and drives POST /v1/check
-// over HTTP/1.1 keep-alive in every cell.
+// over HTTP/1.1 keep-alive in every cell; then the same through its
+// rate-limiting reverse proxy, in front of an upstream of this process
+// that answers every request, which is also measured alone (the floor).
 func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
 	alg, err := sluice.ParseAlgorithm(cfg.httpAlgorithm)
 	if err != nil {
@@ -42,9 +45,25 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/sluice: %w\n%s", err, out)
 	}
+	up, err := startUpstream()
+	if err != nil {
+		return nil, err
+	}
+	defer up.Close()
 	var rs []result
+	for _, c := range cells {
+		r := result{Limiter: "upstream alone, no proxy (floor)", Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
+		d, release := proxyDecide(up.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+		err := measure(ctx, e, &r, d, 1, c, cfg.run, false, nil)
+		release()
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
+		}
+		fmt.Fprintf(stderr, "[proxy] %s: %-45s %10.0f requests/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
+		rs = append(rs, r)
+	}
 	for _, store := range []string{"memory", "redis"} {
-		yaml := policiesYAML(alg)
+		yaml := policiesYAML(alg) + proxyYAML(up.url)
 		if store == "redis" {
 			yaml += fmt.Sprintf("store:\n  type: redis\n  redis: { url: \"redis://%s/0\" }\n", redisAddr)
 		}
@@ -75,6 +94,25 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 			fmt.Fprintf(stderr, "[check API] %s: %-45s %10.0f decisions/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
 			rs = append(rs, r)
 		}
+		for _, c := range cells {
+			r := result{Limiter: fmt.Sprintf("sluice serve %s (%s), proxy", alg, storeName(store)), Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
+			if store == "redis" {
+				if err := e.admin.FlushAll(ctx).Err(); err != nil {
+					sv.stop()
+					return nil, err
+				}
+			}
+			d, release := proxyDecide(sv.proxy, string(c.mode), e.subjects[:c.subjects], c.callers)
+			err := measure(ctx, e, &r, d, 1, c, cfg.run, store == "redis", sv.cpu)
+			release()
+			if err != nil {
+				sv.stop()
+				return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
+			}
+			r.RoundTripsPerDecision = 0
+			fmt.Fprintf(stderr, "[proxy] %s: %-45s %10.0f requests/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
+			rs = append(rs, r)
+		}
 		if err := sv.stop(); err != nil {
 			return nil, err
 		}
@@ -99,6 +137,71 @@ func policiesYAML(alg sluice.Algorithm) string {
 		fmt.Fprintf(&b, "  - id: %s\n    algorithm: %s\n    limit: %d\n    window: %s\n", m, alg, limit, window)
 	}
 	return b.String()
+}
+
+// proxyYAML returns the proxy section of the config: a route per mode,
+// /<mode>, limited by the policy of that name, the subject taken from the
+// request's X-Subject header.
+func proxyYAML(upstream string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "proxy:\n  listen: \"127.0.0.1:0\"\n  upstream: %q\n  routes:\n", upstream)
+	for _, m := range []mode{allowedMode, deniedMode} {
+		fmt.Fprintf(&b, "    - match: { path_prefix: /%s }\n      policies: [%s]\n      subject: \"header:X-Subject\"\n", m, m)
+	}
+	return b.String()
+}
+
+// upstream is the HTTP server behind the proxy: it answers every request
+// 200 with a short body.
+type upstream struct {
+	srv *http.Server
+	url string
+}
+
+func startUpstream() (*upstream, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok\n")
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return &upstream{srv: srv, url: "http://" + ln.Addr().String()}, nil
+}
+
+// Close stops the upstream.
+func (u *upstream) Close() error { return u.srv.Close() }
+
+// proxyDecide returns a decideFunc that sends GET /<policy> with the
+// subject in X-Subject to base (the proxy, or the upstream alone) over a
+// keep-alive transport with a connection per caller: 200 is an
+// admission, 429 a denial.
+func proxyDecide(base, policy string, subjects []string, callers int) (decideFunc, func()) {
+	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	url := base + "/" + policy
+	return func(ctx context.Context, i int) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("X-Subject", subjects[i])
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return 1, nil
+		case http.StatusTooManyRequests:
+			return 0, nil
+		}
+		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}, tr.CloseIdleConnections
 }
 
 // httpDecide returns a decideFunc that asks the server over a keep-alive
@@ -135,11 +238,15 @@ func httpDecide(base, policy string, subjects []string, callers int) (decideFunc
 
 // served is a sluice serve process this run started.
 type served struct {
-	cmd *exec.Cmd
-	url string
+	cmd   *exec.Cmd
+	url   string // the check API
+	proxy string // the proxy, when the config has one
 }
 
-var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+var (
+	listening      = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+	proxyListening = regexp.MustCompile(`msg="proxy listening" addr=(http://\S+)`)
+)
 
 // startServe runs bin serve -c path and waits (at most 30 s) for the
 // line that names its address.
@@ -158,7 +265,9 @@ func startServe(ctx context.Context, bin, path string) (*served, error) {
 		sc := bufio.NewScanner(errPipe)
 		var log bytes.Buffer
 		for sc.Scan() {
-			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+			if m := proxyListening.FindStringSubmatch(sc.Text()); m != nil {
+				sv.proxy = m[1] // logged before the line below: read after found
+			} else if m := listening.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]
 			} else if log.Len() < 64<<10 {
 				log.WriteString(sc.Text() + "\n")

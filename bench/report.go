@@ -167,7 +167,7 @@ func markdown(rep *report) string {
 		b.WriteString("\n")
 	}
 	if len(rep.HTTP) > 0 {
-		b.WriteString("### Check API end to end\n\n`sluice serve` as its own process (built from ../cmd/sluice, default options, subjects pseudonymized by the server), `POST /v1/check` over HTTP/1.1 keep-alive, one connection per caller. The library column is `Limiter.Check` on the same store and algorithm in the same cell of this run.\n\n")
+		b.WriteString("### Check API end to end\n\n`sluice serve` as its own process (built from ../cmd/sluice, default options, subjects pseudonymized by the server), `POST /v1/check` over HTTP/1.1 keep-alive, one connection per caller. The proxy rows send `GET /<mode>` with the subject in `X-Subject` through the same process's rate-limiting reverse proxy to an upstream of the load generator that answers every request `200 ok`; the floor row is that upstream alone, without the proxy. The library column is `Limiter.Check` on the same store and algorithm in the same cell of this run.\n\n")
 		b.WriteString("| check API | callers | subjects | mode | decisions/s | p50 µs | p99 µs | p99.9 µs | errors | server CPU µs/dec | Redis CPU µs/dec | load generator CPU µs/dec | library decisions/s | API ÷ library |\n")
 		b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rep.HTTP {
@@ -199,7 +199,8 @@ const legend = `How to read the cell tables:
 // libraryFigure finds the decisions/s of Limiter.Check on the check API
 // row's store and algorithm in the same cell.
 func libraryFigure(rs []result, h *result) float64 {
-	name := strings.TrimSuffix(strings.TrimPrefix(h.Limiter, "sluice serve "), ", POST /v1/check")
+	name := strings.TrimPrefix(h.Limiter, "sluice serve ")
+	name = strings.TrimSuffix(strings.TrimSuffix(name, ", POST /v1/check"), ", proxy")
 	for _, r := range rs {
 		if r.Limiter == "sluice "+name && keyOf(&r) == keyOf(h) {
 			return r.PerSecond
