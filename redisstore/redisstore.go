@@ -315,12 +315,21 @@ func (s *Store) Ready(ctx context.Context) error {
 	return nil
 }
 
+// callContext returns ctx bounded by the store's Timeout. A ctx whose own
+// deadline comes first is returned as it is: a derived context and its
+// timer would cost every such call (the check API's, the middleware's)
+// and bound nothing more.
 func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.timeout > 0 {
-		return context.WithTimeout(ctx, s.timeout)
+	if s.timeout <= 0 {
+		return ctx, noCancel
 	}
-	return ctx, func() {}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.timeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, s.timeout)
 }
+
+func noCancel() {}
 
 // algorithmCodes name each algorithm in keys.
 var algorithmCodes = [...]string{
