@@ -51,16 +51,34 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	}
 	defer up.Close()
 	var rs []result
-	for _, c := range cells {
-		r := result{Limiter: "upstream alone, no proxy (floor)", Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
-		d, release := proxyDecide(up.url, string(c.mode), e.subjects[:c.subjects], c.callers)
-		err := measure(ctx, e, &r, d, 1, c, cfg.run, false, nil)
-		release()
-		if err != nil {
-			return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
+	// each measures every cell through one way in: tag names it in the
+	// progress lines, flush empties Redis before each cell, cpu reads the
+	// server's CPU time (nil for none).
+	each := func(limiter, tag string, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
+		for _, c := range cells {
+			r := result{Limiter: limiter, Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
+			if flush {
+				if err := e.admin.FlushAll(ctx).Err(); err != nil {
+					return err
+				}
+			}
+			d, release := decide(c)
+			err := measure(ctx, e, &r, d, 1, c, cfg.run, flush, cpu)
+			release()
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
+			}
+			r.RoundTripsPerDecision = 0 // the server has its own client; the hook sees none of it
+			fmt.Fprintf(stderr, "[%s] %s: %-45s %10.0f per second  p99 %7.0f µs  errors %d\n", tag, c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
+			rs = append(rs, r)
 		}
-		fmt.Fprintf(stderr, "[proxy] %s: %-45s %10.0f requests/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
-		rs = append(rs, r)
+		return nil
+	}
+	err = each("upstream alone, no proxy (floor)", "proxy", func(c cell) (decideFunc, func()) {
+		return proxyDecide(up.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+	}, false, nil)
+	if err != nil {
+		return nil, err
 	}
 	for _, store := range []string{"memory", "redis"} {
 		yaml := policiesYAML(alg) + proxyYAML(up.url)
@@ -75,43 +93,18 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		if err != nil {
 			return nil, err
 		}
-		for _, c := range cells {
-			r := result{Limiter: fmt.Sprintf("sluice serve %s (%s), POST /v1/check", alg, storeName(store)), Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
-			if store == "redis" {
-				if err := e.admin.FlushAll(ctx).Err(); err != nil {
-					sv.stop()
-					return nil, err
-				}
-			}
-			d, release := httpDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
-			err := measure(ctx, e, &r, d, 1, c, cfg.run, store == "redis", sv.cpu)
-			release()
-			if err != nil {
-				sv.stop()
-				return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
-			}
-			r.RoundTripsPerDecision = 0 // the server has its own client; the hook sees none of it
-			fmt.Fprintf(stderr, "[check API] %s: %-45s %10.0f decisions/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
-			rs = append(rs, r)
+		name := fmt.Sprintf("sluice serve %s (%s)", alg, storeName(store))
+		err = each(name+", POST /v1/check", "check API", func(c cell) (decideFunc, func()) {
+			return httpDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+		}, store == "redis", sv.cpu)
+		if err == nil {
+			err = each(name+", proxy", "proxy", func(c cell) (decideFunc, func()) {
+				return proxyDecide(sv.proxy, string(c.mode), e.subjects[:c.subjects], c.callers)
+			}, store == "redis", sv.cpu)
 		}
-		for _, c := range cells {
-			r := result{Limiter: fmt.Sprintf("sluice serve %s (%s), proxy", alg, storeName(store)), Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
-			if store == "redis" {
-				if err := e.admin.FlushAll(ctx).Err(); err != nil {
-					sv.stop()
-					return nil, err
-				}
-			}
-			d, release := proxyDecide(sv.proxy, string(c.mode), e.subjects[:c.subjects], c.callers)
-			err := measure(ctx, e, &r, d, 1, c, cfg.run, store == "redis", sv.cpu)
-			release()
-			if err != nil {
-				sv.stop()
-				return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
-			}
-			r.RoundTripsPerDecision = 0
-			fmt.Fprintf(stderr, "[proxy] %s: %-45s %10.0f requests/s  p99 %7.0f µs  errors %d\n", c, r.Limiter, r.PerSecond, r.P99US, r.Errors)
-			rs = append(rs, r)
+		if err != nil {
+			sv.stop()
+			return nil, err
 		}
 		if err := sv.stop(); err != nil {
 			return nil, err
