@@ -81,9 +81,42 @@ func decisions(cmd redis.Cmder) int {
 	return m
 }
 
+// holdWire pauses srv and sends one decision of subj on p with s, returning once
+// it is on the wire (Redis not answering, so what follows queues behind
+// it), and a func that resumes Redis and returns that decision's error.
+// Redis is resumed at the end of the test whatever happens.
+func holdWire(t *testing.T, srv *redistest.Server, hook *roundTrips, s *redisstore.Store, subj string, p *sluice.Policy) (resume func() error) {
+	t.Helper()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Resume()
+		}
+	})
+	first := make(chan error, 1)
+	go func() {
+		st, err := evaluate(context.Background(), s, subj, 1, p)
+		if err == nil && !st[0].Allowed {
+			err = fmt.Errorf("the decision on the wire = %+v, want allowed", st)
+		}
+		first <- err
+	}()
+	<-hook.sent
+	return func() error {
+		if err := srv.Resume(); err != nil {
+			return err
+		}
+		resumed = true
+		return <-first
+	}
+}
+
 // TestDecisionsShareRoundTrips: a decision that finds the sender idle goes
 // alone, at once; the decisions that arrive while it is on the wire go
-// together in one pipeline, each with its own answer. Redis is paused so
+// together in one round trip, each with its own answer. Redis is paused so
 // the first decision stays on the wire while the others queue.
 func TestDecisionsShareRoundTrips(t *testing.T) {
 	srv := redistest.Standalone(t)
@@ -97,18 +130,7 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	subj := subject(t)
 
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
-	first := make(chan []sluice.Status, 1)
-	go func() { st, _ := evaluate(ctx, s, subj, 1, p); first <- st }()
-	<-hook.sent // on the wire, and Redis is not answering
+	resume := holdWire(t, srv, hook, s, subj, p) // spends one of the limit
 	var wg sync.WaitGroup
 	var allowed atomic.Int64
 	remaining := make([]int64, queued)
@@ -128,14 +150,10 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 	// Give the 50 callers time to queue; they cannot be sent before Redis
 	// answers the first decision, with one sender.
 	time.Sleep(200 * time.Millisecond)
-	if err := srv.Resume(); err != nil {
+	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
-	resumed = true
 	wg.Wait()
-	if st := <-first; len(st) != 1 || !st[0].Allowed {
-		t.Fatalf("first decision = %+v, want allowed", st)
-	}
 	if n := allowed.Load(); n != queued-1 {
 		t.Fatalf("%d of the %d queued decisions allowed, want %d: a limit of %d, one spent first", n, queued, queued-1, queued)
 	}
@@ -161,7 +179,7 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 // TestSharedCallKeepsEachAnswer: decisions queued behind one on the wire
 // reach one Redis in a single decideAll call, and each keeps its own
 // answer there: corrupt state fails its own decision only (ErrCorruptState),
-// a bad request its own (ErrInvalidRequest), a decision with an evaluation
+// a request the script refuses its own (ErrInvalidRequest), a decision with an evaluation
 // id is remembered (its repeat is Replayed, nothing spent), a multi-policy
 // decision stays all or nothing, and the others are decided as alone.
 func TestSharedCallKeepsEachAnswer(t *testing.T) {
@@ -175,24 +193,14 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	gcra := policy(t, "shared-gcra", sluice.GCRA, 3, time.Minute)
 	logp := policy(t, "shared-log", sluice.SlidingLog, 1, time.Minute)
 	fw := policy(t, "shared-fw", sluice.FixedWindow, 5, time.Minute)
+	sw := policy(t, "shared-sw", sluice.SlidingWindow, 5, time.Minute)
 	corrupt, busy, idSubj, multi := subject(t), subject(t), subject(t), subject(t)
 	if err := c.Set(ctx, s.Key(corrupt, gcra), "not a state", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	mustEvaluate(t, s, multi, 1, logp) // the log is full: multi's decision must spend nothing
 
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
-	first := make(chan error, 1)
-	go func() { _, err := evaluate(ctx, s, subject(t), 1, fw); first <- err }()
-	<-hook.sent // on the wire, and Redis is not answering
+	resume := holdWire(t, srv, hook, s, subject(t), fw)
 
 	type answer struct {
 		st  []sluice.Status
@@ -209,15 +217,11 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 		busyAnswers = append(busyAnswers, run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{gcra}, Cost: 1}))
 	}
 	corruptAnswer := run(&sluice.Evaluation{Subject: corrupt, Policies: []*sluice.Policy{gcra}, Cost: 1})
-	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{fw}, Cost: 1, Refund: true, EvaluationID: "r"})
+	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{sw}, Cost: 1, Refund: true}) // no refund: the script refuses it
 	idAnswer := run(&sluice.Evaluation{Subject: idSubj, Policies: []*sluice.Policy{fw}, Cost: 2, EvaluationID: "job-1"})
 	multiAnswer := run(&sluice.Evaluation{Subject: multi, Policies: []*sluice.Policy{fw, logp}, Cost: 1})
 	time.Sleep(200 * time.Millisecond) // let them queue behind the first
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
-	if err := <-first; err != nil {
+	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -237,9 +241,8 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	if a := <-corruptAnswer; !errors.Is(a.err, sluice.ErrCorruptState) {
 		t.Errorf("decision on corrupt state = %+v, %v; want ErrCorruptState", a.st, a.err)
 	}
-	if a := <-badAnswer; a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 5 {
-		// A refund of what was never spent gives nothing beyond the limit.
-		t.Errorf("refund = %+v, %v; want allowed, 5 remaining", a.st, a.err)
+	if a := <-badAnswer; !errors.Is(a.err, sluice.ErrInvalidRequest) {
+		t.Errorf("sliding_window refund = %+v, %v; want ErrInvalidRequest", a.st, a.err)
 	}
 	a := <-idAnswer
 	if a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 3 || a.ev.Replayed {
