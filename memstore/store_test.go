@@ -378,12 +378,14 @@ func TestAlgorithmsShareAShard(t *testing.T) {
 			}
 		}
 	}
-	for k, en := range s.shards[0].m {
-		if en.kind != algorithm.KindSlidingLog && len(en.st.Log) != 0 {
-			t.Errorf("%s (%v) holds a log of %d entries: another decision's edit was applied to it", k.policy, en.kind, len(en.st.Log))
-		}
-		if en.kind == algorithm.KindSlidingLog && en.st.V != [5]int64{} {
-			t.Errorf("%s (sliding_log) holds fields %v: another decision's fields were applied to it", k.policy, en.st.V)
+	for _, head := range s.shards[0].states.m {
+		for en := head; en != nil; en = en.next {
+			if en.kind != algorithm.KindSlidingLog && len(en.st.Log) != 0 {
+				t.Errorf("%s (%v) holds a log of %d entries: another decision's edit was applied to it", en.key.policy, en.kind, len(en.st.Log))
+			}
+			if en.kind == algorithm.KindSlidingLog && en.st.V != [5]int64{} {
+				t.Errorf("%s (sliding_log) holds fields %v: another decision's fields were applied to it", en.key.policy, en.st.V)
+			}
 		}
 	}
 }
