@@ -33,9 +33,11 @@ func gcraOf(v *[5]int64) GCRA {
 	return GCRA{TAT: v[0], Frac: v[1], Limit: v[2], Window: v[3], Last: v[4]}
 }
 
-// fields returns s as the fields of a State.
-func (s GCRA) fields() [5]int64 {
-	return [5]int64{s.TAT, s.Frac, s.Limit, s.Window, s.Last}
+// fields writes s as the fields of a State to v, one at a time (a
+// [5]int64 built and then copied whole is read back before its stores
+// land, which stalls some CPUs).
+func (s GCRA) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.TAT, s.Frac, s.Limit, s.Window, s.Last
 }
 
 // scheduledUnder reports whether s needs no rescheduling under p: the
