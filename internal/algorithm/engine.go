@@ -321,8 +321,9 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 		s := tokenBucketOf(&st.V)
 		return s.Expires(p.Params), s.Newest()
 	case KindGCRA:
-		s := gcraOf(&st.V)
-		return s.Expires(p.Params), s.Newest()
+		// Read twice rather than held: a GCRA (five fields) held in a
+		// variable is copied whole from where it was built field by field.
+		return gcraOf(&st.V).Expires(p.Params), gcraOf(&st.V).Newest()
 	case KindConcurrency:
 		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
 		if s.Newest() == 0 {

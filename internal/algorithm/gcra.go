@@ -64,32 +64,35 @@ func (s GCRA) reschedule(p Params) GCRA {
 
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
-	stored := s
+	// The schedule decided on, held as two integers as gcra.lua holds it
+	// (a second GCRA would be copied whole); the stored one is kept on a
+	// denial.
+	t, f := s.TAT, s.Frac
 	if !s.scheduledUnder(p) {
-		s = s.reschedule(p)
+		r := s.reschedule(p)
+		t, f = r.TAT, r.Frac
 	}
 	tau := p.Burst * p.Window // Burst·T, scaled by Limit
 	need := verdictCost(cost) * p.Window
 	d := Decision{Limit: p.Burst}
 	// debt is (TAT − now) scaled by Limit, or 0 when the TAT is past.
 	var debt int64
-	if ahead := s.TAT - now; s.TAT != 0 && ahead >= 0 {
+	if ahead := t - now; t != 0 && ahead >= 0 {
 		if ahead > tau/p.Limit+1 {
 			// Further ahead than any admissible debt; keeps ahead × Limit
 			// from overflowing.
-			d.RetryAfter = ahead - floorDiv(tau-need-s.Frac, p.Limit)
-			d.ResetAfter = ahead + ceilDiv(s.Frac, p.Limit)
-			return stored, d
+			d.RetryAfter = ahead - floorDiv(tau-need-f, p.Limit)
+			d.ResetAfter = ahead + ceilDiv(f, p.Limit)
+			return s, d
 		}
-		debt = ahead*p.Limit + s.Frac
+		debt = ahead*p.Limit + f
 	}
 	if debt+need > tau {
 		d.Remaining = max(tau-debt, 0) / p.Window
 		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
 		d.ResetAfter = ceilDiv(debt, p.Limit)
-		return stored, d
+		return s, d
 	}
-	s = stored
 	if cost > 0 {
 		debt += cost * p.Window
 		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: now}
