@@ -190,6 +190,33 @@ func newCheckBench(b *testing.B) (*sluice.Limiter, []string) {
 	return l, subjects
 }
 
+// TestCheckAllocatesNothing: an allowed decision of one policy on an
+// existing subject, on memstore with its default (real) clock, allocates
+// nothing, for every rate algorithm: issue #9's in-process target.
+func TestCheckAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race: sync.Pool drops items on purpose, allocation counts are not the real ones")
+	}
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		ms, err := memstore.New(memstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ms.Close()
+		l, err := sluice.New(ms, []sluice.Policy{{ID: "p", Algorithm: a, Limit: 1e6, Window: time.Hour}}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		req := sluice.Request{Policy: "p", Subject: "k1.0123456789abcdef0123456789abcdef01234567"}
+		l.Check(ctx, req)
+		var o sluice.Outcome
+		if n := testing.AllocsPerRun(1000, func() { o = l.Check(ctx, req) }); n != 0 || o.Kind != sluice.Allowed {
+			t.Errorf("%v: Check(%q) = %v, %v allocations per call; want allowed, 0 allocations", a, req.Subject, o.Kind, n)
+		}
+	}
+}
+
 // nextSubject advances the xorshift rng and picks a subject index with it.
 func nextSubject(rng *uint64) int {
 	*rng ^= *rng << 13
