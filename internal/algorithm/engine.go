@@ -346,7 +346,9 @@ func (st *State) Apply(w *Write) {
 	if w.Fresh {
 		st.Log, st.IDs = st.Log[:0], st.IDs[:0]
 	}
-	st.V = w.V
+	// One field at a time: w.V was just written so, and a whole-array copy
+	// would read it back before those stores land.
+	st.V[0], st.V[1], st.V[2], st.V[3], st.V[4] = w.V[0], w.V[1], w.V[2], w.V[3], w.V[4]
 	if w.Log != (LogEdit{}) {
 		st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
 	}
