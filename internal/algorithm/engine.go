@@ -281,11 +281,11 @@ func (p Policy) step(st *State, now, cost int64, o op, w *Write, d *Decision) {
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindGCRA:
-		s := gcraOf(&st.V)
+		var s GCRA
 		if refund {
-			s, *d = s.Refund(p.Params, now, cost)
+			s, *d = gcraOf(&st.V).Refund(p.Params, now, cost)
 		} else {
-			s, *d = s.Decide(p.Params, now, cost)
+			s, *d = gcraOf(&st.V).Decide(p.Params, now, cost)
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
