@@ -89,10 +89,13 @@ type key struct {
 // state is one policy's state for one subject, and the algorithm it was
 // written by.
 type state struct {
-	kind    algorithm.Kind
-	left    uint16 // the share of capacity left after the last write, in 1/65535: what losing the state gives away
-	expires int64  // µs from which the state equals absent, under the numbers it was written with (for sweeping)
-	st      algorithm.State
+	kind algorithm.Kind
+	// remaining and limit are the last write's Remaining (at least 0, at
+	// most limit) and Limit: what losing the state gives away (left). Kept
+	// as they are so a decision does not divide; only making room does.
+	remaining, limit uint32
+	expires          int64 // µs from which the state equals absent, under the numbers it was written with (for sweeping)
+	st               algorithm.State
 }
 
 // entry is a state held in a shard, under its key.
@@ -611,8 +614,14 @@ func (s *Store) put(sh *shard, now int64, h uint64, k key, en *entry, kind algor
 		en = sh.states.add(h, k)
 	}
 	en.kind, en.expires = kind, w.Expires
-	en.left = uint16(min(max(d.Remaining, 0), d.Limit) * 65535 / max(d.Limit, 1))
+	en.remaining, en.limit = uint32(min(max(d.Remaining, 0), d.Limit)), uint32(d.Limit) // Limit ≤ algorithm.MaxLimit
 	en.st.Apply(w)
+}
+
+// left returns the share of its capacity the state had left after its last
+// write, in 1/65535.
+func (s *state) left() uint16 {
+	return uint16(int64(s.remaining) * 65535 / max(int64(s.limit), 1))
 }
 
 // roomSample is how many entries making room looks at: bounded, so a
@@ -631,6 +640,7 @@ const roomSample = 32
 func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 	var victim *entry
 	var victimHash uint64
+	var victimLeft uint16
 	freed := false
 	sampled := 0
 sample:
@@ -644,14 +654,14 @@ sample:
 			if e.expires <= now {
 				sh.states.remove(h, e)
 				freed = true
-			} else if victim == nil || e.left > victim.left || e.left == victim.left && e.expires < victim.expires {
-				victim, victimHash = e, h
+			} else if left := e.left(); victim == nil || left > victimLeft || left == victimLeft && e.expires < victim.expires {
+				victim, victimHash, victimLeft = e, h, left
 			}
 			sampled++
 			// A sample whose best candidate has nothing left (a subject
 			// being denied) looks further, up to four samples, for one
 			// that gives away less.
-			if sampled%roomSample == 0 && (victim == nil || victim.left > 0 || sampled == 4*roomSample) {
+			if sampled%roomSample == 0 && (victim == nil || victimLeft > 0 || sampled == 4*roomSample) {
 				break sample
 			}
 			e = next
