@@ -66,6 +66,7 @@ type Options struct {
 // usable. Safe for concurrent use. Close stops its sweeper goroutine.
 type Store struct {
 	clock     sluice.Clock
+	mono      *sluice.MonotonicClock // clock when it is one (the default): read without an interface assertion
 	seed      maphash.Seed
 	shards    []shard
 	mask      uint64
@@ -85,17 +86,77 @@ type key struct {
 	revision int64
 }
 
-// entry is one state, and the algorithm it was written by.
+// state is one policy's state for one subject, and the algorithm it was
+// written by.
+type state struct {
+	kind algorithm.Kind
+	// remaining and limit are the last write's Remaining (at least 0, at
+	// most limit) and Limit: what losing the state gives away (left). Kept
+	// as they are so a decision does not divide; only making room does.
+	remaining, limit uint32
+	expires          int64 // µs from which the state equals absent, under the numbers it was written with (for sweeping)
+	st               algorithm.State
+}
+
+// entry is a state held in a shard, under its key.
 type entry struct {
-	kind    algorithm.Kind
-	left    uint16 // the share of capacity left after the last write, in 1/65535: what losing the state gives away
-	expires int64  // µs from which the state equals absent, under the numbers it was written with (for sweeping)
-	st      algorithm.State
+	state
+	key  key
+	next *entry // the next entry of the same subject hash
+}
+
+// states are the entries of one shard, found by their subject's hash: the
+// one that picked the shard, so a decision hashes its subject once (a map
+// keyed by key would hash the subject again, and the policy ID). Each hash
+// leads to a chain: the subject's states, one per policy, and those of any
+// other subject with the same hash.
+type states struct {
+	m map[uint64]*entry
+	n int // entries in all chains
+}
+
+// get returns the entry of k, whose subject hashes to h, or nil.
+func (t *states) get(h uint64, k key) *entry {
+	for en := t.m[h]; en != nil; en = en.next {
+		if en.key == k {
+			return en
+		}
+	}
+	return nil
+}
+
+// add returns a new entry of fresh state for k, whose subject hashes to h
+// and which t does not hold.
+func (t *states) add(h uint64, k key) *entry {
+	en := &entry{key: k, next: t.m[h]}
+	t.m[h] = en
+	t.n++
+	return en
+}
+
+// remove drops en, which t holds under h.
+func (t *states) remove(h uint64, en *entry) {
+	t.n--
+	head := t.m[h]
+	if head == en {
+		if en.next == nil {
+			delete(t.m, h)
+		} else {
+			t.m[h] = en.next
+		}
+		return
+	}
+	for prev := head; prev != nil; prev = prev.next {
+		if prev.next == en {
+			prev.next = en.next
+			return
+		}
+	}
 }
 
 type shard struct {
 	mu     sync.Mutex
-	m      map[key]*entry     // pointers: an existing key costs one lookup
+	states states
 	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
 	ids    int                // records in all of dedupe, at most perShard
 	work   work               // the decision being taken, under mu
@@ -248,6 +309,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = sluice.NewMonotonicClock()
 	}
+	mono, _ := opts.Clock.(*sluice.MonotonicClock)
 	if opts.Shards == 0 {
 		opts.Shards = 64
 	}
@@ -263,6 +325,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		clock:    opts.Clock,
+		mono:     mono,
 		seed:     maphash.MakeSeed(),
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
@@ -271,7 +334,7 @@ func New(opts Options) (*Store, error) {
 		done:     make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[key]*entry)
+		s.shards[i].states.m = make(map[uint64]*entry)
 		s.shards[i].dedupe = make(map[key]*dedupeLog)
 	}
 	if opts.SweepInterval > 0 {
@@ -297,7 +360,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += sh.states.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -305,6 +368,14 @@ func (s *Store) Len() int {
 
 // Evictions returns how many live states were evicted at the MaxKeys bound.
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
+
+// now returns the clock's time in µs since the Unix epoch.
+func (s *Store) now() int64 {
+	if s.mono != nil {
+		return s.mono.UnixMicro()
+	}
+	return evaluation.Now(s.clock)
+}
 
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
@@ -314,8 +385,8 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if len(ev.Policies) == 0 {
 		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
 	}
-	now := evaluation.Now(s.clock)
-	var carried []*entry
+	now := s.now()
+	var carried []*state
 	switch {
 	case len(ev.Previous) == 0:
 	case ev.Reset:
@@ -323,7 +394,8 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	default:
 		carried = s.previous(ev.Previous, ev.Policies)
 	}
-	sh := &s.shards[maphash.String(s.seed, ev.Subject)&s.mask]
+	h := maphash.String(s.seed, ev.Subject)
+	sh := &s.shards[h&s.mask]
 	id := algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund)
 
 	sh.mu.Lock()
@@ -336,17 +408,16 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	for i, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)
-		en := sh.m[k]
+		en := sh.states.get(h, k)
 		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
 			// Carried over from an older subject: kept from now on.
 			if en == nil {
-				if len(sh.m) >= s.perShard {
+				if sh.states.n >= s.perShard {
 					s.makeRoom(sh, now, k.subject)
 				}
-				en = new(entry)
-				sh.m[k] = en
+				en = sh.states.add(h, k)
 			}
-			*en = *carried[i]
+			en.state = *carried[i]
 		}
 		var st *algorithm.State
 		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
@@ -366,9 +437,13 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := algorithm.Evaluate(e); err != nil {
 		return fmt.Errorf("memstore: %w: %w", sluice.ErrInvalidRequest, err)
 	}
-	ev.Statuses = ev.Statuses[:0]
+	if n := len(e.Decisions); cap(ev.Statuses) >= n {
+		ev.Statuses = ev.Statuses[:n]
+	} else {
+		ev.Statuses = make([]sluice.Status, n)
+	}
 	for i := range e.Decisions {
-		ev.Statuses = append(ev.Statuses, evaluation.Status(ev.Policies[i], e.Decisions[i]))
+		setStatus(&ev.Statuses[i], ev.Policies[i], &e.Decisions[i])
 	}
 	ev.Replayed = e.Replayed
 	if e.Replayed {
@@ -379,10 +454,25 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	if e.Commit {
 		for i := range e.Writes {
-			s.put(sh, now, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
+			s.put(sh, now, h, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
 		}
 	}
 	return nil
+}
+
+// setStatus writes d, a decision of p, to st: what evaluation.Status
+// returns, written field by field (a Status built whole and then copied is
+// read back before its stores land, which stalls some CPUs longer than the
+// rest of the conversion takes). TestSetStatusIsEvaluationStatus holds the
+// two equal.
+func setStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
+	st.Policy = p.ID
+	st.Allowed = d.Allowed
+	st.Limit = d.Limit
+	st.Remaining = d.Remaining
+	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
+	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
+	st.Approximate = p.Algorithm.Approximate()
 }
 
 // remember records decisions as the decision for id (sh locked). The
@@ -391,24 +481,25 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 // previous returns, for each policy, a copy of the live state kept under
 // the first of subjects that has one, or nil; nil when there is none at
 // all. It locks one shard at a time.
-func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*entry {
-	var out []*entry
-	now := evaluation.Now(s.clock)
+func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state {
+	var out []*state
+	now := s.now()
 	for _, subject := range subjects {
-		sh := &s.shards[maphash.String(s.seed, subject)&s.mask]
+		h := maphash.String(s.seed, subject)
+		sh := &s.shards[h&s.mask]
 		sh.mu.Lock()
 		for i, p := range policies {
 			if out != nil && out[i] != nil {
 				continue
 			}
-			en := sh.m[key{subject: subject, policy: p.ID, revision: p.Revision}]
+			en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision})
 			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
 				continue
 			}
 			if out == nil {
-				out = make([]*entry, len(policies))
+				out = make([]*state, len(policies))
 			}
-			c := *en
+			c := en.state
 			c.st.Log = append([]int64(nil), en.st.Log...)
 			c.st.IDs = append([]string(nil), en.st.IDs...) // a concurrency policy's lease ids
 			out[i] = &c
@@ -422,10 +513,13 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*entry 
 // shard at a time.
 func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 	for _, subject := range subjects {
-		sh := &s.shards[maphash.String(s.seed, subject)&s.mask]
+		h := maphash.String(s.seed, subject)
+		sh := &s.shards[h&s.mask]
 		sh.mu.Lock()
 		for _, p := range policies {
-			delete(sh.m, key{subject: subject, policy: p.ID, revision: p.Revision})
+			if en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision}); en != nil {
+				sh.states.remove(h, en)
+			}
 		}
 		sh.mu.Unlock()
 	}
@@ -503,26 +597,31 @@ func sweepDedupe(sh *shard, now int64) {
 	}
 }
 
-// put keeps the state w describes for k in sh (locked): over en, the entry
-// stored under k (nil when there is none), or as a new entry, enforcing the
-// per-shard bound. Only a new key allocates.
-func (s *Store) put(sh *shard, now int64, k key, en *entry, kind algorithm.Kind, w *algorithm.Write, d *algorithm.Decision) {
+// put keeps the state w describes for k, whose subject hashes to h, in sh
+// (locked): over en, the entry stored under k (nil when there is none), or
+// as a new entry, enforcing the per-shard bound. Only a new key allocates.
+func (s *Store) put(sh *shard, now int64, h uint64, k key, en *entry, kind algorithm.Kind, w *algorithm.Write, d *algorithm.Decision) {
 	switch {
 	case w.Expires <= now:
 		if en != nil {
-			delete(sh.m, k)
+			sh.states.remove(h, en)
 		}
 		return
 	case en == nil:
-		if len(sh.m) >= s.perShard {
+		if sh.states.n >= s.perShard {
 			s.makeRoom(sh, now, k.subject)
 		}
-		en = new(entry)
-		sh.m[k] = en
+		en = sh.states.add(h, k)
 	}
 	en.kind, en.expires = kind, w.Expires
-	en.left = uint16(min(max(d.Remaining, 0), d.Limit) * 65535 / max(d.Limit, 1))
+	en.remaining, en.limit = uint32(min(max(d.Remaining, 0), d.Limit)), uint32(d.Limit) // Limit ≤ algorithm.MaxLimit
 	en.st.Apply(w)
+}
+
+// left returns the share of its capacity the state had left after its last
+// write, in 1/65535.
+func (s *state) left() uint16 {
+	return uint16(int64(s.remaining) * 65535 / max(int64(s.limit), 1))
 }
 
 // roomSample is how many entries making room looks at: bounded, so a
@@ -540,29 +639,36 @@ const roomSample = 32
 // it is writing.
 func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 	var victim *entry
-	var victimKey key
+	var victimHash uint64
+	var victimLeft uint16
 	freed := false
 	sampled := 0
-	for k, e := range sh.m {
-		if k.subject == subject {
-			continue
-		}
-		if e.expires <= now {
-			delete(sh.m, k)
-			freed = true
-		} else if victim == nil || e.left > victim.left || e.left == victim.left && e.expires < victim.expires {
-			victim, victimKey = e, k
-		}
-		sampled++
-		// A sample whose best candidate has nothing left (a subject being
-		// denied) looks further, up to four samples, for one that gives
-		// away less.
-		if sampled%roomSample == 0 && (victim == nil || victim.left > 0 || sampled == 4*roomSample) {
-			break
+sample:
+	for h, head := range sh.states.m {
+		for e := head; e != nil; {
+			next := e.next
+			if e.key.subject == subject {
+				e = next
+				continue
+			}
+			if e.expires <= now {
+				sh.states.remove(h, e)
+				freed = true
+			} else if left := e.left(); victim == nil || left > victimLeft || left == victimLeft && e.expires < victim.expires {
+				victim, victimHash, victimLeft = e, h, left
+			}
+			sampled++
+			// A sample whose best candidate has nothing left (a subject
+			// being denied) looks further, up to four samples, for one
+			// that gives away less.
+			if sampled%roomSample == 0 && (victim == nil || victimLeft > 0 || sampled == 4*roomSample) {
+				break sample
+			}
+			e = next
 		}
 	}
 	if !freed && victim != nil {
-		delete(sh.m, victimKey)
+		sh.states.remove(victimHash, victim)
 		s.evictions.Add(1)
 	}
 }
@@ -570,10 +676,14 @@ func (s *Store) makeRoom(sh *shard, now int64, subject string) {
 // sweepShard drops sh's expired states (sh locked) and returns how many.
 func sweepShard(sh *shard, now int64) int {
 	n := 0
-	for k, e := range sh.m {
-		if e.expires <= now {
-			delete(sh.m, k)
-			n++
+	for h, head := range sh.states.m {
+		for e := head; e != nil; {
+			next := e.next
+			if e.expires <= now {
+				sh.states.remove(h, e)
+				n++
+			}
+			e = next
 		}
 	}
 	return n
@@ -583,7 +693,7 @@ func sweepShard(sh *shard, now int64) int {
 // returns how many states it dropped. The background sweeper calls it;
 // tests and callers with the sweeper disabled may too.
 func (s *Store) Sweep() int {
-	now := evaluation.Now(s.clock)
+	now := s.now()
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -378,12 +379,14 @@ func TestAlgorithmsShareAShard(t *testing.T) {
 			}
 		}
 	}
-	for k, en := range s.shards[0].m {
-		if en.kind != algorithm.KindSlidingLog && len(en.st.Log) != 0 {
-			t.Errorf("%s (%v) holds a log of %d entries: another decision's edit was applied to it", k.policy, en.kind, len(en.st.Log))
-		}
-		if en.kind == algorithm.KindSlidingLog && en.st.V != [5]int64{} {
-			t.Errorf("%s (sliding_log) holds fields %v: another decision's fields were applied to it", k.policy, en.st.V)
+	for _, head := range s.shards[0].states.m {
+		for en := head; en != nil; en = en.next {
+			if en.kind != algorithm.KindSlidingLog && len(en.st.Log) != 0 {
+				t.Errorf("%s (%v) holds a log of %d entries: another decision's edit was applied to it", en.key.policy, en.kind, len(en.st.Log))
+			}
+			if en.kind == algorithm.KindSlidingLog && en.st.V != [5]int64{} {
+				t.Errorf("%s (sliding_log) holds fields %v: another decision's fields were applied to it", en.key.policy, en.st.V)
+			}
 		}
 	}
 }
@@ -467,4 +470,22 @@ func TestDedupeLogGrowsAndShrinks(t *testing.T) {
 	}
 	l.add(dedupeRecord{id: "id-0", expires: 1})
 	find("with id-0 again", 0, n-2, n-1)
+}
+
+// TestSetStatusIsEvaluationStatus: memstore's field-by-field conversion of
+// a decision answers what every other store's does.
+func TestSetStatusIsEvaluationStatus(t *testing.T) {
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
+		p := validPolicy(t, sluice.Policy{ID: "p-" + a.String(), Algorithm: a, Limit: 10, Window: time.Second})
+		for _, d := range []algorithm.Decision{
+			{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 100_000},
+			{Limit: 10, ResetAfter: 999_999, RetryAfter: 1},
+		} {
+			st := sluice.Status{Policy: "garbage", Approximate: true, RetryAfter: -1}
+			setStatus(&st, p, &d)
+			if want := evaluation.Status(p, d); st != want {
+				t.Errorf("setStatus(%v, %+v) = %+v, want %+v", a, d, st, want)
+			}
+		}
+	}
 }

@@ -145,7 +145,7 @@ func Evaluate(ev *Evaluation) error {
 	}
 	if ev.Reset {
 		for i, p := range ev.Policies {
-			ev.Decisions[i] = p.step(&absent, ev.Now, 0, op{}, &ev.Writes[i])
+			p.step(&absent, ev.Now, 0, op{}, &ev.Writes[i], &ev.Decisions[i])
 			ev.Writes[i].Fresh = true
 		}
 		ev.Commit = true
@@ -166,13 +166,12 @@ func Evaluate(ev *Evaluation) error {
 			err.Policy = i
 			return err
 		}
-		w := &ev.Writes[i]
-		d := p.step(st, at, ev.Cost, op{refund: ev.Refund, release: ev.Release, renew: ev.Renew, lease: ev.LeaseID}, w)
+		w, d := &ev.Writes[i], &ev.Decisions[i]
+		p.step(st, at, ev.Cost, op{refund: ev.Refund, release: ev.Release, renew: ev.Renew, lease: ev.LeaseID}, w, d)
 		w.Fresh = st != ev.States[i]
 		if at != ev.Now {
-			d = lengthen(d, at-ev.Now)
+			lengthen(d, at-ev.Now)
 		}
-		ev.Decisions[i] = d
 		admitted = admitted && d.Allowed
 	}
 	if !admitted && n > 1 {
@@ -180,8 +179,9 @@ func Evaluate(ev *Evaluation) error {
 			if ev.Decisions[i].Allowed {
 				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
 				var w Write
-				d := p.step(st, at, 0, op{}, &w)
-				ev.Decisions[i] = lengthen(d, at-ev.Now)
+				d := &ev.Decisions[i]
+				p.step(st, at, 0, op{}, &w, d)
+				lengthen(d, at-ev.Now)
 			}
 		}
 	}
@@ -218,15 +218,16 @@ func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *Clo
 }
 
 // lengthen adds lag to the waits of d, which was decided lag µs after the
-// request's own time.
-func lengthen(d Decision, lag int64) Decision {
+// request's own time. (Decisions are changed in place, never copied whole:
+// a copy of a struct of five fields just written field by field costs a
+// failed store-to-load forwarding on some CPUs, more than the math here.)
+func lengthen(d *Decision, lag int64) {
 	if d.RetryAfter > 0 {
 		d.RetryAfter += lag
 	}
 	if d.ResetAfter > 0 {
 		d.ResetAfter += lag
 	}
-	return d
 }
 
 // op is what a step does beyond spending: a refund, or a release or
@@ -239,26 +240,26 @@ type op struct {
 // step runs p's algorithm on st at now: a spend of cost, a peek (cost 0),
 // or as o says a refund of cost, or a lease's release or renewal. It
 // leaves the state after it in w, every field but Fresh (w may hold
-// another decision's), and returns the verdict.
-func (p Policy) step(st *State, now, cost int64, o op, w *Write) Decision {
-	var d Decision
+// another decision's), and the verdict in d.
+func (p Policy) step(st *State, now, cost int64, o op, w *Write, d *Decision) {
 	refund := o.refund
 	w.Leases = LeaseEdit{}
 	switch p.Kind {
 	case KindFixedWindow:
 		s := fixedWindowOf(&st.V)
 		if refund {
-			s, d = s.Refund(p.Params, now, cost)
+			s, *d = s.Refund(p.Params, now, cost)
 		} else {
-			s, d = s.Decide(p.Params, now, cost)
+			s, *d = s.Decide(p.Params, now, cost)
 		}
-		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		if refund {
-			w.Log, d = s.Refund(p.Params, now, cost)
+			w.Log, *d = s.Refund(p.Params, now, cost)
 		} else {
-			w.Log, d = s.Decide(p.Params, now, cost)
+			w.Log, *d = s.Decide(p.Params, now, cost)
 		}
 		w.V, w.Expires = [5]int64{}, 0
 		if w.Log.Newest != 0 {
@@ -267,38 +268,40 @@ func (p Policy) step(st *State, now, cost int64, o op, w *Write) Decision {
 	case KindSlidingWindow:
 		// No Refund: a store never asks (sluice.Limiter refuses it first).
 		s := slidingWindowOf(&st.V)
-		s, d = s.Decide(p.Params, now, cost)
-		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
+		s, *d = s.Decide(p.Params, now, cost)
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindTokenBucket:
 		s := tokenBucketOf(&st.V)
 		if refund {
-			s, d = s.Refund(p.Params, now, cost)
+			s, *d = s.Refund(p.Params, now, cost)
 		} else {
-			s, d = s.Decide(p.Params, now, cost)
+			s, *d = s.Decide(p.Params, now, cost)
 		}
-		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindGCRA:
-		s := gcraOf(&st.V)
+		var s GCRA
 		if refund {
-			s, d = s.Refund(p.Params, now, cost)
+			s, *d = gcraOf(&st.V).Refund(p.Params, now, cost)
 		} else {
-			s, d = s.Decide(p.Params, now, cost)
+			s, *d = gcraOf(&st.V).Decide(p.Params, now, cost)
 		}
-		w.V, w.Log, w.Expires = s.fields(), LogEdit{}, s.Expires(p.Params)
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindConcurrency:
 		// No Refund: a store never asks (sluice.Limiter refuses it first).
 		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
 		switch {
 		case o.release:
-			w.Leases, d = s.Release(p.Params, now, o.lease)
+			w.Leases, *d = s.Release(p.Params, now, o.lease)
 		case o.renew:
-			w.Leases, d = s.Renew(p.Params, now, o.lease)
+			w.Leases, *d = s.Renew(p.Params, now, o.lease)
 		default:
-			w.Leases, d = s.Decide(p.Params, now, cost, o.lease)
+			w.Leases, *d = s.Decide(p.Params, now, cost, o.lease)
 		}
 		w.V, w.Log, w.Expires = [5]int64{}, LogEdit{}, w.Leases.Newest
 	}
-	return d
 }
 
 // bounds returns the instant from which st equals an absent state under p,
@@ -318,8 +321,9 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 		s := tokenBucketOf(&st.V)
 		return s.Expires(p.Params), s.Newest()
 	case KindGCRA:
-		s := gcraOf(&st.V)
-		return s.Expires(p.Params), s.Newest()
+		// Read twice rather than held: a GCRA (five fields) held in a
+		// variable is copied whole from where it was built field by field.
+		return gcraOf(&st.V).Expires(p.Params), gcraOf(&st.V).Newest()
 	case KindConcurrency:
 		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
 		if s.Newest() == 0 {
@@ -342,7 +346,9 @@ func (st *State) Apply(w *Write) {
 	if w.Fresh {
 		st.Log, st.IDs = st.Log[:0], st.IDs[:0]
 	}
-	st.V = w.V
+	// One field at a time: w.V was just written so, and a whole-array copy
+	// would read it back before those stores land.
+	st.V[0], st.V[1], st.V[2], st.V[3], st.V[4] = w.V[0], w.V[1], w.V[2], w.V[3], w.V[4]
 	if w.Log != (LogEdit{}) {
 		st.Log = SlidingLog{Entries: st.Log}.Apply(w.Log).Entries
 	}

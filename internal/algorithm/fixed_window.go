@@ -23,9 +23,11 @@ func fixedWindowOf(v *[5]int64) FixedWindow {
 	return FixedWindow{Start: v[0], Count: v[1], Last: v[2]}
 }
 
-// fields returns s as the fields of a State.
-func (s FixedWindow) fields() [5]int64 {
-	return [5]int64{s.Start, s.Count, s.Last}
+// fields writes s as the fields of a State to v, one at a time (a
+// [5]int64 built and then copied whole is read back before its stores
+// land, which stalls some CPUs).
+func (s FixedWindow) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.Start, s.Count, s.Last, 0, 0
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.

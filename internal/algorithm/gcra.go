@@ -33,9 +33,11 @@ func gcraOf(v *[5]int64) GCRA {
 	return GCRA{TAT: v[0], Frac: v[1], Limit: v[2], Window: v[3], Last: v[4]}
 }
 
-// fields returns s as the fields of a State.
-func (s GCRA) fields() [5]int64 {
-	return [5]int64{s.TAT, s.Frac, s.Limit, s.Window, s.Last}
+// fields writes s as the fields of a State to v, one at a time (a
+// [5]int64 built and then copied whole is read back before its stores
+// land, which stalls some CPUs).
+func (s GCRA) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.TAT, s.Frac, s.Limit, s.Window, s.Last
 }
 
 // scheduledUnder reports whether s needs no rescheduling under p: the
@@ -62,32 +64,35 @@ func (s GCRA) reschedule(p Params) GCRA {
 
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
-	stored := s
+	// The schedule decided on, held as two integers as gcra.lua holds it
+	// (a second GCRA would be copied whole); the stored one is kept on a
+	// denial.
+	t, f := s.TAT, s.Frac
 	if !s.scheduledUnder(p) {
-		s = s.reschedule(p)
+		r := s.reschedule(p)
+		t, f = r.TAT, r.Frac
 	}
 	tau := p.Burst * p.Window // Burst·T, scaled by Limit
 	need := verdictCost(cost) * p.Window
 	d := Decision{Limit: p.Burst}
 	// debt is (TAT − now) scaled by Limit, or 0 when the TAT is past.
 	var debt int64
-	if ahead := s.TAT - now; s.TAT != 0 && ahead >= 0 {
+	if ahead := t - now; t != 0 && ahead >= 0 {
 		if ahead > tau/p.Limit+1 {
 			// Further ahead than any admissible debt; keeps ahead × Limit
 			// from overflowing.
-			d.RetryAfter = ahead - floorDiv(tau-need-s.Frac, p.Limit)
-			d.ResetAfter = ahead + ceilDiv(s.Frac, p.Limit)
-			return stored, d
+			d.RetryAfter = ahead - floorDiv(tau-need-f, p.Limit)
+			d.ResetAfter = ahead + ceilDiv(f, p.Limit)
+			return s, d
 		}
-		debt = ahead*p.Limit + s.Frac
+		debt = ahead*p.Limit + f
 	}
 	if debt+need > tau {
 		d.Remaining = max(tau-debt, 0) / p.Window
 		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
 		d.ResetAfter = ceilDiv(debt, p.Limit)
-		return stored, d
+		return s, d
 	}
-	s = stored
 	if cost > 0 {
 		debt += cost * p.Window
 		s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: now}

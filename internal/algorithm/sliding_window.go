@@ -36,9 +36,11 @@ func slidingWindowOf(v *[5]int64) SlidingWindow {
 	return SlidingWindow{Start: v[0], Curr: v[1], Prev: v[2], Last: v[3]}
 }
 
-// fields returns s as the fields of a State.
-func (s SlidingWindow) fields() [5]int64 {
-	return [5]int64{s.Start, s.Curr, s.Prev, s.Last}
+// fields writes s as the fields of a State to v, one at a time (a
+// [5]int64 built and then copied whole is read back before its stores
+// land, which stalls some CPUs).
+func (s SlidingWindow) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.Start, s.Curr, s.Prev, s.Last, 0
 }
 
 // advance moves s to the window that holds now.

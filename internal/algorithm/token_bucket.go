@@ -26,9 +26,11 @@ func tokenBucketOf(v *[5]int64) TokenBucket {
 	return TokenBucket{Tokens: v[0], Last: v[1], Window: v[2]}
 }
 
-// fields returns s as the fields of a State.
-func (s TokenBucket) fields() [5]int64 {
-	return [5]int64{s.Tokens, s.Last, s.Window}
+// fields writes s as the fields of a State to v, one at a time (a
+// [5]int64 built and then copied whole is read back before its stores
+// land, which stalls some CPUs).
+func (s TokenBucket) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.Tokens, s.Last, s.Window, 0, 0
 }
 
 // tokens returns the stored tokens scaled by p.Window, at most a full
