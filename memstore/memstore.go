@@ -43,16 +43,16 @@ type Options struct {
 	// by the same number, separately: expired ones go first, then the ids
 	// of whole (subject, policy) pairs.
 	//
-	// Memory: filled once, each state takes about 205 bytes of heap and
-	// each remembered id about 120–290 (290 when every subject has an id
+	// Memory: filled once, each state takes about 240 bytes of heap and
+	// each remembered id about 150–290 (290 when every subject has an id
 	// of its own), with 43-byte subjects and 36-byte ids
 	// (BenchmarkMemoryPerState). A flood that keeps evicting at the bound
 	// costs more (maps stay large, spans half empty): 2 000 000 distinct
-	// subjects at the default bound hold about 330 MiB of heap, the process
-	// peaking at about 420 MiB, and about 810 MiB and 890 MiB when each
+	// subjects at the default bound hold about 364 MiB of heap, the process
+	// peaking at about 427 MiB, and about 878 MiB and 970 MiB when each
 	// request also carries an evaluation id that does not expire
-	// (BenchmarkMemoryFlood). Lower MaxKeys to bound it tighter: about 440
-	// bytes of process memory per state at the bound, and 500 more per
+	// (BenchmarkMemoryFlood). Lower MaxKeys to bound it tighter: about 450
+	// bytes of process memory per state at the bound, and 540 more per
 	// remembered id.
 	// Default: 1 000 000.
 	MaxKeys int
