@@ -168,51 +168,45 @@ func startUpstream() (*upstream, error) {
 func (u *upstream) Close() error { return u.srv.Close() }
 
 // proxyDecide returns a decideFunc that sends GET /<policy> with the
-// subject in X-Subject to base (the proxy, or the upstream alone) over a
-// keep-alive transport with a connection per caller: 200 is an
-// admission, 429 a denial.
+// subject in X-Subject to base (the proxy, or the upstream alone).
 func proxyDecide(base, policy string, subjects []string, callers int) (decideFunc, func()) {
-	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	url := base + "/" + policy
-	return func(ctx context.Context, i int) (int, error) {
+	return keepAlive(callers, func(ctx context.Context, i int) (*http.Request, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return 0, err
+		if err == nil {
+			req.Header.Set("X-Subject", subjects[i])
 		}
-		req.Header.Set("X-Subject", subjects[i])
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		switch resp.StatusCode {
-		case http.StatusOK:
-			return 1, nil
-		case http.StatusTooManyRequests:
-			return 0, nil
-		}
-		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}, tr.CloseIdleConnections
+		return req, err
+	})
 }
 
-// httpDecide returns a decideFunc that asks the server over a keep-alive
-// transport with a connection per caller.
+// httpDecide returns a decideFunc that asks the server's check API.
 func httpDecide(base, policy string, subjects []string, callers int) (decideFunc, func()) {
-	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	bodies := make([][]byte, len(subjects))
 	for i, s := range subjects {
 		bodies[i] = []byte(`{"policy":"` + policy + `","subject":"` + s + `"}`)
 	}
 	url := base + "/v1/check"
-	return func(ctx context.Context, i int) (int, error) {
+	return keepAlive(callers, func(ctx context.Context, i int) (*http.Request, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(bodies[i]))
+		if err == nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		return req, err
+	})
+}
+
+// keepAlive returns a decideFunc that sends the request build makes for
+// subject i over a keep-alive transport with a connection per caller: 200
+// is an admission, 429 a denial, anything else an error.
+func keepAlive(callers int, build func(ctx context.Context, i int) (*http.Request, error)) (decideFunc, func()) {
+	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	return func(ctx context.Context, i int) (int, error) {
+		req, err := build(ctx, i)
 		if err != nil {
 			return 0, err
 		}
-		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err
@@ -225,7 +219,7 @@ func httpDecide(base, policy string, subjects []string, callers int) (decideFunc
 		case http.StatusTooManyRequests:
 			return 0, nil
 		}
-		return 0, fmt.Errorf("POST /v1/check: %s", resp.Status)
+		return 0, fmt.Errorf("%s %s: %s", req.Method, req.URL.Path, resp.Status)
 	}, tr.CloseIdleConnections
 }
 
