@@ -81,6 +81,19 @@ func decisions(cmd redis.Cmder) int {
 	return m
 }
 
+// queueingStore returns a Redis server of the test's own, its client
+// with roundTrips counting, and a store on it with one sender (so that
+// what arrives while a decision is on the wire queues behind it).
+func queueingStore(t *testing.T) (*redistest.Server, *redis.Client, *roundTrips, *redisstore.Store) {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	hook := &roundTrips{sent: make(chan struct{}, 1)}
+	c.AddHook(hook)
+	return srv, c, hook, newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+}
+
 // holdWire pauses srv and sends one decision of subj on p with s, returning once
 // it is on the wire (Redis not answering, so what follows queues behind
 // it), and a func that resumes Redis and returns that decision's error.
@@ -119,12 +132,7 @@ func holdWire(t *testing.T, srv *redistest.Server, hook *roundTrips, s *redissto
 // together in one round trip, each with its own answer. Redis is paused so
 // the first decision stays on the wire while the others queue.
 func TestDecisionsShareRoundTrips(t *testing.T) {
-	srv := redistest.Standalone(t)
-	c := srv.Client()
-	defer c.Close()
-	hook := &roundTrips{sent: make(chan struct{}, 1)}
-	c.AddHook(hook)
-	s := newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	srv, _, hook, s := queueingStore(t)
 	const queued = 50
 	p := policy(t, "batch", sluice.FixedWindow, queued, time.Minute)
 	ctx := context.Background()
@@ -183,12 +191,7 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 // id is remembered (its repeat is Replayed, nothing spent), a multi-policy
 // decision stays all or nothing, and the others are decided as alone.
 func TestSharedCallKeepsEachAnswer(t *testing.T) {
-	srv := redistest.Standalone(t)
-	c := srv.Client()
-	defer c.Close()
-	hook := &roundTrips{sent: make(chan struct{}, 1)}
-	c.AddHook(hook)
-	s := newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	srv, c, hook, s := queueingStore(t)
 	ctx := context.Background()
 	gcra := policy(t, "shared-gcra", sluice.GCRA, 3, time.Minute)
 	logp := policy(t, "shared-log", sluice.SlidingLog, 1, time.Minute)
