@@ -66,7 +66,6 @@ type Options struct {
 // usable. Safe for concurrent use. Close stops its sweeper goroutine.
 type Store struct {
 	clock     sluice.Clock
-	mono      *sluice.MonotonicClock // clock when it is one (the default): read without an interface assertion
 	seed      maphash.Seed
 	shards    []shard
 	mask      uint64
@@ -309,7 +308,6 @@ func New(opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = sluice.NewMonotonicClock()
 	}
-	mono, _ := opts.Clock.(*sluice.MonotonicClock)
 	if opts.Shards == 0 {
 		opts.Shards = 64
 	}
@@ -325,7 +323,6 @@ func New(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		clock:    opts.Clock,
-		mono:     mono,
 		seed:     maphash.MakeSeed(),
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
@@ -369,14 +366,6 @@ func (s *Store) Len() int {
 // Evictions returns how many live states were evicted at the MaxKeys bound.
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
 
-// now returns the clock's time in µs since the Unix epoch.
-func (s *Store) now() int64 {
-	if s.mono != nil {
-		return s.mono.UnixMicro()
-	}
-	return evaluation.Now(s.clock)
-}
-
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
@@ -385,7 +374,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if len(ev.Policies) == 0 {
 		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
 	}
-	now := s.now()
+	now := evaluation.Now(s.clock)
 	var carried []*state
 	switch {
 	case len(ev.Previous) == 0:
@@ -437,13 +426,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := algorithm.Evaluate(e); err != nil {
 		return fmt.Errorf("memstore: %w: %w", sluice.ErrInvalidRequest, err)
 	}
-	if n := len(e.Decisions); cap(ev.Statuses) >= n {
-		ev.Statuses = ev.Statuses[:n]
-	} else {
-		ev.Statuses = make([]sluice.Status, n)
-	}
+	ev.Statuses = evaluation.Statuses(ev.Statuses, len(e.Decisions))
 	for i := range e.Decisions {
-		setStatus(&ev.Statuses[i], ev.Policies[i], &e.Decisions[i])
+		evaluation.SetStatus(&ev.Statuses[i], ev.Policies[i], &e.Decisions[i])
 	}
 	ev.Replayed = e.Replayed
 	if e.Replayed {
@@ -460,30 +445,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-// setStatus writes d, a decision of p, to st: what evaluation.Status
-// returns, written field by field (a Status built whole and then copied is
-// read back before its stores land, which stalls some CPUs longer than the
-// rest of the conversion takes). TestSetStatusIsEvaluationStatus holds the
-// two equal.
-func setStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
-	st.Policy = p.ID
-	st.Allowed = d.Allowed
-	st.Limit = d.Limit
-	st.Remaining = d.Remaining
-	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
-	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
-	st.Approximate = p.Algorithm.Approximate()
-}
-
-// remember records decisions as the decision for id (sh locked). The
-// shard holds at most perShard records in all: beyond, expired ones go
-// first, then whole logs, the soonest-expiring of a sample.
 // previous returns, for each policy, a copy of the live state kept under
 // the first of subjects that has one, or nil; nil when there is none at
 // all. It locks one shard at a time.
 func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state {
 	var out []*state
-	now := s.now()
+	now := evaluation.Now(s.clock)
 	for _, subject := range subjects {
 		h := maphash.String(s.seed, subject)
 		sh := &s.shards[h&s.mask]
@@ -525,6 +492,9 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 	}
 }
 
+// remember records decisions as the decision for id (sh locked). The
+// shard holds at most perShard records in all: beyond, expired ones go
+// first, then whole logs, the soonest-expiring of a sample.
 func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision) {
 	l := sh.dedupe[dk]
 	if l == nil {
@@ -693,7 +663,7 @@ func sweepShard(sh *shard, now int64) int {
 // returns how many states it dropped. The background sweeper calls it;
 // tests and callers with the sweeper disabled may too.
 func (s *Store) Sweep() int {
-	now := s.now()
+	now := evaluation.Now(s.clock)
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
-	"github.com/sluicehq/sluice/internal/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -470,22 +469,4 @@ func TestDedupeLogGrowsAndShrinks(t *testing.T) {
 	}
 	l.add(dedupeRecord{id: "id-0", expires: 1})
 	find("with id-0 again", 0, n-2, n-1)
-}
-
-// TestSetStatusIsEvaluationStatus: memstore's field-by-field conversion of
-// a decision answers what every other store's does.
-func TestSetStatusIsEvaluationStatus(t *testing.T) {
-	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
-		p := validPolicy(t, sluice.Policy{ID: "p-" + a.String(), Algorithm: a, Limit: 10, Window: time.Second})
-		for _, d := range []algorithm.Decision{
-			{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 100_000},
-			{Limit: 10, ResetAfter: 999_999, RetryAfter: 1},
-		} {
-			st := sluice.Status{Policy: "garbage", Approximate: true, RetryAfter: -1}
-			setStatus(&st, p, &d)
-			if want := evaluation.Status(p, d); st != want {
-				t.Errorf("setStatus(%v, %+v) = %+v, want %+v", a, d, st, want)
-			}
-		}
-	}
 }

@@ -419,11 +419,11 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
-	ev.Statuses = ev.Statuses[:0]
+	ev.Statuses = evaluation.Statuses(ev.Statuses, n)
 	for i, p := range ev.Policies {
 		v := vals[1+replyPerPolicy*i:]
 		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
-		ev.Statuses = append(ev.Statuses, evaluation.Status(p, d))
+		evaluation.SetStatus(&ev.Statuses[i], p, &d)
 	}
 	return nil
 }

@@ -28,23 +28,42 @@ func Window(p *sluice.Policy) int64 {
 	return p.Window.Microseconds()
 }
 
-// Status returns d, a decision of p, as a Status.
-func Status(p *sluice.Policy, d algorithm.Decision) sluice.Status {
-	return sluice.Status{
-		Policy:      p.ID,
-		Allowed:     d.Allowed,
-		Limit:       d.Limit,
-		Remaining:   d.Remaining,
-		ResetAfter:  time.Duration(d.ResetAfter) * time.Microsecond,
-		RetryAfter:  time.Duration(d.RetryAfter) * time.Microsecond,
-		Approximate: p.Algorithm.Approximate(),
+// SetStatus writes d, a decision of p, to st as a Status, field by field
+// (a Status built whole and then copied is read back before its stores
+// land, which stalls some CPUs longer than the rest of the conversion
+// takes).
+func SetStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
+	st.Policy = p.ID
+	st.Allowed = d.Allowed
+	st.Limit = d.Limit
+	st.Remaining = d.Remaining
+	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
+	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
+	st.Approximate = p.Algorithm.Approximate()
+}
+
+// Statuses returns statuses resized to n, reusing its capacity, for the
+// SetStatus of each of n decisions.
+func Statuses(statuses []sluice.Status, n int) []sluice.Status {
+	if cap(statuses) >= n {
+		return statuses[:n]
 	}
+	return make([]sluice.Status, n)
 }
 
 // Now returns c's time in integer microseconds since the Unix epoch, the
-// engine's time unit. A clock with a UnixMicro method of its own
-// (sluice.MonotonicClock) is asked directly.
+// engine's time unit. The default clock, sluice.MonotonicClock, is
+// recognised by its type (one comparison) and asked directly; any other
+// clock with a UnixMicro method of its own is asked through it.
 func Now(c sluice.Clock) int64 {
+	if m, ok := c.(*sluice.MonotonicClock); ok {
+		return m.UnixMicro() // kept small enough to inline: the common case
+	}
+	return nowOf(c)
+}
+
+// nowOf is Now for a clock other than sluice.MonotonicClock.
+func nowOf(c sluice.Clock) int64 {
 	if m, ok := c.(interface{ UnixMicro() int64 }); ok {
 		return m.UnixMicro()
 	}
