@@ -345,11 +345,17 @@ func checkSubject(s string) error {
 		return nil
 	}
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
+		if c := s[i]; !subjectByte(c) {
 			return fmt.Errorf("sluice: %w: subject byte %d is %q: must be printable ASCII other than space, '{' and '}'", ErrInvalidRequest, i, c)
 		}
 	}
 	return nil
+}
+
+// subjectByte reports whether c may be in a subject: printable ASCII other
+// than space, '{' and '}'.
+func subjectByte(c byte) bool {
+	return c > ' ' && c <= '~' && c != '{' && c != '}'
 }
 
 // Bytes repeated over a word, for keySafe.
@@ -370,7 +376,7 @@ const (
 func keySafe(s string) bool {
 	if len(s) < 8 {
 		for i := 0; i < len(s); i++ {
-			if c := s[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
+			if !subjectByte(s[i]) {
 				return false
 			}
 		}
