@@ -82,8 +82,7 @@ type Options struct{}
 type Limiter struct {
 	store    Store
 	policies map[string]*Policy
-	list     []*Policy // the policies in order, looked through instead of policies when few
-	order    []string
+	list     []*Policy  // the policies in order, looked through instead of policies when few
 	pool     sync.Pool  // *Evaluation
 	near     *nearCache // nil when no policy has NearCache
 }
@@ -108,7 +107,6 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		p = p.WithDefaults()
 		l.policies[p.ID] = &p
 		l.list = append(l.list, &p)
-		l.order = append(l.order, p.ID)
 		if p.NearCache && l.near == nil {
 			l.near = newNearCache()
 		}
@@ -159,7 +157,13 @@ func (l *Limiter) policy(id string) *Policy {
 }
 
 // Policies returns the IDs of l's policies in the order given to New.
-func (l *Limiter) Policies() []string { return append([]string(nil), l.order...) }
+func (l *Limiter) Policies() []string {
+	ids := make([]string, len(l.list))
+	for i, p := range l.list {
+		ids[i] = p.ID
+	}
+	return ids
+}
 
 // Reset clears subject's state of the named policies (all of l's policies
 // when none are named), atomically: a Check with Request.Reset. Use it to
@@ -168,7 +172,7 @@ func (l *Limiter) Policies() []string { return append([]string(nil), l.order...)
 // older state is carried over afterwards.
 func (l *Limiter) Reset(ctx context.Context, subject string, policies ...string) Outcome {
 	if len(policies) == 0 {
-		policies = l.order
+		policies = l.Policies()
 	}
 	return l.Check(ctx, Request{Policies: policies, Subject: subject, Reset: true})
 }
