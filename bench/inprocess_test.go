@@ -35,13 +35,10 @@ func BenchmarkInProcess(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			// decide takes the decision for the next subject of rng, a
-			// xorshift as the command's load uses.
+			// decide takes the decision for the next subject of rng, as
+			// the command's load picks it.
 			decide := func(b *testing.B, rng *uint64) {
-				*rng ^= *rng << 13
-				*rng ^= *rng >> 7
-				*rng ^= *rng << 17
-				if _, err := d(ctx, int(*rng%subjects)); err != nil {
+				if _, err := d(ctx, nextSubject(rng, subjects)); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -154,10 +154,7 @@ func load(ctx context.Context, d decideFunc, batch, callers, subjects int, dur t
 			for !stop.Load() {
 				subj := 0
 				if subjects > 1 {
-					rng ^= rng << 13
-					rng ^= rng >> 7
-					rng ^= rng << 17
-					subj = int(rng % uint64(subjects))
+					subj = nextSubject(&rng, subjects)
 				}
 				t0 := time.Now()
 				a, err := d(ctx, subj)
@@ -356,4 +353,13 @@ func measureMemory(ctx context.Context, e *env, t target) (memoryResult, error) 
 	}
 	m.Bytes, m.Keys, err = memoryPerSubject(ctx, e.admin)
 	return m, err
+}
+
+// nextSubject advances rng, a xorshift64 state, and returns the subject
+// (0 to subjects-1) it picks.
+func nextSubject(rng *uint64, subjects int) int {
+	*rng ^= *rng << 13
+	*rng ^= *rng >> 7
+	*rng ^= *rng << 17
+	return int(*rng % uint64(subjects))
 }
