@@ -200,24 +200,18 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		b.s.client.Process(ctx, batch[0].cmd)
 		return
 	}
-	calls := batch
-	all := b.together && !b.s.scripts.Load()
-	for _, p := range batch {
-		all = all && !p.alone && p.args[0] == callFunction[0]
-	}
-	var cmds []scriptCmd
-	if all {
-		for i := 0; i < len(batch); i += maxAll {
-			cmds = append(cmds, allCmd(ctx, batch[i:min(i+maxAll, len(batch))]))
-		}
-		calls = nil
-	}
 	pipe := b.s.client.Pipeline()
-	for _, p := range calls {
-		pipe.Process(ctx, p.cmd)
-	}
-	for _, c := range cmds {
-		pipe.Process(ctx, c)
+	var cmds []scriptCmd // the decideAll calls, maxAll decisions each; none when the batch cannot share one
+	if b.shareable(batch) {
+		for i := 0; i < len(batch); i += maxAll {
+			c := allCmd(ctx, batch[i:min(i+maxAll, len(batch))])
+			cmds = append(cmds, c)
+			pipe.Process(ctx, c)
+		}
+	} else {
+		for _, p := range batch {
+			pipe.Process(ctx, p.cmd)
+		}
 	}
 	_, err := pipe.Exec(ctx)
 	for i, c := range cmds {
@@ -232,6 +226,20 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 			}
 		}
 	}
+}
+
+// shareable reports whether every decision of batch may go in a
+// decideAll call: to one Redis, as functions, none carrying state.
+func (b *batcher) shareable(batch []*pending) bool {
+	if !b.together || b.s.scripts.Load() {
+		return false
+	}
+	for _, p := range batch {
+		if p.alone || p.args[0] != callFunction[0] {
+			return false
+		}
+	}
+	return true
 }
 
 // allCmd returns the decideAll call that takes the decisions of batch
