@@ -81,8 +81,10 @@ func TestMemoryUsage(t *testing.T) {
 }
 
 // BenchmarkEvaluate measures one decision per algorithm on the shared
-// standalone server, serially and from 64 concurrent callers
-// (b.SetParallelism(64 / GOMAXPROCS)), each caller on its own subject.
+// standalone server, serially (also under a 500ms deadline of the
+// caller's, as the check API and the middleware set one) and from 64
+// concurrent callers (b.SetParallelism(64 / GOMAXPROCS)), each caller on
+// its own subject.
 func BenchmarkEvaluate(b *testing.B) {
 	c := standaloneClient(b)
 	s := newStore(b, c, redisstore.Options{})
@@ -92,19 +94,31 @@ func BenchmarkEvaluate(b *testing.B) {
 			limit = 100_000 // its most: the log keeps one entry per admitted unit
 		}
 		p := policy(b, "bench", a, limit, time.Second)
-		b.Run(a.String()+"/serial", func(b *testing.B) {
-			subj := subject(b)
-			ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1}
-			b.ReportAllocs()
-			cpu := redisCPU(b, c)
-			for b.Loop() {
-				if err := s.Evaluate(context.Background(), ev); err != nil {
-					b.Fatal(err)
-				}
+		for _, deadline := range []time.Duration{0, 500 * time.Millisecond} {
+			name := "/serial"
+			if deadline > 0 {
+				name = "/serial-deadline"
 			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-			b.ReportMetric((redisCPU(b, c)-cpu)/float64(b.N), "redis-µs/decision")
-		})
+			b.Run(a.String()+name, func(b *testing.B) {
+				subj := subject(b)
+				ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1}
+				b.ReportAllocs()
+				cpu := redisCPU(b, c)
+				for b.Loop() {
+					ctx, cancel := context.Background(), context.CancelFunc(func() {})
+					if deadline > 0 {
+						ctx, cancel = context.WithTimeout(ctx, deadline)
+					}
+					err := s.Evaluate(ctx, ev)
+					cancel()
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+				b.ReportMetric((redisCPU(b, c)-cpu)/float64(b.N), "redis-µs/decision")
+			})
+		}
 		b.Run(a.String()+"/parallel64", func(b *testing.B) {
 			procs := runtime.GOMAXPROCS(0)
 			b.SetParallelism(max(64/procs, 1))
