@@ -676,7 +676,7 @@ func TestStalledBodyNamesNoAddress(t *testing.T) {
 	}
 }
 
-func memstoreFor(t *testing.T) sluice.Store {
+func memstoreFor(t testing.TB) sluice.Store {
 	t.Helper()
 	ms, err := memstore.New(memstore.Options{})
 	if err != nil {
