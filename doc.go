@@ -36,12 +36,23 @@
 // # Concurrency
 //
 // The Concurrency algorithm limits how many leases a subject holds at
-// once rather than how often it spends: a spend naming a Concurrency
-// policy acquires a lease (Outcome.Lease) when allowed, Limiter.Release
-// gives it back, and a lease never released expires after the policy's
-// LeaseTTL, so a crashed holder cannot leak a slot. It combines with rate
-// policies in one request, all or nothing; in Redis its state is a sorted
-// set of leases scored by expiry, one per subject and policy.
+// once rather than how often it spends: a Request of Op Acquire takes a
+// lease on every Concurrency policy it names (Outcome.Lease) when allowed,
+// Limiter.Release gives it back, Limiter.Renew extends it, and a lease
+// never released expires after the policy's LeaseTTL, so a crashed holder
+// cannot leak a slot. A concurrency policy has a limit and a lease TTL and
+// no window; an Acquire may name rate policies beside it, spending Cost on
+// them, all or nothing. In Redis its state is a sorted set of leases
+// scored by expiry, one per subject and policy.
+//
+// # Operations
+//
+// Every Request is one operation (Request.Op): Spend (the zero value),
+// Peek, Refund, Reset, Acquire, Release or Renew. What each may name and
+// carry is checked once, by the store through the decision engine: a
+// Spend names rate policies only, a Refund refundable ones, a Release or
+// Renew concurrency policies only, with a lease; Peek, Reset, Release and
+// Renew take no cost.
 //
 // # Time
 //

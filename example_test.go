@@ -79,7 +79,7 @@ func ExampleLimiter_Release() {
 		panic(err)
 	}
 	account := subject.Unkeyed().Pseudonym("principal", "alice@example.com", "reports")
-	req := sluice.Request{Policies: []string{"reports-rate", "reports"}, Subject: account}
+	req := sluice.Request{Op: sluice.Acquire, Policies: []string{"reports-rate", "reports"}, Subject: account}
 	ctx := context.Background()
 
 	first := limiter.Check(ctx, req)

@@ -32,8 +32,8 @@ type Lease struct {
 	Policies []string
 }
 
-// MaxLeaseIDLen is the longest lease id Release and Renew accept, in bytes.
-const MaxLeaseIDLen = 64
+// maxLeaseIDLen is the longest lease id a Request may carry, in bytes.
+const maxLeaseIDLen = 64
 
 // newLeaseID returns a lease id for a spend by subject: random, or derived
 // from evaluationID when set (a retry then names the same lease).
@@ -48,12 +48,13 @@ func newLeaseID(subject, evaluationID string) string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// Release gives lease back on every policy it is held on, atomically.
-// It is idempotent: releasing a lease twice, after it expired, or that
-// was never acquired is Allowed all the same (the statuses then describe
-// the policies as they are). A zero Lease is Allowed without asking the
-// store. A release the store could not take (Unavailable, Indeterminate)
-// leaves the lease to expire after its LeaseTTL.
+// Release gives lease back on every policy it is held on, atomically: a
+// Check of a Release. It is idempotent: releasing a lease twice, after it
+// expired, or that was never acquired is Allowed all the same (the
+// statuses then describe the policies as they are). A zero Lease is
+// Allowed without asking the store. A release the store could not take
+// (Unavailable, Indeterminate) leaves the lease to expire after its
+// LeaseTTL.
 //
 // Pass a context that outlives the request being limited (e.g.
 // context.WithoutCancel): a release cut off by a cancelled context holds
@@ -62,56 +63,34 @@ func (l *Limiter) Release(ctx context.Context, lease Lease) Outcome {
 	if lease.ID == "" {
 		return Outcome{Kind: Allowed}
 	}
-	return l.leaseOp(ctx, lease, true)
+	return l.Check(ctx, Request{Op: Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
 }
 
 // Renew extends lease to a full LeaseTTL from now on every policy it is
-// held on, for work that holds its slot longer than LeaseTTL. A lease
-// that is no longer held (it expired) is acquired afresh if a slot is
-// free: Allowed; else Denied, and the slot is gone.
+// held on, for work that holds its slot longer than LeaseTTL: a Check of a
+// Renew. A lease that is no longer held (it expired) is acquired afresh if
+// a slot is free: Allowed; else Denied, and the slot is gone.
 func (l *Limiter) Renew(ctx context.Context, lease Lease) Outcome {
-	return l.leaseOp(ctx, lease, false)
+	return l.Check(ctx, Request{Op: Renew, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
 }
 
-// leaseOp releases (or renews) lease.
-func (l *Limiter) leaseOp(ctx context.Context, lease Lease, release bool) Outcome {
-	if err := ctx.Err(); err != nil {
-		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
-	}
-	if err := checkLeaseID(lease.ID); err != nil {
-		return Outcome{Kind: Incompatible, Err: err}
-	}
-	ev := l.pool.Get().(*Evaluation)
-	defer l.put(ev)
-	if err := l.prepare(ev, &Request{Policies: lease.Policies, Subject: lease.Subject}); err != nil {
-		return Outcome{Kind: Incompatible, Err: err}
-	}
-	for i, p := range ev.Policies {
-		if p.Algorithm != Concurrency {
-			return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: %w: policies[%d] %q is %s: only a concurrency policy holds leases", ErrInvalidRequest, i, p.ID, p.Algorithm)}
+// leaseOf returns the lease an allowed Acquire or Renew of ev holds: on
+// its Concurrency policies.
+func leaseOf(ev *Evaluation) Lease {
+	lease := Lease{ID: ev.LeaseID, Subject: ev.Subject}
+	for _, p := range ev.Policies {
+		if p.Algorithm == Concurrency {
+			lease.Policies = append(lease.Policies, p.ID)
 		}
 	}
-	ev.LeaseID, ev.Release, ev.Renew = lease.ID, release, !release
-	if err := l.store.Evaluate(ctx, ev); err != nil {
-		return failed(err)
-	}
-	if len(ev.Statuses) != len(ev.Policies) {
-		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
-	}
-	o := Outcome{Kind: Allowed, Status: mostRestrictive(ev.Statuses), Statuses: append([]Status(nil), ev.Statuses...)}
-	if !o.Allowed {
-		o.Kind = Denied
-	} else if !release {
-		o.Lease = lease
-	}
-	return o
+	return lease
 }
 
-// checkLeaseID reports whether id can name a lease: 1 to MaxLeaseIDLen
+// checkLeaseID reports whether id can name a lease: 1 to maxLeaseIDLen
 // bytes of A-Z a-z 0-9 - _, the alphabet lease ids are written in.
 func checkLeaseID(id string) error {
-	if len(id) == 0 || len(id) > MaxLeaseIDLen {
-		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), MaxLeaseIDLen)
+	if len(id) == 0 || len(id) > maxLeaseIDLen {
+		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), maxLeaseIDLen)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {

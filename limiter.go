@@ -7,16 +7,57 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/algorithm"
 )
 
-// MaxSubjectLen is the longest Subject a Request may carry, in bytes.
-const MaxSubjectLen = 200
+// maxSubjectLen is the longest Subject a Request may carry, in bytes.
+const maxSubjectLen = 200
 
-// Request asks whether Subject may spend Cost units of one or more
-// policies. A spend (not a peek, refund or reset) that names Concurrency
-// policies acquires one lease on each of them when Allowed, whatever the
-// cost: Outcome.Lease, to give back with Limiter.Release.
+// Op is what a Request does. Its String form is the check API's spelling.
+type Op uint8
+
+// The operations. The zero value is Spend.
+const (
+	// Spend spends Cost units of every named policy, all of them rate
+	// policies: all or nothing.
+	Spend = Op(algorithm.OpSpend) // spend
+	// Peek reports the state without spending: the verdict is the one a
+	// cost of 1 would get. Cost must be 0.
+	Peek = Op(algorithm.OpPeek) // peek
+	// Refund gives Cost units back to every named policy, for work that
+	// was admitted but never done, never raising Remaining above Limit.
+	// A policy whose Algorithm is not Refundable makes the request
+	// Incompatible with ErrNotRefundable.
+	Refund = Op(algorithm.OpRefund) // refund
+	// Reset clears the subject's state of every named policy, as if the
+	// subject had never been seen: the way to unlock a user locked out by
+	// a login limit. Cost must be 0 and EvaluationID empty. The Outcome is
+	// Allowed, with the statuses of fresh state. Remembered evaluation ids
+	// are kept, so a retry of a decision taken before the reset is still
+	// answered, not spent again.
+	Reset = Op(algorithm.OpReset) // reset
+	// Acquire takes one lease on every named Concurrency policy (at least
+	// one) and spends Cost units of the rate policies named beside them,
+	// all or nothing: Outcome.Lease, to give back with Limiter.Release.
+	// The Limiter names the lease unless LeaseID does.
+	Acquire = Op(algorithm.OpAcquire) // acquire
+	// Release gives the lease LeaseID back on every named policy, all of
+	// them Concurrency policies: see Limiter.Release.
+	Release = Op(algorithm.OpRelease) // release
+	// Renew extends the lease LeaseID on every named policy: see
+	// Limiter.Renew.
+	Renew = Op(algorithm.OpRenew) // renew
+)
+
+// String returns the check API's spelling, e.g. "refund".
+func (o Op) String() string { return algorithm.Op(o).String() }
+
+// Request asks for one operation (Op) on one or more policies for one
+// subject: by default, whether Subject may spend Cost units.
 type Request struct {
+	// Op is what the request does. Default: Spend.
+	Op Op
 	// Policy is the ID of the policy to check. Exactly one of Policy and
 	// Policies is set.
 	Policy string
@@ -24,27 +65,17 @@ type Request struct {
 	// nothing.
 	Policies []string
 	// Subject is whose budget is spent: a pseudonym (see package subject),
-	// never a raw personal identifier. 1 to MaxSubjectLen bytes of printable
-	// ASCII other than space, '{' and '}'.
+	// never a raw personal identifier. 1 to 200 bytes of printable ASCII
+	// other than space, '{' and '}'.
 	Subject string
-	// Cost is the number of units to spend. The zero value means 1; a
-	// negative cost is Incompatible. Use Peek to spend nothing.
+	// Cost is the number of units to spend (Spend, Acquire) or give back
+	// (Refund); the zero value means 1. Every other operation takes none:
+	// leave it 0. A negative cost is Incompatible.
 	Cost int64
-	// Peek reports the state without spending: the verdict is the one a
-	// cost of 1 would get. Cost must then be 0.
-	Peek bool
-	// Refund gives Cost units (zero value 1) back to every named policy,
-	// for work that was admitted but never done, never raising Remaining
-	// above Limit. A policy whose Algorithm is not Refundable makes the
-	// request Incompatible with ErrNotRefundable.
-	Refund bool
-	// Reset clears the subject's state of every named policy, as if the
-	// subject had never been seen: the way to unlock a user locked out by
-	// a login limit. Cost must be 0 and EvaluationID empty; Peek and
-	// Refund must not be set. The Outcome is Allowed, with the statuses of
-	// fresh state. Remembered evaluation ids are kept, so a retry of a
-	// decision taken before the reset is still answered, not spent again.
-	Reset bool
+	// LeaseID names the lease a Release gives back or a Renew extends
+	// (Outcome.Lease.ID), or the one an Acquire takes when the caller
+	// picks it; at most 64 bytes of A-Z a-z 0-9 - _.
+	LeaseID string
 	// Previous are the pseudonyms the same caller had under older keys
 	// while a key rotation is under way, newest first (see
 	// subject.Pseudonymizer.Previous; httplimit and the server pass them).
@@ -52,23 +83,22 @@ type Request struct {
 	// the first of them that has one: it is carried over, kept under
 	// Subject from then on, so adding a key resets no budget. The older
 	// state is left to expire. A Reset clears the state under every one of
-	// them too. At most MaxPrevious, each a valid Subject other than
-	// Subject.
+	// them too. At most 4, each a valid Subject other than Subject.
 	Previous []string
 	// EvaluationID, when set, identifies this request across retries: a
 	// retry after an Indeterminate outcome with the same id gets the first
 	// decision back (Outcome.Replayed) instead of spending twice, within
-	// the policy's DedupeTTL. 1 to MaxEvaluationIDLen bytes of printable
-	// ASCII other than space.
+	// the policy's DedupeTTL. 1 to 128 bytes of printable ASCII other than
+	// space. A Peek's is ignored; Reset, Release and Renew take none.
 	EvaluationID string
 }
 
-// MaxPrevious is the most subjects a Request's Previous may name: the
+// maxPrevious is the most subjects a Request's Previous may name: the
 // keys that may be rotated out at once.
-const MaxPrevious = 4
+const maxPrevious = 4
 
-// MaxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
-const MaxEvaluationIDLen = 128
+// maxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
+const maxEvaluationIDLen = 128
 
 // Options configure a Limiter. The zero value means the defaults; there
 // are no options yet. Policies' clocks belong to the Store: Limiter reads
@@ -166,21 +196,22 @@ func (l *Limiter) Policies() []string {
 }
 
 // Reset clears subject's state of the named policies (all of l's policies
-// when none are named), atomically: a Check with Request.Reset. Use it to
-// unlock a subject, e.g. a user locked out by a login limit. During a key
-// rotation, Check a Request with Reset and Previous set instead, so no
-// older state is carried over afterwards.
+// when none are named), atomically: a Check of a Reset. Use it to unlock a
+// subject, e.g. a user locked out by a login limit. During a key rotation,
+// Check a Reset with Previous set instead, so no older state is carried
+// over afterwards.
 func (l *Limiter) Reset(ctx context.Context, subject string, policies ...string) Outcome {
 	if len(policies) == 0 {
 		policies = l.Policies()
 	}
-	return l.Check(ctx, Request{Policies: policies, Subject: subject, Reset: true})
+	return l.Check(ctx, Request{Op: Reset, Policies: policies, Subject: subject})
 }
 
-// Check decides req. It does not panic itself and never returns an error: every
-// failure is an Outcome of kind Incompatible, Unavailable or Indeterminate
-// with Err set. An invalid request or an already-passed deadline is
-// answered without touching the store.
+// Check takes req. It does not panic itself and never returns an error:
+// every failure is an Outcome of kind Incompatible, Unavailable or
+// Indeterminate with Err set. A request that is malformed, names a policy l
+// does not have, or comes after its context's deadline is answered without
+// touching the store; the store checks the operation's own rules.
 func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
@@ -197,11 +228,11 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	var sent time.Time
 	switch {
 	case l.near == nil:
-	case req.Reset:
+	case ev.Op == Reset:
 		for _, p := range ev.Policies {
 			l.near.forget(ev.Subject, p)
 		}
-	case len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.Cost > 0 && !ev.Refund && ev.EvaluationID == "":
+	case ev.Op == Spend && len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.EvaluationID == "" && ev.Cost <= ev.Policies[0].MaxCost:
 		p := ev.Policies[0]
 		sent = SystemClock{}.Now()
 		if st, ok := l.near.lookup(ev.Subject, p, ev.Cost, sent); ok {
@@ -213,16 +244,8 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 		}
 		near = p
 	}
-	var leased []string // the concurrency policies a spend acquires a lease on
-	if ev.Cost > 0 && !ev.Refund {
-		for _, p := range ev.Policies {
-			if p.Algorithm == Concurrency {
-				leased = append(leased, p.ID)
-			}
-		}
-		if leased != nil {
-			ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
-		}
+	if ev.Op == Acquire && ev.LeaseID == "" {
+		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		return failed(err)
@@ -234,14 +257,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	// whole and then returned is copied, and the copy reads back what was
 	// just stored, which stalls some CPUs.
 	o.Kind, o.Status, o.Replayed = Allowed, mostRestrictive(ev.Statuses), ev.Replayed
-	if o.Allowed && leased != nil {
-		o.Lease = Lease{ID: ev.LeaseID, Subject: ev.Subject, Policies: leased}
-	}
 	if !o.Allowed {
 		o.Kind = Denied
 		if near != nil {
 			l.near.remember(ev.Subject, near, ev.Cost, sent, o.Status)
 		}
+	} else if ev.Op == Acquire || ev.Op == Renew {
+		o.Lease = leaseOf(ev)
 	}
 	if len(req.Policies) > 0 {
 		o.Statuses = append([]Status(nil), ev.Statuses...)
@@ -255,38 +277,17 @@ func (l *Limiter) put(ev *Evaluation) {
 	l.pool.Put(ev)
 }
 
-// prepare validates req into ev.
+// prepare validates what only l knows of req (its policies, and the form
+// of what req carries) into ev.
 func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
-	switch {
-	case req.Policy != "" && len(req.Policies) > 0:
-		return fmt.Errorf("sluice: %w: set policy or policies, not both", ErrInvalidRequest)
-	case req.Policy != "":
-		p := l.policy(req.Policy)
-		if p == nil {
-			return fmt.Errorf("sluice: policy %q: %w", req.Policy, ErrUnknownPolicy)
-		}
-		ev.Policies = append(ev.Policies, p)
-	case len(req.Policies) > 0:
-		for i, id := range req.Policies {
-			p := l.policy(id)
-			if p == nil {
-				return fmt.Errorf("sluice: policies[%d] %q: %w", i, id, ErrUnknownPolicy)
-			}
-			for _, q := range ev.Policies {
-				if q == p {
-					return fmt.Errorf("sluice: %w: policies[%d] %q is named twice", ErrInvalidRequest, i, id)
-				}
-			}
-			ev.Policies = append(ev.Policies, p)
-		}
-	default:
-		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
+	if err := l.lookup(ev, req); err != nil {
+		return err
 	}
 	if err := checkSubject(req.Subject); err != nil {
 		return err
 	}
-	if len(req.Previous) > MaxPrevious {
-		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", ErrInvalidRequest, len(req.Previous), MaxPrevious)
+	if len(req.Previous) > maxPrevious {
+		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", ErrInvalidRequest, len(req.Previous), maxPrevious)
 	}
 	for i, prev := range req.Previous {
 		if err := checkSubject(prev); err != nil {
@@ -296,36 +297,9 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 			return fmt.Errorf("sluice: %w: previous[%d] is the subject itself", ErrInvalidRequest, i)
 		}
 	}
-	cost := req.Cost
-	switch {
-	case cost < 0:
-		return fmt.Errorf("sluice: %w: cost = %d: must not be negative", ErrInvalidRequest, cost)
-	case req.Peek && cost != 0:
-		return fmt.Errorf("sluice: %w: cost = %d: a peek spends nothing, leave cost 0", ErrInvalidRequest, cost)
-	case req.Peek && req.Refund:
-		return fmt.Errorf("sluice: %w: a request is a peek or a refund, not both", ErrInvalidRequest)
-	case req.Reset && (req.Peek || req.Refund || cost != 0 || req.EvaluationID != ""):
-		return fmt.Errorf("sluice: %w: a reset takes no cost, peek, refund or evaluation id", ErrInvalidRequest)
-	case !req.Peek && !req.Reset && cost == 0:
-		cost = 1
-	}
-	for _, p := range ev.Policies {
-		if p.Algorithm == Concurrency {
-			if req.Refund {
-				return fmt.Errorf("sluice: policy %q: %w by concurrency: release the lease instead (Limiter.Release)", p.ID, ErrNotRefundable)
-			}
-			continue // a lease holds one slot whatever the cost
-		}
-		if cost > p.MaxCost {
-			return fmt.Errorf("sluice: policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
-		}
-		if req.Refund && !p.Algorithm.Refundable() {
-			return fmt.Errorf("sluice: policy %q: %w by %s: after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable, p.Algorithm)
-		}
-	}
 	if id := req.EvaluationID; id != "" {
-		if len(id) > MaxEvaluationIDLen {
-			return fmt.Errorf("sluice: %w: evaluation id is %d bytes: must be at most %d", ErrInvalidRequest, len(id), MaxEvaluationIDLen)
+		if len(id) > maxEvaluationIDLen {
+			return fmt.Errorf("sluice: %w: evaluation id is %d bytes: must be at most %d", ErrInvalidRequest, len(id), maxEvaluationIDLen)
 		}
 		for i := 0; i < len(id); i++ {
 			if c := id[i]; c <= ' ' || c > '~' {
@@ -333,17 +307,71 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 			}
 		}
 	}
-	ev.Subject, ev.Cost, ev.Refund, ev.Reset, ev.EvaluationID = req.Subject, cost, req.Refund, req.Reset, req.EvaluationID
+	if req.LeaseID != "" {
+		if err := checkLeaseID(req.LeaseID); err != nil {
+			return err
+		}
+	}
+	cost := req.Cost
+	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire) {
+		cost = 1
+	}
+	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
 	return nil
 }
 
+// lookup puts the policies req names into ev.
+func (l *Limiter) lookup(ev *Evaluation, req *Request) error {
+	switch {
+	case req.Policy != "" && len(req.Policies) > 0:
+		return fmt.Errorf("sluice: %w: set policy or policies, not both", ErrInvalidRequest)
+	case req.Policy != "":
+		p := l.policy(req.Policy)
+		if p == nil {
+			return l.unknown("policy", req.Policy)
+		}
+		ev.Policies = append(ev.Policies, p)
+		return nil
+	case len(req.Policies) == 0:
+		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
+	}
+	for i, id := range req.Policies {
+		p := l.policy(id)
+		if p == nil {
+			return l.unknown(fmt.Sprintf("policies[%d]", i), id)
+		}
+		for _, q := range ev.Policies {
+			if q == p {
+				return fmt.Errorf("sluice: %w: policies[%d] %q is named twice", ErrInvalidRequest, i, id)
+			}
+		}
+		ev.Policies = append(ev.Policies, p)
+	}
+	return nil
+}
+
+// unknown is the error for a policy id l does not have, naming the ones
+// it has (the first few).
+func (l *Limiter) unknown(field, id string) error {
+	const shown = 8
+	ids := make([]string, 0, shown)
+	for _, p := range l.list[:min(len(l.list), shown)] {
+		ids = append(ids, fmt.Sprintf("%q", p.ID))
+	}
+	known := strings.Join(ids, ", ")
+	if len(l.list) > shown {
+		known += fmt.Sprintf(" and %d more", len(l.list)-shown)
+	}
+	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, ErrUnknownPolicy, known)
+}
+
 // checkSubject reports whether s can be a Request.Subject: 1 to
-// MaxSubjectLen bytes of printable ASCII other than space, '{' and '}'
+// maxSubjectLen bytes of printable ASCII other than space, '{' and '}'
 // (braces delimit Redis Cluster hash tags).
 func checkSubject(s string) error {
-	if len(s) == 0 || len(s) > MaxSubjectLen {
-		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), MaxSubjectLen)
+	if len(s) == 0 || len(s) > maxSubjectLen {
+		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), maxSubjectLen)
 	}
 	if keySafe(s) {
 		return nil

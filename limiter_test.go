@@ -65,14 +65,10 @@ func TestCheckRejectsBeforeTheStore(t *testing.T) {
 		{"no policy", context.Background(), sluice.Request{Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"policy and policies", context.Background(), sluice.Request{Policy: "demo", Policies: []string{"day"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"policy named twice", context.Background(), sluice.Request{Policies: []string{"demo", "demo"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
-		{"negative cost", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: -1}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
-		{"cost above max", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: 4}, sluice.Incompatible, 0, sluice.ErrCostTooHigh},
-		{"cost above one policy's max", context.Background(), sluice.Request{Policies: []string{"demo", "day"}, Subject: "s", Cost: 51}, sluice.Incompatible, 0, sluice.ErrCostTooHigh},
-		{"peek with a cost", context.Background(), sluice.Request{Policy: "demo", Subject: "s", Cost: 1, Peek: true}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"empty subject", context.Background(), sluice.Request{Policy: "demo"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"subject with a hash tag", context.Background(), sluice.Request{Policy: "demo", Subject: "a{b}"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"subject with a space", context.Background(), sluice.Request{Policy: "demo", Subject: "a b"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
-		{"subject too long", context.Background(), sluice.Request{Policy: "demo", Subject: string(make([]byte, sluice.MaxSubjectLen+1))}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
+		{"subject too long", context.Background(), sluice.Request{Policy: "demo", Subject: string(make([]byte, 201))}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 	}
 	for _, c := range cases {
 		o := l.Check(c.ctx, c.req)
@@ -85,13 +81,43 @@ func TestCheckRejectsBeforeTheStore(t *testing.T) {
 	}
 }
 
+// TestCheckBreaksAnOperationsRule: the rules of each operation, checked by
+// the store through the engine, come back as Incompatible with the
+// engine's sentinel, and nothing is spent.
+func TestCheckBreaksAnOperationsRule(t *testing.T) {
+	l, _, _ := newLimiter(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		req  sluice.Request
+		err  error
+	}{
+		{"negative cost", sluice.Request{Policy: "demo", Subject: "s", Cost: -1}, sluice.ErrInvalidRequest},
+		{"cost above max", sluice.Request{Policy: "demo", Subject: "s", Cost: 4}, sluice.ErrCostTooHigh},
+		{"cost above one policy's max", sluice.Request{Policies: []string{"demo", "day"}, Subject: "s", Cost: 51}, sluice.ErrCostTooHigh},
+		{"peek with a cost", sluice.Request{Op: sluice.Peek, Policy: "demo", Subject: "s", Cost: 1}, sluice.ErrInvalidRequest},
+		{"reset with a cost", sluice.Request{Op: sluice.Reset, Policy: "demo", Subject: "s", Cost: 1}, sluice.ErrInvalidRequest},
+		{"reset with an evaluation id", sluice.Request{Op: sluice.Reset, Policy: "demo", Subject: "s", EvaluationID: "e"}, sluice.ErrInvalidRequest},
+		{"release of a rate policy", sluice.Request{Op: sluice.Release, Policy: "demo", Subject: "s", LeaseID: "l"}, sluice.ErrInvalidRequest},
+		{"acquire without a concurrency policy", sluice.Request{Op: sluice.Acquire, Policy: "demo", Subject: "s"}, sluice.ErrInvalidRequest},
+		{"unknown operation", sluice.Request{Op: sluice.Op(42), Policy: "demo", Subject: "s"}, sluice.ErrInvalidRequest},
+	} {
+		if o := l.Check(ctx, c.req); o.Kind != sluice.Incompatible || !errors.Is(o.Err, c.err) {
+			t.Errorf("%s: Check(%+v) = kind %v err %v, want incompatible %v", c.name, c.req, o.Kind, o.Err, c.err)
+		}
+	}
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: "demo", Subject: "s"}); o.Remaining != 3 {
+		t.Fatalf("peek after the refused requests = %+v, want 3 remaining: nothing spent", o)
+	}
+}
+
 func TestCheckCostDefaultsToOne(t *testing.T) {
 	l, _, _ := newLimiter(t)
 	o := l.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "s"})
 	if o.Kind != sluice.Allowed || o.Remaining != 2 || o.Policy != "demo" || o.Statuses != nil {
 		t.Fatalf("Check with zero Cost = %+v, want allowed, remaining 2 (cost 1), no Statuses for one policy", o)
 	}
-	o = l.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "s", Peek: true})
+	o = l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "demo", Subject: "s"})
 	if o.Kind != sluice.Allowed || o.Remaining != 2 {
 		t.Fatalf("peek = %+v, want allowed with remaining still 2", o)
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/algorithm"
 )
 
 // Kind is what became of a request. Its String form is the JSON spelling.
@@ -72,15 +74,15 @@ func (c Cause) String() string {
 // Errors a Store returns, wrapped, so Limiter can tell outcomes apart; and
 // errors Limiter puts in Outcome.Err. Match them with errors.Is.
 var (
-	ErrUnknownPolicy  = errors.New("unknown policy")            // Incompatible
-	ErrInvalidRequest = errors.New("invalid request")           // Incompatible
-	ErrCostTooHigh    = errors.New("cost above policy maximum") // Incompatible
-	ErrNotRefundable  = errors.New("refund not supported")      // Incompatible
-	ErrCorruptState   = errors.New("corrupt limiter state")     // Unavailable, CorruptState
-	ErrBeforeSend     = errors.New("store failed before send")  // Unavailable, FailedBeforeSend
-	ErrClockUnsafe    = errors.New("clock unsafe")              // Unavailable, ClockUnsafe
-	ErrCircuitOpen    = errors.New("circuit open")              // Unavailable, CircuitOpen
-	ErrIndeterminate  = errors.New("reply lost after send")     // Indeterminate
+	ErrUnknownPolicy  = errors.New("unknown policy")           // Incompatible
+	ErrInvalidRequest = algorithm.ErrInvalidRequest            // Incompatible
+	ErrCostTooHigh    = algorithm.ErrCostTooHigh               // Incompatible
+	ErrNotRefundable  = algorithm.ErrNotRefundable             // Incompatible
+	ErrCorruptState   = errors.New("corrupt limiter state")    // Unavailable, CorruptState
+	ErrBeforeSend     = errors.New("store failed before send") // Unavailable, FailedBeforeSend
+	ErrClockUnsafe    = errors.New("clock unsafe")             // Unavailable, ClockUnsafe
+	ErrCircuitOpen    = errors.New("circuit open")             // Unavailable, CircuitOpen
+	ErrIndeterminate  = errors.New("reply lost after send")    // Indeterminate
 )
 
 // Status is the verdict of one policy.

@@ -70,8 +70,8 @@ func Refund(ctx context.Context) sluice.Outcome {
 	if len(policies) == 0 || !st.refunded.CompareAndSwap(false, true) {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: ErrNothingSpent}
 	}
-	req := request(policies, &st.d)
-	req.Refund = true
+	req := request(lim, policies, &st.d)
+	req.Op = sluice.Refund
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.m.deadline)
 	defer cancel()
 	o := lim.Check(ctx, req)

@@ -654,7 +654,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-	d.Outcome = m.limiter.Check(ctx, request(rt.policies, &d))
+	d.Outcome = m.limiter.Check(ctx, request(m.limiter, rt.policies, &d))
 	cancel()
 	decided := d.Outcome
 	switch d.Outcome.Kind {
@@ -669,7 +669,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case sluice.FailLocal:
 			d.Local = true
 			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-			d.LocalOutcome = m.fallback.Check(ctx, request(rt.local, &d))
+			d.LocalOutcome = m.fallback.Check(ctx, request(m.fallback, rt.local, &d))
 			cancel()
 			decided = d.LocalOutcome
 			switch d.LocalOutcome.Kind {
@@ -687,9 +687,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.finish(w, r, next, rt, &d, decided)
 }
 
-// request is the Limiter request that spends d's cost of policies.
-func request(policies []string, d *Decision) sluice.Request {
+// request is the Limiter request that spends d's cost of policies, and
+// acquires a lease on those of them that are concurrency policies of lim.
+func request(lim *sluice.Limiter, policies []string, d *Decision) sluice.Request {
 	req := sluice.Request{Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
+	for _, id := range policies {
+		if p, _ := lim.Policy(id); p.Algorithm == sluice.Concurrency {
+			req.Op = sluice.Acquire
+			break
+		}
+	}
 	if len(policies) == 1 {
 		req.Policy = policies[0]
 	} else {

@@ -371,29 +371,28 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(ev.Policies) == 0 {
-		return fmt.Errorf("memstore: %w: no policies", sluice.ErrInvalidRequest)
+	if err := check(ev); err != nil {
+		return err
 	}
 	now := evaluation.Now(s.clock)
 	var carried []*state
 	switch {
 	case len(ev.Previous) == 0:
-	case ev.Reset:
+	case ev.Op == sluice.Reset:
 		s.forget(ev.Previous, ev.Policies)
 	default:
 		carried = s.previous(ev.Previous, ev.Policies)
 	}
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
-	id := algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund)
+	id := algorithm.RecordID(ev.EvaluationID, algorithm.Op(ev.Op))
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	w := &sh.work
 	w.reset(len(ev.Policies))
 	e := &w.e
-	e.Now, e.Cost, e.Refund, e.Reset, e.MaxRegression = now, ev.Cost, ev.Refund, ev.Reset, -1
-	e.LeaseID, e.Release, e.Renew = ev.LeaseID, ev.Release, ev.Renew
+	e.Now, e.Op, e.Cost, e.LeaseID, e.MaxRegression = now, algorithm.Op(ev.Op), ev.Cost, ev.LeaseID, -1
 	for i, p := range ev.Policies {
 		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
 		ap := evaluation.Policy(p)
@@ -424,7 +423,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		}
 	}
 	if err := algorithm.Evaluate(e); err != nil {
-		return fmt.Errorf("memstore: %w: %w", sluice.ErrInvalidRequest, err)
+		return fmt.Errorf("memstore: %w", err)
 	}
 	ev.Statuses = evaluation.Statuses(ev.Statuses, len(e.Decisions))
 	for i := range e.Decisions {
@@ -441,6 +440,17 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		for i := range e.Writes {
 			s.put(sh, now, h, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
 		}
+	}
+	return nil
+}
+
+// check reports whether ev breaks a rule of its operation, before any
+// state is read or written (room for two policies on the stack: most
+// decisions name one).
+func check(ev *sluice.Evaluation) error {
+	var room [2]algorithm.Policy
+	if _, err := evaluation.Check(ev, room[:0]); err != nil {
+		return fmt.Errorf("memstore: %w", err)
 	}
 	return nil
 }

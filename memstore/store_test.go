@@ -27,7 +27,11 @@ func mustNew(t testing.TB, opts Options) *Store {
 }
 
 func evaluationOf(subject string, p *sluice.Policy, cost int64) *sluice.Evaluation {
-	return &sluice.Evaluation{Subject: subject, Policies: []*sluice.Policy{p}, Cost: cost}
+	ev := &sluice.Evaluation{Subject: subject, Policies: []*sluice.Policy{p}, Cost: cost}
+	if cost == 0 {
+		ev.Op = sluice.Peek
+	}
+	return ev
 }
 
 func validPolicy(t testing.TB, p sluice.Policy) *sluice.Policy {
@@ -107,7 +111,7 @@ func TestMultiPolicyAtBoundKeepsItsSpend(t *testing.T) {
 	if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[1].Allowed || ev.Statuses[1].Remaining != 2 {
 		t.Fatalf("multi-policy spend of 3 = %+v, %v; want b allowed with 2 left", ev.Statuses, err)
 	}
-	peek := &sluice.Evaluation{Subject: "alice", Policies: []*sluice.Policy{b}}
+	peek := &sluice.Evaluation{Op: sluice.Peek, Subject: "alice", Policies: []*sluice.Policy{b}}
 	if err := s.Evaluate(ctx, peek); err != nil || peek.Statuses[0].Remaining != 2 {
 		t.Fatalf("peek at b after the spend = %+v, %v; want 2 left: the spend must not be lost while making room", peek.Statuses, err)
 	}

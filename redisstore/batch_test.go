@@ -202,6 +202,9 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustEvaluate(t, s, multi, 1, logp) // the log is full: multi's decision must spend nothing
+	if err := s.Evaluate(ctx, &sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{fw}, Cost: 1, EvaluationID: "mixed"}); err != nil {
+		t.Fatal(err)
+	}
 
 	resume := holdWire(t, srv, hook, s, subject(t), fw)
 
@@ -220,7 +223,7 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 		busyAnswers = append(busyAnswers, run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{gcra}, Cost: 1}))
 	}
 	corruptAnswer := run(&sluice.Evaluation{Subject: corrupt, Policies: []*sluice.Policy{gcra}, Cost: 1})
-	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{sw}, Cost: 1, Refund: true}) // no refund: the script refuses it
+	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{fw, sw}, Cost: 1, EvaluationID: "mixed"}) // first used with one policy: the script refuses it
 	idAnswer := run(&sluice.Evaluation{Subject: idSubj, Policies: []*sluice.Policy{fw}, Cost: 2, EvaluationID: "job-1"})
 	multiAnswer := run(&sluice.Evaluation{Subject: multi, Policies: []*sluice.Policy{fw, logp}, Cost: 1})
 	time.Sleep(200 * time.Millisecond) // let them queue behind the first
@@ -245,7 +248,7 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 		t.Errorf("decision on corrupt state = %+v, %v; want ErrCorruptState", a.st, a.err)
 	}
 	if a := <-badAnswer; !errors.Is(a.err, sluice.ErrInvalidRequest) {
-		t.Errorf("sliding_window refund = %+v, %v; want ErrInvalidRequest", a.st, a.err)
+		t.Errorf("an evaluation id reused with another number of policies = %+v, %v; want ErrInvalidRequest", a.st, a.err)
 	}
 	a := <-idAnswer
 	if a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 3 || a.ev.Replayed {
@@ -292,7 +295,7 @@ func TestLostBatchIsReplayed(t *testing.T) {
 	check := func(i int) sluice.Outcome {
 		return l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, EvaluationID: fmt.Sprint("job-", i)})
 	}
-	if o := l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, Peek: true}); o.Kind != sluice.Allowed {
+	if o := l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "lostbatch", Subject: subj}); o.Kind != sluice.Allowed {
 		t.Fatalf("warm-up peek = %+v", o)
 	}
 	proxy.dropReplies.Store(true)
@@ -322,7 +325,7 @@ func TestLostBatchIsReplayed(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d retries replayed a decision Redis had taken; the rest had not reached it", replayed, n)
-	if o := l.Check(context.Background(), sluice.Request{Policy: "lostbatch", Subject: subj, Peek: true}); o.Remaining != 0 {
+	if o := l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "lostbatch", Subject: subj}); o.Remaining != 0 {
 		t.Fatalf("remaining after %d lost and replayed decisions = %d, want 0: each spent once", n, o.Remaining)
 	}
 }
@@ -485,7 +488,7 @@ func TestReadyTellsTheTruth(t *testing.T) {
 		}
 	}
 	check("after both", sluice.Allowed, "")
-	if o := l.Check(ctx, sluice.Request{Policy: "truth", Subject: subj, Peek: true}); o.Remaining != 2 {
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: "truth", Subject: subj}); o.Remaining != 2 {
 		t.Fatalf("remaining after 3 allowed decisions and 2 refused = %d, want 2: a refused decision spends nothing", o.Remaining)
 	}
 }

@@ -29,21 +29,16 @@ func randomLeasePolicy(r *rand.Rand, id string) *sluice.Policy {
 
 // leaseOp is one operation of the concurrency differential.
 type leaseOp struct {
-	cost           int64
-	lease          string
-	release, renew bool
+	op    sluice.Op
+	cost  int64
+	lease string
 }
 
 func (o leaseOp) String() string {
-	switch {
-	case o.release:
-		return "release " + o.lease
-	case o.renew:
-		return "renew " + o.lease
-	case o.cost == 0:
-		return "peek"
+	if o.op == sluice.Acquire {
+		return fmt.Sprintf("acquire %s (cost %d)", o.lease, o.cost)
 	}
-	return fmt.Sprintf("acquire %s (cost %d)", o.lease, o.cost)
+	return fmt.Sprint(o.op, " ", o.lease)
 }
 
 // randomLeaseOp draws an acquisition (of a lease from a small pool, so
@@ -53,13 +48,13 @@ func randomLeaseOp(r *rand.Rand) leaseOp {
 	id := fmt.Sprint("lease-", r.IntN(12))
 	switch r.IntN(10) {
 	case 0, 1, 2, 3:
-		return leaseOp{cost: 1 + r.Int64N(3), lease: id}
+		return leaseOp{op: sluice.Acquire, cost: 1 + r.Int64N(3), lease: id}
 	case 4, 5, 6:
-		return leaseOp{cost: 1, lease: id, release: true}
+		return leaseOp{op: sluice.Release, lease: id}
 	case 7:
-		return leaseOp{cost: 1, lease: id, renew: true}
+		return leaseOp{op: sluice.Renew, lease: id}
 	}
-	return leaseOp{}
+	return leaseOp{op: sluice.Peek}
 }
 
 // leaseStep moves the clock by dt µs and runs op on both stores.
@@ -69,7 +64,7 @@ func (d *diff) leaseStep(seed uint64, step int, dt int64, op leaseOp, ps []*slui
 	d.clock.Set(time.UnixMicro(d.now))
 	evs := [2]*sluice.Evaluation{}
 	for i := range evs {
-		evs[i] = &sluice.Evaluation{Subject: d.subject, Policies: ps, Cost: op.cost, LeaseID: op.lease, Release: op.release, Renew: op.renew}
+		evs[i] = &sluice.Evaluation{Op: op.op, Subject: d.subject, Policies: ps, Cost: op.cost, LeaseID: op.lease}
 	}
 	if err := d.mem.Evaluate(context.Background(), evs[0]); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: memstore %v: %v", seed, step, d.now, op, err)
@@ -138,14 +133,14 @@ func TestDifferentialConcurrency(t *testing.T) {
 				// often naming that lease: where < and <= part.
 				h := acquired[r.IntN(len(acquired))]
 				dt = h.at + ttl - d.now + r.Int64N(3) - 1
-				if op.cost > 0 && r.IntN(2) == 0 {
+				if op.op == sluice.Acquire && r.IntN(2) == 0 {
 					op.lease = h.lease
 				}
 				onExpiry++
 			}
 			if d.leaseStep(seed, step, dt, op, ps)[0].Allowed {
 				allowed++
-				if op.cost > 0 && !op.release {
+				if op.op == sluice.Acquire || op.op == sluice.Renew {
 					acquired = append(acquired, held{d.now, op.lease})
 				}
 			} else {
@@ -172,8 +167,8 @@ func TestDifferentialConcurrency(t *testing.T) {
 				d.newSubject(r, seed, step)
 			}
 			op := randomLeaseOp(r)
-			if op.release || op.renew {
-				op = leaseOp{cost: 1, lease: op.lease} // a release names concurrency policies only
+			if op.op == sluice.Release || op.op == sluice.Renew {
+				op = leaseOp{op: sluice.Acquire, cost: 1, lease: op.lease} // a release names concurrency policies only
 			}
 			for _, p := range ps {
 				if p.Algorithm != sluice.Concurrency {

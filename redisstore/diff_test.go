@@ -200,8 +200,15 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, refund bool, ps []*sl
 	d.t.Helper()
 	d.now = max(d.now+dt, 1)
 	d.clock.Set(time.UnixMicro(d.now))
-	want := &sluice.Evaluation{Subject: d.subject, Policies: ps, Cost: cost, Refund: refund}
-	got := &sluice.Evaluation{Subject: d.subject, Policies: ps, Cost: cost, Refund: refund}
+	op := sluice.Spend
+	switch {
+	case refund:
+		op = sluice.Refund
+	case cost == 0:
+		op = sluice.Peek
+	}
+	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
+	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
 	if err := d.mem.Evaluate(context.Background(), want); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, refund=%v): %v", seed, step, d.now, cost, refund, err)
 	}

@@ -270,7 +270,7 @@ func (r *faultRun) check(name string, allowed ...string) faultFigures {
 	}
 	for w, subj := range r.subjects {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		o := r.l.Check(ctx, sluice.Request{Policy: r.policy, Subject: subj, Peek: true})
+		o := r.l.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: r.policy, Subject: subj})
 		cancel()
 		if o.Kind != sluice.Allowed {
 			t.Fatalf("%s: peek of worker %d = %+v", name, w, o)

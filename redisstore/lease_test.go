@@ -59,7 +59,7 @@ func acquireAll(l *sluice.Limiter, subj string, n int, start <-chan struct{}) (h
 	for range n {
 		wg.Go(func() {
 			<-start
-			o := l.Check(context.Background(), sluice.Request{Policy: "leases", Subject: subj})
+			o := l.Check(context.Background(), sluice.Request{Op: sluice.Acquire, Policy: "leases", Subject: subj})
 			mu.Lock()
 			defer mu.Unlock()
 			switch o.Kind {
@@ -93,7 +93,7 @@ func leaseHelper(spec string) int {
 	// Warm the connections (and the cluster's slot map) first, so both
 	// processes race from the same start.
 	for range 4 {
-		l.Check(context.Background(), sluice.Request{Policy: "leases", Subject: os.Getenv(leaseSubjectEnv), Peek: true})
+		l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "leases", Subject: os.Getenv(leaseSubjectEnv)})
 	}
 	in := bufio.NewScanner(os.Stdin)
 	fmt.Println("ready")
@@ -139,7 +139,7 @@ func testLeasesAcrossProcesses(t *testing.T, c redis.UniversalClient, spec strin
 	t.Cleanup(func() { s.Close() })
 	peek := func() int64 {
 		t.Helper()
-		o := l.Check(context.Background(), sluice.Request{Policy: "leases", Subject: subj, Peek: true})
+		o := l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "leases", Subject: subj})
 		if o.Kind != sluice.Allowed && o.Kind != sluice.Denied {
 			t.Fatalf("peek = %v: %v", o.Kind, o.Err)
 		}
@@ -247,7 +247,7 @@ func TestLeaseKeys(t *testing.T) {
 	subj := subject(t)
 	acquire := func() sluice.Lease {
 		t.Helper()
-		o := l.Check(ctx, sluice.Request{Policy: "keys", Subject: subj})
+		o := l.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "keys", Subject: subj})
 		if o.Kind != sluice.Allowed {
 			t.Fatalf("acquire = %v: %v", o.Kind, o.Err)
 		}
@@ -320,14 +320,14 @@ func TestLeaseCorruptState(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Expire(ctx, s.Key(subj, &p), time.Hour)
-			o := l.Check(ctx, sluice.Request{Policy: "conc", Subject: subj})
+			o := l.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "conc", Subject: subj})
 			if o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState || !strings.Contains(o.Err.Error(), tc.want) {
 				t.Fatalf("Check over %s = %+v, want Unavailable, corrupt_state, saying %q", tc.name, o, tc.want)
 			}
 			if o := l.Reset(ctx, subj, "conc"); o.Kind != sluice.Allowed {
 				t.Fatalf("Reset = %+v", o)
 			}
-			if o := l.Check(ctx, sluice.Request{Policy: "conc", Subject: subj}); o.Kind != sluice.Allowed {
+			if o := l.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "conc", Subject: subj}); o.Kind != sluice.Allowed {
 				t.Fatalf("Check after the reset = %+v", o)
 			}
 		})

@@ -30,7 +30,7 @@ func TestLuaConstants(t *testing.T) {
 		"ARGV_COST":             argvCost,
 		"ARGV_NOW":              argvNow,
 		"ARGV_MAX_REGRESSION":   argvMaxRegression,
-		"ARGV_MODE":             argvMode,
+		"ARGV_OP":               argvOp,
 		"ARGV_ID":               argvID,
 		"ARGV_DEDUPE_TTL":       argvDedupeTTL,
 		"ARGV_DEDUPE_MAX":       argvDedupeMax,

@@ -126,6 +126,9 @@ var algorithms = []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluic
 // evaluate runs one decision.
 func evaluate(ctx context.Context, s sluice.Store, subject string, cost int64, ps ...*sluice.Policy) ([]sluice.Status, error) {
 	ev := &sluice.Evaluation{Subject: subject, Policies: ps, Cost: cost}
+	if cost == 0 {
+		ev.Op = sluice.Peek
+	}
 	if err := s.Evaluate(ctx, ev); err != nil {
 		return nil, err
 	}

@@ -109,7 +109,7 @@ const (
 	argvCost          = 1
 	argvNow           = 2
 	argvMaxRegression = 3
-	argvMode          = 4
+	argvOp            = 4
 	argvID            = 5
 	argvDedupeTTL     = 6
 	argvDedupeMax     = 7
@@ -124,6 +124,15 @@ const (
 	maxDedupeTTL      = int64(time.Hour / time.Microsecond)
 	maxDedupeIDs      = 10000
 )
+
+// opArgs are the operations as the script's ARGV_OP spells them, each an
+// interface value made once.
+var opArgs = func() (a [sluice.Renew + 1]any) {
+	for o := range a {
+		a[o] = sluice.Op(o).String()
+	}
+	return a
+}()
 
 // MaxPrefixLen is the longest Options.Prefix, in bytes.
 const MaxPrefixLen = 64
@@ -369,31 +378,21 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	var room [4]algorithm.Policy
+	if _, err := evaluation.Check(ev, room[:0]); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
+	}
 	n := len(ev.Policies)
-	if n == 0 {
-		return fmt.Errorf("redisstore: %w: no policies", sluice.ErrInvalidRequest)
-	}
-	if ev.Cost < 0 {
-		return fmt.Errorf("redisstore: %w: cost = %d", sluice.ErrInvalidRequest, ev.Cost)
-	}
-	if ev.Refund && ev.Cost < 1 {
-		return fmt.Errorf("redisstore: %w: a refund gives back a cost >= 1", sluice.ErrInvalidRequest)
-	}
 	id := ""
-	if algorithm.RecordID(ev.EvaluationID, ev.Cost, ev.Refund) != "" {
+	if algorithm.RecordID(ev.EvaluationID, algorithm.Op(ev.Op)) != "" {
 		id = ev.EvaluationID // the script derives the record id alike
-	}
-	for _, p := range ev.Policies {
-		if p.Algorithm < sluice.FixedWindow || p.Algorithm > sluice.Concurrency {
-			return fmt.Errorf("redisstore: policy %q: %w: algorithm %v", p.ID, sluice.ErrInvalidRequest, p.Algorithm)
-		}
 	}
 	var vals []int64
 	var err error
 	switch {
 	case len(ev.Previous) == 0:
 		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
-	case ev.Reset:
+	case ev.Op == sluice.Reset:
 		for _, prev := range ev.Previous {
 			if _, err := s.decide(ctx, prev, ev, "", "", nil); err != nil {
 				return err
@@ -455,18 +454,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	if s.clock != nil {
 		argv[argvNow] = strconv.FormatInt(evaluation.Now(s.clock), 10)
 	}
-	switch {
-	case ev.Reset:
-		argv[argvMode] = "reset"
-	case ev.Refund:
-		argv[argvMode] = "refund"
-	case ev.Release:
-		argv[argvMode] = "release"
-	case ev.Renew:
-		argv[argvMode] = "renew"
-	default:
-		argv[argvMode] = "spend"
-	}
+	argv[argvOp] = opArgs[ev.Op]
 	argv[argvLease] = ev.LeaseID
 	argv[argvCost] = intArg(ev.Cost)
 	argv[argvMaxRegression] = s.maxReg

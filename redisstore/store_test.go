@@ -78,7 +78,7 @@ func TestLostReplyIsReplayed(t *testing.T) {
 	if retry.Kind != sluice.Allowed || !retry.Replayed || retry.Remaining != 3 {
 		t.Fatalf("retry with the same id = %+v, want the first decision replayed: allowed, 3 left", retry)
 	}
-	again := l.Check(context.Background(), sluice.Request{Policy: "lost", Subject: subj, Peek: true})
+	again := l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "lost", Subject: subj})
 	if again.Remaining != 3 {
 		t.Fatalf("remaining after a lost reply and its retry = %d, want 3: one spend, not two", again.Remaining)
 	}

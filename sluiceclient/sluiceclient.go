@@ -157,6 +157,7 @@ type body struct {
 	Subject      string   `json:"subject"`
 	Cost         *int64   `json:"cost,omitempty"`
 	Refund       bool     `json:"refund,omitempty"`
+	Reset        bool     `json:"reset,omitempty"`
 	EvaluationID string   `json:"evaluation_id,omitempty"`
 	LeaseID      string   `json:"lease_id,omitempty"`
 }
@@ -193,7 +194,20 @@ type answer struct {
 // have been spent), with Err set; an Unavailable answer from the server
 // keeps its Cause.
 func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
-	b := body{Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Refund: req.Refund, EvaluationID: req.EvaluationID}
+	switch req.Op {
+	case sluice.Release, sluice.Renew:
+		path := "/v1/release"
+		if req.Op == sluice.Renew {
+			path = "/v1/renew"
+		}
+		ids := req.Policies
+		if req.Policy != "" {
+			ids = []string{req.Policy}
+		}
+		return c.leaseCall(ctx, path, sluice.Lease{ID: req.LeaseID, Subject: req.Subject, Policies: ids})
+	}
+	b := body{Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Refund: req.Op == sluice.Refund, Reset: req.Op == sluice.Reset, EvaluationID: req.EvaluationID}
+	peek := req.Op == sluice.Peek
 	switch {
 	case req.Subject == "":
 		return incompatible(sluice.ErrInvalidRequest, "subject is required")
@@ -201,19 +215,17 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 		return incompatible(sluice.ErrInvalidRequest, fmt.Sprintf("subject is %d bytes: must be at most %d", len(req.Subject), MaxSubjectLen))
 	case req.Cost < 0:
 		return incompatible(sluice.ErrInvalidRequest, fmt.Sprintf("cost = %d: must not be negative", req.Cost))
-	case req.Peek && req.Cost != 0:
-		return incompatible(sluice.ErrInvalidRequest, fmt.Sprintf("cost = %d: a peek spends nothing, leave cost 0", req.Cost))
-	case req.Peek && req.Refund:
-		return incompatible(sluice.ErrInvalidRequest, "a request is a peek or a refund, not both")
+	case (peek || b.Reset) && req.Cost != 0:
+		return incompatible(sluice.ErrInvalidRequest, fmt.Sprintf("cost = %d: a %v spends nothing, leave cost 0", req.Cost, req.Op))
 	}
 	switch {
-	case req.Peek:
+	case peek:
 		zero := int64(0)
 		b.Cost = &zero
 	case req.Cost > 0:
 		b.Cost = &req.Cost
 	}
-	if !req.Peek && b.EvaluationID == "" {
+	if !peek && !b.Reset && b.EvaluationID == "" {
 		b.EvaluationID = newEvaluationID()
 	}
 	data, err := json.Marshal(b)
@@ -221,7 +233,7 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 		return incompatible(sluice.ErrInvalidRequest, err.Error())
 	}
 	retries := c.retries
-	if req.Peek {
+	if peek {
 		retries = 0 // a peek spends nothing: the caller may simply ask again
 	}
 	return c.send(ctx, c.endpoint, data, &req, retries)

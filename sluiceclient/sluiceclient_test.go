@@ -95,7 +95,7 @@ func newClient(t *testing.T, url string, opts sluiceclient.Options) *sluiceclien
 
 func peek(t *testing.T, c *sluiceclient.Client, subj string) int64 {
 	t.Helper()
-	o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: subj, Peek: true})
+	o := c.Check(t.Context(), sluice.Request{Op: sluice.Peek, Policy: "demo", Subject: subj})
 	if o.Kind != sluice.Allowed && o.Kind != sluice.Denied {
 		t.Fatalf("peek: %v %v", o.Kind, o.Err)
 	}
@@ -116,7 +116,7 @@ func TestCheckOutcomes(t *testing.T) {
 	if o.Kind != sluice.Denied || o.RetryAfter <= 0 || o.Remaining != 0 {
 		t.Errorf("fourth check = %+v, want denied with a retry-after", o)
 	}
-	o = c.Check(ctx, sluice.Request{Policy: "demo", Subject: "alice", Refund: true, Cost: 2})
+	o = c.Check(ctx, sluice.Request{Op: sluice.Refund, Policy: "demo", Subject: "alice", Cost: 2})
 	if o.Kind != sluice.Allowed || o.Remaining != 2 {
 		t.Errorf("refund of 2 = %+v, want allowed with 2 remaining", o)
 	}
@@ -231,10 +231,10 @@ func TestTokensOverTLS(t *testing.T) {
 	if o := anon.Check(ctx, sluice.Request{Policy: "demo", Subject: "gina"}); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluiceclient.ErrUnauthenticated) {
 		t.Errorf("check without a token = %+v, want ErrUnauthenticated", o)
 	}
-	if o := app.Check(ctx, sluice.Request{Policy: "demo", Subject: "gina", Refund: true}); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluiceclient.ErrForbidden) {
+	if o := app.Check(ctx, sluice.Request{Op: sluice.Refund, Policy: "demo", Subject: "gina"}); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluiceclient.ErrForbidden) {
 		t.Errorf("refund with the check-only token = %+v, want ErrForbidden", o)
 	}
-	if o := ops.Check(ctx, sluice.Request{Policy: "demo", Subject: "gina", Refund: true}); o.Kind != sluice.Allowed || o.Remaining != 3 {
+	if o := ops.Check(ctx, sluice.Request{Op: sluice.Refund, Policy: "demo", Subject: "gina"}); o.Kind != sluice.Allowed || o.Remaining != 3 {
 		t.Errorf("refund with the ops token = %+v, want allowed with 3 remaining", o)
 	}
 	// The system roots do not trust the test certificate: nothing is sent.

@@ -2,6 +2,7 @@ package sluicetest
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func leasePolicy(id string, limit int64, ttl time.Duration) sluice.Policy {
 // kind k (and, allowed, a lease).
 func (h *harness) acquire(what string, k sluice.Kind, policies ...string) sluice.Outcome {
 	h.t.Helper()
-	o := h.limiter.Check(context.Background(), sluice.Request{Policies: policies, Subject: h.subject})
+	o := h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Acquire, Policies: policies, Subject: h.subject})
 	expect(h.t, what, o, k)
 	if k == sluice.Allowed && (o.Lease.ID == "" || o.Lease.Subject != h.subject) {
 		h.t.Fatalf("%s: Check(%v) = %+v, want a lease for %q", what, policies, o, h.subject)
@@ -102,7 +103,7 @@ func testLeasesConcurrent(t *testing.T, newStore NewStoreFunc) {
 			go func() {
 				defer wg.Done()
 				<-start
-				o := h.limiter.Check(context.Background(), sluice.Request{Policy: "c", Subject: h.subject})
+				o := h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: h.subject})
 				switch o.Kind {
 				case sluice.Allowed:
 					mu.Lock()
@@ -155,15 +156,20 @@ func testLeasesWithRate(t *testing.T, newStore NewStoreFunc) {
 	}
 	// A cost above conc's limit is fine: a lease is one slot.
 	h.clock.Advance(time.Minute)
-	o = h.limiter.Check(context.Background(), sluice.Request{Policies: []string{"rate", "conc"}, Subject: h.subject, Cost: 3})
+	o = h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Acquire, Policies: []string{"rate", "conc"}, Subject: h.subject, Cost: 3})
 	expect(t, "cost 3 with \"at most 2 at once\"", o, sluice.Allowed)
 	// A release names concurrency policies only.
 	o = h.limiter.Release(context.Background(), sluice.Lease{ID: o.Lease.ID, Subject: h.subject, Policies: []string{"rate", "conc"}})
 	if o.Kind != sluice.Incompatible {
 		t.Fatalf("Release naming a rate policy = %+v, want incompatible", o)
 	}
+	// A spend does not take a lease: acquire does.
+	o = h.limiter.Check(context.Background(), sluice.Request{Policies: []string{"rate", "conc"}, Subject: h.subject})
+	if o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+		t.Fatalf("spend on a concurrency policy = %+v, want incompatible", o)
+	}
 	// A refund does not give back a lease.
-	o = h.limiter.Check(context.Background(), sluice.Request{Policy: "conc", Subject: h.subject, Refund: true})
+	o = h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Refund, Policy: "conc", Subject: h.subject})
 	if o.Kind != sluice.Incompatible {
 		t.Fatalf("refund on a concurrency policy = %+v, want incompatible", o)
 	}
@@ -196,7 +202,7 @@ func testLeaseRenew(t *testing.T, newStore NewStoreFunc) {
 // releases the right one.
 func testLeaseReplay(t *testing.T, newStore NewStoreFunc) {
 	h := newHarness(t, newStore, leasePolicy("c", 1, time.Minute))
-	req := sluice.Request{Policy: "c", Subject: h.subject, EvaluationID: "retry-1"}
+	req := sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: h.subject, EvaluationID: "retry-1"}
 	first := h.limiter.Check(context.Background(), req)
 	again := h.limiter.Check(context.Background(), req)
 	expect(t, "first", first, sluice.Allowed)
@@ -216,12 +222,12 @@ func testLeaseKeyRotation(t *testing.T, newStore NewStoreFunc) {
 	old, neu := uniqueSubject(t, "old"), uniqueSubject(t, "new")
 	var held []sluice.Lease
 	for range 2 {
-		o := h.limiter.Check(ctx, sluice.Request{Policy: "c", Subject: old})
+		o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: old})
 		expect(t, "acquire under the old subject", o, sluice.Allowed)
 		held = append(held, o.Lease)
 	}
 	h.clock.Advance(time.Second)
-	o := h.limiter.Check(ctx, sluice.Request{Policy: "c", Subject: neu, Previous: []string{old}})
+	o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: neu, Previous: []string{old}})
 	if o.Kind != sluice.Denied || o.RetryAfter != 59*time.Second {
 		t.Fatalf("acquire under the new subject, previous [old] = %+v (err %v), want denied for 59s: both leases carried over", o, o.Err)
 	}
@@ -230,5 +236,5 @@ func testLeaseKeyRotation(t *testing.T, newStore NewStoreFunc) {
 	if o := h.limiter.Release(ctx, moved); o.Kind != sluice.Allowed || o.Remaining != 1 {
 		t.Fatalf("Release of a carried lease under the new subject = %+v (err %v), want allowed, 1 remaining", o, o.Err)
 	}
-	expect(t, "acquire under the new subject after the release", h.limiter.Check(ctx, sluice.Request{Policy: "c", Subject: neu, Previous: []string{old}}), sluice.Allowed)
+	expect(t, "acquire under the new subject after the release", h.limiter.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: neu, Previous: []string{old}}), sluice.Allowed)
 }

@@ -49,7 +49,7 @@ func testDedupe(t *testing.T, newStore NewStoreFunc) {
 				t.Fatalf("retry of a denial = %+v, want the denial replayed", again)
 			}
 			// Peeks are never remembered and never replayed.
-			if o := h.limiter.Check(context.Background(), sluice.Request{Policy: "p", Subject: h.subject, Peek: true, EvaluationID: "req-1"}); o.Replayed {
+			if o := h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "p", Subject: h.subject, EvaluationID: "req-1"}); o.Replayed {
 				t.Fatalf("peek with a used id = %+v, want a fresh look", o)
 			}
 		})
@@ -113,7 +113,7 @@ func testRefund(t *testing.T, newStore NewStoreFunc) {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 5, time.Minute, 0))
 			refund := func(cost int64, id string) sluice.Outcome {
-				return h.limiter.Check(context.Background(), sluice.Request{Policy: "p", Subject: h.subject, Cost: cost, Refund: true, EvaluationID: id})
+				return h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Refund, Policy: "p", Subject: h.subject, Cost: cost, EvaluationID: id})
 			}
 			if !a.Refundable() {
 				o := refund(1, "")
@@ -173,7 +173,7 @@ func testChangedWindow(t *testing.T, newStore NewStoreFunc) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				o := changed.Check(context.Background(), sluice.Request{Policy: "p", Subject: h.subject, Peek: true})
+				o := changed.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "p", Subject: h.subject})
 				if o.Kind != sluice.Allowed || o.Remaining != 5 {
 					t.Fatalf("5 of 10 spent per %v, read per %v = %+v (err %v), want 5 remaining: numbers changed under one revision carry the state over", c.from, c.to, o, o.Err)
 				}

@@ -106,7 +106,11 @@ type want struct {
 }
 
 func (h *harness) check(policy string, cost int64, peek bool) sluice.Outcome {
-	return h.limiter.Check(context.Background(), sluice.Request{Policy: policy, Subject: h.subject, Cost: cost, Peek: peek})
+	op := sluice.Spend
+	if peek {
+		op = sluice.Peek
+	}
+	return h.limiter.Check(context.Background(), sluice.Request{Op: op, Policy: policy, Subject: h.subject, Cost: cost})
 }
 
 func (h *harness) run(steps []step) {
@@ -548,7 +552,7 @@ func testReset(t *testing.T, newStore NewStoreFunc) {
 	if o := h.limiter.Reset(ctx, uniqueSubject(t, "never"), ids[0]); o.Kind != sluice.Allowed {
 		t.Fatalf("Reset of a subject with no state = %+v (err %v), want allowed", o, o.Err)
 	}
-	bad := h.limiter.Check(ctx, sluice.Request{Policy: ids[0], Subject: h.subject, Reset: true, Cost: 1})
+	bad := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: ids[0], Subject: h.subject, Cost: 1})
 	if bad.Kind != sluice.Incompatible || !errors.Is(bad.Err, sluice.ErrInvalidRequest) {
 		t.Fatalf("reset with a cost = %+v, want Incompatible: a reset takes no cost", bad)
 	}
@@ -579,7 +583,7 @@ func testKeyRotation(t *testing.T, newStore NewStoreFunc) {
 			if o := check(neu, []string{old}, 1); o.Kind != sluice.Denied {
 				t.Fatalf("Check(new, previous [old]) = %+v (err %v), want denied: a state under the new subject is never replaced", o, o.Err)
 			}
-			o := h.limiter.Check(ctx, sluice.Request{Policy: "p", Subject: neu, Previous: []string{old}, Reset: true})
+			o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: "p", Subject: neu, Previous: []string{old}})
 			if o.Kind != sluice.Allowed {
 				t.Fatalf("reset with previous = %+v (err %v), want allowed", o, o.Err)
 			}

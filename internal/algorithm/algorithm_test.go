@@ -13,13 +13,22 @@ type machine struct {
 	st *State // nil = absent
 }
 
-func newMachine(k Kind, p Params) *machine { return &machine{p: Policy{Kind: k, Params: p}} }
+func newMachine(k Kind, p Params) *machine {
+	return &machine{p: Policy{Kind: k, Params: p, MaxCost: p.Capacity(k)}}
+}
 
 func (m *machine) decide(now, cost int64) Decision { return m.run(now, cost, false) }
 func (m *machine) refund(now, n int64) Decision    { return m.run(now, n, true) }
 
 func (m *machine) run(now, cost int64, refund bool) Decision {
-	ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Cost: cost, Refund: refund, MaxRegression: -1,
+	op := OpSpend
+	switch {
+	case refund:
+		op = OpRefund
+	case cost == 0:
+		op = OpPeek
+	}
+	ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Op: op, Cost: cost, MaxRegression: -1,
 		Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
 	if err := Evaluate(&ev); err != nil {
 		panic(err)
@@ -68,10 +77,6 @@ func (m *machine) snapshot() string {
 }
 
 var kinds = []Kind{KindFixedWindow, KindSlidingLog, KindSlidingWindow, KindTokenBucket, KindGCRA}
-
-func (k Kind) String() string {
-	return [...]string{"", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "gcra", "concurrency"}[k]
-}
 
 // t0 is an arbitrary instant, a whole number of seconds.
 const t0 int64 = 1_767_225_600_000_000

@@ -17,6 +17,9 @@ type leases struct {
 func (m *leases) run(now int64, ev Evaluation) Decision {
 	ev.Policies, ev.States, ev.Now, ev.MaxRegression = []Policy{m.p}, []*State{m.st}, now, -1
 	ev.Decisions, ev.Writes = make([]Decision, 1), make([]Write, 1)
+	if err := Check(ev.Op, ev.Policies, ev.Cost, ev.LeaseID, false); err != nil {
+		panic(err)
+	}
 	if err := Evaluate(&ev); err != nil {
 		panic(err)
 	}
@@ -33,19 +36,19 @@ func (m *leases) run(now int64, ev Evaluation) Decision {
 }
 
 func (m *leases) acquire(now int64, id string) Decision {
-	return m.run(now, Evaluation{Cost: 1, LeaseID: id})
+	return m.run(now, Evaluation{Op: OpAcquire, Cost: 1, LeaseID: id})
 }
-func (m *leases) peek(now int64) Decision { return m.run(now, Evaluation{}) }
+func (m *leases) peek(now int64) Decision { return m.run(now, Evaluation{Op: OpPeek}) }
 func (m *leases) release(now int64, id string) Decision {
-	return m.run(now, Evaluation{Cost: 1, LeaseID: id, Release: true})
+	return m.run(now, Evaluation{Op: OpRelease, LeaseID: id})
 }
 func (m *leases) renew(now int64, id string) Decision {
-	return m.run(now, Evaluation{Cost: 1, LeaseID: id, Renew: true})
+	return m.run(now, Evaluation{Op: OpRenew, LeaseID: id})
 }
 
 // TestConcurrencySteps: 2 at once with a 10s lease TTL.
 func TestConcurrencySteps(t *testing.T) {
-	m := &leases{p: Policy{KindConcurrency, Params{Limit: 2, Window: 10 * sec, Burst: 2}}}
+	m := &leases{p: Policy{Kind: KindConcurrency, Params: Params{Limit: 2, Window: 10 * sec, Burst: 2}}}
 	steps := []struct {
 		name string
 		at   int64 // µs after t0
@@ -88,7 +91,7 @@ func TestConcurrencyAgainstModel(t *testing.T) {
 	for trial := range 300 {
 		p := Params{Limit: 1 + r.Int64N(5), Window: sec * (1 + r.Int64N(5))}
 		p.Burst = p.Limit
-		m := &leases{p: Policy{KindConcurrency, p}}
+		m := &leases{p: Policy{Kind: KindConcurrency, Params: p}}
 		model := map[string]int64{} // lease -> expiry
 		now := t0
 		for step := range 200 {
@@ -171,7 +174,7 @@ func TestConcurrencyAgainstModel(t *testing.T) {
 // lease is decided at that lease's acquisition, so the new lease never
 // expires before an older one and the wait it is told is never early.
 func TestConcurrencyJumpBackwards(t *testing.T) {
-	m := &leases{p: Policy{KindConcurrency, Params{Limit: 2, Window: 10 * sec, Burst: 2}}}
+	m := &leases{p: Policy{Kind: KindConcurrency, Params: Params{Limit: 2, Window: 10 * sec, Burst: 2}}}
 	if d := m.acquire(t0, "a"); !d.Allowed {
 		t.Fatalf("acquire = %+v, want allowed", d)
 	}
@@ -188,15 +191,6 @@ func TestConcurrencyJumpBackwards(t *testing.T) {
 	}
 }
 
-// TestConcurrencyRefusesOtherOps: a release names concurrency policies only.
-func TestConcurrencyRefusesOtherOps(t *testing.T) {
-	ev := Evaluation{Policies: []Policy{{KindFixedWindow, Params{Limit: 1, Window: sec, Burst: 1}}}, States: []*State{nil},
-		Cost: 1, LeaseID: "x", Release: true, Now: t0, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
-	if err := Evaluate(&ev); err == nil {
-		t.Fatal("release on a fixed_window policy: no error")
-	}
-}
-
 // FuzzConcurrency drives acquisitions, releases, renewals and peeks
 // encoded in ops (time never going back) and checks: no more than Limit
 // leases live at once; 0 ≤ Remaining ≤ Limit; RetryAfter is 0 exactly
@@ -209,7 +203,7 @@ func FuzzConcurrency(f *testing.F) {
 	f.Fuzz(func(t *testing.T, limit uint16, ttl uint32, ops []byte) {
 		p := Params{Limit: 1 + int64(limit%64), Window: MinWindow + int64(ttl)%(20*sec)}
 		p.Burst = p.Limit
-		m := &leases{p: Policy{KindConcurrency, p}}
+		m := &leases{p: Policy{Kind: KindConcurrency, Params: p}}
 		now := t0
 		held := map[string]int64{} // lease -> expiry, as the caller knows it
 		for i := 0; i+3 <= len(ops) && i < 3*400; i += 3 {

@@ -6,10 +6,13 @@ import "fmt"
 // keeps its state in. memstore calls Evaluate directly; redisstore's
 // engine.lua ports this file function by function.
 
-// Policy is what the engine needs of one policy: its algorithm and numbers.
+// Policy is what the engine needs of one policy: its algorithm and
+// numbers, and for Check its name and the largest cost a request may ask.
 type Policy struct {
-	Kind   Kind
-	Params Params
+	Kind    Kind
+	Params  Params
+	ID      string
+	MaxCost int64
 }
 
 // State is the stored state of one policy for one subject, flat: exactly
@@ -47,22 +50,14 @@ type Evaluation struct {
 	States []*State
 	// Now is the time of the request, µs since the Unix epoch.
 	Now int64
-	// Cost is the number of units to spend; 0 peeks (judged as 1,
-	// spends nothing). With Refund, the units to give back (≥ 1).
-	Cost   int64
-	Refund bool
-	// LeaseID is the lease a spend acquires on every concurrency policy
-	// (with Release: gives back; with Renew: extends). Other policies
-	// ignore it.
+	// Op is what the evaluation does; Check says what it may carry.
+	Op Op
+	// Cost is the number of units to spend, refund, or spend beside an
+	// acquired lease (≥ 1); 0 for every other operation.
+	Cost int64
+	// LeaseID is the lease an acquisition takes, a release gives back or
+	// a renewal extends on every concurrency policy; "" for the others.
 	LeaseID string
-	// Release gives LeaseID back to every policy, all of them concurrency
-	// policies (Cost 1): always admitted, harmless for a lease not held.
-	// Renew extends it (Cost 1), acquiring it afresh where it is not held.
-	Release, Renew bool
-	// Reset clears every policy's state, whatever States hold (Cost 0):
-	// the decisions are those of absent state, and Commit is set with
-	// writes that delete.
-	Reset bool
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
 	MaxRegression int64
@@ -78,7 +73,7 @@ type Evaluation struct {
 	// element per policy.
 	Writes []Write
 	// Commit reports that the store must apply every Write: the whole
-	// evaluation admits and spends (or refunds) a cost above 0.
+	// evaluation admits, and it is not a peek (a reset always commits).
 	Commit bool
 	// Replayed reports that Decisions are Replay.
 	Replayed bool
@@ -103,18 +98,6 @@ func (e *ReplayError) Error() string {
 	return fmt.Sprintf("the evaluation id was first used with %d policies, now with %d", e.First, e.Now)
 }
 
-// RecordID returns the key under which a store remembers the decision for
-// evaluation id: spends and refunds apart, peeks never ("").
-func RecordID(id string, cost int64, refund bool) string {
-	switch {
-	case id == "" || cost == 0:
-		return ""
-	case refund:
-		return "r:" + id
-	}
-	return "s:" + id
-}
-
 // Evaluate decides ev: a remembered replay, or every policy on its state,
 // all or nothing.
 //
@@ -127,25 +110,18 @@ func RecordID(id string, cost int64, refund bool) string {
 // When several policies are named and one denies, nothing is spent, and
 // each policy that would have admitted reports its unspent state (the
 // peek's Remaining and ResetAfter), still Allowed.
+//
+// ev must have passed Check: Evaluate does not check the operation's rules
+// again.
 func Evaluate(ev *Evaluation) error {
 	n := len(ev.Policies)
 	if len(ev.States) != n || len(ev.Decisions) != n || len(ev.Writes) != n {
 		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
 	}
 	ev.Commit, ev.Replayed = false, false
-	if ev.Release || ev.Renew {
-		if ev.Release && ev.Renew || ev.Refund || ev.Reset || ev.Cost != 1 || ev.LeaseID == "" {
-			return fmt.Errorf("a release or renewal is alone, of cost 1, with a lease id")
-		}
+	if ev.Op == OpReset {
 		for i, p := range ev.Policies {
-			if p.Kind != KindConcurrency {
-				return fmt.Errorf("policy %d: only a concurrency policy holds leases", i)
-			}
-		}
-	}
-	if ev.Reset {
-		for i, p := range ev.Policies {
-			p.step(&absent, ev.Now, 0, op{}, &ev.Writes[i], &ev.Decisions[i])
+			p.step(&absent, ev.Now, OpPeek, 0, "", &ev.Writes[i], &ev.Decisions[i])
 			ev.Writes[i].Fresh = true
 		}
 		ev.Commit = true
@@ -167,7 +143,7 @@ func Evaluate(ev *Evaluation) error {
 			return err
 		}
 		w, d := &ev.Writes[i], &ev.Decisions[i]
-		p.step(st, at, ev.Cost, op{refund: ev.Refund, release: ev.Release, renew: ev.Renew, lease: ev.LeaseID}, w, d)
+		p.step(st, at, ev.Op, ev.Cost, ev.LeaseID, w, d)
 		w.Fresh = st != ev.States[i]
 		if at != ev.Now {
 			lengthen(d, at-ev.Now)
@@ -180,12 +156,12 @@ func Evaluate(ev *Evaluation) error {
 				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
 				var w Write
 				d := &ev.Decisions[i]
-				p.step(st, at, 0, op{}, &w, d)
+				p.step(st, at, OpPeek, 0, "", &w, d)
 				lengthen(d, at-ev.Now)
 			}
 		}
 	}
-	ev.Commit = admitted && ev.Cost > 0
+	ev.Commit = admitted && ev.Op != OpPeek
 	return nil
 }
 
@@ -230,19 +206,14 @@ func lengthen(d *Decision, lag int64) {
 	}
 }
 
-// op is what a step does beyond spending: a refund, or a release or
-// renewal of lease, the lease a spend acquires on a concurrency policy.
-type op struct {
-	refund, release, renew bool
-	lease                  string
-}
-
-// step runs p's algorithm on st at now: a spend of cost, a peek (cost 0),
-// or as o says a refund of cost, or a lease's release or renewal. It
-// leaves the state after it in w, every field but Fresh (w may hold
-// another decision's), and the verdict in d.
-func (p Policy) step(st *State, now, cost int64, o op, w *Write, d *Decision) {
-	refund := o.refund
+// step runs p's algorithm on st at now for o, a spend, peek, refund,
+// acquisition, release or renewal (a reset steps as a peek on absent
+// state), of cost (0 for all but a spend, a refund and an acquisition) and
+// the lease a concurrency policy takes, gives back or extends. It leaves
+// the state after it in w, every field but Fresh (w may hold another
+// decision's), and the verdict in d.
+func (p Policy) step(st *State, now int64, o Op, cost int64, lease string, w *Write, d *Decision) {
+	refund := o == OpRefund
 	w.Leases = LeaseEdit{}
 	switch p.Kind {
 	case KindFixedWindow:
@@ -266,7 +237,7 @@ func (p Policy) step(st *State, now, cost int64, o op, w *Write, d *Decision) {
 			w.Expires = w.Log.Newest + p.Params.Window
 		}
 	case KindSlidingWindow:
-		// No Refund: a store never asks (sluice.Limiter refuses it first).
+		// No Refund: a store never asks (Check refuses it first).
 		s := slidingWindowOf(&st.V)
 		s, *d = s.Decide(p.Params, now, cost)
 		s.fields(&w.V)
@@ -290,15 +261,17 @@ func (p Policy) step(st *State, now, cost int64, o op, w *Write, d *Decision) {
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
 	case KindConcurrency:
-		// No Refund: a store never asks (sluice.Limiter refuses it first).
+		// No Refund: a store never asks (Check refuses it first).
 		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
-		switch {
-		case o.release:
-			w.Leases, *d = s.Release(p.Params, now, o.lease)
-		case o.renew:
-			w.Leases, *d = s.Renew(p.Params, now, o.lease)
-		default:
-			w.Leases, *d = s.Decide(p.Params, now, cost, o.lease)
+		switch o {
+		case OpRelease:
+			w.Leases, *d = s.Release(p.Params, now, lease)
+		case OpRenew:
+			w.Leases, *d = s.Renew(p.Params, now, lease)
+		case OpAcquire:
+			w.Leases, *d = s.Decide(p.Params, now, 1, lease)
+		default: // a peek
+			w.Leases, *d = s.Decide(p.Params, now, 0, "")
 		}
 		w.V, w.Log, w.Expires = [5]int64{}, LogEdit{}, w.Leases.Newest
 	}

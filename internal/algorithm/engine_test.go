@@ -67,12 +67,16 @@ func TestTokenBucketMatchesGCRA(t *testing.T) {
 // TestEvaluateAllOrNothing: one denying policy spends nothing on any; the
 // ones that would have admitted report their unspent state.
 func TestEvaluateAllOrNothing(t *testing.T) {
-	wide := Policy{KindFixedWindow, Params{Limit: 10, Window: 10 * sec, Burst: 10}}
-	narrow := Policy{KindGCRA, Params{Limit: 1, Window: sec, Burst: 2}}
+	wide := Policy{Kind: KindFixedWindow, Params: Params{Limit: 10, Window: 10 * sec, Burst: 10}}
+	narrow := Policy{Kind: KindGCRA, Params: Params{Limit: 1, Window: sec, Burst: 2}}
 	states := []*State{nil, nil}
 	run := func(now, cost int64) *Evaluation {
 		t.Helper()
-		ev := &Evaluation{Policies: []Policy{wide, narrow}, States: states, Now: now, Cost: cost, MaxRegression: -1, Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
+		op := OpSpend
+		if cost == 0 {
+			op = OpPeek
+		}
+		ev := &Evaluation{Policies: []Policy{wide, narrow}, States: states, Now: now, Op: op, Cost: cost, MaxRegression: -1, Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
 		if err := Evaluate(ev); err != nil {
 			t.Fatal(err)
 		}
@@ -105,11 +109,11 @@ func TestEvaluateAllOrNothing(t *testing.T) {
 // TestEvaluateReset: a reset decides every policy as absent state and
 // commits writes that delete, whatever the states hold.
 func TestEvaluateReset(t *testing.T) {
-	p := Policy{KindSlidingLog, Params{Limit: 2, Window: sec, Burst: 2}}
-	q := Policy{KindGCRA, Params{Limit: 1, Window: sec, Burst: 3}}
+	p := Policy{Kind: KindSlidingLog, Params: Params{Limit: 2, Window: sec, Burst: 2}}
+	q := Policy{Kind: KindGCRA, Params: Params{Limit: 1, Window: sec, Burst: 3}}
 	full := &State{Log: []int64{t0, t0}}
 	owing := &State{V: [5]int64{t0 + 3*sec, 0, 1, sec, t0}}
-	ev := &Evaluation{Policies: []Policy{p, q}, States: []*State{full, owing}, Now: t0 + 1, Reset: true, MaxRegression: -1,
+	ev := &Evaluation{Policies: []Policy{p, q}, States: []*State{full, owing}, Now: t0 + 1, Op: OpReset, MaxRegression: -1,
 		Decisions: make([]Decision, 2), Writes: make([]Write, 2)}
 	if err := Evaluate(ev); err != nil {
 		t.Fatal(err)
@@ -126,7 +130,7 @@ func TestEvaluateReset(t *testing.T) {
 }
 
 func TestEvaluateReplay(t *testing.T) {
-	p := Policy{KindFixedWindow, Params{Limit: 3, Window: sec, Burst: 3}}
+	p := Policy{Kind: KindFixedWindow, Params: Params{Limit: 3, Window: sec, Burst: 3}}
 	first := []Decision{{Allowed: true, Limit: 3, Remaining: 2, ResetAfter: sec}}
 	ev := &Evaluation{Policies: []Policy{p}, States: []*State{nil}, Now: t0, Cost: 1, MaxRegression: -1, Replay: first, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
 	if err := Evaluate(ev); err != nil || !ev.Replayed || ev.Commit || ev.Decisions[0] != first[0] {
@@ -138,13 +142,12 @@ func TestEvaluateReplay(t *testing.T) {
 		t.Fatalf("Evaluate with a replay of 1 policy for 2 = %v, want a *ReplayError", err)
 	}
 	for _, c := range []struct {
-		id     string
-		cost   int64
-		refund bool
-		want   string
-	}{{"", 1, false, ""}, {"x", 0, false, ""}, {"x", 1, false, "s:x"}, {"x", 2, true, "r:x"}} {
-		if got := RecordID(c.id, c.cost, c.refund); got != c.want {
-			t.Errorf("RecordID(%q, %d, %v) = %q, want %q", c.id, c.cost, c.refund, got, c.want)
+		id   string
+		op   Op
+		want string
+	}{{"", OpSpend, ""}, {"x", OpPeek, ""}, {"x", OpSpend, "s:x"}, {"x", OpAcquire, "s:x"}, {"x", OpRefund, "r:x"}, {"x", OpReset, ""}, {"x", OpRenew, ""}} {
+		if got := RecordID(c.id, c.op); got != c.want {
+			t.Errorf("RecordID(%q, %v) = %q, want %q", c.id, c.op, got, c.want)
 		}
 	}
 }
@@ -152,7 +155,7 @@ func TestEvaluateReplay(t *testing.T) {
 // TestEvaluateClockBound: behind the newest write by more than
 // MaxRegression is a *ClockError naming the policy; within it, decided.
 func TestEvaluateClockBound(t *testing.T) {
-	p := Policy{KindTokenBucket, Params{Limit: 5, Window: sec, Burst: 5}}
+	p := Policy{Kind: KindTokenBucket, Params: Params{Limit: 5, Window: sec, Burst: 5}}
 	st := new(State)
 	ev := &Evaluation{Policies: []Policy{p}, States: []*State{st}, Now: t0, Cost: 1, MaxRegression: 1000, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
 	if err := Evaluate(ev); err != nil {

@@ -57,6 +57,16 @@ const (
 	KindConcurrency
 )
 
+var kindNames = [...]string{KindFixedWindow: "fixed_window", KindSlidingLog: "sliding_log", KindSlidingWindow: "sliding_window", KindTokenBucket: "token_bucket", KindGCRA: "gcra", KindConcurrency: "concurrency"}
+
+// String returns the kind's config spelling, e.g. "token_bucket".
+func (k Kind) String() string {
+	if k >= KindFixedWindow && k <= KindConcurrency {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
 // RangeError says which number broke which rule.
 type RangeError struct {
 	Field string // "limit", "window", "burst"

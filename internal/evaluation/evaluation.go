@@ -14,9 +14,23 @@ import (
 // Policy returns p's algorithm and numbers in the engine's units.
 func Policy(p *sluice.Policy) algorithm.Policy {
 	return algorithm.Policy{
-		Kind:   algorithm.Kind(p.Algorithm),
-		Params: algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst},
+		Kind:    algorithm.Kind(p.Algorithm),
+		Params:  algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst},
+		ID:      p.ID,
+		MaxCost: p.MaxCost,
 	}
+}
+
+// Check reports whether ev breaks a rule of its operation, by the engine's
+// Check, for a store that decides elsewhere than in algorithm.Evaluate.
+// policies is room for ev's policies in the engine's terms (it may be
+// nil); the policies are returned in it.
+func Check(ev *sluice.Evaluation, policies []algorithm.Policy) ([]algorithm.Policy, error) {
+	policies = policies[:0]
+	for _, p := range ev.Policies {
+		policies = append(policies, Policy(p))
+	}
+	return policies, algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, ev.LeaseID, ev.EvaluationID != "")
 }
 
 // Window returns the period p's math runs on, µs: its Window, or for

@@ -324,9 +324,12 @@ func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *gro
 	for j, i := range g.members {
 		ids[j] = ds[i].rule.Policy.ID
 	}
-	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost, Refund: g.refund}
-	if g.peek {
-		req.Cost, req.Peek = 0, true
+	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost}
+	switch {
+	case g.peek:
+		req.Op, req.Cost = sluice.Peek, 0
+	case g.refund:
+		req.Op = sluice.Refund
 	}
 	o := st.Limiter.Check(ctx, req)
 	switch {

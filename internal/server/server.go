@@ -188,8 +188,8 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST /v1/check", s.check)
-	s.mux.HandleFunc("POST /v1/release", s.lease)
-	s.mux.HandleFunc("POST /v1/renew", s.lease)
+	s.mux.HandleFunc("POST /v1/release", s.lease(sluice.Release))
+	s.mux.HandleFunc("POST /v1/renew", s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	if s.metrics != nil {
@@ -357,10 +357,10 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	scope := config.ScopeCheck
-	switch {
-	case req.Refund:
+	switch req.Op {
+	case sluice.Refund:
 		scope = config.ScopeRefund
-	case req.Reset:
+	case sluice.Reset:
 		scope = config.ScopeReset
 	}
 	if !s.permits(w, &in, tok, scope) {
@@ -369,7 +369,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	o := s.lim.Check(ctx, req)
 	cancel()
-	if s.metrics != nil && !req.Peek && !req.Refund && !req.Reset {
+	if s.metrics != nil && (req.Op == sluice.Spend || req.Op == sluice.Acquire) {
 		s.metrics.countDecision(req.Policy, req.Policies, o)
 	}
 	code := statusCode(&o)
@@ -380,13 +380,19 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 			lw.policy = strings.Join(in.Policies, ",")
 		}
 		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), o.Reason()
-		lw.refund, lw.replayed = req.Refund, o.Replayed
+		lw.refund, lw.replayed = req.Op == sluice.Refund, o.Replayed
 	}
 	s.answer(w, &in, code, o, o.Reason())
 }
 
-// lease answers POST /v1/release and POST /v1/renew.
-func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
+// lease returns the handler of op, a Release (POST /v1/release) or a Renew
+// (POST /v1/renew).
+func (s *Server) lease(op sluice.Op) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) { s.leaseOp(w, r, op) }
+}
+
+// leaseOp answers a release or renewal.
+func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	lw, _ := w.(*logWriter)
 	var in checkRequest
 	if tok, ok := s.authenticated(w, r, &in); !ok || !s.permits(w, &in, tok, config.ScopeCheck) {
@@ -406,33 +412,28 @@ func (s *Server) lease(w http.ResponseWriter, r *http.Request) {
 	}
 	// The lease is released from the concurrency policies named: a client
 	// may name every policy of the check that acquired it.
-	lease := sluice.Lease{ID: in.LeaseID, Subject: req.Subject}
+	var ids []string
 	for _, id := range append([]string{req.Policy}, req.Policies...) {
 		if p, known := s.lim.Policy(id); id != "" && (!known || p.Algorithm == sluice.Concurrency) {
-			lease.Policies = append(lease.Policies, id) // an unknown one is the Limiter's 404
+			ids = append(ids, id) // an unknown one is the Limiter's 404
 		}
 	}
-	if len(lease.Policies) == 0 {
+	if len(ids) == 0 {
 		s.badRequest(w, &in, "names no concurrency policy: only those hold leases")
 		return
 	}
 	if len(in.Policies) > 0 {
-		in.Policies = lease.Policies // the answer's statuses and RateLimit-Policy
+		in.Policies = ids // the answer's statuses and RateLimit-Policy
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	defer cancel()
-	var o sluice.Outcome
-	if r.URL.Path == "/v1/renew" {
-		o = s.lim.Renew(ctx, lease)
-	} else {
-		o = s.lim.Release(ctx, lease)
-	}
+	o := s.lim.Check(ctx, sluice.Request{Op: op, Policies: ids, Subject: req.Subject, LeaseID: in.LeaseID})
 	if len(in.Policies) == 0 {
 		o.Statuses = nil // one policy: its status is the top level, as for a check
 	}
 	if lw != nil {
 		lw.hasCheck = true
-		lw.policy = strings.Join(lease.Policies, ",")
+		lw.policy = strings.Join(ids, ",")
 		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), o.Reason()
 	}
 	s.answer(w, &in, statusCode(&o), o, o.Reason())
@@ -483,25 +484,43 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest
 		return sluice.Request{}, "policy is required (or policies)"
 	case in.Policy != "" && len(in.Policies) > 0:
 		return sluice.Request{}, "set policy or policies, not both"
+	case in.Refund && in.Reset:
+		return sluice.Request{}, "set refund or reset, not both"
+	case in.Refund && in.Cost != nil && *in.Cost == 0:
+		return sluice.Request{}, "cost = 0: a refund gives back a cost of 1 or more"
 	}
 	req := sluice.Request{
+		Op:           s.opOf(in),
 		Policy:       in.Policy,
 		Policies:     in.Policies,
 		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
 		Previous:     s.pseud.Previous("api", *in.Subject, ""),
-		Cost:         1,
-		Refund:       in.Refund,
-		Reset:        in.Reset,
 		EvaluationID: in.EvaluationID,
 	}
-	if in.Reset {
-		req.Cost = 0 // a reset takes no cost; one sent is refused below
-	}
-	if in.Cost != nil {
-		req.Cost = *in.Cost
-		req.Peek = req.Cost == 0
+	if in.Cost != nil && req.Op != sluice.Peek {
+		req.Cost = *in.Cost // a reset's is refused by the Limiter's store
 	}
 	return req, ""
+}
+
+// opOf returns the operation a check asks for: a reset, a refund, a peek
+// (an explicit cost of 0), an acquisition when it names a concurrency
+// policy, else a spend.
+func (s *Server) opOf(in *checkRequest) sluice.Op {
+	switch {
+	case in.Reset:
+		return sluice.Reset
+	case in.Refund:
+		return sluice.Refund
+	case in.Cost != nil && *in.Cost == 0:
+		return sluice.Peek
+	}
+	for _, id := range append([]string{in.Policy}, in.Policies...) {
+		if p, _ := s.lim.Policy(id); p.Algorithm == sluice.Concurrency {
+			return sluice.Acquire
+		}
+	}
+	return sluice.Spend
 }
 
 // statusCode maps an outcome to its HTTP status.

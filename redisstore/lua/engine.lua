@@ -11,12 +11,14 @@ DECISION_SIZE integers per policy from offset 1 + DECISION_SIZE × (i − 1):
 allowed (1 or 0), limit, remaining, resetAfter, retryAfter; the first
 integer is the store's (its reply's replayed flag, 0 here), so the
 decisions are the reply as they stand. An evaluation
-is {policies, states, now, cost, refund, reset, maxRegression, replay} that
-evaluate fills with decisions, writes, commit and replayed; with lease,
-release and renew for concurrency policies (lease '' for none). Errors are
-returned as tables {clock = {policy, behind, max}}, {replay = {first,
-now}} or {lease = reason}, as the Go code returns *ClockError,
-*ReplayError and its error for a misused release or renewal. ]]
+is {policies, states, now, op, cost, lease, maxRegression, replay} that
+evaluate fills with decisions, writes, commit and replayed; op is the
+Go Op's name (spend, peek, refund, reset, acquire, release, renew) and
+lease the lease of a concurrency policy ('' for none). evaluate assumes
+the operation's rules hold: redisstore.go checks them with
+algorithm.Check before it calls. Errors are returned as tables
+{clock = {policy, behind, max}} or {replay = {first, now}}, as the Go code
+returns *ClockError and *ReplayError. ]]
 
 -- The integers each fixed-size algorithm keeps: algorithm.Fields.
 local FIELDS = {
@@ -47,13 +49,15 @@ local function absentOf(k)
 end
 
 -- recordID ports RecordID.
-local function recordID(id, cost, refund)
-  if id == '' or cost == 0 then
+local function recordID(id, op)
+  if id == '' then
     return ''
-  elseif refund then
+  elseif op == 'spend' or op == 'acquire' then
+    return 's:' .. id
+  elseif op == 'refund' then
     return 'r:' .. id
   end
-  return 's:' .. id
+  return ''
 end
 
 -- bounds ports Policy.bounds.
@@ -81,27 +85,24 @@ local function bounds(p, st)
 end
 
 -- step ports Policy.step: it puts the decision in ds at offset o and
--- returns the write. op is the Go code's op: nil for a spend or a peek,
--- else {refund, release, renew, lease}. The decision's integers go into ds
--- in order and the write is built in one constructor: a Lua table that
--- grows key by key is rebuilt at each step of its growth.
-local function step(p, st, now, cost, op, ds, o)
+-- returns the write. op is the operation's name, cost and lease as the Go
+-- code's. The decision's integers go into ds in order and the write is
+-- built in one constructor: a Lua table that grows key by key is rebuilt
+-- at each step of its growth.
+local function step(p, st, now, op, cost, lease, ds, o)
   local k = p.kind
   local v, log, leases, expires, limit = nil, nil, nil, 0, p.limit
   local allowed, remaining, resetAfter, retryAfter
-  local refund = op ~= nil and op.refund
+  local refund = op == 'refund'
   if k == KIND_CONCURRENCY then
-    -- No Refund: a store never asks (sluice.Limiter refuses it first).
-    if op ~= nil and op.release then
-      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRelease(st, p, now, op.lease)
-    elseif op ~= nil and op.renew then
-      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRenew(st, p, now, op.lease)
-    else
-      local lease = ''
-      if op ~= nil then
-        lease = op.lease
-      end
-      leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, cost, lease)
+    if op == 'release' then
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRelease(st, p, now, lease)
+    elseif op == 'renew' then
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyRenew(st, p, now, lease)
+    elseif op == 'acquire' then
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, 1, lease)
+    else -- a peek
+      leases, allowed, remaining, resetAfter, retryAfter = concurrencyDecide(st, p, now, 0, '')
     end
     expires = leases.newest
   elseif k == KIND_SLIDING_LOG then
@@ -123,7 +124,7 @@ local function step(p, st, now, cost, op, ds, o)
       end
       v, expires = {a, b, c}, fixedWindowExpires(a, b, p)
     elseif k == KIND_SLIDING_WINDOW then
-      -- No Refund: a store never asks (sluice.Limiter refuses it first).
+      -- No Refund: a store never asks (algorithm.Check refuses it first).
       a, b, c, d, allowed, remaining, resetAfter, retryAfter = slidingWindowDecide(a, b, c, d, p, now, cost)
       v, expires = {a, b, c, d}, slidingWindowExpires(a, b, c, p)
     elseif k == KIND_TOKEN_BUCKET then
@@ -190,20 +191,11 @@ local function evaluate(ev)
   local ds, ws = {0}, {}
   ev.decisions, ev.writes = ds, ws
   ev.commit, ev.replayed = false, false
-  if ev.release or ev.renew then
-    if ev.release and ev.renew or ev.refund or ev.reset or ev.cost ~= 1 or ev.lease == '' then
-      return {lease = 'a release or renewal is alone, of cost 1, with a lease id'}
-    end
-    for i = 1, n do
-      if policies[i].kind ~= KIND_CONCURRENCY then
-        return {lease = 'policy ' .. (i - 1) .. ': only a concurrency policy holds leases'}
-      end
-    end
-  end
-  if ev.reset then
+  local op = ev.op
+  if op == 'reset' then
     for i = 1, n do
       local p = policies[i]
-      ws[i] = step(p, absentOf(p.kind), now, 0, nil, ds, 1 + DECISION_SIZE * (i - 1))
+      ws[i] = step(p, absentOf(p.kind), now, 'peek', 0, '', ds, 1 + DECISION_SIZE * (i - 1))
       ws[i].fresh = true
     end
     ev.commit = true
@@ -217,11 +209,7 @@ local function evaluate(ev)
     ev.replayed = true
     return nil
   end
-  local op -- the Go code's op: nil, allocating nothing, for a plain spend or peek
-  if ev.refund or ev.release or ev.renew or ev.lease ~= '' then
-    op = {refund = ev.refund, release = ev.release, renew = ev.renew, lease = ev.lease}
-  end
-  local admitted, cost, maxRegression = true, ev.cost, ev.maxRegression
+  local admitted, cost, lease, maxRegression = true, ev.cost, ev.lease, ev.maxRegression
   for i = 1, n do
     local p = policies[i]
     local st, at, behind = current(p, states[i], now, maxRegression)
@@ -229,7 +217,7 @@ local function evaluate(ev)
       return {clock = {policy = i - 1, behind = behind, max = maxRegression}}
     end
     local o = 1 + DECISION_SIZE * (i - 1)
-    local w = step(p, st, at, cost, op, ds, o)
+    local w = step(p, st, at, op, cost, lease, ds, o)
     w.fresh = st ~= states[i]
     if at ~= now then
       lengthen(ds, o, at - now)
@@ -242,11 +230,11 @@ local function evaluate(ev)
       local p, o = policies[i], 1 + DECISION_SIZE * (i - 1)
       if ds[o + 1] == 1 then
         local st, at = current(p, states[i], now, maxRegression)
-        step(p, st, at, 0, nil, ds, o)
+        step(p, st, at, 'peek', 0, '', ds, o)
         lengthen(ds, o, at - now)
       end
     end
   end
-  ev.commit = admitted and cost > 0
+  ev.commit = admitted and op ~= 'peek'
   return nil
 end

@@ -11,15 +11,19 @@ KEYS[1..n]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>
          both of the first policy. All keys of one call share the subject's
          hash tag (one Cluster slot).
 ARGV, by the named positions below (redisstore.go names them alike):
-  ARGV_COST            cost, an integer >= 0; 0 is a peek (judged as 1, writes nothing).
+  ARGV_COST            cost, an integer >= 0: the units a spend, refund or acquire takes.
   ARGV_NOW             now in µs since the Unix epoch (caller clock), or "" to
                        read the time with Redis TIME (one clock for every caller).
   ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
                        state's newest write; -1 means unbounded.
-  ARGV_MODE            "spend" (or peek, by cost 0), "refund" (give cost units back),
-                       "reset" (cost 0: delete every policy's state, whatever it holds),
-                       or, naming concurrency policies only (cost 1), "release" (give
-                       the lease ARGV_LEASE back) or "renew" (extend it).
+  ARGV_OP              the operation (algorithm.Op's name): "spend", "peek" (judged as
+                       a spend of 1, writes nothing), "refund" (give cost units back),
+                       "reset" (delete every policy's state, whatever it holds),
+                       "acquire" (take the lease ARGV_LEASE on each concurrency policy,
+                       spend cost on the others), "release" (give the lease back) or
+                       "renew" (extend it). Its rules (which policies, what cost) are
+                       checked by redisstore.go with algorithm.Check before the call;
+                       this script checks only that the arguments are well-formed.
   ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
   ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
   ARGV_DEDUPE_MAX      how many ids are remembered at most.
@@ -31,7 +35,7 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        state as stored, a log's entries joined by ',') and its
                        TTL in ms. A policy without a live state takes it, kept
                        at its key with that TTL whatever the verdict.
-  ARGV_LEASE           the lease a spend acquires on each concurrency policy, or
+  ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
                        the one a release or renewal names; "" for none.
   then one argument per policy, from ARGV_POLICIES + 1: its algorithm
   (algorithm.Kind), limit, window in µs, burst and TTL grace in µs
@@ -63,7 +67,7 @@ called with FCALL, so its definitions are not rebuilt on every call. ]]
 local ARGV_COST = 1
 local ARGV_NOW = 2
 local ARGV_MAX_REGRESSION = 3
-local ARGV_MODE = 4
+local ARGV_OP = 4
 local ARGV_ID = 5
 local ARGV_DEDUPE_TTL = 6
 local ARGV_DEDUPE_MAX = 7
@@ -77,6 +81,7 @@ local REPLY_ABSENT = 2
 local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
 local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
+local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true}
 
 -- readState returns the state of kind at key, or nil when there is none.
 -- Anything but what apply writes is corrupt.
@@ -332,9 +337,9 @@ local function parsePolicy(raw, i)
   return p
 end
 
--- policyArgs returns policy i, checked, with cost and refund: the policy
--- as engine.lua takes it, with its TTL grace (p.grace).
-local function policyArgs(ARGV, i, cost, refund)
+-- policyArgs returns policy i, checked: the policy as engine.lua takes
+-- it, with its TTL grace (p.grace).
+local function policyArgs(ARGV, i)
   local raw = ARGV[ARGV_POLICIES + i]
   local p = checked[raw]
   if p == nil then
@@ -343,16 +348,6 @@ local function policyArgs(ARGV, i, cost, refund)
       checked, nChecked = {}, 0
     end
     checked[raw], nChecked = p, nChecked + 1
-  end
-  if p.kind == KIND_CONCURRENCY then
-    -- No capacity to check: a lease holds one slot whatever the cost.
-    if refund then
-      raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm concurrency has no refund: release the lease')
-    end
-  elseif cost > capacity(p, p.kind) then
-    raise('SLUICE_ARGS', 'policy ' .. i .. ': cost is above the capacity ' .. fmt(capacity(p, p.kind)))
-  elseif refund and p.kind == KIND_SLIDING_WINDOW then
-    raise('SLUICE_ARGS', 'policy ' .. i .. ': algorithm sliding_window has no refund')
   end
   return p
 end
@@ -385,20 +380,15 @@ local function main(KEYS, ARGV, at)
   if cost == nil or cost < 0 then
     raise('SLUICE_ARGS', 'cost must be an integer >= 0')
   end
-  local mode = ARGV[ARGV_MODE]
-  local refund, reset = mode == 'refund', mode == 'reset'
-  local release, renew = mode == 'release', mode == 'renew'
-  if not refund and not reset and not release and not renew and mode ~= 'spend' then
-    raise('SLUICE_ARGS', 'mode must be spend, refund, reset, release or renew')
+  local op = ARGV[ARGV_OP]
+  if not OPS[op] then
+    raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release or renew')
   end
-  local lease = ARGV[ARGV_LEASE]
-  if refund and cost < 1 then
-    raise('SLUICE_ARGS', 'a refund gives back a cost >= 1')
+  local reset = op == 'reset'
+  if reset and carry ~= '' then
+    raise('SLUICE_ARGS', 'a reset carries no state')
   end
-  if reset and (cost ~= 0 or rawID ~= '' or carry ~= '') then
-    raise('SLUICE_ARGS', 'a reset takes cost 0, no evaluation id and no carry')
-  end
-  local id = recordID(rawID, cost, refund)
+  local id = recordID(rawID, op)
   if id == '' and rawID ~= '' then
     raise('SLUICE_ARGS', 'a peek is never remembered: send no evaluation id')
   end
@@ -426,11 +416,11 @@ local function main(KEYS, ARGV, at)
 
   -- Every field evaluate sets is named here, so the table is built at its
   -- size once rather than grown.
-  local ev = {policies = {}, states = {}, now = now, cost = cost, refund = refund, reset = reset, maxRegression = maxRegression,
-    lease = lease, release = release, renew = renew, replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
+  local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, lease = ARGV[ARGV_LEASE], maxRegression = maxRegression,
+    replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
   local policies, states, redisTime = ev.policies, ev.states, ARGV[ARGV_NOW] == ''
   for i = 1, n do
-    policies[i] = policyArgs(ARGV, i, cost, refund)
+    policies[i] = policyArgs(ARGV, i)
   end
   for i = 1, n do
     local st
@@ -464,8 +454,6 @@ local function main(KEYS, ARGV, at)
   if err ~= nil and err.clock then
     raise('SLUICE_CLOCK', KEYS[err.clock.policy + 1] .. ': caller clock is ' .. fmt(err.clock.behind) ..
       ' µs behind the last write, more than the allowed ' .. fmt(err.clock.max))
-  elseif err ~= nil and err.lease then
-    raise('SLUICE_ARGS', err.lease)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end

@@ -1,0 +1,151 @@
+package algorithm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Op is what one evaluation does. Each operation's rules (which policies
+// it may name, what cost it takes, what it carries) are checked here once,
+// by Check, for every store.
+type Op uint8
+
+// The operations. The zero value is OpSpend.
+const (
+	// OpSpend spends Cost (≥ 1) units of every policy, all of them rate
+	// policies.
+	OpSpend Op = iota
+	// OpPeek reads every policy's state, judged as a spend of 1, and
+	// changes nothing. Cost 0.
+	OpPeek
+	// OpRefund gives Cost (≥ 1) units back to every policy, each of a
+	// refundable algorithm (not sliding_window, not concurrency).
+	OpRefund
+	// OpReset clears every policy's state, whatever it holds. Cost 0, no
+	// evaluation id.
+	OpReset
+	// OpAcquire acquires the lease LeaseID on every concurrency policy it
+	// names (at least one) and spends Cost (≥ 1) units of every rate
+	// policy beside them, all or nothing.
+	OpAcquire
+	// OpRelease gives the lease LeaseID back on every policy, all of them
+	// concurrency policies: always admitted. Cost 0, no evaluation id.
+	OpRelease
+	// OpRenew extends the lease LeaseID on every policy, all of them
+	// concurrency policies, acquiring it afresh where it is not held.
+	// Cost 0, no evaluation id.
+	OpRenew
+)
+
+var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew"}
+
+// String returns the operation's name, e.g. "refund": its spelling in the
+// script's arguments and in the check API.
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// ParseOp maps an operation's name to the Op.
+func ParseOp(s string) (Op, bool) {
+	for o, name := range opNames {
+		if name == s {
+			return Op(o), true
+		}
+	}
+	return 0, false
+}
+
+// The rules an evaluation can break, matched with errors.Is; package
+// sluice exports them as its own.
+var (
+	ErrInvalidRequest = errors.New("invalid request")
+	ErrCostTooHigh    = errors.New("cost above policy maximum")
+	ErrNotRefundable  = errors.New("refund not supported")
+)
+
+// named returns o with its article, for messages: "a refund", "an acquire".
+func (o Op) named() string {
+	if o == OpAcquire {
+		return "an acquire"
+	}
+	return "a " + o.String()
+}
+
+// spends reports whether o takes a cost of 1 or more.
+func (o Op) spends() bool { return o == OpSpend || o == OpRefund || o == OpAcquire }
+
+// leased reports whether o names a lease.
+func (o Op) leased() bool { return o == OpAcquire || o == OpRelease || o == OpRenew }
+
+// Check reports whether op may be taken on policies with cost, the lease
+// leaseID ("" for none) and, when remembered is set, an evaluation id: the
+// rules of each operation, in one place. A store checks an evaluation with
+// it before it reads or writes any state; Evaluate assumes it passed.
+func Check(op Op, policies []Policy, cost int64, leaseID string, remembered bool) error {
+	switch {
+	case int(op) >= len(opNames):
+		return fmt.Errorf("%w: unknown operation %v", ErrInvalidRequest, op)
+	case len(policies) == 0:
+		return fmt.Errorf("%w: %v names no policy", ErrInvalidRequest, op)
+	case op.spends() && cost < 1:
+		return fmt.Errorf("%w: cost = %d: %s takes a cost of 1 or more", ErrInvalidRequest, cost, op.named())
+	case !op.spends() && cost != 0:
+		return fmt.Errorf("%w: cost = %d: %s takes no cost, leave it 0", ErrInvalidRequest, cost, op.named())
+	case op.leased() && leaseID == "":
+		return fmt.Errorf("%w: %s needs a lease id", ErrInvalidRequest, op.named())
+	case !op.leased() && leaseID != "":
+		return fmt.Errorf("%w: %s takes no lease id", ErrInvalidRequest, op.named())
+	case remembered && (op == OpReset || op == OpRelease || op == OpRenew):
+		return fmt.Errorf("%w: %s takes no evaluation id: repeating it is harmless", ErrInvalidRequest, op.named())
+	}
+	leases := 0
+	for i := range policies {
+		p := &policies[i]
+		if p.Kind == KindConcurrency {
+			leases++
+		}
+		if err := checkPolicy(op, p, cost); err != nil {
+			return err
+		}
+	}
+	if op == OpAcquire && leases == 0 {
+		return fmt.Errorf("%w: acquire names no concurrency policy: spend instead", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// checkPolicy reports whether op may name p with cost.
+func checkPolicy(op Op, p *Policy, cost int64) error {
+	conc := p.Kind == KindConcurrency
+	switch {
+	case conc && op == OpSpend:
+		return fmt.Errorf("policy %q: %w: spend on concurrency: a lease is taken by acquire", p.ID, ErrInvalidRequest)
+	case conc && op == OpRefund:
+		return fmt.Errorf("policy %q: %w by concurrency: release the lease instead", p.ID, ErrNotRefundable)
+	case !conc && (op == OpRelease || op == OpRenew):
+		return fmt.Errorf("policy %q: %w: %v on %v: only a concurrency policy holds leases", p.ID, ErrInvalidRequest, op, p.Kind)
+	case op == OpRefund && p.Kind == KindSlidingWindow:
+		return fmt.Errorf("policy %q: %w by sliding_window: after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable)
+	case !conc && op.spends() && cost > p.MaxCost:
+		return fmt.Errorf("policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
+	}
+	return nil
+}
+
+// RecordID returns the key under which a store remembers the decision for
+// evaluation id taken by op: spends (and acquisitions) and refunds apart,
+// nothing else ever ("").
+func RecordID(id string, op Op) string {
+	switch {
+	case id == "":
+		return ""
+	case op == OpSpend || op == OpAcquire:
+		return "s:" + id
+	case op == OpRefund:
+		return "r:" + id
+	}
+	return ""
+}
