@@ -65,7 +65,7 @@ func newLimiter(t *testing.T, clock *sluicetest.Clock, policies ...sluice.Policy
 
 func newMiddleware(t *testing.T, l *sluice.Limiter, opts httplimit.Options) *httplimit.Middleware {
 	t.Helper()
-	m, err := httplimit.NewMiddleware(l, opts)
+	m, err := httplimit.New(l, opts)
 	if err != nil {
 		t.Fatalf("NewMiddleware: %v", err)
 	}
@@ -132,10 +132,10 @@ func TestPerIPErrors(t *testing.T) {
 		want string
 	}{
 		{"invalid policy", policy("api", sluice.GCRA, 0, time.Second, sluice.FailClosed), httplimit.Options{}, `httplimit: PerIP: sluice: New: policies[0]: policy "api": limit = 0: must be between 1 and 1000000000`},
-		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits by client address alone; use NewMiddleware"},
-		{"api key header", good, httplimit.Options{APIKeyHeader: "X-API-Key"}, "Options.APIKeyHeader is set"},
-		{"bad trusted proxy", good, httplimit.Options{TrustedProxies: []string{"10.0.0.0/33"}}, `"10.0.0.0/33"`},
-		{"local", policy("api", sluice.GCRA, 10, time.Second, sluice.FailLocal), httplimit.Options{}, "use NewMiddleware with LocalFallback"},
+		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits every request by one policy; use New"},
+		{"default", good, httplimit.Options{Default: []string{"api"}}, "httplimit: PerIP: Options.Default is set"},
+		{"bad option", good, httplimit.Options{Deadline: -1}, "httplimit: Deadline = -1ns: must not be negative"},
+		{"local", policy("api", sluice.GCRA, 10, time.Second, sluice.FailLocal), httplimit.Options{}, `httplimit: Default.Policies[0] = "api": fails local, but Options.Fallback is nil`},
 	} {
 		_, err := httplimit.PerIP(store, tt.p, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -184,7 +184,7 @@ func TestDecisionInHandler(t *testing.T) {
 			io.WriteString(w, "unlimited")
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"action": d.Action.String(), "cost": d.Cost, "remaining": d.Outcome.Remaining})
+		json.NewEncoder(w).Encode(map[string]any{"action": d.Action, "cost": d.Cost, "remaining": d.Outcome.Remaining})
 	}))
 	var got []string
 	for range 3 {
@@ -245,7 +245,7 @@ func TestRefund(t *testing.T) {
 		}
 		// The work failed before it was done: give the unit back, twice.
 		first, second := httplimit.Refund(r.Context()), httplimit.Refund(r.Context())
-		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, httplimit.ErrNothingSpent))
+		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
 	}))
 	var got []string
 	for _, path := range []string{"/?fail=1", "/?fail=1", "/", "/", "/?fail=1", "/estimate?fail=1"} {
@@ -266,27 +266,30 @@ func TestRefund(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("answers, diff (-want +got):\n%s", diff)
 	}
-	if o := httplimit.Refund(t.Context()); o.Kind != sluice.Incompatible || !errors.Is(o.Err, httplimit.ErrNothingSpent) {
-		t.Errorf("Refund outside a limited request = %+v, want Incompatible with ErrNothingSpent", o)
+	if o := httplimit.Refund(t.Context()); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+		t.Errorf("Refund outside a limited request = %+v, want Incompatible with sluice.ErrInvalidRequest", o)
 	}
 }
 
 // An API that authenticates by key answers a request without one with its
 // own 401, not the limiter's 403.
 func TestPassAnonymous(t *testing.T) {
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
 	clock := sluicetest.NewClock(sluicetest.Start)
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
-		Default:      []string{"p"},
-		Sources:      []httplimit.Source{httplimit.FromAPIKey},
-		APIKeyHeader: "X-API-Key",
-		Anonymous:    httplimit.PassAnonymous,
+		Default:       []string{"p"},
+		Subject:       key,
+		PassAnonymous: true,
 	})
 	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-API-Key") == "" {
 			d, _ := httplimit.FromContext(r.Context())
 			w.Header().Set("WWW-Authenticate", "ApiKey")
-			http.Error(w, "no API key ("+d.Action.String()+")", http.StatusUnauthorized)
+			http.Error(w, "no API key ("+d.Action+")", http.StatusUnauthorized)
 			return
 		}
 		io.WriteString(w, "ok")
