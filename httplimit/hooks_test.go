@@ -304,3 +304,67 @@ func TestPassAnonymous(t *testing.T) {
 		t.Errorf("answers, diff (-want +got):\n%s", diff)
 	}
 }
+
+// TestStrictPaths: with Options.StrictPaths a path servers read
+// differently is answered 400 before the limiter, and the next handler
+// reads the others in the normal form the routes matched.
+func TestStrictPaths(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	m := newMiddleware(t, l, httplimit.Options{
+		Routes:      []httplimit.Route{{PathPrefix: "/login", Policies: []string{"p"}}},
+		StrictPaths: true,
+	})
+	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.URL.EscapedPath())
+	}))
+	var got []string
+	for _, p := range []string{"/x/%2e%2e/login", "/login", "//login", "/login%2F", "/login%00", "/docs//a/%7e/./b"} {
+		code, body, _ := get(t, srv, p)
+		if code == 400 {
+			var prob struct{ Detail string }
+			if err := json.Unmarshal([]byte(body), &prob); err != nil {
+				t.Fatalf("400 body %q: %v", body, err)
+			}
+			body = prob.Detail
+		}
+		got = append(got, fmt.Sprint(code, " ", strings.TrimSpace(body)))
+	}
+	want := []string{
+		"200 /login",
+		"429 " + `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Too many requests; retry in 60 s.","violated-policies":["p"]}`,
+		"429 " + `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Too many requests; retry in 60 s.","violated-policies":["p"]}`,
+		"400 The request path holds an encoded slash (%2F), which servers read differently.",
+		"400 The request path holds an encoded NUL or control byte, which servers read differently.",
+		"200 /docs/a/~/b",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("answers, diff (-want +got):\n%s", diff)
+	}
+}
+
+// TestRouteSubject: a route's own SubjectFunc replaces Options.Subject
+// for that route only.
+func TestRouteSubject(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	m := newMiddleware(t, l, httplimit.Options{
+		Routes: []httplimit.Route{
+			{PathPrefix: "/keyed", Policies: []string{"p"}, Subject: key},
+			{PathPrefix: "/", Policies: []string{"p"}},
+		},
+		OnDecision: func(_ *http.Request, d httplimit.Decision) { kinds = append(kinds, d.Action+"/"+d.SubjectKind) },
+	})
+	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	get(t, srv, "/keyed", "X-API-Key: k1")
+	get(t, srv, "/keyed")
+	get(t, srv, "/other", "X-API-Key: k1")
+	if diff := cmp.Diff([]string{"admitted/api_key", "no_subject/", "admitted/ip"}, kinds); diff != "" {
+		t.Errorf("decisions, diff (-want +got):\n%s", diff)
+	}
+}
