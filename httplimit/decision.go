@@ -22,8 +22,8 @@ const (
 // never the identity. Its fields are bounded enough for metric labels
 // except Subject and EvaluationID.
 type Decision struct {
-	// Operation is the route's operation, e.g. "POST /login", or
-	// DefaultOperation.
+	// Operation is the route's operation, e.g. "POST /login", or "*" for
+	// Options.Default.
 	Operation string
 	// Policies are the route's policy IDs. Do not modify.
 	Policies []string

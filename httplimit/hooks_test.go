@@ -67,7 +67,7 @@ func newMiddleware(t *testing.T, l *sluice.Limiter, opts httplimit.Options) *htt
 	t.Helper()
 	m, err := httplimit.New(l, opts)
 	if err != nil {
-		t.Fatalf("NewMiddleware: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	return m
 }
@@ -78,8 +78,8 @@ func TestRotatingUserAgentCannotEscapeTheDefault(t *testing.T) {
 	clock := sluicetest.NewClock(sluicetest.Start)
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
 	for name, m := range map[string]*httplimit.Middleware{
-		"NewMiddleware": newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
-		"PerIP":         mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed)),
+		"New":   newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
+		"PerIP": mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed)),
 	} {
 		srv := serveWith(t, m, okHandler())
 		var got []int

@@ -95,7 +95,7 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 	}
 	m, err := httplimit.New(l, opts)
 	if err != nil {
-		t.Fatalf("NewMiddleware: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	h.srv = httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -795,7 +795,7 @@ func TestNewErrors(t *testing.T) {
 	for _, tt := range tests {
 		_, err := httplimit.New(l, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-			t.Errorf("%s: NewMiddleware error = %v, want one containing %q", tt.name, err, tt.wantErr)
+			t.Errorf("%s: New error = %v, want one containing %q", tt.name, err, tt.wantErr)
 		}
 	}
 	if _, err := httplimit.New(nil, httplimit.Options{}); err == nil {

@@ -59,18 +59,15 @@ func ClientIP(ips *subject.IPResolver) SubjectFunc {
 // acceptable: a client that varies its User-Agent gets a fresh budget
 // each time.
 func IPUserAgent(ips *subject.IPResolver) SubjectFunc {
-	ips = resolver(ips)
+	clientIP := ClientIP(ips)
 	return func(r *http.Request) (string, string) {
-		p, err := ips.Prefix(r)
-		if err != nil {
-			return "", ""
-		}
+		kind, prefix := clientIP(r)
 		ua := r.UserAgent()
-		if ua == "" {
-			return kindIP, p.String()
+		if prefix == "" || ua == "" {
+			return kind, prefix
 		}
 		sum := sha256.Sum256([]byte(ua))
-		return kindIPUserAgent, p.String() + " " + hex.EncodeToString(sum[:8])
+		return kindIPUserAgent, prefix + " " + hex.EncodeToString(sum[:8])
 	}
 }
 

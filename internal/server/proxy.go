@@ -226,12 +226,7 @@ func (p *Proxy) screenHeaders(next http.Handler) http.Handler {
 				case name != h:
 					delete(r.Header, name)
 				case len(vals) > 1:
-					h := w.Header()
-					h.Set("Content-Type", "application/problem+json")
-					h.Set("Cache-Control", "no-store")
-					h.Set("Content-Length", strconv.Itoa(len(problemDuplicate)))
-					w.WriteHeader(http.StatusBadRequest)
-					io.WriteString(w, problemDuplicate)
+					writeProblem(w, http.StatusBadRequest, problemDuplicate)
 					return
 				}
 			}
@@ -322,12 +317,17 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 		level = slog.LevelDebug // the client went away
 	}
 	p.log.Log(r.Context(), level, "proxy: upstream failed", slog.String("method", r.Method), slog.String("err", err.Error()))
+	writeProblem(w, http.StatusBadGateway, problem502)
+}
+
+// writeProblem answers status with the problem+json body.
+func writeProblem(w http.ResponseWriter, status int, body string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(problem502)))
-	w.WriteHeader(http.StatusBadGateway)
-	io.WriteString(w, problem502)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	io.WriteString(w, body)
 }
 
 // statusWriter remembers the status written through it.
