@@ -1,8 +1,8 @@
 // Package httplimit is sluice's net/http middleware. For each request it
 // picks the route's policies, resolves who is asking (by default the
-// client address behind trusted proxies; a principal or an API key where
-// configured), turns that into a pseudonym, asks the Limiter within a
-// deadline, and answers:
+// client address; the address behind trusted proxies, a principal or an
+// API key where configured), turns that into a pseudonym, asks the
+// Limiter within a deadline, and answers:
 //
 //   - allowed: the request goes on, with RateLimit-Policy and RateLimit
 //     header fields (draft-ietf-httpapi-ratelimit-headers);
@@ -31,8 +31,13 @@
 // work it was admitted for was not done; Options.Deny writes custom
 // answers to the requests the middleware refuses.
 //
-// The middleware has the func(http.Handler) http.Handler shape that the
-// standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
+// In front of a reverse proxy, Options.StrictPaths refuses the paths
+// servers read differently and passes the others on in the normal form
+// the routes matched, so the upstream cannot read a spelling as a
+// limited route that the middleware did not.
+//
+// Middleware.Handler has the func(http.Handler) http.Handler shape that
+// the standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
 package httplimit
 
 import (

@@ -85,7 +85,10 @@ func resolver(ips *subject.IPResolver) *subject.IPResolver {
 // (check keys in the handler, or limit by Principal after checking them).
 // A request without the header, with an empty value or with the header
 // more than once (which names no one subject, and an upstream may read
-// either line) is unidentified. The error names an invalid header name.
+// either line) is unidentified. A spelling with "_" for "-" (X_API_Key)
+// is another header to net/http, but the same one to CGI, WSGI, Rack and
+// PHP: in front of such an upstream, drop those spellings (sluice serve's
+// proxy does). The error names an invalid header name.
 func Header(name string) (SubjectFunc, error) {
 	if !httpguts.ValidHeaderFieldName(name) {
 		return nil, optionError("Header", fmt.Sprintf("%q", name), "must be a header name such as X-API-Key")
