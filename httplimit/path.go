@@ -60,7 +60,7 @@ func hasPathPrefix(p, prefix string) bool {
 // encoded slash (%2F)"; it is "" for the others. A path that does not
 // start with "/" ("*") is its own normal form.
 func normalPath(p string) (normal, decoded, reason string) {
-	if p == "" || p[0] != '/' {
+	if p == "" || p[0] != '/' || isPlainPath(p) {
 		return p, p, ""
 	}
 	raw := strings.Split(p[1:], "/")
@@ -90,6 +90,23 @@ func normalPath(p string) (normal, decoded, reason string) {
 		normal, decoded = normal+"/", decoded+"/"
 	}
 	return normal, decoded, ""
+}
+
+// isPlainPath reports whether p, which starts with "/", is its own normal
+// form for want of anything to normalise: no escape, backslash or control
+// byte, and no segment that is empty or starts with "." or ";" (where
+// dot segments, disguised or not, are). Most paths are, and are then
+// passed on without a copy.
+func isPlainPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c == '%' || c == '\\' || c < 0x20 || c == 0x7f:
+			return false
+		case c == '/' && i+1 < len(p) && (p[i+1] == '/' || p[i+1] == '.' || p[i+1] == ';'):
+			return false
+		}
+	}
+	return true
 }
 
 // normalSegment writes segment s normalised to enc and fully decoded to
