@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // benchHandler is the middleware over a memstore, called without sockets
@@ -24,10 +25,17 @@ func benchHandler(b *testing.B) http.Handler {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := httplimit.NewMiddleware(l, httplimit.Options{
-		Routes:         []httplimit.Route{{PathPrefix: "/api", Policies: []string{"api"}}},
-		APIKeyHeader:   "X-API-Key",
-		TrustedProxies: []string{"10.0.0.0/8"},
+	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := httplimit.New(l, httplimit.Options{
+		Routes:  []httplimit.Route{{PathPrefix: "/api", Policies: []string{"api"}}},
+		Subject: httplimit.FirstOf(key, httplimit.ClientIP(ips)),
 	})
 	if err != nil {
 		b.Fatal(err)

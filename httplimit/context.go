@@ -2,16 +2,16 @@ package httplimit
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
 )
 
-// ErrNothingSpent is the error of a Refund for a request that spent
+// errNothingSpent is the error of a Refund for a request that spent
 // nothing: it was not limited, was denied, passed while the limiter could
 // not decide, or was refunded already.
-var ErrNothingSpent = errors.New("httplimit: the request spent nothing to refund")
+var errNothingSpent = fmt.Errorf("httplimit: the request spent nothing to refund: %w", sluice.ErrInvalidRequest)
 
 // stateKey keys the request's *state in its context.
 type stateKey struct{}
@@ -45,22 +45,22 @@ func FromContext(ctx context.Context) (Decision, bool) {
 // a retried request's refund is not given twice either.
 //
 // The answer is the Limiter's outcome: Allowed with the numbers after the
-// refund, or Incompatible with ErrNothingSpent for a request that spent
-// nothing (or was refunded already) and with sluice.ErrNotRefundable for a
-// policy whose algorithm cannot give units back (sliding_window). A
-// route's concurrency policies are left alone: their lease is released
-// when the handler returns. The
-// refund gets the middleware's deadline of its own, so it also runs when
-// the request's context is already canceled.
+// refund; Incompatible with an Err matching sluice.ErrInvalidRequest for a
+// request that spent nothing (or was refunded already); Incompatible with
+// sluice.ErrNotRefundable for a policy whose algorithm cannot give units
+// back (sliding_window). A route's concurrency policies are left alone:
+// their lease is released when the handler returns. The refund gets the
+// middleware's deadline of its own, so it also runs when the request's
+// context is already canceled.
 func Refund(ctx context.Context) sluice.Outcome {
 	st, ok := ctx.Value(stateKey{}).(*state)
 	if !ok {
-		return sluice.Outcome{Kind: sluice.Incompatible, Err: ErrNothingSpent}
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	if st.d.Action != Admitted {
+	if st.d.Action != actionAdmitted {
 		// Denied, failed or unidentified (in shadow mode too): nothing
 		// was spent.
-		return sluice.Outcome{Kind: sluice.Incompatible, Err: ErrNothingSpent}
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
 	lim, policies := st.m.limiter, st.rt.policies
 	if st.d.Local {
@@ -68,10 +68,9 @@ func Refund(ctx context.Context) sluice.Outcome {
 	}
 	policies = rated(lim, policies)
 	if len(policies) == 0 || !st.refunded.CompareAndSwap(false, true) {
-		return sluice.Outcome{Kind: sluice.Incompatible, Err: ErrNothingSpent}
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	req := request(lim, policies, &st.d)
-	req.Op = sluice.Refund
+	req := request(lim, policies, &st.d, true)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.m.deadline)
 	defer cancel()
 	o := lim.Check(ctx, req)

@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -9,50 +8,27 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// Action is what a decision calls for. Its String form is the log and
-// metric spelling.
-type Action uint8
-
-// Actions.
+// The values of Decision.Action.
 const (
-	// Admitted: the limiter (or the local fallback) admitted the request.
-	Admitted Action = iota + 1
-	// Limited: the limiter (or the local fallback) denied it: 429.
-	Limited
-	// FailedClosed: no decision, and a policy fails closed (or the local
-	// fallback failed too): 503.
-	FailedClosed
-	// FailedOpen: no decision, and every policy fails open: the request
-	// goes on.
-	FailedOpen
-	// NoSubject: no source identified the request, and Options.Anonymous
-	// is DenyAnonymous (403) or PassAnonymous (the request goes on). The
-	// limiter was not asked.
-	NoSubject
+	actionAdmitted     = "admitted"
+	actionLimited      = "limited"
+	actionFailedClosed = "failed_closed"
+	actionFailedOpen   = "failed_open"
+	actionNoSubject    = "no_subject"
 )
-
-var actionNames = [...]string{Admitted: "admitted", Limited: "limited", FailedClosed: "failed_closed", FailedOpen: "failed_open", NoSubject: "no_subject"}
-
-// String returns the log and metric spelling, e.g. "failed_open".
-func (a Action) String() string {
-	if a >= Admitted && a <= NoSubject {
-		return actionNames[a]
-	}
-	return fmt.Sprintf("Action(%d)", uint8(a))
-}
 
 // Decision is what the middleware did with one request, as handed to
 // Options.OnDecision and found by FromContext. It holds the pseudonym,
 // never the identity. Its fields are bounded enough for metric labels
 // except Subject and EvaluationID.
 type Decision struct {
-	// Operation is the route's operation, e.g. "POST /login", or
-	// DefaultOperation.
+	// Operation is the route's operation, e.g. "POST /login", or "*" for
+	// Options.Default.
 	Operation string
 	// Policies are the route's policy IDs. Do not modify.
 	Policies []string
-	// SubjectKind is the source that identified the request, e.g.
-	// "api_key", or AnonymousKind; "" when none did (NoSubject).
+	// SubjectKind is the kind of the identity, e.g. "api_key" (see
+	// SubjectFunc); "" when there is none (Action "no_subject").
 	SubjectKind string
 	// Subject is the pseudonym the limiter saw, e.g. "k1:3q2-7w…"; "" when
 	// none. Never a metric label: it is unbounded.
@@ -63,10 +39,21 @@ type Decision struct {
 	// EvaluationID is the digest of the request's idempotency key (see
 	// Options.IdempotencyKeyHeader), e.g. "ik:Qm9…"; "" when none.
 	EvaluationID string
-	// Action is what the outcome calls for.
-	Action Action
+	// Action is what the outcome calls for, in its log and metric
+	// spelling:
+	//   - "admitted": the limiter (or the local fallback) admitted the
+	//     request;
+	//   - "limited": it denied it: 429;
+	//   - "failed_closed": no decision, and a policy fails closed (or the
+	//     local fallback failed too): 503;
+	//   - "failed_open": no decision, and every policy fails open: the
+	//     request goes on;
+	//   - "no_subject": the route's SubjectFunc identified no one: 403,
+	//     or the request goes on with Options.PassAnonymous. The limiter
+	//     was not asked.
+	Action string
 	// Shadow reports that the route is in shadow mode and Action was not
-	// enforced: a Limited, FailedClosed or NoSubject request went on.
+	// enforced: a limited, failed_closed or no_subject request went on.
 	Shadow bool
 	// Status is the status the middleware answers with, e.g. 429 (or
 	// Options.Deny answers in its place); 0 when the request went on to
@@ -74,7 +61,7 @@ type Decision struct {
 	Status int
 	// Outcome is the main limiter's outcome; its Kind tells a lost reply
 	// (Indeterminate) from a refusal to try or corrupt state (Unavailable,
-	// with its Cause). Zero for NoSubject.
+	// with its Cause). Zero for no_subject.
 	Outcome sluice.Outcome
 	// Local reports that the main limiter could not decide and the local
 	// fallback was asked; LocalOutcome is its answer.
@@ -90,9 +77,9 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	}
 	level := slog.LevelDebug
 	switch {
-	case d.Action == FailedClosed || d.Action == FailedOpen || d.Local:
+	case d.Action == actionFailedClosed || d.Action == actionFailedOpen || d.Local:
 		level = slog.LevelWarn
-	case d.Shadow || d.Action == NoSubject:
+	case d.Shadow || d.Action == actionNoSubject:
 		level = slog.LevelInfo
 	}
 	ctx := r.Context()
@@ -115,7 +102,7 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	attrs = append(attrs,
 		slog.String("operation", d.Operation),
 		slog.String("policies", strings.Join(d.Policies, ",")),
-		slog.String("action", d.Action.String()),
+		slog.String("action", d.Action),
 		slog.String("subject_kind", d.SubjectKind),
 		slog.String("subject", d.Subject),
 	)

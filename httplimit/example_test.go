@@ -33,18 +33,21 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	limit := httplimit.New(limiter, httplimit.Options{
+	limit, err := httplimit.New(limiter, httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
 		// A real application returns the principal its authentication
 		// established; this example trusts a header.
-		Principal: func(r *http.Request) (string, bool) {
+		Subject: httplimit.Principal(func(r *http.Request) (string, bool) {
 			account := r.Header.Get("X-Account")
 			return account, account != ""
-		},
+		}),
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /demo", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
-	srv := httptest.NewServer(limit(mux))
+	srv := httptest.NewServer(limit.Handler(mux))
 	defer srv.Close()
 
 	for range 4 {
@@ -68,10 +71,12 @@ func Example() {
 	// Retry-After: 10 application/problem+json
 }
 
-// A shared store (Redis) decides normally; when it cannot, policies with
-// FailureMode FailLocal are decided by an in-process store holding a share
-// of each limit: with four instances, a quarter each.
-func ExampleLocalFallback() {
+// Behind a load balancer at 10.0.0.0/8, requests are limited by their API
+// key, and those without one by the client address the balancer vouches
+// for. A shared store (Redis) decides normally; when it cannot, policies
+// with FailureMode FailLocal are decided by an in-process store holding a
+// share of each limit: with four instances, a quarter each.
+func ExampleFirstOf() {
 	shared, err := memstore.New(memstore.Options{}) // in production, e.g. a redisstore.Store
 	if err != nil {
 		log.Fatal(err)
@@ -88,29 +93,47 @@ func ExampleLocalFallback() {
 		log.Fatal(err)
 	}
 	defer local.Close()
-	fallback, err := httplimit.LocalFallback(limiter, local, 0.25, sluice.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
 	pseudonyms, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("load me from a secret store!")}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	m, err := httplimit.NewMiddleware(limiter, httplimit.Options{
-		Default:        []string{"api"},
-		APIKeyHeader:   "X-API-Key",
-		TrustedProxies: []string{"10.0.0.0/8"},
-		Pseudonymizer:  pseudonyms,
-		Fallback:       fallback,
+	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	apiKey, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	m, err := httplimit.New(limiter, httplimit.Options{
+		Default:       []string{"api"},
+		Subject:       httplimit.FirstOf(apiKey, httplimit.ClientIP(ips)),
+		Pseudonymizer: pseudonyms,
+		Fallback:      local,
+		LocalShare:    0.25,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	p, _ := fallback.Policy("api")
-	fmt.Println("local limit:", p.Limit, "per", p.Window)
-	_ = m.Handler(http.NotFoundHandler())
+	srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := httplimit.FromContext(r.Context())
+		fmt.Println(d.Action, "by", d.SubjectKind)
+	})))
+	defer srv.Close()
+	for _, key := range []string{"sk_1", ""} {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+	}
 	// Output:
-	// local limit: 25 per 1s
+	// admitted by api_key
+	// admitted by ip
 }
 
 // The common case: each client address may send 3 requests per minute to
@@ -161,7 +184,7 @@ func ExampleRefund() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	m, err := httplimit.NewMiddleware(limiter, httplimit.Options{
+	m, err := httplimit.New(limiter, httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/export", Policies: []string{"export"}, Cost: 5}},
 		Deny: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d, _ := httplimit.FromContext(r.Context())

@@ -1,29 +1,18 @@
 package httplimit
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
 	"github.com/sluicehq/sluice"
 )
 
-// LocalFallback returns a Limiter over store (typically a memstore.Store
-// of this process) holding share of each of l's policies whose failure
-// mode is FailLocal, under the same IDs: Limit (and Burst, for
-// token_bucket and gcra) scaled by share and rounded down, at least 1;
-// MaxCost capped at the new capacity. Pass it as Options.Fallback.
-//
-// With n instances of an application, share 1/n makes an outage of the
-// shared store degrade to approximately the configured limit instead of
-// to no limit. share must be in (0, 1]. The caller owns store and closes
-// it.
-func LocalFallback(l *sluice.Limiter, store sluice.Store, share float64, opts sluice.Options) (*sluice.Limiter, error) {
-	if l == nil {
-		return nil, errors.New("httplimit: LocalFallback: limiter is nil")
-	}
+// localFallback returns the Limiter over store holding share of each of
+// l's policies whose failure mode is FailLocal, under the same IDs (see
+// Options.Fallback and LocalShare).
+func localFallback(l *sluice.Limiter, store sluice.Store, share float64) (*sluice.Limiter, error) {
 	if !(share > 0 && share <= 1) {
-		return nil, fmt.Errorf("httplimit: LocalFallback: share %v: must be in (0, 1]", share)
+		return nil, optionError("LocalShare", share, "must be in (0, 1]")
 	}
 	var local []sluice.Policy
 	for _, id := range l.Policies() {
@@ -34,11 +23,11 @@ func LocalFallback(l *sluice.Limiter, store sluice.Store, share float64, opts sl
 		local = append(local, scale(p, share))
 	}
 	if len(local) == 0 {
-		return nil, errors.New("httplimit: LocalFallback: the limiter has no policy whose failure mode is local")
+		return nil, optionError("Fallback", "set", "the limiter has no policy whose failure mode is local")
 	}
-	fl, err := sluice.New(store, local, opts)
+	fl, err := sluice.New(store, local, sluice.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("httplimit: LocalFallback: %w", err)
+		return nil, fmt.Errorf("httplimit: local fallback: %w", err)
 	}
 	return fl, nil
 }

@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -9,10 +10,10 @@ import (
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
-// QuotaExceededType is the problem type of a 429 answer, defined by
+// quotaExceededType is the problem type of a 429 answer, defined by
 // draft-ietf-httpapi-ratelimit-headers: its extension member
 // "violated-policies" lists the IDs of the policies that denied.
-const QuotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+const quotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 // problem is an RFC 9457 problem detail.
 type problem struct {
@@ -36,6 +37,49 @@ func writeProblem(w http.ResponseWriter, status int, p problem) {
 	h.Del("Content-Encoding")
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// writeRefusal writes the built-in answer of status (429, 503 or 403),
+// retry the 429's Retry-After seconds and decided its outcome.
+func writeRefusal(w http.ResponseWriter, status int, retry int64, decided sluice.Outcome) {
+	switch status {
+	case http.StatusTooManyRequests:
+		writeProblem(w, status, problem{
+			Type:             quotaExceededType,
+			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+			Status:           status,
+			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", retry),
+			ViolatedPolicies: violated(decided),
+		})
+	case http.StatusServiceUnavailable:
+		writeProblem(w, status, problem{
+			Type:   "about:blank",
+			Title:  "Service Unavailable",
+			Status: status,
+			Detail: "The rate limiter could not decide; retry shortly.",
+		})
+	case http.StatusForbidden:
+		writeProblem(w, status, problem{
+			Type:   "about:blank",
+			Title:  "Forbidden",
+			Status: status,
+			Detail: "The request carries no identity this endpoint can be rate limited by.",
+		})
+	}
+}
+
+// violated lists the policies that denied o.
+func violated(o sluice.Outcome) []string {
+	if len(o.Statuses) == 0 {
+		return []string{o.Policy}
+	}
+	var ids []string
+	for _, s := range o.Statuses {
+		if !s.Allowed {
+			ids = append(ids, s.Policy)
+		}
+	}
+	return ids
 }
 
 // setStatusHeaders writes the RateLimit field (and the legacy ones when

@@ -65,9 +65,9 @@ func newLimiter(t *testing.T, clock *sluicetest.Clock, policies ...sluice.Policy
 
 func newMiddleware(t *testing.T, l *sluice.Limiter, opts httplimit.Options) *httplimit.Middleware {
 	t.Helper()
-	m, err := httplimit.NewMiddleware(l, opts)
+	m, err := httplimit.New(l, opts)
 	if err != nil {
-		t.Fatalf("NewMiddleware: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	return m
 }
@@ -78,8 +78,8 @@ func TestRotatingUserAgentCannotEscapeTheDefault(t *testing.T) {
 	clock := sluicetest.NewClock(sluicetest.Start)
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
 	for name, m := range map[string]*httplimit.Middleware{
-		"NewMiddleware": newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
-		"PerIP":         mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed)),
+		"New":   newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
+		"PerIP": mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed)),
 	} {
 		srv := serveWith(t, m, okHandler())
 		var got []int
@@ -132,10 +132,10 @@ func TestPerIPErrors(t *testing.T) {
 		want string
 	}{
 		{"invalid policy", policy("api", sluice.GCRA, 0, time.Second, sluice.FailClosed), httplimit.Options{}, `httplimit: PerIP: sluice: New: policies[0]: policy "api": limit = 0: must be between 1 and 1000000000`},
-		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits by client address alone; use NewMiddleware"},
-		{"api key header", good, httplimit.Options{APIKeyHeader: "X-API-Key"}, "Options.APIKeyHeader is set"},
-		{"bad trusted proxy", good, httplimit.Options{TrustedProxies: []string{"10.0.0.0/33"}}, `"10.0.0.0/33"`},
-		{"local", policy("api", sluice.GCRA, 10, time.Second, sluice.FailLocal), httplimit.Options{}, "use NewMiddleware with LocalFallback"},
+		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits every request by one policy; use New"},
+		{"default", good, httplimit.Options{Default: []string{"api"}}, "httplimit: PerIP: Options.Default is set"},
+		{"bad option", good, httplimit.Options{Deadline: -1}, "httplimit: Deadline = -1ns: must not be negative"},
+		{"local", policy("api", sluice.GCRA, 10, time.Second, sluice.FailLocal), httplimit.Options{}, `httplimit: Default.Policies[0] = "api": fails local, but Options.Fallback is nil`},
 	} {
 		_, err := httplimit.PerIP(store, tt.p, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -184,7 +184,7 @@ func TestDecisionInHandler(t *testing.T) {
 			io.WriteString(w, "unlimited")
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"action": d.Action.String(), "cost": d.Cost, "remaining": d.Outcome.Remaining})
+		json.NewEncoder(w).Encode(map[string]any{"action": d.Action, "cost": d.Cost, "remaining": d.Outcome.Remaining})
 	}))
 	var got []string
 	for range 3 {
@@ -245,7 +245,7 @@ func TestRefund(t *testing.T) {
 		}
 		// The work failed before it was done: give the unit back, twice.
 		first, second := httplimit.Refund(r.Context()), httplimit.Refund(r.Context())
-		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, httplimit.ErrNothingSpent))
+		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
 	}))
 	var got []string
 	for _, path := range []string{"/?fail=1", "/?fail=1", "/", "/", "/?fail=1", "/estimate?fail=1"} {
@@ -266,27 +266,30 @@ func TestRefund(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("answers, diff (-want +got):\n%s", diff)
 	}
-	if o := httplimit.Refund(t.Context()); o.Kind != sluice.Incompatible || !errors.Is(o.Err, httplimit.ErrNothingSpent) {
-		t.Errorf("Refund outside a limited request = %+v, want Incompatible with ErrNothingSpent", o)
+	if o := httplimit.Refund(t.Context()); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+		t.Errorf("Refund outside a limited request = %+v, want Incompatible with sluice.ErrInvalidRequest", o)
 	}
 }
 
 // An API that authenticates by key answers a request without one with its
 // own 401, not the limiter's 403.
 func TestPassAnonymous(t *testing.T) {
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
 	clock := sluicetest.NewClock(sluicetest.Start)
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
-		Default:      []string{"p"},
-		Sources:      []httplimit.Source{httplimit.FromAPIKey},
-		APIKeyHeader: "X-API-Key",
-		Anonymous:    httplimit.PassAnonymous,
+		Default:       []string{"p"},
+		Subject:       key,
+		PassAnonymous: true,
 	})
 	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-API-Key") == "" {
 			d, _ := httplimit.FromContext(r.Context())
 			w.Header().Set("WWW-Authenticate", "ApiKey")
-			http.Error(w, "no API key ("+d.Action.String()+")", http.StatusUnauthorized)
+			http.Error(w, "no API key ("+d.Action+")", http.StatusUnauthorized)
 			return
 		}
 		io.WriteString(w, "ok")
@@ -299,5 +302,69 @@ func TestPassAnonymous(t *testing.T) {
 	want := []string{"401 no API key (no_subject)", "200 ok", `429 {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Too many requests; retry in 60 s.","violated-policies":["p"]}`, "401 no API key (no_subject)"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("answers, diff (-want +got):\n%s", diff)
+	}
+}
+
+// TestStrictPaths: with Options.StrictPaths a path servers read
+// differently is answered 400 before the limiter, and the next handler
+// reads the others in the normal form the routes matched.
+func TestStrictPaths(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	m := newMiddleware(t, l, httplimit.Options{
+		Routes:      []httplimit.Route{{PathPrefix: "/login", Policies: []string{"p"}}},
+		StrictPaths: true,
+	})
+	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.URL.EscapedPath())
+	}))
+	var got []string
+	for _, p := range []string{"/x/%2e%2e/login", "/login", "//login", "/login%2F", "/login%00", "/docs//a/%7e/./b"} {
+		code, body, _ := get(t, srv, p)
+		if code == 400 {
+			var prob struct{ Detail string }
+			if err := json.Unmarshal([]byte(body), &prob); err != nil {
+				t.Fatalf("400 body %q: %v", body, err)
+			}
+			body = prob.Detail
+		}
+		got = append(got, fmt.Sprint(code, " ", strings.TrimSpace(body)))
+	}
+	want := []string{
+		"200 /login",
+		"429 " + `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Too many requests; retry in 60 s.","violated-policies":["p"]}`,
+		"429 " + `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Too many requests; retry in 60 s.","violated-policies":["p"]}`,
+		"400 The request path holds an encoded slash (%2F), which servers read differently.",
+		"400 The request path holds an encoded NUL or control byte, which servers read differently.",
+		"200 /docs/a/~/b",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("answers, diff (-want +got):\n%s", diff)
+	}
+}
+
+// TestRouteSubject: a route's own SubjectFunc replaces Options.Subject
+// for that route only.
+func TestRouteSubject(t *testing.T) {
+	clock := sluicetest.NewClock(sluicetest.Start)
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	m := newMiddleware(t, l, httplimit.Options{
+		Routes: []httplimit.Route{
+			{PathPrefix: "/keyed", Policies: []string{"p"}, Subject: key},
+			{PathPrefix: "/", Policies: []string{"p"}},
+		},
+		OnDecision: func(_ *http.Request, d httplimit.Decision) { kinds = append(kinds, d.Action+"/"+d.SubjectKind) },
+	})
+	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	get(t, srv, "/keyed", "X-API-Key: k1")
+	get(t, srv, "/keyed")
+	get(t, srv, "/other", "X-API-Key: k1")
+	if diff := cmp.Diff([]string{"admitted/api_key", "no_subject/", "admitted/ip"}, kinds); diff != "" {
+		t.Errorf("decisions, diff (-want +got):\n%s", diff)
 	}
 }

@@ -1,8 +1,8 @@
 // Package httplimit is sluice's net/http middleware. For each request it
 // picks the route's policies, resolves who is asking (by default the
-// client address behind trusted proxies; a principal or an API key where
-// configured), turns that into a pseudonym, asks the Limiter within a
-// deadline, and answers:
+// client address; the address behind trusted proxies, a principal or an
+// API key where configured), turns that into a pseudonym, asks the
+// Limiter within a deadline, and answers:
 //
 //   - allowed: the request goes on, with RateLimit-Policy and RateLimit
 //     header fields (draft-ietf-httpapi-ratelimit-headers);
@@ -17,29 +17,38 @@
 // hashed: it never reaches the Limiter, a log line or a Decision.
 //
 // PerIP builds the common case in one call: one policy, per client
-// address. NewMiddleware takes routes, several policies per route, costs
-// and the other Options. Every invalid option is an error at
-// construction, naming the option, its value and the rule it breaks.
+// address. New takes routes, several policies per route, costs and the
+// other Options. Every invalid option is an error at construction,
+// naming the option, its value and the rule it breaks.
+//
+// Who a request is limited as is one function of the request, a
+// SubjectFunc: Options.Subject, or a Route's own. ClientIP (the address
+// behind trusted proxies), Header, Principal and IPUserAgent build the
+// usual ones; FirstOf chains them.
 //
 // The handler behind the middleware finds the Decision in its request's
 // context (FromContext) and can give the units back (Refund) when the
 // work it was admitted for was not done; Options.Deny writes custom
 // answers to the requests the middleware refuses.
 //
-// The middleware has the func(http.Handler) http.Handler shape that the
-// standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
+// In front of a reverse proxy, Options.StrictPaths refuses the paths
+// servers read differently and passes the others on in the normal form
+// the routes matched, so the upstream cannot read a spelling as a
+// limited route that the middleware did not.
+//
+// Middleware.Handler has the func(http.Handler) http.Handler shape that
+// the standard library, chi (r.Use) and gorilla/mux (r.Use) all accept.
 package httplimit
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/netip"
 	"path"
 	"slices"
 	"strconv"
@@ -62,70 +71,9 @@ import (
 // and the store's circuit breaker soon answers at once.
 const DefaultDeadline = 500 * time.Millisecond
 
-// DefaultOperation is the operation of requests that no route matches and
+// defaultOperation is the operation of requests that no route matches and
 // that Options.Default limits.
-const DefaultOperation = "*"
-
-// Source is a place a subject's identity can come from. Its String form is
-// the kind folded into the pseudonym.
-type Source uint8
-
-// Sources. The default order is FromPrincipal, FromAPIKey, FromIP:
-// without Options.Principal and Options.APIKeyHeader, the client address.
-const (
-	// FromPrincipal: the authenticated principal, from Options.Principal.
-	FromPrincipal Source = iota + 1
-	// FromAPIKey: the value of the Options.APIKeyHeader header.
-	FromAPIKey
-	// FromIPUserAgent: the client IP prefix together with a digest of the
-	// User-Agent, so clients behind one NAT get separate budgets. Skipped
-	// when the request has no User-Agent. Not in the default order, and
-	// only for routes where that is acceptable: a client that varies its
-	// User-Agent gets a fresh budget every time.
-	FromIPUserAgent
-	// FromIP: the client IP prefix (see Options.TrustedProxies,
-	// IPv4Prefix, IPv6Prefix).
-	FromIP
-)
-
-var sourceNames = [...]string{FromPrincipal: "principal", FromAPIKey: "api_key", FromIPUserAgent: "ip_user_agent", FromIP: "ip"}
-
-// String returns the kind folded into the pseudonym, e.g. "api_key".
-func (s Source) String() string {
-	if s >= FromPrincipal && s <= FromIP {
-		return sourceNames[s]
-	}
-	return fmt.Sprintf("Source(%d)", uint8(s))
-}
-
-// defaultSources is the resolution order unless Options.Sources says
-// otherwise. Nothing the client controls freely (a User-Agent) is in it:
-// the principal comes from the application's authentication, the API key
-// header is only read when configured, and the address is resolved
-// through trusted proxies only.
-var defaultSources = []Source{FromPrincipal, FromAPIKey, FromIP}
-
-// AnonymousKind is the kind of the shared subject of ShareAnonymous.
-const AnonymousKind = "anonymous"
-
-// Anonymous says what becomes of a request none of the sources identifies
-// (no principal and no API key on a route that reads only those, or an
-// unusable RemoteAddr).
-type Anonymous uint8
-
-const (
-	// DenyAnonymous answers 403 Forbidden with a problem body, without
-	// asking the Limiter.
-	DenyAnonymous Anonymous = iota
-	// ShareAnonymous puts every such request of a route into one shared
-	// budget (kind "anonymous", identity "").
-	ShareAnonymous
-	// PassAnonymous lets such requests go on, unlimited, so that the
-	// application's own authentication answers them (typically 401 for a
-	// missing API key). Use it only where the next handler refuses every
-	// unidentified request.
-	PassAnonymous
-)
+const defaultOperation = "*"
 
 // Route selects the policies of the requests it matches.
 type Route struct {
@@ -140,9 +88,11 @@ type Route struct {
 	// Default: any.
 	Methods []string
 	// PathPrefix the route matches, by whole path segments: "/api" matches
-	// "/api" and "/api/users", not "/apikeys". The request path is cleaned
-	// first ("/a/../api//x" is "/api/x"), so a path cannot be spelled to
-	// slip past a route. Default: "/", every path.
+	// "/api" and "/api/users", not "/apikeys". Paths are compared in a
+	// canonical form, so that no spelling a lenient server takes for the
+	// same path slips past a route: "/a/../API//x", "/api;x=1/x",
+	// `/api\x` and "/api./x" are all "/api/x" (see Options.StrictPaths
+	// for refusing such spellings instead). Default: "/", every path.
 	PathPrefix string
 	// Match, when set, decides instead of Methods and PathPrefix.
 	// Default: nil.
@@ -153,12 +103,9 @@ type Route struct {
 	// Cost is the number of units one request spends, e.g. 5 for an
 	// expensive search; at most every policy's MaxCost. Default: 1.
 	Cost int64
-	// Sources override Options.Sources for this route. Default: nil, use
-	// Options.Sources.
-	Sources []Source
-	// APIKeyHeader overrides Options.APIKeyHeader for this route.
-	// Default: "", use Options.APIKeyHeader.
-	APIKeyHeader string
+	// Subject says who the route's requests are limited as.
+	// Default: nil, Options.Subject.
+	Subject SubjectFunc
 	// Shadow makes this route report but never block. Default: false
 	// (Options.Shadow applies to every route).
 	Shadow bool
@@ -170,43 +117,25 @@ type Options struct {
 	// wins. Default: none, every request gets Default.
 	Routes []Route
 	// Default are the policy IDs of requests no route matches, under
-	// operation DefaultOperation, at a cost of 1. Default: none, such
-	// requests pass unlimited and without headers.
+	// operation "*", at a cost of 1. Default: none, such requests pass
+	// unlimited and without headers.
 	Default []string
-	// Sources is the order in which a subject is resolved; the first that
-	// yields an identity wins. Default: FromPrincipal, FromAPIKey, FromIP,
-	// which is the client address unless Principal or APIKeyHeader is set.
-	Sources []Source
+	// Subject says who a request is limited as, for the routes that do
+	// not say it themselves, e.g. FirstOf(Principal(userID),
+	// ClientIP(ips)). Default: ClientIP(nil), the socket peer's address.
+	Subject SubjectFunc
+	// PassAnonymous lets requests that Subject does not identify go on,
+	// unlimited, so that the application's own authentication answers
+	// them (typically 401 for a missing API key). Use it only where the
+	// next handler refuses every unidentified request. Default: false,
+	// they are answered 403 Forbidden with a problem body, without asking
+	// the Limiter.
+	PassAnonymous bool
 	// Pseudonymizer turns (kind, identity, operation) into the subject the
 	// Limiter sees. Default: subject.Unkeyed(), whose pseudonyms anyone can
 	// recompute from a guessed identity (an IPv4 address is guessed in
 	// minutes): configure a keyed one (subject.New) in production.
 	Pseudonymizer *subject.Pseudonymizer
-	// Principal returns the authenticated principal of a request, e.g. the
-	// user ID an authentication middleware put in the context, and whether
-	// there is one. Default: nil, FromPrincipal never matches.
-	Principal func(*http.Request) (string, bool)
-	// APIKeyHeader is the header that carries an API key, e.g. "X-API-Key".
-	// Only its pseudonym is used: the key itself is not checked here.
-	// Default: "", FromAPIKey never matches.
-	APIKeyHeader string
-	// TrustedProxies are CIDR prefixes (or addresses) of the proxies whose
-	// ForwardedHeader is believed; see subject.IPResolver for the rule.
-	// Default: none, the socket peer is the client.
-	TrustedProxies []string
-	// ForwardedHeader is the one header trusted proxies append the client
-	// to: subject.XForwardedFor or subject.Forwarded.
-	// Default: subject.XForwardedFor.
-	ForwardedHeader string
-	// IPv4Prefix is how many bits of an IPv4 client address identify it.
-	// Default: 32.
-	IPv4Prefix int
-	// IPv6Prefix is how many bits of an IPv6 client address identify it,
-	// so one host cannot rotate through its addresses. Default: 64.
-	IPv6Prefix int
-	// Anonymous says what becomes of a request no source identifies.
-	// Default: DenyAnonymous.
-	Anonymous Anonymous
 	// IdempotencyKeyHeader names a request header, typically
 	// "Idempotency-Key", whose value identifies a request across its
 	// retries: a retry with the same value gets the first decision back
@@ -216,13 +145,25 @@ type Options struct {
 	// doing the work again: a client that repeats a key is not charged
 	// again. Default: "", every request spends.
 	IdempotencyKeyHeader string
+	// StrictPaths answers 400 Bad Request, with a problem body, to a
+	// request whose path servers read differently: a backslash, a NUL or
+	// other control byte, an encoded slash or backslash (%2F, %5C), a
+	// malformed %-escape, or a dot segment in disguise ("..;", "..."). The
+	// other paths go on normalised, so that the next handler reads the
+	// path the routes matched: encoded unreserved characters ("%2E",
+	// "%61") decoded, empty segments ("//") and dot segments removed. Set
+	// it in front of a reverse proxy, whose upstream may read any such
+	// spelling as a limited route. Default: false, paths go on as sent.
+	StrictPaths bool
 	// Deny, when set, writes the answer to every request the middleware
 	// refuses instead of the built-in RFC 9457 problem: limited (429),
-	// failed closed (503) and unidentified (403, with DenyAnonymous). The
-	// Decision is in the request's context (FromContext); its Status is
-	// the status the built-in answer would have. RateLimit-Policy,
-	// RateLimit and, for 429 and 503, Retry-After are already set; Deny
-	// writes the status and the body. Default: nil, the built-in answer.
+	// failed closed (503) and unidentified (403). The Decision is in the
+	// request's context (FromContext); its Status is the status the
+	// built-in answer would have. RateLimit-Policy, RateLimit and, for 429
+	// and 503, Retry-After are already set; Deny writes the status and the
+	// body. Default: nil, the built-in answer, whose 429 is of the
+	// draft's problem type
+	// "https://iana.org/assignments/http-problem-types#quota-exceeded".
 	Deny http.Handler
 	// Deadline bounds how long one request waits for the Limiter; past it
 	// the outcome is Unavailable and the failure mode answers. The local
@@ -235,10 +176,20 @@ type Options struct {
 	LegacyHeaders bool
 	// Shadow makes every route report but never block. Default: false.
 	Shadow bool
-	// Fallback is the Limiter consulted for policies whose failure mode is
-	// FailLocal when the main Limiter cannot decide; see LocalFallback.
-	// Required when a route spends such a policy. Default: nil.
-	Fallback *sluice.Limiter
+	// Fallback is the store of the local fallback, typically a
+	// memstore.Store of this process that the caller owns and closes:
+	// when the Limiter cannot decide, the policies whose failure mode is
+	// FailLocal are decided on it, under the same IDs, each holding
+	// LocalShare of its limit. Required when a route spends such a
+	// policy. Default: nil.
+	Fallback sluice.Store
+	// LocalShare is the share of each FailLocal policy's limit the local
+	// fallback holds, in (0, 1]: Limit (and Burst, for token_bucket and
+	// gcra) scaled and rounded down, at least 1; MaxCost capped at the new
+	// capacity. With n instances of an application, 1/n makes an outage
+	// of the shared store degrade to about the configured limit instead
+	// of to no limit. Default: 1.
+	LocalShare float64
 	// Logger receives a record per decision: failures at Warn, shadow
 	// would-be denials and anonymous denials at Info, the rest at Debug.
 	// Records carry the pseudonym, never the identity.
@@ -250,134 +201,87 @@ type Options struct {
 	OnDecision func(*http.Request, Decision)
 }
 
-// Middleware is the compiled middleware. Create it with NewMiddleware or
-// PerIP; the zero value is not usable. Immutable and safe for concurrent
-// use; it owns no goroutines (close the Limiters' stores yourself).
+// Middleware is the compiled middleware. Create it with New or PerIP; the
+// zero value is not usable. Immutable and safe for concurrent use; it
+// owns no goroutines (close the Limiter's and the fallback's stores
+// yourself).
 type Middleware struct {
-	warnings   logthrottle.Throttle // of failed-decision lines
-	limiter    *sluice.Limiter
-	fallback   *sluice.Limiter
-	routes     []*route
-	fallthru   *route // Options.Default, or nil
-	pseudo     *subject.Pseudonymizer
-	ips        *subject.IPResolver
-	principal  func(*http.Request) (string, bool)
-	anonymous  Anonymous
-	idemHeader string
-	deny       http.Handler
-	deadline   time.Duration
-	legacy     bool
-	shadow     bool
-	log        *slog.Logger
-	onDecision func(*http.Request, Decision)
+	warnings      logthrottle.Throttle // of failed-decision lines
+	limiter       *sluice.Limiter
+	fallback      *sluice.Limiter
+	routes        []*route
+	fallthru      *route // Options.Default, or nil
+	pseudo        *subject.Pseudonymizer
+	passAnonymous bool
+	strictPaths   bool
+	idemHeader    string
+	deny          http.Handler
+	deadline      time.Duration
+	legacy        bool
+	shadow        bool
+	log           *slog.Logger
+	onDecision    func(*http.Request, Decision)
 }
 
 type route struct {
-	operation    string
-	methods      []string // nil: any; upper case
-	prefix       string   // as configured, cleaned: part of the operation
-	canonical    string   // prefix in the canonical form requests are matched in
-	match        func(*http.Request) bool
-	policies     []string
-	cost         int64
-	local        []string // the FailLocal ones
-	mode         sluice.FailureMode
-	sources      []Source
-	apiKeyHeader string
-	shadow       bool
-	policyField  string // the RateLimit-Policy field value
+	operation   string
+	methods     []string // nil: any; upper case
+	prefix      string   // as configured, cleaned: part of the operation
+	canonical   string   // prefix in the canonical form requests are matched in
+	match       func(*http.Request) bool
+	policies    []string
+	cost        int64
+	local       []string // the FailLocal ones
+	mode        sluice.FailureMode
+	subject     SubjectFunc
+	shadow      bool
+	policyField string // the RateLimit-Policy field value
 }
 
-// New returns the middleware for limiter and opts, for options known to be
-// valid. Invalid options cannot be returned as an error here: the
-// middleware then answers every request 500 and the error is logged once.
-// Prefer NewMiddleware (or PerIP), which return the error at construction.
-func New(limiter *sluice.Limiter, opts Options) func(http.Handler) http.Handler {
-	m, err := NewMiddleware(limiter, opts)
-	if err == nil {
-		return m.Handler
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	log.Error("httplimit: invalid options: every request is answered 500", slog.String("err", err.Error()))
-	return func(http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			writeProblem(w, http.StatusInternalServerError, problem{
-				Type:   "about:blank",
-				Title:  "Internal Server Error",
-				Status: http.StatusInternalServerError,
-				Detail: "The rate limiter is misconfigured.",
-			})
-		})
-	}
-}
-
-// NewMiddleware validates opts against limiter and compiles the routes.
-func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
+// New validates opts against limiter and returns the middleware. The
+// error names the option, its value and the rule it breaks, e.g.
+//
+//	httplimit: Routes[0].Policies[0] = "logn": the limiter has no such policy; it has login, api
+func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	if limiter == nil {
 		return nil, errors.New("httplimit: limiter is nil")
 	}
 	m := &Middleware{
-		limiter:    limiter,
-		fallback:   opts.Fallback,
-		pseudo:     opts.Pseudonymizer,
-		principal:  opts.Principal,
-		anonymous:  opts.Anonymous,
-		idemHeader: opts.IdempotencyKeyHeader,
-		deny:       opts.Deny,
-		deadline:   opts.Deadline,
-		legacy:     opts.LegacyHeaders,
-		shadow:     opts.Shadow,
-		log:        opts.Logger,
-		onDecision: opts.OnDecision,
+		limiter:       limiter,
+		pseudo:        cmp.Or(opts.Pseudonymizer, subject.Unkeyed()),
+		passAnonymous: opts.PassAnonymous,
+		strictPaths:   opts.StrictPaths,
+		idemHeader:    opts.IdempotencyKeyHeader,
+		deny:          opts.Deny,
+		deadline:      cmp.Or(opts.Deadline, DefaultDeadline),
+		legacy:        opts.LegacyHeaders,
+		shadow:        opts.Shadow,
+		log:           cmp.Or(opts.Logger, slog.Default()),
+		onDecision:    opts.OnDecision,
 	}
-	if m.pseudo == nil {
-		m.pseudo = subject.Unkeyed()
-	}
-	if m.log == nil {
-		m.log = slog.Default()
-	}
-	switch {
-	case m.deadline == 0:
-		m.deadline = DefaultDeadline
-	case m.deadline < 0:
+	if opts.Deadline < 0 {
 		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
-	}
-	if m.anonymous > PassAnonymous {
-		return nil, optionError("Anonymous", uint8(opts.Anonymous), "must be DenyAnonymous, ShareAnonymous or PassAnonymous")
 	}
 	if h := opts.IdempotencyKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
 		return nil, optionError("IdempotencyKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as Idempotency-Key")
 	}
-	if h := opts.APIKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
-		return nil, optionError("APIKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as X-API-Key")
+	if opts.Fallback != nil {
+		fb, err := localFallback(limiter, opts.Fallback, cmp.Or(opts.LocalShare, 1))
+		if err != nil {
+			return nil, err
+		}
+		m.fallback = fb
+	} else if opts.LocalShare != 0 {
+		return nil, optionError("LocalShare", opts.LocalShare, "is set, but Fallback is nil")
 	}
-	trusted, err := subject.ParseTrustedProxies(opts.TrustedProxies)
-	if err != nil {
-		return nil, fmt.Errorf("httplimit: %w", err)
-	}
-	m.ips, err = subject.NewIPResolver(subject.IPOptions{
-		Trusted:    trusted,
-		Header:     opts.ForwardedHeader,
-		IPv4Prefix: opts.IPv4Prefix,
-		IPv6Prefix: opts.IPv6Prefix,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("httplimit: %w", err)
-	}
-	sources := slices.Clone(opts.Sources)
-	if len(sources) == 0 {
-		sources = defaultSources
-	}
-	if err := checkSources("Sources", sources); err != nil {
-		return nil, err
+	subj := opts.Subject
+	if subj == nil {
+		subj = ClientIP(nil)
 	}
 	seen := map[string]int{}
 	for i, rt := range opts.Routes {
 		at := fmt.Sprintf("Routes[%d]", i)
-		c, err := m.compile(at, rt, sources, opts.APIKeyHeader)
+		c, err := m.compile(at, rt, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -388,7 +292,7 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		m.routes = append(m.routes, c)
 	}
 	if len(opts.Default) > 0 {
-		c, err := m.compile("Default", Route{Operation: DefaultOperation, Policies: opts.Default}, sources, opts.APIKeyHeader)
+		c, err := m.compile("Default", Route{Operation: defaultOperation, Policies: opts.Default}, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -398,45 +302,24 @@ func NewMiddleware(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 }
 
 // optionError is an invalid option: where it is, its value and the rule
-// it breaks, e.g.
-//
-//	httplimit: Routes[0].Policies[0] = "logn": the limiter has no such policy; it has login, api
+// it breaks.
 func optionError(at string, value any, rule string) error {
 	return fmt.Errorf("httplimit: %s = %v: %s", at, value, rule)
 }
 
-func checkSources(at string, ss []Source) error {
-	for i, s := range ss {
-		if s < FromPrincipal || s > FromIP {
-			return optionError(fmt.Sprintf("%s[%d]", at, i), s, "unknown source: must be FromPrincipal, FromAPIKey, FromIPUserAgent or FromIP")
-		}
-	}
-	return nil
-}
-
 // compile checks rt, found at at ("Routes[2]", "Default"), against the
-// limiters and returns it ready to match.
-func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader string) (*route, error) {
+// limiters and returns it ready to match; subj is Options.Subject.
+func (m *Middleware) compile(at string, rt Route, subj SubjectFunc) (*route, error) {
 	c := &route{
-		operation:    rt.Operation,
-		match:        rt.Match,
-		sources:      sources,
-		apiKeyHeader: apiKeyHeader,
-		shadow:       rt.Shadow,
-		mode:         sluice.FailOpen,
-		cost:         rt.Cost,
+		operation: rt.Operation,
+		match:     rt.Match,
+		subject:   rt.Subject,
+		shadow:    rt.Shadow,
+		mode:      sluice.FailOpen,
+		cost:      rt.Cost,
 	}
-	if len(rt.Sources) > 0 {
-		if err := checkSources(at+".Sources", rt.Sources); err != nil {
-			return nil, err
-		}
-		c.sources = slices.Clone(rt.Sources)
-	}
-	if rt.APIKeyHeader != "" {
-		if !httpguts.ValidHeaderFieldName(rt.APIKeyHeader) {
-			return nil, optionError(at+".APIKeyHeader", fmt.Sprintf("%q", rt.APIKeyHeader), "must be a header name such as X-API-Key")
-		}
-		c.apiKeyHeader = rt.APIKeyHeader
+	if c.subject == nil {
+		c.subject = subj
 	}
 	switch {
 	case c.cost == 0:
@@ -444,36 +327,8 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 	case c.cost < 0:
 		return nil, optionError(at+".Cost", rt.Cost, "must not be negative; leave it 0 for 1")
 	}
-	if rt.Match == nil {
-		c.prefix = rt.PathPrefix
-		if c.prefix == "" {
-			c.prefix = "/"
-		}
-		if c.prefix[0] != '/' {
-			return nil, optionError(at+".PathPrefix", fmt.Sprintf("%q", rt.PathPrefix), `must start with "/"`)
-		}
-		if c.prefix != "/" {
-			c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
-		}
-		c.canonical = canonicalPath(c.prefix)
-		for j, meth := range rt.Methods {
-			if !httpguts.ValidHeaderFieldName(meth) {
-				return nil, optionError(fmt.Sprintf("%s.Methods[%d]", at, j), fmt.Sprintf("%q", meth), "must be an HTTP method such as GET or POST")
-			}
-			c.methods = append(c.methods, strings.ToUpper(meth))
-		}
-		if slices.Contains(c.methods, http.MethodGet) && !slices.Contains(c.methods, http.MethodHead) {
-			c.methods = append(c.methods, http.MethodHead)
-		}
-		if c.operation == "" {
-			ms := "*"
-			if len(rt.Methods) > 0 {
-				ms = strings.ToUpper(strings.Join(rt.Methods, ","))
-			}
-			c.operation = ms + " " + c.prefix
-		}
-	} else if c.operation == "" {
-		return nil, optionError(at+".Operation", `""`, "is required with Match")
+	if err := c.compileMatch(at, rt); err != nil {
+		return nil, err
 	}
 	if len(rt.Policies) == 0 {
 		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
@@ -492,24 +347,8 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 			return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
 		}
 		c.policies = append(c.policies, id)
-		switch p.FailureMode {
-		case sluice.FailClosed:
-			c.mode = sluice.FailClosed
-		case sluice.FailLocal:
-			if m.fallback == nil {
-				return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, but Options.Fallback is nil (see LocalFallback)")
-			}
-			lp, ok := m.fallback.Policy(id)
-			if !ok {
-				return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, but the fallback limiter has no such policy")
-			}
-			if c.cost > lp.MaxCost && lp.Algorithm != sluice.Concurrency {
-				return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the fallback limiter, %d", id, lp.MaxCost))
-			}
-			c.local = append(c.local, id)
-			if c.mode == sluice.FailOpen {
-				c.mode = sluice.FailLocal
-			}
+		if err := m.compileMode(at, pat, c, p); err != nil {
+			return nil, err
 		}
 		if j > 0 {
 			field = append(field, ", "...)
@@ -518,6 +357,62 @@ func (m *Middleware) compile(at string, rt Route, sources []Source, apiKeyHeader
 	}
 	c.policyField = string(field)
 	return c, nil
+}
+
+// compileMatch sets c's methods, prefix and default operation from rt.
+func (c *route) compileMatch(at string, rt Route) error {
+	if rt.Match != nil {
+		if c.operation == "" {
+			return optionError(at+".Operation", `""`, "is required with Match")
+		}
+		return nil
+	}
+	c.prefix = cmp.Or(rt.PathPrefix, "/")
+	if c.prefix[0] != '/' {
+		return optionError(at+".PathPrefix", fmt.Sprintf("%q", rt.PathPrefix), `must start with "/"`)
+	}
+	if c.prefix != "/" {
+		c.prefix = strings.TrimSuffix(path.Clean(c.prefix), "/")
+	}
+	c.canonical = canonicalPath(c.prefix)
+	for j, meth := range rt.Methods {
+		if !httpguts.ValidHeaderFieldName(meth) {
+			return optionError(fmt.Sprintf("%s.Methods[%d]", at, j), fmt.Sprintf("%q", meth), "must be an HTTP method such as GET or POST")
+		}
+		c.methods = append(c.methods, strings.ToUpper(meth))
+	}
+	if slices.Contains(c.methods, http.MethodGet) && !slices.Contains(c.methods, http.MethodHead) {
+		c.methods = append(c.methods, http.MethodHead)
+	}
+	if c.operation == "" {
+		ms := "*"
+		if len(rt.Methods) > 0 {
+			ms = strings.ToUpper(strings.Join(rt.Methods, ","))
+		}
+		c.operation = ms + " " + c.prefix
+	}
+	return nil
+}
+
+// compileMode folds policy p's failure mode into c's, at pat.
+func (m *Middleware) compileMode(at, pat string, c *route, p sluice.Policy) error {
+	switch p.FailureMode {
+	case sluice.FailClosed:
+		c.mode = sluice.FailClosed
+	case sluice.FailLocal:
+		if m.fallback == nil {
+			return optionError(pat, fmt.Sprintf("%q", p.ID), "fails local, but Options.Fallback is nil")
+		}
+		lp, _ := m.fallback.Policy(p.ID) // the fallback holds every FailLocal policy
+		if c.cost > lp.MaxCost && lp.Algorithm != sluice.Concurrency {
+			return optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the local fallback (its LocalShare), %d", p.ID, lp.MaxCost))
+		}
+		c.local = append(c.local, p.ID)
+		if c.mode == sluice.FailOpen {
+			c.mode = sluice.FailLocal
+		}
+	}
+	return nil
 }
 
 // Handler wraps next: requests a route matches are limited, the others go
@@ -551,82 +446,13 @@ func (m *Middleware) routeOf(r *http.Request) *route {
 	return m.fallthru
 }
 
-// canonicalPath is the form routes match paths in, so that no spelling a
-// lenient upstream server takes for the same path dodges its route: lower
-// case; each segment without ;parameters (Tomcat, Jetty) and without
-// trailing dots and spaces (IIS); dot segments resolved. Methods match
-// whatever their case. "/LOGIN", "/login;jsessionid=1", "/login..;/" and
-// "/login." all match "/login".
-func canonicalPath(p string) string {
-	segs := strings.Split(p, "/")
-	for i, s := range segs {
-		if j := strings.IndexByte(s, ';'); j >= 0 {
-			s = s[:j]
-		}
-		if s != "." && s != ".." {
-			s = strings.TrimRight(s, ". ")
-		}
-		segs[i] = strings.ToLower(s)
-	}
-	p = strings.Join(segs, "/")
-	if p == "" || p[0] != '/' {
-		p = "/" + p
-	}
-	return path.Clean(p)
-}
-
-// hasPathPrefix reports whether p starts with the whole segments of
-// prefix (which has no trailing slash).
-func hasPathPrefix(p, prefix string) bool {
-	return strings.HasPrefix(p, prefix) && (len(p) == len(prefix) || p[len(prefix)] == '/')
-}
-
-// subjectOf resolves the identity of r along rt's sources.
-func (m *Middleware) subjectOf(r *http.Request, rt *route) (kind, identity string, ok bool) {
-	var (
-		ip       netip.Prefix
-		resolved bool
-	)
-	clientIP := func() (netip.Prefix, bool) {
-		if !resolved {
-			resolved = true
-			if p, err := m.ips.Prefix(r); err == nil {
-				ip = p
-			}
-		}
-		return ip, ip.IsValid()
-	}
-	for _, s := range rt.sources {
-		switch s {
-		case FromPrincipal:
-			if m.principal != nil {
-				if id, ok := m.principal(r); ok && id != "" {
-					return s.String(), id, true
-				}
-			}
-		case FromAPIKey:
-			// Sent more than once, the header names no one subject (and an
-			// upstream may read either line): it identifies nobody.
-			if vals := r.Header.Values(rt.apiKeyHeader); rt.apiKeyHeader != "" && len(vals) == 1 && vals[0] != "" {
-				return s.String(), vals[0], true
-			}
-		case FromIPUserAgent:
-			if ua := r.UserAgent(); ua != "" {
-				if p, ok := clientIP(); ok {
-					sum := sha256.Sum256([]byte(ua))
-					return s.String(), p.String() + " " + hex.EncodeToString(sum[:8]), true
-				}
-			}
-		case FromIP:
-			if p, ok := clientIP(); ok {
-				return s.String(), p.String(), true
-			}
-		}
-	}
-	return "", "", false
-}
-
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if m.strictPaths {
+		var ok bool
+		if r, ok = m.strictPath(w, r); !ok {
+			return
+		}
+	}
 	rt := m.routeOf(r)
 	if rt == nil {
 		next.ServeHTTP(w, r)
@@ -635,14 +461,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	h := w.Header()
 	h.Set("RateLimit-Policy", rt.policyField)
 	d := Decision{Operation: rt.operation, Policies: rt.policies, Cost: rt.cost}
-	kind, identity, ok := m.subjectOf(r, rt)
-	if !ok {
-		if m.anonymous != ShareAnonymous {
-			d.Action = NoSubject
-			m.finish(w, r, next, rt, &d, sluice.Outcome{})
-			return
-		}
-		kind, identity = AnonymousKind, ""
+	kind, identity := rt.subject(r)
+	if identity == "" {
+		d.Action = actionNoSubject
+		m.finish(w, r, next, rt, &d, sluice.Outcome{})
+		return
 	}
 	d.SubjectKind = kind
 	d.Subject = m.pseudo.Pseudonym(kind, identity, rt.operation)
@@ -654,48 +477,49 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-	d.Outcome = m.limiter.Check(ctx, request(m.limiter, rt.policies, &d))
+	d.Outcome = m.limiter.Check(ctx, request(m.limiter, rt.policies, &d, false))
 	cancel()
 	decided := d.Outcome
 	switch d.Outcome.Kind {
 	case sluice.Allowed:
-		d.Action = Admitted
+		d.Action = actionAdmitted
 	case sluice.Denied:
-		d.Action = Limited
+		d.Action = actionLimited
 	default:
 		switch rt.mode {
 		case sluice.FailOpen:
-			d.Action = FailedOpen
+			d.Action = actionFailedOpen
 		case sluice.FailLocal:
 			d.Local = true
 			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-			d.LocalOutcome = m.fallback.Check(ctx, request(m.fallback, rt.local, &d))
+			d.LocalOutcome = m.fallback.Check(ctx, request(m.fallback, rt.local, &d, false))
 			cancel()
 			decided = d.LocalOutcome
 			switch d.LocalOutcome.Kind {
 			case sluice.Allowed:
-				d.Action = Admitted
+				d.Action = actionAdmitted
 			case sluice.Denied:
-				d.Action = Limited
+				d.Action = actionLimited
 			default:
-				d.Action = FailedClosed
+				d.Action = actionFailedClosed
 			}
 		default:
-			d.Action = FailedClosed
+			d.Action = actionFailedClosed
 		}
 	}
 	m.finish(w, r, next, rt, &d, decided)
 }
 
-// request is the Limiter request that spends d's cost of policies, and
-// acquires a lease on those of them that are concurrency policies of lim.
-func request(lim *sluice.Limiter, policies []string, d *Decision) sluice.Request {
+// request is the Limiter request of policies for d: the spend of d's cost
+// (an acquisition when lim holds a concurrency policy among them), or with
+// refund its refund. Every sluice.Request of the package is built here.
+func request(lim *sluice.Limiter, policies []string, d *Decision, refund bool) sluice.Request {
 	req := sluice.Request{Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
-	for _, id := range policies {
-		if p, _ := lim.Policy(id); p.Algorithm == sluice.Concurrency {
-			req.Op = sluice.Acquire
-			break
-		}
+	switch {
+	case refund:
+		req.Op = sluice.Refund
+	case slices.ContainsFunc(policies, func(id string) bool { p, _ := lim.Policy(id); return p.Algorithm == sluice.Concurrency }):
+		req.Op = sluice.Acquire
 	}
 	if len(policies) == 1 {
 		req.Policy = policies[0]
@@ -721,12 +545,12 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.setStatusHeaders(h, decided)
 	}
 	switch d.Action {
-	case Limited:
+	case actionLimited:
 		d.Status = http.StatusTooManyRequests
-	case FailedClosed:
+	case actionFailedClosed:
 		d.Status = http.StatusServiceUnavailable
-	case NoSubject:
-		if m.anonymous == DenyAnonymous {
+	case actionNoSubject:
+		if !m.passAnonymous {
 			d.Status = http.StatusForbidden
 		}
 	}
@@ -738,7 +562,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	var retry int64
 	switch d.Status {
 	case 0:
-		if d.Action == Admitted && decided.Lease.ID != "" {
+		if d.Action == actionAdmitted && decided.Lease.ID != "" {
 			// Released when next returns, panics, or gives up on a client
 			// that went away (r's context is canceled then; a handler that
 			// ignores it holds the slot until it returns or the lease
@@ -761,30 +585,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 		m.deny.ServeHTTP(w, r)
 		return
 	}
-	switch d.Status {
-	case http.StatusTooManyRequests:
-		writeProblem(w, d.Status, problem{
-			Type:             QuotaExceededType,
-			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
-			Status:           d.Status,
-			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", retry),
-			ViolatedPolicies: violated(decided),
-		})
-	case http.StatusServiceUnavailable:
-		writeProblem(w, d.Status, problem{
-			Type:   "about:blank",
-			Title:  "Service Unavailable",
-			Status: d.Status,
-			Detail: "The rate limiter could not decide; retry shortly.",
-		})
-	case http.StatusForbidden:
-		writeProblem(w, d.Status, problem{
-			Type:   "about:blank",
-			Title:  "Forbidden",
-			Status: d.Status,
-			Detail: "The request carries no identity this endpoint can be rate limited by.",
-		})
-	}
+	writeRefusal(w, d.Status, retry, decided)
 }
 
 // release gives lease back to lim, with a deadline of its own: r's
@@ -800,18 +601,4 @@ func (m *Middleware) release(ctx context.Context, lim *sluice.Limiter, lease slu
 		m.log.Warn("sluice: lease not released; it is held until its lease_ttl passes",
 			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Reason(), "suppressed", suppressed)
 	}
-}
-
-// violated lists the policies that denied o.
-func violated(o sluice.Outcome) []string {
-	if len(o.Statuses) == 0 {
-		return []string{o.Policy}
-	}
-	var ids []string
-	for _, s := range o.Statuses {
-		if !s.Allowed {
-			ids = append(ids, s.Policy)
-		}
-	}
-	return ids
 }

@@ -91,15 +91,11 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 		h.mu.Unlock()
 	}
 	if opts.Fallback == nil && needsFallback(policies) {
-		fb, err := httplimit.LocalFallback(l, newMemStore(t, clock), 0.25, sluice.Options{})
-		if err != nil {
-			t.Fatalf("LocalFallback: %v", err)
-		}
-		opts.Fallback = fb
+		opts.Fallback, opts.LocalShare = newMemStore(t, clock), 0.25
 	}
-	m, err := httplimit.NewMiddleware(l, opts)
+	m, err := httplimit.New(l, opts)
 	if err != nil {
-		t.Fatalf("NewMiddleware: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	h.srv = httptest.NewServer(m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok")
@@ -240,14 +236,34 @@ func retryAfter(t *testing.T, resp response) int64 {
 	return n
 }
 
+// headerSubject is httplimit.Header(name), for a valid name.
+func headerSubject(t testing.TB, name string) httplimit.SubjectFunc {
+	t.Helper()
+	f, err := httplimit.Header(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// clientIP is httplimit.ClientIP over a resolver of valid opts.
+func clientIP(t testing.TB, opts subject.IPOptions) httplimit.SubjectFunc {
+	t.Helper()
+	ips, err := subject.NewIPResolver(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return httplimit.ClientIP(ips)
+}
+
 // demoOptions limits /demo to the "demo" policy per account.
 func demoOptions() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
-		Principal: func(r *http.Request) (string, bool) {
+		Subject: httplimit.FirstOf(httplimit.Principal(func(r *http.Request) (string, bool) {
 			a := r.Header.Get("X-Account")
 			return a, a != ""
-		},
+		}), httplimit.ClientIP(nil)),
 	}
 }
 
@@ -262,7 +278,7 @@ func TestDemoSequence(t *testing.T) {
 		wantHeader(t, resp, "RateLimit-Policy", member("demo", "q", 3, "w", 10))
 		d := h.last()
 		wantHeader(t, resp, "RateLimit", member("demo", "r", wantRemaining, "t", int64(math.Ceil(d.Outcome.ResetAfter.Seconds()))))
-		if d.Action != httplimit.Admitted || d.SubjectKind != "principal" {
+		if d.Action != "admitted" || d.SubjectKind != "principal" {
 			t.Errorf("request %d: decision %v/%s, want admitted/principal", i+1, d.Action, d.SubjectKind)
 		}
 		if resp.Header.Get("X-RateLimit-Limit") != "" {
@@ -284,7 +300,7 @@ func TestDemoSequence(t *testing.T) {
 		t.Errorf("problem diff (-want +got):\n%s", diff)
 	}
 	d := h.last()
-	if d.Action != httplimit.Limited || d.Status != 429 || d.Outcome.Kind != sluice.Denied {
+	if d.Action != "limited" || d.Status != 429 || d.Outcome.Kind != sluice.Denied {
 		t.Fatalf("decision = %+v, want limited 429 denied", d)
 	}
 	got := retryAfter(t, resp)
@@ -314,8 +330,7 @@ func TestDemoSequence(t *testing.T) {
 func TestRetryAfterRoundsUp(t *testing.T) {
 	// gcra 1 per 2.5s: the second request must wait 2.5s, answered as 3.
 	h := newHarness(t, []sluice.Policy{policy("slow", sluice.GCRA, 1, 2500*time.Millisecond, sluice.FailClosed)}, httplimit.Options{
-		Routes:  []httplimit.Route{{Policies: []string{"slow"}}},
-		Sources: []httplimit.Source{httplimit.FromIP},
+		Routes: []httplimit.Route{{Policies: []string{"slow"}}},
 	})
 	h.do("GET", "/")
 	h.clock.Advance(time.Millisecond)
@@ -337,7 +352,7 @@ func TestMultiplePolicies(t *testing.T) {
 		policy("hourly", sluice.FixedWindow, 5, time.Hour, sluice.FailClosed),
 	}, httplimit.Options{
 		Routes:        []httplimit.Route{{Methods: []string{"post"}, PathPrefix: "/api/", Policies: []string{"burst", "hourly"}}},
-		APIKeyHeader:  "X-API-Key",
+		Subject:       headerSubject(t, "X-API-Key"),
 		LegacyHeaders: true,
 	})
 	resp := h.do("POST", "/api/orders", "X-API-Key: k-1")
@@ -382,7 +397,6 @@ func TestRouteMatching(t *testing.T) {
 			{Operation: "shared", PathPrefix: "/b", Policies: []string{"one"}},
 			{Methods: []string{"get"}, PathPrefix: "/get", Policies: []string{"one"}},
 		},
-		Sources: []httplimit.Source{httplimit.FromIP},
 	})
 	tests := []struct {
 		method, path, wantOp string
@@ -418,12 +432,15 @@ func TestRouteMatching(t *testing.T) {
 
 func TestSubjectResolutionOrder(t *testing.T) {
 	h := newHarness(t, []sluice.Policy{policy("p", sluice.FixedWindow, 100, time.Minute, sluice.FailClosed)}, httplimit.Options{
-		Default:      []string{"p"},
-		APIKeyHeader: "X-API-Key",
-		Principal: func(r *http.Request) (string, bool) {
-			u := r.Header.Get("X-User")
-			return u, u != ""
-		},
+		Default: []string{"p"},
+		Subject: httplimit.FirstOf(
+			httplimit.Principal(func(r *http.Request) (string, bool) {
+				u := r.Header.Get("X-User")
+				return u, u != ""
+			}),
+			headerSubject(t, "X-API-Key"),
+			httplimit.ClientIP(nil),
+		),
 	})
 	for _, tt := range []struct {
 		name   string
@@ -436,8 +453,8 @@ func TestSubjectResolutionOrder(t *testing.T) {
 		{"then IP", []string{"User-Agent: "}, "ip"},
 	} {
 		h.do("GET", "/", tt.header...)
-		if d := h.last(); d.SubjectKind != tt.want || d.Operation != httplimit.DefaultOperation {
-			t.Errorf("%s: subject kind %q operation %q, want %q %q", tt.name, d.SubjectKind, d.Operation, tt.want, httplimit.DefaultOperation)
+		if d := h.last(); d.SubjectKind != tt.want || d.Operation != "*" {
+			t.Errorf("%s: subject kind %q operation %q, want %q %q", tt.name, d.SubjectKind, d.Operation, tt.want, "*")
 		}
 	}
 }
@@ -445,8 +462,7 @@ func TestSubjectResolutionOrder(t *testing.T) {
 func TestAnonymous(t *testing.T) {
 	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 2, time.Minute, sluice.FailClosed)}
 	opts := httplimit.Options{
-		Routes:       []httplimit.Route{{Policies: []string{"p"}, Sources: []httplimit.Source{httplimit.FromAPIKey}}},
-		APIKeyHeader: "X-API-Key",
+		Routes: []httplimit.Route{{Policies: []string{"p"}, Subject: headerSubject(t, "X-API-Key")}},
 	}
 	t.Run("deny", func(t *testing.T) {
 		h := newHarness(t, policies, opts)
@@ -454,13 +470,14 @@ func TestAnonymous(t *testing.T) {
 		if p.Type != "about:blank" {
 			t.Errorf("problem type %q, want about:blank", p.Type)
 		}
-		if d := h.last(); d.Action != httplimit.NoSubject || d.Outcome.Kind != 0 || d.Subject != "" {
+		if d := h.last(); d.Action != "no_subject" || d.Outcome.Kind != 0 || d.Subject != "" {
 			t.Errorf("decision %+v, want no_subject without an outcome", d)
 		}
 	})
 	t.Run("share", func(t *testing.T) {
+		// A constant identity at the end of the chain pools the others.
 		opts := opts
-		opts.Anonymous = httplimit.ShareAnonymous
+		opts.Routes = []httplimit.Route{{Policies: []string{"p"}, Subject: httplimit.FirstOf(headerSubject(t, "X-API-Key"), func(*http.Request) (string, string) { return "anonymous", "*" })}}
 		h := newHarness(t, policies, opts)
 		got := []int{h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/", "X-API-Key: k").StatusCode}
 		if diff := cmp.Diff([]int{200, 200, 429, 200}, got); diff != "" {
@@ -476,13 +493,12 @@ func TestForwardedFor(t *testing.T) {
 	pseudo := subject.Unkeyed()
 	ipSubject := func(prefix string) string { return pseudo.Pseudonym("ip", prefix, "* /") }
 	base := httplimit.Options{
-		Routes:  []httplimit.Route{{Policies: []string{"ip"}}},
-		Sources: []httplimit.Source{httplimit.FromIP},
+		Routes: []httplimit.Route{{Policies: []string{"ip"}}},
 	}
 
 	t.Run("untrusted peer", func(t *testing.T) {
 		opts := base
-		opts.TrustedProxies = []string{"10.0.0.0/8"}
+		opts.Subject = clientIP(t, subject.IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
 		h := newHarness(t, policies, opts)
 		if resp := h.do("GET", "/"); resp.StatusCode != 200 {
 			t.Fatalf("first request = %d, want 200", resp.StatusCode)
@@ -497,7 +513,7 @@ func TestForwardedFor(t *testing.T) {
 
 	t.Run("trusted proxy", func(t *testing.T) {
 		opts := base
-		opts.TrustedProxies = []string{"127.0.0.0/8", "10.0.0.0/8"}
+		opts.Subject = clientIP(t, subject.IPOptions{TrustedProxies: []string{"127.0.0.0/8", "10.0.0.0/8"}})
 		h := newHarness(t, policies, opts)
 		steps := []struct {
 			xff        []string
@@ -526,8 +542,7 @@ func TestForwardedFor(t *testing.T) {
 
 	t.Run("trusted proxy, Forwarded", func(t *testing.T) {
 		opts := base
-		opts.TrustedProxies = []string{"127.0.0.1"}
-		opts.ForwardedHeader = subject.Forwarded
+		opts.Subject = clientIP(t, subject.IPOptions{TrustedProxies: []string{"127.0.0.1"}, Header: "Forwarded"})
 		h := newHarness(t, policies, opts)
 		resp := h.do("GET", "/", `Forwarded: for=198.51.100.1, for="[2001:db8:5::1]:4711";proto=https`, "X-Forwarded-For: 203.0.113.200")
 		if d := h.last(); resp.StatusCode != 200 || d.Subject != ipSubject("2001:db8:5::/64") {
@@ -559,16 +574,16 @@ func TestFailureModes(t *testing.T) {
 		store      sluice.Store
 		modes      []sluice.FailureMode
 		wantStatus int
-		wantAction httplimit.Action
+		wantAction string
 		wantKind   sluice.Kind
 		wantLog    string
 	}{
-		{"closed, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "deadline_passed"},
-		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.ErrCorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "counter is not an integer"},
-		{"open, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailOpen}, 200, httplimit.FailedOpen, sluice.Unavailable, `"action":"failed_open"`},
-		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.ErrCircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, httplimit.FailedOpen, sluice.Unavailable, "circuit_open"},
-		{"open and closed: closed wins", blockingStore{}, []sluice.FailureMode{sluice.FailOpen, sluice.FailClosed}, 503, httplimit.FailedClosed, sluice.Unavailable, "failed_closed"},
+		{"closed, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
+		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.ErrCorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
+		{"open, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
+		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.ErrCircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, "circuit_open"},
+		{"open and closed: closed wins", blockingStore{}, []sluice.FailureMode{sluice.FailOpen, sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -628,8 +643,7 @@ func TestLocalFallback(t *testing.T) {
 		policy("other", sluice.FixedWindow, 8, time.Minute, sluice.FailOpen),
 	}
 	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.ErrBeforeSend)}, policies, httplimit.Options{
-		Routes:  []httplimit.Route{{Policies: []string{"api", "other"}}},
-		Sources: []httplimit.Source{httplimit.FromIP},
+		Routes: []httplimit.Route{{Policies: []string{"api", "other"}}},
 	})
 	var got []int
 	for range 5 {
@@ -640,7 +654,7 @@ func TestLocalFallback(t *testing.T) {
 		t.Errorf("statuses diff (-want +got):\n%s", diff)
 	}
 	d := h.last()
-	if !d.Local || d.Outcome.Kind != sluice.Unavailable || d.LocalOutcome.Kind != sluice.Denied || d.Action != httplimit.Limited {
+	if !d.Local || d.Outcome.Kind != sluice.Unavailable || d.LocalOutcome.Kind != sluice.Denied || d.Action != "limited" {
 		t.Errorf("decision %+v, want a local denial after an unavailable store", d)
 	}
 	if !strings.Contains(h.logs.String(), `"local_outcome":"denied"`) {
@@ -651,38 +665,6 @@ func TestLocalFallback(t *testing.T) {
 		t.Errorf("after a minute: %d, want 200", resp.StatusCode)
 	} else {
 		wantHeader(t, resp, "RateLimit", member("api", "r", 1, "t", 60))
-	}
-}
-
-func TestLocalFallbackScaling(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
-	l, err := sluice.New(newMemStore(t, clock), []sluice.Policy{
-		{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailLocal},
-		{ID: "tiny", Algorithm: sluice.SlidingLog, Limit: 1, Window: time.Minute, FailureMode: sluice.FailLocal},
-		{ID: "tb", Algorithm: sluice.TokenBucket, Limit: 100, Window: time.Second, Burst: 40, MaxCost: 30, FailureMode: sluice.FailLocal},
-		{ID: "closed", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
-	}, sluice.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, err := httplimit.LocalFallback(l, newMemStore(t, clock), 0.25, sluice.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	type nums struct{ Limit, Burst, MaxCost int64 }
-	got := map[string]nums{}
-	for _, id := range fb.Policies() {
-		p, _ := fb.Policy(id)
-		got[id] = nums{p.Limit, p.Burst, p.MaxCost}
-	}
-	want := map[string]nums{"fw": {2, 2, 2}, "tiny": {1, 1, 1}, "tb": {25, 10, 10}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("fallback policies diff (-want +got):\n%s", diff)
-	}
-	for _, share := range []float64{0, -1, 1.5, math.NaN()} {
-		if _, err := httplimit.LocalFallback(l, newMemStore(t, clock), share, sluice.Options{}); err == nil {
-			t.Errorf("LocalFallback(share %v) = nil error, want one", share)
-		}
 	}
 }
 
@@ -702,7 +684,7 @@ func TestShadow(t *testing.T) {
 			wantHeader(t, resp, "RateLimit", member("p", "r", wantRemaining, "t", 60))
 			d := h.last()
 			wantShadow := i > 0
-			if d.Shadow != wantShadow || d.Status != 0 || (wantShadow && d.Action != httplimit.Limited) {
+			if d.Shadow != wantShadow || d.Status != 0 || (wantShadow && d.Action != "limited") {
 				t.Errorf("request %d: decision action %v shadow %v status %d, want shadow=%v and status 0", i+1, d.Action, d.Shadow, d.Status, wantShadow)
 			}
 		}
@@ -726,7 +708,7 @@ func TestShadow(t *testing.T) {
 		if resp := h2.do("GET", "/"); resp.StatusCode != 200 {
 			t.Errorf("shadow with a hanging store: %d, want 200", resp.StatusCode)
 		}
-		if d := h2.last(); d.Action != httplimit.FailedClosed || !d.Shadow {
+		if d := h2.last(); d.Action != "failed_closed" || !d.Shadow {
 			t.Errorf("decision %v shadow %v, want failed_closed not enforced", d.Action, d.Shadow)
 		}
 	})
@@ -742,15 +724,17 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed)}
+	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"127.0.0.0/8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{
-			{PathPrefix: "/key", Policies: []string{"p"}, Sources: []httplimit.Source{httplimit.FromAPIKey}},
-			{PathPrefix: "/ip", Policies: []string{"p"}, Sources: []httplimit.Source{httplimit.FromIP}},
-			{PathPrefix: "/ua", Policies: []string{"p"}, Sources: []httplimit.Source{httplimit.FromIPUserAgent}},
+			{PathPrefix: "/key", Policies: []string{"p"}, Subject: headerSubject(t, "X-API-Key")},
+			{PathPrefix: "/ip", Policies: []string{"p"}, Subject: httplimit.ClientIP(ips)},
+			{PathPrefix: "/ua", Policies: []string{"p"}, Subject: httplimit.IPUserAgent(ips)},
 		},
-		APIKeyHeader:   "X-API-Key",
-		TrustedProxies: []string{"127.0.0.0/8"},
-		Pseudonymizer:  key,
+		Pseudonymizer: key,
 	}
 	h := newHarness(t, policies, opts)
 	hf := newHarnessStore(t, sluicetest.NewClock(sluicetest.Start), failingStore{fmt.Errorf("stub: %w", sluice.ErrCorruptState)}, policies, opts)
@@ -780,7 +764,7 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 	}
 }
 
-func TestNewMiddlewareErrors(t *testing.T) {
+func TestNewErrors(t *testing.T) {
 	clock := sluicetest.NewClock(sluicetest.Start)
 	l, err := sluice.New(newMemStore(t, clock), []sluice.Policy{
 		policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed),
@@ -798,51 +782,35 @@ func TestNewMiddlewareErrors(t *testing.T) {
 		{"typo in a route's policy", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x", Policies: []string{"p"}}, {PathPrefix: "/y", Policies: []string{"q"}}}}, `httplimit: Routes[1].Policies[0] = "q": the limiter has no such policy; it has p, local`},
 		{"no policies", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x"}}}, "httplimit: Routes[0].Policies = []: at least one policy ID is required"},
 		{"policy twice", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p", "p"}}}}, `httplimit: Routes[0].Policies[1] = "p": is named twice`},
-		{"bad trusted proxy", httplimit.Options{TrustedProxies: []string{"10.0.0.0/8", "10.0.0.300"}}, `trusted proxy [1] "10.0.0.300"`},
-		{"bad header", httplimit.Options{ForwardedHeader: "X-Real-IP"}, `header "X-Real-IP"`},
-		{"bad IPv6 prefix", httplimit.Options{IPv6Prefix: 200}, "IPv6 prefix /200"},
 		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
 		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
 		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
 		{"local without fallback", httplimit.Options{Default: []string{"local"}}, `httplimit: Default.Policies[0] = "local": fails local, but Options.Fallback is nil`},
 		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
 		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
-		{"bad source", httplimit.Options{Sources: []httplimit.Source{9}}, "httplimit: Sources[0] = Source(9): unknown source"},
-		{"bad anonymous", httplimit.Options{Anonymous: 7}, "httplimit: Anonymous = 7: must be DenyAnonymous, ShareAnonymous or PassAnonymous"},
 		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},
 		{"cost above max cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: 2}}}, `httplimit: Routes[0].Cost = 2: must be at most the max cost of policy "p", 1`},
 		{"bad idempotency header", httplimit.Options{IdempotencyKeyHeader: "Idempotency Key"}, `httplimit: IdempotencyKeyHeader = "Idempotency Key": must be a header name`},
-		{"bad API key header", httplimit.Options{APIKeyHeader: "X-API-Key:"}, `httplimit: APIKeyHeader = "X-API-Key:": must be a header name`},
 	}
 	for _, tt := range tests {
-		_, err := httplimit.NewMiddleware(l, tt.opts)
+		_, err := httplimit.New(l, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-			t.Errorf("%s: NewMiddleware error = %v, want one containing %q", tt.name, err, tt.wantErr)
+			t.Errorf("%s: New error = %v, want one containing %q", tt.name, err, tt.wantErr)
 		}
 	}
-	if _, err := httplimit.NewMiddleware(nil, httplimit.Options{}); err == nil {
-		t.Error("NewMiddleware(nil limiter) = nil error, want one")
+	if _, err := httplimit.New(nil, httplimit.Options{}); err == nil {
+		t.Error("New(nil limiter) = nil error, want one")
 	}
-
-	// New cannot return the error: it fails closed with 500 and logs it.
-	var logs syncBuffer
-	mw := httplimit.New(l, httplimit.Options{Default: []string{"nope"}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	srv := httptest.NewServer(mw(http.NotFoundHandler()))
-	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 500 || !strings.Contains(logs.String(), "nope") {
-		t.Errorf("invalid options: status %d, logs %q; want 500 and the error logged", resp.StatusCode, logs.String())
+	for _, name := range []string{"", "X-API-Key:", "X API"} {
+		if _, err := httplimit.Header(name); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("httplimit: Header = %q: must be a header name", name)) {
+			t.Errorf("Header(%q) = %v, want an error naming it", name, err)
+		}
 	}
 }
 
 func TestConcurrentRequestsAdmitExactlyTheLimit(t *testing.T) {
 	h := newHarness(t, []sluice.Policy{policy("p", sluice.SlidingLog, 10, time.Minute, sluice.FailClosed)}, httplimit.Options{
 		Default: []string{"p"},
-		Sources: []httplimit.Source{httplimit.FromIP},
 	})
 	var (
 		wg       sync.WaitGroup

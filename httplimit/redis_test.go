@@ -46,7 +46,6 @@ func failureRoutes() httplimit.Options {
 			{PathPrefix: "/open", Policies: []string{"open"}},
 			{PathPrefix: "/local", Policies: []string{"local"}},
 		},
-		Sources: []httplimit.Source{httplimit.FromIP},
 	}
 }
 
@@ -132,7 +131,7 @@ func TestRedisCorruptCounter(t *testing.T) {
 	resp := expectStatus(t, h, "/closed", 503)
 	wantProblem(t, resp, 503)
 	d := h.last()
-	if d.Outcome.Kind != sluice.Unavailable || d.Outcome.Cause != sluice.CorruptState || d.Action != httplimit.FailedClosed {
+	if d.Outcome.Kind != sluice.Unavailable || d.Outcome.Cause != sluice.CorruptState || d.Action != "failed_closed" {
 		t.Errorf("corrupt counter: decision %v/%v (%v), want failed closed on an unavailable outcome (corrupt_state)", d.Action, d.Outcome.Kind, d.Outcome.Err)
 	}
 	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "want 3 integers") {
@@ -147,13 +146,20 @@ func TestRedisCorruptCounter(t *testing.T) {
 // IP with a User-Agent, and a principal, then reads every key in Redis.
 func TestRawIdentityNeverInRedis(t *testing.T) {
 	const apiKey, principal, agent = "sk_live_raw_api_key_4242", "alice@example.com", "RawAgent/9.9"
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := httplimit.Options{
-		Routes:       []httplimit.Route{{Policies: []string{"api"}}},
-		APIKeyHeader: "X-API-Key",
-		Principal: func(r *http.Request) (string, bool) {
-			p := r.Header.Get("X-Principal")
-			return p, p != ""
-		},
+		Routes: []httplimit.Route{{Policies: []string{"api"}}},
+		Subject: httplimit.FirstOf(
+			httplimit.Principal(func(r *http.Request) (string, bool) {
+				p := r.Header.Get("X-Principal")
+				return p, p != ""
+			}),
+			key,
+			httplimit.IPUserAgent(nil),
+		),
 	}
 	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Second, sluice.FailClosed))
 	defer admin.Close()
@@ -196,7 +202,7 @@ func TestRedisKeyRotation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := httplimit.NewMiddleware(lim, httplimit.Options{
+		mw, err := httplimit.New(lim, httplimit.Options{
 			Routes:        []httplimit.Route{{PathPrefix: "/", Policies: []string{"api"}}},
 			Pseudonymizer: pseudo,
 		})

@@ -1,6 +1,7 @@
 package subject
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,33 +11,35 @@ import (
 
 // The forwarding headers an IPResolver can read.
 const (
-	// XForwardedFor is the de-facto standard list of hops:
+	// xForwardedFor is the de-facto standard list of hops:
 	// "X-Forwarded-For: 203.0.113.7, 10.0.0.2".
-	XForwardedFor = "X-Forwarded-For"
-	// Forwarded is RFC 7239's header:
+	xForwardedFor = "X-Forwarded-For"
+	// forwarded is RFC 7239's header:
 	// `Forwarded: for=203.0.113.7, for="[2001:db8::1]:4711"`.
-	Forwarded = "Forwarded"
+	forwarded = "Forwarded"
 )
 
 // Default address masks of an IPResolver, in bits.
 const (
-	DefaultIPv4Prefix = 32
-	DefaultIPv6Prefix = 64
+	defaultIPv4Prefix = 32
+	defaultIPv6Prefix = 64
 )
 
-// TrustedProxies is a set of network prefixes whose forwarding headers are
-// believed. The nil *TrustedProxies trusts no one. Immutable and safe for
-// concurrent use.
-type TrustedProxies struct {
+// trustedProxies is a set of network prefixes whose forwarding headers are
+// believed. The nil *trustedProxies trusts no one. Immutable.
+type trustedProxies struct {
 	prefixes []netip.Prefix
 }
 
-// ParseTrustedProxies parses CIDR prefixes ("10.0.0.0/8", "2001:db8::/32")
+// parseTrustedProxies parses CIDR prefixes ("10.0.0.0/8", "2001:db8::/32")
 // or single addresses ("::1", taken as /32 or /128). A prefix with host
 // bits set ("10.0.0.1/8") is an error, since it is usually a typo; the
 // error names the entry.
-func ParseTrustedProxies(cidrs []string) (*TrustedProxies, error) {
-	t := &TrustedProxies{prefixes: make([]netip.Prefix, 0, len(cidrs))}
+func parseTrustedProxies(cidrs []string) (*trustedProxies, error) {
+	if len(cidrs) == 0 {
+		return nil, nil
+	}
+	t := &trustedProxies{prefixes: make([]netip.Prefix, 0, len(cidrs))}
 	for i, s := range cidrs {
 		p, err := parsePrefix(strings.TrimSpace(s))
 		if err != nil {
@@ -77,8 +80,8 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-// Contains reports whether a (unmapped) lies in one of t's prefixes.
-func (t *TrustedProxies) Contains(a netip.Addr) bool {
+// contains reports whether a (unmapped) lies in one of t's prefixes.
+func (t *trustedProxies) contains(a netip.Addr) bool {
 	if t == nil {
 		return false
 	}
@@ -91,30 +94,21 @@ func (t *TrustedProxies) Contains(a netip.Addr) bool {
 	return false
 }
 
-// String lists t's prefixes, comma-separated.
-func (t *TrustedProxies) String() string {
-	if t == nil {
-		return ""
-	}
-	s := make([]string, len(t.prefixes))
-	for i, p := range t.prefixes {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
-}
-
 // IPOptions configure an IPResolver. The zero value trusts no proxy: the
 // socket peer is the client.
 type IPOptions struct {
-	// Trusted are the proxies whose forwarding header is believed. Only
-	// when the socket peer (http.Request.RemoteAddr) is in Trusted is the
-	// header read at all. Default: nil, no proxy is trusted.
-	Trusted *TrustedProxies
-	// Header is the one forwarding header to read: XForwardedFor or
-	// Forwarded, whichever your proxies append to. Exactly one is read,
-	// never both: a client can forge the header your proxies do not touch,
-	// and no rule for combining the two would see through that.
-	// Default: XForwardedFor.
+	// TrustedProxies are the CIDR prefixes ("10.0.0.0/8", "2001:db8::/32")
+	// or single addresses ("::1") of the proxies whose forwarding header
+	// is believed. Only when the socket peer (http.Request.RemoteAddr) is
+	// one of them is the header read at all. A prefix with host bits set
+	// ("10.0.0.1/8") is an error, since it is usually a typo.
+	// Default: none, no proxy is trusted.
+	TrustedProxies []string
+	// Header is the one forwarding header to read: "X-Forwarded-For" or
+	// "Forwarded" (RFC 7239), whichever your proxies append to. Exactly
+	// one is read, never both: a client can forge the header your proxies
+	// do not touch, and no rule for combining the two would see through
+	// that. Default: "X-Forwarded-For".
 	Header string
 	// IPv4Prefix is how many leading bits of an IPv4 address Prefix keeps,
 	// 1 to 32. Default: 32.
@@ -126,7 +120,8 @@ type IPOptions struct {
 }
 
 // IPResolver finds the client address of an HTTP request behind trusted
-// proxies. Immutable and safe for concurrent use.
+// proxies. Its zero value trusts no proxy and masks to the default
+// prefixes. Immutable and safe for concurrent use.
 //
 // The rule: when the socket peer is not a trusted proxy, it is the client
 // and no header is read. Otherwise every line of the configured header is
@@ -146,21 +141,25 @@ type IPOptions struct {
 // is parsed on its own, so an unterminated quote in one line cannot swallow
 // the entries a proxy appended on the next.
 type IPResolver struct {
-	trusted    *TrustedProxies
-	header     string
-	forwarded  bool
-	ipv4, ipv6 int
+	trusted    *trustedProxies
+	forwarded  bool // the header is Forwarded, not X-Forwarded-For
+	ipv4, ipv6 int  // 0: the default
 }
 
-// NewIPResolver validates opts and returns a resolver.
+// NewIPResolver validates opts and returns a resolver. The error names the
+// option, its value and the rule it breaks.
 func NewIPResolver(opts IPOptions) (*IPResolver, error) {
-	r := &IPResolver{trusted: opts.Trusted, header: XForwardedFor, ipv4: DefaultIPv4Prefix, ipv6: DefaultIPv6Prefix}
+	trusted, err := parseTrustedProxies(opts.TrustedProxies)
+	if err != nil {
+		return nil, err
+	}
+	r := &IPResolver{trusted: trusted}
 	switch h := http.CanonicalHeaderKey(opts.Header); h {
-	case "", XForwardedFor:
-	case Forwarded:
-		r.header, r.forwarded = Forwarded, true
+	case "", xForwardedFor:
+	case forwarded:
+		r.forwarded = true
 	default:
-		return nil, fmt.Errorf("subject: header %q: must be %s or %s", opts.Header, XForwardedFor, Forwarded)
+		return nil, fmt.Errorf("subject: header %q: must be %s or %s", opts.Header, xForwardedFor, forwarded)
 	}
 	if opts.IPv4Prefix != 0 {
 		if opts.IPv4Prefix < 1 || opts.IPv4Prefix > 32 {
@@ -177,12 +176,10 @@ func NewIPResolver(opts IPOptions) (*IPResolver, error) {
 	return r, nil
 }
 
-// ClientIP returns the client address of r behind trusted, reading
-// X-Forwarded-For, unmasked. See IPResolver for the rule.
-func ClientIP(r *http.Request, trusted *TrustedProxies) (netip.Addr, error) {
-	res := IPResolver{trusted: trusted, header: XForwardedFor}
-	return res.Addr(r)
-}
+// Trusts reports whether a is one of the trusted proxies: whether a
+// forwarding header a sent is believed. A proxy of your own that passes
+// such headers on uses it to keep them only from trusted peers.
+func (res *IPResolver) Trusts(a netip.Addr) bool { return res.trusted.contains(a) }
 
 // Addr returns the client address of r, unmasked. The only error is a
 // RemoteAddr that is not an address (as in "192.0.2.1:1234" or
@@ -192,10 +189,14 @@ func (res *IPResolver) Addr(r *http.Request) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	if !res.trusted.Contains(peer) {
+	if !res.trusted.contains(peer) {
 		return peer, nil
 	}
-	lines := r.Header.Values(res.header)
+	header := xForwardedFor
+	if res.forwarded {
+		header = forwarded
+	}
+	lines := r.Header.Values(header)
 	if len(lines) == 0 {
 		return peer, nil
 	}
@@ -218,15 +219,15 @@ func (res *IPResolver) Prefix(r *http.Request) (netip.Prefix, error) {
 	if err != nil {
 		return netip.Prefix{}, err
 	}
-	return res.Mask(a), nil
+	return res.mask(a), nil
 }
 
-// Mask returns a's prefix at the configured length.
-func (res *IPResolver) Mask(a netip.Addr) netip.Prefix {
+// mask returns a's prefix at the configured length.
+func (res *IPResolver) mask(a netip.Addr) netip.Prefix {
 	a = a.Unmap().WithZone("")
-	bits := res.ipv6
+	bits := cmp.Or(res.ipv6, defaultIPv6Prefix)
 	if a.Is4() {
-		bits = res.ipv4
+		bits = cmp.Or(res.ipv4, defaultIPv4Prefix)
 	}
 	p, err := a.Prefix(bits)
 	if err != nil { // the invalid Addr
@@ -241,14 +242,14 @@ type hop struct {
 	ok   bool
 }
 
-func walk(peer netip.Addr, hops []hop, trusted *TrustedProxies) netip.Addr {
+func walk(peer netip.Addr, hops []hop, trusted *trustedProxies) netip.Addr {
 	cur := peer
 	for i := len(hops) - 1; i >= 0; i-- {
 		if !hops[i].ok {
 			return cur
 		}
 		cur = hops[i].addr
-		if !trusted.Contains(cur) {
+		if !trusted.contains(cur) {
 			return cur
 		}
 	}

@@ -7,13 +7,19 @@ import (
 	"testing"
 )
 
-func mustTrusted(t testing.TB, cidrs ...string) *TrustedProxies {
+func mustTrusted(t testing.TB, cidrs ...string) *trustedProxies {
 	t.Helper()
-	tp, err := ParseTrustedProxies(cidrs)
+	tp, err := parseTrustedProxies(cidrs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tp
+}
+
+// clientIP is the unmasked X-Forwarded-For address of r behind trusted.
+func clientIP(r *http.Request, trusted *trustedProxies) (netip.Addr, error) {
+	res := IPResolver{trusted: trusted}
+	return res.Addr(r)
 }
 
 func request(remote, header string, lines ...string) *http.Request {
@@ -59,7 +65,7 @@ func TestClientIPXForwardedFor(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := request(tt.remote, "X-Forwarded-For", tt.lines...)
-			got, err := ClientIP(r, trusted)
+			got, err := clientIP(r, trusted)
 			if err != nil {
 				t.Fatalf("ClientIP(%q, %q) error: %v", tt.remote, tt.lines, err)
 			}
@@ -71,8 +77,7 @@ func TestClientIPXForwardedFor(t *testing.T) {
 }
 
 func TestClientIPForwarded(t *testing.T) {
-	trusted := mustTrusted(t, "10.0.0.0/8")
-	res, err := NewIPResolver(IPOptions{Trusted: trusted, Header: "forwarded"})
+	res, err := NewIPResolver(IPOptions{TrustedProxies: []string{"10.0.0.0/8"}, Header: "forwarded"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +124,7 @@ func TestClientIPForwarded(t *testing.T) {
 }
 
 func TestIPResolverReadsOnlyTheConfiguredHeader(t *testing.T) {
-	res, err := NewIPResolver(IPOptions{Trusted: mustTrusted(t, "10.0.0.0/8")})
+	res, err := NewIPResolver(IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +135,6 @@ func TestIPResolverReadsOnlyTheConfiguredHeader(t *testing.T) {
 }
 
 func TestPrefix(t *testing.T) {
-	trusted := mustTrusted(t, "10.0.0.0/8")
 	tests := []struct {
 		name       string
 		opts       IPOptions
@@ -143,7 +147,7 @@ func TestPrefix(t *testing.T) {
 		{"IPv6 default /64", IPOptions{}, "[2001:db8:1:2:3:4:5:6]:1", "", "2001:db8:1:2::/64", "2001:db8:1:2::/64"},
 		{"IPv6 /48", IPOptions{IPv6Prefix: 48}, "[2001:db8:1:2:3:4:5:6]:1", "", "2001:db8:1::/48", "2001:db8:1::/48"},
 		{"IPv4 /24", IPOptions{IPv4Prefix: 24}, "203.0.113.7:1", "", "203.0.113.0/24", "203.0.113.0/24"},
-		{"mapped is masked as IPv4", IPOptions{Trusted: trusted}, "10.0.0.1:1", "::ffff:203.0.113.7", "203.0.113.7/32", "203.0.113.7/32"},
+		{"mapped is masked as IPv4", IPOptions{TrustedProxies: []string{"10.0.0.0/8"}}, "10.0.0.1:1", "::ffff:203.0.113.7", "203.0.113.7/32", "203.0.113.7/32"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,31 +172,35 @@ func TestPrefix(t *testing.T) {
 
 func TestAddrBadRemote(t *testing.T) {
 	for _, remote := range []string{"", "@", "/tmp/sock", "example.com:80"} {
-		if a, err := ClientIP(request(remote, "X-Forwarded-For", "203.0.113.7"), nil); err == nil {
+		if a, err := clientIP(request(remote, "X-Forwarded-For", "203.0.113.7"), nil); err == nil {
 			t.Errorf("ClientIP(RemoteAddr %q) = %v, want an error", remote, a)
 		}
 	}
 }
 
 func TestParseTrustedProxies(t *testing.T) {
-	tp, err := ParseTrustedProxies([]string{"10.0.0.0/8", " ::1 ", "192.0.2.1", "::ffff:172.16.0.0/108", "2001:db8::/32"})
+	tp, err := parseTrustedProxies([]string{"10.0.0.0/8", " ::1 ", "192.0.2.1", "::ffff:172.16.0.0/108", "2001:db8::/32"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := tp.String(), "10.0.0.0/8,::1/128,192.0.2.1/32,172.16.0.0/12,2001:db8::/32"; got != want {
+	var got []string
+	for _, p := range tp.prefixes {
+		got = append(got, p.String())
+	}
+	if got, want := strings.Join(got, ","), "10.0.0.0/8,::1/128,192.0.2.1/32,172.16.0.0/12,2001:db8::/32"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 	for addr, want := range map[string]bool{
 		"10.1.2.3": true, "::ffff:10.1.2.3": true, "::1": true, "192.0.2.1": true, "192.0.2.2": false,
 		"172.31.255.255": true, "172.32.0.0": false, "2001:db8:5::1": true, "2001:db9::1": false,
 	} {
-		if got := tp.Contains(netip.MustParseAddr(addr)); got != want {
+		if got := tp.contains(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("Contains(%s) = %v, want %v", addr, got, want)
 		}
 	}
-	var none *TrustedProxies
-	if none.Contains(netip.MustParseAddr("127.0.0.1")) {
-		t.Error("nil TrustedProxies contains 127.0.0.1, want nothing")
+	var none *trustedProxies
+	if none.contains(netip.MustParseAddr("127.0.0.1")) {
+		t.Error("nil trustedProxies contains 127.0.0.1, want nothing")
 	}
 
 	for _, tt := range []struct{ in, wantErr string }{
@@ -203,9 +211,9 @@ func TestParseTrustedProxies(t *testing.T) {
 		{"fe80::1%eth0", "zones are not allowed"},
 		{"::ffff:0:0/64", "at least /96"},
 	} {
-		_, err := ParseTrustedProxies([]string{"10.0.0.0/8", tt.in})
+		_, err := parseTrustedProxies([]string{"10.0.0.0/8", tt.in})
 		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-			t.Errorf("ParseTrustedProxies(%q) error = %v, want one containing %q", tt.in, err, tt.wantErr)
+			t.Errorf("parseTrustedProxies(%q) error = %v, want one containing %q", tt.in, err, tt.wantErr)
 		}
 	}
 }
@@ -216,10 +224,37 @@ func TestNewIPResolverErrors(t *testing.T) {
 		{IPv4Prefix: 33},
 		{IPv4Prefix: -1},
 		{IPv6Prefix: 129},
+		{TrustedProxies: []string{"10.0.0.1/8"}},
 	} {
 		if _, err := NewIPResolver(opts); err == nil {
 			t.Errorf("NewIPResolver(%+v) = nil error, want one", opts)
 		}
+	}
+}
+
+// TestTrustsAndZeroResolver: Trusts answers for the configured proxies
+// only, and the zero IPResolver trusts no one and masks to the defaults.
+func TestTrustsAndZeroResolver(t *testing.T) {
+	res, err := NewIPResolver(IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]bool{"10.9.8.7": true, "::ffff:10.0.0.1": true, "192.0.2.1": false} {
+		if got := res.Trusts(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Trusts(%s) = %v, want %v", addr, got, want)
+		}
+	}
+	var zero IPResolver
+	if zero.Trusts(netip.MustParseAddr("10.0.0.1")) {
+		t.Error("zero IPResolver trusts 10.0.0.1, want no one")
+	}
+	r := request("10.0.0.1:1", "X-Forwarded-For", "203.0.113.7")
+	if got, err := zero.Prefix(r); err != nil || got.String() != "10.0.0.1/32" {
+		t.Errorf("zero IPResolver Prefix = %v, %v; want the peer 10.0.0.1/32", got, err)
+	}
+	r.RemoteAddr = "[2001:db8:1:2::9]:1"
+	if got, err := zero.Prefix(r); err != nil || got.String() != "2001:db8:1:2::/64" {
+		t.Errorf("zero IPResolver Prefix = %v, %v; want 2001:db8:1:2::/64", got, err)
 	}
 }
 
@@ -248,8 +283,7 @@ func fuzzResolve(t *testing.T, header, line1, line2 string) {
 	if len(line1)+len(line2) > 1024 {
 		return
 	}
-	trusted := mustTrusted(t, "10.0.0.0/8", "2001:db8::/32", "127.0.0.1")
-	res, err := NewIPResolver(IPOptions{Trusted: trusted, Header: header})
+	res, err := NewIPResolver(IPOptions{TrustedProxies: []string{"10.0.0.0/8", "2001:db8::/32", "127.0.0.1"}, Header: header})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +316,7 @@ func FuzzXForwardedFor(f *testing.F) {
 		f.Add(s, "10.0.0.9")
 		f.Add("", s)
 	}
-	f.Fuzz(func(t *testing.T, line1, line2 string) { fuzzResolve(t, XForwardedFor, line1, line2) })
+	f.Fuzz(func(t *testing.T, line1, line2 string) { fuzzResolve(t, xForwardedFor, line1, line2) })
 }
 
 func FuzzForwarded(f *testing.F) {
@@ -294,5 +328,5 @@ func FuzzForwarded(f *testing.F) {
 		f.Add(s, "for=10.0.0.9")
 		f.Add("", s)
 	}
-	f.Fuzz(func(t *testing.T, line1, line2 string) { fuzzResolve(t, Forwarded, line1, line2) })
+	f.Fuzz(func(t *testing.T, line1, line2 string) { fuzzResolve(t, forwarded, line1, line2) })
 }

@@ -30,11 +30,7 @@ func ExamplePseudonymizer() {
 // X-Forwarded-For entry that is not a trusted proxy; what the client
 // itself wrote further left is not believed.
 func ExampleIPResolver() {
-	trusted, err := subject.ParseTrustedProxies([]string{"10.0.0.0/8"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	res, err := subject.NewIPResolver(subject.IPOptions{Trusted: trusted})
+	res, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 // MinSecretLen is the shortest HMAC secret a Key may have, in bytes.
 const MinSecretLen = 16
 
-// UnkeyedID is the key id of pseudonyms made without a secret.
-const UnkeyedID = "u0"
+// unkeyedID is the key id of pseudonyms made without a secret.
+const unkeyedID = "u0"
 
 // Key is one HMAC key. ID is part of every pseudonym it makes, so several
 // keys can coexist while one is rotated out.
@@ -61,7 +61,7 @@ func New(keys []Key) (*Pseudonymizer, error) {
 // Unkeyed returns a Pseudonymizer that digests with plain SHA-256 under key
 // id "u0". Its pseudonyms hide identities from casual view only: anyone
 // can recompute them from a guessed identity. Configure a keyed one.
-func Unkeyed() *Pseudonymizer { return newPseudonymizer([]Key{{ID: UnkeyedID}}) }
+func Unkeyed() *Pseudonymizer { return newPseudonymizer([]Key{{ID: unkeyedID}}) }
 
 func newPseudonymizer(keys []Key) *Pseudonymizer {
 	p := &Pseudonymizer{keys: append([]Key(nil), keys...), pools: make([]sync.Pool, len(keys))}
@@ -77,26 +77,12 @@ func newPseudonymizer(keys []Key) *Pseudonymizer {
 	return p
 }
 
-// Keyed reports whether p uses a secret.
-func (p *Pseudonymizer) Keyed() bool { return p.keys[0].Secret != nil }
-
 // Pseudonym returns the signing key's pseudonym of the triple, e.g.
 // "k1:3q2-7wAAAAAAAAAAAAAAAA". kind names where the identity came from
 // ("principal", "api_key", "ip", …); operation scopes it (a route), so the
 // same caller on two routes gets two subjects.
 func (p *Pseudonymizer) Pseudonym(kind, identity, operation string) string {
 	return p.sum(0, kind, identity, operation)
-}
-
-// All returns the pseudonym of the triple under every key, signing key
-// first: the subjects an identity may still have state under during a key
-// rotation.
-func (p *Pseudonymizer) All(kind, identity, operation string) []string {
-	out := make([]string, len(p.keys))
-	for i := range p.keys {
-		out[i] = p.sum(i, kind, identity, operation)
-	}
-	return out
 }
 
 // Previous returns the pseudonyms of the triple under every key but the

@@ -95,11 +95,10 @@ func newHandler(store sluice.Store, logger *slog.Logger) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit, err := httplimit.NewMiddleware(limiter, httplimit.Options{
-		Routes:    []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
-		Principal: account,
+	limit, err := httplimit.New(limiter, httplimit.Options{
+		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
 		// Requests without an account are denied (403), not pooled.
-		Sources: []httplimit.Source{httplimit.FromPrincipal},
+		Subject: httplimit.Principal(account),
 		Logger:  logger,
 	})
 	if err != nil {

@@ -267,6 +267,32 @@ type Route struct {
 	Shadow   bool     // evaluate and report, never block
 }
 
+// The kinds of subject a proxy route limits by (Route.SubjectKind).
+const (
+	// SubjectIP is "ip": the client address behind the trusted proxies.
+	SubjectIP = "ip"
+	// SubjectIPUserAgent is "ip+user_agent": the client address with a
+	// digest of the User-Agent; the address alone without one.
+	SubjectIPUserAgent = "ip+user_agent"
+	// SubjectHeader is "header:<Name>": the value of request header Name;
+	// the client address without it.
+	SubjectHeader = "header"
+)
+
+// SubjectKind returns the kind of r.Subject, SubjectIP, SubjectIPUserAgent
+// or SubjectHeader, and for SubjectHeader the header's name, e.g.
+// "X-Api-Key" for "header:X-Api-Key". It returns "" for a subject
+// Validate refuses.
+func (r Route) SubjectKind() (kind, header string) {
+	switch name, isHeader := strings.CutPrefix(r.Subject, SubjectHeader+":"); {
+	case r.Subject == SubjectIP, r.Subject == SubjectIPUserAgent:
+		return r.Subject, ""
+	case isHeader && httpguts.ValidHeaderFieldName(name):
+		return SubjectHeader, name
+	}
+	return "", ""
+}
+
 // Match selects requests for a Route.
 type Match struct {
 	PathPrefix string   // must start with "/"
@@ -745,10 +771,7 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 			return c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy")
 		}
 	}
-	switch name, isHeader := strings.CutPrefix(r.Subject, "header:"); {
-	case r.Subject == "ip", r.Subject == "ip+user_agent":
-	case isHeader && httpguts.ValidHeaderFieldName(name):
-	default:
+	if kind, _ := r.SubjectKind(); kind == "" {
 		return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
 	}
 	return nil

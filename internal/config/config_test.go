@@ -299,6 +299,27 @@ func TestMatchOperation(t *testing.T) {
 	}
 }
 
+// TestRouteSubjectKind: each spelling of proxy.routes[].subject maps to
+// one kind, a header subject with its name; the others to none.
+func TestRouteSubjectKind(t *testing.T) {
+	for _, tt := range []struct {
+		subject, kind, header string
+	}{
+		{"ip", config.SubjectIP, ""},
+		{"ip+user_agent", config.SubjectIPUserAgent, ""},
+		{"header:X-Api-Key", config.SubjectHeader, "X-Api-Key"},
+		{"header:", "", ""},
+		{"header:X Api", "", ""},
+		{"IP", "", ""},
+		{"", "", ""},
+	} {
+		kind, header := config.Route{Subject: tt.subject}.SubjectKind()
+		if kind != tt.kind || header != tt.header {
+			t.Errorf("Route{Subject: %q}.SubjectKind() = %q, %q; want %q, %q", tt.subject, kind, header, tt.kind, tt.header)
+		}
+	}
+}
+
 func TestParseRedisURL(t *testing.T) {
 	got, err := config.Load(filepath.Join("testdata", "valid", "redis_url.yaml"))
 	if err != nil {

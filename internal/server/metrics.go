@@ -217,7 +217,7 @@ func (m *Metrics) onProxyDecision(d httplimit.Decision) {
 	if d.Outcome.Kind != 0 {
 		m.countDecision("", d.Policies, d.Outcome)
 	}
-	m.proxy.WithLabelValues(d.Operation, d.Action.String(), strconv.FormatBool(d.Shadow)).Inc()
+	m.proxy.WithLabelValues(d.Operation, d.Action, strconv.FormatBool(d.Shadow)).Inc()
 	if d.Local {
 		m.local.WithLabelValues(d.Operation, d.LocalOutcome.Kind.String()).Inc()
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -56,6 +58,22 @@ type ProxyOptions struct {
 // upstream. A path no route matches passes unlimited. An upstream that
 // cannot be reached is a 502 with a problem body.
 //
+// No spelling reaches the upstream that it may read as a limited route
+// or subject while the proxy read it otherwise:
+//   - a path servers read differently is answered 400 (a backslash, a
+//     NUL or other control byte, raw or encoded, an encoded slash or
+//     backslash, %2F or %5C, a dot segment in disguise such as "..;");
+//     every other path goes on in normal form, with encoded unreserved
+//     characters such as %2E decoded and "//" and dot segments removed,
+//     so the upstream reads the path the routes matched (see
+//     httplimit.Options.StrictPaths). Routes match case-insensitively,
+//     without ;parameters and trailing dots.
+//   - a header that spells a route's subject header otherwise, with "_"
+//     for "-" (X_Api_Key for X-Api-Key, which CGI, WSGI, Rack and PHP
+//     read as the same variable), is dropped; a request that sends the
+//     subject header more than once, which names no one subject, is
+//     answered 400.
+//
 // X-Forwarded-For carries the socket peer appended to the chain only when
 // the peer is a trusted proxy; from any other peer the chain it sent is
 // dropped, so the upstream sees exactly the address sluice limited by or
@@ -67,19 +85,13 @@ type ProxyOptions struct {
 // upstream connections.
 type Proxy struct {
 	handler   http.Handler
-	trusted   *subject.TrustedProxies
+	ips       *subject.IPResolver
+	headers   []string // the subject headers of the routes, canonical
 	log       *slog.Logger
 	metrics   *Metrics
 	transport http.RoundTripper
 	fallback  *memstore.Store // nil without failure_mode: local policies
 }
-
-// subject kinds of proxy.routes[].subject.
-const (
-	subjectIP          = "ip"
-	subjectIPUserAgent = "ip+user_agent"
-	subjectHeader      = "header:"
-)
 
 // NewProxy returns the proxy of cfg over lim, whose policies are the
 // config's.
@@ -98,11 +110,11 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 		return nil, fmt.Errorf("server: NewProxy: upstream %q: must be an http:// or https:// URL with a host", cfg.Upstream)
 	}
-	trusted, err := subject.ParseTrustedProxies(cfg.TrustedProxies)
+	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: cfg.TrustedProxies})
 	if err != nil {
 		return nil, fmt.Errorf("server: NewProxy: %w", err)
 	}
-	p := &Proxy{trusted: trusted, log: opts.Logger, metrics: opts.Metrics, transport: opts.Transport}
+	p := &Proxy{ips: ips, log: opts.Logger, metrics: opts.Metrics, transport: opts.Transport}
 	if p.transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.Proxy = nil // the upstream is named in the config; no detour
@@ -114,55 +126,25 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		p.transport = t
 	}
 	mopts := httplimit.Options{
-		Pseudonymizer:  opts.Pseudonymizer,
-		TrustedProxies: cfg.TrustedProxies,
-		Logger:         opts.Logger,
-		Deadline:       cfg.DecisionTimeout,
+		Pseudonymizer: opts.Pseudonymizer,
+		Logger:        opts.Logger,
+		Deadline:      cfg.DecisionTimeout,
+		StrictPaths:   true,
 	}
-	for i, r := range cfg.Routes {
-		rt := httplimit.Route{
-			Operation:  r.Match.Operation(),
-			Methods:    r.Match.Methods,
-			PathPrefix: r.Match.PathPrefix,
-			Policies:   r.Policies,
-			Shadow:     r.Shadow,
-		}
-		switch name, isHeader := strings.CutPrefix(r.Subject, subjectHeader); {
-		case r.Subject == subjectIP:
-			rt.Sources = []httplimit.Source{httplimit.FromIP}
-		case r.Subject == subjectIPUserAgent:
-			// Without a User-Agent, the address alone.
-			rt.Sources = []httplimit.Source{httplimit.FromIPUserAgent, httplimit.FromIP}
-		case isHeader && name != "":
-			// Without the header, the address. The value is trusted as
-			// sent (see README): a client that varies it varies its budget.
-			rt.Sources = []httplimit.Source{httplimit.FromAPIKey, httplimit.FromIP}
-			rt.APIKeyHeader = name
-		default:
-			return nil, fmt.Errorf("server: NewProxy: routes[%d].subject %q: must be ip, ip+user_agent or header:<Name>", i, r.Subject)
-		}
-		mopts.Routes = append(mopts.Routes, rt)
+	if mopts.Routes, err = p.routes(cfg.Routes); err != nil {
+		return nil, err
 	}
 	if needsFallback(lim) {
-		clock := opts.Clock
-		if clock == nil {
-			clock = sluice.SystemClock{}
-		}
-		ms, err := memstore.New(memstore.Options{Clock: clock})
+		ms, err := memstore.New(memstore.Options{Clock: cmp.Or[sluice.Clock](opts.Clock, sluice.SystemClock{})})
 		if err != nil {
 			return nil, fmt.Errorf("server: NewProxy: local fallback: %w", err)
 		}
-		fb, err := httplimit.LocalFallback(lim, ms, cfg.LocalShare, sluice.Options{})
-		if err != nil {
-			ms.Close()
-			return nil, fmt.Errorf("server: NewProxy: %w", err)
-		}
-		p.fallback, mopts.Fallback = ms, fb
+		p.fallback, mopts.Fallback, mopts.LocalShare = ms, ms, cfg.LocalShare
 	}
 	if p.metrics != nil {
 		mopts.OnDecision = func(_ *http.Request, d httplimit.Decision) { p.metrics.onProxyDecision(d) }
 	}
-	mw, err := httplimit.NewMiddleware(lim, mopts)
+	mw, err := httplimit.New(lim, mopts)
 	if err != nil {
 		p.Close()
 		return nil, fmt.Errorf("server: NewProxy: %w", err)
@@ -177,8 +159,80 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		ErrorLog:     slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 		ErrorHandler: p.upstreamFailed,
 	}
-	p.handler = mw.Handler(rp)
+	p.handler = p.screenHeaders(mw.Handler(rp))
 	return p, nil
+}
+
+// routes maps proxy.routes to the middleware's, one subject kind of the
+// config to one SubjectFunc, and records the subject headers.
+func (p *Proxy) routes(cfg []config.Route) ([]httplimit.Route, error) {
+	ip := httplimit.ClientIP(p.ips)
+	out := make([]httplimit.Route, 0, len(cfg))
+	for i, r := range cfg {
+		rt := httplimit.Route{
+			Operation:  r.Match.Operation(),
+			Methods:    r.Match.Methods,
+			PathPrefix: r.Match.PathPrefix,
+			Policies:   r.Policies,
+			Shadow:     r.Shadow,
+		}
+		switch kind, name := r.SubjectKind(); kind {
+		case config.SubjectIP:
+			rt.Subject = ip
+		case config.SubjectIPUserAgent:
+			rt.Subject = httplimit.IPUserAgent(p.ips)
+		case config.SubjectHeader:
+			// Without the header, the address. The value is trusted as
+			// sent (see README): a client that varies it varies its budget.
+			h, err := httplimit.Header(name)
+			if err != nil {
+				return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
+			}
+			rt.Subject = httplimit.FirstOf(h, ip)
+			if name = http.CanonicalHeaderKey(name); !slices.Contains(p.headers, name) {
+				p.headers = append(p.headers, name)
+			}
+		default:
+			return nil, fmt.Errorf("server: NewProxy: routes[%d].subject %q: must be ip, ip+user_agent or header:<Name>", i, r.Subject)
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// foldHeader is the name a CGI-style upstream reads header name as: case
+// and "_" against "-" do not count.
+func foldHeader(name string) string {
+	return strings.ReplaceAll(strings.ToLower(name), "_", "-")
+}
+
+// problemDuplicate is the body of the 400 for a subject header sent more
+// than once.
+const problemDuplicate = `{"type":"about:blank","title":"Bad Request","status":400,"detail":"A header the rate limit is keyed on is sent more than once."}` + "\n"
+
+// screenHeaders wraps next so that no spelling of a route's subject
+// header other than its own reaches it (nor the upstream), and a request
+// that sends the header more than once is answered 400 (see Proxy).
+func (p *Proxy) screenHeaders(next http.Handler) http.Handler {
+	if len(p.headers) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for name, vals := range r.Header {
+			f := foldHeader(name)
+			for _, h := range p.headers {
+				switch {
+				case f != foldHeader(h):
+				case name != h:
+					delete(r.Header, name)
+				case len(vals) > 1:
+					writeProblem(w, http.StatusBadRequest, problemDuplicate)
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func needsFallback(lim *sluice.Limiter) bool {
@@ -221,7 +275,7 @@ func (p *Proxy) Close() error {
 func (p *Proxy) setForwarded(pr *httputil.ProxyRequest) {
 	in, out := pr.In.Header, pr.Out.Header
 	peer, err := netip.ParseAddrPort(pr.In.RemoteAddr)
-	trusted := err == nil && p.trusted.Contains(peer.Addr().Unmap())
+	trusted := err == nil && p.ips.Trusts(peer.Addr())
 	if trusted {
 		if v := in.Values("X-Forwarded-For"); len(v) > 0 {
 			out["X-Forwarded-For"] = append([]string(nil), v...)
@@ -263,12 +317,17 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 		level = slog.LevelDebug // the client went away
 	}
 	p.log.Log(r.Context(), level, "proxy: upstream failed", slog.String("method", r.Method), slog.String("err", err.Error()))
+	writeProblem(w, http.StatusBadGateway, problem502)
+}
+
+// writeProblem answers status with the problem+json body.
+func writeProblem(w http.ResponseWriter, status int, body string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(problem502)))
-	w.WriteHeader(http.StatusBadGateway)
-	io.WriteString(w, problem502)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	io.WriteString(w, body)
 }
 
 // statusWriter remembers the status written through it.

@@ -632,7 +632,7 @@ func TestRefund(t *testing.T) {
 	f.check(t, `{"policy":"broad","subject":"alice","refund":true}`, 422, "refund not supported")
 	f.check(t, `{"policies":["demo","broad"],"subject":"alice","refund":true}`, 422, "refund not supported")
 	// A refund of nothing is a peek and a refund at once.
-	f.check(t, `{"policy":"demo","subject":"alice","refund":true,"cost":0}`, 400, "a peek or a refund, not both")
+	f.check(t, `{"policy":"demo","subject":"alice","refund":true,"cost":0}`, 400, "a refund gives back a cost of 1 or more")
 	f.check(t, `{"policy":"demo","subject":"alice","refund":"yes"}`, 400, "malformed JSON")
 	if !strings.Contains(f.logs.String(), "refund=true") {
 		t.Errorf("the log does not mark the refund:\n%s", f.logs.String())
