@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -133,7 +134,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 			defer ms.Close()
 			st = ms
 		case "redis":
-			client, err := newRedisClient(&config.Redis{URL: f.redisURL, Addrs: splitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}, a.getenv)
+			client, err := server.NewRedisClient(&config.Redis{URL: f.redisURL, Addrs: splitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}, a.getenv)
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}

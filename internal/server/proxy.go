@@ -16,7 +16,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -35,9 +34,13 @@ type ProxyOptions struct {
 	// Metrics, when set, counts the proxy's requests and decisions.
 	// Default: nil.
 	Metrics *Metrics
-	// Clock is the clock of the local fallback store. Default:
-	// sluice.SystemClock{}.
-	Clock sluice.Clock
+	// Fallback is the store of the local fallback limiter, which decides
+	// for the policies whose failure mode is local while lim cannot
+	// (with proxy.local_share of their limits). The caller owns it and
+	// may share it between Proxies, such as those of successive
+	// generations of a reloaded config (keys carry the policy revision).
+	// Required when a policy's failure mode is local.
+	Fallback sluice.Store
 	// Transport carries requests to the upstream. Default: a clone of
 	// http.DefaultTransport that ignores the HTTP_PROXY environment and
 	// keeps up to 512 idle connections to the upstream.
@@ -63,15 +66,14 @@ type ProxyOptions struct {
 // X-Forwarded-Proto (and Forwarded) from a trusted peer are kept; from
 // others they are replaced by what this hop saw (Forwarded: dropped).
 //
-// Safe for concurrent use. Close releases the fallback store and idle
-// upstream connections.
+// Safe for concurrent use. Close releases the idle upstream
+// connections.
 type Proxy struct {
 	handler   http.Handler
 	trusted   *subject.TrustedProxies
 	log       *slog.Logger
 	metrics   *Metrics
 	transport http.RoundTripper
-	fallback  *memstore.Store // nil without failure_mode: local policies
 }
 
 // subject kinds of proxy.routes[].subject.
@@ -144,27 +146,20 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		mopts.Routes = append(mopts.Routes, rt)
 	}
 	if needsFallback(lim) {
-		clock := opts.Clock
-		if clock == nil {
-			clock = sluice.SystemClock{}
+		if opts.Fallback == nil {
+			return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
 		}
-		ms, err := memstore.New(memstore.Options{Clock: clock})
+		fb, err := httplimit.LocalFallback(lim, opts.Fallback, cfg.LocalShare, sluice.Options{})
 		if err != nil {
-			return nil, fmt.Errorf("server: NewProxy: local fallback: %w", err)
-		}
-		fb, err := httplimit.LocalFallback(lim, ms, cfg.LocalShare, sluice.Options{})
-		if err != nil {
-			ms.Close()
 			return nil, fmt.Errorf("server: NewProxy: %w", err)
 		}
-		p.fallback, mopts.Fallback = ms, fb
+		mopts.Fallback = fb
 	}
 	if p.metrics != nil {
 		mopts.OnDecision = func(_ *http.Request, d httplimit.Decision) { p.metrics.onProxyDecision(d) }
 	}
 	mw, err := httplimit.NewMiddleware(lim, mopts)
 	if err != nil {
-		p.Close()
 		return nil, fmt.Errorf("server: NewProxy: %w", err)
 	}
 	rp := &httputil.ReverseProxy{
@@ -204,14 +199,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.metrics.countRequest("proxy", sw.status)
 }
 
-// Close releases the local fallback store and the idle upstream
-// connections. The Proxy must not be used afterwards.
+// Close releases the idle upstream connections (not the Fallback store,
+// which its caller owns). The Proxy must not be used afterwards.
 func (p *Proxy) Close() error {
 	if t, ok := p.transport.(interface{ CloseIdleConnections() }); ok {
 		t.CloseIdleConnections()
-	}
-	if p.fallback != nil {
-		return p.fallback.Close()
 	}
 	return nil
 }
