@@ -1,7 +1,18 @@
 package server_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/server"
 )
@@ -13,6 +24,166 @@ func TestLoopback(t *testing.T) {
 	} {
 		if got := server.Loopback(addr); got != want {
 			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
+
+// running is a server.Run in the background.
+type running struct {
+	url  string
+	logs *syncBuffer
+}
+
+// startRun runs the config at path, logging at debug level to logs and
+// to the file logFile (when not ""), until the test ends.
+func startRun(t *testing.T, path, logFile string) *running {
+	t.Helper()
+	logs := &syncBuffer{}
+	var w io.Writer = logs
+	if logFile != "" {
+		f, err := os.Create(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		w = io.MultiWriter(f, logs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { done <- server.Run(ctx, server.RunOptions{ConfigPath: path, Log: log}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run after cancel: %v", err)
+		}
+	})
+	r := &running{logs: logs}
+	waitUntil(t, "the listening line", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned before listening: %v\n%s", err, logs)
+		default:
+		}
+		m := listening.FindStringSubmatch(logs.String())
+		if m != nil {
+			r.url = m[1]
+		}
+		return m != nil
+	})
+	return r
+}
+
+// waitUntil polls ok for at most about 20s: the watcher reacts after a
+// quiet period, on a machine that may be busy.
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for range 400 {
+		if ok() {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("gave up waiting for %s", what)
+}
+
+func (r *running) generation(t *testing.T) int64 {
+	t.Helper()
+	resp, err := http.Get(r.url + "/v1/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var cs server.ConfigStatus
+	if err := json.NewDecoder(resp.Body).Decode(&cs); err != nil {
+		t.Fatalf("GET /v1/config: %v", err)
+	}
+	return cs.Generation
+}
+
+func (r *running) reloads(t *testing.T, result string) string {
+	t.Helper()
+	series := fmt.Sprintf(`sluice_config_reloads_total{result=%q} `, result)
+	for _, line := range strings.Split(scrapeText(t, r.url), "\n") {
+		if v, ok := strings.CutPrefix(line, series); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// check spends one unit of demo, which the debug log records.
+func (r *running) check(t *testing.T) {
+	t.Helper()
+	resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// saveLikeSed replaces the file at path the way sed -i does: a new file
+// beside it, renamed over it.
+func saveLikeSed(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), "sedX3f9a1")
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const watchedConfig = `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: %d, window: 1h }
+`
+
+// TestWatcherIgnoresOtherFiles runs the server with its debug log in the
+// config's directory, as "serve --config sluice.yaml --log-level debug >
+// sluice.log" does, and another file there written to: neither is a
+// reload nor a log line. Each settled edit of the config is one reload
+// attempt, one log line and one count, a bad one included.
+func TestWatcherIgnoresOtherFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(path, fmt.Appendf(nil, watchedConfig, 3), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, path, filepath.Join(dir, "sluice.log"))
+	notes := filepath.Join(dir, "notes.txt")
+	for i := range 5 {
+		r.check(t) // a debug line into sluice.log
+		if err := os.WriteFile(notes, fmt.Appendf(nil, "note %d\n", i), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 4))
+	waitUntil(t, "generation 2", func() bool { return r.generation(t) == 2 })
+	r.check(t)
+	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 0)) // limit 0: refused
+	waitUntil(t, "a failed reload", func() bool { return r.reloads(t, "failure") == "1" })
+	r.check(t)
+	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 5))
+	waitUntil(t, "generation 3", func() bool { return r.generation(t) == 3 })
+
+	logs := r.logs.String()
+	if ok, failed := r.reloads(t, "success"), r.reloads(t, "failure"); ok != "2" || failed != "1" {
+		t.Errorf("sluice_config_reloads_total after two good edits and a bad one: success %s, failure %s; want 2 and 1", ok, failed)
+	}
+	for msg, want := range map[string]int{`msg="config reloaded"`: 2, `msg="config reload failed`: 1} {
+		if n := strings.Count(logs, msg); n != want {
+			t.Errorf("%d lines with %s, want %d:\n%s", n, msg, want, logs)
+		}
+	}
+	for _, name := range []string{"sluice.log", "notes.txt", "sedX3f9a1"} {
+		if strings.Contains(logs, name) {
+			t.Errorf("the log names %s, which is not a config file:\n%s", name, logs)
 		}
 	}
 }
