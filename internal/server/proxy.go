@@ -106,14 +106,7 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	}
 	p := &Proxy{trusted: trusted, log: opts.Logger, metrics: opts.Metrics, transport: opts.Transport}
 	if p.transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.Proxy = nil // the upstream is named in the config; no detour
-		// One upstream takes every request: keep as many idle connections
-		// to it as callers come at once. The default keeps 2, so under
-		// concurrency nearly every request dialled a new connection (and
-		// left one in TIME_WAIT): 4x the proxy's CPU per request.
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleUpstream, maxIdleUpstream
-		p.transport = t
+		p.transport = upstreamTransport()
 	}
 	mopts := httplimit.Options{
 		Pseudonymizer:  opts.Pseudonymizer,
@@ -145,15 +138,8 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		}
 		mopts.Routes = append(mopts.Routes, rt)
 	}
-	if needsFallback(lim) {
-		if opts.Fallback == nil {
-			return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
-		}
-		fb, err := httplimit.LocalFallback(lim, opts.Fallback, cfg.LocalShare, sluice.Options{})
-		if err != nil {
-			return nil, fmt.Errorf("server: NewProxy: %w", err)
-		}
-		mopts.Fallback = fb
+	if mopts.Fallback, err = localFallback(lim, cfg, opts.Fallback); err != nil {
+		return nil, err
 	}
 	if p.metrics != nil {
 		mopts.OnDecision = func(_ *http.Request, d httplimit.Decision) { p.metrics.onProxyDecision(d) }
@@ -174,6 +160,34 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	}
 	p.handler = mw.Handler(rp)
 	return p, nil
+}
+
+// upstreamTransport is the default ProxyOptions.Transport.
+func upstreamTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil // the upstream is named in the config; no detour
+	// One upstream takes every request: keep as many idle connections
+	// to it as callers come at once. The default keeps 2, so under
+	// concurrency nearly every request dialled a new connection (and
+	// left one in TIME_WAIT): 4x the proxy's CPU per request.
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleUpstream, maxIdleUpstream
+	return t
+}
+
+// localFallback is the limiter over store that decides for lim's local
+// policies while lim cannot; nil when no policy's failure mode is local.
+func localFallback(lim *sluice.Limiter, cfg *config.Proxy, store sluice.Store) (*sluice.Limiter, error) {
+	if !needsFallback(lim) {
+		return nil, nil
+	}
+	if store == nil {
+		return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
+	}
+	fb, err := httplimit.LocalFallback(lim, store, cfg.LocalShare, sluice.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("server: NewProxy: %w", err)
+	}
+	return fb, nil
 }
 
 func needsFallback(lim *sluice.Limiter) bool {
