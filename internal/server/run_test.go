@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,10 +44,11 @@ var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
 type running struct {
 	url  string
 	logs *syncBuffer
+	stop func() error // cancels Run's context and returns its error
 }
 
 // startRun runs the config at path, logging at debug level to logs and
-// to the file logFile (when not ""), until the test ends.
+// to the file logFile (when not ""), until the test ends or stop.
 func startRun(t *testing.T, path, logFile string) *running {
 	t.Helper()
 	logs := &syncBuffer{}
@@ -64,16 +65,21 @@ func startRun(t *testing.T, path, logFile string) *running {
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	go func() { done <- server.Run(ctx, server.RunOptions{ConfigPath: path, Log: log}) }()
+	var once sync.Once
+	var runErr error
+	r := &running{logs: logs, stop: func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := r.stop(); err != nil {
 			t.Errorf("Run after cancel: %v", err)
 		}
 	})
-	r := &running{logs: logs}
 	waitUntil(t, "the listening line", func() bool {
 		select {
 		case err := <-done:
+			done <- err // for stop
 			t.Fatalf("Run returned before listening: %v\n%s", err, logs)
 		default:
 		}
@@ -97,31 +103,6 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("gave up waiting for %s", what)
-}
-
-func (r *running) generation(t *testing.T) int64 {
-	t.Helper()
-	resp, err := http.Get(r.url + "/v1/config")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var cs server.ConfigStatus
-	if err := json.NewDecoder(resp.Body).Decode(&cs); err != nil {
-		t.Fatalf("GET /v1/config: %v", err)
-	}
-	return cs.Generation
-}
-
-func (r *running) reloads(t *testing.T, result string) string {
-	t.Helper()
-	series := fmt.Sprintf(`sluice_config_reloads_total{result=%q} `, result)
-	for _, line := range strings.Split(scrapeText(t, r.url), "\n") {
-		if v, ok := strings.CutPrefix(line, series); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // check spends one unit of demo, which the debug log records.
@@ -174,16 +155,16 @@ func TestWatcherIgnoresOtherFiles(t *testing.T) {
 	}
 
 	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 4))
-	waitUntil(t, "generation 2", func() bool { return r.generation(t) == 2 })
+	waitUntil(t, "generation 2", func() bool { return configStatus(t, r).Generation == 2 })
 	r.check(t)
 	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 0)) // limit 0: refused
-	waitUntil(t, "a failed reload", func() bool { return r.reloads(t, "failure") == "1" })
+	waitUntil(t, "a failed reload", func() bool { return metricValue(t, r, `sluice_config_reloads_total{result="failure"}`) == "1" })
 	r.check(t)
 	saveLikeSed(t, path, fmt.Sprintf(watchedConfig, 5))
-	waitUntil(t, "generation 3", func() bool { return r.generation(t) == 3 })
+	waitUntil(t, "generation 3", func() bool { return configStatus(t, r).Generation == 3 })
 
 	logs := r.logs.String()
-	if ok, failed := r.reloads(t, "success"), r.reloads(t, "failure"); ok != "2" || failed != "1" {
+	if ok, failed := metricValue(t, r, `sluice_config_reloads_total{result="success"}`), metricValue(t, r, `sluice_config_reloads_total{result="failure"}`); ok != "2" || failed != "1" {
 		t.Errorf("sluice_config_reloads_total after two good edits and a bad one: success %s, failure %s; want 2 and 1", ok, failed)
 	}
 	for msg, want := range map[string]int{`msg="config reloaded"`: 2, `msg="config reload failed`: 1} {
