@@ -58,13 +58,7 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 	var breaker atomic.Pointer[string] // the state the dashboard shows
 	closed := "closed"
 	breaker.Store(&closed)
-	breakerLog := &logthrottle.Latest{Every: breakerLogEvery, Now: clock.Now, Write: func(state string, held int64) {
-		attrs := []any{"state", state}
-		if held > 0 {
-			attrs = append(attrs, "changes_not_logged", held)
-		}
-		log.Warn("redis circuit breaker", attrs...)
-	}}
+	breakerLog := newBreakerLog(log, clock, breakerLogEvery)
 	// Lazy: serve starts while Redis is down or hung, answers per
 	// failure mode until it is back, and /readyz tells which.
 	rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: rc.Timeout, Breaker: redisstore.BreakerOptions{
@@ -82,6 +76,19 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 		breakerLog.Stop()
 		return err
 	}, info: StoreInfo{Type: config.StoreRedis, Breaker: func() string { return *breaker.Load() }}}, nil
+}
+
+// newBreakerLog logs the circuit breaker's changes of state, at most one
+// line per every (on clock), the last change held back once the interval
+// is over, with the count of those that were not logged.
+func newBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *logthrottle.Latest {
+	return &logthrottle.Latest{Every: every, Now: clock.Now, Write: func(state string, held int64) {
+		attrs := []any{"state", state}
+		if held > 0 {
+			attrs = append(attrs, "changes_not_logged", held)
+		}
+		log.Warn("redis circuit breaker", attrs...)
+	}}
 }
 
 // NewRedisClient connects as rc says: a redis:// or rediss:// URL (TLS
