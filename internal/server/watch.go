@@ -194,7 +194,10 @@ func (r *reloader) watchLoop(ctx context.Context, hup <-chan os.Signal, w *watch
 	quiet.Stop()
 	defer quiet.Stop()
 	var ws *watchSet
-	var fp string // of the files at the last reload attempt
+	// fp digests the files at the last reload attempt; none yet, so the
+	// first change is compared with the serving config by its hash,
+	// which also sees a change made while Run was starting.
+	var fp string
 	rewatch := func() {
 		if r.path != "" {
 			ws = newWatchSet(r.path, r.cur.Load().loaded.cfg)
@@ -202,9 +205,6 @@ func (r *reloader) watchLoop(ctx context.Context, hup <-chan os.Signal, w *watch
 		}
 	}
 	rewatch()
-	if ws != nil {
-		fp = ws.fingerprint()
-	}
 	for {
 		select {
 		case err := <-served:
