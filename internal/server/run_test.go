@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -176,5 +178,64 @@ func TestWatcherIgnoresOtherFiles(t *testing.T) {
 		if strings.Contains(logs, name) {
 			t.Errorf("the log names %s, which is not a config file:\n%s", name, logs)
 		}
+	}
+}
+
+var proxyListening = regexp.MustCompile(`msg="proxy listening" addr=(http://\S+)`)
+
+const fallbackConfig = `
+server: { listen: "127.0.0.1:0" }
+store: { type: redis, redis: { url: "redis://%s/0" } }
+policies:
+  - { id: edge, algorithm: fixed_window, limit: 10, window: 1h, failure_mode: local }
+  - { id: other, algorithm: fixed_window, limit: %d, window: 1h }
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "%s"
+  local_share: 0.2
+  routes:
+    - { match: { path_prefix: / }, policies: [edge], subject: ip }
+`
+
+// TestLocalFallbackSurvivesReload runs the proxy over a Redis nobody
+// listens on: the local fallback (a fifth of 10: 2) decides, and what it
+// counted is still counted after a reload, which no longer builds a
+// fallback store of its own.
+func TestLocalFallbackSurvivesReload(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close() // refused from now on
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(path, fmt.Appendf(nil, fallbackConfig, down, 1, up.URL), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRun(t, path, "")
+	m := proxyListening.FindStringSubmatch(r.logs.String())
+	if m == nil {
+		t.Fatalf("no proxy listening line:\n%s", r.logs)
+	}
+	get := func() int {
+		t.Helper()
+		resp, err := http.Get(m[1] + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, want := range []int{200, 200, 429} {
+		if got := get(); got != want {
+			t.Fatalf("request %d with Redis down = %d, want %d (the local fallback admits 2)", i+1, got, want)
+		}
+	}
+	saveLikeSed(t, path, fmt.Sprintf(fallbackConfig, down, 2, up.URL))
+	waitUntil(t, "generation 2", func() bool { return configStatus(t, r).Generation == 2 })
+	if got := get(); got != 429 {
+		t.Errorf("after a reload = %d, want 429: the fallback's counts carry over", got)
 	}
 }
