@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -73,21 +74,7 @@ type benchReport struct {
 func (a *app) bench(ctx context.Context, args []string) error {
 	fs := newFlagSet("bench")
 	var f benchFlags
-	fs.StringVar(&f.store, "store", "memory", "the store to drive through the library: memory or redis")
-	fs.StringVar(&f.redisURL, "redis-url", "", "with --store redis: a redis:// or rediss:// `URL`")
-	fs.StringVar(&f.redisAddrs, "redis-addrs", "", "with --store redis: comma-separated host:port seeds of a cluster (with --redis-mode cluster)")
-	fs.StringVar(&f.redisMode, "redis-mode", "", "with --redis-addrs: cluster")
-	fs.StringVar(&f.redisPasswordEnv, "redis-password-env", "", "the environment variable `NAME` that holds the Redis password")
-	fs.StringVar(&f.url, "url", "", "drive POST /v1/check of a running sluice serve at this base `URL` instead of a store")
-	fs.StringVar(&f.policy, "policy", "bench", "the policy `ID`: with --url, a policy of the server's config")
-	fs.StringVar(&f.algorithm, "policy-algorithm", "gcra", "the policy's algorithm: fixed_window, sliding_log, sliding_window, token_bucket or gcra")
-	fs.Int64Var(&f.limit, "limit", 100, "the policy's limit per --window")
-	fs.DurationVar(&f.window, "window", time.Second, "the policy's window")
-	fs.Int64Var(&f.burst, "burst", 0, "token_bucket and gcra: the bucket size (default: --limit)")
-	fs.IntVar(&f.subjects, "subjects", 1000, "distinct subjects the callers pick from at random")
-	fs.IntVar(&f.callers, "callers", 16, "concurrent callers")
-	fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to run")
-	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+	f.define(fs)
 	if err := a.parseFlags(fs, benchSynopsis, args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -115,45 +102,12 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		defer closeIdle()
 		decide = d
 	} else {
-		rep.Target, rep.Algorithm, rep.Window = f.store, f.algorithm, f.window.String()
-		alg, _ := sluice.ParseAlgorithm(f.algorithm) // checked
-		p := sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}
-		if err := p.Validate(); err != nil {
-			return &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n"}
-		}
-		p = p.WithDefaults()
-		rep.Limit, rep.Burst = p.Limit, p.Burst
-		var st sluice.Store
-		switch f.store {
-		case "memory":
-			ms, err := memstore.New(memstore.Options{Clock: a.clock})
-			if err != nil {
-				return fmt.Errorf("bench: %w", err)
-			}
-			defer ms.Close()
-			st = ms
-		case "redis":
-			client, err := newRedisClient(&config.Redis{URL: f.redisURL, Addrs: splitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}, a.getenv)
-			if err != nil {
-				return fmt.Errorf("bench: %w", err)
-			}
-			defer client.Close()
-			prefix := "sluice-bench:" + runID + ":"
-			rs, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
-			if err != nil {
-				return fmt.Errorf("bench: %w", err)
-			}
-			st = rs
-			cleanup = func(ctx context.Context) (int64, error) { return deletePrefix(ctx, client, prefix) }
-		}
-		lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+		d, clean, closeStore, err := a.storeDecider(&f, runID, rep)
 		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return err
 		}
-		decide = func(ctx context.Context, subject string) (sluice.Kind, error) {
-			o := lim.Check(ctx, sluice.Request{Policy: f.policy, Subject: subject})
-			return o.Kind, o.Err
-		}
+		defer closeStore()
+		decide, cleanup = d, clean
 	}
 
 	res := a.benchLoad(ctx, decide, subjects, f.callers, f.duration)
@@ -168,16 +122,87 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		}
 	}
 	res.fill(rep)
-	if f.json {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return err
-		}
-	} else {
-		rep.writeTable(a.stdout)
+	if err := rep.write(a.stdout, f.json); err != nil {
+		return err
 	}
 	return ctx.Err()
+}
+
+// define defines f's flags in fs.
+func (f *benchFlags) define(fs *flag.FlagSet) {
+	fs.StringVar(&f.store, "store", "memory", "the store to drive through the library: memory or redis")
+	fs.StringVar(&f.redisURL, "redis-url", "", "with --store redis: a redis:// or rediss:// `URL`")
+	fs.StringVar(&f.redisAddrs, "redis-addrs", "", "with --store redis: comma-separated host:port seeds of a cluster (with --redis-mode cluster)")
+	fs.StringVar(&f.redisMode, "redis-mode", "", "with --redis-addrs: cluster")
+	fs.StringVar(&f.redisPasswordEnv, "redis-password-env", "", "the environment variable `NAME` that holds the Redis password")
+	fs.StringVar(&f.url, "url", "", "drive POST /v1/check of a running sluice serve at this base `URL` instead of a store")
+	fs.StringVar(&f.policy, "policy", "bench", "the policy `ID`: with --url, a policy of the server's config")
+	fs.StringVar(&f.algorithm, "policy-algorithm", "gcra", "the policy's algorithm: fixed_window, sliding_log, sliding_window, token_bucket or gcra")
+	fs.Int64Var(&f.limit, "limit", 100, "the policy's limit per --window")
+	fs.DurationVar(&f.window, "window", time.Second, "the policy's window")
+	fs.Int64Var(&f.burst, "burst", 0, "token_bucket and gcra: the bucket size (default: --limit)")
+	fs.IntVar(&f.subjects, "subjects", 1000, "distinct subjects the callers pick from at random")
+	fs.IntVar(&f.callers, "callers", 16, "concurrent callers")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to run")
+	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+}
+
+// storeDecider decides through the library over the store f names, with
+// f's policy, which it describes in rep. cleanup, when not nil, deletes
+// the run's keys; closeStore releases the store.
+func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decide benchDecider, cleanup func(context.Context) (int64, error), closeStore func(), err error) {
+	rep.Target, rep.Algorithm, rep.Window = f.store, f.algorithm, f.window.String()
+	alg, _ := sluice.ParseAlgorithm(f.algorithm) // checked
+	p := sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}
+	if err := p.Validate(); err != nil {
+		return nil, nil, nil, &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n"}
+	}
+	p = p.WithDefaults()
+	rep.Limit, rep.Burst = p.Limit, p.Burst
+	var st sluice.Store
+	switch f.store {
+	case "memory":
+		ms, err := memstore.New(memstore.Options{Clock: a.clock})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("bench: %w", err)
+		}
+		st, closeStore = ms, func() { ms.Close() }
+	case "redis":
+		client, err := server.NewRedisClient(&config.Redis{URL: f.redisURL, Addrs: splitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}, a.getenv)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("bench: %w", err)
+		}
+		closeStore = func() { client.Close() }
+		prefix := "sluice-bench:" + runID + ":"
+		rs, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+		if err != nil {
+			closeStore()
+			return nil, nil, nil, fmt.Errorf("bench: %w", err)
+		}
+		st = rs
+		cleanup = func(ctx context.Context) (int64, error) { return deletePrefix(ctx, client, prefix) }
+	}
+	lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+	if err != nil {
+		closeStore()
+		return nil, nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	decide = func(ctx context.Context, subject string) (sluice.Kind, error) {
+		o := lim.Check(ctx, sluice.Request{Policy: f.policy, Subject: subject})
+		return o.Kind, o.Err
+	}
+	return decide, cleanup, closeStore, nil
+}
+
+// write prints rep: as indented JSON, or as a table.
+func (rep *benchReport) write(w io.Writer, asJSON bool) error {
+	if !asJSON {
+		rep.writeTable(w)
+		return nil
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
 }
 
 func (f *benchFlags) check(set map[string]bool) error {

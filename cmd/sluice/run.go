@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/server"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -149,7 +150,7 @@ func exitCode(err error, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice: %s\n\n%s", ue.msg, ue.usage)
 		return 2
 	}
-	var list errorList
+	var list server.Errors
 	if errors.As(err, &list) {
 		for _, e := range list {
 			fmt.Fprintf(stderr, "sluice: %v\n", e)

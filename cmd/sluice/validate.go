@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+
+	"github.com/sluicehq/sluice/internal/server"
 )
 
 func (a *app) validate(args []string) error {
@@ -21,7 +23,7 @@ func (a *app) validate(args []string) error {
 	}
 	// Everything serve would refuse: the config's rules, what it needs
 	// from the environment, and the Envoy rules files it names.
-	if _, err := load(path, a.getenv); err != nil {
+	if err := server.Validate(path, a.getenv); err != nil {
 		return err
 	}
 	fmt.Fprintln(a.stdout, "ok")

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -37,9 +35,13 @@ type ProxyOptions struct {
 	// Metrics, when set, counts the proxy's requests and decisions.
 	// Default: nil.
 	Metrics *Metrics
-	// Clock is the clock of the local fallback store. Default:
-	// sluice.SystemClock{}.
-	Clock sluice.Clock
+	// Fallback is the store of the local fallback limiter, which decides
+	// for the policies whose failure mode is local while lim cannot
+	// (with proxy.local_share of their limits). The caller owns it and
+	// may share it between Proxies, such as those of successive
+	// generations of a reloaded config (keys carry the policy revision).
+	// Required when a policy's failure mode is local.
+	Fallback sluice.Store
 	// Transport carries requests to the upstream. Default: a clone of
 	// http.DefaultTransport that ignores the HTTP_PROXY environment and
 	// keeps up to 512 idle connections to the upstream.
@@ -81,8 +83,8 @@ type ProxyOptions struct {
 // X-Forwarded-Proto (and Forwarded) from a trusted peer are kept; from
 // others they are replaced by what this hop saw (Forwarded: dropped).
 //
-// Safe for concurrent use. Close releases the fallback store and idle
-// upstream connections.
+// Safe for concurrent use. Close releases the idle upstream
+// connections.
 type Proxy struct {
 	handler   http.Handler
 	ips       *subject.IPResolver
@@ -90,7 +92,6 @@ type Proxy struct {
 	log       *slog.Logger
 	metrics   *Metrics
 	transport http.RoundTripper
-	fallback  *memstore.Store // nil without failure_mode: local policies
 }
 
 // NewProxy returns the proxy of cfg over lim, whose policies are the
@@ -116,14 +117,7 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	}
 	p := &Proxy{ips: ips, log: opts.Logger, metrics: opts.Metrics, transport: opts.Transport}
 	if p.transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.Proxy = nil // the upstream is named in the config; no detour
-		// One upstream takes every request: keep as many idle connections
-		// to it as callers come at once. The default keeps 2, so under
-		// concurrency nearly every request dialled a new connection (and
-		// left one in TIME_WAIT): 4x the proxy's CPU per request.
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleUpstream, maxIdleUpstream
-		p.transport = t
+		p.transport = upstreamTransport()
 	}
 	mopts := httplimit.Options{
 		Pseudonymizer: opts.Pseudonymizer,
@@ -135,18 +129,16 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		return nil, err
 	}
 	if needsFallback(lim) {
-		ms, err := memstore.New(memstore.Options{Clock: cmp.Or[sluice.Clock](opts.Clock, sluice.SystemClock{})})
-		if err != nil {
-			return nil, fmt.Errorf("server: NewProxy: local fallback: %w", err)
+		if opts.Fallback == nil {
+			return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
 		}
-		p.fallback, mopts.Fallback, mopts.LocalShare = ms, ms, cfg.LocalShare
+		mopts.Fallback, mopts.LocalShare = opts.Fallback, cfg.LocalShare
 	}
 	if p.metrics != nil {
 		mopts.OnDecision = func(_ *http.Request, d httplimit.Decision) { p.metrics.onProxyDecision(d) }
 	}
 	mw, err := httplimit.New(lim, mopts)
 	if err != nil {
-		p.Close()
 		return nil, fmt.Errorf("server: NewProxy: %w", err)
 	}
 	rp := &httputil.ReverseProxy{
@@ -235,6 +227,18 @@ func (p *Proxy) screenHeaders(next http.Handler) http.Handler {
 	})
 }
 
+// upstreamTransport is the default ProxyOptions.Transport.
+func upstreamTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil // the upstream is named in the config; no detour
+	// One upstream takes every request: keep as many idle connections
+	// to it as callers come at once. The default keeps 2, so under
+	// concurrency nearly every request dialled a new connection (and
+	// left one in TIME_WAIT): 4x the proxy's CPU per request.
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleUpstream, maxIdleUpstream
+	return t
+}
+
 func needsFallback(lim *sluice.Limiter) bool {
 	for _, id := range lim.Policies() {
 		if p, _ := lim.Policy(id); p.FailureMode == sluice.FailLocal {
@@ -258,14 +262,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.metrics.countRequest("proxy", sw.status)
 }
 
-// Close releases the local fallback store and the idle upstream
-// connections. The Proxy must not be used afterwards.
+// Close releases the idle upstream connections (not the Fallback store,
+// which its caller owns). The Proxy must not be used afterwards.
 func (p *Proxy) Close() error {
 	if t, ok := p.transport.(interface{ CloseIdleConnections() }); ok {
 		t.CloseIdleConnections()
-	}
-	if p.fallback != nil {
-		return p.fallback.Close()
 	}
 	return nil
 }

@@ -84,13 +84,16 @@ var proxyPolicies = []sluice.Policy{
 func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy) *proxyFixture {
 	t.Helper()
 	clock := sluicetest.NewClock(sluicetest.Start)
-	if store == nil {
+	newMemstore := func() *memstore.Store {
 		ms, err := memstore.New(memstore.Options{Clock: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ms.Close() })
-		store = ms
+		return ms
+	}
+	if store == nil {
+		store = newMemstore()
 	}
 	f := &proxyFixture{clock: clock, logs: &syncBuffer{}}
 	ids := make([]string, len(policies))
@@ -109,7 +112,7 @@ func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, polici
 		cfg.LocalShare = config.DefaultLocalShare
 	}
 	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	p, err := server.NewProxy(cfg, lim, server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: log, Metrics: f.metrics, Clock: clock})
+	p, err := server.NewProxy(cfg, lim, server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: log, Metrics: f.metrics, Fallback: newMemstore()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,6 +462,10 @@ func TestNewProxyRejects(t *testing.T) {
 	}
 	opts := server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: slog.New(slog.DiscardHandler)}
 	route := config.Route{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}
+	local, err := sluice.New(ms, []sluice.Policy{{ID: "three", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute, FailureMode: sluice.FailLocal}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, tc := range map[string]struct {
 		cfg  *config.Proxy
 		lim  *sluice.Limiter
@@ -471,12 +478,21 @@ func TestNewProxyRejects(t *testing.T) {
 		"bad subject":     {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: route.Policies, Subject: "cookie"}}}, lim, opts},
 		"unknown policy":  {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: []string{"nope"}, Subject: "ip"}}}, lim, opts},
 		"bad trusted net": {&config.Proxy{Upstream: "http://127.0.0.1:9", TrustedProxies: []string{"nope"}, Routes: []config.Route{route}}, lim, opts},
+		"no fallback":     {&config.Proxy{Upstream: "http://127.0.0.1:9", LocalShare: 0.5, Routes: []config.Route{route}}, local, opts},
 	} {
 		if p, err := server.NewProxy(tc.cfg, tc.lim, tc.opts); err == nil {
 			p.Close()
 			t.Errorf("NewProxy(%s) succeeded, want an error", name)
 		}
 	}
+	// With a store for its fallback, the "no fallback" proxy is fine.
+	withFallback := opts
+	withFallback.Fallback = ms
+	p, err := server.NewProxy(&config.Proxy{Upstream: "http://127.0.0.1:9", LocalShare: 0.5, Routes: []config.Route{route}}, local, withFallback)
+	if err != nil {
+		t.Fatalf("NewProxy with a local policy and a fallback store: %v", err)
+	}
+	p.Close()
 }
 
 // scrape gathers m through the text exposition format, as Prometheus

@@ -4,6 +4,11 @@
 // see ui.go), and the rate-limiting reverse proxy (see Proxy), which
 // listens on an address of its own.
 //
+// Run serves a whole configuration as sluice serve does: it builds the
+// stores, the listeners (TLS, the proxy's, the Envoy rate-limit service's)
+// and one generation of these handlers per configuration, which a reload
+// replaces (see Run).
+//
 // The check API answers one JSON object per request:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,

@@ -1,4 +1,4 @@
-package main
+package server_test
 
 import (
 	"context"
@@ -64,7 +64,7 @@ func writeTree(t *testing.T, dir string, files map[string]string) {
 }
 
 // envoyClient dials the rate-limit service serve logged.
-func envoyClient(t *testing.T, s *served) rlspb.RateLimitServiceClient {
+func envoyClient(t *testing.T, s *running) rlspb.RateLimitServiceClient {
 	t.Helper()
 	m := envoyLine.FindStringSubmatch(s.logs.String())
 	if m == nil {
@@ -94,7 +94,7 @@ func remaining(t *testing.T, c rlspb.RateLimitServiceClient, user string) (strin
 	return resp.OverallCode.String(), s.GetCurrentLimit().GetRequestsPerUnit(), s.LimitRemaining
 }
 
-func configStatus(t *testing.T, s *served) server.ConfigStatus {
+func configStatus(t *testing.T, s *running) server.ConfigStatus {
 	t.Helper()
 	resp, err := http.Get(s.url + "/v1/config")
 	if err != nil {
@@ -108,20 +108,7 @@ func configStatus(t *testing.T, s *served) server.ConfigStatus {
 	return cs
 }
 
-// waitFor polls until ok holds, for at most about 20s: the file watcher
-// reacts after a quiet period, on a machine that may be busy.
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for range 400 {
-		if ok() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("gave up waiting for %s", what)
-}
-
-func metricValue(t *testing.T, s *served, series string) string {
+func metricValue(t *testing.T, s *running, series string) string {
 	t.Helper()
 	resp, err := http.Get(s.url + "/metrics")
 	if err != nil {
@@ -140,7 +127,7 @@ func metricValue(t *testing.T, s *served, series string) string {
 func testServeEnvoy(t *testing.T, store string) {
 	dir := t.TempDir()
 	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(store), "rules/shop.yaml": rulesFile(2)})
-	s := startServe(t, "-c", filepath.Join(dir, "sluice.yaml"))
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
 	c := envoyClient(t, s)
 	for i, want := range []string{"OK 2 1", "OK 2 0", "OVER_LIMIT 2 0"} {
 		code, limit, rem := remaining(t, c, "alice")
@@ -182,7 +169,7 @@ func TestServeEnvoy(t *testing.T) {
 func TestReloadOnFileChange(t *testing.T) {
 	dir := t.TempDir()
 	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(""), "rules/shop.yaml": rulesFile(2)})
-	s := startServe(t, "-c", filepath.Join(dir, "sluice.yaml"))
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
 	c := envoyClient(t, s)
 	if cs := configStatus(t, s); cs.Generation != 1 || len(cs.Hash) != 64 || len(cs.Files) != 2 {
 		t.Fatalf("GET /v1/config at start = %+v, want generation 1, a hash and two files", cs)
@@ -192,14 +179,14 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 
 	writeTree(t, dir, map[string]string{"rules/shop.yaml": rulesFile(5)})
-	waitFor(t, "generation 2", func() bool { return configStatus(t, s).Generation == 2 })
+	waitUntil(t, "generation 2", func() bool { return configStatus(t, s).Generation == 2 })
 	if code, limit, rem := remaining(t, c, "bob"); code != "OK" || limit != 5 || rem != 3 {
 		t.Errorf("after raising the limit to 5: %s limit %d remaining %d, want OK 5 3 (the counter carries over)", code, limit, rem)
 	}
 
 	// A broken file: the old rules keep serving.
 	writeTree(t, dir, map[string]string{"rules/shop.yaml": "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"})
-	waitFor(t, "a failed reload", func() bool {
+	waitUntil(t, "a failed reload", func() bool {
 		return metricValue(t, s, `sluice_config_reloads_total{result="failure"}`) == "1"
 	})
 	cs := configStatus(t, s)
@@ -219,7 +206,7 @@ func TestReloadOnFileChange(t *testing.T) {
 
 	// Putting the serving rules back reloads nothing and says so.
 	writeTree(t, dir, map[string]string{"rules/shop.yaml": rulesFile(5)})
-	waitFor(t, "an unchanged reload", func() bool {
+	waitUntil(t, "an unchanged reload", func() bool {
 		cs := configStatus(t, s)
 		return cs.LastReload != nil && cs.LastReload.Result == "unchanged"
 	})
@@ -230,7 +217,7 @@ func TestReloadOnFileChange(t *testing.T) {
 	// The sluice config itself reloads too; what needs a restart is refused.
 	cfg := strings.Replace(envoyConfig(""), "limit: 3", "limit: 4", 1)
 	writeTree(t, dir, map[string]string{"sluice.yaml": cfg})
-	waitFor(t, "generation 3", func() bool { return configStatus(t, s).Generation == 3 })
+	waitUntil(t, "generation 3", func() bool { return configStatus(t, s).Generation == 3 })
 	resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"carol"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +229,7 @@ func TestReloadOnFileChange(t *testing.T) {
 		t.Errorf("check after raising demo to 4: limit %d, want 4", a.Limit)
 	}
 	writeTree(t, dir, map[string]string{"sluice.yaml": strings.Replace(cfg, `listen: "127.0.0.1:0" }`, `listen: "127.0.0.1:1" }`, 1)})
-	waitFor(t, "a refused reload", func() bool {
+	waitUntil(t, "a refused reload", func() bool {
 		return metricValue(t, s, `sluice_config_reloads_total{result="failure"}`) == "2"
 	})
 	if cs := configStatus(t, s); !strings.Contains(cs.LastReload.Error, "server.listen changed") {
@@ -271,7 +258,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := startServe(t, "-c", filepath.Join(dir, "sluice.yaml"))
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
 	c := envoyClient(t, s)
 	if _, limit, _ := remaining(t, c, "dave"); limit != 2 {
 		t.Fatalf("limit before the swap = %d, want 2", limit)
@@ -283,7 +270,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "generation 2 after the swap", func() bool { return configStatus(t, s).Generation == 2 })
+	waitUntil(t, "generation 2 after the swap", func() bool { return configStatus(t, s).Generation == 2 })
 	if _, limit, rem := remaining(t, c, "dave"); limit != 7 || rem != 5 {
 		t.Errorf("after the swap: limit %d remaining %d, want 7 and 5", limit, rem)
 	}
@@ -294,11 +281,11 @@ func TestReloadConfigMapSwap(t *testing.T) {
 func TestReloadOnSIGHUP(t *testing.T) {
 	dir := t.TempDir()
 	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(""), "rules/shop.yaml": rulesFile(2)})
-	s := startServe(t, "-c", filepath.Join(dir, "sluice.yaml"))
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "generation 2 after SIGHUP", func() bool { return configStatus(t, s).Generation == 2 })
+	waitUntil(t, "generation 2 after SIGHUP", func() bool { return configStatus(t, s).Generation == 2 })
 	if cs := configStatus(t, s); cs.LastReload == nil || cs.LastReload.Trigger != "signal" || cs.LastReload.Result != "success" {
 		t.Errorf("last reload = %+v, want a successful one triggered by the signal", cs.LastReload)
 	}

@@ -1,127 +1,24 @@
-package main
+package server
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
-	"os"
-	"path/filepath"
+	"net/netip"
 	"reflect"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/internal/envoyconf"
 	"github.com/sluicehq/sluice/internal/rls"
-	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/subject"
 )
-
-// loaded is a parsed and validated configuration: the config file and,
-// with an envoy section, the rules files it names.
-type loaded struct {
-	cfg   *config.Config
-	envoy *envoyconf.Config // nil without an envoy section
-	hash  string            // SHA-256 over every file read
-	files []string          // config file first; nil for the built-in example
-}
-
-// load reads the config at path (the built-in example when path is "")
-// and the Envoy rules files it names, and checks what serve would refuse
-// (see preflight), reporting every problem it finds. Relative
-// envoy.configs patterns are relative to the config file's directory.
-func load(path string, getenv func(string) string) (*loaded, error) {
-	if path == "" {
-		cfg := config.Default()
-		return &loaded{cfg: cfg, hash: "built-in"}, nil
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	cfg, err := parseConfig(path, data)
-	if cfg == nil {
-		return nil, err // unreadable, or not decodable: nothing more to check
-	}
-	// What serve would refuse after parsing, reported even when the file
-	// breaks rules too: secrets missing from the environment, a Redis URL
-	// the client rejects, TLS files that do not load.
-	var all errorList
-	for _, e := range []error{err, preflight(cfg, getenv, path)} {
-		var list errorList
-		switch {
-		case e == nil:
-		case errors.As(e, &list):
-			all = append(all, list...)
-		default:
-			all = append(all, e)
-		}
-	}
-	switch len(all) {
-	case 0:
-	case 1:
-		return nil, all[0]
-	default:
-		return nil, all
-	}
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s", len(data), data)
-	l := &loaded{cfg: cfg, files: []string{path}}
-	if cfg.Envoy != nil {
-		if l.envoy, err = envoyconf.Load(envoyPatterns(cfg, path)); err != nil {
-			return nil, fmt.Errorf("envoy.configs (%s line %d): %w", path, cfg.Line("envoy.configs"), err)
-		}
-		h.Write([]byte(l.envoy.Hash()))
-		l.files = append(l.files, l.envoy.Files()...)
-	}
-	l.hash = hex.EncodeToString(h.Sum(nil))
-	return l, nil
-}
-
-// envoyPatterns returns cfg's envoy.configs with relative patterns
-// joined to the directory of the config file at path.
-func envoyPatterns(cfg *config.Config, path string) []string {
-	pats := make([]string, len(cfg.Envoy.Configs))
-	for i, p := range cfg.Envoy.Configs {
-		if !filepath.IsAbs(p) && path != "" {
-			p = filepath.Join(filepath.Dir(path), p)
-		}
-		pats[i] = p
-	}
-	return pats
-}
-
-// watchDirs are the directories whose changes may change what load
-// reads: the config file's and those of the envoy.configs patterns.
-// Watching directories, not files, sees editors that replace a file and
-// Kubernetes ConfigMap updates, which swap the ..data symlink.
-func (l *loaded) watchDirs(path string) []string {
-	if path == "" {
-		return nil
-	}
-	set := map[string]bool{filepath.Dir(path): true}
-	if l.cfg.Envoy != nil {
-		for _, p := range envoyPatterns(l.cfg, path) {
-			set[filepath.Dir(p)] = true
-		}
-	}
-	dirs := make([]string, 0, len(set))
-	for d := range set {
-		dirs = append(dirs, d)
-	}
-	sort.Strings(dirs)
-	return dirs
-}
 
 // restartOnly reports a setting that differs between old and new and
 // that a reload cannot change: listen addresses, which services listen,
@@ -166,8 +63,8 @@ type generation struct {
 	loaded   *loaded
 	loadedAt time.Time
 	api      http.Handler
-	proxy    *server.Proxy // nil without a proxy section
-	rls      *rls.State    // nil without an envoy section
+	proxy    *Proxy     // nil without a proxy section
+	rls      *rls.State // nil without an envoy section
 
 	mu       sync.Mutex
 	inflight int
@@ -251,25 +148,27 @@ func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
 
 // reloader owns the serving generation and replaces it.
 type reloader struct {
-	a       *app
-	path    string
-	log     *slog.Logger
-	store   sluice.Store // instrumented; shared by every generation
-	ready   []server.Check
-	info    server.StoreInfo
-	metrics *server.Metrics
-	rlsM    *rls.Metrics
-	reloadM *reloadMetrics
-	rlsSvc  *rls.Service // nil without an envoy section
+	path     string
+	getenv   func(string) string
+	clock    sluice.Clock
+	log      *slog.Logger
+	store    sluice.Store // instrumented; shared by every generation
+	fallback sluice.Store // of the proxy's local fallbacks; nil without a proxy
+	ready    []Check
+	info     StoreInfo
+	metrics  *Metrics
+	rlsM     *rls.Metrics
+	reloadM  *reloadMetrics
+	rlsSvc   *rls.Service // nil without an envoy section
 
 	cur  atomic.Pointer[generation]
-	last atomic.Pointer[server.ReloadStatus]
+	last atomic.Pointer[ReloadStatus]
 }
 
 // build makes a generation of l.
 func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	cfg := l.cfg
-	pseud, err := r.a.pseudonymizer(cfg, r.log)
+	pseud, err := pseudonymizer(cfg, r.getenv, r.log)
 	if err != nil {
 		return nil, err
 	}
@@ -277,16 +176,16 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := r.a.checkAPITokens(cfg, r.log)
+	tokens, err := checkAPITokens(cfg, r.getenv, r.log)
 	if err != nil {
 		return nil, err
 	}
-	g := &generation{n: n, loaded: l, loadedAt: r.a.clock.Now()}
-	if g.api, err = server.New(lim, pseud, r.log, server.Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.a.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
+	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now()}
+	if g.api, err = New(lim, pseud, r.log, Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
-		if g.proxy, err = server.NewProxy(cfg.Proxy, lim, server.ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Clock: r.a.clock}); err != nil {
+		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback}); err != nil {
 			return nil, err
 		}
 	}
@@ -302,9 +201,9 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 }
 
 // status answers GET /v1/config.
-func (r *reloader) status() server.ConfigStatus {
+func (r *reloader) status() ConfigStatus {
 	g := r.cur.Load()
-	s := server.ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: r.last.Load()}
+	s := ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: r.last.Load()}
 	if s.Files == nil {
 		s.Files = []string{}
 	}
@@ -316,12 +215,12 @@ func (r *reloader) status() server.ConfigStatus {
 // stays and the reason is logged and counted.
 func (r *reloader) reload(trigger string, force bool) {
 	old := r.cur.Load()
-	l, err := load(r.path, r.a.getenv)
+	l, err := load(r.path, r.getenv)
 	if err == nil && !force && l.hash == old.loaded.hash {
 		// An event that changed nothing sluice reads; or the files are back
 		// to what is serving after a failed reload, which /v1/config says.
 		if last := r.last.Load(); last != nil && last.Result == "failure" {
-			r.last.Store(&server.ReloadStatus{Result: "unchanged", Trigger: trigger, At: r.a.clock.Now()})
+			r.last.Store(&ReloadStatus{Result: "unchanged", Trigger: trigger, At: r.clock.Now()})
 		}
 		return
 	}
@@ -338,10 +237,10 @@ func (r *reloader) reload(trigger string, force bool) {
 			g.close()
 		}
 	}
-	at := r.a.clock.Now()
+	at := r.clock.Now()
 	if err != nil {
 		r.reloadM.reloads.WithLabelValues("failure").Inc()
-		r.last.Store(&server.ReloadStatus{Result: "failure", Trigger: trigger, At: at, Error: err.Error()})
+		r.last.Store(&ReloadStatus{Result: "failure", Trigger: trigger, At: at, Error: err.Error()})
 		r.log.Error("config reload failed: still serving the previous config", "trigger", trigger, "generation", old.n, "reason", err)
 		return
 	}
@@ -351,7 +250,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	r.reloadM.reloads.WithLabelValues("success").Inc()
 	r.reloadM.generation.Set(float64(g.n))
 	r.reloadM.lastOK.Set(float64(at.Unix()))
-	r.last.Store(&server.ReloadStatus{Result: "success", Trigger: trigger, At: at})
+	r.last.Store(&ReloadStatus{Result: "success", Trigger: trigger, At: at})
 	attrs := []any{"trigger", trigger, "generation", g.n, "hash", l.hash[:min(12, len(l.hash))], "policies", len(l.cfg.Policies)}
 	if l.envoy != nil {
 		attrs = append(attrs, "envoy_domains", len(l.envoy.Domains()), "envoy_rules", len(l.envoy.Rules()))
@@ -383,103 +282,54 @@ func (r *reloader) serveWith(pick func(*generation) http.Handler) http.Handler {
 	})
 }
 
-// watcher reports changes in a set of directories. A nil *watcher
-// reports nothing.
-type watcher struct {
-	w       *fsnotify.Watcher
-	watched map[string]bool
-	log     *slog.Logger
-}
-
-func newWatcher(log *slog.Logger) (*watcher, error) {
-	w, err := fsnotify.NewWatcher()
+// pseudonymizer builds the subject pseudonymizer from subjects.hmac_keys,
+// warning when there is none.
+func pseudonymizer(cfg *config.Config, getenv func(string) string, log *slog.Logger) (*subject.Pseudonymizer, error) {
+	keys, err := cfg.HMACKeys(getenv)
 	if err != nil {
 		return nil, err
 	}
-	return &watcher{w: w, watched: map[string]bool{}, log: log}, nil
+	if len(keys) == 0 {
+		log.Warn("subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
+		return subject.Unkeyed(), nil
+	}
+	p, err := subject.New(keys)
+	if err != nil {
+		return nil, fmt.Errorf("subjects.hmac_keys: %w", err)
+	}
+	return p, nil
 }
 
-// add watches dirs not yet watched; a directory that cannot be watched
-// is logged and skipped (SIGHUP still reloads).
-func (w *watcher) add(dirs []string) {
-	if w == nil {
-		return
+// checkAPITokens returns server.auth's tokens for Options, warning when
+// the check API is open on an address other hosts can reach.
+func checkAPITokens(cfg *config.Config, getenv func(string) string, log *slog.Logger) ([]Token, error) {
+	resolved, err := cfg.Tokens(getenv)
+	if err != nil {
+		return nil, err
 	}
-	for _, d := range dirs {
-		if w.watched[d] {
-			continue
+	if len(resolved) == 0 {
+		if !loopback(cfg.Server.Listen) {
+			log.Warn("server.auth is not configured and server.listen is not a loopback address: anyone who can reach it can spend and refund any subject's budget and read the dashboard at /ui; configure server.auth.tokens", "listen", cfg.Server.Listen)
 		}
-		if err := w.w.Add(d); err != nil {
-			w.log.Warn("cannot watch a config directory: changes there need a SIGHUP", "dir", d, "reason", err)
-			continue
-		}
-		w.watched[d] = true
+		return nil, nil
 	}
+	tokens := make([]Token, len(resolved))
+	for i, t := range resolved {
+		tokens[i] = Token{ID: t.ID, Secret: t.Secret, Scopes: t.Scopes}
+	}
+	return tokens, nil
 }
 
-func (w *watcher) events() <-chan fsnotify.Event {
-	if w == nil {
-		return nil
+// loopback reports whether a listen address accepts only local
+// connections.
+func loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
 	}
-	return w.w.Events
-}
-
-func (w *watcher) errors() <-chan error {
-	if w == nil {
-		return nil
+	if host == "localhost" {
+		return true
 	}
-	return w.w.Errors
-}
-
-func (w *watcher) close() error {
-	if w == nil {
-		return nil
-	}
-	return w.w.Close()
-}
-
-// reloadDelay is how long the files must be quiet after a change before
-// serve reloads: an editor or a ConfigMap update is several events.
-const reloadDelay = 200 * time.Millisecond
-
-// watchLoop reloads on SIGHUP (hup) and on changes in the watched
-// directories until ctx is done or served reports a server's end, which
-// it returns.
-func (r *reloader) watchLoop(ctx context.Context, hup <-chan os.Signal, w *watcher, served <-chan error) error {
-	var quiet *time.Timer
-	var quietC <-chan time.Time
-	defer func() {
-		if quiet != nil {
-			quiet.Stop()
-		}
-	}()
-	for {
-		select {
-		case err := <-served:
-			return err
-		case <-ctx.Done():
-			return nil
-		case <-hup:
-			r.log.Info("SIGHUP: reloading the config")
-			r.reload("signal", true)
-			w.add(r.cur.Load().loaded.watchDirs(r.path))
-		case ev, ok := <-w.events():
-			if !ok {
-				return errors.New("config watcher stopped")
-			}
-			r.log.Debug("config directory changed", "file", ev.Name, "op", ev.Op.String())
-			if quiet == nil {
-				quiet = time.NewTimer(reloadDelay)
-			} else {
-				quiet.Reset(reloadDelay)
-			}
-			quietC = quiet.C
-		case err := <-w.errors():
-			r.log.Warn("config watcher", "reason", err)
-		case <-quietC:
-			quietC = nil
-			r.reload("file", false)
-			w.add(r.cur.Load().loaded.watchDirs(r.path))
-		}
-	}
+	addr, err := netip.ParseAddr(host)
+	return err == nil && addr.IsLoopback()
 }

@@ -1,0 +1,110 @@
+package server_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// module is the import path of the module whose layers are checked.
+const module = "github.com/sluicehq/sluice"
+
+// layers is DESIGN.md's layer map, top row first, drawn from what go list
+// shows: a package may import only packages of rows below its own. Each
+// package of the module has a row, so a new one must be placed here.
+// Paths are relative to the module ("" is the root package, sluice).
+// Where this order differs from DESIGN.md's table, the imports decided:
+// the stores, sluicetest, internal/evaluation and internal/ratelimitheader
+// import the root, so they sit above it; internal/rls imports
+// internal/envoyconf and internal/simulate imports internal/algorithm.
+var layers = []struct {
+	name     string
+	packages []string
+}{
+	{"commands", []string{"cmd/sluice", "deploy", "examples/demo"}},
+	{"server", []string{"internal/server"}},
+	{"envoy rate-limit service", []string{"internal/rls"}},
+	{"envoy rules files", []string{"internal/envoyconf"}},
+	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
+	{"config", []string{"internal/config"}},
+	{"subjects", []string{"subject"}},
+	{"stores", []string{"memstore", "redisstore"}},
+	{"store suite", []string{"sluicetest"}},
+	{"evaluation", []string{"internal/evaluation"}},
+	{"header fields", []string{"internal/ratelimitheader"}},
+	{"contract", []string{""}},
+	{"simulation", []string{"internal/simulate"}},
+	{"engine", []string{"internal/algorithm"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/redistest", "internal/faultproxy"}},
+}
+
+// listedPackage is what TestLayers reads of go list -json.
+type listedPackage struct {
+	ImportPath string
+	Imports    []string // of the package's own files, not its tests'
+}
+
+// TestLayers holds the layer map true for every package of the module:
+// an import only points to a row below the importer's. Tests may import
+// upwards (the root's examples use memstore); their imports are not
+// checked.
+func TestLayers(t *testing.T) {
+	row := map[string]int{}
+	for i, l := range layers {
+		for _, p := range l.packages {
+			row[strings.TrimSuffix(module+"/"+p, "/")] = i
+		}
+	}
+	pkgs := listModule(t)
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found %d packages of %s, want the whole module", len(pkgs), module)
+	}
+	for _, p := range pkgs {
+		from, ok := row[p.ImportPath]
+		if !ok {
+			t.Errorf("%s is in no row of the layer map: place it in layers (and DESIGN.md's table)", p.ImportPath)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if imp != module && !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			if to, ok := row[imp]; ok && to <= from {
+				t.Errorf("%s (row %q) imports %s (row %q): an import may only point to a row below", p.ImportPath, layers[from].name, imp, layers[to].name)
+			}
+		}
+	}
+}
+
+// listModule returns every package of the module, as go list sees it.
+func listModule(t *testing.T) []listedPackage {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to list the module's packages: %v", err)
+	}
+	cmd := exec.Command(goTool, "list", "-json=ImportPath,Imports", "./...")
+	cmd.Dir = "../.." // the module root
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []listedPackage
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			return pkgs
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+}

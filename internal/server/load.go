@@ -1,0 +1,216 @@
+package server
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoyconf"
+)
+
+// Errors is several problems found at once, each standing on its own
+// (a command prints one per line).
+type Errors []error
+
+func (l Errors) Error() string {
+	msgs := make([]string, len(l))
+	for i, err := range l {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+func (l Errors) Unwrap() []error { return l }
+
+// loaded is a parsed and validated configuration: the config file and,
+// with an envoy section, the rules files it names.
+type loaded struct {
+	cfg   *config.Config
+	envoy *envoyconf.Config // nil without an envoy section
+	hash  string            // SHA-256 over every file read
+	files []string          // config file first; nil for the built-in example
+}
+
+// Validate reports everything Run would refuse in the config at path: its
+// rules, what it needs from the environment (secrets, TLS files, a Redis
+// URL the client accepts) and the Envoy rules files it names, every
+// problem at once (as Errors when there are several). nil when Run can
+// start with it.
+func Validate(path string, getenv func(string) string) error {
+	_, err := load(path, getenv)
+	return err
+}
+
+// load reads the config at path (the built-in example when path is "")
+// and the Envoy rules files it names, and checks what serve would refuse
+// (see preflight), reporting every problem it finds. Relative
+// envoy.configs patterns are relative to the config file's directory.
+func load(path string, getenv func(string) string) (*loaded, error) {
+	if path == "" {
+		return &loaded{cfg: config.Default(), hash: "built-in"}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := parseConfig(path, data)
+	if cfg == nil {
+		return nil, err // unreadable, or not decodable: nothing more to check
+	}
+	// What serve would refuse after parsing, reported even when the file
+	// breaks rules too: secrets missing from the environment, a Redis URL
+	// the client rejects, TLS files that do not load.
+	if err := joinErrors(err, preflight(cfg, getenv, path)); err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s", len(data), data)
+	l := &loaded{cfg: cfg, files: []string{path}}
+	if cfg.Envoy != nil {
+		if l.envoy, err = envoyconf.Load(envoyPatterns(cfg, path)); err != nil {
+			return nil, fmt.Errorf("envoy.configs (%s line %d): %w", path, cfg.Line("envoy.configs"), err)
+		}
+		h.Write([]byte(l.envoy.Hash()))
+		l.files = append(l.files, l.envoy.Files()...)
+	}
+	l.hash = hex.EncodeToString(h.Sum(nil))
+	return l, nil
+}
+
+// joinErrors flattens errs (each nil, one error or Errors) into nil, one
+// error or Errors.
+func joinErrors(errs ...error) error {
+	var all Errors
+	for _, e := range errs {
+		var list Errors
+		switch {
+		case e == nil:
+		case errors.As(e, &list):
+			all = append(all, list...)
+		default:
+			all = append(all, e)
+		}
+	}
+	switch len(all) {
+	case 0:
+		return nil
+	case 1:
+		return all[0]
+	}
+	return all
+}
+
+// envoyPatterns returns cfg's envoy.configs with relative patterns
+// joined to the directory of the config file at path.
+func envoyPatterns(cfg *config.Config, path string) []string {
+	pats := make([]string, len(cfg.Envoy.Configs))
+	for i, p := range cfg.Envoy.Configs {
+		if !filepath.IsAbs(p) && path != "" {
+			p = filepath.Join(filepath.Dir(path), p)
+		}
+		pats[i] = p
+	}
+	return pats
+}
+
+// parseConfig parses data, the config read from path. Every error it finds
+// names the file, so that each line of a report stands on its own. A config
+// that decoded but breaks rules comes back with the error (see
+// config.Parse).
+func parseConfig(path string, data []byte) (*config.Config, error) {
+	cfg, err := config.Parse(bytes.NewReader(data))
+	var errs config.Errors
+	if err != nil && errors.As(err, &errs) {
+		list := make(Errors, len(errs))
+		for i, e := range errs {
+			list[i] = fmt.Errorf("%s: %w", path, e)
+		}
+		return cfg, list
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// preflight reports everything serve would refuse in a config that
+// parsed: secrets missing from the environment (HMAC keys, check API
+// tokens, the Redis password), a Redis URL the client cannot use, and
+// TLS files that do not load. Validate runs it too, so the two never
+// disagree. source prefixes each error (the file name); nil when serve
+// can start.
+func preflight(cfg *config.Config, getenv func(string) string, source string) error {
+	var errs Errors
+	add := func(err error) {
+		if err == nil {
+			return
+		}
+		switch list := err.(type) {
+		case config.Errors:
+			for _, e := range list {
+				errs = append(errs, e)
+			}
+		case Errors:
+			errs = append(errs, list...)
+		default:
+			errs = append(errs, err)
+		}
+	}
+	_, err := cfg.HMACKeys(getenv)
+	add(err)
+	_, err = cfg.Tokens(getenv)
+	add(err)
+	if t := cfg.Server.TLS; t != nil && t.CertFile != "" && t.KeyFile != "" {
+		_, err := tlsConfig(cfg)
+		add(err)
+	}
+	if r := cfg.Store.Redis; cfg.Store.Type == config.StoreRedis && r != nil {
+		add(redisPreflight(cfg, getenv))
+	}
+	if source != "" {
+		for i, err := range errs {
+			errs[i] = fmt.Errorf("%s: %w", source, err)
+		}
+	}
+	return joinErrors(errs)
+}
+
+// redisPreflight checks store.redis: its password in the environment and
+// a URL the client accepts.
+func redisPreflight(cfg *config.Config, getenv func(string) string) error {
+	r := cfg.Store.Redis
+	_, err := r.Password(getenv)
+	if ce := (*config.Error)(nil); errors.As(err, &ce) && ce.Line == 0 {
+		ce.Line = cfg.Line(ce.Path)
+	}
+	if r.URL != "" && cfg.Validate() == nil {
+		// Only once the config's own URL rules pass: they say more.
+		if _, uerr := redis.ParseURL(r.URL); uerr != nil {
+			return joinErrors(err, &config.Error{Path: "store.redis.url", Value: strconv.Quote(r.URL), Rule: strings.TrimPrefix(uerr.Error(), "redis: "), Line: cfg.Line("store.redis.url")})
+		}
+	}
+	return err
+}
+
+// tlsConfig loads server.tls's certificate and key; nil without TLS.
+func tlsConfig(cfg *config.Config) (*tls.Config, error) {
+	t := cfg.Server.TLS
+	if t == nil {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, &config.Error{Path: "server.tls", Rule: "cannot load the certificate and key: " + err.Error(), Line: cfg.Line("server.tls")}
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}

@@ -1,0 +1,40 @@
+package server_test
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// TestBreakerLogIsThrottled flaps the breaker as a read-only replica did
+// (63 changes that were 63 WARN lines in 3.2s): one line per interval,
+// the count of the changes not logged, and the state it ends in.
+func TestBreakerLogIsThrottled(t *testing.T) {
+	var out syncBuffer
+	lines := func() []string { return strings.Split(strings.TrimSpace(out.String()), "\n") }
+	clock := sluicetest.NewClock(sluicetest.Start)
+	bl := server.NewBreakerLog(slog.New(slog.NewTextHandler(&out, nil)), clock, time.Millisecond)
+	defer bl.Stop()
+	states := []string{"open", "half_open"}
+	for i := range 63 {
+		bl.Record(states[i%2])
+	}
+	bl.Record("closed")
+	if l := lines(); len(l) != 1 || !strings.Contains(l[0], `level=WARN msg="redis circuit breaker" state=open`) || strings.Contains(l[0], "changes_not_logged") {
+		t.Fatalf("64 changes within an interval logged %q, want one line for the first, open", l)
+	}
+	clock.Advance(time.Second) // the interval is over: the held-back state is written
+	for range 400 {
+		if len(lines()) == 2 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l := lines(); len(l) != 2 || !strings.HasSuffix(l[1], `msg="redis circuit breaker" state=closed changes_not_logged=62`) {
+		t.Fatalf("after the interval the log is %q, want a second line: closed, 62 changes not logged", l)
+	}
+}
