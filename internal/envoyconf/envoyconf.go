@@ -491,6 +491,9 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	return nil
 }
 
+// rateLimit reads the rate_limit block of the descriptor whose full key
+// is full into its Rule: the names, then unlimited or the limit and the
+// policy that decides it.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rule, error) {
 	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode")
 	if err != nil {
@@ -506,129 +509,189 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 		}
 	}
 	if v := m["replaces"]; v != nil {
-		v = yamlnode.Resolve(v)
-		if v.Kind != yaml.SequenceNode {
-			return nil, p.errorf(path+".replaces", v, "must be a list of {name: …}, not %s", yamlnode.KindName(v))
-		}
-		for i, item := range v.Content {
-			ipath := fmt.Sprintf("%s.replaces[%d]", path, i)
-			im, err := p.mapping(ipath, item, "name")
-			if err != nil {
-				return nil, err
-			}
-			var name string
-			if im["name"] != nil {
-				if name, err = p.text(ipath+".name", im["name"]); err != nil {
-					return nil, err
-				}
-			}
-			if name == "" {
-				return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: yamlnode.Resolve(item).Line}
-			}
-			if name == r.Name {
-				return nil, p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself")
-			}
-			r.Replaces = append(r.Replaces, name)
+		if r.Replaces, err = p.replaces(path+".replaces", v, r.Name); err != nil {
+			return nil, err
 		}
 	}
-	unit, rpu := m["unit"], m["requests_per_unit"]
 	if r.Unlimited {
-		for _, k := range [...]string{"unit", "requests_per_unit", "algorithm", "burst", "failure_mode"} {
-			if m[k] != nil {
-				return nil, p.errorf(path+"."+k, m[k], "must not be set when unlimited is true")
-			}
+		if err := p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode"); err != nil {
+			return nil, err
 		}
 		return r, nil
 	}
-	if unit == nil {
-		return nil, &Error{File: p.file, Path: path + ".unit", Rule: "is required: second, minute, hour or day (or unlimited: true)", Line: r.Line}
-	}
-	us, err := p.text(path+".unit", unit)
-	if err != nil {
+	if r.Unit, err = p.unit(path+".unit", m["unit"], r.Line); err != nil {
 		return nil, err
 	}
-	u, ok := units[strings.ToLower(us)]
-	if !ok {
-		rule := "must be one of second, minute, hour, day"
-		switch strings.ToLower(us) {
-		case "week", "month", "year":
-			rule += ": sluice windows are at most 24h, and a month or a year has no fixed length"
-		}
-		return nil, p.errorf(path+".unit", unit, "%s", rule)
-	}
-	r.Unit = u
-	if rpu != nil {
-		if err := p.int(path+".requests_per_unit", rpu, &r.RequestsPerUnit); err != nil {
+	if v := m["requests_per_unit"]; v != nil {
+		if err := p.int(path+".requests_per_unit", v, &r.RequestsPerUnit); err != nil {
 			return nil, err
 		}
 		if r.RequestsPerUnit < 0 || r.RequestsPerUnit > 1<<32-1 {
-			return nil, p.errorf(path+".requests_per_unit", rpu, "must be between 0 and 4294967295")
+			return nil, p.errorf(path+".requests_per_unit", v, "must be between 0 and 4294967295")
 		}
 	}
-	pol := sluice.Policy{ID: PolicyID(full), Algorithm: sluice.FixedWindow, Limit: r.RequestsPerUnit, Window: u.Duration()}
-	if v := m["algorithm"]; v != nil {
-		s, err := p.text(path+".algorithm", v)
-		if err != nil {
-			return nil, err
-		}
-		if pol.Algorithm, err = sluice.ParseAlgorithm(s); err != nil {
-			return nil, p.errorf(path+".algorithm", v, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
-		}
-		if pol.Algorithm == sluice.Concurrency {
-			return nil, p.errorf(path+".algorithm", v, "is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware")
-		}
-	}
-	if v := m["burst"]; v != nil {
-		if err := p.int(path+".burst", v, &pol.Burst); err != nil {
-			return nil, err
-		}
-		if pol.Burst == 0 {
-			return nil, p.errorf(path+".burst", v, "must not be zero; leave it out for the default (requests_per_unit)")
-		}
-	}
-	if v := m["failure_mode"]; v != nil {
-		s, err := p.text(path+".failure_mode", v)
-		if err != nil {
-			return nil, err
-		}
-		switch s {
-		case "closed":
-			pol.FailureMode = sluice.FailClosed
-		case "open":
-			pol.FailureMode = sluice.FailOpen
-		default:
-			return nil, p.errorf(path+".failure_mode", v, "must be one of closed, open (local needs a per-instance share, which the Envoy service does not have)")
-		}
+	pol, err := p.policy(path, m, r)
+	if err != nil {
+		return nil, err
 	}
 	if r.RequestsPerUnit == 0 {
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
-		if m["algorithm"] != nil || m["burst"] != nil {
-			k := "algorithm"
-			if m[k] == nil {
-				k = "burst"
-			}
-			return nil, p.errorf(path+"."+k, m[k], "must not be set with requests_per_unit 0, which denies every request")
+		if err := p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst"); err != nil {
+			return nil, err
 		}
 		return r, nil
 	}
 	if err := pol.Validate(); err != nil {
-		var pe *sluice.PolicyError
-		if !errors.As(err, &pe) {
-			return nil, &Error{File: p.file, Path: path, Rule: err.Error(), Line: r.Line}
-		}
-		field := map[string]string{"limit": "requests_per_unit", "window": "unit", "max_cost": "requests_per_unit"}[pe.Field]
-		if field == "" {
-			field = pe.Field
-		}
-		e := &Error{File: p.file, Path: path + "." + field, Value: pe.Value, Rule: pe.Rule, Line: r.Line}
-		if v := m[field]; v != nil {
-			e.Line, e.Value = v.Line, yamlnode.Written(v)
-		}
-		return nil, e
+		return nil, p.policyError(path, m, r.Line, err)
 	}
 	r.Policy = pol
 	return r, nil
+}
+
+// replaces reads rate_limit.replaces, a list of {name: …}, into the names
+// it lists; own is the rule's own name, which the list must not hold.
+func (p *parser) replaces(path string, n *yaml.Node, own string) ([]string, error) {
+	n = yamlnode.Resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errorf(path, n, "must be a list of {name: …}, not %s", yamlnode.KindName(n))
+	}
+	var names []string
+	for i, item := range n.Content {
+		ipath := fmt.Sprintf("%s[%d]", path, i)
+		im, err := p.mapping(ipath, item, "name")
+		if err != nil {
+			return nil, err
+		}
+		var name string
+		if im["name"] != nil {
+			if name, err = p.text(ipath+".name", im["name"]); err != nil {
+				return nil, err
+			}
+		}
+		if name == "" {
+			return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: yamlnode.Resolve(item).Line}
+		}
+		if name == own {
+			return nil, p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself")
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
+// unset returns an error for the first of keys that m sets, saying it
+// must not be set for the reason why (e.g. "when unlimited is true"), or
+// nil when m sets none of them.
+func (p *parser) unset(path string, m map[string]*yaml.Node, why string, keys ...string) error {
+	for _, k := range keys {
+		if m[k] != nil {
+			return p.errorf(path+"."+k, m[k], "must not be set %s", why)
+		}
+	}
+	return nil
+}
+
+// unit reads rate_limit.unit, which n holds; a nil n is a missing unit,
+// reported at line, the rate_limit block's.
+func (p *parser) unit(path string, n *yaml.Node, line int) (Unit, error) {
+	if n == nil {
+		return 0, &Error{File: p.file, Path: path, Rule: "is required: second, minute, hour or day (or unlimited: true)", Line: line}
+	}
+	s, err := p.text(path, n)
+	if err != nil {
+		return 0, err
+	}
+	u, ok := units[strings.ToLower(s)]
+	if !ok {
+		rule := "must be one of second, minute, hour, day"
+		switch strings.ToLower(s) {
+		case "week", "month", "year":
+			rule += ": sluice windows are at most 24h, and a month or a year has no fixed length"
+		}
+		return 0, p.errorf(path, n, "%s", rule)
+	}
+	return u, nil
+}
+
+// policy builds the sluice policy that decides r: a fixed window of r's
+// requests per unit, unless the rate_limit block m sets sluice's own keys
+// algorithm, burst or failure_mode. The caller validates it.
+func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) (sluice.Policy, error) {
+	pol := sluice.Policy{ID: PolicyID(r.Key), Algorithm: sluice.FixedWindow, Limit: r.RequestsPerUnit, Window: r.Unit.Duration()}
+	var err error
+	if v := m["algorithm"]; v != nil {
+		if pol.Algorithm, err = p.algorithm(path+".algorithm", v); err != nil {
+			return sluice.Policy{}, err
+		}
+	}
+	if v := m["burst"]; v != nil {
+		if err := p.int(path+".burst", v, &pol.Burst); err != nil {
+			return sluice.Policy{}, err
+		}
+		if pol.Burst == 0 {
+			return sluice.Policy{}, p.errorf(path+".burst", v, "must not be zero; leave it out for the default (requests_per_unit)")
+		}
+	}
+	if v := m["failure_mode"]; v != nil {
+		if pol.FailureMode, err = p.failureMode(path+".failure_mode", v); err != nil {
+			return sluice.Policy{}, err
+		}
+	}
+	return pol, nil
+}
+
+// algorithm reads rate_limit.algorithm: any algorithm but concurrency,
+// whose leases RLS has no call to release.
+func (p *parser) algorithm(path string, n *yaml.Node) (sluice.Algorithm, error) {
+	s, err := p.text(path, n)
+	if err != nil {
+		return 0, err
+	}
+	a, err := sluice.ParseAlgorithm(s)
+	if err != nil {
+		return 0, p.errorf(path, n, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+	}
+	if a == sluice.Concurrency {
+		return 0, p.errorf(path, n, "is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware")
+	}
+	return a, nil
+}
+
+// failureMode reads rate_limit.failure_mode: closed or open, as local
+// needs a per-instance share the Envoy service does not have.
+func (p *parser) failureMode(path string, n *yaml.Node) (sluice.FailureMode, error) {
+	s, err := p.text(path, n)
+	if err != nil {
+		return 0, err
+	}
+	switch s {
+	case "closed":
+		return sluice.FailClosed, nil
+	case "open":
+		return sluice.FailOpen, nil
+	}
+	return 0, p.errorf(path, n, "must be one of closed, open (local needs a per-instance share, which the Envoy service does not have)")
+}
+
+// policyError turns the error of a rule's Policy.Validate into an *Error
+// at the rate_limit key that set the field at fault (requests_per_unit
+// for the limit, unit for the window), at line, the rate_limit block's,
+// when the block does not set that key.
+func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err error) *Error {
+	var pe *sluice.PolicyError
+	if !errors.As(err, &pe) {
+		return &Error{File: p.file, Path: path, Rule: err.Error(), Line: line}
+	}
+	field := map[string]string{"limit": "requests_per_unit", "window": "unit", "max_cost": "requests_per_unit"}[pe.Field]
+	if field == "" {
+		field = pe.Field
+	}
+	e := &Error{File: p.file, Path: path + "." + field, Value: pe.Value, Rule: pe.Rule, Line: line}
+	if v := m[field]; v != nil {
+		e.Line, e.Value = v.Line, yamlnode.Written(v)
+	}
+	return e
 }
 
 // PolicyID derives a policy ID from a rule's full key: the key itself

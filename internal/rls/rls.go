@@ -204,6 +204,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	return resp, err
 }
 
+// shouldRateLimit decides req with the State it starts with: it matches
+// the descriptors, answers those that need no store, asks the store for
+// the rest, one group at a time, and builds the response.
 func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
 	st := s.state.Load()
 	domain := req.GetDomain()
@@ -213,6 +216,24 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "sluice: descriptors must not be empty")
 	}
+	ds := match(st, req)
+	for _, g := range groupDescriptors(ds) {
+		if err := s.decide(ctx, st, ds, g); err != nil {
+			return nil, err
+		}
+	}
+	resp := s.response(ds)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "envoy rate limit", slog.String("domain", domain), slog.Int("descriptors", len(ds)), slog.String("overall_code", resp.OverallCode.String()))
+	}
+	return resp, nil
+}
+
+// match returns req's descriptors with their rules, costs and subjects.
+// A descriptor whose rule another matched rule replaces has no rule:
+// it is neither decided nor spent.
+func match(st *State, req *rlspb.RateLimitRequest) []descriptor {
+	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
 	if reqCost == 0 {
 		reqCost = 1
@@ -241,30 +262,26 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	}
 	for i := range ds {
 		if r := ds[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
-			ds[i].rule = nil // replaced: neither decided nor spent
+			ds[i].rule = nil
 		}
 	}
+	return ds
+}
 
-	// Answer what needs no store; group the rest by subject.
+// groupDescriptors answers the descriptors that need no store (see
+// answerLocally) and groups the rest into the Limiter.Checks that decide
+// them: descriptors of one subject, cost and kind (refund or spend,
+// shadow or enforced) share a check unless one policy would be in it
+// twice; every refund has a check of its own. A group whose subject has
+// a descriptor denied locally only peeks, so nothing is spent on it.
+func groupDescriptors(ds []descriptor) []*group {
 	var groups []*group
 	blocked := map[string]bool{} // subjects with a descriptor denied locally
 	for i := range ds {
 		d := &ds[i]
 		r := d.rule
-		switch {
-		case r == nil:
-			d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
-			continue
-		case r.Unlimited:
-			d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
-			continue
-		case !r.Decided(), !d.refund && d.cost > r.Policy.WithDefaults().MaxCost:
-			// 0 per unit, or more than the limit could ever admit.
-			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
-				Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
-				DurationUntilReset: durationpb.New(r.Unit.Duration()),
-			}
-			if !r.Shadow {
+		if answerLocally(d) {
+			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow {
 				blocked[d.subject] = true
 			}
 			continue
@@ -288,11 +305,36 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	}
 	for _, g := range groups {
 		g.peek = blocked[g.subject] && !g.shadow && !g.refund
-		if err := s.decide(ctx, st, ds, g); err != nil {
-			return nil, err
-		}
 	}
+	return groups
+}
 
+// answerLocally fills in d's status and reports true when d needs no
+// store: OK when no rule matches or the rule is unlimited, OVER_LIMIT
+// when the rule allows 0 per unit or d spends more than the limit could
+// ever admit.
+func answerLocally(d *descriptor) bool {
+	r := d.rule
+	switch {
+	case r == nil:
+		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+	case r.Unlimited:
+		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+	case !r.Decided(), !d.refund && d.cost > r.Policy.WithDefaults().MaxCost:
+		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
+			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
+			DurationUntilReset: durationpb.New(r.Unit.Duration()),
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// response returns the answer to the decided descriptors ds, counting
+// each in the metrics: their statuses, with shadow_mode rules' OVER_LIMIT
+// answered OK, the overall code, and the response headers.
+func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
 	for i := range ds {
 		d := &ds[i]
@@ -311,10 +353,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		resp.Statuses[i] = d.status
 	}
 	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT)
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		s.log.LogAttrs(ctx, slog.LevelDebug, "envoy rate limit", slog.String("domain", domain), slog.Int("descriptors", len(ds)), slog.String("overall_code", resp.OverallCode.String()))
-	}
-	return resp, nil
+	return resp
 }
 
 // decide asks the store for one group and fills in its statuses. It

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -67,6 +68,45 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 	if limit < 1 || window < 1 {
 		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), "limit and window must be positive"}
 	}
+	d, err := duration(ps, window)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	rate, err := offeredRate(ps, limit, window)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	most, err := requestBudget(ps, limit, rate, d)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	start = Epoch(window)
+	end = start + d
+	switch ps.Name {
+	case Poisson:
+		arrivals = poisson(start, end, rate, cmp.Or(ps.Seed, 1), most)
+	case Bursts:
+		on, off := cmp.Or(ps.On, window/2), cmp.Or(ps.Off, window)
+		if on < 1 || off < 0 {
+			return nil, 0, 0, &Error{"on", fmt.Sprint(on), "bursts need on > 0 and off ≥ 0"}
+		}
+		arrivals = bursts(start, end, rate, on, off, most)
+	case Boundary:
+		arrivals = boundary(start, window, limit)
+	case SlidingWorst:
+		arrivals = slidingWorst(start, window, limit)
+	case Ramp:
+		arrivals = ramp(start, d, rate, most)
+	default:
+		return nil, 0, 0, &Error{"pattern", strconv.Quote(ps.Name), "must be one of " + strings.Join(Patterns, ", ") + " (or a CSV file)"}
+	}
+	return arrivals, start, end, nil
+}
+
+// duration returns the span ps covers, µs: ps.Duration, or the default
+// for ps.Name that PatternSpec documents, between one window and
+// MaxDurationWindows.
+func duration(ps PatternSpec, window int64) (int64, error) {
 	d := ps.Duration
 	if d == 0 {
 		switch ps.Name {
@@ -79,8 +119,14 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		}
 	}
 	if d < window || d > MaxDurationWindows*window {
-		return nil, 0, 0, &Error{"duration", time.Duration(d * 1000).String(), fmt.Sprintf("must be between one window and %d windows (%v)", MaxDurationWindows, time.Duration(MaxDurationWindows*window*1000))}
+		return 0, &Error{"duration", time.Duration(d * 1000).String(), fmt.Sprintf("must be between one window and %d windows (%v)", MaxDurationWindows, time.Duration(MaxDurationWindows*window*1000))}
 	}
+	return d, nil
+}
+
+// offeredRate returns the requests per second ps offers: ps.Rate, or the
+// default for ps.Name, a multiple of limit per window.
+func offeredRate(ps PatternSpec, limit, window int64) (float64, error) {
 	perSecond := float64(limit) * 1e6 / float64(window)
 	rate := ps.Rate
 	if rate == 0 {
@@ -90,97 +136,107 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		}
 	}
 	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
-		return nil, 0, 0, &Error{"rate", fmt.Sprint(ps.Rate), "must be a positive number of requests per second"}
+		return 0, &Error{"rate", fmt.Sprint(ps.Rate), "must be a positive number of requests per second"}
 	}
+	return rate, nil
+}
+
+// requestBudget returns the most requests ps may offer (ps.MaxRequests,
+// at most MaxRequests), or an error when the pattern would offer more:
+// rate × d for the patterns paced by rate, 2 × limit for Boundary and
+// SlidingWorst.
+func requestBudget(ps PatternSpec, limit int64, rate float64, d int64) (int, error) {
 	most := MaxRequests
 	if ps.MaxRequests > 0 {
 		most = min(ps.MaxRequests, MaxRequests)
 	}
-	if expect := rate * float64(d) / 1e6; expect > float64(most) && ps.Name != Boundary && ps.Name != SlidingWorst {
-		return nil, 0, 0, &Error{"rate", fmt.Sprint(rate), fmt.Sprintf("rate × duration is %.0f requests: at most %d", expect, most)}
+	fixed := ps.Name == Boundary || ps.Name == SlidingWorst
+	if expect := rate * float64(d) / 1e6; expect > float64(most) && !fixed {
+		return 0, &Error{"rate", fmt.Sprint(rate), fmt.Sprintf("rate × duration is %.0f requests: at most %d", expect, most)}
 	}
-	if (ps.Name == Boundary || ps.Name == SlidingWorst) && 2*limit+1 > int64(most) {
-		return nil, 0, 0, &Error{"limit", fmt.Sprint(limit), fmt.Sprintf("the %s pattern offers 2 × limit requests: at most %d", ps.Name, most)}
+	if fixed && 2*limit+1 > int64(most) {
+		return 0, &Error{"limit", fmt.Sprint(limit), fmt.Sprintf("the %s pattern offers 2 × limit requests: at most %d", ps.Name, most)}
 	}
-	start = Epoch(window)
-	end = start + d
-	switch ps.Name {
-	case Poisson:
-		seed := ps.Seed
-		if seed == 0 {
-			seed = 1
+	return most, nil
+}
+
+// poisson returns Poisson arrivals at rate per second in [start, end),
+// at most most of them, the same for the same seed.
+func poisson(start, end int64, rate float64, seed uint64, most int) []int64 {
+	var arrivals []int64
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	meanGap := 1e6 / rate
+	for t := float64(start); ; {
+		t += rng.ExpFloat64() * meanGap
+		if t >= float64(end) || len(arrivals) >= most {
+			break
 		}
-		rng := rand.New(rand.NewPCG(seed, 0x5eed))
-		meanGap := 1e6 / rate
-		for t := float64(start); ; {
-			t += rng.ExpFloat64() * meanGap
-			if t >= float64(end) || len(arrivals) >= most {
+		arrivals = append(arrivals, int64(t))
+	}
+	return arrivals
+}
+
+// bursts returns arrivals in [start, end), at most most of them: evenly
+// spaced at rate per second for on µs, then none for off µs, repeated.
+// Each burst holds ⌈on × rate⌉ arrivals (counted, not stepped in floating
+// point, so none is added by rounding), the last burst cut at the end.
+func bursts(start, end int64, rate float64, on, off int64, most int) []int64 {
+	var arrivals []int64
+	gap := 1e6 / rate
+	n := int(math.Ceil(float64(on)*rate/1e6 - 1e-9))
+	for p := start; p < end; p += on + off {
+		for i := 0; i < n && len(arrivals) < most; i++ {
+			t := p + int64(float64(i)*gap)
+			if t >= end {
 				break
 			}
-			arrivals = append(arrivals, int64(t))
+			arrivals = append(arrivals, t)
 		}
-	case Bursts:
-		on, off := ps.On, ps.Off
-		if on == 0 {
-			on = window / 2
-		}
-		if off == 0 {
-			off = window
-		}
-		if on < 1 || off < 0 {
-			return nil, 0, 0, &Error{"on", fmt.Sprint(on), "bursts need on > 0 and off ≥ 0"}
-		}
-		// Evenly spaced at rate while on: ⌈on × rate⌉ arrivals per burst
-		// (counted, not stepped in floating point, so none is added by
-		// rounding), the last burst cut at the end.
-		gap := 1e6 / rate
-		n := int(math.Ceil(float64(on)*rate/1e6 - 1e-9))
-		for p := start; p < end; p += on + off {
-			for i := 0; i < n && len(arrivals) < most; i++ {
-				t := p + int64(float64(i)*gap)
-				if t >= end {
-					break
-				}
-				arrivals = append(arrivals, t)
-			}
-		}
-	case Boundary:
-		// One request opens the window at the start (a client learns the
-		// edge from the reset time it is answered with), then the full
-		// limit in the last 5 % before the edge and the full limit again
-		// in the first 5 % after it.
-		arrivals = append(arrivals, start)
-		edge := start + window
-		arrivals = append(arrivals, spread(edge-window/20, edge, limit)...)
-		arrivals = append(arrivals, spread(edge, edge+window/20, limit)...)
-	case SlidingWorst:
-		// The counter weighs the previous window's units as if spread
-		// evenly: crowd the limit into its very end, then offer one unit
-		// at each instant k/limit of the next window, when the
-		// estimate has just room for it. The crowd lies within the last
-		// window/(2 × limit), so all of it is still inside the interval
-		// that ends at the last of those instants: 2 × limit − 1 units in
-		// one window's length.
-		edge := start + window
-		arrivals = append(arrivals, spread(edge-min(window/100, window/(2*limit)), edge, limit)...)
-		for k := int64(1); k < limit; k++ {
-			arrivals = append(arrivals, edge+ceilDiv(k*window, limit))
-		}
-	case Ramp:
-		// Deterministic: the k-th arrival is where ∫rate reaches k, for a
-		// rate rising linearly to Rate at the end.
-		dur := float64(d) / 1e6
-		for k := 1; ; k++ {
-			t := math.Sqrt(2 * dur * float64(k) / rate)
-			if t >= dur || len(arrivals) >= most {
-				break
-			}
-			arrivals = append(arrivals, start+int64(t*1e6))
-		}
-	default:
-		return nil, 0, 0, &Error{"pattern", strconv.Quote(ps.Name), "must be one of " + strings.Join(Patterns, ", ") + " (or a CSV file)"}
 	}
-	return arrivals, start, end, nil
+	return arrivals
+}
+
+// boundary returns one request that opens the window at start (a client
+// learns the edge from the reset time it is answered with), then the full
+// limit in the last 5 % before the edge and the full limit again in the
+// first 5 % after it.
+func boundary(start, window, limit int64) []int64 {
+	arrivals := []int64{start}
+	edge := start + window
+	arrivals = append(arrivals, spread(edge-window/20, edge, limit)...)
+	return append(arrivals, spread(edge, edge+window/20, limit)...)
+}
+
+// slidingWorst returns what over-admits most under the sliding window
+// counter, which weighs the previous window's units as if spread evenly:
+// the limit crowded into the very end of the window from start, then one
+// unit at each instant k/limit of the next window, when the estimate has
+// just room for it. The crowd lies within the last window/(2 × limit), so
+// all of it is still inside the interval that ends at the last of those
+// instants: 2 × limit − 1 units in one window's length.
+func slidingWorst(start, window, limit int64) []int64 {
+	edge := start + window
+	arrivals := spread(edge-min(window/100, window/(2*limit)), edge, limit)
+	for k := int64(1); k < limit; k++ {
+		arrivals = append(arrivals, edge+ceilDiv(k*window, limit))
+	}
+	return arrivals
+}
+
+// ramp returns arrivals over d µs from start at a rate rising linearly
+// from 0 to rate per second, at most most of them. It is deterministic:
+// the k-th arrival is where ∫rate reaches k.
+func ramp(start, d int64, rate float64, most int) []int64 {
+	var arrivals []int64
+	dur := float64(d) / 1e6
+	for k := 1; ; k++ {
+		t := math.Sqrt(2 * dur * float64(k) / rate)
+		if t >= dur || len(arrivals) >= most {
+			break
+		}
+		arrivals = append(arrivals, start+int64(t*1e6))
+	}
+	return arrivals
 }
 
 // spread returns n instants evenly spaced in [from, to).
