@@ -669,10 +669,9 @@ func sweepShard(sh *shard, now int64) int {
 	return n
 }
 
-// Sweep drops every expired state now, forgets expired evaluation ids, and
-// returns how many states it dropped. The background sweeper calls it;
-// tests and callers with the sweeper disabled may too.
-func (s *Store) Sweep() int {
+// sweep drops every expired state now, forgets expired evaluation ids, and
+// returns how many states it dropped: the background sweeper's round.
+func (s *Store) sweep() int {
 	now := evaluation.Now(s.clock)
 	n := 0
 	for i := range s.shards {
@@ -694,7 +693,7 @@ func (s *Store) sweepLoop(every time.Duration) {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.Sweep()
+			s.sweep()
 		}
 	}
 }

@@ -79,7 +79,7 @@ func TestMaxKeysBound(t *testing.T) {
 	if e, n := s.Evictions(), s.Len(); e != 0 || n != 64-roomSample+1 {
 		t.Fatalf("first state at the bound, all others expired: %d evictions, Len %d; want 0 and %d (the expired of one sample of %d dropped)", e, n, 64-roomSample+1, roomSample)
 	}
-	s.Sweep()
+	s.sweep()
 	for i := 1; i < 64; i++ {
 		add(fmt.Sprint("long-", i), long)
 	}
@@ -171,11 +171,11 @@ func TestExpiredStateIsReclaimed(t *testing.T) {
 	clock.Advance(2*time.Second - time.Microsecond)
 	// Every state but the sliding window's (it weighs the previous window
 	// for one more) has expired.
-	if n := s.Sweep(); n != 4 || s.Len() != 1 {
+	if n := s.sweep(); n != 4 || s.Len() != 1 {
 		t.Fatalf("Sweep 1µs before the sliding window expires dropped %d, Len %d; want 4 and 1", n, s.Len())
 	}
 	clock.Advance(time.Microsecond)
-	if n := s.Sweep(); n != 1 || s.Len() != 0 {
+	if n := s.sweep(); n != 1 || s.Len() != 0 {
 		t.Fatalf("Sweep after every expiry dropped %d, Len %d; want 1 and 0", n, s.Len())
 	}
 }

@@ -115,7 +115,7 @@ func testRefund(t *testing.T, newStore NewStoreFunc) {
 			refund := func(cost int64, id string) sluice.Outcome {
 				return h.limiter.Check(context.Background(), sluice.Request{Op: sluice.Refund, Policy: "p", Subject: h.subject, Cost: cost, EvaluationID: id})
 			}
-			if !a.Refundable() {
+			if a == sluice.SlidingWindow || a == sluice.Concurrency {
 				o := refund(1, "")
 				if o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrNotRefundable) {
 					t.Fatalf("refund on %v = %+v, want Incompatible with ErrNotRefundable", a, o)

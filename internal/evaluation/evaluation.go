@@ -53,7 +53,7 @@ func SetStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
 	st.Remaining = d.Remaining
 	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
 	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
-	st.Approximate = p.Algorithm.Approximate()
+	st.Approximate = p.Algorithm == sluice.SlidingWindow
 }
 
 // Statuses returns statuses resized to n, reusing its capacity, for the

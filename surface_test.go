@@ -1,0 +1,139 @@
+package sluice_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// maxSurface bounds the module's public surface: the exported names of
+// its public packages (top-level names, plus the exported methods of
+// exported types; test files left out). For scale, counted the same way:
+// golang.org/x/time/rate has 28, go-redis/redis_rate 13,
+// sethvargo/go-limiter 19.
+const maxSurface = 120
+
+// TestPublicSurface keeps the public surface within maxSurface, so every
+// exported name must earn its place. Run with -v for the count per
+// package and the names.
+func TestPublicSurface(t *testing.T) {
+	total := 0
+	for _, dir := range publicPackages(t) {
+		names := exportedNames(t, dir)
+		total += len(names)
+		t.Logf("%-13s %3d  %s", dir, len(names), strings.Join(names, " "))
+	}
+	t.Logf("total %d (at most %d)", total, maxSurface)
+	if total > maxSurface {
+		t.Errorf("the public packages export %d names, more than %d: unexport or move to internal/ what no user needs", total, maxSurface)
+	}
+}
+
+// publicPackages returns the module's directories holding a public
+// package: every directory with Go files outside internal/, cmd/,
+// examples/, deploy/, bench/ (a module of its own) and testdata/.
+func publicPackages(t *testing.T) []string {
+	t.Helper()
+	skip := []string{"internal", "cmd", "examples", "deploy", "bench", "testdata"}
+	var dirs []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || slices.Contains(skip, d.Name())) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if dir := filepath.Dir(path); strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") && !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
+}
+
+// exportedNames returns the exported names of the package in dir, sorted:
+// top-level ones, and Type.Method for the exported methods of exported
+// types.
+func exportedNames(t *testing.T, dir string) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, pkg := range pkgs {
+		if pkg.Name == "main" {
+			continue
+		}
+		for _, f := range pkg.Files {
+			for _, decl := range f.Decls {
+				names = append(names, declNames(decl)...)
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// declNames returns the exported names decl declares.
+func declNames(decl ast.Decl) []string {
+	var names []string
+	switch d := decl.(type) {
+	case *ast.FuncDecl:
+		if !d.Name.IsExported() {
+			break
+		}
+		if d.Recv == nil {
+			names = append(names, d.Name.Name)
+		} else if recv := receiverType(d.Recv.List[0].Type); ast.IsExported(recv) {
+			names = append(names, recv+"."+d.Name.Name)
+		}
+	case *ast.GenDecl:
+		for _, spec := range d.Specs {
+			switch s := spec.(type) {
+			case *ast.TypeSpec:
+				if s.Name.IsExported() {
+					names = append(names, s.Name.Name)
+				}
+			case *ast.ValueSpec:
+				for _, n := range s.Names {
+					if n.IsExported() {
+						names = append(names, n.Name)
+					}
+				}
+			}
+		}
+	}
+	return names
+}
+
+// receiverType returns the name of a method's receiver type.
+func receiverType(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return ""
+		}
+	}
+}
