@@ -409,7 +409,10 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	if len(in.Policies) > 0 {
 		in.Policies = ids // the answer's statuses and RateLimit-Policy
 	}
-	req.Policy, req.Policies = "", ids
+	// Previous stays unset, as before and as in Limiter.Release: a lease
+	// acquired under an older key is not looked for there (it expires
+	// after its lease_ttl).
+	req.Policy, req.Policies, req.Previous = "", ids, nil
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	defer cancel()
 	o := s.lim.Check(ctx, req)
