@@ -76,6 +76,23 @@ func TestAppendAnswerIsTheDeclaredAnswer(t *testing.T) {
 	}
 }
 
+// TestFieldNames pins the answer's spelling, field by field, to the one
+// DESIGN.md and the README give.
+func TestFieldNames(t *testing.T) {
+	o := sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.ClockUnsafe, Replayed: true, Lease: sluice.Lease{ID: "L"}, Statuses: []sluice.Status{denied}}
+	const want = `{"outcome":"unavailable","allowed":false,"limit":0,"remaining":0,"reset_after_ms":0,"retry_after_ms":0,"approximate":false,"reason":"why","cause":"clock_unsafe","replayed":true,"lease_id":"L",` +
+		`"statuses":[{"policy":"login","outcome":"denied","allowed":false,"limit":5,"remaining":0,"reset_after_ms":7500,"retry_after_ms":7500,"approximate":true,"reason":""}]}` + "\n"
+	if got := AppendAnswer(nil, &o, "why"); string(got) != want {
+		t.Errorf("AppendAnswer = %s, want %s", got, want)
+	}
+	cost := int64(0)
+	r := Request{Policy: "p", Policies: []string{"a"}, Subject: "s", Cost: &cost, Refund: true, Reset: true, EvaluationID: "e", LeaseID: "l"}
+	const wantReq = `{"policy":"p","policies":["a"],"subject":"s","cost":0,"refund":true,"reset":true,"evaluation_id":"e","lease_id":"l"}`
+	if got, err := json.Marshal(r); err != nil || string(got) != wantReq {
+		t.Errorf("json.Marshal(%+v) = %s, %v; want %s", r, got, err, wantReq)
+	}
+}
+
 // TestOutcomeReadsTheAnswerBack: what the server writes for an outcome,
 // read with its status code, is that outcome again.
 func TestOutcomeReadsTheAnswerBack(t *testing.T) {
