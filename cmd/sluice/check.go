@@ -14,108 +14,140 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
+// checkFlags are the flags of sluice check. Its body is the check API's
+// own Request (checkapi): each flag sets one of its fields.
+type checkFlags struct {
+	base, tokenEnv, caFile, release, renew string
+	timeout                                time.Duration
+	body                                   checkapi.Request
+	path                                   string // checkapi.CheckPath, ReleasePath or RenewPath
+}
+
 func (a *app) check(ctx context.Context, args []string) error {
-	fs := newFlagSet("check")
-	var (
-		base, policy, subj, evalID, tokenEnv, caFile, lease string
-		cost                                                int64
-		refund, reset                                       bool
-		timeout                                             time.Duration
-	)
-	fs.StringVar(&base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
-	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
-	fs.StringVar(&subj, "subject", "", "whose budget to spend (required); the server pseudonymizes it")
-	fs.Int64Var(&cost, "cost", 1, "units to spend; 0 peeks without spending")
-	fs.BoolVar(&refund, "refund", false, "give --cost units back instead of spending them")
-	fs.BoolVar(&reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
-	fs.StringVar(&evalID, "evaluation-id", "", "identifies the request across retries")
-	fs.StringVar(&lease, "release", "", "give back the lease `ID` a check of a concurrency policy answered (POST /v1/release)")
-	fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
-	fs.StringVar(&tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
-	fs.StringVar(&caFile, "ca-file", "", "trust the PEM certificates in `FILE` for an https:// URL, besides the system's")
-	if err := a.parseFlags(fs, checkSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return &exitError{code: 2, err: err}
+	f, err := a.checkFlags(args)
+	if f == nil {
+		return err
 	}
-	if policy == "" || subj == "" {
-		return &exitError{code: 2, err: &usageError{msg: "check needs --policy and --subject", usage: usage}}
-	}
-	body := struct {
-		Policy       string   `json:"policy,omitempty"`
-		Policies     []string `json:"policies,omitempty"`
-		Subject      string   `json:"subject"`
-		Cost         *int64   `json:"cost,omitempty"`
-		Refund       bool     `json:"refund,omitempty"`
-		Reset        bool     `json:"reset,omitempty"`
-		EvaluationID string   `json:"evaluation_id,omitempty"`
-		LeaseID      string   `json:"lease_id,omitempty"`
-	}{Subject: subj, Refund: refund, Reset: reset, EvaluationID: evalID, LeaseID: lease}
-	if ids := strings.Split(policy, ","); len(ids) > 1 {
-		body.Policies = ids
-	} else {
-		body.Policy = policy
-	}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "cost" {
-			body.Cost = &cost
-		}
-	})
-	data, err := json.Marshal(body)
+	data, err := json.Marshal(f.body)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	url := strings.TrimSuffix(strings.TrimSuffix(base, "/"), "/v1/check")
-	if lease != "" {
-		url += "/v1/release"
-	} else {
-		url += "/v1/check"
-	}
+	url := strings.TrimSuffix(strings.TrimSuffix(f.base, "/"), checkapi.CheckPath) + f.path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if tokenEnv != "" {
-		token := a.getenv(tokenEnv)
+	if f.tokenEnv != "" {
+		token := a.getenv(f.tokenEnv)
 		if token == "" {
-			return &exitError{code: 2, err: fmt.Errorf("check: --token-env: environment variable %s is not set or empty", tokenEnv)}
+			return &exitError{code: 2, err: fmt.Errorf("check: --token-env: environment variable %s is not set or empty", f.tokenEnv)}
 		}
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	client := http.DefaultClient
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return &exitError{code: 2, err: fmt.Errorf("check: --ca-file: %w", err)}
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return &exitError{code: 2, err: fmt.Errorf("check: --ca-file %s: no PEM certificate in it", caFile)}
-		}
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		client = &http.Client{Transport: t}
+	client, err := f.client()
+	if err != nil {
+		return &exitError{code: 2, err: err}
 	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
 	defer resp.Body.Close()
-	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return a.printAnswer(resp, url)
+}
+
+// checkFlags parses args. It returns nil and the error to return for a
+// usage error, or nil and nil when it printed the help.
+func (a *app) checkFlags(args []string) (*checkFlags, error) {
+	f := &checkFlags{path: checkapi.CheckPath}
+	var policy string
+	var cost int64
+	fs := newFlagSet("check")
+	fs.StringVar(&f.base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
+	fs.StringVar(&policy, "policy", "", "the policy `ID` to check; several, comma-separated, are checked together (required)")
+	fs.StringVar(&f.body.Subject, "subject", "", "whose budget to spend (required); the server pseudonymizes it")
+	fs.Int64Var(&cost, "cost", 1, "units to spend; 0 peeks without spending")
+	fs.BoolVar(&f.body.Refund, "refund", false, "give --cost units back instead of spending them")
+	fs.BoolVar(&f.body.Reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
+	fs.StringVar(&f.body.EvaluationID, "evaluation-id", "", "identifies the request across retries")
+	fs.StringVar(&f.release, "release", "", "give back the lease `ID` a check of a concurrency policy answered (POST /v1/release)")
+	fs.StringVar(&f.renew, "renew", "", "extend the lease `ID` a check of a concurrency policy answered by its lease_ttl (POST /v1/renew)")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "give up after this long")
+	fs.StringVar(&f.tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
+	fs.StringVar(&f.caFile, "ca-file", "", "trust the PEM certificates in `FILE` for an https:// URL, besides the system's")
+	if err := a.parseFlags(fs, checkSynopsis, args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil, nil
+		}
+		return nil, &exitError{code: 2, err: err}
+	}
+	switch {
+	case policy == "" || f.body.Subject == "":
+		return nil, &exitError{code: 2, err: &usageError{msg: "check needs --policy and --subject", usage: usage}}
+	case f.release != "" && f.renew != "":
+		return nil, &exitError{code: 2, err: &usageError{msg: "check: set --release or --renew, not both", usage: usage}}
+	}
+	if ids := strings.Split(policy, ","); len(ids) > 1 {
+		f.body.Policies = ids
+	} else {
+		f.body.Policy = policy
+	}
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "cost" {
+			f.body.Cost = &cost
+		}
+	})
+	switch {
+	case f.release != "":
+		f.path, f.body.LeaseID = checkapi.ReleasePath, f.release
+	case f.renew != "":
+		f.path, f.body.LeaseID = checkapi.RenewPath, f.renew
+	}
+	return f, nil
+}
+
+// client returns the HTTP client to ask with: the default one, or one
+// that also trusts --ca-file.
+func (f *checkFlags) client() (*http.Client, error) {
+	if f.caFile == "" {
+		return http.DefaultClient, nil
+	}
+	pem, err := os.ReadFile(f.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("check: --ca-file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("check: --ca-file %s: no PEM certificate in it", f.caFile)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: t}, nil
+}
+
+// printAnswer prints the check API's answer in resp and returns the exit
+// status it means: nil (0) allowed, 1 denied, 2 anything else.
+func (a *app) printAnswer(resp *http.Response, url string) error {
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: read answer: %w", err)}
 	}
-	a.stdout.Write(answer)
-	if len(answer) > 0 && answer[len(answer)-1] != '\n' {
+	answer, err := checkapi.ParseAnswer(raw)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("check: %s from %s: %w", resp.Status, url, err)}
+	}
+	a.stdout.Write(raw)
+	if len(raw) > 0 && raw[len(raw)-1] != '\n' {
 		io.WriteString(a.stdout, "\n")
 	}
 	switch resp.StatusCode {
@@ -124,5 +156,5 @@ func (a *app) check(ctx context.Context, args []string) error {
 	case http.StatusTooManyRequests:
 		return &exitError{code: 1}
 	}
-	return &exitError{code: 2, err: fmt.Errorf("check: %s", resp.Status)}
+	return &exitError{code: 2, err: fmt.Errorf("check: %s: %s: %s", resp.Status, answer.Outcome, answer.Reason)}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/config"
 )
 
@@ -92,7 +93,7 @@ func (a *auth) authenticate(r *http.Request) (*authToken, error) {
 // authenticated returns the request's token when tokens are configured
 // (nil when they are not) and whether the request may go on; a missing or
 // unknown token is answered 401 here.
-func (s *Server) authenticated(w http.ResponseWriter, r *http.Request, in *checkRequest) (*authToken, bool) {
+func (s *Server) authenticated(w http.ResponseWriter, r *http.Request, in *checkapi.Request) (*authToken, bool) {
 	if s.auth == nil {
 		return nil, true
 	}
@@ -114,7 +115,7 @@ func (s *Server) authenticated(w http.ResponseWriter, r *http.Request, in *check
 // permits reports whether tok, the request's token (nil without tokens
 // configured), allows scope; when it does not the request is answered 403
 // here.
-func (s *Server) permits(w http.ResponseWriter, in *checkRequest, tok *authToken, scope string) bool {
+func (s *Server) permits(w http.ResponseWriter, in *checkapi.Request, tok *authToken, scope string) bool {
 	if tok == nil || slices.Contains(tok.scopes, scope) {
 		return true
 	}
@@ -127,7 +128,7 @@ func (s *Server) permits(w http.ResponseWriter, in *checkRequest, tok *authToken
 
 // refuse answers a request the token does not allow: 401 with a
 // challenge when there is no valid token, 403 naming the missing scope.
-func (s *Server) refuse(w http.ResponseWriter, in *checkRequest, tok *authToken, scope string) {
+func (s *Server) refuse(w http.ResponseWriter, in *checkapi.Request, tok *authToken, scope string) {
 	h := w.Header()
 	if tok == nil {
 		h.Set("WWW-Authenticate", `Bearer realm="sluice"`)

@@ -29,6 +29,7 @@ var layers = []struct {
 	{"envoy rate-limit service", []string{"internal/rls"}},
 	{"envoy rules files", []string{"internal/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
+	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/config"}},
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
@@ -38,7 +39,7 @@ var layers = []struct {
 	{"contract", []string{""}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/algorithm"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/redistest", "internal/faultproxy"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/redistest", "internal/faultproxy", "internal/clock"}},
 }
 
 // listedPackage is what TestLayers reads of go list -json.

@@ -9,7 +9,9 @@
 // and one generation of these handlers per configuration, which a reload
 // replaces (see Run).
 //
-// The check API answers one JSON object per request:
+// The check API's JSON, request and answer, is declared in
+// internal/checkapi, which the Go client and sluice check share. It
+// answers one JSON object per request:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
 //	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
@@ -65,10 +67,10 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
@@ -77,10 +79,6 @@ import (
 
 // DefaultMaxBodyBytes is the default cap on a check request's body.
 const DefaultMaxBodyBytes = 64 << 10
-
-// MaxSubjectLen is the longest raw subject the check API accepts, in bytes.
-// The pseudonym the Limiter sees has a fixed length whatever the subject.
-const MaxSubjectLen = 1024
 
 // Check is a readiness check: nil when the dependency it probes can serve.
 type Check func(ctx context.Context) error
@@ -192,9 +190,9 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		p, _ := lim.Policy(id)
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
-	s.mux.HandleFunc("POST /v1/check", s.check)
-	s.mux.HandleFunc("POST /v1/release", s.lease(sluice.Release))
-	s.mux.HandleFunc("POST /v1/renew", s.lease(sluice.Renew))
+	s.mux.HandleFunc("POST "+checkapi.CheckPath, s.check)
+	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
+	s.mux.HandleFunc("POST "+checkapi.RenewPath, s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	if s.metrics != nil {
@@ -330,35 +328,15 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ok\n")
 }
 
-// checkRequest is the body of POST /v1/check. Pointers tell an absent
-// field from a zero one.
-type checkRequest struct {
-	Policy       string   `json:"policy"`
-	Policies     []string `json:"policies"`
-	Subject      *string  `json:"subject"`
-	Cost         *int64   `json:"cost"`
-	Refund       bool     `json:"refund"`
-	Reset        bool     `json:"reset"`
-	EvaluationID string   `json:"evaluation_id"`
-	LeaseID      string   `json:"lease_id"` // /v1/release and /v1/renew only
-}
-
-// malformed is a request the server answers 400 without asking the Limiter.
-type malformed string
-
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	lw, _ := w.(*logWriter)
-	var in checkRequest
+	var in checkapi.Request
 	tok, ok := s.authenticated(w, r, &in)
 	if !ok {
 		return
 	}
-	req, bad := s.decode(w, r, &in)
-	if bad == "" && in.LeaseID != "" {
-		bad = "lease_id belongs to POST /v1/release and /v1/renew; a check acquires a new lease"
-	}
-	if bad != "" {
-		s.badRequest(w, &in, string(bad))
+	req, ok := s.read(w, r, &in, in.Check)
+	if !ok {
 		return
 	}
 	scope := config.ScopeCheck
@@ -367,6 +345,10 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		scope = config.ScopeRefund
 	case sluice.Reset:
 		scope = config.ScopeReset
+	case sluice.Spend:
+		if s.namesConcurrency(&req) {
+			req.Op = sluice.Acquire
+		}
 	}
 	if !s.permits(w, &in, tok, scope) {
 		return
@@ -377,7 +359,6 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	if s.metrics != nil && (req.Op == sluice.Spend || req.Op == sluice.Acquire) {
 		s.metrics.countDecision(req.Policy, req.Policies, o)
 	}
-	code := statusCode(&o)
 	if lw != nil {
 		lw.hasCheck = true
 		lw.policy = in.Policy
@@ -387,7 +368,18 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), o.Reason()
 		lw.refund, lw.replayed = req.Op == sluice.Refund, o.Replayed
 	}
-	s.answer(w, &in, code, o, o.Reason())
+	s.answer(w, &in, checkapi.StatusCode(&o), o, o.Reason())
+}
+
+// namesConcurrency reports whether req names a concurrency policy: a
+// check of one acquires a lease.
+func (s *Server) namesConcurrency(req *sluice.Request) bool {
+	for _, id := range append([]string{req.Policy}, req.Policies...) {
+		if p, _ := s.lim.Policy(id); p.Algorithm == sluice.Concurrency {
+			return true
+		}
+	}
+	return false
 }
 
 // lease returns the handler of op, a Release (POST /v1/release) or a Renew
@@ -399,20 +391,12 @@ func (s *Server) lease(op sluice.Op) http.HandlerFunc {
 // leaseOp answers a release or renewal.
 func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	lw, _ := w.(*logWriter)
-	var in checkRequest
+	var in checkapi.Request
 	if tok, ok := s.authenticated(w, r, &in); !ok || !s.permits(w, &in, tok, config.ScopeCheck) {
 		return
 	}
-	req, bad := s.decode(w, r, &in)
-	switch {
-	case bad != "":
-	case in.LeaseID == "":
-		bad = "lease_id is required: the one /v1/check answered"
-	case in.Cost != nil || in.Refund || in.Reset || in.EvaluationID != "":
-		bad = "a release or renewal takes policy (or policies), subject and lease_id only"
-	}
-	if bad != "" {
-		s.badRequest(w, &in, string(bad))
+	req, ok := s.read(w, r, &in, func() (sluice.Request, error) { return in.Lease(op) })
+	if !ok {
 		return
 	}
 	// The lease is released from the concurrency policies named: a client
@@ -430,9 +414,13 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	if len(in.Policies) > 0 {
 		in.Policies = ids // the answer's statuses and RateLimit-Policy
 	}
+	// Previous stays unset, as before and as in Limiter.Release: a lease
+	// acquired under an older key is not looked for there (it expires
+	// after its lease_ttl).
+	req.Policy, req.Policies, req.Previous = "", ids, nil
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	defer cancel()
-	o := s.lim.Check(ctx, sluice.Request{Op: op, Policies: ids, Subject: req.Subject, LeaseID: in.LeaseID})
+	o := s.lim.Check(ctx, req)
 	if len(in.Policies) == 0 {
 		o.Statuses = nil // one policy: its status is the top level, as for a check
 	}
@@ -441,116 +429,73 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 		lw.policy = strings.Join(ids, ",")
 		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), o.Reason()
 	}
-	s.answer(w, &in, statusCode(&o), o, o.Reason())
+	s.answer(w, &in, checkapi.StatusCode(&o), o, o.Reason())
 }
 
 // badRequest answers 400 with why, without asking the Limiter.
-func (s *Server) badRequest(w http.ResponseWriter, in *checkRequest, why string) {
+func (s *Server) badRequest(w http.ResponseWriter, in *checkapi.Request, why string) {
 	if lw, ok := w.(*logWriter); ok {
 		lw.reason = why
 	}
 	s.answer(w, in, http.StatusBadRequest, sluice.Outcome{Kind: sluice.Incompatible}, why)
 }
 
-// decode reads and checks the body into in and the Request it asks for.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkRequest) (sluice.Request, malformed) {
+// read decodes the body into in and parse reads the operation it asks for
+// (in.Check, in.Lease), its subject pseudonymized. A malformed request is
+// answered 400 here, and read reports false.
+func (s *Server) read(w http.ResponseWriter, r *http.Request, in *checkapi.Request, parse func() (sluice.Request, error)) (sluice.Request, bool) {
+	var req sluice.Request
+	why := s.decode(w, r, in)
+	if why == "" {
+		var err error
+		if req, err = parse(); err != nil {
+			why = err.Error()
+			if bad, ok := errors.AsType[*checkapi.RequestError](err); ok {
+				why = bad.Reason
+			}
+		}
+	}
+	if why != "" {
+		s.badRequest(w, in, why)
+		return req, false
+	}
+	raw := req.Subject
+	req.Subject, req.Previous = s.pseud.Pseudonym("api", raw, ""), s.pseud.Previous("api", raw, "")
+	return req, true
+}
+
+// decode reads the body into in: the reason it is not one JSON object of
+// the check API, or "".
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkapi.Request) string {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(in); err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return sluice.Request{}, malformed(fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
+	err := dec.Decode(in)
+	if err == nil {
+		if _, err = dec.Token(); errors.Is(err, io.EOF) {
+			return ""
 		}
-		if errors.Is(err, io.EOF) {
-			return sluice.Request{}, "request body is empty: want a JSON object"
-		}
-		if _, ok := errors.AsType[net.Error](err); ok {
-			// A network error names both ends' addresses: never in an
-			// answer or a log line.
-			return sluice.Request{}, "request body could not be read: the connection failed or timed out"
-		}
-		return sluice.Request{}, malformed("malformed JSON: " + strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return sluice.Request{}, malformed(fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit))
-		}
-		return sluice.Request{}, "malformed JSON: more than one value in the body"
-	}
-	switch {
-	case in.Subject == nil || *in.Subject == "":
-		return sluice.Request{}, "subject is required"
-	case len(*in.Subject) > MaxSubjectLen:
-		return sluice.Request{}, malformed(fmt.Sprintf("subject is %d bytes: must be at most %d", len(*in.Subject), MaxSubjectLen))
-	case in.Cost != nil && *in.Cost < 0:
-		return sluice.Request{}, malformed(fmt.Sprintf("cost = %d: must not be negative", *in.Cost))
-	case in.Policy == "" && len(in.Policies) == 0:
-		return sluice.Request{}, "policy is required (or policies)"
-	case in.Policy != "" && len(in.Policies) > 0:
-		return sluice.Request{}, "set policy or policies, not both"
-	case in.Refund && in.Reset:
-		return sluice.Request{}, "set refund or reset, not both"
-	case in.Refund && in.Cost != nil && *in.Cost == 0:
-		return sluice.Request{}, "cost = 0: a refund gives back a cost of 1 or more"
-	}
-	req := sluice.Request{
-		Op:           s.opOf(in),
-		Policy:       in.Policy,
-		Policies:     in.Policies,
-		Subject:      s.pseud.Pseudonym("api", *in.Subject, ""),
-		Previous:     s.pseud.Previous("api", *in.Subject, ""),
-		EvaluationID: in.EvaluationID,
-	}
-	if in.Cost != nil && req.Op != sluice.Peek {
-		req.Cost = *in.Cost // a reset's is refused by the Limiter's store
-	}
-	return req, ""
-}
-
-// opOf returns the operation a check asks for: a reset, a refund, a peek
-// (an explicit cost of 0), an acquisition when it names a concurrency
-// policy, else a spend.
-func (s *Server) opOf(in *checkRequest) sluice.Op {
-	switch {
-	case in.Reset:
-		return sluice.Reset
-	case in.Refund:
-		return sluice.Refund
-	case in.Cost != nil && *in.Cost == 0:
-		return sluice.Peek
-	}
-	for _, id := range append([]string{in.Policy}, in.Policies...) {
-		if p, _ := s.lim.Policy(id); p.Algorithm == sluice.Concurrency {
-			return sluice.Acquire
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); !tooLarge {
+			return "malformed JSON: more than one value in the body"
 		}
 	}
-	return sluice.Spend
-}
-
-// statusCode maps an outcome to its HTTP status.
-func statusCode(o *sluice.Outcome) int {
-	switch o.Kind {
-	case sluice.Allowed:
-		return http.StatusOK
-	case sluice.Denied:
-		return http.StatusTooManyRequests
-	case sluice.Unavailable, sluice.Indeterminate:
-		return http.StatusServiceUnavailable
+	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
 	}
-	switch {
-	case errors.Is(o.Err, sluice.ErrUnknownPolicy):
-		return http.StatusNotFound
-	case errors.Is(o.Err, sluice.ErrInvalidRequest):
-		return http.StatusBadRequest
+	if errors.Is(err, io.EOF) {
+		return "request body is empty: want a JSON object"
 	}
-	return http.StatusUnprocessableEntity
+	if _, ok := errors.AsType[net.Error](err); ok {
+		// A network error names both ends' addresses: never in an answer
+		// or a log line.
+		return "request body could not be read: the connection failed or timed out"
+	}
+	return "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
 // answer writes the JSON answer and its header fields.
-func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o sluice.Outcome, reason string) {
+func (s *Server) answer(w http.ResponseWriter, in *checkapi.Request, code int, o sluice.Outcome, reason string) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	h := w.Header()
@@ -579,7 +524,7 @@ func (s *Server) answer(w http.ResponseWriter, in *checkRequest, code int, o slu
 	case http.StatusServiceUnavailable:
 		h["Retry-After"] = []string{"1"}
 	}
-	b := appendAnswer((*bp)[:0], &o, reason)
+	b := checkapi.AppendAnswer((*bp)[:0], &o, reason)
 	*bp = b
 	w.WriteHeader(code)
 	w.Write(b)
@@ -589,118 +534,3 @@ var (
 	jsonContentType = []string{"application/json"}
 	noStore         = []string{"no-store"}
 )
-
-// appendAnswer appends the JSON answer for o and a newline.
-func appendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
-	b = append(b, `{"outcome":`...)
-	b = appendString(b, o.Kind.String())
-	b = appendStatusFields(b, &o.Status)
-	b = append(b, `,"reason":`...)
-	b = appendString(b, reason)
-	if o.Cause != 0 {
-		b = append(b, `,"cause":`...)
-		b = appendString(b, o.Cause.String())
-	}
-	b = append(b, `,"replayed":`...)
-	b = strconv.AppendBool(b, o.Replayed)
-	if o.Lease.ID != "" {
-		b = append(b, `,"lease_id":`...)
-		b = appendString(b, o.Lease.ID)
-	}
-	if len(o.Statuses) > 0 {
-		b = append(b, `,"statuses":[`...)
-		for i := range o.Statuses {
-			st := &o.Statuses[i]
-			if i > 0 {
-				b = append(b, ',')
-			}
-			kind := sluice.Denied
-			if st.Allowed {
-				kind = sluice.Allowed
-			}
-			b = append(b, `{"policy":`...)
-			b = appendString(b, st.Policy)
-			b = append(b, `,"outcome":`...)
-			b = appendString(b, kind.String())
-			b = appendStatusFields(b, st)
-			b = append(b, `,"reason":""}`...)
-		}
-		b = append(b, ']')
-	}
-	return append(b, "}\n"...)
-}
-
-func appendStatusFields(b []byte, st *sluice.Status) []byte {
-	b = append(b, `,"allowed":`...)
-	b = strconv.AppendBool(b, st.Allowed)
-	b = append(b, `,"limit":`...)
-	b = strconv.AppendInt(b, st.Limit, 10)
-	b = append(b, `,"remaining":`...)
-	b = strconv.AppendInt(b, st.Remaining, 10)
-	b = append(b, `,"reset_after_ms":`...)
-	b = strconv.AppendInt(b, ceilDiv(st.ResetAfter, time.Millisecond), 10)
-	b = append(b, `,"retry_after_ms":`...)
-	b = strconv.AppendInt(b, ceilDiv(st.RetryAfter, time.Millisecond), 10)
-	b = append(b, `,"approximate":`...)
-	return strconv.AppendBool(b, st.Approximate)
-}
-
-// ceilDiv returns ⌈d/unit⌉, and 0 for d ≤ 0.
-func ceilDiv(d, unit time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + unit - 1) / unit)
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD;
-// U+2028 and U+2029 are escaped so the output is also valid JavaScript.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < 0x80 {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestCheckLeaseCommands: --renew extends the lease a check answered
+// (POST /v1/renew) and answers it again; --release and --renew together
+// are a usage error; a URL where something else than the check API
+// answers is named, and its page is not printed as an answer.
+func TestCheckLeaseCommands(t *testing.T) {
+	s := startServe(t, "--config", writeConfig(t, demoConfig))
+	check := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := exitCode(run(context.Background(), append([]string{"check"}, args...), &out, &errOut), &errOut)
+		return code, out.String(), errOut.String()
+	}
+	reports := []string{"--url", s.url, "--policy", "reports", "--subject", "dora"}
+	code, answer, _ := check(reports...)
+	var held struct {
+		LeaseID string `json:"lease_id"`
+	}
+	if err := json.Unmarshal([]byte(answer), &held); code != 0 || err != nil || held.LeaseID == "" {
+		t.Fatalf("check of a concurrency policy = %d %q, want 0 with a lease_id", code, answer)
+	}
+	if code, out, _ := check(append(reports, "--renew", held.LeaseID)...); code != 0 || !strings.Contains(out, `"lease_id":"`+held.LeaseID+`"`) || !strings.Contains(out, `"remaining":0`) {
+		t.Errorf("check --renew = %d %q, want 0 naming the lease, still held (remaining 0)", code, out)
+	}
+	if code, _, errOut := check(append(reports, "--renew", held.LeaseID, "--release", held.LeaseID)...); code != 2 || !strings.Contains(errOut, "--release or --renew, not both") {
+		t.Errorf("check --renew --release = %d %q, want 2 saying not both", code, errOut)
+	}
+	if code, out, _ := check(append(reports, "--release", held.LeaseID)...); code != 0 || !strings.Contains(out, `"remaining":1`) {
+		t.Errorf("check --release after --renew = %d %q, want 0 with the slot free", code, out)
+	}
+	if code, _, errOut := check(append(reports, "--evaluation-id", "e1", "--renew", held.LeaseID)...); code != 2 || !strings.Contains(errOut, "400 Bad Request: incompatible: a release or renewal takes policy (or policies), subject and lease_id only") {
+		t.Errorf("check --renew with an evaluation id = %d %q, want 2 with the server's reason", code, errOut)
+	}
+	page := httptest.NewServer(http.NotFoundHandler())
+	defer page.Close()
+	if code, out, errOut := check("--url", page.URL, "--policy", "demo", "--subject", "dora"); code != 2 || out != "" || !strings.Contains(errOut, "404 Not Found from "+page.URL+"/v1/check: checkapi: not a check API answer") {
+		t.Errorf("check against a plain 404 page = %d, stdout %q, stderr %q; want 2 naming the URL, nothing printed", code, out, errOut)
+	}
+}

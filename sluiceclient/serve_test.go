@@ -1,0 +1,303 @@
+package sluiceclient_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/sluiceclient"
+)
+
+// leaseTTL is the lease_ttl of the policy "short" in serveConfig: short,
+// so that a renewal is seen to outlive it, and long enough that a request
+// on a busy machine still lands well inside it.
+const leaseTTL = time.Second
+
+// serveConfig is the configuration of the sluice serve process, its
+// listen port left to fill in. The rate policies are an hour and a day
+// long so that no verdict depends on how fast the machine is.
+const serveConfig = `
+server:
+  listen: "127.0.0.1:%d"
+policies:
+  - { id: quota, algorithm: fixed_window, limit: 3, window: 1h }
+  - { id: daily, algorithm: sliding_log, limit: 10, window: 24h }
+  - { id: slots, algorithm: concurrency, limit: 1, lease_ttl: 1h }
+  - { id: short, algorithm: concurrency, limit: 1, lease_ttl: 1s }
+`
+
+// startSluice builds ./cmd/sluice, runs `sluice serve` on serveConfig as
+// a process of its own on a free loopback port, waits until GET /healthz
+// answers, and stops the process by its PID when t ends. It returns the
+// server's URL.
+func startSluice(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build cmd/sluice: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "sluice")
+	if out, err := exec.Command(goTool, "build", "-o", bin, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/sluice: %v\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // free again, for sluice serve to take
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, serveConfig, port), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs, err := os.Create(filepath.Join(dir, "serve.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close() // the process holds its own descriptor
+	cmd := exec.Command(bin, "serve", "--config", cfg)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { stopProcess(t, cmd.Process, exited, logs.Name()) })
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	for range 200 { // 10s at most
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("sluice serve exited before it answered /healthz: %v\n%s", err, readFile(logs.Name()))
+		default:
+		}
+		if resp, err := http.Get(url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return url
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("sluice serve never answered GET %s/healthz\n%s", url, readFile(logs.Name()))
+	return ""
+}
+
+// stopProcess interrupts p, the sluice serve process, and waits for it to
+// exit (killing it if it does not within 10s).
+func stopProcess(t *testing.T, p *os.Process, exited chan error, logs string) {
+	if err := p.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("interrupt sluice serve (pid %d): %v", p.Pid, err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("sluice serve (pid %d) exited with %v after an interrupt, want a clean shutdown\n%s", p.Pid, err, readFile(logs))
+		}
+	case <-time.After(10 * time.Second):
+		p.Kill()
+		<-exited
+		t.Errorf("sluice serve (pid %d) ignored an interrupt for 10s: killed", p.Pid)
+	}
+}
+
+func readFile(name string) string {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// TestEveryOperationAgainstSluiceServe sends every operation of a
+// sluice.Request through the client to a real sluice serve process and
+// reads its effect back from the store through the API (a peek). Each
+// case has a subject of its own.
+func TestEveryOperationAgainstSluiceServe(t *testing.T) {
+	c := newClient(t, startSluice(t), sluiceclient.Options{})
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, c *sluiceclient.Client, subj string)
+	}{
+		{"spend", spendCase},
+		{"peek", peekCase},
+		{"refund", refundCase},
+		{"reset", resetCase},
+		{"several policies", severalCase},
+		{"evaluation id replayed", replayCase},
+		{"acquire", acquireCase},
+		{"release", releaseCase},
+		{"renew", renewCase},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, "subject-"+tc.name) })
+	}
+}
+
+// check asks c for req and fails t unless the outcome is of kind want.
+func check(t *testing.T, c *sluiceclient.Client, req sluice.Request, want sluice.Kind) sluice.Outcome {
+	t.Helper()
+	o := c.Check(t.Context(), req)
+	if o.Kind != want {
+		t.Fatalf("Check(%+v) = %v (%+v, err %v), want %v", req, o.Kind, o, o.Err, want)
+	}
+	return o
+}
+
+// remaining peeks at policy for subj through the API.
+func remaining(t *testing.T, c *sluiceclient.Client, policy, subj string) int64 {
+	t.Helper()
+	o := c.Check(t.Context(), sluice.Request{Op: sluice.Peek, Policy: policy, Subject: subj})
+	if o.Kind != sluice.Allowed && o.Kind != sluice.Denied {
+		t.Fatalf("peek at %s for %s = %v: %v", policy, subj, o.Kind, o.Err)
+	}
+	return o.Remaining
+}
+
+// wantRemaining fails t unless every policy of want has that many
+// remaining for subj.
+func wantRemaining(t *testing.T, c *sluiceclient.Client, subj, after string, want map[string]int64) {
+	t.Helper()
+	for policy, n := range want {
+		if got := remaining(t, c, policy, subj); got != n {
+			t.Errorf("after %s: %s has %d remaining, want %d", after, policy, got, n)
+		}
+	}
+}
+
+func spendCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	o := check(t, c, sluice.Request{Policy: "quota", Subject: subj, Cost: 2}, sluice.Allowed)
+	if o.Policy != "quota" || o.Limit != 3 || o.Remaining != 1 || o.ResetAfter <= 0 {
+		t.Errorf("spend of 2 = %+v, want quota with 1 of 3 remaining", o.Status)
+	}
+	wantRemaining(t, c, subj, "a spend of 2", map[string]int64{"quota": 1})
+	check(t, c, sluice.Request{Policy: "quota", Subject: subj, Cost: 2}, sluice.Denied)
+	wantRemaining(t, c, subj, "a denied spend", map[string]int64{"quota": 1})
+}
+
+func peekCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	check(t, c, sluice.Request{Policies: []string{"quota", "daily"}, Subject: subj}, sluice.Allowed)
+	for i := range 3 {
+		if o := check(t, c, sluice.Request{Op: sluice.Peek, Policies: []string{"quota", "daily"}, Subject: subj}, sluice.Allowed); o.Statuses[0].Remaining != 2 || o.Statuses[1].Remaining != 9 {
+			t.Fatalf("peek #%d = %+v, want 2 and 9 remaining", i+1, o.Statuses)
+		}
+	}
+	wantRemaining(t, c, subj, "three peeks", map[string]int64{"quota": 2, "daily": 9})
+}
+
+func refundCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	check(t, c, sluice.Request{Policy: "quota", Subject: subj, Cost: 3}, sluice.Allowed)
+	check(t, c, sluice.Request{Policy: "quota", Subject: subj}, sluice.Denied)
+	if o := check(t, c, sluice.Request{Op: sluice.Refund, Policy: "quota", Subject: subj, Cost: 2}, sluice.Allowed); o.Remaining != 2 {
+		t.Errorf("refund of 2 = %+v, want 2 remaining", o.Status)
+	}
+	wantRemaining(t, c, subj, "a refund of 2", map[string]int64{"quota": 2})
+	check(t, c, sluice.Request{Op: sluice.Refund, Policy: "quota", Subject: subj}, sluice.Allowed) // Cost 0: 1
+	wantRemaining(t, c, subj, "a refund of the default cost", map[string]int64{"quota": 3})
+}
+
+// resetCase fails on the client of commit 1413fe3, which sent a reset as
+// a spend of 1: denied here, with quota spent.
+func resetCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	both := []string{"quota", "daily"}
+	check(t, c, sluice.Request{Policies: both, Subject: subj, Cost: 3}, sluice.Allowed)
+	check(t, c, sluice.Request{Policies: both, Subject: subj}, sluice.Denied)
+	o := check(t, c, sluice.Request{Op: sluice.Reset, Policies: both, Subject: subj}, sluice.Allowed)
+	if len(o.Statuses) != 2 || o.Statuses[0].Remaining != 3 || o.Statuses[1].Remaining != 10 {
+		t.Errorf("reset = %+v, want the statuses of fresh state (3 and 10 remaining)", o.Statuses)
+	}
+	wantRemaining(t, c, subj, "a reset", map[string]int64{"quota": 3, "daily": 10})
+}
+
+func severalCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	o := check(t, c, sluice.Request{Policies: []string{"daily", "quota"}, Subject: subj, Cost: 2}, sluice.Allowed)
+	if o.Policy != "quota" || o.Remaining != 1 || len(o.Statuses) != 2 || o.Statuses[0].Policy != "daily" || o.Statuses[0].Remaining != 8 {
+		t.Errorf("spend of 2 on daily and quota = %+v, want quota most restrictive (1), daily 8", o)
+	}
+	o = check(t, c, sluice.Request{Policies: []string{"daily", "quota"}, Subject: subj, Cost: 2}, sluice.Denied)
+	if o.Policy != "quota" || !o.Statuses[0].Allowed || o.Statuses[1].Allowed {
+		t.Errorf("second spend of 2 = %+v, want denied by quota, daily admitting", o)
+	}
+	wantRemaining(t, c, subj, "a denied spend on both (all or nothing)", map[string]int64{"quota": 1, "daily": 8})
+}
+
+func replayCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	req := sluice.Request{Policy: "quota", Subject: subj, EvaluationID: "order-42"}
+	if o := check(t, c, req, sluice.Allowed); o.Replayed || o.Remaining != 2 {
+		t.Fatalf("first check with evaluation id order-42 = %+v, want a fresh decision, 2 remaining", o)
+	}
+	for i := range 2 {
+		if o := check(t, c, req, sluice.Allowed); !o.Replayed || o.Remaining != 2 {
+			t.Errorf("repeat #%d = %+v, want the first decision replayed", i+1, o)
+		}
+	}
+	wantRemaining(t, c, subj, "three checks with one evaluation id", map[string]int64{"quota": 2})
+}
+
+func acquireCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	o := check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "slots", Subject: subj}, sluice.Allowed)
+	if o.Lease.ID == "" || o.Lease.Subject != subj || fmt.Sprint(o.Lease.Policies) != "[slots]" {
+		t.Fatalf("acquire = %+v, want a lease on [slots] for %s", o.Lease, subj)
+	}
+	wantRemaining(t, c, subj, "an acquire", map[string]int64{"slots": 0})
+	// A plain check of a concurrency policy acquires too: the slot is taken.
+	if o := check(t, c, sluice.Request{Policy: "slots", Subject: subj}, sluice.Denied); o.Lease.ID != "" {
+		t.Errorf("check with the slot held = %+v, want denied without a lease", o)
+	}
+}
+
+func releaseCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	o := check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "slots", Subject: subj}, sluice.Allowed)
+	for i := range 2 { // idempotent
+		check(t, c, sluice.Request{Op: sluice.Release, Policy: "slots", Subject: subj, LeaseID: o.Lease.ID}, sluice.Allowed)
+		wantRemaining(t, c, subj, fmt.Sprintf("release #%d", i+1), map[string]int64{"slots": 1})
+	}
+	// A lease taken with a rate policy, given back by the shorthand.
+	o = check(t, c, sluice.Request{Op: sluice.Acquire, Policies: []string{"quota", "slots"}, Subject: subj}, sluice.Allowed)
+	wantRemaining(t, c, subj, "an acquire with quota", map[string]int64{"slots": 0, "quota": 2})
+	if r := c.Release(t.Context(), o.Lease); r.Kind != sluice.Allowed || len(r.Statuses) != 1 || r.Statuses[0].Policy != "slots" {
+		t.Fatalf("Release(%+v) = %+v (%v), want allowed with the status of slots only", o.Lease, r, r.Err)
+	}
+	wantRemaining(t, c, subj, "Release", map[string]int64{"slots": 1, "quota": 2})
+}
+
+// renewCase: a lease renewed halfway through its TTL is still held after
+// that first TTL has passed, while one acquired beside it and never
+// renewed has expired. An attempt whose last answer came back too late to
+// tell (the renewed lease could have expired too) is tried again, three
+// times at most.
+func renewCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	for attempt := 1; ; attempt++ {
+		kept, left := fmt.Sprintf("%s-%d-kept", subj, attempt), fmt.Sprintf("%s-%d-left", subj, attempt)
+		check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: left}, sluice.Allowed)
+		o := check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: kept}, sluice.Allowed)
+		acquired := time.Now() // the server took both leases before this
+		time.Sleep(leaseTTL / 2)
+		renewed := time.Now() // the server renews after this
+		r := check(t, c, sluice.Request{Op: sluice.Renew, Policy: "short", Subject: kept, LeaseID: o.Lease.ID}, sluice.Allowed)
+		if r.Lease.ID != o.Lease.ID {
+			t.Fatalf("renew = lease %+v, want %+v", r.Lease, o.Lease)
+		}
+		time.Sleep(time.Until(acquired.Add(leaseTTL + leaseTTL/10))) // the first TTL has passed
+		heldKept, heldLeft := remaining(t, c, "short", kept), remaining(t, c, "short", left)
+		if heldLeft != 1 {
+			t.Fatalf("a lease never renewed, %v after its acquisition: %d slots free, want 1 (expired)", time.Since(acquired), heldLeft)
+		}
+		if time.Since(renewed) < leaseTTL { // answered before the renewed lease could expire
+			if heldKept != 0 {
+				t.Errorf("a lease renewed halfway, after its first TTL: %d slots free, want 0 (still held)", heldKept)
+			}
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("three attempts answered too slowly to tell whether a renewal outlives the first TTL (%v)", leaseTTL)
+		}
+	}
+}
