@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // maxSubjectLen is the longest Subject a Request may carry, in bytes.
@@ -216,7 +217,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
-	if d, ok := ctx.Deadline(); ok && !(SystemClock{}).Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !(clock.System{}).Now().Before(d) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
 	ev := l.pool.Get().(*Evaluation)
@@ -234,7 +235,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 		}
 	case ev.Op == Spend && len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.EvaluationID == "" && ev.Cost <= ev.Policies[0].MaxCost:
 		p := ev.Policies[0]
-		sent = SystemClock{}.Now()
+		sent = clock.System{}.Now()
 		if st, ok := l.near.lookup(ev.Subject, p, ev.Cost, sent); ok {
 			o = Outcome{Kind: Denied, Status: st, FromCache: true}
 			if len(req.Policies) > 0 {

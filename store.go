@@ -66,33 +66,9 @@ type Evaluation struct {
 	Statuses []Status
 }
 
-// Clock tells the time. Nothing below Limiter reads the time by other means.
+// Clock tells the time. Nothing below Limiter reads the time by other
+// means. A nil Clock in a store's options means the real one; tests hand
+// in a fake one (sluicetest.Clock).
 type Clock interface {
 	Now() time.Time
-}
-
-// SystemClock is the real clock.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
-
-// MonotonicClock reads the system clock once and from then on advances by
-// the monotonic clock: it never steps backwards or forwards when the system
-// clock is adjusted (NTP, a manual change), and it is cheaper to read than
-// time.Now. It drifts from the system clock by however much that clock is
-// slewed while it runs, which does not matter to a store that keeps its
-// state in one process (memstore's default). Safe for concurrent use.
-type MonotonicClock struct{ start time.Time }
-
-// NewMonotonicClock returns a MonotonicClock that reads the system clock now.
-func NewMonotonicClock() *MonotonicClock { return &MonotonicClock{start: SystemClock{}.Now()} }
-
-// Now returns the start time advanced by the monotonic time elapsed since.
-func (c *MonotonicClock) Now() time.Time { return c.start.Add(time.Since(c.start)) }
-
-// UnixMicro returns Now in microseconds since the Unix epoch, without
-// building a time.Time.
-func (c *MonotonicClock) UnixMicro() int64 {
-	return c.start.UnixMicro() + int64(time.Since(c.start)/time.Microsecond)
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // The values of Decision.Action.
@@ -91,7 +92,7 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 		// Store failures fail every request while they last: one line a
 		// second, with the count of those held back.
 		var ok bool
-		if ok, suppressed = m.warnings.Allow(sluice.SystemClock{}.Now()); !ok {
+		if ok, suppressed = m.warnings.Allow(clock.System{}.Now()); !ok {
 			return
 		}
 	}

@@ -58,6 +58,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
@@ -597,7 +598,7 @@ func (m *Middleware) release(ctx context.Context, lim *sluice.Limiter, lease slu
 	if o.Kind == sluice.Allowed {
 		return
 	}
-	if ok, suppressed := m.warnings.Allow(sluice.SystemClock{}.Now()); ok {
+	if ok, suppressed := m.warnings.Allow(clock.System{}.Now()); ok {
 		m.log.Warn("sluice: lease not released; it is held until its lease_ttl passes",
 			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Reason(), "suppressed", suppressed)
 	}

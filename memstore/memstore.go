@@ -17,14 +17,15 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // Options configure a Store. The zero value means the defaults.
 type Options struct {
-	// Clock is the time source of every decision. Default: a
-	// sluice.MonotonicClock started by New, which never steps when the
-	// system clock is adjusted.
+	// Clock is the time source of every decision. Default: the system
+	// clock read once by New and advanced from then on by the monotonic
+	// clock, so it never steps when the system clock is adjusted.
 	Clock sluice.Clock
 	// Shards is the number of independently locked partitions, rounded up to
 	// a power of two. Subjects are spread over them by a hash; all state of
@@ -306,7 +307,7 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("memstore: MaxKeys = %d: must not be negative", opts.MaxKeys)
 	}
 	if opts.Clock == nil {
-		opts.Clock = sluice.NewMonotonicClock()
+		opts.Clock = clock.NewMonotonic()
 	}
 	if opts.Shards == 0 {
 		opts.Shards = 64

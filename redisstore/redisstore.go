@@ -100,6 +100,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
@@ -194,7 +195,7 @@ type Options struct {
 	// ClockMode is the time source. Default: RedisTime.
 	ClockMode ClockMode
 	// Clock is the time source in CallerClock mode; unused otherwise.
-	// Default: sluice.SystemClock{}.
+	// Default: clock.System{}.
 	Clock sluice.Clock
 	// MaxClockRegression is, in CallerClock mode, how far a caller's time
 	// may lie behind the newest time a key was written at; further behind
@@ -264,7 +265,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	case CallerClock:
 		s.clock = opts.Clock
 		if s.clock == nil {
-			s.clock = sluice.SystemClock{}
+			s.clock = clock.System{}
 		}
 		switch {
 		case opts.MaxClockRegression == 0:

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/server"
 )
 
@@ -70,7 +71,7 @@ type app struct {
 // run executes the command line args (without the program name). It
 // returns nil on success; exitCode maps its errors to exit statuses.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: sluice.NewMonotonicClock()}
+	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: clock.NewMonotonic()}
 	return a.run(ctx, args)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // Policy returns p's algorithm and numbers in the engine's units.
@@ -66,17 +67,17 @@ func Statuses(statuses []sluice.Status, n int) []sluice.Status {
 }
 
 // Now returns c's time in integer microseconds since the Unix epoch, the
-// engine's time unit. The default clock, sluice.MonotonicClock, is
+// engine's time unit. The default clock, clock.Monotonic, is
 // recognised by its type (one comparison) and asked directly; any other
 // clock with a UnixMicro method of its own is asked through it.
 func Now(c sluice.Clock) int64 {
-	if m, ok := c.(*sluice.MonotonicClock); ok {
+	if m, ok := c.(*clock.Monotonic); ok {
 		return m.UnixMicro() // kept small enough to inline: the common case
 	}
 	return nowOf(c)
 }
 
-// nowOf is Now for a clock other than sluice.MonotonicClock.
+// nowOf is Now for a clock other than clock.Monotonic.
 func nowOf(c sluice.Clock) int64 {
 	if m, ok := c.(interface{ UnixMicro() int64 }); ok {
 		return m.UnixMicro()

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -30,7 +31,7 @@ func BenchmarkCheckAPI(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim, err := sluice.New(m.InstrumentStore(memstoreFor(b), "memory", sluice.SystemClock{}),
+	lim, err := sluice.New(m.InstrumentStore(memstoreFor(b), "memory", clock.System{}),
 		[]sluice.Policy{{ID: "open", Algorithm: sluice.GCRA, Limit: 1_000_000_000, Window: time.Second}}, sluice.Options{})
 	if err != nil {
 		b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // UnknownPolicy is the policy label of a check that names a policy the
@@ -63,7 +64,7 @@ type Metrics struct {
 func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 	m := &Metrics{
 		reg:   reg,
-		clock: sluice.SystemClock{},
+		clock: clock.System{},
 		live:  newLive(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/memstore"
@@ -35,7 +36,7 @@ type RunOptions struct {
 	// Log receives the server's records. Default: slog.Default().
 	Log *slog.Logger
 	// Clock is the clock of the stores, timings and reload times.
-	// Default: sluice.NewMonotonicClock().
+	// Default: clock.NewMonotonic().
 	Clock sluice.Clock
 }
 
@@ -96,7 +97,7 @@ func (o RunOptions) withDefaults() RunOptions {
 		o.Log = slog.Default()
 	}
 	if o.Clock == nil {
-		o.Clock = sluice.NewMonotonicClock()
+		o.Clock = clock.NewMonotonic()
 	}
 	return o
 }

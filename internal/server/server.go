@@ -71,6 +71,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
@@ -100,7 +101,7 @@ type Options struct {
 	// MaxBodyBytes caps the body of POST /v1/check; a larger body is a 400.
 	// Default: DefaultMaxBodyBytes (64 KiB).
 	MaxBodyBytes int64
-	// Clock times requests for the request log. Default: sluice.SystemClock{}.
+	// Clock times requests for the request log. Default: clock.System{}.
 	Clock sluice.Clock
 	// Metrics, when set, counts requests and decisions and is served at
 	// GET /metrics. Default: nil, no metrics and no /metrics.
@@ -184,7 +185,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.maxBody = DefaultMaxBodyBytes
 	}
 	if s.clock == nil {
-		s.clock = sluice.SystemClock{}
+		s.clock = clock.System{}
 	}
 	for _, id := range lim.Policies() {
 		p, _ := lim.Policy(id)
