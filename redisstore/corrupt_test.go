@@ -78,7 +78,7 @@ func TestCorruptShapes(t *testing.T) {
 		{"log unsorted along the search", sluice.SlidingLog, log(now-2*minute, now-10e6, now-3*minute, now-3*minute, now-3*minute, now-5e6), "entries are not ascending"},
 		{"log unsorted at the retry entry", sluice.SlidingLog, log(now-10e6, now-3*minute, now-9e6, now-8e6, now-7e6, now-6e6), "entries are not ascending"},
 		{"log entry a day before the newest", sluice.SlidingLog, log(now-24*60*minute, now), "want one in (newest - 24h, newest]"},
-		{"log entry ahead", sluice.SlidingLog, log(now+2*minute), "after the time of this call"},
+		{"log entry ahead", sluice.SlidingLog, log(now + 2*minute), "after the time of this call"},
 		{"log fraction", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "1767225600000000.5").Err() }, "want an integer > 0"},
 		{"lease expiry far ahead", sluice.Concurrency, leases(now + 60*minute), "after the time of this call"},
 		{"lease expiry a day before the latest", sluice.Concurrency, leases(now-24*60*minute+minute, now+minute), "want one after the latest"},
