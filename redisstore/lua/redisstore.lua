@@ -44,7 +44,8 @@ id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
 allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs).
 Errors, raised before any write: "SLUICE_ARGS <reason>",
 "SLUICE_CORRUPT <key>: <reason>" (state this script did not write: wrong
-type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
+type, not its integers, or integers no decision of it leaves behind:
+readState), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
 
@@ -301,12 +302,13 @@ local function carriedEntries(key, raw, kind)
 end
 
 -- aheadMost returns how far, in µs, the newest write to a state of p may
--- lie after the time of a call on Redis time: Redis's clock stepped back
--- (NTP, a failover to a replica whose clock is behind) by at most p's
--- window and TTL grace. The decision is then taken at the write's time
--- (the clock rule), its waits lengthened by as much; a write further
--- ahead is not one this script made on a clock that would still show its
--- key: corrupt. (A caller's clock has MaxClockRegression for this.)
+-- lie after the time of a call on Redis time. Redis's clock may step back
+-- (NTP, a failover to a replica whose clock is behind): a write up to p's
+-- window and TTL grace ahead is decided at its own time (the clock rule),
+-- its waits lengthened by as much. Further ahead, every wait would be
+-- lengthened by more than the window it limits: corrupt, rather than a
+-- subject locked out for longer than its policy ever could. (A caller's
+-- clock has MaxClockRegression for this.)
 local function aheadMost(p)
   return p.window + p.grace
 end
