@@ -130,3 +130,53 @@ func TestCorruptShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestCorruptCarriedState: during a key rotation, the state read under an
+// older subject is held to the same rules before anything is kept under
+// the new one: a decision over a corrupt one is ErrCorruptState and
+// writes nothing under either subject.
+func TestCorruptCarriedState(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	now := float64(time.Now().UnixMicro())
+	day := float64(24 * time.Hour.Microseconds())
+	lease := sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute}.WithDefaults()
+	for _, tc := range []struct {
+		name string
+		p    *sluice.Policy
+		harm func(key string) error
+		want string
+	}{
+		{"fixed window start after its last write", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+1, 1, now), "want 0 < start <= last"},
+		{"fixed window written ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+day, 1, now+day), "carried state: newest write is"},
+		{"GCRA TAT far ahead", policy(t, "corrupt", sluice.GCRA, 5, time.Minute), setBinary(c, now+1<<52, 0, 5, 60e6, now), "µs after the last write"},
+		{"log a day long", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now-day), int64(now)).Err() }, "want one in (newest - 24h, newest]"},
+		{"log unsorted", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now), int64(now-1)).Err() }, "want ascending integers"},
+		{"leases a day apart", &lease, func(k string) error {
+			return c.ZAdd(ctx, k, redis.Z{Score: now - day + 1, Member: "a"}, redis.Z{Score: now + 1, Member: "b"}).Err()
+		}, "want one in (newest - 24h, newest]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old, neu := subject(t), subject(t)
+			if err := tc.harm(s.Key(old, tc.p)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Expire(ctx, s.Key(old, tc.p), time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			before := c.Dump(ctx, s.Key(old, tc.p)).Val()
+			ev := &sluice.Evaluation{Subject: neu, Previous: []string{old}, Policies: []*sluice.Policy{tc.p}, Cost: 1, LeaseID: "l1"}
+			err := s.Evaluate(ctx, ev)
+			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate carrying %s = %v (statuses %+v), want ErrCorruptState saying %q", tc.name, err, ev.Statuses, tc.want)
+			}
+			if n := c.Exists(ctx, s.Key(neu, tc.p)).Val(); n != 0 {
+				t.Fatalf("a decision refused for a corrupt carried state kept %s", s.Key(neu, tc.p))
+			}
+			if after := c.Dump(ctx, s.Key(old, tc.p)).Val(); after != before {
+				t.Fatalf("a decision refused for a corrupt carried state changed the older subject's: %q, then %q", before, after)
+			}
+		})
+	}
+}
