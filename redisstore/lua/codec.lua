@@ -85,7 +85,11 @@ end
 
 -- decodeState returns the n fields stored at key as raw. Anything
 -- encodeState (or an older version) did not write is corrupt: another
--- length, a value that is not an integer in [0, 2^53].
+-- length, a value that is not an integer in [0, 2^53] (NaN, an infinity,
+-- a fraction, a negative zero: encodeState writes the integers the
+-- algorithms compute, and no arithmetic on them yields −0). What each
+-- algorithm can have written of such integers is its own check
+-- (fixedWindowCorrupt, …).
 local function decodeState(key, raw, n)
   local v
   if stringByte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
@@ -96,8 +100,8 @@ local function decodeState(key, raw, n)
     end
     for i = 1, n do
       local x = v[i]
-      if not (x >= 0 and x <= MAX_EXACT and x % 1 == 0) then
-        corrupt(key, 'field ' .. i .. ' = ' .. tostring(x) .. ': want an integer in [0, 2^53]')
+      if not (x >= 0 and x <= MAX_EXACT and x % 1 == 0) or (x == 0 and 1 / x < 0) then
+        corrupt(key, 'field ' .. i .. ' = ' .. stringFormat('%.17g', x) .. ': want an integer in [0, 2^53]')
       end
     end
     return v

@@ -6,14 +6,23 @@ ZRANGE, and s.find(id) one ZRANK. An edit is a table {cut, remove, add,
 at, newest}, '' naming no lease; a decision is the values allowed,
 remaining, resetAfter and retryAfter (its limit is p.limit). Leases whose
 expiries tie are ordered by id in Redis and by insertion in Go: the math
-reads expiries only, which agree. ]]
+reads expiries only, which agree.
+
+Every expiry read is checked against what the script writes (it has no
+Go twin: memstore reads only what it wrote): an integer >= 1 within
+(latest − 24h, latest], since a write sweeps the leases expired at its
+time and sets one to expire at most a lease TTL (24h at most) later.
+Redis keeps them ascending. ]]
 
 -- concurrencyEntry returns s.Expiries[i] (0-based), read from the set.
+-- With s.newest still 0 it reads the latest, checked as an integer only.
 local function concurrencyEntry(s, i)
   local r = redisCall('ZRANGE', s.key, i, i, 'WITHSCORES')
-  local v = int(r[2])
+  local v, newest = int(r[2]), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'score of lease ' .. i .. ' = ' .. string.sub(tostring(r[2]), 1, 40) .. ': want an integer > 0')
+  elseif newest ~= 0 and v <= newest - MAX_WINDOW then
+    corrupt(s.key, 'score of lease ' .. i .. ' = ' .. r[2] .. ': want one after the latest, ' .. fmt(newest) .. ', less 24h')
   end
   return v
 end

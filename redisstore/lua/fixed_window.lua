@@ -2,7 +2,24 @@
 its fields as separate values (start, count, last), as fixedWindowOf reads
 them from State.V; Decide and Refund return the state after them, then
 the decision's allowed, remaining, resetAfter and retryAfter (its limit is
-p.limit). Values, not tables: a decision allocates nothing here. ]]
+p.limit). Values, not tables: a decision allocates nothing here.
+fixedWindowCorrupt has no Go twin: memstore reads only what it wrote. ]]
+
+-- fixedWindowCorrupt returns why start, count and last are no state
+-- fixedWindowDecide or fixedWindowRefund leaves to keep, or nil. A kept
+-- window holds a count (one of 0 equals absent and is deleted) of at most
+-- the limit at its write, and its newest write lies in it:
+-- start <= last < start + window. The window and limit of that write
+-- may have been others than today's (numbers changed under one revision),
+-- so the bounds are the widest any policy has.
+local function fixedWindowCorrupt(start, count, last)
+  if count < 1 or count > MAX_LIMIT then
+    return 'count ' .. fmt(count) .. ': want 1 to ' .. fmt(MAX_LIMIT)
+  elseif start < 1 or last < start or last - start >= MAX_WINDOW then
+    return 'start ' .. fmt(start) .. ', last write ' .. fmt(last) .. ': want 0 < start <= last < start + 24h'
+  end
+  return nil
+end
 
 -- fixedWindowDecide ports FixedWindow.Decide.
 local function fixedWindowDecide(start, count, last, p, now, cost)

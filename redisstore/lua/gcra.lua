@@ -2,7 +2,30 @@
 separate values (tat, frac, sLimit, sWindow, last: the Go fields TAT,
 Frac, Limit, Window, Last), as gcraOf reads them; Decide and Refund return
 the state after them, then the decision's allowed, remaining, resetAfter
-and retryAfter (its limit is p.burst). ]]
+and retryAfter (its limit is p.burst). gcraCorrupt has no Go twin: memstore
+reads only what it wrote. ]]
+
+-- gcraCorrupt returns why tat, frac, sLimit, sWindow and last are no
+-- state gcraDecide or gcraRefund leaves to keep, or nil. A kept schedule
+-- was written at last >= 1 under a policy's limit and window, with a
+-- remainder below that limit; it ends after last (one that does not
+-- equals absent and is deleted); and its debt at last, (tat − last) ×
+-- sLimit + frac, is at most that policy's burst × window: at most
+-- 10^9 × sWindow and below 2^53 − sLimit. So the TAT lies at most
+-- burst × emission interval after the newest write, whatever burst it
+-- had (a burst changed under one revision is kept, not rescheduled).
+local function gcraCorrupt(tat, frac, sLimit, sWindow, last)
+  if last < 1 or sLimit < 1 or sLimit > MAX_LIMIT or sWindow < MIN_WINDOW or sWindow > MAX_WINDOW or frac >= sLimit then
+    return 'last write ' .. fmt(last) .. ', limit ' .. fmt(sLimit) .. ', window ' .. fmt(sWindow) .. ', remainder ' ..
+      fmt(frac) .. ': want a write time, a policy\'s limit and window, a remainder below the limit'
+  end
+  local ahead = tat - last
+  if ahead < 0 or (ahead == 0 and frac == 0) or ahead > quo(mathMin(MAX_EXACT - 1 - sLimit, MAX_LIMIT * sWindow) - frac, sLimit) then
+    return 'TAT ' .. fmt(tat) .. ' is ' .. fmt(ahead) .. ' µs after the last write: want after it by at most burst × ' ..
+      fmt(sWindow) .. ' / ' .. fmt(sLimit) .. ' µs'
+  end
+  return nil
+end
 
 -- gcraScheduledUnder ports GCRA.scheduledUnder.
 local function gcraScheduledUnder(tat, sLimit, sWindow, p)

@@ -48,7 +48,8 @@ id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
 allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs).
 Errors, raised before any write: "SLUICE_ARGS <reason>",
 "SLUICE_CORRUPT <key>: <reason>" (state this script did not write: wrong
-type, not its integers), "SLUICE_CLOCK <key>: <reason>" (caller clock too
+type, not its integers, or integers no decision of it leaves behind:
+readState), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
 
@@ -83,8 +84,36 @@ local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
 local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true}
 
+-- decodeChecked returns the fields of a state of fixed-size kind stored
+-- at key as raw: decoded (codec.lua), then held to what the algorithm
+-- can have written (fixedWindowCorrupt, …).
+local function decodeChecked(key, raw, kind)
+  local v = decodeState(key, raw, FIELDS[kind])
+  local why
+  if kind == KIND_FIXED_WINDOW then
+    why = fixedWindowCorrupt(v[1], v[2], v[3])
+  elseif kind == KIND_SLIDING_WINDOW then
+    why = slidingWindowCorrupt(v[1], v[2], v[3], v[4])
+  elseif kind == KIND_TOKEN_BUCKET then
+    why = tokenBucketCorrupt(v[1], v[2], v[3])
+  else
+    why = gcraCorrupt(v[1], v[2], v[3], v[4], v[5])
+  end
+  if why ~= nil then
+    corrupt(key, why)
+  end
+  return v
+end
+
+-- The most entries a log or a set of leases holds: a write keeps at most
+-- its policy's limit.
+local MOST_ENTRIES = {[KIND_SLIDING_LOG] = MAX_SLIDING_LOG_LEN, [KIND_CONCURRENCY] = MAX_CONCURRENCY_LIMIT}
+
 -- readState returns the state of kind at key, or nil when there is none.
--- Anything but what apply writes is corrupt.
+-- Anything but what apply writes is corrupt: its fields are checked here,
+-- a log's or a set's entries as a decision reads them (sliding_log.lua,
+-- concurrency.lua), and how far its newest write may lie ahead of the
+-- time of the call by main.
 local function readState(key, kind)
   if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
     -- A view of the list (sorted set), its newest entry read with its length.
@@ -95,6 +124,8 @@ local function readState(key, kind)
     local len = read(key, length)
     if len == 0 then
       return nil
+    elseif len > MOST_ENTRIES[kind] then
+      corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
     local view = {key = key, len = len, newest = 0}
     view.newest = entry(view, len - 1)
@@ -104,7 +135,7 @@ local function readState(key, kind)
   if not raw then
     return nil
   end
-  return decodeState(key, raw, FIELDS[kind])
+  return decodeChecked(key, raw, kind)
 end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
@@ -241,6 +272,52 @@ local function live(p, st, now)
   return st ~= nil and bounds(p, st) > now
 end
 
+-- carriedEntries returns the entries of a log or of leases carried in
+-- ARGV as raw (a log's times, or leases' id,expiry pairs as ZRANGE
+-- WITHSCORES reads them, ascending) for key: as ZADD or RPUSH arguments,
+-- and the newest. Everything a decision could read of them is checked
+-- first, as readState and the entry readers would once they are kept:
+-- at most MOST_ENTRIES, integers >= 1, ascending, within (newest − 24h,
+-- newest].
+local function carriedEntries(key, raw, kind)
+  local out, member, prev, oldest = {}, nil, 0, nil
+  local leases = kind == KIND_CONCURRENCY
+  for x in string.gmatch(raw, '[^,]+') do
+    if leases and member == nil then
+      member = x
+    else
+      local v = int(x)
+      if v == nil or v < prev or v < 1 then
+        corrupt(key, 'carried entry ' .. string.sub(x, 1, 40) .. ': want ascending integers > 0')
+      end
+      out[#out + 1], prev, oldest = x, v, oldest or v
+      if leases then
+        out[#out + 1], member = member, nil
+      end
+    end
+  end
+  if member ~= nil then
+    corrupt(key, 'carried leases: want id,expiry pairs')
+  elseif #out > MOST_ENTRIES[kind] * (leases and 2 or 1) then
+    corrupt(key, 'carried ' .. #out .. ' values: want at most ' .. MOST_ENTRIES[kind] .. ' entries')
+  elseif oldest ~= nil and oldest <= prev - MAX_WINDOW then
+    corrupt(key, 'carried entry ' .. fmt(oldest) .. ': want one in (newest - 24h, newest], newest ' .. fmt(prev))
+  end
+  return out, prev
+end
+
+-- aheadMost returns how far, in µs, the newest write to a state of p may
+-- lie after the time of a call on Redis time. Redis's clock may step back
+-- (NTP, a failover to a replica whose clock is behind): a write up to p's
+-- window and TTL grace ahead is decided at its own time (the clock rule),
+-- its waits lengthened by as much. Further ahead, every wait would be
+-- lengthened by more than the window it limits: corrupt, rather than a
+-- subject locked out for longer than its policy ever could. (A caller's
+-- clock has MaxClockRegression for this.)
+local function aheadMost(p)
+  return p.window + p.grace
+end
+
 -- carryOver gives each policy of ev without a live state the state
 -- carried in ARGV, if any: checked first (anything the store would not
 -- have written is corrupt), then kept at its key with its TTL.
@@ -251,35 +328,21 @@ local function carryOver(KEYS, ARGV, ev, now)
     local base = ARGV_POLICIES + ARGV_PER_POLICY * n + CARRY_PER_POLICY * (i - 1)
     local raw, ttl = ARGV[base + 1], arg(ARGV[base + 2])
     if raw ~= '' and ttl ~= nil and ttl >= 1 and not live(p, ev.states[i], now) then
+      local newest
       if p.kind == KIND_CONCURRENCY then
-        local zadd, member = {}, nil
-        for x in string.gmatch(raw, '[^,]+') do
-          if member == nil then
-            member = x
-          else
-            local v = int(x)
-            if v == nil or v < 1 then
-              corrupt(KEYS[i], 'carried lease expiry ' .. string.sub(x, 1, 40) .. ': want an integer > 0')
-            end
-            zadd[#zadd + 1], zadd[#zadd + 2], member = x, member, nil
-          end
-        end
-        if member ~= nil then
-          corrupt(KEYS[i], 'carried leases: want id,expiry pairs')
-        end
-        take[i] = {leases = zadd, ttl = ttl}
+        local zadd, latest = carriedEntries(KEYS[i], raw, p.kind)
+        take[i], newest = {leases = zadd, ttl = ttl}, latest - p.window
       elseif p.kind == KIND_SLIDING_LOG then
-        local entries, prev = {}, 0
-        for x in string.gmatch(raw, '[^,]+') do
-          local v = int(x)
-          if v == nil or v < prev or v < 1 then
-            corrupt(KEYS[i], 'carried log entry ' .. string.sub(x, 1, 40) .. ': want ascending integers > 0')
-          end
-          entries[#entries + 1], prev = x, v
-        end
-        take[i] = {entries = entries, ttl = ttl}
+        local entries, latest = carriedEntries(KEYS[i], raw, p.kind)
+        take[i], newest = {entries = entries, ttl = ttl}, latest
       else
-        take[i] = {v = decodeState(KEYS[i], raw, FIELDS[p.kind]), ttl = ttl}
+        local v = decodeChecked(KEYS[i], raw, p.kind)
+        take[i] = {v = v, ttl = ttl}
+        local _, nw = bounds(p, v)
+        newest = nw
+      end
+      if ARGV[ARGV_NOW] == '' and newest - now > aheadMost(p) then
+        corrupt(KEYS[i], 'carried state: newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
       end
     end
   end
@@ -428,11 +491,10 @@ local function main(KEYS, ARGV, at)
       st = readState(KEYS[i], policies[i].kind)
     end
     if st ~= nil and redisTime then
-      -- On Redis time, no write lies further ahead of the clock than the
-      -- longest window: such a state would lock its subject out until
-      -- then. (The caller's clock has MaxClockRegression for this.)
+      -- On Redis time, no write lies further ahead of the clock than
+      -- aheadMost: such a state would lock its subject out until then.
       local _, newest = bounds(policies[i], st)
-      if newest - now > MAX_WINDOW then
+      if newest - now > aheadMost(policies[i]) then
         corrupt(KEYS[i], 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
       end
     end

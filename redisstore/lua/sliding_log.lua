@@ -3,14 +3,37 @@ a Redis list of admission times in µs, ascending; a state here is a view
 of it, {key, len, newest}, and s.Entries[i] of the Go code is
 slidingLogEntry(s, i), one LINDEX. An edit is a table
 {cut, drop, add, at, newest}; a decision is the values allowed,
-remaining, resetAfter and retryAfter (its limit is p.limit). ]]
+remaining, resetAfter and retryAfter (its limit is p.limit).
+
+Every entry read is checked against what the script writes (it has no
+Go twin: memstore reads only what it wrote): an integer >= 1 within
+(newest − 24h, newest], since a write cuts what left the window at its
+time and appends at that time; and ascending, as far as the entries a
+decision reads can tell: each one the cut's binary search reads lies
+between those it read on either side, and each one a decision reads
+from the live part lies after now − window. A disorder between the
+entries read goes unseen, and harms nothing: an entry counted or cut
+wrongly is cut by the next write with the rest. ]]
 
 -- slidingLogEntry returns s.Entries[i] (0-based), read from the list.
+-- With s.newest still 0 it reads the newest, checked as an integer only.
 local function slidingLogEntry(s, i)
   local raw = redisCall('LINDEX', s.key, i)
-  local v = int(raw)
+  local v, newest = int(raw), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
+  elseif newest ~= 0 and (v > newest or v <= newest - MAX_WINDOW) then
+    corrupt(s.key, 'entry ' .. i .. ' = ' .. raw .. ': want one in (newest - 24h, newest], newest ' .. fmt(newest))
+  end
+  return v
+end
+
+-- slidingLogLive returns entry i, which lies at or after the cut at now:
+-- after now − p.window in an ascending log.
+local function slidingLogLive(s, i, p, now)
+  local v = slidingLogEntry(s, i)
+  if v <= now - p.window then
+    corrupt(s.key, 'entries are not ascending: entry ' .. i .. ' = ' .. fmt(v) .. ' lies before the live ones')
   end
   return v
 end
@@ -20,19 +43,28 @@ local function slidingLogNewest(s)
   return s.newest
 end
 
--- slidingLogCut ports SlidingLog.cut.
+-- slidingLogCut ports SlidingLog.cut. lov and hiv are the entries at
+-- lo − 1 and hi (hi = len: the newest), which bound every one between.
 local function slidingLogCut(s, p, now)
   local lo, hi = 0, s.len
-  if hi == 0 or slidingLogEntry(s, 0) > now - p.window then
+  if hi == 0 then
+    return 0
+  end
+  local lov, hiv = slidingLogEntry(s, 0), s.newest
+  if lov > now - p.window then
     return 0
   end
   lo = 1
   while lo < hi do
     local mid = quo(lo + hi, 2)
-    if slidingLogEntry(s, mid) <= now - p.window then
-      lo = mid + 1
+    local v = slidingLogEntry(s, mid)
+    if v < lov or v > hiv then
+      corrupt(s.key, 'entries are not ascending: entry ' .. mid .. ' = ' .. fmt(v) .. ' lies outside [' .. fmt(lov) .. ', ' .. fmt(hiv) .. ']')
+    end
+    if v <= now - p.window then
+      lo, lov = mid + 1, v
     else
-      hi = mid
+      hi, hiv = mid, v
     end
   end
   return lo
@@ -48,7 +80,7 @@ local function slidingLogDecide(s, p, now, cost)
   local need = verdictCost(cost)
   if count + need > limit then
     -- The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
-    local retryAfter = slidingLogEntry(s, cut + count + need - limit - 1) + window - now
+    local retryAfter = slidingLogLive(s, cut + count + need - limit - 1, p, now) + window - now
     -- count > Limit after a limit was lowered: remaining 0.
     local newest = slidingLogNewest(s)
     return {cut = 0, drop = 0, add = 0, at = 0, newest = newest}, false, mathMax(limit - count, 0),
@@ -76,7 +108,7 @@ local function slidingLogRefund(s, p, now, n)
   local left = count - e.drop
   local resetAfter = 0
   if left > 0 then
-    e.newest = slidingLogEntry(s, cut + left - 1)
+    e.newest = slidingLogLive(s, cut + left - 1, p, now)
     resetAfter = e.newest + p.window - now
   end
   return e, true, mathMax(p.limit - left, 0), resetAfter, 0

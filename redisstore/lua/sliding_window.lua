@@ -2,7 +2,24 @@
 state is its fields as separate values (start, curr, prev, last), as
 slidingWindowOf reads them; Decide returns the state after it, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is
-p.limit). ]]
+p.limit). slidingWindowCorrupt has no Go twin: memstore reads only what it
+wrote. ]]
+
+-- slidingWindowCorrupt returns why start, curr, prev and last are no
+-- state slidingWindowDecide writes, or nil. It writes only an admitted
+-- spend, so curr >= 1; both counts are at most the limit at a write; the
+-- newest write lies in the current window, start <= last < start +
+-- window (start is 0 only for a write before the first window ended).
+-- The window and limit of that write may have been others than today's,
+-- so the bounds are the widest any policy has.
+local function slidingWindowCorrupt(start, curr, prev, last)
+  if curr < 1 or curr > MAX_LIMIT or prev > MAX_LIMIT then
+    return 'counts ' .. fmt(curr) .. ', ' .. fmt(prev) .. ': want 1 to ' .. fmt(MAX_LIMIT) .. ' in this window, at most that in the last'
+  elseif last < 1 or last < start or last - start >= MAX_WINDOW then
+    return 'start ' .. fmt(start) .. ', last write ' .. fmt(last) .. ': want start <= last < start + 24h'
+  end
+  return nil
+end
 
 -- slidingWindowAdvance ports SlidingWindow.advance.
 local function slidingWindowAdvance(start, curr, prev, last, p, now)

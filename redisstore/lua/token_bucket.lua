@@ -2,7 +2,22 @@
 its fields as separate values (tokens, last, window), as tokenBucketOf
 reads them; Decide and Refund return the state after them, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is
-p.burst). ]]
+p.burst). tokenBucketCorrupt has no Go twin: memstore reads only what it
+wrote. ]]
+
+-- tokenBucketCorrupt returns why tokens, last and window are no state
+-- tokenBucketDecide or tokenBucketRefund leaves to keep, or nil: a kept
+-- bucket was written at last >= 1 under a policy's window, and holds
+-- less than that policy's full bucket, burst × window, which is at most
+-- 10^9 × window and below 2^53 − 1.
+local function tokenBucketCorrupt(tokens, last, window)
+  if last < 1 or window < MIN_WINDOW or window > MAX_WINDOW then
+    return 'last write ' .. fmt(last) .. ', window ' .. fmt(window) .. ': want a write time and a window of 1ms to 24h'
+  elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 then
+    return 'tokens ' .. fmt(tokens) .. ': want fewer than a full bucket under window ' .. fmt(window)
+  end
+  return nil
+end
 
 -- tokenBucketTokens ports TokenBucket.tokens.
 local function tokenBucketTokens(tokens, window, p)

@@ -1,0 +1,182 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// maxExact is 2^53 µs: no time the script is given or reads lies at or
+// beyond it.
+const maxExact = 1 << 53
+
+// TestCorruptShapes: states of the right type and of integers that no
+// decision of the script can leave behind, written raw under the key the
+// store uses, are Unavailable (corrupt_state) saying which key and why;
+// the decision writes nothing, not even to the healthy policy beside the
+// corrupt one; a reset clears the state and the next check is decided
+// on absent state.
+func TestCorruptShapes(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	now := float64(time.Now().UnixMicro()) // Redis's clock: this machine's
+	minute := float64(time.Minute.Microseconds())
+	log := func(entries ...float64) func(string) error {
+		return func(k string) error {
+			vals := make([]any, len(entries))
+			for i, e := range entries {
+				vals[i] = int64(e)
+			}
+			return c.RPush(ctx, k, vals...).Err()
+		}
+	}
+	leases := func(expiries ...float64) func(string) error {
+		return func(k string) error {
+			zs := make([]redis.Z, len(expiries))
+			for i, e := range expiries {
+				zs[i] = redis.Z{Score: e, Member: string(rune('a' + i))}
+			}
+			return c.ZAdd(ctx, k, zs...).Err()
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		alg  sluice.Algorithm
+		harm func(key string) error
+		want string
+	}{
+		// The 228 years of Retry-After measured from outside: a window that
+		// opens 2^53 µs after the epoch, long after its own last write.
+		{"fixed window start 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 5, now), "want 0 < start <= last"},
+		{"fixed window written 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 1, maxExact-1), "after the time of this call"},
+		{"fixed window written 2 windows ahead", sluice.FixedWindow, setBinary(c, now+2*minute, 1, now+2*minute), "after the time of this call"},
+		{"fixed window count above any limit", sluice.FixedWindow, setBinary(c, now, 1e9+1, now), "count 1000000001"},
+		{"fixed window count 0", sluice.FixedWindow, setBinary(c, now, 0, now), "count 0"},
+		{"fixed window last write a day after start", sluice.FixedWindow, setBinary(c, now-24*60*minute, 1, now), "want 0 < start <= last < start + 24h"},
+		{"negative zero", sluice.FixedWindow, setBinary(c, now, math.Copysign(0, -1), now), "field 2 = -0"},
+		{"negative zero remainder", sluice.GCRA, setBinary(c, now+minute, math.Copysign(0, -1), 5, minute, now), "field 2 = -0"},
+		{"fraction", sluice.SlidingWindow, setBinary(c, now, 2.5, 0, now), "field 2 = 2.5"},
+		{"NaN", sluice.GCRA, setBinary(c, math.NaN(), 0, 5, minute, now), "field 1 = nan"},
+		{"infinity", sluice.TokenBucket, setBinary(c, math.Inf(1), now, minute), "field 1 = inf"},
+		{"sliding window counts above any limit", sluice.SlidingWindow, setBinary(c, now, 1, 2e9, now), "counts 1, 2000000000"},
+		{"sliding window last write before start", sluice.SlidingWindow, setBinary(c, now, 1, 0, now-1), "want start <= last"},
+		{"token bucket window 0", sluice.TokenBucket, setBinary(c, 0, now, 0), "window 0"},
+		{"token bucket above any full bucket", sluice.TokenBucket, setBinary(c, 1e12, now, 1000), "want fewer than a full bucket"},
+		{"TAT far ahead", sluice.GCRA, setBinary(c, now+1<<52, 0, 5, minute, now), "µs after the last write"},
+		{"TAT before its write", sluice.GCRA, setBinary(c, now-1, 0, 5, minute, now), "µs after the last write"},
+		{"GCRA remainder above its limit", sluice.GCRA, setBinary(c, now+minute, 5, 5, minute, now), "remainder 5"},
+		{"log unsorted", sluice.SlidingLog, log(now, now-3, now-2, now-1), "want one in (newest - 24h, newest]"},
+		{"log unsorted along the search", sluice.SlidingLog, log(now-2*minute, now-10e6, now-3*minute, now-3*minute, now-3*minute, now-5e6), "entries are not ascending"},
+		{"log unsorted at the retry entry", sluice.SlidingLog, log(now-10e6, now-3*minute, now-9e6, now-8e6, now-7e6, now-6e6), "entries are not ascending"},
+		{"log entry a day before the newest", sluice.SlidingLog, log(now-24*60*minute, now), "want one in (newest - 24h, newest]"},
+		{"log entry ahead", sluice.SlidingLog, log(now + 2*minute), "after the time of this call"},
+		{"log fraction", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "1767225600000000.5").Err() }, "want an integer > 0"},
+		{"lease expiry far ahead", sluice.Concurrency, leases(now + 60*minute), "after the time of this call"},
+		{"lease expiry a day before the latest", sluice.Concurrency, leases(now-24*60*minute+minute, now+minute), "want one after the latest"},
+		{"lease expiry negative zero", sluice.Concurrency, leases(math.Copysign(0, -1), now+minute), "want an integer > 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			subj := subject(t)
+			var p *sluice.Policy
+			if tc.alg == sluice.Concurrency {
+				lp := sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute}.WithDefaults()
+				p = &lp
+			} else {
+				p = policy(t, "corrupt", tc.alg, 5, time.Minute)
+			}
+			other := policy(t, "fine", sluice.FixedWindow, 5, time.Minute)
+			mustEvaluate(t, s, subj, 1, other)
+			key := s.Key(subj, p)
+			if err := tc.harm(key); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Expire(ctx, key, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			dump := func() [2]string {
+				return [2]string{c.Dump(ctx, key).Val(), c.Get(ctx, s.Key(subj, other)).Val()}
+			}
+			before := dump()
+			ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{other, p}, Cost: 1, LeaseID: "l1"}
+			err := s.Evaluate(ctx, ev)
+			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate over %s = %v (statuses %+v), want ErrCorruptState naming %s, saying %q", tc.name, err, ev.Statuses, key, tc.want)
+			}
+			if after := dump(); after != before {
+				t.Fatalf("a decision refused for corrupt state wrote: %q, then %q", before, after)
+			}
+			l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check over %s = %+v, want Unavailable, corrupt_state", tc.name, o)
+			}
+			if o := l.Reset(ctx, subj, "corrupt"); o.Kind != sluice.Allowed {
+				t.Fatalf("Reset over %s = %+v (err %v), want allowed", tc.name, o, o.Err)
+			}
+			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Allowed || o.Remaining != 4 {
+				t.Fatalf("Check after the reset = %+v (err %v), want allowed with 4 left", o, o.Err)
+			}
+		})
+	}
+}
+
+// TestCorruptCarriedState: during a key rotation, the state read under an
+// older subject is held to the same rules before anything is kept under
+// the new one: a decision over a corrupt one is ErrCorruptState and
+// writes nothing under either subject.
+func TestCorruptCarriedState(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	now := float64(time.Now().UnixMicro())
+	day := float64(24 * time.Hour.Microseconds())
+	lease := sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute}.WithDefaults()
+	for _, tc := range []struct {
+		name string
+		p    *sluice.Policy
+		harm func(key string) error
+		want string
+	}{
+		{"fixed window start after its last write", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+1, 1, now), "want 0 < start <= last"},
+		{"fixed window written ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+day, 1, now+day), "carried state: newest write is"},
+		{"GCRA TAT far ahead", policy(t, "corrupt", sluice.GCRA, 5, time.Minute), setBinary(c, now+1<<52, 0, 5, 60e6, now), "µs after the last write"},
+		{"log a day long", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now-day), int64(now)).Err() }, "want one in (newest - 24h, newest]"},
+		{"log unsorted", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now), int64(now-1)).Err() }, "want ascending integers"},
+		{"leases a day apart", &lease, func(k string) error {
+			return c.ZAdd(ctx, k, redis.Z{Score: now - day + 1, Member: "a"}, redis.Z{Score: now + 1, Member: "b"}).Err()
+		}, "want one in (newest - 24h, newest]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old, neu := subject(t), subject(t)
+			if err := tc.harm(s.Key(old, tc.p)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Expire(ctx, s.Key(old, tc.p), time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			before := c.Dump(ctx, s.Key(old, tc.p)).Val()
+			ev := &sluice.Evaluation{Subject: neu, Previous: []string{old}, Policies: []*sluice.Policy{tc.p}, Cost: 1, LeaseID: "l1"}
+			err := s.Evaluate(ctx, ev)
+			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate carrying %s = %v (statuses %+v), want ErrCorruptState saying %q", tc.name, err, ev.Statuses, tc.want)
+			}
+			if n := c.Exists(ctx, s.Key(neu, tc.p)).Val(); n != 0 {
+				t.Fatalf("a decision refused for a corrupt carried state kept %s", s.Key(neu, tc.p))
+			}
+			if after := c.Dump(ctx, s.Key(old, tc.p)).Val(); after != before {
+				t.Fatalf("a decision refused for a corrupt carried state changed the older subject's: %q, then %q", before, after)
+			}
+		})
+	}
+}
