@@ -16,7 +16,7 @@ import (
 // then reads a monotonic clock); the fake clock here makes the output
 // exact.
 func Example() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		panic(err)
@@ -44,7 +44,7 @@ func Example() {
 // Several policies are checked at once, all or nothing: a burst limit and
 // an hourly quota.
 func ExampleLimiter_Check_multiplePolicies() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store, _ := memstore.New(memstore.Options{Clock: clock})
 	defer store.Close()
 	limiter, _ := sluice.New(store, []sluice.Policy{
@@ -65,7 +65,7 @@ func ExampleLimiter_Check_multiplePolicies() {
 // check holds a lease until it is released (or until its lease_ttl
 // passes, should the holder die).
 func ExampleLimiter_Release() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		panic(err)

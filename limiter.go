@@ -28,7 +28,7 @@ const (
 	Peek = Op(algorithm.OpPeek) // peek
 	// Refund gives Cost units back to every named policy, for work that
 	// was admitted but never done, never raising Remaining above Limit.
-	// A policy whose Algorithm is not Refundable makes the request
+	// A sliding_window or concurrency policy makes the request
 	// Incompatible with ErrNotRefundable.
 	Refund = Op(algorithm.OpRefund) // refund
 	// Reset clears the subject's state of every named policy, as if the
@@ -194,18 +194,6 @@ func (l *Limiter) Policies() []string {
 		ids[i] = p.ID
 	}
 	return ids
-}
-
-// Reset clears subject's state of the named policies (all of l's policies
-// when none are named), atomically: a Check of a Reset. Use it to unlock a
-// subject, e.g. a user locked out by a login limit. During a key rotation,
-// Check a Reset with Previous set instead, so no older state is carried
-// over afterwards.
-func (l *Limiter) Reset(ctx context.Context, subject string, policies ...string) Outcome {
-	if len(policies) == 0 {
-		policies = l.Policies()
-	}
-	return l.Check(ctx, Request{Op: Reset, Policies: policies, Subject: subject})
 }
 
 // Check takes req. It does not panic itself and never returns an error:

@@ -24,61 +24,24 @@ const (
 	Concurrency Algorithm = Algorithm(algorithm.KindConcurrency) // concurrency
 )
 
-var algorithmNames = [...]string{
-	FixedWindow:   "fixed_window",
-	SlidingLog:    "sliding_log",
-	SlidingWindow: "sliding_window",
-	TokenBucket:   "token_bucket",
-	GCRA:          "gcra",
-	Concurrency:   "concurrency",
-}
-
 // String returns the config spelling, e.g. "token_bucket".
 func (a Algorithm) String() string {
 	if a.valid() {
-		return algorithmNames[a]
+		return algorithm.Kind(a).String()
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
 func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
 
-// Approximate reports whether the algorithm's decisions are estimates
-// (sliding_window) rather than exact.
-func (a Algorithm) Approximate() bool { return a == SlidingWindow }
-
-// Refundable reports whether units spent under the algorithm can be given
-// back exactly: every rate algorithm but sliding_window, whose units become
-// a share of an estimate once their window rolls over. A concurrency
-// policy's slot is given back by releasing its lease (Limiter.Release).
-func (a Algorithm) Refundable() bool { return a.valid() && a != SlidingWindow && a != Concurrency }
-
 // ParseAlgorithm maps a config spelling to its Algorithm.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	for a := FixedWindow; a <= Concurrency; a++ {
-		if algorithmNames[a] == s {
+		if a.String() == s {
 			return a, nil
 		}
 	}
 	return 0, fmt.Errorf("sluice: unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency", s)
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (a Algorithm) MarshalText() ([]byte, error) {
-	if !a.valid() {
-		return nil, fmt.Errorf("sluice: cannot marshal %v", a)
-	}
-	return []byte(a.String()), nil
-}
-
-// UnmarshalText implements encoding.TextUnmarshaler.
-func (a *Algorithm) UnmarshalText(b []byte) error {
-	v, err := ParseAlgorithm(string(b))
-	if err != nil {
-		return err
-	}
-	*a = v
-	return nil
 }
 
 // FailureMode says what a caller should do when the store cannot decide

@@ -93,14 +93,9 @@ func TestPolicyDefaults(t *testing.T) {
 }
 
 func TestAlgorithmText(t *testing.T) {
-	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
-		b, err := a.MarshalText()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var back sluice.Algorithm
-		if err := back.UnmarshalText(b); err != nil || back != a {
-			t.Fatalf("UnmarshalText(%q) = %v, %v; want %v", b, back, err, a)
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA, sluice.Concurrency} {
+		if back, err := sluice.ParseAlgorithm(a.String()); err != nil || back != a {
+			t.Fatalf("ParseAlgorithm(%q) = %v, %v; want %v", a.String(), back, err, a)
 		}
 	}
 	if _, err := sluice.ParseAlgorithm("leaky_bucket"); err == nil || !contains(err.Error(), "leaky_bucket") {

@@ -64,7 +64,7 @@ func TestLeaseMiddleware(t *testing.T) {
 		name  string
 		store func(t *testing.T) sluice.Store
 	}{
-		{"memstore", func(t *testing.T) sluice.Store { return newMemStore(t, sluicetest.NewClock(sluicetest.Start)) }},
+		{"memstore", func(t *testing.T) sluice.Store { return newMemStore(t, sluicetest.NewClock()) }},
 		{"redis", func(t *testing.T) sluice.Store {
 			c := redistest.Standalone(t).Client()
 			t.Cleanup(func() { c.Close() })

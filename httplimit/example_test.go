@@ -20,7 +20,7 @@ import (
 // with Retry-After. The fake clock makes the numbers exact; a real
 // application leaves Clock unset.
 func Example() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		log.Fatal(err)

@@ -18,7 +18,7 @@ import (
 // capped at the new capacity) and none of the others; a share outside
 // (0, 1] is an error of New.
 func TestLocalFallbackScaling(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store := func() *memstore.Store {
 		st, err := memstore.New(memstore.Options{Clock: clock})
 		if err != nil {

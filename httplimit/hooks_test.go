@@ -75,7 +75,7 @@ func newMiddleware(t *testing.T, l *sluice.Limiter, opts httplimit.Options) *htt
 // A client that sends a new User-Agent with every request must not get a
 // new budget: the default subject is the client address.
 func TestRotatingUserAgentCannotEscapeTheDefault(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
 	for name, m := range map[string]*httplimit.Middleware{
 		"New":   newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
@@ -104,7 +104,7 @@ func mustPerIP(t *testing.T, clock *sluicetest.Clock, p sluice.Policy) *httplimi
 }
 
 func TestPerIP(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	srv := serveWith(t, mustPerIP(t, clock, policy("api", sluice.FixedWindow, 2, 10*time.Second, sluice.FailClosed)), okHandler())
 	var got []string
 	for range 3 {
@@ -122,7 +122,7 @@ func TestPerIP(t *testing.T) {
 }
 
 func TestPerIPErrors(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store := newMemStore(t, clock)
 	good := policy("api", sluice.GCRA, 10, time.Second, sluice.FailClosed)
 	for _, tt := range []struct {
@@ -145,7 +145,7 @@ func TestPerIPErrors(t *testing.T) {
 }
 
 func TestDenyHandler(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, 10*time.Second, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
 		Default: []string{"p"},
@@ -173,7 +173,7 @@ func TestDenyHandler(t *testing.T) {
 }
 
 func TestDecisionInHandler(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("search", sluice.TokenBucket, 10, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/search", Policies: []string{"search"}, Cost: 4}},
@@ -205,7 +205,7 @@ func TestDecisionInHandler(t *testing.T) {
 }
 
 func TestIdempotencyKey(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{Default: []string{"p"}, IdempotencyKeyHeader: "Idempotency-Key"})
 	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +230,7 @@ func TestIdempotencyKey(t *testing.T) {
 }
 
 func TestRefund(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock,
 		policy("p", sluice.SlidingLog, 2, time.Minute, sluice.FailClosed),
 		policy("estimate", sluice.SlidingWindow, 2, time.Minute, sluice.FailClosed))
@@ -278,7 +278,7 @@ func TestPassAnonymous(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
 		Default:       []string{"p"},
@@ -309,7 +309,7 @@ func TestPassAnonymous(t *testing.T) {
 // differently is answered 400 before the limiter, and the next handler
 // reads the others in the normal form the routes matched.
 func TestStrictPaths(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
 	m := newMiddleware(t, l, httplimit.Options{
 		Routes:      []httplimit.Route{{PathPrefix: "/login", Policies: []string{"p"}}},
@@ -346,7 +346,7 @@ func TestStrictPaths(t *testing.T) {
 // TestRouteSubject: a route's own SubjectFunc replaces Options.Subject
 // for that route only.
 func TestRouteSubject(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
 	key, err := httplimit.Header("X-API-Key")
 	if err != nil {

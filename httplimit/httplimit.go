@@ -64,13 +64,13 @@ import (
 	"github.com/sluicehq/sluice/subject"
 )
 
-// DefaultDeadline is how long the middleware waits for a decision unless
+// defaultDeadline is how long the middleware waits for a decision unless
 // Options.Deadline says otherwise: long enough that a burst of 500
 // concurrent requests on a busy two-core machine with a healthy local
 // Redis gets no 503 (100ms gave about half of them one), short enough that
 // a failing store is answered by the failure mode well within a second,
 // and the store's circuit breaker soon answers at once.
-const DefaultDeadline = 500 * time.Millisecond
+const defaultDeadline = 500 * time.Millisecond
 
 // defaultOperation is the operation of requests that no route matches and
 // that Options.Default limits.
@@ -169,7 +169,10 @@ type Options struct {
 	// Deadline bounds how long one request waits for the Limiter; past it
 	// the outcome is Unavailable and the failure mode answers. The local
 	// fallback, when consulted, gets a deadline of its own.
-	// Default: DefaultDeadline (500ms).
+	// Default: 500ms: long enough that a burst of 500 concurrent requests
+	// on a busy two-core machine with a healthy local Redis gets no 503,
+	// short enough that a failing store is answered by the failure mode
+	// well within a second.
 	Deadline time.Duration
 	// LegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset (seconds from now) for clients that predate the
@@ -254,7 +257,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		strictPaths:   opts.StrictPaths,
 		idemHeader:    opts.IdempotencyKeyHeader,
 		deny:          opts.Deny,
-		deadline:      cmp.Or(opts.Deadline, DefaultDeadline),
+		deadline:      cmp.Or(opts.Deadline, defaultDeadline),
 		legacy:        opts.LegacyHeaders,
 		shadow:        opts.Shadow,
 		log:           cmp.Or(opts.Logger, slog.Default()),

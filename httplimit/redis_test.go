@@ -36,7 +36,7 @@ func redisHarness(t *testing.T, opts httplimit.Options, policies ...sluice.Polic
 		// the failure cases wait it out.
 		opts.Deadline = 2 * time.Second
 	}
-	return newHarnessStore(t, sluicetest.NewClock(sluicetest.Start), st, policies, opts), srv, srv.Client()
+	return newHarnessStore(t, sluicetest.NewClock(), st, policies, opts), srv, srv.Client()
 }
 
 func failureRoutes() httplimit.Options {

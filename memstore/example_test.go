@@ -14,7 +14,7 @@ import (
 // An embedded store for one process. A real application leaves Clock
 // unset (the monotonic clock); the fake clock here makes the output exact.
 func Example() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	store, err := memstore.New(memstore.Options{Clock: clock, MaxKeys: 100_000})
 	if err != nil {
 		log.Fatal(err)

@@ -56,7 +56,7 @@ func TestNewRejectsNegativeOptions(t *testing.T) {
 // live ones are evicted, that evictions are counted, and that a decision at
 // the bound looks at a bounded sample, not the whole shard.
 func TestMaxKeysBound(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	// One shard, so the bound is exactly MaxKeys (it is per shard).
 	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 64, SweepInterval: -1})
 	short := validPolicy(t, sluice.Policy{ID: "short", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Second})
@@ -95,7 +95,7 @@ func TestMaxKeysBound(t *testing.T) {
 // TestMultiPolicyAtBoundKeepsItsSpend: making room for a new policy's state
 // never drops the other states the same decision is writing.
 func TestMultiPolicyAtBoundKeepsItsSpend(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 2, SweepInterval: -1})
 	a := validPolicy(t, sluice.Policy{ID: "a", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Second})
 	b := validPolicy(t, sluice.Policy{ID: "b", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour})
@@ -121,7 +121,7 @@ func TestMultiPolicyAtBoundKeepsItsSpend(t *testing.T) {
 // many subjects: their total never exceeds MaxKeys, and the subject being
 // served keeps its newest id.
 func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 64, SweepInterval: -1})
 	p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e6, Window: time.Second, DedupeMax: 100})
 	ctx := context.Background()
@@ -156,7 +156,7 @@ func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
 }
 
 func TestExpiredStateIsReclaimed(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, SweepInterval: -1})
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
@@ -199,7 +199,7 @@ func TestSweeperStopsOnClose(t *testing.T) {
 }
 
 func TestEvaluateExistingKeyAllocatesNothing(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, SweepInterval: -1})
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
@@ -332,7 +332,7 @@ func BenchmarkMemoryFlood(b *testing.B) {
 			ctx := context.Background()
 			for range b.N {
 				// A clock that stands still: no id expires, the worst case.
-				s := mustNew(b, Options{Clock: sluicetest.NewClock(sluicetest.Start), SweepInterval: -1})
+				s := mustNew(b, Options{Clock: sluicetest.NewClock(), SweepInterval: -1})
 				for i := range 2_000_000 {
 					ev := evaluationOf(fmt.Sprintf("k1:%040d", i), p, 1)
 					if ids {
@@ -363,7 +363,7 @@ func BenchmarkMemoryFlood(b *testing.B) {
 // another in one shard (the same subject) each start from their own state,
 // whatever the decision before them left behind.
 func TestAlgorithmsShareAShard(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, Shards: 1, SweepInterval: -1})
 	ctx := context.Background()
 	var ps []*sluice.Policy
@@ -399,7 +399,7 @@ func TestAlgorithmsShareAShard(t *testing.T) {
 // subjects that exhausted their budget, so spraying subjects cannot unlock
 // a login limit.
 func TestFloodKeepsExhaustedSubjects(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 200, SweepInterval: -1})
 	login := validPolicy(t, sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 10, Window: time.Hour})
 	ctx := context.Background()

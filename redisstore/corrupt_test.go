@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,7 +107,7 @@ func TestCorruptShapes(t *testing.T) {
 				return [2]string{c.Dump(ctx, key).Val(), c.Get(ctx, s.Key(subj, other)).Val()}
 			}
 			before := dump()
-			ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{other, p}, Cost: 1, LeaseID: "l1"}
+			ev := spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{other, p}, Cost: 1, LeaseID: "l1"})
 			err := s.Evaluate(ctx, ev)
 			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Evaluate over %s = %v (statuses %+v), want ErrCorruptState naming %s, saying %q", tc.name, err, ev.Statuses, key, tc.want)
@@ -118,13 +119,17 @@ func TestCorruptShapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+			op := sluice.Spend
+			if p.Algorithm == sluice.Concurrency {
+				op = sluice.Acquire
+			}
+			if o := l.Check(ctx, sluice.Request{Op: op, Policy: "corrupt", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
 				t.Fatalf("Check over %s = %+v, want Unavailable, corrupt_state", tc.name, o)
 			}
-			if o := l.Reset(ctx, subj, "corrupt"); o.Kind != sluice.Allowed {
+			if o := l.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: "corrupt", Subject: subj}); o.Kind != sluice.Allowed {
 				t.Fatalf("Reset over %s = %+v (err %v), want allowed", tc.name, o, o.Err)
 			}
-			if o := l.Check(ctx, sluice.Request{Policy: "corrupt", Subject: subj}); o.Kind != sluice.Allowed || o.Remaining != 4 {
+			if o := l.Check(ctx, sluice.Request{Op: op, Policy: "corrupt", Subject: subj}); o.Kind != sluice.Allowed || o.Remaining != 4 {
 				t.Fatalf("Check after the reset = %+v (err %v), want allowed with 4 left", o, o.Err)
 			}
 		})
@@ -166,7 +171,7 @@ func TestCorruptCarriedState(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := c.Dump(ctx, s.Key(old, tc.p)).Val()
-			ev := &sluice.Evaluation{Subject: neu, Previous: []string{old}, Policies: []*sluice.Policy{tc.p}, Cost: 1, LeaseID: "l1"}
+			ev := spending(&sluice.Evaluation{Subject: neu, Previous: []string{old}, Policies: []*sluice.Policy{tc.p}, Cost: 1, LeaseID: "l1"})
 			err := s.Evaluate(ctx, ev)
 			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Evaluate carrying %s = %v (statuses %+v), want ErrCorruptState saying %q", tc.name, err, ev.Statuses, tc.want)
@@ -179,4 +184,17 @@ func TestCorruptCarriedState(t *testing.T) {
 			}
 		})
 	}
+}
+
+// spending makes ev, a spend of its cost carrying a lease id, the
+// operation its policies take: an acquisition of that lease when one of
+// them is a concurrency policy, else a plain spend without it.
+func spending(ev *sluice.Evaluation) *sluice.Evaluation {
+	ev.Op = sluice.Spend
+	if slices.ContainsFunc(ev.Policies, func(p *sluice.Policy) bool { return p.Algorithm == sluice.Concurrency }) {
+		ev.Op = sluice.Acquire
+	} else {
+		ev.LeaseID = ""
+	}
+	return ev
 }

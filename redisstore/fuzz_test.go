@@ -53,7 +53,7 @@ const fuzzMaxRegression = time.Second
 // is refused as clock unsafe instead.)
 func FuzzCorruptState(f *testing.F) {
 	c := standaloneClient(f)
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	// Keys live an hour beyond what the fake clock needs: it does not
 	// advance with Redis's, which expires them.
 	caller := newStore(f, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
@@ -104,7 +104,7 @@ func FuzzCorruptState(f *testing.F) {
 		p := fuzzPolicy(t, kind, limit, windowMs, burst)
 		layout %= layouts
 		// A run of spends at one instant on the caller's clock.
-		now := sluicetest.Start.Add(time.Duration(windowMs%1000) * time.Millisecond)
+		now := clockStart.Add(time.Duration(windowMs%1000) * time.Millisecond)
 		clock.Set(now)
 		fz := &fuzzRun{t: t, c: c, s: caller, p: p, subject: subject(t), caller: true, lag: fuzzMaxRegression.Microseconds()}
 		fz.write(layout, data, now.UnixMicro())
@@ -332,7 +332,7 @@ func (fz *fuzzRun) decide(cost int64, i int) (sluice.Status, bool) {
 	t, ctx := fz.t, context.Background()
 	key := fz.s.Key(fz.subject, fz.p)
 	before := fz.c.Dump(ctx, key).Val()
-	ev := &sluice.Evaluation{Subject: fz.subject, Policies: []*sluice.Policy{fz.p}, Cost: cost, LeaseID: fmt.Sprint("lease", i)}
+	ev := spending(&sluice.Evaluation{Subject: fz.subject, Policies: []*sluice.Policy{fz.p}, Cost: cost, LeaseID: fmt.Sprint("lease", i)})
 	err := fz.s.Evaluate(ctx, ev)
 	switch {
 	case errors.Is(err, sluice.ErrCorruptState):

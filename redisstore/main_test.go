@@ -97,7 +97,7 @@ func newStore(t testing.TB, c redis.UniversalClient, opts redisstore.Options) *r
 // driven by a fake clock; keys live an hour longer than the fake clock
 // would need, as the fake clock does not advance with Redis's.
 func callerStore(t testing.TB, c redis.UniversalClient) (*redisstore.Store, *sluicetest.Clock) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour}), clock
 }
 
@@ -120,6 +120,9 @@ func policy(t testing.TB, id string, alg sluice.Algorithm, limit int64, window t
 	p = p.WithDefaults()
 	return &p
 }
+
+// clockStart is the instant a new sluicetest.Clock reads.
+var clockStart = sluicetest.NewClock().Now()
 
 var algorithms = []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA}
 

@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// Start is an instant for NewClock to start at: 2026-01-01T00:00:00Z, a
-// whole number of days since the Unix epoch, so the windows sliding_window
+// start is the instant a NewClock reads: 2026-01-01T00:00:00Z, a whole
+// number of days since the Unix epoch, so the windows sliding_window
 // aligns to the epoch start there for every window that divides a day.
-var Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Clock is a fake sluice.Clock that moves only when told. Safe for
 // concurrent use.
@@ -19,8 +19,10 @@ type Clock struct {
 	now time.Time
 }
 
-// NewClock returns a Clock reading start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+// NewClock returns a Clock reading 2026-01-01T00:00:00Z, a whole number of
+// days since the Unix epoch (so every window that divides a day starts
+// there); Set moves it elsewhere.
+func NewClock() *Clock { return &Clock{now: start} }
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {

@@ -11,7 +11,7 @@ import (
 )
 
 // testConcurrency runs the scenarios of concurrency policies.
-func testConcurrency(t *testing.T, newStore NewStoreFunc) {
+func testConcurrency(t *testing.T, newStore newStoreFunc) {
 	t.Run("ConcurrencyLeases", func(t *testing.T) { testLeases(t, newStore) })
 	t.Run("ConcurrencyExactlyLimit", func(t *testing.T) { testLeasesConcurrent(t, newStore) })
 	t.Run("ConcurrencyWithRate", func(t *testing.T) { testLeasesWithRate(t, newStore) })
@@ -51,7 +51,7 @@ func (h *harness) release(what string, lease sluice.Lease, remaining int64) {
 // expiry; a release frees a slot; releasing twice, after expiry or an
 // unknown lease is harmless; a holder that dies (never releases) gives its
 // slot back when its lease expires.
-func testLeases(t *testing.T, newStore NewStoreFunc) {
+func testLeases(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, leasePolicy("c", 2, 10*time.Second))
 	a := h.acquire("first", sluice.Allowed, "c")
 	if a.Remaining != 1 || a.ResetAfter != 10*time.Second || len(a.Lease.Policies) != 1 || a.Lease.Policies[0] != "c" {
@@ -90,7 +90,7 @@ func testLeases(t *testing.T, newStore NewStoreFunc) {
 
 // testLeasesConcurrent: 200 concurrent acquirers of "5 at once": exactly 5
 // hold a lease; after they release, 5 more.
-func testLeasesConcurrent(t *testing.T, newStore NewStoreFunc) {
+func testLeasesConcurrent(t *testing.T, newStore newStoreFunc) {
 	const limit, callers = 5, 200
 	h := newHarness(t, newStore, leasePolicy("c", limit, time.Minute))
 	round := func() []sluice.Lease {
@@ -135,7 +135,7 @@ func (h *harness) peekRemaining(policy string) int64 {
 
 // testLeasesWithRate: "10 per minute and at most 2 at once", in one
 // request, all or nothing: a denial by either spends on neither.
-func testLeasesWithRate(t *testing.T, newStore NewStoreFunc) {
+func testLeasesWithRate(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("rate", sluice.FixedWindow, 3, time.Minute, 0), leasePolicy("conc", 2, time.Minute))
 	a := h.acquire("first", sluice.Allowed, "rate", "conc")
 	if a.Lease.Policies[0] != "conc" || len(a.Lease.Policies) != 1 || len(a.Statuses) != 2 {
@@ -177,7 +177,7 @@ func testLeasesWithRate(t *testing.T, newStore NewStoreFunc) {
 
 // testLeaseRenew: a renewed lease outlives its first TTL; an expired one
 // is acquired afresh when a slot is free, denied when none is.
-func testLeaseRenew(t *testing.T, newStore NewStoreFunc) {
+func testLeaseRenew(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, leasePolicy("c", 1, 10*time.Second))
 	a := h.acquire("first", sluice.Allowed, "c")
 	h.clock.Advance(8 * time.Second)
@@ -200,7 +200,7 @@ func testLeaseRenew(t *testing.T, newStore NewStoreFunc) {
 // testLeaseReplay: a retry with the same EvaluationID gets the first
 // decision and names the lease the first acquired, so releasing it
 // releases the right one.
-func testLeaseReplay(t *testing.T, newStore NewStoreFunc) {
+func testLeaseReplay(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, leasePolicy("c", 1, time.Minute))
 	req := sluice.Request{Op: sluice.Acquire, Policy: "c", Subject: h.subject, EvaluationID: "retry-1"}
 	first := h.limiter.Check(context.Background(), req)
@@ -216,7 +216,7 @@ func testLeaseReplay(t *testing.T, newStore NewStoreFunc) {
 // caller's older pseudonym are carried to the new one, so a rotation does
 // not double the slots; a lease carried over is released under the new
 // subject.
-func testLeaseKeyRotation(t *testing.T, newStore NewStoreFunc) {
+func testLeaseKeyRotation(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, leasePolicy("c", 2, time.Minute))
 	ctx := context.Background()
 	old, neu := uniqueSubject(t, "old"), uniqueSubject(t, "new")

@@ -16,10 +16,10 @@ import (
 //
 //	func TestMyStore(t *testing.T) { sluicetest.TestStore(t, newMyStore) }
 //
-// with a NewStoreFunc like this one, which builds a store reading the
+// with a function like this one, which builds a store reading the
 // suite's fake clock.
 func ExampleTestStore() {
-	var newStore sluicetest.NewStoreFunc = func(t *testing.T, clock sluice.Clock) sluice.Store {
+	newStore := func(t *testing.T, clock sluice.Clock) sluice.Store {
 		s, err := memstore.New(memstore.Options{Clock: clock}) // your store here
 		if err != nil {
 			t.Fatal(err)
@@ -33,7 +33,8 @@ func ExampleTestStore() {
 // The fake clock moves only when told, so a test of a limit is exact and
 // never sleeps.
 func ExampleClock() {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
+	start := clock.Now()
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		panic(err)
@@ -48,7 +49,7 @@ func ExampleClock() {
 	for _, step := range []time.Duration{0, 10 * time.Second, 20 * time.Second, 30 * time.Second} {
 		clock.Advance(step)
 		o := limiter.Check(context.Background(), sluice.Request{Policy: "login", Subject: "k1:user"})
-		fmt.Printf("t=%v %s retry_after=%v\n", clock.Now().Sub(sluicetest.Start), o.Kind, o.RetryAfter)
+		fmt.Printf("t=%v %s retry_after=%v\n", clock.Now().Sub(start), o.Kind, o.RetryAfter)
 	}
 	// Output:
 	// t=0s allowed retry_after=0s

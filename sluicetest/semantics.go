@@ -11,7 +11,7 @@ import (
 )
 
 // testSemantics runs the exactly-once, refund and policy-change scenarios.
-func testSemantics(t *testing.T, newStore NewStoreFunc) {
+func testSemantics(t *testing.T, newStore newStoreFunc) {
 	t.Run("RetryWithSameIDSpendsOnce", func(t *testing.T) { testDedupe(t, newStore) })
 	t.Run("DedupeForgetsAfterTTL", func(t *testing.T) { testDedupeTTL(t, newStore) })
 	t.Run("DedupeEvictsOldestFirst", func(t *testing.T) { testDedupeCap(t, newStore) })
@@ -25,7 +25,7 @@ func (h *harness) checkID(policy string, cost int64, id string) sluice.Outcome {
 	return h.limiter.Check(context.Background(), sluice.Request{Policy: policy, Subject: h.subject, Cost: cost, EvaluationID: id})
 }
 
-func testDedupe(t *testing.T, newStore NewStoreFunc) {
+func testDedupe(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 5, time.Minute, 0))
@@ -56,7 +56,7 @@ func testDedupe(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testDedupeTTL(t *testing.T, newStore NewStoreFunc) {
+func testDedupeTTL(t *testing.T, newStore newStoreFunc) {
 	p := policy("p", sluice.GCRA, 10, time.Minute, 0)
 	p.DedupeTTL = 2 * time.Second
 	h := newHarness(t, newStore, p)
@@ -74,7 +74,7 @@ func testDedupeTTL(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testDedupeCap(t *testing.T, newStore NewStoreFunc) {
+func testDedupeCap(t *testing.T, newStore newStoreFunc) {
 	p := policy("p", sluice.FixedWindow, 100, time.Minute, 0)
 	p.DedupeMax = 3
 	h := newHarness(t, newStore, p)
@@ -95,7 +95,7 @@ func testDedupeCap(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testDedupeMulti(t *testing.T, newStore NewStoreFunc) {
+func testDedupeMulti(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("a", sluice.FixedWindow, 3, time.Minute, 0), policy("b", sluice.TokenBucket, 1, time.Second, 5))
 	req := sluice.Request{Policies: []string{"a", "b"}, Subject: h.subject, Cost: 2, EvaluationID: "m"}
 	first := h.limiter.Check(context.Background(), req)
@@ -108,7 +108,7 @@ func testDedupeMulti(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testRefund(t *testing.T, newStore NewStoreFunc) {
+func testRefund(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 5, time.Minute, 0))
@@ -140,7 +140,7 @@ func testRefund(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testLoweredPolicy(t *testing.T, newStore NewStoreFunc) {
+func testLoweredPolicy(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 20, time.Minute, 0))
@@ -163,7 +163,7 @@ func testLoweredPolicy(t *testing.T, newStore NewStoreFunc) {
 // testChangedWindow spends 5 of 10 under one window, then reads the state
 // under another window of the same revision, at the same instant: every
 // algorithm carries the 5 units over (bucket states as whole units).
-func testChangedWindow(t *testing.T, newStore NewStoreFunc) {
+func testChangedWindow(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		for _, c := range []struct{ from, to time.Duration }{{time.Minute, time.Second}, {time.Second, time.Minute}} {
 			t.Run(fmt.Sprintf("%v/%v-to-%v", a, c.from, c.to), func(t *testing.T) {

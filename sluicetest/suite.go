@@ -14,14 +14,15 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// NewStoreFunc returns a fresh Store whose decisions read clock. The suite
-// calls it once per subtest; the store is the callee's to close (t.Cleanup).
-// Subjects are unique per subtest, so stores may share a backend.
-type NewStoreFunc func(t *testing.T, clock sluice.Clock) sluice.Store
+// newStoreFunc returns a fresh Store whose decisions read clock.
+type newStoreFunc = func(t *testing.T, clock sluice.Clock) sluice.Store
 
 // TestStore runs the behavioural suite against the stores newStore makes.
 // Every sluice.Store must pass it; third-party stores may run it too.
-func TestStore(t *testing.T, newStore NewStoreFunc) {
+// The suite calls newStore once per subtest with the fake clock the
+// subtest moves; the store is the callee's to close (t.Cleanup). Subjects
+// are unique per subtest, so stores may share a backend.
+func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) sluice.Store) {
 	t.Run("FixedWindowThreePerTenSeconds", func(t *testing.T) { testFixedWindowSeed(t, newStore) })
 	t.Run("SubjectsAreIndependent", func(t *testing.T) { testSubjectsIndependent(t, newStore) })
 	t.Run("SlidingWindowWeightedEstimate", func(t *testing.T) { testSlidingWindowSeed(t, newStore) })
@@ -45,7 +46,7 @@ func TestStore(t *testing.T, newStore NewStoreFunc) {
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that
-// windows aligned to the epoch (sliding_window) are aligned to Start.
+// windows aligned to the epoch (sliding_window) are aligned to start.
 func policy(id string, a sluice.Algorithm, limit int64, window time.Duration, burst int64) sluice.Policy {
 	return sluice.Policy{ID: id, Algorithm: a, Limit: limit, Window: window, Burst: burst}
 }
@@ -63,9 +64,9 @@ type harness struct {
 	subject string
 }
 
-func newHarness(t *testing.T, newStore NewStoreFunc, policies ...sluice.Policy) *harness {
+func newHarness(t *testing.T, newStore newStoreFunc, policies ...sluice.Policy) *harness {
 	t.Helper()
-	clock := NewClock(Start)
+	clock := NewClock()
 	store := newStore(t, clock)
 	l, err := sluice.New(store, policies, sluice.Options{})
 	if err != nil {
@@ -133,7 +134,7 @@ func expect(t *testing.T, what string, o sluice.Outcome, k sluice.Kind) {
 	}
 }
 
-func testFixedWindowSeed(t *testing.T, newStore NewStoreFunc) {
+func testFixedWindowSeed(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("demo", sluice.FixedWindow, 3, 10*time.Second, 0))
 	h.run([]step{
 		{"first", 0, "demo", 1, false, want{sluice.Allowed, 2, 0, 10 * time.Second}},
@@ -147,7 +148,7 @@ func testFixedWindowSeed(t *testing.T, newStore NewStoreFunc) {
 	})
 }
 
-func testSubjectsIndependent(t *testing.T, newStore NewStoreFunc) {
+func testSubjectsIndependent(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("demo", sluice.FixedWindow, 3, 10*time.Second, 0))
 	for i := 0; i < 3; i++ {
 		expect(t, "alice's spend", h.check("demo", 1, false), sluice.Allowed)
@@ -160,14 +161,14 @@ func testSubjectsIndependent(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testSlidingWindowSeed(t *testing.T, newStore NewStoreFunc) {
+func testSlidingWindowSeed(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("api", sluice.SlidingWindow, 100, time.Minute, 0))
-	// Previous window [Start-1m, Start): 84 units. Current window from Start.
-	h.clock.Set(Start.Add(-time.Minute + 10*time.Second))
+	// Previous window [start-1m, start): 84 units. Current window from start.
+	h.clock.Set(start.Add(-time.Minute + 10*time.Second))
 	expect(t, "84 in the previous window", h.check("api", 84, false), sluice.Allowed)
 	// At 25 % of the current window the previous one weighs 84 × 0.75 = 63;
 	// 36 more make the estimate 99.
-	h.clock.Set(Start.Add(15 * time.Second))
+	h.clock.Set(start.Add(15 * time.Second))
 	o := h.check("api", 36, false)
 	if o.Kind != sluice.Allowed || o.Remaining != 1 || !o.Approximate {
 		t.Fatalf("36 at 25%% elapsed = %+v, want allowed, remaining 1 (estimate 99 of 100), approximate", o)
@@ -184,19 +185,19 @@ func testSlidingWindowSeed(t *testing.T, newStore NewStoreFunc) {
 
 // testBoundaryBurst shows the fixed window's 2× burst across a boundary and
 // the sliding log's exact bound in every window-length interval.
-func testBoundaryBurst(t *testing.T, newStore NewStoreFunc) {
+func testBoundaryBurst(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore,
 		policy("fixed", sluice.FixedWindow, 10, 10*time.Second, 0),
 		policy("log", sluice.SlidingLog, 10, 10*time.Second, 0))
 	admitted := func(id string) []time.Time {
 		h.subject = uniqueSubject(t, id)
-		h.clock.Set(Start)
+		h.clock.Set(start)
 		var at []time.Time
 		expect(t, "opening request", h.check(id, 1, false), sluice.Allowed)
 		at = append(at, h.clock.Now())
 		// Bursts of 20 just before and just after the fixed window's end.
 		for _, offset := range []time.Duration{0, 200 * time.Millisecond} {
-			h.clock.Set(Start.Add(9900*time.Millisecond + offset))
+			h.clock.Set(start.Add(9900*time.Millisecond + offset))
 			for i := 0; i < 20; i++ {
 				if o := h.check(id, 1, false); o.Kind == sluice.Allowed {
 					at = append(at, h.clock.Now())
@@ -232,7 +233,7 @@ func maxInInterval(at []time.Time, w time.Duration) int {
 	return best
 }
 
-func testTokenBucket(t *testing.T, newStore NewStoreFunc) {
+func testTokenBucket(t *testing.T, newStore newStoreFunc) {
 	// Capacity 10, refilling 2 per second.
 	h := newHarness(t, newStore, policy("bucket", sluice.TokenBucket, 2, time.Second, 10))
 	h.run([]step{
@@ -245,7 +246,7 @@ func testTokenBucket(t *testing.T, newStore NewStoreFunc) {
 	})
 }
 
-func testGCRA(t *testing.T, newStore NewStoreFunc) {
+func testGCRA(t *testing.T, newStore newStoreFunc) {
 	// 10 per second (one every 100ms), burst 5.
 	h := newHarness(t, newStore, policy("gcra", sluice.GCRA, 10, time.Second, 5))
 	steps := []step{}
@@ -261,7 +262,7 @@ func testGCRA(t *testing.T, newStore NewStoreFunc) {
 	h.run(steps)
 }
 
-func testSlidingLogSameMicrosecond(t *testing.T, newStore NewStoreFunc) {
+func testSlidingLogSameMicrosecond(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("log", sluice.SlidingLog, 5, time.Second, 0))
 	for i := int64(1); i <= 5; i++ {
 		o := h.check("log", 1, false)
@@ -277,7 +278,7 @@ func testSlidingLogSameMicrosecond(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testSubMillisecond(t *testing.T, newStore NewStoreFunc) {
+func testSubMillisecond(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore,
 		policy("ms", sluice.FixedWindow, 1, time.Millisecond, 0),
 		policy("fast", sluice.TokenBucket, 100_000, time.Second, 1),
@@ -297,7 +298,7 @@ func testSubMillisecond(t *testing.T, newStore NewStoreFunc) {
 	})
 }
 
-func testConcurrent(t *testing.T, newStore NewStoreFunc) {
+func testConcurrent(t *testing.T, newStore newStoreFunc) {
 	const limit, callers = 10, 40
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
@@ -333,21 +334,21 @@ func testConcurrent(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testJumpBackwards(t *testing.T, newStore NewStoreFunc) {
+func testJumpBackwards(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 3, 10*time.Second, 0))
-			h.clock.Set(Start.Add(5 * time.Second))
+			h.clock.Set(start.Add(5 * time.Second))
 			expect(t, "spend all", h.check("p", 3, false), sluice.Allowed)
 			for _, back := range []time.Duration{-time.Microsecond, -3 * time.Second, -time.Hour} {
-				h.clock.Set(Start.Add(5 * time.Second).Add(back))
+				h.clock.Set(start.Add(5 * time.Second).Add(back))
 				o := h.check("p", 1, false)
 				if o.Kind != sluice.Denied || o.RetryAfter <= 0 {
 					t.Fatalf("clock %v behind: Check = %+v (err %v), want denied with a positive retry: a clock going back must not reset state", -back, o, o.Err)
 				}
 			}
 			// Forward again: the state is intact and recovers on schedule.
-			h.clock.Set(Start.Add(5 * time.Second))
+			h.clock.Set(start.Add(5 * time.Second))
 			o := h.check("p", 1, false)
 			if o.Kind != sluice.Denied {
 				t.Fatalf("back at the spend instant: %+v, want denied", o)
@@ -364,7 +365,7 @@ func testJumpBackwards(t *testing.T, newStore NewStoreFunc) {
 // less is not. 1 per second, spent at T (a window boundary); asked at
 // T−500ms: 1.5s, or 2.5s for sliding_window, whose estimate weighs the
 // unit fully until the next window starts and decays it over that one.
-func testRegressionRetryAfter(t *testing.T, newStore NewStoreFunc) {
+func testRegressionRetryAfter(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			want := 1500 * time.Millisecond
@@ -372,7 +373,7 @@ func testRegressionRetryAfter(t *testing.T, newStore NewStoreFunc) {
 				want = 2500 * time.Millisecond
 			}
 			h := newHarness(t, newStore, policy("p", a, 1, time.Second, 0))
-			at := Start.Add(10 * time.Second)
+			at := start.Add(10 * time.Second)
 			h.clock.Set(at)
 			expect(t, "spend at T", h.check("p", 1, false), sluice.Allowed)
 			h.clock.Set(at.Add(-500 * time.Millisecond))
@@ -388,11 +389,11 @@ func testRegressionRetryAfter(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testPeek(t *testing.T, newStore NewStoreFunc) {
+func testPeek(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 4, 10*time.Second, 0))
-			h.clock.Set(Start.Add(time.Second))
+			h.clock.Set(start.Add(time.Second))
 			fresh := h.check("p", 0, true)
 			if fresh.Kind != sluice.Allowed || fresh.Remaining != 4 || fresh.ResetAfter != 0 {
 				t.Fatalf("peek of absent state = %+v, want allowed, remaining 4, reset 0", fresh)
@@ -416,7 +417,7 @@ func testPeek(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testMultiPolicy(t *testing.T, newStore NewStoreFunc) {
+func testMultiPolicy(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore,
 		policy("second", sluice.FixedWindow, 2, time.Second, 0),
 		policy("hour", sluice.SlidingLog, 5, time.Hour, 0),
@@ -458,7 +459,7 @@ func testMultiPolicy(t *testing.T, newStore NewStoreFunc) {
 // testRetryAfterExact drives random costs at random times and, after every
 // denial, checks that the request is still denied 1µs before RetryAfter
 // and admitted exactly at it.
-func testRetryAfterExact(t *testing.T, newStore NewStoreFunc) {
+func testRetryAfterExact(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			p := policy("p", a, 7, 3*time.Second, 0)
@@ -497,7 +498,7 @@ func testRetryAfterExact(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testRevision(t *testing.T, newStore NewStoreFunc) {
+func testRevision(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("demo", sluice.FixedWindow, 1, time.Minute, 0))
 	expect(t, "revision 1", h.check("demo", 1, false), sluice.Allowed)
 	expect(t, "revision 1 again", h.check("demo", 1, false), sluice.Denied)
@@ -514,7 +515,7 @@ func testRevision(t *testing.T, newStore NewStoreFunc) {
 // testReset: a subject denied by every algorithm is reset on some
 // policies: those start fresh, at once and together; the others keep
 // their state; resetting a subject with no state is harmless.
-func testReset(t *testing.T, newStore NewStoreFunc) {
+func testReset(t *testing.T, newStore newStoreFunc) {
 	var ps []sluice.Policy
 	var ids []string
 	for _, a := range everyAlgorithm {
@@ -527,7 +528,7 @@ func testReset(t *testing.T, newStore NewStoreFunc) {
 		expect(t, id+": then denied", h.check(id, 1, false), sluice.Denied)
 	}
 	ctx := context.Background()
-	o := h.limiter.Reset(ctx, h.subject, ids[:3]...)
+	o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policies: ids[:3], Subject: h.subject})
 	if o.Kind != sluice.Allowed || len(o.Statuses) != 3 {
 		t.Fatalf("Reset(%v) = %+v (err %v), want allowed with 3 statuses", ids[:3], o, o.Err)
 	}
@@ -543,13 +544,13 @@ func testReset(t *testing.T, newStore NewStoreFunc) {
 		}
 		expect(t, id+" after resetting "+strings.Join(ids[:3], ","), h.check(id, 1, false), want)
 	}
-	if o := h.limiter.Reset(ctx, h.subject); o.Kind != sluice.Allowed || len(o.Statuses) != len(ids) {
+	if o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policies: h.limiter.Policies(), Subject: h.subject}); o.Kind != sluice.Allowed || len(o.Statuses) != len(ids) {
 		t.Fatalf("Reset of every policy = %+v (err %v), want allowed with %d statuses", o, o.Err, len(ids))
 	}
 	for _, id := range ids {
 		expect(t, id+" after resetting all", h.check(id, 2, false), sluice.Allowed)
 	}
-	if o := h.limiter.Reset(ctx, uniqueSubject(t, "never"), ids[0]); o.Kind != sluice.Allowed {
+	if o := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: ids[0], Subject: uniqueSubject(t, "never")}); o.Kind != sluice.Allowed {
 		t.Fatalf("Reset of a subject with no state = %+v (err %v), want allowed", o, o.Err)
 	}
 	bad := h.limiter.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: ids[0], Subject: h.subject, Cost: 1})
@@ -561,7 +562,7 @@ func testReset(t *testing.T, newStore NewStoreFunc) {
 // testKeyRotation: while a new HMAC key is added, a caller's state kept
 // under its older pseudonym is carried over to the new one, not started
 // afresh; a reset clears both.
-func testKeyRotation(t *testing.T, newStore NewStoreFunc) {
+func testKeyRotation(t *testing.T, newStore newStoreFunc) {
 	for _, a := range everyAlgorithm {
 		t.Run(a.String(), func(t *testing.T) {
 			h := newHarness(t, newStore, policy("p", a, 4, time.Hour, 0))
@@ -597,7 +598,7 @@ func testKeyRotation(t *testing.T, newStore NewStoreFunc) {
 	}
 }
 
-func testDoneContext(t *testing.T, newStore NewStoreFunc) {
+func testDoneContext(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("demo", sluice.FixedWindow, 1, time.Minute, 0))
 	p, _ := h.limiter.Policy("demo")
 	ctx, cancel := context.WithCancel(context.Background())

@@ -16,7 +16,7 @@ import (
 )
 
 func TestDemo(t *testing.T) {
-	store, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	store, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func start(t *testing.T, store sluice.Store, yaml string) *harness {
 }
 
 func memHarness(t *testing.T) *harness {
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestEveryField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock(sluicetest.Start)})
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,7 @@ func TestStoreFailureMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	ctx := context.Background()
 	for _, e := range []error{
 		fmt.Errorf("test: %w", sluice.ErrCorruptState),

@@ -83,7 +83,7 @@ var proxyPolicies = []sluice.Policy{
 
 func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy) *proxyFixture {
 	t.Helper()
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	newMemstore := func() *memstore.Store {
 		ms, err := memstore.New(memstore.Options{Clock: clock})
 		if err != nil {

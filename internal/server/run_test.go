@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/server"
 )
 
@@ -29,14 +27,6 @@ func TestLoopback(t *testing.T) {
 		if got := server.Loopback(addr); got != want {
 			t.Errorf("loopback(%q) = %v, want %v", addr, got, want)
 		}
-	}
-}
-
-// The config's default decision timeout is the middleware's: a proxy
-// without proxy.decision_timeout waits as long as httplimit would.
-func TestDefaultDecisionTimeouts(t *testing.T) {
-	if config.DefaultDecisionTimeout != httplimit.DefaultDeadline {
-		t.Errorf("config.DefaultDecisionTimeout = %v, httplimit.DefaultDeadline = %v; want them equal", config.DefaultDecisionTimeout, httplimit.DefaultDeadline)
 	}
 }
 

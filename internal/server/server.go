@@ -69,7 +69,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
@@ -95,8 +94,8 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// DecisionTimeout bounds how long POST /v1/check waits for the
 	// store's decision; past it the answer is 503, typed as the Limiter
-	// types it (nothing spent, or indeterminate). Default: 500ms
-	// (httplimit.DefaultDeadline).
+	// types it (nothing spent, or indeterminate). Default:
+	// config.DefaultDecisionTimeout (500ms, the middleware's own default).
 	DecisionTimeout time.Duration
 	// MaxBodyBytes caps the body of POST /v1/check; a larger body is a 400.
 	// Default: DefaultMaxBodyBytes (64 KiB).
@@ -160,7 +159,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		return nil, fmt.Errorf("server: New: DecisionTimeout = %v: must not be negative", opts.DecisionTimeout)
 	}
 	if opts.DecisionTimeout == 0 {
-		opts.DecisionTimeout = httplimit.DefaultDeadline
+		opts.DecisionTimeout = config.DefaultDecisionTimeout
 	}
 	for i, c := range opts.Ready {
 		if c == nil {

@@ -101,7 +101,7 @@ var demoPolicies = []sluice.Policy{
 
 func newFixture(t *testing.T, policies []sluice.Policy, opts server.Options) *fixture {
 	t.Helper()
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	ms, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
 		t.Fatal(err)
@@ -404,7 +404,7 @@ func TestStoreFailures(t *testing.T) {
 		{"corrupt state", fmt.Errorf("test: %w", sluice.ErrCorruptState), 503, "unavailable", "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := sluicetest.NewClock(sluicetest.Start)
+			clock := sluicetest.NewClock()
 			f := newFixtureOn(t, &recordingStore{Store: failingStore{tc.err}}, clock, demoPolicies, server.Options{})
 			resp, a := f.post(t, `{"policy":"demo","subject":"alice"}`)
 			if resp.StatusCode != tc.code || a.Outcome != tc.outcome || a.Allowed || a.Reason == "" {
@@ -689,7 +689,7 @@ func memstoreFor(t testing.TB) sluice.Store {
 // TestOutageLogsAreThrottled: a store that fails every request is logged a
 // few lines a second with the count held back, not one line per request.
 func TestOutageLogsAreThrottled(t *testing.T) {
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	f := newFixtureOn(t, &recordingStore{Store: failingStore{fmt.Errorf("test: %w", sluice.ErrBeforeSend)}}, clock, demoPolicies, server.Options{})
 	const n = 100
 	for range n {

@@ -16,7 +16,7 @@ import (
 func TestBreakerLogIsThrottled(t *testing.T) {
 	var out syncBuffer
 	lines := func() []string { return strings.Split(strings.TrimSpace(out.String()), "\n") }
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	bl := server.NewBreakerLog(slog.New(slog.NewTextHandler(&out, nil)), clock, time.Millisecond)
 	defer bl.Stop()
 	states := []string{"open", "half_open"}

@@ -130,7 +130,7 @@ func TestUIStateCountsDecisionsPerSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := sluicetest.NewClock(sluicetest.Start)
+	clock := sluicetest.NewClock()
 	server.SetMetricsClock(m, clock) // before the server serves: no race
 	ms, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
