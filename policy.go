@@ -34,16 +34,6 @@ func (a Algorithm) String() string {
 
 func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
 
-// ParseAlgorithm maps a config spelling to its Algorithm.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	for a := FixedWindow; a <= Concurrency; a++ {
-		if a.String() == s {
-			return a, nil
-		}
-	}
-	return 0, fmt.Errorf("sluice: unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency", s)
-}
-
 // FailureMode says what a caller should do when the store cannot decide
 // (an Unavailable or Indeterminate outcome). The outcome itself stays
 // honest; the mode is advice to the edge (middleware, server).
@@ -64,16 +54,6 @@ func (m FailureMode) String() string {
 		return failureModeNames[m]
 	}
 	return fmt.Sprintf("FailureMode(%d)", uint8(m))
-}
-
-// ParseFailureMode maps a config spelling to its FailureMode.
-func ParseFailureMode(s string) (FailureMode, error) {
-	for m, name := range failureModeNames {
-		if name == s {
-			return FailureMode(m), nil
-		}
-	}
-	return 0, fmt.Errorf("sluice: unknown failure mode %q: must be one of closed, open, local", s)
 }
 
 // Policy is one named limit. The zero value is not valid: ID, Algorithm,

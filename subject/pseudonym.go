@@ -14,8 +14,8 @@ import (
 	"sync"
 )
 
-// MinSecretLen is the shortest HMAC secret a Key may have, in bytes.
-const MinSecretLen = 16
+// minSecretLen is the shortest HMAC secret a Key may have, in bytes.
+const minSecretLen = 16
 
 // unkeyedID is the key id of pseudonyms made without a secret.
 const unkeyedID = "u0"
@@ -24,7 +24,7 @@ const unkeyedID = "u0"
 // keys can coexist while one is rotated out.
 type Key struct {
 	ID     string // 1 to 16 of [a-z0-9]
-	Secret []byte // at least MinSecretLen bytes; 32 random bytes recommended
+	Secret []byte // at least 16 bytes; 32 random bytes recommended
 }
 
 // Pseudonymizer maps (kind, identity, operation) triples to pseudonyms of
@@ -44,15 +44,15 @@ func New(keys []Key) (*Pseudonymizer, error) {
 	}
 	seen := map[string]bool{}
 	for i, k := range keys {
-		if !ValidKeyID(k.ID) {
+		if !validKeyID(k.ID) {
 			return nil, fmt.Errorf("subject: keys[%d].id = %q: must be 1 to 16 of a-z 0-9", i, k.ID)
 		}
 		if seen[k.ID] {
 			return nil, fmt.Errorf("subject: keys[%d].id = %q: used twice", i, k.ID)
 		}
 		seen[k.ID] = true
-		if len(k.Secret) < MinSecretLen {
-			return nil, fmt.Errorf("subject: keys[%d] (%s): secret is %d bytes: must be at least %d", i, k.ID, len(k.Secret), MinSecretLen)
+		if len(k.Secret) < minSecretLen {
+			return nil, fmt.Errorf("subject: keys[%d] (%s): secret is %d bytes: must be at least %d", i, k.ID, len(k.Secret), minSecretLen)
 		}
 	}
 	return newPseudonymizer(keys), nil
@@ -119,8 +119,8 @@ func (p *Pseudonymizer) sum(i int, kind, identity, operation string) string {
 	return string(out)
 }
 
-// ValidKeyID reports whether id can name a Key: 1 to 16 of [a-z0-9].
-func ValidKeyID(id string) bool {
+// validKeyID reports whether id can name a Key: 1 to 16 of [a-z0-9].
+func validKeyID(id string) bool {
 	if len(id) < 1 || len(id) > 16 {
 		return false
 	}

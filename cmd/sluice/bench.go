@@ -152,7 +152,7 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 // the run's keys; closeStore releases the store.
 func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decide benchDecider, cleanup func(context.Context) (int64, error), closeStore func(), err error) {
 	rep.Target, rep.Algorithm, rep.Window = f.store, f.algorithm, f.window.String()
-	alg, _ := sluice.ParseAlgorithm(f.algorithm) // checked
+	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
 	p := sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}
 	if err := p.Validate(); err != nil {
 		return nil, nil, nil, &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n"}
@@ -229,7 +229,7 @@ func (f *benchFlags) check(set map[string]bool) error {
 		return fmt.Errorf("--duration %v: want more than 0 and at most 24h", f.duration)
 	}
 	if f.url == "" {
-		if _, err := sluice.ParseAlgorithm(f.algorithm); err != nil {
+		if _, err := config.ParseAlgorithm(f.algorithm); err != nil {
 			return fmt.Errorf("--policy-algorithm: %w", err)
 		}
 	}

@@ -403,8 +403,8 @@ func (c *Config) HMACKeys(getenv func(string) string) ([]subject.Key, error) {
 		switch {
 		case secret == "":
 			return nil, c.errorAt(path, strconv.Quote(k.SecretEnv), "environment variable "+k.SecretEnv+" is not set or empty")
-		case len(secret) < subject.MinSecretLen:
-			return nil, c.errorAt(path, strconv.Quote(k.SecretEnv), fmt.Sprintf("environment variable %s holds %d bytes: an HMAC secret must be at least %d (32 random bytes recommended)", k.SecretEnv, len(secret), subject.MinSecretLen))
+		case len(secret) < minSecretLen:
+			return nil, c.errorAt(path, strconv.Quote(k.SecretEnv), fmt.Sprintf("environment variable %s holds %d bytes: an HMAC secret must be at least %d (32 random bytes recommended)", k.SecretEnv, len(secret), minSecretLen))
 		}
 		keys = append(keys, subject.Key{ID: k.ID, Secret: []byte(secret)})
 	}
@@ -680,13 +680,24 @@ func (c *Config) validatePolicies() []*Error {
 	return errs
 }
 
+// minSecretLen is the shortest secret subject.New takes, in bytes
+// (TestSecretBoundIsSubjects holds the two equal).
+const minSecretLen = 16
+
+// validKeyID reports whether subject.New takes id as a key's: the rule is
+// subject's, asked of it with a secret long enough.
+func validKeyID(id string) bool {
+	_, err := subject.New([]subject.Key{{ID: id, Secret: make([]byte, 32)}})
+	return err == nil
+}
+
 func (c *Config) validateSubjects() []*Error {
 	var errs []*Error
 	seen := map[string]int{}
 	for i, k := range c.Subjects.HMACKeys {
 		path := fmt.Sprintf("subjects.hmac_keys[%d]", i)
 		switch j, dup := seen[k.ID]; {
-		case !subject.ValidKeyID(k.ID):
+		case !validKeyID(k.ID):
 			errs = append(errs, c.errorAt(path+".id", strconv.Quote(k.ID), "must be 1 to 16 of a-z 0-9"))
 		case dup:
 			errs = append(errs, c.errorAt(path+".id", strconv.Quote(k.ID), fmt.Sprintf("is already the id of subjects.hmac_keys[%d]", j)))

@@ -309,11 +309,11 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	p.DedupeMax = int(dedupeMax)
 	// Spellings that name nothing are left as invalid values for
 	// sluice.Policy.Validate to reject, so its rule text is the only one.
-	if p.Algorithm, err = sluice.ParseAlgorithm(algorithm); err != nil {
+	if p.Algorithm, err = ParseAlgorithm(algorithm); err != nil {
 		p.Algorithm = sluice.Algorithm(math.MaxUint8)
 	}
 	if m["failure_mode"] != nil {
-		if p.FailureMode, err = sluice.ParseFailureMode(failureMode); err != nil {
+		if p.FailureMode, err = parseFailureMode(failureMode); err != nil {
 			p.FailureMode = sluice.FailureMode(math.MaxUint8)
 		}
 	}
@@ -613,4 +613,26 @@ func (d *decoder) duration(path string, n *yaml.Node, out *time.Duration) error 
 	}
 	*out = v
 	return nil
+}
+
+// ParseAlgorithm maps an algorithm's config spelling to the Algorithm,
+// e.g. "token_bucket" to sluice.TokenBucket.
+func ParseAlgorithm(s string) (sluice.Algorithm, error) {
+	for a := sluice.FixedWindow; a <= sluice.Concurrency; a++ {
+		if a.String() == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q: must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency", s)
+}
+
+// parseFailureMode maps a failure mode's config spelling to the
+// FailureMode, e.g. "local" to sluice.FailLocal.
+func parseFailureMode(s string) (sluice.FailureMode, error) {
+	for m := sluice.FailClosed; m <= sluice.FailLocal; m++ {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown failure mode %q: must be one of closed, open, local", s)
 }

@@ -53,6 +53,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 
 	"github.com/sluicehq/sluice"
@@ -648,7 +649,7 @@ func (p *parser) algorithm(path string, n *yaml.Node) (sluice.Algorithm, error) 
 	if err != nil {
 		return 0, err
 	}
-	a, err := sluice.ParseAlgorithm(s)
+	a, err := config.ParseAlgorithm(s)
 	if err != nil {
 		return 0, p.errorf(path, n, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
 	}
