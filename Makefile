@@ -41,5 +41,5 @@ bench-check:
 	cd bench && $(GO) vet ./... && $(GO) build -o /dev/null .
 
 fuzz:
-	@for t in $$($(GO) test -list '^Fuzz' ./internal/algorithm | grep ^Fuzz); do \
-	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime 30s ./internal/algorithm || exit 1; done
+	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \
+	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime 30s ./internal/engine/algorithm || exit 1; done

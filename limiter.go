@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // maxSubjectLen is the longest Subject a Request may carry, in bytes.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // Kind is what became of a request. Its String form is the JSON spelling.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config

@@ -33,8 +33,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
 )
 
 // dockerBuild is the go build line of the Dockerfile's build stage, split

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"
 	"github.com/sluicehq/sluice/subject"

@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // Options configure a Store. The zero value means the defaults.

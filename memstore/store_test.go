@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 

@@ -94,7 +94,7 @@ func randomStep(r *rand.Rand, w int64) int64 {
 }
 
 // TestDifferential drives random operation sequences through memstore,
-// which runs the Go engine of internal/algorithm, and through the Lua
+// which runs the Go engine of internal/engine/algorithm, and through the Lua
 // script in caller-clock mode, both on one fake clock, and demands
 // identical statuses: spends, peeks, refunds, clocks that step back, policy
 // numbers changed under one revision, and several policies at once.

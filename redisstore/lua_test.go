@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // TestLuaConstants holds every named constant of the script equal to its Go
-// twin: the bounds of internal/algorithm, the algorithm kinds, the fields
+// twin: the bounds of internal/engine/algorithm, the algorithm kinds, the fields
 // each state keeps, and the argument and reply layout redisstore.go sends
 // and reads. A constant on one side only fails too.
 func TestLuaConstants(t *testing.T) {
@@ -98,7 +98,7 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 	}
 	for _, name := range scriptFiles {
 		src, _ := luaFiles.ReadFile("lua/" + name)
-		twin := "internal/algorithm/" + strings.TrimSuffix(name, ".lua") + ".go"
+		twin := "internal/engine/algorithm/" + strings.TrimSuffix(name, ".lua") + ".go"
 		switch name {
 		case "codec.lua":
 			continue

@@ -99,9 +99,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // The script's argument and reply layout; redisstore.lua names each alike

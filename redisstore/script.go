@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // The decision code, one Lua file per Go file it ports, joined in this
@@ -23,15 +23,15 @@ import (
 var luaFiles embed.FS
 
 var scriptFiles = []string{
-	"params.lua",         // internal/algorithm/params.go
+	"params.lua",         // internal/engine/algorithm/params.go
 	"codec.lua",          // error replies and integer strings
-	"fixed_window.lua",   // internal/algorithm/fixed_window.go
-	"sliding_log.lua",    // internal/algorithm/sliding_log.go
-	"sliding_window.lua", // internal/algorithm/sliding_window.go
-	"token_bucket.lua",   // internal/algorithm/token_bucket.go
-	"gcra.lua",           // internal/algorithm/gcra.go
-	"concurrency.lua",    // internal/algorithm/concurrency.go
-	"engine.lua",         // internal/algorithm/engine.go
+	"fixed_window.lua",   // internal/engine/algorithm/fixed_window.go
+	"sliding_log.lua",    // internal/engine/algorithm/sliding_log.go
+	"sliding_window.lua", // internal/engine/algorithm/sliding_window.go
+	"token_bucket.lua",   // internal/engine/algorithm/token_bucket.go
+	"gcra.lua",           // internal/engine/algorithm/gcra.go
+	"concurrency.lua",    // internal/engine/algorithm/concurrency.go
+	"engine.lua",         // internal/engine/algorithm/engine.go
 	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
 }
 

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/faultproxy"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit/faultproxy"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // TestServeRedisHangs: sluice serve's check API in front of a Redis that

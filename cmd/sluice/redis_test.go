@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // TestTwoServersShareRedis runs two `sluice serve` instances against one

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 

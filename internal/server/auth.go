@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/checkapi"
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/server/config"
 )
 
 // Token is a bearer token the check API accepts, and what it may do.

@@ -16,30 +16,35 @@ const module = "github.com/sluicehq/sluice"
 // shows: a package may import only packages of rows below its own. Each
 // package of the module has a row, so a new one must be placed here.
 // Paths are relative to the module ("" is the root package, sluice).
-// Where this order differs from DESIGN.md's table, the imports decided:
-// the stores, sluicetest, internal/evaluation and internal/ratelimitheader
-// import the root, so they sit above it; internal/rls imports
-// internal/envoyconf and internal/simulate imports internal/algorithm.
+// The folders show the groups: internal/server/... is the server and what
+// only it uses, internal/engine/... the decision engine below the root,
+// internal/testkit/... the harnesses of real processes for tests, and the
+// other internal/ packages helpers. Where this order differs from
+// DESIGN.md's table, the imports decided: the stores, sluicetest,
+// internal/engine/evaluation and internal/ratelimitheader import the root,
+// so they sit above it; internal/server/rls imports
+// internal/server/envoyconf, and internal/simulate imports
+// internal/engine/algorithm.
 var layers = []struct {
 	name     string
 	packages []string
 }{
 	{"commands", []string{"cmd/sluice", "deploy", "examples/demo"}},
 	{"server", []string{"internal/server"}},
-	{"envoy rate-limit service", []string{"internal/rls"}},
-	{"envoy rules files", []string{"internal/envoyconf"}},
+	{"envoy rate-limit service", []string{"internal/server/rls"}},
+	{"envoy rules files", []string{"internal/server/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
-	{"check API wire", []string{"internal/checkapi"}},
-	{"config", []string{"internal/config"}},
+	{"check API wire", []string{"internal/server/checkapi"}},
+	{"config", []string{"internal/server/config"}},
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
-	{"evaluation", []string{"internal/evaluation"}},
+	{"evaluation", []string{"internal/engine/evaluation"}},
 	{"header fields", []string{"internal/ratelimitheader"}},
 	{"contract", []string{""}},
 	{"simulation", []string{"internal/simulate"}},
-	{"engine", []string{"internal/algorithm"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/redistest", "internal/faultproxy", "internal/clock"}},
+	{"engine", []string{"internal/engine/algorithm"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/clock"}},
 }
 
 // listedPackage is what TestLayers reads of go list -json.

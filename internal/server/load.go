@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
 )
 
 // Errors is several problems found at once, each standing on its own

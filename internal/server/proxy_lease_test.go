@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server/config"
 )
 
 // TestProxyReleasesWhenTheAnswerIsFinished: a route limited to one

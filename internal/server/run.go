@@ -20,8 +20,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/config"
-	"github.com/sluicehq/sluice/internal/rls"
+	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/memstore"
 )
 

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 var envoyLine = regexp.MustCompile(`msg="envoy rate-limit service listening" addr=(\S+)`)

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 

@@ -4,7 +4,7 @@
 // half-open interval (t−Window, t] of one window's length.
 //
 // The decisions are those of the real engine: every request is one
-// internal/algorithm.Evaluate on the state the previous decision left, as
+// internal/engine/algorithm.Evaluate on the state the previous decision left, as
 // memstore runs it, at the request's virtual time. Nothing sleeps and
 // nothing models the math a second time.
 //
@@ -32,7 +32,7 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/sluicehq/sluice/internal/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // Bounds of a simulation, so that no input can make one run unbounded.

@@ -1,4 +1,4 @@
---[[ concurrency.lua ports internal/algorithm/concurrency.go. The leases
+--[[ concurrency.lua ports internal/engine/algorithm/concurrency.go. The leases
 of one subject under one policy are a Redis sorted set: member the lease
 id, score its expiry in µs. A state here is a view of it, {key, len,
 newest}; s.Expiries[i] of the Go code is concurrencyEntry(s, i), one

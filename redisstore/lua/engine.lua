@@ -1,4 +1,4 @@
---[[ engine.lua ports internal/algorithm/engine.go: one evaluation, all or
+--[[ engine.lua ports internal/engine/algorithm/engine.go: one evaluation, all or
 nothing, with the clock rule and the unspent-peek answers.
 
 A policy is a table {kind, limit, window, burst}: Policy with its Params

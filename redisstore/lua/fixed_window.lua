@@ -1,4 +1,4 @@
---[[ fixed_window.lua ports internal/algorithm/fixed_window.go. A state is
+--[[ fixed_window.lua ports internal/engine/algorithm/fixed_window.go. A state is
 its fields as separate values (start, count, last), as fixedWindowOf reads
 them from State.V; Decide and Refund return the state after them, then
 the decision's allowed, remaining, resetAfter and retryAfter (its limit is

@@ -1,4 +1,4 @@
---[[ gcra.lua ports internal/algorithm/gcra.go. A state is its fields as
+--[[ gcra.lua ports internal/engine/algorithm/gcra.go. A state is its fields as
 separate values (tat, frac, sLimit, sWindow, last: the Go fields TAT,
 Frac, Limit, Window, Last), as gcraOf reads them; Decide and Refund return
 the state after them, then the decision's allowed, remaining, resetAfter

@@ -1,4 +1,4 @@
---[[ params.lua ports internal/algorithm/params.go: the bounds every
+--[[ params.lua ports internal/engine/algorithm/params.go: the bounds every
 policy's numbers satisfy, Params.Check, Params.Capacity, and the integer
 helpers. Lua numbers are doubles, which hold every integer below 2^53
 exactly; every value here stays below it. Go's integer division and

@@ -2,7 +2,7 @@
 one or more policies: either every policy admits the cost and it is spent
 on all of them, or nothing is written. main ports the part of
 redisstore.Store.Evaluate that runs in Redis, around the engine
-(engine.lua ports internal/algorithm/engine.go), as memstore.Store.Evaluate
+(engine.lua ports internal/engine/algorithm/engine.go), as memstore.Store.Evaluate
 does around the Go engine.
 
 KEYS[1..n]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>:<algorithm code>.

@@ -1,4 +1,4 @@
---[[ sliding_log.lua ports internal/algorithm/sliding_log.go. The log is
+--[[ sliding_log.lua ports internal/engine/algorithm/sliding_log.go. The log is
 a Redis list of admission times in µs, ascending; a state here is a view
 of it, {key, len, newest}, and s.Entries[i] of the Go code is
 slidingLogEntry(s, i), one LINDEX. An edit is a table

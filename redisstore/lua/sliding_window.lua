@@ -1,4 +1,4 @@
---[[ sliding_window.lua ports internal/algorithm/sliding_window.go. A
+--[[ sliding_window.lua ports internal/engine/algorithm/sliding_window.go. A
 state is its fields as separate values (start, curr, prev, last), as
 slidingWindowOf reads them; Decide returns the state after it, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is

@@ -1,4 +1,4 @@
---[[ token_bucket.lua ports internal/algorithm/token_bucket.go. A state is
+--[[ token_bucket.lua ports internal/engine/algorithm/token_bucket.go. A state is
 its fields as separate values (tokens, last, window), as tokenBucketOf
 reads them; Decide and Refund return the state after them, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is

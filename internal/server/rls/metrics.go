@@ -6,7 +6,7 @@ import (
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
 )
 
 // NoRule is the rule label of descriptors no rule matched: their domain

@@ -1,5 +1,5 @@
 // Package evaluation is what every store of this module does around the
-// decision engine of internal/algorithm: a sluice.Policy in the engine's
+// decision engine of internal/engine/algorithm: a sluice.Policy in the engine's
 // terms, the engine's decision as a sluice.Status, a sluice.Clock's time in
 // the engine's unit.
 package evaluation
@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/algorithm"
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // Policy returns p's algorithm and numbers in the engine's units.

@@ -53,7 +53,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 
 	"github.com/sluicehq/sluice"

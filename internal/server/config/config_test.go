@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
 

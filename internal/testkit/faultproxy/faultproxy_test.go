@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/faultproxy"
+	"github.com/sluicehq/sluice/internal/testkit/faultproxy"
 )
 
 // upstream is an echo server that keeps what it received, per connection.

@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/envoyconf"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/rls"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/rls"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"

@@ -61,8 +61,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/envoyconf"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/subject"
 )
 
