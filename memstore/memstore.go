@@ -41,7 +41,7 @@ type Options struct {
 	// fresh state, so under such a flood its limit is approximate; Evictions
 	// counts how often that happened. Remembered evaluation ids are bounded
 	// by the same number, separately: expired ones go first, then the ids
-	// of whole (subject, policy) pairs.
+	// of whole (subject, policy) pairs, counted apart by EvictedIDs.
 	//
 	// Memory: filled once, each state takes about 240 bytes of heap and
 	// each remembered id about 150–290 (290 when every subject has an id
@@ -70,7 +70,8 @@ type Store struct {
 	shards    []shard
 	mask      uint64
 	perShard  int
-	evictions atomic.Int64
+	evictions atomic.Int64 // live states dropped at the bound
+	idsLost   atomic.Int64 // live remembered ids dropped at the bound
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -363,8 +364,18 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Evictions returns how many live states were evicted at the MaxKeys bound.
+// Evictions returns how many live states were evicted at the MaxKeys
+// bound: each such subject starts again from fresh state. Expired states
+// dropped to make room (or by the sweeper) and remembered ids are not
+// counted: with nothing expired, it is the number of states ever created
+// minus Len.
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
+
+// EvictedIDs returns how many remembered evaluation ids, not yet expired,
+// were forgotten at the MaxKeys bound: a retry carrying one of them is
+// decided again instead of replayed. Ids forgotten because they expired or
+// because their log passed the policy's DedupeMax are not counted.
+func (s *Store) EvictedIDs() int64 { return s.idsLost.Load() }
 
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
@@ -558,11 +569,15 @@ func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
 		switch {
 		case freed:
 		case found:
-			sh.ids -= len(sh.dedupe[victim].order)
+			n := len(sh.dedupe[victim].order) // none expired: just pruned
+			sh.ids -= n
 			delete(sh.dedupe, victim)
-			s.evictions.Add(1)
+			s.idsLost.Add(int64(n))
 		default:
-			sh.ids -= keep.prune(now, s.perShard)
+			// keep was pruned of its expired records at now: all live.
+			n := keep.prune(now, s.perShard)
+			sh.ids -= n
+			s.idsLost.Add(int64(n))
 			return
 		}
 	}

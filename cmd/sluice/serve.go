@@ -81,7 +81,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	}
 	defer st.close()
 	if st.evictions != nil {
-		if err := metrics.CountEvictions(cfg.Store.Type, st.evictions); err != nil {
+		if err := metrics.CountEvictions(cfg.Store.Type, st.evictions, st.lostIDs); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}

@@ -23,6 +23,7 @@ type storeHandle struct {
 	ready     []server.Check // readiness checks for GET /readyz
 	close     func() error
 	evictions func() int64     // nil: the store evicts nothing
+	lostIDs   func() int64     // remembered ids evicted alive; nil: none
 	info      server.StoreInfo // for the dashboard
 }
 
@@ -35,7 +36,7 @@ func newStore(ctx context.Context, cfg *config.Config, clock sluice.Clock, geten
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, info: server.StoreInfo{Type: config.StoreMemory}}, nil
+		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, lostIDs: ms.EvictedIDs, info: server.StoreInfo{Type: config.StoreMemory}}, nil
 	case config.StoreRedis:
 		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; this binary owns it
 		client, err := newRedisClient(cfg.Store.Redis, getenv)
