@@ -44,6 +44,8 @@ type Serve struct {
 	cmd     *exec.Cmd
 	logs    sync.WaitGroup
 	log     *os.File
+	stop    sync.Once
+	stopErr error
 }
 
 var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
@@ -97,8 +99,14 @@ func StartServe(ctx context.Context, bin, config, logPath string) (*Serve, error
 func (s *Serve) PID() int { return s.cmd.Process.Pid }
 
 // Stop sends SIGTERM to the server and waits for it, at most 15 s before
-// SIGKILL, then for its log to be written out.
+// SIGKILL, then for its log to be written out. Later calls return what
+// the first did.
 func (s *Serve) Stop() error {
+	s.stop.Do(func() { s.stopErr = s.terminate() })
+	return s.stopErr
+}
+
+func (s *Serve) terminate() error {
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- s.cmd.Wait() }()
