@@ -48,12 +48,12 @@ type Options struct {
 	// of its own), with 43-byte subjects and 36-byte ids
 	// (BenchmarkMemoryPerState). A flood that keeps evicting at the bound
 	// costs more (maps stay large, spans half empty): 2 000 000 distinct
-	// subjects at the default bound hold about 364 MiB of heap, the process
-	// peaking at about 427 MiB, and about 878 MiB and 970 MiB when each
-	// request also carries an evaluation id that does not expire
-	// (BenchmarkMemoryFlood). Lower MaxKeys to bound it tighter: about 450
-	// bytes of process memory per state at the bound, and 540 more per
-	// remembered id.
+	// subjects at the default bound hold about 369 MiB of heap, and 868 MiB
+	// when each request also carries an evaluation id that does not expire
+	// (BenchmarkMemoryFlood); a sluice serve sent that flood peaks at
+	// 483 MiB and 1 108 MiB resident (bench/flood). Lower MaxKeys to bound
+	// it tighter: about 510 bytes of process memory per state at the bound,
+	// and 650 more per remembered id.
 	// Default: 1 000 000.
 	MaxKeys int
 	// SweepInterval is how often a background goroutine drops expired
