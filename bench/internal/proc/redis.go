@@ -97,15 +97,7 @@ func (r *Redis) Stop() {
 		return
 	}
 	r.cmd.Process.Signal(syscall.SIGCONT)
-	r.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { r.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		r.cmd.Process.Kill()
-		<-done
-	}
+	terminate(r.cmd, 5*time.Second)
 }
 
 // WaitSynced waits (at most 30 s) until r, a replica, has its link to

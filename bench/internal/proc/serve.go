@@ -8,7 +8,6 @@ package proc
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -107,20 +106,26 @@ func (s *Serve) Stop() error {
 }
 
 func (s *Serve) terminate() error {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(15 * time.Second):
-		s.cmd.Process.Kill()
-		<-done
-		err = errors.New("sluice serve did not stop within 15s of SIGTERM; killed")
-	}
+	err := terminate(s.cmd, 15*time.Second)
 	s.logs.Wait()
 	s.log.Close()
 	return err
+}
+
+// terminate sends SIGTERM to cmd's process and waits for it to exit, at
+// most grace before SIGKILL.
+func terminate(cmd *exec.Cmd, grace time.Duration) error {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(grace):
+	}
+	cmd.Process.Kill()
+	<-done
+	return fmt.Errorf("%s did not stop within %s of SIGTERM; killed", filepath.Base(cmd.Path), grace)
 }
 
 // Panics returns the lines of the server's log that tell of a panic: the
