@@ -30,7 +30,7 @@ const kindHTTP kind = "check_api"
 // rate-limiting reverse proxy, in front of an upstream of this process
 // that answers every request, which is also measured alone (the floor).
 func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
-	alg, err := sluice.ParseAlgorithm(cfg.httpAlgorithm)
+	alg, err := parseAlgorithm(cfg.httpAlgorithm)
 	if err != nil {
 		return nil, err
 	}
@@ -311,4 +311,14 @@ func (s *served) cpu() float64 {
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	return (utime + stime) * 1e4
+}
+
+// parseAlgorithm maps an algorithm's config spelling to the Algorithm.
+func parseAlgorithm(s string) (sluice.Algorithm, error) {
+	for a := sluice.FixedWindow; a <= sluice.Concurrency; a++ {
+		if a.String() == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q", s)
 }

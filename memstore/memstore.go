@@ -42,19 +42,19 @@ type Options struct {
 	// fresh state, so under such a flood its limit is approximate; Evictions
 	// counts how often that happened. Remembered evaluation ids are bounded
 	// by the same number, separately: expired ones go first, then the ids
-	// of whole (subject, policy) pairs.
+	// of whole (subject, policy) pairs, counted apart by EvictedIDs.
 	//
 	// Memory: filled once, each state takes about 240 bytes of heap and
 	// each remembered id about 150–290 (290 when every subject has an id
 	// of its own), with 43-byte subjects and 36-byte ids
 	// (BenchmarkMemoryPerState). A flood that keeps evicting at the bound
 	// costs more (maps stay large, spans half empty): 2 000 000 distinct
-	// subjects at the default bound hold about 364 MiB of heap, the process
-	// peaking at about 427 MiB, and about 878 MiB and 970 MiB when each
-	// request also carries an evaluation id that does not expire
-	// (BenchmarkMemoryFlood). Lower MaxKeys to bound it tighter: about 450
-	// bytes of process memory per state at the bound, and 540 more per
-	// remembered id.
+	// subjects at the default bound hold about 369 MiB of heap, and 868 MiB
+	// when each request also carries an evaluation id that does not expire
+	// (BenchmarkMemoryFlood); a sluice serve sent that flood peaks at
+	// 483 MiB and 1 108 MiB resident (bench/flood). Lower MaxKeys to bound
+	// it tighter: about 510 bytes of process memory per state at the bound,
+	// and 650 more per remembered id.
 	// Default: 1 000 000.
 	MaxKeys int
 	// SweepInterval is how often a background goroutine drops expired
@@ -71,7 +71,8 @@ type Store struct {
 	shards    []shard
 	mask      uint64
 	perShard  int
-	evictions atomic.Int64
+	evictions atomic.Int64 // live states dropped at the bound
+	idsLost   atomic.Int64 // live remembered ids dropped at the bound
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -364,8 +365,18 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Evictions returns how many live states were evicted at the MaxKeys bound.
+// Evictions returns how many live states were evicted at the MaxKeys
+// bound: each such subject starts again from fresh state. Expired states
+// dropped to make room (or by the sweeper) and remembered ids are not
+// counted: with nothing expired, it is the number of states ever created
+// minus Len.
 func (s *Store) Evictions() int64 { return s.evictions.Load() }
+
+// EvictedIDs returns how many remembered evaluation ids, not yet expired,
+// were forgotten at the MaxKeys bound: a retry carrying one of them is
+// decided again instead of replayed. Ids forgotten because they expired or
+// because their log passed the policy's DedupeMax are not counted.
+func (s *Store) EvictedIDs() int64 { return s.idsLost.Load() }
 
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
@@ -559,11 +570,15 @@ func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
 		switch {
 		case freed:
 		case found:
-			sh.ids -= len(sh.dedupe[victim].order)
+			n := len(sh.dedupe[victim].order) // none expired: just pruned
+			sh.ids -= n
 			delete(sh.dedupe, victim)
-			s.evictions.Add(1)
+			s.idsLost.Add(int64(n))
 		default:
-			sh.ids -= keep.prune(now, s.perShard)
+			// keep was pruned of its expired records at now: all live.
+			n := keep.prune(now, s.perShard)
+			sh.ids -= n
+			s.idsLost.Add(int64(n))
 			return
 		}
 	}

@@ -139,19 +139,19 @@ func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
 			t.Fatalf("repeat of the id just decided: replayed=%v err=%v, want replayed", ev.Replayed, err)
 		}
 	}
-	if s.Evictions() == 0 {
-		t.Fatal("no eviction counted while 2000 ids passed through a bound of 64")
+	if s.EvictedIDs() == 0 || s.Evictions() != 0 {
+		t.Fatalf("2000 ids of 50 subjects through a bound of 64: EvictedIDs %d, Evictions %d; want some ids and no state (50 states fit)", s.EvictedIDs(), s.Evictions())
 	}
 	// Expired ids make room without evicting anything live.
 	clock.Advance(time.Hour)
-	before := s.Evictions()
+	before := s.EvictedIDs()
 	for i := 0; i < 64; i++ {
 		ev := evaluationOf("late", p, 1)
 		ev.EvaluationID = fmt.Sprint("late-", i)
 		s.Evaluate(ctx, ev)
 	}
-	if s.Evictions() != before || s.shards[0].ids != 64 {
-		t.Fatalf("after expiry: evictions %d → %d, %d ids; want no eviction and 64 ids", before, s.Evictions(), s.shards[0].ids)
+	if s.EvictedIDs() != before || s.shards[0].ids != 64 {
+		t.Fatalf("after expiry: EvictedIDs %d → %d, %d ids; want no eviction and 64 ids", before, s.EvictedIDs(), s.shards[0].ids)
 	}
 }
 
@@ -473,4 +473,97 @@ func TestDedupeLogGrowsAndShrinks(t *testing.T) {
 	}
 	l.add(dedupeRecord{id: "id-0", expires: 1})
 	find("with id-0 again", 0, n-2, n-1)
+}
+
+// held returns the states and the remembered ids s holds of subjects
+// whose name starts with prefix, expired ones not yet dropped included.
+func (s *Store) held(prefix string) (states, ids int) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, head := range sh.states.m {
+			for e := head; e != nil; e = e.next {
+				if strings.HasPrefix(e.key.subject, prefix) {
+					states++
+				}
+			}
+		}
+		for k, l := range sh.dedupe {
+			if strings.HasPrefix(k.subject, prefix) {
+				ids += len(l.order)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return states, ids
+}
+
+// TestEvictionsCountLiveStates sprays more distinct subjects than MaxKeys,
+// each with an evaluation id of its own, on a clock that stands still:
+// Evictions is exactly the states dropped (every subject made one, so
+// subjects − Len) and EvictedIDs exactly the ids dropped (subjects − ids
+// held), each counting nothing of the other. Once everything has expired,
+// the expired entries dropped to make room and by the sweeper count
+// nothing: only the new subjects' own live entries dropped do.
+func TestEvictionsCountLiveStates(t *testing.T) {
+	clock := sluicetest.NewClock()
+	const maxKeys, subjects = 256, 5000
+	s := mustNew(t, Options{Clock: clock, Shards: 4, MaxKeys: maxKeys, SweepInterval: -1})
+	p := validPolicy(t, sluice.Policy{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Minute, DedupeTTL: time.Hour})
+	ctx := context.Background()
+	spray := func(prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			ev := evaluationOf(fmt.Sprint(prefix, i), p, 1)
+			ev.EvaluationID = fmt.Sprint("id-", prefix, i)
+			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+				t.Fatalf("Evaluate(%s%d) = %+v, %v; want allowed", prefix, i, ev.Statuses, err)
+			}
+		}
+	}
+	spray("k1:", subjects)
+	held, ids := s.held("")
+	if held != maxKeys || ids != maxKeys {
+		t.Fatalf("after %d subjects at a bound of %d: Len %d, ids held %d; want both at the bound", subjects, maxKeys, held, ids)
+	}
+	if e := s.Evictions(); e != int64(subjects-held) {
+		t.Fatalf("Evictions = %d after %d subjects, %d states held, nothing expired; want %d (subjects − held), not counting ids", e, subjects, held, subjects-held)
+	}
+	if e := s.EvictedIDs(); e != int64(subjects-ids) {
+		t.Fatalf("EvictedIDs = %d after %d ids, %d held, nothing expired; want %d", e, subjects, ids, subjects-ids)
+	}
+	clock.Advance(2 * time.Hour) // every state and id has expired
+	states, lost := s.Evictions(), s.EvictedIDs()
+	spray("k2:", maxKeys)
+	newStates, newIDs := s.held("k2:")
+	if e, l := s.Evictions()-states, s.EvictedIDs()-lost; e != int64(maxKeys-newStates) || l != int64(maxKeys-newIDs) {
+		t.Fatalf("%d new subjects among expired ones: %d more Evictions, %d more EvictedIDs; want %d and %d (the new ones not held)", maxKeys, e, l, maxKeys-newStates, maxKeys-newIDs)
+	}
+	states, lost = s.Evictions(), s.EvictedIDs()
+	if s.sweep(); s.Len() != newStates {
+		t.Fatalf("Sweep left %d states, want only the %d new ones", s.Len(), newStates)
+	}
+	if e, l := s.Evictions(), s.EvictedIDs(); e != states || l != lost {
+		t.Fatalf("a sweep of expired entries: Evictions %d → %d, EvictedIDs %d → %d; want both unchanged", states, e, lost, l)
+	}
+}
+
+// TestEvictedIDsOfTheSubjectBeingServed: one log holding more ids than the
+// bound (DedupeMax above it) loses its own oldest, and each is counted.
+func TestEvictedIDsOfTheSubjectBeingServed(t *testing.T) {
+	clock := sluicetest.NewClock()
+	s := mustNew(t, Options{Clock: clock, Shards: 1, MaxKeys: 64, SweepInterval: -1})
+	p := validPolicy(t, sluice.Policy{ID: "p", Algorithm: sluice.GCRA, Limit: 1e6, Window: time.Second, DedupeMax: 1000, DedupeTTL: time.Hour})
+	ctx := context.Background()
+	const n = 200
+	for i := range n {
+		ev := evaluationOf("alice", p, 1)
+		ev.EvaluationID = fmt.Sprint("id-", i)
+		if err := s.Evaluate(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, held := s.held(""); held != 64 || s.EvictedIDs() != n-64 || s.Evictions() != 0 {
+		t.Fatalf("%d ids of one subject at a bound of 64: %d held, EvictedIDs %d, Evictions %d; want 64, %d, 0", n, held, s.EvictedIDs(), s.Evictions(), n-64)
+	}
 }

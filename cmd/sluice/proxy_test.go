@@ -159,6 +159,9 @@ proxy:
 	if e := families["sluice_store_evictions_total"]; e == nil || e.GetMetric()[0].GetCounter().GetValue() != 0 {
 		t.Errorf("sluice_store_evictions_total: %v, want the memory store's count, 0", e)
 	}
+	if e := families["sluice_store_evicted_ids_total"]; e == nil || e.GetMetric()[0].GetCounter().GetValue() != 0 {
+		t.Errorf("sluice_store_evicted_ids_total: %v, want the memory store's count of ids, 0", e)
+	}
 
 	if err := s.stop(); err != nil {
 		t.Fatalf("serve after cancel: %v", err)

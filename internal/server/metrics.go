@@ -120,14 +120,24 @@ func (m *Metrics) SetPolicies(ids []string) {
 	m.live.keep(known)
 }
 
-// CountEvictions serves evictions, a store's running count of live states
-// it dropped at its size bound, as sluice_store_evictions_total{store}.
-func (m *Metrics) CountEvictions(store string, evictions func() int64) error {
-	return m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+// CountEvictions serves a store's running counts of what it dropped alive
+// at its size bound: states as sluice_store_evictions_total{store}, and
+// remembered evaluation ids (unless ids is nil) apart, as
+// sluice_store_evicted_ids_total{store}.
+func (m *Metrics) CountEvictions(store string, states, ids func() int64) error {
+	err := m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name:        "sluice_store_evictions_total",
 		Help:        "Live states the store dropped at its size bound (memstore's MaxKeys): each such subject starts again from fresh state.",
 		ConstLabels: prometheus.Labels{"store": store},
-	}, func() float64 { return float64(evictions()) }))
+	}, func() float64 { return float64(states()) }))
+	if err != nil || ids == nil {
+		return err
+	}
+	return m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "sluice_store_evicted_ids_total",
+		Help:        "Remembered evaluation ids, not yet expired, the store forgot at its size bound: a retry carrying one is decided again, not replayed.",
+		ConstLabels: prometheus.Labels{"store": store},
+	}, func() float64 { return float64(ids()) }))
 }
 
 // Handler serves the registry in the Prometheus exposition formats.

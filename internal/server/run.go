@@ -135,7 +135,7 @@ func (rn *runner) start(l *loaded) error {
 		return err
 	}
 	if rn.st.evictions != nil {
-		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.evictions); err != nil {
+		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.evictions, rn.st.lostIDs); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}

@@ -24,6 +24,7 @@ type storeHandle struct {
 	ready     []Check // readiness checks for GET /readyz
 	close     func() error
 	evictions func() int64 // nil: the store evicts nothing
+	lostIDs   func() int64 // remembered ids evicted alive; nil: none
 	info      StoreInfo    // for the dashboard
 }
 
@@ -36,7 +37,7 @@ func newStore(cfg *config.Config, clock sluice.Clock, getenv func(string) string
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, info: StoreInfo{Type: config.StoreMemory}}, nil
+		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, lostIDs: ms.EvictedIDs, info: StoreInfo{Type: config.StoreMemory}}, nil
 	case config.StoreRedis:
 		return newRedisStore(cfg.Store.Redis, clock, getenv, log)
 	}
