@@ -42,7 +42,7 @@ type Options struct {
 	// fresh state, so under such a flood its limit is approximate; Evictions
 	// counts how often that happened. Remembered evaluation ids are bounded
 	// by the same number, separately: expired ones go first, then the ids
-	// of whole (subject, policy) pairs, counted apart by EvictedIDs.
+	// of whole (subject, policy) pairs, counted apart by Evictions.
 	//
 	// Memory: filled once, each state takes about 240 bytes of heap and
 	// each remembered id about 150–290 (290 when every subject has an id
@@ -365,18 +365,17 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Evictions returns how many live states were evicted at the MaxKeys
+// Evictions returns, as states, how many live states were evicted at the MaxKeys
 // bound: each such subject starts again from fresh state. Expired states
 // dropped to make room (or by the sweeper) and remembered ids are not
 // counted: with nothing expired, it is the number of states ever created
 // minus Len.
-func (s *Store) Evictions() int64 { return s.evictions.Load() }
-
-// EvictedIDs returns how many remembered evaluation ids, not yet expired,
-// were forgotten at the MaxKeys bound: a retry carrying one of them is
-// decided again instead of replayed. Ids forgotten because they expired or
-// because their log passed the policy's DedupeMax are not counted.
-func (s *Store) EvictedIDs() int64 { return s.idsLost.Load() }
+//
+// ids is how many remembered evaluation ids, not yet expired, were
+// forgotten at the bound: a retry carrying one of them is decided again
+// instead of replayed. Ids forgotten because they expired or because their
+// log passed the policy's DedupeMax are not counted.
+func (s *Store) Evictions() (states, ids int64) { return s.evictions.Load(), s.idsLost.Load() }
 
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {

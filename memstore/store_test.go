@@ -76,7 +76,7 @@ func TestMaxKeysBound(t *testing.T) {
 	}
 	clock.Advance(2 * time.Second) // every "short" state has expired
 	add("long-0", long)
-	if e, n := s.Evictions(), s.Len(); e != 0 || n != 64-roomSample+1 {
+	if e, n := s.evictions.Load(), s.Len(); e != 0 || n != 64-roomSample+1 {
 		t.Fatalf("first state at the bound, all others expired: %d evictions, Len %d; want 0 and %d (the expired of one sample of %d dropped)", e, n, 64-roomSample+1, roomSample)
 	}
 	s.sweep()
@@ -87,7 +87,7 @@ func TestMaxKeysBound(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		add(fmt.Sprint("flood-", i), long)
 	}
-	if e := s.Evictions(); e != 1000 {
+	if e := s.evictions.Load(); e != 1000 {
 		t.Fatalf("Evictions = %d after 1000 new subjects into a full store of live states, want 1000", e)
 	}
 }
@@ -139,19 +139,19 @@ func TestMaxKeysBoundsEvaluationIDs(t *testing.T) {
 			t.Fatalf("repeat of the id just decided: replayed=%v err=%v, want replayed", ev.Replayed, err)
 		}
 	}
-	if s.EvictedIDs() == 0 || s.Evictions() != 0 {
-		t.Fatalf("2000 ids of 50 subjects through a bound of 64: EvictedIDs %d, Evictions %d; want some ids and no state (50 states fit)", s.EvictedIDs(), s.Evictions())
+	if s.idsLost.Load() == 0 || s.evictions.Load() != 0 {
+		t.Fatalf("2000 ids of 50 subjects through a bound of 64: EvictedIDs %d, Evictions %d; want some ids and no state (50 states fit)", s.idsLost.Load(), s.evictions.Load())
 	}
 	// Expired ids make room without evicting anything live.
 	clock.Advance(time.Hour)
-	before := s.EvictedIDs()
+	before := s.idsLost.Load()
 	for i := 0; i < 64; i++ {
 		ev := evaluationOf("late", p, 1)
 		ev.EvaluationID = fmt.Sprint("late-", i)
 		s.Evaluate(ctx, ev)
 	}
-	if s.EvictedIDs() != before || s.shards[0].ids != 64 {
-		t.Fatalf("after expiry: EvictedIDs %d → %d, %d ids; want no eviction and 64 ids", before, s.EvictedIDs(), s.shards[0].ids)
+	if s.idsLost.Load() != before || s.shards[0].ids != 64 {
+		t.Fatalf("after expiry: EvictedIDs %d → %d, %d ids; want no eviction and 64 ids", before, s.idsLost.Load(), s.shards[0].ids)
 	}
 }
 
@@ -426,7 +426,7 @@ func TestFloodKeepsExhaustedSubjects(t *testing.T) {
 	if unlocked != 0 {
 		t.Fatalf("%d of 100 exhausted subjects admitted again after a flood of 5000 new subjects: evicted before fresh states", unlocked)
 	}
-	if s.Evictions() == 0 {
+	if s.evictions.Load() == 0 {
 		t.Fatal("no eviction: the flood did not reach the bound, the test proved nothing")
 	}
 }
@@ -526,24 +526,24 @@ func TestEvictionsCountLiveStates(t *testing.T) {
 	if held != maxKeys || ids != maxKeys {
 		t.Fatalf("after %d subjects at a bound of %d: Len %d, ids held %d; want both at the bound", subjects, maxKeys, held, ids)
 	}
-	if e := s.Evictions(); e != int64(subjects-held) {
+	if e := s.evictions.Load(); e != int64(subjects-held) {
 		t.Fatalf("Evictions = %d after %d subjects, %d states held, nothing expired; want %d (subjects − held), not counting ids", e, subjects, held, subjects-held)
 	}
-	if e := s.EvictedIDs(); e != int64(subjects-ids) {
+	if e := s.idsLost.Load(); e != int64(subjects-ids) {
 		t.Fatalf("EvictedIDs = %d after %d ids, %d held, nothing expired; want %d", e, subjects, ids, subjects-ids)
 	}
 	clock.Advance(2 * time.Hour) // every state and id has expired
-	states, lost := s.Evictions(), s.EvictedIDs()
+	states, lost := s.evictions.Load(), s.idsLost.Load()
 	spray("k2:", maxKeys)
 	newStates, newIDs := s.held("k2:")
-	if e, l := s.Evictions()-states, s.EvictedIDs()-lost; e != int64(maxKeys-newStates) || l != int64(maxKeys-newIDs) {
+	if e, l := s.evictions.Load()-states, s.idsLost.Load()-lost; e != int64(maxKeys-newStates) || l != int64(maxKeys-newIDs) {
 		t.Fatalf("%d new subjects among expired ones: %d more Evictions, %d more EvictedIDs; want %d and %d (the new ones not held)", maxKeys, e, l, maxKeys-newStates, maxKeys-newIDs)
 	}
-	states, lost = s.Evictions(), s.EvictedIDs()
+	states, lost = s.evictions.Load(), s.idsLost.Load()
 	if s.sweep(); s.Len() != newStates {
 		t.Fatalf("Sweep left %d states, want only the %d new ones", s.Len(), newStates)
 	}
-	if e, l := s.Evictions(), s.EvictedIDs(); e != states || l != lost {
+	if e, l := s.evictions.Load(), s.idsLost.Load(); e != states || l != lost {
 		t.Fatalf("a sweep of expired entries: Evictions %d → %d, EvictedIDs %d → %d; want both unchanged", states, e, lost, l)
 	}
 }
@@ -563,7 +563,7 @@ func TestEvictedIDsOfTheSubjectBeingServed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, held := s.held(""); held != 64 || s.EvictedIDs() != n-64 || s.Evictions() != 0 {
-		t.Fatalf("%d ids of one subject at a bound of 64: %d held, EvictedIDs %d, Evictions %d; want 64, %d, 0", n, held, s.EvictedIDs(), s.Evictions(), n-64)
+	if _, held := s.held(""); held != 64 || s.idsLost.Load() != n-64 || s.evictions.Load() != 0 {
+		t.Fatalf("%d ids of one subject at a bound of 64: %d held, EvictedIDs %d, Evictions %d; want 64, %d, 0", n, held, s.idsLost.Load(), s.evictions.Load(), n-64)
 	}
 }

@@ -37,7 +37,7 @@ func newStore(cfg *config.Config, clock sluice.Clock, getenv func(string) string
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close, evictions: ms.Evictions, lostIDs: ms.EvictedIDs, info: StoreInfo{Type: config.StoreMemory}}, nil
+		return &storeHandle{store: ms, close: ms.Close, evictions: func() int64 { n, _ := ms.Evictions(); return n }, lostIDs: func() int64 { _, n := ms.Evictions(); return n }, info: StoreInfo{Type: config.StoreMemory}}, nil
 	case config.StoreRedis:
 		return newRedisStore(cfg.Store.Redis, clock, getenv, log)
 	}
