@@ -426,19 +426,19 @@ func failed(err error) Outcome {
 	case errors.Is(err, ErrIndeterminate):
 		// First: a lost reply may also wrap the context error that cut it off.
 		o.Kind = Indeterminate
-	case errors.Is(err, ErrCorruptState):
+	case errors.Is(err, CorruptState):
 		o.Kind, o.Cause = Unavailable, CorruptState
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
 		o.Kind = Incompatible
-	case errors.Is(err, ErrClockUnsafe):
+	case errors.Is(err, ClockUnsafe):
 		o.Kind, o.Cause = Unavailable, ClockUnsafe
-	case errors.Is(err, ErrCircuitOpen):
+	case errors.Is(err, CircuitOpen):
 		o.Kind, o.Cause = Unavailable, CircuitOpen
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// A store that honours the contract returns a bare context error
 		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
 		o.Kind, o.Cause = Unavailable, DeadlinePassed
-	case errors.Is(err, ErrBeforeSend):
+	case errors.Is(err, FailedBeforeSend):
 		o.Kind, o.Cause = Unavailable, FailedBeforeSend
 	default:
 		// An error the store did not classify: it may have spent.

@@ -135,12 +135,12 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 		kind  sluice.Kind
 		cause sluice.Cause
 	}{
-		{sluice.ErrBeforeSend, sluice.Unavailable, sluice.FailedBeforeSend},
-		{sluice.ErrClockUnsafe, sluice.Unavailable, sluice.ClockUnsafe},
-		{sluice.ErrCircuitOpen, sluice.Unavailable, sluice.CircuitOpen},
+		{sluice.FailedBeforeSend, sluice.Unavailable, sluice.FailedBeforeSend},
+		{sluice.ClockUnsafe, sluice.Unavailable, sluice.ClockUnsafe},
+		{sluice.CircuitOpen, sluice.Unavailable, sluice.CircuitOpen},
 		{sluice.ErrIndeterminate, sluice.Indeterminate, 0},
 		{fmt.Errorf("%w: %w", sluice.ErrIndeterminate, context.DeadlineExceeded), sluice.Indeterminate, 0},
-		{sluice.ErrCorruptState, sluice.Unavailable, sluice.CorruptState},
+		{sluice.CorruptState, sluice.Unavailable, sluice.CorruptState},
 		{context.DeadlineExceeded, sluice.Unavailable, sluice.DeadlinePassed},
 		{errors.New("something the store did not classify"), sluice.Indeterminate, 0},
 	}

@@ -71,18 +71,28 @@ func (c Cause) String() string {
 	return fmt.Sprintf("Cause(%d)", uint8(c))
 }
 
-// Errors a Store returns, wrapped, so Limiter can tell outcomes apart; and
-// errors Limiter puts in Outcome.Err. Match them with errors.Is.
+var causeErrors = [...]string{DeadlinePassed: "deadline passed", FailedBeforeSend: "store failed before send", ClockUnsafe: "clock unsafe", CircuitOpen: "circuit open", CorruptState: "corrupt limiter state"}
+
+// Error returns the cause in words, e.g. "circuit open". A Cause is also
+// the error a Store wraps to say why it could not decide, matched with
+// errors.Is: fmt.Errorf("mystore: …: %w", sluice.CircuitOpen).
+func (c Cause) Error() string {
+	if c >= DeadlinePassed && c <= CorruptState {
+		return causeErrors[c]
+	}
+	return c.String()
+}
+
+// Errors of requests the Limiter or its store cannot decide as asked
+// (Incompatible), and of an answer lost after it was sent
+// (Indeterminate), wrapped in Outcome.Err and in a Store's errors. Match
+// them with errors.Is; a Store says why it could not decide with a Cause.
 var (
-	ErrUnknownPolicy  = errors.New("unknown policy")           // Incompatible
-	ErrInvalidRequest = algorithm.ErrInvalidRequest            // Incompatible
-	ErrCostTooHigh    = algorithm.ErrCostTooHigh               // Incompatible
-	ErrNotRefundable  = algorithm.ErrNotRefundable             // Incompatible
-	ErrCorruptState   = errors.New("corrupt limiter state")    // Unavailable, CorruptState
-	ErrBeforeSend     = errors.New("store failed before send") // Unavailable, FailedBeforeSend
-	ErrClockUnsafe    = errors.New("clock unsafe")             // Unavailable, ClockUnsafe
-	ErrCircuitOpen    = errors.New("circuit open")             // Unavailable, CircuitOpen
-	ErrIndeterminate  = errors.New("reply lost after send")    // Indeterminate
+	ErrUnknownPolicy  = errors.New("unknown policy")        // Incompatible
+	ErrInvalidRequest = algorithm.ErrInvalidRequest         // Incompatible
+	ErrCostTooHigh    = algorithm.ErrCostTooHigh            // Incompatible
+	ErrNotRefundable  = algorithm.ErrNotRefundable          // Incompatible
+	ErrIndeterminate  = errors.New("reply lost after send") // Indeterminate
 )
 
 // Status is the verdict of one policy.
@@ -136,7 +146,7 @@ type Outcome struct {
 	// Cause says why the outcome is Unavailable; zero otherwise.
 	Cause Cause
 	// Err is the error behind Incompatible, Unavailable and Indeterminate;
-	// nil otherwise. Match it with errors.Is against the Err… variables.
+	// nil otherwise. Match it with errors.Is against the Err… variables and the Causes.
 	Err error
 }
 

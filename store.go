@@ -10,11 +10,14 @@ import (
 // of them, or nothing is spent.
 //
 // Implementations must be safe for concurrent use, must not modify the
-// Policies they are handed, and must report failures with errors that wrap
-// the Err… variables of this package so Limiter can type the outcome
-// (ErrBeforeSend, ErrIndeterminate, ErrClockUnsafe, ErrCircuitOpen,
-// ErrCorruptState; a context error before anything was sent). The package
-// sluicetest holds the behavioural suite every Store must pass.
+// Policies they are handed, and must report failures with errors that
+// wrap what Limiter types the outcome by: the Cause of a decision not
+// taken (FailedBeforeSend, ClockUnsafe, CircuitOpen, CorruptState; a bare
+// context error when the context ended before anything was sent),
+// ErrIndeterminate for an answer lost after sending, and the Incompatible
+// errors (ErrInvalidRequest, ErrCostTooHigh, ErrNotRefundable) of a
+// request that breaks an operation's rules. The package sluicetest holds
+// the behavioural suite every Store must pass.
 type Store interface {
 	Evaluate(ctx context.Context, ev *Evaluation) error
 }

@@ -580,9 +580,9 @@ func TestFailureModes(t *testing.T) {
 	}{
 		{"closed, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
 		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.ErrCorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
 		{"open, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
-		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.ErrCircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, "circuit_open"},
+		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, "circuit_open"},
 		{"open and closed: closed wins", blockingStore{}, []sluice.FailureMode{sluice.FailOpen, sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
 	}
 	for _, tt := range tests {
@@ -642,7 +642,7 @@ func TestLocalFallback(t *testing.T) {
 		policy("api", sluice.FixedWindow, 8, time.Minute, sluice.FailLocal),
 		policy("other", sluice.FixedWindow, 8, time.Minute, sluice.FailOpen),
 	}
-	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.ErrBeforeSend)}, policies, httplimit.Options{
+	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.FailedBeforeSend)}, policies, httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"api", "other"}}},
 	})
 	var got []int
@@ -737,7 +737,7 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 		Pseudonymizer: key,
 	}
 	h := newHarness(t, policies, opts)
-	hf := newHarnessStore(t, sluicetest.NewClock(), failingStore{fmt.Errorf("stub: %w", sluice.ErrCorruptState)}, policies, opts)
+	hf := newHarnessStore(t, sluicetest.NewClock(), failingStore{fmt.Errorf("stub: %w", sluice.CorruptState)}, policies, opts)
 	for _, hh := range []*harness{h, hf} {
 		for range 2 {
 			hh.do("GET", "/key", "X-API-Key: "+apiKey)

@@ -80,7 +80,7 @@ func newBatcher(s *Store, senders int) *batcher {
 }
 
 // errClosed is the error of a decision asked of a closed store.
-var errClosed = fmt.Errorf("redisstore: store closed: %w", sluice.ErrBeforeSend)
+var errClosed = fmt.Errorf("redisstore: store closed: %w", sluice.FailedBeforeSend)
 
 // do sends p and waits for its reply, or for ctx: a decision still queued
 // then is taken back (nothing was sent) and returns ctx's error; one on

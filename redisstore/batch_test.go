@@ -186,7 +186,7 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 
 // TestSharedCallKeepsEachAnswer: decisions queued behind one on the wire
 // reach one Redis in a single decideAll call, and each keeps its own
-// answer there: corrupt state fails its own decision only (ErrCorruptState),
+// answer there: corrupt state fails its own decision only (CorruptState),
 // a request the script refuses its own (ErrInvalidRequest), a decision with an evaluation
 // id is remembered (its repeat is Replayed, nothing spent), a multi-policy
 // decision stays all or nothing, and the others are decided as alone.
@@ -244,8 +244,8 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	if allowed != 3 {
 		t.Errorf("%d of 5 decisions of a gcra limit of 3 allowed, want 3", allowed)
 	}
-	if a := <-corruptAnswer; !errors.Is(a.err, sluice.ErrCorruptState) {
-		t.Errorf("decision on corrupt state = %+v, %v; want ErrCorruptState", a.st, a.err)
+	if a := <-corruptAnswer; !errors.Is(a.err, sluice.CorruptState) {
+		t.Errorf("decision on corrupt state = %+v, %v; want CorruptState", a.st, a.err)
 	}
 	if a := <-badAnswer; !errors.Is(a.err, sluice.ErrInvalidRequest) {
 		t.Errorf("an evaluation id reused with another number of policies = %+v, %v; want ErrInvalidRequest", a.st, a.err)

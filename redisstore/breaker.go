@@ -18,7 +18,7 @@ type BreakerOptions struct {
 	// Failures is how many round trips to Redis in a row must fail
 	// (nothing sent, or no reply within Options.Timeout) before the
 	// breaker opens: from then on decisions fail at once with
-	// sluice.ErrCircuitOpen, without waiting for a Redis that is down or
+	// sluice.CircuitOpen, without waiting for a Redis that is down or
 	// hung. A caller that gives up on its own deadline does not count:
 	// that says nothing about Redis. Negative disables the breaker.
 	// Default: 5.
@@ -155,7 +155,7 @@ func answers(err error) bool {
 }
 
 // errOpen is the error of a decision the breaker did not let through.
-var errOpen = fmt.Errorf("redisstore: Redis is failing, not asked: %w", sluice.ErrCircuitOpen)
+var errOpen = fmt.Errorf("redisstore: Redis is failing, not asked: %w", sluice.CircuitOpen)
 
 // allow reports whether a decision may go to Redis: always while closed;
 // otherwise one every OpenFor, from OpenFor after it opened.
@@ -198,7 +198,7 @@ func (b *breaker) roundTrip(err error) {
 	if b == nil {
 		return
 	}
-	failed := errors.Is(err, sluice.ErrBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)
+	failed := errors.Is(err, sluice.FailedBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)
 	b.mu.Lock()
 	var changed string
 	switch {

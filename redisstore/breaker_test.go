@@ -33,11 +33,11 @@ func TestBreakerProbe(t *testing.T) {
 			}
 			return errors.New("dial tcp: connection refused")
 		})
-	down := fmt.Errorf("test: %w", sluice.ErrBeforeSend)
+	down := fmt.Errorf("test: %w", sluice.FailedBeforeSend)
 	b.roundTrip(down)
 	b.roundTrip(down)
-	if err := b.allow(); !errors.Is(err, sluice.ErrCircuitOpen) {
-		t.Fatalf("allow after 2 failures = %v, want ErrCircuitOpen", err)
+	if err := b.allow(); !errors.Is(err, sluice.CircuitOpen) {
+		t.Fatalf("allow after 2 failures = %v, want CircuitOpen", err)
 	}
 	if !b.isOpen() {
 		t.Fatal("isOpen = false after 2 failures")
@@ -48,8 +48,8 @@ func TestBreakerProbe(t *testing.T) {
 	if err := b.allow(); err != nil {
 		t.Fatalf("allow once half open = %v, want one decision through (OpenFor is an hour)", err)
 	}
-	if err := b.allow(); !errors.Is(err, sluice.ErrCircuitOpen) {
-		t.Fatalf("a second allow while the first is out = %v, want ErrCircuitOpen", err)
+	if err := b.allow(); !errors.Is(err, sluice.CircuitOpen) {
+		t.Fatalf("a second allow while the first is out = %v, want CircuitOpen", err)
 	}
 	b.roundTrip(nil)
 	if err := b.allow(); err != nil {
@@ -84,8 +84,8 @@ func TestBreakerWithoutProbe(t *testing.T) {
 		return nil
 	})
 	b.roundTrip(fmt.Errorf("test: %w", sluice.ErrIndeterminate))
-	if err := b.allow(); !errors.Is(err, sluice.ErrCircuitOpen) {
-		t.Fatalf("allow once open = %v, want ErrCircuitOpen", err)
+	if err := b.allow(); !errors.Is(err, sluice.CircuitOpen) {
+		t.Fatalf("allow once open = %v, want CircuitOpen", err)
 	}
 	eventually(t, "OpenFor half-opens it", func() bool { return b.allow() == nil })
 	b.close()

@@ -109,8 +109,8 @@ func TestCorruptShapes(t *testing.T) {
 			before := dump()
 			ev := spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{other, p}, Cost: 1, LeaseID: "l1"})
 			err := s.Evaluate(ctx, ev)
-			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Evaluate over %s = %v (statuses %+v), want ErrCorruptState naming %s, saying %q", tc.name, err, ev.Statuses, key, tc.want)
+			if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate over %s = %v (statuses %+v), want CorruptState naming %s, saying %q", tc.name, err, ev.Statuses, key, tc.want)
 			}
 			if after := dump(); after != before {
 				t.Fatalf("a decision refused for corrupt state wrote: %q, then %q", before, after)
@@ -138,7 +138,7 @@ func TestCorruptShapes(t *testing.T) {
 
 // TestCorruptCarriedState: during a key rotation, the state read under an
 // older subject is held to the same rules before anything is kept under
-// the new one: a decision over a corrupt one is ErrCorruptState and
+// the new one: a decision over a corrupt one is CorruptState and
 // writes nothing under either subject.
 func TestCorruptCarriedState(t *testing.T) {
 	ctx := context.Background()
@@ -173,8 +173,8 @@ func TestCorruptCarriedState(t *testing.T) {
 			before := c.Dump(ctx, s.Key(old, tc.p)).Val()
 			ev := spending(&sluice.Evaluation{Subject: neu, Previous: []string{old}, Policies: []*sluice.Policy{tc.p}, Cost: 1, LeaseID: "l1"})
 			err := s.Evaluate(ctx, ev)
-			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Evaluate carrying %s = %v (statuses %+v), want ErrCorruptState saying %q", tc.name, err, ev.Statuses, tc.want)
+			if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate carrying %s = %v (statuses %+v), want CorruptState saying %q", tc.name, err, ev.Statuses, tc.want)
 			}
 			if n := c.Exists(ctx, s.Key(neu, tc.p)).Val(); n != 0 {
 				t.Fatalf("a decision refused for a corrupt carried state kept %s", s.Key(neu, tc.p))

@@ -335,7 +335,7 @@ func (fz *fuzzRun) decide(cost int64, i int) (sluice.Status, bool) {
 	ev := spending(&sluice.Evaluation{Subject: fz.subject, Policies: []*sluice.Policy{fz.p}, Cost: cost, LeaseID: fmt.Sprint("lease", i)})
 	err := fz.s.Evaluate(ctx, ev)
 	switch {
-	case errors.Is(err, sluice.ErrCorruptState):
+	case errors.Is(err, sluice.CorruptState):
 		if !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") {
 			t.Fatalf("%s: spend %d: %v, want it to name the key %s", fz, i, err, key)
 		}
@@ -343,7 +343,7 @@ func (fz *fuzzRun) decide(cost int64, i int) (sluice.Status, bool) {
 			t.Fatalf("%s: spend %d refused as corrupt (%v) wrote: %q, then %q", fz, i, err, before, after)
 		}
 		return sluice.Status{}, false
-	case errors.Is(err, sluice.ErrClockUnsafe) && i == 0 && fz.caller:
+	case errors.Is(err, sluice.ClockUnsafe) && i == 0 && fz.caller:
 		return sluice.Status{}, false // written further ahead than MaxClockRegression
 	case err != nil:
 		t.Fatalf("%s: spend %d: %v", fz, i, err)

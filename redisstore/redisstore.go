@@ -62,10 +62,10 @@
 // a context already done returns the context error and sends nothing; a
 // failure before the command was written (dial refused, pool timeout,
 // client closed, write error, Redis refusing the call before the script
-// ran) wraps sluice.ErrBeforeSend; a lost reply (read timeout, reset, EOF
+// ran) wraps sluice.FailedBeforeSend; a lost reply (read timeout, reset, EOF
 // after the write) wraps sluice.ErrIndeterminate; state the script did not
-// write wraps sluice.ErrCorruptState; a caller clock too far behind wraps
-// sluice.ErrClockUnsafe; a pipeline cut short by its deadline makes each
+// write wraps sluice.CorruptState; a caller clock too far behind wraps
+// sluice.ClockUnsafe; a pipeline cut short by its deadline makes each
 // of its decisions ErrIndeterminate. The decision command is marked not
 // retryable, so go-redis's MaxRetries never replays a decision, or a
 // pipeline holding one, whose reply was lost (which could spend twice);
@@ -148,7 +148,7 @@ const (
 	// CallerClock passes Options.Clock's time to the script. Each key
 	// remembers the newest time it was written at; a caller whose time lies
 	// more than Options.MaxClockRegression behind it gets
-	// sluice.ErrClockUnsafe and changes nothing.
+	// sluice.ClockUnsafe and changes nothing.
 	CallerClock
 )
 
@@ -199,7 +199,7 @@ type Options struct {
 	Clock sluice.Clock
 	// MaxClockRegression is, in CallerClock mode, how far a caller's time
 	// may lie behind the newest time a key was written at; further behind
-	// is sluice.ErrClockUnsafe. Within the bound the algorithms treat the
+	// is sluice.ClockUnsafe. Within the bound the algorithms treat the
 	// earlier time as the later one. Negative means unbounded.
 	// Default: 1s.
 	MaxClockRegression time.Duration
@@ -512,7 +512,7 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 		if err != nil && !errors.Is(err, redis.Nil) {
 			if err = s.classify(ctx, "read the state of an older subject", err); errors.Is(err, sluice.ErrIndeterminate) {
 				// Reads only: nothing was spent, whatever happened.
-				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %v", sluice.ErrBeforeSend, err)
+				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %v", sluice.FailedBeforeSend, err)
 			}
 			return nil, err
 		}
@@ -624,7 +624,7 @@ type stateReloader interface{ ReloadState(context.Context) }
 // found within one reload.
 func (s *Store) roundTrip(err error) {
 	s.breaker.roundTrip(err)
-	if r, ok := s.client.(stateReloader); ok && (errors.Is(err, sluice.ErrBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)) {
+	if r, ok := s.client.(stateReloader); ok && (errors.Is(err, sluice.FailedBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)) {
 		r.ReloadState(context.Background())
 	}
 }
@@ -653,15 +653,15 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 		code, _, _ := strings.Cut(msg, " ")
 		switch code {
 		case "SLUICE_CORRUPT":
-			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrCorruptState)
+			return fmt.Errorf("redisstore: %s: %w", msg, sluice.CorruptState)
 		case "SLUICE_CLOCK":
-			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrClockUnsafe)
+			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ClockUnsafe)
 		case "SLUICE_ARGS":
 			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrInvalidRequest)
 		}
 		for _, c := range refusedBeforeRun {
 			if code == c {
-				return fmt.Errorf("redisstore: %s: redis refused: %s: %w", what, msg, sluice.ErrBeforeSend)
+				return fmt.Errorf("redisstore: %s: redis refused: %s: %w", what, msg, sluice.FailedBeforeSend)
 			}
 		}
 		return fmt.Errorf("redisstore: %s: %s: %w", what, msg, sluice.ErrIndeterminate)
@@ -669,20 +669,20 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 	var op *net.OpError
 	switch {
 	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
 	case errors.As(err, &op) && op.Op == "dial":
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
 	case errors.As(err, &op) && op.Op == "write":
 		// A failed write left the command incomplete on the wire: a Redis
 		// server executes only complete commands.
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrBeforeSend, err)
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
 	case op == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && ctx.Err() != nil:
 		// go-redis returns a bare context error only while waiting for a
 		// connection, dialling or setting a new one up (a Redis that
 		// accepts and never answers); a read cut short by the deadline is
 		// a *net.OpError timeout. The deadline is the store's (Timeout),
 		// not the caller's: Redis failed to take the command in time.
-		return fmt.Errorf("redisstore: %s: nothing sent within the store's timeout (%v): %w", what, err, sluice.ErrBeforeSend)
+		return fmt.Errorf("redisstore: %s: nothing sent within the store's timeout (%v): %w", what, err, sluice.FailedBeforeSend)
 	}
 	return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrIndeterminate, err)
 }

@@ -253,8 +253,8 @@ func TestACL(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = evaluate(ctx, s2, subj, 1, ps[0])
-	if !errors.Is(err, sluice.ErrBeforeSend) || !strings.Contains(err.Error(), "NOPERM") {
-		t.Fatalf("Evaluate on a prefix the user may not touch = %v, want NOPERM wrapped as ErrBeforeSend", err)
+	if !errors.Is(err, sluice.FailedBeforeSend) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Evaluate on a prefix the user may not touch = %v, want NOPERM wrapped as FailedBeforeSend", err)
 	}
 }
 
@@ -421,8 +421,8 @@ func TestCorruptState(t *testing.T) {
 			}
 			before, _ := c.Get(ctx, s.Key(subj, other)).Result()
 			_, err := evaluate(ctx, s, subj, 1, other, p)
-			if !errors.Is(err, sluice.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Evaluate over %s = %v, want ErrCorruptState saying %q", tc.name, err, tc.want)
+			if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Evaluate over %s = %v, want CorruptState saying %q", tc.name, err, tc.want)
 			}
 			after, _ := c.Get(ctx, s.Key(subj, other)).Result()
 			if before != after {
@@ -492,14 +492,14 @@ func TestClockUnsafe(t *testing.T) {
 			}
 			clock.Set(clockStart.Add(-1001 * time.Millisecond))
 			_, err := evaluate(context.Background(), s, subj, 1, p)
-			if !errors.Is(err, sluice.ErrClockUnsafe) {
-				t.Fatalf("1.001s behind = %v, want ErrClockUnsafe", err)
+			if !errors.Is(err, sluice.ClockUnsafe) {
+				t.Fatalf("1.001s behind = %v, want ClockUnsafe", err)
 			}
 			clock.Set(clockStart)
 			before := mustEvaluate(t, s, subj, 0, p)[0]
 			clock.Set(clockStart.Add(-1001 * time.Millisecond))
-			if _, err := evaluate(context.Background(), s, subj, 1, p); !errors.Is(err, sluice.ErrClockUnsafe) {
-				t.Fatalf("1.001s behind again = %v, want ErrClockUnsafe", err)
+			if _, err := evaluate(context.Background(), s, subj, 1, p); !errors.Is(err, sluice.ClockUnsafe) {
+				t.Fatalf("1.001s behind again = %v, want ClockUnsafe", err)
 			}
 			clock.Set(clockStart)
 			if after := mustEvaluate(t, s, subj, 0, p)[0]; after != before {
@@ -534,8 +534,8 @@ func TestStoppedServer(t *testing.T) {
 	srv.Stop()
 	for i := range 3 {
 		_, err := evaluate(context.Background(), s, subj, 1, p)
-		if !errors.Is(err, sluice.ErrBeforeSend) {
-			t.Fatalf("call %d to a stopped server = %v, want ErrBeforeSend", i, err)
+		if !errors.Is(err, sluice.FailedBeforeSend) {
+			t.Fatalf("call %d to a stopped server = %v, want FailedBeforeSend", i, err)
 		}
 	}
 	if err := s.Ready(context.Background()); err == nil {

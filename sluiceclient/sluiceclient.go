@@ -160,7 +160,7 @@ func (c *Client) Close() error {
 // ErrUnauthenticated, ErrForbidden), Unavailable (nothing was spent: the
 // server could not decide, or was not reached) or Indeterminate (the
 // answer was lost after every retry: the units may have been spent), with
-// Err set, matching the sluice.Err… sentinels as a Limiter's would; an
+// Err set, matching the sluice.Err… sentinels and Causes as a Limiter's would; an
 // Unavailable answer from the server keeps its Cause.
 func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	body, path, err := checkapi.Encode(req)
@@ -226,7 +226,7 @@ func (c *Client) once(ctx context.Context, endpoint string, data []byte, req *sl
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		if notSent(err) {
-			return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.FailedBeforeSend, Err: fmt.Errorf("sluiceclient: %w: %w", sluice.ErrBeforeSend, err)}, false
+			return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.FailedBeforeSend, Err: fmt.Errorf("sluiceclient: %w: %w", sluice.FailedBeforeSend, err)}, false
 		}
 		return lost(err), true
 	}

@@ -253,7 +253,7 @@ func TestServerNotRunning(t *testing.T) {
 	ln.Close() // nothing listens there now
 	c := newClient(t, "http://"+addr, sluiceclient.Options{})
 	o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: "hal"})
-	if o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend || !errors.Is(o.Err, sluice.ErrBeforeSend) {
+	if o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend || !errors.Is(o.Err, sluice.FailedBeforeSend) {
 		t.Errorf("check against a closed port = %+v, want unavailable, failed before send", o)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -342,7 +342,7 @@ func TestLeases(t *testing.T) {
 type openCircuit struct{}
 
 func (openCircuit) Evaluate(context.Context, *sluice.Evaluation) error {
-	return fmt.Errorf("test store: %w", sluice.ErrCircuitOpen)
+	return fmt.Errorf("test store: %w", sluice.CircuitOpen)
 }
 
 // TestUnavailableKeepsItsCause: the server's reason for not deciding

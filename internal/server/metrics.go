@@ -177,10 +177,10 @@ func failureCause(err error) string {
 		cause string
 	}{
 		{sluice.ErrIndeterminate, "indeterminate"}, // first: a lost reply may wrap a context error
-		{sluice.ErrCircuitOpen, "circuit_open"},
-		{sluice.ErrCorruptState, "corrupt_state"},
-		{sluice.ErrClockUnsafe, "clock_unsafe"},
-		{sluice.ErrBeforeSend, "failed_before_send"},
+		{sluice.CircuitOpen, "circuit_open"},
+		{sluice.CorruptState, "corrupt_state"},
+		{sluice.ClockUnsafe, "clock_unsafe"},
+		{sluice.FailedBeforeSend, "failed_before_send"},
 		{context.DeadlineExceeded, "deadline_passed"},
 		{context.Canceled, "deadline_passed"},
 	} {

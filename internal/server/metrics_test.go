@@ -128,9 +128,9 @@ func TestStoreFailureMetrics(t *testing.T) {
 	clock := sluicetest.NewClock()
 	ctx := context.Background()
 	for _, e := range []error{
-		fmt.Errorf("test: %w", sluice.ErrCorruptState),
-		fmt.Errorf("test: %w", sluice.ErrCorruptState),
-		sluice.ErrCircuitOpen,
+		fmt.Errorf("test: %w", sluice.CorruptState),
+		fmt.Errorf("test: %w", sluice.CorruptState),
+		sluice.CircuitOpen,
 		fmt.Errorf("test: read: %w: %w", sluice.ErrIndeterminate, context.DeadlineExceeded),
 		errors.New("test: something else"),
 	} {

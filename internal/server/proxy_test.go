@@ -338,7 +338,7 @@ func TestProxyFailureModes(t *testing.T) {
 		{Match: config.Match{PathPrefix: "/closed"}, Policies: []string{"closed"}, Subject: "ip"},
 		{Match: config.Match{PathPrefix: "/open"}, Policies: []string{"open"}, Subject: "ip"},
 		{Match: config.Match{PathPrefix: "/local"}, Policies: []string{"local"}, Subject: "ip"},
-	}}, failingStore{fmt.Errorf("test: dial: %w", sluice.ErrBeforeSend)}, policies)
+	}}, failingStore{fmt.Errorf("test: dial: %w", sluice.FailedBeforeSend)}, policies)
 	if resp := f.send(t, "GET", "/closed", ""); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("fail closed: %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}

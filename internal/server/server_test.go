@@ -398,10 +398,10 @@ func TestStoreFailures(t *testing.T) {
 		outcome string
 		retry   string
 	}{
-		{"failed before send", fmt.Errorf("test: dial: %w", sluice.ErrBeforeSend), 503, "unavailable", "1"},
+		{"failed before send", fmt.Errorf("test: dial: %w", sluice.FailedBeforeSend), 503, "unavailable", "1"},
 		{"reply lost", fmt.Errorf("test: read: %w", sluice.ErrIndeterminate), 503, "indeterminate", "1"},
-		{"circuit open", sluice.ErrCircuitOpen, 503, "unavailable", "1"},
-		{"corrupt state", fmt.Errorf("test: %w", sluice.ErrCorruptState), 503, "unavailable", "1"},
+		{"circuit open", sluice.CircuitOpen, 503, "unavailable", "1"},
+		{"corrupt state", fmt.Errorf("test: %w", sluice.CorruptState), 503, "unavailable", "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := sluicetest.NewClock()
@@ -690,7 +690,7 @@ func memstoreFor(t testing.TB) sluice.Store {
 // few lines a second with the count held back, not one line per request.
 func TestOutageLogsAreThrottled(t *testing.T) {
 	clock := sluicetest.NewClock()
-	f := newFixtureOn(t, &recordingStore{Store: failingStore{fmt.Errorf("test: %w", sluice.ErrBeforeSend)}}, clock, demoPolicies, server.Options{})
+	f := newFixtureOn(t, &recordingStore{Store: failingStore{fmt.Errorf("test: %w", sluice.FailedBeforeSend)}}, clock, demoPolicies, server.Options{})
 	const n = 100
 	for range n {
 		f.post(t, `{"policy":"demo","subject":"alice"}`)

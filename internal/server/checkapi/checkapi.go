@@ -283,7 +283,7 @@ func Outcome(code int, a *Answer, req *sluice.Request) sluice.Outcome {
 		return sluice.Outcome{Kind: sluice.Unavailable, Cause: cause, Err: fmt.Errorf("server could not decide: %w", a.wrap(causeErrs[cause]))}
 	}
 	// 422: the reason carries the library's error text; name its sentinel.
-	for _, sentinel := range []error{sluice.ErrCostTooHigh, sluice.ErrNotRefundable, sluice.ErrCorruptState, sluice.ErrInvalidRequest, sluice.ErrUnknownPolicy} {
+	for _, sentinel := range []error{sluice.ErrCostTooHigh, sluice.ErrNotRefundable, sluice.CorruptState, sluice.ErrInvalidRequest, sluice.ErrUnknownPolicy} {
 		if strings.Contains(a.Reason, sentinel.Error()) {
 			return sluice.Outcome{Kind: sluice.Incompatible, Err: a.wrap(sentinel)}
 		}
@@ -348,10 +348,10 @@ func (v *Verdict) status(policy string) sluice.Status {
 // Cause wraps.
 var causeErrs = [...]error{
 	sluice.DeadlinePassed:   context.DeadlineExceeded,
-	sluice.FailedBeforeSend: sluice.ErrBeforeSend,
-	sluice.ClockUnsafe:      sluice.ErrClockUnsafe,
-	sluice.CircuitOpen:      sluice.ErrCircuitOpen,
-	sluice.CorruptState:     sluice.ErrCorruptState,
+	sluice.FailedBeforeSend: sluice.FailedBeforeSend,
+	sluice.ClockUnsafe:      sluice.ClockUnsafe,
+	sluice.CircuitOpen:      sluice.CircuitOpen,
+	sluice.CorruptState:     sluice.CorruptState,
 }
 
 // parseCause returns the Cause spelt name, or 0 for none or one this

@@ -53,7 +53,7 @@ var outcomes = []struct {
 	{"replayed", sluice.Outcome{Kind: sluice.Allowed, Status: demo, Replayed: true}, ""},
 	{"lease", sluice.Outcome{Kind: sluice.Allowed, Status: sluice.Status{Policy: "reports", Allowed: true, Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}, Lease: sluice.Lease{ID: "q3Xh0bV8Yx2lC0mQe1o7bA"}}, ""},
 	{"several", sluice.Outcome{Kind: sluice.Denied, Status: denied, Statuses: []sluice.Status{demo, denied}}, ""},
-	{"unavailable", sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.CircuitOpen, Err: sluice.ErrCircuitOpen}, "sluice: circuit open"},
+	{"unavailable", sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.CircuitOpen, Err: sluice.CircuitOpen}, "sluice: circuit open"},
 	{"indeterminate", sluice.Outcome{Kind: sluice.Indeterminate, Err: sluice.ErrIndeterminate}, "redis: read: i/o timeout"},
 	{"unknown policy", sluice.Outcome{Kind: sluice.Incompatible, Err: sluice.ErrUnknownPolicy}, `sluice: policy "nope": unknown policy`},
 	{"cost too high", sluice.Outcome{Kind: sluice.Incompatible, Err: sluice.ErrCostTooHigh}, `policy "demo": cost = 4: cost above policy maximum 3`},

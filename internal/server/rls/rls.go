@@ -391,7 +391,7 @@ func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *gro
 			}
 		}
 		return nil
-	case o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.ErrCorruptState):
+	case o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.CorruptState):
 		return status.Error(codes.InvalidArgument, "sluice: "+o.Reason())
 	}
 	// The store could not decide: the failure mode answers.
