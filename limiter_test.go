@@ -150,7 +150,7 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := l.Check(context.Background(), sluice.Request{Policy: "p", Subject: "s"})
-		if o.Kind != c.kind || o.Cause != c.cause || !errors.Is(o.Err, c.err) || o.Reason() == "" {
+		if o.Kind != c.kind || o.Cause != c.cause || !errors.Is(o.Err, c.err) || o.Err == nil {
 			t.Errorf("store error %v: outcome %v/%v (%v), want %v/%v wrapping it", c.err, o.Kind, o.Cause, o.Err, c.kind, c.cause)
 		}
 	}

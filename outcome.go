@@ -149,12 +149,3 @@ type Outcome struct {
 	// nil otherwise. Match it with errors.Is against the Err… variables and the Causes.
 	Err error
 }
-
-// Reason is a one-line human reason for a non-decision, "" for Allowed and
-// Denied.
-func (o Outcome) Reason() string {
-	if o.Err == nil {
-		return ""
-	}
-	return o.Err.Error()
-}

@@ -140,7 +140,7 @@ func appendOutcome(attrs []slog.Attr, prefix string, o sluice.Outcome) []slog.At
 		if o.Cause != 0 {
 			attrs = append(attrs, slog.String(prefix+"cause", o.Cause.String()))
 		}
-		attrs = append(attrs, slog.String(prefix+"reason", o.Reason()))
+		attrs = append(attrs, slog.Any(prefix+"reason", o.Err))
 	}
 	return attrs
 }

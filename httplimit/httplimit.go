@@ -603,6 +603,6 @@ func (m *Middleware) release(ctx context.Context, lim *sluice.Limiter, lease slu
 	}
 	if ok, suppressed := m.warnings.Allow(clock.System{}.Now()); ok {
 		m.log.Warn("sluice: lease not released; it is held until its lease_ttl passes",
-			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Reason(), "suppressed", suppressed)
+			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Err, "suppressed", suppressed)
 	}
 }

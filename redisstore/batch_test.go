@@ -457,7 +457,7 @@ func TestReadyTellsTheTruth(t *testing.T) {
 	check := func(what string, want sluice.Kind, code string) {
 		t.Helper()
 		o := l.Check(ctx, sluice.Request{Policy: "truth", Subject: subj})
-		if o.Kind != want || code != "" && (o.Cause != sluice.FailedBeforeSend || !strings.Contains(o.Reason(), code)) {
+		if o.Kind != want || code != "" && (o.Cause != sluice.FailedBeforeSend || !strings.Contains(fmt.Sprint(o.Err), code)) {
 			t.Fatalf("%s: Check = %+v (err %v), want %v %s", what, o, o.Err, want, code)
 		}
 	}

@@ -502,8 +502,8 @@ func TestFaultRefused(t *testing.T) {
 			t.Errorf("%s: %v; want some failed before send and none Indeterminate", fault.name, f)
 		}
 		for _, a := range r.answers {
-			if a.o.Cause == sluice.FailedBeforeSend && !strings.Contains(a.o.Reason(), fault.code) {
-				t.Errorf("%s: decision %s failed before send: %q, want Redis's code %s", fault.name, a.id, a.o.Reason(), fault.code)
+			if a.o.Cause == sluice.FailedBeforeSend && !strings.Contains(fmt.Sprint(a.o.Err), fault.code) {
+				t.Errorf("%s: decision %s failed before send: %q, want Redis's code %s", fault.name, a.id, a.o.Err, fault.code)
 				break
 			}
 		}

@@ -365,10 +365,10 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		if len(in.Policies) > 0 {
 			lw.policy = strings.Join(in.Policies, ",")
 		}
-		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), o.Reason()
+		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), reason(&o)
 		lw.refund, lw.replayed = req.Op == sluice.Refund, o.Replayed
 	}
-	s.answer(w, &in, checkapi.StatusCode(&o), o, o.Reason())
+	s.answer(w, &in, checkapi.StatusCode(&o), o, reason(&o))
 }
 
 // namesConcurrency reports whether req names a concurrency policy: a
@@ -427,9 +427,9 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	if lw != nil {
 		lw.hasCheck = true
 		lw.policy = strings.Join(ids, ",")
-		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), o.Reason()
+		lw.pseudo, lw.outcome, lw.reason = req.Subject, o.Kind.String(), reason(&o)
 	}
-	s.answer(w, &in, checkapi.StatusCode(&o), o, o.Reason())
+	s.answer(w, &in, checkapi.StatusCode(&o), o, reason(&o))
 }
 
 // badRequest answers 400 with why, without asking the Limiter.
@@ -534,3 +534,12 @@ var (
 	jsonContentType = []string{"application/json"}
 	noStore         = []string{"no-store"}
 )
+
+// reason is the answer's "reason": why no decision was taken, "" for a
+// decision.
+func reason(o *sluice.Outcome) string {
+	if o.Err == nil {
+		return ""
+	}
+	return o.Err.Error()
+}

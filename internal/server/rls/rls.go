@@ -392,7 +392,7 @@ func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *gro
 		}
 		return nil
 	case o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.CorruptState):
-		return status.Error(codes.InvalidArgument, "sluice: "+o.Reason())
+		return status.Error(codes.InvalidArgument, "sluice: "+fmt.Sprint(o.Err))
 	}
 	// The store could not decide: the failure mode answers.
 	open := g.shadow // a shadow rule never blocks
@@ -402,9 +402,9 @@ func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *gro
 			open = open && ds[i].rule.Policy.FailureMode == sluice.FailOpen
 		}
 	}
-	s.log.LogAttrs(ctx, slog.LevelWarn, "envoy rate limit: the store cannot decide", slog.String("outcome", o.Kind.String()), slog.String("reason", o.Reason()), slog.Bool("fail_open", open))
+	s.log.LogAttrs(ctx, slog.LevelWarn, "envoy rate limit: the store cannot decide", slog.String("outcome", o.Kind.String()), slog.Any("reason", o.Err), slog.Bool("fail_open", open))
 	if !open {
-		return errUnavailable(o.Reason())
+		return errUnavailable(fmt.Sprint(o.Err))
 	}
 	for _, i := range g.members {
 		ds[i].status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(ds[i].rule)}
