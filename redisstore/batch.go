@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -36,29 +38,35 @@ const (
 
 // pending is one decision waiting for, or on, the wire.
 type pending struct {
-	args  []any     // the decision's command: name, code, number of keys, keys, ARGV
+	args  []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
 	keys  int       // how many keys args holds
 	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
+	mark  mark      // its last argument while it is sent: notes when go-redis writes it
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
-	err   error     // the command's error, typed by classify
+	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
+	wait  *redis.IntCmd
+	err   error // the command's error, typed by typeErr
 	state atomic.Int32
 	done  chan struct{} // receives one value when cmd holds the reply or err is set
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
-// batcher sends the decisions that meet at a Store to Redis together.
-// A caller who finds nothing on the wire sends its decision itself, at
-// once, with no hand-off. Callers who arrive while something is on the
-// wire queue; Senders goroutines each wait for work, take everything
-// queued, send it in one round trip and hand each decision its own reply.
-// To one Redis (not a Cluster or a Ring, whose decisions of different
-// subjects live on different nodes) the queued decisions go as decideAll
-// calls of at most maxAll decisions each, which cost Redis less than one
-// call per decision; otherwise as a pipeline of their own calls (a lone
-// decision as a plain command). No timer ever holds a decision back.
+// batcher sends the decisions that meet at one node (the store's Redis,
+// or one master of a Cluster: a master that hangs holds up only its own)
+// to it together. A caller who finds nothing on the wire sends its
+// decision itself, at once, with no hand-off. Callers who arrive while
+// something is on the wire queue; Senders goroutines each wait for work,
+// take everything queued, send it in one round trip and hand each
+// decision its own reply. To one Redis (not a Cluster or a Ring, whose
+// decisions of different subjects live in different slots) the queued
+// decisions go as decideAll calls of at most maxAll decisions each, which
+// cost Redis less than one call per decision; otherwise as a pipeline of
+// their own calls (a lone decision as a plain command). No timer ever
+// holds a decision back.
 type batcher struct {
 	s        *Store
+	n        *node
 	together bool         // one Redis: queued decisions may share a decideAll call
 	inflight atomic.Int32 // round trips on the wire, by callers and senders
 	mu       sync.Mutex
@@ -69,9 +77,8 @@ type batcher struct {
 	wg       sync.WaitGroup
 }
 
-func newBatcher(s *Store, senders int) *batcher {
-	_, one := s.client.(*redis.Client)
-	b := &batcher{s: s, together: one, wake: make(chan struct{}, senders), stop: make(chan struct{})}
+func newBatcher(s *Store, n *node, senders int) *batcher {
+	b := &batcher{s: s, n: n, together: s.cluster == nil && s.ring == nil, wake: make(chan struct{}, senders), stop: make(chan struct{})}
 	b.wg.Add(senders)
 	for range senders {
 		go b.send()
@@ -149,21 +156,32 @@ func (b *batcher) send() {
 	}
 }
 
-// exec sends batch and leaves each reply in its command. A decision whose
-// node did not hold the code certainly did not run: the code is loaded
-// there and the decision sent once more.
+// exec sends batch and leaves each reply in its command and each typed
+// error in err. A decision whose node did not hold the code certainly did
+// not run: the code is loaded there and the decision sent once more.
 func (b *batcher) exec(batch []*pending) {
-	ctx, cancel := b.s.callContext(context.Background())
+	s := b.s
+	ctx, cancel := s.callContext(context.Background())
 	defer cancel()
 	b.pipeline(ctx, batch)
 	var retry []*pending
+	var lerr error // loading the code on the node: once for the batch, in each form
+	loaded, loadedScripts := false, false
 	for _, p := range batch {
 		if err := p.cmd.Err(); notLoaded(err) {
-			if lerr := b.s.loadNode(ctx, p.args[3].(string)); lerr != nil {
-				p.err = b.s.classify(ctx, "reload after "+err.Error(), lerr)
+			if msg := replyError(err); noFunctions(msg) {
+				s.fallBack("redis refused FCALL: " + msg)
+			}
+			if !loaded || s.scripts.Load() != loadedScripts {
+				lerr = s.loadNode(ctx, b.n, p.args[3].(string), err)
+				loaded, loadedScripts = true, s.scripts.Load() // the form it loaded
+			}
+			if lerr != nil {
+				p.err = reloadFailed(err, lerr)
 				continue
 			}
-			p.args[0], p.args[1] = b.s.call() // loading may have fallen back to scripts
+			p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
+			p.mark.arm(p.args)
 			p.cmd = newScriptCmd(ctx, p.args)
 			retry = append(retry, p)
 		}
@@ -173,34 +191,42 @@ func (b *batcher) exec(batch []*pending) {
 	}
 	var failed error
 	for _, p := range batch {
-		switch err := p.cmd.Err(); {
-		case err == nil || p.err != nil:
-		case len(batch) > 1 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
-			// A pipeline cut short by its deadline reports the bare
-			// context error whether or not it was written: it may have run.
-			p.err = fmt.Errorf("redisstore: run script in a pipeline: %w: %w", sluice.ErrIndeterminate, err)
-		default:
-			p.err = b.s.classify(ctx, "run script", err)
+		if p.err == nil {
+			if err := p.cmd.Err(); err != nil {
+				p.err = s.typeErr(ctx, "run script", p.wrote, err)
+			} else {
+				p.err = s.waited(p.wait)
+			}
 		}
-		if failed == nil && p.err != nil {
+		if failed == nil && failedFor(p.err) {
 			failed = p.err
 		}
 	}
-	b.s.roundTrip(failed)
+	s.record(ctx, b.n, failed)
 }
 
 // maxAll is the most decisions one decideAll call takes: Redis runs a
 // call to its end before it serves anyone else.
 const maxAll = 64
 
-// pipeline sends batch in one round trip and leaves each decision's reply
-// or error in its command.
+// pipeline sends batch in one round trip (with WaitReplicas, the WAIT
+// after it) and leaves each decision's reply or error in its command.
 func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
-	if len(batch) == 1 {
-		b.s.client.Process(ctx, batch[0].cmd)
+	s := b.s
+	if len(batch) == 1 && s.replicas == 0 {
+		p := batch[0]
+		if err := s.client.Process(ctx, p.cmd); err != nil && p.cmd.Err() == nil {
+			p.cmd.SetErr(err)
+		}
+		p.wrote, p.wait = p.mark.written.Load(), nil
 		return
 	}
-	pipe := b.s.client.Pipeline()
+	var pipe redis.Pipeliner
+	if s.replicas > 0 {
+		pipe = s.direct(b.n).Pipeline() // the WAIT must follow the decisions on their connection
+	} else {
+		pipe = s.client.Pipeline()
+	}
 	var cmds []scriptCmd // the decideAll calls, maxAll decisions each; none when the batch cannot share one
 	if b.shareable(batch) {
 		for i := 0; i < len(batch); i += maxAll {
@@ -213,9 +239,17 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 			pipe.Process(ctx, p.cmd)
 		}
 	}
+	var w *redis.IntCmd
+	if s.replicas > 0 {
+		w = s.waitCmd(ctx)
+		pipe.Process(ctx, w)
+	}
 	_, err := pipe.Exec(ctx)
 	for i, c := range cmds {
 		spread(c, batch[i*maxAll:min((i+1)*maxAll, len(batch))])
+	}
+	for _, p := range batch {
+		p.wrote, p.wait = p.mark.written.Load(), w // a decideAll call writes the marks of its decisions
 	}
 	if err != nil && !errors.As(err, new(redis.Error)) {
 		// A failure of the whole pipeline: every command without an
@@ -261,7 +295,7 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 		args = append(args, p.keys)
 	}
 	for _, p := range batch {
-		args = append(args, p.args[3+p.keys:]...)
+		args = append(args, p.args[3+p.keys:]...) // its mark last
 	}
 	return newScriptCmd(ctx, args)
 }
@@ -295,4 +329,159 @@ func (b *batcher) close() {
 	b.mu.Unlock()
 	close(b.stop)
 	b.wg.Wait()
+}
+
+// send runs the decision p holds on the node its key belongs to, through
+// that node's senders or alone, and returns the script's reply, or the
+// error typed by typeErr.
+func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
+	n := s.nodeFor(ctx, p.args[3].(string))
+	if err := n.breaker.allow(); err != nil {
+		s.release(p)
+		return nil, n.errOpen
+	}
+	b := n.batch
+	if b == nil || b.inflight.CompareAndSwap(0, 1) {
+		// Nothing on the wire: this decision goes now, from its caller.
+		if b != nil {
+			defer b.inflight.Add(-1)
+		}
+		defer s.release(p)
+		if err := ctx.Err(); err != nil {
+			n.breaker.none() // nothing asked of Redis
+			return nil, err
+		}
+		ctx, cancel := s.callContext(ctx)
+		defer cancel()
+		err := s.sendAlone(ctx, n, p)
+		s.record(ctx, n, err)
+		if err != nil {
+			return nil, err
+		}
+		return p.cmd.Int64Slice()
+	}
+	p.mark.arm(p.args)
+	p.cmd, p.err, p.wrote, p.wait = newScriptCmd(ctx, p.args), nil, false, nil
+	reuse, err := b.do(ctx, p)
+	if reuse {
+		defer s.release(p)
+	}
+	if err != nil {
+		if !failedFor(err) {
+			n.breaker.none() // taken back before a sender had it: its round trip is not this caller's
+		}
+		return nil, err
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+	return p.cmd.Int64Slice()
+}
+
+// sendAlone sends p's decision to n in a round trip of its own and
+// returns its error, typed.
+func (s *Store) sendAlone(ctx context.Context, n *node, p *pending) error {
+	p.mark.arm(p.args)
+	p.cmd = newScriptCmd(ctx, p.args)
+	w, err := s.exchange(ctx, n, p.cmd)
+	if notLoaded(err) {
+		// The code certainly did not run: load it where the key lives
+		// and try once more.
+		if lerr := s.loadNode(ctx, n, p.args[3].(string), err); lerr != nil {
+			return reloadFailed(err, lerr)
+		}
+		p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
+		p.mark.arm(p.args)
+		p.cmd = newScriptCmd(ctx, p.args)
+		w, err = s.exchange(ctx, n, p.cmd)
+	}
+	if err != nil {
+		return s.typeErr(ctx, "run script", p.mark.written.Load(), err)
+	}
+	return s.waited(w)
+}
+
+// exchange sends cmd to n, with WaitReplicas in one pipeline with the
+// WAIT after it, and returns cmd's error and the WAIT.
+func (s *Store) exchange(ctx context.Context, n *node, cmd scriptCmd) (*redis.IntCmd, error) {
+	if s.replicas == 0 {
+		err := s.client.Process(ctx, cmd)
+		if err == nil {
+			err = cmd.Err()
+		}
+		return nil, err
+	}
+	pipe := s.direct(n).Pipeline()
+	pipe.Process(ctx, cmd)
+	w := s.waitCmd(ctx)
+	pipe.Process(ctx, w)
+	pipe.Exec(ctx)
+	return w, cmd.Err()
+}
+
+// waitCmd returns the WAIT that follows decisions: for WaitReplicas
+// replicas, at most half the time left before ctx's deadline (1s without
+// one), so that its answer comes back within the round trip's bound.
+func (s *Store) waitCmd(ctx context.Context) *redis.IntCmd {
+	ms := int64(1000)
+	if d, ok := ctx.Deadline(); ok {
+		ms = max(time.Until(d).Milliseconds()/2, 1)
+	}
+	return redis.NewIntCmd(ctx, "wait", s.replicas, ms)
+}
+
+// waited types what w, the WAIT after a decision Redis took (nil
+// without WaitReplicas), answered: fewer replicas than asked means the
+// decision is spent on the master and may yet be lost with it.
+func (s *Store) waited(w *redis.IntCmd) error {
+	switch {
+	case w == nil:
+		return nil
+	case w.Err() != nil:
+		return fmt.Errorf("redisstore: decided on the master, no answer to WAIT %d: %w: %w", s.replicas, sluice.ErrIndeterminate, w.Err())
+	case w.Val() < int64(s.replicas):
+		return fmt.Errorf("redisstore: decided on the master, acknowledged by %d of %d replicas (WAIT): it may be lost in a failover: %w", w.Val(), s.replicas, sluice.ErrIndeterminate)
+	}
+	return nil
+}
+
+// reloadFailed is the error of a decision whose node did not hold the
+// code (cause) and could not load it: refused, so nothing ran, and not
+// sent again.
+func reloadFailed(cause, err error) error {
+	return fmt.Errorf("redisstore: reload after %s: %v: %w", replyError(cause), err, sluice.FailedBeforeSend)
+}
+
+// typeErr types err, the error of what (a decision's command), by what it
+// shows. An error reply is Redis's own answer (classify). Otherwise
+// whether the command was written decides: one never written failed
+// before send, or returns the context error when its caller cancelled;
+// one written got no reply and may have run: Indeterminate, whether its
+// connection failed or a deadline (the store's or its caller's) cut the
+// wait short.
+func (s *Store) typeErr(ctx context.Context, what string, written bool, err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
+		return s.classify(ctx, what, err)
+	}
+	if !written {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return fmt.Errorf("redisstore: %s: nothing sent: %w", what, context.Canceled)
+		}
+		return fmt.Errorf("redisstore: %s: nothing sent (%v): %w", what, err, sluice.FailedBeforeSend)
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "write" {
+		// A failed write left the command incomplete on the wire: a Redis
+		// server executes only complete commands.
+		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
+	}
+	return fmt.Errorf("redisstore: %s: sent, no reply: %w: %w", what, sluice.ErrIndeterminate, err)
+}
+
+// release returns p to the pool, dropping what it references.
+func (s *Store) release(p *pending) {
+	clear(p.args)
+	p.cmd, p.err, p.wait, p.mark.arg = scriptCmd{}, nil, nil, ""
+	pendingPool.Put(p)
 }

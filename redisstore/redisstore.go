@@ -6,16 +6,21 @@
 //
 // # Calls
 //
-// On Redis 7 and later the code is a function library (FUNCTION LOAD once
-// per master) and each decision one FCALL; before Redis 7, or for a user
-// not allowed FUNCTION LOAD, it is a script (SCRIPT LOAD) and each
-// decision one EVALSHA. Decisions that meet at a Store while its senders
-// are on the wire go to Redis together in one round trip
-// (Options.Senders), each with its own reply; a lone decision is sent at
-// once. To one Redis (a Client, Sentinel-managed or not) they go as calls
-// of the library's second function, which takes up to 64 decisions in one
-// FCALL, each exactly as alone and with its own reply or error; to a
-// Cluster or a Ring, as a pipeline of one call per decision.
+// New takes a Client: *redis.Client (Sentinel failover clients too),
+// *redis.ClusterClient, *redis.Ring, or an application's own type that
+// embeds one; the store tells a Cluster and a Ring by their methods, not
+// their types (see Client). On Redis 7 and later the code is a function
+// library (FUNCTION LOAD once per master) and each decision one FCALL;
+// before Redis 7, or for a user not allowed FUNCTION LOAD or FCALL, it is
+// a script (SCRIPT LOAD) and each decision one EVALSHA. Decisions that
+// meet at a Store while its senders are on the wire go to Redis together
+// in one round trip (Options.Senders, per Cluster master), each with its
+// own reply; a lone decision is sent at once. To one Redis (a Client,
+// Sentinel-managed or not) they go as calls of the library's second
+// function, which takes up to 64 decisions in one FCALL, each exactly as
+// alone and with its own reply or error; to a Cluster master or a Ring,
+// as a pipeline of one call per decision. With Options.WaitReplicas,
+// each round trip ends with a WAIT on the same connection.
 //
 // # Keys
 //
@@ -54,24 +59,30 @@
 //	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
-// +command for its topology discovery.
+// +command for its topology discovery; Options.WaitReplicas needs +wait.
 //
 // # Failures
 //
 // Errors wrap the sluice sentinels so sluice.Limiter can type the outcome:
-// a context already done returns the context error and sends nothing; a
-// failure before the command was written (dial refused, pool timeout,
-// client closed, write error, Redis refusing the call before the script
-// ran) wraps sluice.FailedBeforeSend; a lost reply (read timeout, reset, EOF
-// after the write) wraps sluice.ErrIndeterminate; state the script did not
-// write wraps sluice.CorruptState; a caller clock too far behind wraps
-// sluice.ClockUnsafe; a pipeline cut short by its deadline makes each
-// of its decisions ErrIndeterminate. The decision command is marked not
-// retryable, so go-redis's MaxRetries never replays a decision, or a
-// pipeline holding one, whose reply was lost (which could spend twice);
-// only a node's answer that it does not hold the code (NOSCRIPT, "Function
-// not found"), which proves the decision did not run, is retried, once,
-// after loading it on that node.
+// a context already done returns the context error and sends nothing, as
+// does a decision its caller cancelled or gave up on before it was
+// written; a decision never written (dial refused or cut short, a
+// connection that could not be set up before the deadline, pool timeout,
+// client closed, write error) or refused by Redis before the script ran
+// wraps sluice.FailedBeforeSend; a decision written that got no reply (read
+// timeout, reset, EOF, a deadline, the store's or its caller's, passing
+// while it waited) wraps sluice.ErrIndeterminate: it may have run. The
+// store knows whether a command was written because go-redis asks the
+// command for its bytes only then. State the script did not write wraps
+// sluice.CorruptState; a caller clock too far behind wraps
+// sluice.ClockUnsafe. The decision command is marked not retryable, so
+// go-redis's MaxRetries never replays a decision, or a pipeline holding
+// one, whose reply was lost (which could spend twice); only a node's
+// answer that it does not hold the code (NOSCRIPT, "Function not found")
+// or will not run FCALL (NOPERM for fcall, unknown command), which proves
+// the decision did not run, is retried, once, after loading the code on
+// that node (as a script, for good, when FCALL was refused). Which
+// failures open the circuit breakers is told at BreakerOptions.Failures.
 //
 // # Evaluation ids
 //
@@ -176,11 +187,11 @@ type Options struct {
 	// caller's context. Default: 1s.
 	Timeout time.Duration
 	// Senders is how many pipelines of decisions may be on the wire at
-	// once. Concurrent decisions that find every sender busy go together
-	// in the next pipeline, which costs Redis and the client far less than
-	// one round trip each; a lone decision is sent at once, never held
-	// back by a timer. Negative sends every decision alone, from its
-	// caller's goroutine. Default: 2.
+	// once (to each Cluster master apart). Concurrent decisions that find
+	// every sender busy go together in the next pipeline, which costs
+	// Redis and the client far less than one round trip each; a lone
+	// decision is sent at once, never held back by a timer. Negative
+	// sends every decision alone, from its caller's goroutine. Default: 2.
 	Senders int
 	// Lazy makes New return without contacting Redis, so an application
 	// starts while Redis is down or hung: decisions fail (before send, so
@@ -189,9 +200,33 @@ type Options struct {
 	// there; Ready reports whether Redis answers. Default: false, New
 	// loads the code on every master and fails if it cannot.
 	Lazy bool
-	// Breaker configures the circuit breaker that sheds decisions while
-	// Redis is down or hung. Default: see BreakerOptions.
+	// Breaker configures the circuit breakers that shed decisions while
+	// Redis (a Cluster master) is down or hung. Default: see
+	// BreakerOptions.
 	Breaker BreakerOptions
+	// WaitReplicas, when positive, has every decision's writes
+	// acknowledged by that many replicas before the decision is
+	// answered, for limits where an over-admission after a failover
+	// matters (asynchronous replication loses the writes a master
+	// acknowledged just before it died). Each decision, or pipeline of
+	// them, is followed in the same round trip and on the same connection
+	// by WAIT WaitReplicas T, T half the time left before the round
+	// trip's deadline (1s without one). A decision Redis took that fewer
+	// replicas acknowledged is ErrIndeterminate: spent on the master, it
+	// may be lost with it (retry it with its EvaluationID); it counts as a
+	// failed round trip for the breaker. Needs a Client, a Sentinel
+	// failover client or a Cluster (each master's decisions go through
+	// that master's own client, so MOVED is not followed: the decision
+	// fails before send and the slot map is reloaded), not a Ring; a
+	// restricted user needs +wait. Default: 0, no WAIT.
+	WaitReplicas int
+	// OnFallback, when set, is called once, with the reason, when the
+	// store falls back from its function library to scripts (EVALSHA):
+	// at New or at a decision, when Redis has no FUNCTION or refuses the
+	// user FUNCTION LOAD or FCALL (an ACL changed at run time). The
+	// decision FCALL was refused for is then sent once more as EVALSHA.
+	// For logs. Default: nil.
+	OnFallback func(reason string)
 	// ClockMode is the time source. Default: RedisTime.
 	ClockMode ClockMode
 	// Clock is the time source in CallerClock mode; unused otherwise.
@@ -211,39 +246,103 @@ type Options struct {
 	ExtraTTL time.Duration
 }
 
-// rediser is the part of a go-redis client the store uses; *redis.Client
-// (including Sentinel failover clients), *redis.ClusterClient and
-// *redis.Ring all provide it.
-type rediser interface {
+// Client is what a Store needs of a go-redis client: the commands it
+// sends (Process) and its pipelines (Pipeline). *redis.Client (the
+// Sentinel failover client of redis.NewFailoverClient is one),
+// *redis.ClusterClient, *redis.Ring, and any type of an application's
+// that embeds one of them (a wrapper adding tracing, say) provide it.
+//
+// The store learns what lies behind a Client from the methods it has,
+// whatever its type. A Redis Cluster has those of *redis.ClusterClient
+//
+//	ForEachMaster(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+//	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+//
+// and the store loads its code on every master, keeps a breaker and
+// senders per master, and sends each master's decisions as pipelines of
+// their own calls (their keys lie in different slots). A Ring has
+// ForEachShard, of ForEachMaster's signature, and not those: the store
+// loads its code on every shard and keeps one breaker. Anything else is
+// one Redis, whose queued decisions share calls. A cluster client with
+// ReloadState(context.Context) reloads its slot map after a round trip
+// fails for want of Redis.
+type Client interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+	Pipeline() redis.Pipeliner
+}
+
+// clusterClient is a Client to a Redis Cluster.
+type clusterClient interface {
+	ForEachMaster(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+}
+
+// ringClient is a Client to a Ring.
+type ringClient interface {
+	ForEachShard(ctx context.Context, fn func(context.Context, *redis.Client) error) error
 }
 
 // Store is the Redis store. Create it with New; the zero value is not
 // usable. Safe for concurrent use. Its sender goroutines (and, while
-// Redis fails, its breaker's probe) stop on Close, which does not close
-// the client: that stays the caller's.
+// Redis fails, its breakers' probes, and a readiness check Ready began)
+// stop on Close, which does not close the client: that stays the
+// caller's.
 type Store struct {
-	client  redis.UniversalClient
-	prefix  string
-	timeout time.Duration
-	clock   sluice.Clock // nil in RedisTime mode
-	maxReg  any          // ARGV_MAX_REGRESSION, a string
-	extra   time.Duration
-	scripts atomic.Bool // the code is loaded as a script, not a function library
+	client   Client
+	cluster  clusterClient // nil unless a Cluster
+	ring     ringClient    // nil unless a Ring
+	prefix   string
+	timeout  time.Duration
+	clock    sluice.Clock // nil in RedisTime mode
+	maxReg   any          // ARGV_MAX_REGRESSION, a string
+	extra    time.Duration
+	replicas int         // WaitReplicas
+	scripts  atomic.Bool // the code is loaded as a script, not a function library
 	// policyArgs caches each policy's formatted arguments:
 	// *sluice.Policy → *policyArgs, about cachedArgs of them.
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
-	batch      *batcher // nil: every decision is sent alone by its caller
-	breaker    *breaker // nil: disabled
+	onFallback func(string)
+
+	// The nodes decisions go to: one, the store's Redis (on a Cluster,
+	// the decisions whose master cannot be told, routed by the cluster
+	// client), and a Cluster's masters by address.
+	one         *node
+	nodes       sync.Map // address → *node
+	nodesMu     sync.Mutex
+	closed      bool // guarded by nodesMu
+	senders     int  // per node; 0: every decision is sent alone by its caller
+	breakerOpts BreakerOptions
+
+	// The store's breaker state, its worst node's, for OnChange.
+	stateMu  sync.Mutex
+	state    string
+	states   map[*node]string // the nodes not closed
+	seqs     map[*node]uint64
+	onChange func(string)
+
+	// Ready's checks: at most one runs, in the background, bounded by
+	// Timeout; Ready waits readyWait for it at most.
+	checkMu   sync.Mutex
+	checking  chan struct{} // closed when the running check ends; nil: none runs
+	lastCheck atomic.Pointer[check]
+	bgCtx     context.Context
+	bgStop    context.CancelFunc
+	bg        sync.WaitGroup
+}
+
+// check is what a readiness check found besides what it recorded on each
+// node: a Cluster's masters at the time (nil otherwise, or when the slot
+// map could not be had).
+type check struct {
+	masters map[string]bool
 }
 
 var _ sluice.Store = (*Store)(nil)
 
 // New returns a Store over client and loads its code on every master,
 // failing if that is not possible, and starts its senders.
-func New(client redis.UniversalClient, opts Options) (*Store, error) {
+func New(client Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New: client is nil")
 	}
@@ -259,7 +358,21 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if opts.ExtraTTL < 0 || opts.ExtraTTL > 24*time.Hour {
 		return nil, fmt.Errorf("redisstore: New: ExtraTTL = %v: must be between 0 and 24h", opts.ExtraTTL)
 	}
-	s := &Store{client: client, prefix: opts.Prefix, timeout: opts.Timeout, maxReg: "-1", extra: opts.ExtraTTL}
+	s := &Store{client: client, prefix: opts.Prefix, timeout: opts.Timeout, maxReg: "-1", extra: opts.ExtraTTL,
+		onFallback: opts.OnFallback, breakerOpts: opts.Breaker, onChange: opts.Breaker.OnChange, state: "closed",
+		states: map[*node]string{}, seqs: map[*node]uint64{}}
+	if c, ok := client.(clusterClient); ok {
+		s.cluster = c
+	} else if r, ok := client.(ringClient); ok {
+		s.ring = r
+	}
+	switch {
+	case opts.WaitReplicas < 0:
+		return nil, fmt.Errorf("redisstore: New: WaitReplicas = %d: must not be negative", opts.WaitReplicas)
+	case opts.WaitReplicas > 0 && s.ring != nil:
+		return nil, errors.New("redisstore: New: WaitReplicas needs a Client, Sentinel or Cluster, not a Ring")
+	}
+	s.replicas = opts.WaitReplicas
 	switch opts.ClockMode {
 	case RedisTime:
 	case CallerClock:
@@ -276,11 +389,6 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
 	}
-	s.breaker = newBreaker(opts.Breaker, func(ctx context.Context) error {
-		ctx, cancel := s.callContext(ctx)
-		defer cancel()
-		return client.Ping(ctx).Err()
-	})
 	if !opts.Lazy {
 		ctx, cancel := s.callContext(context.Background())
 		defer cancel()
@@ -290,39 +398,169 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	switch {
 	case opts.Senders == 0:
-		s.batch = newBatcher(s, 2)
+		s.senders = 2
 	case opts.Senders > 0:
-		s.batch = newBatcher(s, opts.Senders)
+		s.senders = opts.Senders
 	}
+	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
+	s.one = s.newNode("", nil)
 	return s, nil
 }
 
-// Close stops the store's sender goroutines and its breaker's probe;
-// decisions asked afterwards, or still queued, fail before send. The
-// client stays the caller's.
+// Close stops the store's sender goroutines, its breakers' probes and a
+// readiness check that runs; decisions asked afterwards, or still
+// queued, fail before send. The client stays the caller's.
 func (s *Store) Close() error {
-	if s.batch != nil {
-		s.batch.close()
+	s.nodesMu.Lock()
+	if s.closed {
+		s.nodesMu.Unlock()
+		return nil
 	}
-	s.breaker.close()
+	s.closed = true
+	s.nodesMu.Unlock()
+	s.bgStop()
+	s.eachNode(func(n *node) {
+		if n.batch != nil {
+			n.batch.close()
+		}
+		n.breaker.close()
+	})
+	s.bg.Wait()
 	return nil
 }
 
-// Ready reports whether Redis answers and holds the decision code on
-// every master, loading it where it is missing. While the circuit
-// breaker is open (Redis known to be failing) it says so at once,
-// without waiting on Redis: readiness probes of a hung Redis then cost
-// no timeout each.
+// readyWait is the longest Ready waits on Redis.
+const readyWait = 50 * time.Millisecond
+
+// Ready reports whether the store can take decisions: whether Redis
+// answers and holds the decision code on every master. It answers from
+// what the store knows, without waiting on Redis: not ready while a
+// breaker is open (the master named) or when the newest round trip to a
+// master (a decision's, a probe's or a check's) failed, or before any
+// round trip has succeeded. A check loads the code on every master where
+// it is missing (and on a Cluster learns which nodes are the masters);
+// Ready starts one in the background unless one runs, bounded by
+// Options.Timeout, and waits for it at most 50ms (less if ctx ends
+// first): a hung Redis costs a readiness probe no timeout, and what a
+// check that has not answered by then finds counts for the next Ready.
 func (s *Store) Ready(ctx context.Context) error {
-	if s.breaker.isOpen() {
-		return fmt.Errorf("redisstore: not ready: %w", errOpen)
+	done := s.check()
+	if err := s.readiness(true); err != nil {
+		return err // an open breaker: no check can say otherwise
 	}
-	ctx, cancel := s.callContext(ctx)
-	defer cancel()
-	if err := s.load(ctx); err != nil {
+	t := time.NewTimer(readyWait)
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	return s.readiness(false)
+}
+
+// readiness is Ready's answer from what the store knows now; openOnly:
+// nil unless a breaker is open.
+func (s *Store) readiness(openOnly bool) error {
+	var masters map[string]bool // nil: every node the store knows
+	if last := s.lastCheck.Load(); last != nil {
+		masters = last.masters
+	}
+	var err error
+	answered := false
+	s.eachNode(func(n *node) {
+		if n != s.one && masters != nil && !masters[n.addr] {
+			return // not a master at the last check: its slots are served elsewhere
+		}
+		switch {
+		case err != nil:
+		case n.breaker.isOpen():
+			err = n.errOpen
+		case openOnly:
+		case n.last.Load() != nil:
+			err = *n.last.Load()
+		case n.answered.Load():
+			answered = true
+		}
+	})
+	if err == nil && !answered && !openOnly {
+		err = fmt.Errorf("redisstore: no answer from Redis within %v yet", readyWait)
+	}
+	if err != nil {
 		return fmt.Errorf("redisstore: not ready: %w", err)
 	}
 	return nil
+}
+
+// check returns a channel closed when the running readiness check ends,
+// starting one if none runs.
+func (s *Store) check() <-chan struct{} {
+	s.checkMu.Lock()
+	defer s.checkMu.Unlock()
+	if s.checking != nil {
+		return s.checking
+	}
+	done := make(chan struct{})
+	if s.bgCtx.Err() != nil {
+		close(done) // closed
+		return done
+	}
+	s.checking = done
+	s.bg.Go(func() {
+		ctx, cancel := s.callContext(s.bgCtx)
+		c := s.runCheck(ctx)
+		cancel()
+		s.lastCheck.Store(c)
+		s.checkMu.Lock()
+		s.checking = nil
+		s.checkMu.Unlock()
+		close(done)
+	})
+	return done
+}
+
+// runCheck loads the code on every master (on a Ring every shard, or the
+// one Redis), except where a breaker is open, and records each round
+// trip on its node.
+func (s *Store) runCheck(ctx context.Context) *check {
+	on := func(ctx context.Context, n *node, load func(context.Context) error) {
+		if n.breaker.isOpen() {
+			return // Ready says so; the probe tells when that Redis answers
+		}
+		err := load(ctx)
+		if err != nil {
+			err = s.typeErr(ctx, "load the code", true, err)
+		}
+		s.record(ctx, n, err)
+	}
+	switch {
+	case s.ring != nil:
+		on(ctx, s.one, s.load) // one breaker for the shards
+		return &check{}
+	case s.cluster == nil:
+		on(ctx, s.one, func(ctx context.Context) error { return s.loadOn(ctx, s.client) })
+		return &check{}
+	}
+	var mu sync.Mutex
+	masters := map[string]bool{}
+	err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		n := s.nodeOf(c)
+		mu.Lock()
+		masters[n.addr] = true
+		mu.Unlock()
+		on(ctx, n, func(ctx context.Context) error { return s.loadOn(ctx, c) })
+		return nil
+	})
+	if len(masters) == 0 {
+		// No slot map: the decisions the store's own node routes cannot
+		// be sent either.
+		if err != nil {
+			err = s.typeErr(ctx, "read the cluster's slot map", false, err)
+		}
+		s.record(ctx, s.one, err)
+		return &check{}
+	}
+	s.record(ctx, s.one, nil)
+	return &check{masters: masters}
 }
 
 // callContext returns ctx bounded by the store's Timeout. A ctx whose own
@@ -491,24 +729,23 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 	for _, prev := range ev.Previous {
 		states := make([]redis.Cmder, n)
 		ttls := make([]*redis.DurationCmd, n)
-		_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for i, p := range ev.Policies {
-				if out[carryPerPolicy*i] != "" {
-					continue
-				}
-				k := s.key(prev, p)
-				switch p.Algorithm {
-				case sluice.SlidingLog:
-					states[i] = pipe.LRange(ctx, k, 0, -1)
-				case sluice.Concurrency:
-					states[i] = pipe.ZRangeWithScores(ctx, k, 0, -1)
-				default:
-					states[i] = pipe.Get(ctx, k)
-				}
-				ttls[i] = pipe.PTTL(ctx, k)
+		pipe := s.client.Pipeline()
+		for i, p := range ev.Policies {
+			if out[carryPerPolicy*i] != "" {
+				continue
 			}
-			return nil
-		})
+			k := s.key(prev, p)
+			switch p.Algorithm {
+			case sluice.SlidingLog:
+				states[i] = pipe.LRange(ctx, k, 0, -1)
+			case sluice.Concurrency:
+				states[i] = pipe.ZRangeWithScores(ctx, k, 0, -1)
+			default:
+				states[i] = pipe.Get(ctx, k)
+			}
+			ttls[i] = pipe.PTTL(ctx, k)
+		}
+		_, err := pipe.Exec(ctx)
 		if err != nil && !errors.Is(err, redis.Nil) {
 			if err = s.classify(ctx, "read the state of an older subject", err); errors.Is(err, sluice.ErrIndeterminate) {
 				// Reads only: nothing was spent, whatever happened.
@@ -545,95 +782,6 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 		}
 	}
 	return out, nil
-}
-
-// send runs the decision p holds, through the senders or alone, and
-// returns the script's reply, or the error typed by classify.
-func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
-	if err := s.breaker.allow(); err != nil {
-		s.release(p)
-		return nil, err
-	}
-	return s.sendNow(ctx, p)
-}
-
-func (s *Store) sendNow(ctx context.Context, p *pending) ([]int64, error) {
-	if s.batch == nil || s.batch.inflight.CompareAndSwap(0, 1) {
-		// Nothing on the wire: this decision goes now, from its caller.
-		if s.batch != nil {
-			defer s.batch.inflight.Add(-1)
-		}
-		callerCtx := ctx
-		defer s.release(p)
-		ctx, cancel := s.callContext(ctx)
-		defer cancel()
-		p.cmd = newScriptCmd(ctx, p.args)
-		err := s.client.Process(ctx, p.cmd)
-		if notLoaded(err) {
-			// The code certainly did not run: load it where the key lives
-			// and try once more.
-			if lerr := s.loadNode(ctx, p.args[3].(string)); lerr != nil {
-				return nil, s.classify(ctx, "reload after "+err.Error(), lerr)
-			}
-			p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
-			p.cmd = newScriptCmd(ctx, p.args)
-			err = s.client.Process(ctx, p.cmd)
-		}
-		if err != nil && callerCtx.Err() != nil {
-			// The caller's own deadline ended the wait, which says nothing
-			// of Redis: not a round trip for the breaker.
-			var op *net.OpError
-			if !errors.As(err, &op) {
-				return nil, fmt.Errorf("redisstore: run script: nothing sent: %w", callerCtx.Err())
-			}
-			return nil, s.classify(ctx, "run script", err)
-		}
-		if err != nil {
-			err = s.classify(ctx, "run script", err)
-		}
-		s.roundTrip(err)
-		if err != nil {
-			return nil, err
-		}
-		return p.cmd.Int64Slice()
-	}
-	p.cmd, p.err = newScriptCmd(ctx, p.args), nil
-	reuse, err := s.batch.do(ctx, p)
-	if reuse {
-		defer s.release(p)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if p.err != nil {
-		return nil, p.err
-	}
-	return p.cmd.Int64Slice()
-}
-
-// stateReloader is a cluster client: it routes by a slot map of its own,
-// which it refreshes on MOVED replies but not when a master it routes to
-// is gone, so after a failover it would keep dialling the dead master for
-// up to its ClusterStateReloadInterval (60s by default).
-type stateReloader interface{ ReloadState(context.Context) }
-
-// roundTrip tells the breaker how a round trip to Redis ended, and a
-// cluster client whose round trip failed for want of Redis to look at the
-// slot map again (at most one reload at a time, 200ms apart: go-redis
-// coalesces them), so a replica promoted in the dead master's place is
-// found within one reload.
-func (s *Store) roundTrip(err error) {
-	s.breaker.roundTrip(err)
-	if r, ok := s.client.(stateReloader); ok && (errors.Is(err, sluice.FailedBeforeSend) || errors.Is(err, sluice.ErrIndeterminate)) {
-		r.ReloadState(context.Background())
-	}
-}
-
-// release returns p to the pool, dropping what it references.
-func (s *Store) release(p *pending) {
-	clear(p.args)
-	p.cmd, p.err = scriptCmd{}, nil
-	pendingPool.Put(p)
 }
 
 // refusedBeforeRun are error replies with which Redis refuses a script

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -97,71 +98,143 @@ func (s *Store) call() (any, any) {
 	return c[0], c[1]
 }
 
-// load loads the code on every master (every shard of a Ring).
-func (s *Store) load(ctx context.Context) error {
-	loadOn := func(ctx context.Context, c *redis.Client) error { return s.loadOn(ctx, c) }
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, loadOn)
-	case *redis.Ring:
-		return c.ForEachShard(ctx, loadOn)
-	default:
-		return s.loadOn(ctx, c)
-	}
+// mark stands in a decision's command for its last argument (a policy's
+// or a carried state's, always a string) and notes when go-redis writes
+// the command: go-redis asks an argument for its bytes (MarshalBinary)
+// only when it writes the command into a connection that is up, after
+// waiting for the connection, dialling it and setting it up. Whether a
+// command that got no reply was written tells a decision that may have
+// run (Indeterminate) from one that cannot have (failed before send):
+// go-redis returns the same context error for both. A decideAll call
+// holds the marks of its decisions. The last argument is the one hooks
+// (tracing) are least likely to read by type; they print it alike
+// (String).
+type mark struct {
+	arg     string
+	buf     []byte // arg's bytes, in a buffer the pooled decision keeps
+	written atomic.Bool
 }
 
-// loadNode loads the code on the node that owns key, after the node
-// answered that it does not hold it.
-func (s *Store) loadNode(ctx context.Context, key string) error {
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		node, err := c.MasterForKey(ctx, key)
+// MarshalBinary implements encoding.BinaryMarshaler.
+func (m *mark) MarshalBinary() ([]byte, error) {
+	m.written.Store(true)
+	m.buf = append(m.buf[:0], m.arg...)
+	return m.buf, nil
+}
+
+// String returns the argument, for logs and traces of the command.
+func (m *mark) String() string { return m.arg }
+
+// arm puts m in args (a decision's command) in place of its last
+// argument, not yet written.
+func (m *mark) arm(args []any) {
+	last := len(args) - 1
+	switch v := args[last].(type) {
+	case *mark:
+		m.arg = v.arg // m itself, re-armed for a retry
+	case string:
+		m.arg = v
+	default:
+		m.arg = fmt.Sprint(v)
+	}
+	m.written.Store(false)
+	args[last] = m
+}
+
+// load loads the code on every master of a Cluster, every shard of a
+// Ring, or the one Redis.
+func (s *Store) load(ctx context.Context) error {
+	loadOn := func(ctx context.Context, c *redis.Client) error { return s.loadOn(ctx, c) }
+	switch {
+	case s.cluster != nil:
+		return s.cluster.ForEachMaster(ctx, loadOn)
+	case s.ring != nil:
+		return s.ring.ForEachShard(ctx, loadOn)
+	}
+	return s.loadOn(ctx, s.client)
+}
+
+// loadNode loads the code on n, after Redis answered cause to one of its
+// decisions: that it does not hold the code, or may not or cannot run
+// FCALL, in which case the store falls back to scripts for good.
+func (s *Store) loadNode(ctx context.Context, n *node, key string, cause error) error {
+	if msg := replyError(cause); noFunctions(msg) {
+		s.fallBack("redis refused FCALL: " + msg)
+	}
+	switch {
+	case s.ring != nil:
+		return s.load(ctx)
+	case s.cluster != nil && n.client.Load() == nil:
+		c, err := s.cluster.MasterForKey(ctx, key)
 		if err != nil {
 			return err
 		}
-		return s.loadOn(ctx, node)
-	case *redis.Ring:
-		return s.load(ctx)
-	default:
 		return s.loadOn(ctx, c)
+	}
+	return s.loadOn(ctx, s.direct(n))
+}
+
+// fallBack makes the store send scripts from now on, and says why once.
+func (s *Store) fallBack(reason string) {
+	if s.scripts.CompareAndSwap(false, true) && s.onFallback != nil {
+		s.onFallback(reason + "; deciding with scripts (SCRIPT LOAD, EVALSHA) from now on")
 	}
 }
 
 // loadOn loads the code on one node: as a function library unless the
 // store already fell back to scripts, falling back for good when the node
 // does not know FUNCTION (before Redis 7) or the user may not run it.
-func (s *Store) loadOn(ctx context.Context, c rediser) error {
+func (s *Store) loadOn(ctx context.Context, c processor) error {
 	if !s.scripts.Load() {
 		cmd := redis.NewStringCmd(ctx, "function", "load", librarySource)
-		err := c.Process(ctx, cmd)
+		err := c.Process(ctx, onceCmd{cmd})
 		msg := replyError(err)
 		switch {
 		case err == nil, strings.HasPrefix(msg, "ERR Library") && strings.Contains(msg, "already exists"):
 			return nil
 		case strings.HasPrefix(msg, "NOPERM"), strings.HasPrefix(msg, "ERR unknown command"):
-			s.scripts.Store(true)
+			s.fallBack("redis refused FUNCTION LOAD: " + msg)
 		default:
 			return fmt.Errorf("function load: %w", err)
 		}
 	}
-	sha, err := c.ScriptLoad(ctx, scriptSource).Result()
-	if err != nil {
+	cmd := redis.NewStringCmd(ctx, "script", "load", scriptSource)
+	if err := c.Process(ctx, onceCmd{cmd}); err != nil {
 		return fmt.Errorf("script load: %w", err)
 	}
-	if sha != scriptSHA {
+	if sha := cmd.Val(); sha != scriptSHA {
 		return fmt.Errorf("script load: redis answered sha1 %s, want %s", sha, scriptSHA)
 	}
 	return nil
 }
 
+// onceCmd is a command of the store's own that go-redis must not retry:
+// the store knows better what to do when it fails (a READONLY replica,
+// which go-redis retries for up to a second, is a failure to report now).
+type onceCmd struct{ redis.Cmder }
+
+// NoRetry implements redis.Cmder.
+func (onceCmd) NoRetry() bool { return true }
+
+// processor sends one command.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
 // notLoaded reports whether err says the node does not hold the code, or
-// cannot run it as a function (a Lazy store has not learnt yet that the
-// node predates Redis 7 or that the user may not FCALL), so the call
-// certainly did not run.
+// cannot run it as a function (before Redis 7, or a user not allowed
+// FCALL, whether a Lazy store has not learnt it yet or the user lost
+// +fcall at run time), so the call certainly did not run.
 func notLoaded(err error) bool {
 	msg := replyError(err)
-	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") ||
-		strings.HasPrefix(msg, "ERR unknown command 'fcall'") || strings.HasPrefix(msg, "ERR unknown command `fcall`") ||
+	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") || noFunctions(msg)
+}
+
+// noFunctions reports whether msg, an error reply to FCALL, says the node
+// will not run functions for this user: FCALL unknown (before Redis 7) or
+// not permitted.
+func noFunctions(msg string) bool {
+	return strings.HasPrefix(msg, "ERR unknown command 'fcall'") || strings.HasPrefix(msg, "ERR unknown command `fcall`") ||
 		strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'")
 }
 

@@ -1,12 +1,14 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server, a Redis Cluster of three masters (with one replica
-// each), and a server with a least-privilege ACL user. Each listens on free
-// loopback ports with its files in a temporary directory, and is stopped by
-// killing the process it started (by PID), never by name.
+// standalone server, a replica of one, a Sentinel monitoring one, a Redis
+// Cluster of three masters (with one replica each), and a server with a
+// least-privilege ACL user. Each listens on free loopback ports with its
+// files in a temporary directory, and is stopped by killing the process it
+// started (by PID), never by name.
 //
-// The t-taking helpers (Standalone, Cluster, ACL) stop their servers in
-// t.Cleanup. StartServer and StartCluster return servers the caller stops,
-// for sharing one server per test package from TestMain.
+// The t-taking helpers (Standalone, Replica, Cluster, ACL) stop their
+// servers in t.Cleanup. StartServer, StartReplica, StartSentinel and
+// StartCluster return servers the caller stops, for sharing one server per
+// test package from TestMain.
 //
 // When redis-server is not installed, every helper fails with the command
 // that installs it (InstallHint).
@@ -48,6 +50,7 @@ type Server struct {
 	bin      string
 	port     int
 	config   []string
+	sentinel bool       // runs as a Redis Sentinel (redis-server --sentinel)
 	mu       sync.Mutex // guards cmd and exited across Kill and Restart
 	cmd      *exec.Cmd
 	exited   chan struct{}
@@ -102,7 +105,7 @@ func StartServer(dir string, config ...string) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redistest: %w", err)
 		}
-		s, err := start(bin, dir, port, config)
+		s, err := start(bin, dir, port, config, false)
 		if err == nil {
 			s.removeMe = remove
 			return s, nil
@@ -115,7 +118,7 @@ func StartServer(dir string, config ...string) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(bin, dir string, port int, config []string) (*Server, error) {
+func start(bin, dir string, port int, config []string, sentinel bool) (*Server, error) {
 	conf := []string{
 		"bind 127.0.0.1",
 		"port " + strconv.Itoa(port),
@@ -132,6 +135,11 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 		return nil, fmt.Errorf("redistest: %w", err)
 	}
 	cmd := exec.Command(bin, path)
+	ready := []byte("Ready to accept connections")
+	if sentinel {
+		cmd = exec.Command(bin, path, "--sentinel")
+		ready = []byte("+monitor master") // a Sentinel logs no "Ready"; this once it monitors its master
+	}
 	cmd.Dir = dir
 	cmd.SysProcAttr = dieWithParent()
 	var stderr bytes.Buffer
@@ -139,7 +147,7 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("redistest: start redis-server: %w", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, bin: bin, port: port, config: config, cmd: cmd, exited: make(chan struct{})}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, bin: bin, port: port, config: config, sentinel: sentinel, cmd: cmd, exited: make(chan struct{})}
 	go func() { cmd.Wait(); close(s.exited) }()
 	// Ready when this process says so in its own log: a successful dial
 	// alone could reach another server that took the port first (this one
@@ -147,7 +155,7 @@ func start(bin, dir string, port int, config []string) (*Server, error) {
 	logPath := filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if log, err := os.ReadFile(logPath); err == nil && bytes.Contains(log, []byte("Ready to accept connections")) {
+		if log, err := os.ReadFile(logPath); err == nil && bytes.Contains(log, ready) {
 			if c, err := net.DialTimeout("tcp", s.Addr, time.Second); err == nil {
 				c.Close()
 				return s, nil
@@ -202,7 +210,7 @@ func (s *Server) Restart() error {
 	s.Kill()
 	// The new process is ready when its log says so: not the old one's.
 	os.Remove(filepath.Join(s.Dir, fmt.Sprintf("redis-%d.log", s.port)))
-	n, err := start(s.bin, s.Dir, s.port, s.config)
+	n, err := start(s.bin, s.Dir, s.port, s.config, s.sentinel)
 	if err != nil {
 		return err
 	}
@@ -241,6 +249,95 @@ func Standalone(t testing.TB) *Server {
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// StartReplica starts a redis-server that replicates master (replicaof,
+// with the extra config lines given) and waits until its link to the
+// master is up and the master counts it among its connected replicas, so
+// a WAIT on the master can be acknowledged by it. It sets the master's
+// repl-diskless-sync-delay to 0 first (Redis's default waits 5s for more
+// replicas before the first sync). The caller must Stop it.
+func StartReplica(master *Server, config ...string) (*Server, error) {
+	host, port, err := net.SplitHostPort(master.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	m := redis.NewClient(&redis.Options{Addr: master.Addr})
+	defer m.Close()
+	if err := m.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+		return nil, fmt.Errorf("redistest: master %s: %w", master.Addr, err)
+	}
+	s, err := StartServer("", append([]string{"replicaof " + host + " " + port}, config...)...)
+	if err != nil {
+		return nil, err
+	}
+	r := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer r.Close()
+	for {
+		repl, err := r.Info(ctx, "replication").Result()
+		up := err == nil && strings.Contains(repl, "master_link_status:up")
+		if up {
+			info, err := m.Info(ctx, "replication").Result()
+			up = err == nil && strings.Contains(info, "ip="+host+",port="+strconv.Itoa(s.port)+",state=online")
+		}
+		if up {
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			s.Stop()
+			return nil, fmt.Errorf("redistest: replica %s of %s not in sync within %v", s.Addr, master.Addr, startTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Replica starts a replica of master for the test and stops it in
+// t.Cleanup.
+func Replica(t testing.TB, master *Server) *Server {
+	t.Helper()
+	s, err := StartReplica(master)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) on a
+// free loopback port that monitors master under the name name, with a
+// quorum of 1, and waits until it does. The caller must Stop it.
+func StartSentinel(master *Server, name string) (*Server, error) {
+	bin, _, err := binaries()
+	if err != nil {
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(master.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "redistest-sentinel-")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	var lastErr error
+	for range 5 {
+		p, err := freePort()
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		s, err := start(bin, dir, p, []string{"sentinel monitor " + name + " " + host + " " + port + " 1"}, true)
+		if err == nil {
+			s.removeMe = true
+			return s, nil
+		}
+		lastErr = err
+	}
+	os.RemoveAll(dir)
+	return nil, lastErr
 }
 
 // ClusterServers is a running Redis Cluster.
@@ -383,6 +480,54 @@ func waitClusterOK(ctx context.Context, c *ClusterServers, replicas int) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// ReplicasOf returns the replicas of the master at addr.
+func (c *ClusterServers) ReplicasOf(ctx context.Context, addr string) ([]*Server, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	var out []*Server
+	for _, s := range c.Replicas {
+		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
+		repl, err := cl.Info(ctx, "replication").Result()
+		cl.Close()
+		if err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		if strings.Contains(repl, "master_host:"+host+"\r\n") && strings.Contains(repl, "master_port:"+port+"\r\n") {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("redistest: no replica of %s", addr)
+	}
+	return out, nil
+}
+
+// WaitOnePromoted waits until one of replicas (of the master at dead,
+// killed) is promoted as WaitPromoted tells, and returns it.
+func (c *ClusterServers) WaitOnePromoted(ctx context.Context, replicas []*Server, dead string) (*Server, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	won := make(chan *Server, len(replicas))
+	errs := make(chan error, len(replicas))
+	for _, r := range replicas {
+		go func() {
+			if err := c.WaitPromoted(ctx, r, dead); err != nil {
+				errs <- err
+				return
+			}
+			won <- r
+		}()
+	}
+	var last error
+	for range replicas {
+		select {
+		case r := <-won:
+			return r, nil
+		case last = <-errs:
+		}
+	}
+	return nil, last
 }
 
 // ReplicaOf returns a replica of the master at addr.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestStandalone(t *testing.T) {
@@ -12,6 +15,44 @@ func TestStandalone(t *testing.T) {
 	defer c.Close()
 	if got, err := c.Ping(context.Background()).Result(); err != nil || got != "PONG" {
 		t.Fatalf("PING = %q, %v, want PONG", got, err)
+	}
+}
+
+func TestReplica(t *testing.T) {
+	m := Standalone(t)
+	r := Replica(t, m)
+	mc, rc := m.Client(), r.Client()
+	defer mc.Close()
+	defer rc.Close()
+	ctx := context.Background()
+	if err := mc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := mc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 on the master = %d, %v, want 1 replica", n, err)
+	}
+	if v, err := rc.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET on the replica = %q, %v, want the master's write", v, err)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	m := Standalone(t)
+	s, err := StartSentinel(m, "mymaster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{s.Addr}})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the Sentinel failover client: %v", err)
+	}
+	mc := m.Client()
+	defer mc.Close()
+	if v, err := mc.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET on the master = %q, %v, want the failover client's write", v, err)
 	}
 }
 
