@@ -56,7 +56,7 @@ func FuzzCorruptState(f *testing.F) {
 	clock := sluicetest.NewClock()
 	// Keys live an hour beyond what the fake clock needs: it does not
 	// advance with Redis's, which expires them.
-	caller := newStore(f, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
+	caller := newStore(f, c, redisstore.Options{Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
 	server := newStore(f, c, redisstore.Options{})
 	ints := func(vs ...int64) []byte {
 		var b []byte

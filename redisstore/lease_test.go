@@ -38,7 +38,7 @@ const (
 // the same instant in both processes.
 func leaseLimiter(c redis.UniversalClient) (*sluice.Limiter, *sluicetest.Clock, *redisstore.Store, error) {
 	clock := sluicetest.NewClock()
-	s, err := redisstore.New(c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour, Timeout: 20 * time.Second})
+	s, err := redisstore.New(c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour, Timeout: 20 * time.Second})
 	if err != nil {
 		return nil, nil, nil, err
 	}

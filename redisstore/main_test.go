@@ -98,7 +98,7 @@ func newStore(t testing.TB, c redis.UniversalClient, opts redisstore.Options) *r
 // would need, as the fake clock does not advance with Redis's.
 func callerStore(t testing.TB, c redis.UniversalClient) (*redisstore.Store, *sluicetest.Clock) {
 	clock := sluicetest.NewClock()
-	return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour}), clock
+	return newStore(t, c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour}), clock
 }
 
 // subject returns a subject no other test uses.

@@ -110,7 +110,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
@@ -146,37 +145,12 @@ var opArgs = func() (a [sluice.Renew + 1]any) {
 	return a
 }()
 
-// MaxPrefixLen is the longest Options.Prefix, in bytes.
-const MaxPrefixLen = 64
-
-// ClockMode selects the time source of decisions.
-type ClockMode uint8
-
-const (
-	// RedisTime reads the time with Redis TIME inside the script: one clock
-	// for every caller, whatever their own clocks say.
-	RedisTime ClockMode = iota
-	// CallerClock passes Options.Clock's time to the script. Each key
-	// remembers the newest time it was written at; a caller whose time lies
-	// more than Options.MaxClockRegression behind it gets
-	// sluice.ClockUnsafe and changes nothing.
-	CallerClock
-)
-
-// String returns "redis_time" or "caller_clock".
-func (m ClockMode) String() string {
-	switch m {
-	case RedisTime:
-		return "redis_time"
-	case CallerClock:
-		return "caller_clock"
-	}
-	return fmt.Sprintf("ClockMode(%d)", uint8(m))
-}
+// maxPrefixLen is the longest Options.Prefix, in bytes.
+const maxPrefixLen = 64
 
 // Options configure a Store. The zero value means the defaults.
 type Options struct {
-	// Prefix starts every key, at most MaxPrefixLen bytes without '{' or
+	// Prefix starts every key, at most 64 bytes without '{' or
 	// '}'. Default: "sluice:".
 	Prefix string
 	// Timeout bounds each round trip to Redis (a pipeline of decisions, or
@@ -227,19 +201,21 @@ type Options struct {
 	// decision FCALL was refused for is then sent once more as EVALSHA.
 	// For logs. Default: nil.
 	OnFallback func(reason string)
-	// ClockMode is the time source. Default: RedisTime.
-	ClockMode ClockMode
-	// Clock is the time source in CallerClock mode; unused otherwise.
-	// Default: clock.System{}.
+	// Clock, when set, is the time source of decisions: its time is passed
+	// to the script, each key remembers the newest time it was written at,
+	// and a caller whose time lies more than MaxClockRegression behind it
+	// gets sluice.ClockUnsafe and changes nothing. Default: nil, the time
+	// is read with Redis TIME inside the script: one clock for every
+	// caller, whatever their own clocks say.
 	Clock sluice.Clock
-	// MaxClockRegression is, in CallerClock mode, how far a caller's time
+	// MaxClockRegression is, with a Clock, how far a caller's time
 	// may lie behind the newest time a key was written at; further behind
 	// is sluice.ClockUnsafe. Within the bound the algorithms treat the
 	// earlier time as the later one. Negative means unbounded.
 	// Default: 1s.
 	MaxClockRegression time.Duration
 	// ExtraTTL is added to every key's TTL on top of the policy's
-	// CleanupGrace. TTLs run on Redis's clock; in CallerClock mode with a
+	// CleanupGrace. TTLs run on Redis's clock; with a Clock
 	// clock that does not advance with it (a fake clock in tests), state
 	// could otherwise expire in Redis while it is still live by the
 	// caller's clock. Default: 0.
@@ -293,7 +269,7 @@ type Store struct {
 	ring     ringClient    // nil unless a Ring
 	prefix   string
 	timeout  time.Duration
-	clock    sluice.Clock // nil in RedisTime mode
+	clock    sluice.Clock // nil: Redis TIME
 	maxReg   any          // ARGV_MAX_REGRESSION, a string
 	extra    time.Duration
 	replicas int         // WaitReplicas
@@ -349,8 +325,8 @@ func New(client Client, opts Options) (*Store, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "sluice:"
 	}
-	if len(opts.Prefix) > MaxPrefixLen || strings.ContainsAny(opts.Prefix, "{}") {
-		return nil, fmt.Errorf("redisstore: New: prefix %q: must be at most %d bytes without '{' or '}'", opts.Prefix, MaxPrefixLen)
+	if len(opts.Prefix) > maxPrefixLen || strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: New: prefix %q: must be at most %d bytes without '{' or '}'", opts.Prefix, maxPrefixLen)
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = time.Second
@@ -373,21 +349,13 @@ func New(client Client, opts Options) (*Store, error) {
 		return nil, errors.New("redisstore: New: WaitReplicas needs a Client, Sentinel or Cluster, not a Ring")
 	}
 	s.replicas = opts.WaitReplicas
-	switch opts.ClockMode {
-	case RedisTime:
-	case CallerClock:
-		s.clock = opts.Clock
-		if s.clock == nil {
-			s.clock = clock.System{}
-		}
+	if s.clock = opts.Clock; s.clock != nil {
 		switch {
 		case opts.MaxClockRegression == 0:
 			s.maxReg = strconv.FormatInt(time.Second.Microseconds(), 10)
 		case opts.MaxClockRegression > 0:
 			s.maxReg = strconv.FormatInt(opts.MaxClockRegression.Microseconds(), 10)
 		}
-	default:
-		return nil, fmt.Errorf("redisstore: New: unknown clock mode %v", opts.ClockMode)
 	}
 	if !opts.Lazy {
 		ctx, cancel := s.callContext(context.Background())

@@ -30,14 +30,14 @@ import (
 func TestSuiteStandalone(t *testing.T) {
 	c := standaloneClient(t)
 	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
-		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+		return newStore(t, c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
 	})
 }
 
 func TestSuiteCluster(t *testing.T) {
 	c := clusterClient(t)
 	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
-		return newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+		return newStore(t, c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
 	})
 }
 
@@ -232,7 +232,7 @@ func TestACL(t *testing.T) {
 	// Every path of the script (dedupe records, refunds, deletes) runs
 	// under the restricted user.
 	sluicetest.TestStore(t, func(t *testing.T, clock sluice.Clock) sluice.Store {
-		return newStore(t, user, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
+		return newStore(t, user, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
 	})
 	stats, err := admin.Info(ctx, "commandstats").Result()
 	if err != nil {
@@ -477,7 +477,7 @@ func TestStateWithoutTTLGetsOne(t *testing.T) {
 func TestClockUnsafe(t *testing.T) {
 	c := standaloneClient(t)
 	clock := sluicetest.NewClock()
-	s := newStore(t, c, redisstore.Options{ClockMode: redisstore.CallerClock, Clock: clock, MaxClockRegression: time.Second})
+	s := newStore(t, c, redisstore.Options{Clock: clock, MaxClockRegression: time.Second})
 	for _, a := range algorithms {
 		t.Run(a.String(), func(t *testing.T) {
 			p := policy(t, "clock", a, 5, time.Minute)

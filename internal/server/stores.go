@@ -67,6 +67,8 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request
 		},
+	}, OnFallback: func(reason string) {
+		log.Warn("redis refuses functions: decisions go as scripts (EVALSHA) from now on", "reason", reason)
 	}})
 	if err != nil {
 		client.Close()
