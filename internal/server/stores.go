@@ -62,7 +62,7 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 	breakerLog := newBreakerLog(log, clock, breakerLogEvery)
 	// Lazy: serve starts while Redis is down or hung, answers per
 	// failure mode until it is back, and /readyz tells which.
-	rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: rc.Timeout, Breaker: redisstore.BreakerOptions{
+	rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
 		OnChange: func(state string) {
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request

@@ -192,6 +192,12 @@ type Redis struct {
 	// Decisions that meet share pipelines, so few are needed. 0:
 	// go-redis's default (10 per CPU).
 	PoolSize int64
+	// WaitReplicas, 0 to 16, has every decision acknowledged by that many
+	// replicas before it is answered (redisstore.Options.WaitReplicas):
+	// for limits where an over-admission after a failover matters, at
+	// about twice the latency; a decision fewer replicas acknowledged is
+	// indeterminate. Not with a Ring. 0: no wait.
+	WaitReplicas int64
 }
 
 // Password returns the password from the environment variable named by
@@ -645,6 +651,9 @@ func (c *Config) validateStore() *Error {
 	}
 	if r.PoolSize < 0 || r.PoolSize > 10000 {
 		return c.errorAt("store.redis.pool_size", strconv.FormatInt(r.PoolSize, 10), "must be between 1 and 10000")
+	}
+	if r.WaitReplicas < 0 || r.WaitReplicas > 16 {
+		return c.errorAt("store.redis.wait_replicas", strconv.FormatInt(r.WaitReplicas, 10), "must be between 0 and 16")
 	}
 	return nil
 }

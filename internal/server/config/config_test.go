@@ -79,6 +79,7 @@ var invalid = []struct {
 	{"proxy_local_share_too_big.yaml", "proxy.local_share: 1.5: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"proxy_local_share_zero.yaml", "proxy.local_share: 0: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"redis_timeout.yaml", "store.redis.timeout: \"2m\": must be between 1ms and 1m (line 5)"},
+	{"redis_wait_replicas.yaml", "store.redis.wait_replicas: 17: must be between 0 and 16 (line 5)"},
 	{"proxy_decision_timeout.yaml", "proxy.decision_timeout: \"30s\": must be between 1ms and 10s (line 6)"},
 	{"server_decision_timeout.yaml", "server.decision_timeout: \"0s\": must be between 1ms and 10s (line 3)"},
 	{"proxy_no_routes.yaml", "proxy.routes: at least one route is required (line 6)"},
@@ -100,7 +101,7 @@ var invalid = []struct {
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
 	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
-	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size (line 5)"},
+	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
 	{"redis_sentinel_without_master.yaml", "store.redis.master_name: is required with mode sentinel (line 3)"},
 	{"redis_url_and_addrs.yaml", "store.redis.addrs: set url or addrs, not both (line 5)"},
@@ -208,7 +209,7 @@ func TestParseFull(t *testing.T) {
 		},
 		Store: config.Store{Type: config.StoreRedis, Redis: &config.Redis{
 			Addrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Mode: config.ModeSentinel, MasterName: "mymaster",
-			Username: "sluice", PasswordEnv: "SLUICE_REDIS_PASSWORD", Timeout: 250 * time.Millisecond, DialTimeout: 2 * time.Second, PoolSize: 8,
+			Username: "sluice", PasswordEnv: "SLUICE_REDIS_PASSWORD", Timeout: 250 * time.Millisecond, DialTimeout: 2 * time.Second, PoolSize: 8, WaitReplicas: 1,
 		}},
 		Policies: []config.Policy{
 			{Policy: sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute}},
@@ -236,8 +237,8 @@ func TestParseFull(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)
 	}
-	if line := got.Line("proxy"); line != 57 {
-		t.Errorf("Line(proxy) = %d, want 57", line)
+	if line := got.Line("proxy"); line != 58 {
+		t.Errorf("Line(proxy) = %d, want 58", line)
 	}
 	env := map[string]string{"SLUICE_TOKEN_APP": "app-token-0123456789", "SLUICE_TOKEN_OPS": "short"}
 	_, err = got.Tokens(lookup(env))

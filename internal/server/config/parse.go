@@ -226,7 +226,7 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		return nil
 	}
 	const p = "store.redis"
-	rm, err := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size")
+	rm, err := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size", "wait_replicas")
 	if err != nil {
 		return err
 	}
@@ -241,6 +241,7 @@ func (d *decoder) store(s *Store, n *yaml.Node) error {
 		d.duration(p+".timeout", rm["timeout"], &r.Timeout),
 		d.duration(p+".dial_timeout", rm["dial_timeout"], &r.DialTimeout),
 		d.int(p+".pool_size", rm["pool_size"], &r.PoolSize),
+		d.int(p+".wait_replicas", rm["wait_replicas"], &r.WaitReplicas),
 	}); err != nil {
 		return err
 	}
