@@ -382,8 +382,11 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := check(ev); err != nil {
-		return err
+	if len(ev.Previous) > 0 {
+		// Carrying state over writes before the decision: check first.
+		if err := check(ev); err != nil {
+			return err
+		}
 	}
 	now := evaluation.Now(s.clock)
 	var carried []*state
@@ -431,6 +434,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			if r, ok := l.get(id); ok && r.expires > now {
 				e.Replay = r.decisions
 			}
+		}
+	}
+	if len(ev.Previous) == 0 {
+		// Nothing was written yet: check the policies as built.
+		if err := algorithm.Check(e.Op, e.Policies, e.Cost, e.LeaseID, ev.EvaluationID != ""); err != nil {
+			return fmt.Errorf("memstore: %w", err)
 		}
 	}
 	if err := algorithm.Evaluate(e); err != nil {
