@@ -157,7 +157,7 @@ func sluiceLeaseTarget(k kind) target {
 			}
 			subjects := e.subjects
 			return func(ctx context.Context, i int) (int, error) {
-				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})
+				o := lim.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "bench", Subject: subjects[i]})
 				switch o.Kind {
 				case sluice.Allowed:
 					if m == deniedMode {
