@@ -407,27 +407,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	w.reset(len(ev.Policies))
 	e := &w.e
 	e.Now, e.Op, e.Cost, e.LeaseID, e.MaxRegression = now, algorithm.Op(ev.Op), ev.Cost, ev.LeaseID, -1
-	for i, p := range ev.Policies {
-		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
-		ap := evaluation.Policy(p)
-		en := sh.states.get(h, k)
-		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
-			// Carried over from an older subject: kept from now on.
-			if en == nil {
-				if sh.states.n >= s.perShard {
-					s.makeRoom(sh, now, k.subject)
-				}
-				en = sh.states.add(h, k)
-			}
-			en.state = *carried[i]
-		}
-		var st *algorithm.State
-		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
-			st = &en.st
-		}
-		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
-		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
-	}
+	s.gather(sh, h, now, ev, carried)
 	ks := w.keys
 	if id != "" {
 		if l := sh.dedupe[ks[0]]; l != nil {
@@ -462,6 +442,35 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		}
 	}
 	return nil
+}
+
+// gather puts ev's policies, their keys and their states (nil: absent)
+// in sh's work, under sh's lock, taking the states carried over from an
+// older subject (carried, when not nil) where ev's subject has none.
+func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, carried []*state) {
+	w := &sh.work
+	e := &w.e
+	for i, p := range ev.Policies {
+		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
+		ap := evaluation.Policy(p)
+		en := sh.states.get(h, k)
+		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
+			// Carried over from an older subject: kept from now on.
+			if en == nil {
+				if sh.states.n >= s.perShard {
+					s.makeRoom(sh, now, k.subject)
+				}
+				en = sh.states.add(h, k)
+			}
+			en.state = *carried[i]
+		}
+		var st *algorithm.State
+		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
+			st = &en.st
+		}
+		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
+		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
+	}
 }
 
 // check reports whether ev breaks a rule of its operation, before any
