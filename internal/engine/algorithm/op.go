@@ -85,6 +85,22 @@ func (o Op) leased() bool { return o == OpAcquire || o == OpRelease || o == OpRe
 // rules of each operation, in one place. A store checks an evaluation with
 // it before it reads or writes any state; Evaluate assumes it passed.
 func Check(op Op, policies []Policy, cost int64, leaseID string, remembered bool) error {
+	if op == OpSpend && len(policies) > 0 && cost >= 1 && leaseID == "" {
+		// The common case, a spend within every policy's maximum, is
+		// answered in this small loop (the compiler inlines it).
+		i := 0
+		for i < len(policies) && policies[i].Kind != KindConcurrency && cost <= policies[i].MaxCost {
+			i++
+		}
+		if i == len(policies) {
+			return nil
+		}
+	}
+	return check(op, policies, cost, leaseID, remembered)
+}
+
+// check is Check for every case.
+func check(op Op, policies []Policy, cost int64, leaseID string, remembered bool) error {
 	switch {
 	case int(op) >= len(opNames):
 		return fmt.Errorf("%w: unknown operation %v", ErrInvalidRequest, op)
