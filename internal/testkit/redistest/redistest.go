@@ -532,19 +532,11 @@ func (c *ClusterServers) WaitOnePromoted(ctx context.Context, replicas []*Server
 
 // ReplicaOf returns a replica of the master at addr.
 func (c *ClusterServers) ReplicaOf(ctx context.Context, addr string) (*Server, error) {
-	host, port, _ := net.SplitHostPort(addr)
-	for _, s := range c.Replicas {
-		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
-		repl, err := cl.Info(ctx, "replication").Result()
-		cl.Close()
-		if err != nil {
-			return nil, fmt.Errorf("redistest: %w", err)
-		}
-		if strings.Contains(repl, "master_host:"+host+"\r\n") && strings.Contains(repl, "master_port:"+port+"\r\n") {
-			return s, nil
-		}
+	rs, err := c.ReplicasOf(ctx, addr)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("redistest: no replica of %s", addr)
+	return rs[0], nil
 }
 
 // WaitPromoted waits until replica says it is a master and every node but
