@@ -478,7 +478,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 // decisions name one).
 func check(ev *sluice.Evaluation) error {
 	var room [2]algorithm.Policy
-	if _, err := evaluation.Check(ev, room[:0]); err != nil {
+	if err := evaluation.Check(ev, room[:]); err != nil {
 		return fmt.Errorf("memstore: %w", err)
 	}
 	return nil

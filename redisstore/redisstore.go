@@ -586,7 +586,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		return err
 	}
 	var room [4]algorithm.Policy
-	if _, err := evaluation.Check(ev, room[:0]); err != nil {
+	if err := evaluation.Check(ev, room[:]); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	n := len(ev.Policies)

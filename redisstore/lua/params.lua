@@ -1,7 +1,8 @@
 --[[ params.lua ports internal/engine/algorithm/params.go: the bounds every
-policy's numbers satisfy, Params.Check, Params.Capacity, and the integer
-helpers. Lua numbers are doubles, which hold every integer below 2^53
-exactly; every value here stays below it. Go's integer division and
+policy's numbers satisfy, Params.Check and the integer helpers
+(Params.Capacity is Go's alone: only sluice.Policy's defaults use it).
+Lua numbers are doubles, which hold every integer below 2^53 exactly;
+every value here stays below it. Go's integer division and
 remainder (truncated toward zero) are quo and rem. ]]
 
 -- The library functions the decision calls, as locals: a function
@@ -109,12 +110,4 @@ local function check(p, k)
     return 'algorithm', 'unknown algorithm'
   end
   return nil
-end
-
--- capacity ports Params.Capacity.
-local function capacity(p, k)
-  if k == KIND_TOKEN_BUCKET or k == KIND_GCRA then
-    return p.burst
-  end
-  return p.limit
 end

@@ -23,15 +23,15 @@ func Policy(p *sluice.Policy) algorithm.Policy {
 }
 
 // Check reports whether ev breaks a rule of its operation, by the engine's
-// Check, for a store that decides elsewhere than in algorithm.Evaluate.
-// policies is room for ev's policies in the engine's terms (it may be
-// nil); the policies are returned in it.
-func Check(ev *sluice.Evaluation, policies []algorithm.Policy) ([]algorithm.Policy, error) {
-	policies = policies[:0]
+// Check, for a store that must know before it builds the engine's
+// evaluation. room is room for ev's policies in the engine's terms (it
+// may be nil: then they are allocated).
+func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
+	policies := room[:0]
 	for _, p := range ev.Policies {
 		policies = append(policies, Policy(p))
 	}
-	return policies, algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, ev.LeaseID, ev.EvaluationID != "")
+	return algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, ev.LeaseID, ev.EvaluationID != "")
 }
 
 // Window returns the period p's math runs on, µs: its Window, or for
