@@ -195,7 +195,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 			g.close()
 			return nil, fmt.Errorf("envoy rules: %w", err)
 		}
-		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Pseudonymizer: pseud}
+		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud}
 	}
 	return g, nil
 }

@@ -218,6 +218,9 @@ func (c *Config) Domains() []string {
 	return ds
 }
 
+// HasDomain reports whether a file holds domain.
+func (c *Config) HasDomain(domain string) bool { return c.domains[domain] != nil }
+
 // Rules returns every rule in load order (files sorted by name, then
 // file order).
 func (c *Config) Rules() []*Rule { return c.rules }
