@@ -30,7 +30,9 @@
 // each: those that spend nothing first, then in request order, and once
 // one of the subject's is denied the rest of that subject only check.
 // Descriptors with different subjects are decided separately, as
-// envoyproxy/ratelimit decides every descriptor.
+// envoyproxy/ratelimit decides every descriptor. A descriptor repeated in
+// one request (same rule, subject and cost) is counted once and answered
+// alike.
 //
 // Each descriptor gets a status: OK or OVER_LIMIT with current_limit,
 // limit_remaining and duration_until_reset; OK without current_limit
@@ -75,6 +77,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
@@ -184,6 +187,10 @@ type descriptor struct {
 	rule     *envoyconf.Rule
 	lim      *sluice.Limiter // decides rule: the State's, or a limit override's
 	override bool            // rule is a limit override's
+	// dup is 1 + the index of the earlier descriptor this one repeats
+	// (same rule, subject, cost and kind): it is counted once, with that
+	// one, and answered alike. 0 for none.
+	dup int
 	subject  string
 	previous []string // subject under older keys during a key rotation
 	cost     int64
@@ -258,6 +265,13 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		}
 		if !g.shadow && !g.refund && ds[g.members[0]].status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			denied[g.subject] = true
+		}
+	}
+	for i := range ds {
+		if d := &ds[i]; d.dup > 0 {
+			e := &ds[d.dup-1]
+			d.status = proto.Clone(e.status).(*rlspb.RateLimitResponse_DescriptorStatus)
+			d.decided, d.failedOpen = e.decided, e.failedOpen
 		}
 	}
 	resp := s.response(ds)
@@ -342,6 +356,9 @@ func groupDescriptors(ds []descriptor) []*group {
 			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
 			d.refund = d.cost > 0
 		}
+		if d.dup = repeats(ds, i); d.dup > 0 {
+			continue
+		}
 		var g *group
 		for _, c := range groups {
 			if c.lim == d.lim && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
@@ -362,6 +379,21 @@ func groupDescriptors(ds []descriptor) []*group {
 	// spends nothing in the groups after.
 	slices.SortStableFunc(groups, func(a, b *group) int { return spends(a) - spends(b) })
 	return groups
+}
+
+// repeats returns 1 + the index of the first descriptor before ds[i]
+// that it repeats, decided by the store (same rule, subject, cost and
+// kind), or 0.
+func repeats(ds []descriptor, i int) int {
+	d := &ds[i]
+	for j := range ds[:i] {
+		e := &ds[j]
+		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.lim == d.lim &&
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund {
+			return j + 1
+		}
+	}
+	return 0
 }
 
 // spends is 1 for a group that spends (or refunds), 0 for a check.

@@ -268,6 +268,15 @@ func testSameSubjectAtomic(t *testing.T, h *harness) {
 	})
 }
 
+func testDuplicate(t *testing.T, h *harness) {
+	twice := req(d("api", "dup"), d("api", "dup"))
+	run(t, h, []step{
+		{"a descriptor twice is counted once", twice, "OK", []st{{"OK", "5/DAY", 4}, {"OK", "5/DAY", 4}}},
+		{"again", twice, "OK", []st{{"OK", "5/DAY", 3}, {"OK", "5/DAY", 3}}},
+		{"with another cost it is another check", &rlspb.RateLimitRequest{Domain: "shop", HitsAddend: 1, Descriptors: []*commonpb.RateLimitDescriptor{d("api", "dup"), {Entries: d("api", "dup").Entries, HitsAddend: wrapperspb.UInt64(2)}}}, "OK", []st{{"OK", "5/DAY", 2}, {"OK", "5/DAY", 0}}},
+	})
+}
+
 func testHitsAddend(t *testing.T, h *harness) {
 	r := req(d("api", "h"))
 	r.HitsAddend = 3
@@ -486,6 +495,7 @@ var cases = []struct {
 	{"SameSubjectAtomic", testSameSubjectAtomic},
 	{"HitsAddend", testHitsAddend},
 	{"HitsAddendZero", testHitsAddendZero},
+	{"Duplicate", testDuplicate},
 	{"LimitOverride", testLimitOverride},
 	{"Refund", testRefund},
 	{"Matching", testMatching},
