@@ -138,8 +138,11 @@ type Rule struct {
 	Unlimited bool
 	// Shadow rules are decided and counted but always answered OK.
 	Shadow bool
-	// DetailedMetric is accepted for compatibility; it has no effect.
+	// DetailedMetric and ValueToMetric are accepted for compatibility:
+	// they put descriptor values in envoyproxy/ratelimit's statistics,
+	// and sluice never labels a metric with one, so they have no effect.
 	DetailedMetric bool
+	ValueToMetric  bool
 	// RequestsPerUnit and Unit are the limit; 0 requests per unit denies
 	// every request without asking the store. Zero for unlimited rules.
 	RequestsPerUnit int64
@@ -470,19 +473,11 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	if err != nil {
 		return err
 	}
-	if q := m["quota_mode"]; q != nil {
-		return p.errorf(path+".quota_mode", q, "is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits, and sluice decides every descriptor of a request all or nothing; use shadow_mode to observe a limit without enforcing it")
-	}
-	var shared, valueToMetric bool
-	if err := p.bool(path+".share_threshold", m["share_threshold"], &shared); err != nil {
+	f, err := p.flags(path, m)
+	if err != nil {
 		return err
 	}
-	if err := p.bool(path+".value_to_metric", m["value_to_metric"], &valueToMetric); err != nil {
-		return err
-	}
-	if md := m["metadata"]; md != nil && md.Kind != yaml.MappingNode {
-		return p.errorf(path+".metadata", md, "must be a mapping, not %s", yamlnode.KindName(md))
-	}
+	shared := f.shared
 	if m["key"] == nil {
 		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
@@ -529,19 +524,12 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 		parent.exact[e] = child
 	}
 	parent.has++
-	var shadow, detailed bool
-	if err := p.bool(path+".shadow_mode", m["shadow_mode"], &shadow); err != nil {
-		return err
-	}
-	if err := p.bool(path+".detailed_metric", m["detailed_metric"], &detailed); err != nil {
-		return err
-	}
 	if rl := m["rate_limit"]; rl != nil {
 		r, err := p.rateLimit(path+".rate_limit", rl, domain, full)
 		if err != nil {
 			return err
 		}
-		r.Shadow, r.DetailedMetric = shadow, detailed
+		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
 		child.rule = r
 		p.rules = append(p.rules, r)
 	}
@@ -549,6 +537,30 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 		return p.descriptors(path+".descriptors", ds, child, domain, full)
 	}
 	return nil
+}
+
+// descriptorFlags are a descriptor's boolean keys.
+type descriptorFlags struct{ shared, shadow, detailed, valueToMetric bool }
+
+// flags reads the boolean keys of the descriptor m, checks metadata and
+// refuses quota_mode.
+func (p *parser) flags(path string, m map[string]*yaml.Node) (descriptorFlags, error) {
+	var f descriptorFlags
+	if q := m["quota_mode"]; q != nil {
+		return f, p.errorf(path+".quota_mode", q, "is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits, and sluice decides every descriptor of a request all or nothing; use shadow_mode to observe a limit without enforcing it")
+	}
+	if md := m["metadata"]; md != nil && md.Kind != yaml.MappingNode {
+		return f, p.errorf(path+".metadata", md, "must be a mapping, not %s", yamlnode.KindName(md))
+	}
+	for _, b := range []struct {
+		key string
+		out *bool
+	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}} {
+		if err := p.bool(path+"."+b.key, m[b.key], b.out); err != nil {
+			return f, err
+		}
+	}
+	return f, nil
 }
 
 // rateLimit reads the rate_limit block of the descriptor whose full key

@@ -190,7 +190,7 @@ type descriptor struct {
 	// dup is 1 + the index of the earlier descriptor this one repeats
 	// (same rule, subject, cost and kind): it is counted once, with that
 	// one, and answered alike. 0 for none.
-	dup int
+	dup      int
 	subject  string
 	previous []string // subject under older keys during a key rotation
 	cost     int64
