@@ -263,8 +263,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		if err := s.decide(ctx, ds, g); err != nil {
 			return nil, err
 		}
-		if !g.shadow && !g.refund && ds[g.members[0]].status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
-			denied[g.subject] = true
+		for _, i := range g.members {
+			denied[g.subject] = denied[g.subject] || !g.shadow && !g.refund && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
 		}
 	}
 	for i := range ds {

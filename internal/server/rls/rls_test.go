@@ -324,6 +324,15 @@ func testHitsAddendZero(t *testing.T, h *harness) {
 		{"the denied one first: the 3 is then only checked", planFirst, "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}, {"OK", "10/HOUR", 4}}},
 		{"nothing was spent", req(d("user", "m2")), "OK", []st{{"OK", "10/HOUR", 3}}},
 	})
+	// One check denied by its second policy: the subject's next check,
+	// of another cost, spends nothing either.
+	three := req(d("user", "m3"), d("plan", "free", "user", "m3"), d("key_1", "value_1", "user", "m3"))
+	three.Descriptors[2].HitsAddend = wrapperspb.UInt64(2)
+	run(t, h, []step{
+		{"the plan's one", req(d("plan", "free", "user", "m3")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"user and plan denied by the plan; key_1's 2 only checked", three, "OVER_LIMIT", []st{{"OK", "10/HOUR", 10}, {"OVER_LIMIT", "1/HOUR", 0}, {"OK", "2/HOUR", 2}}},
+		{"key_1 was not spent", req(d("key_1", "value_1", "user", "m3")), "OK", []st{{"OK", "2/HOUR", 1}}},
+	})
 }
 
 // testLimitOverride: a descriptor's limit replaces the rule's numbers for
