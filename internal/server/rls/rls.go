@@ -94,7 +94,8 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 const SubjectKind = "envoy"
 
 // State is what the service decides with: the rules, a Limiter holding
-// exactly the rules' policies, the Store it decides on (for limit
+// exactly the rules' policies (nil when they have none: every rule is
+// unlimited or allows 0), the Store it decides on (for limit
 // overrides, each of which gets a policy and a Limiter of its own) and
 // the pseudonymizer. Swap replaces it as a whole; a request in flight
 // finishes with the State it started with.
@@ -114,7 +115,7 @@ func (st *State) check() error {
 		return errors.New("state is nil")
 	case st.Rules == nil:
 		return errors.New("rules are nil")
-	case st.Limiter == nil:
+	case st.Limiter == nil && len(st.Rules.Policies()) > 0:
 		return errors.New("limiter is nil")
 	case st.Store == nil:
 		return errors.New("store is nil")

@@ -595,3 +595,52 @@ func TestEveryField(t *testing.T) {
 		{"replaces", r(d("key_1", "value_1", "user", "u"), d("key_2", "value_2", "user", "u")), "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
 	})
 }
+
+// TestNoPolicies serves rules that need no store (unlimited, 0 per
+// unit): no Limiter, and a limit override still counts on the store.
+func TestNoPolicies(t *testing.T) {
+	cfg, err := envoyconf.Parse([]envoyconf.Source{{Name: "open.yaml", Data: []byte(`domain: open
+descriptors:
+  - key: ldap
+    rate_limit: { unlimited: true }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	svc, err := rls.New(&rls.State{Rules: cfg, Store: ms, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	svc.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	h := &harness{client: rlspb.NewRateLimitServiceClient(conn), conn: conn}
+	r := func(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+		return &rlspb.RateLimitRequest{Domain: "open", Descriptors: descs}
+	}
+	limited := r(d("ldap", "x"))
+	limited.Descriptors[0].Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typepb.RateLimitUnit_HOUR}
+	run(t, h, []step{
+		{"unlimited", r(d("ldap", "x")), "OK", []st{{"OK", "", math.MaxUint32}}},
+		{"blocked", r(d("blocked", "x")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/SECOND", 0}}},
+		{"an override", limited, "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"an override: over", limited, "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}}},
+	})
+}
