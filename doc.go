@@ -26,6 +26,11 @@
 // last 10ms of a window and 100 more 970–980ms into the next, and about
 // 1.3× to 1.9× the limit under Poisson traffic offered at 1× to 10× it.
 //
+// A fixed_window opens its window at a subject's first admitted request;
+// with Policy.ClockAligned it starts windows on the clock's boundaries of
+// the window's length since the Unix epoch (every UTC minute, hour or
+// midnight), the same instant for every subject.
+//
 // Pick fixed_window for cheap internal quotas, sliding_log where exactness
 // matters more than memory (login, payment), sliding_window for broad API
 // quotas with large limits, token_bucket or gcra where bursts are

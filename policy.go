@@ -76,6 +76,15 @@ type Policy struct {
 	// Window is the period Limit applies to: 1ms to 24h, a whole number of
 	// microseconds. Required, except for concurrency, which has none.
 	Window time.Duration
+	// ClockAligned starts fixed_window windows on the clock's boundaries of
+	// Window since the Unix epoch (with a 1m window: every UTC minute;
+	// 24h: every UTC midnight), as envoyproxy/ratelimit does, instead of at
+	// the first admitted request; ResetAfter then runs to the next
+	// boundary. Every subject's window then closes at the same instant, so
+	// a fleet's quotas reset together ("at midnight"). Its state has a key
+	// of its own: turning it on or off starts from fresh state. Only
+	// fixed_window has windows to align. Default: false (first request).
+	ClockAligned bool
 	// LeaseTTL is how long a concurrency lease lives unless it is released
 	// or renewed first: a holder that dies without releasing gives its
 	// slot back this long after it acquired it. Set it above the longest
@@ -193,6 +202,9 @@ func (p Policy) Validate() error {
 	if p.Burst != p.Limit && p.Algorithm != TokenBucket && p.Algorithm != GCRA {
 		return bad("burst", fmt.Sprint(p.Burst), "applies only to token_bucket and gcra; leave it unset for "+p.Algorithm.String())
 	}
+	if p.ClockAligned && p.Algorithm != FixedWindow {
+		return bad("align", "clock", "applies only to fixed_window, the one algorithm with windows to align; leave it unset for "+p.Algorithm.String())
+	}
 	prm := p.params()
 	if err := prm.Check(algorithm.Kind(p.Algorithm)); err != nil {
 		re := err.(*algorithm.RangeError)
@@ -230,7 +242,7 @@ func (p Policy) params() algorithm.Params {
 	if p.Algorithm == Concurrency {
 		w = p.LeaseTTL // the engine's window: how long a lease lives
 	}
-	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst}
+	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}
 }
 
 func validID(id string) bool {

@@ -85,6 +85,7 @@ type key struct {
 	subject  string
 	policy   string
 	revision int64
+	aligned  bool // a clock-aligned fixed window's state is another one
 }
 
 // state is one policy's state for one subject, and the algorithm it was
@@ -451,7 +452,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 	w := &sh.work
 	e := &w.e
 	for i, p := range ev.Policies {
-		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
+		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}
 		ap := evaluation.Policy(p)
 		en := sh.states.get(h, k)
 		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
@@ -498,7 +499,7 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state 
 			if out != nil && out[i] != nil {
 				continue
 			}
-			en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision})
+			en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned})
 			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
 				continue
 			}
@@ -523,7 +524,7 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 		sh := &s.shards[h&s.mask]
 		sh.mu.Lock()
 		for _, p := range policies {
-			if en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision}); en != nil {
+			if en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}); en != nil {
 				sh.states.remove(h, en)
 			}
 		}

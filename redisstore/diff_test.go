@@ -46,6 +46,9 @@ func randomPolicy(r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
 				p.Burst = p.Limit + r.Int64N(3*p.Limit)
 			}
 		}
+		if a == sluice.FixedWindow {
+			p.ClockAligned = r.IntN(2) == 0 // half the episodes on the clock's boundaries
+		}
 		if p.Validate() == nil {
 			p = p.WithDefaults()
 			return &p
@@ -224,7 +227,7 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, refund bool, ps []*sl
 func describe(ps []*sluice.Policy) string {
 	var b strings.Builder
 	for _, p := range ps {
-		fmt.Fprintf(&b, "[%s %v limit=%d window=%v burst=%d]", p.ID, p.Algorithm, p.Limit, p.Window, p.Burst)
+		fmt.Fprintf(&b, "[%s %v limit=%d window=%v burst=%d aligned=%v]", p.ID, p.Algorithm, p.Limit, p.Window, p.Burst, p.ClockAligned)
 	}
 	return b.String()
 }

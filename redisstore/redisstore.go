@@ -30,9 +30,10 @@
 //
 // The braces make S the Cluster hash tag, so every key of one decision lies
 // in one slot and a multi-policy decision is one atomic script call, never
-// CROSSSLOT. The algorithm code (f fixed_window, l sliding_log, w
-// sliding_window, t token_bucket, g gcra) keeps a policy whose algorithm
-// changed without a revision bump from reading the other's state. Keys are
+// CROSSSLOT. The algorithm code (f fixed_window, F fixed_window aligned
+// to the clock, l sliding_log, w sliding_window, t token_bucket, g gcra)
+// keeps a policy whose algorithm or alignment changed without a revision
+// bump from reading the other's state. Keys are
 // at most len(Prefix) + 290 bytes. Every key the script writes carries a
 // TTL: the time until its state equals an absent one, plus the policy's
 // CleanupGrace, rounded up to the millisecond.
@@ -126,7 +127,7 @@ const (
 	argvDedupeMax     = 7
 	argvCarry         = 8
 	argvLease         = 9
-	argvPolicies      = 9 // policy i's argument is argvPolicies + i: "kind limit window burst grace"
+	argvPolicies      = 9 // policy i's argument is argvPolicies + i: "kind limit window burst grace align"
 	argvPerPolicy     = 1
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
@@ -560,6 +561,9 @@ var algorithmCodes = [...]string{
 // key returns the Redis key of p's state for subject: see the package
 // documentation.
 func (s *Store) key(subject string, p *sluice.Policy) string {
+	if p.ClockAligned {
+		return s.policyKey(subject, p, "F") // another window than first-request's: another key
+	}
 	return s.policyKey(subject, p, algorithmCodes[p.Algorithm])
 }
 

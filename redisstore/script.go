@@ -254,7 +254,7 @@ func replyError(err error) string {
 // and held as interface values: a decision copies them without allocating.
 type policyArgs struct {
 	policy             sluice.Policy // the numbers they were formatted from
-	arg                any           // the policy's argument: "kind limit window burst grace"
+	arg                any           // the policy's argument: "kind limit window burst grace align"
 	dedupeTTL, dedupeN any
 }
 
@@ -268,7 +268,11 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 		}
 	}
 	a := &policyArgs{policy: *p}
-	a.arg = fmt.Sprintf("%d %d %d %d %d", p.Algorithm, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds())
+	align := 0
+	if p.ClockAligned {
+		align = 1
+	}
+	a.arg = fmt.Sprintf("%d %d %d %d %d %d", p.Algorithm, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
 	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)
 	a.dedupeN = strconv.Itoa(p.DedupeMax)
 	if s.cachedArgs.Add(1) > maxCachedArgs {

@@ -38,6 +38,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	t.Run("MultiPolicyAllOrNothing", func(t *testing.T) { testMultiPolicy(t, newStore) })
 	t.Run("RetryAfterIsExact", func(t *testing.T) { testRetryAfterExact(t, newStore) })
 	t.Run("RevisionStartsFresh", func(t *testing.T) { testRevision(t, newStore) })
+	t.Run("FixedWindowAlignedToTheClock", func(t *testing.T) { testAligned(t, newStore) })
 	t.Run("ResetClearsTheNamedPolicies", func(t *testing.T) { testReset(t, newStore) })
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
 	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
@@ -510,6 +511,30 @@ func testRevision(t *testing.T, newStore newStoreFunc) {
 	}
 	o := l2.Check(context.Background(), sluice.Request{Policy: "demo", Subject: h.subject})
 	expect(t, "revision 2 starts fresh", o, sluice.Allowed)
+}
+
+// testAligned: a fixed window with ClockAligned opens on the UTC minute
+// (the clock starts at a midnight), resets at the next one, and keeps a
+// state apart from the same policy's first-request windows.
+func testAligned(t *testing.T, newStore newStoreFunc) {
+	p := policy("minute", sluice.FixedWindow, 3, time.Minute, 0)
+	p.ClockAligned = true
+	h := newHarness(t, newStore, p)
+	h.run([]step{
+		{"20s into the minute: resets at the minute", 20 * time.Second, "minute", 1, false, want{sluice.Allowed, 2, 0, 40 * time.Second}},
+		{"two more", 39 * time.Second, "minute", 2, false, want{sluice.Allowed, 0, 0, time.Second}},
+		{"denied until the minute", 500 * time.Millisecond, "minute", 1, false, want{sluice.Denied, 0, 500 * time.Millisecond, 500 * time.Millisecond}},
+		{"the next minute", 500 * time.Millisecond, "minute", 1, false, want{sluice.Allowed, 2, 0, time.Minute}},
+	})
+	p.ClockAligned = false
+	l2, err := sluice.New(h.store, []sluice.Policy{p}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := l2.Check(context.Background(), sluice.Request{Policy: "minute", Subject: h.subject})
+	if o.Kind != sluice.Allowed || o.Remaining != 2 || o.ResetAfter != time.Minute {
+		t.Fatalf("first-request windows after aligned ones = %+v, want fresh state: allowed, 2 left, a minute from now", o.Status)
+	}
 }
 
 // testReset: a subject denied by every algorithm is reset on some

@@ -272,10 +272,14 @@ func htmlEscape(s string) string {
 }
 
 // accuracy runs every built-in pattern through the five algorithms at
-// --limit per --window, writes dir/PATTERN.svg for each and prints the
-// Markdown table of ACCURACY.md.
+// --limit per --window, and the fixed window aligned to the clock
+// (align: clock, the Envoy rules' default), writes dir/PATTERN.svg for
+// each and prints the Markdown table of ACCURACY.md.
 func (a *app) accuracy(f simulateFlags, window int64) error {
 	policies := simulate.Compare(f.limit, window, f.burst)
+	aligned := policies[0] // fixed_window
+	aligned.Name, aligned.Params.Aligned = "fixed_window align=clock", true
+	policies = slices.Insert(policies, 1, aligned)
 	for _, p := range policies {
 		if err := p.Params.Check(p.Kind); err != nil {
 			return &usageError{msg: "simulate: " + flagError(err).Error(), usage: "Usage: " + simulateSynopsis + "\n"}

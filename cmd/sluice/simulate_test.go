@@ -80,8 +80,8 @@ func TestSimulateAccuracy(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("simulate --accuracy = exit %d\n%s%s", code, stdout, stderr)
 	}
-	if !strings.Contains(stdout, "| boundary | fixed_window | 21 | 20 | 19 (1.9×) |") || strings.Count(stdout, "\n") != 2+25 {
-		t.Errorf("simulate --accuracy printed\n%s\nwant a header and 25 rows with the fixed window's 19 on boundary", stdout)
+	if !strings.Contains(stdout, "| boundary | fixed_window | 21 | 20 | 19 (1.9×) |") || !strings.Contains(stdout, "| sliding_worst | fixed_window align=clock | 19 | 19 | 19 (1.9×) |") || strings.Count(stdout, "\n") != 2+30 {
+		t.Errorf("simulate --accuracy printed\n%s\nwant a header and 30 rows (5 patterns × 6 policies) with the fixed window's 19 on boundary and the aligned one's 19 on sliding_worst", stdout)
 	}
 	for _, p := range []string{"poisson", "bursts", "boundary", "sliding_worst", "ramp"} {
 		if _, err := os.Stat(filepath.Join(dir, p+".svg")); err != nil {

@@ -190,12 +190,14 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		}
 	}
 	if l.envoy != nil {
-		elim, err := sluice.New(r.store, l.envoy.Policies(), sluice.Options{})
-		if err != nil {
-			g.close()
-			return nil, fmt.Errorf("envoy rules: %w", err)
+		var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
+		if ps := l.envoy.Policies(); len(ps) > 0 {
+			if elim, err = sluice.New(r.store, ps, sluice.Options{}); err != nil {
+				g.close()
+				return nil, fmt.Errorf("envoy rules: %w", err)
+			}
 		}
-		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Pseudonymizer: pseud}
+		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud}
 	}
 	return g, nil
 }

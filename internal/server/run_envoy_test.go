@@ -16,6 +16,7 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -26,7 +27,9 @@ import (
 var envoyLine = regexp.MustCompile(`msg="envoy rate-limit service listening" addr=(\S+)`)
 
 // rulesFile is a rules file in envoyproxy/ratelimit's format with a
-// limit of n per hour for each user.
+// limit of n per hour for each user. Its window opens at the first
+// request (align: first_request), not on the clock's hour, so a test
+// that runs across a whole hour of the real clock sees no reset.
 func rulesFile(n int) string {
 	return fmt.Sprintf(`domain: shop
 descriptors:
@@ -34,6 +37,7 @@ descriptors:
     rate_limit:
       unit: hour
       requests_per_unit: %d
+      align: first_request
 `, n)
 }
 
@@ -291,5 +295,30 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	if err := s.stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServeEnvoyRulesWithoutLimits serves rules none of which needs the
+// store (envoyproxy/ratelimit's unlimited and 0-per-unit rules): they
+// start, and a descriptor's limit override still counts.
+func TestServeEnvoyRulesWithoutLimits(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(""), "rules/shop.yaml": "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unlimited: true }\n"})
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+	c := envoyClient(t, s)
+	if code, _, rem := remaining(t, c, "carol"); code != "OK" || rem != 1<<32-1 {
+		t.Fatalf("unlimited user = %s, %d remaining; want OK, 4294967295", code, rem)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := &rlspb.RateLimitRequest{Domain: "shop", Descriptors: []*commonpb.RateLimitDescriptor{{
+		Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "user", Value: "carol"}},
+		Limit:   &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typepb.RateLimitUnit_HOUR},
+	}}}
+	for i, want := range []string{"OK", "OVER_LIMIT"} {
+		resp, err := c.ShouldRateLimit(ctx, req)
+		if err != nil || resp.OverallCode.String() != want {
+			t.Fatalf("override #%d = %v, %v; want %s", i+1, resp, err, want)
+		}
 	}
 }

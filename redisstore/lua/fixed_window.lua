@@ -21,11 +21,19 @@ local function fixedWindowCorrupt(start, count, last)
   return nil
 end
 
+-- fixedWindowStart ports Params.windowStart.
+local function fixedWindowStart(p, now)
+  if not p.aligned then
+    return now
+  end
+  return mathMax(floorDiv(now, p.window) * p.window, 1)
+end
+
 -- fixedWindowDecide ports FixedWindow.Decide.
 local function fixedWindowDecide(start, count, last, p, now, cost)
   local window, limit = p.window, p.limit
   if start == 0 or now >= start + window then
-    start, count, last = now, 0, 0
+    start, count, last = fixedWindowStart(p, now), 0, 0
   end
   if count + verdictCost(cost) > limit then
     local resetAfter = start + window - now

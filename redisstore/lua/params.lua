@@ -87,6 +87,8 @@ local function check(p, k)
     return 'limit', 'must be between 1 and 1000000000'
   elseif p.burst < 1 or p.burst > MAX_LIMIT then
     return 'burst', 'must be between 1 and 1000000000'
+  elseif p.aligned and k ~= KIND_FIXED_WINDOW then
+    return 'align', 'clock alignment applies only to fixed_window'
   end
   if k == KIND_FIXED_WINDOW then
     return nil

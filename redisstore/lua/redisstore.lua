@@ -38,9 +38,10 @@ ARGV, by the named positions below (redisstore.go names them alike):
   ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
                        the one a release or renewal names; "" for none.
   then one argument per policy, from ARGV_POLICIES + 1: its algorithm
-  (algorithm.Kind), limit, window in µs, burst and TTL grace in µs
-  (CleanupGrace + ExtraTTL), in that order, as decimals joined by spaces,
-  e.g. "5 100 1000000 20 0" (the same string for every decision of the
+  (algorithm.Kind), limit, window in µs, burst, TTL grace in µs
+  (CleanupGrace + ExtraTTL) and align (1: a fixed window on the clock's
+  boundaries, Params.Aligned; else 0), in that order, as decimals joined
+  by spaces, e.g. "5 100 1000000 20 0 0" (the same string for every decision of the
   policy, so it is parsed and checked once).
 
 Reply: replayed (1 when the reply is the one remembered for the evaluation
@@ -382,11 +383,11 @@ local checked, nChecked, checkedMax = {}, 0, 1000
 -- parsePolicy reads and checks the argument of policy i, raw: the policy
 -- as engine.lua takes it, with its TTL grace.
 local function parsePolicy(raw, i)
-  local kind, limit, window, burst, grace = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$')
-  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace)}
+  local kind, limit, window, burst, grace, align = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01])$')
+  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1'}
   kind = p.kind
   if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
-    raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst and grace as integers joined by spaces')
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst, grace and align (0 or 1) as integers joined by spaces')
   end
   local field, rule = check(p, kind)
   if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then

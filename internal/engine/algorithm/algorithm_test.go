@@ -105,6 +105,16 @@ func TestSteps(t *testing.T) {
 			{"full", 3 * sec, 1, false, 0, 7 * sec, 7 * sec},
 			{"next window", 10 * sec, 3, true, 0, 0, 10 * sec},
 		}},
+		{KindFixedWindow, Params{Limit: 3, Window: 60 * sec, Burst: 3, Aligned: true}, []row{
+			// t0 is a whole minute: windows are [t0-60s, t0), [t0, t0+60s), …
+			{"opens mid-minute, resets at the minute", 20 * sec, 1, true, 2, 0, 40 * sec},
+			{"peek", 30 * sec, 0, true, 2, 0, 30 * sec},
+			{"cost 2", 59 * sec, 2, true, 0, 0, sec},
+			{"full until the minute", 59*sec + 1, 1, false, 0, sec - 1, sec - 1},
+			{"the next minute opens at its boundary", 60 * sec, 1, true, 2, 0, 60 * sec},
+			{"a spend 1µs before a boundary gets 1µs", 120*sec - 1, 2, true, 0, 0, 1},
+			{"the boundary", 120 * sec, 3, true, 0, 0, 60 * sec},
+		}},
 		{KindSlidingLog, Params{Limit: 3, Window: 10 * sec, Burst: 3}, []row{
 			{"a", 0, 1, true, 2, 0, 10 * sec},
 			{"b", 4 * sec, 2, true, 0, 0, 10 * sec},
@@ -134,7 +144,11 @@ func TestSteps(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		t.Run(c.kind.String(), func(t *testing.T) {
+		name := c.kind.String()
+		if c.p.Aligned {
+			name += "_aligned"
+		}
+		t.Run(name, func(t *testing.T) {
 			if err := c.p.Check(c.kind); err != nil {
 				t.Fatal(err)
 			}
@@ -154,9 +168,13 @@ func TestSteps(t *testing.T) {
 // that goes back neither resets nor corrupts state, and time lost going
 // back is not counted as time passed.
 func TestJumpBackwards(t *testing.T) {
-	for _, k := range kinds {
-		t.Run(k.String(), func(t *testing.T) {
-			p := Params{Limit: 2, Window: 10 * sec, Burst: 2}
+	for i, k := range append(kinds, KindFixedWindow) {
+		name, aligned := k.String(), i == len(kinds)
+		if aligned {
+			name += "_aligned"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := Params{Limit: 2, Window: 10 * sec, Burst: 2, Aligned: aligned}
 			m := newMachine(k, p)
 			if d := m.decide(t0+5*sec, 2); !d.Allowed {
 				t.Fatalf("spend 2 = %+v, want allowed", d)
@@ -203,6 +221,9 @@ func TestCheck(t *testing.T) {
 		{KindGCRA, Params{Limit: 1, Window: MaxWindow, Burst: 105_000}, "burst"},
 		{KindTokenBucket, Params{Limit: MaxLimit, Window: sec, Burst: MaxLimit}, ""},
 		{Kind(9), Params{Limit: 1, Window: sec, Burst: 1}, "algorithm"},
+		{KindFixedWindow, Params{Limit: 1, Window: sec, Burst: 1, Aligned: true}, ""},
+		{KindSlidingWindow, Params{Limit: 1, Window: sec, Burst: 1, Aligned: true}, "align"},
+		{KindTokenBucket, Params{Limit: 1, Window: sec, Burst: 1, Aligned: true}, "align"},
 	}
 	for _, c := range cases {
 		err := c.p.Check(c.kind)

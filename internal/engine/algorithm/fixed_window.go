@@ -5,7 +5,11 @@ package algorithm
 // Model: the first admitted request opens a window of Params.Window µs;
 // at most Params.Limit units are admitted until it closes, then the next
 // admitted request opens a new one. Windows are anchored at their first
-// admission, not at wall-clock boundaries, so one idle subject costs nothing.
+// admission, so one idle subject costs nothing; with Params.Aligned they
+// are anchored at the clock instead: the window holding now starts at the
+// largest multiple of Window since the Unix epoch not after now (the UTC
+// second, minute, hour or day), as envoyproxy/ratelimit's windows do, and
+// ResetAfter runs to the next such boundary.
 //
 // Burst: at most 2 × Limit − 1 units in any half-open interval of one
 // window's length (Limit at the very end of one window, Limit − 1 more
@@ -33,7 +37,7 @@ func (s FixedWindow) fields(v *[5]int64) {
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 	if s.Start == 0 || now >= s.Start+p.Window {
-		s = FixedWindow{Start: now}
+		s = FixedWindow{Start: p.windowStart(now)}
 	}
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
@@ -52,6 +56,16 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 		d.ResetAfter = s.Start + p.Window - now
 	}
 	return s, d
+}
+
+// windowStart returns the start of a window opened at now: now itself,
+// or for an aligned window the boundary at or before now, at least 1µs
+// (Start 0 means absent; only the epoch's first window is shortened, by 1µs).
+func (p Params) windowStart(now int64) int64 {
+	if !p.Aligned {
+		return now
+	}
+	return max(floorDiv(now, p.Window)*p.Window, 1)
 }
 
 // Refund gives back up to n units admitted in the current window (none

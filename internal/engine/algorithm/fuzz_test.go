@@ -10,8 +10,8 @@ import (
 // invariants of the package documentation plus the algorithm's own bound on
 // admissions over intervals. Time never goes backwards here
 // (TestJumpBackwards covers that), so the bounds are about real intervals.
-func fuzzRun(t *testing.T, k Kind, limit, burst uint16, window uint32, ops []byte) {
-	p := Params{Limit: 1 + int64(limit%64), Window: MinWindow + int64(window)%(20*sec), Burst: 1 + int64(burst%64)}
+func fuzzRun(t *testing.T, k Kind, aligned bool, limit, burst uint16, window uint32, ops []byte) {
+	p := Params{Limit: 1 + int64(limit%64), Window: MinWindow + int64(window)%(20*sec), Burst: 1 + int64(burst%64), Aligned: aligned}
 	if k != KindTokenBucket && k != KindGCRA {
 		p.Burst = p.Limit
 	}
@@ -63,6 +63,10 @@ func fuzzRun(t *testing.T, k Kind, limit, burst uint16, window uint32, ops []byt
 	case KindFixedWindow:
 		// Within any span shorter than a window: at most two windows' worth.
 		err = checkBound(admitted, func(i, j int) bool { return admitted[j].at-admitted[i].at < p.Window }, func(int64) int64 { return 2 * p.Limit })
+		if err == nil && p.Aligned {
+			// On the clock: exact per window of the epoch's boundaries.
+			err = checkBound(admitted, func(i, j int) bool { return admitted[i].at/p.Window == admitted[j].at/p.Window }, func(int64) int64 { return p.Limit })
+		}
 	case KindSlidingLog:
 		err = checkBound(admitted, func(i, j int) bool { return admitted[j].at-admitted[i].at < p.Window }, func(int64) int64 { return p.Limit })
 	case KindSlidingWindow:
@@ -80,18 +84,19 @@ func fuzzRun(t *testing.T, k Kind, limit, burst uint16, window uint32, ops []byt
 	}
 }
 
-func fuzzAlgorithm(f *testing.F, k Kind) {
+func fuzzAlgorithm(f *testing.F, k Kind, aligned bool) {
 	f.Add(uint16(3), uint16(3), uint32(10*sec), []byte{0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 40, 0, 1})
 	f.Add(uint16(10), uint16(5), uint32(sec), []byte{0, 1, 5, 0, 1, 5, 0, 1, 5, 1, 0, 0, 0, 9, 3, 0, 200, 10})
 	f.Add(uint16(1), uint16(1), uint32(0), []byte{0, 0, 1, 0, 100, 1, 31, 255, 1, 0, 3, 0})
 	f.Add(uint16(63), uint16(20), uint32(7*sec+13), []byte{9, 9, 9, 200, 1, 63, 0, 0, 63, 0, 77, 2, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, limit, burst uint16, window uint32, ops []byte) {
-		fuzzRun(t, k, limit, burst, window, ops)
+		fuzzRun(t, k, aligned, limit, burst, window, ops)
 	})
 }
 
-func FuzzFixedWindow(f *testing.F)   { fuzzAlgorithm(f, KindFixedWindow) }
-func FuzzSlidingLog(f *testing.F)    { fuzzAlgorithm(f, KindSlidingLog) }
-func FuzzSlidingWindow(f *testing.F) { fuzzAlgorithm(f, KindSlidingWindow) }
-func FuzzTokenBucket(f *testing.F)   { fuzzAlgorithm(f, KindTokenBucket) }
-func FuzzGCRA(f *testing.F)          { fuzzAlgorithm(f, KindGCRA) }
+func FuzzFixedWindow(f *testing.F)        { fuzzAlgorithm(f, KindFixedWindow, false) }
+func FuzzFixedWindowAligned(f *testing.F) { fuzzAlgorithm(f, KindFixedWindow, true) }
+func FuzzSlidingLog(f *testing.F)         { fuzzAlgorithm(f, KindSlidingLog, false) }
+func FuzzSlidingWindow(f *testing.F)      { fuzzAlgorithm(f, KindSlidingWindow, false) }
+func FuzzTokenBucket(f *testing.F)        { fuzzAlgorithm(f, KindTokenBucket, false) }
+func FuzzGCRA(f *testing.F)               { fuzzAlgorithm(f, KindGCRA, false) }

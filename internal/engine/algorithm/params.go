@@ -42,6 +42,10 @@ type Params struct {
 	Limit  int64 // units per window (window algorithms); rate numerator (bucket algorithms)
 	Window int64 // µs; for concurrency, the lease TTL
 	Burst  int64 // bucket capacity in units (token bucket, GCRA); Limit for window algorithms
+	// Aligned fixed windows start on multiples of Window since the Unix
+	// epoch (the UTC second, minute, hour, day) instead of at their first
+	// admission. Only fixed_window has windows to align.
+	Aligned bool
 }
 
 // Kind names an algorithm inside this package.
@@ -88,6 +92,9 @@ func (p Params) Check(k Kind) error {
 		return &RangeError{"limit", p.Limit, "must be between 1 and 1000000000"}
 	case p.Burst < 1 || p.Burst > MaxLimit:
 		return &RangeError{"burst", p.Burst, "must be between 1 and 1000000000"}
+	}
+	if p.Aligned && k != KindFixedWindow {
+		return &RangeError{"align", 1, "clock alignment applies only to fixed_window"}
 	}
 	switch k {
 	case KindFixedWindow:

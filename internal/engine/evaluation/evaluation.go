@@ -16,7 +16,7 @@ import (
 func Policy(p *sluice.Policy) algorithm.Policy {
 	return algorithm.Policy{
 		Kind:    algorithm.Kind(p.Algorithm),
-		Params:  algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst},
+		Params:  algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst, Aligned: p.ClockAligned},
 		ID:      p.ID,
 		MaxCost: p.MaxCost,
 	}

@@ -214,7 +214,8 @@ func (r *Redis) Password(getenv func(string) string) (string, error) {
 }
 
 // Policy is one policy of the config (near_cache is sluice.Policy's
-// NearCache).
+// NearCache; align: clock is its ClockAligned, align: first_request, the
+// default, leaves it false).
 type Policy struct {
 	sluice.Policy
 }

@@ -52,6 +52,8 @@ var invalid = []struct {
 	{"envoy_listen_same_as_proxy.yaml", "envoy.listen: \"127.0.0.1:8090\": must differ from server.listen and proxy.listen (line 12)"},
 	{"hmac_bad_id.yaml", "subjects.hmac_keys[0].id: \"Key-1\": must be 1 to 16 of a-z 0-9 (line 8)"},
 	{"hmac_duplicate_id.yaml", "subjects.hmac_keys[1].id: \"k2\": is already the id of subjects.hmac_keys[0] (line 9)"},
+	{"align_unknown.yaml", "policies[0].align: \"midnight\": must be one of clock (windows start on the UTC boundaries of the window's length), first_request (the default: a window opens at its first admitted request) (line 6)"},
+	{"align_token_bucket.yaml", "policies[0].align: \"clock\": applies only to fixed_window, the one algorithm with windows to align; leave it unset for token_bucket (line 6)"},
 	{"hmac_missing_secret_env.yaml", "subjects.hmac_keys[0].secret_env: is required (line 8)"},
 	{"hmac_secret_in_file.yaml", "subjects.hmac_keys[0].secret: unknown key: must be one of id, secret_env (line 9)"},
 	{"invalid_yaml.yaml", "invalid YAML: did not find expected '-' indicator (line 1)"},
@@ -99,7 +101,7 @@ var invalid = []struct {
 	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
 	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)"},
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
-	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 9)"},
+	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
@@ -113,7 +115,7 @@ var invalid = []struct {
 	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2)"},
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
-	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache (line 5)"},
+	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (line 5)"},
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
@@ -186,6 +188,16 @@ func TestDefault(t *testing.T) {
 	demo := def.Policies[0]
 	if demo.ID != "demo" || demo.Algorithm != sluice.FixedWindow || demo.Limit != 3 || demo.Window != 10*time.Second {
 		t.Errorf("Default().Policies[0] = %+v, want demo fixed_window 3 per 10s", demo)
+	}
+}
+
+func TestParseAligned(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "aligned.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Policies) != 2 || !got.Policies[0].ClockAligned || got.Policies[1].ClockAligned {
+		t.Fatalf("Load(aligned.yaml).Policies = %+v, want daily aligned to the clock, burst not", got.Policies)
 	}
 }
 

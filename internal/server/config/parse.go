@@ -266,7 +266,7 @@ func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
-	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache")
+	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align")
 	if err != nil {
 		return err
 	}
@@ -285,7 +285,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 	} else if m["window"] == nil {
 		return &Error{Path: path + ".window", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
-	var algorithm, failureMode string
+	var algorithm, failureMode, align string
 	var dedupeMax int64
 	if err := collect([]error{
 		d.str(path+".id", m["id"], &p.ID),
@@ -301,8 +301,16 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL),
 		d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax),
 		d.bool(path+".near_cache", m["near_cache"], &p.NearCache),
+		d.str(path+".align", m["align"], &align),
 	}); err != nil {
 		return err
+	}
+	switch align {
+	case "", "first_request":
+	case "clock":
+		p.ClockAligned = true
+	default:
+		return &Error{Path: path + ".align", Value: yamlnode.Written(m["align"]), Rule: "must be one of clock (windows start on the UTC boundaries of the window's length), first_request (the default: a window opens at its first admitted request)", Line: m["align"].Line}
 	}
 	if dedupeMax != int64(int(dedupeMax)) {
 		return &Error{Path: path + ".dedupe_max", Value: yamlnode.Written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}

@@ -13,27 +13,41 @@
 //	  - key: to_number
 //	    rate_limit: { unit: day, requests_per_unit: 100 }
 //
-// Each descriptor has a key and optionally a value; a value ending in "*"
-// matches every value with that prefix. A descriptor with a rate_limit
-// block is a rule: rate_limit holds unit (second, minute, hour or day) and
-// requests_per_unit, or unlimited: true; optionally name and replaces
-// (a list of {name: …}). shadow_mode: true reports a rule's verdict but
-// never enforces it; detailed_metric is accepted and has no effect, since
-// sluice never labels a metric with a descriptor value.
+// Each descriptor has a key and optionally a value. A "*" in a value
+// matches zero or more bytes, anywhere and as often as written
+// ("value*", "/api/*/action", "/api/*/resource/*/action"), as
+// envoyproxy/ratelimit's matcher does. share_threshold: true on a
+// descriptor whose value has a "*" makes every value the wildcard matches
+// spend one counter, instead of one per value. A descriptor with a
+// rate_limit block is a rule: rate_limit holds unit (second, minute, hour
+// or day) and requests_per_unit, or unlimited: true; optionally name and
+// replaces (a list of {name: …}). shadow_mode: true reports a rule's
+// verdict but never enforces it. detailed_metric and value_to_metric
+// shape envoyproxy/ratelimit's statistics with descriptor values: they
+// are accepted, checked and have no effect, since sluice never labels a
+// metric with a descriptor value. metadata (sent back by
+// envoyproxy/ratelimit only with RESPONSE_DYNAMIC_METADATA) is accepted
+// and not sent. quota_mode is refused: it answers OK when some but not all
+// quota descriptors are over their limits, which sluice's all-or-nothing
+// decision does not do.
 //
-// sluice adds three optional keys to rate_limit: algorithm (default
-// fixed_window), burst (token_bucket and gcra) and failure_mode (closed,
-// the default, or open).
+// sluice adds four optional keys to rate_limit: algorithm (default
+// fixed_window), burst (token_bucket and gcra), failure_mode (closed,
+// the default, or open) and align (fixed_window only: clock, the
+// default, starts windows on the UTC second, minute, hour or day as
+// envoyproxy/ratelimit does; first_request opens a window at its first
+// admitted request, sluice's own default elsewhere).
 //
 // Matching follows envoyproxy/ratelimit: a request descriptor's entries are
 // walked level by level, and at each level the most specific descriptor
-// wins: the exact key and value, else a wildcard value (in file order),
-// else the key alone. A rule applies only when the request has as many
+// wins: the exact key and value, else the first wildcard value that
+// matches (in file order), else the key alone. A rule applies only when the request has as many
 // entries as the rule is deep.
 //
 // Each rule with a limit becomes a sluice.Policy whose ID is derived from
-// its domain and path (see Rule.Policy); the values matched by a key alone
-// or a wildcard are the subject (see Match).
+// its domain and path (see Rule.Policy), a fixed window aligned to the
+// clock as theirs; the values matched by a key alone or a wildcard
+// (without share_threshold) are the subject (see Match).
 package envoyconf
 
 import (
@@ -124,8 +138,11 @@ type Rule struct {
 	Unlimited bool
 	// Shadow rules are decided and counted but always answered OK.
 	Shadow bool
-	// DetailedMetric is accepted for compatibility; it has no effect.
+	// DetailedMetric and ValueToMetric are accepted for compatibility:
+	// they put descriptor values in envoyproxy/ratelimit's statistics,
+	// and sluice never labels a metric with one, so they have no effect.
 	DetailedMetric bool
+	ValueToMetric  bool
 	// RequestsPerUnit and Unit are the limit; 0 requests per unit denies
 	// every request without asking the store. Zero for unlimited rules.
 	RequestsPerUnit int64
@@ -162,9 +179,34 @@ type node struct {
 
 type entry struct{ key, value string }
 
+// wildcardNode is a descriptor whose value holds a "*": parts is the
+// value split at every "*".
 type wildcardNode struct {
-	key, prefix string
-	n           *node
+	key, value string
+	parts      []string
+	shared     bool // share_threshold: every matching value is one counter
+	n          *node
+}
+
+// wildcardMatch reports whether value matches the pattern split into
+// parts at its "*"s (at least two parts): it starts with the first, ends
+// with the last, and holds the others in order between them, each "*"
+// standing for zero or more bytes. Taking each middle part at its first
+// place is as good as any: a later one leaves less room for the rest.
+func wildcardMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	rest := value[len(first) : len(value)-len(last)]
+	for _, part := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, part)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(part):]
+	}
+	return true
 }
 
 func newNode() *node { return &node{exact: map[entry]*node{}, keyOnly: map[string]*node{}} }
@@ -178,6 +220,9 @@ func (c *Config) Domains() []string {
 	sort.Strings(ds)
 	return ds
 }
+
+// HasDomain reports whether a file holds domain.
+func (c *Config) HasDomain(domain string) bool { return c.domains[domain] != nil }
 
 // Rules returns every rule in load order (files sorted by name, then
 // file order).
@@ -205,8 +250,8 @@ type Entry struct{ Key, Value string }
 
 // Match returns the rule that applies to a request descriptor of domain,
 // or nil, and the entries whose values the rule does not fix (matched by
-// a key alone or by a wildcard): the part of the descriptor that names
-// whose budget is spent.
+// a key alone or by a wildcard without share_threshold): the part of the
+// descriptor that names whose budget is spent.
 func (c *Config) Match(domain string, entries []Entry) (*Rule, []Entry) {
 	n := c.domains[domain]
 	if n == nil || len(entries) == 0 {
@@ -232,14 +277,15 @@ func (c *Config) Match(domain string, entries []Entry) (*Rule, []Entry) {
 	return nil, nil
 }
 
-// lookup finds the most specific child of n for e.
+// lookup finds the most specific child of n for e; variable reports
+// whether e's value names whose budget is spent.
 func (n *node) lookup(e Entry) (next *node, variable bool) {
 	if next := n.exact[entry{e.Key, e.Value}]; next != nil {
 		return next, false
 	}
 	for _, w := range n.wildcard {
-		if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
-			return w.n, true
+		if w.key == e.Key && wildcardMatch(w.parts, e.Value) {
+			return w.n, !w.shared
 		}
 	}
 	if next := n.keyOnly[e.Key]; next != nil {
@@ -423,10 +469,15 @@ func (p *parser) descriptors(path string, n *yaml.Node, parent *node, domain, pa
 }
 
 func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
-	m, err := p.mapping(path, n, "key", "value", "rate_limit", "shadow_mode", "detailed_metric", "descriptors")
+	m, err := p.mapping(path, n, "key", "value", "rate_limit", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "descriptors")
 	if err != nil {
 		return err
 	}
+	f, err := p.flags(path, m)
+	if err != nil {
+		return err
+	}
+	shared := f.shared
 	if m["key"] == nil {
 		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: yamlnode.Resolve(n).Line}
 	}
@@ -450,19 +501,22 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	full = parentKey + "." + full
 	e := entry{key, value}
 	child := newNode()
+	if shared && !strings.Contains(value, "*") {
+		return p.errorf(path+".share_threshold", m["share_threshold"], "applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter")
+	}
 	switch {
 	case value == "":
 		if parent.keyOnly[key] != nil {
 			return p.errorf(path+".key", m["key"], "duplicate descriptor: %s is already defined at this level", full)
 		}
 		parent.keyOnly[key] = child
-	case strings.HasSuffix(value, "*"):
+	case strings.Contains(value, "*"):
 		for _, w := range parent.wildcard {
-			if w.key == key && w.prefix == strings.TrimSuffix(value, "*") {
+			if w.key == key && w.value == value {
 				return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
 			}
 		}
-		parent.wildcard = append(parent.wildcard, wildcardNode{key: key, prefix: strings.TrimSuffix(value, "*"), n: child})
+		parent.wildcard = append(parent.wildcard, wildcardNode{key: key, value: value, parts: strings.Split(value, "*"), shared: shared, n: child})
 	default:
 		if parent.exact[e] != nil {
 			return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
@@ -470,19 +524,12 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 		parent.exact[e] = child
 	}
 	parent.has++
-	var shadow, detailed bool
-	if err := p.bool(path+".shadow_mode", m["shadow_mode"], &shadow); err != nil {
-		return err
-	}
-	if err := p.bool(path+".detailed_metric", m["detailed_metric"], &detailed); err != nil {
-		return err
-	}
 	if rl := m["rate_limit"]; rl != nil {
 		r, err := p.rateLimit(path+".rate_limit", rl, domain, full)
 		if err != nil {
 			return err
 		}
-		r.Shadow, r.DetailedMetric = shadow, detailed
+		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
 		child.rule = r
 		p.rules = append(p.rules, r)
 	}
@@ -492,11 +539,35 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	return nil
 }
 
+// descriptorFlags are a descriptor's boolean keys.
+type descriptorFlags struct{ shared, shadow, detailed, valueToMetric bool }
+
+// flags reads the boolean keys of the descriptor m, checks metadata and
+// refuses quota_mode.
+func (p *parser) flags(path string, m map[string]*yaml.Node) (descriptorFlags, error) {
+	var f descriptorFlags
+	if q := m["quota_mode"]; q != nil {
+		return f, p.errorf(path+".quota_mode", q, "is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits, and sluice decides every descriptor of a request all or nothing; use shadow_mode to observe a limit without enforcing it")
+	}
+	if md := m["metadata"]; md != nil && md.Kind != yaml.MappingNode {
+		return f, p.errorf(path+".metadata", md, "must be a mapping, not %s", yamlnode.KindName(md))
+	}
+	for _, b := range []struct {
+		key string
+		out *bool
+	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}} {
+		if err := p.bool(path+"."+b.key, m[b.key], b.out); err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}
+
 // rateLimit reads the rate_limit block of the descriptor whose full key
 // is full into its Rule: the names, then unlimited or the limit and the
 // policy that decides it.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rule, error) {
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode")
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align")
 	if err != nil {
 		return nil, err
 	}
@@ -515,7 +586,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 		}
 	}
 	if r.Unlimited {
-		if err := p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode"); err != nil {
+		if err := p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align"); err != nil {
 			return nil, err
 		}
 		return r, nil
@@ -538,7 +609,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rul
 	if r.RequestsPerUnit == 0 {
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
-		if err := p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst"); err != nil {
+		if err := p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align"); err != nil {
 			return nil, err
 		}
 		return r, nil
@@ -616,8 +687,9 @@ func (p *parser) unit(path string, n *yaml.Node, line int) (Unit, error) {
 }
 
 // policy builds the sluice policy that decides r: a fixed window of r's
-// requests per unit, unless the rate_limit block m sets sluice's own keys
-// algorithm, burst or failure_mode. The caller validates it.
+// requests per unit aligned to the clock, unless the rate_limit block m
+// sets sluice's own keys algorithm, burst, failure_mode or align. The
+// caller validates it.
 func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) (sluice.Policy, error) {
 	pol := sluice.Policy{ID: PolicyID(r.Key), Algorithm: sluice.FixedWindow, Limit: r.RequestsPerUnit, Window: r.Unit.Duration()}
 	var err error
@@ -638,6 +710,20 @@ func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) (sluice.P
 		if pol.FailureMode, err = p.failureMode(path+".failure_mode", v); err != nil {
 			return sluice.Policy{}, err
 		}
+	}
+	pol.ClockAligned = pol.Algorithm == sluice.FixedWindow
+	if v := m["align"]; v != nil {
+		s, err := p.text(path+".align", v)
+		if err != nil {
+			return sluice.Policy{}, err
+		}
+		switch {
+		case s != "clock" && s != "first_request":
+			return sluice.Policy{}, p.errorf(path+".align", v, "must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request)")
+		case pol.Algorithm != sluice.FixedWindow:
+			return sluice.Policy{}, p.errorf(path+".align", v, "applies only to fixed_window, the one algorithm with windows to align")
+		}
+		pol.ClockAligned = s == "clock"
 	}
 	return pol, nil
 }

@@ -32,7 +32,13 @@ func TestInvalid(t *testing.T) {
 		{"replaces_self.yaml", `descriptors[0].rate_limit.replaces[0].name: "mine": is this rate_limit's own name: a rule cannot replace itself (line 7)`},
 		{"rpu_string.yaml", `descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 6)`},
 		{"shadow_not_bool.yaml", `descriptors[0].shadow_mode: "yes please": must be true or false (line 4)`},
-		{"unknown_key.yaml", `descriptors[0].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, descriptors (line 4)`},
+		{"unknown_key.yaml", `descriptors[0].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 4)`},
+		{"quota_mode.yaml", `descriptors[0].quota_mode: true: is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits`},
+		{"share_threshold_no_wildcard.yaml", `descriptors[0].share_threshold: true: applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter (line 5)`},
+		{"value_to_metric_not_bool.yaml", `descriptors[0].value_to_metric: "yes": must be true or false (line 4)`},
+		{"align_token_bucket.yaml", `descriptors[0].rate_limit.align: "clock": applies only to fixed_window, the one algorithm with windows to align (line 8)`},
+		{"align_unknown.yaml", `descriptors[0].rate_limit.align: "midnight": must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request) (line 7)`},
+		{"wildcard_duplicate.yaml", `descriptors[1].value: "/api/*/action": duplicate descriptor: d.path_/api/*/action is already defined at this level (line 7)`},
 		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
 		{"week.yaml", `descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day: sluice windows are at most 24h, and a month or a year has no fixed length (line 5)`},
 	} {
@@ -53,8 +59,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 19 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 19)
+	if len(files) != 25 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 25)
 	}
 }
 
@@ -193,6 +199,9 @@ func TestRules(t *testing.T) {
 		t.Fatal("no rule messaging.path_/api/*")
 	}
 	want := sluice.Policy{ID: PolicyID("messaging.path_/api/*"), Algorithm: sluice.GCRA, Limit: 3, Window: time.Minute, Burst: 2, FailureMode: sluice.FailOpen}
+	if r := byKey["messaging.to_number"]; r == nil || !r.Policy.ClockAligned {
+		t.Errorf("to_number = %+v, want a fixed window aligned to the clock (the default)", r)
+	}
 	if gcra.Policy != want {
 		t.Errorf("path_/api/* policy = %+v, want %+v", gcra.Policy, want)
 	}
@@ -269,4 +278,107 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestWildcardMatch(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"value*", "value", true},
+		{"value*", "valueXYZ", true},
+		{"value*", "valu", false},
+		{"/api/*/action", "/api/123/action", true},
+		{"/api/*/action", "/api//action", true},
+		{"/api/*/action", "/api/user-id/action", true},
+		{"/api/*/action", "/api/123/other", false},
+		{"/api/*/action", "/api/action", false}, // prefix and suffix may not overlap
+		{"/api/*/resource/*/action", "/api/v1/resource/123/action", true},
+		{"/api/*/resource/*/action", "/api/v1/resource/action", false},
+		{"a*b*b", "abb", true},
+		{"a*b*b", "ab", false},
+		{"*", "", true},
+		{"**", "x", true},
+		{"*x*", "abxcd", true},
+		{"*x*", "abcd", false},
+	} {
+		if got := wildcardMatch(strings.Split(tc.pattern, "*"), tc.value); got != tc.want {
+			t.Errorf("wildcardMatch(%q, %q) = %v, want %v", tc.pattern, tc.value, got, tc.want)
+		}
+	}
+}
+
+// TestReadmeExamples loads every rules file of envoyproxy/ratelimit's
+// README (testdata/readme, copied unchanged) and matches the descriptors
+// each example names to the rule and the subject it documents.
+func TestReadmeExamples(t *testing.T) {
+	files, err := filepath.Glob("testdata/readme/*.yaml")
+	if err != nil || len(files) != 16 {
+		t.Fatalf("testdata/readme holds %d files (%v), want the 16 blocks of Examples 1 to 11", len(files), err)
+	}
+	for _, f := range files {
+		if _, err := Load([]string{f}); err != nil {
+			t.Errorf("Load(%s): %v", f, err)
+		}
+	}
+	e := func(kv ...string) []Entry {
+		var es []Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			es = append(es, Entry{kv[i], kv[i+1]})
+		}
+		return es
+	}
+	for _, tc := range []struct {
+		file, domain string
+		entries      []Entry
+		rule         string // Rule.Key; "" for none
+		rpu          int64
+		vars         string
+	}{
+		{"example01", "mongo_cps", e("database", "users"), "mongo_cps.database_users", 500, "[]"},
+		{"example02", "messaging", e("message_type", "marketing", "to_number", "2061111111"), "messaging.message_type_marketing.to_number", 5, "[{to_number 2061111111}]"},
+		{"example02", "messaging", e("to_number", "2061111111"), "messaging.to_number", 100, "[{to_number 2061111111}]"},
+		{"example03", "edge_proxy_per_ip", e("remote_address", "50.0.0.1"), "edge_proxy_per_ip.remote_address", 10, "[{remote_address 50.0.0.1}]"},
+		{"example03", "edge_proxy_per_ip", e("remote_address", "50.0.0.5"), "edge_proxy_per_ip.remote_address_50.0.0.5", 0, "[]"},
+		{"example04a", "example4", e("key", "value", "subkey", "subvalue"), "", 0, ""},
+		{"example04b", "example4", e("key", "value", "subkey", "subvalue"), "example4.key_value.subkey", 300, "[{subkey subvalue}]"},
+		{"example05", "internal", e("ldap", "x"), "internal.ldap", 0, "[{ldap x}]"},
+		{"example06", "example6", e("service", "auth-service", "user", "user-a"), "example6.service.user_user-a", 10, "[{service auth-service}]"},
+		{"example07", "example7", e("key_2", "value_2", "user", "bkthomps"), "example7.key_2_value_2.user_bkthomps", 10, "[]"},
+		{"example08", "example8", e("key1", "unspecified_value"), "example8.key1", 10, "[{key1 unspecified_value}]"},
+		{"example08", "example8", e("key1", "value1"), "example8.key1_value1", 20, "[]"},
+		{"example09a", "example9", e("key1", "valueXYZ"), "example9.key1_value*", 20, "[{key1 valueXYZ}]"},
+		{"example09b", "example9", e("path", "/api/123/action"), "example9.path_/api/*/action", 20, "[{path /api/123/action}]"},
+		{"example09b", "example9", e("path", "/api/123/other"), "", 0, ""},
+		{"example09c", "example9", e("route", "/api/v2/resource/456/action"), "example9.route_/api/*/resource/*/action", 20, "[{route /api/v2/resource/456/action}]"},
+		{"example10a", "example10", e("route", "api", "http_method", "GET", "subject_id", "123"), "example10.route.http_method.subject_id", 60, "[{route api} {http_method GET} {subject_id 123}]"},
+		{"example10b", "example10_wildcard", e("user", "alice", "action", "readfile", "resource", "documents"), "example10_wildcard.user.action_read*.resource", 100, "[{user alice} {action readfile} {resource documents}]"},
+		// share_threshold: the wildcard's values are one budget.
+		{"example11a", "example11", e("files", "files/a.pdf"), "example11.files_files/*", 10, "[]"},
+		{"example11a", "example11", e("files_no_share", "files_no_share/a.pdf"), "example11.files_no_share_files_no_share/*", 10, "[{files_no_share files_no_share/a.pdf}]"},
+		{"example11b", "example11_metrics", e("route", "api/v1", "method", "GET"), "example11_metrics.route_api/*.method", 60, "[{method GET}]"},
+	} {
+		c, err := Load([]string{filepath.Join("testdata", "readme", tc.file+".yaml")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, vars := c.Match(tc.domain, tc.entries)
+		got := ""
+		if r != nil {
+			got = r.Key
+		}
+		if got != tc.rule {
+			t.Errorf("%s: Match(%v) = rule %q, want %q", tc.file, tc.entries, got, tc.rule)
+			continue
+		}
+		if r == nil {
+			continue
+		}
+		if r.RequestsPerUnit != tc.rpu || fmtEntries(vars) != tc.vars {
+			t.Errorf("%s: Match(%v) = %d per unit, vars %s; want %d, %s", tc.file, tc.entries, r.RequestsPerUnit, fmtEntries(vars), tc.rpu, tc.vars)
+		}
+		if r.Decided() && !r.Policy.ClockAligned {
+			t.Errorf("%s: rule %s is not aligned to the clock", tc.file, r.Key)
+		}
+	}
 }

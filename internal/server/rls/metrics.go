@@ -20,7 +20,8 @@ const NoRule = "(none)"
 //     overall code (OK, OVER_LIMIT) or, for a failed call, gRPC status
 //     code (Unavailable, InvalidArgument, …).
 //   - sluice_envoy_descriptors_total{rule, code}: descriptor statuses by
-//     rule (the policy ID derived from the rule's key, or NoRule) and
+//     rule (the policy ID derived from the rule's key, NoRule, or
+//     OverrideRule for a descriptor's limit override) and
 //     what became of them: ok, over_limit, shadow_over_limit (over the
 //     limit but answered OK: shadow_mode), unlimited, failed_open, or
 //     no_rule.
@@ -63,10 +64,13 @@ func (m *Metrics) countRequest(resp *rlspb.RateLimitResponse, err error) {
 	m.requests.WithLabelValues(resp.GetOverallCode().String()).Inc()
 }
 
-func (m *Metrics) countDescriptor(r *envoyconf.Rule, code string) {
+func (m *Metrics) countDescriptor(d *descriptor, code string) {
 	label := NoRule
-	if r != nil {
-		label = envoyconf.PolicyID(r.Key)
+	switch {
+	case d.override:
+		label = OverrideRule
+	case d.rule != nil:
+		label = envoyconf.PolicyID(d.rule.Key)
 	}
 	m.descriptors.WithLabelValues(label, code).Inc()
 }

@@ -6,16 +6,33 @@
 // A request names a domain and descriptors. Each descriptor is matched to
 // at most one rule (envoyconf.Config.Match); a rule named in another
 // matched rule's replaces is dropped. The cost is the descriptor's
-// hits_addend, else the request's, where 0 or absent means 1. The subject
+// hits_addend when it has one, else the request's, where 0 or absent
+// means 1; a descriptor's hits_addend of 0 checks without spending (a
+// peek: OVER_LIMIT when the next unit would be denied). The subject
 // of a descriptor is the pseudonym of its domain and of the entries its
-// rule does not fix (the values matched by a key alone or a wildcard), so
-// no raw descriptor value reaches a store, a log line or a metric.
+// rule does not fix (the values matched by a key alone or a wildcard
+// without share_threshold), so no raw descriptor value reaches a store,
+// a log line or a metric.
+//
+// A descriptor's limit (RateLimitDescriptor.limit) in a known domain
+// replaces the rule that matches it, or applies where none does, as in
+// envoyproxy/ratelimit: its numbers (requests_per_unit per unit ×
+// unit_multiplier, at most 24h) are a fixed window aligned to the clock
+// whose policy ID is derived from them, so each set of numbers counts on
+// a counter of its own; every entry of the descriptor names the budget.
+// An override is never shadow, unlimited or replaced.
 //
 // Descriptors of one request with the same subject and cost are decided
 // in one Limiter.Check over their policies, all or nothing: when one is
-// over its limit nothing is spent on the others. Descriptors with
-// different subjects are decided separately, as envoyproxy/ratelimit
-// decides every descriptor.
+// over its limit nothing is spent on the others. The engine decides one
+// cost per evaluation, so descriptors of one subject asking for
+// different costs (or one with a limit override) are decided one check
+// each: those that spend nothing first, then in request order, and once
+// one of the subject's is denied the rest of that subject only check.
+// Descriptors with different subjects are decided separately, as
+// envoyproxy/ratelimit decides every descriptor. A descriptor repeated in
+// one request (same rule, subject and cost) is counted once and answered
+// alike.
 //
 // Each descriptor gets a status: OK or OVER_LIMIT with current_limit,
 // limit_remaining and duration_until_reset; OK without current_limit
@@ -48,7 +65,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -58,6 +77,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
@@ -74,12 +94,19 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 const SubjectKind = "envoy"
 
 // State is what the service decides with: the rules, a Limiter holding
-// exactly the rules' policies, and the pseudonymizer. Swap replaces it
-// as a whole; a request in flight finishes with the State it started with.
+// exactly the rules' policies (nil when they have none: every rule is
+// unlimited or allows 0), the Store it decides on (for limit
+// overrides, each of which gets a policy and a Limiter of its own) and
+// the pseudonymizer. Swap replaces it as a whole; a request in flight
+// finishes with the State it started with.
 type State struct {
 	Rules         *envoyconf.Config
 	Limiter       *sluice.Limiter
+	Store         sluice.Store
 	Pseudonymizer *subject.Pseudonymizer
+
+	mu        sync.Mutex
+	overrides map[string]*overrideLimit // by policy ID
 }
 
 func (st *State) check() error {
@@ -88,8 +115,10 @@ func (st *State) check() error {
 		return errors.New("state is nil")
 	case st.Rules == nil:
 		return errors.New("rules are nil")
-	case st.Limiter == nil:
+	case st.Limiter == nil && len(st.Rules.Policies()) > 0:
 		return errors.New("limiter is nil")
+	case st.Store == nil:
+		return errors.New("store is nil")
 	case st.Pseudonymizer == nil:
 		return errors.New("pseudonymizer is nil")
 	}
@@ -157,6 +186,12 @@ func (s *Service) Shutdown() { s.health.Shutdown() }
 // descriptor is one request descriptor on its way to an answer.
 type descriptor struct {
 	rule     *envoyconf.Rule
+	lim      *sluice.Limiter // decides rule: the State's, or a limit override's
+	override bool            // rule is a limit override's
+	// dup is 1 + the index of the earlier descriptor this one repeats
+	// (same rule, subject, cost and kind): it is counted once, with that
+	// one, and answered alike. 0 for none.
+	dup      int
 	subject  string
 	previous []string // subject under older keys during a key rotation
 	cost     int64
@@ -171,6 +206,7 @@ type descriptor struct {
 
 // group is the descriptors decided in one Limiter.Check.
 type group struct {
+	lim      *sluice.Limiter
 	subject  string
 	previous []string
 	cost     int64
@@ -216,10 +252,27 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "sluice: descriptors must not be empty")
 	}
-	ds := match(st, req)
+	ds, err := match(st, req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
+	}
+	denied := map[string]bool{} // subjects with a group the store denied
 	for _, g := range groupDescriptors(ds) {
-		if err := s.decide(ctx, st, ds, g); err != nil {
+		if denied[g.subject] && !g.shadow && !g.refund {
+			g.peek = true // nothing more is spent on a subject once denied
+		}
+		if err := s.decide(ctx, ds, g); err != nil {
 			return nil, err
+		}
+		for _, i := range g.members {
+			denied[g.subject] = denied[g.subject] || !g.shadow && !g.refund && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	for i := range ds {
+		if d := &ds[i]; d.dup > 0 {
+			e := &ds[d.dup-1]
+			d.status = proto.Clone(e.status).(*rlspb.RateLimitResponse_DescriptorStatus)
+			d.decided, d.failedOpen = e.decided, e.failedOpen
 		}
 	}
 	resp := s.response(ds)
@@ -231,8 +284,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 
 // match returns req's descriptors with their rules, costs and subjects.
 // A descriptor whose rule another matched rule replaces has no rule:
-// it is neither decided nor spent.
-func match(st *State, req *rlspb.RateLimitRequest) []descriptor {
+// it is neither decided nor spent. The error is a limit override sluice
+// cannot apply.
+func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
 	if reqCost == 0 {
@@ -246,17 +300,28 @@ func match(st *State, req *rlspb.RateLimitRequest) []descriptor {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		rule, vars := st.Rules.Match(domain, entries)
-		ds[i] = descriptor{rule: rule, cost: reqCost, refund: d.GetIsNegativeHits()}
-		if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
-			ds[i].cost = int64(min(h.GetValue(), math.MaxInt64))
+		ds[i] = descriptor{lim: st.Limiter, cost: reqCost, refund: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil {
+			ds[i].cost = clampCost(h.GetValue()) // the descriptor's wins; 0 checks without spending
 		}
-		if rule == nil {
+		var vars []envoyconf.Entry
+		if o := d.GetLimit(); o != nil && st.Rules.HasDomain(domain) && len(entries) > 0 {
+			ol, err := st.override(o)
+			if err != nil {
+				return nil, fmt.Errorf("descriptors[%d].%w", i, err)
+			}
+			// Every entry names the budget, as envoyproxy/ratelimit keys an
+			// override by the whole descriptor.
+			ds[i].rule, ds[i].lim, ds[i].override, vars = ol.rule, ol.lim, true, entries
+		} else {
+			ds[i].rule, vars = st.Rules.Match(domain, entries)
+		}
+		if ds[i].rule == nil {
 			continue
 		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
 		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
-		for _, name := range rule.Replaces {
+		for _, name := range ds[i].rule.Replaces {
 			replaced[name] = true
 		}
 	}
@@ -265,7 +330,7 @@ func match(st *State, req *rlspb.RateLimitRequest) []descriptor {
 			ds[i].rule = nil
 		}
 	}
-	return ds
+	return ds, nil
 }
 
 // groupDescriptors answers the descriptors that need no store (see
@@ -287,18 +352,23 @@ func groupDescriptors(ds []descriptor) []*group {
 			continue
 		}
 		if d.refund {
-			// Giving back more than the capacity is giving back the capacity.
+			// Giving back more than the capacity is giving back the capacity;
+			// giving back nothing is a check.
 			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
+			d.refund = d.cost > 0
+		}
+		if d.dup = repeats(ds, i); d.dup > 0 {
+			continue
 		}
 		var g *group
 		for _, c := range groups {
-			if c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
+			if c.lim == d.lim && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			g = &group{lim: d.lim, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -306,7 +376,33 @@ func groupDescriptors(ds []descriptor) []*group {
 	for _, g := range groups {
 		g.peek = blocked[g.subject] && !g.shadow && !g.refund
 	}
+	// Checks that spend nothing go first: a subject over its limit there
+	// spends nothing in the groups after.
+	slices.SortStableFunc(groups, func(a, b *group) int { return spends(a) - spends(b) })
 	return groups
+}
+
+// repeats returns 1 + the index of the first descriptor before ds[i]
+// that it repeats, decided by the store (same rule, subject, cost and
+// kind), or 0.
+func repeats(ds []descriptor, i int) int {
+	d := &ds[i]
+	for j := range ds[:i] {
+		e := &ds[j]
+		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.lim == d.lim &&
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund {
+			return j + 1
+		}
+	}
+	return 0
+}
+
+// spends is 1 for a group that spends (or refunds), 0 for a check.
+func spends(g *group) int {
+	if g.cost == 0 || g.peek {
+		return 0
+	}
+	return 1
 }
 
 // answerLocally fills in d's status and reports true when d needs no
@@ -341,11 +437,11 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 		if d.rule != nil && d.rule.Shadow && d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			// shadow_mode: decided and counted, never enforced.
 			if s.metrics != nil {
-				s.metrics.countDescriptor(d.rule, "shadow_over_limit")
+				s.metrics.countDescriptor(d, "shadow_over_limit")
 			}
 			d.status.Code = rlspb.RateLimitResponse_OK
 		} else if s.metrics != nil {
-			s.metrics.countDescriptor(d.rule, codeLabel(d))
+			s.metrics.countDescriptor(d, codeLabel(d))
 		}
 		if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
@@ -358,19 +454,19 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 
 // decide asks the store for one group and fills in its statuses. It
 // returns a gRPC error when a fail-closed policy cannot be decided.
-func (s *Service) decide(ctx context.Context, st *State, ds []descriptor, g *group) error {
+func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 	ids := make([]string, len(g.members))
 	for j, i := range g.members {
 		ids[j] = ds[i].rule.Policy.ID
 	}
 	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost}
 	switch {
-	case g.peek:
+	case g.peek, g.cost == 0:
 		req.Op, req.Cost = sluice.Peek, 0
 	case g.refund:
 		req.Op = sluice.Refund
 	}
-	o := st.Limiter.Check(ctx, req)
+	o := g.lim.Check(ctx, req)
 	switch {
 	case o.Kind == sluice.Allowed || o.Kind == sluice.Denied:
 		for j, i := range g.members {

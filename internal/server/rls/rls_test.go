@@ -13,6 +13,7 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -34,8 +35,9 @@ import (
 )
 
 // rules is the rules file of these tests, in envoyproxy/ratelimit's
-// format. Windows are an hour or more so that the Redis runs, on Redis
-// TIME, never see one roll over.
+// format. Both stores run on a fake clock (sluicetest.NewClock, at a
+// UTC midnight), so windows aligned to the clock roll over only when a
+// test moves it.
 const rules = `
 domain: shop
 descriptors:
@@ -109,7 +111,7 @@ func start(t *testing.T, store sluice.Store, yaml string) *harness {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := rls.New(&rls.State{Rules: cfg, Limiter: lim, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: log, Metrics: m})
+	svc, err := rls.New(&rls.State{Rules: cfg, Limiter: lim, Store: store, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: log, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,13 +146,18 @@ func memHarness(t *testing.T) *harness {
 
 func redisHarness(t *testing.T) (*harness, *redistest.Server) {
 	srv := redistest.Standalone(t)
+	return start(t, redisStore(t, srv, sluicetest.NewClock()), rules), srv
+}
+
+// redisStore is a Redis store on srv deciding on clock, the caller's.
+func redisStore(t *testing.T, srv *redistest.Server, clock *sluicetest.Clock) *redisstore.Store {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	st, err := redisstore.New(c, redisstore.Options{})
+	st, err := redisstore.New(c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, st, rules), srv
+	return st
 }
 
 // d builds a descriptor from key, value pairs.
@@ -261,6 +268,15 @@ func testSameSubjectAtomic(t *testing.T, h *harness) {
 	})
 }
 
+func testDuplicate(t *testing.T, h *harness) {
+	twice := req(d("api", "dup"), d("api", "dup"))
+	run(t, h, []step{
+		{"a descriptor twice is counted once", twice, "OK", []st{{"OK", "5/DAY", 4}, {"OK", "5/DAY", 4}}},
+		{"again", twice, "OK", []st{{"OK", "5/DAY", 3}, {"OK", "5/DAY", 3}}},
+		{"with another cost it is another check", &rlspb.RateLimitRequest{Domain: "shop", HitsAddend: 1, Descriptors: []*commonpb.RateLimitDescriptor{d("api", "dup"), {Entries: d("api", "dup").Entries, HitsAddend: wrapperspb.UInt64(2)}}}, "OK", []st{{"OK", "5/DAY", 2}, {"OK", "5/DAY", 0}}},
+	})
+}
+
 func testHitsAddend(t *testing.T, h *harness) {
 	r := req(d("api", "h"))
 	r.HitsAddend = 3
@@ -276,6 +292,111 @@ func testHitsAddend(t *testing.T, h *harness) {
 		{"more than the limit", r3, "OVER_LIMIT", []st{{"OVER_LIMIT", "5/DAY", 0}}},
 		{"nothing was spent", req(d("api", "h2")), "OK", []st{{"OK", "5/DAY", 4}}},
 	})
+}
+
+// testHitsAddendZero: a descriptor's hits_addend of 0 checks without
+// spending (a peek: OVER_LIMIT when the next unit would be denied).
+// Descriptors of one subject that ask for different costs are decided
+// one cost at a time, checks first; once one is denied, the rest of that
+// subject only check.
+func testHitsAddendZero(t *testing.T, h *harness) {
+	check := req(d("api", "z"))
+	check.Descriptors[0].HitsAddend = wrapperspb.UInt64(0)
+	check.HitsAddend = 3 // the descriptor's 0 wins
+	five := req(d("api", "z"))
+	five.HitsAddend = 5
+	peekUser := func(user string, cost uint64) *rlspb.RateLimitRequest {
+		r := req(d("user", user), d("plan", "free", "user", user))
+		r.Descriptors[0].HitsAddend = wrapperspb.UInt64(cost)
+		return r
+	}
+	planFirst := req(d("plan", "free", "user", "m2"), d("user", "m2"))
+	planFirst.Descriptors[1].HitsAddend = wrapperspb.UInt64(3)
+	run(t, h, []step{
+		{"check: nothing spent", check, "OK", []st{{"OK", "5/DAY", 5}}},
+		{"check again", check, "OK", []st{{"OK", "5/DAY", 5}}},
+		{"spend 5", five, "OK", []st{{"OK", "5/DAY", 0}}},
+		{"check: the next unit would be denied", check, "OVER_LIMIT", []st{{"OVER_LIMIT", "5/DAY", 0}}},
+		{"a check beside a spend of one subject", peekUser("m1", 0), "OK", []st{{"OK", "10/HOUR", 10}, {"OK", "1/HOUR", 0}}},
+		{"the spend is over; the check still spends nothing", peekUser("m1", 0), "OVER_LIMIT", []st{{"OK", "10/HOUR", 10}, {"OVER_LIMIT", "1/HOUR", 0}}},
+		{"costs 3 and 1: one evaluation each", peekUser("m2", 3), "OK", []st{{"OK", "10/HOUR", 7}, {"OK", "1/HOUR", 0}}},
+		{"costs 3 and 1 again: the 3 was spent before the 1 was denied", peekUser("m2", 3), "OVER_LIMIT", []st{{"OK", "10/HOUR", 4}, {"OVER_LIMIT", "1/HOUR", 0}}},
+		{"the denied one first: the 3 is then only checked", planFirst, "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}, {"OK", "10/HOUR", 4}}},
+		{"nothing was spent", req(d("user", "m2")), "OK", []st{{"OK", "10/HOUR", 3}}},
+	})
+	// One check denied by its second policy: the subject's next check,
+	// of another cost, spends nothing either.
+	three := req(d("user", "m3"), d("plan", "free", "user", "m3"), d("key_1", "value_1", "user", "m3"))
+	three.Descriptors[2].HitsAddend = wrapperspb.UInt64(2)
+	run(t, h, []step{
+		{"the plan's one", req(d("plan", "free", "user", "m3")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"user and plan denied by the plan; key_1's 2 only checked", three, "OVER_LIMIT", []st{{"OK", "10/HOUR", 10}, {"OVER_LIMIT", "1/HOUR", 0}, {"OK", "2/HOUR", 2}}},
+		{"key_1 was not spent", req(d("key_1", "value_1", "user", "m3")), "OK", []st{{"OK", "2/HOUR", 1}}},
+	})
+}
+
+// testLimitOverride: a descriptor's limit replaces the rule's numbers for
+// that request, on a counter of its own for each set of numbers.
+func testLimitOverride(t *testing.T, h *harness) {
+	over := func(rpu uint32, unit typepb.RateLimitUnit, descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+		r := req(descs...)
+		for _, d := range r.Descriptors {
+			d.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+		}
+		return r
+	}
+	thirty := over(2, typepb.RateLimitUnit_SECOND, d("api", "o30"))
+	thirty.Descriptors[0].Limit.UnitMultiplier = wrapperspb.UInt32(30)
+	run(t, h, []step{
+		{"2 a minute in place of 5 a day", over(2, typepb.RateLimitUnit_MINUTE, d("api", "o1")), "OK", []st{{"OK", "2/MINUTE", 1}}},
+		{"2 a minute: second", over(2, typepb.RateLimitUnit_MINUTE, d("api", "o1")), "OK", []st{{"OK", "2/MINUTE", 0}}},
+		{"2 a minute: over", over(2, typepb.RateLimitUnit_MINUTE, d("api", "o1")), "OVER_LIMIT", []st{{"OVER_LIMIT", "2/MINUTE", 0}}},
+		{"the rule's counter was not touched", req(d("api", "o1")), "OK", []st{{"OK", "5/DAY", 4}}},
+		{"other numbers, another counter", over(3, typepb.RateLimitUnit_MINUTE, d("api", "o1")), "OK", []st{{"OK", "3/MINUTE", 2}}},
+		{"no rule matches: the override applies", over(1, typepb.RateLimitUnit_HOUR, d("nope", "x")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"no rule matches: over", over(1, typepb.RateLimitUnit_HOUR, d("nope", "x")), "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}}},
+		{"an override is never shadow", over(1, typepb.RateLimitUnit_HOUR, d("service", "s", "user", "user-a")), "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"an override is never shadow: over", over(1, typepb.RateLimitUnit_HOUR, d("service", "s", "user", "user-a")), "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}}},
+		{"0 denies without the store", over(0, typepb.RateLimitUnit_MINUTE, d("api", "o2")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/MINUTE", 0}}},
+		{"unit_multiplier: 2 per 30s", thirty, "OK", []st{{"OK", "2/SECOND", 1}}},
+		{"unknown domain: no limit", &rlspb.RateLimitRequest{Domain: "other", Descriptors: over(1, typepb.RateLimitUnit_HOUR, d("api", "x")).Descriptors}, "OK", []st{{"OK", "", 0}}},
+	})
+	_, _, resp := h.ask(t, thirty)
+	if r := resp.Statuses[0].GetDurationUntilReset().AsDuration(); r != 30*time.Second {
+		t.Errorf("2 per 30s: duration_until_reset = %v, want 30s (the clock stands at a boundary)", r)
+	}
+	for _, unit := range []typepb.RateLimitUnit{typepb.RateLimitUnit_MONTH, typepb.RateLimitUnit_UNKNOWN} {
+		_, err := h.client.ShouldRateLimit(context.Background(), over(1, unit, d("api", "w")))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit.unit") {
+			t.Errorf("override unit %v: %v, want InvalidArgument naming descriptors[0].limit.unit", unit, err)
+		}
+	}
+	if n := sumRule(t, h.reg, rls.OverrideRule); n == 0 {
+		t.Errorf("no descriptor counted under rule %q", rls.OverrideRule)
+	}
+}
+
+// sumRule adds up sluice_envoy_descriptors_total's series of rule.
+func sumRule(t *testing.T, reg *prometheus.Registry, rule string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_envoy_descriptors_total" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "rule" && l.GetValue() == rule {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
 
 func testRefund(t *testing.T, h *harness) {
@@ -382,6 +503,9 @@ var cases = []struct {
 	{"SecondDescriptorOverLimit", testSecondDescriptorOverLimit},
 	{"SameSubjectAtomic", testSameSubjectAtomic},
 	{"HitsAddend", testHitsAddend},
+	{"HitsAddendZero", testHitsAddendZero},
+	{"Duplicate", testDuplicate},
+	{"LimitOverride", testLimitOverride},
 	{"Refund", testRefund},
 	{"Matching", testMatching},
 	{"Shadow", testShadow},
@@ -469,5 +593,54 @@ func TestEveryField(t *testing.T) {
 		{"user-b", r(d("service", "s", "user", "user-b")), "OK", []st{{"OK", "2/HOUR", 0}}},
 		{"user-b over", r(d("service", "s", "user", "user-b")), "OVER_LIMIT", []st{{"OVER_LIMIT", "2/HOUR", 0}}},
 		{"replaces", r(d("key_1", "value_1", "user", "u"), d("key_2", "value_2", "user", "u")), "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
+	})
+}
+
+// TestNoPolicies serves rules that need no store (unlimited, 0 per
+// unit): no Limiter, and a limit override still counts on the store.
+func TestNoPolicies(t *testing.T) {
+	cfg, err := envoyconf.Parse([]envoyconf.Source{{Name: "open.yaml", Data: []byte(`domain: open
+descriptors:
+  - key: ldap
+    rate_limit: { unlimited: true }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	svc, err := rls.New(&rls.State{Rules: cfg, Store: ms, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	svc.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	h := &harness{client: rlspb.NewRateLimitServiceClient(conn), conn: conn}
+	r := func(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
+		return &rlspb.RateLimitRequest{Domain: "open", Descriptors: descs}
+	}
+	limited := r(d("ldap", "x"))
+	limited.Descriptors[0].Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typepb.RateLimitUnit_HOUR}
+	run(t, h, []step{
+		{"unlimited", r(d("ldap", "x")), "OK", []st{{"OK", "", math.MaxUint32}}},
+		{"blocked", r(d("blocked", "x")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/SECOND", 0}}},
+		{"an override", limited, "OK", []st{{"OK", "1/HOUR", 0}}},
+		{"an override: over", limited, "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}}},
 	})
 }

@@ -1,0 +1,84 @@
+package rls
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
+)
+
+// OverrideRule is the rule label of descriptors decided by a limit
+// override (RateLimitDescriptor.limit): its numbers come from the client,
+// so they never become label values.
+const OverrideRule = "(override)"
+
+// maxOverrides bounds the override limiters a State keeps; numbers past
+// it get a Limiter for the one request.
+const maxOverrides = 1024
+
+// overrideLimit is a set of override numbers with its rule and Limiter.
+type overrideLimit struct {
+	rule *envoyconf.Rule
+	lim  *sluice.Limiter
+}
+
+// override returns the rule and Limiter that decide a descriptor whose
+// limit override is o, as envoyproxy/ratelimit applies one: o's numbers
+// replace the rule that matches, and apply when none does, in a known
+// domain; the override is never shadow, unlimited, named or replaced.
+// Its policy, a fixed window aligned to the clock, has an ID derived
+// from the numbers (e.g. "limit-override.100-per-60s"), so each set of
+// numbers counts on a counter of its own and one counter never holds two
+// limits. The error says why o cannot be applied.
+func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*overrideLimit, error) {
+	unit := envoyconf.Unit(o.GetUnit())
+	switch o.GetUnit() {
+	case typepb.RateLimitUnit_SECOND, typepb.RateLimitUnit_MINUTE, typepb.RateLimitUnit_HOUR, typepb.RateLimitUnit_DAY:
+	default:
+		return nil, fmt.Errorf("limit.unit %s: must be SECOND, MINUTE, HOUR or DAY: sluice windows are at most 24h", o.GetUnit())
+	}
+	mult := int64(1)
+	if m := o.GetUnitMultiplier(); m != nil {
+		mult = int64(m.GetValue())
+	}
+	window := time.Duration(mult) * unit.Duration()
+	if mult < 1 || window > time.Duration(algorithm.MaxWindow)*time.Microsecond {
+		return nil, fmt.Errorf("limit.unit_multiplier %d: the window, %d × %s, must be between one unit and 24h", mult, mult, unit)
+	}
+	rpu := int64(o.GetRequestsPerUnit())
+	if rpu > algorithm.MaxLimit {
+		return nil, fmt.Errorf("limit.requests_per_unit %d: must be at most %d", rpu, algorithm.MaxLimit)
+	}
+	key := fmt.Sprintf("limit-override.%d-per-%ds", rpu, int64(window/time.Second))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if ol := st.overrides[key]; ol != nil {
+		return ol, nil
+	}
+	r := &envoyconf.Rule{Key: key, RequestsPerUnit: rpu, Unit: unit}
+	ol := &overrideLimit{rule: r}
+	if rpu > 0 { // 0 denies everything without the store, as a rule of 0 does
+		r.Policy = sluice.Policy{ID: key, Algorithm: sluice.FixedWindow, Limit: rpu, Window: window, ClockAligned: true}
+		lim, err := sluice.New(st.Store, []sluice.Policy{r.Policy}, sluice.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("limit: %w", err)
+		}
+		ol.lim = lim
+	}
+	if st.overrides == nil {
+		st.overrides = map[string]*overrideLimit{}
+	}
+	if len(st.overrides) < maxOverrides {
+		st.overrides[key] = ol
+	}
+	return ol, nil
+}
+
+// clampCost converts a hits_addend to a cost.
+func clampCost(h uint64) int64 { return int64(min(h, math.MaxInt64)) }
