@@ -61,6 +61,9 @@ type config struct {
 	redisAddr         string
 	callgrindPID      int
 	beside            string
+	rls               bool
+	onlyRLS           bool
+	envoyRatelimit    string
 	render            string
 }
 
@@ -80,6 +83,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
 	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
 	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
+	fs.BoolVar(&c.rls, "rls", false, "with -http: also drive sluice serve's Envoy rate-limit service (gRPC ShouldRateLimit) on Redis")
+	fs.BoolVar(&c.onlyRLS, "only-rls", false, "with -rls: skip the check API and proxy rows")
+	fs.StringVar(&c.envoyRatelimit, "envoy-ratelimit", "", "with -rls: the envoyproxy/ratelimit service binary (`BIN`) to measure beside it on the same Redis, e.g. built by go build github.com/envoyproxy/ratelimit/src/service_cmd")
 	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server binary (default: the one on PATH)")
 	fs.StringVar(&c.redisAddr, "redis", "", "use the redis-server already listening on this loopback `ADDR` (host:port) instead of starting one; every cell flushes it")
 	fs.IntVar(&c.callgrindPID, "callgrind-pid", 0, "the `PID` of the -redis server, started under callgrind by rediscg start PORT: count its instructions in each cell's measured phase")
