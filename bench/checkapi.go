@@ -116,7 +116,7 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	if cfg.rls {
 		rr, err := runRLS(ctx, cfg, e, bin, dir, redisAddr, cells, stderr)
 		if err != nil {
-			return nil, fmt.Errorf("Envoy RLS: %w", err)
+			return nil, fmt.Errorf("envoy rate-limit service: %w", err)
 		}
 		rs = append(rs, rr...)
 	}
