@@ -208,9 +208,51 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	if d, ok := ctx.Deadline(); ok && !(clock.System{}).Now().Before(d) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
+	if req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && (req.Op == Spend || req.Op == Peek) {
+		if p := l.policy(req.Policy); p != nil && !p.NearCache {
+			return l.checkOne(ctx, p, &req)
+		}
+	}
+	return l.check(ctx, &req)
+}
+
+// checkOne is Check for the common request: a spend or a peek on one
+// policy, p, that is not NearCache, with no evaluation id, lease or older
+// subject. It does what check does for it, without the checks of what the
+// request does not carry.
+func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) (o Outcome) {
+	if err := checkSubject(req.Subject); err != nil {
+		return Outcome{Kind: Incompatible, Err: err}
+	}
+	ev := l.pool.Get().(*Evaluation)
+	ev.Op, ev.Subject, ev.Cost = req.Op, req.Subject, req.Cost
+	if ev.Cost == 0 && req.Op == Spend {
+		ev.Cost = 1
+	}
+	ev.Policies = append(ev.Policies, p)
+	if err := l.store.Evaluate(ctx, ev); err != nil {
+		l.put(ev)
+		return failed(err)
+	}
+	if len(ev.Statuses) != 1 {
+		n := len(ev.Statuses)
+		l.put(ev)
+		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for 1 policies", n)}
+	}
+	// Field by field, as in check.
+	o.Kind, o.Status, o.Replayed = Allowed, ev.Statuses[0], ev.Replayed
+	if !o.Allowed {
+		o.Kind = Denied
+	}
+	l.put(ev)
+	return o
+}
+
+// check is Check for every request.
+func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 	ev := l.pool.Get().(*Evaluation)
 	defer l.put(ev)
-	if err := l.prepare(ev, &req); err != nil {
+	if err := l.prepare(ev, req); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
 	}
 	var near *Policy // the NearCache policy this spend may be answered for

@@ -51,6 +51,9 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	}
 	defer up.Close()
 	var rs []result
+	if cfg.rls && cfg.onlyRLS {
+		return runRLS(ctx, cfg, e, bin, dir, redisAddr, cells, stderr)
+	}
 	// each measures every cell through one way in: tag names it in the
 	// progress lines, flush empties Redis before each cell, cpu reads the
 	// server's CPU time (nil for none).
@@ -109,6 +112,13 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		if err := sv.stop(); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.rls {
+		rr, err := runRLS(ctx, cfg, e, bin, dir, redisAddr, cells, stderr)
+		if err != nil {
+			return nil, fmt.Errorf("envoy rate-limit service: %w", err)
+		}
+		rs = append(rs, rr...)
 	}
 	return rs, nil
 }
@@ -228,11 +238,13 @@ type served struct {
 	cmd   *exec.Cmd
 	url   string // the check API
 	proxy string // the proxy, when the config has one
+	envoy string // the Envoy rate-limit service (host:port), when the config has one
 }
 
 var (
 	listening      = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
 	proxyListening = regexp.MustCompile(`msg="proxy listening" addr=(http://\S+)`)
+	envoyListening = regexp.MustCompile(`msg="envoy rate-limit service listening" addr=(\S+)`)
 )
 
 // startServe runs bin serve -c path and waits (at most 30 s) for the
@@ -252,7 +264,9 @@ func startServe(ctx context.Context, bin, path string) (*served, error) {
 		sc := bufio.NewScanner(errPipe)
 		var log bytes.Buffer
 		for sc.Scan() {
-			if m := proxyListening.FindStringSubmatch(sc.Text()); m != nil {
+			if m := envoyListening.FindStringSubmatch(sc.Text()); m != nil {
+				sv.envoy = m[1] // logged before the line below: read after found
+			} else if m := proxyListening.FindStringSubmatch(sc.Text()); m != nil {
 				sv.proxy = m[1] // logged before the line below: read after found
 			} else if m := listening.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]

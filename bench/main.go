@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -57,6 +58,12 @@ type config struct {
 	http              bool
 	httpAlgorithm     string
 	redisServer       string
+	redisAddr         string
+	callgrindPID      int
+	beside            string
+	rls               bool
+	onlyRLS           bool
+	envoyRatelimit    string
 	render            string
 }
 
@@ -76,7 +83,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
 	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
 	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
+	fs.BoolVar(&c.rls, "rls", false, "with -http: also drive sluice serve's Envoy rate-limit service (gRPC ShouldRateLimit) on Redis")
+	fs.BoolVar(&c.onlyRLS, "only-rls", false, "with -rls: skip the check API and proxy rows")
+	fs.StringVar(&c.envoyRatelimit, "envoy-ratelimit", "", "with -rls: the envoyproxy/ratelimit service binary (`BIN`) to measure beside it on the same Redis, e.g. built by go build github.com/envoyproxy/ratelimit/src/service_cmd")
 	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server binary (default: the one on PATH)")
+	fs.StringVar(&c.redisAddr, "redis", "", "use the redis-server already listening on this loopback `ADDR` (host:port) instead of starting one; every cell flushes it")
+	fs.IntVar(&c.callgrindPID, "callgrind-pid", 0, "the `PID` of the -redis server, started under callgrind by rediscg start PORT: count its instructions in each cell's measured phase")
+	fs.Int64Var(&c.run.decisions, "decisions", 0, "end each cell's measured phase after this many decisions (or -duration, whichever comes first); 0: by -duration only. Size callgrind runs by count")
+	fs.DurationVar(&allowedWindow, "window", time.Second, "the window of the allowed mode's limits, at 1 000 000 per second (sliding_log: 100 000 per window). Under callgrind, where a subject comes back after tens of seconds, a longer one keeps its state live as it is without")
+	fs.StringVar(&c.beside, "beside", "", "with -render: take decisions/s and CPU for the instruction tables from this other -json `FILE` (the same cells run without callgrind)")
 	fs.StringVar(&c.render, "render", "", "measure nothing: print the tables (and -svg) of the -json output saved in `FILE`")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -108,6 +123,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if c.passes < 1 || c.passes > 9 {
 		return nil, errors.New("-passes must be between 1 and 9")
 	}
+	if c.callgrindPID != 0 && c.redisAddr == "" {
+		return nil, errors.New("-callgrind-pid needs -redis, the address of that server")
+	}
+	if c.run.decisions < 0 {
+		return nil, errors.New("-decisions must not be negative")
+	}
+	if allowedWindow < time.Millisecond || allowedWindow > time.Hour {
+		return nil, errors.New("-window must be between 1ms and 1h")
+	}
 	if c.pool < 1 || c.pool > 1000 {
 		return nil, errors.New("-pool must be between 1 and 1000")
 	}
@@ -132,6 +156,9 @@ type report struct {
 	Results []result       `json:"results"`
 	Memory  []memoryResult `json:"memory"`
 	HTTP    []result       `json:"check_api,omitempty"`
+	// Beside is the run -beside names (the same cells without callgrind),
+	// whose decisions/s and CPU the instruction tables show.
+	Beside *report `json:"beside,omitempty"`
 }
 
 type machine struct {
@@ -186,26 +213,38 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv, err := startRedis(redisBin)
-	if err != nil {
+	addr := cfg.redisAddr
+	if addr == "" {
+		srv, err := startRedis(redisBin)
+		if err != nil {
+			return err
+		}
+		defer srv.stop()
+		addr = srv.addr
+		fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.addr, srv.cmd.Process.Pid)
+	} else if err := checkLoopback(addr); err != nil {
 		return err
 	}
-	defer srv.stop()
-	fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.addr, srv.cmd.Process.Pid)
 
 	maxSubjects := 1
 	for _, n := range cfg.subjects {
 		maxSubjects = max(maxSubjects, n)
 	}
 	e := &env{
-		client:   redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: cfg.pool}),
-		admin:    redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2}),
+		client:   redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.pool}),
+		admin:    redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2}),
 		trips:    &tripHook{},
 		subjects: newSubjects(maxSubjects),
 	}
 	defer e.client.Close()
 	defer e.admin.Close()
 	e.client.AddHook(e.trips)
+	if cfg.callgrindPID != 0 {
+		if e.cg, err = newCallgrind(cfg.callgrindPID); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "counting the instructions of redis-server pid %d under callgrind (dumps in %s)\n", e.cg.pid, e.cg.dir)
+	}
 
 	var targets []target
 	for _, t := range allTargets() {
@@ -247,8 +286,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				if err != nil {
 					return fmt.Errorf("%s, %s: %w", c, t.name, err)
 				}
-				fmt.Fprintf(stderr, "[%d/%d] %s: %-40s %10.0f decisions/s  p99 %7.0f µs  redis %5.1f µs/dec  errors %d\n",
-					done, total, c, t.name, r.PerSecond, r.P99US, r.RedisCPUPerDecision, r.Errors)
+				fmt.Fprintf(stderr, "[%d/%d] %s: %-40s %10.0f decisions/s  p99 %7.0f µs  redis %5.1f µs/dec %8.0f instr/dec %5.2f socket ev/dec  errors %d\n",
+					done, total, c, t.name, r.PerSecond, r.P99US, r.RedisCPUPerDecision, r.RedisInstructionsPerDecision, r.SocketEventsPerDecision, r.Errors)
 				if pass == 0 {
 					passes = append(passes, nil)
 				}
@@ -271,7 +310,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.Memory = append(rep.Memory, m)
 	}
 	if cfg.http {
-		rs, err := runCheckAPI(ctx, cfg, e, srv.addr, cells, stderr)
+		rs, err := runCheckAPI(ctx, cfg, e, addr, cells, stderr)
 		if err != nil {
 			return fmt.Errorf("check API: %w", err)
 		}
@@ -279,6 +318,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	compare(rep.Results)
 	return output(cfg, &rep, stdout)
+}
+
+// checkLoopback refuses a -redis address that is not on a loopback
+// interface: the bench loads only this machine.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-redis %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("-redis %q: must be a loopback address (127.0.0.1:PORT)", addr)
+	}
+	return nil
 }
 
 // median returns the pass with the median decisions/s (the lower middle
@@ -302,6 +354,17 @@ func render(cfg *config, stdout io.Writer) error {
 		return fmt.Errorf("%s: %w", cfg.render, err)
 	}
 	compare(rep.Results)
+	if cfg.beside != "" {
+		b, err := os.ReadFile(cfg.beside)
+		if err != nil {
+			return err
+		}
+		rep.Beside = new(report)
+		if err := json.Unmarshal(b, rep.Beside); err != nil {
+			return fmt.Errorf("%s: %w", cfg.beside, err)
+		}
+		compare(rep.Beside.Results)
+	}
 	return output(cfg, &rep, stdout)
 }
 

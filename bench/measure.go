@@ -58,6 +58,14 @@ type result struct {
 	// RoundTripsPerDecision counts the client's calls to Redis; a
 	// pipeline counts once.
 	RoundTripsPerDecision float64 `json:"round_trips_per_decision,omitempty"`
+	// RedisInstructionsPerDecision is what callgrind counted in
+	// redis-server, user space, over the measured phase (-callgrind-pid
+	// runs only).
+	RedisInstructionsPerDecision float64 `json:"redis_instructions_per_decision,omitempty"`
+	// SocketEventsPerDecision is INFO stats total_reads_processed +
+	// total_writes_processed: the kernel's share that instructions leave
+	// out, one read or write of a client socket each.
+	SocketEventsPerDecision float64 `json:"socket_events_per_decision,omitempty"`
 	// ServerCPUPerDecision is the sluice serve process's CPU (check API
 	// rows only).
 	ServerCPUPerDecision float64 `json:"server_cpu_us_per_decision,omitempty"`
@@ -136,8 +144,10 @@ type callerStats struct {
 
 // load runs callers goroutines that call d as fast as it answers, each on
 // subjects picked at random, until dur has passed or ctx is done.
-func load(ctx context.Context, d decideFunc, batch, callers, subjects int, dur time.Duration) *loadStats {
+// With limit > 0 it also ends once limit decisions were taken.
+func load(ctx context.Context, d decideFunc, batch, callers, subjects int, dur time.Duration, limit int64) *loadStats {
 	var stop atomic.Bool
+	var taken atomic.Int64
 	timer := time.AfterFunc(dur, func() { stop.Store(true) })
 	defer timer.Stop()
 	unhook := context.AfterFunc(ctx, func() { stop.Store(true) })
@@ -160,6 +170,9 @@ func load(ctx context.Context, d decideFunc, batch, callers, subjects int, dur t
 				a, err := d(ctx, subj)
 				p.hist.add(time.Since(t0))
 				p.calls++
+				if limit > 0 && taken.Add(int64(batch)) >= limit {
+					stop.Store(true)
+				}
 				if err != nil {
 					p.errored += int64(batch)
 					if p.firstErr == nil {
@@ -251,6 +264,7 @@ const touchBound = 30 * time.Second
 
 type runOptions struct {
 	duration, warmup time.Duration
+	decisions        int64 // the measured phase ends after this many too, when > 0
 }
 
 // runCell measures t in c: on a flushed server (Redis targets), a fresh
@@ -282,7 +296,7 @@ func measure(ctx context.Context, e *env, r *result, d decideFunc, batch int, c 
 	// decisions/s: a denied cell must start with every subject spent.
 	touch(ctx, d, batch, c.callers, c.subjects, o.duration+touchBound)
 	if o.warmup > 0 {
-		load(ctx, d, batch, c.callers, c.subjects, o.warmup)
+		load(ctx, d, batch, c.callers, c.subjects, o.warmup, o.decisions)
 	}
 	runtime.GC()
 	before, err := takeSnapshot(ctx, e, withRedis)
@@ -293,7 +307,22 @@ func measure(ctx context.Context, e *env, r *result, d decideFunc, batch int, c 
 	if serverCPU != nil {
 		server0 = serverCPU()
 	}
-	s := load(ctx, d, batch, c.callers, c.subjects, o.duration)
+	cg := e.cg
+	if !withRedis {
+		cg = nil
+	}
+	if cg != nil {
+		if err := cg.start(); err != nil {
+			return err
+		}
+	}
+	s := load(ctx, d, batch, c.callers, c.subjects, o.duration, o.decisions)
+	var instructions int64
+	if cg != nil {
+		if instructions, err = cg.stop(); err != nil {
+			return err
+		}
+	}
 	after, err := takeSnapshot(ctx, e, withRedis)
 	if err != nil {
 		return err
@@ -325,6 +354,9 @@ func measure(ctx context.Context, e *env, r *result, d decideFunc, batch int, c 
 		}
 		r.ScriptCallsPerDecision = float64(scripts) / n
 		r.RoundTripsPerDecision = float64(after.trips-before.trips) / n
+		// The first INFO's reply and the second's request are counted too.
+		r.SocketEventsPerDecision = float64(after.redis.reads+after.redis.writes-before.redis.reads-before.redis.writes-2) / n
+		r.RedisInstructionsPerDecision = float64(instructions) / n
 	}
 	return nil
 }

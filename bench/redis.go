@@ -77,6 +77,8 @@ func (s *redisServer) stop() {
 type redisInfo struct {
 	cpuUS    float64          // used_cpu_user + used_cpu_sys, µs
 	commands int64            // total_commands_processed
+	reads    int64            // total_reads_processed
+	writes   int64            // total_writes_processed
 	calls    map[string]int64 // commandstats calls per command, e.g. "evalsha"
 }
 
@@ -100,6 +102,10 @@ func readInfo(ctx context.Context, c *redis.Client) (redisInfo, error) {
 			ri.cpuUS += f * 1e6
 		case name == "total_commands_processed":
 			ri.commands, _ = strconv.ParseInt(v, 10, 64)
+		case name == "total_reads_processed":
+			ri.reads, _ = strconv.ParseInt(v, 10, 64)
+		case name == "total_writes_processed":
+			ri.writes, _ = strconv.ParseInt(v, 10, 64)
 		case strings.HasPrefix(name, "cmdstat_"):
 			// cmdstat_evalsha:calls=12,usec=…
 			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")

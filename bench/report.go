@@ -120,6 +120,7 @@ func markdown(rep *report) string {
 	b.WriteString("\n\n")
 	fmt.Fprintf(&b, "Command: `cd bench && %s`\n\n", m.Command)
 	b.WriteString(legend)
+	instructionTables(&b, rep)
 	var keys []groupKey
 	groups := map[groupKey][]result{}
 	for _, r := range rep.Results {
@@ -131,18 +132,19 @@ func markdown(rep *report) string {
 	}
 	for _, k := range keys {
 		fmt.Fprintf(&b, "### %s, %s, %d callers\n\n", strings.ToUpper(modeTitle(k.mode)[:1])+modeTitle(k.mode)[1:], subjectsTitle(k.subjects), k.callers)
-		b.WriteString("| limiter | decisions/s | × best peer | p50 µs | p99 µs | p99.9 µs | allowed | denied | errors | client allocs/dec | client CPU µs/dec | Redis CPU µs/dec | × best peer | Redis cmds/dec | scripts/dec | round trips/dec |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| limiter | decisions/s | × best peer | p50 µs | p99 µs | p99.9 µs | allowed | denied | errors | client allocs/dec | client CPU µs/dec | Redis CPU µs/dec | × best peer | Redis cmds/dec | scripts/dec | round trips/dec | Redis instr/dec | socket ev/dec |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range groups[k] {
 			name := r.Limiter
 			if r.Peer {
 				name = "*" + name + "*"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				name, num(r.PerSecond), ratio(r.PerSecondVsBestPeer), f1(r.P50US), f1(r.P99US), f1(r.P999US),
 				num(float64(r.Allowed)), num(float64(r.Denied)), num(float64(r.Errors)),
 				f1(r.AllocsPerDecision), f1(r.ClientCPUPerDecision), f1(r.RedisCPUPerDecision), ratio(r.RedisCPUVsBestPeer),
-				f1(r.RedisCommandsPerDecision), f1(r.ScriptCallsPerDecision), f1(r.RoundTripsPerDecision))
+				f1(r.RedisCommandsPerDecision), f1(r.ScriptCallsPerDecision), f1(r.RoundTripsPerDecision),
+				instr(r.RedisInstructionsPerDecision), f2(r.SocketEventsPerDecision))
 		}
 		var errs []string
 		for _, r := range groups[k] {
@@ -185,6 +187,93 @@ func markdown(rep *report) string {
 	return b.String()
 }
 
+func instr(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return num(v)
+}
+
+func f2(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// The batched floors every instruction ratio is taken to.
+var (
+	fixedWindowFloor = batchedFloorTargets()[0].name
+	gcraFloor        = batchedFloorTargets()[1].name
+)
+
+// instructionTables writes, for every cell measured under callgrind, the
+// Redis instructions per decision of each Redis row and its ratio to
+// the two batched floors of the same cell, beside decisions/s and CPU.
+func instructionTables(b *strings.Builder, rep *report) {
+	rs := rep.Results
+	beside := func(r *result) *result { return r }
+	if rep.Beside != nil {
+		beside = func(r *result) *result {
+			for i := range rep.Beside.Results {
+				o := &rep.Beside.Results[i]
+				if o.Limiter == r.Limiter && keyOf(o) == keyOf(r) {
+					return o
+				}
+			}
+			return &result{}
+		}
+	}
+	var keys []groupKey
+	groups := map[groupKey][]result{}
+	for _, r := range rs {
+		if r.RedisInstructionsPerDecision == 0 {
+			continue
+		}
+		k := keyOf(&r)
+		if groups[k] == nil {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	for _, k := range keys {
+		var fw, g float64
+		for _, r := range groups[k] {
+			switch r.Limiter {
+			case fixedWindowFloor:
+				fw = r.RedisInstructionsPerDecision
+			case gcraFloor:
+				g = r.RedisInstructionsPerDecision
+			}
+		}
+		fmt.Fprintf(b, "### Redis instructions per decision: %s, %s, %d callers\n\n", modeTitle(k.mode), subjectsTitle(k.subjects), k.callers)
+		b.WriteString("Counted by callgrind in redis-server (user space, the measured phase only): the same on any machine for the same binaries and batching. The ratios divide by the batched floors of the same run. ")
+		if rep.Beside != nil {
+			fmt.Fprintf(b, "Decisions/s, CPU and allocations are this machine's, from the same cells run without callgrind (`cd bench && %s`, %s).\n\n", rep.Beside.Machine.Command, rep.Beside.Machine.Date)
+		} else {
+			b.WriteString("Decisions/s, CPU and allocations are this machine's under callgrind (20–50× slower than without it): compare them within the table only.\n\n")
+		}
+		b.WriteString("| limiter | Redis instructions/dec | × minimal fixed window | × redis_rate GCRA batched | socket read+write events/dec | decisions/s | Redis CPU µs/dec | client CPU µs/dec | client allocs/dec |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range groups[k] {
+			name := r.Limiter
+			if r.Peer {
+				name = "*" + name + "*"
+			}
+			vs := func(ref float64) string {
+				if ref == 0 {
+					return "—"
+				}
+				return ratio(r.RedisInstructionsPerDecision / ref)
+			}
+			o := beside(&r)
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, instr(r.RedisInstructionsPerDecision), vs(fw), vs(g),
+				f2(r.SocketEventsPerDecision), num(o.PerSecond), f1(o.RedisCPUPerDecision), f1(o.ClientCPUPerDecision), f1(o.AllocsPerDecision))
+		}
+		b.WriteString("\n")
+	}
+}
+
 // legend says what each column of the cell tables counts.
 const legend = `How to read the cell tables:
 
@@ -193,6 +282,7 @@ const legend = `How to read the cell tables:
 - *client allocs/dec*, *client CPU µs/dec*: ` + "`runtime.MemStats.Mallocs`" + ` and ` + "`getrusage`" + ` (user + system) deltas of this whole process, the load generator included, per decision.
 - *Redis CPU µs/dec*: ` + "`INFO cpu`" + ` used_cpu_user + used_cpu_sys delta per decision. *× best peer* divides by the lowest Redis CPU of a Redis peer in the same cell.
 - *Redis cmds/dec*: ` + "`INFO stats`" + ` total_commands_processed delta per decision. It counts the commands a script runs inside (each ` + "`redis.call`" + `) as well as the EVALSHA itself. *scripts/dec*: EVAL, EVALSHA, FCALL (and _RO forms) calls from ` + "`INFO commandstats`" + `. *round trips/dec*: the client's calls to Redis counted by a go-redis hook, a pipeline counting once.
+- *Redis instr/dec* (runs with ` + "`-callgrind-pid`" + ` only): instructions callgrind counted in redis-server over the measured phase, per decision. *socket ev/dec*: ` + "`INFO stats`" + ` total_reads_processed + total_writes_processed delta per decision, the kernel work the instruction count leaves out.
 
 `
 

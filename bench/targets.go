@@ -40,18 +40,22 @@ const (
 	deniedMode  mode = "denied"  // 1 per hour: after its first decision a subject is denied
 )
 
-// limits returns the limit and window every limiter gets in m.
-// sliding_log keeps one entry per admitted unit and allows at most
-// 100 000, so in the allowed mode it gets 100 000 per second, which no
+// allowedWindow is the window of the allowed mode (-window). Default: 1s.
+var allowedWindow = time.Second
+
+// limits returns the limit and window every limiter gets in m. In the
+// allowed mode that is 1 000 000 per second over allowedWindow (the same
+// rate over a longer window when -window is longer); sliding_log keeps
+// one entry per admitted unit and allows at most 100 000, which no
 // subject reaches here either.
 func limits(m mode, alg sluice.Algorithm) (int64, time.Duration) {
 	if m == deniedMode {
 		return 1, time.Hour
 	}
 	if alg == sluice.SlidingLog {
-		return 100_000, time.Second
+		return 100_000, allowedWindow
 	}
-	return 1_000_000, time.Second
+	return int64(1_000_000 * allowedWindow.Seconds()), allowedWindow
 }
 
 // env is what every target is built on: one go-redis client shared by all
@@ -61,6 +65,7 @@ type env struct {
 	admin    *redis.Client // FLUSHALL, INFO, SCAN, MEMORY USAGE: never counted
 	trips    *tripHook
 	subjects []string
+	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
 }
 
 // decideFunc takes one call's worth of decisions (batch of them for a
@@ -109,6 +114,7 @@ func allTargets() []target {
 	ts = append(ts, sluiceLeaseTarget(inProcess))
 	ts = append(ts, goLimiterTarget(), xrateTarget())
 	ts = append(ts, floorTargets()...)
+	ts = append(ts, batchedFloorTargets()...)
 	return ts
 }
 

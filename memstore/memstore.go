@@ -73,6 +73,7 @@ type Store struct {
 	perShard  int
 	evictions atomic.Int64 // live states dropped at the bound
 	idsLost   atomic.Int64 // live remembered ids dropped at the bound
+	general   bool         // tests: every decision takes the general path
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -383,6 +384,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && !s.general {
+		if p := ev.Policies[0]; p.Algorithm != sluice.Concurrency &&
+			(ev.Op == sluice.Spend && ev.Cost >= 1 && ev.Cost <= p.MaxCost || ev.Op == sluice.Peek && ev.Cost == 0) {
+			return s.decideOne(ev, p)
+		}
+	}
 	if len(ev.Previous) > 0 {
 		// Carrying state over writes before the decision: check first.
 		if err := check(ev); err != nil {
@@ -442,6 +449,39 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			s.put(sh, now, h, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
 		}
 	}
+	return nil
+}
+
+// decideOne takes the common decision: a spend within p's MaxCost or a
+// peek, on one rate policy, with no evaluation id, lease or older subject
+// (every rule of Check holds for it). It does what the general path does
+// for it, by the engine's DecideOne, without building an Evaluation: the
+// state is read and written in place under the shard's lock.
+func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
+	now := evaluation.Now(s.clock)
+	ap := evaluation.Policy(p)
+	h := maphash.String(s.seed, ev.Subject)
+	sh := &s.shards[h&s.mask]
+	k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
+	var d algorithm.Decision
+	sh.mu.Lock()
+	en := sh.states.get(h, k)
+	var st *algorithm.State
+	if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
+		st = &en.st
+	}
+	w := &sh.work.writes[0]
+	commit, err := algorithm.DecideOne(&ap, st, now, -1, algorithm.Op(ev.Op), ev.Cost, w, &d)
+	if commit {
+		s.put(sh, now, h, k, en, ap.Kind, w, &d)
+	}
+	sh.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("memstore: %w", err)
+	}
+	ev.Statuses = evaluation.Statuses(ev.Statuses, 1)
+	evaluation.SetStatus(&ev.Statuses[0], p, &d)
+	ev.Replayed = false
 	return nil
 }
 

@@ -225,21 +225,30 @@ func benchmarkPolicy(b *testing.B, a sluice.Algorithm) *sluice.Policy {
 }
 
 // BenchmarkEvaluate measures one decision on an existing key with the real
-// clock, per algorithm, from one goroutine and from many.
+// clock, per algorithm, from one goroutine and from many; /general is the
+// same decision forced onto the general path, the fast path's reference
+// in the same run.
 func BenchmarkEvaluate(b *testing.B) {
 	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.SlidingWindow, sluice.TokenBucket, sluice.GCRA} {
-		b.Run(a.String(), func(b *testing.B) {
-			s := mustNew(b, Options{})
-			p := benchmarkPolicy(b, a)
-			ev := evaluationOf("alice", p, 1)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := s.Evaluate(ctx, ev); err != nil {
-					b.Fatal(err)
-				}
+		for _, general := range []bool{false, true} {
+			name := a.String()
+			if general {
+				name += "/general"
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				s := mustNew(b, Options{})
+				s.general = general
+				p := benchmarkPolicy(b, a)
+				ev := evaluationOf("alice", p, 1)
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := s.Evaluate(ctx, ev); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 		b.Run(a.String()+"/parallel", func(b *testing.B) {
 			s := mustNew(b, Options{})
 			p := benchmarkPolicy(b, a)

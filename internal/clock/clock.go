@@ -17,10 +17,16 @@ func (System) Now() time.Time { return time.Now() }
 // time.Now. It drifts from the system clock by however much that clock is
 // slewed while it runs, which does not matter to a store that keeps its
 // state in one process (memstore's default). Safe for concurrent use.
-type Monotonic struct{ start time.Time }
+type Monotonic struct {
+	start      time.Time
+	startMicro int64 // start.UnixMicro(), read once
+}
 
 // NewMonotonic returns a Monotonic clock that reads the system clock now.
-func NewMonotonic() *Monotonic { return &Monotonic{start: time.Now()} }
+func NewMonotonic() *Monotonic {
+	now := time.Now()
+	return &Monotonic{start: now, startMicro: now.UnixMicro()}
+}
 
 // Now returns the start time advanced by the monotonic time elapsed since.
 func (c *Monotonic) Now() time.Time { return c.start.Add(time.Since(c.start)) }
@@ -28,5 +34,5 @@ func (c *Monotonic) Now() time.Time { return c.start.Add(time.Since(c.start)) }
 // UnixMicro returns Now in microseconds since the Unix epoch, without
 // building a time.Time.
 func (c *Monotonic) UnixMicro() int64 {
-	return c.start.UnixMicro() + int64(time.Since(c.start)/time.Microsecond)
+	return c.startMicro + int64(time.Since(c.start)/time.Microsecond)
 }
