@@ -462,7 +462,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 	ap := evaluation.Policy(p)
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
-	k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision}
+	k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}
 	var d algorithm.Decision
 	sh.mu.Lock()
 	en := sh.states.get(h, k)
