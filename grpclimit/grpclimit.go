@@ -23,7 +23,9 @@
 // runs, released when it returns, when the client cancels (the handler
 // sees its context done and returns) and when it panics (the lease is
 // released, then the panic goes on to the interceptors outside, e.g. a
-// recovery interceptor).
+// recovery interceptor). grpclimit does not renew leases: set the
+// policy's LeaseTTL above the longest call, or a stream that outlives it
+// frees its slot early.
 //
 // The raw identity (a principal, an API key, an address) is only ever
 // hashed: it never reaches the Limiter or a log line.
