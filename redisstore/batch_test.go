@@ -364,8 +364,8 @@ func TestLazyStartsWithRedisDown(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err == nil || !strings.Contains(err.Error(), refused) {
-		t.Fatalf("Ready with Redis down = %v, want an error saying %q", err, refused)
+	if err == nil || !strings.Contains(err.Error(), refused) || !strings.Contains(err.Error(), "nothing sent") {
+		t.Fatalf("Ready with Redis down = %v, want an error saying nothing was sent: %q", err, refused)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)

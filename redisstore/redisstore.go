@@ -501,7 +501,9 @@ func (s *Store) runCheck(ctx context.Context) *check {
 		}
 		err := load(ctx)
 		if err != nil {
-			err = s.typeErr(ctx, "load the code", true, err)
+			// A failed dial wrote nothing: say so, not "sent, no reply".
+			var op *net.OpError
+			err = s.typeErr(ctx, "load the code", !errors.As(err, &op) || op.Op != "dial", err)
 		}
 		s.record(ctx, n, err)
 	}
