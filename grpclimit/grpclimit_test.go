@@ -107,7 +107,7 @@ type server struct {
 // serve serves the test services through unary and stream interceptors
 // (outermost first) behind a recovery interceptor, and an interceptor
 // that reports each stream's end on ended.
-func serve(t *testing.T, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) *server {
+func serve(t testing.TB, unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) *server {
 	t.Helper()
 	s := &server{ended: make(chan string, 16)}
 	ended := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {

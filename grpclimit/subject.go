@@ -61,14 +61,12 @@ func ClientIP(ips *subject.IPResolver) SubjectFunc {
 		}
 		r := http.Request{RemoteAddr: p.Addr.String()}
 		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil && ips.Trusts(ap.Addr()) {
-			if md, ok := metadata.FromIncomingContext(ctx); ok {
-				r.Header = http.Header{}
-				if v := md.Get(mdXForwardedFor); len(v) > 0 {
-					r.Header["X-Forwarded-For"] = v
-				}
-				if v := md.Get(mdForwarded); len(v) > 0 {
-					r.Header["Forwarded"] = v
-				}
+			r.Header = http.Header{}
+			if v := metadata.ValueFromIncomingContext(ctx, mdXForwardedFor); len(v) > 0 {
+				r.Header["X-Forwarded-For"] = v
+			}
+			if v := metadata.ValueFromIncomingContext(ctx, mdForwarded); len(v) > 0 {
+				r.Header["Forwarded"] = v
 			}
 		}
 		pfx, err := ips.Prefix(&r)
@@ -94,8 +92,7 @@ func Metadata(key string) (SubjectFunc, error) {
 		return nil, optionError("Metadata", fmt.Sprintf("%q", key), `must be a metadata key of a-z 0-9 - _ . not starting with "grpc-", such as x-api-key`)
 	}
 	return func(ctx context.Context) (string, string) {
-		md, _ := metadata.FromIncomingContext(ctx)
-		if v := md.Get(key); len(v) == 1 && v[0] != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, key); len(v) == 1 && v[0] != "" {
 			return kindMetadata, v[0]
 		}
 		return "", ""
