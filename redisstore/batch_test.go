@@ -91,7 +91,9 @@ func queueingStore(t *testing.T) (*redistest.Server, *redis.Client, *roundTrips,
 	t.Cleanup(func() { c.Close() })
 	hook := &roundTrips{sent: make(chan struct{}, 1)}
 	c.AddHook(hook)
-	return srv, c, hook, newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	s := newStore(t, c, redisstore.Options{Senders: 1, Timeout: 30 * time.Second})
+	waitReady(t, s) // the code loaded: the first decision is not sent twice
+	return srv, c, hook, s
 }
 
 // holdWire pauses srv and sends one decision of subj on p with s, returning once
@@ -330,9 +332,11 @@ func TestLostBatchIsReplayed(t *testing.T) {
 	}
 }
 
-// TestLazyStartsWithRedisDown: a Lazy store is built while Redis is down;
-// its decisions fail before send (nothing spent) and it is not Ready; once
-// Redis is back, the first decision loads the code and is decided.
+// TestLazyStartsWithRedisDown: New builds a store while Redis is down,
+// without an error; its decisions fail before send (nothing spent) with
+// the client's error naming the refused address, and it is not Ready,
+// for the same reason; once Redis is back on that port, the first
+// decision loads the code and is decided.
 func TestLazyStartsWithRedisDown(t *testing.T) {
 	srv, err := redistest.StartServer("")
 	if err != nil {
@@ -342,7 +346,7 @@ func TestLazyStartsWithRedisDown(t *testing.T) {
 	srv.Kill()
 	c := srv.Client()
 	defer c.Close()
-	s := newStore(t, c, redisstore.Options{Lazy: true, Timeout: 2 * time.Second})
+	s := newStore(t, c, redisstore.Options{Timeout: 2 * time.Second})
 	p := policy(t, "lazy", sluice.GCRA, 3, time.Minute)
 	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
 	if err != nil {
@@ -350,11 +354,18 @@ func TestLazyStartsWithRedisDown(t *testing.T) {
 	}
 	ctx := context.Background()
 	subj := subject(t)
-	if o := l.Check(ctx, sluice.Request{Policy: "lazy", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend {
-		t.Fatalf("Check with Redis down = %+v, want Unavailable, failed before send", o)
+	refused := "dial tcp " + srv.Addr + ": connect: connection refused"
+	if o := l.Check(ctx, sluice.Request{Policy: "lazy", Subject: subj}); o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend || !strings.Contains(fmt.Sprint(o.Err), refused) {
+		t.Fatalf("Check with Redis down = %+v, want Unavailable, failed before send, with an error saying %q", o, refused)
 	}
-	if err := s.Ready(ctx); err == nil {
-		t.Fatal("Ready with Redis down = nil, want an error")
+	for range 20 { // bounded: Ready waits 50ms at most for the check it starts
+		if err = s.Ready(ctx); err != nil && strings.Contains(err.Error(), refused) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), refused) || !strings.Contains(err.Error(), "nothing sent") {
+		t.Fatalf("Ready with Redis down = %v, want an error saying nothing was sent: %q", err, refused)
 	}
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ func subjectsPerMaster(t *testing.T, c *redis.ClusterClient, n int) map[string][
 func TestWrappedClusterClient(t *testing.T) {
 	ctx := context.Background()
 	c := clusterClient(t)
-	// Start from masters that hold no code, so what New loads shows.
+	// Start from masters that hold no code, so what Ready loads shows.
 	var mu sync.Mutex
 	flushed := 0
 	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
@@ -82,6 +82,7 @@ func TestWrappedClusterClient(t *testing.T) {
 	}
 	var calls atomic.Int64
 	s := newStore(t, tracedCluster{c, &calls}, redisstore.Options{Senders: -1})
+	waitReady(t, s)
 	libs := map[string]int{}
 	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 		list, err := m.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "sluice_*"}).Result()
@@ -94,7 +95,7 @@ func TestWrappedClusterClient(t *testing.T) {
 	}
 	for addr, n := range libs {
 		if n != 1 {
-			t.Errorf("master %s holds %d sluice function libraries after New, want 1 (libraries per master: %v)", addr, n, libs)
+			t.Errorf("master %s holds %d sluice function libraries once Ready, want 1 (libraries per master: %v)", addr, n, libs)
 		}
 	}
 	if len(libs) != 3 {
@@ -166,12 +167,13 @@ func TestClientKinds(t *testing.T) {
 			c := tc.client()
 			defer c.Close()
 			s := newStore(t, c, redisstore.Options{})
+			waitReady(t, s)
 			for _, n := range tc.nodes {
 				nc := n.Client()
 				list, err := nc.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "sluice_*"}).Result()
 				nc.Close()
 				if err != nil || len(list) != 1 {
-					t.Fatalf("node %s holds %d sluice libraries (%v) after New, want 1", n.Addr, len(list), err)
+					t.Fatalf("node %s holds %d sluice libraries (%v) once Ready, want 1", n.Addr, len(list), err)
 				}
 			}
 			p := policy(t, "kinds", sluice.FixedWindow, 10, time.Hour)

@@ -331,7 +331,7 @@ func TestFaultKilled(t *testing.T) {
 	r.check("killed", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }
 
-// TestFaultStartsWithoutRedis: a Lazy store is built while Redis is
+// TestFaultStartsWithoutRedis: a store is built while Redis is
 // down and decisions are asked at once; they fail before send (nothing
 // spent) or are shed by the breaker, each within its deadline, until
 // Redis starts, a second later; then they are taken.
@@ -341,7 +341,7 @@ func TestFaultStartsWithoutRedis(t *testing.T) {
 	srv.Kill()
 	c := faultClient(srv.Addr)
 	t.Cleanup(func() { c.Close() })
-	l := faultStore(t, c, redisstore.Options{Lazy: true})
+	l := faultStore(t, c, redisstore.Options{})
 	r := startLoad(t, l, "fault")
 	r.inject(nil, func() {
 		if err := srv.Restart(); err != nil {

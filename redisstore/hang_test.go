@@ -144,7 +144,7 @@ func TestHangOpensBreaker(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// start returns the client's address and what breaks and heals
-		// Redis; nil breakIt: hung from the start, a Lazy store.
+		// Redis; nil breakIt: hung from the start.
 		start func(t *testing.T) (addr string, breakIt, heal func())
 	}{
 		{"SIGSTOP", func(t *testing.T) (string, func(), func()) {
@@ -178,7 +178,7 @@ func TestHangOpensBreaker(t *testing.T) {
 			addr, breakIt, heal := tc.start(t)
 			c := faultClient(addr)
 			t.Cleanup(func() { c.Close() })
-			l, s, states := hangStore(t, c, redisstore.Options{Lazy: breakIt == nil})
+			l, s, states := hangStore(t, c, redisstore.Options{})
 			subj := subject(t)
 			if breakIt != nil {
 				if a := checkTimed(l, "hang", subj); a.o.Kind != sluice.Allowed {

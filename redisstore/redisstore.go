@@ -22,6 +22,20 @@
 // as a pipeline of one call per decision. With Options.WaitReplicas,
 // each round trip ends with a WAIT on the same connection.
 //
+// # Start
+//
+// New does not contact Redis, so an application starts while Redis is
+// down, hung or not yet reachable, as sluice serve does: decisions fail
+// before send (Unavailable, FailedBeforeSend, nothing spent, so each
+// policy's failure mode answers; soon shed by the circuit breaker) with
+// the client's own error, e.g. "dial tcp 10.0.0.9:6379: connect:
+// connection refused", until Redis answers; then the first decision to
+// reach a node that lacks the decision code gets "function not found"
+// (NOSCRIPT for a script), loads the code there and is sent once more.
+// New's error is for invalid options only. An application that must not
+// start without Redis asks Ready until it answers nil: its error says
+// what Redis answered, e.g. the refused dial.
+//
 // # Keys
 //
 // The state of policy P (revision R) for subject S lives under
@@ -168,12 +182,9 @@ type Options struct {
 	// decision is sent at once, never held back by a timer. Negative
 	// sends every decision alone, from its caller's goroutine. Default: 2.
 	Senders int
-	// Lazy makes New return without contacting Redis, so an application
-	// starts while Redis is down or hung: decisions fail (before send, so
-	// each policy's failure mode answers) until Redis answers, and the
-	// first decision to reach a node that lacks the decision code loads it
-	// there; Ready reports whether Redis answers. Default: false, New
-	// loads the code on every master and fails if it cannot.
+	// Lazy is how every Store starts now (see New).
+	//
+	// Deprecated: New never contacts Redis; Lazy has no effect.
 	Lazy bool
 	// Breaker configures the circuit breakers that shed decisions while
 	// Redis (a Cluster master) is down or hung. Default: see
@@ -197,7 +208,7 @@ type Options struct {
 	WaitReplicas int
 	// OnFallback, when set, is called once, with the reason, when the
 	// store falls back from its function library to scripts (EVALSHA):
-	// at New or at a decision, when Redis has no FUNCTION or refuses the
+	// at a decision or a readiness check, when Redis has no FUNCTION or refuses the
 	// user FUNCTION LOAD or FCALL (an ACL changed at run time). The
 	// decision FCALL was refused for is then sent once more as EVALSHA.
 	// For logs. Default: nil.
@@ -317,8 +328,9 @@ type check struct {
 
 var _ sluice.Store = (*Store)(nil)
 
-// New returns a Store over client and loads its code on every master,
-// failing if that is not possible, and starts its senders.
+// New returns a Store over client and starts its senders, without
+// contacting Redis (see Start in the package doc): its error is only for
+// invalid options, naming the option, its value and the rule.
 func New(client Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New: client is nil")
@@ -356,13 +368,6 @@ func New(client Client, opts Options) (*Store, error) {
 			s.maxReg = strconv.FormatInt(time.Second.Microseconds(), 10)
 		case opts.MaxClockRegression > 0:
 			s.maxReg = strconv.FormatInt(opts.MaxClockRegression.Microseconds(), 10)
-		}
-	}
-	if !opts.Lazy {
-		ctx, cancel := s.callContext(context.Background())
-		defer cancel()
-		if err := s.load(ctx); err != nil {
-			return nil, fmt.Errorf("redisstore: New: %w", err)
 		}
 	}
 	switch {
@@ -497,7 +502,9 @@ func (s *Store) runCheck(ctx context.Context) *check {
 		}
 		err := load(ctx)
 		if err != nil {
-			err = s.typeErr(ctx, "load the code", true, err)
+			// A failed dial wrote nothing: say so, not "sent, no reply".
+			var op *net.OpError
+			err = s.typeErr(ctx, "load the code", !errors.As(err, &op) || op.Op != "dial", err)
 		}
 		s.record(ctx, n, err)
 	}

@@ -277,11 +277,11 @@ func TestACLWithoutFunctions(t *testing.T) {
 	s := newStore(t, user, redisstore.Options{})
 	p := policy(t, "scripts", sluice.TokenBucket, 3, time.Minute)
 	subj := subject(t)
-	// A Lazy store learns it at its first decision: FCALL refused, the
+	// A store learns it at its first decision: FCALL refused, the
 	// script loaded, the decision sent as EVALSHA.
-	lazy := newStore(t, user, redisstore.Options{Lazy: true})
-	if st := mustEvaluate(t, lazy, subject(t), 1, p); !st[0].Allowed {
-		t.Fatalf("first decision of a Lazy store = %+v, want allowed", st)
+	other := newStore(t, user, redisstore.Options{})
+	if st := mustEvaluate(t, other, subject(t), 1, p); !st[0].Allowed {
+		t.Fatalf("first decision of a new store = %+v, want allowed", st)
 	}
 	for i := range 3 {
 		if i == 1 {
@@ -297,7 +297,7 @@ func TestACLWithoutFunctions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The Lazy store's first FCALL was refused (rejected_calls), none ran.
+	// The stores' first FCALLs were refused (rejected_calls), none ran.
 	ranFCALL := strings.Contains(stats, "cmdstat_fcall:") && !strings.Contains(stats, "cmdstat_fcall:calls=0,")
 	if !strings.Contains(stats, "cmdstat_evalsha:") || ranFCALL {
 		t.Fatalf("INFO commandstats: want EVALSHA and no FCALL run:\n%s", stats)

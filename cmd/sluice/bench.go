@@ -179,6 +179,11 @@ func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decid
 			closeStore()
 			return nil, nil, nil, fmt.Errorf("bench: %w", err)
 		}
+		if err := waitReady(rs, benchReadyWait); err != nil {
+			rs.Close()
+			closeStore()
+			return nil, nil, nil, fmt.Errorf("bench: %w", err)
+		}
 		st = rs
 		cleanup = func(ctx context.Context) (int64, error) { return deletePrefix(ctx, client, prefix) }
 	}
@@ -192,6 +197,34 @@ func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decid
 		return o.Kind, o.Err
 	}
 	return decide, cleanup, closeStore, nil
+}
+
+// benchReadyWait bounds how long bench waits for Redis before a run.
+const benchReadyWait = 5 * time.Second
+
+// waitReady asks rs.Ready until it answers nil or wait has passed, and
+// returns the last error that says what Redis answered (not the circuit
+// breaker's). redisstore.New does not contact Redis; this makes a run
+// measure decisions rather than the loading of the code on the first
+// ones, and an unreachable Redis an error that names it.
+func waitReady(rs *redisstore.Store, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	var reason error
+	for {
+		err := rs.Ready(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case reason == nil || !errors.Is(err, sluice.CircuitOpen):
+			reason = err
+		}
+		select {
+		case <-ctx.Done():
+			return reason
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // write prints rep: as indented JSON, or as a table.

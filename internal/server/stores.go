@@ -60,9 +60,10 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 	closed := "closed"
 	breaker.Store(&closed)
 	breakerLog := newBreakerLog(log, clock, breakerLogEvery)
-	// Lazy: serve starts while Redis is down or hung, answers per
-	// failure mode until it is back, and /readyz tells which.
-	rs, err := redisstore.New(client, redisstore.Options{Lazy: true, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
+	// New does not contact Redis: serve starts while Redis is down or
+	// hung, answers per failure mode until it is back, and /readyz tells
+	// which.
+	rs, err := redisstore.New(client, redisstore.Options{Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
 		OnChange: func(state string) {
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request

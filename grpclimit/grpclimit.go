@@ -1,0 +1,270 @@
+// Package grpclimit is sluice's gRPC server middleware: unary and stream
+// server interceptors over a sluice.Limiter. For each call it picks the
+// method's policies, resolves who is calling (by default the peer
+// address; the address behind trusted proxies, a metadata value such as
+// an API key, or the authenticated principal where configured), turns
+// that into a pseudonym, asks the Limiter within a deadline, and answers:
+//
+//   - allowed: the call goes on; its trailer carries the RateLimit-Policy
+//     and RateLimit fields of draft-ietf-httpapi-ratelimit-headers, as
+//     metadata "ratelimit-policy" and "ratelimit";
+//   - denied: codes.ResourceExhausted, with a google.rpc.RetryInfo detail
+//     whose retry delay is the wait until the same call would be admitted
+//     (never less), a google.rpc.QuotaFailure detail naming the policies
+//     that denied, and the same trailer;
+//   - undecidable (store down, deadline passed, reply lost, corrupt
+//     state): codes.Unavailable when one of the method's policies fails
+//     closed, with a RetryInfo of one second; the call goes on when every
+//     one fails open. Policies that fail local are refused by New:
+//     grpclimit keeps no local fallback.
+//
+// A method whose policies include a Concurrency policy holds a lease for
+// the life of the call, a stream's included: acquired before the handler
+// runs, released when it returns, when the client cancels (the handler
+// sees its context done and returns) and when it panics (the lease is
+// released, then the panic goes on to the interceptors outside, e.g. a
+// recovery interceptor). grpclimit does not renew leases: set the
+// policy's LeaseTTL above the longest call, or a stream that outlives it
+// frees its slot early.
+//
+// The raw identity (a principal, an API key, an address) is only ever
+// hashed: it never reaches the Limiter or a log line.
+//
+// For services that already chain go-grpc-middleware's ratelimit
+// interceptor, Interceptors has its Limiter's one method, Limit.
+//
+// Every invalid option is an error at construction, naming the option,
+// its value and the rule it breaks.
+package grpclimit
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// defaultDeadline is how long a call waits for a decision unless
+// Options.Deadline says otherwise: httplimit's, for the same reasons.
+const defaultDeadline = 500 * time.Millisecond
+
+// defaultOperation is the operation of the calls no Method rule matches
+// and Options.Default limits.
+const defaultOperation = "*"
+
+// Method selects the policies of the calls it matches.
+type Method struct {
+	// Name is a full method name, matched exactly, e.g.
+	// "/acme.Orders/Create", or a service followed by "/", matching every
+	// method of the service, e.g. "/acme.Orders/". An exact name wins over
+	// its service. Name is also the operation every subject is scoped
+	// to: the methods of one service rule share its budgets. Required.
+	Name string
+	// Policies are the IDs of the Limiter's policies a call spends, all or
+	// nothing. At least one is required.
+	Policies []string
+	// Cost is the number of units one call spends, e.g. 5 for an
+	// expensive query; at most every rate policy's MaxCost. A
+	// concurrency policy takes one slot whatever the cost. Default: 1.
+	Cost int64
+	// Subject says who the method's calls are limited as.
+	// Default: nil, Options.Subject.
+	Subject SubjectFunc
+}
+
+// Options configure the interceptors. The zero value means the defaults.
+type Options struct {
+	// Methods select policies per call by its full method name. Default:
+	// none, every call gets Default.
+	Methods []Method
+	// Default are the policy IDs of the calls no Method rule matches,
+	// under operation "*", at a cost of 1. Default: none, such calls go
+	// on unlimited and without trailer fields.
+	Default []string
+	// Subject says who a call is limited as, for the rules that do not
+	// say it themselves. Default: ClientIP(nil), the peer's address.
+	Subject SubjectFunc
+	// PassAnonymous lets calls that Subject does not identify go on,
+	// unlimited, so that the service's own authentication answers them.
+	// Default: false, they are answered codes.Unauthenticated without
+	// asking the Limiter.
+	PassAnonymous bool
+	// Pseudonymizer turns (kind, identity, operation) into the subject
+	// the Limiter sees. Default: subject.Unkeyed(), whose pseudonyms
+	// anyone can recompute from a guessed identity: configure a keyed one
+	// (subject.New) in production.
+	Pseudonymizer *subject.Pseudonymizer
+	// Deadline bounds how long one call waits for the Limiter (and a
+	// lease's release); past it the outcome is Unavailable and the
+	// failure mode answers. Default: 500ms.
+	Deadline time.Duration
+	// Logger receives a record, at Warn, when the Limiter cannot decide
+	// or a lease cannot be released: at most one a second, with the count
+	// held back. Records carry the pseudonym, never the identity.
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Interceptors limit the calls of a gRPC server: Unary and Stream give
+// the interceptors to install, Limit serves go-grpc-middleware's
+// ratelimit interceptor. Create them with New; the zero value is not
+// usable. Immutable and safe for concurrent use; they own no goroutines
+// (close the Limiter's store yourself).
+type Interceptors struct {
+	warnings      logthrottle.Throttle
+	limiter       *sluice.Limiter
+	exact         map[string]*rule
+	services      map[string]*rule // by "/service/"
+	fallthru      *rule            // Options.Default, or nil
+	pseudo        *subject.Pseudonymizer
+	passAnonymous bool
+	deadline      time.Duration
+	log           *slog.Logger
+}
+
+// rule is a Method (or Options.Default) checked and ready to decide.
+type rule struct {
+	operation   string
+	policies    []string
+	cost        int64
+	op          sluice.Op // Acquire when a policy is a concurrency one
+	closed      bool      // a policy fails closed
+	lease       string    // a concurrency policy's ID, or ""
+	subject     SubjectFunc
+	policyField string // the RateLimit-Policy field value
+}
+
+// New validates opts against limiter and returns the interceptors. The
+// error names the option, its value and the rule it breaks, e.g.
+//
+//	grpclimit: Methods[0].Policies[0] = "ordrs": the limiter has no such policy; it has orders, search
+func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
+	if limiter == nil {
+		return nil, errors.New("grpclimit: limiter is nil")
+	}
+	if opts.Deadline < 0 {
+		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
+	}
+	in := &Interceptors{
+		limiter:       limiter,
+		exact:         map[string]*rule{},
+		services:      map[string]*rule{},
+		pseudo:        cmp.Or(opts.Pseudonymizer, subject.Unkeyed()),
+		passAnonymous: opts.PassAnonymous,
+		deadline:      cmp.Or(opts.Deadline, defaultDeadline),
+		log:           cmp.Or(opts.Logger, slog.Default()),
+	}
+	subj := opts.Subject
+	if subj == nil {
+		subj = ClientIP(nil)
+	}
+	for i, m := range opts.Methods {
+		at := fmt.Sprintf("Methods[%d]", i)
+		service, err := checkName(at, m.Name)
+		if err != nil {
+			return nil, err
+		}
+		index := in.exact
+		if service {
+			index = in.services
+		}
+		if _, dup := index[m.Name]; dup {
+			return nil, optionError(at+".Name", fmt.Sprintf("%q", m.Name), "is named by an earlier rule too")
+		}
+		r, err := in.compile(at, m, subj)
+		if err != nil {
+			return nil, err
+		}
+		index[m.Name] = r
+	}
+	if len(opts.Default) > 0 {
+		r, err := in.compile("Default", Method{Name: defaultOperation, Policies: opts.Default}, subj)
+		if err != nil {
+			return nil, err
+		}
+		in.fallthru = r
+	}
+	return in, nil
+}
+
+// optionError is an invalid option: where it is, its value and the rule
+// it breaks.
+func optionError(at string, value any, rule string) error {
+	return fmt.Errorf("grpclimit: %s = %v: %s", at, value, rule)
+}
+
+// checkName checks a Method's Name, found at at, and reports whether it
+// names a whole service ("/acme.Orders/") rather than one method.
+func checkName(at, name string) (service bool, err error) {
+	svc, method, ok := strings.Cut(strings.TrimPrefix(name, "/"), "/")
+	switch {
+	case !strings.HasPrefix(name, "/") || !ok || svc == "" || strings.Contains(method, "/"):
+		return false, optionError(at+".Name", fmt.Sprintf("%q", name), `must be a full method name such as "/acme.Orders/Create", or a service such as "/acme.Orders/"`)
+	case strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r > '~' }):
+		return false, optionError(at+".Name", fmt.Sprintf("%q", name), "must be printable ASCII without spaces")
+	}
+	return method == "", nil
+}
+
+// compile checks m, found at at, against the limiter; subj is
+// Options.Subject.
+func (in *Interceptors) compile(at string, m Method, subj SubjectFunc) (*rule, error) {
+	r := &rule{operation: m.Name, cost: cmp.Or(m.Cost, 1), subject: m.Subject}
+	if m.Subject == nil {
+		r.subject = subj
+	}
+	if m.Cost < 0 {
+		return nil, optionError(at+".Cost", m.Cost, "must not be negative; leave it 0 for 1")
+	}
+	if len(m.Policies) == 0 {
+		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
+	}
+	var field []byte
+	for j, id := range m.Policies {
+		pat := fmt.Sprintf("%s.Policies[%d]", at, j)
+		p, ok := in.limiter.Policy(id)
+		switch {
+		case !ok:
+			return nil, optionError(pat, fmt.Sprintf("%q", id), "the limiter has no such policy; it has "+strings.Join(in.limiter.Policies(), ", "))
+		case slices.Contains(r.policies, id):
+			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
+		case p.FailureMode == sluice.FailLocal:
+			return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, which grpclimit does not do (it keeps no local fallback): make it fail closed or open")
+		case p.Algorithm == sluice.Concurrency:
+			r.op, r.lease = sluice.Acquire, id
+		case r.cost > p.MaxCost:
+			return nil, optionError(at+".Cost", r.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
+		}
+		r.closed = r.closed || p.FailureMode == sluice.FailClosed
+		r.policies = append(r.policies, id)
+		if j > 0 {
+			field = append(field, ", "...)
+		}
+		field = ratelimitheader.AppendPolicyItem(field, p)
+	}
+	r.policyField = string(field)
+	return r, nil
+}
+
+// ruleOf returns the rule of the full method name method: its exact
+// rule, else its service's, else Options.Default's; nil when none limits
+// it.
+func (in *Interceptors) ruleOf(method string) *rule {
+	if r, ok := in.exact[method]; ok {
+		return r
+	}
+	if i := strings.LastIndexByte(method, '/'); i > 0 {
+		if r, ok := in.services[method[:i+1]]; ok {
+			return r
+		}
+	}
+	return in.fallthru
+}

@@ -1,0 +1,204 @@
+package sluice_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// snippet is one ```go block of README.md.
+type snippet struct {
+	line  int    // of its opening fence
+	code  string // between the fences
+	given string // the Go declarations of the comment before it, or ""
+}
+
+// givenComment starts the HTML comment (invisible on a rendered page)
+// that declares, as Go source after its package clause, what a fragment
+// uses but does not define, e.g. a limiter built in an earlier snippet:
+//
+//	<!-- given (Go, for the README test):
+//	import "github.com/sluicehq/sluice"
+//
+//	var limiter *sluice.Limiter
+//	-->
+const givenComment = "<!-- given (Go, for the README test):"
+
+// TestREADMESnippetsCompile builds every ```go block of README.md as a
+// user would paste it, with its import lines: a block that starts with a
+// package clause as the file it is; any other as a fragment, its import
+// block on top and the rest the body of a function, beside the
+// declarations of the given comment just before it (a file of its own).
+// Every variable a fragment defines is used, so that declaring one the
+// snippet leaves for the reader to use is not an error. The packages are
+// type-checked with go vet inside the module, so they import this
+// module's packages as they are.
+func TestREADMESnippetsCompile(t *testing.T) {
+	snippets := readmeSnippets(t, "README.md")
+	if len(snippets) < 5 {
+		t.Fatalf("README.md has %d ```go blocks, want its library snippets", len(snippets))
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the snippets: %v", err)
+	}
+	// Inside the module, so the snippets import its packages; "_" keeps
+	// ./... patterns of anyone else from seeing it.
+	dir, err := os.MkdirTemp(".", "_readme-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	args := []string{"vet"}
+	for _, s := range snippets {
+		pkg := filepath.Join(dir, fmt.Sprintf("line%d", s.line))
+		if err := os.Mkdir(pkg, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(t, filepath.Join(pkg, "snippet.go"), s.source())
+		if s.given != "" {
+			write(t, filepath.Join(pkg, "given.go"), "package main\n\n"+s.given)
+		}
+		args = append(args, "./"+filepath.ToSlash(pkg))
+	}
+	out, err := exec.Command(goTool, args...).CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("go vet: %v", err)
+	}
+	if err == nil {
+		return
+	}
+	blamed := false
+	for _, s := range snippets {
+		tag := fmt.Sprintf("/line%d/", s.line)
+		var lines []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, tag) && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 0 {
+			blamed = true
+			t.Errorf("README.md:%d: the go snippet does not compile (as %s):\n%s\nsource:\n%s", s.line, dir, strings.Join(lines, "\n"), s.source())
+		}
+	}
+	if !blamed {
+		t.Errorf("go vet of the README snippets: %v\n%s", err, out)
+	}
+}
+
+// readmeSnippets returns the ```go blocks of the Markdown file path.
+func readmeSnippets(t *testing.T, path string) []snippet {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var (
+		out     []snippet
+		cur     *snippet
+		given   []string // the given comment being read, or the last one
+		inGiven bool
+		n       int
+	)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		switch {
+		case cur != nil && line == "```":
+			out = append(out, *cur)
+			cur = nil
+		case cur != nil:
+			cur.code += line + "\n"
+		case inGiven && strings.TrimSpace(line) == "-->":
+			inGiven = false
+		case inGiven:
+			given = append(given, line)
+		case strings.HasPrefix(line, givenComment):
+			inGiven, given = true, nil
+		case line == "```go":
+			cur = &snippet{line: n, given: strings.Join(given, "\n")}
+			given = nil
+		case strings.TrimSpace(line) != "":
+			given = nil // a given comment applies to the block right after it
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur != nil {
+		t.Fatalf("%s:%d: a ```go block is not closed", path, cur.line)
+	}
+	return out
+}
+
+// source is the file s builds as: itself when it has a package clause,
+// else the fragment wrapped in package main.
+func (s snippet) source() string {
+	if strings.HasPrefix(strings.TrimSpace(s.code), "package ") {
+		return s.code
+	}
+	imports, body := splitImports(s.code)
+	return "package main\n\n" + imports + "\nfunc main() {}\n\nfunc snippet() {\n" + body + used(body) + "}\n"
+}
+
+// splitImports splits a fragment into its leading import declarations
+// and the rest.
+func splitImports(code string) (imports, body string) {
+	lines := strings.SplitAfter(code, "\n")
+	i, inBlock := 0, false
+	for ; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		switch {
+		case inBlock:
+			inBlock = l != ")"
+		case strings.HasPrefix(l, "import ("):
+			inBlock = true
+		case strings.HasPrefix(l, "import "), l == "":
+		default:
+			return strings.Join(lines[:i], ""), strings.Join(lines[i:], "")
+		}
+	}
+	return code, ""
+}
+
+// used returns a statement using each variable body defines at its top
+// level, e.g. "_ = store\n"; "" when body does not parse (the build then
+// reports why).
+func used(body string) string {
+	f, err := parser.ParseFile(token.NewFileSet(), "", "package p\nfunc f() {\n"+body+"\n}", parser.SkipObjectResolution)
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	seen := map[string]bool{"_": true}
+	for _, stmt := range f.Decls[0].(*ast.FuncDecl).Body.List {
+		if as, ok := stmt.(*ast.AssignStmt); ok && as.Tok == token.DEFINE {
+			for _, lhs := range as.Lhs {
+				if id, ok := lhs.(*ast.Ident); ok && !seen[id.Name] {
+					seen[id.Name] = true
+					fmt.Fprintf(&b, "_ = %s\n", id.Name)
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
