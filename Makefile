@@ -5,7 +5,7 @@
 GO ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test deps fmt vet lint unit bench bench-check fuzz
+.PHONY: test deps fmt vet lint unit bench bench-check fuzz screenshot
 
 test: deps fmt vet lint bench-check unit
 
@@ -43,3 +43,8 @@ bench-check:
 fuzz:
 	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \
 	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime 30s ./internal/engine/algorithm || exit 1; done
+
+# The README's dashboard screenshot (docs/dashboard.png), taken by the
+# dashboard's browser test in a real headless chromium.
+screenshot:
+	SLUICE_SCREENSHOT=docs $(GO) test -count=1 -run '^TestDashboardInBrowser$$' ./cmd/sluice
