@@ -205,3 +205,21 @@ func TestBenchRedisCluster(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// When stderr is not a terminal, bench writes a plain progress line every
+// second for a run under 10 s: answers, rate, p99, errors, time left.
+func TestBenchProgressLines(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "--duration", "1500ms", "--callers", "1", "--subjects", "2"}, &out, &errOut); err != nil {
+		t.Fatalf("sluice bench: %v\n%s", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("bench stderr %q: want the header and at least one progress line", errOut.String())
+	}
+	for _, want := range []string{"sluice bench: 1", "of 1.5s, ", " answers, ", "/s, p99 ", ", 0 errors, ", " left"} {
+		if !strings.Contains(lines[1], want) {
+			t.Errorf("progress line %q, want it to contain %q", lines[1], want)
+		}
+	}
+}
