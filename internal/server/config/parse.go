@@ -194,26 +194,6 @@ func (d *decoder) fail(e *Error) {
 	d.bad[e.Path] = true
 }
 
-// failed records err (an *Error or Errors) as fail does; it reports
-// whether there was one.
-func (d *decoder) failed(err error) bool {
-	var es Errors
-	var e *Error
-	switch {
-	case err == nil:
-		return false
-	case errors.As(err, &es):
-		for _, e := range es {
-			d.fail(e)
-		}
-	case errors.As(err, &e):
-		d.fail(e)
-	default:
-		d.fail(&Error{Rule: err.Error()})
-	}
-	return true
-}
-
 // sections are the top-level keys of a config, each with the function
 // that decodes it into c. A new section is one row here, one field of
 // Config and its rules in Validate.
