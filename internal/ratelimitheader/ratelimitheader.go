@@ -9,8 +9,8 @@
 //	RateLimit-Policy: "demo";q=3;w=10
 //	RateLimit: "demo";r=2;t=10
 //
-// q is the quota (the policy's Limit) and w the window in whole seconds;
-// r is what remains now and t the seconds until the quota is whole again,
+// q is the quota and w the seconds it spans (for most algorithms the
+// policy's Limit and Window; see below); r is what remains now and t the seconds until the quota is whole again,
 // rounded up. The draft makes w optional and allows only Integers there,
 // so w is left out when the window is not a whole number of seconds:
 // rounding 1 per 1.5ms up to "1 per 1s" would advertise a quota far
