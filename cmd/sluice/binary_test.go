@@ -54,6 +54,15 @@ func sluiceBinary(t *testing.T) string {
 	return binPath
 }
 
+// TestMain removes the binary sluiceBinary built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 // runBinary runs the binary with args in dir and returns its stdout,
 // stderr and exit status.
 func runBinary(t *testing.T, dir string, args ...string) (stdout, stderr string, code int) {
