@@ -250,6 +250,9 @@ func TestConfigsLoad(t *testing.T) {
 	if cfg.Envoy == nil || cfg.Store.Type != config.StoreRedis {
 		t.Fatalf("deploy/sluice.yaml: want an envoy section and the Redis store")
 	}
+	if len(cfg.Policies) != 0 {
+		t.Errorf("deploy/sluice.yaml has %d policies: its limits are the rules files'; a config with an envoy section needs none", len(cfg.Policies))
+	}
 	rules, err := envoyconf.Load(cfg.Envoy.Configs) // relative to this directory, as to the config file
 	if err != nil {
 		t.Fatal(err)

@@ -28,21 +28,31 @@ import (
 	"github.com/sluicehq/sluice/redisstore"
 )
 
-const benchSynopsis = "sluice bench [--store memory|redis --redis-url URL | --url URL] [--policy-algorithm ALG --limit N --window D --burst N] [--subjects N] [--callers N] [--duration D] [--json]"
+const benchSynopsis = "sluice bench [--store memory|redis --redis-url URL | --url URL --policy ID] [--mode allowed|denied|mixed | --policy-algorithm ALG --limit N --window D --burst N] [--subjects N] [--callers N] [--duration D] [--max-errors SHARE] [--json]"
+
+// The modes of sluice bench: what share of its decisions its policy
+// allows. Explicit --limit, --window or --burst make the mode "custom".
+const (
+	benchAllowed = "allowed" // limit 1e9 per second: nearly every decision allowed
+	benchDenied  = "denied"  // limit 1 per hour: every decision after a subject's first denied
+	benchMixed   = "mixed"   // half the subjects on each of the two: about half allowed
+)
 
 // benchFlags are the parsed flags of sluice bench.
 type benchFlags struct {
 	store, redisURL, redisAddrs, redisMode, redisPasswordEnv string
-	url, policy, algorithm                                   string
+	url, policy, algorithm, mode                             string
 	limit, burst                                             int64
 	window, duration                                         time.Duration
 	subjects, callers                                        int
+	maxErrors                                                float64
 	json                                                     bool
 }
 
 // benchReport is the summary sluice bench prints; --json prints it as is.
 type benchReport struct {
 	Target    string  `json:"target"` // "memory", "redis" or the server's URL
+	Mode      string  `json:"mode"`   // allowed, denied, mixed; custom with explicit numbers; server with --url
 	Policy    string  `json:"policy"`
 	Algorithm string  `json:"algorithm,omitempty"`
 	Limit     int64   `json:"limit,omitempty"`
@@ -86,6 +96,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	if err := f.check(set); err != nil {
 		return &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n\nRun \"sluice bench --help\" for the flags.\n"}
 	}
+	f.applyMode(set)
 
 	runID := newRunID()
 	// Subjects carry the run id, so two runs never share state.
@@ -93,7 +104,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	for i := range subjects {
 		subjects[i] = fmt.Sprintf("bench-%s-%d", runID, i)
 	}
-	rep := &benchReport{Policy: f.policy, Callers: f.callers, Subjects: f.subjects}
+	rep := &benchReport{Policy: f.policy, Mode: f.mode, Callers: f.callers, Subjects: f.subjects}
 	var decide benchDecider
 	var cleanup func(context.Context) (int64, error)
 	if f.url != "" {
@@ -102,7 +113,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		defer closeIdle()
 		decide = d
 	} else {
-		d, clean, closeStore, err := a.storeDecider(&f, runID, rep)
+		d, clean, closeStore, err := a.storeDecider(&f, runID, subjects, rep)
 		if err != nil {
 			return err
 		}
@@ -110,6 +121,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		decide, cleanup = d, clean
 	}
 
+	fmt.Fprintln(a.stderr, f.header())
 	res := a.benchLoad(ctx, decide, subjects, f.callers, f.duration)
 	if cleanup != nil {
 		// Leave nothing behind on the user's Redis, even after Ctrl-C.
@@ -125,7 +137,52 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	if err := rep.write(a.stdout, f.json); err != nil {
 		return err
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if answers := rep.Decisions + rep.Other; answers > 0 && float64(rep.Other) > f.maxErrors*float64(answers) {
+		return &exitError{code: 1, err: fmt.Errorf("bench: %d of %d answers (%.1f%%) were errors, more than --max-errors %g; the first: %s", rep.Other, answers, 100*float64(rep.Other)/float64(answers), f.maxErrors, rep.FirstError)}
+	}
+	return nil
+}
+
+// applyMode sets the policy's numbers of f.mode unless the flags set
+// them, in which case the mode is "custom"; with --url it is "server".
+func (f *benchFlags) applyMode(set map[string]bool) {
+	if f.policy == "" {
+		f.policy = "bench"
+	}
+	switch {
+	case f.url != "":
+		f.mode = "server"
+	case set["limit"] || set["window"] || set["burst"]:
+		f.mode = "custom"
+	case f.mode == benchDenied:
+		f.limit, f.window = 1, time.Hour
+	default: // allowed, and mixed's allowing half
+		f.limit, f.window = benchAllowedLimit(f.algorithm), time.Second
+	}
+}
+
+// benchAllowedLimit is the limit per second of the allowing policy: the
+// most the algorithm takes (sliding_log keeps an entry per unit).
+func benchAllowedLimit(algorithm string) int64 {
+	if algorithm == sluice.SlidingLog.String() {
+		return 100_000
+	}
+	return 1_000_000_000
+}
+
+// header is the line bench starts with: what it measures.
+func (f *benchFlags) header() string {
+	what := map[string]string{
+		benchAllowed: fmt.Sprintf("nearly every decision is allowed (%s, limit %d per 1s); --mode denied or mixed measures denials", f.algorithm, f.limit),
+		benchDenied:  fmt.Sprintf("every decision after a subject's first is denied (%s, limit 1 per 1h); --mode allowed or mixed for admissions", f.algorithm),
+		benchMixed:   fmt.Sprintf("about half the decisions are allowed: half the subjects on %s limit %d per 1s, half on limit 1 per 1h (policy %s-denied)", f.algorithm, f.limit, f.policy),
+		"custom":     fmt.Sprintf("the policy given: %s, limit %d per %s", f.algorithm, f.limit, f.window),
+		"server":     fmt.Sprintf("policy %q as the server at %s configures it", f.policy, f.url),
+	}[f.mode]
+	return fmt.Sprintf("sluice bench: mode %s: %s; %d callers, %d subjects, %s", f.mode, what, f.callers, f.subjects, f.duration)
 }
 
 // define defines f's flags in fs.
@@ -136,7 +193,9 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.redisMode, "redis-mode", "", "with --redis-addrs: cluster")
 	fs.StringVar(&f.redisPasswordEnv, "redis-password-env", "", "the environment variable `NAME` that holds the Redis password")
 	fs.StringVar(&f.url, "url", "", "drive POST /v1/check of a running sluice serve at this base `URL` instead of a store")
-	fs.StringVar(&f.policy, "policy", "bench", "the policy `ID`: with --url, a policy of the server's config")
+	fs.StringVar(&f.policy, "policy", "", "the policy `ID`: with --url, required, a policy of the server's config (the built-in example has demo, login, api); else its name (default bench)")
+	fs.StringVar(&f.mode, "mode", benchAllowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
+	fs.Float64Var(&f.maxErrors, "max-errors", 0.01, "exit 1 when more than this `SHARE` (0 to 1) of the answers are errors rather than decisions, naming the first")
 	fs.StringVar(&f.algorithm, "policy-algorithm", "gcra", "the policy's algorithm: fixed_window, sliding_log, sliding_window, token_bucket or gcra")
 	fs.Int64Var(&f.limit, "limit", 100, "the policy's limit per --window")
 	fs.DurationVar(&f.window, "window", time.Second, "the policy's window")
@@ -150,7 +209,10 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 // storeDecider decides through the library over the store f names, with
 // f's policy, which it describes in rep. cleanup, when not nil, deletes
 // the run's keys; closeStore releases the store.
-func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decide benchDecider, cleanup func(context.Context) (int64, error), closeStore func(), err error) {
+//
+// In mode mixed every other subject is checked against a second policy,
+// f.policy + "-denied", limit 1 per hour.
+func (a *app) storeDecider(f *benchFlags, runID string, subjects []string, rep *benchReport) (decide benchDecider, cleanup func(context.Context) (int64, error), closeStore func(), err error) {
 	rep.Target, rep.Algorithm, rep.Window = f.store, f.algorithm, f.window.String()
 	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
 	p := sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}
@@ -187,13 +249,28 @@ func (a *app) storeDecider(f *benchFlags, runID string, rep *benchReport) (decid
 		st = rs
 		cleanup = func(ctx context.Context) (int64, error) { return deletePrefix(ctx, client, prefix) }
 	}
-	lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+	policies := []sluice.Policy{p}
+	policyOf := map[string]string{}
+	if f.mode == benchMixed {
+		denying := sluice.Policy{ID: f.policy + "-denied", Algorithm: alg, Limit: 1, Window: time.Hour}
+		policies = append(policies, denying)
+		for i, s := range subjects {
+			if i%2 == 1 {
+				policyOf[s] = denying.ID
+			}
+		}
+	}
+	lim, err := sluice.New(st, policies, sluice.Options{})
 	if err != nil {
 		closeStore()
 		return nil, nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	decide = func(ctx context.Context, subject string) (sluice.Kind, error) {
-		o := lim.Check(ctx, sluice.Request{Policy: f.policy, Subject: subject})
+		id := f.policy
+		if other, ok := policyOf[subject]; ok {
+			id = other
+		}
+		o := lim.Check(ctx, sluice.Request{Policy: id, Subject: subject})
 		return o.Kind, o.Err
 	}
 	return decide, cleanup, closeStore, nil
@@ -242,8 +319,16 @@ func (f *benchFlags) check(set map[string]bool) error {
 	switch {
 	case f.url != "" && (set["store"] || set["redis-url"] || set["redis-addrs"]):
 		return errors.New("--url drives a running server: leave out --store and --redis-*")
-	case f.url != "" && (set["policy-algorithm"] || set["limit"] || set["window"] || set["burst"]):
-		return errors.New("--url uses the server's policy as configured: name it with --policy and leave out --policy-algorithm, --limit, --window and --burst")
+	case f.url != "" && (set["policy-algorithm"] || set["limit"] || set["window"] || set["burst"] || set["mode"]):
+		return errors.New("--url uses the server's policy as configured: name it with --policy and leave out --mode, --policy-algorithm, --limit, --window and --burst")
+	case f.url != "" && f.policy == "":
+		return errors.New("--url needs --policy ID, a policy of the server's config (the built-in example has demo, login and api)")
+	case f.mode != benchAllowed && f.mode != benchDenied && f.mode != benchMixed:
+		return fmt.Errorf("--mode %q: want allowed, denied or mixed", f.mode)
+	case set["mode"] && (set["limit"] || set["window"] || set["burst"]):
+		return errors.New("--mode picks the policy's numbers: leave out --limit, --window and --burst, or --mode")
+	case !(f.maxErrors >= 0 && f.maxErrors <= 1):
+		return fmt.Errorf("--max-errors %g: want a share from 0 to 1, such as 0.01", f.maxErrors)
 	case f.url != "" && !strings.HasPrefix(f.url, "http://") && !strings.HasPrefix(f.url, "https://"):
 		return fmt.Errorf("--url %q: want http://host:port", f.url)
 	case f.url == "" && f.store != "memory" && f.store != "redis":
@@ -391,14 +476,23 @@ const benchBuckets = 64 + 35*32
 
 type latencies [benchBuckets]uint64
 
+// add counts d. Its atomic add lets the progress line read the
+// histogram while the caller runs.
 func (h *latencies) add(d time.Duration) {
 	ns := int64(d)
 	if ns < 64 {
-		h[max(ns, 0)]++
+		atomic.AddUint64(&h[max(ns, 0)], 1)
 		return
 	}
 	e := bits.Len64(uint64(ns)) - 6
-	h[min(64+(e-1)*32+int(ns>>e)-32, benchBuckets-1)]++
+	atomic.AddUint64(&h[min(64+(e-1)*32+int(ns>>e)-32, benchBuckets-1)], 1)
+}
+
+// merge adds what o holds now to h.
+func (h *latencies) merge(o *latencies) {
+	for i := range o {
+		h[i] += atomic.LoadUint64(&o[i])
+	}
 }
 
 // quantile returns the q-quantile in ms, from the middle of its bucket.
@@ -429,7 +523,7 @@ func (h *latencies) quantile(q float64) float64 {
 // while the caller runs (the histogram keeps neighbouring callers' done
 // counters on different cache lines).
 type benchCaller struct {
-	done            atomic.Int64
+	done, errs      atomic.Int64
 	allowed, denied int64
 	other           map[string]int64
 	firstErr        error
@@ -482,6 +576,7 @@ func (a *app) benchLoad(ctx context.Context, decide benchDecider, subjects []str
 						name = kind.String()
 					}
 					bc.other[name]++
+					bc.errs.Add(1)
 					if bc.firstErr == nil {
 						bc.firstErr = err
 					}
@@ -509,12 +604,14 @@ func (a *app) progress(res *benchResult, start time.Time, dur time.Duration) fun
 	case dur < 10*time.Second:
 		every = time.Second
 	}
-	count := func() int64 {
-		var n int64
+	count := func() (n, errs int64, p99 float64) {
+		var lat latencies
 		for i := range res.callers {
 			n += res.callers[i].done.Load()
+			errs += res.callers[i].errs.Load()
+			lat.merge(&res.callers[i].lat)
 		}
-		return n
+		return n, errs, lat.quantile(0.99)
 	}
 	stop := make(chan struct{})
 	finished := make(chan struct{})
@@ -532,15 +629,16 @@ func (a *app) progress(res *benchResult, start time.Time, dur time.Duration) fun
 			case <-t.C:
 			}
 			el := time.Since(start)
-			n := count()
+			n, errs, p99 := count()
 			rate := float64(n) / el.Seconds()
+			left := max(dur-el, 0).Round(time.Second)
 			if tty {
 				frac := min(el.Seconds()/dur.Seconds(), 1)
 				const width = 30
 				full := int(frac * width)
-				fmt.Fprintf(a.stderr, "\r\033[K[%s%s] %3.0f%%  %s decisions  %.0f/s", strings.Repeat("=", full), strings.Repeat(" ", width-full), frac*100, fmtCount(n), rate)
+				fmt.Fprintf(a.stderr, "\r\033[K[%s%s] %3.0f%%  %.0f decisions/s  p99 %s  %s errors  %s left", strings.Repeat("=", full), strings.Repeat(" ", width-full), frac*100, rate, fmtMS(p99), fmtCount(errs), left)
 			} else {
-				fmt.Fprintf(a.stderr, "sluice bench: %s of %s, %d decisions, %.0f/s\n", el.Round(time.Second/10), dur, n, rate)
+				fmt.Fprintf(a.stderr, "sluice bench: %s of %s, %d answers, %.0f/s, p99 %s, %d errors, %s left\n", el.Round(time.Second/10), dur, n, rate, fmtMS(p99), errs, left)
 			}
 		}
 	}()
@@ -584,9 +682,7 @@ func (r *benchResult) fill(rep *benchReport) {
 		if rep.FirstError == "" && c.firstErr != nil {
 			rep.FirstError = c.firstErr.Error()
 		}
-		for j, n := range c.lat {
-			lat[j] += n
-		}
+		lat.merge(&c.lat)
 	}
 	rep.Seconds = r.elapsed.Seconds()
 	rep.Decisions = rep.Allowed + rep.Denied
@@ -598,6 +694,7 @@ func (rep *benchReport) writeTable(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("target", rep.Target)
+	row("mode", rep.Mode)
 	if rep.Algorithm != "" {
 		burst := ""
 		if rep.Algorithm == "token_bucket" || rep.Algorithm == "gcra" {

@@ -94,9 +94,58 @@ func TestBenchServer(t *testing.T) {
 	if rep.Allowed != 3 || rep.Other != 0 {
 		t.Errorf("bench --url with the 3-per-hour demo policy: allowed %d, other %d (%s); want 3, 0", rep.Allowed, rep.Other, rep.FirstError)
 	}
-	rep = runBench(t, "--url", s.url, "--policy", "nope", "--subjects", "1", "--callers", "1", "--duration", "50ms")
-	if rep.Decisions != 0 || rep.Other == 0 || !strings.Contains(rep.FirstError, "404") {
-		t.Errorf("bench --url with an unknown policy = %+v, want no decisions and 404 errors", rep)
+	// Every answer an error: the summary still prints, and the exit status
+	// says the run measured nothing, naming the first error.
+	var out, errOut bytes.Buffer
+	args := []string{"bench", "--json", "--url", s.url, "--policy", "nope", "--subjects", "1", "--callers", "1", "--duration", "50ms"}
+	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
+	var rep2 benchReport
+	if err := json.Unmarshal(out.Bytes(), &rep2); err != nil {
+		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
+	}
+	if code != 1 || rep2.Decisions != 0 || rep2.Other == 0 || !strings.Contains(errOut.String(), "were errors, more than --max-errors 0.01; the first: POST "+s.url+"/v1/check: 404 Not Found") {
+		t.Errorf("bench --url with an unknown policy: exit %d, %+v, stderr %q; want exit 1, no decisions, the first 404 named", code, rep2, errOut.String())
+	}
+}
+
+// The modes: allowed admits nearly everything, denied only each
+// subject's first, mixed about half; the header line on stderr says
+// which.
+func TestBenchModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode   string
+		header string
+		ok     func(rep benchReport) bool
+	}{
+		{"allowed", "mode allowed: nearly every decision is allowed", func(r benchReport) bool { return r.Denied == 0 && r.Allowed > 0 }},
+		{"denied", "mode denied: every decision after a subject's first is denied", func(r benchReport) bool { return r.Allowed <= 4 && r.Denied > 0 }},
+		{"mixed", "mode mixed: about half the decisions are allowed", func(r benchReport) bool {
+			return r.Allowed > 0 && r.Denied > 0 && r.Allowed > r.Denied/2 && r.Denied > r.Allowed/2
+		}},
+	} {
+		var out, errOut bytes.Buffer
+		args := []string{"bench", "--json", "--mode", tc.mode, "--subjects", "4", "--callers", "2", "--duration", "200ms"}
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatalf("sluice %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+		}
+		var rep benchReport
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if !tc.ok(rep) || rep.Mode != tc.mode {
+			t.Errorf("bench --mode %s: mode %q, allowed %d, denied %d", tc.mode, rep.Mode, rep.Allowed, rep.Denied)
+		}
+		if first, _, _ := strings.Cut(errOut.String(), "\n"); !strings.Contains(first, tc.header) {
+			t.Errorf("bench --mode %s: first stderr line %q, want it to say %q", tc.mode, first, tc.header)
+		}
+	}
+	// Without flags the mode is allowed, and the header says so.
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "--duration", "100ms", "--callers", "1"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(errOut.String(), "sluice bench: mode allowed: nearly every decision is allowed") {
+		t.Errorf("bench without flags: stderr %q, want the allowed mode's header first", errOut.String())
 	}
 }
 
@@ -110,7 +159,11 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--redis-url", "redis://127.0.0.1:1/0"}, "need --store redis"},
 		{[]string{"--store", "redis", "--redis-addrs", "a:1,b:2"}, "--redis-addrs needs --redis-mode cluster"},
 		{[]string{"--url", "http://127.0.0.1:1", "--limit", "5"}, "--url uses the server's policy"},
-		{[]string{"--url", "127.0.0.1:1"}, "want http://host:port"},
+		{[]string{"--url", "127.0.0.1:1", "--policy", "demo"}, "want http://host:port"},
+		{[]string{"--url", "http://127.0.0.1:1"}, "--url needs --policy ID"},
+		{[]string{"--mode", "most"}, `--mode "most": want allowed, denied or mixed`},
+		{[]string{"--mode", "denied", "--limit", "5"}, "--mode picks the policy's numbers"},
+		{[]string{"--max-errors", "2"}, "--max-errors 2: want a share from 0 to 1"},
 		{[]string{"--policy-algorithm", "leaky"}, `unknown algorithm "leaky"`},
 		{[]string{"--limit", "0"}, "limit = 0"},
 		{[]string{"--callers", "0"}, "--callers 0"},
@@ -150,5 +203,23 @@ func TestBenchRedisCluster(t *testing.T) {
 	})
 	if err != nil {
 		t.Error(err)
+	}
+}
+
+// When stderr is not a terminal, bench writes a plain progress line every
+// second for a run under 10 s: answers, rate, p99, errors, time left.
+func TestBenchProgressLines(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "--duration", "1500ms", "--callers", "1", "--subjects", "2"}, &out, &errOut); err != nil {
+		t.Fatalf("sluice bench: %v\n%s", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("bench stderr %q: want the header and at least one progress line", errOut.String())
+	}
+	for _, want := range []string{"sluice bench: 1", "of 1.5s, ", " answers, ", "/s, p99 ", ", 0 errors, ", " left"} {
+		if !strings.Contains(lines[1], want) {
+			t.Errorf("progress line %q, want it to contain %q", lines[1], want)
+		}
 	}
 }

@@ -90,9 +90,9 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	}
 	switch {
 	case policy == "" || f.body.Subject == "":
-		return nil, &exitError{code: 2, err: &usageError{msg: "check needs --policy and --subject", usage: usage}}
+		return nil, &exitError{code: 2, err: &usageError{msg: "check needs --policy and --subject", usage: "Usage: " + checkSynopsis + "\n"}}
 	case f.release != "" && f.renew != "":
-		return nil, &exitError{code: 2, err: &usageError{msg: "check: set --release or --renew, not both", usage: usage}}
+		return nil, &exitError{code: 2, err: &usageError{msg: "check: set --release or --renew, not both", usage: "Usage: " + checkSynopsis + "\n"}}
 	}
 	if ids := strings.Split(policy, ","); len(ids) > 1 {
 		f.body.Policies = ids

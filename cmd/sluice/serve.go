@@ -37,7 +37,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, &usageError{msg: fmt.Sprintf("--log-level %q: must be debug, info, warn or error", level), usage: usage}
+		return nil, &usageError{msg: fmt.Sprintf("--log-level %q: must be debug, info, warn or error", level), usage: "Usage: " + serveSynopsis + "\n"}
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
@@ -46,5 +46,5 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, &usageError{msg: fmt.Sprintf("--log-format %q: must be text or json", format), usage: usage}
+	return nil, &usageError{msg: fmt.Sprintf("--log-format %q: must be text or json", format), usage: "Usage: " + serveSynopsis + "\n"}
 }

@@ -19,7 +19,7 @@ func (a *app) validate(args []string) error {
 		return err
 	}
 	if path == "" {
-		return &usageError{msg: "validate needs --config FILE", usage: usage}
+		return &usageError{msg: "validate needs --config FILE", usage: "Usage: " + validateSynopsis + "\n"}
 	}
 	// Everything serve would refuse: the config's rules, what it needs
 	// from the environment, and the Envoy rules files it names.

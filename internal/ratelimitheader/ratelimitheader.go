@@ -9,13 +9,21 @@
 //	RateLimit-Policy: "demo";q=3;w=10
 //	RateLimit: "demo";r=2;t=10
 //
-// q is the quota (the policy's Limit) and w the window in whole seconds;
-// r is what remains now and t the seconds until the quota is whole again,
+// q is the quota and w the seconds it spans (for most algorithms the
+// policy's Limit and Window; see below); r is what remains now and t the seconds until the quota is whole again,
 // rounded up. The draft makes w optional and allows only Integers there,
 // so w is left out when the window is not a whole number of seconds:
 // rounding 1 per 1.5ms up to "1 per 1s" would advertise a quota far
-// below the real one. For token_bucket and gcra, q and w state the refill
-// rate (Limit per Window) while r counts against the burst.
+// below the real one.
+//
+// q is the same number as Status.Limit and the check API's JSON "limit"
+// for every algorithm: the most r can be. For fixed_window, sliding_log
+// and sliding_window that is the policy's Limit, per Window. For
+// token_bucket and gcra it is the bucket, Burst, and w the time an empty
+// bucket takes to fill again (Burst × Window / Limit), so that q per w is
+// still the refill rate: gcra 10 per 1s with burst 5 is q=5 (w, 0.5s, is
+// left out: not whole seconds); with burst 20 it is q=20;w=2. A
+// concurrency policy is q=Limit leases with no w.
 package ratelimitheader
 
 import (
@@ -28,12 +36,22 @@ import (
 // AppendPolicyItem appends p's RateLimit-Policy list member to b, e.g.
 // "demo";q=3;w=10. Join several with ", ".
 func AppendPolicyItem(b []byte, p sluice.Policy) []byte {
+	p = p.WithDefaults()
 	b = appendSFString(b, p.ID)
+	q, w := p.Limit, p.Window
+	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
+		// Burst × Window in µs stays below 2^53 (Policy.Validate), so the
+		// product fits; w is whole seconds only when it divides exactly.
+		q, w = p.Burst, 0
+		if fill := p.Window.Microseconds() * p.Burst; p.Limit > 0 && fill%(p.Limit*1e6) == 0 {
+			w = time.Duration(fill/(p.Limit*1e6)) * time.Second
+		}
+	}
 	b = append(b, ";q="...)
-	b = appendSFInteger(b, p.Limit)
-	if p.Window > 0 && p.Window%time.Second == 0 {
+	b = appendSFInteger(b, q)
+	if w > 0 && w%time.Second == 0 {
 		b = append(b, ";w="...)
-		b = appendSFInteger(b, int64(p.Window/time.Second))
+		b = appendSFInteger(b, int64(w/time.Second))
 	}
 	return b
 }

@@ -22,6 +22,18 @@ type ConfigStatus struct {
 	Files []string `json:"files"`
 	// LastReload is the last reload attempt; nil when there was none.
 	LastReload *ReloadStatus `json:"last_reload,omitempty"`
+	// Listen says where each service of the config listens, defaults
+	// included.
+	Listen []Listener `json:"listen"`
+}
+
+// Listener is where one service listens, as the config says.
+type Listener struct {
+	Service string `json:"service"` // "check_api" (with /metrics and /ui), "proxy" or "envoy"
+	Addr    string `json:"addr"`    // host:port as configured, e.g. "127.0.0.1:8080"
+	// Source is the config field that set Addr, e.g. "server.listen", or
+	// "default" when the file leaves it out (no server: section).
+	Source string `json:"source"`
 }
 
 // ReloadStatus is one reload attempt.

@@ -163,6 +163,19 @@ type reloader struct {
 
 	cur  atomic.Pointer[generation]
 	last atomic.Pointer[ReloadStatus]
+	// lastFailure identifies the last failed reload logged (failureKey);
+	// "" after a success. Only the goroutine that reloads touches it.
+	lastFailure string
+}
+
+// failureKey identifies a failed reload by its reason and what the
+// config's files held.
+func (r *reloader) failureKey(err error) string {
+	fp := ""
+	if r.path != "" {
+		fp = newWatchSet(r.path, r.cur.Load().loaded.cfg).fingerprint()
+	}
+	return fp + "\x00" + err.Error()
 }
 
 // build makes a generation of l.
@@ -172,9 +185,22 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	lim, err := sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{})
-	if err != nil {
-		return nil, err
+	var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
+	if l.envoy != nil {
+		if ps := l.envoy.Policies(); len(ps) > 0 {
+			if elim, err = sluice.New(r.store, ps, sluice.Options{}); err != nil {
+				return nil, fmt.Errorf("envoy rules: %w", err)
+			}
+		}
+	}
+	// A config with only an envoy section has no policies of its own: the
+	// check API, metrics and dashboard then answer for the rules files'
+	// policies (none when no rule needs the store).
+	lim := elim
+	if len(cfg.Policies) > 0 {
+		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{}); err != nil {
+			return nil, err
+		}
 	}
 	tokens, err := checkAPITokens(cfg, r.getenv, r.log)
 	if err != nil {
@@ -190,13 +216,6 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		}
 	}
 	if l.envoy != nil {
-		var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
-		if ps := l.envoy.Policies(); len(ps) > 0 {
-			if elim, err = sluice.New(r.store, ps, sluice.Options{}); err != nil {
-				g.close()
-				return nil, fmt.Errorf("envoy rules: %w", err)
-			}
-		}
 		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud}
 	}
 	return g, nil
@@ -205,7 +224,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 // status answers GET /v1/config.
 func (r *reloader) status() ConfigStatus {
 	g := r.cur.Load()
-	s := ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: r.last.Load()}
+	s := ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: r.last.Load(), Listen: listeners(g.loaded.cfg)}
 	if s.Files == nil {
 		s.Files = []string{}
 	}
@@ -243,9 +262,18 @@ func (r *reloader) reload(trigger string, force bool) {
 	if err != nil {
 		r.reloadM.reloads.WithLabelValues("failure").Inc()
 		r.last.Store(&ReloadStatus{Result: "failure", Trigger: trigger, At: at, Error: err.Error()})
+		// One line per distinct failure: the same reason for the same
+		// files (a second SIGHUP before the fix) is not news.
+		seen := r.failureKey(err)
+		if seen == r.lastFailure {
+			r.log.Debug("config reload failed again, for the same reason", "trigger", trigger, "generation", old.n)
+			return
+		}
+		r.lastFailure = seen
 		r.log.Error("config reload failed: still serving the previous config", "trigger", trigger, "generation", old.n, "reason", err)
 		return
 	}
+	r.lastFailure = ""
 	r.cur.Store(g)
 	r.metrics.SetPolicies(policyIDs(l.cfg))
 	old.retire()
@@ -258,6 +286,25 @@ func (r *reloader) reload(trigger string, force bool) {
 		attrs = append(attrs, "envoy_domains", len(l.envoy.Domains()), "envoy_rules", len(l.envoy.Rules()))
 	}
 	r.log.Info("config reloaded", attrs...)
+}
+
+// listeners says where each service of cfg listens and which field, or
+// default, said so.
+func listeners(cfg *config.Config) []Listener {
+	source := func(field string) string {
+		if cfg.Line(field) == 0 {
+			return "default"
+		}
+		return field
+	}
+	ls := []Listener{{Service: "check_api", Addr: cfg.Server.Listen, Source: source("server.listen")}}
+	if cfg.Proxy != nil {
+		ls = append(ls, Listener{Service: "proxy", Addr: cfg.Proxy.Listen, Source: source("proxy.listen")})
+	}
+	if cfg.Envoy != nil {
+		ls = append(ls, Listener{Service: "envoy", Addr: cfg.Envoy.Listen, Source: "envoy.listen"})
+	}
+	return ls
 }
 
 func policyIDs(cfg *config.Config) []string {

@@ -246,7 +246,21 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 	if rn.opts.ConfigPath != "" {
 		source = rn.opts.ConfigPath
 	}
-	rn.log.Info("listening", "addr", scheme+rn.lns[0].Addr().String(), "config", source, "store", cfg.Store.Type, "policies", strings.Join(policyIDs(cfg), ","))
+	// The last line names every service's address, and says when the
+	// check API's is the default (no server: section, or no listen).
+	listen := "server.listen"
+	if cfg.Line("server.listen") == 0 {
+		listen = "default " + config.DefaultListen
+	}
+	attrs := []any{"addr", scheme + rn.lns[0].Addr().String(), "addr_from", listen}
+	if cfg.Proxy != nil {
+		attrs = append(attrs, "proxy_addr", "http://"+rn.lns[1].Addr().String())
+	}
+	if cfg.Envoy != nil {
+		attrs = append(attrs, "envoy_addr", rn.lns[len(rn.lns)-1].Addr().String())
+	}
+	attrs = append(attrs, "config", source, "store", cfg.Store.Type, "policies", strings.Join(policyIDs(cfg), ","))
+	rn.log.Info("listening", attrs...)
 }
 
 // shutdown stops the servers, waiting up to shutdownTimeout for requests

@@ -303,9 +303,21 @@ func TestReloadOnSIGHUP(t *testing.T) {
 // start, and a descriptor's limit override still counts.
 func TestServeEnvoyRulesWithoutLimits(t *testing.T) {
 	dir := t.TempDir()
-	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(""), "rules/shop.yaml": "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unlimited: true }\n"})
+	// Only an envoy section, whose one rule needs no store: the check API
+	// has no policies to answer for.
+	cfg := "server: { listen: \"127.0.0.1:0\" }\nenvoy:\n  listen: \"127.0.0.1:0\"\n  configs: [\"rules/*.yaml\"]\n"
+	writeTree(t, dir, map[string]string{"sluice.yaml": cfg, "rules/shop.yaml": "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unlimited: true }\n"})
 	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
 	c := envoyClient(t, s)
+	resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"user","subject":"carol"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "no policies") {
+		t.Fatalf("check API with no policies = %d %s; want 404 saying there are no policies", resp.StatusCode, body)
+	}
 	if code, _, rem := remaining(t, c, "carol"); code != "OK" || rem != 1<<32-1 {
 		t.Fatalf("unlimited user = %s, %d remaining; want OK, 4294967295", code, rem)
 	}

@@ -142,11 +142,11 @@ type Server struct {
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
-// with pseud and logging requests to log.
+// with pseud and logging requests to log. A nil lim is a configuration with
+// no policies of its own (Envoy rules only, none of them needing the
+// store): every check then names an unknown policy.
 func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, opts Options) (*Server, error) {
 	switch {
-	case lim == nil:
-		return nil, errors.New("server: New: limiter is nil")
 	case pseud == nil:
 		return nil, errors.New("server: New: pseudonymizer is nil")
 	case log == nil:
@@ -186,8 +186,8 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	if s.clock == nil {
 		s.clock = clock.System{}
 	}
-	for _, id := range lim.Policies() {
-		p, _ := lim.Policy(id)
+	for _, id := range s.policies() {
+		p, _ := s.policy(id)
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc("POST "+checkapi.CheckPath, s.check)
@@ -354,7 +354,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
-	o := s.lim.Check(ctx, req)
+	o := s.ask(ctx, req)
 	cancel()
 	if s.metrics != nil && (req.Op == sluice.Spend || req.Op == sluice.Acquire) {
 		s.metrics.countDecision(req.Policy, req.Policies, o)
@@ -375,7 +375,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 // check of one acquires a lease.
 func (s *Server) namesConcurrency(req *sluice.Request) bool {
 	for _, id := range append([]string{req.Policy}, req.Policies...) {
-		if p, _ := s.lim.Policy(id); p.Algorithm == sluice.Concurrency {
+		if p, _ := s.policy(id); p.Algorithm == sluice.Concurrency {
 			return true
 		}
 	}
@@ -403,7 +403,7 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	// may name every policy of the check that acquired it.
 	var ids []string
 	for _, id := range append([]string{req.Policy}, req.Policies...) {
-		if p, known := s.lim.Policy(id); id != "" && (!known || p.Algorithm == sluice.Concurrency) {
+		if p, known := s.policy(id); id != "" && (!known || p.Algorithm == sluice.Concurrency) {
 			ids = append(ids, id) // an unknown one is the Limiter's 404
 		}
 	}
@@ -420,7 +420,7 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	req.Policy, req.Policies, req.Previous = "", ids, nil
 	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
 	defer cancel()
-	o := s.lim.Check(ctx, req)
+	o := s.ask(ctx, req)
 	if len(in.Policies) == 0 {
 		o.Statuses = nil // one policy: its status is the top level, as for a check
 	}
@@ -542,4 +542,32 @@ func reason(o *sluice.Outcome) string {
 		return ""
 	}
 	return o.Err.Error()
+}
+
+// errNoPolicies is the answer of every check when the configuration has
+// no policies of its own.
+var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
+
+// ask puts req to the Limiter, when there is one, for req.
+func (s *Server) ask(ctx context.Context, req sluice.Request) sluice.Outcome {
+	if s.lim == nil {
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNoPolicies}
+	}
+	return s.lim.Check(ctx, req)
+}
+
+// policy returns the policy id, when the Limiter has it.
+func (s *Server) policy(id string) (sluice.Policy, bool) {
+	if s.lim == nil {
+		return sluice.Policy{}, false
+	}
+	return s.lim.Policy(id)
+}
+
+// policies returns the Limiter's policy ids in order, none without one.
+func (s *Server) policies() []string {
+	if s.lim == nil {
+		return nil
+	}
+	return s.lim.Policies()
 }

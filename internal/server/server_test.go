@@ -749,3 +749,46 @@ func TestDecisionTimeout(t *testing.T) {
 		t.Errorf("New with a negative DecisionTimeout: error = %v, want one naming it", err)
 	}
 }
+
+// TestLimitIsOneNumber holds the JSON's limit, RateLimit-Policy's q and
+// the most remaining ever shows to one number for every algorithm (what
+// ratelimitheader's doc states): the bucket for token_bucket and gcra,
+// the limit otherwise, with w such that q per w is the rate.
+func TestLimitIsOneNumber(t *testing.T) {
+	for _, tc := range []struct {
+		p     sluice.Policy
+		q     int64
+		w     any // nil: absent
+		first int64
+	}{
+		{sluice.Policy{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: 10 * time.Second}, 10, int64(10), 9},
+		{sluice.Policy{ID: "sl", Algorithm: sluice.SlidingLog, Limit: 10, Window: 10 * time.Second}, 10, int64(10), 9},
+		{sluice.Policy{ID: "sw", Algorithm: sluice.SlidingWindow, Limit: 10, Window: 10 * time.Second}, 10, int64(10), 9},
+		{sluice.Policy{ID: "tb", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 20}, 20, int64(2), 19},
+		{sluice.Policy{ID: "gcra", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, Burst: 5}, 5, nil, 4},
+		{sluice.Policy{ID: "gcra-hour", Algorithm: sluice.GCRA, Limit: 60, Window: time.Minute, Burst: 120}, 120, int64(120), 119},
+		{sluice.Policy{ID: "conc", Algorithm: sluice.Concurrency, Limit: 3, LeaseTTL: time.Minute}, 3, nil, 2},
+	} {
+		t.Run(tc.p.ID, func(t *testing.T) {
+			f := newFixture(t, []sluice.Policy{tc.p}, server.Options{})
+			resp, a := f.post(t, `{"policy":"`+tc.p.ID+`","subject":"alice"}`)
+			if resp.StatusCode != 200 {
+				t.Fatalf("check: status %d, answer %+v", resp.StatusCode, a)
+			}
+			var params []sfParam
+			params = append(params, sfParam{Key: "q", Value: tc.q})
+			if tc.w != nil {
+				params = append(params, sfParam{Key: "w", Value: tc.w})
+			}
+			if diff := cmp.Diff([]sfItem{{Value: tc.p.ID, Params: params}}, mustParseList(t, resp.Header, "RateLimit-Policy")); diff != "" {
+				t.Errorf("RateLimit-Policy mismatch (-want +got):\n%s", diff)
+			}
+			if a.Limit != tc.q || a.Remaining != tc.first {
+				t.Errorf("JSON limit %d, remaining %d; want limit %d (= q), remaining %d", a.Limit, a.Remaining, tc.q, tc.first)
+			}
+			if r := param(mustParseList(t, resp.Header, "RateLimit")[0], "r"); r != a.Remaining {
+				t.Errorf("RateLimit r = %v, JSON remaining %d: want the same", r, a.Remaining)
+			}
+		})
+	}
+}

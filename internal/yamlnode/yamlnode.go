@@ -22,6 +22,9 @@ type Error struct {
 	Value string // as written, e.g. `"90h"` or `0`; "" when not a scalar
 	Rule  string // what the value must be
 	Line  int    // 1-based; 0 when unknown (a value built in Go)
+	// Column is the 1-based column where a YAML syntax error was found;
+	// 0 for every other error.
+	Column int
 }
 
 func (e *Error) Error() string {
@@ -33,7 +36,10 @@ func (e *Error) Error() string {
 		}
 	}
 	b.WriteString(e.Rule)
-	if e.Line > 0 {
+	switch {
+	case e.Line > 0 && e.Column > 0:
+		fmt.Fprintf(&b, " (line %d, column %d)", e.Line, e.Column)
+	case e.Line > 0:
 		fmt.Fprintf(&b, " (line %d)", e.Line)
 	}
 	return b.String()

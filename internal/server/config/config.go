@@ -451,8 +451,10 @@ func (c *Config) Tokens(getenv func(string) string) ([]ResolvedToken, error) {
 func (c *Config) Line(path string) int { return c.pos[path].line }
 
 // Validate reports every value that breaks a rule: one *Error, or Errors
-// when there are several. Within one policy, route or key it reports the
-// first; sections and list entries are checked independently.
+// sorted by line when there are several. Sections, list entries and the
+// fields of a policy or route are checked independently; where one rule
+// depends on another (a store's mode on its addrs, a token's scopes on
+// its id) the first broken one is reported.
 func (c *Config) Validate() error {
 	var errs []*Error
 	add := func(err *Error) {
@@ -460,7 +462,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	add(c.validateServer())
+	errs = append(errs, c.validateServer()...)
 	add(c.validateStore())
 	errs = append(errs, c.validatePolicies()...)
 	errs = append(errs, c.validateSubjects()...)
@@ -499,49 +501,58 @@ func parent(path string) string {
 	return path[:i]
 }
 
-func (c *Config) validateServer() *Error {
+func (c *Config) validateServer() []*Error {
+	var errs []*Error
 	if c.Server.Listen == "" {
-		return c.errorAt("server.listen", "", "is required: host:port, such as "+DefaultListen)
-	}
-	if rule := checkHostPort(c.Server.Listen, true); rule != "" {
-		return c.errorAt("server.listen", strconv.Quote(c.Server.Listen), rule)
+		errs = append(errs, c.errorAt("server.listen", "", "is required: host:port, such as "+DefaultListen))
+	} else if rule := checkHostPort(c.Server.Listen, true); rule != "" {
+		errs = append(errs, c.errorAt("server.listen", strconv.Quote(c.Server.Listen), rule))
 	}
 	if t := c.Server.DecisionTimeout; t < time.Millisecond || t > 10*time.Second {
-		return c.errorAt("server.decision_timeout", t.String(), "must be between 1ms and 10s")
+		errs = append(errs, c.errorAt("server.decision_timeout", t.String(), "must be between 1ms and 10s"))
 	}
 	if t := c.Server.TLS; t != nil {
 		if t.CertFile == "" {
-			return c.errorAt("server.tls.cert_file", "", "is required with server.tls: the PEM certificate file")
+			errs = append(errs, c.errorAt("server.tls.cert_file", "", "is required with server.tls: the PEM certificate file"))
 		}
 		if t.KeyFile == "" {
-			return c.errorAt("server.tls.key_file", "", "is required with server.tls: the PEM private key file")
+			errs = append(errs, c.errorAt("server.tls.key_file", "", "is required with server.tls: the PEM private key file"))
 		}
 	}
 	if a := c.Server.Auth; a != nil {
 		if len(a.Tokens) == 0 {
-			return c.errorAt("server.auth.tokens", "", "at least one token is required; leave out server.auth for an open check API")
+			return append(errs, c.errorAt("server.auth.tokens", "", "at least one token is required; leave out server.auth for an open check API"))
 		}
 		seen := map[string]int{}
 		for i, t := range a.Tokens {
-			path := fmt.Sprintf("server.auth.tokens[%d]", i)
-			if !validTokenID(t.ID) {
-				return c.errorAt(path+".id", strconv.Quote(t.ID), "must be 1 to 32 of a-z 0-9 _ -")
+			if err := c.validateToken(i, t, seen); err != nil {
+				errs = append(errs, err)
 			}
-			if j, dup := seen[t.ID]; dup {
-				return c.errorAt(path+".id", strconv.Quote(t.ID), fmt.Sprintf("is already the id of server.auth.tokens[%d]", j))
-			}
-			seen[t.ID] = i
-			if !validEnvName(t.SecretEnv) {
-				return c.errorAt(path+".secret_env", strconv.Quote(t.SecretEnv), envNameRule)
-			}
-			if len(t.Scopes) == 0 {
-				return c.errorAt(path+".scopes", "", "at least one scope is required: "+Scopes)
-			}
-			for j, sc := range t.Scopes {
-				if !ValidScope(sc) {
-					return c.errorAt(fmt.Sprintf("%s.scopes[%d]", path, j), strconv.Quote(sc), "must be one of "+Scopes)
-				}
-			}
+		}
+	}
+	return errs
+}
+
+// validateToken reports the first rule server.auth.tokens[i] breaks;
+// seen maps the ids before it to their index.
+func (c *Config) validateToken(i int, t Token, seen map[string]int) *Error {
+	path := fmt.Sprintf("server.auth.tokens[%d]", i)
+	if !validTokenID(t.ID) {
+		return c.errorAt(path+".id", strconv.Quote(t.ID), "must be 1 to 32 of a-z 0-9 _ -")
+	}
+	if j, dup := seen[t.ID]; dup {
+		return c.errorAt(path+".id", strconv.Quote(t.ID), fmt.Sprintf("is already the id of server.auth.tokens[%d]", j))
+	}
+	seen[t.ID] = i
+	if !validEnvName(t.SecretEnv) {
+		return c.errorAt(path+".secret_env", strconv.Quote(t.SecretEnv), envNameRule)
+	}
+	if len(t.Scopes) == 0 {
+		return c.errorAt(path+".scopes", "", "at least one scope is required: "+Scopes)
+	}
+	for j, sc := range t.Scopes {
+		if !ValidScope(sc) {
+			return c.errorAt(fmt.Sprintf("%s.scopes[%d]", path, j), strconv.Quote(sc), "must be one of "+Scopes)
 		}
 	}
 	return nil
@@ -660,18 +671,16 @@ func (c *Config) validateStore() *Error {
 }
 
 func (c *Config) validatePolicies() []*Error {
-	if len(c.Policies) == 0 {
-		return []*Error{c.errorAt("policies", "", "at least one policy is required")}
+	if len(c.Policies) == 0 && c.Proxy == nil && c.Envoy == nil {
+		if _, written := c.pos["policies"]; written {
+			return []*Error{c.errorAt("policies", "", "is empty, and the config "+needsSomething)}
+		}
+		return []*Error{{Rule: "the config " + needsSomething, Line: c.pos[""].line}}
 	}
 	var errs []*Error
 	seen := make(map[string]int, len(c.Policies))
 	for i, p := range c.Policies {
-		if err := p.Validate(); err != nil {
-			var pe *sluice.PolicyError
-			if !errors.As(err, &pe) {
-				errs = append(errs, c.errorAt(fmt.Sprintf("policies[%d]", i), "", err.Error()))
-				continue
-			}
+		for _, pe := range policyErrors(p.Policy) {
 			path := fmt.Sprintf("policies[%d].%s", i, pe.Field)
 			e := c.errorAt(path, pe.Value, pe.Rule)
 			if _, written := c.pos[path]; c.pos != nil && !written {
@@ -679,13 +688,78 @@ func (c *Config) validatePolicies() []*Error {
 				e.Value = pe.Value + " (the default)"
 			}
 			errs = append(errs, e)
-			continue
 		}
 		if j, dup := seen[p.ID]; dup {
 			errs = append(errs, c.errorAt(fmt.Sprintf("policies[%d].id", i), strconv.Quote(p.ID), fmt.Sprintf("is already the id of policies[%d]", j)))
 			continue
 		}
 		seen[p.ID] = i
+	}
+	return errs
+}
+
+// policyErrors returns every rule p breaks, as far as they stand on their
+// own. sluice.Policy.Validate names the first; each field it names is
+// then set aside (an optional field back to its default, an invalid id
+// to a valid one, an unknown algorithm to fixed_window without the
+// fields that depend on the algorithm) and p judged again. It stops at a
+// limit or window, on which the other rules depend, and at a field named
+// twice.
+func policyErrors(p sluice.Policy) []*sluice.PolicyError {
+	var errs []*sluice.PolicyError
+	named := map[string]bool{}
+	for range 16 {
+		err := p.Validate()
+		if err == nil {
+			return errs
+		}
+		var pe *sluice.PolicyError
+		if !errors.As(err, &pe) {
+			return append(errs, &sluice.PolicyError{Rule: err.Error()})
+		}
+		if named[pe.Field] {
+			return errs
+		}
+		named[pe.Field] = true
+		errs = append(errs, pe)
+		switch pe.Field {
+		case "id":
+			p.ID = "x"
+		case "revision":
+			p.Revision = 0
+		case "algorithm":
+			if p.Window == 0 {
+				return errs
+			}
+			p.Algorithm, p.Burst, p.MaxCost, p.LeaseTTL, p.NearCache = sluice.FixedWindow, 0, 0, 0, false
+			named["burst"], named["max_cost"], named["lease_ttl"], named["near_cache"] = true, true, true, true
+		case "lease_ttl":
+			if p.Algorithm == sluice.Concurrency {
+				return errs
+			}
+			p.LeaseTTL = 0
+		case "window":
+			if p.Algorithm != sluice.Concurrency || p.LeaseTTL == 0 {
+				return errs
+			}
+			p.Window = 0
+		case "burst":
+			p.Burst = 0
+		case "max_cost":
+			p.MaxCost = 0
+		case "near_cache":
+			p.NearCache = false
+		case "failure_mode":
+			p.FailureMode = sluice.FailClosed
+		case "cleanup_grace":
+			p.CleanupGrace = 0
+		case "dedupe_ttl":
+			p.DedupeTTL = 0
+		case "dedupe_max":
+			p.DedupeMax = 0
+		default:
+			return errs
+		}
 	}
 	return errs
 }
@@ -761,23 +835,22 @@ func (c *Config) validateProxy() []*Error {
 	}
 	matches := make(map[string]int, len(p.Routes))
 	for i, r := range p.Routes {
-		if err := c.validateRoute(i, r, ids, matches); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, c.validateRoute(i, r, ids, matches)...)
 	}
 	return errs
 }
 
-// validateRoute reports the first rule proxy.routes[i] breaks. ids are
-// the policy IDs; matches records each route's match.
-func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[string]int) *Error {
+// validateRoute reports every rule proxy.routes[i] breaks. ids are the
+// policy IDs; matches records each route's match.
+func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[string]int) []*Error {
 	path := fmt.Sprintf("proxy.routes[%d]", i)
+	var errs []*Error
 	if !strings.HasPrefix(r.Match.PathPrefix, "/") {
-		return c.errorAt(path+".match.path_prefix", strconv.Quote(r.Match.PathPrefix), `must start with "/"`)
+		errs = append(errs, c.errorAt(path+".match.path_prefix", strconv.Quote(r.Match.PathPrefix), `must start with "/"`))
 	}
 	for j, m := range r.Match.Methods {
 		if !validMethod(m) {
-			return c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST")
+			errs = append(errs, c.errorAt(fmt.Sprintf("%s.match.methods[%d]", path, j), strconv.Quote(m), "must be an upper-case HTTP method such as GET or POST"))
 		}
 	}
 	// The first matching route wins, so a second route with the same
@@ -785,21 +858,22 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 	// which are keyed by the match.
 	key := r.Match.Operation()
 	if j, dup := matches[key]; dup {
-		return c.errorAt(path+".match", "", fmt.Sprintf("matches what proxy.routes[%d] matches (%s): the first matching route wins, so this one would never apply", j, key))
+		errs = append(errs, c.errorAt(path+".match", "", fmt.Sprintf("matches what proxy.routes[%d] matches (%s): the first matching route wins, so this one would never apply", j, key)))
+	} else {
+		matches[key] = i
 	}
-	matches[key] = i
 	if len(r.Policies) == 0 {
-		return c.errorAt(path+".policies", "", "at least one policy id is required")
+		errs = append(errs, c.errorAt(path+".policies", "", "at least one policy id is required"))
 	}
 	for j, id := range r.Policies {
 		if !ids[id] {
-			return c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy")
+			errs = append(errs, c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), "is not the id of any policy"))
 		}
 	}
 	if kind, _ := r.SubjectKind(); kind == "" {
-		return c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>")
+		errs = append(errs, c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>"))
 	}
-	return nil
+	return errs
 }
 
 func (c *Config) validateEnvoy() *Error {

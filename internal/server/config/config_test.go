@@ -45,8 +45,8 @@ var invalid = []struct {
 	{"document_is_list.yaml", "the config must be a mapping, not a list (line 1)"},
 	{"duplicate_key.yaml", "policies[0].limit: is set twice (first at line 4) (line 6)"},
 	{"duplicate_policy_id.yaml", "policies[1].id: \"demo\": is already the id of policies[0] (line 6)"},
-	{"empty.yaml", "the config is empty: at least one policy is required"},
-	{"empty_policies.yaml", "policies: at least one policy is required (line 1)"},
+	{"empty.yaml", "the config is empty: it needs at least one thing to serve: policies, a proxy: section or an envoy: section (line 1)"},
+	{"empty_policies.yaml", "policies: is empty, and the config needs at least one thing to serve: policies, a proxy: section or an envoy: section (line 1)"},
 	{"envoy_bad_listen.yaml", "envoy.listen: \"8081\": must be host:port, such as 127.0.0.1:8080 (line 7)"},
 	{"envoy_bad_pattern.yaml", "envoy.configs[0]: \"ratelimit/[.yaml\": must be a file path or glob pattern such as ratelimit/*.yaml (line 8)"},
 	{"envoy_listen_same_as_proxy.yaml", "envoy.listen: \"127.0.0.1:8090\": must differ from server.listen and proxy.listen (line 12)"},
@@ -55,8 +55,8 @@ var invalid = []struct {
 	{"align_unknown.yaml", "policies[0].align: \"midnight\": must be one of clock (windows start on the UTC boundaries of the window's length), first_request (the default: a window opens at its first admitted request) (line 6)"},
 	{"align_token_bucket.yaml", "policies[0].align: \"clock\": applies only to fixed_window, the one algorithm with windows to align; leave it unset for token_bucket (line 6)"},
 	{"hmac_missing_secret_env.yaml", "subjects.hmac_keys[0].secret_env: is required (line 8)"},
-	{"hmac_secret_in_file.yaml", "subjects.hmac_keys[0].secret: unknown key: must be one of id, secret_env (line 9)"},
-	{"invalid_yaml.yaml", "invalid YAML: did not find expected '-' indicator (line 1)"},
+	{"hmac_secret_in_file.yaml", "subjects.hmac_keys[0].secret_env: is required (line 8)\nsubjects.hmac_keys[0].secret: unknown key: must be one of id, secret_env (line 9)"},
+	{"invalid_yaml.yaml", "invalid YAML: did not find expected '-' indicator (line 4, column 4)"},
 	{"limit_fraction.yaml", "policies[0].limit: 2.5: must be an integer, not a float (line 4)"},
 	{"limit_not_integer.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)"},
 	{"limit_zero.yaml", "policies[0].limit: 0: must be between 1 and 1000000000 (line 4)"},
@@ -65,7 +65,7 @@ var invalid = []struct {
 	{"missing_id.yaml", "policies[0].id: is required (line 2)"},
 	{"missing_window.yaml", "policies[0].window: is required (line 2)"},
 	{"near_cache_not_bool.yaml", "policies[0].near_cache: \"yes\": must be true or false, not a string (line 6)"},
-	{"no_policies.yaml", "policies: at least one policy is required"},
+	{"no_policies.yaml", "the config needs at least one thing to serve: policies, a proxy: section or an envoy: section (line 1)"},
 	{"policies_not_list.yaml", "policies: must be a list, not a mapping (line 2)"},
 	{"policy_id_not_string.yaml", "policies[0].id: 42: must be a string, not an integer; quote it (line 2)"},
 	{"policy_not_mapping.yaml", "policies[0]: \"demo\": must be a mapping, not a scalar (line 2)"},
@@ -101,7 +101,7 @@ var invalid = []struct {
 	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
 	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)"},
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
-	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (line 9)"},
+	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean window?) (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
@@ -112,15 +112,48 @@ var invalid = []struct {
 	{"revision_zero.yaml", "policies[0].revision: 0: must not be zero; leave it out for the default (line 6)"},
 	{"server_empty.yaml", "server: must be a mapping, not empty (line 1)"},
 	{"sliding_log_too_long.yaml", "policies[0].limit: 200000: sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits (line 4)"},
-	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2)"},
+	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2, column 1)"},
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
-	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (line 5)"},
+	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean window?) (line 5)"},
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
 	{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (line 14)"},
 	{"window_without_unit.yaml", "policies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
+	{"issue_mixed.yaml", "policies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)\npolicies[2].limit: -100: must be between 1 and 1000000000 (line 14)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean burst?) (line 16)"},
+	{"duplicate_id_and_type_errors.yaml", "policies[1].id: \"demo\": is already the id of policies[0] (line 6)\npolicies[2].limit: \"lots\": must be an integer, not a string (line 12)"},
+	{"route_unknown_policies.yaml", "policies[0].near_cache: \"yes\": must be true or false, not a string (line 6)\nproxy.routes[0].policies[0]: \"login\": is not the id of any policy (line 11)\nproxy.routes[0].policies[2]: \"signup\": is not the id of any policy (line 11)"},
+	{"several_rules_one_policy.yaml", "policies[0].revision: -1: must be between 1 and 2147483648 (line 3)\npolicies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 7)\npolicies[0].dedupe_max: 20000: must be between 1 and 10000 (line 8)"},
+	{"misindented.yaml", "invalid YAML: did not find expected '-' indicator (line 5, column 4)"},
+	{"ten_mistakes.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\nserver.decision_timeout: \"30s\": must be between 1ms and 10s (line 3)\nstore.type: \"memcached\": must be one of memory, redis (line 5)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 9)\npolicies[1].id: \"demo\": is already the id of policies[0] (line 11)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 12)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean burst?) (line 19)\npolicies[2].near_cache: \"maybe\": must be true or false, not a string (line 20)\nproxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 22)\nproxy.routes[0].policies[0]: \"login\": is not the id of any policy (line 25)"},
+}
+
+// TestTenMistakes checks that ten independent mistakes of every kind
+// (syntax aside: wrong types, unknown keys, broken ranges, duplicate ids,
+// a route naming an unknown policy) come out as ten errors in one pass,
+// sorted by line, each naming its line.
+func TestTenMistakes(t *testing.T) {
+	_, err := config.Load(filepath.Join("testdata", "invalid", "ten_mistakes.yaml"))
+	var errs config.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Load(ten_mistakes.yaml) = %v, want config.Errors", err)
+	}
+	if len(errs) != 10 {
+		t.Fatalf("Load(ten_mistakes.yaml) reported %d errors, want 10:\n%v", len(errs), err)
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != 10 {
+		t.Errorf("the error has %d lines, want 10:\n%v", len(lines), err)
+	}
+	for i, e := range errs {
+		if e.Line == 0 || e.Path == "" || e.Rule == "" {
+			t.Errorf("error %d = %+v, want a path, a rule and a line", i, e)
+		}
+		if i > 0 && e.Line < errs[i-1].Line {
+			t.Errorf("error %d at line %d after one at line %d: not sorted by line", i, e.Line, errs[i-1].Line)
+		}
+	}
 }
 
 func TestParseInvalid(t *testing.T) {
@@ -440,6 +473,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if err := c.Validate(); err != nil {
 			t.Fatalf("Parse accepted a config that Validate rejects: %v", err)
+		}
+		if len(c.Policies) == 0 {
+			return // an envoy-only config: the rules files hold the policies
 		}
 		if _, err := sluice.New(nopStore{}, c.SluicePolicies(), sluice.Options{}); err != nil {
 			t.Fatalf("Parse accepted policies sluice.New rejects: %v", err)

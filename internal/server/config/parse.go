@@ -22,11 +22,15 @@ const MaxSize = 1 << 20
 
 // Parse reads one YAML document from r, decodes it strictly, fills in the
 // defaults of absent keys and validates it. Every error is an *Error with
-// the line it was found on, or Errors when there are several. When the
-// document decodes but breaks rules, Parse returns the decoded Config
-// with the error, so that a tool can report more (sluice validate checks
-// the environment too); such a Config must not be served.
-func Parse(r io.Reader) (c *Config, err error) {
+// the line it was found on, or Errors (sorted by line) when there are
+// several: Parse reports every problem it finds in one pass, unknown keys
+// and wrong types beside the rules the values that did decode break
+// (cross-field rules included, such as duplicate ids). When the document
+// decodes but breaks rules, Parse returns the decoded Config with the
+// error, so that a tool can report more (sluice validate checks the
+// environment too); such a Config must not be served. When a value did
+// not decode, the Config is nil.
+func Parse(r io.Reader) (*Config, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("config: read: %w", err)
@@ -38,16 +42,62 @@ func Parse(r io.Reader) (c *Config, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &decoder{pos: map[string]position{}}
-	c, err = d.config(root)
-	if err != nil {
-		return nil, err
+	d := &decoder{pos: map[string]position{}, bad: map[string]bool{}, misspelt: map[string]bool{}}
+	c := d.config(root)
+	if c == nil {
+		return nil, joinErrors(d.errs)
 	}
 	c.pos = d.pos
-	if err := c.Validate(); err != nil {
-		return c, err
+	verr := c.Validate()
+	if len(d.errs) == 0 {
+		if verr != nil {
+			return c, verr
+		}
+		return c, nil
 	}
-	return c, nil
+	return nil, joinErrors(append(d.errs, d.judged(verr)...))
+}
+
+// judged returns the errors of Validate that are about values that
+// decoded: a value that did not decode was left at its zero value, and
+// what the rules say of that zero would only repeat the decoding error.
+func (d *decoder) judged(verr error) []*Error {
+	var es Errors
+	var e *Error
+	switch {
+	case errors.As(verr, &es):
+	case errors.As(verr, &e):
+		es = Errors{e}
+	}
+	idBad := false // a policy whose id may be missing from the ids Validate knows
+	for p := range d.bad {
+		if p == "policies" || strings.HasPrefix(p, "policies[") && (!strings.Contains(p, ".") || strings.HasSuffix(p, "].id")) {
+			idBad = true
+		}
+	}
+	var out []*Error
+	for _, e := range es {
+		if d.covered(e.Path) {
+			continue
+		}
+		// A route naming a policy whose entry did not decode may name it
+		// rightly.
+		if idBad && strings.HasPrefix(e.Path, "proxy.routes[") && strings.HasSuffix(e.Rule, "is not the id of any policy") {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// covered reports whether path, or a value enclosing it, did not decode.
+func (d *decoder) covered(path string) bool {
+	for q := path; q != ""; q = parent(q) {
+		if d.bad[q] {
+			return true
+		}
+	}
+	return false
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
@@ -64,260 +114,283 @@ func parseYAML(data []byte) (root *yaml.Node, err error) {
 	var doc yaml.Node
 	switch err := dec.Decode(&doc); {
 	case errors.Is(err, io.EOF):
-		return nil, &Error{Rule: "the config is empty: at least one policy is required"}
+		return nil, &Error{Rule: "the config is empty: it " + needsSomething, Line: 1}
 	case err != nil:
-		e := &Error{Rule: "invalid YAML: " + err.Error()}
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			e.Rule = "invalid YAML: " + m[2]
-			e.Line, _ = strconv.Atoi(m[1])
-		}
-		return nil, e
+		return nil, syntaxError(data, err)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
 		return nil, &Error{Rule: "only one YAML document is allowed", Line: next.Line}
 	}
 	if len(doc.Content) == 0 {
-		return nil, &Error{Rule: "the config is empty: at least one policy is required"}
+		return nil, &Error{Rule: "the config is empty: it " + needsSomething, Line: 1}
 	}
 	return doc.Content[0], nil
 }
 
-// decoder walks the node tree, recording where each value was written.
-type decoder struct {
-	pos map[string]position
+// syntaxError turns the parser's err about data into an *Error at the
+// line and column where the parser stopped. The parser names the line
+// where the enclosing block began (line 1 for a mis-indented key deep in
+// a list), so the line is found again here: the first line whose
+// addition makes the document fail with the same problem, by bisection
+// over the document's prefixes (a few dozen parses for the largest
+// config); the column is where that line's text starts after its
+// indentation.
+func syntaxError(data []byte, err error) *Error {
+	e := &Error{Rule: "invalid YAML: " + err.Error()}
+	m := yamlLine.FindStringSubmatch(err.Error())
+	if m == nil {
+		return e
+	}
+	e.Rule = "invalid YAML: " + m[2]
+	e.Line, _ = strconv.Atoi(m[1])
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	fails := func(n int) bool {
+		var doc yaml.Node
+		err := yaml.Unmarshal(bytes.Join(lines[:n], nil), &doc)
+		if err == nil {
+			return false
+		}
+		mm := yamlLine.FindStringSubmatch(err.Error())
+		return mm != nil && mm[2] == m[2]
+	}
+	// lo never fails, hi does: the answer is the smallest failing prefix.
+	lo, hi := 0, len(lines)
+	if !fails(hi) {
+		return e
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if fails(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	line := lines[hi-1]
+	e.Line, e.Column = hi, len(line)-len(bytes.TrimLeft(line, " "))+1
+	return e
 }
 
-func (d *decoder) config(n *yaml.Node) (*Config, error) {
+// needsSomething is the rule a config breaks when it has nothing to
+// serve.
+const needsSomething = "needs at least one thing to serve: policies, a proxy: section or an envoy: section"
+
+// decoder walks the node tree, recording where each value was written
+// and every value that does not decode; it goes on past each one, so
+// that one pass reports them all.
+type decoder struct {
+	pos  map[string]position
+	errs []*Error
+	bad  map[string]bool // paths whose value did not decode, or is missing
+	// misspelt holds the paths an unknown key looks like a misspelling
+	// of, e.g. "policies[0].window" for "policies[0].windw".
+	misspelt map[string]bool
+}
+
+// fail records e, and its path as one that did not decode.
+func (d *decoder) fail(e *Error) {
+	d.errs = append(d.errs, e)
+	d.bad[e.Path] = true
+}
+
+// sections are the top-level keys of a config, each with the function
+// that decodes it into c. A new section is one row here, one field of
+// Config and its rules in Validate.
+var sections = []struct {
+	key    string
+	decode func(d *decoder, c *Config, n *yaml.Node)
+}{
+	{"server", func(d *decoder, c *Config, n *yaml.Node) { d.server(&c.Server, n) }},
+	{"store", func(d *decoder, c *Config, n *yaml.Node) { d.store(&c.Store, n) }},
+	{"policies", func(d *decoder, c *Config, n *yaml.Node) { c.Policies = d.policies(n) }},
+	{"subjects", func(d *decoder, c *Config, n *yaml.Node) { d.subjects(&c.Subjects, n) }},
+	{"proxy", func(d *decoder, c *Config, n *yaml.Node) { c.Proxy = d.proxy(n) }},
+	{"envoy", func(d *decoder, c *Config, n *yaml.Node) { c.Envoy = d.envoy(n) }},
+}
+
+// config decodes the document; nil when it is not a mapping.
+func (d *decoder) config(n *yaml.Node) *Config {
 	n = yamlnode.Resolve(n)
 	if n.Tag == "!!null" {
-		return nil, &Error{Rule: "the config is empty: at least one policy is required", Line: n.Line}
+		d.fail(&Error{Rule: "the config is empty: it " + needsSomething, Line: n.Line})
+		return nil
 	}
+	keys := make([]string, len(sections))
+	for i, s := range sections {
+		keys[i] = s.key
+	}
+	m, ok := d.mapping("", n, keys...)
+	if !ok {
+		return nil
+	}
+	d.pos[""] = position{line: n.Line}
 	c := &Config{Server: Server{Listen: DefaultListen, DecisionTimeout: DefaultDecisionTimeout}, Store: Store{Type: StoreMemory}}
-	m, err := d.mapping("", n, "server", "store", "policies", "subjects", "proxy", "envoy")
-	if err != nil {
-		return nil, err
-	}
-	// Each section is decoded even when another one failed, so that one
-	// run reports every error it can find.
-	var errs []error
-	if v := m["server"]; v != nil {
-		errs = append(errs, d.server(&c.Server, v))
-	}
-	if v := m["store"]; v != nil {
-		errs = append(errs, d.store(&c.Store, v))
-	}
-	if v := m["policies"]; v != nil {
-		c.Policies, err = d.policies(v)
-		errs = append(errs, err)
-	}
-	if v := m["subjects"]; v != nil {
-		errs = append(errs, d.subjects(&c.Subjects, v))
-	}
-	if v := m["proxy"]; v != nil {
-		c.Proxy, err = d.proxy(v)
-		errs = append(errs, err)
-	}
-	if v := m["envoy"]; v != nil {
-		c.Envoy, err = d.envoy(v)
-		errs = append(errs, err)
-	}
-	if err := collect(errs); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// collect flattens decoding errors (each an *Error or Errors) into one
-// error as joinErrors does; nil when there are none.
-func collect(errs []error) error {
-	var all []*Error
-	for _, err := range errs {
-		var es Errors
-		var e *Error
-		switch {
-		case err == nil:
-		case errors.As(err, &es):
-			all = append(all, es...)
-		case errors.As(err, &e):
-			all = append(all, e)
-		default:
-			all = append(all, &Error{Rule: err.Error()})
+	for _, s := range sections {
+		if v := m[s.key]; v != nil {
+			s.decode(d, c, v)
 		}
 	}
-	return joinErrors(all)
+	return c
 }
 
-func (d *decoder) server(s *Server, n *yaml.Node) error {
-	m, err := d.mapping("server", n, "listen", "tls", "auth", "decision_timeout")
-	if err != nil {
-		return err
+func (d *decoder) server(s *Server, n *yaml.Node) {
+	m, ok := d.mapping("server", n, "listen", "tls", "auth", "decision_timeout")
+	if !ok {
+		return
 	}
-	if err := d.str("server.listen", m["listen"], &s.Listen); err != nil {
-		return err
-	}
-	if err := d.duration("server.decision_timeout", m["decision_timeout"], &s.DecisionTimeout); err != nil {
-		return err
-	}
+	d.str("server.listen", m["listen"], &s.Listen)
+	d.duration("server.decision_timeout", m["decision_timeout"], &s.DecisionTimeout)
 	if v := m["tls"]; v != nil {
-		tm, err := d.mapping("server.tls", v, "cert_file", "key_file")
-		if err != nil {
-			return err
-		}
-		s.TLS = &TLS{}
-		if err := collect([]error{
-			d.str("server.tls.cert_file", tm["cert_file"], &s.TLS.CertFile),
-			d.str("server.tls.key_file", tm["key_file"], &s.TLS.KeyFile),
-		}); err != nil {
-			return err
+		if tm, ok := d.mapping("server.tls", v, "cert_file", "key_file"); ok {
+			s.TLS = &TLS{}
+			d.str("server.tls.cert_file", tm["cert_file"], &s.TLS.CertFile)
+			d.str("server.tls.key_file", tm["key_file"], &s.TLS.KeyFile)
 		}
 	}
 	v := m["auth"]
 	if v == nil {
-		return nil
+		return
 	}
-	am, err := d.mapping("server.auth", v, "tokens")
-	if err != nil {
-		return err
+	am, ok := d.mapping("server.auth", v, "tokens")
+	if !ok {
+		return
 	}
 	s.Auth = &Auth{}
 	if am["tokens"] == nil {
-		return nil
+		return
 	}
-	items, err := d.sequence("server.auth.tokens", am["tokens"])
-	if err != nil {
-		return err
+	items, ok := d.sequence("server.auth.tokens", am["tokens"])
+	if !ok {
+		return
 	}
 	s.Auth.Tokens = make([]Token, len(items))
-	var errs []error
 	for i, item := range items {
-		errs = append(errs, d.token(fmt.Sprintf("server.auth.tokens[%d]", i), item, &s.Auth.Tokens[i]))
+		d.token(fmt.Sprintf("server.auth.tokens[%d]", i), item, &s.Auth.Tokens[i])
 	}
-	return collect(errs)
 }
 
-func (d *decoder) token(path string, n *yaml.Node, t *Token) error {
-	m, err := d.mapping(path, n, "id", "secret_env", "scopes")
-	if err != nil {
-		return err
+func (d *decoder) token(path string, n *yaml.Node, t *Token) {
+	m, ok := d.mapping(path, n, "id", "secret_env", "scopes")
+	if !ok {
+		return
 	}
-	for _, key := range [...]string{"id", "secret_env", "scopes"} {
-		if m[key] == nil {
-			return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(n).Line}
-		}
-	}
-	return collect([]error{
-		d.str(path+".id", m["id"], &t.ID),
-		d.str(path+".secret_env", m["secret_env"], &t.SecretEnv),
-		d.strs(path+".scopes", m["scopes"], &t.Scopes),
-	})
+	d.required(path, n, m, "id", "secret_env", "scopes")
+	d.str(path+".id", m["id"], &t.ID)
+	d.str(path+".secret_env", m["secret_env"], &t.SecretEnv)
+	d.strs(path+".scopes", m["scopes"], &t.Scopes)
 }
 
-func (d *decoder) store(s *Store, n *yaml.Node) error {
-	m, err := d.mapping("store", n, "type", "redis")
-	if err != nil {
-		return err
+// required records an error for each of keys that mapping m, read from
+// n at path, lacks.
+func (d *decoder) required(path string, n *yaml.Node, m map[string]*yaml.Node, keys ...string) {
+	for _, key := range keys {
+		d.require(path, n, m, key, "is required")
 	}
-	if err := d.str("store.type", m["type"], &s.Type); err != nil {
-		return err
+}
+
+// require records rule as an error when mapping m, read from n at path,
+// lacks key. A key an unknown key looks like a misspelling of is not
+// reported again (the unknown key's error names it), nor are the keys of
+// a mapping with a merge key, which may have held them.
+func (d *decoder) require(path string, n *yaml.Node, m map[string]*yaml.Node, key, rule string) {
+	switch {
+	case m[key] != nil:
+	case d.bad[path] || d.misspelt[path+"."+key]:
+		d.bad[path+"."+key] = true
+	default:
+		d.fail(&Error{Path: path + "." + key, Rule: rule, Line: yamlnode.Resolve(n).Line})
 	}
+}
+
+func (d *decoder) store(s *Store, n *yaml.Node) {
+	m, ok := d.mapping("store", n, "type", "redis")
+	if !ok {
+		return
+	}
+	d.str("store.type", m["type"], &s.Type)
 	v := m["redis"]
 	if v == nil {
-		return nil
+		return
 	}
 	const p = "store.redis"
-	rm, err := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size", "wait_replicas")
-	if err != nil {
-		return err
+	rm, ok := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size", "wait_replicas")
+	if !ok {
+		return
 	}
 	r := &Redis{}
-	if err := collect([]error{
-		d.str(p+".url", rm["url"], &r.URL),
-		d.strs(p+".addrs", rm["addrs"], &r.Addrs),
-		d.str(p+".mode", rm["mode"], &r.Mode),
-		d.str(p+".master_name", rm["master_name"], &r.MasterName),
-		d.str(p+".username", rm["username"], &r.Username),
-		d.str(p+".password_env", rm["password_env"], &r.PasswordEnv),
-		d.duration(p+".timeout", rm["timeout"], &r.Timeout),
-		d.duration(p+".dial_timeout", rm["dial_timeout"], &r.DialTimeout),
-		d.int(p+".pool_size", rm["pool_size"], &r.PoolSize),
-		d.int(p+".wait_replicas", rm["wait_replicas"], &r.WaitReplicas),
-	}); err != nil {
-		return err
-	}
+	d.str(p+".url", rm["url"], &r.URL)
+	d.strs(p+".addrs", rm["addrs"], &r.Addrs)
+	d.str(p+".mode", rm["mode"], &r.Mode)
+	d.str(p+".master_name", rm["master_name"], &r.MasterName)
+	d.str(p+".username", rm["username"], &r.Username)
+	d.str(p+".password_env", rm["password_env"], &r.PasswordEnv)
+	d.duration(p+".timeout", rm["timeout"], &r.Timeout)
+	d.duration(p+".dial_timeout", rm["dial_timeout"], &r.DialTimeout)
+	d.int(p+".pool_size", rm["pool_size"], &r.PoolSize)
+	d.int(p+".wait_replicas", rm["wait_replicas"], &r.WaitReplicas)
 	s.Redis = r
-	return nil
 }
 
-func (d *decoder) policies(n *yaml.Node) ([]Policy, error) {
-	items, err := d.sequence("policies", n)
-	if err != nil {
-		return nil, err
+func (d *decoder) policies(n *yaml.Node) []Policy {
+	items, ok := d.sequence("policies", n)
+	if !ok {
+		return nil
 	}
 	ps := make([]Policy, len(items))
-	errs := make([]error, len(items))
 	for i, item := range items {
-		errs[i] = d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i])
+		d.policy(fmt.Sprintf("policies[%d]", i), item, &ps[i])
 	}
-	if err := collect(errs); err != nil {
-		return nil, err
-	}
-	return ps, nil
+	return ps
 }
 
-func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
-	m, err := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align")
-	if err != nil {
-		return err
+func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align")
+	if !ok {
+		return
 	}
-	for _, key := range [...]string{"id", "algorithm", "limit"} {
-		if m[key] == nil {
-			return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(n).Line}
-		}
-	}
+	d.required(path, n, m, "id", "algorithm", "limit")
 	// A concurrency policy has a lease_ttl and no window; the others a
 	// window (sluice.Policy.Validate judges a window on concurrency or a
 	// lease_ttl elsewhere).
-	if a := m["algorithm"]; a.Kind == yaml.ScalarNode && a.Value == sluice.Concurrency.String() {
-		if m["lease_ttl"] == nil && m["window"] == nil {
-			return &Error{Path: path + ".lease_ttl", Rule: "is required for concurrency: how long a lease lives if never released, e.g. 30s", Line: yamlnode.Resolve(n).Line}
+	if a := m["algorithm"]; a != nil && a.Kind == yaml.ScalarNode && a.Value == sluice.Concurrency.String() {
+		if m["window"] == nil {
+			d.require(path, n, m, "lease_ttl", "is required for concurrency: how long a lease lives if never released, e.g. 30s")
 		}
-	} else if m["window"] == nil {
-		return &Error{Path: path + ".window", Rule: "is required", Line: yamlnode.Resolve(n).Line}
+	} else {
+		d.require(path, n, m, "window", "is required")
 	}
 	var algorithm, failureMode, align string
 	var dedupeMax int64
-	if err := collect([]error{
-		d.str(path+".id", m["id"], &p.ID),
-		d.int(path+".revision", m["revision"], &p.Revision),
-		d.str(path+".algorithm", m["algorithm"], &algorithm),
-		d.int(path+".limit", m["limit"], &p.Limit),
-		d.duration(path+".window", m["window"], &p.Window),
-		d.duration(path+".lease_ttl", m["lease_ttl"], &p.LeaseTTL),
-		d.int(path+".burst", m["burst"], &p.Burst),
-		d.int(path+".max_cost", m["max_cost"], &p.MaxCost),
-		d.str(path+".failure_mode", m["failure_mode"], &failureMode),
-		d.duration(path+".cleanup_grace", m["cleanup_grace"], &p.CleanupGrace),
-		d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL),
-		d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax),
-		d.bool(path+".near_cache", m["near_cache"], &p.NearCache),
-		d.str(path+".align", m["align"], &align),
-	}); err != nil {
-		return err
-	}
+	d.str(path+".id", m["id"], &p.ID)
+	d.int(path+".revision", m["revision"], &p.Revision)
+	d.str(path+".algorithm", m["algorithm"], &algorithm)
+	d.int(path+".limit", m["limit"], &p.Limit)
+	d.duration(path+".window", m["window"], &p.Window)
+	d.duration(path+".lease_ttl", m["lease_ttl"], &p.LeaseTTL)
+	d.int(path+".burst", m["burst"], &p.Burst)
+	d.int(path+".max_cost", m["max_cost"], &p.MaxCost)
+	d.str(path+".failure_mode", m["failure_mode"], &failureMode)
+	d.duration(path+".cleanup_grace", m["cleanup_grace"], &p.CleanupGrace)
+	d.duration(path+".dedupe_ttl", m["dedupe_ttl"], &p.DedupeTTL)
+	d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax)
+	d.bool(path+".near_cache", m["near_cache"], &p.NearCache)
+	d.str(path+".align", m["align"], &align)
 	switch align {
 	case "", "first_request":
 	case "clock":
 		p.ClockAligned = true
 	default:
-		return &Error{Path: path + ".align", Value: yamlnode.Written(m["align"]), Rule: "must be one of clock (windows start on the UTC boundaries of the window's length), first_request (the default: a window opens at its first admitted request)", Line: m["align"].Line}
+		d.fail(&Error{Path: path + ".align", Value: yamlnode.Written(m["align"]), Rule: "must be one of clock (windows start on the UTC boundaries of the window's length), first_request (the default: a window opens at its first admitted request)", Line: m["align"].Line})
 	}
 	if dedupeMax != int64(int(dedupeMax)) {
-		return &Error{Path: path + ".dedupe_max", Value: yamlnode.Written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line}
+		d.fail(&Error{Path: path + ".dedupe_max", Value: yamlnode.Written(m["dedupe_max"]), Rule: "is out of range", Line: m["dedupe_max"].Line})
+		dedupeMax = 0
 	}
 	p.DedupeMax = int(dedupeMax)
 	// Spellings that name nothing are left as invalid values for
 	// sluice.Policy.Validate to reject, so its rule text is the only one.
+	var err error
 	if p.Algorithm, err = ParseAlgorithm(algorithm); err != nil {
 		p.Algorithm = sluice.Algorithm(math.MaxUint8)
 	}
@@ -331,164 +404,175 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) error {
 		key string
 		v   int64
 	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
-		if key := f.key; m[key] != nil && f.v == 0 {
-			return &Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line}
+		if key := f.key; m[key] != nil && f.v == 0 && !d.bad[path+"."+key] {
+			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
 	}
-	return nil
 }
 
-func (d *decoder) subjects(s *Subjects, n *yaml.Node) error {
-	m, err := d.mapping("subjects", n, "hmac_keys")
-	if err != nil {
-		return err
+func (d *decoder) subjects(s *Subjects, n *yaml.Node) {
+	m, ok := d.mapping("subjects", n, "hmac_keys")
+	if !ok {
+		return
 	}
 	v := m["hmac_keys"]
 	if v == nil {
-		return nil
+		return
 	}
-	items, err := d.sequence("subjects.hmac_keys", v)
-	if err != nil {
-		return err
+	items, ok := d.sequence("subjects.hmac_keys", v)
+	if !ok {
+		return
 	}
 	s.HMACKeys = make([]HMACKey, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("subjects.hmac_keys[%d]", i)
-		km, err := d.mapping(path, item, "id", "secret_env")
-		if err != nil {
-			return err
+		km, ok := d.mapping(path, item, "id", "secret_env")
+		if !ok {
+			continue
 		}
-		for _, key := range [...]string{"id", "secret_env"} {
-			if km[key] == nil {
-				return &Error{Path: path + "." + key, Rule: "is required", Line: yamlnode.Resolve(item).Line}
-			}
-		}
+		d.required(path, item, km, "id", "secret_env")
 		k := &s.HMACKeys[i]
-		if err := d.str(path+".id", km["id"], &k.ID); err != nil {
-			return err
-		}
-		if err := d.str(path+".secret_env", km["secret_env"], &k.SecretEnv); err != nil {
-			return err
-		}
+		d.str(path+".id", km["id"], &k.ID)
+		d.str(path+".secret_env", km["secret_env"], &k.SecretEnv)
 	}
-	return nil
 }
 
-func (d *decoder) proxy(n *yaml.Node) (*Proxy, error) {
-	m, err := d.mapping("proxy", n, "listen", "upstream", "trusted_proxies", "routes", "local_share", "decision_timeout", "read_timeout")
-	if err != nil {
-		return nil, err
+func (d *decoder) proxy(n *yaml.Node) *Proxy {
+	m, ok := d.mapping("proxy", n, "listen", "upstream", "trusted_proxies", "routes", "local_share", "decision_timeout", "read_timeout")
+	if !ok {
+		return nil
 	}
 	p := &Proxy{Listen: DefaultProxyListen, LocalShare: DefaultLocalShare, DecisionTimeout: DefaultDecisionTimeout, ReadTimeout: DefaultProxyReadTimeout}
-	if err := d.str("proxy.listen", m["listen"], &p.Listen); err != nil {
-		return nil, err
-	}
-	if err := d.str("proxy.upstream", m["upstream"], &p.Upstream); err != nil {
-		return nil, err
-	}
-	if err := d.float("proxy.local_share", m["local_share"], &p.LocalShare); err != nil {
-		return nil, err
-	}
-	if err := d.duration("proxy.decision_timeout", m["decision_timeout"], &p.DecisionTimeout); err != nil {
-		return nil, err
-	}
-	if err := d.duration("proxy.read_timeout", m["read_timeout"], &p.ReadTimeout); err != nil {
-		return nil, err
-	}
-	if err := d.strs("proxy.trusted_proxies", m["trusted_proxies"], &p.TrustedProxies); err != nil {
-		return nil, err
-	}
+	d.str("proxy.listen", m["listen"], &p.Listen)
+	d.str("proxy.upstream", m["upstream"], &p.Upstream)
+	d.float("proxy.local_share", m["local_share"], &p.LocalShare)
+	d.duration("proxy.decision_timeout", m["decision_timeout"], &p.DecisionTimeout)
+	d.duration("proxy.read_timeout", m["read_timeout"], &p.ReadTimeout)
+	d.strs("proxy.trusted_proxies", m["trusted_proxies"], &p.TrustedProxies)
 	if v := m["routes"]; v != nil {
-		items, err := d.sequence("proxy.routes", v)
-		if err != nil {
-			return nil, err
-		}
-		p.Routes = make([]Route, len(items))
-		errs := make([]error, len(items))
-		for i, item := range items {
-			errs[i] = d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i])
-		}
-		if err := collect(errs); err != nil {
-			return nil, err
+		if items, ok := d.sequence("proxy.routes", v); ok {
+			p.Routes = make([]Route, len(items))
+			for i, item := range items {
+				d.route(fmt.Sprintf("proxy.routes[%d]", i), item, &p.Routes[i])
+			}
 		}
 	}
-	return p, nil
+	return p
 }
 
-func (d *decoder) route(path string, n *yaml.Node, r *Route) error {
-	m, err := d.mapping(path, n, "match", "policies", "subject", "shadow")
-	if err != nil {
-		return err
-	}
-	if m["match"] == nil {
-		return &Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line}
-	}
-	mm, err := d.mapping(path+".match", m["match"], "path_prefix", "methods")
-	if err != nil {
-		return err
+func (d *decoder) route(path string, n *yaml.Node, r *Route) {
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow")
+	if !ok {
+		return
 	}
 	r.Subject = "ip"
-	if err := collect([]error{
-		d.str(path+".match.path_prefix", mm["path_prefix"], &r.Match.PathPrefix),
-		d.strs(path+".match.methods", mm["methods"], &r.Match.Methods),
-		d.strs(path+".policies", m["policies"], &r.Policies),
-		d.str(path+".subject", m["subject"], &r.Subject),
-		d.bool(path+".shadow", m["shadow"], &r.Shadow),
-	}); err != nil {
-		return err
+	d.strs(path+".policies", m["policies"], &r.Policies)
+	d.str(path+".subject", m["subject"], &r.Subject)
+	d.bool(path+".shadow", m["shadow"], &r.Shadow)
+	if m["match"] == nil {
+		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
+		return
 	}
-	return nil
+	mm, ok := d.mapping(path+".match", m["match"], "path_prefix", "methods")
+	if !ok {
+		return
+	}
+	d.str(path+".match.path_prefix", mm["path_prefix"], &r.Match.PathPrefix)
+	d.strs(path+".match.methods", mm["methods"], &r.Match.Methods)
 }
 
-func (d *decoder) envoy(n *yaml.Node) (*Envoy, error) {
-	m, err := d.mapping("envoy", n, "listen", "configs")
-	if err != nil {
-		return nil, err
+func (d *decoder) envoy(n *yaml.Node) *Envoy {
+	m, ok := d.mapping("envoy", n, "listen", "configs")
+	if !ok {
+		return nil
 	}
 	e := &Envoy{}
-	if err := d.str("envoy.listen", m["listen"], &e.Listen); err != nil {
-		return nil, err
-	}
-	if err := d.strs("envoy.configs", m["configs"], &e.Configs); err != nil {
-		return nil, err
-	}
-	return e, nil
+	d.str("envoy.listen", m["listen"], &e.Listen)
+	d.strs("envoy.configs", m["configs"], &e.Configs)
+	return e
 }
 
 // mapping checks that n is a mapping whose keys are all known, distinct
-// strings, records it at path, and returns its values by key.
-func (d *decoder) mapping(path string, n *yaml.Node, known ...string) (map[string]*yaml.Node, error) {
+// strings, records it at path, and returns its values by key. An unknown
+// or repeated key is recorded and left out; ok is false when n is not a
+// mapping at all.
+func (d *decoder) mapping(path string, n *yaml.Node, known ...string) (m map[string]*yaml.Node, ok bool) {
 	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.MappingNode {
 		rule := fmt.Sprintf("must be a mapping, not %s", yamlnode.KindName(n))
 		if path == "" {
 			rule = "the config " + rule
 		}
-		return nil, &Error{Path: path, Value: yamlnode.Written(n), Rule: rule, Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: rule, Line: n.Line})
+		return nil, false
 	}
 	if _, known := d.pos[path]; !known && path != "" {
 		d.pos[path] = position{line: n.Line}
 	}
-	m := make(map[string]*yaml.Node, len(n.Content)/2)
+	m = make(map[string]*yaml.Node, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := yamlnode.Resolve(n.Content[i])
-		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
-			return nil, &Error{Path: path, Value: yamlnode.Written(k), Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
-		}
-		if k.Tag != "!!str" {
-			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
-		}
-		if !contains(known, k.Value) {
-			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+		switch {
+		case k.Kind != yaml.ScalarNode || k.Tag == "!!merge":
+			d.fail(&Error{Path: path, Value: yamlnode.Written(k), Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line})
+			continue
+		case k.Tag != "!!str" || !contains(known, k.Value):
+			rule := "unknown key: must be one of " + strings.Join(known, ", ")
+			if near := Closest(k.Value, known); near != "" {
+				rule += fmt.Sprintf(" (did you mean %s?)", near)
+				d.misspelt[yamlnode.Join(path, near)] = true
+			}
+			d.errs = append(d.errs, &Error{Path: yamlnode.Join(path, k.Value), Rule: rule, Line: k.Line})
+			continue
 		}
 		if _, dup := m[k.Value]; dup {
-			return nil, &Error{Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", d.pos[yamlnode.Join(path, k.Value)].line), Line: k.Line}
+			d.errs = append(d.errs, &Error{Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", d.pos[yamlnode.Join(path, k.Value)].line), Line: k.Line})
+			continue
 		}
 		v := yamlnode.Resolve(n.Content[i+1])
 		m[k.Value] = v
 		d.pos[yamlnode.Join(path, k.Value)] = position{line: k.Line, value: yamlnode.Written(v)}
 	}
-	return m, nil
+	return m, true
+}
+
+// Closest returns the one of names nearest to s when it is near enough to
+// be a misspelling (at most a third of its letters differ), else "".
+func Closest(s string, names []string) string {
+	best, bestD := "", len(s)/3+1
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the distance between a and b in single-byte edits
+// (insert, delete, replace, swap two neighbours: "burts" is 1 from
+// "burst").
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 func contains(list []string, s string) bool {
@@ -500,23 +584,25 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// sequence checks that n is a list and returns its items.
-func (d *decoder) sequence(path string, n *yaml.Node) ([]*yaml.Node, error) {
+// sequence checks that n is a list and returns its items; ok is false,
+// and the error recorded, when it is not.
+func (d *decoder) sequence(path string, n *yaml.Node) (items []*yaml.Node, ok bool) {
 	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		return nil, &Error{Path: path, Value: yamlnode.Written(n), Rule: fmt.Sprintf("must be a list, not %s", yamlnode.KindName(n)), Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: fmt.Sprintf("must be a list, not %s", yamlnode.KindName(n)), Line: n.Line})
+		return nil, false
 	}
-	items := make([]*yaml.Node, len(n.Content))
+	items = make([]*yaml.Node, len(n.Content))
 	for i, item := range n.Content {
 		item = yamlnode.Resolve(item)
 		items[i] = item
 		d.pos[fmt.Sprintf("%s[%d]", path, i)] = position{line: item.Line, value: yamlnode.Written(item)}
 	}
-	return items, nil
+	return items, true
 }
 
 // scalar checks that n is a scalar of one of the tags.
-func scalar(path string, n *yaml.Node, want string, tags ...string) error {
+func scalar(path string, n *yaml.Node, want string, tags ...string) *Error {
 	if n.Kind == yaml.ScalarNode && contains(tags, n.Tag) {
 		return nil
 	}
@@ -536,92 +622,95 @@ func scalar(path string, n *yaml.Node, want string, tags ...string) error {
 }
 
 // str decodes a string at path into *out; a nil n leaves *out alone.
-func (d *decoder) str(path string, n *yaml.Node, out *string) error {
+// Like every decoding function it records what does not decode.
+func (d *decoder) str(path string, n *yaml.Node, out *string) {
 	if n == nil {
-		return nil
+		return
 	}
 	if err := scalar(path, n, "a string", "!!str"); err != nil {
 		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
-			err.(*Error).Rule += "; quote it"
+			err.Rule += "; quote it"
 		}
-		return err
+		d.fail(err)
+		return
 	}
 	*out = n.Value
-	return nil
 }
 
 // strs decodes a list of strings.
-func (d *decoder) strs(path string, n *yaml.Node, out *[]string) error {
+func (d *decoder) strs(path string, n *yaml.Node, out *[]string) {
 	if n == nil {
-		return nil
+		return
 	}
-	items, err := d.sequence(path, n)
-	if err != nil {
-		return err
+	items, ok := d.sequence(path, n)
+	if !ok {
+		return
 	}
 	s := make([]string, len(items))
 	for i, item := range items {
-		if err := d.str(fmt.Sprintf("%s[%d]", path, i), item, &s[i]); err != nil {
-			return err
-		}
+		d.str(fmt.Sprintf("%s[%d]", path, i), item, &s[i])
 	}
 	*out = s
-	return nil
 }
 
-func (d *decoder) int(path string, n *yaml.Node, out *int64) error {
+func (d *decoder) int(path string, n *yaml.Node, out *int64) {
 	if n == nil {
-		return nil
+		return
 	}
 	if err := scalar(path, n, "an integer", "!!int"); err != nil {
-		return err
+		d.fail(err)
+		return
 	}
 	if err := n.Decode(out); err != nil {
-		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be an integer that fits in 64 bits", Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be an integer that fits in 64 bits", Line: n.Line})
 	}
-	return nil
 }
 
 // float decodes a number; an integer such as 1 is a number too.
-func (d *decoder) float(path string, n *yaml.Node, out *float64) error {
+func (d *decoder) float(path string, n *yaml.Node, out *float64) {
 	if n == nil {
-		return nil
+		return
 	}
 	if err := scalar(path, n, "a number", "!!float", "!!int"); err != nil {
-		return err
+		d.fail(err)
+		return
 	}
 	if err := n.Decode(out); err != nil {
-		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a number", Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a number", Line: n.Line})
 	}
-	return nil
 }
 
-func (d *decoder) bool(path string, n *yaml.Node, out *bool) error {
+func (d *decoder) bool(path string, n *yaml.Node, out *bool) {
 	if n == nil {
-		return nil
+		return
 	}
 	if err := scalar(path, n, "true or false", "!!bool"); err != nil {
-		return err
+		d.fail(err)
+		return
 	}
-	return n.Decode(out)
+	if err := n.Decode(out); err != nil {
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be true or false", Line: n.Line})
+	}
 }
 
-func (d *decoder) duration(path string, n *yaml.Node, out *time.Duration) error {
+func (d *decoder) duration(path string, n *yaml.Node, out *time.Duration) {
 	if n == nil {
-		return nil
+		return
 	}
 	if n.Kind == yaml.ScalarNode && (n.Tag == "!!int" || n.Tag == "!!float") {
-		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration with a unit, such as 10s, 1m or 1h30m", Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration with a unit, such as 10s, 1m or 1h30m", Line: n.Line})
+		return
 	}
 	if err := scalar(path, n, "a duration such as 10s, 1m or 1h30m", "!!str"); err != nil {
-		return err
+		d.fail(err)
+		return
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return &Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration such as 10s, 1m or 1h30m", Line: n.Line}
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be a duration such as 10s, 1m or 1h30m", Line: n.Line})
+		return
 	}
 	*out = v
-	return nil
 }
 
 // ParseAlgorithm maps an algorithm's config spelling to the Algorithm,
