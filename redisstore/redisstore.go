@@ -136,6 +136,17 @@ const (
 	maxDedupeIDs      = 10000
 )
 
+// The short decision's forms (redisstore.lua's FAST_SPEND, …), on Redis
+// time and, in capitals, on the caller's clock: the common decision, one
+// policy, a spend or a peek (a lease's acquire or release on a
+// concurrency policy), no evaluation id, nothing carried, sent with its
+// cost (or lease) and policy only (and on the caller's clock, now and the
+// maximum regression).
+var fastForms = [2][sluice.Renew + 1]any{
+	{sluice.Spend: "s", sluice.Peek: "p", sluice.Acquire: "a", sluice.Release: "r"},
+	{sluice.Spend: "S", sluice.Peek: "P", sluice.Acquire: "A", sluice.Release: "R"},
+}
+
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
 var opArgs = func() (a [sluice.Renew + 1]any) {
@@ -278,6 +289,7 @@ type Store struct {
 	// *sluice.Policy → *policyArgs, about cachedArgs of them.
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
+	general    bool // every decision in the general form: the short one is never sent (tests)
 	onFallback func(string)
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
@@ -634,9 +646,53 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
+// short reports whether ev's decision, with id and carry as decide's, may
+// go in the short form: one policy, a spend or a peek (on a concurrency
+// policy, an acquire or a release), no evaluation id, nothing carried.
+func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
+	if s.general || len(ev.Policies) != 1 || id != "" || carry != "" {
+		return false
+	}
+	if ev.Policies[0].Algorithm == sluice.Concurrency {
+		return ev.Op == sluice.Acquire || ev.Op == sluice.Release
+	}
+	return ev.Op == sluice.Spend || ev.Op == sluice.Peek
+}
+
+// decideShort runs the script once for subject: ev's decision in the
+// short form (see redisstore.lua).
+func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation) ([]int64, error) {
+	pol := ev.Policies[0]
+	nargv, clocked := 3, 0
+	if s.clock != nil {
+		nargv, clocked = 5, 1
+	}
+	p := pendingPool.Get().(*pending)
+	p.state.Store(queued)
+	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
+	p.args, p.keys, p.alone = args, 1, false
+	cmdName, code := s.call()
+	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], s.key(subject, pol)
+	argv := args[3:] // argv[i] is ARGV[i]
+	argv[1] = fastForms[clocked][ev.Op]
+	if pol.Algorithm == sluice.Concurrency {
+		argv[2] = ev.LeaseID
+	} else {
+		argv[2] = intArg(ev.Cost)
+	}
+	if s.clock != nil {
+		argv[3], argv[4] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
+	}
+	argv[nargv] = s.argsOf(pol).arg
+	return s.send(ctx, p)
+}
+
 // decide runs the script once for subject: ev's decision, with carry ""
 // (none), "probe" or "carry" and the carried states (see redisstore.lua).
 func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any) ([]int64, error) {
+	if s.short(ev, id, carry) {
+		return s.decideShort(ctx, subject, ev)
+	}
 	n := len(ev.Policies)
 	keys := n
 	if id != "" {

@@ -15,8 +15,12 @@ time and sets one to expire at most a lease TTL (24h at most) later.
 Redis keeps them ascending. ]]
 
 -- concurrencyEntry returns s.Expiries[i] (0-based), read from the set.
--- With s.newest still 0 it reads the latest, checked as an integer only.
+-- With s.newest still 0 it reads the latest, checked as an integer only;
+-- once read, the latest is not asked again.
 local function concurrencyEntry(s, i)
+  if i == s.len - 1 and s.newest ~= 0 then
+    return s.newest
+  end
   local r = redisCall('ZRANGE', s.key, i, i, 'WITHSCORES')
   local v, newest = int(r[2]), s.newest
   if v == nil or v < 1 then
