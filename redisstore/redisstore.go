@@ -607,26 +607,27 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
 	var vals []int64
+	var reply [1 + replyPerPolicy*2]int64 // the reply, where it fits
 	var err error
 	switch {
 	case len(ev.Previous) == 0:
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
 	case ev.Op == sluice.Reset:
 		for _, prev := range ev.Previous {
-			if _, err := s.decide(ctx, prev, ev, "", "", nil); err != nil {
+			if _, err := s.decide(ctx, prev, ev, "", "", nil, reply[:0]); err != nil {
 				return err
 			}
 		}
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
 	default:
 		// A key rotation: decide unless a policy has no state under
 		// Subject; then read the older subjects' and decide again, the
 		// script keeping what it carries over.
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil, reply[:0])
 		if err == nil && len(vals) == 1 && vals[0] == replyAbsent {
 			var carried []any
 			if carried, err = s.previous(ctx, ev); err == nil {
-				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried)
+				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried, reply[:0])
 			}
 		}
 	}
@@ -661,7 +662,7 @@ func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
 
 // decideShort runs the script once for subject: ev's decision in the
 // short form (see redisstore.lua).
-func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation) ([]int64, error) {
+func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
 	pol := ev.Policies[0]
 	nargv, clocked := 3, 0
 	if s.clock != nil {
@@ -676,7 +677,8 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	argv := args[3:] // argv[i] is ARGV[i]
 	argv[1] = fastForms[clocked][ev.Op]
 	if pol.Algorithm == sluice.Concurrency {
-		argv[2] = ev.LeaseID
+		p.lease.s = ev.LeaseID
+		argv[2] = &p.lease
 	} else {
 		argv[2] = intArg(ev.Cost)
 	}
@@ -684,14 +686,15 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 		argv[3], argv[4] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
 	argv[nargv] = s.argsOf(pol).arg
-	return s.send(ctx, p)
+	return s.send(ctx, p, dst)
 }
 
 // decide runs the script once for subject: ev's decision, with carry ""
 // (none), "probe" or "carry" and the carried states (see redisstore.lua).
-func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any) ([]int64, error) {
+// It appends the reply's integers to dst.
+func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64) ([]int64, error) {
 	if s.short(ev, id, carry) {
-		return s.decideShort(ctx, subject, ev)
+		return s.decideShort(ctx, subject, ev, dst)
 	}
 	n := len(ev.Policies)
 	keys := n
@@ -733,7 +736,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p)
+	return s.send(ctx, p, dst)
 }
 
 // previous reads the state of ev's policies under ev.Previous, one

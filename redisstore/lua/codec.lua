@@ -58,17 +58,27 @@ local function arg(s)
 end
 
 -- SMALL maps the decimals "0" to "255" to their integers: the counts
--- and costs most decisions send, read without a conversion.
-local SMALL = {}
-for i = 0, 255 do
-  SMALL['' .. i] = i
+-- and costs most decisions send, read without a conversion; SMALL_TEXT
+-- maps -1 to 255 to their decimals, the indexes most reads of a list or
+-- a set name.
+local SMALL, SMALL_TEXT = {}, {}
+for i = -1, 255 do
+  SMALL['' .. i], SMALL_TEXT[i] = i, '' .. i
 end
+SMALL['-1'] = nil
 
 -- fmt writes an integer as int reads it. %d formats a C long (64 bits
 -- here), exact for every integer the store writes (below 2^53), in about
 -- half the time of %.0f.
 local function fmt(n)
   return stringFormat('%d', n)
+end
+
+-- idx writes an index of a list or a set as a command takes it: a Lua
+-- number passed to a command is written with %.17g, several times the
+-- cost of a small integer's decimal.
+local function idx(i)
+  return SMALL_TEXT[i] or fmt(i)
 end
 
 -- A fixed-size state is kept as one string: the byte STATE_BINARY, then

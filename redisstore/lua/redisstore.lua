@@ -132,7 +132,7 @@ local function readState(key, kind)
     elseif len > MOST_ENTRIES[kind] then
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
-    local view = {key = key, len = len, newest = 0}
+    local view = {key = key, len = len, newest = 0, latest = ''}
     view.newest = entry(view, len - 1)
     return view
   end
@@ -167,7 +167,7 @@ local function apply(key, kind, w, stored, now, grace)
     if w.fresh and stored then
       redisCall('DEL', key)
     elseif e.cut > 0 then
-      redisCall('ZREMRANGEBYRANK', key, 0, e.cut - 1)
+      redisCall('ZREMRANGEBYRANK', key, '0', idx(e.cut - 1))
     end
     if e.remove ~= '' then
       redisCall('ZREM', key, e.remove)
@@ -187,7 +187,7 @@ local function apply(key, kind, w, stored, now, grace)
   if w.fresh and stored then
     redisCall('DEL', key)
   elseif e.cut > 0 or e.drop > 0 then
-    redisCall('LTRIM', key, e.cut, -1 - e.drop)
+    redisCall('LTRIM', key, idx(e.cut), idx(-1 - e.drop))
   end
   local at, left = fmt(e.at), e.add
   while left > 0 do

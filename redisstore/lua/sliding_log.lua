@@ -22,7 +22,7 @@ local function slidingLogEntry(s, i)
   if i == s.len - 1 and s.newest ~= 0 then
     return s.newest
   end
-  local raw = redisCall('LINDEX', s.key, i)
+  local raw = redisCall('LINDEX', s.key, idx(i))
   local v, newest = int(raw), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
