@@ -22,6 +22,15 @@
 // as a pipeline of one call per decision. With Options.WaitReplicas,
 // each round trip ends with a WAIT on the same connection.
 //
+// The common decision (one policy, a spend or a peek, or a lease's
+// acquire or release; no evaluation id, no Previous subjects) goes in a
+// short form: its cost or lease and its policy, decided by the same Lua
+// functions as any other, on values rather than tables, with one read
+// and at most one write of a fixed-size state. At 64 callers on 10 000
+// subjects, allowed, it costs redis-server about 62 000 instructions
+// (gcra, token_bucket, fixed_window), 68 000 (sliding_log) and 70 000
+// (sliding_window); a lease's acquire and release about 150 000 together.
+//
 // # Keys
 //
 // The state of policy P (revision R) for subject S lives under
