@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,7 @@ type pending struct {
 	keys  int       // how many keys args holds
 	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
 	mark  mark      // its last argument while it is sent: notes when go-redis writes it
+	lease text      // a short decision's lease, its argument
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
 	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
 	wait  *redis.IntCmd
@@ -332,9 +334,9 @@ func (b *batcher) close() {
 }
 
 // send runs the decision p holds on the node its key belongs to, through
-// that node's senders or alone, and returns the script's reply, or the
-// error typed by typeErr.
-func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
+// that node's senders or alone, and returns the script's reply appended
+// to dst, or the error typed by typeErr.
+func (s *Store) send(ctx context.Context, p *pending, dst []int64) ([]int64, error) {
 	n := s.nodeFor(ctx, p.args[3].(string))
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
@@ -358,7 +360,7 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 		if err != nil {
 			return nil, err
 		}
-		return p.cmd.Int64Slice()
+		return int64s(p.cmd, dst)
 	}
 	p.mark.arm(p.args)
 	p.cmd, p.err, p.wrote, p.wait = newScriptCmd(ctx, p.args), nil, false, nil
@@ -375,7 +377,31 @@ func (s *Store) send(ctx context.Context, p *pending) ([]int64, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
-	return p.cmd.Int64Slice()
+	return int64s(p.cmd, dst)
+}
+
+// int64s appends the integers of cmd's reply to dst, as Int64Slice reads
+// them, without a slice of its own.
+func int64s(cmd scriptCmd, dst []int64) ([]int64, error) {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vals {
+		switch v := v.(type) {
+		case int64:
+			dst = append(dst, v)
+		case string:
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			dst = append(dst, n)
+		default:
+			return nil, fmt.Errorf("redis: unexpected element type for Int64Slice, got type %T", v)
+		}
+	}
+	return dst, nil
 }
 
 // sendAlone sends p's decision to n in a round trip of its own and
@@ -482,6 +508,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.err, p.wait, p.mark.arg = scriptCmd{}, nil, nil, ""
+	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s = scriptCmd{}, nil, nil, "", ""
 	pendingPool.Put(p)
 }

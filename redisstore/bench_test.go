@@ -164,3 +164,69 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 	}
 	return total
 }
+
+// BenchmarkLease measures one lease's acquire and release through a
+// Limiter on the shared standalone server, as one pair per op: serially
+// and from 64 concurrent callers, each on its own subject; beside it a
+// gcra decision through the same Limiter, for the ratio.
+func BenchmarkLease(b *testing.B) {
+	c := standaloneClient(b)
+	s := newStore(b, c, redisstore.Options{})
+	l, err := sluice.New(s, []sluice.Policy{
+		{ID: "lease", Algorithm: sluice.Concurrency, Limit: 100_000, LeaseTTL: time.Minute},
+		{ID: "rate", Algorithm: sluice.GCRA, Limit: 1_000_000, Window: time.Second},
+	}, sluice.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pair := func(ctx context.Context, subj string) error {
+		o := l.Check(ctx, sluice.Request{Op: sluice.Acquire, Policy: "lease", Subject: subj})
+		if o.Kind != sluice.Allowed {
+			return fmt.Errorf("acquire: %v %v", o.Kind, o.Err)
+		}
+		if o := l.Release(ctx, o.Lease); o.Kind != sluice.Allowed {
+			return fmt.Errorf("release: %v %v", o.Kind, o.Err)
+		}
+		return nil
+	}
+	decision := func(ctx context.Context, subj string) error {
+		if o := l.Check(ctx, sluice.Request{Policy: "rate", Subject: subj}); o.Kind != sluice.Allowed {
+			return fmt.Errorf("gcra: %v %v", o.Kind, o.Err)
+		}
+		return nil
+	}
+	for _, row := range []struct {
+		name string
+		op   func(context.Context, string) error
+	}{{"pair", pair}, {"gcra", decision}} {
+		b.Run(row.name+"/serial", func(b *testing.B) {
+			subj := subject(b)
+			b.ReportAllocs()
+			cpu := redisCPU(b, c)
+			for b.Loop() {
+				if err := row.op(context.Background(), subj); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric((redisCPU(b, c)-cpu)/float64(b.N), "redis-µs/op")
+		})
+		b.Run(row.name+"/parallel64", func(b *testing.B) {
+			b.SetParallelism(max(64/runtime.GOMAXPROCS(0), 1))
+			var seq atomic.Int64
+			base := subject(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := redisCPU(b, c)
+			b.RunParallel(func(pb *testing.PB) {
+				subj := fmt.Sprint(base, seq.Add(1))
+				for pb.Next() {
+					if err := row.op(context.Background(), subj); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric((redisCPU(b, c)-cpu)/float64(b.N), "redis-µs/op")
+		})
+	}
+}

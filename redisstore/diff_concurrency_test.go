@@ -92,8 +92,9 @@ func describeLeases(ps []*sluice.Policy) string {
 // policies: random acquisitions, releases, renewals and peeks, with the
 // clock stepping back now and then and the numbers changed under one
 // revision, through memstore (the Go engine) and the Lua script, which
-// must answer alike; then concurrency beside rate policies in one
-// decision.
+// must answer alike (alone: through the short form of an acquire or a
+// release, and through the general form only, on one sequence); then
+// concurrency beside rate policies in one decision.
 func TestDifferentialConcurrency(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -101,56 +102,63 @@ func TestDifferentialConcurrency(t *testing.T) {
 	}
 	t.Logf("seed %d (rerun with -sluice.diffseed=%d)", seed, seed)
 	c := standaloneClient(t)
-	t.Run("alone", func(t *testing.T) {
-		t.Parallel()
-		d := newDiff(t, c)
-		r := rand.New(rand.NewPCG(seed, 77))
-		const episode = 300
-		var ps []*sluice.Policy
-		var allowed, denied, changes, onExpiry int
-		type held struct {
-			at    int64
-			lease string
+	for _, general := range []bool{false, true} {
+		name := "alone/short"
+		if general {
+			name = "alone/general"
 		}
-		var acquired []held // leases acquired, for steps onto their exact expiry
-		defer func() {
-			t.Logf("%d steps: %d allowed, %d denied, %d onto a lease's exact expiry, %d policy changes under one revision", *diffSteps, allowed, denied, onExpiry, changes)
-		}()
-		for step := range *diffSteps {
-			switch {
-			case step%episode == 0:
-				ps = []*sluice.Policy{randomLeasePolicy(r, "diff")}
-				d.newSubject(r, seed, step)
-			case r.IntN(50) == 0:
-				ps[0] = randomLeasePolicy(r, "diff")
-				changes++
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			d := newDiff(t, c)
+			d.redis.SetGeneral(general)
+			r := rand.New(rand.NewPCG(seed, 77))
+			const episode = 300
+			var ps []*sluice.Policy
+			var allowed, denied, changes, onExpiry int
+			type held struct {
+				at    int64
+				lease string
 			}
-			ttl := ps[0].LeaseTTL.Microseconds()
-			dt := randomStep(r, ttl)
-			op := randomLeaseOp(r)
-			if len(acquired) > 0 && r.IntN(5) == 0 {
-				// Onto the instant a lease expires (or 1µs either side),
-				// often naming that lease: where < and <= part.
-				h := acquired[r.IntN(len(acquired))]
-				dt = h.at + ttl - d.now + r.Int64N(3) - 1
-				if op.op == sluice.Acquire && r.IntN(2) == 0 {
-					op.lease = h.lease
+			var acquired []held // leases acquired, for steps onto their exact expiry
+			defer func() {
+				t.Logf("%d steps: %d allowed, %d denied, %d onto a lease's exact expiry, %d policy changes under one revision", *diffSteps, allowed, denied, onExpiry, changes)
+			}()
+			for step := range *diffSteps {
+				switch {
+				case step%episode == 0:
+					ps = []*sluice.Policy{randomLeasePolicy(r, "diff")}
+					d.newSubject(r, seed, step)
+				case r.IntN(50) == 0:
+					ps[0] = randomLeasePolicy(r, "diff")
+					changes++
 				}
-				onExpiry++
-			}
-			if d.leaseStep(seed, step, dt, op, ps)[0].Allowed {
-				allowed++
-				if op.op == sluice.Acquire || op.op == sluice.Renew {
-					acquired = append(acquired, held{d.now, op.lease})
+				ttl := ps[0].LeaseTTL.Microseconds()
+				dt := randomStep(r, ttl)
+				op := randomLeaseOp(r)
+				if len(acquired) > 0 && r.IntN(5) == 0 {
+					// Onto the instant a lease expires (or 1µs either side),
+					// often naming that lease: where < and <= part.
+					h := acquired[r.IntN(len(acquired))]
+					dt = h.at + ttl - d.now + r.Int64N(3) - 1
+					if op.op == sluice.Acquire && r.IntN(2) == 0 {
+						op.lease = h.lease
+					}
+					onExpiry++
 				}
-			} else {
-				denied++
+				if d.leaseStep(seed, step, dt, op, ps)[0].Allowed {
+					allowed++
+					if op.op == sluice.Acquire || op.op == sluice.Renew {
+						acquired = append(acquired, held{d.now, op.lease})
+					}
+				} else {
+					denied++
+				}
+				if step%episode == episode-1 || len(acquired) > 64 {
+					acquired = acquired[:0]
+				}
 			}
-			if step%episode == episode-1 || len(acquired) > 64 {
-				acquired = acquired[:0]
-			}
-		}
-	})
+		})
+	}
 	t.Run("with rate policies", func(t *testing.T) {
 		t.Parallel()
 		d := newDiff(t, c)

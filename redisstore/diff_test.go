@@ -100,7 +100,10 @@ func randomStep(r *rand.Rand, w int64) int64 {
 // which runs the Go engine of internal/engine/algorithm, and through the Lua
 // script in caller-clock mode, both on one fake clock, and demands
 // identical statuses: spends, peeks, refunds, clocks that step back, policy
-// numbers changed under one revision, and several policies at once.
+// numbers changed under one revision, and several policies at once. Each
+// algorithm's sequence runs twice, alike: with the store's short form of
+// the common decision (one policy, a spend or a peek) and with every
+// decision in the general form, so both paths of the script are driven.
 func TestDifferential(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -108,10 +111,12 @@ func TestDifferential(t *testing.T) {
 	}
 	t.Logf("seed %d (rerun with -sluice.diffseed=%d)", seed, seed)
 	c := standaloneClient(t)
-	for _, a := range algorithms {
-		t.Run(a.String(), func(t *testing.T) {
+	for _, tc := range diffCases() {
+		a := tc.alg
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			d := newDiff(t, c)
+			d.redis.SetGeneral(tc.general)
 			r := rand.New(rand.NewPCG(seed, uint64(a)))
 			const episode = 500 // steps per policy before new numbers and a new key
 			var ps []*sluice.Policy
@@ -170,6 +175,23 @@ func TestDifferential(t *testing.T) {
 			d.step(seed, step, randomStep(r, ps[0].Window.Microseconds()), cost, refund, ps)
 		}
 	})
+}
+
+// diffCase is one algorithm's differential sequence, through the short
+// form of the common decision or the general form only.
+type diffCase struct {
+	name    string
+	alg     sluice.Algorithm
+	general bool
+}
+
+// diffCases are every algorithm's, in both forms.
+func diffCases() []diffCase {
+	var cs []diffCase
+	for _, a := range algorithms {
+		cs = append(cs, diffCase{a.String() + "/short", a, false}, diffCase{a.String() + "/general", a, true})
+	}
+	return cs
 }
 
 // diff is one memstore and one Redis store on one fake clock.

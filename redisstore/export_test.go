@@ -10,3 +10,8 @@ func (s *Store) Key(subject string, p *sluice.Policy) string { return s.key(subj
 // stores it (codec.lua's STATE_BINARY); its fields follow as
 // little-endian IEEE doubles.
 const StateBinary = 1
+
+// SetGeneral makes s send every decision in the general form (true) or
+// the common ones in the short form (false, the default), so a test
+// drives both paths of the script alike.
+func (s *Store) SetGeneral(general bool) { s.general = general }

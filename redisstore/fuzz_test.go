@@ -58,6 +58,8 @@ func FuzzCorruptState(f *testing.F) {
 	// advance with Redis's, which expires them.
 	caller := newStore(f, c, redisstore.Options{Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
 	server := newStore(f, c, redisstore.Options{})
+	general := newStore(f, c, redisstore.Options{}) // every decision in the general form
+	general.SetGeneral(true)
 	ints := func(vs ...int64) []byte {
 		var b []byte
 		for _, v := range vs {
@@ -124,13 +126,16 @@ func FuzzCorruptState(f *testing.F) {
 		if units > fz.capacity() {
 			t.Fatalf("%s: %d units admitted at one instant, more than the capacity %d", fz, units, fz.capacity())
 		}
-		// One spend on Redis's clock, the state written around its time.
-		fz = &fuzzRun{t: t, c: c, s: server, p: p, subject: subject(t), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
-		if p.Algorithm == sluice.Concurrency {
-			fz.lag = p.LeaseTTL.Microseconds() + p.CleanupGrace.Microseconds()
+		// One spend on Redis's clock, the state written around its time,
+		// in the short form and in the general one.
+		for i, s := range []*redisstore.Store{server, general} {
+			fz = &fuzzRun{t: t, c: c, s: s, p: p, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
+			if p.Algorithm == sluice.Concurrency {
+				fz.lag = p.LeaseTTL.Microseconds() + p.CleanupGrace.Microseconds()
+			}
+			fz.write(layout, data, time.Now().UnixMicro())
+			fz.decide(1, 0)
 		}
-		fz.write(layout, data, time.Now().UnixMicro())
-		fz.decide(1, 0)
 	})
 }
 

@@ -22,6 +22,15 @@
 // as a pipeline of one call per decision. With Options.WaitReplicas,
 // each round trip ends with a WAIT on the same connection.
 //
+// The common decision (one policy, a spend or a peek, or a lease's
+// acquire or release; no evaluation id, no Previous subjects) goes in a
+// short form: its cost or lease and its policy, decided by the same Lua
+// functions as any other, on values rather than tables, with one read
+// and at most one write of a fixed-size state. At 64 callers on 10 000
+// subjects, allowed, it costs redis-server about 62 000 instructions
+// (gcra, token_bucket, fixed_window), 68 000 (sliding_log) and 70 000
+// (sliding_window); a lease's acquire and release about 150 000 together.
+//
 // # Start
 //
 // New does not contact Redis, so an application starts while Redis is
@@ -150,6 +159,17 @@ const (
 	maxDedupeTTL      = int64(time.Hour / time.Microsecond)
 	maxDedupeIDs      = 10000
 )
+
+// The short decision's forms (redisstore.lua's FAST_SPEND, …), on Redis
+// time and, in capitals, on the caller's clock: the common decision, one
+// policy, a spend or a peek (a lease's acquire or release on a
+// concurrency policy), no evaluation id, nothing carried, sent with its
+// cost (or lease) and policy only (and on the caller's clock, now and the
+// maximum regression).
+var fastForms = [2][sluice.Renew + 1]any{
+	{sluice.Spend: "s", sluice.Peek: "p", sluice.Acquire: "a", sluice.Release: "r"},
+	{sluice.Spend: "S", sluice.Peek: "P", sluice.Acquire: "A", sluice.Release: "R"},
+}
 
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
@@ -290,6 +310,7 @@ type Store struct {
 	// *sluice.Policy → *policyArgs, about cachedArgs of them.
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
+	general    bool // every decision in the general form: the short one is never sent (tests)
 	onFallback func(string)
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
@@ -606,26 +627,27 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
 	var vals []int64
+	var reply [1 + replyPerPolicy*2]int64 // the reply, where it fits
 	var err error
 	switch {
 	case len(ev.Previous) == 0:
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
 	case ev.Op == sluice.Reset:
 		for _, prev := range ev.Previous {
-			if _, err := s.decide(ctx, prev, ev, "", "", nil); err != nil {
+			if _, err := s.decide(ctx, prev, ev, "", "", nil, reply[:0]); err != nil {
 				return err
 			}
 		}
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
 	default:
 		// A key rotation: decide unless a policy has no state under
 		// Subject; then read the older subjects' and decide again, the
 		// script keeping what it carries over.
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil)
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil, reply[:0])
 		if err == nil && len(vals) == 1 && vals[0] == replyAbsent {
 			var carried []any
 			if carried, err = s.previous(ctx, ev); err == nil {
-				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried)
+				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried, reply[:0])
 			}
 		}
 	}
@@ -645,9 +667,55 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
+// short reports whether ev's decision, with id and carry as decide's, may
+// go in the short form: one policy, a spend or a peek (on a concurrency
+// policy, an acquire or a release), no evaluation id, nothing carried.
+func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
+	if s.general || len(ev.Policies) != 1 || id != "" || carry != "" {
+		return false
+	}
+	if ev.Policies[0].Algorithm == sluice.Concurrency {
+		return ev.Op == sluice.Acquire || ev.Op == sluice.Release
+	}
+	return ev.Op == sluice.Spend || ev.Op == sluice.Peek
+}
+
+// decideShort runs the script once for subject: ev's decision in the
+// short form (see redisstore.lua).
+func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
+	pol := ev.Policies[0]
+	nargv, clocked := 3, 0
+	if s.clock != nil {
+		nargv, clocked = 5, 1
+	}
+	p := pendingPool.Get().(*pending)
+	p.state.Store(queued)
+	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
+	p.args, p.keys, p.alone = args, 1, false
+	cmdName, code := s.call()
+	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], s.key(subject, pol)
+	argv := args[3:] // argv[i] is ARGV[i]
+	argv[1] = fastForms[clocked][ev.Op]
+	if pol.Algorithm == sluice.Concurrency {
+		p.lease.s = ev.LeaseID
+		argv[2] = &p.lease
+	} else {
+		argv[2] = intArg(ev.Cost)
+	}
+	if s.clock != nil {
+		argv[3], argv[4] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
+	}
+	argv[nargv] = s.argsOf(pol).arg
+	return s.send(ctx, p, dst)
+}
+
 // decide runs the script once for subject: ev's decision, with carry ""
 // (none), "probe" or "carry" and the carried states (see redisstore.lua).
-func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any) ([]int64, error) {
+// It appends the reply's integers to dst.
+func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64) ([]int64, error) {
+	if s.short(ev, id, carry) {
+		return s.decideShort(ctx, subject, ev, dst)
+	}
 	n := len(ev.Policies)
 	keys := n
 	if id != "" {
@@ -688,7 +756,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p)
+	return s.send(ctx, p, dst)
 }
 
 // previous reads the state of ev's policies under ev.Previous, one

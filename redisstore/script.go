@@ -141,6 +141,22 @@ func (m *mark) arm(args []any) {
 	args[last] = m
 }
 
+// text is a string argument a pooled decision holds: put in its command
+// as a pointer, it costs no allocation, where a string would cost one.
+type text struct {
+	s   string
+	buf []byte // s's bytes, in a buffer the pooled decision keeps
+}
+
+// MarshalBinary implements encoding.BinaryMarshaler.
+func (t *text) MarshalBinary() ([]byte, error) {
+	t.buf = append(t.buf[:0], t.s...)
+	return t.buf, nil
+}
+
+// String returns the argument, for logs and traces of the command.
+func (t *text) String() string { return t.s }
+
 // load loads the code on every master of a Cluster, every shard of a
 // Ring, or the one Redis.
 func (s *Store) load(ctx context.Context) error {

@@ -57,11 +57,28 @@ local function arg(s)
   return n
 end
 
+-- SMALL maps the decimals "0" to "255" to their integers: the counts
+-- and costs most decisions send, read without a conversion; SMALL_TEXT
+-- maps -1 to 255 to their decimals, the indexes most reads of a list or
+-- a set name.
+local SMALL, SMALL_TEXT = {}, {}
+for i = -1, 255 do
+  SMALL['' .. i], SMALL_TEXT[i] = i, '' .. i
+end
+SMALL['-1'] = nil
+
 -- fmt writes an integer as int reads it. %d formats a C long (64 bits
 -- here), exact for every integer the store writes (below 2^53), in about
 -- half the time of %.0f.
 local function fmt(n)
   return stringFormat('%d', n)
+end
+
+-- idx writes an index of a list or a set as a command takes it: a Lua
+-- number passed to a command is written with %.17g, several times the
+-- cost of a small integer's decimal.
+local function idx(i)
+  return SMALL_TEXT[i] or fmt(i)
 end
 
 -- A fixed-size state is kept as one string: the byte STATE_BINARY, then
@@ -78,36 +95,58 @@ local STATE_DECIMAL = {
   [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
 }
 
--- encodeState returns the stored form of the n fields v.
-local function encodeState(v, n)
-  return structPack(STATE_FORMAT[n], STATE_BINARY, v[1], v[2], v[3], v[4], v[5])
+-- encodeFields returns the stored form of the n fields a to e (those
+-- after the nth are not written).
+local function encodeFields(n, a, b, c, d, e)
+  return structPack(STATE_FORMAT[n], STATE_BINARY, a, b, c, d, e)
 end
 
--- decodeState returns the n fields stored at key as raw. Anything
--- encodeState (or an older version) did not write is corrupt: another
--- length, a value that is not an integer in [0, 2^53] (NaN, an infinity,
--- a fraction, a negative zero: encodeState writes the integers the
--- algorithms compute, and no arithmetic on them yields −0). What each
--- algorithm can have written of such integers is its own check
--- (fixedWindowCorrupt, …).
-local function decodeState(key, raw, n)
-  local v
+-- encodeState returns the stored form of the n fields v.
+local function encodeState(v, n)
+  return encodeFields(n, v[1], v[2], v[3], v[4], v[5])
+end
+
+-- badField reports whether x, a field as stored, is no integer in
+-- [0, 2^53]: NaN, an infinity, a fraction, a negative zero (encodeState
+-- writes the integers the algorithms compute, and no arithmetic on them
+-- yields −0).
+local function badField(x)
+  return not (x >= 0 and x <= MAX_EXACT and x % 1 == 0) or (x == 0 and 1 / x < 0)
+end
+
+-- fieldCorrupt raises SLUICE_CORRUPT for field i of key, x.
+local function fieldCorrupt(key, i, x)
+  corrupt(key, 'field ' .. i .. ' = ' .. stringFormat('%.17g', x) .. ': want an integer in [0, 2^53]')
+end
+
+-- decodeFields returns the n fields stored at key as raw, as values (0
+-- after the nth). Anything encodeFields (or an older version) did not
+-- write is corrupt: another length, a field that is not an integer in
+-- [0, 2^53]. What each algorithm can have written of such integers is
+-- its own check (fixedWindowCorrupt, …).
+local function decodeFields(key, raw, n)
   if stringByte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
     local _, a, b, c, d, e = structUnpack(STATE_FORMAT[n], raw)
-    v = {a, b, c, d, e}
-    for i = n + 1, 5 do
-      v[i] = nil -- the position after the last field, from unpack
+    if badField(a) then
+      fieldCorrupt(key, 1, a)
+    elseif badField(b) then
+      fieldCorrupt(key, 2, b)
+    elseif badField(c) then
+      fieldCorrupt(key, 3, c)
     end
-    for i = 1, n do
-      local x = v[i]
-      if not (x >= 0 and x <= MAX_EXACT and x % 1 == 0) or (x == 0 and 1 / x < 0) then
-        corrupt(key, 'field ' .. i .. ' = ' .. stringFormat('%.17g', x) .. ': want an integer in [0, 2^53]')
-      end
+    if n == 3 then
+      return a, b, c, 0, 0
+    elseif badField(d) then
+      fieldCorrupt(key, 4, d)
+    elseif n == 4 then
+      return a, b, c, d, 0
+    elseif badField(e) then
+      fieldCorrupt(key, 5, e)
     end
-    return v
+    return a, b, c, d, e
   end
   local f = {string.match(raw, STATE_DECIMAL[n])}
-  v = {0, 0, 0, 0, 0}
+  local v = {0, 0, 0, 0, 0}
   for i = 1, n do
     v[i] = int(f[i])
     if v[i] == nil then
@@ -116,5 +155,12 @@ local function decodeState(key, raw, n)
       corrupt(key, 'holds ' .. #raw .. ' bytes, ' .. shown .. ': want ' .. n .. ' integers >= 0')
     end
   end
-  return v
+  return v[1], v[2], v[3], v[4], v[5]
+end
+
+-- decodeState returns the n fields stored at key as raw, as an array of
+-- five (0 after the nth): decodeFields.
+local function decodeState(key, raw, n)
+  local a, b, c, d, e = decodeFields(key, raw, n)
+  return {a, b, c, d, e}
 end

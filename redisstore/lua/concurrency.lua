@@ -1,7 +1,7 @@
 --[[ concurrency.lua ports internal/engine/algorithm/concurrency.go. The leases
 of one subject under one policy are a Redis sorted set: member the lease
 id, score its expiry in µs. A state here is a view of it, {key, len,
-newest}; s.Expiries[i] of the Go code is concurrencyEntry(s, i), one
+newest, latest}; s.Expiries[i] of the Go code is concurrencyEntry(s, i), one
 ZRANGE, and s.find(id) one ZRANK. An edit is a table {cut, remove, add,
 at, newest}, '' naming no lease; a decision is the values allowed,
 remaining, resetAfter and retryAfter (its limit is p.limit). Leases whose
@@ -15,9 +15,17 @@ time and sets one to expire at most a lease TTL (24h at most) later.
 Redis keeps them ascending. ]]
 
 -- concurrencyEntry returns s.Expiries[i] (0-based), read from the set.
--- With s.newest still 0 it reads the latest, checked as an integer only.
+-- With s.newest still 0 it reads the latest, checked as an integer only;
+-- once read, the latest is not asked again.
 local function concurrencyEntry(s, i)
-  local r = redisCall('ZRANGE', s.key, i, i, 'WITHSCORES')
+  if i == s.len - 1 and s.newest ~= 0 then
+    return s.newest
+  end
+  local at = idx(i)
+  local r = redisCall('ZRANGE', s.key, at, at, 'WITHSCORES')
+  if i == s.len - 1 then
+    s.latest = r[1] -- the lease that expires last, for concurrencyFind
+  end
   local v, newest = int(r[2]), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'score of lease ' .. i .. ' = ' .. string.sub(tostring(r[2]), 1, 40) .. ': want an integer > 0')
@@ -33,9 +41,15 @@ local function concurrencyNewest(s)
 end
 
 -- concurrencyFind ports Concurrency.find. An absent state has no key to
--- ask, and holds no lease.
+-- ask, and holds no lease; the lease read with the length (s.latest, the
+-- last in the set's order) needs no asking either, nor, when it is the
+-- only one, any other.
 local function concurrencyFind(s, id)
   if s.len == 0 then
+    return -1
+  elseif s.latest == id then
+    return s.len - 1
+  elseif s.len == 1 and s.latest ~= '' then
     return -1
   end
   return redisCall('ZRANK', s.key, id) or -1

@@ -60,6 +60,21 @@ local function recordID(id, op)
   return ''
 end
 
+-- boundsFixed ports Policy.bounds for a fixed-size kind k, its state's
+-- fields a to e as values.
+local function boundsFixed(k, p, a, b, c, d, e)
+  if k == KIND_GCRA then
+    return gcraExpires(a, b, c, d, e, p), gcraNewest(e)
+  elseif k == KIND_FIXED_WINDOW then
+    return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
+  elseif k == KIND_TOKEN_BUCKET then
+    return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
+  elseif k == KIND_SLIDING_WINDOW then
+    return slidingWindowExpires(a, b, c, p), slidingWindowNewest(d)
+  end
+  return 0, 0
+end
+
 -- bounds ports Policy.bounds.
 local function bounds(p, st)
   local k = p.kind
@@ -71,17 +86,42 @@ local function bounds(p, st)
     end
     return concurrencyExpires(st), concurrencyNewest(st) - p.window
   end
-  local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
-  if k == KIND_FIXED_WINDOW then
-    return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
-  elseif k == KIND_SLIDING_WINDOW then
-    return slidingWindowExpires(a, b, c, p), slidingWindowNewest(d)
+  return boundsFixed(k, p, st[1], st[2], st[3], st[4], st[5])
+end
+
+-- decideFixed ports the part of Policy.step a fixed-size kind k takes,
+-- on values: its state's fields a to e, decided at now with cost (a
+-- refund when refund is true), return the fields after it, the
+-- decision's allowed, remaining, resetAfter and retryAfter, the state's
+-- expiry and the decision's limit.
+local function decideFixed(k, p, a, b, c, d, e, now, cost, refund)
+  local allowed, remaining, resetAfter, retryAfter
+  if k == KIND_GCRA then
+    if refund then
+      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraRefund(a, b, c, d, e, p, now, cost)
+    else
+      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost)
+    end
+    return a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, gcraExpires(a, b, c, d, e, p), p.burst
+  elseif k == KIND_FIXED_WINDOW then
+    if refund then
+      a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowRefund(a, b, c, p, now, cost)
+    else
+      a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
+    end
+    return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowExpires(a, b, p), p.limit
   elseif k == KIND_TOKEN_BUCKET then
-    return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
-  elseif k == KIND_GCRA then
-    return gcraExpires(a, b, c, d, e, p), gcraNewest(e)
+    if refund then
+      a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
+    else
+      a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost)
+    end
+    return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, tokenBucketExpires(a, b, c, p), p.burst
   end
-  return 0, 0
+  -- KIND_SLIDING_WINDOW. No Refund: a store never asks (algorithm.Check
+  -- refuses it first).
+  a, b, c, d, allowed, remaining, resetAfter, retryAfter = slidingWindowDecide(a, b, c, d, p, now, cost)
+  return a, b, c, d, 0, allowed, remaining, resetAfter, retryAfter, slidingWindowExpires(a, b, c, p), p.limit
 end
 
 -- step ports Policy.step: it puts the decision in ds at offset o and
@@ -115,33 +155,10 @@ local function step(p, st, now, op, cost, lease, ds, o)
       expires = log.newest + p.window
     end
   else
-    local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
-    if k == KIND_FIXED_WINDOW then
-      if refund then
-        a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowRefund(a, b, c, p, now, cost)
-      else
-        a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
-      end
-      v, expires = {a, b, c}, fixedWindowExpires(a, b, p)
-    elseif k == KIND_SLIDING_WINDOW then
-      -- No Refund: a store never asks (algorithm.Check refuses it first).
-      a, b, c, d, allowed, remaining, resetAfter, retryAfter = slidingWindowDecide(a, b, c, d, p, now, cost)
-      v, expires = {a, b, c, d}, slidingWindowExpires(a, b, c, p)
-    elseif k == KIND_TOKEN_BUCKET then
-      if refund then
-        a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
-      else
-        a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost)
-      end
-      v, expires, limit = {a, b, c}, tokenBucketExpires(a, b, c, p), p.burst
-    else -- KIND_GCRA
-      if refund then
-        a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraRefund(a, b, c, d, e, p, now, cost)
-      else
-        a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost)
-      end
-      v, expires, limit = {a, b, c, d, e}, gcraExpires(a, b, c, d, e, p), p.burst
-    end
+    local a, b, c, d, e
+    a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit =
+      decideFixed(k, p, st[1], st[2], st[3], st[4], st[5], now, cost, refund)
+    v = {a, b, c, d, e}
   end
   ds[o + 1] = allowed and 1 or 0
   ds[o + 2] = limit
@@ -151,6 +168,24 @@ local function step(p, st, now, op, cost, lease, ds, o)
   return {v = v, log = log, leases = leases, expires = expires, fresh = false}
 end
 
+-- when ports the part of current that reads a state's bounds, exp and
+-- nw: whether the state is live at the time it is decided at (else it is
+-- decided as absent), that time, and when the caller's clock lies too far
+-- behind, false, 0 and by how much.
+local function when(exp, nw, now, maxRegression)
+  if exp <= now then
+    return false, now
+  end
+  local at = now
+  if nw > now then
+    if maxRegression >= 0 and nw - now > maxRegression then
+      return false, 0, nw - now
+    end
+    at = nw
+  end
+  return exp > at, at
+end
+
 -- current ports current: the state, the time it is decided at, and when
 -- the caller's clock lies too far behind, nil, 0 and by how much.
 local function current(p, st, now, maxRegression)
@@ -158,30 +193,29 @@ local function current(p, st, now, maxRegression)
     return absentOf(p.kind), now
   end
   local exp, nw = bounds(p, st)
-  if exp <= now then
-    return absentOf(p.kind), now
-  end
-  local at = now
-  if nw > now then
-    if maxRegression >= 0 and nw - now > maxRegression then
-      return nil, 0, nw - now
-    end
-    at = nw
-  end
-  if exp <= at then
+  local live, at, behind = when(exp, nw, now, maxRegression)
+  if behind ~= nil then
+    return nil, 0, behind
+  elseif not live then
     return absentOf(p.kind), at
   end
   return st, at
 end
 
+-- lengthenBy ports lengthen on a decision's resetAfter and retryAfter.
+local function lengthenBy(resetAfter, retryAfter, lag)
+  if retryAfter > 0 then
+    retryAfter = retryAfter + lag
+  end
+  if resetAfter > 0 then
+    resetAfter = resetAfter + lag
+  end
+  return resetAfter, retryAfter
+end
+
 -- lengthen ports lengthen, on the decision at offset o of ds.
 local function lengthen(ds, o, lag)
-  if ds[o + 5] > 0 then
-    ds[o + 5] = ds[o + 5] + lag
-  end
-  if ds[o + 4] > 0 then
-    ds[o + 4] = ds[o + 4] + lag
-  end
+  ds[o + 4], ds[o + 5] = lengthenBy(ds[o + 4], ds[o + 5], lag)
 end
 
 -- evaluate ports Evaluate.

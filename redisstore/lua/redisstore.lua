@@ -85,25 +85,30 @@ local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
 local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true}
 
--- decodeChecked returns the fields of a state of fixed-size kind stored
--- at key as raw: decoded (codec.lua), then held to what the algorithm
--- can have written (fixedWindowCorrupt, …).
-local function decodeChecked(key, raw, kind)
-  local v = decodeState(key, raw, FIELDS[kind])
-  local why
-  if kind == KIND_FIXED_WINDOW then
-    why = fixedWindowCorrupt(v[1], v[2], v[3])
-  elseif kind == KIND_SLIDING_WINDOW then
-    why = slidingWindowCorrupt(v[1], v[2], v[3], v[4])
+-- fixedCorrupt returns why a to e, the fields of a state of fixed-size
+-- kind, are none the algorithm can have written (fixedWindowCorrupt, …),
+-- or nil.
+local function fixedCorrupt(kind, a, b, c, d, e)
+  if kind == KIND_GCRA then
+    return gcraCorrupt(a, b, c, d, e)
+  elseif kind == KIND_FIXED_WINDOW then
+    return fixedWindowCorrupt(a, b, c)
   elseif kind == KIND_TOKEN_BUCKET then
-    why = tokenBucketCorrupt(v[1], v[2], v[3])
-  else
-    why = gcraCorrupt(v[1], v[2], v[3], v[4], v[5])
+    return tokenBucketCorrupt(a, b, c)
   end
+  return slidingWindowCorrupt(a, b, c, d)
+end
+
+-- decodeChecked returns the fields of a state of fixed-size kind stored
+-- at key as raw, as values: decoded (codec.lua), then held to what the
+-- algorithm can have written.
+local function decodeChecked(key, raw, kind)
+  local a, b, c, d, e = decodeFields(key, raw, FIELDS[kind])
+  local why = fixedCorrupt(kind, a, b, c, d, e)
   if why ~= nil then
     corrupt(key, why)
   end
-  return v
+  return a, b, c, d, e
 end
 
 -- The most entries a log or a set of leases holds: a write keeps at most
@@ -128,7 +133,7 @@ local function readState(key, kind)
     elseif len > MOST_ENTRIES[kind] then
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
-    local view = {key = key, len = len, newest = 0}
+    local view = {key = key, len = len, newest = 0, latest = ''}
     view.newest = entry(view, len - 1)
     return view
   end
@@ -136,7 +141,18 @@ local function readState(key, kind)
   if not raw then
     return nil
   end
-  return decodeChecked(key, raw, kind)
+  local a, b, c, d, e = decodeChecked(key, raw, kind)
+  return {a, b, c, d, e}
+end
+
+-- applyFixed keeps the n fields a to e of a state that expires at
+-- expires at key, as apply does.
+local function applyFixed(key, n, expires, now, grace, a, b, c, d, e)
+  if expires <= now then
+    redisCall('DEL', key)
+    return
+  end
+  redisCall('SET', key, encodeFields(n, a, b, c, d, e), 'PX', fmt(mathMax(ceilDiv(expires - now + grace, 1000), 1)))
 end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
@@ -152,7 +168,7 @@ local function apply(key, kind, w, stored, now, grace)
     if w.fresh and stored then
       redisCall('DEL', key)
     elseif e.cut > 0 then
-      redisCall('ZREMRANGEBYRANK', key, 0, e.cut - 1)
+      redisCall('ZREMRANGEBYRANK', key, '0', idx(e.cut - 1))
     end
     if e.remove ~= '' then
       redisCall('ZREM', key, e.remove)
@@ -164,14 +180,15 @@ local function apply(key, kind, w, stored, now, grace)
     return
   end
   if kind ~= KIND_SLIDING_LOG then
-    redisCall('SET', key, encodeState(w.v, FIELDS[kind]), 'PX', px)
+    local v = w.v
+    applyFixed(key, FIELDS[kind], w.expires, now, grace, v[1], v[2], v[3], v[4], v[5])
     return
   end
   local e = w.log
   if w.fresh and stored then
     redisCall('DEL', key)
   elseif e.cut > 0 or e.drop > 0 then
-    redisCall('LTRIM', key, e.cut, -1 - e.drop)
+    redisCall('LTRIM', key, idx(e.cut), idx(-1 - e.drop))
   end
   local at, left = fmt(e.at), e.add
   while left > 0 do
@@ -337,7 +354,8 @@ local function carryOver(KEYS, ARGV, ev, now)
         local entries, latest = carriedEntries(KEYS[i], raw, p.kind)
         take[i], newest = {entries = entries, ttl = ttl}, latest
       else
-        local v = decodeChecked(KEYS[i], raw, p.kind)
+        local a, b, c, d, e = decodeChecked(KEYS[i], raw, p.kind)
+        local v = {a, b, c, d, e}
         take[i] = {v = v, ttl = ttl}
         local _, nw = bounds(p, v)
         newest = nw
@@ -401,10 +419,9 @@ local function parsePolicy(raw, i)
   return p
 end
 
--- policyArgs returns policy i, checked: the policy as engine.lua takes
--- it, with its TTL grace (p.grace).
-local function policyArgs(ARGV, i)
-  local raw = ARGV[ARGV_POLICIES + i]
+-- policyOf returns policy i, its argument raw, checked: the policy as
+-- engine.lua takes it, with its TTL grace (p.grace).
+local function policyOf(raw, i)
   local p = checked[raw]
   if p == nil then
     p = parsePolicy(raw, i)
@@ -420,6 +437,33 @@ end
 local function redisTime()
   local t = redisCall('TIME')
   return toNumber(t[1]) * 1000000 + toNumber(t[2])
+end
+
+-- callerClock returns the caller's time now and its maximum clock
+-- regression, read from their arguments and checked.
+local function callerClock(rawNow, rawRegression)
+  local now, maxRegression = arg(rawNow), arg(rawRegression)
+  if now == nil or now < 1 or now >= MAX_EXACT then
+    raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
+  end
+  if maxRegression == nil or maxRegression < -1 then
+    raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
+  end
+  return now, maxRegression
+end
+
+-- clockUnsafe raises SLUICE_CLOCK: the caller's clock lies behind the
+-- newest write to key by more than maxRegression.
+local function clockUnsafe(key, behind, maxRegression)
+  raise('SLUICE_CLOCK', key .. ': caller clock is ' .. fmt(behind) ..
+    ' µs behind the last write, more than the allowed ' .. fmt(maxRegression))
+end
+
+-- tooFarAhead raises SLUICE_CORRUPT: on Redis time, no write lies
+-- further ahead of the clock than aheadMost (such a state would lock its
+-- subject out until then).
+local function tooFarAhead(key, ahead)
+  corrupt(key, 'newest write is ' .. fmt(ahead) .. ' µs after the time of this call')
 end
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments,
@@ -468,14 +512,7 @@ local function main(KEYS, ARGV, at)
   if ARGV[ARGV_NOW] == '' then
     now = at or redisTime()
   else
-    now = arg(ARGV[ARGV_NOW])
-    maxRegression = arg(ARGV[ARGV_MAX_REGRESSION])
-    if now == nil or now < 1 or now >= MAX_EXACT then
-      raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
-    end
-    if maxRegression == nil or maxRegression < -1 then
-      raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
-    end
+    now, maxRegression = callerClock(ARGV[ARGV_NOW], ARGV[ARGV_MAX_REGRESSION])
   end
 
   -- Every field evaluate sets is named here, so the table is built at its
@@ -484,7 +521,7 @@ local function main(KEYS, ARGV, at)
     replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
   local policies, states, redisTime = ev.policies, ev.states, ARGV[ARGV_NOW] == ''
   for i = 1, n do
-    policies[i] = policyArgs(ARGV, i)
+    policies[i] = policyOf(ARGV[ARGV_POLICIES + i], i)
   end
   for i = 1, n do
     local st
@@ -496,7 +533,7 @@ local function main(KEYS, ARGV, at)
       -- aheadMost: such a state would lock its subject out until then.
       local _, newest = bounds(policies[i], st)
       if newest - now > aheadMost(policies[i]) then
-        corrupt(KEYS[i], 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+        tooFarAhead(KEYS[i], newest - now)
       end
     end
     states[i] = st
@@ -515,8 +552,7 @@ local function main(KEYS, ARGV, at)
   end
   local err = evaluate(ev)
   if err ~= nil and err.clock then
-    raise('SLUICE_CLOCK', KEYS[err.clock.policy + 1] .. ': caller clock is ' .. fmt(err.clock.behind) ..
-      ' µs behind the last write, more than the allowed ' .. fmt(err.clock.max))
+    clockUnsafe(KEYS[err.clock.policy + 1], err.clock.behind, err.clock.max)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end
@@ -535,15 +571,121 @@ local function main(KEYS, ARGV, at)
   return reply
 end
 
--- decide runs main and turns an abort into its error reply; at is as
--- main's. It is the function the library registers (FCALL), or the
--- script's body (EVALSHA, with the globals KEYS and ARGV): redisstore.go
--- appends the line that does one or the other.
-local function decide(keys, args, at)
-  if redisCall == nil then
-    bindLibrary()
+------------------------------------------------------------------------
+-- The common decision in short: one policy, a spend or a peek (a lease's
+-- acquire or release on a concurrency policy), no evaluation id, nothing
+-- carried. Its arguments, instead of ARGV_POLICIES + 1: its form, then
+-- the cost (for a lease, the lease), then on the caller's clock now and
+-- the maximum clock regression, then the policy's argument. The forms:
+-- FAST_SPEND, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on Redis time,
+-- and the same in capitals on the caller's clock. It is decided by the
+-- functions main's evaluate calls (a fixed-size state on values rather
+-- than tables), and answers and writes what main would.
+
+local FAST_SPEND, FAST_PEEK, FAST_ACQUIRE, FAST_RELEASE = 's', 'p', 'a', 'r'
+
+-- The operation of each form of the short decision.
+local FAST_OPS = {
+  [FAST_SPEND] = 'spend', [FAST_PEEK] = 'peek', [FAST_ACQUIRE] = 'acquire', [FAST_RELEASE] = 'release',
+  S = 'spend', P = 'peek', A = 'acquire', R = 'release',
+}
+
+-- The number of arguments of each form of the short decision.
+local FAST_ARGS = {
+  [FAST_SPEND] = 3, [FAST_PEEK] = 3, [FAST_ACQUIRE] = 3, [FAST_RELEASE] = 3,
+  S = 5, P = 5, A = 5, R = 5,
+}
+
+-- fastView decides the short decision of op with cost or lease on key,
+-- under p, a policy of a log or of leases, as main does.
+local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
+  local st = readState(key, p.kind)
+  if st ~= nil and onRedis then
+    local _, newest = bounds(p, st)
+    if newest - now > aheadMost(p) then
+      tooFarAhead(key, newest - now)
+    end
   end
-  local ok, res = pcall(main, keys, args, at)
+  local cur, t, behind = current(p, st, now, maxRegression)
+  if cur == nil then
+    clockUnsafe(key, behind, maxRegression)
+  end
+  local ds = {0}
+  local w = step(p, cur, t, op, cost, lease, ds, 1)
+  w.fresh = cur ~= st
+  if t ~= now then
+    lengthen(ds, 1, t - now)
+  end
+  if ds[2] == 1 and op ~= 'peek' then
+    apply(key, p.kind, w, st ~= nil, now, p.grace)
+  end
+  return ds
+end
+
+-- fastMain decides the short decision on key whose arguments are
+-- args[o + 1] on; at is as main's.
+local function fastMain(key, args, o, at)
+  local form = args[o + 1]
+  local op = FAST_OPS[form]
+  local leases = op == 'acquire' or op == 'release'
+  local cost, lease = 0, ''
+  if leases then
+    lease = args[o + 2]
+  else
+    cost = SMALL[args[o + 2]] or arg(args[o + 2])
+    if cost == nil or cost < 0 then
+      raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+    end
+  end
+  local now, maxRegression, p
+  local onRedis = FAST_ARGS[form] == 3
+  if onRedis then
+    now, maxRegression, p = at or redisTime(), -1, policyOf(args[o + 3], 1)
+  else
+    now, maxRegression = callerClock(args[o + 3], args[o + 4])
+    p = policyOf(args[o + 5], 1)
+  end
+  local k = p.kind
+  if leases ~= (k == KIND_CONCURRENCY) then
+    raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
+  end
+  local n = FIELDS[k]
+  if n == 0 then
+    return fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
+  end
+  local a, b, c, d, e = 0, 0, 0, 0, 0
+  local t = now -- the time it is decided at
+  local raw = read(key, 'GET')
+  if raw then
+    a, b, c, d, e = decodeChecked(key, raw, k)
+    local exp, nw = boundsFixed(k, p, a, b, c, d, e)
+    if onRedis and nw - now > aheadMost(p) then
+      tooFarAhead(key, nw - now)
+    end
+    local live, behind
+    live, t, behind = when(exp, nw, now, maxRegression)
+    if behind ~= nil then
+      clockUnsafe(key, behind, maxRegression)
+    elseif not live then
+      a, b, c, d, e = 0, 0, 0, 0, 0
+    end
+  end
+  local allowed, remaining, resetAfter, retryAfter, expires, limit
+  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false)
+  if t ~= now then
+    resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
+  end
+  if allowed and op == 'spend' then
+    applyFixed(key, n, expires, now, p.grace, a, b, c, d, e)
+  end
+  return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter}
+end
+
+------------------------------------------------------------------------
+
+-- answer turns what pcall returned of main or fastMain into the
+-- decision's reply: its own, or its abort as an error reply.
+local function answer(ok, res)
   if ok then
     return res
   end
@@ -559,13 +701,28 @@ local function decide(keys, args, at)
   return redis.error_reply('ERR sluice: ' .. tostring(res))
 end
 
+-- decide runs main, or fastMain for a short decision, and turns an abort
+-- into its error reply; at is as main's. It is the function the library
+-- registers (FCALL), or the script's body (EVALSHA, with the globals KEYS
+-- and ARGV): redisstore.go appends the line that does one or the other.
+local function decide(keys, args, at)
+  if redisCall == nil then
+    bindLibrary()
+  end
+  local fast = FAST_ARGS[args[1]]
+  if fast ~= nil and #keys == 1 and #args == fast then
+    return answer(pcall(fastMain, keys[1], args, 0, at))
+  end
+  return answer(pcall(main, keys, args, at))
+end
+
 -- decideAll takes several decisions in one call, each as decide takes it
 -- alone, and answers an array of their replies (or error replies), in
 -- order. ARGV[1] is their number m and ARGV[1 + j] the number of keys of
 -- decision j; KEYS holds the decisions' keys one after the other, and
 -- ARGV, after those m + 1, their arguments likewise: ARGV_POLICIES plus
 -- ARGV_PER_POLICY per policy each (no carried state: a decision that
--- carries some goes alone). Decisions on Redis time share one reading of
+-- carries some goes alone), or a short decision's (FAST_ARGS). Decisions on Redis time share one reading of
 -- it, as they share this call. The library registers it beside decide
 -- (FCALL <name>_all); it spares each decision the call's own cost.
 local function decideAll(keys, args)
@@ -579,20 +736,31 @@ local function decideAll(keys, args)
   local out, at = {}, nil
   local ko, ao = 0, 1 + m
   for j = 1, m do
-    local nk = arg(args[1 + j])
+    local nk = SMALL[args[1 + j]] or arg(args[1 + j])
     if nk == nil or nk < 1 or ko + nk > #keys then
       return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' names ' .. tostring(args[1 + j]) .. ' keys')
     end
-    local n = nk
-    if args[ao + ARGV_ID] ~= '' then
-      n = n - 2
+    local na = FAST_ARGS[args[ao + 1]]
+    if na ~= nil and nk == 1 then
+      if ao + na > #args then
+        return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' wants ' .. na .. ' arguments')
+      end
+      if at == nil and na == 3 then
+        at = redisTime()
+      end
+      out[j] = answer(pcall(fastMain, keys[ko + 1], args, ao, at))
+    else
+      local n = nk
+      if args[ao + ARGV_ID] ~= '' then
+        n = n - 2
+      end
+      na = ARGV_POLICIES + ARGV_PER_POLICY * n
+      local A = {unpack(args, ao + 1, ao + na)}
+      if at == nil and A[ARGV_NOW] == '' then
+        at = redisTime()
+      end
+      out[j] = decide({unpack(keys, ko + 1, ko + nk)}, A, at)
     end
-    local na = ARGV_POLICIES + ARGV_PER_POLICY * n
-    local A = {unpack(args, ao + 1, ao + na)}
-    if at == nil and A[ARGV_NOW] == '' then
-      at = redisTime()
-    end
-    out[j] = decide({unpack(keys, ko + 1, ko + nk)}, A, at)
     ko, ao = ko + nk, ao + na
   end
   return out

@@ -16,9 +16,13 @@ entries read goes unseen, and harms nothing: an entry counted or cut
 wrongly is cut by the next write with the rest. ]]
 
 -- slidingLogEntry returns s.Entries[i] (0-based), read from the list.
--- With s.newest still 0 it reads the newest, checked as an integer only.
+-- With s.newest still 0 it reads the newest, checked as an integer only;
+-- once read, the newest is not asked again.
 local function slidingLogEntry(s, i)
-  local raw = redisCall('LINDEX', s.key, i)
+  if i == s.len - 1 and s.newest ~= 0 then
+    return s.newest
+  end
+  local raw = redisCall('LINDEX', s.key, idx(i))
   local v, newest = int(raw), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
