@@ -677,7 +677,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p)
+	return s.send(ctx, p, ev)
 }
 
 // previous reads the state of ev's policies under ev.Previous, one
