@@ -94,7 +94,7 @@ func (d *decoder) config(n *yaml.Node) (*Config, error) {
 		return nil, &Error{Rule: "the config is empty: at least one policy is required", Line: n.Line}
 	}
 	c := &Config{Server: Server{Listen: DefaultListen, DecisionTimeout: DefaultDecisionTimeout}, Store: Store{Type: StoreMemory}}
-	m, err := d.mapping("", n, "server", "store", "policies", "subjects", "proxy", "envoy")
+	m, err := d.mapping("", n, "server", "store", "policies", "subjects", "proxy", "envoy", "telemetry")
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +120,10 @@ func (d *decoder) config(n *yaml.Node) (*Config, error) {
 	}
 	if v := m["envoy"]; v != nil {
 		c.Envoy, err = d.envoy(v)
+		errs = append(errs, err)
+	}
+	if v := m["telemetry"]; v != nil {
+		c.Telemetry, err = d.telemetry(v)
 		errs = append(errs, err)
 	}
 	if err := collect(errs); err != nil {
