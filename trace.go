@@ -49,8 +49,16 @@ func newTracing(tp trace.TracerProvider, store Store) *tracing {
 }
 
 // storeKind names store by its package, e.g. "redisstore" for a
-// *redisstore.Store.
+// *redisstore.Store, seen through wrappers that have an Unwrap() Store
+// method.
 func storeKind(store Store) string {
+	for range 8 { // bounded: a wrapper could unwrap to itself
+		w, ok := store.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		store = w.Unwrap()
+	}
 	t := strings.TrimLeft(fmt.Sprintf("%T", store), "*")
 	if i := strings.LastIndexByte(t, '.'); i >= 0 {
 		t = t[:i]

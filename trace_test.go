@@ -3,6 +3,7 @@ package sluice_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +161,29 @@ func checkAttrs(t *testing.T, what string, attrs []attribute.KeyValue, want map[
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("%s: attributes (-want +got):\n%s", what, diff)
+	}
+}
+
+// TestNoTracingSDK: the library's packages reach OpenTelemetry through
+// its API only; the SDK and the exporters are the application's choice
+// (sluice serve's in internal/server).
+func TestNoTracingSDK(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to list the library's imports: %v", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", ".", "./memstore", "./redisstore", "./httplimit").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	api := false
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "go.opentelemetry.io/otel/sdk") || strings.HasPrefix(pkg, "go.opentelemetry.io/otel/exporters") {
+			t.Errorf("the library imports %s: only the OpenTelemetry API is allowed", pkg)
+		}
+		api = api || pkg == "go.opentelemetry.io/otel/trace"
+	}
+	if !api {
+		t.Errorf("go list -deps shows no go.opentelemetry.io/otel/trace: the check lists the wrong packages")
 	}
 }
