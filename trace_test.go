@@ -154,7 +154,7 @@ func checkAttrs(t *testing.T, what string, attrs []attribute.KeyValue, want map[
 	t.Helper()
 	got := map[string]string{}
 	for _, a := range attrs {
-		got[string(a.Key)] = a.Value.Emit()
+		got[string(a.Key)] = a.Value.String()
 		if v, ok := want[string(a.Key)]; ok && v == "*" {
 			got[string(a.Key)] = "*"
 		}

@@ -77,7 +77,7 @@ func decisionIn(t *testing.T, exp *tracetest.InMemoryExporter, span tracetest.Sp
 		if e.Name == "sluice.decision" {
 			got := map[string]string{}
 			for _, a := range e.Attributes {
-				got[string(a.Key)] = a.Value.Emit()
+				got[string(a.Key)] = a.Value.String()
 			}
 			return got
 		}
