@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -64,7 +65,11 @@ func newTracerProvider(cfg *config.Telemetry) (*sdktrace.TracerProvider, error) 
 	ctx := context.Background() // the exporters connect lazily: nothing waits on it
 	switch cfg.Protocol {
 	case config.ProtocolHTTP:
-		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(cfg.Endpoint))
+		endpoint := cfg.Endpoint
+		if u, perr := url.Parse(endpoint); perr == nil && (u.Path == "" || u.Path == "/") {
+			endpoint = strings.TrimSuffix(endpoint, "/") + "/v1/traces" // OTLP/HTTP's path, which a URL without one would not reach
+		}
+		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint))
 	default:
 		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
 	}

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -16,7 +18,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/internal/server"
 )
@@ -198,5 +204,129 @@ proxy:
 	defer mu.Unlock()
 	if want := "00-" + callerTrace + "-" + span.SpanContext.SpanID().String() + "-01"; upstreamSaw != want {
 		t.Errorf("the upstream got traceparent %q, want %q: the proxy's span as its parent", upstreamSaw, want)
+	}
+}
+
+// collector is an OTLP trace receiver on loopback: over HTTP
+// (POST /v1/traces) or gRPC, whichever the test starts.
+type collector struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu  sync.Mutex
+	got []*coltracepb.ExportTraceServiceRequest
+}
+
+func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got = append(c.got, req)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// serveHTTP starts c over OTLP/HTTP and returns its URL.
+func (c *collector) serveHTTP(t *testing.T) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		req := &coltracepb.ExportTraceServiceRequest{}
+		if r.URL.Path != "/v1/traces" || err != nil || proto.Unmarshal(body, req) != nil {
+			t.Errorf("collector: %s %s (%d bytes, %v): want an OTLP export to /v1/traces", r.Method, r.URL.Path, len(body), err)
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		resp, _ := c.Export(r.Context(), req)
+		b, _ := proto.Marshal(resp)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Write(b)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// serveGRPC starts c over OTLP/gRPC and returns its URL.
+func (c *collector) serveGRPC(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, c)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return "http://" + ln.Addr().String()
+}
+
+// TestTelemetryExportsOTLP: with a telemetry section, serve exports its
+// spans over OTLP (each protocol) to the collector at the endpoint, a
+// real server on loopback here: the check API's span, a child of the
+// caller's, with the decision event, under the configured service.name,
+// flushed at shutdown, and no subject in the export.
+func TestTelemetryExportsOTLP(t *testing.T) {
+	for _, protocol := range []string{"http", "grpc"} {
+		t.Run(protocol, func(t *testing.T) {
+			c := &collector{}
+			endpoint := c.serveHTTP
+			if protocol == "grpc" {
+				endpoint = c.serveGRPC
+			}
+			dir := t.TempDir()
+			writeTree(t, dir, map[string]string{"sluice.yaml": `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
+telemetry: { endpoint: "` + endpoint(t) + `", protocol: ` + protocol + `, service_name: limiter-under-test }
+`})
+			r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+			req, err := http.NewRequest("POST", r.url+"/v1/check", strings.NewReader(`{"policy":"demo","subject":"`+secretPerson+`"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("traceparent", traceparent)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if err := r.stop(); err != nil { // shutting down flushes the batch of spans
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			checkExport(t, c.got)
+		})
+	}
+}
+
+// checkExport finds in got the span that is a child of the caller's and
+// checks it, its resource and that nothing names the subject.
+func checkExport(t *testing.T, got []*coltracepb.ExportTraceServiceRequest) {
+	t.Helper()
+	var service string
+	var span *tracepb.Span
+	for _, req := range got {
+		for _, rs := range req.ResourceSpans {
+			for _, a := range rs.GetResource().GetAttributes() {
+				if a.Key == "service.name" {
+					service = a.GetValue().GetStringValue()
+				}
+			}
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					if fmt.Sprintf("%x", s.TraceId) == callerTrace && fmt.Sprintf("%x", s.ParentSpanId) == callerSpan {
+						span = s
+					}
+				}
+			}
+		}
+	}
+	if span == nil {
+		t.Fatalf("the collector got %d exports and no span that is a child of the caller's", len(got))
+	}
+	if service != "limiter-under-test" {
+		t.Errorf("service.name = %q, want limiter-under-test", service)
+	}
+	if len(span.Events) != 1 || span.Events[0].Name != "sluice.decision" {
+		t.Errorf("span %q has events %v, want one sluice.decision", span.Name, span.Events)
+	}
+	if dump := fmt.Sprint(got); strings.Contains(dump, secretPerson) {
+		t.Errorf("the export names the subject: %s", dump)
 	}
 }
