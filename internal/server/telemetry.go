@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/server/config"
 )
 
@@ -102,7 +103,7 @@ func (t *tracing) close(ctx context.Context) error {
 
 // handler serves h in a server span continuing the request's trace
 // context, named what followed by the method (and, for the check API, the
-// path of its fixed routes; never a proxied path, which may name a user).
+// path of its own routes; never a proxied path, which may name a user).
 func (t *tracing) handler(what string, withPath bool, h http.Handler) http.Handler {
 	if t == nil {
 		return h
@@ -111,7 +112,7 @@ func (t *tracing) handler(what string, withPath bool, h http.Handler) http.Handl
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		name := what + " " + r.Method
 		attrs := []attribute.KeyValue{attribute.String("http.request.method", r.Method)}
-		if withPath && strings.HasPrefix(r.URL.Path, "/v1/") {
+		if withPath && tracedPath(r.URL.Path) {
 			name += " " + r.URL.Path
 			attrs = append(attrs, attribute.String("url.path", r.URL.Path))
 		}
@@ -128,6 +129,16 @@ func (t *tracing) handler(what string, withPath bool, h http.Handler) http.Handl
 			span.SetStatus(codes.Error, http.StatusText(code))
 		}
 	})
+}
+
+// tracedPath reports whether a check API span may be named by path: one
+// of the API's own routes, never a path the client made up.
+func tracedPath(p string) bool {
+	switch p {
+	case checkapi.CheckPath, checkapi.ReleasePath, checkapi.RenewPath, "/v1/config", "/v1/overrides":
+		return true
+	}
+	return false
 }
 
 // transport passes the trace context of each request's span on to the
