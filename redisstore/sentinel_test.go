@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,13 +85,16 @@ func decideAgain(t *testing.T, check func() sluice.Outcome) (sluice.Outcome, int
 	t.Helper()
 	deadline := time.Now().Add(recoveryBound)
 	var o sluice.Outcome
+	seen := map[string]int{} // what the attempts before the decision answered
 	for n := 1; ; n++ {
 		o = check()
 		if o.Kind == sluice.Allowed || o.Kind == sluice.Denied {
+			t.Logf("answers before the decision: %v", seen)
 			return o, n
 		}
+		seen[strings.TrimSuffix(o.Kind.String()+" "+o.Cause.String(), " ")]++
 		if time.Now().After(deadline) {
-			t.Fatalf("no decision within %v of the master's death (%d attempts); the last: %+v", recoveryBound, n, o)
+			t.Fatalf("no decision within %v of the master's death (%d attempts: %v); the last: %+v", recoveryBound, n, seen, o)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -69,13 +69,15 @@ policies:
 	deadline := killed.Add(60 * time.Second)
 	var code int
 	var a checkAnswer
+	seen := map[string]int{} // what the attempts before the decision answered
 	for attempts := 1; ; attempts++ {
 		if code, a = spend("during"); code == 200 || code == 429 {
-			t.Logf("decided again %v after the master was killed, after %d attempts: %d %+v", time.Since(killed).Round(time.Millisecond), attempts, code, a)
+			t.Logf("decided again %v after the master was killed, after %d attempts (before: %v): %d %+v", time.Since(killed).Round(time.Millisecond), attempts, seen, code, a)
 			break
 		}
+		seen[fmt.Sprintf("%d %s %s", code, a.Outcome, a.Cause)]++
 		if time.Now().After(deadline) {
-			t.Fatalf("no decision within 60s of the master's death (%d attempts); the last: %d %+v", attempts, code, a)
+			t.Fatalf("no decision within 60s of the master's death (%d attempts: %v); the last: %d %+v", attempts, seen, code, a)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
