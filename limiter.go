@@ -107,13 +107,15 @@ const maxEvaluationIDLen = 128
 // to compare it with a context's deadline, which is real time too, and to
 // time the store for a trace.
 type Options struct {
-	// TracerProvider, when set, records every decision of Check through
-	// the OpenTelemetry API, under the scope "github.com/sluicehq/sluice"
-	// (see the README's "Tracing"): its policies, their algorithms, the
-	// operation, the outcome (and its cause), the store, how long the
-	// store took and, where the store batches, how many decisions shared
-	// its round trip. Never a subject, pseudonym, lease or evaluation id.
-	// Default: nil, nothing recorded, at no cost.
+	// TracerProvider, when set, records every decision Check asks of the
+	// store through the OpenTelemetry API, under the scope
+	// "github.com/sluicehq/sluice" (see the README's "Tracing"): its
+	// policies, their algorithms, the operation, the outcome (and its
+	// cause), the store, how long the store took and, where the store
+	// batches, how many decisions shared its round trip. Never a subject,
+	// pseudonym, lease or evaluation id. A request answered without the
+	// store (malformed, past its deadline, a near-cache denial) is not
+	// recorded. Default: nil, nothing recorded, at no cost.
 	TracerProvider trace.TracerProvider
 }
 
@@ -126,7 +128,6 @@ type Limiter struct {
 	list     []*Policy  // the policies in order, looked through instead of policies when few
 	pool     sync.Pool  // *Evaluation
 	near     *nearCache // nil when no policy has NearCache
-	tracing  *tracing   // nil when Options.TracerProvider is
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -155,7 +156,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	}
 	l.pool.New = func() any { return new(Evaluation) }
 	if opts.TracerProvider != nil {
-		l.tracing = newTracing(opts.TracerProvider, store)
+		l.store = newTracedStore(opts.TracerProvider, store)
 	}
 	return l, nil
 }
@@ -216,20 +217,14 @@ func (l *Limiter) Policies() []string {
 // does not have, or comes after its context's deadline is answered without
 // touching the store; the store checks the operation's own rules.
 func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
-	ev := l.pool.Get().(*Evaluation)
-	defer l.put(ev)
-	if l.tracing != nil {
-		var span trace.Span
-		var own bool
-		ctx, span, own = l.tracing.begin(ctx)
-		defer l.traceEnd(span, own, &req, ev, &o) // before put: it reads ev
-	}
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
 	if d, ok := ctx.Deadline(); ok && !(clock.System{}).Now().Before(d) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
+	ev := l.pool.Get().(*Evaluation)
+	defer l.put(ev)
 	if err := l.prepare(ev, &req); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
 	}
@@ -256,15 +251,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 	if ev.Op == Acquire && ev.LeaseID == "" {
 		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
 	}
-	var t0 time.Time
-	if l.tracing != nil {
-		t0 = clock.System{}.Now()
-	}
-	err := l.store.Evaluate(ctx, ev)
-	if l.tracing != nil {
-		ev.asked, ev.storeTime = true, clock.System{}.Now().Sub(t0)
-	}
-	if err != nil {
+	if err := l.store.Evaluate(ctx, ev); err != nil {
 		return failed(err)
 	}
 	if len(ev.Statuses) != len(ev.Policies) {

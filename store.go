@@ -72,9 +72,6 @@ type Evaluation struct {
 	// one included (1 when it went alone). It is recorded in a trace
 	// (Options.TracerProvider); 0 when the store does not say. Example: 12.
 	Batch int
-
-	asked     bool          // the store was asked (Limiter, for a trace)
-	storeTime time.Duration // how long it took to answer (Limiter, for a trace)
 }
 
 // Clock tells the time. Nothing below Limiter reads the time by other

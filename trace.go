@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/clock"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -22,29 +25,33 @@ var (
 	attrOutcome    = attribute.Key("sluice.outcome")          // allowed, denied, unavailable, …
 	attrCause      = attribute.Key("sluice.cause")            // why unavailable: circuit_open, …
 	attrReplayed   = attribute.Key("sluice.replayed")         // a remembered decision: nothing spent
-	attrFromCache  = attribute.Key("sluice.from_cache")       // denied by the near cache, the store not asked
 	attrRetryAfter = attribute.Key("sluice.retry_after_ms")   // a denial's wait
 	attrStore      = attribute.Key("sluice.store")            // the store's package: memstore, redisstore, …
 	attrBatch      = attribute.Key("sluice.store.batch")      // decisions in the store's round trip (Evaluation.Batch)
 	attrLatency    = attribute.Key("sluice.store.latency_us") // how long the store took to decide
 )
 
-// tracing records a Limiter's decisions. A decision whose context holds a
-// recording span (the caller's request) is an event on that span, which
-// costs less than a span of its own (BENCHMARKS.md, "Tracing") and shows
-// the same: a decision with no recording span to join (a context with no
-// span, or only a remote parent's) is a span of its own, "sluice.Check".
-type tracing struct {
+// tracedStore is the Store of a Limiter with a TracerProvider: it records
+// each decision asked of the store it wraps. A decision whose context
+// holds a recording span (the caller's request) is an event on that span,
+// which costs less than a span of its own (BENCHMARKS.md, "Tracing") and
+// shows the same; a decision with no recording span to join (a context
+// with no span, or only a remote parent's) is a span of its own,
+// "sluice.Check". A Limiter without a TracerProvider calls its store
+// directly: tracing off costs nothing.
+type tracedStore struct {
+	store  Store
 	tracer trace.Tracer
 	start  []trace.SpanStartOption
-	store  attribute.KeyValue
+	kind   attribute.KeyValue // sluice.store
 }
 
-func newTracing(tp trace.TracerProvider, store Store) *tracing {
-	return &tracing{
+func newTracedStore(tp trace.TracerProvider, store Store) *tracedStore {
+	return &tracedStore{
+		store:  store,
 		tracer: tp.Tracer(tracerName),
 		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)},
-		store:  attrStore.String(storeKind(store)),
+		kind:   attrStore.String(storeKind(store)),
 	}
 }
 
@@ -66,30 +73,41 @@ func storeKind(store Store) string {
 	return t
 }
 
-// begin returns the context the decision runs in, the span that records
-// it, and whether that span is the decision's own.
-func (t *tracing) begin(ctx context.Context) (context.Context, trace.Span, bool) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		return ctx, span, false
+// Evaluate asks the store for ev's decision and records it.
+func (s *tracedStore) Evaluate(ctx context.Context, ev *Evaluation) error {
+	span, own := trace.SpanFromContext(ctx), false
+	if !span.IsRecording() {
+		ctx, span = s.tracer.Start(ctx, "sluice.Check", s.start...)
+		own = true
 	}
-	ctx, span := t.tracer.Start(ctx, "sluice.Check", t.start...)
-	return ctx, span, true
+	t0 := clock.System{}.Now()
+	err := s.store.Evaluate(ctx, ev)
+	took := clock.System{}.Now().Sub(t0)
+	if span.IsRecording() {
+		s.record(span, own, ev, err, took)
+	}
+	if own {
+		span.End()
+	}
+	return err
 }
 
-// traceEnd records the decision o of req on span, as an event unless the
-// span is the decision's own: ev holds the policies and what the store
-// said of its round trip.
-func (l *Limiter) traceEnd(span trace.Span, own bool, req *Request, ev *Evaluation, o *Outcome) {
-	if !span.IsRecording() {
-		if own {
-			span.End()
+// record puts the decision the store took for ev (or err) on span: as an
+// event, or as the attributes of the decision's own span.
+func (s *tracedStore) record(span trace.Span, own bool, ev *Evaluation, err error, took time.Duration) {
+	o := failed(err) // the Outcome Limiter will make of it
+	switch {
+	case err != nil:
+	case len(ev.Statuses) != len(ev.Policies):
+		o.Kind = Incompatible
+	default:
+		o.Status, o.Replayed = mostRestrictive(ev.Statuses), ev.Replayed
+		o.Kind = Allowed
+		if !o.Allowed {
+			o.Kind = Denied
 		}
-		return
 	}
-	if len(ev.Policies) == 0 {
-		l.lookup(ev, req) // decided before the lookup (a deadline): the policies of l it names
-	}
-	attrs := make([]attribute.KeyValue, 0, 11)
+	attrs := make([]attribute.KeyValue, 0, 10)
 	if len(ev.Policies) == 1 {
 		p := ev.Policies[0]
 		attrs = append(attrs, attrPolicy.String(p.ID), attrAlgorithm.String(p.Algorithm.String()))
@@ -101,7 +119,8 @@ func (l *Limiter) traceEnd(span trace.Span, own bool, req *Request, ev *Evaluati
 		}
 		attrs = append(attrs, attrPolicy.StringSlice(policies), attrAlgorithm.StringSlice(algorithms))
 	}
-	attrs = append(attrs, attrOperation.String(req.Op.String()), attrOutcome.String(o.Kind.String()), l.tracing.store)
+	attrs = append(attrs, attrOperation.String(ev.Op.String()), attrOutcome.String(o.Kind.String()), s.kind,
+		attrLatency.Int64(took.Microseconds()))
 	if o.Cause != 0 {
 		attrs = append(attrs, attrCause.String(o.Cause.String()))
 	}
@@ -111,14 +130,8 @@ func (l *Limiter) traceEnd(span trace.Span, own bool, req *Request, ev *Evaluati
 	if o.Replayed {
 		attrs = append(attrs, attrReplayed.Bool(true))
 	}
-	if o.FromCache {
-		attrs = append(attrs, attrFromCache.Bool(true))
-	}
 	if ev.Batch > 0 {
 		attrs = append(attrs, attrBatch.Int(ev.Batch))
-	}
-	if ev.asked {
-		attrs = append(attrs, attrLatency.Int64(ev.storeTime.Microseconds()))
 	}
 	if !own {
 		span.AddEvent("sluice.decision", trace.WithAttributes(attrs...))
@@ -132,5 +145,4 @@ func (l *Limiter) traceEnd(span trace.Span, own bool, req *Request, ev *Evaluati
 		}
 		span.SetStatus(codes.Error, desc)
 	}
-	span.End()
 }

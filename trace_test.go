@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,12 +70,30 @@ func BenchmarkCheckTracing(b *testing.B) {
 	}
 }
 
+// breakerStore is a real store whose breaker the test opens: while open,
+// it answers CircuitOpen without deciding, as redisstore's does. It
+// unwraps to the store, which a trace names.
+type breakerStore struct {
+	sluice.Store
+	open atomic.Bool
+}
+
+func (s *breakerStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	if s.open.Load() {
+		return fmt.Errorf("breakerStore: %w", sluice.CircuitOpen)
+	}
+	return s.Store.Evaluate(ctx, ev)
+}
+
+func (s *breakerStore) Unwrap() sluice.Store { return s.Store }
+
 // TestCheckTraced: with a TracerProvider, a decision inside a recording
 // span is an event on it, and one with only a remote parent is a span of
 // its own, a child of that parent; each carries the policies, their
-// algorithms, the operation, the outcome (and cause), the store and its
-// latency, and neither names the subject anywhere. Without one, nothing
-// is recorded.
+// algorithms, the operation, the outcome (and cause), the store (named
+// through a wrapper) and its latency, and neither names the subject
+// anywhere. A request answered before the store is asked is not
+// recorded. Without a TracerProvider, nothing is.
 func TestCheckTraced(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -88,7 +107,8 @@ func TestCheckTraced(t *testing.T) {
 		{ID: "login", Algorithm: sluice.SlidingLog, Limit: 1, Window: time.Minute},
 		{ID: "day", Algorithm: sluice.FixedWindow, Limit: 100, Window: 24 * time.Hour},
 	}
-	l, err := sluice.New(ms, policies, sluice.Options{TracerProvider: tp})
+	store := &breakerStore{Store: ms}
+	l, err := sluice.New(store, policies, sluice.Options{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +117,12 @@ func TestCheckTraced(t *testing.T) {
 	ctx, request := tp.Tracer("test").Start(context.Background(), "request")
 	l.Check(ctx, sluice.Request{Policy: "login", Subject: subject})
 	l.Check(ctx, sluice.Request{Policies: []string{"login", "day"}, Subject: subject, EvaluationID: "ev-1"})
+	store.open.Store(true)
+	l.Check(ctx, sluice.Request{Policy: "login", Subject: subject})
+	store.open.Store(false)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	l.Check(cancelled, sluice.Request{Policy: "login", Subject: subject})
+	l.Check(cancelled, sluice.Request{Policy: "login", Subject: subject}) // answered before the store: not recorded
 	request.End()
 
 	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled, Remote: true})
@@ -121,7 +144,7 @@ func TestCheckTraced(t *testing.T) {
 	want := []map[string]string{
 		{"sluice.policy": "login", "sluice.algorithm": "sliding_log", "sluice.operation": "spend", "sluice.outcome": "allowed", "sluice.store": "memstore", "sluice.store.latency_us": "*"},
 		{"sluice.policy": `["login","day"]`, "sluice.algorithm": `["sliding_log","fixed_window"]`, "sluice.operation": "spend", "sluice.outcome": "denied", "sluice.store": "memstore", "sluice.store.latency_us": "*", "sluice.retry_after_ms": "60000"},
-		{"sluice.policy": "login", "sluice.algorithm": "sliding_log", "sluice.operation": "spend", "sluice.outcome": "unavailable", "sluice.cause": "deadline_passed", "sluice.store": "memstore"},
+		{"sluice.policy": "login", "sluice.algorithm": "sliding_log", "sluice.operation": "spend", "sluice.outcome": "unavailable", "sluice.cause": "circuit_open", "sluice.store": "memstore", "sluice.store.latency_us": "*"},
 	}
 	for i, e := range req.Events {
 		if e.Name != "sluice.decision" {
