@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // maxSubjectLen is the longest Subject a Request may carry, in bytes.
@@ -101,11 +102,22 @@ const maxPrevious = 4
 // maxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
 const maxEvaluationIDLen = 128
 
-// Options configure a Limiter. The zero value means the defaults; there
-// are no options yet. Policies' clocks belong to the Store: Limiter reads
-// the real time only to compare it with a context's deadline, which is
-// real time too.
-type Options struct{}
+// Options configure a Limiter. The zero value means the defaults.
+// Policies' clocks belong to the Store: Limiter reads the real time only
+// to compare it with a context's deadline, which is real time too, and to
+// time the store for a trace.
+type Options struct {
+	// TracerProvider, when set, records every decision Check asks of the
+	// store through the OpenTelemetry API, under the scope
+	// "github.com/sluicehq/sluice" (see the README's "Tracing"): its
+	// policies, their algorithms, the operation, the outcome (and its
+	// cause), the store, how long the store took and, where the store
+	// batches, how many decisions shared its round trip. Never a subject,
+	// pseudonym, lease or evaluation id. A request answered without the
+	// store (malformed, past its deadline, a near-cache denial) is not
+	// recorded. Default: nil, nothing recorded, at no cost.
+	TracerProvider trace.TracerProvider
+}
 
 // Limiter checks requests against a fixed set of policies on one Store.
 // It validates every request before the store sees it. Safe for concurrent
@@ -143,6 +155,9 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		}
 	}
 	l.pool.New = func() any { return new(Evaluation) }
+	if opts.TracerProvider != nil {
+		l.store = newTracedStore(opts.TracerProvider, store)
+	}
 	return l, nil
 }
 

@@ -194,15 +194,16 @@ const checkSubjects = 1024
 
 // newCheckBench returns a Limiter over a default memstore (the real clock)
 // with one GCRA policy no benchmark reaches, and checkSubjects
-// pseudonym-like subjects of 43 bytes that each took one decision.
-func newCheckBench(b *testing.B) (*sluice.Limiter, []string) {
+// pseudonym-like subjects of 43 bytes that each took one decision, with
+// opts.
+func newCheckBench(b *testing.B, opts sluice.Options) (*sluice.Limiter, []string) {
 	b.Helper()
 	ms, err := memstore.New(memstore.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ms.Close() })
-	l, err := sluice.New(ms, []sluice.Policy{{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second}}, sluice.Options{})
+	l, err := sluice.New(ms, []sluice.Policy{{ID: "p", Algorithm: sluice.GCRA, Limit: 1e9, Window: time.Second}}, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func nextSubject(rng *uint64) int {
 // BenchmarkCheck measures one allowed decision on one of 1 024 existing
 // subjects, on memstore with the real clock, from one goroutine.
 func BenchmarkCheck(b *testing.B) {
-	l, subjects := newCheckBench(b)
+	l, subjects := newCheckBench(b, sluice.Options{})
 	ctx := context.Background()
 	rng := uint64(0x9E3779B97F4A7C15)
 	b.ReportAllocs()
@@ -268,7 +269,7 @@ func BenchmarkCheck(b *testing.B) {
 // BenchmarkCheckParallel is BenchmarkCheck from b.RunParallel's goroutines,
 // each on its own random sequence of the same subjects.
 func BenchmarkCheckParallel(b *testing.B) {
-	l, subjects := newCheckBench(b)
+	l, subjects := newCheckBench(b, sluice.Options{})
 	ctx := context.Background()
 	var seed atomic.Uint64
 	b.ReportAllocs()

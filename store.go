@@ -67,6 +67,11 @@ type Evaluation struct {
 	// Statuses receives one Status per policy, in order. The store
 	// overwrites it (reusing its capacity): Statuses = append(Statuses[:0], …).
 	Statuses []Status
+	// Batch is set by a store that shares round trips between decisions:
+	// how many decisions the round trip that carried this one held, this
+	// one included (1 when it went alone). It is recorded in a trace
+	// (Options.TracerProvider); 0 when the store does not say. Example: 12.
+	Batch int
 }
 
 // Clock tells the time. Nothing below Limiter reads the time by other

@@ -46,6 +46,7 @@ type pending struct {
 	lease text      // a short decision's lease, its argument
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
 	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
+	batch int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
 	wait  *redis.IntCmd
 	err   error // the command's error, typed by typeErr
 	state atomic.Int32
@@ -220,7 +221,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		if err := s.client.Process(ctx, p.cmd); err != nil && p.cmd.Err() == nil {
 			p.cmd.SetErr(err)
 		}
-		p.wrote, p.wait = p.mark.written.Load(), nil
+		p.wrote, p.wait, p.batch = p.mark.written.Load(), nil, 1
 		return
 	}
 	var pipe redis.Pipeliner
@@ -251,7 +252,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		spread(c, batch[i*maxAll:min((i+1)*maxAll, len(batch))])
 	}
 	for _, p := range batch {
-		p.wrote, p.wait = p.mark.written.Load(), w // a decideAll call writes the marks of its decisions
+		p.wrote, p.wait, p.batch = p.mark.written.Load(), w, len(batch) // a decideAll call writes the marks of its decisions
 	}
 	if err != nil && !errors.As(err, new(redis.Error)) {
 		// A failure of the whole pipeline: every command without an
@@ -335,8 +336,8 @@ func (b *batcher) close() {
 
 // send runs the decision p holds on the node its key belongs to, through
 // that node's senders or alone, and returns the script's reply appended
-// to dst, or the error typed by typeErr.
-func (s *Store) send(ctx context.Context, p *pending, dst []int64) ([]int64, error) {
+// to dst, or the error typed by typeErr. It sets ev.Batch.
+func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
 	n := s.nodeFor(ctx, p.args[3].(string))
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
@@ -360,6 +361,7 @@ func (s *Store) send(ctx context.Context, p *pending, dst []int64) ([]int64, err
 		if err != nil {
 			return nil, err
 		}
+		ev.Batch = 1
 		return int64s(p.cmd, dst)
 	}
 	p.mark.arm(p.args)
@@ -377,6 +379,7 @@ func (s *Store) send(ctx context.Context, p *pending, dst []int64) ([]int64, err
 	if p.err != nil {
 		return nil, p.err
 	}
+	ev.Batch = p.batch
 	return int64s(p.cmd, dst)
 }
 

@@ -706,7 +706,7 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 		argv[3], argv[4] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
 	argv[nargv] = s.argsOf(pol).arg
-	return s.send(ctx, p, dst)
+	return s.send(ctx, p, ev, dst)
 }
 
 // decide runs the script once for subject: ev's decision, with carry ""
@@ -756,7 +756,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p, dst)
+	return s.send(ctx, p, ev, dst)
 }
 
 // previous reads the state of ev's policies under ev.Previous, one

@@ -160,6 +160,9 @@ type timedStore struct {
 	clock    sluice.Clock
 }
 
+// Unwrap returns the store s times, which a trace names.
+func (s *timedStore) Unwrap() sluice.Store { return s.Store }
+
 func (s *timedStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	start := s.clock.Now()
 	err := s.Store.Evaluate(ctx, ev)

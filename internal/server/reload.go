@@ -25,7 +25,7 @@ import (
 // and the store.
 func restartOnly(prev, next *config.Config) error {
 	changed := func(field string, a, b any) error {
-		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence and the store are fixed until sluice restarts; restart it to apply", field, a, b, next.Line(field))
+		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence, the store and telemetry are fixed until sluice restarts; restart it to apply", field, a, b, next.Line(field))
 	}
 	switch {
 	case prev.Server.Listen != next.Server.Listen:
@@ -44,6 +44,8 @@ func restartOnly(prev, next *config.Config) error {
 		return changed("envoy", present(prev.Envoy != nil), present(next.Envoy != nil))
 	case prev.Envoy != nil && prev.Envoy.Listen != next.Envoy.Listen:
 		return changed("envoy.listen", strconv.Quote(prev.Envoy.Listen), strconv.Quote(next.Envoy.Listen))
+	case !reflect.DeepEqual(prev.Telemetry, next.Telemetry):
+		return changed("telemetry", "its old settings", "new ones")
 	}
 	return nil
 }
@@ -160,6 +162,7 @@ type reloader struct {
 	rlsM     *rls.Metrics
 	reloadM  *reloadMetrics
 	rlsSvc   *rls.Service // nil without an envoy section
+	tracing  *tracing     // nil without a telemetry section
 
 	cur  atomic.Pointer[generation]
 	last atomic.Pointer[ReloadStatus]
@@ -188,7 +191,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
 	if l.envoy != nil {
 		if ps := l.envoy.Policies(); len(ps) > 0 {
-			if elim, err = sluice.New(r.store, ps, sluice.Options{}); err != nil {
+			if elim, err = sluice.New(r.store, ps, sluice.Options{TracerProvider: r.tracing.provider()}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
 		}
@@ -198,7 +201,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	// policies (none when no rule needs the store).
 	lim := elim
 	if len(cfg.Policies) > 0 {
-		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{}); err != nil {
+		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider()}); err != nil {
 			return nil, err
 		}
 	}
@@ -211,7 +214,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
-		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback}); err != nil {
+		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
@@ -38,6 +39,11 @@ type RunOptions struct {
 	// Clock is the clock of the stores, timings and reload times.
 	// Default: clock.NewMonotonic().
 	Clock sluice.Clock
+	// TracerProvider, when set, records the server's traces in place of
+	// the telemetry section's OTLP exporter, as if the config had one
+	// (tests hand in the SDK's in-memory exporter). Default: nil, the
+	// telemetry section decides.
+	TracerProvider trace.TracerProvider
 }
 
 // shutdownTimeout bounds how long Run waits for requests in flight once
@@ -63,6 +69,9 @@ func Run(ctx context.Context, opts RunOptions) error {
 	}
 	rn := &runner{opts: opts, log: opts.Log}
 	defer rn.close()
+	if rn.tracing, err = newTracing(l.cfg.Telemetry, opts.TracerProvider); err != nil {
+		return err
+	}
 	if err := rn.start(l); err != nil {
 		return err
 	}
@@ -112,6 +121,7 @@ type runner struct {
 	https    []*http.Server // the check API's, then the proxy's
 	grpc     *grpc.Server   // nil without an envoy section
 	lns      []net.Listener // https' listeners, then grpc's
+	tracing  *tracing       // nil without a telemetry section
 }
 
 // start builds the metrics, the stores and the first generation of l.
@@ -139,7 +149,7 @@ func (rn *runner) start(l *loaded) error {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log,
+	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log, tracing: rn.tracing,
 		store: metrics.InstrumentStore(rn.st.store, cfg.Store.Type, clock), ready: rn.st.ready, info: rn.st.info, metrics: metrics, reloadM: reloadM}
 	fb, err := newFallbackStore(cfg, clock)
 	if err != nil {
@@ -173,7 +183,7 @@ func (rn *runner) start(l *loaded) error {
 func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 	errorLog := slog.NewLogLogger(rn.log.Handler(), slog.LevelWarn)
 	rn.https = []*http.Server{{
-		Handler:           rn.r.serveWith(func(g *generation) http.Handler { return g.api }),
+		Handler:           rn.tracing.handler("sluice", true, rn.r.serveWith(func(g *generation) http.Handler { return g.api })),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -188,7 +198,7 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		// take as long as they take; a request must arrive within
 		// proxy.read_timeout, so a slow body cannot hold a connection.
 		rn.https = append(rn.https, &http.Server{
-			Handler:           rn.r.serveWith(func(g *generation) http.Handler { return g.proxy }),
+			Handler:           rn.tracing.handler("proxy", false, rn.r.serveWith(func(g *generation) http.Handler { return g.proxy })),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       cfg.Proxy.ReadTimeout,
 			IdleTimeout:       60 * time.Second,
@@ -197,7 +207,11 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		addrs, fields = append(addrs, cfg.Proxy.Listen), append(fields, "proxy.listen")
 	}
 	if cfg.Envoy != nil {
-		rn.grpc = grpc.NewServer()
+		var gopts []grpc.ServerOption
+		if rn.tracing != nil {
+			gopts = append(gopts, grpc.UnaryInterceptor(rn.tracing.unary()))
+		}
+		rn.grpc = grpc.NewServer(gopts...)
 		rn.r.rlsSvc.Register(rn.grpc)
 		addrs, fields = append(addrs, cfg.Envoy.Listen), append(fields, "envoy.listen")
 	}
@@ -313,5 +327,10 @@ func (rn *runner) close() {
 	}
 	if rn.st != nil {
 		rn.st.close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := rn.tracing.close(ctx); err != nil {
+		rn.log.Warn("telemetry: spans not exported at shutdown", "reason", err)
 	}
 }

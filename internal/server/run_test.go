@@ -43,6 +43,12 @@ type running struct {
 // to the file logFile (when not ""), until the test ends or stop.
 func startRun(t *testing.T, path, logFile string) *running {
 	t.Helper()
+	return startRunWith(t, server.RunOptions{ConfigPath: path}, logFile)
+}
+
+// startRunWith is startRun with opts (their Log replaced).
+func startRunWith(t *testing.T, opts server.RunOptions, logFile string) *running {
+	t.Helper()
 	logs := &syncBuffer{}
 	var w io.Writer = logs
 	if logFile != "" {
@@ -56,7 +62,8 @@ func startRun(t *testing.T, path, logFile string) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { done <- server.Run(ctx, server.RunOptions{ConfigPath: path, Log: log}) }()
+	opts.Log = log
+	go func() { done <- server.Run(ctx, opts) }()
 	var once sync.Once
 	var runErr error
 	r := &running{logs: logs, stop: func() error {

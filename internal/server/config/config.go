@@ -74,6 +74,8 @@ type Config struct {
 	Proxy *Proxy
 	// Envoy configures the Envoy rate-limit gRPC service; nil when absent.
 	Envoy *Envoy
+	// Telemetry configures the export of traces; nil when absent (none).
+	Telemetry *Telemetry
 
 	// pos maps field paths ("policies[1].window") to where Parse read
 	// them; nil for a Config built in Go.
@@ -468,6 +470,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateSubjects()...)
 	errs = append(errs, c.validateProxy()...)
 	add(c.validateEnvoy())
+	errs = append(errs, c.validateTelemetry()...)
 	return joinErrors(errs)
 }
 

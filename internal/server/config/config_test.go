@@ -116,7 +116,10 @@ var invalid = []struct {
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
 	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean window?) (line 5)"},
-	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy (line 6)"},
+	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy, telemetry (line 6)"},
+	{"telemetry_endpoint_not_url.yaml", "telemetry.endpoint: \"127.0.0.1:4317\": must be the collector's URL, http://host:port or https://host:port, such as http://127.0.0.1:4317 (line 2)"},
+	{"telemetry_bad_protocol_and_ratio.yaml", "telemetry.protocol: \"thrift\": must be one of grpc, http (line 3)\ntelemetry.sampling_ratio: 1.5: must be between 0 and 1 (line 4)"},
+	{"telemetry_without_endpoint.yaml", "telemetry.endpoint: is required: the collector's URL, such as http://127.0.0.1:4317 (line 1)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
 	{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (line 14)"},
@@ -489,4 +492,23 @@ func (nopStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error { ret
 
 func lookup(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }
+}
+
+func TestParseTelemetry(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "telemetry.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.Telemetry{Endpoint: "http://collector:4318", Protocol: config.ProtocolHTTP, SamplingRatio: 0.25, ServiceName: "edge-limiter"}
+	if diff := cmp.Diff(want, got.Telemetry); diff != "" {
+		t.Errorf("telemetry mismatch (-want +got):\n%s", diff)
+	}
+	c, err := config.Parse(strings.NewReader("telemetry: { endpoint: \"https://otel.internal:4317\" }\npolicies: [{ id: a, algorithm: gcra, limit: 1, window: 1s }]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = &config.Telemetry{Endpoint: "https://otel.internal:4317", Protocol: config.ProtocolGRPC, SamplingRatio: 1, ServiceName: config.DefaultServiceName}
+	if diff := cmp.Diff(want, c.Telemetry); diff != "" {
+		t.Errorf("telemetry defaults mismatch (-want +got):\n%s", diff)
+	}
 }

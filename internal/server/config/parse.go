@@ -207,6 +207,7 @@ var sections = []struct {
 	{"subjects", func(d *decoder, c *Config, n *yaml.Node) { d.subjects(&c.Subjects, n) }},
 	{"proxy", func(d *decoder, c *Config, n *yaml.Node) { c.Proxy = d.proxy(n) }},
 	{"envoy", func(d *decoder, c *Config, n *yaml.Node) { c.Envoy = d.envoy(n) }},
+	{"telemetry", func(d *decoder, c *Config, n *yaml.Node) { c.Telemetry = d.telemetry(n) }},
 }
 
 // config decodes the document; nil when it is not a mapping.

@@ -1,7 +1,8 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server, a replica of one, a Sentinel monitoring one, a Redis
-// Cluster of three masters (with one replica each), and a server with a
-// least-privilege ACL user. Each listens on free loopback ports with its
+// standalone server, a replica of one, a Sentinel monitoring one, a
+// Sentinel deployment (a master, a replica and three redis-sentinel
+// processes, to fail over: Sentinels), a Redis Cluster of three masters
+// (with one replica each), and a server with a least-privilege ACL user. Each listens on free loopback ports with its
 // files in a temporary directory, and is stopped by killing the process it
 // started (by PID), never by name.
 //

@@ -98,3 +98,37 @@ func TestACL(t *testing.T) {
 		t.Fatal("PING without a password succeeded, want NOAUTH")
 	}
 }
+
+// TestSentinelsFailOver: three Sentinels promote the replica within
+// failoverTimeout of the master's death, and a failover client of theirs
+// reaches the new master with the write replicated before.
+func TestSentinelsFailOver(t *testing.T) {
+	s := SentinelSet(t, "failover")
+	c := s.Client()
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the failover client: %v", err)
+	}
+	if n, err := c.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v, want the replica's acknowledgement", n, err)
+	}
+	s.Master.Kill()
+	killed := time.Now()
+	if err := s.WaitFailover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replica promoted %v after the master was killed", time.Since(killed).Round(time.Millisecond))
+	var v string
+	var err error
+	for range 100 { // the client learns of the switch from the Sentinels
+		if v, err = c.Get(ctx, "k").Result(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || v != "v" {
+		t.Fatalf("GET after the failover = %q, %v, want the replicated write", v, err)
+	}
+}
