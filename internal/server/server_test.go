@@ -529,7 +529,6 @@ func TestNewRejectsMissingParts(t *testing.T) {
 		log   *slog.Logger
 		opts  server.Options
 	}{
-		{"no limiter", nil, subject.Unkeyed(), log, server.Options{}},
 		{"no pseudonymizer", lim, nil, log, server.Options{}},
 		{"no logger", lim, subject.Unkeyed(), nil, server.Options{}},
 		{"negative body cap", lim, subject.Unkeyed(), log, server.Options{MaxBodyBytes: -1}},
