@@ -1,4 +1,4 @@
-# make test: what CI runs (.ci/run). It installs redis-server and chromium
+# make test: what CI runs (.ci/run). It installs redis-server, redis-sentinel and chromium
 # with apt-get when missing, fetches staticcheck (and the modules go.mod
 # lists) through the Go module proxy, then vets, lints and runs every test
 # with the race detector. The tests start and stop their own redis-server
