@@ -101,11 +101,17 @@ const maxPrevious = 4
 // maxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
 const maxEvaluationIDLen = 128
 
-// Options configure a Limiter. The zero value means the defaults; there
-// are no options yet. Policies' clocks belong to the Store: Limiter reads
-// the real time only to compare it with a context's deadline, which is
-// real time too.
-type Options struct{}
+// Options configure a Limiter. The zero value means the defaults.
+// Policies' clocks belong to the Store: Limiter reads the real time only
+// to compare it with a context's deadline, which is real time too.
+type Options struct {
+	// Overrides are subjects' numbers applied from the start (a config
+	// file's), each valid as Limiter.SetOverride demands with a Limit of
+	// at least 1. They live in the Limiter only; one set with SetOverride
+	// or kept by the Store for the same policy and subject wins over them.
+	// Default: none.
+	Overrides []Override
+}
 
 // Limiter checks requests against a fixed set of policies on one Store.
 // It validates every request before the store sees it. Safe for concurrent
@@ -116,6 +122,7 @@ type Limiter struct {
 	list     []*Policy  // the policies in order, looked through instead of policies when few
 	pool     sync.Pool  // *Evaluation
 	near     *nearCache // nil when no policy has NearCache
+	ovr      overrides  // subjects' other numbers: see overrides.go
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -143,6 +150,9 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		}
 	}
 	l.pool.New = func() any { return new(Evaluation) }
+	if err := l.initOverrides(opts); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -229,6 +239,9 @@ func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) (o Outc
 	if ev.Cost == 0 && req.Op == Spend {
 		ev.Cost = 1
 	}
+	if s := l.ovr.set.Load(); s != nil {
+		p = l.override(s, p, req.Subject)
+	}
 	ev.Policies = append(ev.Policies, p)
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		l.put(ev)
@@ -254,6 +267,11 @@ func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 	defer l.put(ev)
 	if err := l.prepare(ev, req); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
+	}
+	if s := l.ovr.set.Load(); s != nil {
+		for i, p := range ev.Policies {
+			ev.Policies[i] = l.override(s, p, ev.Subject)
+		}
 	}
 	var near *Policy // the NearCache policy this spend may be answered for
 	var sent time.Time
