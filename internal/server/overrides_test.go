@@ -184,6 +184,10 @@ func testOverridesAdminAPI(t *testing.T, store string) {
 		t.Fatalf("GET's entry of the config's = %+v in %s", e, body)
 	}
 	checkCounts(t, url, 2)
+	code, body = call(t, "GET", url+"/ui/api/state", ovrAdminToken, "")
+	if code != 200 || !strings.Contains(body, `"note":"acme raised"`) || !strings.Contains(body, `"note":"gold plan from the config"`) || strings.Contains(body, tenant) {
+		t.Fatalf("/ui/api/state = %d %s, want both overrides by note and no subject", code, body)
+	}
 	del := fmt.Sprintf(`{"policy":"api","subject":%q}`, tenant)
 	if code, body := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, del); code != 200 {
 		t.Fatalf("DELETE = %d %s", code, body)
