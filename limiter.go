@@ -114,8 +114,12 @@ type Options struct {
 }
 
 // Limiter checks requests against a fixed set of policies on one Store.
-// It validates every request before the store sees it. Safe for concurrent
-// use; it owns no goroutines and needs no cleanup (close the Store).
+// It validates every request before the store sees it, and applies the
+// subjects' overrides (see SetOverride). Safe for concurrent use; it needs
+// no cleanup (close the Store). Over a Store that keeps overrides
+// (OverrideStore), a Check that finds them read more than 500ms ago starts
+// one short background read of them, bounded by a timeout, and nothing
+// else runs in the background.
 type Limiter struct {
 	store    Store
 	policies map[string]*Policy

@@ -54,7 +54,8 @@ func TestLostReplyIsReplayed(t *testing.T) {
 	// comes; the dropped one waits it out.
 	s := newStore(t, pc, redisstore.Options{Timeout: 2 * time.Second})
 	p := policy(t, "lost", sluice.FixedWindow, 5, time.Minute)
-	l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+	// Only Evaluate: the commands on the wire are counted (see decisionsOnly).
+	l, err := sluice.New(decisionsOnly{s}, []sluice.Policy{*p}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
