@@ -22,6 +22,7 @@ func testOverrides(t *testing.T, newStore newStoreFunc) {
 		}
 		t.Run("token_bucket", func(t *testing.T) { testOverrideTokenBucket(t, newStore) })
 	})
+	t.Run("OverrideConcurrency", func(t *testing.T) { testOverrideConcurrency(t, newStore) })
 	t.Run("OverrideOnEveryLimiter", func(t *testing.T) { testOverrideShared(t, newStore) })
 }
 
@@ -89,6 +90,29 @@ func testOverrideTokenBucket(t *testing.T, newStore newStoreFunc) {
 	h.run([]step{{"lowered to 10: a full bucket of 10", 0, "plan", 0, true, want{sluice.Allowed, 10, 0, 0}}})
 	h.setOverride(sluice.Override{Policy: "plan"})
 	h.run([]step{{"removed: 20 of 100", 0, "plan", 0, true, want{sluice.Allowed, 20, 0, 48 * time.Second}}})
+}
+
+// testOverrideConcurrency: a concurrency policy's override sets how many
+// leases the subject holds at once; the leases held are kept.
+func testOverrideConcurrency(t *testing.T, newStore newStoreFunc) {
+	h := newHarness(t, newStore, leasePolicy("slots", 2, time.Minute))
+	a := h.acquire("first of 2", sluice.Allowed, "slots")
+	b := h.acquire("second of 2", sluice.Allowed, "slots")
+	h.acquire("third of 2", sluice.Denied, "slots")
+	h.setOverride(sluice.Override{Policy: "slots", Limit: 3})
+	c := h.acquire("third, raised to 3", sluice.Allowed, "slots")
+	h.setOverride(sluice.Override{Policy: "slots", Limit: 1})
+	h.acquire("lowered to 1 with 3 held", sluice.Denied, "slots")
+	for _, l := range []sluice.Lease{a.Lease, b.Lease} {
+		if o := h.limiter.Release(context.Background(), l); o.Kind != sluice.Allowed {
+			t.Fatalf("Release under the override = %+v (err %v)", o, o.Err)
+		}
+	}
+	h.acquire("lowered to 1 with 1 held", sluice.Denied, "slots")
+	h.release("the last one", c.Lease, 1)
+	h.acquire("lowered to 1 with none held", sluice.Allowed, "slots")
+	h.setOverride(sluice.Override{Policy: "slots"})
+	h.acquire("back to 2 with 1 held", sluice.Allowed, "slots")
 }
 
 // resetAfter is when a's state of limit units per minute with left of
