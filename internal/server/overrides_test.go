@@ -258,7 +258,11 @@ func testOverridesAcross(t *testing.T, store string) {
 	}
 	// The bound: every Limiter re-reads within about 1s; 5s leaves room
 	// for a loaded machine without asserting any speed.
-	deadline := time.Now().Add(5 * time.Second)
+	set := time.Now()
+	deadline := set.Add(5 * time.Second)
+	defer func() {
+		t.Logf("b applied the override %v after a's PUT answered", time.Since(set).Round(time.Millisecond))
+	}()
 	for peek().Limit != 100 {
 		if time.Now().After(deadline) {
 			t.Fatalf("b still answers %+v 5s after the override was set through a", peek())
