@@ -134,3 +134,23 @@ func TestOverrideConcurrencyLimit(t *testing.T) {
 		t.Fatalf("second acquire under a limit of 1 = %+v (err %v), want denied", o, o.Err)
 	}
 }
+
+// BenchmarkCheckOverridden is BenchmarkCheck with every one of its
+// subjects overridden (the same numbers again): the cost of looking the
+// override up and deciding under it, beside BenchmarkCheck's none.
+func BenchmarkCheckOverridden(b *testing.B) {
+	l, subjects := newCheckBench(b)
+	ctx := context.Background()
+	for _, s := range subjects {
+		if err := l.SetOverride(ctx, sluice.Override{Policy: "p", Subject: s, Limit: 1e9}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := uint64(0x9E3779B97F4A7C15)
+	b.ReportAllocs()
+	for b.Loop() {
+		if o := l.Check(ctx, sluice.Request{Policy: "p", Subject: subjects[nextSubject(&rng)]}); o.Kind != sluice.Allowed {
+			b.Fatalf("Check = %+v, want allowed", o)
+		}
+	}
+}
