@@ -98,3 +98,37 @@ func ExampleLimiter_Release() {
 	// after a release: allowed
 	// 30s later: allowed remaining 1
 }
+
+// A tenant on a plan of its own: raised from 10 to 100 per minute after
+// spending 8, it keeps what it spent (92 left); removing the override
+// gives it the policy's numbers back, still with its 9 spent.
+func ExampleLimiter_SetOverride() {
+	store, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "api", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+	}, sluice.Options{})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	tenant := subject.Unkeyed().Pseudonym("principal", "acme", "api")
+	limiter.Check(ctx, sluice.Request{Policy: "api", Subject: tenant, Cost: 8})
+	if err := limiter.SetOverride(ctx, sluice.Override{Policy: "api", Subject: tenant, Limit: 100, Note: "acme: enterprise plan"}); err != nil {
+		panic(err)
+	}
+	o := limiter.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: "api", Subject: tenant})
+	fmt.Printf("raised: %d of %d left\n", o.Remaining, o.Limit)
+	limiter.Check(ctx, sluice.Request{Policy: "api", Subject: tenant})
+	if err := limiter.SetOverride(ctx, sluice.Override{Policy: "api", Subject: tenant}); err != nil {
+		panic(err)
+	}
+	o = limiter.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: "api", Subject: tenant})
+	fmt.Printf("removed: %d of %d left\n", o.Remaining, o.Limit)
+	// Output:
+	// raised: 92 of 100 left
+	// removed: 1 of 10 left
+}

@@ -117,17 +117,28 @@ type Options struct {
 	// store (malformed, past its deadline, a near-cache denial) is not
 	// recorded. Default: nil, nothing recorded, at no cost.
 	TracerProvider trace.TracerProvider
+	// Overrides are subjects' numbers applied from the start (a config
+	// file's), each valid as Limiter.SetOverride demands with a Limit of
+	// at least 1. They live in the Limiter only; one set with SetOverride
+	// or kept by the Store for the same policy and subject wins over them.
+	// Default: none.
+	Overrides []Override
 }
 
 // Limiter checks requests against a fixed set of policies on one Store.
-// It validates every request before the store sees it. Safe for concurrent
-// use; it owns no goroutines and needs no cleanup (close the Store).
+// It validates every request before the store sees it, and applies the
+// subjects' overrides (see SetOverride). Safe for concurrent use; it needs
+// no cleanup (close the Store). Over a Store that keeps overrides
+// (OverrideStore), a Check that finds them read more than 500ms ago starts
+// one short background read of them, bounded by a timeout, and nothing
+// else runs in the background.
 type Limiter struct {
 	store    Store
 	policies map[string]*Policy
 	list     []*Policy  // the policies in order, looked through instead of policies when few
 	pool     sync.Pool  // *Evaluation
 	near     *nearCache // nil when no policy has NearCache
+	ovr      overrides  // subjects' other numbers: see overrides.go
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -155,6 +166,9 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		}
 	}
 	l.pool.New = func() any { return new(Evaluation) }
+	if err := l.initOverrides(opts); err != nil { // on the Store itself, before a tracer wraps it
+		return nil, err
+	}
 	if opts.TracerProvider != nil {
 		l.store = newTracedStore(opts.TracerProvider, store)
 	}
@@ -244,6 +258,9 @@ func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) (o Outc
 	if ev.Cost == 0 && req.Op == Spend {
 		ev.Cost = 1
 	}
+	if s := l.ovr.set.Load(); s != nil {
+		p = l.override(s, p, req.Subject)
+	}
 	ev.Policies = append(ev.Policies, p)
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		l.put(ev)
@@ -269,6 +286,11 @@ func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 	defer l.put(ev)
 	if err := l.prepare(ev, req); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
+	}
+	if s := l.ovr.set.Load(); s != nil {
+		for i, p := range ev.Policies {
+			ev.Policies[i] = l.override(s, p, ev.Subject)
+		}
 	}
 	var near *Policy // the NearCache policy this spend may be answered for
 	var sent time.Time

@@ -77,6 +77,8 @@ type Store struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	ovrMu     sync.Mutex
+	ovr       map[[2]string]sluice.Override // policy, subject → override
 }
 
 var _ sluice.Store = (*Store)(nil)

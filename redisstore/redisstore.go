@@ -77,10 +77,13 @@
 // EVAL), and it and its code call only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
 // LRANGE, LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
 // ZREMRANGEBYRANK, ZRANK and ZREM on keys under Prefix (LRANGE and ZRANGE
-// with scores read an older subject's state during a key rotation). A user
+// with scores read an older subject's state during a key rotation).
+// Overrides (see Store.PutOverride) add plain HSET, HDEL and HGETALL on
+// <Prefix>{overrides} and GET and INCR on <Prefix>{overrides}:version,
+// sent by the store itself, never by the decision code. A user
 // restricted to exactly that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery; Options.WaitReplicas needs +wait.
@@ -338,6 +341,8 @@ type Store struct {
 	bgCtx     context.Context
 	bgStop    context.CancelFunc
 	bg        sync.WaitGroup
+
+	ovrCache atomic.Pointer[overrideCache] // the overrides as last read: see overrides.go
 }
 
 // check is what a readiness check found besides what it recorded on each

@@ -44,6 +44,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
 	testSemantics(t, newStore)
 	testConcurrency(t, newStore)
+	testOverrides(t, newStore)
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that

@@ -33,6 +33,10 @@ Usage:
   ` + checkSynopsis + `
         Ask a running server once and print its JSON answer. Exits 0 when
         allowed, 1 when denied, 2 otherwise.
+  ` + overrideSynopsis + `
+        Set, list or remove a subject's numbers of one policy at run time
+        (a tenant's plan) through a server's admin API, with a token of
+        the admin scope. Lists show notes, never subjects.
   sluice bench [--store memory|redis --redis-url URL | --url URL] [--policy-algorithm ALG]
                [--limit N] [--window D] [--subjects N] [--callers N] [--duration D] [--json]
         Load-test a store and policy, or a running server, and print
@@ -87,6 +91,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.validate(rest)
 	case "check":
 		return a.check(ctx, rest)
+	case "override":
+		return a.override(ctx, rest)
 	case "bench":
 		return a.bench(ctx, rest)
 	case "simulate":
@@ -108,6 +114,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		switch rest[0] {
 		case "serve", "validate", "check", "bench", "simulate":
 			return a.run(ctx, []string{rest[0], "--help"})
+		case "override":
+			return a.run(ctx, []string{"override", "--help"})
 		case "version", "help":
 			io.WriteString(a.stdout, usage)
 			return nil

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -25,6 +26,19 @@ type ConfigStatus struct {
 	// Listen says where each service of the config listens, defaults
 	// included.
 	Listen []Listener `json:"listen"`
+	// Overrides counts the overrides of each policy (config file's and
+	// admin API's), e.g. {"api": 2}; absent when the store could not be
+	// read.
+	Overrides map[string]int `json:"overrides,omitempty"`
+	// ConfigOverrides are the config file's overrides, by note (never
+	// by subject).
+	ConfigOverrides []OverrideNote `json:"config_overrides"`
+}
+
+// OverrideNote names one override without its subject.
+type OverrideNote struct {
+	Policy string `json:"policy"`
+	Note   string `json:"note"`
 }
 
 // Listener is where one service listens, as the config says.
@@ -45,7 +59,15 @@ type ReloadStatus struct {
 }
 
 func (s *Server) configz(w http.ResponseWriter, r *http.Request) {
-	b, err := json.Marshal(s.configStatus())
+	st := s.configStatus()
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	st.Overrides = s.overrideCounts(ctx)
+	cancel()
+	st.ConfigOverrides = []OverrideNote{}
+	for _, o := range s.cfgOverrides {
+		st.ConfigOverrides = append(st.ConfigOverrides, OverrideNote{Policy: o.Policy, Note: o.Note})
+	}
+	b, err := json.Marshal(st)
 	if err != nil { // strings, ints and times only: cannot happen
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

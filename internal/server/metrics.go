@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -56,6 +57,7 @@ type Metrics struct {
 	local     *prometheus.CounterVec
 	failures  *prometheus.CounterVec
 	near      *prometheus.CounterVec
+	overrides *overridesCollector
 }
 
 // NewMetrics registers the collectors on reg. policies are the IDs the
@@ -96,7 +98,9 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Help: "Denials answered from the near cache (near_cache: true) without asking the store, per policy: the store calls it saved.",
 		}, []string{"policy"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near} {
+	m.overrides = &overridesCollector{desc: prometheus.NewDesc("sluice_overrides",
+		"Runtime overrides (tenant plans) per policy: the config file's and those set through the admin API.", []string{"policy"}, nil)}
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.overrides} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -149,8 +153,46 @@ func (m *Metrics) Handler() http.Handler {
 // sluice_decision_duration_seconds{store}. store is a fixed name such as
 // "memory" or "redis".
 // Its failures are counted in sluice_store_failures_total{store,cause}.
+// A store that keeps overrides (sluice.OverrideStore) still does.
 func (m *Metrics) InstrumentStore(st sluice.Store, store string, clock sluice.Clock) sluice.Store {
-	return &timedStore{Store: st, obs: m.duration.WithLabelValues(store), failures: m.failures.MustCurryWith(prometheus.Labels{"store": store}), clock: clock}
+	ts := &timedStore{Store: st, obs: m.duration.WithLabelValues(store), failures: m.failures.MustCurryWith(prometheus.Labels{"store": store}), clock: clock}
+	if os, ok := st.(sluice.OverrideStore); ok {
+		return &timedOverrideStore{timedStore: ts, OverrideStore: os}
+	}
+	return ts
+}
+
+// timedOverrideStore is a timedStore over a store that keeps overrides.
+type timedOverrideStore struct {
+	*timedStore
+	sluice.OverrideStore
+}
+
+// overridesCollector serves sluice_overrides{policy}: how many overrides
+// each policy has, read from the serving Limiter at scrape time.
+type overridesCollector struct {
+	desc   *prometheus.Desc
+	counts atomic.Pointer[func(context.Context) map[string]int]
+}
+
+func (c *overridesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *overridesCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.counts.Load()
+	if f == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for id, n := range (*f)(ctx) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), id)
+	}
+}
+
+// countOverrides makes counts the source of sluice_overrides (the
+// serving generation's).
+func (m *Metrics) countOverrides(counts func(context.Context) map[string]int) {
+	m.overrides.counts.Store(&counts)
 }
 
 type timedStore struct {

@@ -200,8 +200,9 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	// check API, metrics and dashboard then answer for the rules files'
 	// policies (none when no rule needs the store).
 	lim := elim
+	cfgOverrides := cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
 	if len(cfg.Policies) > 0 {
-		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider()}); err != nil {
+		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider(), Overrides: cfgOverrides}); err != nil {
 			return nil, err
 		}
 	}
@@ -210,7 +211,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now()}
-	if g.api, err = New(lim, pseud, r.log, Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info}); err != nil {
+	if g.api, err = New(lim, pseud, r.log, Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
@@ -222,6 +223,13 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud}
 	}
 	return g, nil
+}
+
+// countOverrides makes g's Limiter the source of sluice_overrides.
+func (r *reloader) countOverrides(g *generation) {
+	if srv, ok := g.api.(*Server); ok && r.metrics != nil {
+		r.metrics.countOverrides(srv.overrideCounts)
+	}
 }
 
 // status answers GET /v1/config.
@@ -278,6 +286,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	}
 	r.lastFailure = ""
 	r.cur.Store(g)
+	r.countOverrides(g)
 	r.metrics.SetPolicies(policyIDs(l.cfg))
 	old.retire()
 	r.reloadM.reloads.WithLabelValues("success").Inc()

@@ -115,6 +115,10 @@ type Options struct {
 	// Store describes the store to the dashboard (GET /ui). Default: an
 	// unnamed store without a circuit breaker.
 	Store StoreInfo
+	// ConfigOverrides are the config file's overrides as the Limiter was
+	// given them (subjects pseudonymized), so lists tell them from the
+	// ones set through the admin API. Default: none.
+	ConfigOverrides []sluice.Override
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -139,6 +143,7 @@ type Server struct {
 	warnings     logthrottle.Throttle // of 5xx request lines
 	store        StoreInfo
 	sims         chan struct{} // playground runs in progress
+	cfgOverrides []sluice.Override
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -172,6 +177,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
+		cfgOverrides: opts.ConfigOverrides,
 	}
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
@@ -202,6 +208,9 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.configStatus = opts.ConfigStatus
 		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
+	s.mux.HandleFunc("PUT "+checkapi.OverridesPath, s.admin(s.putOverride))
+	s.mux.HandleFunc("DELETE "+checkapi.OverridesPath, s.admin(s.deleteOverride))
+	s.mux.HandleFunc("GET "+checkapi.OverridesPath, s.admin(s.listOverrides))
 	s.mux.HandleFunc("GET /ui", s.admin(s.uiPage))
 	s.mux.Handle("GET /ui/{$}", http.RedirectHandler("/ui", http.StatusMovedPermanently))
 	s.mux.HandleFunc("GET /ui/{file}", s.admin(s.uiAsset))

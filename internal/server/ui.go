@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
@@ -141,6 +142,9 @@ type uiState struct {
 	Config      *ConfigStatus `json:"config,omitempty"`
 	Store       uiStore       `json:"store"`
 	Policies    []uiPolicy    `json:"policies"`
+	// Overrides are the tenant plans, by note, never by subject; nil when
+	// the store could not be read.
+	Overrides []checkapi.OverrideEntry `json:"overrides"`
 	// Live is nil when the server counts no metrics.
 	Live []LiveSeries `json:"live"`
 }
@@ -199,6 +203,16 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 			up.Burst = p.Burst
 		}
 		st.Policies = append(st.Policies, up)
+	}
+	if s.lim != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+		if list, err := s.lim.Overrides(ctx); err == nil {
+			st.Overrides = []checkapi.OverrideEntry{}
+			for _, o := range list {
+				st.Overrides = append(st.Overrides, s.overrideEntry(o))
+			}
+		}
+		cancel()
 	}
 	if s.metrics != nil {
 		st.Live = s.metrics.live.series(ids, st.Now)

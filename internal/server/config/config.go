@@ -76,6 +76,9 @@ type Config struct {
 	Envoy *Envoy
 	// Telemetry configures the export of traces; nil when absent (none).
 	Telemetry *Telemetry
+	// Overrides give one subject of one policy other numbers (a tenant's
+	// plan), applied by this process from the config; none when absent.
+	Overrides []Override
 
 	// pos maps field paths ("policies[1].window") to where Parse read
 	// them; nil for a Config built in Go.
@@ -86,6 +89,19 @@ type Config struct {
 type position struct {
 	line  int
 	value string // as written: strings quoted, numbers bare; "" for collections
+}
+
+// Override is one entry of the overrides: section: the numbers of one
+// subject of one of the config's policies. The subject is written raw;
+// the server pseudonymizes it as POST /v1/check does before the Limiter
+// sees it.
+type Override struct {
+	Policy  string        // a policy's id
+	Subject string        // the subject as a check names it, 1 to 200 bytes
+	Limit   int64         // the subject's limit, at least 1
+	Burst   int64         // token_bucket and gcra only; 0: the limit
+	Window  time.Duration // not for concurrency; 0: the policy's
+	Note    string        // what lists show in place of the subject, at most 200 bytes
 }
 
 // Server configures the HTTP check API.
@@ -471,7 +487,73 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateProxy()...)
 	add(c.validateEnvoy())
 	errs = append(errs, c.validateTelemetry()...)
+	errs = append(errs, c.validateOverrides()...)
 	return joinErrors(errs)
+}
+
+// validateOverrides checks each override on its own: a policy of the
+// config, a subject, and numbers the policy's algorithm accepts by the
+// rules of its own (sluice.Policy.Validate on the policy with the
+// override's numbers); the same policy and subject at most once.
+func (c *Config) validateOverrides() []*Error {
+	var errs []*Error
+	seen := map[[2]string]int{}
+	for i, o := range c.Overrides {
+		path := fmt.Sprintf("overrides[%d]", i)
+		var base *sluice.Policy
+		for j := range c.Policies {
+			if c.Policies[j].ID == o.Policy {
+				base = &c.Policies[j].Policy
+			}
+		}
+		switch {
+		case base == nil:
+			errs = append(errs, c.errorAt(path+".policy", strconv.Quote(o.Policy), "is not the id of any policy"))
+			continue
+		case o.Subject == "" || len(o.Subject) > 200:
+			errs = append(errs, c.errorAt(path+".subject", strconv.Quote(o.Subject), "must be 1 to 200 bytes"))
+			continue
+		case len(o.Note) > 200:
+			errs = append(errs, c.errorAt(path+".note", strconv.Quote(o.Note), "must be at most 200 bytes"))
+			continue
+		case o.Limit < 1:
+			errs = append(errs, c.errorAt(path+".limit", strconv.FormatInt(o.Limit, 10), "must be at least 1"))
+			continue
+		}
+		if j, dup := seen[[2]string{o.Policy, o.Subject}]; dup {
+			errs = append(errs, c.errorAt(path+".subject", strconv.Quote(o.Subject), fmt.Sprintf("is already overridden for policy %s by overrides[%d]", o.Policy, j)))
+			continue
+		}
+		seen[[2]string{o.Policy, o.Subject}] = i
+		q := *base
+		q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
+		if base.Algorithm == sluice.Concurrency {
+			if o.Burst != 0 || o.Window != 0 {
+				errs = append(errs, c.errorAt(path+".limit", strconv.FormatInt(o.Limit, 10), "a concurrency policy's override sets its limit only: leave burst and window unset"))
+				continue
+			}
+		} else if o.Window != 0 {
+			q.Window = o.Window
+		}
+		if err := q.Validate(); err != nil {
+			if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+				errs = append(errs, c.errorAt(path+"."+pe.Field, pe.Value, pe.Rule))
+			} else {
+				errs = append(errs, c.errorAt(path, "", err.Error()))
+			}
+		}
+	}
+	return errs
+}
+
+// SluiceOverrides returns the overrides as sluice.Options.Overrides takes
+// them, each subject passed through pseudonym first.
+func (c *Config) SluiceOverrides(pseudonym func(string) string) []sluice.Override {
+	out := make([]sluice.Override, len(c.Overrides))
+	for i, o := range c.Overrides {
+		out[i] = sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
+	}
+	return out
 }
 
 // errorAt builds an *Error for path. When Parse read path, the value as

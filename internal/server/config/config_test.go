@@ -116,7 +116,7 @@ var invalid = []struct {
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
 	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align (did you mean window?) (line 5)"},
-	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy, telemetry (line 6)"},
+	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy, telemetry, overrides (line 6)"},
 	{"telemetry_endpoint_not_url.yaml", "telemetry.endpoint: \"127.0.0.1:4317\": must be the collector's URL, http://host:port or https://host:port, such as http://127.0.0.1:4317 (line 2)"},
 	{"telemetry_bad_protocol_and_ratio.yaml", "telemetry.protocol: \"thrift\": must be one of grpc, http (line 3)\ntelemetry.sampling_ratio: 1.5: must be between 0 and 1 (line 4)"},
 	{"telemetry_without_endpoint.yaml", "telemetry.endpoint: is required: the collector's URL, such as http://127.0.0.1:4317 (line 1)"},

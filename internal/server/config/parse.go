@@ -82,7 +82,7 @@ func (d *decoder) judged(verr error) []*Error {
 		}
 		// A route naming a policy whose entry did not decode may name it
 		// rightly.
-		if idBad && strings.HasPrefix(e.Path, "proxy.routes[") && strings.HasSuffix(e.Rule, "is not the id of any policy") {
+		if idBad && (strings.HasPrefix(e.Path, "proxy.routes[") || strings.HasPrefix(e.Path, "overrides[")) && strings.HasSuffix(e.Rule, "is not the id of any policy") {
 			continue
 		}
 		out = append(out, e)
@@ -208,6 +208,32 @@ var sections = []struct {
 	{"proxy", func(d *decoder, c *Config, n *yaml.Node) { c.Proxy = d.proxy(n) }},
 	{"envoy", func(d *decoder, c *Config, n *yaml.Node) { c.Envoy = d.envoy(n) }},
 	{"telemetry", func(d *decoder, c *Config, n *yaml.Node) { c.Telemetry = d.telemetry(n) }},
+	{"overrides", func(d *decoder, c *Config, n *yaml.Node) { c.Overrides = d.overrides(n) }},
+}
+
+// overrides decodes the overrides: section, a list of {policy, subject,
+// limit, burst, window, note}.
+func (d *decoder) overrides(n *yaml.Node) []Override {
+	items, ok := d.sequence("overrides", n)
+	if !ok {
+		return nil
+	}
+	os := make([]Override, len(items))
+	for i, item := range items {
+		path := fmt.Sprintf("overrides[%d]", i)
+		m, ok := d.mapping(path, item, "policy", "subject", "limit", "burst", "window", "note")
+		if !ok {
+			continue
+		}
+		d.required(path, item, m, "policy", "subject", "limit")
+		d.str(path+".policy", m["policy"], &os[i].Policy)
+		d.str(path+".subject", m["subject"], &os[i].Subject)
+		d.int(path+".limit", m["limit"], &os[i].Limit)
+		d.int(path+".burst", m["burst"], &os[i].Burst)
+		d.duration(path+".window", m["window"], &os[i].Window)
+		d.str(path+".note", m["note"], &os[i].Note)
+	}
+	return os
 }
 
 // config decodes the document; nil when it is not a mapping.

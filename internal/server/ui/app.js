@@ -82,6 +82,22 @@ function renderPolicies(st) {
   tbody.replaceChildren(...rows);
 }
 
+function renderOverrides(st) {
+  const tbody = $('#overrides tbody');
+  if (!st.overrides) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 6, class: 'bad' }, 'the store could not be read')));
+    return;
+  }
+  if (st.overrides.length === 0) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 6, class: 'note' }, 'none')));
+    return;
+  }
+  tbody.replaceChildren(...st.overrides.map((o) => el('tr', { 'data-policy': o.policy },
+    el('td', {}, o.policy), el('td', {}, o.note || '(no note)'),
+    el('td', { class: 'num' }, String(o.limit)), el('td', { class: 'num' }, o.burst ? String(o.burst) : ''),
+    el('td', {}, o.window), el('td', {}, o.source))));
+}
+
 function renderLive(st) {
   const box = $('#live');
   if (!st.live) {
@@ -115,6 +131,7 @@ async function poll() {
     const st = await r.json();
     renderHeader(st);
     renderPolicies(st);
+    renderOverrides(st);
     renderLive(st);
     showError('#state-error', '');
   } catch (e) {

@@ -83,8 +83,8 @@ func TestACL(t *testing.T) {
 	if err := u.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING as %s: %v", a.Username, err)
 	}
-	if err := u.Incr(ctx, "p:x").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Fatalf("INCR as %s = %v, want NOPERM", a.Username, err)
+	if err := u.Append(ctx, "p:x", "1").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("APPEND as %s = %v, want NOPERM", a.Username, err)
 	}
 	if err := u.Set(ctx, "other:x", "1", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("SET outside the prefix as %s = %v, want NOPERM", a.Username, err)

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/server/checkapi"
+)
+
+const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT --limit N [--burst N] [--window D] [--note TEXT]]"
+
+// overrideFlags are the flags of sluice override: the admin API's own
+// OverrideRequest (checkapi), one flag per field.
+type overrideFlags struct {
+	base, tokenEnv, token string
+	timeout               time.Duration
+	body                  checkapi.OverrideRequest
+}
+
+// override runs sluice override set|list|rm against a server's admin API
+// (PUT, GET, DELETE /v1/overrides). It prints the entries the server
+// answers (policy, note, numbers: never a subject) and exits 0, or 2
+// with the server's reason.
+func (a *app) override(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			fmt.Fprintln(a.stdout, "Usage: "+overrideSynopsis)
+			return nil
+		}
+		return &exitError{code: 2, err: &usageError{msg: "override needs set, list or rm", usage: "Usage: " + overrideSynopsis + "\n"}}
+	}
+	verb := args[0]
+	method := map[string]string{"set": http.MethodPut, "list": http.MethodGet, "rm": http.MethodDelete}[verb]
+	if method == "" {
+		return &exitError{code: 2, err: &usageError{msg: fmt.Sprintf("override: unknown action %q: want set, list or rm", verb), usage: "Usage: " + overrideSynopsis + "\n"}}
+	}
+	f, err := a.overrideFlags(verb, args[1:])
+	if f == nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	target := strings.TrimSuffix(f.base, "/") + checkapi.OverridesPath
+	var body io.Reader
+	if method == http.MethodGet {
+		if f.body.Policy != "" {
+			target += "?policy=" + url.QueryEscape(f.body.Policy)
+		}
+	} else {
+		data, err := json.Marshal(f.body)
+		if err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	token := f.token
+	if f.tokenEnv != "" {
+		if token = a.getenv(f.tokenEnv); token == "" {
+			return &exitError{code: 2, err: fmt.Errorf("override: --token-env: environment variable %s is not set or empty", f.tokenEnv)}
+		}
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
+	}
+	defer resp.Body.Close()
+	return a.printOverrides(verb, resp, target)
+}
+
+// overrideFlags parses the flags of verb. It returns nil and the error to
+// return for a usage error, or nil and nil when it printed the help.
+func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) {
+	f := &overrideFlags{}
+	fs := newFlagSet("override " + verb)
+	fs.StringVar(&f.base, "url", "http://127.0.0.1:8080", "the server's base `URL`")
+	fs.StringVar(&f.tokenEnv, "token-env", "", "send the admin-scope bearer token held by the environment variable `NAME`")
+	fs.StringVar(&f.token, "token", "", "send this admin-scope bearer `TOKEN` (--token-env keeps it out of the process list)")
+	fs.StringVar(&f.body.Policy, "policy", "", "the policy `ID` (list: only this policy's)")
+	fs.StringVar(&f.body.Subject, "subject", "", "whose numbers to set or remove; the server pseudonymizes it")
+	fs.Int64Var(&f.body.Limit, "limit", 0, "the subject's limit (set)")
+	fs.Int64Var(&f.body.Burst, "burst", 0, "the subject's burst, token_bucket and gcra only (set; default: the limit)")
+	var window time.Duration
+	fs.DurationVar(&window, "window", 0, "the subject's window (set; default: the policy's)")
+	fs.StringVar(&f.body.Note, "note", "", "what lists show in place of the subject (set)")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "give up after this long")
+	if err := a.parseFlags(fs, overrideSynopsis, args); err != nil {
+		if errors.Is(err, errHelp) {
+			return nil, nil
+		}
+		return nil, &exitError{code: 2, err: err}
+	}
+	if window != 0 {
+		f.body.Window = window.String()
+	}
+	bad := func(msg string) error {
+		return &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + msg, usage: "Usage: " + overrideSynopsis + "\n"}}
+	}
+	switch {
+	case f.tokenEnv != "" && f.token != "":
+		return nil, bad("set --token-env or --token, not both")
+	case verb != "list" && (f.body.Policy == "" || f.body.Subject == ""):
+		return nil, bad("needs --policy and --subject")
+	case verb == "set" && f.body.Limit < 1:
+		return nil, bad("needs --limit, at least 1 (rm removes an override)")
+	case verb != "set" && (f.body.Limit != 0 || f.body.Burst != 0 || window != 0 || f.body.Note != ""):
+		return nil, bad("--limit, --burst, --window and --note apply to set only")
+	case verb == "list" && f.body.Subject != "":
+		return nil, bad("lists show notes, never subjects: leave --subject out")
+	}
+	return f, nil
+}
+
+// printOverrides prints the entries of the answer in resp, one a line,
+// and returns nil for a 200, exit status 2 with the server's reason
+// otherwise.
+func (a *app) printOverrides(verb string, resp *http.Response, target string) error {
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("override: read answer: %w", err)}
+	}
+	var list checkapi.OverrideList
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("override: %s from %s: %s", resp.Status, target, strings.TrimSpace(string(raw)))}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return &exitError{code: 2, err: fmt.Errorf("override %s: %s: %s", verb, resp.Status, list.Error)}
+	}
+	if verb == "rm" {
+		fmt.Fprintln(a.stdout, "removed")
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POLICY\tLIMIT\tBURST\tWINDOW\tSOURCE\tNOTE")
+	for _, e := range list.Overrides {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Policy, e.Limit, e.Burst, e.Window, e.Source, e.Note)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,37 @@
+package checkapi
+
+// OverridesPath is the admin API of runtime overrides: PUT sets one
+// (OverrideRequest), DELETE removes one (OverrideRequest with policy and
+// subject only), GET lists them (OverrideList; ?policy= filters).
+const OverridesPath = "/v1/overrides"
+
+// OverrideRequest is the body of PUT and DELETE /v1/overrides. Subject is
+// raw: the server pseudonymizes it as it does a check's. Window is a Go
+// duration such as "1m"; "" keeps the policy's.
+type OverrideRequest struct {
+	Policy  string `json:"policy"`
+	Subject string `json:"subject"`
+	Limit   int64  `json:"limit,omitempty"`
+	Burst   int64  `json:"burst,omitempty"`
+	Window  string `json:"window,omitempty"`
+	Note    string `json:"note,omitempty"`
+}
+
+// OverrideEntry is one override as lists show it: never its subject nor
+// the subject's pseudonym. Source is "config" (the config file's
+// overrides: section) or "api" (set at run time, kept by the store).
+type OverrideEntry struct {
+	Policy string `json:"policy"`
+	Note   string `json:"note"`
+	Limit  int64  `json:"limit"`
+	Burst  int64  `json:"burst"`
+	Window string `json:"window"`
+	Source string `json:"source"`
+}
+
+// OverrideList is the answer of GET /v1/overrides, by policy then
+// subject; and of PUT and DELETE, with the entry set or removed alone.
+type OverrideList struct {
+	Overrides []OverrideEntry `json:"overrides"`
+	Error     string          `json:"error,omitempty"`
+}

@@ -1,0 +1,197 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/server/checkapi"
+)
+
+// The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),
+// under a token with the admin scope. A subject is pseudonymized as a
+// check's is before it reaches the Limiter; no answer, log line or
+// metric shows it or its pseudonym: lists show the note. Without tokens
+// configured, PUT and DELETE are refused (an open server would let
+// anyone raise their own limit) and GET is open, as the dashboard is.
+
+// overrideTimeout bounds one admin call to the store.
+const overrideTimeout = 2 * time.Second
+
+func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
+	in, ok := s.readOverride(w, r)
+	if !ok {
+		return
+	}
+	if in.Limit < 1 {
+		s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("limit = %d: must be at least 1 (DELETE removes an override)", in.Limit))
+		return
+	}
+	var window time.Duration
+	if in.Window != "" {
+		d, err := time.ParseDuration(in.Window)
+		if err != nil {
+			s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("window = %q: must be a duration such as 10s, 1m or 1h30m", in.Window))
+			return
+		}
+		window = d
+	}
+	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, ""), Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
+	s.setOverride(w, r, o)
+}
+
+func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	in, ok := s.readOverride(w, r)
+	if !ok {
+		return
+	}
+	if in.Limit != 0 || in.Burst != 0 || in.Window != "" || in.Note != "" {
+		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject only")
+		return
+	}
+	s.setOverride(w, r, sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, "")})
+}
+
+// setOverride puts o to the Limiter and answers with its entry.
+func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, o sluice.Override) {
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	err := s.lim.SetOverride(ctx, o)
+	var pe *sluice.PolicyError
+	switch {
+	case errors.Is(err, sluice.ErrUnknownPolicy):
+		s.overrideAnswer(w, http.StatusNotFound, nil, err.Error())
+	case errors.As(err, &pe), errors.Is(err, sluice.ErrInvalidRequest):
+		s.overrideAnswer(w, http.StatusUnprocessableEntity, nil, err.Error())
+	case err != nil:
+		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+	default:
+		var entries []checkapi.OverrideEntry
+		if o.Limit != 0 {
+			entries = append(entries, s.overrideEntry(o))
+		}
+		s.overrideAnswer(w, http.StatusOK, entries, "")
+	}
+}
+
+func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
+	if s.lim == nil {
+		s.overrideAnswer(w, http.StatusOK, nil, "")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	list, err := s.lim.Overrides(ctx)
+	if err != nil {
+		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+		return
+	}
+	policy := r.URL.Query().Get("policy")
+	if _, ok := s.policy(policy); policy != "" && !ok {
+		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, sluice.ErrUnknownPolicy))
+		return
+	}
+	entries := []checkapi.OverrideEntry{}
+	for _, o := range list {
+		if policy == "" || o.Policy == policy {
+			entries = append(entries, s.overrideEntry(o))
+		}
+	}
+	s.overrideAnswer(w, http.StatusOK, entries, "")
+}
+
+// readOverride authorizes an admin write and decodes its body.
+func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.OverrideRequest, bool) {
+	var in checkapi.OverrideRequest
+	if s.auth == nil {
+		s.overrideAnswer(w, http.StatusForbidden, nil, "no tokens are configured: changing overrides needs a token with the admin scope (server.auth.tokens)")
+		return in, false
+	}
+	if s.lim == nil {
+		s.overrideAnswer(w, http.StatusNotFound, nil, errNoPolicies.Error())
+		return in, false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		s.overrideAnswer(w, http.StatusBadRequest, nil, "malformed JSON: "+strings.TrimPrefix(err.Error(), "json: "))
+		return in, false
+	}
+	switch {
+	case in.Policy == "":
+		s.overrideAnswer(w, http.StatusBadRequest, nil, "policy is required")
+		return in, false
+	case in.Subject == "" || len(in.Subject) > checkapi.MaxSubjectLen:
+		s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("subject is %d bytes: must be 1 to %d", len(in.Subject), checkapi.MaxSubjectLen))
+		return in, false
+	case len(in.Note) > 200:
+		s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("note is %d bytes: must be at most 200", len(in.Note)))
+		return in, false
+	}
+	return in, true
+}
+
+// overrideEntry is o as lists show it: without its subject.
+func (s *Server) overrideEntry(o sluice.Override) checkapi.OverrideEntry {
+	e := checkapi.OverrideEntry{Policy: o.Policy, Note: o.Note, Limit: o.Limit, Burst: o.Burst, Source: "api"}
+	p, _ := s.policy(o.Policy)
+	if e.Burst == 0 {
+		e.Burst = o.Limit
+		if p.Algorithm == sluice.Concurrency {
+			e.Burst = 0
+		}
+	}
+	switch w := o.Window; {
+	case p.Algorithm == sluice.Concurrency:
+	case w == 0:
+		e.Window = p.Window.String()
+	default:
+		e.Window = w.String()
+	}
+	for _, c := range s.cfgOverrides {
+		if c == o {
+			e.Source = "config"
+		}
+	}
+	return e
+}
+
+func (s *Server) overrideAnswer(w http.ResponseWriter, code int, entries []checkapi.OverrideEntry, why string) {
+	if lw, ok := w.(*logWriter); ok && why != "" {
+		lw.reason = why
+	}
+	if entries == nil {
+		entries = []checkapi.OverrideEntry{}
+	}
+	b, _ := json.Marshal(checkapi.OverrideList{Overrides: entries, Error: why})
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+// overrideCounts returns how many overrides each policy has (every
+// policy named, zeros included), or nil when they cannot be read.
+func (s *Server) overrideCounts(ctx context.Context) map[string]int {
+	if s.lim == nil {
+		return map[string]int{}
+	}
+	list, err := s.lim.Overrides(ctx)
+	if err != nil {
+		return nil
+	}
+	n := make(map[string]int, len(s.policies()))
+	for _, id := range s.policies() {
+		n[id] = 0
+	}
+	for _, o := range list {
+		n[o.Policy]++
+	}
+	return n
+}

@@ -1,0 +1,49 @@
+package memstore
+
+import (
+	"context"
+	"sort"
+
+	"github.com/sluicehq/sluice"
+)
+
+var _ sluice.OverrideStore = (*Store)(nil)
+
+// PutOverride implements sluice.OverrideStore: the override lives in the
+// process, for every Limiter on s. Limiter.SetOverride validates it.
+func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.ovrMu.Lock()
+	defer s.ovrMu.Unlock()
+	k := [2]string{o.Policy, o.Subject}
+	if o.Limit == 0 {
+		delete(s.ovr, k)
+		return nil
+	}
+	if s.ovr == nil {
+		s.ovr = make(map[[2]string]sluice.Override)
+	}
+	s.ovr[k] = o
+	return nil
+}
+
+// Overrides implements sluice.OverrideStore: every override put, by
+// policy then subject.
+func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.ovrMu.Lock()
+	list := make([]sluice.Override, 0, len(s.ovr))
+	for _, o := range s.ovr {
+		list = append(list, o)
+	}
+	s.ovrMu.Unlock()
+	sort.Slice(list, func(i, j int) bool {
+		a, b := list[i], list[j]
+		return a.Policy < b.Policy || a.Policy == b.Policy && a.Subject < b.Subject
+	})
+	return list, nil
+}

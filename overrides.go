@@ -1,0 +1,301 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+)
+
+// Override gives one subject of one policy other numbers: a tenant's plan.
+// The subject keeps its state (its key carries the policy's ID and
+// Revision, which an override never changes), and the engine carries the
+// state over to the new numbers: a subject that spent 80 of 100 and is
+// raised to 1000 has 920 left; lowered to 50, it is denied until its
+// state allows.
+type Override struct {
+	// Policy is the ID of the policy overridden. Example: "api".
+	Policy string
+	// Subject is the subject exactly as Requests carry it: at the server,
+	// the pseudonym, so the raw subject is never stored.
+	Subject string
+	// Limit replaces the policy's Limit; 0 removes the override (in
+	// Limiter.SetOverride and OverrideStore.PutOverride). Example: 1000.
+	Limit int64
+	// Burst replaces the policy's Burst (token_bucket and gcra only).
+	// Default: Limit.
+	Burst int64
+	// Window replaces the policy's Window (not for concurrency, which has
+	// none). Default: the policy's Window.
+	Window time.Duration
+	// Note is what lists show in place of the subject. Example:
+	// "acme: enterprise plan".
+	Note string
+}
+
+// OverrideStore is what a Store implements to keep overrides itself, so
+// every Limiter on it applies them (redisstore keeps them in Redis,
+// memstore in the process). A Limiter whose store does not implement it
+// keeps the overrides set on it in its own memory.
+type OverrideStore interface {
+	// PutOverride stores o, replacing the one for the same policy and
+	// subject; an o with Limit 0 removes it.
+	PutOverride(ctx context.Context, o Override) error
+	// Overrides returns every stored override.
+	Overrides(ctx context.Context) ([]Override, error)
+}
+
+// Override refresh timings: a Check that finds the snapshot older than
+// overrideMaxAge starts one background read of the store (so every
+// Limiter applies a change within about twice that), which gives up after
+// overrideReadTimeout.
+const (
+	overrideMaxAge      = 500 * time.Millisecond
+	overrideReadTimeout = 2 * time.Second
+)
+
+// overrideKey names one override: policy ID and subject.
+type overrideKey struct{ policy, subject string }
+
+// overrideSet is an immutable snapshot of the overrides a Limiter
+// applies.
+type overrideSet struct {
+	byKey map[overrideKey]*Policy // the overridden policies: same ID and Revision
+	list  []Override
+}
+
+// overrides is a Limiter's override state.
+type overrides struct {
+	set     atomic.Pointer[overrideSet] // nil: no OverrideStore and nothing set
+	stale   atomic.Bool                 // the store should be read again (only with an OverrideStore)
+	store   OverrideStore               // nil when the Store is not one
+	reading atomic.Bool                 // a background read is under way
+	local   []Override                  // given in Options: applied under the store's
+	mu      sync.Mutex                  // held to change stored and set
+	stored  []Override                  // the store's, as last read (or the ones set here)
+	changes int64                       // SetOverride calls: a read begun before one is stale
+}
+
+// initOverrides prepares l's overrides from opts and its store.
+func (l *Limiter) initOverrides(opts Options) error {
+	for i, o := range opts.Overrides {
+		if o.Limit == 0 {
+			return fmt.Errorf("sluice: New: overrides[%d]: limit = 0: must be at least 1", i)
+		}
+		if _, err := l.overridden(o); err != nil {
+			return &prefixError{prefix: fmt.Sprintf("sluice: New: overrides[%d]: ", i), err: err}
+		}
+	}
+	l.ovr.local = append([]Override(nil), opts.Overrides...)
+	l.ovr.store, _ = l.store.(OverrideStore)
+	if l.ovr.store == nil && len(l.ovr.local) == 0 {
+		return nil
+	}
+	l.ovr.stale.Store(l.ovr.store != nil) // the first Check reads the store
+	l.ovr.set.Store(l.buildOverrides())
+	return nil
+}
+
+// overridden returns p, the policy o names, with o's numbers, validated
+// by Policy.Validate's rules; nil for an o with Limit 0.
+func (l *Limiter) overridden(o Override) (*Policy, error) {
+	base := l.policy(o.Policy)
+	if base == nil {
+		return nil, l.unknown("policy", o.Policy)
+	}
+	if o.Limit == 0 {
+		return nil, nil
+	}
+	if err := checkSubject(o.Subject); err != nil {
+		return nil, err
+	}
+	q := *base
+	q.Limit, q.Burst = o.Limit, o.Burst
+	if base.Algorithm == Concurrency {
+		if o.Burst != 0 {
+			return nil, &PolicyError{Policy: q.ID, Field: "burst", Value: fmt.Sprint(o.Burst), Rule: "does not apply to concurrency: an override sets only its limit"}
+		}
+		if o.Window != 0 {
+			return nil, &PolicyError{Policy: q.ID, Field: "window", Value: o.Window.String(), Rule: "does not apply to concurrency, which has no window"}
+		}
+	} else if o.Window != 0 {
+		q.Window = o.Window
+	}
+	baseCap := base.params().Capacity(algorithm.Kind(base.Algorithm))
+	q.MaxCost = 0 // the new maximum, unless the policy asked for less
+	if base.MaxCost < baseCap {
+		q.MaxCost = base.MaxCost
+	}
+	q = q.WithDefaults()
+	if c := q.params().Capacity(algorithm.Kind(q.Algorithm)); q.MaxCost > c {
+		q.MaxCost = c
+	}
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	return &q, nil
+}
+
+// buildOverrides returns a snapshot of l's local overrides under the
+// stored ones (a stored override of the same policy and subject wins).
+// l.ovr.mu is held, or l is not yet shared.
+func (l *Limiter) buildOverrides() *overrideSet {
+	stored := l.ovr.stored
+	s := &overrideSet{byKey: make(map[overrideKey]*Policy, len(l.ovr.local)+len(stored))}
+	add := func(o Override) {
+		if p, err := l.overridden(o); err == nil && p != nil {
+			k := overrideKey{o.Policy, o.Subject}
+			if _, dup := s.byKey[k]; !dup {
+				s.list = append(s.list, o)
+			} else {
+				for i := range s.list {
+					if s.list[i].Policy == o.Policy && s.list[i].Subject == o.Subject {
+						s.list[i] = o
+					}
+				}
+			}
+			s.byKey[k] = p
+		}
+	}
+	for _, o := range l.ovr.local {
+		add(o)
+	}
+	for _, o := range stored {
+		add(o) // an override the store holds for a policy l lacks is skipped
+	}
+	sort.Slice(s.list, func(i, j int) bool {
+		a, b := s.list[i], s.list[j]
+		return a.Policy < b.Policy || a.Policy == b.Policy && a.Subject < b.Subject
+	})
+	return s
+}
+
+// override returns the policy to decide p by for subject: p, or its
+// override in s, l's snapshot. It starts a background read of the store
+// when the snapshot is stale.
+func (l *Limiter) override(s *overrideSet, p *Policy, subject string) *Policy {
+	if l.ovr.stale.Load() {
+		l.refreshOverrides()
+	}
+	if len(s.byKey) == 0 {
+		return p
+	}
+	if q := s.byKey[overrideKey{p.ID, subject}]; q != nil {
+		return q
+	}
+	return p
+}
+
+// refreshOverrides starts one background read of the store's overrides,
+// unless one is under way.
+func (l *Limiter) refreshOverrides() {
+	if !l.ovr.reading.CompareAndSwap(false, true) {
+		return
+	}
+	l.ovr.stale.Store(false)
+	go func() {
+		defer l.ovr.reading.Store(false)
+		l.ovr.mu.Lock()
+		changes := l.ovr.changes
+		l.ovr.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
+		list, err := l.ovr.store.Overrides(ctx)
+		cancel()
+		if err == nil {
+			l.storeOverrides(list, changes)
+		}
+		time.AfterFunc(overrideMaxAge, func() { l.ovr.stale.Store(true) })
+	}()
+}
+
+// storeOverrides makes list, read from the store after changes calls of
+// SetOverride, the stored overrides l applies, building a new snapshot
+// only when they changed; a read that a later SetOverride overtook is
+// dropped.
+func (l *Limiter) storeOverrides(list []Override, changes int64) {
+	l.ovr.mu.Lock()
+	defer l.ovr.mu.Unlock()
+	if changes != l.ovr.changes || equalOverrides(list, l.ovr.stored) {
+		return
+	}
+	l.ovr.stored = append([]Override(nil), list...)
+	l.ovr.set.Store(l.buildOverrides())
+}
+
+func equalOverrides(a, b []Override) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// SetOverride gives o.Subject of policy o.Policy o's numbers, or with
+// o.Limit 0 removes its override. The numbers obey Policy.Validate's
+// rules for the policy's algorithm; a concurrency policy takes a limit
+// only. With a Store that is an OverrideStore, the override is stored
+// there and every Limiter on it applies it within a second; otherwise it
+// lives in l. l applies it at once.
+func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
+	if o.Limit < 0 {
+		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
+	}
+	if _, err := l.overridden(o); err != nil {
+		return err
+	}
+	if o.Limit == 0 {
+		if err := checkSubject(o.Subject); err != nil {
+			return err
+		}
+		o = Override{Policy: o.Policy, Subject: o.Subject}
+	}
+	l.ovr.mu.Lock()
+	defer l.ovr.mu.Unlock()
+	if l.ovr.store != nil {
+		if err := l.ovr.store.PutOverride(ctx, o); err != nil {
+			return fmt.Errorf("sluice: SetOverride: %w", err)
+		}
+	}
+	next := make([]Override, 0, len(l.ovr.stored)+1)
+	for _, s := range l.ovr.stored {
+		if s.Policy != o.Policy || s.Subject != o.Subject {
+			next = append(next, s)
+		}
+	}
+	if o.Limit != 0 {
+		next = append(next, o)
+	}
+	l.ovr.stored = next
+	l.ovr.changes++
+	l.ovr.set.Store(l.buildOverrides())
+	return nil
+}
+
+// Overrides returns the overrides l applies (those of Options and, with
+// an OverrideStore, the ones stored there, read now), by policy then
+// subject.
+func (l *Limiter) Overrides(ctx context.Context) ([]Override, error) {
+	if l.ovr.store != nil {
+		l.ovr.mu.Lock()
+		changes := l.ovr.changes
+		l.ovr.mu.Unlock()
+		list, err := l.ovr.store.Overrides(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sluice: Overrides: %w", err)
+		}
+		l.storeOverrides(list, changes)
+	}
+	s := l.ovr.set.Load()
+	if s == nil {
+		return nil, nil
+	}
+	return append([]Override(nil), s.list...), nil
+}

@@ -1,0 +1,127 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+)
+
+var _ sluice.OverrideStore = (*Store)(nil)
+
+// Overrides live in one hash, <Prefix>{overrides}, one field per
+// override: the policy ID, a 0 byte and the subject (a pseudonym at the
+// server), its value "1|<limit>|<burst>|<window µs>|<note>". Every change
+// INCRs <Prefix>{overrides}:version, so a reader that has the list reads
+// only the version (one GET) until it moves. The hash tag keeps both in
+// one slot of a Cluster. Plain commands: HSET, HDEL, HGETALL, GET, INCR.
+const (
+	overridesKey = "{overrides}"
+	versionKey   = "{overrides}:version"
+)
+
+// overrideCache is the list as last read and the version it was read at.
+type overrideCache struct {
+	version string
+	list    []sluice.Override
+}
+
+// PutOverride implements sluice.OverrideStore: it stores o in Redis (or,
+// with o.Limit 0, removes it) and moves the version every reader polls.
+// sluice.Limiter.SetOverride validates o first.
+func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if strings.IndexByte(o.Policy, 0) >= 0 || strings.IndexByte(o.Subject, 0) >= 0 {
+		return fmt.Errorf("redisstore: PutOverride: %w: policy and subject must not hold a 0 byte", sluice.ErrInvalidRequest)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	field := o.Policy + "\x00" + o.Subject
+	pipe := s.client.Pipeline()
+	if o.Limit == 0 {
+		pipe.HDel(ctx, s.prefix+overridesKey, field)
+	} else {
+		value := fmt.Sprintf("1|%d|%d|%d|%s", o.Limit, o.Burst, o.Window.Microseconds(), o.Note)
+		pipe.HSet(ctx, s.prefix+overridesKey, field, value)
+	}
+	pipe.Incr(ctx, s.prefix+versionKey)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("redisstore: PutOverride: %w", err)
+	}
+	return nil
+}
+
+// Overrides implements sluice.OverrideStore: one GET of the version, and
+// the whole hash only when the version moved since the last read.
+func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	version, err := s.overrideVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c := s.ovrCache.Load(); c != nil && c.version == version {
+		return append([]sluice.Override(nil), c.list...), nil
+	}
+	cmd := redis.NewMapStringStringCmd(ctx, "hgetall", s.prefix+overridesKey)
+	if err := s.client.Process(ctx, cmd); err != nil {
+		return nil, fmt.Errorf("redisstore: Overrides: %w", err)
+	}
+	list := make([]sluice.Override, 0, len(cmd.Val()))
+	for field, value := range cmd.Val() {
+		o, err := decodeOverride(field, value)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: Overrides: %w: %s", sluice.CorruptState, err)
+		}
+		list = append(list, o)
+	}
+	sort.Slice(list, func(i, j int) bool {
+		a, b := list[i], list[j]
+		return a.Policy < b.Policy || a.Policy == b.Policy && a.Subject < b.Subject
+	})
+	s.ovrCache.Store(&overrideCache{version: version, list: list})
+	return append([]sluice.Override(nil), list...), nil
+}
+
+// overrideVersion returns the version counter, "" while absent.
+func (s *Store) overrideVersion(ctx context.Context) (string, error) {
+	cmd := redis.NewStringCmd(ctx, "get", s.prefix+versionKey)
+	err := s.client.Process(ctx, cmd)
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("redisstore: Overrides: %w", err)
+	}
+	return cmd.Val(), nil
+}
+
+// decodeOverride reads one field and value of the overrides hash.
+func decodeOverride(field, value string) (sluice.Override, error) {
+	policy, subject, ok := strings.Cut(field, "\x00")
+	parts := strings.SplitN(value, "|", 5)
+	if !ok || len(parts) != 5 || parts[0] != "1" {
+		return sluice.Override{}, fmt.Errorf("override field %q = %q: not one this store wrote", field, value)
+	}
+	var n [3]int64
+	for i := range n {
+		v, err := strconv.ParseInt(parts[i+1], 10, 64)
+		if err != nil {
+			return sluice.Override{}, fmt.Errorf("override field %q = %q: %v", field, value, err)
+		}
+		n[i] = v
+	}
+	return sluice.Override{Policy: policy, Subject: subject, Limit: n[0], Burst: n[1], Window: time.Duration(n[2]) * time.Microsecond, Note: parts[4]}, nil
+}
