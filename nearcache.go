@@ -16,15 +16,19 @@ type nearCache struct {
 	m  map[nearKey]nearEntry
 }
 
+// nearKey is a subject and a policy ID: one entry whatever numbers the
+// policy had (an override gives one subject others), so a Reset forgets it
+// under any of them.
 type nearKey struct {
 	subject string
-	policy  *Policy
+	policy  string
 }
 
 // nearEntry is a remembered denial: a cost of at least cost is denied
 // until until, when the store said it would wait RetryAfter, measured from
 // before the store was asked (so never later than the store's own time).
 type nearEntry struct {
+	policy  *Policy // the numbers it was denied under: none other use it
 	cost    int64
 	until   time.Time // monotonic
 	resetAt time.Time
@@ -37,9 +41,10 @@ func newNearCache() *nearCache { return &nearCache{m: make(map[nearKey]nearEntry
 // now, its waits measured from now.
 func (c *nearCache) lookup(subject string, p *Policy, cost int64, now time.Time) (Status, bool) {
 	c.mu.Lock()
-	e, ok := c.m[nearKey{subject, p}]
-	if ok && !now.Before(e.until) {
-		delete(c.m, nearKey{subject, p})
+	k := nearKey{subject, p.ID}
+	e, ok := c.m[k]
+	if ok && (!now.Before(e.until) || e.policy != p) {
+		delete(c.m, k)
 		ok = false
 	}
 	c.mu.Unlock()
@@ -54,7 +59,7 @@ func (c *nearCache) lookup(subject string, p *Policy, cost int64, now time.Time)
 
 // remember records the store's denial st of cost, asked at sent.
 func (c *nearCache) remember(subject string, p *Policy, cost int64, sent time.Time, st Status) {
-	k := nearKey{subject, p}
+	k := nearKey{subject, p.ID}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; !ok && len(c.m) >= maxNearCache {
@@ -67,12 +72,12 @@ func (c *nearCache) remember(subject string, p *Policy, cost int64, sent time.Ti
 			return // full of live denials: this one is simply asked again
 		}
 	}
-	c.m[k] = nearEntry{cost: cost, until: sent.Add(st.RetryAfter), resetAt: sent.Add(st.ResetAfter), status: st}
+	c.m[k] = nearEntry{policy: p, cost: cost, until: sent.Add(st.RetryAfter), resetAt: sent.Add(st.ResetAfter), status: st}
 }
 
 // forget drops what is remembered of subject under p.
 func (c *nearCache) forget(subject string, p *Policy) {
 	c.mu.Lock()
-	delete(c.m, nearKey{subject, p})
+	delete(c.m, nearKey{subject, p.ID})
 	c.mu.Unlock()
 }

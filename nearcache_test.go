@@ -35,3 +35,23 @@ func TestNearCacheNeverPastRetry(t *testing.T) {
 		t.Fatal("a forgotten denial answered")
 	}
 }
+
+// TestNearCacheOneEntryPerPolicyID: a denial remembered under one set of a
+// policy's numbers (an override gives a subject others) answers only for
+// those numbers, and forgetting the policy under any numbers forgets it,
+// so a Reset made while an override applied leaves no denial behind for
+// the numbers that come back after it.
+func TestNearCacheOneEntryPerPolicyID(t *testing.T) {
+	c := newNearCache()
+	base, raised := &Policy{ID: "p", Limit: 5}, &Policy{ID: "p", Limit: 500}
+	sent := time.Unix(1000, 0)
+	c.remember("s", base, 1, sent, Status{Policy: "p", Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour})
+	if _, ok := c.lookup("s", raised, 1, sent); ok {
+		t.Fatal("a denial under limit 5 answered under the override's limit 500")
+	}
+	c.remember("s", base, 1, sent, Status{Policy: "p", Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour})
+	c.forget("s", raised) // a Reset while the override applies
+	if _, ok := c.lookup("s", base, 1, sent); ok {
+		t.Fatal("a denial remembered under the policy's own numbers outlived a Reset made under an override")
+	}
+}

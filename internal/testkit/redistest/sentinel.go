@@ -167,6 +167,7 @@ func startSentinel(bin string, conf []string) (*Server, error) {
 	for range 5 { // a free port can be taken between probe and bind: retry
 		p, err := freePort()
 		if err != nil {
+			lastErr = err
 			break
 		}
 		sn, err := start(bin, dir, p, conf, true)
@@ -177,7 +178,7 @@ func startSentinel(bin string, conf []string) (*Server, error) {
 		lastErr = err
 	}
 	os.RemoveAll(dir)
-	return nil, lastErr
+	return nil, fmt.Errorf("redistest: %w", lastErr)
 }
 
 // waitAcquainted waits until sn knows the replica and the two other
