@@ -43,7 +43,7 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	if strings.IndexByte(o.Policy, 0) >= 0 || strings.IndexByte(o.Subject, 0) >= 0 {
 		return fmt.Errorf("redisstore: PutOverride: %w: policy and subject must not hold a 0 byte", sluice.ErrInvalidRequest)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	field := o.Policy + "\x00" + o.Subject
 	pipe := s.client.Pipeline()
@@ -66,7 +66,7 @@ func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	version, err := s.overrideVersion(ctx)
 	if err != nil {

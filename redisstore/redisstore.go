@@ -27,9 +27,11 @@
 // short form: its cost or lease and its policy, decided by the same Lua
 // functions as any other, on values rather than tables, with one read
 // and at most one write of a fixed-size state. At 64 callers on 10 000
-// subjects, allowed, it costs redis-server about 62 000 instructions
-// (gcra, token_bucket, fixed_window), 68 000 (sliding_log) and 70 000
-// (sliding_window); a lease's acquire and release about 150 000 together.
+// subjects, allowed, it costs redis-server about 61 000 instructions
+// (token_bucket), 63 000 (gcra), 66 000 (fixed_window), 73 000
+// (sliding_window) and 99 000 (sliding_log); a lease's acquire and
+// release about 154 000 together (BENCHMARKS.md, `cd bench &&
+// ./instructions.sh`).
 //
 // # Start
 //

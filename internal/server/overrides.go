@@ -54,7 +54,15 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject only")
 		return
 	}
-	s.setOverride(w, r, sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, "")})
+	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, "")}
+	for _, c := range s.cfgOverrides {
+		if c.Policy == o.Policy && c.Subject == o.Subject {
+			// The Limiter would apply it again under whatever it removes.
+			s.overrideAnswer(w, http.StatusConflict, nil, "this override is set in the config file (overrides:): remove it there")
+			return
+		}
+	}
+	s.setOverride(w, r, o)
 }
 
 // setOverride puts o to the Limiter and answers with its entry.

@@ -188,6 +188,12 @@ func testOverridesAdminAPI(t *testing.T, store string) {
 	if code != 200 || !strings.Contains(body, `"note":"acme raised"`) || !strings.Contains(body, `"note":"gold plan from the config"`) || strings.Contains(body, tenant) {
 		t.Fatalf("/ui/api/state = %d %s, want both overrides by note and no subject", code, body)
 	}
+	if code, body := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, `{"policy":"api","subject":"gold"}`); code != 409 || !strings.Contains(body, "config file") {
+		t.Fatalf("DELETE of the config's override = %d %s, want 409 naming the config file", code, body)
+	}
+	if a := spend(t, url, "gold", 1); a.Limit != 50 {
+		t.Fatalf("after a refused DELETE, the config's override: %+v, want still limit 50", a)
+	}
 	del := fmt.Sprintf(`{"policy":"api","subject":%q}`, tenant)
 	if code, body := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, del); code != 200 {
 		t.Fatalf("DELETE = %d %s", code, body)

@@ -65,7 +65,7 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*o
 	ol := &overrideLimit{rule: r}
 	if rpu > 0 { // 0 denies everything without the store, as a rule of 0 does
 		r.Policy = sluice.Policy{ID: key, Algorithm: sluice.FixedWindow, Limit: rpu, Window: window, ClockAligned: true}
-		lim, err := sluice.New(st.Store, []sluice.Policy{r.Policy}, sluice.Options{})
+		lim, err := sluice.New(decideOnly{st.Store}, []sluice.Policy{r.Policy}, sluice.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
 		}
@@ -82,3 +82,9 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*o
 
 // clampCost converts a hits_addend to a cost.
 func clampCost(h uint64) int64 { return int64(min(h, math.MaxInt64)) }
+
+// decideOnly is a Store seen only as one: a limit override's Limiter
+// decides on it, but no tenant plan can name its policy, so it must not
+// read the store's overrides (an OverrideStore is read again every 500ms
+// while in use, and past maxOverrides a Limiter is made per request).
+type decideOnly struct{ sluice.Store }
