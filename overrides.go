@@ -95,8 +95,14 @@ func (l *Limiter) initOverrides(opts Options) error {
 	if l.ovr.store == nil && len(l.ovr.local) == 0 {
 		return nil
 	}
-	l.ovr.stale.Store(l.ovr.store != nil) // the first Check reads the store
 	l.ovr.set.Store(l.buildOverrides())
+	if l.ovr.store != nil {
+		// Read the store now, in the background: Checks until it answers
+		// are decided without its overrides (New does not wait on the
+		// store), so that lasts one round trip rather than until the
+		// first Check and its read.
+		l.refreshOverrides()
+	}
 	return nil
 }
 

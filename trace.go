@@ -79,16 +79,14 @@ func (s *tracedStore) Evaluate(ctx context.Context, ev *Evaluation) error {
 	if !span.IsRecording() {
 		ctx, span = s.tracer.Start(ctx, "sluice.Check", s.start...)
 		own = true
+		defer span.End()
+		if !span.IsRecording() { // not sampled: nothing to time or record
+			return s.store.Evaluate(ctx, ev)
+		}
 	}
 	t0 := clock.System{}.Now()
 	err := s.store.Evaluate(ctx, ev)
-	took := clock.System{}.Now().Sub(t0)
-	if span.IsRecording() {
-		s.record(span, own, ev, err, took)
-	}
-	if own {
-		span.End()
-	}
+	s.record(span, own, ev, err, clock.System{}.Now().Sub(t0))
 	return err
 }
 

@@ -74,6 +74,7 @@ type Store struct {
 	evictions atomic.Int64 // live states dropped at the bound
 	idsLost   atomic.Int64 // live remembered ids dropped at the bound
 	general   bool         // tests: every decision takes the general path
+	onFast    func()       // tests: called for each decision the fast path takes
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -89,6 +90,11 @@ type key struct {
 	policy   string
 	revision int64
 	aligned  bool // a clock-aligned fixed window's state is another one
+}
+
+// keyOf is the key of p's state for subject.
+func keyOf(subject string, p *sluice.Policy) key {
+	return key{subject: subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}
 }
 
 // state is one policy's state for one subject, and the algorithm it was
@@ -389,6 +395,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && !s.general {
 		if p := ev.Policies[0]; p.Algorithm != sluice.Concurrency &&
 			(ev.Op == sluice.Spend && ev.Cost >= 1 && ev.Cost <= p.MaxCost || ev.Op == sluice.Peek && ev.Cost == 0) {
+			if s.onFast != nil {
+				s.onFast()
+			}
 			return s.decideOne(ev, p)
 		}
 	}
@@ -464,7 +473,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 	ap := evaluation.Policy(p)
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
-	k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}
+	k := keyOf(ev.Subject, p)
 	var d algorithm.Decision
 	sh.mu.Lock()
 	en := sh.states.get(h, k)
@@ -494,7 +503,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 	w := &sh.work
 	e := &w.e
 	for i, p := range ev.Policies {
-		k := key{subject: ev.Subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}
+		k := keyOf(ev.Subject, p)
 		ap := evaluation.Policy(p)
 		en := sh.states.get(h, k)
 		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
@@ -541,7 +550,7 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state 
 			if out != nil && out[i] != nil {
 				continue
 			}
-			en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned})
+			en := sh.states.get(h, keyOf(subject, p))
 			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
 				continue
 			}
@@ -566,7 +575,7 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 		sh := &s.shards[h&s.mask]
 		sh.mu.Lock()
 		for _, p := range policies {
-			if en := sh.states.get(h, key{subject: subject, policy: p.ID, revision: p.Revision, aligned: p.ClockAligned}); en != nil {
+			if en := sh.states.get(h, keyOf(subject, p)); en != nil {
 				sh.states.remove(h, en)
 			}
 		}

@@ -528,8 +528,12 @@ func (c *Config) validateOverrides() []*Error {
 		q := *base
 		q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
 		if base.Algorithm == sluice.Concurrency {
-			if o.Burst != 0 || o.Window != 0 {
-				errs = append(errs, c.errorAt(path+".limit", strconv.FormatInt(o.Limit, 10), "a concurrency policy's override sets its limit only: leave burst and window unset"))
+			if o.Burst != 0 {
+				errs = append(errs, c.errorAt(path+".burst", strconv.FormatInt(o.Burst, 10), "does not apply to concurrency: an override sets only its limit"))
+				continue
+			}
+			if o.Window != 0 {
+				errs = append(errs, c.errorAt(path+".window", o.Window.String(), "does not apply to concurrency, which has no window"))
 				continue
 			}
 		} else if o.Window != 0 {

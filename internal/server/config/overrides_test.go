@@ -83,7 +83,7 @@ func TestParseOverridesEveryError(t *testing.T) {
 	want := []string{
 		`overrides[0].policy: "nope": is not the id of any policy (line 15)`,
 		`overrides[1].burst: 9: applies only to token_bucket and gcra; leave it unset for fixed_window (line 21)`,
-		`overrides[2].limit: 2: a concurrency policy's override sets its limit only: leave burst and window unset (line 24)`,
+		`overrides[2].window: "1s": does not apply to concurrency, which has no window (line 25)`,
 		`overrides[3].subject: is required (line 26)`,
 		`overrides[4].limit: 0: must be at least 1 (line 30)`,
 		`overrides[5].window: "48h": must be between 1ms and 24h (line 34)`,
