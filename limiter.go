@@ -259,7 +259,7 @@ func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) (o Outc
 		ev.Cost = 1
 	}
 	if s := l.ovr.set.Load(); s != nil {
-		p = l.override(s, p, req.Subject)
+		p = l.override(s, p, req.Subject, nil) // no older subjects on this path
 	}
 	ev.Policies = append(ev.Policies, p)
 	if err := l.store.Evaluate(ctx, ev); err != nil {
@@ -289,7 +289,7 @@ func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 	}
 	if s := l.ovr.set.Load(); s != nil {
 		for i, p := range ev.Policies {
-			ev.Policies[i] = l.override(s, p, ev.Subject)
+			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
 		}
 	}
 	var near *Policy // the NearCache policy this spend may be answered for

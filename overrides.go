@@ -181,9 +181,11 @@ func (l *Limiter) buildOverrides() *overrideSet {
 }
 
 // override returns the policy to decide p by for subject: p, or its
-// override in s, l's snapshot. It starts a background read of the store
-// when the snapshot is stale.
-func (l *Limiter) override(s *overrideSet, p *Policy, subject string) *Policy {
+// override in s, l's snapshot; failing one for subject, the one of the
+// first of previous (its pseudonyms under older keys) that has one, so a
+// key rotation keeps a tenant's plan as it keeps the tenant's state. It
+// starts a background read of the store when the snapshot is stale.
+func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous []string) *Policy {
 	if l.ovr.stale.Load() {
 		l.refreshOverrides()
 	}
@@ -192,6 +194,11 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string) *Policy {
 	}
 	if q := s.byKey[overrideKey{p.ID, subject}]; q != nil {
 		return q
+	}
+	for _, old := range previous {
+		if q := s.byKey[overrideKey{p.ID, old}]; q != nil {
+			return q
+		}
 	}
 	return p
 }

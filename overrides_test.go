@@ -154,3 +154,28 @@ func BenchmarkCheckOverridden(b *testing.B) {
 		}
 	}
 }
+
+// TestOverrideUnderAnOlderPseudonym: during a key rotation a request
+// carries the subject's pseudonyms under older keys (Previous); an
+// override set under one of them applies until the current pseudonym has
+// one of its own, as the subject's state carries over.
+func TestOverrideUnderAnOlderPseudonym(t *testing.T) {
+	ctx := context.Background()
+	l := newOverrideLimiter(t, newMemstore(t), sluice.Options{})
+	if err := l.SetOverride(ctx, sluice.Override{Policy: "fw", Subject: "k1:acme", Limit: 100}); err != nil {
+		t.Fatal(err)
+	}
+	rotated := sluice.Request{Policy: "fw", Subject: "k2:acme", Previous: []string{"k1:acme"}}
+	if o := l.Check(ctx, rotated); !o.Allowed || o.Limit != 100 {
+		t.Fatalf("after the rotation = %+v, want the plan of the older pseudonym (limit 100)", o)
+	}
+	if err := l.SetOverride(ctx, sluice.Override{Policy: "fw", Subject: "k2:acme", Limit: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if o := l.Check(ctx, rotated); o.Limit != 20 {
+		t.Fatalf("with a plan of its own = %+v, want the current pseudonym's (limit 20)", o)
+	}
+	if o := l.Check(ctx, sluice.Request{Policy: "fw", Subject: "k2:other", Previous: []string{"k1:other"}}); o.Limit != 10 {
+		t.Fatalf("another subject = %+v, want the policy's own limit 10", o)
+	}
+}

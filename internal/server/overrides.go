@@ -42,7 +42,28 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		window = d
 	}
 	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, ""), Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
-	s.setOverride(w, r, o)
+	if s.dropOlder(w, r, in) {
+		s.setOverride(w, r, o)
+	}
+}
+
+// dropOlder removes the overrides of in's subject under older HMAC keys
+// (during a key rotation the Limiter applies them while the subject's
+// current pseudonym has none), so a plan set or removed now is the only
+// one. It answers and reports false when the store fails.
+func (s *Server) dropOlder(w http.ResponseWriter, r *http.Request, in checkapi.OverrideRequest) bool {
+	if _, ok := s.policy(in.Policy); !ok {
+		return true // setOverride answers the unknown policy
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	for _, old := range s.pseud.Previous("api", in.Subject, "") {
+		if err := s.lim.SetOverride(ctx, sluice.Override{Policy: in.Policy, Subject: old}); err != nil {
+			s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
@@ -62,7 +83,9 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.setOverride(w, r, o)
+	if s.dropOlder(w, r, in) {
+		s.setOverride(w, r, o)
+	}
 }
 
 // setOverride puts o to the Limiter and answers with its entry.
