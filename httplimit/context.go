@@ -70,7 +70,7 @@ func Refund(ctx context.Context) sluice.Outcome {
 	if len(policies) == 0 || !st.refunded.CompareAndSwap(false, true) {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	req := request(lim, policies, &st.d, true)
+	req := request(sluice.Refund, policies, &st.d)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.m.deadline)
 	defer cancel()
 	o := lim.Check(ctx, req)

@@ -234,8 +234,10 @@ type route struct {
 	canonical   string   // prefix in the canonical form requests are matched in
 	match       func(*http.Request) bool
 	policies    []string
+	op          sluice.Op // Acquire when policies holds a concurrency policy, else Spend
 	cost        int64
-	local       []string // the FailLocal ones
+	local       []string  // the FailLocal ones
+	localOp     sluice.Op // op for local
 	mode        sluice.FailureMode
 	subject     SubjectFunc
 	shadow      bool
@@ -351,6 +353,9 @@ func (m *Middleware) compile(at string, rt Route, subj SubjectFunc) (*route, err
 			return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
 		}
 		c.policies = append(c.policies, id)
+		if p.Algorithm == sluice.Concurrency {
+			c.op = sluice.Acquire
+		}
 		if err := m.compileMode(at, pat, c, p); err != nil {
 			return nil, err
 		}
@@ -412,6 +417,9 @@ func (m *Middleware) compileMode(at, pat string, c *route, p sluice.Policy) erro
 			return optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the local fallback (its LocalShare), %d", p.ID, lp.MaxCost))
 		}
 		c.local = append(c.local, p.ID)
+		if lp.Algorithm == sluice.Concurrency {
+			c.localOp = sluice.Acquire
+		}
 		if c.mode == sluice.FailOpen {
 			c.mode = sluice.FailLocal
 		}
@@ -481,7 +489,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-	d.Outcome = m.limiter.Check(ctx, request(m.limiter, rt.policies, &d, false))
+	d.Outcome = m.limiter.Check(ctx, request(rt.op, rt.policies, &d))
 	cancel()
 	decided := d.Outcome
 	switch d.Outcome.Kind {
@@ -496,7 +504,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case sluice.FailLocal:
 			d.Local = true
 			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-			d.LocalOutcome = m.fallback.Check(ctx, request(m.fallback, rt.local, &d, false))
+			d.LocalOutcome = m.fallback.Check(ctx, request(rt.localOp, rt.local, &d))
 			cancel()
 			decided = d.LocalOutcome
 			switch d.LocalOutcome.Kind {
@@ -514,17 +522,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.finish(w, r, next, rt, &d, decided)
 }
 
-// request is the Limiter request of policies for d: the spend of d's cost
-// (an acquisition when lim holds a concurrency policy among them), or with
-// refund its refund. Every sluice.Request of the package is built here.
-func request(lim *sluice.Limiter, policies []string, d *Decision, refund bool) sluice.Request {
-	req := sluice.Request{Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
-	switch {
-	case refund:
-		req.Op = sluice.Refund
-	case slices.ContainsFunc(policies, func(id string) bool { p, _ := lim.Policy(id); return p.Algorithm == sluice.Concurrency }):
-		req.Op = sluice.Acquire
-	}
+// request is the Limiter request of policies for d: op (Spend, Acquire
+// for a route holding a concurrency policy, Refund) of d's cost. Every
+// sluice.Request of the package is built here.
+func request(op sluice.Op, policies []string, d *Decision) sluice.Request {
+	req := sluice.Request{Op: op, Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
 	if len(policies) == 1 {
 		req.Policy = policies[0]
 	} else {
