@@ -62,6 +62,20 @@ type Evaluation struct {
 	// state under each of them too. The copy is not atomic with changes
 	// made under the older subject meanwhile.
 	Previous []string
+	// Hold, when above 0, makes a Spend of one token_bucket, gcra or
+	// fixed_window policy, with no EvaluationID, a block of local quota
+	// (Policy.LocalQuota): the Limiter admits its Cost units itself, one
+	// request at a time, over the next Hold, and the store spends them so
+	// that they cover every such admission. The bucket algorithms take the
+	// spend as if it came at the end of the hold: the bucket is first
+	// drained to the level it would have after Hold with nothing spent but
+	// no refill (GCRA: the TAT is taken as at least now + Hold), so a unit
+	// the Limiter admits late in the hold is never refilled before it is
+	// used. fixed_window spends as usual: the Limiter ends the block by the
+	// window's end, which the admitted Status's ResetAfter tells. At most
+	// Window, and for the bucket algorithms at most the time to refill
+	// Burst; 0 for every other decision. Example: 100ms.
+	Hold time.Duration
 	// Replayed is set by the store when Statuses are a remembered decision.
 	Replayed bool
 	// Statuses receives one Status per policy, in order. The store
