@@ -123,6 +123,11 @@ type Options struct {
 	// or kept by the Store for the same policy and subject wins over them.
 	// Default: none.
 	Overrides []Override
+	// Clock measures how long a block of local quota lives
+	// (Policy.LocalQuota). It must not run faster than the store's clock;
+	// a test that gives the store a fake clock gives the Limiter the same.
+	// Default: the real clock.
+	Clock Clock
 }
 
 // Limiter checks requests against a fixed set of policies on one Store.
@@ -135,10 +140,11 @@ type Options struct {
 type Limiter struct {
 	store    Store
 	policies map[string]*Policy
-	list     []*Policy  // the policies in order, looked through instead of policies when few
-	pool     sync.Pool  // *Evaluation
-	near     *nearCache // nil when no policy has NearCache
-	ovr      overrides  // subjects' other numbers: see overrides.go
+	list     []*Policy   // the policies in order, looked through instead of policies when few
+	pool     sync.Pool   // *Evaluation
+	near     *nearCache  // nil when no policy has NearCache
+	local    *localQuota // nil when no policy has LocalQuota
+	ovr      overrides   // subjects' other numbers: see overrides.go
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -163,6 +169,16 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		l.list = append(l.list, &p)
 		if p.NearCache && l.near == nil {
 			l.near = newNearCache()
+		}
+	}
+	for _, p := range l.list {
+		if p.LocalQuota.Enabled {
+			c := opts.Clock
+			if c == nil {
+				c = clock.System{}
+			}
+			l.local = newLocalQuota(c, l.list)
+			break
 		}
 	}
 	l.pool.New = func() any { return new(Evaluation) }
@@ -238,8 +254,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
 	if req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && (req.Op == Spend || req.Op == Peek) {
-		if p := l.policy(req.Policy); p != nil && !p.NearCache {
-			return l.checkOne(ctx, p, &req)
+		if p := l.policy(req.Policy); p != nil {
+			switch {
+			case p.LocalQuota.Enabled && req.Op == Spend:
+				return l.checkLocal(ctx, p, &req)
+			case !p.NearCache:
+				return l.checkOne(ctx, p, &req)
+			}
 		}
 	}
 	return l.check(ctx, &req)
@@ -249,18 +270,25 @@ func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
 // policy, p, that is not NearCache, with no evaluation id, lease or older
 // subject. It does what check does for it, without the checks of what the
 // request does not carry.
-func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) (o Outcome) {
+func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) Outcome {
 	if err := checkSubject(req.Subject); err != nil {
 		return Outcome{Kind: Incompatible, Err: err}
 	}
-	ev := l.pool.Get().(*Evaluation)
-	ev.Op, ev.Subject, ev.Cost = req.Op, req.Subject, req.Cost
-	if ev.Cost == 0 && req.Op == Spend {
-		ev.Cost = 1
+	cost := req.Cost
+	if cost == 0 && req.Op == Spend {
+		cost = 1
 	}
 	if s := l.ovr.set.Load(); s != nil {
 		p = l.override(s, p, req.Subject, nil) // no older subjects on this path
 	}
+	return l.decide(ctx, p, req.Subject, req.Op, cost, 0)
+}
+
+// decide asks the store for op (a spend or a peek) of cost on p, the
+// subject's own numbers, held for hold (Evaluation.Hold).
+func (l *Limiter) decide(ctx context.Context, p *Policy, subject string, op Op, cost int64, hold time.Duration) (o Outcome) {
+	ev := l.pool.Get().(*Evaluation)
+	ev.Op, ev.Subject, ev.Cost, ev.Hold = op, subject, cost, hold
 	ev.Policies = append(ev.Policies, p)
 	if err := l.store.Evaluate(ctx, ev); err != nil {
 		l.put(ev)
@@ -294,12 +322,11 @@ func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 	}
 	var near *Policy // the NearCache policy this spend may be answered for
 	var sent time.Time
+	if ev.Op == Reset {
+		l.forget(ev)
+	}
 	switch {
 	case l.near == nil:
-	case ev.Op == Reset:
-		for _, p := range ev.Policies {
-			l.near.forget(ev.Subject, p)
-		}
 	case ev.Op == Spend && len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.EvaluationID == "" && ev.Cost <= ev.Policies[0].MaxCost:
 		p := ev.Policies[0]
 		sent = clock.System{}.Now()
@@ -337,6 +364,19 @@ func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
 		o.Statuses = append([]Status(nil), ev.Statuses...)
 	}
 	return o
+}
+
+// forget drops what l remembers of ev's subject under ev's policies: a
+// Reset's near-cache denials and blocks of local quota.
+func (l *Limiter) forget(ev *Evaluation) {
+	for _, p := range ev.Policies {
+		if l.near != nil {
+			l.near.forget(ev.Subject, p)
+		}
+		if l.local != nil {
+			l.local.forget(ev.Subject, p)
+		}
+	}
 }
 
 func (l *Limiter) put(ev *Evaluation) {

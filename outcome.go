@@ -143,6 +143,11 @@ type Outcome struct {
 	// FromCache reports that the Limiter answered this denial from its
 	// near cache (Policy.NearCache), without asking the store.
 	FromCache bool
+	// Local reports that the Limiter admitted this request from a block of
+	// local quota (Policy.LocalQuota) without asking the store. Status is
+	// then the store's when the block was taken, with the units still in
+	// the block added to Remaining.
+	Local bool
 	// Cause says why the outcome is Unavailable; zero otherwise.
 	Cause Cause
 	// Err is the error behind Incompatible, Unavailable and Indeterminate;

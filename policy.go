@@ -127,7 +127,51 @@ type Policy struct {
 	// no EvaluationID. A Reset clears it in this process only: other
 	// processes deny until that time at most. Default: false.
 	NearCache bool
+	// LocalQuota lets a Limiter admit a subject it sees often from blocks
+	// of budget taken from the store, without a store call per request,
+	// and never more than the algorithm allows: see LocalQuota. For
+	// fixed_window, token_bucket and gcra. Default: off.
+	LocalQuota LocalQuota
 }
+
+// LocalQuota configures a policy's local quota. A Limiter that sees one
+// subject of the policy often (at least minBlock units asked per
+// BlockTime) takes a block of units for it in one store decision, sized
+// to what the subject asked in the last BlockTime, and admits from it
+// itself until the block is spent or BlockTime has passed since the
+// store was asked; a subject seen rarely never takes one. The store spends
+// a block so that it covers every admission made from it (see
+// Evaluation.Hold), so no instance, store call or clock read admits more
+// than the algorithm would; what is left unspent when a block's time is
+// up stays spent (it is lost to every instance until the algorithm
+// frees it: that is local quota's cost, bounded by MaxBlock per subject
+// and instance). A block is asked only while the store last said at
+// least four times its cost remains, so a subject near its limit is
+// decided by the store again, one request at a time, and its last units
+// go exactly. A block in hand keeps admitting while the store is
+// unreachable. Requests with an EvaluationID, several policies, Previous
+// subjects, or another operation than Spend go to the store as before; a
+// Reset drops this Limiter's blocks for the subject, not other
+// processes'.
+type LocalQuota struct {
+	// Enabled turns local quota on. Default: false.
+	Enabled bool
+	// BlockTime is how long a block lives, from the moment its store call
+	// starts: 1ms to 1s, at most half the Window (for token_bucket and
+	// gcra, also at most the time to refill half the Burst), a whole
+	// number of microseconds. Default: a tenth of Window, at most 100ms
+	// (for token_bucket and gcra, also at most the time to refill an
+	// eighth of Burst: what a block's hold drains of the bucket).
+	BlockTime time.Duration
+	// MaxBlock is the most units one block holds: 4 to half of what the
+	// algorithm admits at once (Limit, or Burst for token_bucket and
+	// gcra). Default: a tenth of that, at least 4.
+	MaxBlock int64
+}
+
+// minBlock is the fewest units a block holds: below that, a block saves
+// too few store calls to be worth its unspent units.
+const minBlock = 4
 
 // PolicyError says which field of which policy broke which rule. Config
 // loading maps Field to a line of the file.
@@ -160,7 +204,28 @@ func (p Policy) WithDefaults() Policy {
 	if p.DedupeMax == 0 {
 		p.DedupeMax = 256
 	}
+	if q := &p.LocalQuota; q.Enabled {
+		if q.BlockTime == 0 {
+			q.BlockTime = min(100*time.Millisecond, p.Window/10)
+			if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
+				q.BlockTime = min(q.BlockTime, p.refill(p.Burst/8))
+			}
+			q.BlockTime = q.BlockTime.Truncate(time.Microsecond)
+		}
+		if q.MaxBlock == 0 {
+			q.MaxBlock = max(p.MaxCost/10, minBlock)
+		}
+	}
 	return p
+}
+
+// refill returns how long a token_bucket or gcra policy p takes to refill
+// n units, rounded down to a microsecond.
+func (p Policy) refill(n int64) time.Duration {
+	if p.Limit <= 0 {
+		return 0
+	}
+	return time.Duration(n*p.Window.Microseconds()/p.Limit) * time.Microsecond
 }
 
 // Validate reports, as a *PolicyError, the first field of p (after
@@ -231,6 +296,38 @@ func (p Policy) Validate() error {
 	}
 	if p.DedupeMax < 1 || p.DedupeMax > 10000 {
 		return bad("dedupe_max", fmt.Sprint(p.DedupeMax), "must be between 1 and 10000")
+	}
+	return p.validateLocalQuota(bad)
+}
+
+// validateLocalQuota is Validate for p.LocalQuota, defaults applied.
+func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) error {
+	q := p.LocalQuota
+	if !q.Enabled {
+		if q.BlockTime != 0 || q.MaxBlock != 0 {
+			return bad("local_quota.enabled", "false", "must be true when block_time or max_block is set")
+		}
+		return nil
+	}
+	switch p.Algorithm {
+	case SlidingWindow:
+		return bad("local_quota", "true", "does not apply to sliding_window: its estimate weighs each unit by the window it was spent in, and a block's units would be used after the store counted them")
+	case SlidingLog:
+		return bad("local_quota", "true", "does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject")
+	case Concurrency:
+		return bad("local_quota", "true", "does not apply to concurrency: a lease is held, not spent")
+	}
+	longest, rule := min(time.Second, p.Window/2), "must be between 1ms and 1s, at most half the window"
+	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
+		longest, rule = min(longest, p.refill(p.Burst/2)), rule+" and the time to refill half the burst"
+	}
+	if q.BlockTime < time.Millisecond || q.BlockTime > longest || q.BlockTime%time.Microsecond != 0 {
+		return bad("local_quota.block_time", q.BlockTime.String(), fmt.Sprintf("%s (%v), a whole number of microseconds", rule, longest))
+	}
+	if half := p.MaxCost / 2; half < minBlock {
+		return bad("local_quota", "true", fmt.Sprintf("needs a max_cost of at least %d, not %d: a limit this small is best decided by the store, one request at a time", 2*minBlock, p.MaxCost))
+	} else if q.MaxBlock < minBlock || q.MaxBlock > half {
+		return bad("local_quota.max_block", fmt.Sprint(q.MaxBlock), fmt.Sprintf("must be between %d and %d, half of max_cost", minBlock, half))
 	}
 	return nil
 }

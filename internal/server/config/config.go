@@ -233,7 +233,8 @@ func (r *Redis) Password(getenv func(string) string) (string, error) {
 
 // Policy is one policy of the config (near_cache is sluice.Policy's
 // NearCache; align: clock is its ClockAligned, align: first_request, the
-// default, leaves it false).
+// default, leaves it false; local_quota: true, or a mapping of
+// block_time and max_block, is its LocalQuota).
 type Policy struct {
 	sluice.Policy
 }
@@ -820,8 +821,8 @@ func policyErrors(p sluice.Policy) []*sluice.PolicyError {
 			if p.Window == 0 {
 				return errs
 			}
-			p.Algorithm, p.Burst, p.MaxCost, p.LeaseTTL, p.NearCache = sluice.FixedWindow, 0, 0, 0, false
-			named["burst"], named["max_cost"], named["lease_ttl"], named["near_cache"] = true, true, true, true
+			p.Algorithm, p.Burst, p.MaxCost, p.LeaseTTL, p.NearCache, p.LocalQuota = sluice.FixedWindow, 0, 0, 0, false, sluice.LocalQuota{}
+			named["burst"], named["max_cost"], named["lease_ttl"], named["near_cache"], named["local_quota"] = true, true, true, true, true
 		case "lease_ttl":
 			if p.Algorithm == sluice.Concurrency {
 				return errs
@@ -838,6 +839,12 @@ func policyErrors(p sluice.Policy) []*sluice.PolicyError {
 			p.MaxCost = 0
 		case "near_cache":
 			p.NearCache = false
+		case "local_quota", "local_quota.enabled":
+			p.LocalQuota = sluice.LocalQuota{}
+		case "local_quota.block_time":
+			p.LocalQuota.BlockTime = 0
+		case "local_quota.max_block":
+			p.LocalQuota.MaxBlock = 0
 		case "failure_mode":
 			p.FailureMode = sluice.FailClosed
 		case "cleanup_grace":

@@ -372,7 +372,7 @@ func (d *decoder) policies(n *yaml.Node) []Policy {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
-	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align")
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota")
 	if !ok {
 		return
 	}
@@ -403,6 +403,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	d.int(path+".dedupe_max", m["dedupe_max"], &dedupeMax)
 	d.bool(path+".near_cache", m["near_cache"], &p.NearCache)
 	d.str(path+".align", m["align"], &align)
+	d.localQuota(path+".local_quota", m["local_quota"], &p.LocalQuota)
 	switch align {
 	case "", "first_request":
 	case "clock":
@@ -432,6 +433,30 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 		v   int64
 	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
 		if key := f.key; m[key] != nil && f.v == 0 && !d.bad[path+"."+key] {
+			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
+		}
+	}
+}
+
+// localQuota reads a policy's local_quota: true or false, or a mapping of
+// its numbers (which turns it on).
+func (d *decoder) localQuota(path string, n *yaml.Node, q *sluice.LocalQuota) {
+	if n == nil {
+		return
+	}
+	if yamlnode.Resolve(n).Kind != yaml.MappingNode {
+		d.bool(path, n, &q.Enabled)
+		return
+	}
+	m, ok := d.mapping(path, n, "block_time", "max_block")
+	if !ok {
+		return
+	}
+	q.Enabled = true
+	d.duration(path+".block_time", m["block_time"], &q.BlockTime)
+	d.int(path+".max_block", m["max_block"], &q.MaxBlock)
+	for key, zero := range map[string]bool{"block_time": q.BlockTime == 0, "max_block": q.MaxBlock == 0} {
+		if m[key] != nil && zero && !d.bad[path+"."+key] {
 			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
 	}

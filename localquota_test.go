@@ -1,0 +1,365 @@
+package sluice_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// localCase is a policy local quota is tried on, and the bound its
+// admissions must keep, checked from their times alone.
+type localCase struct {
+	name   string
+	policy sluice.Policy
+}
+
+func localCases() []localCase {
+	on := sluice.LocalQuota{Enabled: true}
+	return []localCase{
+		{"gcra", sluice.Policy{ID: "hot", Algorithm: sluice.GCRA, Limit: 1000, Window: time.Second, LocalQuota: on}},
+		{"token_bucket", sluice.Policy{ID: "hot", Algorithm: sluice.TokenBucket, Limit: 1000, Window: time.Second, Burst: 200, LocalQuota: on}},
+		{"fixed_window/aligned", sluice.Policy{ID: "hot", Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Second, ClockAligned: true, LocalQuota: on}},
+		{"fixed_window", sluice.Policy{ID: "hot", Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Second, LocalQuota: on}},
+	}
+}
+
+// fleet is n Limiters, as n processes would have, on one store and one
+// fake clock.
+type fleet struct {
+	clock    *sluicetest.Clock
+	store    *countingStore
+	limiters []*sluice.Limiter
+}
+
+func newFleet(t *testing.T, n int, p sluice.Policy) *fleet {
+	t.Helper()
+	f := &fleet{clock: sluicetest.NewClock()}
+	ms, err := memstore.New(memstore.Options{Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	f.store = &countingStore{Store: ms}
+	for range n {
+		l, err := sluice.New(f.store, []sluice.Policy{p}, sluice.Options{Clock: f.clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.limiters = append(f.limiters, l)
+	}
+	return f
+}
+
+// phase is traffic at a rate, a multiple of the policy's Limit per
+// Window, for a while.
+type phase struct {
+	rate float64
+	span time.Duration
+}
+
+// admission is one admitted request, at the fake clock's time.
+type admission struct {
+	at   time.Time
+	cost int64
+}
+
+// run offers the phases' traffic to f's Limiters in turn at random (one
+// request at a time, so a seed gives one sequence), and returns the
+// admissions, and the decisions and store calls of the phases whose rate
+// is below 1.
+func (f *fleet) run(t *testing.T, p sluice.Policy, seed uint64, phases []phase) (admitted []admission, decisions, calls int64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	ctx := context.Background()
+	for _, ph := range phases {
+		end := f.clock.Now().Add(ph.span)
+		mean := float64(p.Window) / (ph.rate * float64(p.Limit))
+		before := f.store.calls.Load()
+		for n := int64(0); f.clock.Now().Before(end); n++ {
+			l := f.limiters[rng.IntN(len(f.limiters))]
+			o := l.Check(ctx, sluice.Request{Policy: p.ID, Subject: "tenant-1"})
+			switch o.Kind {
+			case sluice.Allowed:
+				admitted = append(admitted, admission{f.clock.Now(), 1})
+			case sluice.Denied:
+			default:
+				t.Fatalf("Check = %+v, want a decision", o)
+			}
+			if ph.rate < 1 {
+				decisions++
+			}
+			f.clock.Advance(time.Duration(rng.ExpFloat64()*mean) + time.Microsecond)
+		}
+		if ph.rate < 1 {
+			calls += f.store.calls.Load() - before
+		}
+	}
+	return admitted, decisions, calls
+}
+
+// overBound returns a description of the first interval in which the
+// admissions exceed what p's algorithm can ever admit, or "". It trusts
+// nothing but the admission times: for token_bucket and gcra, any span
+// [a, b] holds at most Burst + (b − a)·Limit/Window units; for an aligned
+// fixed window, every window of the clock at most Limit; for a
+// first-request fixed window, any half-open interval one window long at
+// most 2·Limit − 1.
+func overBound(p sluice.Policy, adm []admission) string {
+	w, us := p.Window.Microseconds(), func(t time.Time) int64 { return t.UnixMicro() }
+	switch {
+	case p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket:
+		burst := p.Burst
+		if burst == 0 {
+			burst = p.Limit
+		}
+		for i := range adm {
+			var n int64
+			for j := i; j < len(adm); j++ {
+				n += adm[j].cost
+				span := us(adm[j].at) - us(adm[i].at)
+				if bound := burst + span*p.Limit/w; n > bound {
+					return spanError(adm[i].at, adm[j].at, n, bound)
+				}
+			}
+		}
+	case p.ClockAligned:
+		var n int64
+		for i := range adm {
+			if i > 0 && us(adm[i].at)/w != us(adm[i-1].at)/w {
+				n = 0
+			}
+			if n += adm[i].cost; n > p.Limit {
+				return spanError(time.UnixMicro(us(adm[i].at)/w*w), adm[i].at, n, p.Limit)
+			}
+		}
+	default:
+		var n int64
+		for i, j := 0, 0; j < len(adm); j++ {
+			n += adm[j].cost
+			for us(adm[j].at)-us(adm[i].at) >= w {
+				n -= adm[i].cost
+				i++
+			}
+			if n > 2*p.Limit-1 {
+				return spanError(adm[i].at, adm[j].at, n, 2*p.Limit-1)
+			}
+		}
+	}
+	return ""
+}
+
+func spanError(a, b time.Time, n, bound int64) string {
+	return fmt.Sprintf("%s to %s: %d admitted, bound %d", a.Format("15:04:05.000000"), b.Format("15:04:05.000000"), n, bound)
+}
+
+// traffic is what the exactness test offers: below the limit (blocks are
+// taken), far above it (the limit is reached), idle, a burst, above again.
+var traffic = []phase{{0.5, 3 * time.Second}, {4, 3 * time.Second}, {0.01, 2 * time.Second}, {0.8, time.Second}, {4, 2 * time.Second}}
+
+// TestLocalQuotaExact offers four Limiters, as four processes would be,
+// one hot subject's traffic below and then at four times its limit, and
+// checks from the admission times alone that no interval holds more than
+// the algorithm's bound, that at least 90% of what one exact Limiter
+// admits on the same traffic is admitted, and that blocks were taken.
+func TestLocalQuotaExact(t *testing.T) {
+	for _, c := range localCases() {
+		t.Run(c.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 3; seed++ {
+				f := newFleet(t, 4, c.policy)
+				adm, _, _ := f.run(t, c.policy, seed, traffic)
+				if msg := overBound(c.policy, adm); msg != "" {
+					t.Fatalf("seed %d: %s", seed, msg)
+				}
+				exact := c.policy
+				exact.LocalQuota = sluice.LocalQuota{}
+				want, _, _ := newFleet(t, 4, exact).run(t, exact, seed, traffic)
+				if msg := overBound(exact, want); msg != "" {
+					t.Fatalf("seed %d, without local quota: %s (the check itself is wrong)", seed, msg)
+				}
+				var stats sluice.LocalStats
+				for _, l := range f.limiters {
+					s := l.LocalStats("hot")
+					stats.Local, stats.Blocks, stats.Unused = stats.Local+s.Local, stats.Blocks+s.Blocks, stats.Unused+s.Unused
+				}
+				share := float64(len(adm)) / float64(len(want))
+				t.Logf("seed %d: admitted %d, exact %d (%.3f), %d from %d blocks, %d units unused", seed, len(adm), len(want), share, stats.Local, stats.Blocks, stats.Unused)
+				if share < 0.9 {
+					t.Errorf("seed %d: admitted %d, %.3f of the %d one exact Limiter admits: want at least 0.9", seed, len(adm), share, len(want))
+				}
+				if stats.Blocks == 0 || stats.Local == 0 {
+					t.Errorf("seed %d: LocalStats = %+v: no block was taken", seed, stats)
+				}
+			}
+		})
+	}
+}
+
+// TestLocalQuotaCutsStoreCalls offers one hot subject 200 000 requests a
+// second through four Limiters, far below its limit: at most one in 50
+// reaches the store.
+func TestLocalQuotaCutsStoreCalls(t *testing.T) {
+	for _, c := range localCases() {
+		t.Run(c.name, func(t *testing.T) {
+			p := c.policy
+			p.Limit, p.Burst = 1_000_000, 0
+			f := newFleet(t, 4, p)
+			_, decisions, calls := f.run(t, p, 7, []phase{{0.2, time.Second}})
+			perDecision := float64(calls) / float64(decisions)
+			t.Logf("%d decisions, %d store calls: %.4f per decision", decisions, calls, perDecision)
+			if perDecision > 0.02 {
+				t.Errorf("%d store calls for %d decisions (%.4f each): want at most 0.02", calls, decisions, perDecision)
+			}
+		})
+	}
+}
+
+// TestLocalQuotaRareSubjects: subjects seen a few times a second never
+// take a block, so each of their decisions is the store's.
+func TestLocalQuotaRareSubjects(t *testing.T) {
+	p := localCases()[0].policy
+	f := newFleet(t, 1, p)
+	l := f.limiters[0]
+	for i := range 20_000 {
+		subject := fmt.Sprintf("user-%d", i%1000)
+		if o := l.Check(context.Background(), sluice.Request{Policy: "hot", Subject: subject}); o.Kind != sluice.Allowed || o.Local {
+			t.Fatalf("Check(%q) = %+v, want allowed by the store", subject, o)
+		}
+		f.clock.Advance(100 * time.Microsecond) // 10 000 a second over 1000 subjects: 10 each
+	}
+	if s := l.LocalStats("hot"); s.Blocks != 0 || s.Local != 0 {
+		t.Errorf("LocalStats = %+v, want no block", s)
+	}
+	if n := f.store.calls.Load(); n != 20_000 {
+		t.Errorf("store calls = %d, want 20000: one per decision", n)
+	}
+}
+
+// switchStore is a real memstore that can be made to fail every call, as
+// an unreachable Redis does.
+type switchStore struct {
+	*memstore.Store
+	mu   sync.Mutex
+	down bool
+}
+
+func (s *switchStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		return errors.Join(sluice.FailedBeforeSend, errors.New("dial tcp 127.0.0.1:6379: connection refused"))
+	}
+	return s.Store.Evaluate(ctx, ev)
+}
+
+// TestLocalQuotaStoreDown: a block in hand keeps admitting while the store
+// is unreachable, each admission marked Local, until its time is up; then
+// the store's failure is the answer again.
+func TestLocalQuotaStoreDown(t *testing.T) {
+	clock := sluicetest.NewClock()
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	store := &switchStore{Store: ms}
+	p := localCases()[0].policy
+	l, err := sluice.New(store, []sluice.Policy{p}, sluice.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, req := context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"}
+	var local int
+	for local == 0 { // hot enough for a block
+		o := l.Check(ctx, req)
+		if o.Kind != sluice.Allowed {
+			t.Fatalf("Check = %+v, want allowed", o)
+		}
+		if o.Local {
+			local++
+		}
+		clock.Advance(time.Millisecond)
+	}
+	store.mu.Lock()
+	store.down = true
+	store.mu.Unlock()
+	served := 0
+	for range 200 {
+		o := l.Check(ctx, req)
+		if o.Kind != sluice.Allowed {
+			if o.Kind != sluice.Unavailable || o.Cause != sluice.FailedBeforeSend {
+				t.Fatalf("Check with the store down = %+v, want allowed from the block or unavailable", o)
+			}
+			break
+		}
+		if !o.Local {
+			t.Fatalf("Check with the store down = %+v: allowed, but not from a block", o)
+		}
+		served++
+		clock.Advance(100 * time.Microsecond)
+	}
+	if served == 0 {
+		t.Fatal("no request was admitted from the block in hand")
+	}
+	clock.Advance(p.WithDefaults().LocalQuota.BlockTime)
+	if o := l.Check(ctx, req); o.Kind != sluice.Unavailable {
+		t.Errorf("Check after the block's time = %+v, want unavailable", o)
+	}
+	t.Logf("%d admitted from the block with the store down", served)
+}
+
+// TestLocalQuotaConcurrent: callers at once on several Limiters of one
+// store never admit more than the limit, blocks or not (and -race sees
+// the block's hand-over).
+func TestLocalQuotaConcurrent(t *testing.T) {
+	p := sluice.Policy{ID: "hot", Algorithm: sluice.FixedWindow, Limit: 5000, Window: time.Hour, LocalQuota: sluice.LocalQuota{Enabled: true, BlockTime: time.Second, MaxBlock: 500}}
+	f := newFleet(t, 4, p)
+	// The fake clock stands still: every block lives its whole time, and
+	// only the limit stops them.
+	for _, l := range f.limiters {
+		for range 100 { // build up the arrival rate
+			l.Check(context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"})
+		}
+	}
+	var admitted, local sync.Map
+	var wg sync.WaitGroup
+	for i, l := range f.limiters {
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var n, m int
+				for range 1000 {
+					o := l.Check(context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"})
+					if o.Kind == sluice.Allowed {
+						n++
+						if o.Local {
+							m++
+						}
+					}
+				}
+				admitted.Store(i*8+g, n)
+				local.Store(i*8+g, m)
+			}()
+		}
+	}
+	wg.Wait()
+	total, fromBlocks := 4*100, 0
+	admitted.Range(func(_, v any) bool { total += v.(int); return true })
+	local.Range(func(_, v any) bool { fromBlocks += v.(int); return true })
+	if total > 5000 || total < 5000-4*500 {
+		t.Errorf("admitted %d of a limit of 5000 over 32 000 requests, want 5000 less at most the four blocks in hand", total)
+	}
+	if fromBlocks == 0 {
+		t.Error("no request was admitted from a block")
+	}
+	t.Logf("admitted %d, %d from blocks, %d store calls", total, fromBlocks, f.store.calls.Load())
+}
