@@ -21,8 +21,10 @@ import (
 // Stream and Limit, SubjectFunc, ClientIP, Metadata, Principal). 138
 // adds the 8 names of runtime overrides: sluice.Override,
 // sluice.OverrideStore, Limiter.SetOverride and Limiter.Overrides, and
-// the PutOverride and Overrides of memstore and redisstore.
-const maxSurface = 138
+// the PutOverride and Overrides of memstore and redisstore. 141 adds
+// local quota's sluice.LocalQuota, sluice.LocalStats and
+// Limiter.LocalStats.
+const maxSurface = 141
 
 // TestPublicSurface keeps the public surface within maxSurface, so every
 // exported name must earn its place. Run with -v for the count per
