@@ -66,6 +66,9 @@ type env struct {
 	trips    *tripHook
 	subjects []string
 	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
+	// localStats, when a target's build sets it, reads its Limiter's
+	// LocalStats (local quota rows).
+	localStats func() sluice.LocalStats
 }
 
 // decideFunc takes one call's worth of decisions (batch of them for a
@@ -246,6 +249,7 @@ func sluiceLocalTarget(alg sluice.Algorithm) target {
 				closeStore()
 				return nil, nil, err
 			}
+			e.localStats = func() sluice.LocalStats { return lim.LocalStats("bench") }
 			subjects := e.subjects
 			return func(ctx context.Context, i int) (int, error) {
 				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})
