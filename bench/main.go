@@ -11,6 +11,13 @@
 //
 // -json prints everything measured; -render FILE prints the tables (and
 // with -svg the chart) of such a file again without measuring.
+//
+// -hot allowed,reached measures one hot subject instead, shared by -procs
+// processes (the command run again, each its own limiter and client) of
+// -callers callers each, sluice with and without local quota beside
+// redis_rate and ulule (see hot.go):
+//
+//	cd bench && go run . -hot allowed,reached
 package main
 
 import (
