@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -94,6 +95,9 @@ func runHot(ctx context.Context, cfg *config, addr string, admin *redis.Client, 
 		return nil, err
 	}
 	o := cfg.hot
+	// The children write their stderr to it, each through a goroutine of
+	// its own unless it is a file.
+	stderr = &lockedWriter{w: stderr}
 	rep := &hotReport{Procs: o.procs, Callers: o.callers, Load: []string{loadAvg()}}
 	for _, c := range o.cells {
 		for _, t := range hotTargets() {
@@ -131,6 +135,18 @@ func compareHot(rs []hotResult) {
 			rs[i].PerSecondVsRedisRate = rs[i].PerSecond / ref
 		}
 	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // hotChild is one started child process.
