@@ -398,12 +398,6 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			if s.onFast != nil {
 				s.onFast()
 			}
-			if ev.Hold != 0 {
-				// A held spend has rules of its own: check them.
-				if err := check(ev); err != nil {
-					return err
-				}
-			}
 			return s.decideOne(ev, p)
 		}
 	}
@@ -474,11 +468,18 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 }
 
 // decideOne takes the common decision: a spend within p's MaxCost (held
-// or not: a held one was checked) or a peek, on one rate policy, with no
-// evaluation id, lease or older subject (every rule of Check holds for it). It does what the general path does
+// or not: a held one is checked here) or a peek, on one rate policy, with
+// no evaluation id, lease or older subject (every other rule of Check
+// holds for it). It does what the general path does
 // for it, by the engine's DecideOne, without building an Evaluation: the
 // state is read and written in place under the shard's lock.
 func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
+	if ev.Hold != 0 {
+		// A held spend has rules of its own: check them.
+		if err := check(ev); err != nil {
+			return err
+		}
+	}
 	now := evaluation.Now(s.clock)
 	ap := evaluation.Policy(p)
 	h := maphash.String(s.seed, ev.Subject)
