@@ -74,10 +74,11 @@ type Evaluation struct {
 	// A held spend that does not fit is denied, its Remaining the largest
 	// block this Hold could take now. fixed_window spends as usual: the
 	// Limiter ends the block by the window's end, which the admitted
-	// Status's ResetAfter tells. A whole number of µs, at most Window, and
-	// for the bucket algorithms at most the time the rate takes to refill
-	// Burst (Burst × Window / Limit); 0 for every other decision.
-	// Example: 100ms.
+	// Status's ResetAfter tells. The hold runs from the store's now: a
+	// Limiter that counts it from before it sends the spend ends it no
+	// later. A whole number of µs, at most Window, and for the bucket
+	// algorithms at most the time the rate takes to refill Burst
+	// (Burst × Window / Limit); 0 for every other decision. Example: 100ms.
 	Hold time.Duration
 	// Replayed is set by the store when Statuses are a remembered decision.
 	Replayed bool

@@ -72,10 +72,12 @@ func (s GCRA) reschedule(p Params) GCRA {
 // spend. Check bounds hold·Limit by Burst·Window.
 //
 // Why the block covers every unit used during the hold. Write S(t) for
-// the stored debt (TAT − t scaled by Limit, at least 0): it falls at
-// Limit per µs and each admitted decision raises it, by at least its
-// cost·Window, and a held one to at least hold·Limit + cost·Window; an
-// admission leaves S ≤ Burst·Window, so S(t) ≤ Burst·Window at all t.
+// the stored debt (TAT − t scaled by Limit, at least 0): it falls by at
+// most Limit per µs (it stops at 0), each admitted decision raises it by
+// at least its cost·Window, and a held one to at least hold·Limit +
+// cost·Window; an admission leaves S ≤ Burst·Window, so S(t) ≤
+// Burst·Window at all t. (Times are the ones decisions are taken at, and
+// a block's units are used within [its decision's time, that + hold].)
 // Take any interval [a, b] and the units really used in it: plain spends
 // admitted in it, blocks taken in it, and blocks taken at n < a whose
 // hold reaches past a (n + h ≥ a). With no block of the last kind, S(b)
