@@ -340,6 +340,12 @@ func runHotChild(ctx context.Context, spec string, stdin io.Reader, stdout io.Wr
 	r := childResult{Hist: map[int]uint64{}, CPUUS: cpu1 - cpu0, Sent: cc.snapshot(),
 		Local: sluice.LocalStats{Local: local1.Local - local0.Local, Blocks: local1.Blocks - local0.Blocks,
 			Units: local1.Units - local0.Units, Unused: local1.Unused - local0.Unused}}
+	r.sum(parts)
+	return json.NewEncoder(stdout).Encode(r)
+}
+
+// sum adds the callers' counts and latencies to r.
+func (r *childResult) sum(parts []childPart) {
 	var h hist
 	for i := range parts {
 		p := &parts[i]
@@ -357,7 +363,6 @@ func runHotChild(ctx context.Context, spec string, stdin io.Reader, stdout io.Wr
 			r.Hist[i] = n
 		}
 	}
-	return json.NewEncoder(stdout).Encode(r)
 }
 
 // awaitGo says ready on stdout and returns the START of the go line.

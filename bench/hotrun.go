@@ -273,26 +273,8 @@ func runHotRow(ctx context.Context, cfg *config, exe, addr string, admin *redis.
 		if err := json.Unmarshal([]byte(line), &cr); err != nil {
 			return r, fmt.Errorf("child's result %q: %w", line, err)
 		}
-		r.Allowed += cr.Allowed
-		r.Denied += cr.Denied
-		r.Errors += cr.Errors
-		r.LocalAdmitted += cr.LocalAdmit
-		if r.FirstError == "" {
-			r.FirstError = cr.FirstError
-		}
-		for i, n := range cr.Hist {
-			if i >= 0 && i < histBuckets {
-				h[i] += n
-			}
-		}
+		r.add(&cr, &h)
 		cpu += cr.CPUUS
-		for name, n := range cr.Sent {
-			r.ClientCommands[name] += n
-		}
-		r.Local.Local += cr.Local.Local
-		r.Local.Blocks += cr.Local.Blocks
-		r.Local.Units += cr.Local.Units
-		r.Local.Unused += cr.Local.Unused
 	}
 	for _, ch := range children {
 		ch.stop()
@@ -304,6 +286,29 @@ func runHotRow(ctx context.Context, cfg *config, exe, addr string, admin *redis.
 	}
 	fillHot(&r, &h, cpu, before, after, start, cfg.run.duration)
 	return r, nil
+}
+
+// add sums one child's counts into r, its latencies into h.
+func (r *hotResult) add(cr *childResult, h *hist) {
+	r.Allowed += cr.Allowed
+	r.Denied += cr.Denied
+	r.Errors += cr.Errors
+	r.LocalAdmitted += cr.LocalAdmit
+	if r.FirstError == "" {
+		r.FirstError = cr.FirstError
+	}
+	for i, n := range cr.Hist {
+		if i >= 0 && i < histBuckets {
+			h[i] += n
+		}
+	}
+	for name, n := range cr.Sent {
+		r.ClientCommands[name] += n
+	}
+	r.Local.Local += cr.Local.Local
+	r.Local.Blocks += cr.Local.Blocks
+	r.Local.Units += cr.Local.Units
+	r.Local.Unused += cr.Local.Unused
 }
 
 // fillHot computes r's figures from what its children and Redis counted
