@@ -440,6 +440,8 @@ func calls(v float64) string {
 	switch {
 	case v == 0:
 		return "0"
+	case v < 0.00001:
+		return fmt.Sprintf("%.1e", v)
 	case v < 0.01:
 		return fmt.Sprintf("%.5f", v)
 	}
