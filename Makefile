@@ -54,7 +54,7 @@ bench:
 # The comparison harness is a module of its own (bench/go.mod): ./... above
 # does not reach it, so vet and build it here. BENCHMARKS.md says how to run it.
 bench-check:
-	cd bench && $(STATIC) $(GO) vet ./... && $(STATIC) $(GO) build -o /dev/null .
+	cd bench && $(STATIC) $(GO) vet ./... && $(STATIC) $(GO) build -o /dev/null . && $(STATIC) $(GO) test -count=1 -run '^TestHot$$' .
 
 fuzz:
 	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \

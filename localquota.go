@@ -97,8 +97,9 @@ type quotaEntry struct {
 
 	remaining int64 // what the store last said remains; valid when known
 	known     bool
-	cur, prev int64     // units asked in the current and the previous period of BlockTime
-	period    time.Time // when the current period began
+	cur    int64     // units asked in the current period of BlockTime
+	past   [3]int64  // units asked in each of the three periods before it, newest first
+	period time.Time // when the current period began
 }
 
 func newLocalQuota(c Clock, policies []*Policy) *localQuota {
@@ -133,7 +134,7 @@ func (q *localQuota) entry(sh *localShard, subject string, p *Policy, now time.T
 	}
 	if e.policy != p { // new, or the subject's numbers changed: what was kept is of others
 		e.drop()
-		e.policy, e.known, e.cur, e.prev, e.period = p, false, 0, 0, now
+		e.policy, e.known, e.cur, e.past, e.period = p, false, 0, [3]int64{}, now
 	}
 	return e
 }
@@ -146,7 +147,7 @@ func (sh *localShard) sweep(now time.Time) bool {
 	}
 	sh.swept = now
 	for k, e := range sh.m {
-		if e.pending == nil && now.Sub(e.period) >= 2*e.policy.LocalQuota.BlockTime && !now.Before(e.until) {
+		if e.pending == nil && now.Sub(e.period) >= 4*e.policy.LocalQuota.BlockTime && !now.Before(e.until) {
 			e.drop()
 			delete(sh.m, k)
 		}
@@ -165,11 +166,12 @@ func (e *quotaEntry) drop() {
 // arrive counts cost asked at now in e's periods of BlockTime.
 func (e *quotaEntry) arrive(now time.Time, cost int64) {
 	if bt := e.policy.LocalQuota.BlockTime; now.Sub(e.period) >= bt {
-		e.prev = e.cur
-		if now.Sub(e.period) >= 2*bt {
-			e.prev = 0 // a whole period went by with nothing asked
+		gone := min(int64(now.Sub(e.period)/bt), int64(len(e.past))+1) // periods ended: the last with cur, the others empty
+		for range gone {
+			e.past[2], e.past[1], e.past[0] = e.past[1], e.past[0], e.cur
+			e.cur = 0
 		}
-		e.cur, e.period = 0, now
+		e.period = now
 	}
 	e.cur += cost
 }
@@ -197,9 +199,11 @@ func (e *quotaEntry) take(now time.Time, cost int64) (Status, bool) {
 }
 
 // size returns the units of a block to ask for a request of cost, or 0
-// for none: what the subject asked in the last period (or this one, if
-// more), at most MaxBlock and a localShare of what the store last said
-// remains, and at least minBlock and twice cost. For the bucket
+// for none: the least the subject asked in each of the last three
+// periods of BlockTime (so a subject seen a few times a second, whose
+// arrivals bunch up now and then, takes none), at most MaxBlock and a
+// localShare of what the store last said remains, and at least minBlock
+// and twice cost. For the bucket
 // algorithms the block and what its hold drains of the bucket must fit in
 // that remainder too, or the store would deny it.
 func (e *quotaEntry) size(cost int64) int64 {
@@ -207,7 +211,7 @@ func (e *quotaEntry) size(cost int64) int64 {
 	if !e.known {
 		return 0
 	}
-	k := min(max(e.prev, e.cur), p.LocalQuota.MaxBlock, e.remaining/localShare)
+	k := min(e.past[0], e.past[1], e.past[2], p.LocalQuota.MaxBlock, e.remaining/localShare)
 	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
 		drained := ceilDiv(p.LocalQuota.BlockTime.Microseconds()*p.Limit, p.Window.Microseconds())
 		k = min(k, e.remaining-drained)
@@ -232,7 +236,9 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 		return l.checkOne(ctx, p, req) // the store's rules answer it
 	}
 	if s := l.ovr.set.Load(); s != nil {
-		p = l.override(s, p, req.Subject, nil)
+		if p = l.override(s, p, req.Subject, nil); !p.LocalQuota.Enabled {
+			return l.plain(ctx, p, req, cost) // the subject's own numbers are too small for blocks
+		}
 	}
 	q := l.local
 	sh := q.shard(req.Subject)

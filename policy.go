@@ -135,11 +135,11 @@ type Policy struct {
 }
 
 // LocalQuota configures a policy's local quota. A Limiter that sees one
-// subject of the policy often (at least minBlock units asked per
-// BlockTime) takes a block of units for it in one store decision, sized
-// to what the subject asked in the last BlockTime, and admits from it
-// itself until the block is spent or BlockTime has passed since the
-// store was asked; a subject seen rarely never takes one. The store spends
+// subject of the policy often (at least 4 units asked in each of the last
+// three BlockTimes) takes a block of units for it in one store decision,
+// sized to the least it asked in those three, and admits from it itself
+// until the block is spent or BlockTime has passed since the store was
+// asked; a subject seen a few times a second does not take one. The store spends
 // a block so that it covers every admission made from it (see
 // Evaluation.Hold), so no instance, store call or clock read admits more
 // than the algorithm would; what is left unspent when a block's time is
