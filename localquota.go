@@ -97,9 +97,9 @@ type quotaEntry struct {
 
 	remaining int64 // what the store last said remains; valid when known
 	known     bool
-	cur    int64     // units asked in the current period of BlockTime
-	past   [3]int64  // units asked in each of the three periods before it, newest first
-	period time.Time // when the current period began
+	cur       int64     // units asked in the current period of BlockTime
+	past      [3]int64  // units asked in each of the three periods before it, newest first
+	period    time.Time // when the current period began
 }
 
 func newLocalQuota(c Clock, policies []*Policy) *localQuota {
