@@ -210,9 +210,10 @@ func maxInWindow(admitted []int64, window time.Duration) int {
 	return most
 }
 
-// overBound returns the first interval in which admitted (µs, ascending,
-// one unit each) holds more than p's algorithm can ever admit, or "", its
-// times in seconds after origin. It trusts nothing but the times:
+// overBound returns the interval in which admitted (µs, ascending, one
+// unit each) holds most over what p's algorithm can ever admit, or "" when
+// none holds more, its times in seconds after origin. It trusts nothing
+// but the times:
 //
 //   - token_bucket and gcra: any closed span [a, b] holds at most Burst +
 //     (b − a) × Limit / Window units;
@@ -221,6 +222,9 @@ func maxInWindow(admitted []int64, window time.Duration) int {
 //     opens a window and the first admission at or after a window's end
 //     opens the next (the engine's rule).
 func overBound(p sluice.Policy, admitted []int64, origin int64) string {
+	if len(admitted) == 0 {
+		return ""
+	}
 	w := p.Window.Microseconds()
 	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 		// n units in [a, b] break the bound iff (n − Burst)·W > (b − a)·L.
@@ -228,19 +232,24 @@ func overBound(p sluice.Policy, admitted []int64, origin int64) string {
 		// t_j] are C(j) − C(i−1), so the worst start for j is the least
 		// C(i−1)·W − t_i·L over i ≤ j: one pass. Times count from the
 		// first admission, so the products stay well inside int64.
+		t0 := admitted[0]
 		best, at := int64(0), 0
+		worst, from, to := p.Burst*w, -1, -1
 		for j, t := range admitted {
-			if v := int64(j)*w - (t-admitted[0])*p.Limit; j == 0 || v < best {
+			if v := int64(j)*w - (t-t0)*p.Limit; j == 0 || v < best {
 				best, at = v, j
 			}
-			if (int64(j+1)*w-(t-admitted[0])*p.Limit)-best > p.Burst*w {
-				n := int64(j - at + 1)
-				return spanError(admitted[at]-origin, t-origin, n, p.Burst+(t-admitted[at])*p.Limit/w)
+			if v := int64(j+1)*w - (t-t0)*p.Limit - best; v > worst {
+				worst, from, to = v, at, j
 			}
 		}
-		return ""
+		if from < 0 {
+			return ""
+		}
+		a, b := admitted[from], admitted[to]
+		return spanError(a-origin, b-origin, int64(to-from+1), p.Burst+(b-a)*p.Limit/w)
 	}
-	var start, n int64
+	var start, n, most, mostStart, mostEnd int64
 	for i, t := range admitted {
 		switch {
 		case p.ClockAligned && (i == 0 || t/w != start/w):
@@ -248,11 +257,14 @@ func overBound(p sluice.Policy, admitted []int64, origin int64) string {
 		case !p.ClockAligned && (i == 0 || t >= start+w):
 			start, n = t, 0
 		}
-		if n++; n > p.Limit {
-			return spanError(start-origin, t-origin, n, p.Limit)
+		if n++; n > most {
+			most, mostStart, mostEnd = n, start, t
 		}
 	}
-	return ""
+	if most <= p.Limit {
+		return ""
+	}
+	return spanError(mostStart-origin, mostEnd-origin, most, p.Limit)
 }
 
 // spanError says that n units were admitted in [from, to] (µs) against a
