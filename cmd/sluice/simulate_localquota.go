@@ -99,9 +99,9 @@ type lqResult struct {
 	calls int64
 	// stats is LocalStats summed over the instances.
 	stats sluice.LocalStats
-	// over describes the first interval in which local's admissions break
-	// the algorithm's bound, "" when none does; overExact the same for
-	// exact (a check of the check).
+	// over describes the interval in which local's admissions are
+	// furthest over the algorithm's bound, "" when none is over it;
+	// overExact the same for exact (a check of the check).
 	over, overExact string
 }
 
