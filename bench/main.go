@@ -11,6 +11,13 @@
 //
 // -json prints everything measured; -render FILE prints the tables (and
 // with -svg the chart) of such a file again without measuring.
+//
+// -hot allowed,reached measures one hot subject instead, shared by -procs
+// processes (the command run again, each its own limiter and client) of
+// -callers callers each, sluice with and without local quota beside
+// redis_rate and ulule (see hot.go):
+//
+//	cd bench && go run . -hot allowed,reached
 package main
 
 import (
@@ -65,6 +72,7 @@ type config struct {
 	onlyRLS           bool
 	envoyRatelimit    string
 	render            string
+	hot               hotOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -93,6 +101,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&allowedWindow, "window", time.Second, "the window of the allowed mode's limits, at 1 000 000 per second (sliding_log: 100 000 per window). Under callgrind, where a subject comes back after tens of seconds, a longer one keeps its state live as it is without")
 	fs.StringVar(&c.beside, "beside", "", "with -render: take decisions/s and CPU for the instruction tables from this other -json `FILE` (the same cells run without callgrind)")
 	fs.StringVar(&c.render, "render", "", "measure nothing: print the tables (and -svg) of the -json output saved in `FILE`")
+	hot := fs.String("hot", "", "measure only the one-hot-subject cells of local quota: `CELLS` allowed (a limit never reached), reached (-hot-limit offered -hot-offer times over), or allowed,reached; -callers is then the callers of each of -procs processes (default 16)")
+	fs.IntVar(&c.hot.procs, "procs", 4, "with -hot: the processes, each its own limiter and client, that share the hot subject")
+	fs.Int64Var(&c.hot.limit, "hot-limit", 2000, "with -hot reached: the limit per -hot-window")
+	fs.DurationVar(&c.hot.window, "hot-window", time.Second, "with -hot reached: the window (gcra: the limit's period)")
+	fs.Float64Var(&c.hot.offer, "hot-offer", 4, "with -hot reached: the load offered by all processes together, in limits")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -135,6 +148,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if c.pool < 1 || c.pool > 1000 {
 		return nil, errors.New("-pool must be between 1 and 1000")
 	}
+	if *hot != "" {
+		callersSet := false
+		fs.Visit(func(f *flag.Flag) { callersSet = callersSet || f.Name == "callers" })
+		if err := parseHot(&c, *hot, callersSet); err != nil {
+			return nil, err
+		}
+	}
 	return &c, nil
 }
 
@@ -156,6 +176,8 @@ type report struct {
 	Results []result       `json:"results"`
 	Memory  []memoryResult `json:"memory"`
 	HTTP    []result       `json:"check_api,omitempty"`
+	// Hot is what -hot measured (then the only thing measured).
+	Hot *hotReport `json:"hot,omitempty"`
 	// Beside is the run -beside names (the same cells without callgrind),
 	// whose decisions/s and CPU the instruction tables show.
 	Beside *report `json:"beside,omitempty"`
@@ -202,6 +224,9 @@ func describeMachine(c *config, redisBin string, args []string) machine {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 2 && args[0] == childArg {
+		return runHotChild(ctx, args[1], os.Stdin, stdout)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -224,6 +249,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.addr, srv.cmd.Process.Pid)
 	} else if err := checkLoopback(addr); err != nil {
 		return err
+	}
+
+	if len(cfg.hot.cells) > 0 {
+		admin := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2})
+		defer admin.Close()
+		rep := report{Machine: describeMachine(cfg, redisBin, args)}
+		if rep.Hot, err = runHot(ctx, cfg, addr, admin, stderr); err != nil {
+			return err
+		}
+		return output(cfg, &rep, stdout)
 	}
 
 	maxSubjects := 1
@@ -264,7 +299,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	total := 0
 	for _, c := range cells {
 		for _, t := range targets {
-			if !t.modeless() || c.mode == cfg.modes[0] {
+			if t.runsIn(c.mode, cfg.modes[0]) {
 				total++
 			}
 		}
@@ -278,7 +313,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		for _, c := range cells {
 			for _, t := range targets {
 				// The floors set no limits: they run in the first mode's cells only.
-				if t.modeless() && c.mode != cfg.modes[0] {
+				if !t.runsIn(c.mode, cfg.modes[0]) {
 					continue
 				}
 				done++

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // cell is one combination of load: how many callers, over how many
@@ -69,6 +71,11 @@ type result struct {
 	// ServerCPUPerDecision is the sluice serve process's CPU (check API
 	// rows only).
 	ServerCPUPerDecision float64 `json:"server_cpu_us_per_decision,omitempty"`
+
+	// LocalQuota is the row's Limiter.LocalStats over the whole cell
+	// (every subject touched, the warm-up, the measured phase): local
+	// quota rows only.
+	LocalQuota *sluice.LocalStats `json:"local_quota,omitempty"`
 
 	// Ratios to the best peer of the same kind in the same cell.
 	PerSecondVsBestPeer float64 `json:"decisions_per_second_vs_best_peer,omitempty"`
@@ -285,7 +292,12 @@ func runCell(ctx context.Context, e *env, t target, c cell, o runOptions) (resul
 		return r, fmt.Errorf("%s: %w", t.name, err)
 	}
 	defer release()
-	return r, measure(ctx, e, &r, d, t.batch, c, o, withRedis, nil)
+	err = measure(ctx, e, &r, d, t.batch, c, o, withRedis, nil)
+	if ce.localStats != nil {
+		ls := ce.localStats()
+		r.LocalQuota = &ls
+	}
+	return r, err
 }
 
 // measure fills r with d's figures in c: every subject touched once, a

@@ -112,6 +112,13 @@ func subjectsTitle(n int) string {
 func markdown(rep *report) string {
 	var b strings.Builder
 	m := rep.Machine
+	if rep.Hot != nil {
+		fmt.Fprintf(&b, "Measured %s: %s, %d CPUs; %s; %s. %s per row (the allowed cell after %s of warm-up, the reached one from a flushed store), each row in processes started for it.\n\n",
+			m.Date, m.CPU, m.CPUs, m.Go, m.Redis, m.Duration, m.Warmup)
+		fmt.Fprintf(&b, "Command: `cd bench && %s`\n\n", m.Command)
+		hotMarkdown(&b, rep)
+		return b.String()
+	}
 	fmt.Fprintf(&b, "Measured %s: %s, %d CPUs (GOMAXPROCS %d); %s; %s. %s per cell after %s of warm-up; one go-redis client with a pool of %d shared by all callers.",
 		m.Date, m.CPU, m.CPUs, m.GOMAXPROCS, m.Go, m.Redis, m.Duration, m.Warmup, m.Pool)
 	if m.Passes > 1 {

@@ -66,6 +66,9 @@ type env struct {
 	trips    *tripHook
 	subjects []string
 	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
+	// localStats, when a target's build sets it, reads its Limiter's
+	// LocalStats (local quota rows).
+	localStats func() sluice.LocalStats
 }
 
 // decideFunc takes one call's worth of decisions (batch of them for a
@@ -81,12 +84,21 @@ type target struct {
 	batch int  // decisions per call: 16 for pipelined floors, else 1
 	// keyless floors write no state: no memory to measure.
 	keyless bool
+	// allowedOnly rows run in the allowed mode's cells only (local quota
+	// needs a max_cost of 8, the denied mode's limit is 1).
+	allowedOnly bool
 	// build makes a fresh limiter for one cell; the returned func releases
 	// it.
 	build func(ctx context.Context, e *env, m mode) (decideFunc, func(), error)
 }
 
 func (t target) modeless() bool { return t.kind == floor }
+
+// runsIn reports whether t has a row in the cells of mode m, the first
+// of the run's modes being first.
+func (t target) runsIn(m, first mode) bool {
+	return (!t.modeless() || m == first) && (!t.allowedOnly || m == allowedMode)
+}
 
 // newSubjects returns n pseudonym-like subjects of 43 bytes, as
 // sluice's subject package would hand the store.
@@ -106,6 +118,7 @@ func allTargets() []target {
 	for _, alg := range sluiceAlgorithms {
 		ts = append(ts, sluiceTarget(alg, redisPath))
 	}
+	ts = append(ts, sluiceLocalTarget(sluice.GCRA), sluiceLocalTarget(sluice.FixedWindow))
 	ts = append(ts, sluiceLeaseTarget(redisPath))
 	ts = append(ts, redisRateTarget(), ululeTarget(), throttledTarget())
 	for _, alg := range sluiceAlgorithms {
@@ -202,6 +215,41 @@ func sluiceTarget(alg sluice.Algorithm, k kind) target {
 				closeStore()
 				return nil, nil, err
 			}
+			subjects := e.subjects
+			return func(ctx context.Context, i int) (int, error) {
+				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})
+				switch o.Kind {
+				case sluice.Allowed:
+					return 1, nil
+				case sluice.Denied:
+					return 0, nil
+				}
+				return 0, fmt.Errorf("%v: %w", o.Kind, o.Err)
+			}, closeStore, nil
+		},
+	}
+}
+
+// sluiceLocalTarget is sluiceTarget on redisstore with local quota on
+// (its defaults), in the allowed mode only: over 10 000 subjects no
+// subject is asked often enough to take a block, and the row shows what
+// local quota costs a subject seen rarely.
+func sluiceLocalTarget(alg sluice.Algorithm) target {
+	return target{
+		name: "sluice " + alg.String() + " (redisstore), local quota", kind: redisPath, batch: 1, allowedOnly: true,
+		build: func(ctx context.Context, e *env, m mode) (decideFunc, func(), error) {
+			limit, window := limits(m, alg)
+			st, closeStore, err := newStore(e, redisPath)
+			if err != nil {
+				return nil, nil, err
+			}
+			p := sluice.Policy{ID: "bench", Algorithm: alg, Limit: limit, Window: window, LocalQuota: sluice.LocalQuota{Enabled: true}}
+			lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+			if err != nil {
+				closeStore()
+				return nil, nil, err
+			}
+			e.localStats = func() sluice.LocalStats { return lim.LocalStats("bench") }
 			subjects := e.subjects
 			return func(ctx context.Context, i int) (int, error) {
 				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})
