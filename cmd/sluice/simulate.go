@@ -17,13 +17,15 @@ import (
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 
-const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR"
+const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR | --local-quota [--instances N] [--seed N] [--limit N --window D --burst N]"
 
 // simulateFlags are the parsed flags of sluice simulate.
 type simulateFlags struct {
 	pattern, csv, out, accuracy string
 	policies                    []string
 	limit, burst                int64
+	localQuota                  bool
+	instances                   int
 	window, duration, on, off   time.Duration
 	rate                        float64
 	seed                        uint64
@@ -34,22 +36,7 @@ type simulateFlags struct {
 func (a *app) simulate(args []string) error {
 	fs := newFlagSet("simulate")
 	var f simulateFlags
-	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.Patterns, ", "))
-	fs.StringVar(&f.csv, "csv", "", "replay request timestamps from `FILE` (one per line, first field: RFC 3339 or Unix seconds) instead of --pattern")
-	fs.Func("policy", "a policy to run, `ALG[:LIMIT/WINDOW[:BURST]]`, e.g. gcra or token_bucket:100/1m:20; repeat to compare (default: all five algorithms at --limit per --window)", func(s string) error {
-		f.policies = append(f.policies, s)
-		return nil
-	})
-	fs.Int64Var(&f.limit, "limit", 10, "the limit per --window of policies that give none, and what the patterns aim at")
-	fs.DurationVar(&f.window, "window", 10*time.Second, "the window of policies that give none")
-	fs.Int64Var(&f.burst, "burst", 0, "token_bucket and gcra: the bucket size of policies that give none (default: the limit)")
-	fs.Float64Var(&f.rate, "rate", 0, "requests per second: poisson's mean, bursts' rate while on, ramp's final rate (default: 2 × the limit's rate for poisson, 3 × for bursts and ramp)")
-	fs.DurationVar(&f.duration, "duration", 0, "virtual time the pattern spans (default: 30 windows for poisson, 3 for boundary and sliding_worst, 6 for the others)")
-	fs.DurationVar(&f.on, "on", 0, "bursts: how long each burst lasts (default: half a window)")
-	fs.DurationVar(&f.off, "off", 0, "bursts: the silence between bursts (default: one window)")
-	fs.Uint64Var(&f.seed, "seed", 1, "poisson: the random seed; the same seed gives the same arrivals")
-	fs.StringVar(&f.out, "out", "", "write the chart to `FILE`: .svg, or .html for the chart and the table in one page")
-	fs.StringVar(&f.accuracy, "accuracy", "", "run every built-in pattern through all five algorithms, write one chart per pattern into `DIR` and print ACCURACY.md's table")
+	f.define(fs)
 	if err := a.parseFlags(fs, simulateSynopsis, args); err != nil {
 		if errors.Is(err, errHelp) {
 			return nil
@@ -67,6 +54,9 @@ func (a *app) simulate(args []string) error {
 	window := f.window.Microseconds()
 	if f.accuracy != "" {
 		return a.accuracy(f, window)
+	}
+	if f.localQuota {
+		return a.localQuota(f, set)
 	}
 	policies, err := f.parsePolicies(window)
 	if err != nil {
@@ -112,10 +102,38 @@ func (a *app) simulate(args []string) error {
 	return nil
 }
 
+// define declares f's flags on fs.
+func (f *simulateFlags) define(fs *flag.FlagSet) {
+	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.LocalQuotaPatterns, ", "))
+	fs.StringVar(&f.csv, "csv", "", "replay request timestamps from `FILE` (one per line, first field: RFC 3339 or Unix seconds) instead of --pattern")
+	fs.Func("policy", "a policy to run, `ALG[:LIMIT/WINDOW[:BURST]]`, e.g. gcra or token_bucket:100/1m:20; repeat to compare (default: all five algorithms at --limit per --window)", func(s string) error {
+		f.policies = append(f.policies, s)
+		return nil
+	})
+	fs.Int64Var(&f.limit, "limit", 10, "the limit per --window of policies that give none, and what the patterns aim at (--local-quota: default 10000)")
+	fs.DurationVar(&f.window, "window", 10*time.Second, "the window of policies that give none")
+	fs.Int64Var(&f.burst, "burst", 0, "token_bucket and gcra: the bucket size of policies that give none (default: the limit)")
+	fs.Float64Var(&f.rate, "rate", 0, "requests per second: poisson's mean, bursts' rate while on, ramp's final rate, step's rate in a flood (default: 2 × the limit's rate for poisson, 3 × for bursts and ramp, 4 × for step)")
+	fs.DurationVar(&f.duration, "duration", 0, "virtual time the pattern spans (default: 30 windows for poisson, 3 for boundary and sliding_worst, 6 for the others)")
+	fs.DurationVar(&f.on, "on", 0, "bursts: how long each burst lasts (default: half a window)")
+	fs.DurationVar(&f.off, "off", 0, "bursts: the silence between bursts (default: one window)")
+	fs.Uint64Var(&f.seed, "seed", 1, "poisson and step: the random seed; the same seed gives the same arrivals (--local-quota: also picks each request's instance)")
+	fs.StringVar(&f.out, "out", "", "write the chart to `FILE`: .svg, or .html for the chart and the table in one page")
+	fs.StringVar(&f.accuracy, "accuracy", "", "run ACCURACY.md's five patterns (not step) through all five algorithms, write one chart per pattern into `DIR` and print ACCURACY.md's table")
+	fs.BoolVar(&f.localQuota, "local-quota", false, "run every built-in pattern (ACCURACY.md's and step) through the algorithms that take local quota, on --instances Limiters sharing one store, beside one Limiter without it, and print ACCURACY.md's local-quota table")
+	fs.IntVar(&f.instances, "instances", 4, "--local-quota: how many Limiters, as processes, share the traffic")
+}
+
 func (f *simulateFlags) check(set map[string]bool) error {
 	switch {
 	case f.accuracy != "" && (set["pattern"] || set["csv"] || set["policy"] || set["out"] || set["rate"] || set["duration"] || set["on"] || set["off"]):
 		return errors.New("--accuracy runs the built-in patterns at their defaults: leave out --pattern, --csv, --policy, --out, --rate, --duration, --on and --off")
+	case f.localQuota && (f.accuracy != "" || set["pattern"] || set["csv"] || set["policy"] || set["out"] || set["rate"] || set["duration"] || set["on"] || set["off"]):
+		return errors.New("--local-quota runs the built-in patterns at their defaults: leave out --accuracy, --pattern, --csv, --policy, --out, --rate, --duration, --on and --off")
+	case set["instances"] && !f.localQuota:
+		return errors.New("--instances applies only to --local-quota")
+	case f.instances < 1 || f.instances > maxInstances:
+		return fmt.Errorf("--instances %d: must be between 1 and %d", f.instances, maxInstances)
 	case f.csv != "" && set["pattern"]:
 		return errors.New("--csv replays a file: leave out --pattern")
 	case f.out != "" && !strings.HasSuffix(f.out, ".svg") && !strings.HasSuffix(f.out, ".html"):
@@ -143,13 +161,13 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		flag     string
 		patterns []string
 	}{
-		{"rate", []string{simulate.Poisson, simulate.Bursts, simulate.Ramp}},
-		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp}},
+		{"rate", []string{simulate.Poisson, simulate.Bursts, simulate.Ramp, simulate.Step}},
+		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp, simulate.Step}},
 		{"on", []string{simulate.Bursts}},
 		{"off", []string{simulate.Bursts}},
-		{"seed", []string{simulate.Poisson}},
+		{"seed", []string{simulate.Poisson, simulate.Step}},
 	} {
-		if set[c.flag] && f.accuracy == "" && !slices.Contains(c.patterns, pattern) {
+		if set[c.flag] && f.accuracy == "" && !f.localQuota && !slices.Contains(c.patterns, pattern) {
 			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
 		}
 	}

@@ -20,10 +20,19 @@ const (
 	Boundary     = "boundary"      // a full limit just before a window edge and just after it
 	SlidingWorst = "sliding_worst" // what over-admits most under the sliding window counter
 	Ramp         = "ramp"          // a rate rising evenly from 0 to Rate
+	Step         = "step"          // a lull at half the limit's rate, then Rate, repeated
 )
 
-// Patterns lists the built-in patterns in the order charts and tables use.
+// Patterns lists the built-in patterns of ACCURACY.md's engine table, in
+// the order charts and tables use.
 var Patterns = []string{Poisson, Bursts, Boundary, SlidingWorst, Ramp}
+
+// LocalQuotaPatterns lists the patterns of ACCURACY.md's local-quota
+// table: Patterns, then Step, the shape in which a block of local quota
+// taken while a bucket is full and spent when the flood comes would let
+// more through if the store dated it wrong. Every built-in pattern is in
+// it.
+var LocalQuotaPatterns = []string{Poisson, Bursts, Boundary, SlidingWorst, Ramp, Step}
 
 // PatternSpec describes offered traffic. Its zero fields mean the
 // defaults Generate documents, which depend on the limit and window the
@@ -32,8 +41,8 @@ type PatternSpec struct {
 	// Name is one of Patterns.
 	Name string
 	// Rate is requests per second: Poisson's mean, Bursts' rate while on,
-	// Ramp's final rate. Default: 2 × limit per window for Poisson, 3 ×
-	// for Bursts and Ramp.
+	// Ramp's final rate, Step's rate in a flood. Default: 2 × limit per
+	// window for Poisson, 3 × for Bursts and Ramp, 4 × for Step.
 	Rate float64
 	// Duration is how much virtual time the traffic spans, µs. Default:
 	// 30 windows for Poisson (enough requests for its averages to mean
@@ -42,7 +51,7 @@ type PatternSpec struct {
 	// On and Off are Bursts' phases, µs. Default: half a window on, one
 	// window off.
 	On, Off int64
-	// Seed makes Poisson arrivals repeatable. Default: 1.
+	// Seed makes Poisson and Step arrivals repeatable. Default: 1.
 	Seed uint64
 	// MaxRequests bounds the requests the pattern may offer, at most
 	// the package's MaxRequests. Default: MaxRequests.
@@ -97,8 +106,10 @@ func Generate(ps PatternSpec, limit, window int64) (arrivals []int64, start, end
 		arrivals = slidingWorst(start, window, limit)
 	case Ramp:
 		arrivals = ramp(start, d, rate, most)
+	case Step:
+		arrivals = step(start, end, window, float64(limit)*1e6/float64(window)/2, rate, cmp.Or(ps.Seed, 1), most)
 	default:
-		return nil, 0, 0, &Error{"pattern", strconv.Quote(ps.Name), "must be one of " + strings.Join(Patterns, ", ") + " (or a CSV file)"}
+		return nil, 0, 0, &Error{"pattern", strconv.Quote(ps.Name), "must be one of " + strings.Join(LocalQuotaPatterns, ", ") + " (or a CSV file)"}
 	}
 	return arrivals, start, end, nil
 }
@@ -130,9 +141,13 @@ func offeredRate(ps PatternSpec, limit, window int64) (float64, error) {
 	perSecond := float64(limit) * 1e6 / float64(window)
 	rate := ps.Rate
 	if rate == 0 {
-		rate = 3 * perSecond
-		if ps.Name == Poisson {
+		switch ps.Name {
+		case Poisson:
 			rate = 2 * perSecond
+		case Step:
+			rate = 4 * perSecond
+		default:
+			rate = 3 * perSecond
 		}
 	}
 	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
@@ -172,6 +187,33 @@ func poisson(start, end int64, rate float64, seed uint64, most int) []int64 {
 			break
 		}
 		arrivals = append(arrivals, int64(t))
+	}
+	return arrivals
+}
+
+// step returns Poisson arrivals in [start, end), at most most of them,
+// the same for the same seed: one window at lull per second, then half a
+// window at rate, repeated. In the lull a bucket stays full and a hot
+// subject takes blocks of local quota; the flood spends what they leave.
+func step(start, end, window int64, lull, rate float64, seed uint64, most int) []int64 {
+	var arrivals []int64
+	rng := rand.New(rand.NewPCG(seed, 0x57e9))
+	t := float64(start)
+	for phase := start; phase < end && len(arrivals) < most; {
+		r, next := lull, phase+window
+		if (phase-start)%(window+window/2) != 0 {
+			r, next = rate, phase+window/2
+		}
+		next = min(next, end)
+		for len(arrivals) < most {
+			t += rng.ExpFloat64() * 1e6 / r
+			if t >= float64(next) {
+				t = float64(next) // the next phase starts afresh
+				break
+			}
+			arrivals = append(arrivals, int64(t))
+		}
+		phase = next
 	}
 	return arrivals
 }

@@ -139,6 +139,43 @@ func TestPoissonIsSeeded(t *testing.T) {
 	}
 }
 
+// Step is a lull at half the limit's rate for a window, then a flood at
+// four times it for half a window, repeated, the same for the same seed.
+func TestStepLullThenFlood(t *testing.T) {
+	const limit, window = 1000, 10_000_000
+	gen := func(seed uint64) []int64 {
+		a, _, end, err := Generate(PatternSpec{Name: Step, Seed: seed}, limit, window)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if start := Epoch(window); end != start+6*window {
+			t.Fatalf("step spans %d µs, want 6 windows", end-start)
+		}
+		return a
+	}
+	a := gen(1)
+	if b, c := gen(1), gen(2); !slices.Equal(a, b) || slices.Equal(a, c) {
+		t.Errorf("seed 1 twice gave different arrivals, or seeds 1 and 2 the same")
+	}
+	// Six windows, twelve half windows: lull, lull, flood, lull, lull,
+	// flood, …, four of each phase. A lull offers about limit/2, a flood
+	// about 4 × limit × ½.
+	phaseOf := []int{0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7}
+	counts := make([]int, 8)
+	for _, at := range a {
+		counts[phaseOf[(at-Epoch(window))*2/window]]++
+	}
+	for i, got := range counts {
+		want := limit / 2
+		if i%2 == 1 {
+			want = 2 * limit
+		}
+		if got < want*8/10 || got > want*12/10 {
+			t.Errorf("phase %d offered %d requests, want about %d (all phases: %v)", i, got, want, counts)
+		}
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	good := Compare(10, 10_000_000, 0)
 	start := Epoch(10_000_000)

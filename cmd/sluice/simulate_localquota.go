@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/simulate"
+	"github.com/sluicehq/sluice/memstore"
+)
+
+// The local-quota model of sluice simulate --local-quota: N instances, as N
+// processes would be, each a real sluice.Limiter with local quota on, over
+// one memstore and one virtual clock, offered ACCURACY.md's patterns with
+// each request sent to an instance a seeded generator picks; beside it,
+// one Limiter without local quota on the same arrivals. It lives here,
+// not in internal/simulate, because it drives the root package and
+// memstore, which sit above the engine-only simulation in the layer map.
+
+// lqLimit is the limit the local-quota table runs at by default: 1000 ×
+// ACCURACY.md's 10 per 10 s, so that one instance sees the 4 units per
+// block time a block needs (the patterns' rates scale with the limit).
+const lqLimit = 10_000
+
+// lqSubject is the one subject every request of the model names.
+const lqSubject = "tenant-1"
+
+// maxInstances bounds --instances.
+const maxInstances = 64
+
+// smallBurst is the share of the limit (1/smallBurst) the table's second
+// pair of bucket rows holds: a bucket that small is where a block's units
+// are a large part of what it can hold, and so where dating the block's
+// spend wrong would show first.
+const smallBurst = 50
+
+// minLocalBurst is the smallest bucket local quota takes (Policy.LocalQuota:
+// a max_cost of 8, which a bucket's size bounds).
+const minLocalBurst = 8
+
+// lqPolicies returns the policies the local-quota table runs, in its
+// order: the algorithms that take local quota (sliding_log and
+// sliding_window refuse it), at limit per window; the bucket ones with a
+// bucket of burst (limit when 0), and again with one of limit/smallBurst.
+func lqPolicies(limit int64, window time.Duration, burst int64) []sluice.Policy {
+	on := sluice.LocalQuota{Enabled: true}
+	small := limit / smallBurst
+	return []sluice.Policy{
+		{ID: "fixed_window", Algorithm: sluice.FixedWindow, Limit: limit, Window: window, LocalQuota: on},
+		{ID: "fixed_window_aligned", Algorithm: sluice.FixedWindow, Limit: limit, Window: window, ClockAligned: true, LocalQuota: on},
+		{ID: "token_bucket", Algorithm: sluice.TokenBucket, Limit: limit, Window: window, Burst: burst, LocalQuota: on},
+		{ID: "gcra", Algorithm: sluice.GCRA, Limit: limit, Window: window, Burst: burst, LocalQuota: on},
+		{ID: "token_bucket_small", Algorithm: sluice.TokenBucket, Limit: limit, Window: window, Burst: small, LocalQuota: on},
+		{ID: "gcra_small", Algorithm: sluice.GCRA, Limit: limit, Window: window, Burst: small, LocalQuota: on},
+	}
+}
+
+// lqName is the table's name of p: as ACCURACY.md's engine table names
+// it, and the bucket's size where it is not the limit.
+func lqName(p sluice.Policy) string {
+	switch {
+	case p.ClockAligned:
+		return p.Algorithm.String() + " align=clock"
+	case p.Burst != 0 && p.Burst != p.Limit:
+		return fmt.Sprintf("%s burst=%d", p.Algorithm, p.Burst)
+	}
+	return p.Algorithm.String()
+}
+
+// lqModel is how the local-quota model runs.
+type lqModel struct {
+	// instances is how many Limiters share the traffic, at least 1.
+	instances int
+	// seed picks the instance of each request.
+	seed uint64
+	// wrap, when set, stands between the Limiters and the memstore: the
+	// tests pass a store that dates blocks wrong, to see the bound check
+	// fail.
+	wrap func(sluice.Store) sluice.Store
+}
+
+// lqResult is one pattern through one policy.
+type lqResult struct {
+	pattern string
+	policy  sluice.Policy // defaults applied
+	offered int
+	// local and exact are the admission times, µs, with local quota on
+	// instances Limiters and with one Limiter without it.
+	local, exact []int64
+	// calls is the store decisions the local run took.
+	calls int64
+	// stats is LocalStats summed over the instances.
+	stats sluice.LocalStats
+	// over describes the interval in which local's admissions are
+	// furthest over the algorithm's bound, "" when none is over it;
+	// overExact the same for exact (a check of the check).
+	over, overExact string
+}
+
+// run offers arrivals (µs, ascending) to p with local quota on
+// m.instances Limiters, and without it to one.
+func (m lqModel) run(pattern string, p sluice.Policy, arrivals []int64) (*lqResult, error) {
+	r := &lqResult{pattern: pattern, policy: p.WithDefaults(), offered: len(arrivals)}
+	var err error
+	if r.local, r.calls, r.stats, err = m.admit(p, arrivals, m.instances); err != nil {
+		return nil, err
+	}
+	exact := p
+	exact.LocalQuota = sluice.LocalQuota{}
+	if r.exact, _, _, err = m.admit(exact, arrivals, 1); err != nil {
+		return nil, err
+	}
+	origin := simulate.Epoch(p.Window.Microseconds())
+	r.over = overBound(r.policy, r.local, origin)
+	r.overExact = overBound(r.policy, r.exact, origin)
+	return r, nil
+}
+
+// admit offers arrivals to n Limiters of p over one fresh memstore, each
+// request to one picked by m.seed, and returns the admission times, the
+// store decisions taken and the summed LocalStats.
+func (m lqModel) admit(p sluice.Policy, arrivals []int64, n int) ([]int64, int64, sluice.LocalStats, error) {
+	var stats sluice.LocalStats
+	clock := new(virtualClock)
+	ms, err := memstore.New(memstore.Options{Clock: clock, SweepInterval: -1})
+	if err != nil {
+		return nil, 0, stats, err
+	}
+	defer ms.Close()
+	counted := &countingStore{Store: ms}
+	var store sluice.Store = counted
+	if m.wrap != nil {
+		store = m.wrap(counted)
+	}
+	limiters := make([]*sluice.Limiter, n)
+	for i := range limiters {
+		if limiters[i], err = sluice.New(store, []sluice.Policy{p}, sluice.Options{Clock: clock}); err != nil {
+			return nil, 0, stats, err
+		}
+	}
+	rng := rand.New(rand.NewPCG(m.seed, 0x10ca1))
+	ctx := context.Background()
+	admitted := make([]int64, 0, len(arrivals))
+	for _, t := range arrivals {
+		clock.now.Store(t)
+		l := limiters[rng.IntN(n)]
+		switch o := l.Check(ctx, sluice.Request{Policy: p.ID, Subject: lqSubject}); o.Kind {
+		case sluice.Allowed:
+			admitted = append(admitted, t)
+		case sluice.Denied:
+		default:
+			return nil, 0, stats, fmt.Errorf("check at %d µs: %v: %v", t, o.Kind, o.Err)
+		}
+	}
+	for _, l := range limiters {
+		s := l.LocalStats(p.ID)
+		stats.Local += s.Local
+		stats.Blocks += s.Blocks
+		stats.Units += s.Units
+		stats.Unused += s.Unused
+	}
+	return admitted, counted.calls.Load(), stats, nil
+}
+
+// virtualClock is the model's clock, µs since the Unix epoch, moved to
+// each arrival before it is offered. Safe for concurrent use.
+type virtualClock struct{ now atomic.Int64 }
+
+func (c *virtualClock) Now() time.Time { return time.UnixMicro(c.now.Load()) }
+
+// countingStore is the memstore, counting the decisions asked of it.
+type countingStore struct {
+	*memstore.Store
+	calls atomic.Int64
+}
+
+func (s *countingStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	s.calls.Add(1)
+	return s.Store.Evaluate(ctx, ev)
+}
+
+// windowBound returns the most units p's algorithm can admit in one
+// half-open interval of a window's length: 2 × Limit − 1 for the fixed
+// windows, Burst + Limit for the buckets.
+func windowBound(p sluice.Policy) int64 {
+	if p.Algorithm == sluice.FixedWindow {
+		return 2*p.Limit - 1
+	}
+	return p.Burst + p.Limit
+}
+
+// maxInWindow returns the most of admitted (µs, ascending, one unit each)
+// in any half-open interval (t − window, t].
+func maxInWindow(admitted []int64, window time.Duration) int {
+	w, most := window.Microseconds(), 0
+	for i, j := 0, 0; j < len(admitted); j++ {
+		for admitted[j]-admitted[i] >= w {
+			i++
+		}
+		most = max(most, j-i+1)
+	}
+	return most
+}
+
+// overBound returns the interval in which admitted (µs, ascending, one
+// unit each) holds most over what p's algorithm can ever admit, or "" when
+// none holds more, its times in seconds after origin. It trusts nothing
+// but the times:
+//
+//   - token_bucket and gcra: any closed span [a, b] holds at most Burst +
+//     (b − a) × Limit / Window units;
+//   - fixed_window align=clock: every window of the clock at most Limit;
+//   - fixed_window: every window at most Limit, where the first admission
+//     opens a window and the first admission at or after a window's end
+//     opens the next (the engine's rule).
+func overBound(p sluice.Policy, admitted []int64, origin int64) string {
+	if len(admitted) == 0 {
+		return ""
+	}
+	w := p.Window.Microseconds()
+	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
+		// n units in [a, b] break the bound iff (n − Burst)·W > (b − a)·L.
+		// With C(j) the units up to and including j, the units of [t_i,
+		// t_j] are C(j) − C(i−1), so the worst start for j is the least
+		// C(i−1)·W − t_i·L over i ≤ j: one pass. Times count from the
+		// first admission, so the products stay well inside int64.
+		t0 := admitted[0]
+		best, at := int64(0), 0
+		worst, from, to := p.Burst*w, -1, -1
+		for j, t := range admitted {
+			if v := int64(j)*w - (t-t0)*p.Limit; j == 0 || v < best {
+				best, at = v, j
+			}
+			if v := int64(j+1)*w - (t-t0)*p.Limit - best; v > worst {
+				worst, from, to = v, at, j
+			}
+		}
+		if from < 0 {
+			return ""
+		}
+		a, b := admitted[from], admitted[to]
+		return spanError(a-origin, b-origin, int64(to-from+1), p.Burst+(b-a)*p.Limit/w)
+	}
+	var start, n, most, mostStart, mostEnd int64
+	for i, t := range admitted {
+		switch {
+		case p.ClockAligned && (i == 0 || t/w != start/w):
+			start, n = t/w*w, 0
+		case !p.ClockAligned && (i == 0 || t >= start+w):
+			start, n = t, 0
+		}
+		if n++; n > most {
+			most, mostStart, mostEnd = n, start, t
+		}
+	}
+	if most <= p.Limit {
+		return ""
+	}
+	return spanError(mostStart-origin, mostEnd-origin, most, p.Limit)
+}
+
+// spanError says that n units were admitted in [from, to] (µs) against a
+// bound.
+func spanError(from, to, n, bound int64) string {
+	return fmt.Sprintf("%d admitted in [%.6f s, %.6f s], bound %d", n, float64(from)/1e6, float64(to)/1e6, bound)
+}
+
+// lqHeader is the head of the local-quota table of ACCURACY.md.
+const lqHeader = "| pattern | algorithm | offered | admitted: local ÷ exact | most in any window (× limit): local | exact | bound | every interval within the bound | store calls per decision | unused ÷ admitted |\n" +
+	"|---|---|--:|--:|--:|--:|--:|:-:|--:|--:|"
+
+// row returns r as a row of the local-quota table.
+func (r *lqResult) row() string {
+	p := r.policy
+	times := func(n int64) string { return fmt.Sprintf("%d (%.2f×)", n, float64(n)/float64(p.Limit)) }
+	kept := "yes"
+	if r.over != "" {
+		kept = "**no**: " + r.over
+	}
+	ratio := 1.0
+	if len(r.exact) > 0 {
+		ratio = float64(len(r.local)) / float64(len(r.exact))
+	}
+	perDecision := float64(r.calls) / float64(max(r.offered, 1))
+	return fmt.Sprintf("| %s | %s | %d | %d ÷ %d = %.3f | %s | %s | %s | %s | %.4f | %.2f %% |",
+		r.pattern, lqName(p), r.offered, len(r.local), len(r.exact), ratio,
+		times(int64(maxInWindow(r.local, p.Window))), times(int64(maxInWindow(r.exact, p.Window))), times(windowBound(p)),
+		kept, perDecision, 100*float64(r.unused())/float64(max(len(r.local), 1)))
+}
+
+// unused returns the units r's blocks took that nobody was admitted:
+// LocalStats.Unused, plus what was still in hand when the pattern ended
+// (a block's first unit goes to the request that took it, each local
+// decision to one more).
+func (r *lqResult) unused() int64 {
+	return r.stats.Units - r.stats.Blocks - r.stats.Local
+}
+
+// localQuota runs every built-in pattern at --limit (default lqLimit) per
+// --window through the algorithms that take local quota, on
+// --instances Limiters, and prints ACCURACY.md's local-quota table.
+func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
+	limit := f.limit
+	if !set["limit"] {
+		limit = lqLimit
+	}
+	if least := int64(smallBurst * minLocalBurst); limit < least {
+		return &usageError{msg: fmt.Sprintf("simulate: --limit %d: must be at least %d with --local-quota: its small buckets hold a %dth of the limit, and local quota needs a bucket of %d", limit, least, smallBurst, minLocalBurst), usage: "Usage: " + simulateSynopsis + "\n"}
+	}
+	policies := lqPolicies(limit, f.window, f.burst)
+	for _, p := range policies {
+		if err := p.Validate(); err != nil {
+			return &usageError{msg: "simulate: --local-quota: " + strings.TrimPrefix(err.Error(), "sluice: "), usage: "Usage: " + simulateSynopsis + "\n"}
+		}
+	}
+	results, err := lqModel{instances: f.instances, seed: f.seed}.table(policies, func(name string) simulate.PatternSpec { return f.patternSpec(name) })
+	if err != nil {
+		return fmt.Errorf("simulate: --local-quota: %w", err)
+	}
+	_, err = io.WriteString(a.stdout, lqTable(results))
+	return err
+}
+
+// lqTable returns results as ACCURACY.md's local-quota table.
+func lqTable(results []*lqResult) string {
+	var b strings.Builder
+	b.WriteString(lqHeader + "\n")
+	for _, r := range results {
+		b.WriteString(r.row() + "\n")
+	}
+	return b.String()
+}
+
+// table runs every pattern of simulate.LocalQuotaPatterns, aimed at the
+// first policy's limit and window, through each of policies: a row per
+// pattern and policy, in that order. The rows are independent, each on a
+// store and a clock of its own, so they run on every CPU at once and
+// come out the same as one by one.
+func (m lqModel) table(policies []sluice.Policy, spec func(name string) simulate.PatternSpec) ([]*lqResult, error) {
+	aim := policies[0]
+	type job struct {
+		pattern  string
+		policy   sluice.Policy
+		arrivals []int64
+	}
+	var jobs []job
+	for _, name := range simulate.LocalQuotaPatterns {
+		arrivals, _, _, err := simulate.Generate(spec(name), aim.Limit, aim.Window.Microseconds())
+		if err != nil {
+			return nil, fmt.Errorf("pattern %s: %w", name, err)
+		}
+		for _, p := range policies {
+			jobs = append(jobs, job{name, p, arrivals})
+		}
+	}
+	out := make([]*lqResult, len(jobs))
+	errs := make([]error, len(jobs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(jobs); i = int(next.Add(1) - 1) {
+				j := jobs[i]
+				if out[i], errs[i] = m.run(j.pattern, j.policy, j.arrivals); errs[i] != nil {
+					errs[i] = fmt.Errorf("pattern %s, %s: %w", j.pattern, lqName(j.policy), errs[i])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
