@@ -44,11 +44,15 @@ Usage:
         it uses a key prefix of its own and deletes its keys at the end.
   sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]...
                   [--rate R] [--duration D] [--out FILE.svg] | --accuracy DIR
+                  | --local-quota [--instances N]
         Run a traffic pattern (poisson, bursts, boundary, sliding_worst,
         ramp, or timestamps from a CSV) through policies on a virtual
         clock with the real decision engine; print how each admitted
         against "at most limit in any window" and chart it. With no
-        --policy, compare all five algorithms at 10 per 10s.
+        --policy, compare all five algorithms at 10 per 10s. With
+        --local-quota, run the patterns through several Limiters with
+        local quota on one store, beside one without, and print the
+        share of the bound each algorithm admits.
   sluice version
         Print the version.
   sluice help [COMMAND]

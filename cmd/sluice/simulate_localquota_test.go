@@ -58,14 +58,16 @@ func TestSimulateLocalQuotaBound(t *testing.T) {
 		if most, bound := maxInWindow(r.local, r.policy.Window), windowBound(r.policy); int64(most) > bound {
 			t.Errorf("%s: %d admitted in one window's length with local quota, bound %d", name, most, bound)
 		}
-		if r.stats.Blocks == 0 || r.stats.Local == 0 {
+		// A subject takes blocks once it asked enough in three block
+		// times in a row: the patterns that keep traffic up that long.
+		if sustained := r.pattern != simulate.Boundary && r.pattern != simulate.SlidingWorst; sustained && (r.stats.Blocks == 0 || r.stats.Local == 0) {
 			t.Errorf("%s: LocalStats = %+v: no block was taken", name, r.stats)
 		}
 		if u := r.unused(); u < r.stats.Unused || r.stats.Unused < 0 {
 			t.Errorf("%s: %d units unused counting those in hand, LocalStats.Unused %d: want 0 ≤ Unused ≤ that", name, u, r.stats.Unused)
 		}
-		if r.calls >= int64(r.offered) {
-			t.Errorf("%s: %d store calls for %d decisions: local quota saved none", name, r.calls, r.offered)
+		if r.calls > int64(r.offered) || r.stats.Blocks > 0 && r.calls >= int64(r.offered) {
+			t.Errorf("%s: %d store calls for %d decisions, %d blocks: local quota saved none", name, r.calls, r.offered, r.stats.Blocks)
 		}
 		res := engine[r.pattern]
 		if res == nil {
