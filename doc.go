@@ -38,6 +38,17 @@
 // same numbers. Every decision is one store call (one FCALL on Redis, or
 // EVALSHA before Redis 7) whatever the algorithm.
 //
+// # Hot subjects
+//
+// With Policy.LocalQuota, a Limiter that sees one subject often takes a
+// block of units for it in one store decision and admits from the block
+// itself (Outcome.Local) until it is spent or its BlockTime is up, so a
+// hot subject costs the store one call per block instead of one per
+// request. The store spends a block so that it covers every admission
+// made from it (Evaluation.Hold), so no number of instances admits more
+// than the algorithm allows; what a block leaves unspent stays spent
+// (LocalStats.Unused). For fixed_window, token_bucket and gcra.
+//
 // # Concurrency
 //
 // The Concurrency algorithm limits how many leases a subject holds at

@@ -57,9 +57,14 @@ type localQuota struct {
 }
 
 type localShard struct {
-	mu sync.Mutex
-	m  map[nearKey]*quotaEntry
+	mu    sync.Mutex
+	m     map[nearKey]*quotaEntry
+	swept time.Time // when sweep last ran: it runs at most every sweepEvery
 }
+
+// sweepEvery is how often a full shard is swept at most, so a flood of
+// new subjects does not scan it on every request.
+const sweepEvery = 100 * time.Millisecond
 
 // localCounters are one policy's LocalStats.
 type localCounters struct{ local, blocks, units, unused atomic.Int64 }
@@ -136,6 +141,10 @@ func (q *localQuota) entry(sh *localShard, subject string, p *Policy, now time.T
 // sweep forgets the subjects of sh with no block and nothing asked in the
 // last two periods, and reports whether that made room.
 func (sh *localShard) sweep(now time.Time) bool {
+	if now.Sub(sh.swept) < sweepEvery {
+		return false
+	}
+	sh.swept = now
 	for k, e := range sh.m {
 		if e.pending == nil && now.Sub(e.period) >= 2*e.policy.LocalQuota.BlockTime && !now.Before(e.until) {
 			e.drop()
@@ -262,7 +271,7 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 		ch := make(chan struct{})
 		e.pending = ch
 		sh.mu.Unlock()
-		return l.takeBlock(ctx, req, sh, e, k, cost)
+		return l.takeBlock(ctx, req, sh, e, p, k, cost)
 	}
 }
 
@@ -287,11 +296,10 @@ func (l *Limiter) plain(ctx context.Context, p *Policy, req *Request, cost int64
 	return l.decide(ctx, p, req.Subject, Spend, cost, 0)
 }
 
-// takeBlock asks the store for a block of k units for e, of which req,
-// of cost, takes its own, and answers req: from the block when it is
+// takeBlock asks the store for a block of k units of p for e, of which
+// req, of cost, takes its own, and answers req: from the block when it is
 // admitted, else by a decision of its own.
-func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e *quotaEntry, k, cost int64) Outcome {
-	p := e.policy
+func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e *quotaEntry, p *Policy, k, cost int64) Outcome {
 	sent := l.local.clock.Now()
 	o := l.decide(ctx, p, req.Subject, Spend, k, p.LocalQuota.BlockTime)
 	sh.mu.Lock()
@@ -318,6 +326,7 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 	if p.Algorithm == FixedWindow {
 		life = min(life, o.ResetAfter) // the window that counted the block ends then
 	}
+	e.drop() // what is left of the block before, too small for a request
 	e.left, e.until, e.base, e.baseAt = k-cost, sent.Add(life), o.Status, sent
 	e.remaining, e.known = o.Remaining, true
 	o.Remaining += e.left

@@ -363,3 +363,40 @@ func TestLocalQuotaConcurrent(t *testing.T) {
 	}
 	t.Logf("admitted %d, %d from blocks, %d store calls", total, fromBlocks, f.store.calls.Load())
 }
+
+// TestLocalQuotaOverride: an override takes local quota's defaults of its
+// own numbers, and numbers too small for blocks leave the subject to the
+// store, one request at a time.
+func TestLocalQuotaOverride(t *testing.T) {
+	p := localCases()[0].policy
+	f := newFleet(t, 1, p)
+	l := f.limiters[0]
+	ctx := context.Background()
+	for _, o := range []sluice.Override{{Policy: "hot", Subject: "big", Limit: 100_000}, {Policy: "hot", Subject: "small", Limit: 5}} {
+		if err := l.SetOverride(ctx, o); err != nil {
+			t.Fatalf("SetOverride(%+v) = %v", o, err)
+		}
+	}
+	for _, c := range []struct {
+		subject   string
+		wantLocal bool
+	}{{"big", true}, {"small", false}} {
+		local, allowed := 0, 0
+		for range 400 {
+			o := l.Check(ctx, sluice.Request{Policy: "hot", Subject: c.subject})
+			if o.Kind == sluice.Allowed {
+				allowed++
+			}
+			if o.Local {
+				local++
+			}
+			f.clock.Advance(100 * time.Microsecond)
+		}
+		if (local > 0) != c.wantLocal {
+			t.Errorf("subject %q: %d of 400 admitted from blocks, want some: %v", c.subject, local, c.wantLocal)
+		}
+		if c.subject == "small" && allowed != 5 {
+			t.Errorf("subject %q, limited to 5 per second: %d of 400 admitted, want 5", c.subject, allowed)
+		}
+	}
+}

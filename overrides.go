@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,11 +137,24 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if base.MaxCost < baseCap {
 		q.MaxCost = base.MaxCost
 	}
+	if q.LocalQuota.Enabled {
+		q.LocalQuota = LocalQuota{Enabled: true} // the defaults of the subject's own numbers
+	}
 	q = q.WithDefaults()
 	if c := q.params().Capacity(algorithm.Kind(q.Algorithm)); q.MaxCost > c {
 		q.MaxCost = c
+		if q.LocalQuota.Enabled {
+			q.LocalQuota.MaxBlock = max(c/10, minBlock)
+		}
 	}
-	if err := q.Validate(); err != nil {
+	err := q.Validate()
+	if pe, ok := err.(*PolicyError); ok && strings.HasPrefix(pe.Field, "local_quota") {
+		// Numbers too small for blocks: the store decides this subject,
+		// one request at a time.
+		q.LocalQuota = LocalQuota{}
+		err = q.Validate()
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &q, nil

@@ -55,6 +55,25 @@ func TestPolicyValidate(t *testing.T) {
 		{"max cost on concurrency", func(p *sluice.Policy) {
 			p.Algorithm, p.Window, p.LeaseTTL, p.MaxCost = sluice.Concurrency, 0, time.Second, 2
 		}, "max_cost", "one slot"},
+		{"local quota", func(p *sluice.Policy) { p.Limit, p.LocalQuota = 100, sluice.LocalQuota{Enabled: true} }, "", ""},
+		{"local quota on gcra with its numbers", func(p *sluice.Policy) {
+			p.Algorithm, p.Limit, p.LocalQuota = sluice.GCRA, 1000, sluice.LocalQuota{Enabled: true, BlockTime: 50 * time.Millisecond, MaxBlock: 500}
+		}, "", ""},
+		{"local quota on a small limit", func(p *sluice.Policy) { p.Limit, p.LocalQuota.Enabled = 7, true }, "local_quota", "needs a max_cost of at least 8, not 7"},
+		{"local quota on sliding_window", func(p *sluice.Policy) {
+			p.Algorithm, p.Limit, p.LocalQuota.Enabled = sluice.SlidingWindow, 1000, true
+		}, "local_quota", "does not apply to sliding_window"},
+		{"local quota on sliding_log", func(p *sluice.Policy) { p.Algorithm, p.Limit, p.LocalQuota.Enabled = sluice.SlidingLog, 1000, true }, "local_quota", "does not apply to sliding_log"},
+		{"local quota numbers while off", func(p *sluice.Policy) { p.Limit, p.LocalQuota.MaxBlock = 1000, 10 }, "local_quota.enabled", "must be true"},
+		{"local quota block longer than half the window", func(p *sluice.Policy) {
+			p.Limit, p.LocalQuota = 1000, sluice.LocalQuota{Enabled: true, BlockTime: 600 * time.Millisecond}
+		}, "local_quota.block_time", "at most half the window"},
+		{"local quota block longer than half the burst's refill", func(p *sluice.Policy) {
+			p.Algorithm, p.Limit, p.Burst, p.LocalQuota = sluice.GCRA, 1000, 100, sluice.LocalQuota{Enabled: true, BlockTime: 60 * time.Millisecond}
+		}, "local_quota.block_time", "(50ms)"},
+		{"local quota block above half of max cost", func(p *sluice.Policy) {
+			p.Limit, p.LocalQuota = 1000, sluice.LocalQuota{Enabled: true, MaxBlock: 501}
+		}, "local_quota.max_block", "between 4 and 500"},
 		{"near cache on concurrency", func(p *sluice.Policy) {
 			p.Algorithm, p.Window, p.LeaseTTL, p.NearCache = sluice.Concurrency, 0, time.Second, true
 		}, "near_cache", "release"},

@@ -66,15 +66,19 @@ type Evaluation struct {
 	// fixed_window policy, with no EvaluationID, a block of local quota
 	// (Policy.LocalQuota): the Limiter admits its Cost units itself, one
 	// request at a time, over the next Hold, and the store spends them so
-	// that they cover every such admission. The bucket algorithms take the
-	// spend as if it came at the end of the hold: the bucket is first
-	// drained to the level it would have after Hold with nothing spent but
-	// no refill (GCRA: the TAT is taken as at least now + Hold), so a unit
-	// the Limiter admits late in the hold is never refilled before it is
-	// used. fixed_window spends as usual: the Limiter ends the block by the
-	// window's end, which the admitted Status's ResetAfter tells. At most
-	// Window, and for the bucket algorithms at most the time to refill
-	// Burst; 0 for every other decision. Example: 100ms.
+	// that they cover every such admission. The bucket algorithms first
+	// hold back what the rate would refill during Hold (the level is taken
+	// as at most a full bucket less that refill; GCRA: the TAT as at least
+	// now + Hold), then spend Cost at now, as any spend: a unit the Limiter
+	// admits late in the hold was not refilled meanwhile for anyone else.
+	// A held spend that does not fit is denied, its Remaining the largest
+	// block this Hold could take now. fixed_window spends as usual: the
+	// Limiter ends the block by the window's end, which the admitted
+	// Status's ResetAfter tells. The hold runs from the store's now: a
+	// Limiter that counts it from before it sends the spend ends it no
+	// later. A whole number of µs, at most Window, and for the bucket
+	// algorithms at most the time the rate takes to refill Burst
+	// (Burst × Window / Limit); 0 for every other decision. Example: 100ms.
 	Hold time.Duration
 	// Replayed is set by the store when Statuses are a remembered decision.
 	Replayed bool

@@ -375,3 +375,30 @@ func TestExactNameWinsOverService(t *testing.T) {
 	}
 	wantTrailer(t, cs.Trailer(), "ratelimit-policy", `"service";q=1;w=60`)
 }
+
+// TestUnaryLocalQuota: calls of a hot subject on a local_quota policy are
+// admitted from the Limiter's blocks, the store asked once per block.
+func TestUnaryLocalQuota(t *testing.T) {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.GCRA, Limit: 100_000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ints, err := grpclimit.New(lim, grpclimit.Options{Default: []string{"api"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := serveInterceptors(t, ints)
+	for i := range 300 {
+		if _, err := s.call(t, echoUnary); err != nil {
+			t.Fatalf("call %d = %v, want OK", i+1, err)
+		}
+	}
+	if st := lim.LocalStats("api"); st.Local == 0 || st.Blocks == 0 {
+		t.Errorf("LocalStats = %+v after 300 calls of one peer: want calls admitted from blocks", st)
+	}
+}

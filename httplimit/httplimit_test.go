@@ -836,3 +836,43 @@ func TestConcurrentRequestsAdmitExactlyTheLimit(t *testing.T) {
 		t.Errorf("statuses diff (-want +got):\n%s", diff)
 	}
 }
+
+// TestLocalQuota: requests of one API key on a local_quota policy are
+// admitted from the Limiter's blocks over a real socket, and answered
+// with the RateLimit fields as any other.
+func TestLocalQuota(t *testing.T) {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := httplimit.Header("X-API-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := httplimit.New(lim, httplimit.Options{Default: []string{"api"}, Subject: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer srv.Close()
+	for i := range 300 {
+		req, _ := http.NewRequest("GET", srv.URL+"/items", nil)
+		req.Header.Set("X-API-Key", "k-1")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit") == "" {
+			t.Fatalf("request %d = %d with RateLimit %q, want 200 with the field", i+1, resp.StatusCode, resp.Header.Get("RateLimit"))
+		}
+	}
+	if st := lim.LocalStats("api"); st.Local == 0 {
+		t.Errorf("LocalStats = %+v after 300 requests of one key: want requests admitted from blocks", st)
+	}
+}

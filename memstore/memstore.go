@@ -407,6 +407,10 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			return err
 		}
 	}
+	hold, err := evaluation.Hold(ev.Hold)
+	if err != nil {
+		return fmt.Errorf("memstore: %w", err)
+	}
 	now := evaluation.Now(s.clock)
 	var carried []*state
 	switch {
@@ -425,7 +429,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	w := &sh.work
 	w.reset(len(ev.Policies))
 	e := &w.e
-	e.Now, e.Op, e.Cost, e.LeaseID, e.MaxRegression = now, algorithm.Op(ev.Op), ev.Cost, ev.LeaseID, -1
+	e.Now, e.Op, e.Cost, e.Hold, e.LeaseID, e.MaxRegression = now, algorithm.Op(ev.Op), ev.Cost, hold, ev.LeaseID, -1
 	s.gather(sh, h, now, ev, carried)
 	ks := w.keys
 	if id != "" {
@@ -437,7 +441,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	if len(ev.Previous) == 0 {
 		// Nothing was written yet: check the policies as built.
-		if err := algorithm.Check(e.Op, e.Policies, e.Cost, e.LeaseID, ev.EvaluationID != ""); err != nil {
+		if err := algorithm.Check(e.Op, e.Policies, e.Cost, e.Hold, e.LeaseID, ev.EvaluationID != ""); err != nil {
 			return fmt.Errorf("memstore: %w", err)
 		}
 	}
@@ -463,12 +467,19 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-// decideOne takes the common decision: a spend within p's MaxCost or a
-// peek, on one rate policy, with no evaluation id, lease or older subject
-// (every rule of Check holds for it). It does what the general path does
+// decideOne takes the common decision: a spend within p's MaxCost (held
+// or not: a held one is checked here) or a peek, on one rate policy, with
+// no evaluation id, lease or older subject (every other rule of Check
+// holds for it). It does what the general path does
 // for it, by the engine's DecideOne, without building an Evaluation: the
 // state is read and written in place under the shard's lock.
 func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
+	if ev.Hold != 0 {
+		// A held spend has rules of its own: check them.
+		if err := check(ev); err != nil {
+			return err
+		}
+	}
 	now := evaluation.Now(s.clock)
 	ap := evaluation.Policy(p)
 	h := maphash.String(s.seed, ev.Subject)
@@ -482,7 +493,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 		st = &en.st
 	}
 	w := &sh.work.writes[0]
-	commit, err := algorithm.DecideOne(&ap, st, now, -1, algorithm.Op(ev.Op), ev.Cost, w, &d)
+	commit, err := algorithm.DecideOne(&ap, st, now, -1, algorithm.Op(ev.Op), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
 	if commit {
 		s.put(sh, now, h, k, en, ap.Kind, w, &d)
 	}

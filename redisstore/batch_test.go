@@ -191,7 +191,8 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 // answer there: corrupt state fails its own decision only (CorruptState),
 // a request the script refuses its own (ErrInvalidRequest), a decision with an evaluation
 // id is remembered (its repeat is Replayed, nothing spent), a multi-policy
-// decision stays all or nothing, and the others are decided as alone.
+// decision stays all or nothing, a held spend keeps its hold, and the
+// others are decided as alone.
 func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	srv, c, hook, s := queueingStore(t)
 	ctx := context.Background()
@@ -228,6 +229,8 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	badAnswer := run(&sluice.Evaluation{Subject: busy, Policies: []*sluice.Policy{fw, sw}, Cost: 1, EvaluationID: "mixed"}) // first used with one policy: the script refuses it
 	idAnswer := run(&sluice.Evaluation{Subject: idSubj, Policies: []*sluice.Policy{fw}, Cost: 2, EvaluationID: "job-1"})
 	multiAnswer := run(&sluice.Evaluation{Subject: multi, Policies: []*sluice.Policy{fw, logp}, Cost: 1})
+	// Held for one emission interval: the floor takes one unit beside the spend's.
+	heldAnswer := run(&sluice.Evaluation{Subject: subject(t), Policies: []*sluice.Policy{gcra}, Cost: 1, Hold: 20 * time.Second})
 	time.Sleep(200 * time.Millisecond) // let them queue behind the first
 	if err := resume(); err != nil {
 		t.Fatal(err)
@@ -262,6 +265,9 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	}
 	if a := <-multiAnswer; a.err != nil || a.st[1].Allowed || a.st[0].Remaining != 5 {
 		t.Errorf("two policies, the second exhausted = %+v, %v; want denied by the second, the first unspent", a.st, a.err)
+	}
+	if a := <-heldAnswer; a.err != nil || !a.st[0].Allowed || a.st[0].Remaining != 1 {
+		t.Errorf("gcra 3/min held for 20s, cost 1 = %+v, %v; want allowed, 1 remaining", a.st, a.err)
 	}
 	if st := mustEvaluate(t, s, multi, 0, fw); st[0].Remaining != 5 {
 		t.Errorf("fixed window after a denied multi-policy decision: %d remaining, want 5 (nothing spent)", st[0].Remaining)

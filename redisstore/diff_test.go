@@ -99,7 +99,8 @@ func randomStep(r *rand.Rand, w int64) int64 {
 // TestDifferential drives random operation sequences through memstore,
 // which runs the Go engine of internal/engine/algorithm, and through the Lua
 // script in caller-clock mode, both on one fake clock, and demands
-// identical statuses: spends, peeks, refunds, clocks that step back, policy
+// identical statuses: spends, held spends (fixed_window, token_bucket,
+// gcra), peeks, refunds, clocks that step back, policy
 // numbers changed under one revision, and several policies at once. Each
 // algorithm's sequence runs twice, alike: with the store's short form of
 // the common decision (one policy, a spend or a peek) and with every
@@ -120,9 +121,9 @@ func TestDifferential(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, uint64(a)))
 			const episode = 500 // steps per policy before new numbers and a new key
 			var ps []*sluice.Policy
-			var allowed, denied, regressions, refunds, changes int
+			var allowed, denied, regressions, refunds, holds, changes int
 			defer func() {
-				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d with the clock moved back, %d policy changes under one revision", *diffSteps, allowed, denied, refunds, regressions, changes)
+				t.Logf("%d steps: %d allowed, %d denied, %d refunds, %d held spends, %d with the clock moved back, %d policy changes under one revision", *diffSteps, allowed, denied, refunds, holds, regressions, changes)
 			}()
 			for step := range *diffSteps {
 				switch {
@@ -144,7 +145,13 @@ func TestDifferential(t *testing.T) {
 				if refund {
 					refunds++
 				}
-				if got := d.step(seed, step, dt, cost, refund, ps); got[0].Allowed {
+				var hold time.Duration
+				if !refund && cost > 0 && r.IntN(4) == 0 {
+					if hold = randomHold(r, ps[0]); hold > 0 {
+						holds++
+					}
+				}
+				if got := d.step(seed, step, dt, cost, hold, refund, ps); got[0].Allowed {
 					allowed++
 				} else {
 					denied++
@@ -172,7 +179,7 @@ func TestDifferential(t *testing.T) {
 				cost = min(cost, p.MaxCost)
 				refund = refund && p.Algorithm != sluice.SlidingWindow
 			}
-			d.step(seed, step, randomStep(r, ps[0].Window.Microseconds()), cost, refund, ps)
+			d.step(seed, step, randomStep(r, ps[0].Window.Microseconds()), cost, 0, refund, ps)
 		}
 	})
 }
@@ -220,8 +227,34 @@ func (d *diff) newSubject(r *rand.Rand, seed uint64, step int) {
 	d.now = sluicetest0 + r.Int64N(1_000_000_000)
 }
 
-// step moves the clock by dt µs and evaluates on both stores.
-func (d *diff) step(seed uint64, step int, dt, cost int64, refund bool, ps []*sluice.Policy) []sluice.Status {
+// randomHold draws a hold for a spend on p, from 1µs to the longest its
+// algorithm takes (the window, for the bucket algorithms at most the time
+// the rate takes to refill the burst), favouring both ends; 0 for an
+// algorithm that takes none.
+func randomHold(r *rand.Rand, p *sluice.Policy) time.Duration {
+	w := p.Window.Microseconds()
+	var most int64
+	switch p.Algorithm {
+	case sluice.FixedWindow:
+		most = w
+	case sluice.TokenBucket, sluice.GCRA:
+		most = min(w, p.Burst*w/p.Limit)
+	default:
+		return 0
+	}
+	h := 1 + r.Int64N(most)
+	switch r.IntN(4) {
+	case 0:
+		h = 1
+	case 1:
+		h = most
+	}
+	return time.Duration(h) * time.Microsecond
+}
+
+// step moves the clock by dt µs and evaluates on both stores, the spend
+// held for hold when it is not 0.
+func (d *diff) step(seed uint64, step int, dt, cost int64, hold time.Duration, refund bool, ps []*sluice.Policy) []sluice.Status {
 	d.t.Helper()
 	d.now = max(d.now+dt, 1)
 	d.clock.Set(time.UnixMicro(d.now))
@@ -232,16 +265,16 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, refund bool, ps []*sl
 	case cost == 0:
 		op = sluice.Peek
 	}
-	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
-	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
+	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold}
+	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold}
 	if err := d.mem.Evaluate(context.Background(), want); err != nil {
-		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, refund=%v): %v", seed, step, d.now, cost, refund, err)
+		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, hold=%v, refund=%v): %v", seed, step, d.now, cost, hold, refund, err)
 	}
 	if err := d.redis.Evaluate(context.Background(), got); err != nil {
-		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, refund=%v): %v", seed, step, d.now, cost, refund, err)
+		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, hold=%v, refund=%v): %v", seed, step, d.now, cost, hold, refund, err)
 	}
 	if !slices.Equal(got.Statuses, want.Statuses) {
-		d.t.Fatalf("seed %d step %d: policies %s now=%d: Evaluate(cost=%d, refund=%v) = %+v, memstore says %+v", seed, step, describe(ps), d.now, cost, refund, got.Statuses, want.Statuses)
+		d.t.Fatalf("seed %d step %d: policies %s now=%d: Evaluate(cost=%d, hold=%v, refund=%v) = %+v, memstore says %+v", seed, step, describe(ps), d.now, cost, hold, refund, got.Statuses, want.Statuses)
 	}
 	return got.Statuses
 }

@@ -36,6 +36,7 @@ func TestLuaConstants(t *testing.T) {
 		"ARGV_DEDUPE_MAX":       argvDedupeMax,
 		"ARGV_LEASE":            argvLease,
 		"ARGV_CARRY":            argvCarry,
+		"ARGV_HOLD":             argvHold,
 		"ARGV_POLICIES":         argvPolicies,
 		"ARGV_PER_POLICY":       argvPerPolicy,
 		"REPLY_PER_POLICY":      replyPerPolicy,

@@ -155,7 +155,8 @@ const (
 	argvDedupeMax     = 7
 	argvCarry         = 8
 	argvLease         = 9
-	argvPolicies      = 9 // policy i's argument is argvPolicies + i: "kind limit window burst grace align"
+	argvHold          = 10
+	argvPolicies      = 10 // policy i's argument is argvPolicies + i: "kind limit window burst grace align"
 	argvPerPolicy     = 1
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
@@ -175,6 +176,10 @@ var fastForms = [2][sluice.Renew + 1]any{
 	{sluice.Spend: "s", sluice.Peek: "p", sluice.Acquire: "a", sluice.Release: "r"},
 	{sluice.Spend: "S", sluice.Peek: "P", sluice.Acquire: "A", sluice.Release: "R"},
 }
+
+// fastHeld is the short form of a held spend (FAST_HELD), on Redis time
+// and on the caller's clock: a spend's, its hold after the cost.
+var fastHeld = [2]any{"h", "H"}
 
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
@@ -691,9 +696,12 @@ func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
 // short form (see redisstore.lua).
 func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
 	pol := ev.Policies[0]
-	nargv, clocked := 3, 0
+	nargv, clocked, held := 3, 0, 0
 	if s.clock != nil {
 		nargv, clocked = 5, 1
+	}
+	if ev.Hold != 0 {
+		nargv, held = nargv+1, 1
 	}
 	p := pendingPool.Get().(*pending)
 	p.state.Store(queued)
@@ -709,11 +717,23 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	} else {
 		argv[2] = intArg(ev.Cost)
 	}
+	if held != 0 {
+		argv[1], argv[3] = fastHeld[clocked], holdArg(ev.Hold)
+	}
 	if s.clock != nil {
-		argv[3], argv[4] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
+		argv[3+held], argv[4+held] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
 	argv[nargv] = s.argsOf(pol).arg
 	return s.send(ctx, p, ev, dst)
+}
+
+// holdArg returns h, a held spend's hold that passed Check (whole µs),
+// as the script's argument: µs.
+func holdArg(h time.Duration) any {
+	if h == 0 {
+		return smallInts[0]
+	}
+	return strconv.FormatInt(int64(h/time.Microsecond), 10)
 }
 
 // decide runs the script once for subject: ev's decision, with carry ""
@@ -749,6 +769,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	}
 	argv[argvOp] = opArgs[ev.Op]
 	argv[argvLease] = ev.LeaseID
+	argv[argvHold] = holdArg(ev.Hold)
 	argv[argvCost] = intArg(ev.Cost)
 	argv[argvMaxRegression] = s.maxReg
 	argv[argvID] = ""

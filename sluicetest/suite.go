@@ -42,6 +42,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	t.Run("ResetClearsTheNamedPolicies", func(t *testing.T) { testReset(t, newStore) })
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
 	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
+	t.Run("HeldSpendPassesThrough", func(t *testing.T) { testHeld(t, newStore) })
 	testSemantics(t, newStore)
 	testConcurrency(t, newStore)
 	testOverrides(t, newStore)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,11 @@ const UnknownPolicy = "(unknown)"
 //     done but did not enforce.
 //   - sluice_proxy_local_decisions_total{route, outcome}: answers of the
 //     local fallback while the store could not decide.
+//   - sluice_local_quota_decisions_total{policy}, …_blocks_total,
+//     …_units_total and …_unused_units_total: what local quota
+//     (local_quota: true) did, per policy: requests admitted from blocks
+//     without a store call, blocks taken (one store call each), the units
+//     they took, and the units of blocks whose time ran out unspent.
 //
 // Every label value comes from the config or a fixed set: never a
 // subject, key, address or tenant. The same decisions are also counted
@@ -58,6 +64,7 @@ type Metrics struct {
 	failures  *prometheus.CounterVec
 	near      *prometheus.CounterVec
 	overrides *overridesCollector
+	localQ    *localCollector
 }
 
 // NewMetrics registers the collectors on reg. policies are the IDs the
@@ -100,7 +107,8 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 	}
 	m.overrides = &overridesCollector{desc: prometheus.NewDesc("sluice_overrides",
 		"Runtime overrides (tenant plans) per policy: the config file's and those set through the admin API.", []string{"policy"}, nil)}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.overrides} {
+	m.localQ = newLocalCollector()
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.overrides, m.localQ} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -193,6 +201,81 @@ func (c *overridesCollector) Collect(ch chan<- prometheus.Metric) {
 // serving generation's).
 func (m *Metrics) countOverrides(counts func(context.Context) map[string]int) {
 	m.overrides.counts.Store(&counts)
+}
+
+// localCollector serves sluice_local_quota_*: the counts of the serving
+// generation's Limiters (sluice.Limiter.LocalStats) plus what the
+// generations before them counted, so the counters never go back on a
+// reload.
+type localCollector struct {
+	descs    [4]*prometheus.Desc // decisions, blocks, units, unused
+	mu       sync.Mutex
+	limiters []*sluice.Limiter
+	retired  map[string]sluice.LocalStats
+}
+
+func newLocalCollector() *localCollector {
+	c := &localCollector{retired: map[string]sluice.LocalStats{}}
+	for i, what := range [...][2]string{
+		{"decisions", "Requests admitted from a block of local quota (local_quota: true) without a store call, per policy."},
+		{"blocks", "Blocks of local quota taken, one store call each, per policy."},
+		{"units", "Units the blocks of local quota took from the store, per policy."},
+		{"unused_units", "Units of blocks of local quota whose time ran out before they were admitted: spent in the store, admitted to nobody, per policy."},
+	} {
+		c.descs[i] = prometheus.NewDesc("sluice_local_quota_"+what[0]+"_total", what[1], []string{"policy"}, nil)
+	}
+	return c
+}
+
+func (c *localCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *localCollector) Collect(ch chan<- prometheus.Metric) {
+	for id, s := range c.totals() {
+		for i, v := range [...]int64{s.Local, s.Blocks, s.Units, s.Unused} {
+			ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.CounterValue, float64(v), id)
+		}
+	}
+}
+
+// totals returns the counts per policy with local quota.
+func (c *localCollector) totals() map[string]sluice.LocalStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sum := make(map[string]sluice.LocalStats, len(c.retired))
+	for id, s := range c.retired {
+		sum[id] = s
+	}
+	for _, l := range c.limiters {
+		for _, id := range l.Policies() {
+			if p, _ := l.Policy(id); p.LocalQuota.Enabled {
+				sum[id] = addLocal(sum[id], l.LocalStats(id))
+			}
+		}
+	}
+	return sum
+}
+
+func addLocal(a, b sluice.LocalStats) sluice.LocalStats {
+	return sluice.LocalStats{Local: a.Local + b.Local, Blocks: a.Blocks + b.Blocks, Units: a.Units + b.Units, Unused: a.Unused + b.Unused}
+}
+
+// countLocal makes limiters (nil ones left out) the serving generation's
+// for sluice_local_quota_*, keeping what the ones before counted.
+func (m *Metrics) countLocal(limiters ...*sluice.Limiter) {
+	c := m.localQ
+	retired := c.totals()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired, c.limiters = retired, c.limiters[:0]
+	for _, l := range limiters {
+		if l != nil {
+			c.limiters = append(c.limiters, l)
+		}
+	}
 }
 
 type timedStore struct {

@@ -191,6 +191,9 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
 	if l.envoy != nil {
 		if ps := l.envoy.Policies(); len(ps) > 0 {
+			if cfg.Envoy.LocalQuota {
+				withLocalQuota(ps)
+			}
 			if elim, err = sluice.New(r.store, ps, sluice.Options{TracerProvider: r.tracing.provider()}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
@@ -225,11 +228,33 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	return g, nil
 }
 
-// countOverrides makes g's Limiter the source of sluice_overrides.
-func (r *reloader) countOverrides(g *generation) {
-	if srv, ok := g.api.(*Server); ok && r.metrics != nil {
-		r.metrics.countOverrides(srv.overrideCounts)
+// withLocalQuota turns local quota on for every policy of ps that can
+// take it with its defaults.
+func withLocalQuota(ps []sluice.Policy) {
+	for i := range ps {
+		p := ps[i]
+		p.LocalQuota.Enabled = true
+		if p.Validate() == nil {
+			ps[i] = p
+		}
 	}
+}
+
+// observe makes g's Limiters the source of sluice_overrides and
+// sluice_local_quota_*.
+func (r *reloader) observe(g *generation) {
+	if r.metrics == nil {
+		return
+	}
+	var lims []*sluice.Limiter
+	if srv, ok := g.api.(*Server); ok {
+		r.metrics.countOverrides(srv.overrideCounts)
+		lims = append(lims, srv.lim)
+	}
+	if g.rls != nil && (len(lims) == 0 || g.rls.Limiter != lims[0]) {
+		lims = append(lims, g.rls.Limiter)
+	}
+	r.metrics.countLocal(lims...)
 }
 
 // status answers GET /v1/config.
@@ -286,7 +311,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	}
 	r.lastFailure = ""
 	r.cur.Store(g)
-	r.countOverrides(g)
+	r.observe(g)
 	r.metrics.SetPolicies(policyIDs(l.cfg))
 	old.retire()
 	r.reloadM.reloads.WithLabelValues("success").Inc()

@@ -168,7 +168,7 @@ func (rn *runner) start(l *loaded) error {
 		return err
 	}
 	r.cur.Store(g)
-	r.countOverrides(g)
+	r.observe(g)
 	rn.r = r
 	reloadM.generation.Set(1)
 	reloadM.lastOK.Set(float64(g.loadedAt.Unix()))

@@ -11,7 +11,7 @@ DECISION_SIZE integers per policy from offset 1 + DECISION_SIZE × (i − 1):
 allowed (1 or 0), limit, remaining, resetAfter, retryAfter; the first
 integer is the store's (its reply's replayed flag, 0 here), so the
 decisions are the reply as they stand. An evaluation
-is {policies, states, now, op, cost, lease, maxRegression, replay} that
+is {policies, states, now, op, cost, hold, lease, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed; op is the
 Go Op's name (spend, peek, refund, reset, acquire, release, renew) and
 lease the lease of a concurrency policy ('' for none). evaluate assumes
@@ -91,16 +91,16 @@ end
 
 -- decideFixed ports the part of Policy.step a fixed-size kind k takes,
 -- on values: its state's fields a to e, decided at now with cost (a
--- refund when refund is true), return the fields after it, the
--- decision's allowed, remaining, resetAfter and retryAfter, the state's
--- expiry and the decision's limit.
-local function decideFixed(k, p, a, b, c, d, e, now, cost, refund)
+-- refund when refund is true) held for hold µs (0: not held), return the
+-- fields after it, the decision's allowed, remaining, resetAfter and
+-- retryAfter, the state's expiry and the decision's limit.
+local function decideFixed(k, p, a, b, c, d, e, now, cost, refund, hold)
   local allowed, remaining, resetAfter, retryAfter
   if k == KIND_GCRA then
     if refund then
       a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraRefund(a, b, c, d, e, p, now, cost)
     else
-      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost)
+      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter = gcraDecide(a, b, c, d, e, p, now, cost, hold)
     end
     return a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, gcraExpires(a, b, c, d, e, p), p.burst
   elseif k == KIND_FIXED_WINDOW then
@@ -114,7 +114,7 @@ local function decideFixed(k, p, a, b, c, d, e, now, cost, refund)
     if refund then
       a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
     else
-      a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost)
+      a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketDecide(a, b, c, p, now, cost, hold)
     end
     return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, tokenBucketExpires(a, b, c, p), p.burst
   end
@@ -125,11 +125,11 @@ local function decideFixed(k, p, a, b, c, d, e, now, cost, refund)
 end
 
 -- step ports Policy.step: it puts the decision in ds at offset o and
--- returns the write. op is the operation's name, cost and lease as the Go
--- code's. The decision's integers go into ds in order and the write is
+-- returns the write. op is the operation's name, cost, hold and lease as
+-- the Go code's. The decision's integers go into ds in order and the write is
 -- built in one constructor: a Lua table that grows key by key is rebuilt
 -- at each step of its growth.
-local function step(p, st, now, op, cost, lease, ds, o)
+local function step(p, st, now, op, cost, hold, lease, ds, o)
   local k = p.kind
   local v, log, leases, expires, limit = nil, nil, nil, 0, p.limit
   local allowed, remaining, resetAfter, retryAfter
@@ -157,7 +157,7 @@ local function step(p, st, now, op, cost, lease, ds, o)
   else
     local a, b, c, d, e
     a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit =
-      decideFixed(k, p, st[1], st[2], st[3], st[4], st[5], now, cost, refund)
+      decideFixed(k, p, st[1], st[2], st[3], st[4], st[5], now, cost, refund, hold)
     v = {a, b, c, d, e}
   end
   ds[o + 1] = allowed and 1 or 0
@@ -229,7 +229,7 @@ local function evaluate(ev)
   if op == 'reset' then
     for i = 1, n do
       local p = policies[i]
-      ws[i] = step(p, absentOf(p.kind), now, 'peek', 0, '', ds, 1 + DECISION_SIZE * (i - 1))
+      ws[i] = step(p, absentOf(p.kind), now, 'peek', 0, 0, '', ds, 1 + DECISION_SIZE * (i - 1))
       ws[i].fresh = true
     end
     ev.commit = true
@@ -243,7 +243,7 @@ local function evaluate(ev)
     ev.replayed = true
     return nil
   end
-  local admitted, cost, lease, maxRegression = true, ev.cost, ev.lease, ev.maxRegression
+  local admitted, cost, hold, lease, maxRegression = true, ev.cost, ev.hold, ev.lease, ev.maxRegression
   for i = 1, n do
     local p = policies[i]
     local st, at, behind = current(p, states[i], now, maxRegression)
@@ -251,7 +251,7 @@ local function evaluate(ev)
       return {clock = {policy = i - 1, behind = behind, max = maxRegression}}
     end
     local o = 1 + DECISION_SIZE * (i - 1)
-    local w = step(p, st, at, op, cost, lease, ds, o)
+    local w = step(p, st, at, op, cost, hold, lease, ds, o)
     w.fresh = st ~= states[i]
     if at ~= now then
       lengthen(ds, o, at - now)
@@ -264,7 +264,7 @@ local function evaluate(ev)
       local p, o = policies[i], 1 + DECISION_SIZE * (i - 1)
       if ds[o + 1] == 1 then
         local st, at = current(p, states[i], now, maxRegression)
-        step(p, st, at, 'peek', 0, '', ds, o)
+        step(p, st, at, 'peek', 0, 0, '', ds, o)
         lengthen(ds, o, at - now)
       end
     end

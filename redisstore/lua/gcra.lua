@@ -45,8 +45,8 @@ local function gcraReschedule(tat, frac, sLimit, sWindow, last, p)
   return last + quo(debt, p.limit), rem(debt, p.limit), p.limit, p.window, last
 end
 
--- gcraDecide ports GCRA.Decide.
-local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost)
+-- gcraDecide ports GCRA.Decide: hold > 0 (µs) is a held spend's.
+local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost, hold)
   local t, f = tat, frac -- the schedule decided on; the stored one is kept on a denial
   if not gcraScheduledUnder(tat, sLimit, sWindow, p) then
     t, f = gcraReschedule(tat, frac, sLimit, sWindow, last, p)
@@ -65,6 +65,9 @@ local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost)
         ahead + ceilDiv(f, limit), ahead - floorDiv(tau - need - f, limit)
     end
     debt = ahead * limit + f
+  end
+  if debt < hold * limit then
+    debt = hold * limit -- a held spend's floor; hold × limit <= tau (compared, not math.max: no call)
   end
   if debt + need > tau then
     return tat, frac, sLimit, sWindow, last, false, quo(mathMax(tau - debt, 0), window),
@@ -106,7 +109,7 @@ local function gcraRefund(tat, frac, sLimit, sWindow, last, p, now, n)
       tat, frac, sLimit, sWindow, last = 0, 0, 0, 0, 0 -- no debt left: absent, as a store drops it
     end
   end
-  local _, _, _, _, _, _, remaining, resetAfter = gcraDecide(tat, frac, sLimit, sWindow, last, p, now, 0)
+  local _, _, _, _, _, _, remaining, resetAfter = gcraDecide(tat, frac, sLimit, sWindow, last, p, now, 0, 0)
   return tat, frac, sLimit, sWindow, last, true, remaining, resetAfter, 0
 end
 

@@ -37,6 +37,9 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        at its key with that TTL whatever the verdict.
   ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
                        the one a release or renewal names; "" for none.
+  ARGV_HOLD            a held spend's hold in µs (sluice.Evaluation.Hold; its rules
+                       are algorithm.Check's), an integer in [0, MAX_WINDOW]; 0 for
+                       every other decision.
   then one argument per policy, from ARGV_POLICIES + 1: its algorithm
   (algorithm.Kind), limit, window in µs, burst, TTL grace in µs
   (CleanupGrace + ExtraTTL) and align (1: a fixed window on the clock's
@@ -75,7 +78,8 @@ local ARGV_DEDUPE_TTL = 6
 local ARGV_DEDUPE_MAX = 7
 local ARGV_CARRY = 8
 local ARGV_LEASE = 9
-local ARGV_POLICIES = 9
+local ARGV_HOLD = 10
+local ARGV_POLICIES = 10
 local ARGV_PER_POLICY = 1
 local REPLY_PER_POLICY = 5
 local CARRY_PER_POLICY = 2
@@ -492,6 +496,10 @@ local function main(KEYS, ARGV, at)
   if not OPS[op] then
     raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release or renew')
   end
+  local hold = arg(ARGV[ARGV_HOLD])
+  if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend') then
+    raise('SLUICE_ARGS', 'hold must be an integer of 0 to ' .. fmt(MAX_WINDOW) .. ' µs, 0 unless the op is spend')
+  end
   local reset = op == 'reset'
   if reset and carry ~= '' then
     raise('SLUICE_ARGS', 'a reset carries no state')
@@ -517,7 +525,7 @@ local function main(KEYS, ARGV, at)
 
   -- Every field evaluate sets is named here, so the table is built at its
   -- size once rather than grown.
-  local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, lease = ARGV[ARGV_LEASE], maxRegression = maxRegression,
+  local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, hold = hold, lease = ARGV[ARGV_LEASE], maxRegression = maxRegression,
     replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
   local policies, states, redisTime = ev.policies, ev.states, ARGV[ARGV_NOW] == ''
   for i = 1, n do
@@ -572,29 +580,35 @@ local function main(KEYS, ARGV, at)
 end
 
 ------------------------------------------------------------------------
--- The common decision in short: one policy, a spend or a peek (a lease's
--- acquire or release on a concurrency policy), no evaluation id, nothing
--- carried. Its arguments, instead of ARGV_POLICIES + 1: its form, then
--- the cost (for a lease, the lease), then on the caller's clock now and
--- the maximum clock regression, then the policy's argument. The forms:
--- FAST_SPEND, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on Redis time,
--- and the same in capitals on the caller's clock. It is decided by the
--- functions main's evaluate calls (a fixed-size state on values rather
--- than tables), and answers and writes what main would.
+-- The common decision in short: one policy, a spend (held or not) or a
+-- peek (a lease's acquire or release on a concurrency policy), no
+-- evaluation id, nothing carried. Its arguments, instead of
+-- ARGV_POLICIES + 1: its form, then the cost (for a lease, the lease),
+-- for a held spend its hold in µs, then on the caller's clock now and the
+-- maximum clock regression, then the policy's argument. The forms:
+-- FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on
+-- Redis time, and the same in capitals on the caller's clock (a held
+-- spend has a form of its own, so the others carry no hold). It is
+-- decided by the functions main's evaluate calls (a fixed-size state on
+-- values rather than tables), and answers and writes what main would.
 
-local FAST_SPEND, FAST_PEEK, FAST_ACQUIRE, FAST_RELEASE = 's', 'p', 'a', 'r'
+local FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE, FAST_RELEASE = 's', 'h', 'p', 'a', 'r'
 
 -- The operation of each form of the short decision.
 local FAST_OPS = {
-  [FAST_SPEND] = 'spend', [FAST_PEEK] = 'peek', [FAST_ACQUIRE] = 'acquire', [FAST_RELEASE] = 'release',
-  S = 'spend', P = 'peek', A = 'acquire', R = 'release',
+  [FAST_SPEND] = 'spend', [FAST_HELD] = 'spend', [FAST_PEEK] = 'peek', [FAST_ACQUIRE] = 'acquire', [FAST_RELEASE] = 'release',
+  S = 'spend', H = 'spend', P = 'peek', A = 'acquire', R = 'release',
 }
 
 -- The number of arguments of each form of the short decision.
 local FAST_ARGS = {
-  [FAST_SPEND] = 3, [FAST_PEEK] = 3, [FAST_ACQUIRE] = 3, [FAST_RELEASE] = 3,
-  S = 5, P = 5, A = 5, R = 5,
+  [FAST_SPEND] = 3, [FAST_HELD] = 4, [FAST_PEEK] = 3, [FAST_ACQUIRE] = 3, [FAST_RELEASE] = 3,
+  S = 5, H = 6, P = 5, A = 5, R = 5,
 }
+
+-- The forms on Redis time, and the held ones (their hold after the cost).
+local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = true, [FAST_ACQUIRE] = true, [FAST_RELEASE] = true}
+local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does.
@@ -611,7 +625,7 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
     clockUnsafe(key, behind, maxRegression)
   end
   local ds = {0}
-  local w = step(p, cur, t, op, cost, lease, ds, 1)
+  local w = step(p, cur, t, op, cost, 0, lease, ds, 1)
   w.fresh = cur ~= st
   if t ~= now then
     lengthen(ds, 1, t - now)
@@ -637,8 +651,16 @@ local function fastMain(key, args, o, at)
       raise('SLUICE_ARGS', 'cost must be an integer >= 0')
     end
   end
+  local hold = 0
+  if FAST_HELD_FORMS[form] then
+    o = o + 1 -- the arguments after the hold are where the other forms have theirs
+    hold = arg(args[o + 2])
+    if hold == nil or hold < 1 or hold > MAX_WINDOW then
+      raise('SLUICE_ARGS', 'hold must be an integer of 1 to ' .. fmt(MAX_WINDOW) .. ' µs')
+    end
+  end
   local now, maxRegression, p
-  local onRedis = FAST_ARGS[form] == 3
+  local onRedis = FAST_ON_REDIS[form]
   if onRedis then
     now, maxRegression, p = at or redisTime(), -1, policyOf(args[o + 3], 1)
   else
@@ -648,6 +670,9 @@ local function fastMain(key, args, o, at)
   local k = p.kind
   if leases ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
+  end
+  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
+    raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
   end
   local n = FIELDS[k]
   if n == 0 then
@@ -671,7 +696,7 @@ local function fastMain(key, args, o, at)
     end
   end
   local allowed, remaining, resetAfter, retryAfter, expires, limit
-  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false)
+  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false, hold)
   if t ~= now then
     resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
   end
@@ -745,7 +770,7 @@ local function decideAll(keys, args)
       if ao + na > #args then
         return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' wants ' .. na .. ' arguments')
       end
-      if at == nil and na == 3 then
+      if at == nil and FAST_ON_REDIS[args[ao + 1]] then
         at = redisTime()
       end
       out[j] = answer(pcall(fastMain, keys[ko + 1], args, ao, at))

@@ -42,10 +42,14 @@ local function tokenBucketLevel(tokens, last, window, p, now)
   return tokens + elapsed * p.limit
 end
 
--- tokenBucketDecide ports TokenBucket.Decide.
-local function tokenBucketDecide(tokens, last, window, p, now, cost)
+-- tokenBucketDecide ports TokenBucket.Decide: hold > 0 (µs) is a held
+-- spend's.
+local function tokenBucketDecide(tokens, last, window, p, now, cost, hold)
   local full = p.burst * p.window
   local level = tokenBucketLevel(tokens, last, window, p, now)
+  if level > full - hold * p.limit then
+    level = full - hold * p.limit -- a held spend's cap; hold × limit <= full (compared, not math.min: no call)
+  end
   local need = verdictCost(cost) * p.window
   if level < need then
     return tokens, last, window, false, quo(level, p.window), ceilDiv(full - level, p.limit), ceilDiv(need - level, p.limit)
@@ -76,7 +80,7 @@ local function tokenBucketRefund(tokens, last, window, p, now, n)
       tokens, last, window = 0, 0, 0 -- full: absent, as a store drops it
     end
   end
-  local _, _, _, _, remaining, resetAfter = tokenBucketDecide(tokens, last, window, p, now, 0)
+  local _, _, _, _, remaining, resetAfter = tokenBucketDecide(tokens, last, window, p, now, 0, 0)
   return tokens, last, window, true, remaining, resetAfter, 0
 end
 

@@ -20,6 +20,17 @@ func newMachine(k Kind, p Params) *machine {
 func (m *machine) decide(now, cost int64) Decision { return m.run(now, cost, false) }
 func (m *machine) refund(now, n int64) Decision    { return m.run(now, n, true) }
 
+// held spends cost held for hold µs (a spend that passed Check).
+func (m *machine) held(now, cost, hold int64) Decision { return m.eval(now, OpSpend, cost, hold) }
+
+// spend is held for a spend of cost ≥ 1, decide for a peek (cost 0).
+func (m *machine) spend(now, cost, hold int64) Decision {
+	if cost == 0 {
+		return m.decide(now, 0)
+	}
+	return m.held(now, cost, hold)
+}
+
 func (m *machine) run(now, cost int64, refund bool) Decision {
 	op := OpSpend
 	switch {
@@ -28,7 +39,11 @@ func (m *machine) run(now, cost int64, refund bool) Decision {
 	case cost == 0:
 		op = OpPeek
 	}
-	ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Op: op, Cost: cost, MaxRegression: -1,
+	return m.eval(now, op, cost, 0)
+}
+
+func (m *machine) eval(now int64, op Op, cost, hold int64) Decision {
+	ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Op: op, Cost: cost, Hold: hold, MaxRegression: -1,
 		Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
 	if err := Evaluate(&ev); err != nil {
 		panic(err)

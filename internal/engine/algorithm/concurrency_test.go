@@ -17,7 +17,7 @@ type leases struct {
 func (m *leases) run(now int64, ev Evaluation) Decision {
 	ev.Policies, ev.States, ev.Now, ev.MaxRegression = []Policy{m.p}, []*State{m.st}, now, -1
 	ev.Decisions, ev.Writes = make([]Decision, 1), make([]Write, 1)
-	if err := Check(ev.Op, ev.Policies, ev.Cost, ev.LeaseID, false); err != nil {
+	if err := Check(ev.Op, ev.Policies, ev.Cost, ev.Hold, ev.LeaseID, false); err != nil {
 		panic(err)
 	}
 	if err := Evaluate(&ev); err != nil {

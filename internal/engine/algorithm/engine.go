@@ -58,6 +58,11 @@ type Evaluation struct {
 	// LeaseID is the lease an acquisition takes, a release gives back or
 	// a renewal extends on every concurrency policy; "" for the others.
 	LeaseID string
+	// Hold, µs, when above 0, makes a spend a held one: its Cost is a
+	// block its caller admits itself over [Now, Now+Hold], spent so that
+	// it covers every such admission (GCRA.Decide says how and why). 0
+	// for every other decision; Check says where it may be set.
+	Hold int64
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
 	MaxRegression int64
@@ -121,7 +126,7 @@ func Evaluate(ev *Evaluation) error {
 	ev.Commit, ev.Replayed = false, false
 	if ev.Op == OpReset {
 		for i, p := range ev.Policies {
-			p.step(&absent, ev.Now, OpPeek, 0, "", &ev.Writes[i], &ev.Decisions[i])
+			p.step(&absent, ev.Now, OpPeek, 0, 0, "", &ev.Writes[i], &ev.Decisions[i])
 			ev.Writes[i].Fresh = true
 		}
 		ev.Commit = true
@@ -143,7 +148,7 @@ func Evaluate(ev *Evaluation) error {
 			return err
 		}
 		w, d := &ev.Writes[i], &ev.Decisions[i]
-		p.step(st, at, ev.Op, ev.Cost, ev.LeaseID, w, d)
+		p.step(st, at, ev.Op, ev.Cost, ev.Hold, ev.LeaseID, w, d)
 		w.Fresh = st != ev.States[i]
 		if at != ev.Now {
 			lengthen(d, at-ev.Now)
@@ -156,7 +161,7 @@ func Evaluate(ev *Evaluation) error {
 				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
 				var w Write
 				d := &ev.Decisions[i]
-				p.step(st, at, OpPeek, 0, "", &w, d)
+				p.step(st, at, OpPeek, 0, 0, "", &w, d)
 				lengthen(d, at-ev.Now)
 			}
 		}
@@ -208,11 +213,13 @@ func lengthen(d *Decision, lag int64) {
 
 // step runs p's algorithm on st at now for o, a spend, peek, refund,
 // acquisition, release or renewal (a reset steps as a peek on absent
-// state), of cost (0 for all but a spend, a refund and an acquisition) and
-// the lease a concurrency policy takes, gives back or extends. It leaves
-// the state after it in w, every field but Fresh (w may hold another
-// decision's), and the verdict in d.
-func (p Policy) step(st *State, now int64, o Op, cost int64, lease string, w *Write, d *Decision) {
+// state), of cost (0 for all but a spend, a refund and an acquisition),
+// held for hold µs (a held spend; 0 for every other decision) and the
+// lease a concurrency policy takes, gives back or extends. It leaves the
+// state after it in w, every field but Fresh (w may hold another
+// decision's), and the verdict in d. A fixed window spends a held block
+// as any spend: its caller ends the block at the window's end.
+func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string, w *Write, d *Decision) {
 	refund := o == OpRefund
 	w.Leases = LeaseEdit{}
 	switch p.Kind {
@@ -247,7 +254,7 @@ func (p Policy) step(st *State, now int64, o Op, cost int64, lease string, w *Wr
 		if refund {
 			s, *d = s.Refund(p.Params, now, cost)
 		} else {
-			s, *d = s.Decide(p.Params, now, cost)
+			s, *d = s.Decide(p.Params, now, cost, hold)
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
@@ -256,7 +263,7 @@ func (p Policy) step(st *State, now int64, o Op, cost int64, lease string, w *Wr
 		if refund {
 			s, *d = gcraOf(&st.V).Refund(p.Params, now, cost)
 		} else {
-			s, *d = gcraOf(&st.V).Decide(p.Params, now, cost)
+			s, *d = gcraOf(&st.V).Decide(p.Params, now, cost, hold)
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)

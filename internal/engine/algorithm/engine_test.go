@@ -39,8 +39,8 @@ func TestClockRegressionNeverEarly(t *testing.T) {
 }
 
 // TestTokenBucketMatchesGCRA: for the same numbers the two bucket
-// algorithms answer every request alike, spends, peeks and refunds, also
-// when the clock steps back.
+// algorithms answer every request alike, spends, held spends, peeks and
+// refunds, also when the clock steps back.
 func TestTokenBucketMatchesGCRA(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for trial := range 200 {
@@ -56,9 +56,18 @@ func TestTokenBucketMatchesGCRA(t *testing.T) {
 			}
 			cost := r.Int64N(p.Burst + 1)
 			refund := cost > 0 && r.IntN(8) == 0
-			a, b := tb.run(now, cost, refund), gcra.run(now, cost, refund)
+			var hold int64
+			if cost > 0 && !refund && r.IntN(3) == 0 {
+				hold = randomHold(r, tb.p)
+			}
+			var a, b Decision
+			if hold > 0 {
+				a, b = tb.held(now, cost, hold), gcra.held(now, cost, hold)
+			} else {
+				a, b = tb.run(now, cost, refund), gcra.run(now, cost, refund)
+			}
 			if a != b {
-				t.Fatalf("trial %d step %d %+v: now t0%+d cost %d refund %v: token_bucket %+v, gcra %+v", trial, step, p, now-t0, cost, refund, a, b)
+				t.Fatalf("trial %d step %d %+v: now t0%+d cost %d refund %v hold %d: token_bucket %+v, gcra %+v", trial, step, p, now-t0, cost, refund, hold, a, b)
 			}
 		}
 	}

@@ -1,14 +1,16 @@
 package algorithm
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"testing"
 )
 
-// fuzzRun drives kind k with the operations encoded in data and checks the
-// invariants of the package documentation plus the algorithm's own bound on
-// admissions over intervals. Time never goes backwards here
+// fuzzRun drives kind k with the operations encoded in data, spends held
+// ones among them, and checks the invariants of the package documentation
+// plus the algorithm's own bound on admissions over intervals. Time never goes backwards here
 // (TestJumpBackwards covers that), so the bounds are about real intervals.
 func fuzzRun(t *testing.T, k Kind, aligned bool, limit, burst uint16, window uint32, ops []byte) {
 	p := Params{Limit: 1 + int64(limit%64), Window: MinWindow + int64(window)%(20*sec), Burst: 1 + int64(burst%64), Aligned: aligned}
@@ -23,11 +25,18 @@ func fuzzRun(t *testing.T, k Kind, aligned bool, limit, burst uint16, window uin
 	now := t0 + int64(window%977)
 	var admitted []admission
 	for i := 0; i+3 <= len(ops) && i < 3*400; i += 3 {
-		now += int64(binary.BigEndian.Uint16(ops[i:])) * p.Window / 8192 // 0 to 8 windows
-		cost := int64(ops[i+2]) % (capacity + 1)                         // 0 is a peek
+		step := int64(binary.BigEndian.Uint16(ops[i:]))
+		now += step * p.Window / 8192                 // 0 to 8 windows
+		cost := int64(ops[i+2]&0x7f) % (capacity + 1) // 0 is a peek
+		// The cost byte's top bit holds a spend, for as long as the
+		// time step's low bits say, within what Check allows.
+		var hold int64
+		if most := maxHold(m.p); ops[i+2]&0x80 != 0 && cost > 0 && most > 0 {
+			hold = 1 + step*7919%most
+		}
 		before, live := m.snapshot(), m.expires() > now
-		d := m.decide(now, cost)
-		what := fmt.Sprintf("%v %+v op %d (now t0%+d, cost %d)", k, p, i/3, now-t0, cost)
+		d := m.spend(now, cost, hold)
+		what := fmt.Sprintf("%v %+v op %d (now t0%+d, cost %d, hold %d)", k, p, i/3, now-t0, cost, hold)
 		checkDecision(t, what, d, capacity)
 		if live && (!d.Allowed || cost == 0) {
 			// A live state is untouched by a denial or a peek (an expired
@@ -37,17 +46,25 @@ func fuzzRun(t *testing.T, k Kind, aligned bool, limit, burst uint16, window uin
 			}
 		}
 		if d.Allowed && cost > 0 {
-			admitted = append(admitted, admission{now, cost})
+			// A bucket's held block counts at its hold's end, where its
+			// last unit may be used; a fixed window's within its window.
+			at := now
+			if k == KindTokenBucket || k == KindGCRA {
+				at += hold
+			}
+			admitted = append(admitted, admission{at, cost})
 			if e := m.expires(); e <= now {
 				t.Fatalf("%s: state that holds an admission expires at %d, not after now", what, e)
 			}
 		}
-		if !d.Allowed {
-			// RetryAfter is exact: 1µs earlier is still denied, at it admitted.
-			if early := m.clone().decide(now+d.RetryAfter-1, cost); early.Allowed {
+		if !d.Allowed && hold*p.Limit+cost*p.Window <= p.Burst*p.Window {
+			// RetryAfter is exact: 1µs earlier is still denied, at it
+			// admitted (a block that no bucket fits beside its hold's
+			// floor is never admitted: nothing to wait for).
+			if early := m.clone().spend(now+d.RetryAfter-1, cost, hold); early.Allowed {
 				t.Fatalf("%s: admitted 1µs before RetryAfter %d", what, d.RetryAfter)
 			}
-			if onTime := m.clone().decide(now+d.RetryAfter, cost); !onTime.Allowed {
+			if onTime := m.clone().spend(now+d.RetryAfter, cost, hold); !onTime.Allowed {
 				t.Fatalf("%s: denied at RetryAfter %d: %+v", what, d.RetryAfter, onTime)
 			}
 		}
@@ -57,6 +74,7 @@ func fuzzRun(t *testing.T, k Kind, aligned bool, limit, burst uint16, window uin
 			}
 		}
 	}
+	slices.SortStableFunc(admitted, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
 	var err error
 	all := func(i, j int) bool { return true }
 	switch k {
@@ -89,6 +107,8 @@ func fuzzAlgorithm(f *testing.F, k Kind, aligned bool) {
 	f.Add(uint16(10), uint16(5), uint32(sec), []byte{0, 1, 5, 0, 1, 5, 0, 1, 5, 1, 0, 0, 0, 9, 3, 0, 200, 10})
 	f.Add(uint16(1), uint16(1), uint32(0), []byte{0, 0, 1, 0, 100, 1, 31, 255, 1, 0, 3, 0})
 	f.Add(uint16(63), uint16(20), uint32(7*sec+13), []byte{9, 9, 9, 200, 1, 63, 0, 0, 63, 0, 77, 2, 0, 0, 0})
+	// Held spends (the cost byte's top bit): a block, one just after, one at the hold's end.
+	f.Add(uint16(9), uint16(9), uint32(sec), []byte{0, 0, 0x85, 0, 0, 1, 12, 34, 0x83, 0, 1, 0x8a, 40, 0, 0x82})
 	f.Fuzz(func(t *testing.T, limit, burst uint16, window uint32, ops []byte) {
 		fuzzRun(t, k, aligned, limit, burst, window, ops)
 	})

@@ -63,7 +63,38 @@ func (s GCRA) reschedule(p Params) GCRA {
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
-func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
+//
+// hold > 0 makes it a held spend (Evaluation.Hold): the cost is spent as
+// a block that a caller admits itself, unit by unit, at any times in
+// [now, now+hold]. The debt is then taken as at least hold·Limit (the TAT
+// as at least now + hold) before the cost is added, and the state is
+// written at now (Last = now), as for any spend; hold 0 is the plain
+// spend. Check bounds hold·Limit by Burst·Window.
+//
+// Why the block covers every unit used during the hold. Write S(t) for
+// the stored debt (TAT − t scaled by Limit, at least 0): it falls by at
+// most Limit per µs (it stops at 0), each admitted decision raises it by
+// at least its cost·Window, and a held one to at least hold·Limit +
+// cost·Window; an admission leaves S ≤ Burst·Window, so S(t) ≤
+// Burst·Window at all t. (Times are the ones decisions are taken at, and
+// a block's units are used within [its decision's time, that + hold].)
+// Take any interval [a, b] and the units really used in it: plain spends
+// admitted in it, blocks taken in it, and blocks taken at n < a whose
+// hold reaches past a (n + h ≥ a). With no block of the last kind, S(b)
+// ≥ (units of decisions in [a, b])·Window − (b − a)·Limit. Otherwise let
+// n₁ be the earliest such block, of hold h₁ and cost k₁: S just after n₁
+// is at least h₁·Limit + k₁·Window, every later decision adds at least
+// its cost, so S(b) ≥ h₁·Limit + (all those units)·Window − (b − n₁)·Limit,
+// and b − n₁ ≤ (b − a) + h₁. Either way (units used in [a, b])·Window ≤
+// S(b) + (b − a)·Limit ≤ Burst·Window + (b − a)·Limit: at most Burst +
+// ⌊(b − a)·Limit/Window⌋ units in any [a, b], the bound of the plain
+// algorithm, whenever within its holds the units are used. Last stays
+// now, not now + hold: the clock rule would decide a request arriving
+// during the hold at now + hold, against the debt as it will be then,
+// and admit it over the bound (burst 10, 5 units left, hold 5 T and cost
+// 5: a request just after sees 5 units free at now + hold while all 10
+// are in use).
+func (s GCRA) Decide(p Params, now, cost, hold int64) (GCRA, Decision) {
 	// The schedule decided on, held as two integers as gcra.lua holds it
 	// (a second GCRA would be copied whole); the stored one is kept on a
 	// denial.
@@ -87,6 +118,7 @@ func (s GCRA) Decide(p Params, now, cost int64) (GCRA, Decision) {
 		}
 		debt = ahead*p.Limit + f
 	}
+	debt = max(debt, hold*p.Limit) // a held spend's floor; hold·Limit ≤ tau
 	if debt+need > tau {
 		d.Remaining = max(tau-debt, 0) / p.Window
 		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
@@ -121,7 +153,7 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 			s = GCRA{} // no debt left: absent, as a store drops it
 		}
 	}
-	_, d := s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
 }

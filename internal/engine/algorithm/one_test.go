@@ -7,7 +7,7 @@ import (
 
 // TestDecideOneMatchesEvaluate: on every state a random sequence leaves
 // (spends, peeks, refunds, the clock stepping back, other numbers under
-// the same state), DecideOne answers a spend or a peek exactly as
+// the same state), DecideOne answers a spend (held or not) or a peek exactly as
 // Evaluate does for one policy: the same decision, the same write, the
 // same commit.
 func TestDecideOneMatchesEvaluate(t *testing.T) {
@@ -37,24 +37,30 @@ func TestDecideOneMatchesEvaluate(t *testing.T) {
 						}
 						m.p = Policy{Kind: k, Params: q, MaxCost: q.Capacity(k)}
 					}
-					op, cost := OpSpend, 1+r.Int64N(m.p.MaxCost)
-					if r.IntN(4) == 0 {
+					op, cost, hold := OpSpend, 1+r.Int64N(m.p.MaxCost), int64(0)
+					switch r.IntN(4) {
+					case 0:
 						op, cost = OpPeek, 0
+					case 1:
+						hold = randomHold(r, m.p)
 					}
-					ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Op: op, Cost: cost, MaxRegression: -1,
+					if err := Check(op, []Policy{m.p}, cost, hold, "", false); err != nil {
+						t.Fatal(err)
+					}
+					ev := Evaluation{Policies: []Policy{m.p}, States: []*State{m.st}, Now: now, Op: op, Cost: cost, Hold: hold, MaxRegression: -1,
 						Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
 					if err := Evaluate(&ev); err != nil {
 						t.Fatal(err)
 					}
 					var w Write
 					var d Decision
-					commit, err := DecideOne(&m.p, m.st, now, -1, op, cost, &w, &d)
+					commit, err := DecideOne(&m.p, m.st, now, -1, op, cost, hold, &w, &d)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if d != ev.Decisions[0] || commit != ev.Commit || commit && w != ev.Writes[0] {
-						t.Fatalf("step %d: %v cost %d at %d on %+v: DecideOne = %+v, %+v, commit %v; Evaluate = %+v, %+v, commit %v",
-							step, op, cost, now, m.st, d, w, commit, ev.Decisions[0], ev.Writes[0], ev.Commit)
+						t.Fatalf("step %d: %v cost %d hold %d at %d on %+v: DecideOne = %+v, %+v, commit %v; Evaluate = %+v, %+v, commit %v",
+							step, op, cost, hold, now, m.st, d, w, commit, ev.Decisions[0], ev.Writes[0], ev.Commit)
 					}
 					// Move on: a refund now and then, else this decision.
 					if r.IntN(6) == 0 && k != KindSlidingWindow {

@@ -70,12 +70,13 @@ func (o Op) spends() bool { return o == OpSpend || o == OpRefund || o == OpAcqui
 // leased reports whether o names a lease.
 func (o Op) leased() bool { return o == OpAcquire || o == OpRelease || o == OpRenew }
 
-// Check reports whether op may be taken on policies with cost, the lease
-// leaseID ("" for none) and, when remembered is set, an evaluation id: the
-// rules of each operation, in one place. A store checks an evaluation with
-// it before it reads or writes any state; Evaluate assumes it passed.
-func Check(op Op, policies []Policy, cost int64, leaseID string, remembered bool) error {
-	if op == OpSpend && len(policies) > 0 && cost >= 1 && leaseID == "" {
+// Check reports whether op may be taken on policies with cost, held for
+// hold µs (Evaluation.Hold), with the lease leaseID ("" for none) and,
+// when remembered is set, an evaluation id: the rules of each operation,
+// in one place. A store checks an evaluation with it before it reads or
+// writes any state; Evaluate assumes it passed.
+func Check(op Op, policies []Policy, cost, hold int64, leaseID string, remembered bool) error {
+	if op == OpSpend && len(policies) > 0 && cost >= 1 && hold == 0 && leaseID == "" {
 		// The common case, a spend within every policy's maximum, is
 		// answered by this one loop, before the switch of every rule.
 		i := 0
@@ -86,11 +87,11 @@ func Check(op Op, policies []Policy, cost int64, leaseID string, remembered bool
 			return nil
 		}
 	}
-	return check(op, policies, cost, leaseID, remembered)
+	return check(op, policies, cost, hold, leaseID, remembered)
 }
 
 // check is Check for every case.
-func check(op Op, policies []Policy, cost int64, leaseID string, remembered bool) error {
+func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembered bool) error {
 	switch {
 	case int(op) >= len(opNames):
 		return fmt.Errorf("%w: unknown operation %v", ErrInvalidRequest, op)
@@ -107,6 +108,11 @@ func check(op Op, policies []Policy, cost int64, leaseID string, remembered bool
 	case remembered && (op == OpReset || op == OpRelease || op == OpRenew):
 		return fmt.Errorf("%w: %s takes no evaluation id: repeating it is harmless", ErrInvalidRequest, op.named())
 	}
+	if hold != 0 {
+		if err := checkHold(op, policies, hold, remembered); err != nil {
+			return err
+		}
+	}
 	leases := 0
 	for i := range policies {
 		p := &policies[i]
@@ -119,6 +125,45 @@ func check(op Op, policies []Policy, cost int64, leaseID string, remembered bool
 	}
 	if op == OpAcquire && leases == 0 {
 		return fmt.Errorf("%w: acquire names no concurrency policy: spend instead", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// checkHold reports whether op may be held for hold µs on policies, with
+// an evaluation id when remembered is set: a held spend (Evaluation.Hold)
+// names one policy of an algorithm that can cover a block used over the
+// hold, with no evaluation id (a replay would hand out the block twice),
+// and holds for at most a window and, for the bucket algorithms, at most
+// the time the rate takes to refill Burst (GCRA.Decide's floor must fit
+// in the bucket; it also keeps hold·Limit below 2^53).
+func checkHold(op Op, policies []Policy, hold int64, remembered bool) error {
+	switch {
+	case hold < 0:
+		return fmt.Errorf("%w: hold = %dµs: must be 0 or more", ErrInvalidRequest, hold)
+	case op != OpSpend:
+		return fmt.Errorf("%w: hold = %dµs: only a spend is held, not %s", ErrInvalidRequest, hold, op.named())
+	case len(policies) != 1:
+		return fmt.Errorf("%w: hold = %dµs: a held spend names exactly one policy, not %d", ErrInvalidRequest, hold, len(policies))
+	case remembered:
+		return fmt.Errorf("%w: hold = %dµs: a held spend takes no evaluation id", ErrInvalidRequest, hold)
+	}
+	p := &policies[0]
+	switch p.Kind {
+	case KindSlidingWindow:
+		return fmt.Errorf("policy %q: %w: hold = %dµs: sliding_window takes no held spend: its estimate weighs a unit by when it was spent, and a block's units are spent over the hold", p.ID, ErrInvalidRequest, hold)
+	case KindSlidingLog:
+		return fmt.Errorf("policy %q: %w: hold = %dµs: sliding_log takes no held spend: a block's entries would have to be dated ahead of the log's newest write", p.ID, ErrInvalidRequest, hold)
+	case KindConcurrency:
+		return fmt.Errorf("policy %q: %w: hold = %dµs: concurrency takes no held spend: a lease is taken by acquire", p.ID, ErrInvalidRequest, hold)
+	}
+	if hold > p.Params.Window {
+		return fmt.Errorf("policy %q: %w: hold = %dµs: must be at most the window, %dµs", p.ID, ErrInvalidRequest, hold, p.Params.Window)
+	}
+	if p.Kind == KindTokenBucket || p.Kind == KindGCRA {
+		// hold·Limit ≤ Burst·Window, without the product (it may pass 2^63).
+		if most := p.Params.Burst * p.Params.Window / p.Params.Limit; hold > most {
+			return fmt.Errorf("policy %q: %w: hold = %dµs: must be at most the time the rate takes to refill the burst, %dµs", p.ID, ErrInvalidRequest, hold, most)
+		}
 	}
 	return nil
 }

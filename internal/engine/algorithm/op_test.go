@@ -2,6 +2,7 @@ package algorithm
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -46,9 +47,55 @@ func TestCheckOp(t *testing.T) {
 		{"renew", OpRenew, []Policy{conc}, 0, "l", false, nil},
 		{"renew without a lease", OpRenew, []Policy{conc}, 0, "", false, ErrInvalidRequest},
 	} {
-		err := Check(c.op, c.policies, c.cost, c.lease, c.remembered)
+		err := Check(c.op, c.policies, c.cost, 0, c.lease, c.remembered)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
 			t.Errorf("%s: Check(%v, cost=%d, lease=%q) = %v, want %v", c.name, c.op, c.cost, c.lease, err, c.want)
+		}
+	}
+}
+
+// TestCheckHold: where a held spend may go, one row a rule; a refused
+// one names the hold and the rule it broke.
+func TestCheckHold(t *testing.T) {
+	fixed := Policy{Kind: KindFixedWindow, Params: Params{Limit: 5, Window: sec, Burst: 5}, ID: "fixed", MaxCost: 5}
+	bucket := Policy{Kind: KindTokenBucket, Params: Params{Limit: 10, Window: sec, Burst: 5}, ID: "bucket", MaxCost: 5}
+	gcra := Policy{Kind: KindGCRA, Params: Params{Limit: 10, Window: sec, Burst: 20}, ID: "gcra", MaxCost: 20}
+	log := Policy{Kind: KindSlidingLog, Params: Params{Limit: 5, Window: sec, Burst: 5}, ID: "log", MaxCost: 5}
+	estimate := Policy{Kind: KindSlidingWindow, Params: Params{Limit: 5, Window: sec, Burst: 5}, ID: "estimate", MaxCost: 5}
+	for _, c := range []struct {
+		name       string
+		op         Op
+		policies   []Policy
+		cost, hold int64
+		remembered bool
+		want       string // "": allowed; else a part of the error
+	}{
+		{"fixed_window", OpSpend, []Policy{fixed}, 5, 1, false, ""},
+		{"fixed_window for a whole window", OpSpend, []Policy{fixed}, 5, sec, false, ""},
+		{"fixed_window beyond its window", OpSpend, []Policy{fixed}, 1, sec + 1, false, "hold = 1000001µs: must be at most the window, 1000000µs"},
+		{"token_bucket for the time to refill the burst", OpSpend, []Policy{bucket}, 1, sec / 2, false, ""},
+		{"token_bucket beyond it", OpSpend, []Policy{bucket}, 1, sec/2 + 1, false, "hold = 500001µs: must be at most the time the rate takes to refill the burst, 500000µs"},
+		{"gcra for a window", OpSpend, []Policy{gcra}, 20, sec, false, ""},
+		{"gcra beyond its window", OpSpend, []Policy{gcra}, 1, sec + 1, false, "must be at most the window"},
+		{"negative", OpSpend, []Policy{gcra}, 1, -1, false, "hold = -1µs: must be 0 or more"},
+		{"a peek", OpPeek, []Policy{gcra}, 0, 10, false, "only a spend is held, not a peek"},
+		{"a refund", OpRefund, []Policy{gcra}, 1, 10, false, "only a spend is held, not a refund"},
+		{"two policies", OpSpend, []Policy{gcra, fixed}, 1, 10, false, "names exactly one policy, not 2"},
+		{"an evaluation id", OpSpend, []Policy{gcra}, 1, 10, true, "takes no evaluation id"},
+		{"sliding_window", OpSpend, []Policy{estimate}, 1, 10, false, `policy "estimate": invalid request: hold = 10µs: sliding_window takes no held spend: its estimate weighs a unit by when it was spent`},
+		{"sliding_log", OpSpend, []Policy{log}, 1, 10, false, "sliding_log takes no held spend: a block's entries would have to be dated ahead of the log's newest write"},
+		{"above max cost", OpSpend, []Policy{fixed}, 6, 10, false, "cost above policy maximum"},
+		{"a 24h window at the most limit", OpSpend, []Policy{{Kind: KindGCRA, Params: Params{Limit: MaxLimit, Window: MaxWindow, Burst: 1}, ID: "huge", MaxCost: 1}}, 1, MaxWindow, false,
+			"must be at most the time the rate takes to refill the burst, 86µs"},
+	} {
+		err := Check(c.op, c.policies, c.cost, c.hold, "", c.remembered)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: Check(%v, cost=%d, hold=%d) = %v, want nil", c.name, c.op, c.cost, c.hold, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: Check(%v, cost=%d, hold=%d) = %v, want an error holding %q", c.name, c.op, c.cost, c.hold, err, c.want)
+		case c.want != "" && !errors.Is(err, ErrInvalidRequest) && !errors.Is(err, ErrCostTooHigh):
+			t.Errorf("%s: Check(%v, cost=%d, hold=%d) = %v, want ErrInvalidRequest", c.name, c.op, c.cost, c.hold, err)
 		}
 	}
 }

@@ -58,9 +58,18 @@ func (s TokenBucket) level(p Params, now int64) int64 {
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
-func (s TokenBucket) Decide(p Params, now, cost int64) (TokenBucket, Decision) {
+//
+// hold > 0 makes it a held spend (Evaluation.Hold), GCRA.Decide's rule in
+// tokens: the level is first capped at Burst·Window − hold·Limit (what a
+// full bucket holds after hold with nothing refilled), then the cost is
+// taken as usual and the state written at now. Since the level is
+// Burst·Window minus GCRA's debt, the cap is GCRA's floor on the debt:
+// the two admit the same held spends and leave the same schedule, and
+// GCRA.Decide's proof that a block covers every unit used during its
+// hold holds for both. hold 0 is the plain spend.
+func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decision) {
 	full := p.Burst * p.Window
-	tokens := s.level(p, now)
+	tokens := min(s.level(p, now), full-hold*p.Limit) // hold·Limit ≤ full
 	d := Decision{Limit: p.Burst}
 	need := verdictCost(cost) * p.Window
 	if tokens < need {
@@ -89,7 +98,7 @@ func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 			s = TokenBucket{} // full: absent, as a store drops it
 		}
 	}
-	_, d := s.Decide(p, now, 0)
+	_, d := s.Decide(p, now, 0, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
 }

@@ -5,6 +5,7 @@
 package evaluation
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -27,11 +28,25 @@ func Policy(p *sluice.Policy) algorithm.Policy {
 // evaluation. room is room for ev's policies in the engine's terms (it
 // may be nil: then they are allocated).
 func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
+	hold, err := Hold(ev.Hold)
+	if err != nil {
+		return err
+	}
 	policies := room[:0]
 	for _, p := range ev.Policies {
 		policies = append(policies, Policy(p))
 	}
-	return algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, ev.LeaseID, ev.EvaluationID != "")
+	return algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
+}
+
+// Hold returns h, a sluice.Evaluation's Hold, in the engine's µs, or an
+// error when it is no whole number of them (the engine's Check has the
+// rest of a held spend's rules).
+func Hold(h time.Duration) (int64, error) {
+	if h%time.Microsecond != 0 {
+		return 0, fmt.Errorf("%w: hold = %v: must be a whole number of microseconds", algorithm.ErrInvalidRequest, h)
+	}
+	return int64(h / time.Microsecond), nil
 }
 
 // Window returns the period p's math runs on, µs: its Window, or for

@@ -24,6 +24,9 @@ func AppendAnswer(b []byte, o *sluice.Outcome, reason string) []byte {
 	}
 	b = append(b, `,"replayed":`...)
 	b = strconv.AppendBool(b, o.Replayed)
+	if o.Local {
+		b = append(b, `,"local":true`...)
+	}
 	if o.Lease.ID != "" {
 		b = append(b, `,"lease_id":`...)
 		b = appendString(b, o.Lease.ID)

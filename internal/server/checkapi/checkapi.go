@@ -230,6 +230,9 @@ type Answer struct {
 	// Replayed is always present: true when the answer is the remembered
 	// first decision of the request's evaluation_id.
 	Replayed bool `json:"replayed"`
+	// Local is true when the server admitted the check from a block of
+	// local quota (the policy's local_quota), without a store call.
+	Local bool `json:"local,omitempty"`
 	// LeaseID is the lease an allowed acquire or renewal holds.
 	LeaseID string `json:"lease_id,omitempty"`
 	// Statuses holds one Status per policy, in request order, when the
@@ -293,7 +296,7 @@ func Outcome(code int, a *Answer, req *sluice.Request) sluice.Outcome {
 
 // decision returns the allowed or denied outcome a stands for.
 func (a *Answer) decision(req *sluice.Request) sluice.Outcome {
-	o := sluice.Outcome{Kind: sluice.Allowed, Status: a.Verdict.status(req.Policy), Replayed: a.Replayed}
+	o := sluice.Outcome{Kind: sluice.Allowed, Status: a.Verdict.status(req.Policy), Replayed: a.Replayed, Local: a.Local}
 	if !a.Allowed {
 		o.Kind = sluice.Denied
 	}

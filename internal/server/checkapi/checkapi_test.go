@@ -18,7 +18,7 @@ import (
 // answerOf is the Answer for o, field by field: what AppendAnswer must
 // write.
 func answerOf(o *sluice.Outcome, reason string) Answer {
-	a := Answer{Outcome: o.Kind.String(), Verdict: verdictOf(&o.Status), Reason: reason, Replayed: o.Replayed, LeaseID: o.Lease.ID}
+	a := Answer{Outcome: o.Kind.String(), Verdict: verdictOf(&o.Status), Reason: reason, Replayed: o.Replayed, Local: o.Local, LeaseID: o.Lease.ID}
 	if o.Cause != 0 {
 		a.Cause = o.Cause.String()
 	}
@@ -51,6 +51,7 @@ var outcomes = []struct {
 	{"allowed", sluice.Outcome{Kind: sluice.Allowed, Status: demo}, ""},
 	{"denied", sluice.Outcome{Kind: sluice.Denied, Status: denied}, ""},
 	{"replayed", sluice.Outcome{Kind: sluice.Allowed, Status: demo, Replayed: true}, ""},
+	{"local", sluice.Outcome{Kind: sluice.Allowed, Status: demo, Local: true}, ""},
 	{"lease", sluice.Outcome{Kind: sluice.Allowed, Status: sluice.Status{Policy: "reports", Allowed: true, Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}, Lease: sluice.Lease{ID: "q3Xh0bV8Yx2lC0mQe1o7bA"}}, ""},
 	{"several", sluice.Outcome{Kind: sluice.Denied, Status: denied, Statuses: []sluice.Status{demo, denied}}, ""},
 	{"unavailable", sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.CircuitOpen, Err: sluice.CircuitOpen}, "sluice: circuit open"},

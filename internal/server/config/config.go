@@ -333,6 +333,11 @@ type Match struct {
 type Envoy struct {
 	Listen  string   // host:port
 	Configs []string // glob patterns of files in envoyproxy/ratelimit's format
+	// LocalQuota turns local quota (sluice.Policy.LocalQuota, with its
+	// defaults) on for every rule whose limit can take it (a max_cost of
+	// at least 8: 8 per unit); smaller limits stay decided by the store,
+	// one request at a time.
+	LocalQuota bool
 }
 
 // Errors is every rule a config breaks, in the order of the file. Parse

@@ -534,13 +534,14 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 }
 
 func (d *decoder) envoy(n *yaml.Node) *Envoy {
-	m, ok := d.mapping("envoy", n, "listen", "configs")
+	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota")
 	if !ok {
 		return nil
 	}
 	e := &Envoy{}
 	d.str("envoy.listen", m["listen"], &e.Listen)
 	d.strs("envoy.configs", m["configs"], &e.Configs)
+	d.bool("envoy.local_quota", m["local_quota"], &e.LocalQuota)
 	return e
 }
 

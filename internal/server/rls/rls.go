@@ -460,6 +460,11 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		ids[j] = ds[i].rule.Policy.ID
 	}
 	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost}
+	if len(ids) == 1 {
+		// One policy named as such: the shape a Limiter may answer from
+		// a block of local quota (Policy.LocalQuota).
+		req.Policy, req.Policies = ids[0], nil
+	}
 	switch {
 	case g.peek, g.cost == 0:
 		req.Op, req.Cost = sluice.Peek, 0
@@ -467,6 +472,9 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		req.Op = sluice.Refund
 	}
 	o := g.lim.Check(ctx, req)
+	if req.Policy != "" {
+		o.Statuses = []sluice.Status{o.Status}
+	}
 	switch {
 	case o.Kind == sluice.Allowed || o.Kind == sluice.Denied:
 		for j, i := range g.members {
