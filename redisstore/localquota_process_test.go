@@ -45,9 +45,7 @@ import (
 //	                          refilled them, a unit or two at these
 //	                          numbers, so reached/gcra fails in about half
 //	                          the runs only
-//
-// Any other value mutates nothing (and runs the cases skipped for want
-// of a commit on main).
+
 const (
 	lqChildEnv  = "SLUICE_LQ_CHILD"
 	lqMutateEnv = "SLUICE_LQ_MUTATE"
@@ -477,12 +475,6 @@ func (r lqRun) total() (s lqSummary) {
 	return s
 }
 
-// lqHoldMerged says whether main has the held spends of branch hold
-// (redisstore taking a gcra block's spend over its hold, "redisstore: held
-// spends in the script"). Without them redisstore ignores Hold, and a
-// gcra block may over-admit (see nohold above): reached/gcra is skipped.
-const lqHoldMerged = false
-
 // TestLocalQuotaProcesses: four processes with local quota on one Redis
 // (standalone and the 3-master cluster). With a limit never reached,
 // every decision is allowed and at most one in 50 reaches the store. With
@@ -517,9 +509,6 @@ func testLocalQuotaProcesses(t *testing.T, c redis.UniversalClient, spec string)
 	}
 	for _, p := range reached {
 		t.Run("reached/"+p.Algorithm, func(t *testing.T) {
-			if p.Algorithm == "gcra" && !lqHoldMerged && os.Getenv(lqMutateEnv) == "" {
-				t.Skip(`needs "redisstore: held spends in the script" (branch hold) on main: without it redisstore ignores a block's Hold`)
-			}
 			p.Redis, p.Subject, p.Record = spec, subject(t), true
 			rate := float64(p.Limit) / p.Window.Seconds()
 			p.Lead, p.LeadRate = 700*time.Millisecond, p.LeadRate*rate // lqLeaders of them: see lqReached
