@@ -67,8 +67,8 @@ type lqParams struct {
 	Lead      time.Duration // this long at LeadRate first, ending on a window boundary of the clock
 	Duration  time.Duration // then this long at Rate
 	LeadRate  float64       // requests a second the child offers before the switch (0: none)
-	Gap       time.Duration // and none in the last Gap before it
 	Rate      float64       // and after it
+	Gap       time.Duration // no requests in the last Gap before the switch
 	Unpaced   bool          // no rates: as fast as the callers go
 	Record    bool          // print every admission
 	Mutate    string
@@ -95,7 +95,7 @@ type lqAdmission struct {
 
 // lqSummary is a child's last line.
 type lqSummary struct {
-	Start, End         int64 // Unix µs: the first Check began, the last ended
+	Start, End         int64 // Unix µs: the child began offering, its last Check ended
 	Decisions, Allowed int64
 	Local              int64 // admissions marked Outcome.Local
 	Calls              int64 // Evaluate calls its store was given
