@@ -70,6 +70,7 @@ type lqParams struct {
 	Rate      float64       // and after it
 	Gap       time.Duration // no requests in the last Gap before the switch
 	Unpaced   bool          // no rates: as fast as the callers go
+	Settle    time.Duration // decisions and store calls in the first Settle are not counted (a subject takes blocks after three block times)
 	Record    bool          // print every admission
 	Mutate    string
 }
@@ -184,8 +185,10 @@ func lqChild(spec string, in io.Reader, out io.Writer) error {
 		return fmt.Errorf("the parent said %q: %w", sc.Text(), err)
 	}
 	time.Sleep(time.Until(time.UnixMicro(start)))
+	var settled atomic.Int64 // the store calls made while the subject's rate was learnt
+	time.AfterFunc(p.Settle, func() { settled.Store(store.calls.Load()) })
 	sum, adm := lqOffer(ctx, l, p, time.UnixMicro(switchAt), time.UnixMicro(end))
-	sum.Calls, sum.Stats = store.calls.Load(), l.LocalStats("hot")
+	sum.Calls, sum.Stats = store.calls.Load()-settled.Load(), l.LocalStats("hot")
 	w := bufio.NewWriter(out)
 	enc := json.NewEncoder(w)
 	for _, a := range adm {
@@ -222,7 +225,7 @@ func lqOffer(ctx context.Context, l *sluice.Limiter, p lqParams, switchAt, end t
 	}
 	var (
 		mu  sync.Mutex
-		sum = lqSummary{Start: start.UnixMicro()}
+		sum = lqSummary{Start: start.Add(p.Settle).UnixMicro()} // what is counted starts after Settle
 		adm []lqAdmission
 		wg  sync.WaitGroup
 	)
@@ -249,6 +252,12 @@ func lqOffer(ctx context.Context, l *sluice.Limiter, p lqParams, switchAt, end t
 				}
 				o := l.Check(ctx, sluice.Request{Policy: "hot", Subject: p.Subject})
 				after := time.Now()
+				if before.Sub(start) < p.Settle {
+					if o.Kind != sluice.Allowed {
+						s.FailureCount++ // never reached: every decision is allowed, counted or not
+					}
+					continue
+				}
 				s.Decisions++
 				switch o.Kind {
 				case sluice.Allowed:
@@ -499,7 +508,7 @@ func testLocalQuotaProcesses(t *testing.T, c redis.UniversalClient, spec string)
 	}
 	for _, p := range never {
 		t.Run("never_reached/"+p.Algorithm, func(t *testing.T) {
-			p.Redis, p.Subject, p.Duration, p.Unpaced = spec, subject(t), 2*time.Second, true
+			p.Redis, p.Subject, p.Duration, p.Unpaced, p.Settle = spec, subject(t), 2*time.Second, true, 500*time.Millisecond
 			lqNeverReached(t, c, p)
 		})
 	}
