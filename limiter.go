@@ -104,8 +104,9 @@ const maxEvaluationIDLen = 128
 
 // Options configure a Limiter. The zero value means the defaults.
 // Policies' clocks belong to the Store: Limiter reads the real time only
-// to compare it with a context's deadline, which is real time too, and to
-// time the store for a trace.
+// to compare it with a context's deadline, which is real time too, to
+// time the store for a trace, and (through Clock) to measure how long a
+// block of local quota lives.
 type Options struct {
 	// TracerProvider, when set, records every decision Check asks of the
 	// store through the OpenTelemetry API, under the scope
