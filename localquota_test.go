@@ -405,3 +405,55 @@ func TestLocalQuotaOverride(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckLocal is a hot subject's Check answered from its block:
+// what a decision costs the caller's process with local quota, against
+// BenchmarkCheck's store decision on memstore.
+func BenchmarkCheckLocal(b *testing.B) {
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ms.Close()
+	l, err := sluice.New(ms, []sluice.Policy{{ID: "hot", Algorithm: sluice.GCRA, Limit: 1_000_000_000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, req := context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"}
+	for end := time.Now().Add(400 * time.Millisecond); time.Now().Before(end); { // three block times: blocks from then on
+		l.Check(ctx, req)
+	}
+	before := l.LocalStats("hot").Local
+	b.ReportAllocs()
+	for b.Loop() {
+		if o := l.Check(ctx, req); o.Kind != sluice.Allowed {
+			b.Fatal(o.Err)
+		}
+	}
+	b.ReportMetric(float64(l.LocalStats("hot").Local-before)/float64(b.N), "local/op")
+}
+
+func BenchmarkCheckLocalParallel(b *testing.B) {
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ms.Close()
+	l, err := sluice.New(ms, []sluice.Policy{{ID: "hot", Algorithm: sluice.GCRA, Limit: 1_000_000_000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, req := context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"}
+	for end := time.Now().Add(400 * time.Millisecond); time.Now().Before(end); {
+		l.Check(ctx, req)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if o := l.Check(ctx, req); o.Kind != sluice.Allowed {
+				b.Error(o.Err)
+				return
+			}
+		}
+	})
+}
