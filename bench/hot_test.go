@@ -35,7 +35,7 @@ func TestHot(t *testing.T) {
 		t.Skip("redis-server not on PATH")
 	}
 	var out, errs bytes.Buffer
-	args := []string{"-hot", "allowed,reached", "-procs", "2", "-callers", "2", "-duration", "400ms", "-warmup", "100ms",
+	args := []string{"-hot", "allowed,reached", "-procs", "2", "-callers", "2", "-duration", "400ms", "-warmup", "400ms",
 		"-hot-limit", "40", "-hot-window", "100ms", "-json"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
