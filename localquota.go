@@ -94,6 +94,7 @@ type quotaEntry struct {
 	base    Status         // the store's status when the block was taken
 	baseAt  time.Time      // when it was asked
 	pending chan struct{}  // non-nil while a block is being asked; closed when the answer is in
+	resets  int64          // Resets seen: a block asked before one is not kept
 
 	remaining int64 // what the store last said remains; valid when known
 	known     bool
@@ -139,8 +140,9 @@ func (q *localQuota) entry(sh *localShard, subject string, p *Policy, now time.T
 	return e
 }
 
-// sweep forgets the subjects of sh with no block and nothing asked in the
-// last two periods, and reports whether that made room.
+// sweep forgets the subjects of sh with no block being asked, none in
+// hand, and nothing asked in about the last three periods, and reports
+// whether that made room.
 func (sh *localShard) sweep(now time.Time) bool {
 	if now.Sub(sh.swept) < sweepEvery {
 		return false
@@ -211,15 +213,21 @@ func (e *quotaEntry) size(cost int64) int64 {
 	if !e.known {
 		return 0
 	}
-	k := min(e.past[0], e.past[1], e.past[2], p.LocalQuota.MaxBlock, e.remaining/localShare)
-	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-		drained := ceilDiv(p.LocalQuota.BlockTime.Microseconds()*p.Limit, p.Window.Microseconds())
-		k = min(k, e.remaining-drained)
-	}
+	k := min(e.past[0], e.past[1], e.past[2], p.LocalQuota.MaxBlock, e.remaining/localShare, e.remaining-p.drained())
 	if k < minBlock || k < 2*cost {
 		return 0
 	}
 	return k
+}
+
+// drained returns the units a block's hold takes from a token_bucket or
+// gcra bucket beside the block (what the bucket refills over BlockTime,
+// rounded up); 0 for fixed_window.
+func (p *Policy) drained() int64 {
+	if p.Algorithm != TokenBucket && p.Algorithm != GCRA {
+		return 0
+	}
+	return ceilDiv(p.LocalQuota.BlockTime.Microseconds()*p.Limit, p.Window.Microseconds())
 }
 
 // ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
@@ -243,8 +251,8 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 	q := l.local
 	sh := q.shard(req.Subject)
 	for waited := false; ; waited = true {
-		now := q.clock.Now()
 		sh.mu.Lock()
+		now := q.clock.Now() // under the lock: no unit is taken later than the time its block is judged at
 		e := q.entry(sh, req.Subject, p, now)
 		if e == nil {
 			sh.mu.Unlock()
@@ -274,10 +282,10 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 			l.learn(sh, e, p, &o)
 			return o
 		}
-		ch := make(chan struct{})
-		e.pending = ch
+		e.pending = make(chan struct{})
+		resets := e.resets
 		sh.mu.Unlock()
-		return l.takeBlock(ctx, req, sh, e, p, k, cost)
+		return l.takeBlock(ctx, req, sh, e, p, k, cost, resets)
 	}
 }
 
@@ -305,7 +313,7 @@ func (l *Limiter) plain(ctx context.Context, p *Policy, req *Request, cost int64
 // takeBlock asks the store for a block of k units of p for e, of which
 // req, of cost, takes its own, and answers req: from the block when it is
 // admitted, else by a decision of its own.
-func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e *quotaEntry, p *Policy, k, cost int64) Outcome {
+func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e *quotaEntry, p *Policy, k, cost, resets int64) Outcome {
 	sent := l.local.clock.Now()
 	o := l.decide(ctx, p, req.Subject, Spend, k, p.LocalQuota.BlockTime)
 	sh.mu.Lock()
@@ -323,7 +331,9 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 	}
 	e.stats.blocks.Add(1)
 	e.stats.units.Add(k)
-	if e.policy != p { // the subject's numbers changed meanwhile: the block is of others
+	if e.policy != p || e.resets != resets {
+		// The subject's numbers changed meanwhile (the block is of
+		// others), or it was reset (the block was spent before).
 		sh.mu.Unlock()
 		e.stats.unused.Add(k - cost)
 		return o
@@ -334,7 +344,9 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 	}
 	e.drop() // what is left of the block before, too small for a request
 	e.left, e.until, e.base, e.baseAt = k-cost, sent.Add(life), o.Status, sent
-	e.remaining, e.known = o.Remaining, true
+	// What remains, as size reckons it: a bucket's answer has the hold's
+	// drain taken out already, which size takes out again.
+	e.remaining, e.known = o.Remaining+p.drained(), true
 	o.Remaining += e.left
 	sh.mu.Unlock()
 	return o
@@ -347,6 +359,7 @@ func (q *localQuota) forget(subject string, p *Policy) {
 	if e := sh.m[nearKey{subject, p.ID}]; e != nil {
 		e.drop()
 		e.known = false
+		e.resets++ // a block being asked now was spent before the reset
 	}
 	sh.mu.Unlock()
 }

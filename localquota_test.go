@@ -457,3 +457,84 @@ func BenchmarkCheckLocalParallel(b *testing.B) {
 		}
 	})
 }
+
+// gateStore is a real memstore that holds a block's store call (a held
+// spend) until the test lets it go, once armed.
+type gateStore struct {
+	*memstore.Store
+	mu      sync.Mutex
+	armed   bool
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (s *gateStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	s.mu.Lock()
+	wait := s.armed && ev.Hold > 0
+	if wait {
+		s.armed = false
+	}
+	s.mu.Unlock()
+	if wait {
+		close(s.reached)
+		<-s.release
+	}
+	return s.Store.Evaluate(ctx, ev)
+}
+
+// TestLocalQuotaResetDuringBlock: a Reset while a block is being asked
+// drops that block too: it was spent before the reset, and its units are
+// not admitted against the fresh state.
+func TestLocalQuotaResetDuringBlock(t *testing.T) {
+	clock := sluicetest.NewClock()
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	store := &gateStore{Store: ms, reached: make(chan struct{}), release: make(chan struct{})}
+	p := localCases()[2].policy // fixed_window aligned, 1000 per second
+	l, err := sluice.New(store, []sluice.Policy{p}, sluice.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, req := context.Background(), sluice.Request{Policy: "hot", Subject: "tenant-1"}
+	store.mu.Lock()
+	store.armed = true // the first block asked is held at the gate
+	store.mu.Unlock()
+	done := make(chan sluice.Outcome, 1)
+	go func() {
+		for range 10_000 { // 10 a block time: blocks once four block times went by
+			o := l.Check(ctx, req)
+			select {
+			case <-store.reached: // that Check asked for the block
+				done <- o
+				return
+			default:
+			}
+			clock.Advance(10 * time.Millisecond)
+		}
+		done <- sluice.Outcome{}
+	}()
+	select {
+	case <-store.reached:
+	case o := <-done:
+		t.Fatalf("no block was asked: last outcome %+v", o)
+	case <-time.After(time.Minute):
+		t.Fatal("no block was asked within a minute")
+	}
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Reset, Policy: "hot", Subject: "tenant-1"}); o.Kind != sluice.Allowed {
+		t.Fatalf("Reset = %+v", o)
+	}
+	unused := l.LocalStats("hot").Unused
+	close(store.release)
+	if o := <-done; o.Kind != sluice.Allowed || o.Local {
+		t.Fatalf("the request that asked for the block = %+v, want allowed by the store", o)
+	}
+	if o := l.Check(ctx, req); o.Local {
+		t.Errorf("Check after the reset = %+v: admitted from a block asked before it", o)
+	}
+	if got := l.LocalStats("hot").Unused; got <= unused {
+		t.Errorf("LocalStats.Unused = %d after the block asked before the reset, want more than %d", got, unused)
+	}
+}

@@ -2,9 +2,9 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,28 +137,27 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if base.MaxCost < baseCap {
 		q.MaxCost = base.MaxCost
 	}
-	if q.LocalQuota.Enabled {
-		q.LocalQuota = LocalQuota{Enabled: true} // the defaults of the subject's own numbers
-	}
+	local := q.LocalQuota.Enabled
+	q.LocalQuota = LocalQuota{}
 	q = q.WithDefaults()
 	if c := q.params().Capacity(algorithm.Kind(q.Algorithm)); q.MaxCost > c {
 		q.MaxCost = c
-		if q.LocalQuota.Enabled {
-			q.LocalQuota.MaxBlock = max(c/10, minBlock)
-		}
 	}
-	err := q.Validate()
-	if pe, ok := err.(*PolicyError); ok && strings.HasPrefix(pe.Field, "local_quota") {
-		// Numbers too small for blocks: the store decides this subject,
-		// one request at a time.
-		q.LocalQuota = LocalQuota{}
-		err = q.Validate()
-	}
-	if err != nil {
+	if err := q.Validate(); err != nil {
 		return nil, err
+	}
+	if local { // local quota's defaults for the subject's own numbers, unless they are too small for blocks
+		lq := q
+		lq.LocalQuota = LocalQuota{Enabled: true}
+		if lq = lq.WithDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
+			q = lq
+		}
 	}
 	return &q, nil
 }
+
+// errTooSmall marks numbers too small for local quota's blocks.
+var errTooSmall = errors.New("too small for blocks")
 
 // buildOverrides returns a snapshot of l's local overrides under the
 // stored ones (a stored override of the same policy and subject wins).

@@ -163,9 +163,8 @@ type LocalQuota struct {
 	// (for token_bucket and gcra, also at most the time to refill an
 	// eighth of Burst: what a block's hold drains of the bucket).
 	BlockTime time.Duration
-	// MaxBlock is the most units one block holds: 4 to half of what the
-	// algorithm admits at once (Limit, or Burst for token_bucket and
-	// gcra). Default: a tenth of that, at least 4.
+	// MaxBlock is the most units one block holds: 4 to half of MaxCost.
+	// Default: a tenth of MaxCost, at least 4.
 	MaxBlock int64
 }
 
@@ -210,7 +209,7 @@ func (p Policy) WithDefaults() Policy {
 			if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
 				q.BlockTime = min(q.BlockTime, p.refill(p.Burst/8))
 			}
-			q.BlockTime = q.BlockTime.Truncate(time.Microsecond)
+			q.BlockTime = max(q.BlockTime.Truncate(time.Microsecond), time.Millisecond) // Validate says when even that is too long
 		}
 		if q.MaxBlock == 0 {
 			q.MaxBlock = max(p.MaxCost/10, minBlock)
@@ -320,6 +319,9 @@ func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) er
 	longest, rule := min(time.Second, p.Window/2), "must be between 1ms and 1s, at most half the window"
 	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
 		longest, rule = min(longest, p.refill(p.Burst/2)), rule+" and the time to refill half the burst"
+	}
+	if longest < time.Millisecond {
+		return bad("local_quota", "true", fmt.Sprintf("needs blocks of at least 1ms, and this policy allows them at most %v (half the window, or for token_bucket and gcra the time to refill half the burst)", longest))
 	}
 	if q.BlockTime < time.Millisecond || q.BlockTime > longest || q.BlockTime%time.Microsecond != 0 {
 		return bad("local_quota.block_time", q.BlockTime.String(), fmt.Sprintf("%s (%v), a whole number of microseconds", rule, longest))

@@ -64,6 +64,12 @@ func TestPolicyValidate(t *testing.T) {
 			p.Algorithm, p.Limit, p.LocalQuota.Enabled = sluice.SlidingWindow, 1000, true
 		}, "local_quota", "does not apply to sliding_window"},
 		{"local quota on sliding_log", func(p *sluice.Policy) { p.Algorithm, p.Limit, p.LocalQuota.Enabled = sluice.SlidingLog, 1000, true }, "local_quota", "does not apply to sliding_log"},
+		{"local quota on a 5ms window", func(p *sluice.Policy) {
+			p.Limit, p.Window, p.LocalQuota.Enabled = 100, 5*time.Millisecond, true
+		}, "", ""},
+		{"local quota on a 1ms window", func(p *sluice.Policy) {
+			p.Limit, p.Window, p.LocalQuota.Enabled = 100, time.Millisecond, true
+		}, "local_quota", "needs blocks of at least 1ms"},
 		{"local quota numbers while off", func(p *sluice.Policy) { p.Limit, p.LocalQuota.MaxBlock = 1000, 10 }, "local_quota.enabled", "must be true"},
 		{"local quota block longer than half the window", func(p *sluice.Policy) {
 			p.Limit, p.LocalQuota = 1000, sluice.LocalQuota{Enabled: true, BlockTime: 600 * time.Millisecond}

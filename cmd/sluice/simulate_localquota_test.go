@@ -251,7 +251,7 @@ func TestSimulateLocalQuotaCLI(t *testing.T) {
 		{[]string{"--instances", "3"}, "--instances applies only to --local-quota"},
 		{[]string{"--local-quota", "--instances", "0"}, "--instances 0: must be between 1 and 64"},
 		{[]string{"--local-quota", "--limit", "100"}, "--limit 100: must be at least 400 with --local-quota"},
-		{[]string{"--local-quota", "--window", "1ms"}, `--local-quota: policy "fixed_window": local_quota.block_time = 100µs: must be between 1ms and 1s`},
+		{[]string{"--local-quota", "--window", "1ms"}, `--local-quota: policy "fixed_window": local_quota = true: needs blocks of at least 1ms, and this policy allows them at most 500µs`},
 	} {
 		stdout, code, stderr := sim(t, c.args...)
 		if code != 2 || !strings.Contains(stderr, "sluice: simulate: "+c.want) {

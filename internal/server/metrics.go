@@ -220,7 +220,7 @@ func newLocalCollector() *localCollector {
 		{"decisions", "Requests admitted from a block of local quota (local_quota: true) without a store call, per policy."},
 		{"blocks", "Blocks of local quota taken, one store call each, per policy."},
 		{"units", "Units the blocks of local quota took from the store, per policy."},
-		{"unused_units", "Units of blocks of local quota whose time ran out before they were admitted: spent in the store, admitted to nobody, per policy."},
+		{"unused_units", "Units of blocks of local quota whose time ran out before they were admitted: spent in the store, admitted to nobody, per policy (counted when the subject is next seen or forgotten)."},
 	} {
 		c.descs[i] = prometheus.NewDesc("sluice_local_quota_"+what[0]+"_total", what[1], []string{"policy"}, nil)
 	}

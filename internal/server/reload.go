@@ -194,7 +194,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 			if cfg.Envoy.LocalQuota {
 				withLocalQuota(ps)
 			}
-			if elim, err = sluice.New(r.store, ps, sluice.Options{TracerProvider: r.tracing.provider()}); err != nil {
+			if elim, err = sluice.New(r.store, ps, sluice.Options{TracerProvider: r.tracing.provider(), Clock: r.clock}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
 		}
@@ -205,7 +205,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	lim := elim
 	cfgOverrides := cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
 	if len(cfg.Policies) > 0 {
-		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider(), Overrides: cfgOverrides}); err != nil {
+		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider(), Overrides: cfgOverrides, Clock: r.clock}); err != nil {
 			return nil, err
 		}
 	}
