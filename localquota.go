@@ -133,12 +133,18 @@ func (q *localQuota) entry(sh *localShard, subject string, p *Policy, now time.T
 		e = &quotaEntry{stats: q.stats[p.ID], period: now}
 		sh.m[k] = e
 	}
-	if e.policy != p { // new, or the subject's numbers changed: what was kept is of others
+	if !samePolicy(e.policy, p) { // new, or the subject's numbers changed: what was kept is of others
 		e.drop()
-		e.policy, e.known, e.cur, e.past, e.period = p, false, 0, [3]int64{}, now
+		e.known, e.cur, e.past, e.period = false, 0, [3]int64{}, now
 	}
+	e.policy = p
 	return e
 }
+
+// samePolicy reports whether a and b hold the same numbers: an override
+// snapshot read again gives a subject a new *Policy with the numbers it
+// had, which must not cost it its block and what it asked lately.
+func samePolicy(a, b *Policy) bool { return a == b || a != nil && *a == *b }
 
 // sweep forgets the subjects of sh with no block being asked, none in
 // hand, and nothing asked in about the last three periods, and reports
@@ -295,7 +301,7 @@ func (l *Limiter) learn(sh *localShard, e *quotaEntry, p *Policy, o *Outcome) {
 		return
 	}
 	sh.mu.Lock()
-	if e.policy == p {
+	if samePolicy(e.policy, p) {
 		e.remaining, e.known = o.Remaining, true
 	}
 	sh.mu.Unlock()
@@ -331,7 +337,7 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 	}
 	e.stats.blocks.Add(1)
 	e.stats.units.Add(k)
-	if e.policy != p || e.resets != resets {
+	if !samePolicy(e.policy, p) || e.resets != resets {
 		// The subject's numbers changed meanwhile (the block is of
 		// others), or it was reset (the block was spent before).
 		sh.mu.Unlock()

@@ -32,18 +32,20 @@ func newOverrideLimiter(t *testing.T, store sluice.Store, opts sluice.Options) *
 	return l
 }
 
-func newMemstore(t *testing.T) *memstore.Store {
-	t.Helper()
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+// newMemstore returns a memstore on clock (nil: the real one), closed
+// when tb ends.
+func newMemstore(tb testing.TB, clock sluice.Clock) *memstore.Store {
+	tb.Helper()
+	ms, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { ms.Close() })
+	tb.Cleanup(func() { ms.Close() })
 	return ms
 }
 
 func TestSetOverrideRejects(t *testing.T) {
-	l := newOverrideLimiter(t, newMemstore(t), sluice.Options{})
+	l := newOverrideLimiter(t, newMemstore(t, sluicetest.NewClock()), sluice.Options{})
 	for _, c := range []struct {
 		name string
 		o    sluice.Override
@@ -73,7 +75,7 @@ func TestSetOverrideRejects(t *testing.T) {
 // a SetOverride of the same policy and subject wins over them, on both
 // Check paths.
 func TestOverrideWithoutOverrideStore(t *testing.T) {
-	store := evaluateOnly{newMemstore(t)}
+	store := evaluateOnly{newMemstore(t, sluicetest.NewClock())}
 	opts := sluice.Options{Overrides: []sluice.Override{{Policy: "gcra", Subject: "tenant", Limit: 100, Burst: 50, Note: "config"}}}
 	l := newOverrideLimiter(t, store, opts)
 	ctx := context.Background()
@@ -114,7 +116,7 @@ func TestOverrideWithoutOverrideStore(t *testing.T) {
 }
 
 func TestNewRejectsABadOverride(t *testing.T) {
-	_, err := sluice.New(newMemstore(t), []sluice.Policy{{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute}},
+	_, err := sluice.New(newMemstore(t, sluicetest.NewClock()), []sluice.Policy{{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute}},
 		sluice.Options{Overrides: []sluice.Override{{Policy: "fw", Subject: "s", Limit: 5, Burst: 9}}})
 	if err == nil || !strings.Contains(err.Error(), "sluice: New: overrides[0]: policy \"fw\": burst = 9") {
 		t.Fatalf("New with a bad override = %v, want the overrides[0] error", err)
@@ -122,7 +124,7 @@ func TestNewRejectsABadOverride(t *testing.T) {
 }
 
 func TestOverrideConcurrencyLimit(t *testing.T) {
-	l := newOverrideLimiter(t, newMemstore(t), sluice.Options{})
+	l := newOverrideLimiter(t, newMemstore(t, sluicetest.NewClock()), sluice.Options{})
 	ctx := context.Background()
 	if err := l.SetOverride(ctx, sluice.Override{Policy: "conc", Subject: "tenant", Limit: 1}); err != nil {
 		t.Fatal(err)
@@ -161,7 +163,7 @@ func BenchmarkCheckOverridden(b *testing.B) {
 // one of its own, as the subject's state carries over.
 func TestOverrideUnderAnOlderPseudonym(t *testing.T) {
 	ctx := context.Background()
-	l := newOverrideLimiter(t, newMemstore(t), sluice.Options{})
+	l := newOverrideLimiter(t, newMemstore(t, sluicetest.NewClock()), sluice.Options{})
 	if err := l.SetOverride(ctx, sluice.Override{Policy: "fw", Subject: "k1:acme", Limit: 100}); err != nil {
 		t.Fatal(err)
 	}
