@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/simulate"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -60,10 +62,9 @@ type phase struct {
 	span time.Duration
 }
 
-// admission is one admitted request, at the fake clock's time.
+// admission is one admitted request (of cost 1), at the fake clock's time.
 type admission struct {
-	at   time.Time
-	cost int64
+	at time.Time
 }
 
 // run offers the phases' traffic to f's Limiters in turn at random (one
@@ -83,7 +84,7 @@ func (f *fleet) run(t *testing.T, p sluice.Policy, seed uint64, phases []phase) 
 			o := l.Check(ctx, sluice.Request{Policy: p.ID, Subject: "tenant-1"})
 			switch o.Kind {
 			case sluice.Allowed:
-				admitted = append(admitted, admission{f.clock.Now(), 1})
+				admitted = append(admitted, admission{f.clock.Now()})
 			case sluice.Denied:
 			default:
 				t.Fatalf("Check = %+v, want a decision", o)
@@ -100,59 +101,17 @@ func (f *fleet) run(t *testing.T, p sluice.Policy, seed uint64, phases []phase) 
 	return admitted, decisions, calls
 }
 
-// overBound returns a description of the first interval in which the
-// admissions exceed what p's algorithm can ever admit, or "". It trusts
-// nothing but the admission times: for token_bucket and gcra, any span
-// [a, b] holds at most Burst + (b − a)·Limit/Window units; for an aligned
-// fixed window, every window of the clock at most Limit; for a
-// first-request fixed window, any half-open interval one window long at
-// most 2·Limit − 1.
+// overBound reports, from the admission times alone, the interval in
+// which adm holds most over what p's algorithm can ever admit, or "" (see
+// simulate.OverBound, whose cases TestSimulateOverBound holds to it).
 func overBound(p sluice.Policy, adm []admission) string {
-	w, us := p.Window.Microseconds(), func(t time.Time) int64 { return t.UnixMicro() }
-	switch {
-	case p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket:
-		burst := p.Burst
-		if burst == 0 {
-			burst = p.Limit
-		}
-		for i := range adm {
-			var n int64
-			for j := i; j < len(adm); j++ {
-				n += adm[j].cost
-				span := us(adm[j].at) - us(adm[i].at)
-				if bound := burst + span*p.Limit/w; n > bound {
-					return spanError(adm[i].at, adm[j].at, n, bound)
-				}
-			}
-		}
-	case p.ClockAligned:
-		var n int64
-		for i := range adm {
-			if i > 0 && us(adm[i].at)/w != us(adm[i-1].at)/w {
-				n = 0
-			}
-			if n += adm[i].cost; n > p.Limit {
-				return spanError(time.UnixMicro(us(adm[i].at)/w*w), adm[i].at, n, p.Limit)
-			}
-		}
-	default:
-		var n int64
-		for i, j := 0, 0; j < len(adm); j++ {
-			n += adm[j].cost
-			for us(adm[j].at)-us(adm[i].at) >= w {
-				n -= adm[i].cost
-				i++
-			}
-			if n > 2*p.Limit-1 {
-				return spanError(adm[i].at, adm[j].at, n, 2*p.Limit-1)
-			}
-		}
+	p = p.WithDefaults()
+	times := make([]int64, len(adm))
+	for i, a := range adm {
+		times[i] = a.at.UnixMicro()
 	}
-	return ""
-}
-
-func spanError(a, b time.Time, n, bound int64) string {
-	return fmt.Sprintf("%s to %s: %d admitted, bound %d", a.Format("15:04:05.000000"), b.Format("15:04:05.000000"), n, bound)
+	origin := sluicetest.NewClock().Now().UnixMicro() // the fake clock's start: times read from it
+	return simulate.OverBound(algorithm.Kind(p.Algorithm), algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}, times, origin)
 }
 
 // traffic is what the exactness test offers: below the limit (blocks are
