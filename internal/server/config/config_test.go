@@ -67,6 +67,7 @@ var invalid = []struct {
 	{"local_quota_sliding_log.yaml", "policies[0].local_quota: true: does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject (line 6)"},
 	{"local_quota_bad_numbers.yaml", "policies[0].local_quota.block_time: \"2s\": must be between 1ms and 1s, at most half the window and the time to refill half the burst (500ms), a whole number of microseconds (line 7)\npolicies[0].local_quota.max_block: 900: must be between 4 and 500, half of max_cost (line 8)"},
 	{"local_quota_small_limit.yaml", "policies[0].local_quota: true: needs a max_cost of at least 8, not 3: a limit this small is best decided by the store, one request at a time (line 6)"},
+	{"local_quota_zeros.yaml", "policies[0].local_quota.block_time: \"0s\": must not be zero; leave it out for the default (line 7)\npolicies[0].local_quota.max_block: 0: must not be zero; leave it out for the default (line 8)"},
 	{"local_quota_unknown_key.yaml", "policies[0].local_quota.block: unknown key: must be one of block_time, max_block (line 7)"},
 	{"near_cache_not_bool.yaml", "policies[0].near_cache: \"yes\": must be true or false, not a string (line 6)"},
 	{"no_policies.yaml", "the config needs at least one thing to serve: policies, a proxy: section or an envoy: section (line 1)"},

@@ -455,8 +455,11 @@ func (d *decoder) localQuota(path string, n *yaml.Node, q *sluice.LocalQuota) {
 	q.Enabled = true
 	d.duration(path+".block_time", m["block_time"], &q.BlockTime)
 	d.int(path+".max_block", m["max_block"], &q.MaxBlock)
-	for key, zero := range map[string]bool{"block_time": q.BlockTime == 0, "max_block": q.MaxBlock == 0} {
-		if m[key] != nil && zero && !d.bad[path+"."+key] {
+	for _, f := range [...]struct {
+		key  string
+		zero bool
+	}{{"block_time", q.BlockTime == 0}, {"max_block", q.MaxBlock == 0}} {
+		if key := f.key; m[key] != nil && f.zero && !d.bad[path+"."+key] {
 			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
 	}
