@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
 // checkFlags are the flags of sluice check. Its body is the check API's

@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
 const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT --limit N [--burst N] [--window D] [--note TEXT]]"

@@ -34,7 +34,7 @@ var layers = []struct {
 	{"envoy rate-limit service", []string{"internal/server/rls"}},
 	{"envoy rules files", []string{"internal/server/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
-	{"check API wire", []string{"internal/server/checkapi"}},
+	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/server/config"}},
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
