@@ -31,6 +31,7 @@ var layers = []struct {
 }{
 	{"commands", []string{"cmd/sluice", "deploy", "examples/demo"}},
 	{"server", []string{"internal/server"}},
+	{"wiring", []string{"internal/wiring"}},
 	{"envoy rate-limit service", []string{"internal/server/rls"}},
 	{"envoy rules files", []string{"internal/server/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},

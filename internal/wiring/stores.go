@@ -1,4 +1,11 @@
-package server
+// Package wiring turns a configuration (internal/server/config) into
+// running parts, in one place for every command: the store the config
+// names (memstore, or redisstore over one Redis, a Cluster or Sentinel,
+// dialled as sluice serve dials them), the store of the proxy's local
+// fallbacks, the Limiters and stores sluice bench drives, and the fleet
+// of Limiters sluice simulate --local-quota runs on a virtual clock.
+// cmd/sluice and internal/server call it; neither builds a store itself.
+package wiring
 
 import (
 	"context"
@@ -11,37 +18,70 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
-// storeHandle is a store built from the config with what Run needs
-// around it.
-type storeHandle struct {
-	store     sluice.Store
-	ready     []Check // readiness checks for GET /readyz
-	close     func() error
-	evictions func() int64 // nil: the store evicts nothing
-	lostIDs   func() int64 // remembered ids evicted alive; nil: none
-	info      StoreInfo    // for the dashboard
+// Store is a store built from a config, with what runs around it. Close
+// it when done.
+type Store struct {
+	sluice.Store
+	// Type is config.StoreMemory or config.StoreRedis.
+	Type string
+	// Ready answers whether the store can decide now, for GET /readyz;
+	// nil: always.
+	Ready func(ctx context.Context) error
+	// Evictions counts the subjects' states evicted for room, LostIDs the
+	// remembered evaluation ids evicted alive; nil: the store evicts
+	// nothing.
+	Evictions, LostIDs func() int64
+	// Breaker returns the state of the store's circuit breaker: "closed",
+	// "open" or "half_open"; nil: no breaker.
+	Breaker func() string
+	// Client is the Redis client of a redis store, nil otherwise.
+	Client redis.UniversalClient
+	close  func() error
 }
 
-// newStore builds the store the config names. It is the one place where
-// store types are wired into the server.
-func newStore(cfg *config.Config, clock sluice.Clock, getenv func(string) string, log *slog.Logger) (*storeHandle, error) {
-	switch cfg.Store.Type {
-	case config.StoreMemory:
-		ms, err := memstore.New(memstore.Options{Clock: clock})
+// Close releases the store and its connections.
+func (s *Store) Close() error { return s.close() }
+
+// StoreOptions are what a store is built with besides its config.
+type StoreOptions struct {
+	// Clock is the memory store's clock, and the one the breaker's log is
+	// throttled on. Default: the real clock.
+	Clock sluice.Clock
+	// Getenv reads the Redis password's variable. Default: none is set.
+	Getenv func(string) string
+	// Log, when set, receives go-redis's own log lines, the circuit
+	// breaker's changes and the fallback to scripts. Default: none.
+	Log *slog.Logger
+	// Prefix is put before every Redis key (sluice bench's run keeps its
+	// keys apart with one). Default: redisstore's.
+	Prefix string
+}
+
+// NewStore builds the store sc names. It is the one place where store
+// types are wired. It does not contact Redis: sluice serve starts while
+// Redis is down or hung, and answers per failure mode until it is back.
+func NewStore(sc config.Store, o StoreOptions) (*Store, error) {
+	if o.Getenv == nil {
+		o.Getenv = func(string) string { return "" }
+	}
+	switch sc.Type {
+	case config.StoreMemory, "":
+		ms, err := memstore.New(memstore.Options{Clock: o.Clock})
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &storeHandle{store: ms, close: ms.Close, evictions: func() int64 { n, _ := ms.Evictions(); return n }, lostIDs: func() int64 { _, n := ms.Evictions(); return n }, info: StoreInfo{Type: config.StoreMemory}}, nil
+		return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close, Evictions: func() int64 { n, _ := ms.Evictions(); return n }, LostIDs: func() int64 { _, n := ms.Evictions(); return n }}, nil
 	case config.StoreRedis:
-		return newRedisStore(cfg.Store.Redis, clock, getenv, log)
+		return newRedisStore(sc.Redis, o)
 	}
-	return nil, fmt.Errorf("store type %q: unknown", cfg.Store.Type)
+	return nil, fmt.Errorf("store type %q: unknown", sc.Type)
 }
 
 // breakerLogEvery is the least time between two log lines of the Redis
@@ -50,20 +90,29 @@ func newStore(cfg *config.Config, clock sluice.Clock, getenv func(string) string
 // the count of changes held back, and the last one names its state.
 const breakerLogEvery = 10 * time.Second
 
-func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) string, log *slog.Logger) (*storeHandle, error) {
-	redis.SetLogger(redisLogger{log}) // go-redis logs through a global; the server owns it
-	client, err := NewRedisClient(rc, getenv)
+func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
+	log := o.Log
+	if log != nil {
+		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; the server owns it
+	} else {
+		log = slog.New(slog.DiscardHandler)
+	}
+	client, err := NewRedisClient(rc, o.Getenv)
 	if err != nil {
 		return nil, fmt.Errorf("store type redis: %w", err)
 	}
 	var breaker atomic.Pointer[string] // the state the dashboard shows
 	closed := "closed"
 	breaker.Store(&closed)
-	breakerLog := newBreakerLog(log, clock, breakerLogEvery)
+	var clk sluice.Clock = clock.System{}
+	if o.Clock != nil {
+		clk = o.Clock
+	}
+	breakerLog := NewBreakerLog(log, clk, breakerLogEvery)
 	// New does not contact Redis: serve starts while Redis is down or
 	// hung, answers per failure mode until it is back, and /readyz tells
 	// which.
-	rs, err := redisstore.New(client, redisstore.Options{Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
+	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
 		OnChange: func(state string) {
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request
@@ -75,17 +124,18 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 		client.Close()
 		return nil, fmt.Errorf("store type redis: %w", err)
 	}
-	return &storeHandle{store: rs, ready: []Check{rs.Ready}, close: func() error {
+	return &Store{Store: rs, Type: config.StoreRedis, Ready: rs.Ready, Client: client, close: func() error {
 		err := errors.Join(rs.Close(), client.Close())
 		breakerLog.Stop()
 		return err
-	}, info: StoreInfo{Type: config.StoreRedis, Breaker: func() string { return *breaker.Load() }}}, nil
+	}, Breaker: func() string { return *breaker.Load() }}, nil
 }
 
-// newBreakerLog logs the circuit breaker's changes of state, at most one
+// NewBreakerLog logs the circuit breaker's changes of state, at most one
 // line per every (on clock), the last change held back once the interval
-// is over, with the count of those that were not logged.
-func newBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *logthrottle.Latest {
+// is over, with the count of those that were not logged. Stop it when
+// done.
+func NewBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *logthrottle.Latest {
 	return &logthrottle.Latest{Every: every, Now: clock.Now, Write: func(state string, held int64) {
 		attrs := []any{"state", state}
 		if held > 0 {
@@ -146,12 +196,12 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
 
-// newFallbackStore is the store of the proxy's local fallback limiters
+// NewFallbackStore is the store of the proxy's local fallback limiters
 // (policies with failure_mode: local), nil without a proxy section. It
 // is built once, with the proxy section whose presence only a restart
 // changes, so that what a fallback counted survives a reload; a reload
 // that adds a local policy finds it ready.
-func newFallbackStore(cfg *config.Config, clock sluice.Clock) (*memstore.Store, error) {
+func NewFallbackStore(cfg *config.Config, clock sluice.Clock) (*Store, error) {
 	if cfg.Proxy == nil {
 		return nil, nil
 	}
@@ -159,5 +209,5 @@ func newFallbackStore(cfg *config.Config, clock sluice.Clock) (*memstore.Store, 
 	if err != nil {
 		return nil, fmt.Errorf("local fallback store: %w", err)
 	}
-	return ms, nil
+	return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close}, nil
 }

@@ -1,12 +1,14 @@
-package server_test
+package wiring_test
 
 import (
+	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/internal/wiring"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -17,7 +19,7 @@ func TestBreakerLogIsThrottled(t *testing.T) {
 	var out syncBuffer
 	lines := func() []string { return strings.Split(strings.TrimSpace(out.String()), "\n") }
 	clock := sluicetest.NewClock()
-	bl := server.NewBreakerLog(slog.New(slog.NewTextHandler(&out, nil)), clock, time.Millisecond)
+	bl := wiring.NewBreakerLog(slog.New(slog.NewTextHandler(&out, nil)), clock, time.Millisecond)
 	defer bl.Stop()
 	states := []string{"open", "half_open"}
 	for i := range 63 {
@@ -37,4 +39,22 @@ func TestBreakerLogIsThrottled(t *testing.T) {
 	if l := lines(); len(l) != 2 || !strings.HasSuffix(l[1], `msg="redis circuit breaker" state=closed changes_not_logged=62`) {
 		t.Fatalf("after the interval the log is %q, want a second line: closed, 62 changes not logged", l)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the log's goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
