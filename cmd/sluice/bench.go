@@ -15,14 +15,6 @@ import (
 
 const benchSynopsis = "sluice bench [--store memory|redis --redis-url URL | --url URL --policy ID] [--mode allowed|denied|mixed | --policy-algorithm ALG --limit N --window D --burst N] [--subjects N] [--callers N] [--duration D] [--max-errors SHARE] [--json]"
 
-// The modes of sluice bench: what share of its decisions its policy
-// allows. Explicit --limit, --window or --burst make the mode "custom".
-const (
-	benchAllowed = "allowed" // limit 1e9 per second: nearly every decision allowed
-	benchDenied  = "denied"  // limit 1 per hour: every decision after a subject's first denied
-	benchMixed   = "mixed"   // half the subjects on each of the two: about half allowed
-)
-
 // benchFlags are the parsed flags of sluice bench.
 type benchFlags struct {
 	store, redisURL, redisAddrs, redisMode, redisPasswordEnv string
@@ -41,23 +33,19 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	var f benchFlags
 	f.define(fs)
 	if err := a.parseFlags(fs, benchSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return err // errHelp after -h: run answers nil
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := flagsSet(fs)
 	if err := f.check(set); err != nil {
 		return &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n\nRun \"sluice bench --help\" for the flags.\n"}
 	}
 	f.applyMode(set)
 
 	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
-	b := wiring.Bench{URL: f.url, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr, Header: f.header(),
+	b := wiring.Bench{URL: f.url, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
 		Policy: sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}}
 	if f.store == config.StoreRedis {
-		b.Store.Redis = &config.Redis{URL: f.redisURL, Addrs: splitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}
+		b.Store.Redis = &config.Redis{URL: f.redisURL, Addrs: wiring.SplitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}
 	}
 	if err := b.Policy.Validate(); err != nil && f.url == "" {
 		return &usageError{msg: "bench: " + err.Error(), usage: "Usage: " + benchSynopsis + "\n"}
@@ -86,35 +74,12 @@ func (f *benchFlags) applyMode(set map[string]bool) {
 	}
 	switch {
 	case f.url != "":
-		f.mode = "server"
+		f.mode = wiring.BenchServer
 	case set["limit"] || set["window"] || set["burst"]:
-		f.mode = "custom"
-	case f.mode == benchDenied:
-		f.limit, f.window = 1, time.Hour
-	default: // allowed, and mixed's allowing half
-		f.limit, f.window = benchAllowedLimit(f.algorithm), time.Second
+		f.mode = wiring.BenchCustom
+	default:
+		f.limit, f.window = wiring.BenchNumbers(f.mode, f.algorithm)
 	}
-}
-
-// benchAllowedLimit is the limit per second of the allowing policy: the
-// most the algorithm takes (sliding_log keeps an entry per unit).
-func benchAllowedLimit(algorithm string) int64 {
-	if algorithm == sluice.SlidingLog.String() {
-		return 100_000
-	}
-	return 1_000_000_000
-}
-
-// header is the line bench starts with: what it measures.
-func (f *benchFlags) header() string {
-	what := map[string]string{
-		benchAllowed: fmt.Sprintf("nearly every decision is allowed (%s, limit %d per 1s); --mode denied or mixed measures denials", f.algorithm, f.limit),
-		benchDenied:  fmt.Sprintf("every decision after a subject's first is denied (%s, limit 1 per 1h); --mode allowed or mixed for admissions", f.algorithm),
-		benchMixed:   fmt.Sprintf("about half the decisions are allowed: half the subjects on %s limit %d per 1s, half on limit 1 per 1h (policy %s-denied)", f.algorithm, f.limit, f.policy),
-		"custom":     fmt.Sprintf("the policy given: %s, limit %d per %s", f.algorithm, f.limit, f.window),
-		"server":     fmt.Sprintf("policy %q as the server at %s configures it", f.policy, f.url),
-	}[f.mode]
-	return fmt.Sprintf("sluice bench: mode %s: %s; %d callers, %d subjects, %s", f.mode, what, f.callers, f.subjects, f.duration)
 }
 
 // define defines f's flags in fs.
@@ -126,7 +91,7 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.redisPasswordEnv, "redis-password-env", "", "the environment variable `NAME` that holds the Redis password")
 	fs.StringVar(&f.url, "url", "", "drive POST /v1/check of a running sluice serve at this base `URL` instead of a store")
 	fs.StringVar(&f.policy, "policy", "", "the policy `ID`: with --url, required, a policy of the server's config (the built-in example has demo, login, api); else its name (default bench)")
-	fs.StringVar(&f.mode, "mode", benchAllowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
+	fs.StringVar(&f.mode, "mode", wiring.BenchAllowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
 	fs.Float64Var(&f.maxErrors, "max-errors", 0.01, "exit 1 when more than this `SHARE` (0 to 1) of the answers are errors rather than decisions, naming the first")
 	fs.StringVar(&f.algorithm, "policy-algorithm", "gcra", "the policy's algorithm: fixed_window, sliding_log, sliding_window, token_bucket or gcra")
 	fs.Int64Var(&f.limit, "limit", 100, "the policy's limit per --window")
@@ -146,7 +111,7 @@ func (f *benchFlags) check(set map[string]bool) error {
 		return errors.New("--url uses the server's policy as configured: name it with --policy and leave out --mode, --policy-algorithm, --limit, --window and --burst")
 	case f.url != "" && f.policy == "":
 		return errors.New("--url needs --policy ID, a policy of the server's config (the built-in example has demo, login and api)")
-	case f.mode != benchAllowed && f.mode != benchDenied && f.mode != benchMixed:
+	case f.mode != wiring.BenchAllowed && f.mode != wiring.BenchDenied && f.mode != wiring.BenchMixed:
 		return fmt.Errorf("--mode %q: want allowed, denied or mixed", f.mode)
 	case set["mode"] && (set["limit"] || set["window"] || set["burst"]):
 		return errors.New("--mode picks the policy's numbers: leave out --limit, --window and --burst, or --mode")
@@ -175,17 +140,4 @@ func (f *benchFlags) check(set map[string]bool) error {
 		}
 	}
 	return nil
-}
-
-func splitList(s string) []string {
-	if s == "" {
-		return nil
-	}
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }

@@ -36,13 +36,9 @@ func (a *app) simulate(args []string) error {
 	var f simulateFlags
 	f.define(fs)
 	if err := a.parseFlags(fs, simulateSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return err // errHelp after -h: run answers nil
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := flagsSet(fs)
 	bad := func(err error) error {
 		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n\nRun \"sluice simulate --help\" for the flags.\n"}
 	}
@@ -56,7 +52,7 @@ func (a *app) simulate(args []string) error {
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
-	policies, err := f.parsePolicies(window)
+	policies, err := simulate.ParsePolicies(f.policies, f.limit, window, f.burst)
 	if err != nil {
 		return bad(err)
 	}
@@ -170,29 +166,6 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		}
 	}
 	return nil
-}
-
-// parsePolicies returns the policies of --policy, or all five algorithms
-// at --limit per --window.
-func (f *simulateFlags) parsePolicies(window int64) ([]simulate.Policy, error) {
-	if len(f.policies) == 0 {
-		ps := simulate.Compare(f.limit, window, f.burst)
-		for _, p := range ps {
-			if err := p.Params.Check(p.Kind); err != nil {
-				return nil, simulate.FlagError(err)
-			}
-		}
-		return ps, nil
-	}
-	var out []simulate.Policy
-	for _, spec := range f.policies {
-		p, err := simulate.ParsePolicy(spec, f.limit, window, f.burst)
-		if err != nil {
-			return nil, fmt.Errorf("--policy %q: %w", spec, err)
-		}
-		out = append(out, p)
-	}
-	return out, nil
 }
 
 func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {

@@ -18,10 +18,33 @@ import (
 // spelling, its errors in the flags' names, its charts on disk and
 // ACCURACY.md's run, so that cmd/sluice keeps only flags and output.
 
-// ParsePolicy reads ALG[:LIMIT/WINDOW[:BURST]], sluice simulate's
-// --policy, the numbers it leaves out taken from limit, window (µs) and
-// burst.
-func ParsePolicy(spec string, limit, window, burst int64) (Policy, error) {
+// ParsePolicies returns the policies of sluice simulate's --policy
+// specs, or with none all five algorithms at limit per window (µs), with
+// a bucket of burst (the limit when 0). An error names the flag.
+func ParsePolicies(specs []string, limit, window, burst int64) ([]Policy, error) {
+	if len(specs) == 0 {
+		ps := Compare(limit, window, burst)
+		for _, p := range ps {
+			if err := p.Params.Check(p.Kind); err != nil {
+				return nil, FlagError(err)
+			}
+		}
+		return ps, nil
+	}
+	var out []Policy
+	for _, spec := range specs {
+		p, err := parsePolicy(spec, limit, window, burst)
+		if err != nil {
+			return nil, fmt.Errorf("--policy %q: %w", spec, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// parsePolicy reads ALG[:LIMIT/WINDOW[:BURST]], one --policy, the
+// numbers it leaves out taken from limit, window (µs) and burst.
+func parsePolicy(spec string, limit, window, burst int64) (Policy, error) {
 	parts := strings.Split(spec, ":")
 	if len(parts) > 3 {
 		return Policy{}, errors.New("want ALG[:LIMIT/WINDOW[:BURST]], e.g. token_bucket:100/1m:20")

@@ -47,10 +47,48 @@ type Bench struct {
 	// random, Callers how many decide at once, Duration for how long.
 	Subjects, Callers int
 	Duration          time.Duration
-	// Progress receives Header when the load starts, then a progress bar
-	// (a terminal) or a line every few seconds.
+	// Progress receives a line that says what the run measures when the
+	// load starts, then a progress bar (a terminal) or a line every few
+	// seconds.
 	Progress io.Writer
-	Header   string
+}
+
+// The modes of sluice bench: what share of its decisions its policy
+// allows. Explicit numbers make the mode BenchCustom; a server's policy
+// is BenchServer.
+const (
+	BenchAllowed = "allowed" // limit 1e9 per second: nearly every decision allowed
+	BenchDenied  = "denied"  // limit 1 per hour: every decision after a subject's first denied
+	BenchMixed   = "mixed"   // half the subjects on each of the two: about half allowed
+	BenchCustom  = "custom"
+	BenchServer  = "server"
+)
+
+// BenchNumbers returns the limit and window of mode's policy for
+// algorithm (its config spelling): BenchDenied 1 per hour, the others
+// (BenchMixed's allowing half) the most the algorithm takes per second
+// (sliding_log keeps an entry per unit).
+func BenchNumbers(mode, algorithm string) (int64, time.Duration) {
+	switch {
+	case mode == BenchDenied:
+		return 1, time.Hour
+	case algorithm == sluice.SlidingLog.String():
+		return 100_000, time.Second
+	}
+	return 1_000_000_000, time.Second
+}
+
+// header is the line a run starts with: what it measures.
+func (b *Bench) header() string {
+	p := b.Policy
+	what := map[string]string{
+		BenchAllowed: fmt.Sprintf("nearly every decision is allowed (%s, limit %d per 1s); --mode denied or mixed measures denials", p.Algorithm, p.Limit),
+		BenchDenied:  fmt.Sprintf("every decision after a subject's first is denied (%s, limit 1 per 1h); --mode allowed or mixed for admissions", p.Algorithm),
+		BenchMixed:   fmt.Sprintf("about half the decisions are allowed: half the subjects on %s limit %d per 1s, half on limit 1 per 1h (policy %s-denied)", p.Algorithm, p.Limit, p.ID),
+		BenchCustom:  fmt.Sprintf("the policy given: %s, limit %d per %s", p.Algorithm, p.Limit, p.Window),
+		BenchServer:  fmt.Sprintf("policy %q as the server at %s configures it", p.ID, b.URL),
+	}[b.Mode]
+	return fmt.Sprintf("sluice bench: mode %s: %s; %d callers, %d subjects, %s", b.Mode, what, b.Callers, b.Subjects, b.Duration)
 }
 
 // Run runs b and returns its summary. Against Redis, the run's keys live
@@ -79,7 +117,7 @@ func (b *Bench) Run(ctx context.Context) (*BenchReport, error) {
 		defer closeStore()
 		decide, cleanup = d, clean
 	}
-	fmt.Fprintln(b.Progress, b.Header)
+	fmt.Fprintln(b.Progress, b.header())
 	res := benchLoad(ctx, b.Progress, decide, subjects, b.Callers, b.Duration)
 	if cleanup != nil {
 		// Leave nothing behind on the user's Redis, even after Ctrl-C.
@@ -119,7 +157,7 @@ func (b *Bench) storeDecider(runID string, subjects []string, rep *BenchReport) 
 	}
 	policies := []sluice.Policy{b.Policy}
 	policyOf := map[string]string{}
-	if b.Mode == "mixed" {
+	if b.Mode == BenchMixed {
 		denying := sluice.Policy{ID: b.Policy.ID + "-denied", Algorithm: p.Algorithm, Limit: 1, Window: time.Hour}
 		policies = append(policies, denying)
 		for i, s := range subjects {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -210,4 +211,19 @@ func NewFallbackStore(cfg *config.Config, clock sluice.Clock) (*Store, error) {
 		return nil, fmt.Errorf("local fallback store: %w", err)
 	}
 	return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close}, nil
+}
+
+// SplitList splits a comma-separated list of addresses (sluice bench's
+// --redis-addrs), dropping spaces and empty items.
+func SplitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
