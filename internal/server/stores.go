@@ -127,7 +127,7 @@ func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	case rc.Mode == config.ModeSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
-			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize)}), nil
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
 }

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -36,5 +39,40 @@ func TestBreakerLogIsThrottled(t *testing.T) {
 	}
 	if l := lines(); len(l) != 2 || !strings.HasSuffix(l[1], `msg="redis circuit breaker" state=closed changes_not_logged=62`) {
 		t.Fatalf("after the interval the log is %q, want a second line: closed, 62 changes not logged", l)
+	}
+}
+
+// TestRedisClientsDialOnce holds every store mode to one dial attempt per
+// connection: go-redis's default of 5, 100ms apart, made 32 decisions
+// wait ~500ms at a Sentinel failover while url and cluster modes dialled
+// once.
+func TestRedisClientsDialOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rc   config.Redis
+	}{
+		{"url", config.Redis{URL: "redis://127.0.0.1:1/0"}},
+		{"cluster", config.Redis{Mode: config.ModeCluster, Addrs: []string{"127.0.0.1:1"}}},
+		{"sentinel", config.Redis{Mode: config.ModeSentinel, MasterName: "m", Addrs: []string{"127.0.0.1:1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := server.NewRedisClient(&tc.rc, func(string) string { return "" })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var got int
+			switch c := c.(type) {
+			case *redis.Client:
+				got = c.Options().DialerRetries
+			case *redis.ClusterClient:
+				got = c.Options().DialerRetries
+			default:
+				t.Fatalf("NewRedisClient(%s) = %T, want *redis.Client or *redis.ClusterClient", tc.name, c)
+			}
+			if got != 1 {
+				t.Errorf("NewRedisClient(%s).Options().DialerRetries = %d, want 1", tc.name, got)
+			}
+		})
 	}
 }
