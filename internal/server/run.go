@@ -149,6 +149,11 @@ func (rn *runner) start(l *loaded) error {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
+	if rn.st.skipped != nil {
+		if err := metrics.CountSkippedOverrides(cfg.Store.Type, rn.st.skipped); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
 	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log, tracing: rn.tracing,
 		store: metrics.InstrumentStore(rn.st.store, cfg.Store.Type, clock), ready: rn.st.ready, info: rn.st.info, metrics: metrics, reloadM: reloadM}
 	fb, err := newFallbackStore(cfg, clock)

@@ -25,6 +25,7 @@ type storeHandle struct {
 	close     func() error
 	evictions func() int64 // nil: the store evicts nothing
 	lostIDs   func() int64 // remembered ids evicted alive; nil: none
+	skipped   func() int64 // unreadable overrides skipped; nil: the store reads every one
 	info      StoreInfo    // for the dashboard
 }
 
@@ -60,6 +61,7 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 	closed := "closed"
 	breaker.Store(&closed)
 	breakerLog := newBreakerLog(log, clock, breakerLogEvery)
+	skipped := newSkippedOverrides(log, clock)
 	// New does not contact Redis: serve starts while Redis is down or
 	// hung, answers per failure mode until it is back, and /readyz tells
 	// which.
@@ -70,7 +72,7 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 		},
 	}, OnFallback: func(reason string) {
 		log.Warn("redis refuses functions: decisions go as scripts (EVALSHA) from now on", "reason", reason)
-	}})
+	}, OnSkippedOverride: skipped.record})
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("store type redis: %w", err)
@@ -79,7 +81,7 @@ func newRedisStore(rc *config.Redis, clock sluice.Clock, getenv func(string) str
 		err := errors.Join(rs.Close(), client.Close())
 		breakerLog.Stop()
 		return err
-	}, info: StoreInfo{Type: config.StoreRedis, Breaker: func() string { return *breaker.Load() }}}, nil
+	}, skipped: skipped.n.Load, info: StoreInfo{Type: config.StoreRedis, Breaker: func() string { return *breaker.Load() }}}, nil
 }
 
 // newBreakerLog logs the circuit breaker's changes of state, at most one
