@@ -719,7 +719,7 @@ func TestRequestBounds(t *testing.T) {
 	}
 	h = startWith(t, cs, rules, func(st *rls.State) { st.MaxDescriptors, st.MaxEntries = 2, 1 })
 	for r, want := range map[*rlspb.RateLimitRequest]string{
-		req(many(3)...):                    "descriptors: 3: at most 2 per request",
+		req(many(3)...):                     "descriptors: 3: at most 2 per request",
 		req(d("plan", "free", "user", "x")): "descriptors[0].entries: 2: at most 1 per descriptor",
 	} {
 		if _, err := h.client.ShouldRateLimit(context.Background(), r); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
