@@ -193,6 +193,18 @@ func (l *Limiter) buildOverrides() *overrideSet {
 	return s
 }
 
+// applyOverrides is the overrides stage, the first: it gives each policy
+// of d.ev the subject's own numbers where an override names them.
+func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
+	if s := l.ovr.set.Load(); s != nil {
+		ev := &d.ev
+		for i, p := range ev.Policies {
+			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
+		}
+	}
+	next(ctx, d)
+}
+
 // override returns the policy to decide p by for subject: p, or its
 // override in s, l's snapshot; failing one for subject, the one of the
 // first of previous (its pseudonyms under older keys) that has one, so a
