@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -156,73 +155,26 @@ type Outcome struct {
 	Err error
 }
 
-// outcomeOf is the one mapping of a store's answer to an Outcome, o:
-// err, the error Evaluate returned, typed by failed; else the statuses it
-// filled in ev, the most restrictive speaking for the whole. With many
-// (the request named Policies) the Outcome carries every status. o is
-// written field by field, in place: an Outcome built whole and then
-// copied reads back what was just stored, which stalls some CPUs.
-func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
-	switch {
-	case err != nil:
-		*o = failed(err)
-	case len(ev.Statuses) != len(ev.Policies):
-		*o = Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
-	default:
-		o.Kind, o.Status, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, mostRestrictive(ev.Statuses), ev.Replayed, 0, nil, false, false
-		o.Lease, o.Statuses = Lease{}, nil
-		if !o.Allowed {
-			o.Kind = Denied
-		} else if ev.Op == Acquire || ev.Op == Renew {
-			o.Lease = leaseOf(ev)
-		}
-		if many {
-			o.Statuses = append([]Status(nil), ev.Statuses...)
-		}
-	}
-}
-
-// failed types a store error.
-func failed(err error) Outcome {
-	o := Outcome{Err: err}
-	switch {
-	case errors.Is(err, ErrIndeterminate):
-		// First: a lost reply may also wrap the context error that cut it off.
-		o.Kind = Indeterminate
-	case errors.Is(err, CorruptState):
-		o.Kind, o.Cause = Unavailable, CorruptState
-	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
-		o.Kind = Incompatible
-	case errors.Is(err, ClockUnsafe):
-		o.Kind, o.Cause = Unavailable, ClockUnsafe
-	case errors.Is(err, CircuitOpen):
-		o.Kind, o.Cause = Unavailable, CircuitOpen
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		// A store that honours the contract returns a bare context error
-		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
-		o.Kind, o.Cause = Unavailable, DeadlinePassed
-	case errors.Is(err, FailedBeforeSend):
-		o.Kind, o.Cause = Unavailable, FailedBeforeSend
-	default:
-		// An error the store did not classify: it may have spent.
-		o.Kind = Indeterminate
-	}
-	return o
-}
-
-// mostRestrictive picks the Status that speaks for the whole decision: the
-// denial that lasts longest, else the policy closest to exhaustion.
-func mostRestrictive(ss []Status) Status {
-	best := ss[0]
-	for _, s := range ss[1:] {
-		switch {
-		case best.Allowed && !s.Allowed:
-			best = s
-		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
-			best = s
-		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
-			best = s
-		}
-	}
-	return best
+// Lease is a slot held on one or more Concurrency policies, from an
+// Allowed Check until Limiter.Release gives it back, or until the
+// policy's LeaseTTL passes without a renewal (so a holder that dies
+// cannot leak a slot for longer than that). The zero value holds nothing;
+// releasing it does nothing.
+//
+// The usual shape:
+//
+//	o := lim.Check(ctx, req)
+//	if o.Kind != sluice.Allowed { … }
+//	defer lim.Release(context.WithoutCancel(ctx), o.Lease)
+type Lease struct {
+	// ID names the lease: 22 characters of base64url, random (or, for a
+	// request with an EvaluationID, derived from it and the subject, so a
+	// replayed decision names the lease the first one acquired). It never
+	// contains the subject. Example: "q3Xh0bV8Yx2lC0mQe1o7bA".
+	ID string
+	// Subject is the subject the lease is held for.
+	Subject string
+	// Policies are the IDs of the Concurrency policies it is held on, in
+	// the order of the request that acquired it.
+	Policies []string
 }

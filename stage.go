@@ -1,6 +1,10 @@
 package sluice
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+)
 
 // A stage is one step of a Limiter's Check between validation and the
 // store: it sees the decision in flight and calls next to take it further
@@ -39,4 +43,75 @@ func chain(stages []stage, last step) step {
 func (l *Limiter) evaluate(ctx context.Context, d *decision) {
 	err := l.store.Evaluate(ctx, &d.ev)
 	outcomeOf(&d.o, &d.ev, err, d.many)
+}
+
+// outcomeOf is the one mapping of a store's answer to an Outcome, o:
+// err, the error Evaluate returned, typed by failed; else the statuses it
+// filled in ev, the most restrictive speaking for the whole. With many
+// (the request named Policies) the Outcome carries every status. o is
+// written field by field, in place: an Outcome built whole and then
+// copied reads back what was just stored, which stalls some CPUs.
+func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
+	switch {
+	case err != nil:
+		*o = failed(err)
+	case len(ev.Statuses) != len(ev.Policies):
+		*o = Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
+	default:
+		o.Kind, o.Status, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, mostRestrictive(ev.Statuses), ev.Replayed, 0, nil, false, false
+		o.Lease, o.Statuses = Lease{}, nil
+		if !o.Allowed {
+			o.Kind = Denied
+		} else if ev.Op == Acquire || ev.Op == Renew {
+			o.Lease = leaseOf(ev)
+		}
+		if many {
+			o.Statuses = append([]Status(nil), ev.Statuses...)
+		}
+	}
+}
+
+// failed types a store error.
+func failed(err error) Outcome {
+	o := Outcome{Err: err}
+	switch {
+	case errors.Is(err, ErrIndeterminate):
+		// First: a lost reply may also wrap the context error that cut it off.
+		o.Kind = Indeterminate
+	case errors.Is(err, CorruptState):
+		o.Kind, o.Cause = Unavailable, CorruptState
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
+		o.Kind = Incompatible
+	case errors.Is(err, ClockUnsafe):
+		o.Kind, o.Cause = Unavailable, ClockUnsafe
+	case errors.Is(err, CircuitOpen):
+		o.Kind, o.Cause = Unavailable, CircuitOpen
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// A store that honours the contract returns a bare context error
+		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
+		o.Kind, o.Cause = Unavailable, DeadlinePassed
+	case errors.Is(err, FailedBeforeSend):
+		o.Kind, o.Cause = Unavailable, FailedBeforeSend
+	default:
+		// An error the store did not classify: it may have spent.
+		o.Kind = Indeterminate
+	}
+	return o
+}
+
+// mostRestrictive picks the Status that speaks for the whole decision: the
+// denial that lasts longest, else the policy closest to exhaustion.
+func mostRestrictive(ss []Status) Status {
+	best := ss[0]
+	for _, s := range ss[1:] {
+		switch {
+		case best.Allowed && !s.Allowed:
+			best = s
+		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
+			best = s
+		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
+			best = s
+		}
+	}
+	return best
 }
