@@ -198,3 +198,64 @@ func spending(ev *sluice.Evaluation) *sluice.Evaluation {
 	}
 	return ev
 }
+
+// TestCorruptRecords holds the adversary's two records of issue 32 (point
+// 3) to what a decision writes: a sliding log with older entries pushed
+// after its newest (it read as expired and admitted 7 of 5), and a
+// remembered evaluation-id reply that no decision gives (it was replayed
+// as allowed with 999 999 left). Each is corrupt_state through a Limiter,
+// in the short form and the general one alike, and nothing is written.
+func TestCorruptRecords(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	t.Run("log pushed after its newest", func(t *testing.T) {
+		p := policy(t, "login", sluice.SlidingLog, 5, time.Minute)
+		l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subj := subject(t)
+		for range 2 {
+			if o := l.Check(ctx, sluice.Request{Policy: "login", Subject: subj}); o.Kind != sluice.Allowed {
+				t.Fatalf("Check = %+v, want allowed", o)
+			}
+		}
+		key := s.Key(subj, p)
+		if err := c.RPush(ctx, key, 1, 2).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := c.Dump(ctx, key).Val()
+		for _, id := range []string{"", "retry-1"} { // the short form, then the general one
+			o := l.Check(ctx, sluice.Request{Policy: "login", Subject: subj, EvaluationID: id})
+			if o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check(id %q) over a log pushed after its newest = %+v (err %v), want Unavailable, corrupt_state", id, o, o.Err)
+			}
+		}
+		if after := c.Dump(ctx, key).Val(); after != before {
+			t.Fatalf("a decision refused for a corrupt log wrote: %q, then %q", before, after)
+		}
+	})
+	t.Run("forged evaluation-id reply", func(t *testing.T) {
+		p := policy(t, "pay", sluice.FixedWindow, 5, time.Minute)
+		l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subj := subject(t)
+		req := sluice.Request{Policy: "pay", Subject: subj, EvaluationID: "order-7"}
+		if o := l.Check(ctx, req); o.Kind != sluice.Allowed {
+			t.Fatalf("Check = %+v, want allowed", o)
+		}
+		hkey := strings.TrimSuffix(s.Key(subj, p), ":f") + ":idv"
+		for _, forged := range []string{"1,5,999999,0,0", "2,5,4,60000000,0", "1,5,4,60000000,7", "0,5,0,60000000,0", "1,0,0,0,0", "1,5,-1,0,0", "1,5,4,-3,0"} {
+			if err := c.HSet(ctx, hkey, "s:order-7", forged).Err(); err != nil {
+				t.Fatal(err)
+			}
+			o := l.Check(ctx, req)
+			if o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check over the remembered reply %q = %+v (err %v), want Unavailable, corrupt_state", forged, o, o.Err)
+			}
+		}
+	})
+}

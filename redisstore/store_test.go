@@ -407,7 +407,9 @@ func TestCorruptState(t *testing.T) {
 		{"binary above 2^53", sluice.SlidingWindow, setBinary(c, 1, 1, 1<<54, 1), "want an integer in [0, 2^53]"},
 		{"binary too short", sluice.GCRA, setBinary(c, 1, 1, 1, 1), "want 5 integers"},
 		{"written in 11 days", sluice.FixedWindow, setBinary(c, future, 1, future), "after the time of this call"},
-		{"log entry in 11 days", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, int64(future)).Err() }, "after the time of this call"},
+		// Pushed after the entry written now: that one lies 11 days before
+		// the newest (TestCorruptShapes has a lone entry ahead).
+		{"log entry in 11 days", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, int64(future)).Err() }, "want one in (newest - 24h, newest]"},
 		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "holds another type"},
 		{"log entry", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "soon").Err() }, "entry"},
 	} {

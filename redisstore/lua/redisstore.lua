@@ -119,12 +119,13 @@ end
 -- its policy's limit.
 local MOST_ENTRIES = {[KIND_SLIDING_LOG] = MAX_SLIDING_LOG_LEN, [KIND_CONCURRENCY] = MAX_CONCURRENCY_LIMIT}
 
--- readState returns the state of kind at key, or nil when there is none.
--- Anything but what apply writes is corrupt: its fields are checked here,
--- a log's or a set's entries as a decision reads them (sliding_log.lua,
--- concurrency.lua), and how far its newest write may lie ahead of the
--- time of the call by main.
-local function readState(key, kind)
+-- readState returns the state of p at key, or nil when there is none, for
+-- a call at now. Anything but what apply writes is corrupt: its fields are
+-- checked here, a log's or a set's entries as a decision reads them
+-- (slidingLogCorrupt, concurrency.lua), and how far its newest write may
+-- lie ahead of the time of the call by main.
+local function readState(key, p, now)
+  local kind = p.kind
   if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
     -- A view of the list (sorted set), its newest entry read with its length.
     local length, entry = 'LLEN', slidingLogEntry
@@ -137,8 +138,11 @@ local function readState(key, kind)
     elseif len > MOST_ENTRIES[kind] then
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
-    local view = {key = key, len = len, newest = 0, latest = ''}
+    local view = {key = key, len = len, newest = 0, oldest = 0, latest = ''}
     view.newest = entry(view, len - 1)
+    if kind == KIND_SLIDING_LOG then
+      slidingLogCorrupt(view, p, now)
+    end
     return view
   end
   local raw = read(key, 'GET')
@@ -245,6 +249,10 @@ local function dedupeLookup(zkey, hkey, id, now)
   end
   if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
+  end
+  local why = recordCorrupt(vals)
+  if why ~= nil then
+    corrupt(hkey, 'a remembered reply: ' .. why)
   end
   return vals
 end
@@ -377,7 +385,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('ZADD', KEYS[i], unpack(c.leases, j, mathMin(j + 999, #c.leases)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p.kind)
+      ev.states[i] = readState(KEYS[i], p, now)
     elseif c ~= nil and c.v ~= nil then
       redisCall('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
       ev.states[i] = c.v
@@ -387,7 +395,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('RPUSH', KEYS[i], unpack(c.entries, j, mathMin(j + 999, #c.entries)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p.kind)
+      ev.states[i] = readState(KEYS[i], p, now)
     end
   end
 end
@@ -534,7 +542,7 @@ local function main(KEYS, ARGV, at)
   for i = 1, n do
     local st
     if not reset then -- a reset deletes whatever is there, corrupt state included
-      st = readState(KEYS[i], policies[i].kind)
+      st = readState(KEYS[i], policies[i], now)
     end
     if st ~= nil and redisTime then
       -- On Redis time, no write lies further ahead of the clock than
@@ -613,7 +621,7 @@ local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
-  local st = readState(key, p.kind)
+  local st = readState(key, p, now)
   if st ~= nil and onRedis then
     local _, newest = bounds(p, st)
     if newest - now > aheadMost(p) then

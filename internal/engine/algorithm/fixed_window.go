@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // FixedWindow is the state of a fixed-window counter.
 //
 // Model: the first admitted request opens a window of Params.Window µs;
@@ -32,6 +34,24 @@ func fixedWindowOf(v *[5]int64) FixedWindow {
 // land, which stalls some CPUs).
 func (s FixedWindow) fields(v *[5]int64) {
 	v[0], v[1], v[2], v[3], v[4] = s.Start, s.Count, s.Last, 0, 0
+}
+
+// corrupt returns why s is no state Decide or Refund leaves to keep, or
+// "": a kept window holds a count (one of 0 equals absent and is deleted)
+// of at most the limit at its write, and its newest write lies in it:
+// 0 < Start <= Last < Start + 24h. The window and limit of that write may
+// have been others than today's (numbers changed under one revision), so
+// the bounds are the widest any policy has. redisstore's
+// fixedWindowCorrupt ports it (memstore only reads what it wrote, and
+// holds it so too).
+func (s FixedWindow) corrupt() string {
+	switch {
+	case s.Count < 1 || s.Count > MaxLimit:
+		return fmt.Sprintf("count %d: want 1 to %d", s.Count, MaxLimit)
+	case s.Start < 1 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
+		return fmt.Sprintf("start %d, last write %d: want 0 < start <= last < start + 24h", s.Start, s.Last)
+	}
+	return ""
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.

@@ -9,6 +9,9 @@ package algorithm
 // (the spend was admitted). st is the stored state, nil when absent; it is
 // read, never modified.
 func DecideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, w *Write, d *Decision) (commit bool, err error) {
+	if why := p.corrupt(st, now); why != "" {
+		return false, &CorruptError{Reason: why}
+	}
 	cur, at, cerr := current(*p, st, now, maxRegression)
 	if cerr != nil {
 		return false, cerr
