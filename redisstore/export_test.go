@@ -15,3 +15,7 @@ const StateBinary = 1
 // the common ones in the short form (false, the default), so a test
 // drives both paths of the script alike.
 func (s *Store) SetGeneral(general bool) { s.general = general }
+
+// OnRedisTime makes s call f with the time each decision on Redis time
+// was taken at, as the script answers it (nil: not called).
+func (s *Store) OnRedisTime(f func(now int64)) { s.onRedisTime = f }

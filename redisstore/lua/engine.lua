@@ -28,6 +28,7 @@ local FIELDS = {
   [KIND_TOKEN_BUCKET] = 3,
   [KIND_GCRA] = 5,
   [KIND_CONCURRENCY] = 0,
+  [KIND_FIXED_WINDOW_END] = 2,
 }
 
 -- The integers of one decision: algorithm.Decision's fields.
@@ -87,6 +88,8 @@ local function boundsFixed(k, p, a, b, c, d, e)
     return gcraExpires(a, b, c, d, e, p), gcraNewest(e)
   elseif k == KIND_FIXED_WINDOW then
     return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
+  elseif k == KIND_FIXED_WINDOW_END then
+    return fixedWindowEndExpires(a, b), fixedWindowEndNewest()
   elseif k == KIND_TOKEN_BUCKET then
     return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
   elseif k == KIND_SLIDING_WINDOW then
@@ -130,6 +133,13 @@ local function decideFixed(k, p, a, b, c, d, e, now, cost, refund, hold)
       a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
     end
     return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowExpires(a, b, p), p.limit
+  elseif k == KIND_FIXED_WINDOW_END then
+    if refund then
+      a, b, allowed, remaining, resetAfter, retryAfter = fixedWindowEndRefund(a, b, p, now, cost)
+    else
+      a, b, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(a, b, p, now, cost)
+    end
+    return a, b, 0, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowEndExpires(a, b), p.limit
   elseif k == KIND_TOKEN_BUCKET then
     if refund then
       a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)

@@ -28,7 +28,7 @@ type State struct {
 }
 
 // Fields is how many integers of State.V each algorithm keeps.
-var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0}
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0, KindFixedWindowEnd: 2}
 
 // Write is the state a decision leaves behind, for a store to keep when the
 // whole evaluation commits.
@@ -208,6 +208,8 @@ func (p Policy) corrupt(st *State, now int64) string {
 	switch p.Kind {
 	case KindFixedWindow:
 		return fixedWindowOf(&st.V).corrupt()
+	case KindFixedWindowEnd:
+		return fixedWindowEndOf(&st.V).corrupt(now)
 	case KindSlidingLog:
 		return SlidingLog{Entries: st.Log}.corrupt(p.Params, now)
 	case KindSlidingWindow:
@@ -303,6 +305,15 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
+	case KindFixedWindowEnd:
+		s := fixedWindowEndOf(&st.V)
+		if refund {
+			s, *d = s.Refund(p.Params, now, cost)
+		} else {
+			s, *d = s.Decide(p.Params, now, cost)
+		}
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires()
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		if refund {
@@ -362,6 +373,9 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 	case KindFixedWindow:
 		s := fixedWindowOf(&st.V)
 		return s.Expires(p.Params), s.Newest()
+	case KindFixedWindowEnd:
+		s := fixedWindowEndOf(&st.V)
+		return s.Expires(), s.Newest()
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		return s.Expires(p.Params), s.Newest()

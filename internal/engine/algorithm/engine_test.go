@@ -297,3 +297,32 @@ func TestEvaluateRefusesCorrupt(t *testing.T) {
 		}
 	}
 }
+
+// TestFixedWindowEndDecidesAsFixedWindow: the state a store keeps on its
+// own clock (the count and the window's end) answers every spend, peek
+// and refund as the caller-clock state does, first-request and
+// clock-aligned windows alike, the clock never going back.
+func TestFixedWindowEndDecidesAsFixedWindow(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 4))
+	for _, aligned := range []bool{false, true} {
+		for range 50 {
+			p := Params{Limit: 1 + r.Int64N(20), Window: 1_000 + r.Int64N(5_000_000), Aligned: aligned}
+			p.Burst = p.Limit
+			a, b := newMachine(KindFixedWindow, p), newMachine(KindFixedWindowEnd, p)
+			now := int64(1_767_225_600_000_000) + r.Int64N(p.Window)
+			for i := range 400 {
+				now += r.Int64N(p.Window / 3)
+				cost := r.Int64N(4)
+				var da, db Decision
+				if r.IntN(8) == 0 && cost > 0 {
+					da, db = a.refund(now, cost), b.refund(now, cost)
+				} else {
+					da, db = a.decide(now, cost), b.decide(now, cost)
+				}
+				if da != db {
+					t.Fatalf("%+v step %d at %d cost %d: FixedWindowEnd = %+v, FixedWindow = %+v", p, i, now, cost, db, da)
+				}
+			}
+		}
+	}
+}
