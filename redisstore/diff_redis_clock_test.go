@@ -39,7 +39,7 @@ func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status
 	if err != nil {
 		return nil, err
 	}
-	a := algorithm.Evaluation{Now: now, Op: algorithm.Op(ev.Op), Cost: ev.Cost, Hold: hold, MaxRegression: -1,
+	a := algorithm.Evaluation{Now: now, Op: evaluation.Op(ev), Cost: ev.Cost, Hold: hold, MaxRegression: -1,
 		Decisions: make([]algorithm.Decision, n), Writes: make([]algorithm.Write, n)}
 	keys := make([]string, n)
 	for i, p := range ev.Policies {

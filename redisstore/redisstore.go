@@ -647,7 +647,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	n := len(ev.Policies)
 	id := ""
-	if algorithm.RecordID(ev.EvaluationID, algorithm.Op(ev.Op)) != "" {
+	if algorithm.RecordID(ev.EvaluationID, evaluation.Op(ev)) != "" {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
 	var vals []int64

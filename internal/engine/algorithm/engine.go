@@ -58,10 +58,10 @@ type Evaluation struct {
 	// LeaseID is the lease an acquisition takes, a release gives back or
 	// a renewal extends on every concurrency policy; "" for the others.
 	LeaseID string
-	// Hold, µs, when above 0, makes a spend a held one: its Cost is a
-	// block its caller admits itself over [Now, Now+Hold], spent so that
-	// it covers every such admission (GCRA.Decide says how and why). 0
-	// for every other decision; Check says where it may be set.
+	// Hold is how long, µs, an OpHold holds: its Cost is a block its
+	// caller admits itself over [Now, Now+Hold], spent so that it covers
+	// every such admission (GCRA.Decide says how and why). 0 for every
+	// other operation; Check says where it may be set.
 	Hold int64
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
@@ -284,10 +284,10 @@ func lengthen(d *Decision, lag int64) {
 	}
 }
 
-// step runs p's algorithm on st at now for o, a spend, peek, refund,
-// acquisition, release or renewal (a reset steps as a peek on absent
-// state), of cost (0 for all but a spend, a refund and an acquisition),
-// held for hold µs (a held spend; 0 for every other decision) and the
+// step runs p's algorithm on st at now for o, a spend, held spend, peek,
+// refund, acquisition, release or renewal (a reset steps as a peek on
+// absent state), of cost (0 for all but a spend, a held spend, a refund
+// and an acquisition), held for hold µs (OpHold's; 0 for every other) and the
 // lease a concurrency policy takes, gives back or extends. It leaves the
 // state after it in w, every field but Fresh (w may hold another
 // decision's), and the verdict in d. A fixed window spends a held block

@@ -1,7 +1,7 @@
 package algorithm
 
-// DecideOne is Evaluate for the common decision: one policy, a spend or a
-// peek (held for hold µs, Evaluation.Hold) that passed Check, nothing to
+// DecideOne is Evaluate for the common decision: one policy, a spend, a
+// held spend (OpHold, for hold µs) or a peek that passed Check, nothing to
 // replay. It runs the same steps on the
 // same functions (current, then the policy's step, then lengthen), without
 // the slices of an Evaluation: the decision goes to d, the state after it
