@@ -50,10 +50,12 @@ type OverrideStore interface {
 	Overrides(ctx context.Context) ([]Override, error)
 }
 
-// Override refresh timings: a Check that finds the snapshot older than
-// overrideMaxAge starts one background read of the store (so every
-// Limiter applies a change within about twice that), which gives up after
-// overrideReadTimeout.
+// Override refresh timings: no decision is taken on overrides read from
+// the store longer than overrideMaxAge ago (on the Limiter's clock,
+// counted from when the read began): a Check that finds them older reads
+// them first. A Check that finds them older than half that starts one
+// background read, so a busy Limiter never waits for one. A read gives up
+// after overrideReadTimeout.
 const (
 	overrideMaxAge      = 500 * time.Millisecond
 	overrideReadTimeout = 2 * time.Second
@@ -72,9 +74,8 @@ type overrideSet struct {
 // overrides is a Limiter's override state.
 type overrides struct {
 	set     atomic.Pointer[overrideSet] // nil: no OverrideStore and nothing set
-	stale   atomic.Bool                 // the store should be read again (only with an OverrideStore)
 	store   OverrideStore               // nil when the Store is not one
-	reading atomic.Bool                 // a background read is under way
+	age     freshness                   // how old the store's overrides are: see overridesage.go
 	local   []Override                  // given in Options: applied under the store's
 	mu      sync.Mutex                  // held to change stored and set
 	stored  []Override                  // the store's, as last read (or the ones set here)
@@ -98,11 +99,10 @@ func (l *Limiter) initOverrides(opts Options) error {
 	}
 	l.ovr.set.Store(l.buildOverrides())
 	if l.ovr.store != nil {
-		// Read the store now, in the background: Checks until it answers
-		// are decided without its overrides (New does not wait on the
-		// store), so that lasts one round trip rather than until the
-		// first Check and its read.
-		l.refreshOverrides()
+		// Read the store now, in the background (New does not wait on
+		// the store): the first Check waits for that read, not longer.
+		l.ovr.age.init(l.clock)
+		l.readOverrides()
 	}
 	return nil
 }
@@ -193,15 +193,39 @@ func (l *Limiter) buildOverrides() *overrideSet {
 	return s
 }
 
+// applyOverrides is the overrides stage, the first: it gives each policy
+// of d.ev the subject's own numbers where an override names them. Over an
+// OverrideStore, overrides read too long ago are read again first
+// (overrideMaxAge); a Check whose context ends meanwhile is Unavailable,
+// nothing sent.
+func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
+	if l.ovr.store != nil {
+		switch l.ovr.age.state() {
+		case ageOld:
+			l.readOverrides()
+		case ageStale:
+			select {
+			case <-l.readOverrides():
+			case <-ctx.Done():
+				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: reading overrides: %w", ctx.Err())}
+				return
+			}
+		}
+	}
+	if s := l.ovr.set.Load(); s != nil {
+		ev := &d.ev
+		for i, p := range ev.Policies {
+			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
+		}
+	}
+	next(ctx, d)
+}
+
 // override returns the policy to decide p by for subject: p, or its
 // override in s, l's snapshot; failing one for subject, the one of the
 // first of previous (its pseudonyms under older keys) that has one, so a
-// key rotation keeps a tenant's plan as it keeps the tenant's state. It
-// starts a background read of the store when the snapshot is stale.
+// key rotation keeps a tenant's plan as it keeps the tenant's state.
 func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous []string) *Policy {
-	if l.ovr.stale.Load() {
-		l.refreshOverrides()
-	}
 	if len(s.byKey) == 0 {
 		return p
 	}
@@ -216,40 +240,42 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous [
 	return p
 }
 
-// refreshOverrides starts one background read of the store's overrides,
-// unless one is under way.
-func (l *Limiter) refreshOverrides() {
-	if !l.ovr.reading.CompareAndSwap(false, true) {
-		return
+// readOverrides starts one read of the store's overrides, unless one is
+// under way, and returns a channel closed when the read under way ends.
+func (l *Limiter) readOverrides() <-chan struct{} {
+	ch, start := l.ovr.age.begin()
+	if !start {
+		return ch
 	}
-	l.ovr.stale.Store(false)
 	go func() {
-		defer l.ovr.reading.Store(false)
+		began := l.clock.Now()
 		l.ovr.mu.Lock()
 		changes := l.ovr.changes
 		l.ovr.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
 		list, err := l.ovr.store.Overrides(ctx)
 		cancel()
-		if err == nil {
-			l.storeOverrides(list, changes)
-		}
-		time.AfterFunc(overrideMaxAge, func() { l.ovr.stale.Store(true) })
+		fresh := err == nil && l.storeOverrides(list, changes)
+		l.ovr.age.end(ch, fresh, began, l.clock.Now())
 	}()
+	return ch
 }
 
 // storeOverrides makes list, read from the store after changes calls of
 // SetOverride, the stored overrides l applies, building a new snapshot
-// only when they changed; a read that a later SetOverride overtook is
-// dropped.
-func (l *Limiter) storeOverrides(list []Override, changes int64) {
+// only when they changed, and reports whether l applies them; a read that
+// a later SetOverride overtook is dropped.
+func (l *Limiter) storeOverrides(list []Override, changes int64) bool {
 	l.ovr.mu.Lock()
 	defer l.ovr.mu.Unlock()
-	if changes != l.ovr.changes || equalOverrides(list, l.ovr.stored) {
-		return
+	if changes != l.ovr.changes {
+		return false
 	}
-	l.ovr.stored = append([]Override(nil), list...)
-	l.ovr.set.Store(l.buildOverrides())
+	if !equalOverrides(list, l.ovr.stored) {
+		l.ovr.stored = append([]Override(nil), list...)
+		l.ovr.set.Store(l.buildOverrides())
+	}
+	return true
 }
 
 func equalOverrides(a, b []Override) bool {
@@ -268,8 +294,10 @@ func equalOverrides(a, b []Override) bool {
 // o.Limit 0 removes its override. The numbers obey Policy.Validate's
 // rules for the policy's algorithm; a concurrency policy takes a limit
 // only. With a Store that is an OverrideStore, the override is stored
-// there and every Limiter on it applies it within a second; otherwise it
-// lives in l. l applies it at once.
+// there and every Limiter on it applies it to every decision taken 500ms
+// or more after (each reads the store's overrides again before deciding
+// on ones read longer ago than that); otherwise it lives in l. l applies
+// it at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {
 		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}

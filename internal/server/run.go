@@ -69,7 +69,7 @@ func Run(ctx context.Context, opts RunOptions) error {
 	}
 	rn := &runner{opts: opts, log: opts.Log}
 	defer rn.close()
-	if rn.tracing, err = newTracing(l.cfg.Telemetry, opts.TracerProvider); err != nil {
+	if rn.tracing, err = newTracing(l.cfg.Telemetry, opts.TracerProvider, opts.Log, opts.Clock); err != nil {
 		return err
 	}
 	if err := rn.start(l); err != nil {
@@ -122,6 +122,7 @@ type runner struct {
 	grpc     *grpc.Server   // nil without an envoy section
 	lns      []net.Listener // https' listeners, then grpc's
 	tracing  *tracing       // nil without a telemetry section
+	deadline time.Time      // of the shutdown, once begun: the drain's and the spans' flush's
 }
 
 // start builds the metrics, the stores and the first generation of l.
@@ -146,6 +147,11 @@ func (rn *runner) start(l *loaded) error {
 	}
 	if rn.st.Evictions != nil {
 		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.Evictions, rn.st.LostIDs); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	if rn.st.Skipped != nil {
+		if err := metrics.CountSkippedOverrides(cfg.Store.Type, rn.st.Skipped); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
@@ -286,7 +292,8 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 // with.
 func (rn *runner) shutdown(ctx context.Context, served <-chan error, failed error) error {
 	rn.log.Info("shutting down", "timeout", shutdownTimeout)
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	rn.deadline = time.Now().Add(shutdownTimeout)
+	shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), rn.deadline)
 	defer cancel()
 	if rn.grpc != nil {
 		rn.r.rlsSvc.Shutdown()
@@ -332,7 +339,11 @@ func (rn *runner) close() {
 	if rn.st != nil {
 		rn.st.Close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	deadline := rn.deadline // the spans are flushed within the drain's bound, not a second one
+	if deadline.IsZero() {
+		deadline = time.Now().Add(shutdownTimeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := rn.tracing.close(ctx); err != nil {
 		rn.log.Warn("telemetry: spans not exported at shutdown", "reason", err)

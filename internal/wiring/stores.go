@@ -39,6 +39,10 @@ type Store struct {
 	// remembered evaluation ids evicted alive; nil: the store evicts
 	// nothing.
 	Evictions, LostIDs func() int64
+	// Skipped counts the fields of the store's overrides skipped as
+	// unreadable (written by another tool or a later sluice); nil: the
+	// store reads every one.
+	Skipped func() int64
 	// Breaker returns the state of the store's circuit breaker: "closed",
 	// "open" or "half_open"; nil: no breaker.
 	Breaker func() string
@@ -110,6 +114,7 @@ func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
 		clk = o.Clock
 	}
 	breakerLog := NewBreakerLog(log, clk, breakerLogEvery)
+	skipped := newSkippedOverrides(log, clk)
 	// New does not contact Redis: serve starts while Redis is down or
 	// hung, answers per failure mode until it is back, and /readyz tells
 	// which.
@@ -120,7 +125,7 @@ func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
 		},
 	}, OnFallback: func(reason string) {
 		log.Warn("redis refuses functions: decisions go as scripts (EVALSHA) from now on", "reason", reason)
-	}})
+	}, OnSkippedOverride: skipped.record})
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("store type redis: %w", err)
@@ -129,7 +134,7 @@ func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
 		err := errors.Join(rs.Close(), client.Close())
 		breakerLog.Stop()
 		return err
-	}, Breaker: func() string { return *breaker.Load() }}, nil
+	}, Breaker: func() string { return *breaker.Load() }, Skipped: skipped.n.Load}, nil
 }
 
 // NewBreakerLog logs the circuit breaker's changes of state, at most one
@@ -178,7 +183,7 @@ func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	case rc.Mode == config.ModeSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
-			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize)}), nil
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
@@ -103,5 +105,40 @@ func TestNewStore(t *testing.T) {
 	}
 	if _, err := wiring.NewStore(config.Store{Type: "etcd"}, wiring.StoreOptions{}); err == nil || !strings.Contains(err.Error(), `store type "etcd": unknown`) {
 		t.Errorf("NewStore(etcd) = %v, want the unknown type named", err)
+	}
+}
+
+// TestRedisClientsDialOnce holds every store mode to one dial attempt per
+// connection: go-redis's default of 5, 100ms apart, made 32 decisions
+// wait ~500ms at a Sentinel failover while url and cluster modes dialled
+// once.
+func TestRedisClientsDialOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rc   config.Redis
+	}{
+		{"url", config.Redis{URL: "redis://127.0.0.1:1/0"}},
+		{"cluster", config.Redis{Mode: config.ModeCluster, Addrs: []string{"127.0.0.1:1"}}},
+		{"sentinel", config.Redis{Mode: config.ModeSentinel, MasterName: "m", Addrs: []string{"127.0.0.1:1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := wiring.NewRedisClient(&tc.rc, func(string) string { return "" })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var got int
+			switch c := c.(type) {
+			case *redis.Client:
+				got = c.Options().DialerRetries
+			case *redis.ClusterClient:
+				got = c.Options().DialerRetries
+			default:
+				t.Fatalf("NewRedisClient(%s) = %T, want *redis.Client or *redis.ClusterClient", tc.name, c)
+			}
+			if got != 1 {
+				t.Errorf("NewRedisClient(%s).Options().DialerRetries = %d, want 1", tc.name, got)
+			}
+		})
 	}
 }
