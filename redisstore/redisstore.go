@@ -848,11 +848,7 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 		}
 		_, err := pipe.Exec(ctx)
 		if err != nil && !errors.Is(err, redis.Nil) {
-			if err = s.classify(ctx, "read the state of an older subject", err); errors.Is(err, sluice.ErrIndeterminate) {
-				// Reads only: nothing was spent, whatever happened.
-				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %v", sluice.FailedBeforeSend, err)
-			}
-			return nil, err
+			return nil, s.classifyRead(ctx, "read the state of an older subject", err)
 		}
 		for i, c := range states {
 			if c == nil || ttls[i].Val() <= 0 {
@@ -892,6 +888,16 @@ var refusedBeforeRun = []string{
 	"NOSCRIPT", "NOPERM", "NOAUTH", "WRONGPASS", "CROSSSLOT", "CLUSTERDOWN",
 	"MOVED", "ASK", "TRYAGAIN", "LOADING", "BUSY", "MASTERDOWN", "READONLY",
 	"OOM", "MISCONF", "NOREPLICAS", "MAXCLIENTS",
+}
+
+// classifyRead is classify for round trips that only read: nothing was
+// spent, whatever happened, so what classify calls Indeterminate is
+// FailedBeforeSend (Unavailable: the breaker counts it all the same).
+func (s *Store) classifyRead(ctx context.Context, what string, err error) error {
+	if err = s.classify(ctx, what, err); errors.Is(err, sluice.ErrIndeterminate) {
+		return fmt.Errorf("redisstore: %s: %w: %v", what, sluice.FailedBeforeSend, err)
+	}
+	return err
 }
 
 // classify wraps err, from doing what, in the sentinel that types it.
