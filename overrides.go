@@ -25,7 +25,7 @@ type Override struct {
 	// the pseudonym, so the raw subject is never stored.
 	Subject string
 	// Limit replaces the policy's Limit; 0 removes the override (in
-	// Limiter.SetOverride and OverrideStore.PutOverride). Example: 1000.
+	// Limiter.SetOverride and a Store's PutOverride). Example: 1000.
 	Limit int64
 	// Burst replaces the policy's Burst (token_bucket and gcra only).
 	// Default: Limit.
@@ -38,11 +38,11 @@ type Override struct {
 	Note string
 }
 
-// OverrideStore is what a Store implements to keep overrides itself, so
+// overrideStore is what a Store implements to keep overrides itself, so
 // every Limiter on it applies them (redisstore keeps them in Redis,
-// memstore in the process). A Limiter whose store does not implement it
-// keeps the overrides set on it in its own memory.
-type OverrideStore interface {
+// memstore in the process): these two methods. A Limiter whose store does
+// not have them keeps the overrides set on it in its own memory.
+type overrideStore interface {
 	// PutOverride stores o, replacing the one for the same policy and
 	// subject; an o with Limit 0 removes it.
 	PutOverride(ctx context.Context, o Override) error
@@ -73,8 +73,8 @@ type overrideSet struct {
 
 // overrides is a Limiter's override state.
 type overrides struct {
-	set     atomic.Pointer[overrideSet] // nil: no OverrideStore and nothing set
-	store   OverrideStore               // nil when the Store is not one
+	set     atomic.Pointer[overrideSet] // nil: no overrideStore and nothing set
+	store   overrideStore               // nil when the Store is not one
 	age     freshness                   // how old the store's overrides are: see overridesage.go
 	local   []Override                  // given in Options: applied under the store's
 	mu      sync.Mutex                  // held to change stored and set
@@ -93,7 +93,7 @@ func (l *Limiter) initOverrides(opts Options) error {
 		}
 	}
 	l.ovr.local = append([]Override(nil), opts.Overrides...)
-	l.ovr.store, _ = l.store.(OverrideStore)
+	l.ovr.store, _ = l.store.(overrideStore)
 	if l.ovr.store == nil && len(l.ovr.local) == 0 {
 		return nil
 	}
@@ -195,7 +195,7 @@ func (l *Limiter) buildOverrides() *overrideSet {
 
 // applyOverrides is the overrides stage, the first: it gives each policy
 // of d.ev the subject's own numbers where an override names them. Over an
-// OverrideStore, overrides read too long ago are read again first
+// overrideStore, overrides read too long ago are read again first
 // (overrideMaxAge); a Check whose context ends meanwhile is Unavailable,
 // nothing sent.
 func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
@@ -293,11 +293,13 @@ func equalOverrides(a, b []Override) bool {
 // SetOverride gives o.Subject of policy o.Policy o's numbers, or with
 // o.Limit 0 removes its override. The numbers obey Policy.Validate's
 // rules for the policy's algorithm; a concurrency policy takes a limit
-// only. With a Store that is an OverrideStore, the override is stored
-// there and every Limiter on it applies it to every decision taken 500ms
-// or more after (each reads the store's overrides again before deciding
-// on ones read longer ago than that); otherwise it lives in l. l applies
-// it at once.
+// only. With a Store that keeps overrides (one with the methods
+// PutOverride(ctx, Override) error and Overrides(ctx) ([]Override,
+// error), as memstore and redisstore have), the override is stored there
+// and every Limiter on it applies it to every decision taken 500ms or
+// more after (each reads the store's overrides again before deciding on
+// ones read longer ago than that); otherwise it lives in l. l applies it
+// at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {
 		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
@@ -334,8 +336,8 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 }
 
 // Overrides returns the overrides l applies (those of Options and, with
-// an OverrideStore, the ones stored there, read now), by policy then
-// subject.
+// a Store that keeps overrides, the ones stored there, read now), by
+// policy then subject.
 func (l *Limiter) Overrides(ctx context.Context) ([]Override, error) {
 	if l.ovr.store != nil {
 		l.ovr.mu.Lock()

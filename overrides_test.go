@@ -2,8 +2,10 @@ package sluice_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,5 +299,58 @@ func TestOverridesSkipWhatCannotApply(t *testing.T) {
 	l := newOverrideLimiter(t, store, sluice.Options{Clock: clock})
 	if o := l.Check(context.Background(), sluice.Request{Policy: "fw", Subject: "tenant"}); o.Limit != 2 {
 		t.Fatalf("Check = %+v, want the stored override's limit 2", o)
+	}
+}
+
+// failingOverrides is a memstore whose overrides read fails, or hangs
+// until released, when told to.
+type failingOverrides struct {
+	*memstore.Store
+	fail, hang atomic.Bool
+	release    chan struct{}
+}
+
+func (s *failingOverrides) Overrides(ctx context.Context) ([]sluice.Override, error) {
+	if s.hang.Load() {
+		<-s.release
+	}
+	if s.fail.Load() {
+		return nil, errors.New("overrides unreadable")
+	}
+	return s.Store.Overrides(ctx)
+}
+
+// TestOverridesReadFailing: a Check that finds the overrides stale waits
+// for one read; when that read fails it decides on the overrides it had,
+// and later Checks wait for no read until one succeeds (a hung store's
+// overrides read must not hold decisions its breaker would answer).
+func TestOverridesReadFailing(t *testing.T) {
+	clock := sluicetest.NewClock()
+	store := &failingOverrides{Store: newMemstore(t, clock), release: make(chan struct{})}
+	defer close(store.release)
+	ctx := context.Background()
+	if err := store.PutOverride(ctx, sluice.Override{Policy: "fw", Subject: "tenant", Limit: 40}); err != nil {
+		t.Fatal(err)
+	}
+	l := newOverrideLimiter(t, store, sluice.Options{Clock: clock})
+	req := sluice.Request{Policy: "fw", Subject: "tenant"}
+	if o := l.Check(ctx, req); o.Limit != 40 {
+		t.Fatalf("Check = %+v, want limit 40", o)
+	}
+	store.fail.Store(true)
+	clock.Advance(600 * time.Millisecond)
+	if o := l.Check(ctx, req); o.Kind != sluice.Allowed || o.Limit != 40 {
+		t.Fatalf("Check after a failed read = %+v, want allowed on the overrides read before (limit 40)", o)
+	}
+	store.hang.Store(true)
+	// A guard, not a wait: a Check that waits for the hung read ends
+	// with its context, Unavailable.
+	guard, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for i := range 3 {
+		clock.Advance(600 * time.Millisecond)
+		if o := l.Check(guard, req); o.Kind != sluice.Allowed || o.Limit != 40 {
+			t.Fatalf("Check %d while the read hangs = %+v, want allowed at once on the overrides read before", i, o)
+		}
 	}
 }

@@ -83,17 +83,18 @@ func (f *freshness) begin() (ch chan struct{}, started bool) {
 
 // end ends the read of ch, begun at began and over at now. A fresh read
 // (the overrides as the store held them at began) is old half
-// overrideMaxAge after began and stale at overrideMaxAge. A failed read
-// changes nothing for half overrideMaxAge from now: decisions until then
-// go on the overrides last read (a store that cannot give its overrides
-// can seldom decide either), then the next Check reads again.
+// overrideMaxAge after began and stale at overrideMaxAge. After a failed
+// read no Check waits for another until one succeeds: decisions go on
+// the overrides last read (a store that cannot give its overrides can
+// seldom decide either, and a Check must not wait on a hung store for
+// them when the store's own breaker would answer it at once), and a Check
+// half overrideMaxAge from now starts a background read again.
 func (f *freshness) end(ch chan struct{}, fresh bool, began, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	oldAt, staleAt := began.Add(overrideMaxAge/2).UnixNano(), began.Add(overrideMaxAge).UnixNano()
 	if !fresh {
-		staleAt = max(f.staleAt.Load(), now.Add(overrideMaxAge/2).UnixNano())
-		oldAt = staleAt
+		oldAt, staleAt = now.Add(overrideMaxAge/2).UnixNano(), math.MaxInt64
 	}
 	f.oldAt.Store(oldAt)
 	f.staleAt.Store(staleAt)
@@ -111,7 +112,9 @@ func (f *freshness) end(ch chan struct{}, fresh bool, began, now time.Time) {
 			}
 		}
 		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(ageOld))
-		f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(ageStale))
+		if staleAt != math.MaxInt64 {
+			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(ageStale))
+		}
 	}
 	f.reading.Store(nil)
 	close(ch)

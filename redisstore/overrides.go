@@ -14,7 +14,12 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.OverrideStore = (*Store)(nil)
+// The methods a Limiter looks for to keep overrides in its Store (see
+// sluice.Limiter.SetOverride).
+var _ interface {
+	PutOverride(context.Context, sluice.Override) error
+	Overrides(context.Context) ([]sluice.Override, error)
+} = (*Store)(nil)
 
 // Overrides live in one hash, <Prefix>{overrides}, one field per
 // override: the policy ID, a 0 byte and the subject (a pseudonym at the
@@ -33,7 +38,7 @@ type overrideCache struct {
 	list    []sluice.Override
 }
 
-// PutOverride implements sluice.OverrideStore: it stores o in Redis (or,
+// PutOverride keeps overrides for sluice.Limiter: it stores o in Redis (or,
 // with o.Limit 0, removes it) and moves the version every reader polls.
 // sluice.Limiter.SetOverride validates o first.
 func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
@@ -60,9 +65,9 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	return nil
 }
 
-// Overrides implements sluice.OverrideStore: one GET of the version, and
-// the whole hash only when the version moved since the last read. A field
-// this store cannot read is skipped and reported to
+// Overrides keeps overrides for sluice.Limiter: one GET of the version,
+// and the whole hash only when the version moved since the last read. A
+// field this store cannot read is skipped and reported to
 // Options.OnSkippedOverride; the others are returned. The read goes
 // through the breaker of the Redis that holds the overrides, as a
 // decision does: shed at once while it is open (a Limiter whose overrides
