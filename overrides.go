@@ -102,7 +102,7 @@ func (l *Limiter) initOverrides(opts Options) error {
 		// Read the store now, in the background (New does not wait on
 		// the store): the first Check waits for that read, not longer.
 		l.ovr.age.init(l.clock)
-		l.readOverrides()
+		l.readOverrides(time.Time{})
 	}
 	return nil
 }
@@ -202,10 +202,11 @@ func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 	if l.ovr.store != nil {
 		switch l.ovr.age.state() {
 		case ageOld:
-			l.readOverrides()
+			l.readOverrides(time.Time{})
 		case ageStale:
+			deadline, _ := ctx.Deadline()
 			select {
-			case <-l.readOverrides():
+			case <-l.readOverrides(deadline):
 			case <-ctx.Done():
 				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: reading overrides: %w", ctx.Err())}
 				return
@@ -242,7 +243,10 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous [
 
 // readOverrides starts one read of the store's overrides, unless one is
 // under way, and returns a channel closed when the read under way ends.
-func (l *Limiter) readOverrides() <-chan struct{} {
+// A read started for a Check that waits for it ends by that Check's
+// deadline (zero: none), so that a Redis that hangs fails the read, and
+// counts against its breaker, while the Check still waits.
+func (l *Limiter) readOverrides(deadline time.Time) <-chan struct{} {
 	ch, start := l.ovr.age.begin()
 	if !start {
 		return ch
@@ -252,13 +256,24 @@ func (l *Limiter) readOverrides() <-chan struct{} {
 		l.ovr.mu.Lock()
 		changes := l.ovr.changes
 		l.ovr.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
-		list, err := l.ovr.store.Overrides(ctx)
-		cancel()
+		list, err := l.readStore(deadline)
 		fresh := err == nil && l.storeOverrides(list, changes)
 		l.ovr.age.end(ch, fresh, began, l.clock.Now())
 	}()
 	return ch
+}
+
+// readStore reads the store's overrides within overrideReadTimeout and,
+// when it is not zero, by deadline.
+func (l *Limiter) readStore(deadline time.Time) ([]Override, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
+	defer cancel()
+	if !deadline.IsZero() {
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(ctx, deadline)
+		defer stop()
+	}
+	return l.ovr.store.Overrides(ctx)
 }
 
 // storeOverrides makes list, read from the store after changes calls of
