@@ -164,9 +164,10 @@ local function readState(key, p, now, onRedis)
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
     local view = {key = key, len = len, newest = 0, oldest = 0, latest = ''}
-    view.newest = entry(view, len - 1)
     if kind == KIND_SLIDING_LOG then
-      slidingLogCorrupt(view, p, now)
+      slidingLogCorrupt(view, p, now) -- reads the newest too
+    else
+      view.newest = entry(view, len - 1)
     end
     if onRedis then
       local _, newest = bounds(p, view)
