@@ -5,8 +5,9 @@ slidingLogEntry(s, i), one LINDEX. An edit is a table
 {cut, drop, add, at, newest}; a decision is the values allowed,
 remaining, resetAfter and retryAfter (its limit is p.limit).
 
-Every entry read is checked against what the script writes (it has no
-Go twin: memstore reads only what it wrote): an integer >= 1 within
+Every entry read is checked against what the script writes
+(slidingLogCorrupt ports SlidingLog.corrupt; the entries a decision
+reads beyond it are checked as they are read): an integer >= 1 within
 (newest − 24h, newest], since a write cuts what left the window at its
 time and appends at that time; and ascending, as far as the entries a
 decision reads can tell: each one the cut's binary search reads lies
