@@ -695,14 +695,6 @@ end
 -- args[o + 1] on; at is as main's.
 local function fastMain(key, args, o, at)
   local form = args[o + 1]
-  if form == FAST_SPEND then
-    -- The common decision of a fixed window on Redis time: at the floor.
-    local p = policyOf(args[o + 3], 1)
-    local cost = SMALL[args[o + 2]] or arg(args[o + 2])
-    if p.kind == KIND_FIXED_WINDOW_END and cost ~= nil and cost >= 0 then
-      return fixedWindowFloor(key, p, cost, at or redisTime())
-    end
-  end
   local op = FAST_OPS[form]
   local leases = op == 'acquire' or op == 'release'
   local cost, lease = 0, ''
@@ -731,6 +723,9 @@ local function fastMain(key, args, o, at)
     p = policyOf(args[o + 5], 1)
   end
   local k = p.kind
+  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
+    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
+  end
   if leases ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
   end
