@@ -6,7 +6,7 @@ p.limit). Values, not tables: a decision allocates nothing here.
 FixedWindowEnd's state is its end and count, as fixedWindowEndOf reads
 them. ]]
 
--- fixedWindowCorrupt returns why start, count and last are no state
+-- fixedWindowCorrupt ports FixedWindow.corrupt: it returns why start, count and last are no state
 -- fixedWindowDecide or fixedWindowRefund leaves to keep, or nil. A kept
 -- window holds a count (one of 0 equals absent and is deleted) of at most
 -- the limit at its write, and its newest write lies in it:

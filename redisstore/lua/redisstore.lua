@@ -127,12 +127,29 @@ end
 -- its policy's limit.
 local MOST_ENTRIES = {[KIND_SLIDING_LOG] = MAX_SLIDING_LOG_LEN, [KIND_CONCURRENCY] = MAX_CONCURRENCY_LIMIT}
 
+-- ahead raises SLUICE_CORRUPT when newest, the newest write to a state
+-- of p at key (what, when not nil, says whose), lies further after now,
+-- the time of a call on Redis time, than p's window and TTL grace. Redis's
+-- clock may step back (NTP, a failover to a replica whose clock is
+-- behind): a write up to that far ahead is decided at its own time (the
+-- clock rule), its waits lengthened by as much. Further ahead, every wait
+-- would be lengthened by more than the window it limits: corrupt, rather
+-- than a subject locked out for longer than its policy ever could. (A
+-- caller's clock has MaxClockRegression for this.) The one place of the
+-- rule: readState, carryOver and fastMain's values call it.
+local function ahead(key, p, newest, now, what)
+  if newest - now > p.window + p.grace then
+    corrupt(key, (what or '') .. 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+  end
+end
+
 -- readState returns the state of p at key, or nil when there is none, for
--- a call at now. Anything but what apply writes is corrupt: its fields are
--- checked here, a log's or a set's entries as a decision reads them
--- (slidingLogCorrupt, concurrency.lua), and how far its newest write may
--- lie ahead of the time of the call by main.
-local function readState(key, p, now)
+-- a call at now (on Redis time when onRedis is set). Anything but what
+-- apply writes is corrupt: its fields are checked here, a log's or a
+-- set's entries as a decision reads them (slidingLogCorrupt,
+-- concurrency.lua), and on Redis time how far its newest write lies ahead
+-- (ahead).
+local function readState(key, p, now, onRedis)
   local kind = p.kind
   if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
     -- A view of the list (sorted set), its newest entry read with its length.
@@ -147,9 +164,14 @@ local function readState(key, p, now)
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
     local view = {key = key, len = len, newest = 0, oldest = 0, latest = ''}
-    view.newest = entry(view, len - 1)
     if kind == KIND_SLIDING_LOG then
-      slidingLogCorrupt(view, p, now)
+      slidingLogCorrupt(view, p, now) -- reads the newest too
+    else
+      view.newest = entry(view, len - 1)
+    end
+    if onRedis then
+      local _, newest = bounds(p, view)
+      ahead(key, p, newest, now)
     end
     return view
   end
@@ -158,6 +180,10 @@ local function readState(key, p, now)
     return nil
   end
   local a, b, c, d, e = decodeChecked(key, raw, kind, now)
+  if onRedis then
+    local _, newest = boundsFixed(kind, p, a, b, c, d, e)
+    ahead(key, p, newest, now)
+  end
   return {a, b, c, d, e}
 end
 
@@ -355,18 +381,6 @@ local function carriedEntries(key, raw, kind)
   return out, prev
 end
 
--- aheadMost returns how far, in µs, the newest write to a state of p may
--- lie after the time of a call on Redis time. Redis's clock may step back
--- (NTP, a failover to a replica whose clock is behind): a write up to p's
--- window and TTL grace ahead is decided at its own time (the clock rule),
--- its waits lengthened by as much. Further ahead, every wait would be
--- lengthened by more than the window it limits: corrupt, rather than a
--- subject locked out for longer than its policy ever could. (A caller's
--- clock has MaxClockRegression for this.)
-local function aheadMost(p)
-  return p.window + p.grace
-end
-
 -- carryOver gives each policy of ev without a live state the state
 -- carried in ARGV, if any: checked first (anything the store would not
 -- have written is corrupt), then kept at its key with its TTL.
@@ -391,8 +405,8 @@ local function carryOver(KEYS, ARGV, ev, now)
         local _, nw = bounds(p, v)
         newest = nw
       end
-      if ARGV[ARGV_NOW] == '' and newest - now > aheadMost(p) then
-        corrupt(KEYS[i], 'carried state: newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+      if ARGV[ARGV_NOW] == '' then
+        ahead(KEYS[i], p, newest, now, 'carried state: ')
       end
     end
   end
@@ -404,7 +418,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('ZADD', KEYS[i], unpack(c.leases, j, mathMin(j + 999, #c.leases)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p, now)
+      ev.states[i] = readState(KEYS[i], p, now, false) -- checked as carried
     elseif c ~= nil and c.v ~= nil then
       redisCall('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
       ev.states[i] = c.v
@@ -414,7 +428,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('RPUSH', KEYS[i], unpack(c.entries, j, mathMin(j + 999, #c.entries)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p, now)
+      ev.states[i] = readState(KEYS[i], p, now, false) -- checked as carried
     end
   end
 end
@@ -490,13 +504,6 @@ local function clockUnsafe(key, behind, maxRegression)
     ' µs behind the last write, more than the allowed ' .. fmt(maxRegression))
 end
 
--- tooFarAhead raises SLUICE_CORRUPT: on Redis time, no write lies
--- further ahead of the clock than aheadMost (such a state would lock its
--- subject out until then).
-local function tooFarAhead(key, ahead)
-  corrupt(key, 'newest write is ' .. fmt(ahead) .. ' µs after the time of this call')
-end
-
 -- main decides one call; KEYS and ARGV are the call's keys and arguments,
 -- and at, when not nil, the time of this call read already by redisTime.
 local function main(KEYS, ARGV, at)
@@ -561,15 +568,7 @@ local function main(KEYS, ARGV, at)
   for i = 1, n do
     local st
     if not reset then -- a reset deletes whatever is there, corrupt state included
-      st = readState(KEYS[i], policies[i], now)
-    end
-    if st ~= nil and redisTime then
-      -- On Redis time, no write lies further ahead of the clock than
-      -- aheadMost: such a state would lock its subject out until then.
-      local _, newest = bounds(policies[i], st)
-      if newest - now > aheadMost(policies[i]) then
-        tooFarAhead(KEYS[i], newest - now)
-      end
+      st = readState(KEYS[i], policies[i], now, redisTime)
     end
     states[i] = st
   end
@@ -646,13 +645,7 @@ local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
-  local st = readState(key, p, now)
-  if st ~= nil and onRedis then
-    local _, newest = bounds(p, st)
-    if newest - now > aheadMost(p) then
-      tooFarAhead(key, newest - now)
-    end
-  end
+  local st = readState(key, p, now, onRedis)
   local cur, t, behind = current(p, st, now, maxRegression)
   if cur == nil then
     clockUnsafe(key, behind, maxRegression)
@@ -702,14 +695,6 @@ end
 -- args[o + 1] on; at is as main's.
 local function fastMain(key, args, o, at)
   local form = args[o + 1]
-  if form == FAST_SPEND then
-    -- The common decision of a fixed window on Redis time: at the floor.
-    local p = policyOf(args[o + 3], 1)
-    local cost = SMALL[args[o + 2]] or arg(args[o + 2])
-    if p.kind == KIND_FIXED_WINDOW_END and cost ~= nil and cost >= 0 then
-      return fixedWindowFloor(key, p, cost, at or redisTime())
-    end
-  end
   local op = FAST_OPS[form]
   local leases = op == 'acquire' or op == 'release'
   local cost, lease = 0, ''
@@ -738,6 +723,9 @@ local function fastMain(key, args, o, at)
     p = policyOf(args[o + 5], 1)
   end
   local k = p.kind
+  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
+    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
+  end
   if leases ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
   end
@@ -754,8 +742,8 @@ local function fastMain(key, args, o, at)
   if raw then
     a, b, c, d, e = decodeChecked(key, raw, k, now)
     local exp, nw = boundsFixed(k, p, a, b, c, d, e)
-    if onRedis and nw - now > aheadMost(p) then
-      tooFarAhead(key, nw - now)
+    if onRedis then
+      ahead(key, p, nw, now)
     end
     local live, behind
     live, t, behind = when(exp, nw, now, maxRegression)
