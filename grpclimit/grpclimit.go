@@ -42,19 +42,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/logthrottle"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/subject"
 )
-
-// defaultDeadline is how long a call waits for a decision unless
-// Options.Deadline says otherwise: httplimit's, for the same reasons.
-const defaultDeadline = 500 * time.Millisecond
 
 // defaultOperation is the operation of the calls no Method rule matches
 // and Options.Default limits.
@@ -119,27 +113,19 @@ type Options struct {
 // usable. Immutable and safe for concurrent use; they own no goroutines
 // (close the Limiter's store yourself).
 type Interceptors struct {
-	warnings      logthrottle.Throttle
-	limiter       *sluice.Limiter
+	core          *edge.Core
 	exact         map[string]*rule
 	services      map[string]*rule // by "/service/"
 	fallthru      *rule            // Options.Default, or nil
 	pseudo        *subject.Pseudonymizer
 	passAnonymous bool
-	deadline      time.Duration
-	log           *slog.Logger
 }
 
 // rule is a Method (or Options.Default) checked and ready to decide.
 type rule struct {
-	operation   string
-	policies    []string
-	cost        int64
-	op          sluice.Op // Acquire when a policy is a concurrency one
-	closed      bool      // a policy fails closed
-	lease       string    // a concurrency policy's ID, or ""
-	subject     SubjectFunc
-	policyField string // the RateLimit-Policy field value
+	*edge.Rule
+	operation string
+	subject   SubjectFunc
 }
 
 // New validates opts against limiter and returns the interceptors. The
@@ -150,17 +136,15 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 	if limiter == nil {
 		return nil, errors.New("grpclimit: limiter is nil")
 	}
-	if opts.Deadline < 0 {
-		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
-	}
 	in := &Interceptors{
-		limiter:       limiter,
 		exact:         map[string]*rule{},
 		services:      map[string]*rule{},
 		pseudo:        cmp.Or(opts.Pseudonymizer, subject.Unkeyed()),
 		passAnonymous: opts.PassAnonymous,
-		deadline:      cmp.Or(opts.Deadline, defaultDeadline),
-		log:           cmp.Or(opts.Logger, slog.Default()),
+	}
+	var err error
+	if in.core, err = edge.New(limiter, edge.Options{Deadline: opts.Deadline, Logger: opts.Logger, Prefix: "grpclimit"}); err != nil {
+		return nil, err
 	}
 	subj := opts.Subject
 	if subj == nil {
@@ -217,41 +201,23 @@ func checkName(at, name string) (service bool, err error) {
 // compile checks m, found at at, against the limiter; subj is
 // Options.Subject.
 func (in *Interceptors) compile(at string, m Method, subj SubjectFunc) (*rule, error) {
-	r := &rule{operation: m.Name, cost: cmp.Or(m.Cost, 1), subject: m.Subject}
+	r := &rule{operation: m.Name, subject: m.Subject}
 	if m.Subject == nil {
 		r.subject = subj
 	}
-	if m.Cost < 0 {
-		return nil, optionError(at+".Cost", m.Cost, "must not be negative; leave it 0 for 1")
-	}
-	if len(m.Policies) == 0 {
-		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
-	}
-	var field []byte
+	mode := sluice.FailOpen
 	for j, id := range m.Policies {
-		pat := fmt.Sprintf("%s.Policies[%d]", at, j)
-		p, ok := in.limiter.Policy(id)
-		switch {
-		case !ok:
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "the limiter has no such policy; it has "+strings.Join(in.limiter.Policies(), ", "))
-		case slices.Contains(r.policies, id):
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
-		case p.FailureMode == sluice.FailLocal:
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, which grpclimit does not do (it keeps no local fallback): make it fail closed or open")
-		case p.Algorithm == sluice.Concurrency:
-			r.op, r.lease = sluice.Acquire, id
-		case r.cost > p.MaxCost:
-			return nil, optionError(at+".Cost", r.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
+		p, _ := in.core.Limiter().Policy(id)
+		switch p.FailureMode {
+		case sluice.FailLocal:
+			return nil, optionError(fmt.Sprintf("%s.Policies[%d]", at, j), fmt.Sprintf("%q", id), "fails local, which grpclimit does not do (it keeps no local fallback): make it fail closed or open")
+		case sluice.FailClosed:
+			mode = sluice.FailClosed
 		}
-		r.closed = r.closed || p.FailureMode == sluice.FailClosed
-		r.policies = append(r.policies, id)
-		if j > 0 {
-			field = append(field, ", "...)
-		}
-		field = ratelimitheader.AppendPolicyItem(field, p)
 	}
-	r.policyField = string(field)
-	return r, nil
+	var err error
+	r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, mode)
+	return r, err
 }
 
 // ruleOf returns the rule of the full method name method: its exact

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // The values of Decision.Action.
@@ -87,19 +86,9 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	if !m.log.Enabled(ctx, level) {
 		return
 	}
-	var suppressed int64
-	if level == slog.LevelWarn {
-		// Store failures fail every request while they last: one line a
-		// second, with the count of those held back.
-		var ok bool
-		if ok, suppressed = m.warnings.Allow(clock.System{}.Now()); !ok {
-			return
-		}
-	}
+	// Store failures fail every request while they last: the core logs
+	// one line a second, with the count of those held back.
 	attrs := make([]slog.Attr, 0, 13)
-	if suppressed > 0 {
-		attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
-	}
 	attrs = append(attrs,
 		slog.String("operation", d.Operation),
 		slog.String("policies", strings.Join(d.Policies, ",")),
@@ -121,7 +110,7 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	if d.Shadow {
 		msg = "rate limit decision (shadow: not enforced)"
 	}
-	m.log.LogAttrs(ctx, level, msg, attrs...)
+	m.core.Log(ctx, level, msg, attrs...)
 }
 
 func appendOutcome(attrs []slog.Attr, prefix string, o sluice.Outcome) []slog.Attr {

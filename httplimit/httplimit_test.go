@@ -664,7 +664,7 @@ func TestLocalFallback(t *testing.T) {
 	if resp := h.do("GET", "/"); resp.StatusCode != 200 {
 		t.Errorf("after a minute: %d, want 200", resp.StatusCode)
 	} else {
-		wantHeader(t, resp, "RateLimit", member("api", "r", 1, "t", 60))
+		wantHeader(t, resp, "RateLimit", member("api", "r", 1, "t", 60), member("other", "r", 1, "t", 60))
 	}
 }
 
@@ -785,7 +785,7 @@ func TestNewErrors(t *testing.T) {
 		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
 		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
 		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
-		{"local without fallback", httplimit.Options{Default: []string{"local"}}, `httplimit: Default.Policies[0] = "local": fails local, but Options.Fallback is nil`},
+		{"local without fallback", httplimit.Options{Default: []string{"local"}}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
 		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
 		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -254,6 +255,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.handler.ServeHTTP(w, r)
 		return
 	}
+	// The middleware's edge core counts its decision on the server's
+	// metrics.
+	r = r.WithContext(edge.WithCount(r.Context(), p.metrics.count))
 	sw := &statusWriter{ResponseWriter: w}
 	p.handler.ServeHTTP(sw, r)
 	if sw.status == 0 {
