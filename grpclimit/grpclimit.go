@@ -13,10 +13,10 @@
 //     (never less), a google.rpc.QuotaFailure detail naming the policies
 //     that denied, and the same trailer;
 //   - undecidable (store down, deadline passed, reply lost, corrupt
-//     state): codes.Unavailable when one of the method's policies fails
-//     closed, with a RetryInfo of one second; the call goes on when every
-//     one fails open. Policies that fail local are refused by New:
-//     grpclimit keeps no local fallback.
+//     state): per the method's failure mode, codes.Unavailable with a
+//     RetryInfo of one second (closed), the call goes on (open), or a
+//     local limiter holding a share of each limit decides (local, see
+//     Options.Fallback).
 //
 // A method whose policies include a Concurrency policy holds a lease for
 // the life of the call, a stream's included: acquired before the handler
@@ -72,6 +72,11 @@ type Method struct {
 	// Subject says who the method's calls are limited as.
 	// Default: nil, Options.Subject.
 	Subject SubjectFunc
+	// FailureMode answers the method's calls when the Limiter cannot
+	// decide: sluice.FailClosed (codes.Unavailable), sluice.FailOpen (the
+	// call goes on, logged) or sluice.FailLocal (the local fallback
+	// decides, see Options.Fallback). Default: FailClosed.
+	FailureMode sluice.FailureMode
 }
 
 // Options configure the interceptors. The zero value means the defaults.
@@ -83,6 +88,9 @@ type Options struct {
 	// under operation "*", at a cost of 1. Default: none, such calls go
 	// on unlimited and without trailer fields.
 	Default []string
+	// FailureMode is Default's failure mode (see Method.FailureMode).
+	// Default: sluice.FailClosed.
+	FailureMode sluice.FailureMode
 	// Subject says who a call is limited as, for the rules that do not
 	// say it themselves. Default: ClientIP(nil), the peer's address.
 	Subject SubjectFunc
@@ -100,6 +108,16 @@ type Options struct {
 	// lease's release); past it the outcome is Unavailable and the
 	// failure mode answers. Default: 500ms.
 	Deadline time.Duration
+	// Fallback is the store of the local fallback, typically a
+	// memstore.Store of this process that the caller owns and closes:
+	// when the Limiter cannot decide, the calls of a method whose
+	// FailureMode is FailLocal are decided on it, under the same policy
+	// IDs, each policy holding LocalShare of its limit. Required when a
+	// method fails local. Default: nil.
+	Fallback sluice.Store
+	// LocalShare is the share of each policy's limit the local fallback
+	// holds, in (0, 1] (see httplimit.Options.LocalShare). Default: 1.
+	LocalShare float64
 	// Logger receives a record, at Warn, when the Limiter cannot decide
 	// or a lease cannot be released: at most one a second, with the count
 	// held back. Records carry the pseudonym, never the identity.
@@ -143,7 +161,9 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 		passAnonymous: opts.PassAnonymous,
 	}
 	var err error
-	if in.core, err = edge.New(limiter, edge.Options{Deadline: opts.Deadline, Logger: opts.Logger, Prefix: "grpclimit"}); err != nil {
+	if in.core, err = edge.New(limiter, edge.Options{
+		Fallback: opts.Fallback, LocalShare: opts.LocalShare, Deadline: opts.Deadline, Logger: opts.Logger, Prefix: "grpclimit",
+	}); err != nil {
 		return nil, err
 	}
 	subj := opts.Subject
@@ -170,7 +190,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 		index[m.Name] = r
 	}
 	if len(opts.Default) > 0 {
-		r, err := in.compile("Default", Method{Name: defaultOperation, Policies: opts.Default}, subj)
+		r, err := in.compile("Default", Method{Name: defaultOperation, Policies: opts.Default, FailureMode: opts.FailureMode}, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -205,18 +225,8 @@ func (in *Interceptors) compile(at string, m Method, subj SubjectFunc) (*rule, e
 	if m.Subject == nil {
 		r.subject = subj
 	}
-	mode := sluice.FailOpen
-	for j, id := range m.Policies {
-		p, _ := in.core.Limiter().Policy(id)
-		switch p.FailureMode {
-		case sluice.FailLocal:
-			return nil, optionError(fmt.Sprintf("%s.Policies[%d]", at, j), fmt.Sprintf("%q", id), "fails local, which grpclimit does not do (it keeps no local fallback): make it fail closed or open")
-		case sluice.FailClosed:
-			mode = sluice.FailClosed
-		}
-	}
 	var err error
-	r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, mode)
+	r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode)
 	return r, err
 }
 

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/sluicetest"
 	"github.com/sluicehq/sluice/subject"
@@ -34,7 +33,7 @@ func TestClientIPThroughTrustedProxy(t *testing.T) {
 	ints := newInterceptors(t, sluicetest.NewClock(), grpclimit.Options{Methods: []grpclimit.Method{
 		{Name: echoUnary, Policies: []string{"one"}, Subject: grpclimit.ClientIP(resolver(t, "127.0.0.1"))},
 		{Name: otherUnary, Policies: []string{"one"}, Subject: grpclimit.ClientIP(resolver(t, "10.0.0.0/8"))},
-	}}, slidingLog("one", 1, time.Minute, sluice.FailClosed))
+	}}, slidingLog("one", 1, time.Minute))
 	s := serveInterceptors(t, ints)
 	steps := []struct {
 		name   string
@@ -125,7 +124,7 @@ func TestAnonymous(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := slidingLog("keys", 1, time.Minute, sluice.FailClosed)
+	policy := slidingLog("keys", 1, time.Minute)
 	for _, pass := range []bool{false, true} {
 		ints := newInterceptors(t, sluicetest.NewClock(), grpclimit.Options{Default: []string{"keys"}, Subject: apiKey, PassAnonymous: pass}, policy)
 		s := serveInterceptors(t, ints)

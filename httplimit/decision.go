@@ -44,9 +44,9 @@ type Decision struct {
 	//   - "admitted": the limiter (or the local fallback) admitted the
 	//     request;
 	//   - "limited": it denied it: 429;
-	//   - "failed_closed": no decision, and a policy fails closed (or the
+	//   - "failed_closed": no decision, and the route fails closed (or the
 	//     local fallback failed too): 503;
-	//   - "failed_open": no decision, and every policy fails open: the
+	//   - "failed_open": no decision, and the route fails open: the
 	//     request goes on;
 	//   - "no_subject": the route's SubjectFunc identified no one: 403,
 	//     or the request goes on with Options.PassAnonymous. The limiter

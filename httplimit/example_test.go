@@ -73,9 +73,9 @@ func Example() {
 
 // Behind a load balancer at 10.0.0.0/8, requests are limited by their API
 // key, and those without one by the client address the balancer vouches
-// for. A shared store (Redis) decides normally; when it cannot, policies
-// with FailureMode FailLocal are decided by an in-process store holding a
-// share of each limit: with four instances, a quarter each.
+// for. A shared store (Redis) decides normally; when it cannot, the
+// requests are decided (FailureMode FailLocal) by an in-process store
+// holding a share of each limit: with four instances, a quarter each.
 func ExampleFirstOf() {
 	shared, err := memstore.New(memstore.Options{}) // in production, e.g. a redisstore.Store
 	if err != nil {
@@ -83,7 +83,7 @@ func ExampleFirstOf() {
 	}
 	defer shared.Close()
 	limiter, err := sluice.New(shared, []sluice.Policy{
-		{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, FailureMode: sluice.FailLocal},
+		{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second},
 	}, sluice.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -109,6 +109,7 @@ func ExampleFirstOf() {
 		Default:       []string{"api"},
 		Subject:       httplimit.FirstOf(apiKey, httplimit.ClientIP(ips)),
 		Pseudonymizer: pseudonyms,
+		FailureMode:   sluice.FailLocal,
 		Fallback:      local,
 		LocalShare:    0.25,
 	})

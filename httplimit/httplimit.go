@@ -9,9 +9,9 @@
 //   - denied: 429 Too Many Requests, Retry-After, and an RFC 9457 problem
 //     of the draft's quota-exceeded type listing the violated policies;
 //   - undecidable (store down, deadline passed, reply lost, corrupt
-//     state): per the policies' failure mode, 503 with Retry-After (closed),
+//     state): per the route's failure mode, 503 with Retry-After (closed),
 //     the request goes on (open), or a local limiter holding a share of
-//     the limit decides (local).
+//     each limit decides (local).
 //
 // The raw identity (a principal, an API key, an IP address) is only ever
 // hashed: it never reaches the Limiter, a log line or a Decision.
@@ -99,6 +99,11 @@ type Route struct {
 	// Shadow makes this route report but never block. Default: false
 	// (Options.Shadow applies to every route).
 	Shadow bool
+	// FailureMode answers the route's requests when the Limiter cannot
+	// decide: sluice.FailClosed (503 with Retry-After), sluice.FailOpen
+	// (the request goes on, logged) or sluice.FailLocal (the local
+	// fallback decides, see Options.Fallback). Default: FailClosed.
+	FailureMode sluice.FailureMode
 }
 
 // Options configure the middleware. The zero value means the defaults.
@@ -110,6 +115,9 @@ type Options struct {
 	// operation "*", at a cost of 1. Default: none, such requests pass
 	// unlimited and without headers.
 	Default []string
+	// FailureMode is Default's failure mode (see Route.FailureMode).
+	// Default: sluice.FailClosed.
+	FailureMode sluice.FailureMode
 	// Subject says who a request is limited as, for the routes that do
 	// not say it themselves, e.g. FirstOf(Principal(userID),
 	// ClientIP(ips)). Default: ClientIP(nil), the socket peer's address.
@@ -171,12 +179,12 @@ type Options struct {
 	Shadow bool
 	// Fallback is the store of the local fallback, typically a
 	// memstore.Store of this process that the caller owns and closes:
-	// when the Limiter cannot decide, the policies whose failure mode is
-	// FailLocal are decided on it, under the same IDs, each holding
-	// LocalShare of its limit. Required when a route spends such a
-	// policy. Default: nil.
+	// when the Limiter cannot decide, the requests of a route whose
+	// FailureMode is FailLocal are decided on it, under the same policy
+	// IDs, each policy holding LocalShare of its limit. Required when a
+	// route fails local. Default: nil.
 	Fallback sluice.Store
-	// LocalShare is the share of each FailLocal policy's limit the local
+	// LocalShare is the share of each policy's limit the local
 	// fallback holds, in (0, 1]: Limit (and Burst, for token_bucket and
 	// gcra) scaled and rounded down, at least 1; MaxCost capped at the new
 	// capacity. With n instances of an application, 1/n makes an outage
@@ -271,7 +279,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		m.routes = append(m.routes, c)
 	}
 	if len(opts.Default) > 0 {
-		c, err := m.compile("Default", Route{Operation: defaultOperation, Policies: opts.Default}, subj)
+		c, err := m.compile("Default", Route{Operation: defaultOperation, Policies: opts.Default, FailureMode: opts.FailureMode}, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -299,28 +307,12 @@ func (m *Middleware) compile(at string, rt Route, subj SubjectFunc) (*route, err
 	if err := c.compileMatch(at, rt); err != nil {
 		return nil, err
 	}
-	r, err := m.core.Rule(at, rt.Policies, rt.Cost, m.mode(rt.Policies))
+	r, err := m.core.Rule(at, rt.Policies, rt.Cost, rt.FailureMode)
 	if err != nil {
 		return nil, err
 	}
 	c.Rule = r
 	return c, nil
-}
-
-// mode is the failure mode of a route spending policies: closed when one
-// of them fails closed, else local when one fails local, else open.
-func (m *Middleware) mode(policies []string) sluice.FailureMode {
-	mode := sluice.FailOpen
-	for _, id := range policies {
-		p, _ := m.core.Limiter().Policy(id)
-		switch p.FailureMode {
-		case sluice.FailClosed:
-			return sluice.FailClosed
-		case sluice.FailLocal:
-			mode = sluice.FailLocal
-		}
-	}
-	return mode
 }
 
 // compileMatch sets c's methods, prefix and default operation from rt.

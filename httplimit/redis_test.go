@@ -43,17 +43,17 @@ func failureRoutes() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/closed", Policies: []string{"closed"}},
-			{PathPrefix: "/open", Policies: []string{"open"}},
-			{PathPrefix: "/local", Policies: []string{"local"}},
+			{PathPrefix: "/open", Policies: []string{"open"}, FailureMode: sluice.FailOpen},
+			{PathPrefix: "/local", Policies: []string{"local"}, FailureMode: sluice.FailLocal},
 		},
 	}
 }
 
 func failurePolicies() []sluice.Policy {
 	return []sluice.Policy{
-		policy("closed", sluice.FixedWindow, 3, 10*time.Second, sluice.FailClosed),
-		policy("open", sluice.FixedWindow, 3, 10*time.Second, sluice.FailOpen),
-		policy("local", sluice.FixedWindow, 8, time.Minute, sluice.FailLocal),
+		policy("closed", sluice.FixedWindow, 3, 10*time.Second),
+		policy("open", sluice.FixedWindow, 3, 10*time.Second),
+		policy("local", sluice.FixedWindow, 8, time.Minute),
 	}
 }
 
@@ -161,7 +161,7 @@ func TestRawIdentityNeverInRedis(t *testing.T) {
 			httplimit.IPUserAgent(nil),
 		),
 	}
-	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Second, sluice.FailClosed))
+	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Second))
 	defer admin.Close()
 	expectStatus(t, h, "/", 200)
 	h.do("GET", "/", "User-Agent: "+agent)

@@ -43,6 +43,10 @@ type ProxyOptions struct {
 	// generations of a reloaded config (keys carry the policy revision).
 	// Required when a policy's failure mode is local.
 	Fallback sluice.Store
+	// FailureModes are the policies' failure modes (failure_mode), by ID:
+	// a route fails closed when one of its policies does, else local when
+	// one does, else open. Default: none, every policy fails closed.
+	FailureModes map[string]sluice.FailureMode
 	// Transport carries requests to the upstream. Default: a clone of
 	// http.DefaultTransport that ignores the HTTP_PROXY environment and
 	// keeps up to 512 idle connections to the upstream.
@@ -126,10 +130,10 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		Deadline:      cfg.DecisionTimeout,
 		StrictPaths:   true,
 	}
-	if mopts.Routes, err = p.routes(cfg.Routes); err != nil {
+	if mopts.Routes, err = p.routes(cfg.Routes, opts.FailureModes); err != nil {
 		return nil, err
 	}
-	if needsFallback(lim) {
+	if needsFallback(mopts.Routes) {
 		if opts.Fallback == nil {
 			return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
 		}
@@ -158,16 +162,17 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 
 // routes maps proxy.routes to the middleware's, one subject kind of the
 // config to one SubjectFunc, and records the subject headers.
-func (p *Proxy) routes(cfg []config.Route) ([]httplimit.Route, error) {
+func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) ([]httplimit.Route, error) {
 	ip := httplimit.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
 		rt := httplimit.Route{
-			Operation:  r.Match.Operation(),
-			Methods:    r.Match.Methods,
-			PathPrefix: r.Match.PathPrefix,
-			Policies:   r.Policies,
-			Shadow:     r.Shadow,
+			Operation:   r.Match.Operation(),
+			Methods:     r.Match.Methods,
+			PathPrefix:  r.Match.PathPrefix,
+			Policies:    r.Policies,
+			Shadow:      r.Shadow,
+			FailureMode: routeMode(r.Policies, modes),
 		}
 		switch kind, name := r.SubjectKind(); kind {
 		case config.SubjectIP:
@@ -240,9 +245,26 @@ func upstreamTransport() *http.Transport {
 	return t
 }
 
-func needsFallback(lim *sluice.Limiter) bool {
-	for _, id := range lim.Policies() {
-		if p, _ := lim.Policy(id); p.FailureMode == sluice.FailLocal {
+// routeMode is the failure mode of a route spending policies: closed
+// when one of them fails closed, else local when one fails local, else
+// open.
+func routeMode(policies []string, modes map[string]sluice.FailureMode) sluice.FailureMode {
+	mode := sluice.FailOpen
+	for _, id := range policies {
+		switch modes[id] {
+		case sluice.FailClosed:
+			return sluice.FailClosed
+		case sluice.FailLocal:
+			mode = sluice.FailLocal
+		}
+	}
+	return mode
+}
+
+// needsFallback reports whether a route fails local.
+func needsFallback(routes []httplimit.Route) bool {
+	for _, r := range routes {
+		if r.FailureMode == sluice.FailLocal {
 			return true
 		}
 	}

@@ -214,12 +214,13 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
+	modes := failureModes(l)
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now()}
-	if g.api, err = New(lim, pseud, r.log, Options{Envoy: elim, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
+	if g.api, err = New(lim, pseud, r.log, Options{Envoy: elim, FailureModes: modes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
-		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
+		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{FailureModes: modes, Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
 		}
 	}
@@ -227,6 +228,20 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud, Count: r.metrics.count, Deadline: cfg.Server.DecisionTimeout}
 	}
 	return g, nil
+}
+
+// failureModes are the failure modes of l's policies, by ID: the
+// config's failure_mode, and the rules files' rules'.
+func failureModes(l *loaded) map[string]sluice.FailureMode {
+	modes := l.cfg.FailureModes()
+	if l.envoy != nil {
+		for _, r := range l.envoy.Rules() {
+			if _, dup := modes[r.Policy.ID]; r.Decided() && !dup {
+				modes[r.Policy.ID] = r.FailureMode
+			}
+		}
+	}
+	return modes
 }
 
 // withLocalQuota turns local quota on for every policy of ps that can

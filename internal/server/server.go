@@ -124,6 +124,10 @@ type Options struct {
 	// count by their IDs. Default: nil, none (or the same as the check
 	// API's, for a config with an envoy section only).
 	Envoy *sluice.Limiter
+	// FailureModes are the policies' failure modes (the config's
+	// failure_mode and the rules files'), by ID, for the dashboard.
+	// Default: none, every policy fails closed.
+	FailureModes map[string]sluice.FailureMode
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -132,6 +136,7 @@ type Server struct {
 	lim      *sluice.Limiter
 	core     *edge.Core      // decides with lim, counts on metrics
 	envoy    *sluice.Limiter // the rules files', when not lim
+	modes    map[string]sluice.FailureMode
 	pseud    *subject.Pseudonymizer
 	log      *slog.Logger
 	ready    []Check
@@ -185,6 +190,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
 		cfgOverrides: opts.ConfigOverrides,
 	}
+	s.modes = opts.FailureModes
 	if opts.Envoy != lim {
 		s.envoy = opts.Envoy
 	}

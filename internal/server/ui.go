@@ -198,7 +198,7 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 	for _, id := range ids {
 		p, _ := policy(id)
 		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: p.Window.String(), MaxCost: p.MaxCost,
-			FailureMode: p.FailureMode.String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
+			FailureMode: s.modes[id].String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
 		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 			up.Burst = p.Burst
 		}

@@ -532,7 +532,7 @@ func groupMode(ds []descriptor, g *group) sluice.FailureMode {
 		return sluice.FailOpen
 	}
 	for _, i := range g.members {
-		if ds[i].rule.Policy.FailureMode != sluice.FailOpen {
+		if ds[i].rule.FailureMode != sluice.FailOpen {
 			return sluice.FailClosed
 		}
 	}
