@@ -30,6 +30,15 @@
 // The raw identity (a principal, an API key, an address) is only ever
 // hashed: it never reaches the Limiter or a log line.
 //
+// Who a call is limited as is a subject.KeyFunc, the one key function of
+// every edge (httplimit takes the same): the call is seen as the HTTP/2
+// request it is, its metadata as Header and its peer as RemoteAddr, so
+// subject.ClientIP (the address behind trusted proxies, read from
+// "x-forwarded-for" or "forwarded" metadata only when the peer is one of
+// them), subject.Header ("x-api-key" metadata), subject.Principal (what
+// an authentication interceptor installed before grpclimit's put in
+// r.Context()) and subject.FirstOf serve both.
+//
 // For services that already chain go-grpc-middleware's ratelimit
 // interceptor, Interceptors has its Limiter's one method, Limit.
 //
@@ -71,7 +80,7 @@ type Method struct {
 	Cost int64
 	// Subject says who the method's calls are limited as.
 	// Default: nil, Options.Subject.
-	Subject SubjectFunc
+	Subject subject.KeyFunc
 	// FailureMode answers the method's calls when the Limiter cannot
 	// decide: sluice.FailClosed (codes.Unavailable), sluice.FailOpen (the
 	// call goes on, logged) or sluice.FailLocal (the local fallback
@@ -92,8 +101,9 @@ type Options struct {
 	// Default: sluice.FailClosed.
 	FailureMode sluice.FailureMode
 	// Subject says who a call is limited as, for the rules that do not
-	// say it themselves. Default: ClientIP(nil), the peer's address.
-	Subject SubjectFunc
+	// say it themselves. Default: subject.ClientIP(nil), the peer's
+	// address.
+	Subject subject.KeyFunc
 	// PassAnonymous lets calls that Subject does not identify go on,
 	// unlimited, so that the service's own authentication answers them.
 	// Default: false, they are answered codes.Unauthenticated without
@@ -143,7 +153,7 @@ type Interceptors struct {
 type rule struct {
 	*edge.Rule
 	operation string
-	subject   SubjectFunc
+	subject   subject.KeyFunc
 }
 
 // New validates opts against limiter and returns the interceptors. The
@@ -168,7 +178,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 	}
 	subj := opts.Subject
 	if subj == nil {
-		subj = ClientIP(nil)
+		subj = subject.ClientIP(nil)
 	}
 	for i, m := range opts.Methods {
 		at := fmt.Sprintf("Methods[%d]", i)
@@ -220,7 +230,7 @@ func checkName(at, name string) (service bool, err error) {
 
 // compile checks m, found at at, against the limiter; subj is
 // Options.Subject.
-func (in *Interceptors) compile(at string, m Method, subj SubjectFunc) (*rule, error) {
+func (in *Interceptors) compile(at string, m Method, subj subject.KeyFunc) (*rule, error) {
 	r := &rule{operation: m.Name, subject: m.Subject}
 	if m.Subject == nil {
 		r.subject = subj

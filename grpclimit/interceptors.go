@@ -41,7 +41,7 @@ func (in *Interceptors) Unary() grpc.UnaryServerInterceptor {
 		if r == nil {
 			return handler(ctx, req)
 		}
-		a, err := in.decide(ctx, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 		if err != nil {
 			return nil, err
 		}
@@ -60,7 +60,7 @@ func (in *Interceptors) Stream() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		ctx := ss.Context()
-		a, err := in.decide(ctx, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
+		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
 		if err != nil {
 			return err
 		}
@@ -92,16 +92,16 @@ func (in *Interceptors) Limit(ctx context.Context) error {
 		in.core.Log(ctx, slog.LevelWarn, "grpclimit: Limit cannot hold a lease: use the Unary and Stream interceptors for this method", slog.String("method", method), slog.String("policy", r.Lease))
 		return status.Errorf(codes.FailedPrecondition, "grpclimit: Limit cannot hold the lease of concurrency policy %q that %s needs", r.Lease, method)
 	}
-	_, err := in.decide(ctx, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+	_, err := in.decide(ctx, method, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 	return err
 }
 
-// decide asks the core about a call of rule r whose context is ctx, sets
+// decide asks the core about a call of method and rule r whose context is ctx, sets
 // the call's trailer fields with setTrailer, and returns the action (whose
 // lease to release after the call) and the error to answer with (nil: the
 // call goes on).
-func (in *Interceptors) decide(ctx context.Context, r *rule, setTrailer func(metadata.MD) error) (edge.Action, error) {
-	kind, identity := r.subject(ctx)
+func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setTrailer func(metadata.MD) error) (edge.Action, error) {
+	kind, identity := r.subject(request(ctx, method))
 	if identity == "" {
 		if in.passAnonymous {
 			return edge.Action{}, nil

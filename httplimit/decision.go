@@ -28,7 +28,7 @@ type Decision struct {
 	// Policies are the route's policy IDs. Do not modify.
 	Policies []string
 	// SubjectKind is the kind of the identity, e.g. "api_key" (see
-	// SubjectFunc); "" when there is none (Action "no_subject").
+	// subject.KeyFunc); "" when there is none (Action "no_subject").
 	SubjectKind string
 	// Subject is the pseudonym the limiter saw, e.g. "k1:3q2-7w…"; "" when
 	// none. Never a metric label: it is unbounded.
@@ -48,7 +48,7 @@ type Decision struct {
 	//     local fallback failed too): 503;
 	//   - "failed_open": no decision, and the route fails open: the
 	//     request goes on;
-	//   - "no_subject": the route's SubjectFunc identified no one: 403,
+	//   - "no_subject": the route's subject.KeyFunc identified no one: 403,
 	//     or the request goes on with Options.PassAnonymous. The limiter
 	//     was not asked.
 	Action string

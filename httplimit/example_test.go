@@ -37,7 +37,7 @@ func Example() {
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
 		// A real application returns the principal its authentication
 		// established; this example trusts a header.
-		Subject: httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.Principal(func(r *http.Request) (string, bool) {
 			account := r.Header.Get("X-Account")
 			return account, account != ""
 		}),
@@ -76,7 +76,7 @@ func Example() {
 // for. A shared store (Redis) decides normally; when it cannot, the
 // requests are decided (FailureMode FailLocal) by an in-process store
 // holding a share of each limit: with four instances, a quarter each.
-func ExampleFirstOf() {
+func Example_localFallback() {
 	shared, err := memstore.New(memstore.Options{}) // in production, e.g. a redisstore.Store
 	if err != nil {
 		log.Fatal(err)
@@ -101,13 +101,13 @@ func ExampleFirstOf() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	apiKey, err := httplimit.Header("X-API-Key")
+	apiKey, err := subject.Header("X-API-Key")
 	if err != nil {
 		log.Fatal(err)
 	}
 	m, err := httplimit.New(limiter, httplimit.Options{
 		Default:       []string{"api"},
-		Subject:       httplimit.FirstOf(apiKey, httplimit.ClientIP(ips)),
+		Subject:       subject.FirstOf(apiKey, subject.ClientIP(ips)),
 		Pseudonymizer: pseudonyms,
 		FailureMode:   sluice.FailLocal,
 		Fallback:      local,

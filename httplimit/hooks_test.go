@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // serveWith serves next behind m on a real loopback socket.
@@ -274,7 +275,7 @@ func TestRefund(t *testing.T) {
 // An API that authenticates by key answers a request without one with its
 // own 401, not the limiter's 403.
 func TestPassAnonymous(t *testing.T) {
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +349,7 @@ func TestStrictPaths(t *testing.T) {
 func TestRouteSubject(t *testing.T) {
 	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute))
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,9 +22,10 @@
 // naming the option, its value and the rule it breaks.
 //
 // Who a request is limited as is one function of the request, a
-// SubjectFunc: Options.Subject, or a Route's own. ClientIP (the address
-// behind trusted proxies), Header, Principal and IPUserAgent build the
-// usual ones; FirstOf chains them.
+// subject.KeyFunc: Options.Subject, or a Route's own. subject.ClientIP
+// (the address behind trusted proxies), subject.Header and
+// subject.Principal build the usual ones; subject.FirstOf chains them.
+// grpclimit takes the same functions.
 //
 // The handler behind the middleware finds the Decision in its request's
 // context (FromContext) and can give the units back (Refund) when the
@@ -95,7 +96,7 @@ type Route struct {
 	Cost int64
 	// Subject says who the route's requests are limited as.
 	// Default: nil, Options.Subject.
-	Subject SubjectFunc
+	Subject subject.KeyFunc
 	// Shadow makes this route report but never block. Default: false
 	// (Options.Shadow applies to every route).
 	Shadow bool
@@ -119,9 +120,10 @@ type Options struct {
 	// Default: sluice.FailClosed.
 	FailureMode sluice.FailureMode
 	// Subject says who a request is limited as, for the routes that do
-	// not say it themselves, e.g. FirstOf(Principal(userID),
-	// ClientIP(ips)). Default: ClientIP(nil), the socket peer's address.
-	Subject SubjectFunc
+	// not say it themselves, e.g. subject.FirstOf(subject.Principal(userID),
+	// subject.ClientIP(ips)). Default: subject.ClientIP(nil), the socket
+	// peer's address.
+	Subject subject.KeyFunc
 	// PassAnonymous lets requests that Subject does not identify go on,
 	// unlimited, so that the application's own authentication answers
 	// them (typically 401 for a missing API key). Use it only where the
@@ -228,7 +230,7 @@ type route struct {
 	prefix    string   // as configured, cleaned: part of the operation
 	canonical string   // prefix in the canonical form requests are matched in
 	match     func(*http.Request) bool
-	subject   SubjectFunc
+	subject   subject.KeyFunc
 	shadow    bool
 }
 
@@ -263,7 +265,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 	}
 	subj := opts.Subject
 	if subj == nil {
-		subj = ClientIP(nil)
+		subj = subject.ClientIP(nil)
 	}
 	seen := map[string]int{}
 	for i, rt := range opts.Routes {
@@ -296,7 +298,7 @@ func optionError(at string, value any, rule string) error {
 
 // compile checks rt, found at at ("Routes[2]", "Default"), against the
 // limiters and returns it ready to match; subj is Options.Subject.
-func (m *Middleware) compile(at string, rt Route, subj SubjectFunc) (*route, error) {
+func (m *Middleware) compile(at string, rt Route, subj subject.KeyFunc) (*route, error) {
 	c := &route{operation: rt.Operation, match: rt.Match, subject: rt.Subject, shadow: rt.Shadow}
 	if c.subject == nil {
 		c.subject = subj

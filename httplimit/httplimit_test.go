@@ -239,10 +239,23 @@ func retryAfter(t *testing.T, resp response) int64 {
 	return n
 }
 
-// headerSubject is httplimit.Header(name), for a valid name.
-func headerSubject(t testing.TB, name string) httplimit.SubjectFunc {
+// ipUserAgent is the client address with the User-Agent, of kind
+// "ip_user_agent" (sluice serve's proxy has such a subject).
+func ipUserAgent(ips *subject.IPResolver) subject.KeyFunc {
+	ip := subject.ClientIP(ips)
+	return func(r *http.Request) (string, string) {
+		kind, prefix := ip(r)
+		if prefix == "" || r.UserAgent() == "" {
+			return kind, prefix
+		}
+		return "ip_user_agent", prefix + " " + r.UserAgent()
+	}
+}
+
+// headerSubject is subject.Header(name), for a valid name.
+func headerSubject(t testing.TB, name string) subject.KeyFunc {
 	t.Helper()
-	f, err := httplimit.Header(name)
+	f, err := subject.Header(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,23 +263,23 @@ func headerSubject(t testing.TB, name string) httplimit.SubjectFunc {
 }
 
 // clientIP is httplimit.ClientIP over a resolver of valid opts.
-func clientIP(t testing.TB, opts subject.IPOptions) httplimit.SubjectFunc {
+func clientIP(t testing.TB, opts subject.IPOptions) subject.KeyFunc {
 	t.Helper()
 	ips, err := subject.NewIPResolver(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return httplimit.ClientIP(ips)
+	return subject.ClientIP(ips)
 }
 
 // demoOptions limits /demo to the "demo" policy per account.
 func demoOptions() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
-		Subject: httplimit.FirstOf(httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(subject.Principal(func(r *http.Request) (string, bool) {
 			a := r.Header.Get("X-Account")
 			return a, a != ""
-		}), httplimit.ClientIP(nil)),
+		}), subject.ClientIP(nil)),
 	}
 }
 
@@ -436,13 +449,13 @@ func TestRouteMatching(t *testing.T) {
 func TestSubjectResolutionOrder(t *testing.T) {
 	h := newHarness(t, []sluice.Policy{policy("p", sluice.FixedWindow, 100, time.Minute)}, httplimit.Options{
 		Default: []string{"p"},
-		Subject: httplimit.FirstOf(
-			httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(
+			subject.Principal(func(r *http.Request) (string, bool) {
 				u := r.Header.Get("X-User")
 				return u, u != ""
 			}),
 			headerSubject(t, "X-API-Key"),
-			httplimit.ClientIP(nil),
+			subject.ClientIP(nil),
 		),
 	})
 	for _, tt := range []struct {
@@ -480,7 +493,7 @@ func TestAnonymous(t *testing.T) {
 	t.Run("share", func(t *testing.T) {
 		// A constant identity at the end of the chain pools the others.
 		opts := opts
-		opts.Routes = []httplimit.Route{{Policies: []string{"p"}, Subject: httplimit.FirstOf(headerSubject(t, "X-API-Key"), func(*http.Request) (string, string) { return "anonymous", "*" })}}
+		opts.Routes = []httplimit.Route{{Policies: []string{"p"}, Subject: subject.FirstOf(headerSubject(t, "X-API-Key"), func(*http.Request) (string, string) { return "anonymous", "*" })}}
 		h := newHarness(t, policies, opts)
 		got := []int{h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/", "X-API-Key: k").StatusCode}
 		if diff := cmp.Diff([]int{200, 200, 429, 200}, got); diff != "" {
@@ -728,8 +741,8 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/key", Policies: []string{"p"}, Subject: headerSubject(t, "X-API-Key")},
-			{PathPrefix: "/ip", Policies: []string{"p"}, Subject: httplimit.ClientIP(ips)},
-			{PathPrefix: "/ua", Policies: []string{"p"}, Subject: httplimit.IPUserAgent(ips)},
+			{PathPrefix: "/ip", Policies: []string{"p"}, Subject: subject.ClientIP(ips)},
+			{PathPrefix: "/ua", Policies: []string{"p"}, Subject: ipUserAgent(ips)},
 		},
 		Pseudonymizer: key,
 	}
@@ -800,7 +813,7 @@ func TestNewErrors(t *testing.T) {
 		t.Error("New(nil limiter) = nil error, want one")
 	}
 	for _, name := range []string{"", "X-API-Key:", "X API"} {
-		if _, err := httplimit.Header(name); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("httplimit: Header = %q: must be a header name", name)) {
+		if _, err := subject.Header(name); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("subject: Header(%q): must be a header name", name)) {
 			t.Errorf("Header(%q) = %v, want an error naming it", name, err)
 		}
 	}
@@ -848,7 +861,7 @@ func TestLocalQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}

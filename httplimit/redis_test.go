@@ -146,19 +146,19 @@ func TestRedisCorruptCounter(t *testing.T) {
 // IP with a User-Agent, and a principal, then reads every key in Redis.
 func TestRawIdentityNeverInRedis(t *testing.T) {
 	const apiKey, principal, agent = "sk_live_raw_api_key_4242", "alice@example.com", "RawAgent/9.9"
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"api"}}},
-		Subject: httplimit.FirstOf(
-			httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(
+			subject.Principal(func(r *http.Request) (string, bool) {
 				p := r.Header.Get("X-Principal")
 				return p, p != ""
 			}),
 			key,
-			httplimit.IPUserAgent(nil),
+			ipUserAgent(nil),
 		),
 	}
 	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Second))

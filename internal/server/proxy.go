@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -161,9 +163,9 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 }
 
 // routes maps proxy.routes to the middleware's, one subject kind of the
-// config to one SubjectFunc, and records the subject headers.
+// config to one subject.KeyFunc, and records the subject headers.
 func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) ([]httplimit.Route, error) {
-	ip := httplimit.ClientIP(p.ips)
+	ip := subject.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
 		rt := httplimit.Route{
@@ -178,15 +180,15 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) 
 		case config.SubjectIP:
 			rt.Subject = ip
 		case config.SubjectIPUserAgent:
-			rt.Subject = httplimit.IPUserAgent(p.ips)
+			rt.Subject = ipUserAgent(ip)
 		case config.SubjectHeader:
 			// Without the header, the address. The value is trusted as
 			// sent (see README): a client that varies it varies its budget.
-			h, err := httplimit.Header(name)
+			h, err := subject.Header(name)
 			if err != nil {
 				return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
 			}
-			rt.Subject = httplimit.FirstOf(h, ip)
+			rt.Subject = subject.FirstOf(h, ip)
 			if name = http.CanonicalHeaderKey(name); !slices.Contains(p.headers, name) {
 				p.headers = append(p.headers, name)
 			}
@@ -196,6 +198,23 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) 
 		out = append(out, rt)
 	}
 	return out, nil
+}
+
+// ipUserAgent is the subject of ip+user_agent: the client address (as ip
+// reads it) together with a digest of the User-Agent, of kind
+// "ip_user_agent", so that clients behind one NAT get separate budgets;
+// without a User-Agent, the address. A client that varies its User-Agent
+// gets a fresh budget each time.
+func ipUserAgent(ip subject.KeyFunc) subject.KeyFunc {
+	return func(r *http.Request) (string, string) {
+		kind, prefix := ip(r)
+		ua := r.UserAgent()
+		if prefix == "" || ua == "" {
+			return kind, prefix
+		}
+		sum := sha256.Sum256([]byte(ua))
+		return "ip_user_agent", prefix + " " + hex.EncodeToString(sum[:8])
+	}
 }
 
 // foldHeader is the name a CGI-style upstream reads header name as: case
