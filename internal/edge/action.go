@@ -96,17 +96,6 @@ func (a *Action) SetHeaders(h http.Header, r *Rule, legacy bool) {
 	}
 }
 
-// SetLimitHeaders sets the RateLimit field of the decided outcome o, and
-// the X-RateLimit-* ones when legacy is set.
-func SetLimitHeaders(h http.Header, o *sluice.Outcome, legacy bool) {
-	h.Set("RateLimit", string(ratelimitheader.AppendLimitField(nil, *o)))
-	if legacy {
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(o.Limit, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(o.Remaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(ratelimitheader.CeilSeconds(o.ResetAfter), 10))
-	}
-}
-
 // quotaExceededType is the problem type of a 429 answer, defined by
 // draft-ietf-httpapi-ratelimit-headers: its extension member
 // "violated-policies" lists the IDs of the policies that denied.

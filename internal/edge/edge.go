@@ -59,8 +59,8 @@ type Options struct {
 	Count CountFunc
 	// Clock times the throttle of warnings. Default: the system clock.
 	Clock sluice.Clock
-	// Logger receives the warnings of Log, at most one a second with the
-	// count held back. Default: slog.Default().
+	// Logger receives the records of Log, warnings at most ten a second
+	// with the count held back. Default: slog.Default().
 	Logger *slog.Logger
 	// Prefix starts every option error, e.g. "httplimit". Default: "edge".
 	Prefix string
@@ -324,7 +324,7 @@ func request(op sluice.Op, r *Rule, s Subject) sluice.Request {
 // deadline of its own: the request's context may be canceled already (the
 // client went away). A failure is logged (throttled).
 func (c *Core) Release(ctx context.Context, a *Action) {
-	lease := a.Decided().Lease
+	lease := leaseOf(a.Decided())
 	if a.Kind != Admit || lease.ID == "" {
 		return
 	}
@@ -372,8 +372,8 @@ func (c *Core) Refund(ctx context.Context, r *Rule, a *Action, s Subject) sluice
 }
 
 // Log logs msg at level; warnings (the failures that fail every request
-// while the store is down) at most once a second on the Core's clock, with
-// the count of those held back.
+// while the store is down) at most ten a second on the Core's clock, the
+// first after a pause carrying the count of those held back.
 func (c *Core) Log(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
 	if !c.log.Enabled(ctx, level) {
 		return

@@ -2,6 +2,8 @@ package edge
 
 import (
 	"errors"
+	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -9,7 +11,8 @@ import (
 )
 
 // This file is the one place the Core reads an Outcome's fields (Kind,
-// Err, Status, Statuses): a change to sluice.Outcome is answered here.
+// Err, Status and its numbers, Statuses, Lease): a change to
+// sluice.Outcome is answered here.
 
 // verdict is the Action kind of a decided outcome o: Admit, Limit, or
 // undecided (Unavailable, Indeterminate, Incompatible) for the failure
@@ -35,6 +38,20 @@ func decided(o *sluice.Outcome) bool {
 func Rejected(o *sluice.Outcome) bool {
 	return o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.CorruptState)
 }
+
+// SetLimitHeaders sets the RateLimit field of the decided outcome o, and
+// the X-RateLimit-* ones when legacy is set.
+func SetLimitHeaders(h http.Header, o *sluice.Outcome, legacy bool) {
+	h.Set("RateLimit", string(ratelimitheader.AppendLimitField(nil, *o)))
+	if legacy {
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(o.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(o.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(ratelimitheader.CeilSeconds(o.ResetAfter), 10))
+	}
+}
+
+// leaseOf is the lease an admission holds, the zero Lease for none.
+func leaseOf(o *sluice.Outcome) sluice.Lease { return o.Lease }
 
 // retryAfter is the wait of a denial.
 func retryAfter(o *sluice.Outcome) time.Duration { return o.RetryAfter }
