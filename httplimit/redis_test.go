@@ -161,7 +161,9 @@ func TestRawIdentityNeverInRedis(t *testing.T) {
 			ipUserAgent(nil),
 		),
 	}
-	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Second))
+	// 10 per hour: a key lives 6 minutes after a spend. At 10 per second
+	// (100ms), a loaded machine read the keys after some had expired.
+	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Hour))
 	defer admin.Close()
 	expectStatus(t, h, "/", 200)
 	h.do("GET", "/", "User-Agent: "+agent)

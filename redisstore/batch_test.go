@@ -96,6 +96,27 @@ func queueingStore(t *testing.T) (*redistest.Server, *redis.Client, *roundTrips,
 	return srv, c, hook, s
 }
 
+// waitQueued waits until n decisions wait behind the one holdWire put on
+// the wire: queued, or in a round trip a sender began (Redis paused, it
+// cannot end).
+func waitQueued(t *testing.T, s *redisstore.Store, hook *roundTrips, n int) {
+	t.Helper()
+	got := 0
+	for range 1000 { // polled: a queue's length is the event, 10s at most
+		hook.mu.Lock()
+		onWire := hook.singles - 1 // holdWire's
+		for _, k := range hook.pipelines {
+			onWire += k
+		}
+		hook.mu.Unlock()
+		if got = s.Queued() + onWire; got >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d of %d decisions queued behind the one on the wire after 10s", got, n)
+}
+
 // holdWire pauses srv and sends one decision of subj on p with s, returning once
 // it is on the wire (Redis not answering, so what follows queues behind
 // it), and a func that resumes Redis and returns that decision's error.
@@ -157,9 +178,9 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 			remaining[i] = st[0].Remaining
 		})
 	}
-	// Give the 50 callers time to queue; they cannot be sent before Redis
-	// answers the first decision, with one sender.
-	time.Sleep(200 * time.Millisecond)
+	// They cannot all be sent before Redis answers the first decision:
+	// with one sender, at most one round trip more is on the wire.
+	waitQueued(t, s, hook, queued)
 	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +252,7 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	multiAnswer := run(&sluice.Evaluation{Subject: multi, Policies: []*sluice.Policy{fw, logp}, Cost: 1})
 	// Held for one emission interval: the floor takes one unit beside the spend's.
 	heldAnswer := run(&sluice.Evaluation{Subject: subject(t), Policies: []*sluice.Policy{gcra}, Cost: 1, Hold: 20 * time.Second})
-	time.Sleep(200 * time.Millisecond) // let them queue behind the first
+	waitQueued(t, s, hook, 10) // 5 busy, corrupt, bad, id, multi, held
 	if err := resume(); err != nil {
 		t.Fatal(err)
 	}
@@ -493,21 +514,34 @@ func TestReadyTellsTheTruth(t *testing.T) {
 		if err := fault.break_(); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Ready(ctx); err == nil || !strings.Contains(err.Error(), fault.code) {
-			t.Errorf("Ready when %s = %v, want an error saying %s", fault.name, err, fault.code)
-		}
+		readyAnswers(t, s, "when "+fault.name, fault.code)
 		check("when "+fault.name, sluice.Unavailable, fault.code)
 		if err := fault.heal(); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Ready(ctx); err != nil {
-			t.Errorf("Ready after %s = %v", fault.name, err)
-		}
+		readyAnswers(t, s, "after "+fault.name, "")
 	}
 	check("after both", sluice.Allowed, "")
 	if o := l.Check(ctx, sluice.Request{Op: sluice.Peek, Policy: "truth", Subject: subj}); o.Remaining != 2 {
 		t.Fatalf("remaining after 3 allowed decisions and 2 refused = %d, want 2: a refused decision spends nothing", o.Remaining)
 	}
+}
+
+// readyAnswers waits for the answer of the readiness check that Ready
+// starts: Ready waits for it at most 50ms and otherwise answers from the
+// last one (on a loaded machine, the one before the fault), so it is
+// asked again, which waits on the same check, until it says want (an
+// error holding want; "" for ready), 200 times at most (10s).
+func readyAnswers(t *testing.T, s *redisstore.Store, what, want string) {
+	t.Helper()
+	var err error
+	for range 200 {
+		err = s.Ready(context.Background())
+		if want == "" && err == nil || want != "" && err != nil && strings.Contains(err.Error(), want) {
+			return
+		}
+	}
+	t.Fatalf("Ready %s = %v, want %q (\"\" for ready), 200 times", what, err, want)
 }
 
 // TestNearCacheCutsRedisCalls: a flood of 100 × the limit on one subject

@@ -15,3 +15,16 @@ const StateBinary = 1
 // the common ones in the short form (false, the default), so a test
 // drives both paths of the script alike.
 func (s *Store) SetGeneral(general bool) { s.general = general }
+
+// Queued returns how many decisions wait in the queue of s's Redis (not
+// a Cluster's), for tests that wait until callers have queued rather
+// than sleep.
+func (s *Store) Queued() int {
+	b := s.one.batch
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}

@@ -61,7 +61,9 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 }
 
 // Overrides implements sluice.OverrideStore: one GET of the version, and
-// the whole hash only when the version moved since the last read.
+// the whole hash only when the version moved since the last read. A field
+// this store cannot read is skipped and reported to
+// Options.OnSkippedOverride; the others are returned.
 func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -83,7 +85,12 @@ func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	for field, value := range cmd.Val() {
 		o, err := decodeOverride(field, value)
 		if err != nil {
-			return nil, fmt.Errorf("redisstore: Overrides: %w: %s", sluice.CorruptState, err)
+			// One field this store cannot read (another tool's, a later
+			// format's) must not stop every other override from applying.
+			if s.onSkipped != nil {
+				s.onSkipped(fmt.Errorf("redisstore: Overrides: skipped: %w", err))
+			}
+			continue
 		}
 		list = append(list, o)
 	}
@@ -108,18 +115,28 @@ func (s *Store) overrideVersion(ctx context.Context) (string, error) {
 	return cmd.Val(), nil
 }
 
-// decodeOverride reads one field and value of the overrides hash.
+// overrideFormat is the format of the values this store writes and
+// reads: the number before the first '|'.
+const overrideFormat = "1"
+
+// decodeOverride reads one field and value of the overrides hash. A
+// value of another format is refused by its number.
 func decodeOverride(field, value string) (sluice.Override, error) {
 	policy, subject, ok := strings.Cut(field, "\x00")
 	parts := strings.SplitN(value, "|", 5)
-	if !ok || len(parts) != 5 || parts[0] != "1" {
-		return sluice.Override{}, fmt.Errorf("override field %q = %q: not one this store wrote", field, value)
+	switch {
+	case parts[0] != overrideFormat:
+		return sluice.Override{}, fmt.Errorf("override field %q = %q: format %q: this store reads format %s only (written by another tool or a later sluice)", field, value, parts[0], overrideFormat)
+	case !ok:
+		return sluice.Override{}, fmt.Errorf("override field %q = %q: must be a policy and a subject apart by a 0 byte", field, value)
+	case len(parts) != 5:
+		return sluice.Override{}, fmt.Errorf("override field %q = %q: must be format|limit|burst|window µs|note", field, value)
 	}
 	var n [3]int64
 	for i := range n {
 		v, err := strconv.ParseInt(parts[i+1], 10, 64)
-		if err != nil {
-			return sluice.Override{}, fmt.Errorf("override field %q = %q: %v", field, value, err)
+		if err != nil || v < 0 {
+			return sluice.Override{}, fmt.Errorf("override field %q = %q: %s = %q: must be a whole number, at least 0", field, value, [3]string{"limit", "burst", "window"}[i], parts[i+1])
 		}
 		n[i] = v
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,4 +152,62 @@ type decisionsOnly struct{ s *redisstore.Store }
 
 func (d decisionsOnly) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return d.s.Evaluate(ctx, ev)
+}
+
+// TestOverridesSkipUnreadableFields writes fields redisstore did not
+// write into the overrides hash (another tool's, a later sluice's format
+// during a rolling upgrade, a broken number) beside a good one: a read
+// skips each, reports each once to OnSkippedOverride naming the field and
+// the rule (a newer format by its number), and returns the rest. Before,
+// one such field failed every read, so no server applied any API
+// override.
+func TestOverridesSkipUnreadableFields(t *testing.T) {
+	c := standaloneClient(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var skipped []string
+	opts := redisOptionsFor(t)
+	opts.OnSkippedOverride = func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		skipped = append(skipped, err.Error())
+	}
+	s := newStore(t, c, opts)
+	good := sluice.Override{Policy: "plan", Subject: subject(t), Limit: 3, Note: "tenant"}
+	if err := s.PutOverride(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]string{
+		"big:written-by-another-tool": "2|5|0|0|future format",
+		"plan\x00other":               "1|five|0|0|",
+		"plan\x00short":               "1|5",
+	}
+	for field, value := range bad {
+		if err := c.HSet(ctx, opts.Prefix+"{overrides}", field, value).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Incr(ctx, opts.Prefix+"{overrides}:version").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second read finds the version unmoved: nothing read, nothing reported again
+		list, err := s.Overrides(ctx)
+		if err != nil {
+			t.Fatalf("Overrides() error = %v, want the readable ones", err)
+		}
+		if len(list) != 1 || list[0] != good {
+			t.Fatalf("Overrides() = %+v, want [%+v]", list, good)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(skipped) != len(bad) {
+		t.Fatalf("OnSkippedOverride called %d times (%q), want %d", len(skipped), skipped, len(bad))
+	}
+	joined := strings.Join(skipped, "\n")
+	for _, want := range []string{`"big:written-by-another-tool"`, `format "2"`, `"plan\x00other"`, `"plan\x00short"`} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("OnSkippedOverride's errors %q do not name %s", skipped, want)
+		}
+	}
 }

@@ -243,6 +243,13 @@ type Options struct {
 	// decision FCALL was refused for is then sent once more as EVALSHA.
 	// For logs. Default: nil.
 	OnFallback func(reason string)
+	// OnSkippedOverride, when set, is called with the reason for each
+	// field of the overrides hash that a read skips because this store
+	// cannot read it (written by another tool, or in a later sluice's
+	// format during a rolling upgrade): the rest still apply. A field is
+	// reported at each read of the hash, which happens only when the
+	// overrides' version moved. For logs and metrics. Default: nil.
+	OnSkippedOverride func(err error)
 	// Clock, when set, is the time source of decisions: its time is passed
 	// to the script, each key remembers the newest time it was written at,
 	// and a caller whose time lies more than MaxClockRegression behind it
@@ -322,6 +329,7 @@ type Store struct {
 	cachedArgs atomic.Int64
 	general    bool // every decision in the general form: the short one is never sent (tests)
 	onFallback func(string)
+	onSkipped  func(error) // Options.OnSkippedOverride
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
 	// the decisions whose master cannot be told, routed by the cluster
@@ -381,7 +389,7 @@ func New(client Client, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: New: ExtraTTL = %v: must be between 0 and 24h", opts.ExtraTTL)
 	}
 	s := &Store{client: client, prefix: opts.Prefix, timeout: opts.Timeout, maxReg: "-1", extra: opts.ExtraTTL,
-		onFallback: opts.OnFallback, breakerOpts: opts.Breaker, onChange: opts.Breaker.OnChange, state: "closed",
+		onFallback: opts.OnFallback, onSkipped: opts.OnSkippedOverride, breakerOpts: opts.Breaker, onChange: opts.Breaker.OnChange, state: "closed",
 		states: map[*node]string{}, seqs: map[*node]uint64{}}
 	if c, ok := client.(clusterClient); ok {
 		s.cluster = c

@@ -39,7 +39,7 @@ func TestTraceShowsTheBatch(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // the callers queue behind the decision on the wire
+	waitQueued(t, s, hook, queued) // the callers queue behind the decision on the wire
 	if err := resume(); err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,10 @@ policies:
 	if st.Store.Ready || st.Store.Error == "" || st.Store.Breaker != "open" {
 		t.Errorf("state with Redis killed: store %+v; want unreachable with the reason, breaker open", st.Store)
 	}
-	if len(st.Live) != 1 || st.Live[0].Total["allowed"] != 1 || st.Live[0].Total["unavailable"] != int64(failed) || failed == 0 {
-		t.Errorf("live with Redis killed: %+v; want 1 allowed and the %d unavailable answers", st.Live, failed)
+	// A decision sent on a pooled connection before the client saw the
+	// kill's reset is indeterminate (sent, no reply), also a 503: on a
+	// loaded machine that can happen.
+	if len(st.Live) != 1 || st.Live[0].Total["allowed"] != 1 || st.Live[0].Total["unavailable"]+st.Live[0].Total["indeterminate"] != int64(failed) || failed == 0 {
+		t.Errorf("live with Redis killed: %+v; want 1 allowed and the %d 503 answers unavailable (or indeterminate)", st.Live, failed)
 	}
 }

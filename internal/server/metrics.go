@@ -154,6 +154,17 @@ func (m *Metrics) CountEvictions(store string, states, ids func() int64) error {
 	}, func() float64 { return float64(ids()) }))
 }
 
+// CountSkippedOverrides serves a store's running count of the fields of
+// its overrides that it skipped as unreadable (written by another tool or
+// a later sluice) as sluice_overrides_skipped_total{store}.
+func (m *Metrics) CountSkippedOverrides(store string, skipped func() int64) error {
+	return m.reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "sluice_overrides_skipped_total",
+		Help:        "Fields of the store's overrides skipped as unreadable at a read (each read after a change counts each such field again): remove or rewrite them; the others apply.",
+		ConstLabels: prometheus.Labels{"store": store},
+	}, func() float64 { return float64(skipped()) }))
+}
+
 // Handler serves the registry in the Prometheus exposition formats.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
 // The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),

@@ -9,12 +9,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/server"
-	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
@@ -307,5 +308,50 @@ policies:
 	}
 	if code, body := call(t, "GET", url+"/v1/overrides", "", ""); code != 200 || !strings.Contains(body, `"overrides":[]`) {
 		t.Fatalf("GET without tokens configured = %d %s, want 200 and none", code, body)
+	}
+}
+
+// TestOverridesSkipUnreadableField: a field of the overrides hash that no
+// sluice of this version wrote (HSET by hand, by another tool, by a later
+// sluice during a rolling upgrade) used to fail every read of the hash: a
+// restarted server applied no API override (4 of 4 admitted for a tenant
+// of 3), the admin GET answered 503 and sluice_overrides left /metrics.
+// Now the field is skipped and counted, and the rest apply.
+func TestOverridesSkipUnreadableField(t *testing.T) {
+	srv := redistest.Standalone(t)
+	cfg := overridesConfig(fmt.Sprintf("store: { type: redis, redis: { url: \"redis://%s/0\" } }", srv.Addr))
+	a := startOverrideServer(t, cfg)
+	tenant := fmt.Sprintf("tenant-%d", time.Now().UnixNano())
+	put := fmt.Sprintf(`{"policy":"api","subject":%q,"limit":3,"note":"small plan"}`, tenant)
+	if code, body := call(t, "PUT", a+"/v1/overrides", ovrAdminToken, put); code != 200 {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.HSet(ctx, "sluice:{overrides}", "big:written-by-another-tool", "2|5|0|0|future format").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Incr(ctx, "sluice:{overrides}:version").Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := startOverrideServer(t, cfg) // a server started after the field was written
+	code, body := call(t, "GET", b+"/v1/overrides", ovrAdminToken, "")
+	if code != 200 || !strings.Contains(body, "small plan") || !strings.Contains(body, "gold plan from the config") {
+		t.Fatalf("GET /v1/overrides = %d %s, want 200 listing the small plan and the config's gold plan", code, body)
+	}
+	if got := spend(t, b, tenant, 0); got.Limit != 3 {
+		t.Fatalf("the restarted server answers %+v, want the tenant's limit 3", got)
+	}
+	for i := range 4 {
+		if got := spend(t, b, tenant, 1); got.Allowed != (i < 3) {
+			t.Fatalf("spend %d of a tenant of 3: %+v", i+1, got)
+		}
+	}
+	checkCounts(t, b, 2)
+	_, metrics := call(t, "GET", b+"/metrics", "", "")
+	// 1, or 2 when the read at start and the GET's both read the hash.
+	if want := regexp.MustCompile(`\nsluice_overrides_skipped_total\{store="redis"\} [12]\n`); !want.MatchString(metrics) {
+		t.Fatalf("/metrics lacks %s", want)
 	}
 }

@@ -225,7 +225,8 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		}
 	}
 	if l.envoy != nil {
-		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud, Count: r.metrics.count, Deadline: cfg.Server.DecisionTimeout}
+		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud, Count: r.metrics.count, Deadline: cfg.Server.DecisionTimeout,
+			MaxDescriptors: int(l.cfg.Envoy.MaxDescriptors), MaxEntries: int(l.cfg.Envoy.MaxEntries)}
 	}
 	return g, nil
 }

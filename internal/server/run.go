@@ -23,7 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/rls"
-	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // RunOptions configure Run. The zero value serves the built-in example.
@@ -69,7 +69,7 @@ func Run(ctx context.Context, opts RunOptions) error {
 	}
 	rn := &runner{opts: opts, log: opts.Log}
 	defer rn.close()
-	if rn.tracing, err = newTracing(l.cfg.Telemetry, opts.TracerProvider); err != nil {
+	if rn.tracing, err = newTracing(l.cfg.Telemetry, opts.TracerProvider, opts.Log, opts.Clock); err != nil {
 		return err
 	}
 	if err := rn.start(l); err != nil {
@@ -115,13 +115,14 @@ func (o RunOptions) withDefaults() RunOptions {
 type runner struct {
 	opts     RunOptions
 	log      *slog.Logger
-	st       *storeHandle
-	fallback *memstore.Store // nil without a proxy section
+	st       *wiring.Store
+	fallback *wiring.Store // nil without a proxy section
 	r        *reloader
 	https    []*http.Server // the check API's, then the proxy's
 	grpc     *grpc.Server   // nil without an envoy section
 	lns      []net.Listener // https' listeners, then grpc's
 	tracing  *tracing       // nil without a telemetry section
+	deadline time.Time      // of the shutdown, once begun: the drain's and the spans' flush's
 }
 
 // start builds the metrics, the stores and the first generation of l.
@@ -141,22 +142,30 @@ func (rn *runner) start(l *loaded) error {
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
-	if rn.st, err = newStore(cfg, clock, rn.opts.Getenv, rn.log); err != nil {
+	if rn.st, err = wiring.NewStore(cfg.Store, wiring.StoreOptions{Clock: clock, Getenv: rn.opts.Getenv, Log: rn.log}); err != nil {
 		return err
 	}
-	if rn.st.evictions != nil {
-		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.evictions, rn.st.lostIDs); err != nil {
+	if rn.st.Evictions != nil {
+		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.Evictions, rn.st.LostIDs); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	if rn.st.Skipped != nil {
+		if err := metrics.CountSkippedOverrides(cfg.Store.Type, rn.st.Skipped); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
 	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log, tracing: rn.tracing,
-		store: metrics.InstrumentStore(rn.st.store, cfg.Store.Type, clock), ready: rn.st.ready, info: rn.st.info, metrics: metrics, reloadM: reloadM}
-	fb, err := newFallbackStore(cfg, clock)
+		store: metrics.InstrumentStore(rn.st.Store, cfg.Store.Type, clock), info: StoreInfo{Type: rn.st.Type, Breaker: rn.st.Breaker}, metrics: metrics, reloadM: reloadM}
+	if rn.st.Ready != nil {
+		r.ready = []Check{rn.st.Ready}
+	}
+	fb, err := wiring.NewFallbackStore(cfg, clock)
 	if err != nil {
 		return err
 	}
 	if fb != nil {
-		rn.fallback, r.fallback = fb, fb
+		rn.fallback, r.fallback = fb, fb.Store
 	}
 	if cfg.Envoy != nil {
 		if r.rlsM, err = rls.NewMetrics(reg); err != nil {
@@ -283,7 +292,8 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 // with.
 func (rn *runner) shutdown(ctx context.Context, served <-chan error, failed error) error {
 	rn.log.Info("shutting down", "timeout", shutdownTimeout)
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	rn.deadline = time.Now().Add(shutdownTimeout)
+	shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), rn.deadline)
 	defer cancel()
 	if rn.grpc != nil {
 		rn.r.rlsSvc.Shutdown()
@@ -327,9 +337,13 @@ func (rn *runner) close() {
 		rn.fallback.Close()
 	}
 	if rn.st != nil {
-		rn.st.close()
+		rn.st.Close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	deadline := rn.deadline // the spans are flushed within the drain's bound, not a second one
+	if deadline.IsZero() {
+		deadline = time.Now().Add(shutdownTimeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := rn.tracing.close(ctx); err != nil {
 		rn.log.Warn("telemetry: spans not exported at shutdown", "reason", err)

@@ -3,10 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -19,7 +24,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/server/config"
 )
 
@@ -36,12 +43,14 @@ type tracing struct {
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 	shutdown func(context.Context) error // flushes and stops the exporter; nil for a provider Run was handed
+	unroute  func()                      // gives back the SDK's errors (see routeOTelErrors); nil with shutdown
 }
 
 // newTracing returns the tracing of cfg's telemetry section: an OTLP
-// exporter to its endpoint, or tp when set (RunOptions.TracerProvider).
-// Nil when neither is.
-func newTracing(cfg *config.Telemetry, tp trace.TracerProvider) (*tracing, error) {
+// exporter to its endpoint, its errors logged to log (throttled on
+// clock), or tp when set (RunOptions.TracerProvider). Nil when neither
+// is.
+func newTracing(cfg *config.Telemetry, tp trace.TracerProvider, log *slog.Logger, clock sluice.Clock) (*tracing, error) {
 	t := &tracing{tp: tp, prop: propagation.TraceContext{}}
 	if tp == nil {
 		if cfg == nil {
@@ -52,6 +61,7 @@ func newTracing(cfg *config.Telemetry, tp trace.TracerProvider) (*tracing, error
 			return nil, err
 		}
 		t.tp, t.shutdown = sdk, sdk.Shutdown
+		t.unroute = routeOTelErrors(log, clock)
 	}
 	t.tracer = t.tp.Tracer(tracerName)
 	return t, nil
@@ -59,7 +69,11 @@ func newTracing(cfg *config.Telemetry, tp trace.TracerProvider) (*tracing, error
 
 // newTracerProvider builds the SDK's provider for cfg: spans batched to an
 // OTLP exporter, sampled at cfg.SamplingRatio unless the caller's trace
-// context decided.
+// context decided. Each batch is sent once, not retried: the exporter's
+// retries (5s apart, for up to a minute) held the batch processor, and a
+// shutdown waited out its whole bound for a collector that refused every
+// connection; the next batch follows within 5s anyway, and a failed one
+// is logged (throttled) and dropped.
 func newTracerProvider(cfg *config.Telemetry) (*sdktrace.TracerProvider, error) {
 	var exp sdktrace.SpanExporter
 	var err error
@@ -70,9 +84,9 @@ func newTracerProvider(cfg *config.Telemetry) (*sdktrace.TracerProvider, error) 
 		if u, perr := url.Parse(endpoint); perr == nil && (u.Path == "" || u.Path == "/") {
 			endpoint = strings.TrimSuffix(endpoint, "/") + "/v1/traces" // OTLP/HTTP's path, which a URL without one would not reach
 		}
-		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint))
+		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint), otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}))
 	default:
-		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
+		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(cfg.Endpoint), otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("serve: telemetry.endpoint %q: %w", cfg.Endpoint, err)
@@ -98,7 +112,54 @@ func (t *tracing) close(ctx context.Context) error {
 	if t == nil || t.shutdown == nil {
 		return nil
 	}
+	defer t.unroute()
 	return t.shutdown(ctx)
+}
+
+// otelErrors receives the errors of the OpenTelemetry SDK (failed exports,
+// above all), which otel.SetErrorHandler sets for the whole process: the
+// handler installed once forwards to the log of the server that routed
+// them last, and drops them while none does (the SDK's default wrote
+// every one to stderr, ~13 lines a second for an unreachable collector).
+var otelErrors struct {
+	once sync.Once
+	cur  atomic.Pointer[otelErrorLog]
+}
+
+// otelErrorLog logs the SDK's errors, otelErrorBurst per otelErrorEvery
+// at most, with the count of those held back.
+type otelErrorLog struct {
+	log      *slog.Logger
+	clock    sluice.Clock
+	throttle logthrottle.Throttle
+}
+
+const (
+	otelErrorEvery = 10 * time.Second
+	otelErrorBurst = 3
+)
+
+// routeOTelErrors sends the SDK's errors to log, throttled on clock,
+// until the function it returns is called, which routes them back to
+// where they went before (another server's log in tests that run
+// several). Safe for concurrent use.
+func routeOTelErrors(log *slog.Logger, clock sluice.Clock) (unroute func()) {
+	otelErrors.once.Do(func() {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			if l := otelErrors.cur.Load(); l != nil {
+				l.handle(err)
+			}
+		}))
+	})
+	l := &otelErrorLog{log: log, clock: clock, throttle: logthrottle.Throttle{Every: otelErrorEvery, Burst: otelErrorBurst}}
+	prev := otelErrors.cur.Swap(l)
+	return func() { otelErrors.cur.CompareAndSwap(l, prev) }
+}
+
+func (l *otelErrorLog) handle(err error) {
+	if ok, held := l.throttle.Allow(l.clock.Now()); ok {
+		l.log.Warn("telemetry: export failed", "reason", err, "not_logged", held)
+	}
 }
 
 // handler serves h in a server span continuing the request's trace

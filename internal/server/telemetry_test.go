@@ -330,3 +330,47 @@ func checkExport(t *testing.T, got []*coltracepb.ExportTraceServiceRequest) {
 		t.Errorf("the export names the subject: %s", dump)
 	}
 }
+
+// TestTelemetryUnreachableCollector: with the collector's port closed, a
+// shutdown took 10.0s (the exporter's retries waited out the whole
+// bound), not milliseconds, and each failed export wrote a line to
+// stderr (~13 a second). Now the span flushed at shutdown is tried once,
+// shutdown ends well within its bound, and the failure is in the
+// server's log, throttled.
+func TestTelemetryUnreachableCollector(t *testing.T) {
+	for _, protocol := range []string{"http", "grpc"} {
+		t.Run(protocol, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			closed := ln.Addr().String()
+			ln.Close() // a port nothing listens on: every export is refused
+			dir := t.TempDir()
+			writeTree(t, dir, map[string]string{"sluice.yaml": `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
+telemetry: { endpoint: "http://` + closed + `", protocol: ` + protocol + ` }
+`})
+			r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+			resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			begun := time.Now()
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			// A bound, not a speed: the drain bound is 10s, and a refused
+			// export fails at once.
+			if took := time.Since(begun); took > 5*time.Second {
+				t.Errorf("shutdown with an unreachable collector took %v, want well under the 10s drain bound", took)
+			}
+			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: export failed") {
+				t.Errorf("the log lacks the failed export:\n%s", logs)
+			}
+		})
+	}
+}

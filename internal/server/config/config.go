@@ -343,6 +343,10 @@ type Envoy struct {
 	// at least 8: 8 per unit); smaller limits stay decided by the store,
 	// one request at a time.
 	LocalQuota bool
+	// MaxDescriptors bounds the descriptors of one request, 1 to 10000,
+	// and MaxEntries the entries of one descriptor, 1 to 10000; a request
+	// over either is refused InvalidArgument. 0: the defaults, 64 and 32.
+	MaxDescriptors, MaxEntries int64
 }
 
 // Errors is every rule a config breaks, in the order of the file. Parse
@@ -1006,6 +1010,14 @@ func (c *Config) validateEnvoy() *Error {
 	for i, pat := range e.Configs {
 		if _, err := filepath.Match(pat, ""); pat == "" || err != nil {
 			return c.errorAt(fmt.Sprintf("envoy.configs[%d]", i), strconv.Quote(pat), "must be a file path or glob pattern such as ratelimit/*.yaml")
+		}
+	}
+	for _, b := range []struct {
+		field string
+		v     int64
+	}{{"max_descriptors", e.MaxDescriptors}, {"max_entries", e.MaxEntries}} {
+		if b.v < 0 || b.v > 10000 {
+			return c.errorAt("envoy."+b.field, strconv.FormatInt(b.v, 10), "must be between 1 and 10000")
 		}
 	}
 	return nil

@@ -38,6 +38,7 @@ var invalid = []struct {
 	{"lease_ttl_too_long.yaml", "policies[0].lease_ttl: \"48h\": must be between 1ms and 24h (line 5)"},
 	{"lease_ttl_zero.yaml", "policies[0].lease_ttl: \"0s\": must be between 1ms and 24h: concurrency requires it, how long a lease lives if never released (line 5)"},
 	{"cleanup_grace_too_long.yaml", "policies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 6)"},
+	{"envoy_max_descriptors_too_big.yaml", "envoy.max_descriptors: 100000: must be between 1 and 10000 (line 9)"},
 	{"dedupe_max_too_big.yaml", "policies[0].dedupe_max: 20000: must be between 1 and 10000 (line 6)"},
 	{"dedupe_max_zero.yaml", "policies[0].dedupe_max: 0: must not be zero; leave it out for the default (line 6)"},
 	{"dedupe_ttl_too_long.yaml", "policies[0].dedupe_ttl: \"2h\": must be a whole number of milliseconds between 1ms and 1h (line 6)"},
@@ -299,7 +300,7 @@ func TestParseFull(t *testing.T) {
 				{Match: config.Match{PathPrefix: "/"}, Policies: []string{"bucket", "reports"}, Subject: "ip+user_agent"},
 			},
 		},
-		Envoy: &config.Envoy{Listen: "127.0.0.1:8081", Configs: []string{"ratelimit/*.yaml"}},
+		Envoy: &config.Envoy{Listen: "127.0.0.1:8081", Configs: []string{"ratelimit/*.yaml"}, MaxDescriptors: 16, MaxEntries: 8},
 	}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(config.Config{})); diff != "" {
 		t.Errorf("Load(full.yaml) mismatch (-want +got):\n%s", diff)

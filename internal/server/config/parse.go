@@ -537,7 +537,7 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 }
 
 func (d *decoder) envoy(n *yaml.Node) *Envoy {
-	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota")
+	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries")
 	if !ok {
 		return nil
 	}
@@ -545,6 +545,8 @@ func (d *decoder) envoy(n *yaml.Node) *Envoy {
 	d.str("envoy.listen", m["listen"], &e.Listen)
 	d.strs("envoy.configs", m["configs"], &e.Configs)
 	d.bool("envoy.local_quota", m["local_quota"], &e.LocalQuota)
+	d.int("envoy.max_descriptors", m["max_descriptors"], &e.MaxDescriptors)
+	d.int("envoy.max_entries", m["max_entries"], &e.MaxEntries)
 	return e
 }
 

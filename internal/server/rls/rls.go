@@ -110,6 +110,11 @@ type State struct {
 	Pseudonymizer *subject.Pseudonymizer
 	Count         edge.CountFunc
 	Deadline      time.Duration
+	// MaxDescriptors bounds the descriptors of one request, and
+	// MaxEntries the entries of one descriptor: a request over either is
+	// refused InvalidArgument naming the bound, before any store call.
+	// Default (0): DefaultMaxDescriptors, DefaultMaxEntries.
+	MaxDescriptors, MaxEntries int
 
 	core      *edge.Core // decides with Limiter; set by Swap
 	mu        sync.Mutex
@@ -132,6 +137,31 @@ func (st *State) check() error {
 	for _, p := range st.Rules.Policies() {
 		if _, ok := st.Limiter.Policy(p.ID); !ok {
 			return fmt.Errorf("the limiter lacks policy %q of the rules", p.ID)
+		}
+	}
+	return nil
+}
+
+// bounds checks req's descriptors against st's bounds: at least one, at
+// most MaxDescriptors, each with at most MaxEntries entries.
+func (st *State) bounds(req *rlspb.RateLimitRequest) error {
+	maxD, maxE := st.MaxDescriptors, st.MaxEntries
+	if maxD <= 0 {
+		maxD = DefaultMaxDescriptors
+	}
+	if maxE <= 0 {
+		maxE = DefaultMaxEntries
+	}
+	ds := req.GetDescriptors()
+	switch {
+	case len(ds) == 0:
+		return errors.New("descriptors must not be empty")
+	case len(ds) > maxD:
+		return fmt.Errorf("descriptors: %d: at most %d per request (envoy.max_descriptors)", len(ds), maxD)
+	}
+	for i, d := range ds {
+		if n := len(d.GetEntries()); n > maxE {
+			return fmt.Errorf("descriptors[%d].entries: %d: at most %d per descriptor (envoy.max_entries)", i, n, maxE)
 		}
 	}
 	return nil
@@ -194,6 +224,16 @@ func (s *Service) Register(g *grpc.Server) {
 // Shutdown answers NOT_SERVING to health checks from now on, so clients
 // move away before the server stops.
 func (s *Service) Shutdown() { s.health.Shutdown() }
+
+// The default bounds of one request (State.MaxDescriptors, MaxEntries).
+// Envoy sends one descriptor per rate_limits entry of a route, each with
+// an entry per action: a handful of each. envoyproxy/ratelimit bounds
+// neither, so a route config mistake (or a client of the service) could
+// make one request of 10 000 descriptors, 10 000 store calls.
+const (
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 32
+)
 
 // descriptor is one request descriptor on its way to an answer.
 type descriptor struct {
@@ -261,8 +301,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if domain == "" {
 		return nil, status.Error(codes.InvalidArgument, "sluice: domain must not be empty")
 	}
-	if len(req.GetDescriptors()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "sluice: descriptors must not be empty")
+	if err := st.bounds(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
 	}
 	ds, err := match(st, req)
 	if err != nil {
