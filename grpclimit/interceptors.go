@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -113,11 +112,9 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 		Previous: in.pseudo.Previous(kind, identity, r.operation),
 	}
 	a := in.core.Decide(ctx, r.Rule, s)
-	h := http.Header{}
-	a.SetHeaders(h, r.Rule, false)
-	md := metadata.MD{mdPolicy: h.Values("RateLimit-Policy")}
-	if v := h.Values("RateLimit"); len(v) > 0 {
-		md[mdLimit] = v
+	md := metadata.MD{mdPolicy: {r.Field}}
+	if a.Limit != "" {
+		md[mdLimit] = []string{a.Limit}
 	}
 	_ = setTrailer(md) // fails only once the call has ended
 	switch a.Kind {

@@ -52,6 +52,7 @@ import (
 	"net/http"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -413,7 +414,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
 	d.Action, d.Outcome, d.Local, d.LocalOutcome = a.Kind.String(), a.Outcome, a.Local, a.LocalOutcome
-	a.SetHeaders(w.Header(), rt.Rule, m.legacy)
+	h := w.Header()
+	h.Set("RateLimit-Policy", rt.Field)
+	if a.Limit != "" {
+		h.Set("RateLimit", a.Limit)
+		if m.legacy {
+			edge.SetLegacyHeaders(h, &a)
+		}
+	}
 	m.finish(w, r, next, rt, &d, &a)
 }
 
@@ -434,13 +442,15 @@ func evaluationID(key string) string {
 // action, nil for a request without a subject.
 func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Handler, rt *route, d *Decision, a *edge.Action) {
 	if a != nil {
-		d.Status = a.Status()
+		d.Status = a.Status
 	} else if !m.passAnonymous {
 		d.Status = http.StatusForbidden
 	}
 	if d.Status != 0 && (m.shadow || rt.shadow) {
 		d.Shadow, d.Status = true, 0
-		w.Header().Del("Retry-After")
+	}
+	if d.Status != 0 && a != nil {
+		w.Header().Set("Retry-After", strconv.FormatInt(a.RetryAfter, 10))
 	}
 	m.record(r, d)
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt, a: a}))

@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
 // Kind is what an edge does with a request.
@@ -48,6 +47,15 @@ type Action struct {
 	// fallback was asked; LocalOutcome is its answer.
 	Local        bool
 	LocalOutcome sluice.Outcome
+	// Status is the HTTP status of the answer: 0 when the request goes on,
+	// 429 limited, 503 failed closed.
+	Status int
+	// RetryAfter is the Retry-After of a refusal in whole seconds, rounded
+	// up, at least 1; 0 when the request goes on.
+	RetryAfter int64
+	// Limit is the RateLimit field of the deciding outcome, e.g.
+	// `"login";r=2;t=60`; "" when nothing was decided.
+	Limit string
 }
 
 // Decided is the outcome that decided: the local fallback's when it was
@@ -57,43 +65,6 @@ func (a *Action) Decided() *sluice.Outcome {
 		return &a.LocalOutcome
 	}
 	return &a.Outcome
-}
-
-// Status is the HTTP status of the answer: 0 when the request goes on,
-// 429 limited, 503 failed closed.
-func (a *Action) Status() int {
-	switch a.Kind {
-	case Limit:
-		return http.StatusTooManyRequests
-	case FailClosed:
-		return http.StatusServiceUnavailable
-	}
-	return 0
-}
-
-// RetryAfter is the Retry-After of a refusal in whole seconds, rounded up,
-// at least 1; 0 when the request goes on.
-func (a *Action) RetryAfter() int64 {
-	switch a.Kind {
-	case Limit:
-		return ratelimitheader.RetryAfterSeconds(retryAfter(a.Decided()))
-	case FailClosed:
-		return 1
-	}
-	return 0
-}
-
-// SetHeaders sets the RateLimit-Policy field of r, the RateLimit field of
-// a decided outcome (with the X-RateLimit-* ones when legacy is set) and
-// Retry-After of a refusal.
-func (a *Action) SetHeaders(h http.Header, r *Rule, legacy bool) {
-	h.Set("RateLimit-Policy", r.Field)
-	if o := a.Decided(); decided(o) {
-		SetLimitHeaders(h, o, legacy)
-	}
-	if s := a.RetryAfter(); s > 0 {
-		h.Set("Retry-After", strconv.FormatInt(s, 10))
-	}
 }
 
 // quotaExceededType is the problem type of a 429 answer, defined by
@@ -118,7 +89,7 @@ func (a *Action) Problem() Problem {
 			Type:             quotaExceededType,
 			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
 			Status:           http.StatusTooManyRequests,
-			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", a.RetryAfter()),
+			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", a.RetryAfter),
 			ViolatedPolicies: Violated(a.Decided()),
 		}
 	}

@@ -21,12 +21,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
 // DefaultDeadline is how long an edge waits for a decision unless told
@@ -283,6 +286,7 @@ func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode sluic
 	a := Action{Outcome: c.Check(ctx, req)}
 	switch a.Kind = verdict(&a.Outcome); a.Kind {
 	case Admit, Limit:
+		settle(&a)
 		return a
 	}
 	switch {
@@ -299,6 +303,7 @@ func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode sluic
 	default:
 		a.Kind = FailClosed
 	}
+	settle(&a)
 	return a
 }
 
@@ -388,4 +393,90 @@ func (c *Core) Log(ctx context.Context, level slog.Level, msg string, attrs ...s
 		}
 	}
 	c.log.LogAttrs(ctx, level, msg, attrs...)
+}
+
+// What follows is the one place the Core reads an Outcome's fields (Kind,
+// Err, Status and its numbers, Statuses, Lease): a change to
+// sluice.Outcome is answered here.
+
+// verdict is the Action kind of a decided outcome o: Admit, Limit, or
+// undecided (Unavailable, Indeterminate, Incompatible) for the failure
+// mode to answer.
+func verdict(o *sluice.Outcome) Kind {
+	switch o.Kind {
+	case sluice.Allowed:
+		return Admit
+	case sluice.Denied:
+		return Limit
+	}
+	return undecided
+}
+
+// decided reports whether o carries the store's numbers.
+func decided(o *sluice.Outcome) bool {
+	return o.Kind == sluice.Allowed || o.Kind == sluice.Denied
+}
+
+// Rejected reports whether o is the request's fault (Incompatible, but
+// not corrupt state): no failure mode applies, the edge answers an error
+// of the caller.
+func Rejected(o *sluice.Outcome) bool {
+	return o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.CorruptState)
+}
+
+// SetLegacyHeaders sets the X-RateLimit-Limit, -Remaining and -Reset
+// (seconds from now) fields of a's deciding outcome, when it was decided.
+func SetLegacyHeaders(h http.Header, a *Action) {
+	if o := a.Decided(); decided(o) {
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(o.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(o.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(ratelimitheader.CeilSeconds(o.ResetAfter), 10))
+	}
+}
+
+// leaseOf is the lease an admission holds, the zero Lease for none.
+func leaseOf(o *sluice.Outcome) sluice.Lease { return o.Lease }
+
+// retryAfter is the wait of a denial.
+func retryAfter(o *sluice.Outcome) time.Duration { return o.RetryAfter }
+
+// Statuses is every policy's status of o.
+func Statuses(o *sluice.Outcome) []sluice.Status {
+	if len(o.Statuses) == 0 {
+		return []sluice.Status{o.Status}
+	}
+	return o.Statuses
+}
+
+// Violated lists the policies that denied o.
+func Violated(o *sluice.Outcome) []string {
+	if len(o.Statuses) == 0 {
+		return []string{o.Policy}
+	}
+	var ids []string
+	for _, s := range o.Statuses {
+		if !s.Allowed {
+			ids = append(ids, s.Policy)
+		}
+	}
+	return ids
+}
+
+func appendPolicyItem(b []byte, p sluice.Policy) []byte {
+	return ratelimitheader.AppendPolicyItem(b, p)
+}
+
+// settle fills in what a's edge answers with: its status, Retry-After
+// and RateLimit field.
+func settle(a *Action) {
+	o := a.Decided()
+	if decided(o) {
+		a.Limit = string(ratelimitheader.AppendLimitField(nil, *o))
+	}
+	switch a.Kind {
+	case Limit:
+		a.Status, a.RetryAfter = http.StatusTooManyRequests, ratelimitheader.RetryAfterSeconds(retryAfter(o))
+	case FailClosed:
+		a.Status, a.RetryAfter = http.StatusServiceUnavailable, 1
+	}
 }
