@@ -23,7 +23,6 @@ type state struct {
 	d        Decision
 	m        *Middleware
 	rt       *route
-	a        *edge.Action // nil for a request without a subject
 	refunded atomic.Bool
 }
 
@@ -64,10 +63,10 @@ func Refund(ctx context.Context) sluice.Outcome {
 		// was spent.
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	if st.a == nil || !st.refunded.CompareAndSwap(false, true) {
+	if !st.refunded.CompareAndSwap(false, true) {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	o := st.m.core.Refund(ctx, st.rt.Rule, st.a, st.d.subject())
+	o := st.m.core.Refund(ctx, st.rt.Rule, &edge.Action{Kind: edge.Admit, Local: st.d.Local}, st.d.subject())
 	if o.Kind != sluice.Allowed {
 		// Nothing was given back (or it is unknown whether): a later
 		// Refund may try again, with the same evaluation ID if any.

@@ -453,7 +453,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 		w.Header().Set("Retry-After", strconv.FormatInt(a.RetryAfter, 10))
 	}
 	m.record(r, d)
-	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt, a: a}))
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt}))
 	switch {
 	case d.Status == 0:
 		if a != nil {

@@ -300,21 +300,26 @@ func (c *Core) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	o := c.lim.Check(dctx, req)
 	cancel()
 	if req.Op == sluice.Spend || req.Op == sluice.Acquire {
-		ids := req.Policies
-		if req.Policy != "" {
-			ids = []string{req.Policy}
-		}
-		c.counted(ctx, ids, o)
+		c.counted(ctx, &req, o)
 	}
 	return o
 }
 
-// counted counts o for ids on the Core's counter and the context's.
-func (c *Core) counted(ctx context.Context, ids []string, o sluice.Outcome) {
+// counted counts o for req's policies on the Core's counter and the
+// context's, if any.
+func (c *Core) counted(ctx context.Context, req *sluice.Request, o sluice.Outcome) {
+	f, _ := ctx.Value(countKey{}).(CountFunc)
+	if c.count == nil && f == nil {
+		return
+	}
+	ids := req.Policies
+	if req.Policy != "" {
+		ids = []string{req.Policy}
+	}
 	if c.count != nil {
 		c.count(ids, o)
 	}
-	if f, ok := ctx.Value(countKey{}).(CountFunc); ok {
+	if f != nil {
 		f(ids, o)
 	}
 }
