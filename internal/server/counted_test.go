@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -32,9 +33,45 @@ func TestServeEnvoyOnlyCounted(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("POST /v1/check on policy %s = %d, want 200", id, resp.StatusCode)
 	}
+	wantCounted(t, s, []string{id}, id)
+}
+
+// TestServeEnvoyAndPoliciesCounted serves a config with policies of its
+// own and an envoy section: the dashboard lists both files' policies,
+// and the Envoy service's decisions count under the rule's policy ID.
+func TestServeEnvoyAndPoliciesCounted(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"sluice.yaml": envoyConfig(""), "rules/shop.yaml": rulesFile(3)})
+	s := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+	c := envoyClient(t, s)
+	for range 5 {
+		remaining(t, c, "alice")
+	}
+	// 4 allowed: the check API decides the config's own policy, which
+	// counts apart.
+	resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"bob"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := metricValue(t, s, `sluice_decisions_total{outcome="allowed",policy="demo"}`); got != "1" {
+		t.Errorf("demo allowed = %q, want 1", got)
+	}
+	wantCounted(t, s, []string{"demo", "shop.user"}, "shop.user", "demo")
+}
+
+// wantCounted checks that policy counted 3 allowed spends of the Envoy
+// service (4 with the check on it, when only it is served) and 2 denials in
+// /metrics and /ui/api/state, and that the dashboard lists exactly ids.
+func wantCounted(t *testing.T, s *running, ids []string, id string, others ...string) {
+	t.Helper()
+	allowed := "4"
+	if len(others) > 0 {
+		allowed = "3"
+	}
 
 	for series, want := range map[string]string{
-		`sluice_decisions_total{outcome="allowed",policy="` + id + `"}`: "4",
+		`sluice_decisions_total{outcome="allowed",policy="` + id + `"}`: allowed,
 		`sluice_decisions_total{outcome="denied",policy="` + id + `"}`:  "2",
 		`sluice_decisions_total{outcome="allowed",policy="(unknown)"}`:  "",
 	} {
@@ -43,7 +80,7 @@ func TestServeEnvoyOnlyCounted(t *testing.T) {
 		}
 	}
 
-	resp, err = http.Get(s.url + "/ui/api/state")
+	resp, err := http.Get(s.url + "/ui/api/state")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,10 +97,23 @@ func TestServeEnvoyOnlyCounted(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("GET /ui/api/state: %v", err)
 	}
-	if len(st.Policies) != 1 || st.Policies[0].ID != id {
-		t.Errorf("GET /ui/api/state: policies %+v, want only %s", st.Policies, id)
+	var listed []string
+	for _, p := range st.Policies {
+		listed = append(listed, p.ID)
 	}
-	if len(st.Live) != 1 || st.Live[0].Policy != id || st.Live[0].Total["allowed"] != 4 || st.Live[0].Total["denied"] != 2 {
-		t.Errorf("GET /ui/api/state: live %+v, want %s with 4 allowed and 2 denied", st.Live, id)
+	if strings.Join(listed, ",") != strings.Join(ids, ",") {
+		t.Errorf("GET /ui/api/state: policies %q, want %q", listed, ids)
+	}
+	found := false
+	for _, l := range st.Live {
+		if l.Policy == id {
+			found = true
+			if fmt.Sprint(l.Total["allowed"]) != allowed || l.Total["denied"] != 2 {
+				t.Errorf("GET /ui/api/state: live %+v, want %s allowed and 2 denied", l, allowed)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("GET /ui/api/state: live %+v, want a series of %s", st.Live, id)
 	}
 }
