@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -76,16 +75,55 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, "")}
-	for _, c := range s.cfgOverrides {
+	cfg, inForce, err := s.overrideInForce(r.Context(), o)
+	if err != nil {
+		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+		return
+	}
+	if cfg != nil && inForce == *cfg {
+		// Only the file's is left: the Limiter would apply it again under
+		// whatever it removes.
+		s.overrideAnswer(w, http.StatusConflict, nil, "this override is set in the config file (overrides:): remove it there")
+		return
+	}
+	if !s.dropOlder(w, r, in) {
+		return
+	}
+	if cfg == nil {
+		s.setOverride(w, r, o)
+		return
+	}
+	// The API's over the file's: removed, the file's applies again.
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	if err := s.lim.SetOverride(ctx, o); err != nil {
+		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+		return
+	}
+	s.overrideAnswer(w, http.StatusOK, []checkapi.OverrideEntry{s.overrideEntry(*cfg)}, "")
+}
+
+// overrideInForce returns the config file's override of o's policy and
+// subject (nil when the file has none) and the one the Limiter applies
+// (the zero Override when none).
+func (s *Server) overrideInForce(ctx context.Context, o sluice.Override) (cfg *sluice.Override, inForce sluice.Override, err error) {
+	for i, c := range s.cfgOverrides {
 		if c.Policy == o.Policy && c.Subject == o.Subject {
-			// The Limiter would apply it again under whatever it removes.
-			s.overrideAnswer(w, http.StatusConflict, nil, "this override is set in the config file (overrides:): remove it there")
-			return
+			cfg = &s.cfgOverrides[i]
 		}
 	}
-	if s.dropOlder(w, r, in) {
-		s.setOverride(w, r, o)
+	if cfg == nil {
+		return nil, inForce, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, overrideTimeout)
+	defer cancel()
+	list, err := s.lim.Overrides(ctx)
+	for _, l := range list {
+		if l.Policy == o.Policy && l.Subject == o.Subject {
+			inForce = l
+		}
+	}
+	return cfg, inForce, err
 }
 
 // setOverride puts o to the Limiter and answers with its entry.
@@ -147,10 +185,8 @@ func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.
 		s.overrideAnswer(w, http.StatusNotFound, nil, errNoPolicies.Error())
 		return in, false
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		s.overrideAnswer(w, http.StatusBadRequest, nil, "malformed JSON: "+strings.TrimPrefix(err.Error(), "json: "))
+	if why := s.decode(w, r, &in); why != "" { // one JSON object, nothing after it: the check API's rule
+		s.overrideAnswer(w, http.StatusBadRequest, nil, why)
 		return in, false
 	}
 	switch {

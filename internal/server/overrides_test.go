@@ -355,3 +355,44 @@ func TestOverridesSkipUnreadableField(t *testing.T) {
 		t.Fatalf("/metrics lacks %s", want)
 	}
 }
+
+// TestOverridesAPIOverConfig: an override set through the API on top of
+// the config file's for the same subject could not be deleted (409, as if
+// it were the file's): DELETE now removes the API's, and the file's
+// applies again; a DELETE with only the file's left is still 409.
+func TestOverridesAPIOverConfig(t *testing.T) {
+	url := startOverrideServer(t, overridesConfig(""))
+	if code, body := call(t, "PUT", url+"/v1/overrides", ovrAdminToken, `{"policy":"api","subject":"gold","limit":70,"note":"gold raised"}`); code != 200 {
+		t.Fatalf("PUT over the config's override = %d %s", code, body)
+	}
+	if a := spend(t, url, "gold", 0); a.Limit != 70 {
+		t.Fatalf("after the PUT: %+v, want limit 70", a)
+	}
+	if code, body := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, `{"policy":"api","subject":"gold"}`); code != 200 || !strings.Contains(body, "gold plan from the config") {
+		t.Fatalf("DELETE of the API's override over the config's = %d %s, want 200 listing the config's, in force again", code, body)
+	}
+	if a := spend(t, url, "gold", 0); a.Limit != 50 {
+		t.Fatalf("after the DELETE: %+v, want the config's limit 50", a)
+	}
+	if code, body := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, `{"policy":"api","subject":"gold"}`); code != 409 || !strings.Contains(body, "config file") {
+		t.Fatalf("DELETE with only the config's override left = %d %s, want 409 naming the config file", code, body)
+	}
+}
+
+// TestOverridesRefuseTrailingData: the admin API took the first JSON
+// value of a body and ignored what followed; it now refuses it as the
+// check API does.
+func TestOverridesRefuseTrailingData(t *testing.T) {
+	url := startOverrideServer(t, overridesConfig(""))
+	for _, body := range []string{
+		`{"policy":"api","subject":"t1","limit":5} garbage`,
+		`{"policy":"api","subject":"t1","limit":5}{"policy":"api","subject":"t2","limit":500}`,
+	} {
+		if code, got := call(t, "PUT", url+"/v1/overrides", ovrAdminToken, body); code != 400 || !strings.Contains(got, "more than one value") {
+			t.Errorf("PUT %s = %d %s, want 400 naming the trailing data", body, code, got)
+		}
+	}
+	if code, got := call(t, "DELETE", url+"/v1/overrides", ovrAdminToken, `{"policy":"api","subject":"t1"} x`); code != 400 {
+		t.Errorf("DELETE with trailing data = %d %s, want 400", code, got)
+	}
+}

@@ -480,8 +480,8 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, in *checkapi.Reque
 }
 
 // decode reads the body into in: the reason it is not one JSON object of
-// the check API, or "".
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, in *checkapi.Request) string {
+// in's type (the check API's, the admin API's), or "".
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, in any) string {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(in)

@@ -2,6 +2,7 @@ package wiring_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/wiring"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -60,6 +63,49 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestNewStore builds each store a config names and takes a decision on
+// it: the memory store, Redis by URL with a key prefix of its own, and an
+// unknown type refused with its name.
+func TestNewStore(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, c := range []struct {
+		name string
+		sc   config.Store
+	}{
+		{"memory", config.Store{Type: config.StoreMemory}},
+		{"redis", config.Store{Type: config.StoreRedis, Redis: &config.Redis{URL: "redis://" + srv.Addr + "/0"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, err := wiring.NewStore(c.sc, wiring.StoreOptions{Prefix: "wiring-test:"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if st.Type != c.sc.Type || (st.Client != nil) != (c.sc.Type == config.StoreRedis) || (st.Breaker != nil) != (c.sc.Type == config.StoreRedis) {
+				t.Errorf("NewStore(%s) = type %q, client %v, breaker set %v; want its type, and a client and a breaker for redis only", c.name, st.Type, st.Client, st.Breaker != nil)
+			}
+			lim, err := sluice.New(st.Store, []sluice.Policy{{ID: "p", Algorithm: sluice.FixedWindow, Limit: 1, Window: time.Hour}}, sluice.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for i, want := range []sluice.Kind{sluice.Allowed, sluice.Denied} {
+				if o := lim.Check(ctx, sluice.Request{Policy: "p", Subject: "s"}); o.Kind != want {
+					t.Errorf("Check #%d on %s = %v (%v), want %v", i+1, c.name, o.Kind, o.Err, want)
+				}
+			}
+			if st.Client != nil {
+				if keys, err := st.Client.Keys(ctx, "*").Result(); err != nil || len(keys) == 0 || !strings.HasPrefix(keys[0], "wiring-test:") {
+					t.Errorf("keys on Redis = %q, %v; want them under the prefix wiring-test:", keys, err)
+				}
+			}
+		})
+	}
+	if _, err := wiring.NewStore(config.Store{Type: "etcd"}, wiring.StoreOptions{}); err == nil || !strings.Contains(err.Error(), `store type "etcd": unknown`) {
+		t.Errorf("NewStore(etcd) = %v, want the unknown type named", err)
+	}
 }
 
 // TestRedisClientsDialOnce holds every store mode to one dial attempt per

@@ -21,6 +21,8 @@ wrongly is cut by the next write with the rest. ]]
 local function slidingLogEntry(s, i)
   if i == s.len - 1 and s.newest ~= 0 then
     return s.newest
+  elseif i == 0 and s.oldest ~= 0 then
+    return s.oldest
   end
   local raw = redisCall('LINDEX', s.key, idx(i))
   local v, newest = int(raw), s.newest
@@ -30,6 +32,32 @@ local function slidingLogEntry(s, i)
     corrupt(s.key, 'entry ' .. i .. ' = ' .. raw .. ': want one in (newest - 24h, newest], newest ' .. fmt(newest))
   end
   return v
+end
+
+-- slidingLogCorrupt ports SlidingLog.corrupt on a view whose newest
+-- entry readState read (its length and the newest checked there): the
+-- oldest entry (kept in the view, as slidingLogCut reads it first) and
+-- the one before the newest, each checked by slidingLogEntry, and a log
+-- that has ended at now by its newest entry, about to be dropped whole,
+-- read whole: ascending. It returns nothing; it raises SLUICE_CORRUPT.
+local function slidingLogCorrupt(s, p, now)
+  if s.len < 2 then
+    return
+  end
+  s.oldest = slidingLogEntry(s, 0)
+  if s.len >= 3 then
+    slidingLogEntry(s, s.len - 2)
+  end
+  if s.newest + p.window <= now then
+    local prev = 0
+    for i, raw in ipairs(redisCall('LRANGE', s.key, '0', '-1')) do
+      local v = int(raw)
+      if v == nil or v < prev then
+        corrupt(s.key, 'entries are not ascending: entry ' .. (i - 1) .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ' lies before entry ' .. (i - 2) .. ' = ' .. fmt(prev))
+      end
+      prev = v
+    end
+  end
 end
 
 -- slidingLogLive returns entry i, which lies at or after the cut at now:

@@ -208,18 +208,6 @@ func (p *Process) read(stderr io.Reader, logFile *os.File, ready chan struct{}) 
 	close(p.exited)
 }
 
-// Serve starts bin serve with args for the test (Start), fails it when
-// the server does not listen, and stops the process when the test ends.
-func Serve(tb testing.TB, bin string, o Options, args ...string) *Process {
-	tb.Helper()
-	p, err := Start(bin, o, append([]string{"serve"}, args...)...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { p.Stop(20 * time.Second) })
-	return p
-}
-
 // Logs returns what the process has written on stderr so far.
 func (p *Process) Logs() string {
 	p.mu.Lock()
