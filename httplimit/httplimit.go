@@ -456,7 +456,7 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt}))
 	switch {
 	case d.Status == 0:
-		if a != nil {
+		if a != nil && a.Lease.ID != "" {
 			// A lease is released when next returns, panics, or gives up
 			// on a client that went away (r's context is canceled then; a
 			// handler that ignores it holds the slot until it returns or

@@ -195,6 +195,9 @@ type Action struct {
 	// Limit is the RateLimit field of the deciding outcome, e.g.
 	// `"login";r=2;t=60`; "" when nothing was decided.
 	Limit string
+	// Lease is the lease an admission holds on the rule's concurrency
+	// policies, to give back with Core.Release; the zero Lease for none.
+	Lease sluice.Lease
 }
 
 // Decided is the outcome that decided: the local fallback's when it was
@@ -392,8 +395,8 @@ func request(op sluice.Op, r *Rule, s Subject) sluice.Request {
 // deadline of its own: the request's context may be canceled already (the
 // client went away). A failure is logged (throttled).
 func (c *Core) Release(ctx context.Context, a *Action) {
-	lease := leaseOf(a.Decided())
-	if a.Kind != Admit || lease.ID == "" {
+	lease := a.Lease
+	if lease.ID == "" {
 		return
 	}
 	lim := c.lim
@@ -537,6 +540,8 @@ func settle(a *Action) {
 		a.Limit = string(ratelimitheader.AppendLimitField(nil, *o))
 	}
 	switch a.Kind {
+	case Admit:
+		a.Lease = leaseOf(o)
 	case Limit:
 		a.Status, a.RetryAfter = http.StatusTooManyRequests, ratelimitheader.RetryAfterSeconds(retryAfter(o))
 	case FailClosed:
