@@ -413,7 +413,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
-	d.Action, d.Outcome, d.Local, d.LocalOutcome = a.Kind.String(), a.Outcome, a.Local, a.LocalOutcome
+	d.Action, d.Outcome, d.Local, d.LocalOutcome = string(a.Kind), a.Outcome, a.Local, a.LocalOutcome
 	h := w.Header()
 	h.Set("RateLimit-Policy", rt.Field)
 	if a.Limit != "" {

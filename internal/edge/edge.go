@@ -148,33 +148,24 @@ type Rule struct {
 	Lease string
 }
 
-// Kind is what an edge does with a request.
-type Kind uint8
+// Kind is what an edge does with a request, in its log and metric
+// spelling (httplimit.Decision.Action), e.g. "failed_closed".
+type Kind string
 
 // The kinds of Action.
 const (
-	undecided Kind = iota
+	undecided Kind = ""
 	// Admit: the request goes on (the Limiter or the local fallback
 	// admitted it).
-	Admit
+	Admit Kind = "admitted"
 	// Limit: the request is refused, 429 with Retry-After.
-	Limit
+	Limit Kind = "limited"
 	// FailOpen: no decision, and the rule fails open: the request goes on.
-	FailOpen
+	FailOpen Kind = "failed_open"
 	// FailClosed: no decision (nor from the local fallback), and the rule
 	// fails closed: 503 with Retry-After: 1.
-	FailClosed
+	FailClosed Kind = "failed_closed"
 )
-
-var kindNames = [...]string{Admit: "admitted", Limit: "limited", FailOpen: "failed_open", FailClosed: "failed_closed"}
-
-// String is the kind's log and metric spelling, e.g. "failed_closed".
-func (k Kind) String() string {
-	if k >= Admit && k <= FailClosed {
-		return kindNames[k]
-	}
-	return "undecided"
-}
 
 // Action is what the Core decided for one request.
 type Action struct {
