@@ -34,9 +34,11 @@ func (a Algorithm) String() string {
 
 func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
 
-// FailureMode says what a caller should do when the store cannot decide
-// (an Unavailable or Indeterminate outcome). The outcome itself stays
-// honest; the mode is advice to the edge (middleware, server).
+// FailureMode says what an edge answers when the store cannot decide (an
+// Unavailable or Indeterminate outcome): a property of the edge's rule
+// (httplimit.Route, grpclimit.Method, the server's per-policy
+// failure_mode), not of the policy's math. The outcome itself stays
+// honest.
 type FailureMode uint8
 
 // Failure modes. The zero value is FailClosed.
@@ -102,9 +104,6 @@ type Policy struct {
 	// (Limit, or Burst for token_bucket and gcra). Default: that maximum.
 	// Concurrency rejects it: a lease holds one slot whatever the cost.
 	MaxCost int64
-	// FailureMode is the edge's answer when the store cannot decide.
-	// Default: FailClosed.
-	FailureMode FailureMode
 	// CleanupGrace is added to every key's TTL beyond the moment its state
 	// equals absent, 0 to 1h. Default: 0.
 	CleanupGrace time.Duration
@@ -283,9 +282,6 @@ func (p Policy) Validate() error {
 	}
 	if capacity := prm.Capacity(algorithm.Kind(p.Algorithm)); p.MaxCost < 1 || p.MaxCost > capacity {
 		return bad("max_cost", fmt.Sprint(p.MaxCost), fmt.Sprintf("must be between 1 and %d, the most %s can admit at once", capacity, p.Algorithm))
-	}
-	if p.FailureMode > FailLocal {
-		return bad("failure_mode", p.FailureMode.String(), "must be one of closed, open, local")
 	}
 	if p.CleanupGrace < 0 || p.CleanupGrace > time.Hour {
 		return bad("cleanup_grace", p.CleanupGrace.String(), "must be between 0s and 1h")

@@ -41,7 +41,6 @@ func TestPolicyValidate(t *testing.T) {
 		{"negative max cost", func(p *sluice.Policy) { p.MaxCost = -1 }, "max_cost", "between 1 and 10"},
 		{"max cost above limit", func(p *sluice.Policy) { p.MaxCost = 11 }, "max_cost", "between 1 and 10"},
 		{"max cost above burst", func(p *sluice.Policy) { p.Algorithm, p.Burst, p.MaxCost = sluice.GCRA, 3, 4 }, "max_cost", "between 1 and 3"},
-		{"unknown failure mode", func(p *sluice.Policy) { p.FailureMode = 7 }, "failure_mode", "one of"},
 		{"negative grace", func(p *sluice.Policy) { p.CleanupGrace = -time.Second }, "cleanup_grace", "between 0s and 1h"},
 		{"concurrency", func(p *sluice.Policy) { p.Algorithm, p.Window, p.LeaseTTL = sluice.Concurrency, 0, 30*time.Second }, "", ""},
 		{"concurrency without lease ttl", func(p *sluice.Policy) { p.Algorithm, p.Window = sluice.Concurrency, 0 }, "lease_ttl", "concurrency requires it"},
@@ -108,8 +107,8 @@ func TestPolicyValidate(t *testing.T) {
 
 func TestPolicyDefaults(t *testing.T) {
 	p := sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4}.WithDefaults()
-	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 || p.FailureMode != sluice.FailClosed {
-		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst), fail closed", p)
+	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 {
+		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
 	}
 	p = sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}.WithDefaults()
 	if p.Burst != 10 || p.MaxCost != 10 {

@@ -34,7 +34,7 @@ func benchInterceptors(b *testing.B) (*grpclimit.Interceptors, *sluice.Limiter) 
 	if err != nil {
 		b.Fatal(err)
 	}
-	ints, err := grpclimit.New(l, grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"api"}, Subject: grpclimit.ClientIP(ips)}}})
+	ints, err := grpclimit.New(l, grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"api"}, Subject: subject.ClientIP(ips)}}})
 	if err != nil {
 		b.Fatal(err)
 	}

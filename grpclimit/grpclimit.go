@@ -13,10 +13,10 @@
 //     (never less), a google.rpc.QuotaFailure detail naming the policies
 //     that denied, and the same trailer;
 //   - undecidable (store down, deadline passed, reply lost, corrupt
-//     state): codes.Unavailable when one of the method's policies fails
-//     closed, with a RetryInfo of one second; the call goes on when every
-//     one fails open. Policies that fail local are refused by New:
-//     grpclimit keeps no local fallback.
+//     state): per the method's failure mode, codes.Unavailable with a
+//     RetryInfo of one second (closed), the call goes on (open), or a
+//     local limiter holding a share of each limit decides (local, see
+//     Options.Fallback).
 //
 // A method whose policies include a Concurrency policy holds a lease for
 // the life of the call, a stream's included: acquired before the handler
@@ -30,6 +30,15 @@
 // The raw identity (a principal, an API key, an address) is only ever
 // hashed: it never reaches the Limiter or a log line.
 //
+// Who a call is limited as is a subject.KeyFunc, the one key function of
+// every edge (httplimit takes the same): the call is seen as the HTTP/2
+// request it is, its metadata as Header and its peer as RemoteAddr, so
+// subject.ClientIP (the address behind trusted proxies, read from
+// "x-forwarded-for" or "forwarded" metadata only when the peer is one of
+// them), subject.Header ("x-api-key" metadata), subject.Principal (what
+// an authentication interceptor installed before grpclimit's put in
+// r.Context()) and subject.FirstOf serve both.
+//
 // For services that already chain go-grpc-middleware's ratelimit
 // interceptor, Interceptors has its Limiter's one method, Limit.
 //
@@ -42,19 +51,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/logthrottle"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/subject"
 )
-
-// defaultDeadline is how long a call waits for a decision unless
-// Options.Deadline says otherwise: httplimit's, for the same reasons.
-const defaultDeadline = 500 * time.Millisecond
 
 // defaultOperation is the operation of the calls no Method rule matches
 // and Options.Default limits.
@@ -77,7 +80,12 @@ type Method struct {
 	Cost int64
 	// Subject says who the method's calls are limited as.
 	// Default: nil, Options.Subject.
-	Subject SubjectFunc
+	Subject subject.KeyFunc
+	// FailureMode answers the method's calls when the Limiter cannot
+	// decide: sluice.FailClosed (codes.Unavailable), sluice.FailOpen (the
+	// call goes on, logged) or sluice.FailLocal (the local fallback
+	// decides, see Options.Fallback). Default: FailClosed.
+	FailureMode sluice.FailureMode
 }
 
 // Options configure the interceptors. The zero value means the defaults.
@@ -89,9 +97,13 @@ type Options struct {
 	// under operation "*", at a cost of 1. Default: none, such calls go
 	// on unlimited and without trailer fields.
 	Default []string
+	// FailureMode is Default's failure mode (see Method.FailureMode).
+	// Default: sluice.FailClosed.
+	FailureMode sluice.FailureMode
 	// Subject says who a call is limited as, for the rules that do not
-	// say it themselves. Default: ClientIP(nil), the peer's address.
-	Subject SubjectFunc
+	// say it themselves. Default: subject.ClientIP(nil), the peer's
+	// address.
+	Subject subject.KeyFunc
 	// PassAnonymous lets calls that Subject does not identify go on,
 	// unlimited, so that the service's own authentication answers them.
 	// Default: false, they are answered codes.Unauthenticated without
@@ -106,6 +118,16 @@ type Options struct {
 	// lease's release); past it the outcome is Unavailable and the
 	// failure mode answers. Default: 500ms.
 	Deadline time.Duration
+	// Fallback is the store of the local fallback, typically a
+	// memstore.Store of this process that the caller owns and closes:
+	// when the Limiter cannot decide, the calls of a method whose
+	// FailureMode is FailLocal are decided on it, under the same policy
+	// IDs, each policy holding LocalShare of its limit. Required when a
+	// method fails local. Default: nil.
+	Fallback sluice.Store
+	// LocalShare is the share of each policy's limit the local fallback
+	// holds, in (0, 1] (see httplimit.Options.LocalShare). Default: 1.
+	LocalShare float64
 	// Logger receives a record, at Warn, when the Limiter cannot decide
 	// or a lease cannot be released: at most one a second, with the count
 	// held back. Records carry the pseudonym, never the identity.
@@ -119,27 +141,19 @@ type Options struct {
 // usable. Immutable and safe for concurrent use; they own no goroutines
 // (close the Limiter's store yourself).
 type Interceptors struct {
-	warnings      logthrottle.Throttle
-	limiter       *sluice.Limiter
+	core          *edge.Core
 	exact         map[string]*rule
 	services      map[string]*rule // by "/service/"
 	fallthru      *rule            // Options.Default, or nil
 	pseudo        *subject.Pseudonymizer
 	passAnonymous bool
-	deadline      time.Duration
-	log           *slog.Logger
 }
 
 // rule is a Method (or Options.Default) checked and ready to decide.
 type rule struct {
-	operation   string
-	policies    []string
-	cost        int64
-	op          sluice.Op // Acquire when a policy is a concurrency one
-	closed      bool      // a policy fails closed
-	lease       string    // a concurrency policy's ID, or ""
-	subject     SubjectFunc
-	policyField string // the RateLimit-Policy field value
+	*edge.Rule
+	operation string
+	subject   subject.KeyFunc
 }
 
 // New validates opts against limiter and returns the interceptors. The
@@ -150,21 +164,21 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 	if limiter == nil {
 		return nil, errors.New("grpclimit: limiter is nil")
 	}
-	if opts.Deadline < 0 {
-		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
-	}
 	in := &Interceptors{
-		limiter:       limiter,
 		exact:         map[string]*rule{},
 		services:      map[string]*rule{},
 		pseudo:        cmp.Or(opts.Pseudonymizer, subject.Unkeyed()),
 		passAnonymous: opts.PassAnonymous,
-		deadline:      cmp.Or(opts.Deadline, defaultDeadline),
-		log:           cmp.Or(opts.Logger, slog.Default()),
+	}
+	var err error
+	if in.core, err = edge.New(limiter, edge.Options{
+		Fallback: opts.Fallback, LocalShare: opts.LocalShare, Deadline: opts.Deadline, Logger: opts.Logger, Prefix: "grpclimit",
+	}); err != nil {
+		return nil, err
 	}
 	subj := opts.Subject
 	if subj == nil {
-		subj = ClientIP(nil)
+		subj = subject.ClientIP(nil)
 	}
 	for i, m := range opts.Methods {
 		at := fmt.Sprintf("Methods[%d]", i)
@@ -186,7 +200,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Interceptors, error) {
 		index[m.Name] = r
 	}
 	if len(opts.Default) > 0 {
-		r, err := in.compile("Default", Method{Name: defaultOperation, Policies: opts.Default}, subj)
+		r, err := in.compile("Default", Method{Name: defaultOperation, Policies: opts.Default, FailureMode: opts.FailureMode}, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -216,42 +230,14 @@ func checkName(at, name string) (service bool, err error) {
 
 // compile checks m, found at at, against the limiter; subj is
 // Options.Subject.
-func (in *Interceptors) compile(at string, m Method, subj SubjectFunc) (*rule, error) {
-	r := &rule{operation: m.Name, cost: cmp.Or(m.Cost, 1), subject: m.Subject}
+func (in *Interceptors) compile(at string, m Method, subj subject.KeyFunc) (*rule, error) {
+	r := &rule{operation: m.Name, subject: m.Subject}
 	if m.Subject == nil {
 		r.subject = subj
 	}
-	if m.Cost < 0 {
-		return nil, optionError(at+".Cost", m.Cost, "must not be negative; leave it 0 for 1")
-	}
-	if len(m.Policies) == 0 {
-		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
-	}
-	var field []byte
-	for j, id := range m.Policies {
-		pat := fmt.Sprintf("%s.Policies[%d]", at, j)
-		p, ok := in.limiter.Policy(id)
-		switch {
-		case !ok:
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "the limiter has no such policy; it has "+strings.Join(in.limiter.Policies(), ", "))
-		case slices.Contains(r.policies, id):
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
-		case p.FailureMode == sluice.FailLocal:
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "fails local, which grpclimit does not do (it keeps no local fallback): make it fail closed or open")
-		case p.Algorithm == sluice.Concurrency:
-			r.op, r.lease = sluice.Acquire, id
-		case r.cost > p.MaxCost:
-			return nil, optionError(at+".Cost", r.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
-		}
-		r.closed = r.closed || p.FailureMode == sluice.FailClosed
-		r.policies = append(r.policies, id)
-		if j > 0 {
-			field = append(field, ", "...)
-		}
-		field = ratelimitheader.AppendPolicyItem(field, p)
-	}
-	r.policyField = string(field)
-	return r, nil
+	var err error
+	r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode)
+	return r, err
 }
 
 // ruleOf returns the rule of the full method name method: its exact

@@ -211,8 +211,8 @@ func wantTrailer(t *testing.T, trailer metadata.MD, key, want string) {
 	}
 }
 
-func slidingLog(id string, limit int64, window time.Duration, mode sluice.FailureMode) sluice.Policy {
-	return sluice.Policy{ID: id, Algorithm: sluice.SlidingLog, Limit: limit, Window: window, FailureMode: mode}
+func slidingLog(id string, limit int64, window time.Duration) sluice.Policy {
+	return sluice.Policy{ID: id, Algorithm: sluice.SlidingLog, Limit: limit, Window: window}
 }
 
 // TestUnaryDeniesTheSixth: 5 per 10s admits five calls, and denies the
@@ -222,7 +222,7 @@ func slidingLog(id string, limit int64, window time.Duration, mode sluice.Failur
 func TestUnaryDeniesTheSixth(t *testing.T) {
 	clock := sluicetest.NewClock()
 	ints := newInterceptors(t, clock, grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"api"}}}},
-		slidingLog("api", 5, 10*time.Second, sluice.FailClosed))
+		slidingLog("api", 5, 10*time.Second))
 	s := serveInterceptors(t, ints)
 	for i := 1; i <= 5; i++ {
 		trailer, err := s.call(t, echoUnary)
@@ -358,8 +358,8 @@ func TestExactNameWinsOverService(t *testing.T) {
 			{Name: echoUnary, Policies: []string{"method"}},
 		},
 		Default: []string{"rest"},
-	}, slidingLog("service", 1, time.Minute, sluice.FailClosed), slidingLog("method", 2, time.Minute, sluice.FailClosed),
-		slidingLog("rest", 3, time.Minute, sluice.FailClosed))
+	}, slidingLog("service", 1, time.Minute), slidingLog("method", 2, time.Minute),
+		slidingLog("rest", 3, time.Minute))
 	s := serveInterceptors(t, ints)
 	trailer, _ := s.call(t, echoUnary)
 	wantTrailer(t, trailer, "ratelimit-policy", `"method";q=2;w=60`)

@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -16,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
@@ -39,11 +40,11 @@ func (in *Interceptors) Unary() grpc.UnaryServerInterceptor {
 		if r == nil {
 			return handler(ctx, req)
 		}
-		lease, err := in.decide(ctx, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 		if err != nil {
 			return nil, err
 		}
-		defer in.release(ctx, lease) // on return and on panic alike
+		defer in.core.Release(ctx, &a) // on return and on panic alike
 		return handler(ctx, req)
 	}
 }
@@ -58,11 +59,11 @@ func (in *Interceptors) Stream() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		ctx := ss.Context()
-		lease, err := in.decide(ctx, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
+		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
 		if err != nil {
 			return err
 		}
-		defer in.release(ctx, lease) // on return and on panic alike
+		defer in.core.Release(ctx, &a) // on return and on panic alike
 		return handler(srv, ss)
 	}
 }
@@ -86,71 +87,63 @@ func (in *Interceptors) Limit(ctx context.Context) error {
 	if r == nil {
 		return nil
 	}
-	if r.lease != "" {
-		in.warn(ctx, "grpclimit: Limit cannot hold a lease: use the Unary and Stream interceptors for this method", "method", method, "policy", r.lease)
-		return status.Errorf(codes.FailedPrecondition, "grpclimit: Limit cannot hold the lease of concurrency policy %q that %s needs", r.lease, method)
+	if r.Lease != "" {
+		in.core.Log(ctx, slog.LevelWarn, "grpclimit: Limit cannot hold a lease: use the Unary and Stream interceptors for this method", slog.String("method", method), slog.String("policy", r.Lease))
+		return status.Errorf(codes.FailedPrecondition, "grpclimit: Limit cannot hold the lease of concurrency policy %q that %s needs", r.Lease, method)
 	}
-	_, err := in.decide(ctx, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+	_, err := in.decide(ctx, method, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 	return err
 }
 
-// decide asks the limiter about a call of rule r whose context is ctx,
-// sets the call's trailer fields with setTrailer, and returns the lease
-// to release after the call (the zero Lease for none) and the error to
-// answer with (nil: the call goes on).
-func (in *Interceptors) decide(ctx context.Context, r *rule, setTrailer func(metadata.MD) error) (sluice.Lease, error) {
-	kind, identity := r.subject(ctx)
+// decide asks the core about a call of method and rule r whose context is ctx, sets
+// the call's trailer fields with setTrailer, and returns the action (whose
+// lease to release after the call) and the error to answer with (nil: the
+// call goes on).
+func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setTrailer func(metadata.MD) error) (edge.Action, error) {
+	kind, identity := r.subject(request(ctx, method))
 	if identity == "" {
 		if in.passAnonymous {
-			return sluice.Lease{}, nil
+			return edge.Action{}, nil
 		}
-		return sluice.Lease{}, status.Error(codes.Unauthenticated, "grpclimit: the call carries no identity this method is rate limited by")
+		return edge.Action{}, status.Error(codes.Unauthenticated, "grpclimit: the call carries no identity this method is rate limited by")
 	}
-	req := sluice.Request{
-		Op:       r.op,
-		Subject:  in.pseudo.Pseudonym(kind, identity, r.operation),
+	s := edge.Subject{
+		ID:       in.pseudo.Pseudonym(kind, identity, r.operation),
 		Previous: in.pseudo.Previous(kind, identity, r.operation),
-		Cost:     r.cost,
 	}
-	if len(r.policies) == 1 {
-		req.Policy = r.policies[0]
-	} else {
-		req.Policies = r.policies
-	}
-	dctx, cancel := context.WithTimeout(ctx, in.deadline)
-	o := in.limiter.Check(dctx, req)
-	cancel()
-	md := metadata.MD{mdPolicy: {r.policyField}}
-	if o.Kind == sluice.Allowed || o.Kind == sluice.Denied {
-		md[mdLimit] = []string{string(ratelimitheader.AppendLimitField(nil, o))}
+	a := in.core.Decide(ctx, r.Rule, s)
+	md := metadata.MD{mdPolicy: {r.Field}}
+	if a.Limit != "" {
+		md[mdLimit] = []string{a.Limit}
 	}
 	_ = setTrailer(md) // fails only once the call has ended
-	switch o.Kind {
-	case sluice.Allowed:
-		return o.Lease, nil
-	case sluice.Denied:
-		return sluice.Lease{}, denial(kind, o)
+	switch a.Kind {
+	case edge.Admit:
+		return a, nil
+	case edge.Limit:
+		return edge.Action{}, denial(kind, a.Decided())
 	}
-	in.warn(ctx, "sluice: no rate limit decision", "operation", r.operation, "policies", strings.Join(r.policies, ","),
-		"subject", req.Subject, "outcome", o.Kind.String(), "cause", o.Cause.String(), "error", o.Err, "failed_closed", r.closed)
-	if !r.closed {
-		return sluice.Lease{}, nil
+	in.core.Log(ctx, slog.LevelWarn, "sluice: no rate limit decision", slog.String("operation", r.operation), slog.String("policies", strings.Join(r.Policies, ",")),
+		slog.String("subject", s.ID), slog.String("outcome", a.Outcome.Kind.String()), slog.String("cause", a.Outcome.Cause.String()), slog.Any("error", a.Outcome.Err),
+		slog.Bool("failed_closed", a.Kind == edge.FailClosed))
+	if a.Kind == edge.FailOpen {
+		return edge.Action{}, nil
 	}
-	return sluice.Lease{}, withDetails(status.New(codes.Unavailable, "grpclimit: the rate limiter could not decide; retry shortly"),
+	return edge.Action{}, withDetails(status.New(codes.Unavailable, "grpclimit: the rate limiter could not decide; retry shortly"),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(unavailableRetry)})
 }
 
 // denial is the status error of the denied outcome o of a subject of
 // kind: ResourceExhausted with a RetryInfo at least the wait o names and
 // a QuotaFailure listing the policies that denied.
-func denial(kind string, o sluice.Outcome) error {
+func denial(kind string, o *sluice.Outcome) error {
 	retry := o.RetryAfter
 	if r := retry.Truncate(time.Millisecond); r < retry { // whole milliseconds, never less than the wait
 		retry = r + time.Millisecond
 	}
 	var quota errdetails.QuotaFailure
 	var ids []string
-	for _, s := range statuses(o) {
+	for _, s := range edge.Statuses(o) {
 		if s.Allowed {
 			continue
 		}
@@ -166,45 +159,10 @@ func denial(kind string, o sluice.Outcome) error {
 	return withDetails(status.New(codes.ResourceExhausted, msg), &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}, &quota)
 }
 
-// statuses is every policy's status of o.
-func statuses(o sluice.Outcome) []sluice.Status {
-	if len(o.Statuses) == 0 {
-		return []sluice.Status{o.Status}
-	}
-	return o.Statuses
-}
-
 // withDetails is st's error with details attached.
 func withDetails(st *status.Status, details ...protoadapt.MessageV1) error {
 	if d, err := st.WithDetails(details...); err == nil { // fails only for an OK status
 		st = d
 	}
 	return st.Err()
-}
-
-// release gives lease back, with a deadline of its own: the call's
-// context may be canceled already (the client went away).
-func (in *Interceptors) release(ctx context.Context, lease sluice.Lease) {
-	if lease.ID == "" {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), in.deadline)
-	defer cancel()
-	if o := in.limiter.Release(ctx, lease); o.Kind != sluice.Allowed {
-		in.warn(ctx, "sluice: lease not released; it is held until its lease_ttl passes",
-			"policies", strings.Join(lease.Policies, ","), "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Err)
-	}
-}
-
-// warn logs msg at Warn, at most once a second, with the count of the
-// records held back.
-func (in *Interceptors) warn(ctx context.Context, msg string, args ...any) {
-	ok, suppressed := in.warnings.Allow(clock.System{}.Now())
-	if !ok {
-		return
-	}
-	if suppressed > 0 {
-		args = append(args, "suppressed_since_last", suppressed)
-	}
-	in.log.WarnContext(ctx, msg, args...)
 }

@@ -26,7 +26,7 @@ func TestGoGRPCMiddleware(t *testing.T) {
 	ints := newInterceptors(t, sluicetest.NewClock(), grpclimit.Options{Methods: []grpclimit.Method{
 		{Name: echoUnary, Policies: []string{"api"}},
 		{Name: otherUnary, Policies: []string{"calls"}},
-	}}, slidingLog("api", 5, 10*time.Second, sluice.FailClosed), sluice.Policy{ID: "calls", Algorithm: sluice.Concurrency, Limit: 1, LeaseTTL: time.Minute})
+	}}, slidingLog("api", 5, 10*time.Second), sluice.Policy{ID: "calls", Algorithm: sluice.Concurrency, Limit: 1, LeaseTTL: time.Minute})
 	s := serve(t, []grpc.UnaryServerInterceptor{ratelimit.UnaryServerInterceptor(ints)}, []grpc.StreamServerInterceptor{ratelimit.StreamServerInterceptor(ints)})
 	for i := 1; i <= 5; i++ {
 		trailer, err := s.call(t, echoUnary)

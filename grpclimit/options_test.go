@@ -19,8 +19,8 @@ func TestNewErrors(t *testing.T) {
 	}
 	defer store.Close()
 	lim, err := sluice.New(store, []sluice.Policy{
-		slidingLog("api", 5, 10*time.Second, sluice.FailClosed),
-		slidingLog("local", 5, 10*time.Second, sluice.FailLocal),
+		slidingLog("api", 5, 10*time.Second),
+		slidingLog("local", 5, 10*time.Second),
 		{ID: "streams", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: time.Minute},
 	}, sluice.Options{})
 	if err != nil {
@@ -54,8 +54,8 @@ func TestNewErrors(t *testing.T) {
 			`grpclimit: Methods[0].Cost = -1: must not be negative; leave it 0 for 1`},
 		{"cost above max", grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"api"}, Cost: 6}}},
 			`grpclimit: Methods[0].Cost = 6: must be at most the max cost of policy "api", 5`},
-		{"fails local", grpclimit.Options{Default: []string{"local"}},
-			`grpclimit: Default.Policies[0] = "local": fails local, which grpclimit does not do`},
+		{"fails local without a fallback", grpclimit.Options{Default: []string{"local"}, FailureMode: sluice.FailLocal},
+			`grpclimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"negative deadline", grpclimit.Options{Deadline: -time.Second},
 			`grpclimit: Deadline = -1s: must not be negative`},
 	}

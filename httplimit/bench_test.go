@@ -29,13 +29,13 @@ func benchHandler(b *testing.B) http.Handler {
 	if err != nil {
 		b.Fatal(err)
 	}
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		b.Fatal(err)
 	}
 	m, err := httplimit.New(l, httplimit.Options{
 		Routes:  []httplimit.Route{{PathPrefix: "/api", Policies: []string{"api"}}},
-		Subject: httplimit.FirstOf(key, httplimit.ClientIP(ips)),
+		Subject: subject.FirstOf(key, subject.ClientIP(ips)),
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/edge"
 )
 
 // errNothingSpent is the error of a Refund for a request that spent
@@ -62,34 +63,14 @@ func Refund(ctx context.Context) sluice.Outcome {
 		// was spent.
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	lim, policies := st.m.limiter, st.rt.policies
-	if st.d.Local {
-		lim, policies = st.m.fallback, st.rt.local
-	}
-	policies = rated(lim, policies)
-	if len(policies) == 0 || !st.refunded.CompareAndSwap(false, true) {
+	if !st.refunded.CompareAndSwap(false, true) {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNothingSpent}
 	}
-	req := request(sluice.Refund, policies, &st.d)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), st.m.deadline)
-	defer cancel()
-	o := lim.Check(ctx, req)
+	o := st.m.core.Refund(ctx, st.rt.Rule, &edge.Action{Kind: edge.Admit, Local: st.d.Local}, st.d.subject())
 	if o.Kind != sluice.Allowed {
 		// Nothing was given back (or it is unknown whether): a later
 		// Refund may try again, with the same evaluation ID if any.
 		st.refunded.Store(false)
 	}
 	return o
-}
-
-// rated returns the policies among ids that are not concurrency policies
-// of lim: those a refund gives units back to.
-func rated(lim *sluice.Limiter, ids []string) []string {
-	out := ids[:0:0]
-	for _, id := range ids {
-		if p, _ := lim.Policy(id); p.Algorithm != sluice.Concurrency {
-			out = append(out, id)
-		}
-	}
-	return out
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/clock"
 )
 
 // The values of Decision.Action.
@@ -29,7 +28,7 @@ type Decision struct {
 	// Policies are the route's policy IDs. Do not modify.
 	Policies []string
 	// SubjectKind is the kind of the identity, e.g. "api_key" (see
-	// SubjectFunc); "" when there is none (Action "no_subject").
+	// subject.KeyFunc); "" when there is none (Action "no_subject").
 	SubjectKind string
 	// Subject is the pseudonym the limiter saw, e.g. "k1:3q2-7w…"; "" when
 	// none. Never a metric label: it is unbounded.
@@ -45,11 +44,11 @@ type Decision struct {
 	//   - "admitted": the limiter (or the local fallback) admitted the
 	//     request;
 	//   - "limited": it denied it: 429;
-	//   - "failed_closed": no decision, and a policy fails closed (or the
+	//   - "failed_closed": no decision, and the route fails closed (or the
 	//     local fallback failed too): 503;
-	//   - "failed_open": no decision, and every policy fails open: the
+	//   - "failed_open": no decision, and the route fails open: the
 	//     request goes on;
-	//   - "no_subject": the route's SubjectFunc identified no one: 403,
+	//   - "no_subject": the route's subject.KeyFunc identified no one: 403,
 	//     or the request goes on with Options.PassAnonymous. The limiter
 	//     was not asked.
 	Action string
@@ -87,19 +86,9 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	if !m.log.Enabled(ctx, level) {
 		return
 	}
-	var suppressed int64
-	if level == slog.LevelWarn {
-		// Store failures fail every request while they last: one line a
-		// second, with the count of those held back.
-		var ok bool
-		if ok, suppressed = m.warnings.Allow(clock.System{}.Now()); !ok {
-			return
-		}
-	}
+	// Store failures fail every request while they last: the core logs
+	// one line a second, with the count of those held back.
 	attrs := make([]slog.Attr, 0, 13)
-	if suppressed > 0 {
-		attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
-	}
 	attrs = append(attrs,
 		slog.String("operation", d.Operation),
 		slog.String("policies", strings.Join(d.Policies, ",")),
@@ -121,7 +110,7 @@ func (m *Middleware) record(r *http.Request, d *Decision) {
 	if d.Shadow {
 		msg = "rate limit decision (shadow: not enforced)"
 	}
-	m.log.LogAttrs(ctx, level, msg, attrs...)
+	m.core.Log(ctx, level, msg, attrs...)
 }
 
 func appendOutcome(attrs []slog.Attr, prefix string, o sluice.Outcome) []slog.Attr {

@@ -37,7 +37,7 @@ func Example() {
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
 		// A real application returns the principal its authentication
 		// established; this example trusts a header.
-		Subject: httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.Principal(func(r *http.Request) (string, bool) {
 			account := r.Header.Get("X-Account")
 			return account, account != ""
 		}),
@@ -73,17 +73,17 @@ func Example() {
 
 // Behind a load balancer at 10.0.0.0/8, requests are limited by their API
 // key, and those without one by the client address the balancer vouches
-// for. A shared store (Redis) decides normally; when it cannot, policies
-// with FailureMode FailLocal are decided by an in-process store holding a
-// share of each limit: with four instances, a quarter each.
-func ExampleFirstOf() {
+// for. A shared store (Redis) decides normally; when it cannot, the
+// requests are decided (FailureMode FailLocal) by an in-process store
+// holding a share of each limit: with four instances, a quarter each.
+func Example_localFallback() {
 	shared, err := memstore.New(memstore.Options{}) // in production, e.g. a redisstore.Store
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer shared.Close()
 	limiter, err := sluice.New(shared, []sluice.Policy{
-		{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, FailureMode: sluice.FailLocal},
+		{ID: "api", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second},
 	}, sluice.Options{})
 	if err != nil {
 		log.Fatal(err)
@@ -101,14 +101,15 @@ func ExampleFirstOf() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	apiKey, err := httplimit.Header("X-API-Key")
+	apiKey, err := subject.Header("X-API-Key")
 	if err != nil {
 		log.Fatal(err)
 	}
 	m, err := httplimit.New(limiter, httplimit.Options{
 		Default:       []string{"api"},
-		Subject:       httplimit.FirstOf(apiKey, httplimit.ClientIP(ips)),
+		Subject:       subject.FirstOf(apiKey, subject.ClientIP(ips)),
 		Pseudonymizer: pseudonyms,
+		FailureMode:   sluice.FailLocal,
 		Fallback:      local,
 		LocalShare:    0.25,
 	})

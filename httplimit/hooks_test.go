@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/sluicetest"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // serveWith serves next behind m on a real loopback socket.
@@ -76,10 +77,10 @@ func newMiddleware(t *testing.T, l *sluice.Limiter, opts httplimit.Options) *htt
 // new budget: the default subject is the client address.
 func TestRotatingUserAgentCannotEscapeTheDefault(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute))
 	for name, m := range map[string]*httplimit.Middleware{
 		"New":   newMiddleware(t, l, httplimit.Options{Default: []string{"p"}}),
-		"PerIP": mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed)),
+		"PerIP": mustPerIP(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute)),
 	} {
 		srv := serveWith(t, m, okHandler())
 		var got []int
@@ -105,7 +106,7 @@ func mustPerIP(t *testing.T, clock *sluicetest.Clock, p sluice.Policy) *httplimi
 
 func TestPerIP(t *testing.T) {
 	clock := sluicetest.NewClock()
-	srv := serveWith(t, mustPerIP(t, clock, policy("api", sluice.FixedWindow, 2, 10*time.Second, sluice.FailClosed)), okHandler())
+	srv := serveWith(t, mustPerIP(t, clock, policy("api", sluice.FixedWindow, 2, 10*time.Second)), okHandler())
 	var got []string
 	for range 3 {
 		code, _, h := get(t, srv, "/anything")
@@ -124,18 +125,18 @@ func TestPerIP(t *testing.T) {
 func TestPerIPErrors(t *testing.T) {
 	clock := sluicetest.NewClock()
 	store := newMemStore(t, clock)
-	good := policy("api", sluice.GCRA, 10, time.Second, sluice.FailClosed)
+	good := policy("api", sluice.GCRA, 10, time.Second)
 	for _, tt := range []struct {
 		name string
 		p    sluice.Policy
 		opts httplimit.Options
 		want string
 	}{
-		{"invalid policy", policy("api", sluice.GCRA, 0, time.Second, sluice.FailClosed), httplimit.Options{}, `httplimit: PerIP: sluice: New: policies[0]: policy "api": limit = 0: must be between 1 and 1000000000`},
+		{"invalid policy", policy("api", sluice.GCRA, 0, time.Second), httplimit.Options{}, `httplimit: PerIP: sluice: New: policies[0]: policy "api": limit = 0: must be between 1 and 1000000000`},
 		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits every request by one policy; use New"},
 		{"default", good, httplimit.Options{Default: []string{"api"}}, "httplimit: PerIP: Options.Default is set"},
 		{"bad option", good, httplimit.Options{Deadline: -1}, "httplimit: Deadline = -1ns: must not be negative"},
-		{"local", policy("api", sluice.GCRA, 10, time.Second, sluice.FailLocal), httplimit.Options{}, `httplimit: Default.Policies[0] = "api": fails local, but Options.Fallback is nil`},
+		{"local", policy("api", sluice.GCRA, 10, time.Second), httplimit.Options{FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 	} {
 		_, err := httplimit.PerIP(store, tt.p, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -146,7 +147,7 @@ func TestPerIPErrors(t *testing.T) {
 
 func TestDenyHandler(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, 10*time.Second, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, 10*time.Second))
 	m := newMiddleware(t, l, httplimit.Options{
 		Default: []string{"p"},
 		Deny: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +175,7 @@ func TestDenyHandler(t *testing.T) {
 
 func TestDecisionInHandler(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("search", sluice.TokenBucket, 10, time.Minute, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("search", sluice.TokenBucket, 10, time.Minute))
 	m := newMiddleware(t, l, httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/search", Policies: []string{"search"}, Cost: 4}},
 	})
@@ -206,7 +207,7 @@ func TestDecisionInHandler(t *testing.T) {
 
 func TestIdempotencyKey(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 3, time.Minute))
 	m := newMiddleware(t, l, httplimit.Options{Default: []string{"p"}, IdempotencyKeyHeader: "Idempotency-Key"})
 	srv := serveWith(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d, _ := httplimit.FromContext(r.Context())
@@ -232,8 +233,8 @@ func TestIdempotencyKey(t *testing.T) {
 func TestRefund(t *testing.T) {
 	clock := sluicetest.NewClock()
 	l := newLimiter(t, clock,
-		policy("p", sluice.SlidingLog, 2, time.Minute, sluice.FailClosed),
-		policy("estimate", sluice.SlidingWindow, 2, time.Minute, sluice.FailClosed))
+		policy("p", sluice.SlidingLog, 2, time.Minute),
+		policy("estimate", sluice.SlidingWindow, 2, time.Minute))
 	m := newMiddleware(t, l, httplimit.Options{Routes: []httplimit.Route{
 		{PathPrefix: "/estimate", Policies: []string{"estimate"}},
 		{PathPrefix: "/", Policies: []string{"p"}},
@@ -274,12 +275,12 @@ func TestRefund(t *testing.T) {
 // An API that authenticates by key answers a request without one with its
 // own 401, not the limiter's 403.
 func TestPassAnonymous(t *testing.T) {
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute))
 	m := newMiddleware(t, l, httplimit.Options{
 		Default:       []string{"p"},
 		Subject:       key,
@@ -310,7 +311,7 @@ func TestPassAnonymous(t *testing.T) {
 // reads the others in the normal form the routes matched.
 func TestStrictPaths(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute))
 	m := newMiddleware(t, l, httplimit.Options{
 		Routes:      []httplimit.Route{{PathPrefix: "/login", Policies: []string{"p"}}},
 		StrictPaths: true,
@@ -347,8 +348,8 @@ func TestStrictPaths(t *testing.T) {
 // for that route only.
 func TestRouteSubject(t *testing.T) {
 	clock := sluicetest.NewClock()
-	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed))
-	key, err := httplimit.Header("X-API-Key")
+	l := newLimiter(t, clock, policy("p", sluice.FixedWindow, 1, time.Minute))
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,9 @@
 //   - denied: 429 Too Many Requests, Retry-After, and an RFC 9457 problem
 //     of the draft's quota-exceeded type listing the violated policies;
 //   - undecidable (store down, deadline passed, reply lost, corrupt
-//     state): per the policies' failure mode, 503 with Retry-After (closed),
+//     state): per the route's failure mode, 503 with Retry-After (closed),
 //     the request goes on (open), or a local limiter holding a share of
-//     the limit decides (local).
+//     each limit decides (local).
 //
 // The raw identity (a principal, an API key, an IP address) is only ever
 // hashed: it never reaches the Limiter, a log line or a Decision.
@@ -22,9 +22,10 @@
 // naming the option, its value and the rule it breaks.
 //
 // Who a request is limited as is one function of the request, a
-// SubjectFunc: Options.Subject, or a Route's own. ClientIP (the address
-// behind trusted proxies), Header, Principal and IPUserAgent build the
-// usual ones; FirstOf chains them.
+// subject.KeyFunc: Options.Subject, or a Route's own. subject.ClientIP
+// (the address behind trusted proxies), subject.Header and
+// subject.Principal build the usual ones; subject.FirstOf chains them.
+// grpclimit takes the same functions.
 //
 // The handler behind the middleware finds the Decision in its request's
 // context (FromContext) and can give the units back (Refund) when the
@@ -58,19 +59,9 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/logthrottle"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/subject"
 )
-
-// defaultDeadline is how long the middleware waits for a decision unless
-// Options.Deadline says otherwise: long enough that a burst of 500
-// concurrent requests on a busy two-core machine with a healthy local
-// Redis gets no 503 (100ms gave about half of them one), short enough that
-// a failing store is answered by the failure mode well within a second,
-// and the store's circuit breaker soon answers at once.
-const defaultDeadline = 500 * time.Millisecond
 
 // defaultOperation is the operation of requests that no route matches and
 // that Options.Default limits.
@@ -106,10 +97,15 @@ type Route struct {
 	Cost int64
 	// Subject says who the route's requests are limited as.
 	// Default: nil, Options.Subject.
-	Subject SubjectFunc
+	Subject subject.KeyFunc
 	// Shadow makes this route report but never block. Default: false
 	// (Options.Shadow applies to every route).
 	Shadow bool
+	// FailureMode answers the route's requests when the Limiter cannot
+	// decide: sluice.FailClosed (503 with Retry-After), sluice.FailOpen
+	// (the request goes on, logged) or sluice.FailLocal (the local
+	// fallback decides, see Options.Fallback). Default: FailClosed.
+	FailureMode sluice.FailureMode
 }
 
 // Options configure the middleware. The zero value means the defaults.
@@ -121,10 +117,14 @@ type Options struct {
 	// operation "*", at a cost of 1. Default: none, such requests pass
 	// unlimited and without headers.
 	Default []string
+	// FailureMode is Default's failure mode (see Route.FailureMode).
+	// Default: sluice.FailClosed.
+	FailureMode sluice.FailureMode
 	// Subject says who a request is limited as, for the routes that do
-	// not say it themselves, e.g. FirstOf(Principal(userID),
-	// ClientIP(ips)). Default: ClientIP(nil), the socket peer's address.
-	Subject SubjectFunc
+	// not say it themselves, e.g. subject.FirstOf(subject.Principal(userID),
+	// subject.ClientIP(ips)). Default: subject.ClientIP(nil), the socket
+	// peer's address.
+	Subject subject.KeyFunc
 	// PassAnonymous lets requests that Subject does not identify go on,
 	// unlimited, so that the application's own authentication answers
 	// them (typically 401 for a missing API key). Use it only where the
@@ -182,12 +182,12 @@ type Options struct {
 	Shadow bool
 	// Fallback is the store of the local fallback, typically a
 	// memstore.Store of this process that the caller owns and closes:
-	// when the Limiter cannot decide, the policies whose failure mode is
-	// FailLocal are decided on it, under the same IDs, each holding
-	// LocalShare of its limit. Required when a route spends such a
-	// policy. Default: nil.
+	// when the Limiter cannot decide, the requests of a route whose
+	// FailureMode is FailLocal are decided on it, under the same policy
+	// IDs, each policy holding LocalShare of its limit. Required when a
+	// route fails local. Default: nil.
 	Fallback sluice.Store
-	// LocalShare is the share of each FailLocal policy's limit the local
+	// LocalShare is the share of each policy's limit the local
 	// fallback holds, in (0, 1]: Limit (and Burst, for token_bucket and
 	// gcra) scaled and rounded down, at least 1; MaxCost capped at the new
 	// capacity. With n instances of an application, 1/n makes an outage
@@ -210,9 +210,7 @@ type Options struct {
 // owns no goroutines (close the Limiter's and the fallback's stores
 // yourself).
 type Middleware struct {
-	warnings      logthrottle.Throttle // of failed-decision lines
-	limiter       *sluice.Limiter
-	fallback      *sluice.Limiter
+	core          *edge.Core
 	routes        []*route
 	fallthru      *route // Options.Default, or nil
 	pseudo        *subject.Pseudonymizer
@@ -220,7 +218,6 @@ type Middleware struct {
 	strictPaths   bool
 	idemHeader    string
 	deny          http.Handler
-	deadline      time.Duration
 	legacy        bool
 	shadow        bool
 	log           *slog.Logger
@@ -228,20 +225,14 @@ type Middleware struct {
 }
 
 type route struct {
-	operation   string
-	methods     []string // nil: any; upper case
-	prefix      string   // as configured, cleaned: part of the operation
-	canonical   string   // prefix in the canonical form requests are matched in
-	match       func(*http.Request) bool
-	policies    []string
-	op          sluice.Op // Acquire when policies holds a concurrency policy, else Spend
-	cost        int64
-	local       []string  // the FailLocal ones
-	localOp     sluice.Op // op for local
-	mode        sluice.FailureMode
-	subject     SubjectFunc
-	shadow      bool
-	policyField string // the RateLimit-Policy field value
+	*edge.Rule
+	operation string
+	methods   []string // nil: any; upper case
+	prefix    string   // as configured, cleaned: part of the operation
+	canonical string   // prefix in the canonical form requests are matched in
+	match     func(*http.Request) bool
+	subject   subject.KeyFunc
+	shadow    bool
 }
 
 // New validates opts against limiter and returns the middleware. The
@@ -253,36 +244,29 @@ func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		return nil, errors.New("httplimit: limiter is nil")
 	}
 	m := &Middleware{
-		limiter:       limiter,
 		pseudo:        cmp.Or(opts.Pseudonymizer, subject.Unkeyed()),
 		passAnonymous: opts.PassAnonymous,
 		strictPaths:   opts.StrictPaths,
 		idemHeader:    opts.IdempotencyKeyHeader,
 		deny:          opts.Deny,
-		deadline:      cmp.Or(opts.Deadline, defaultDeadline),
 		legacy:        opts.LegacyHeaders,
 		shadow:        opts.Shadow,
 		log:           cmp.Or(opts.Logger, slog.Default()),
 		onDecision:    opts.OnDecision,
 	}
-	if opts.Deadline < 0 {
-		return nil, optionError("Deadline", opts.Deadline, "must not be negative")
-	}
 	if h := opts.IdempotencyKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
 		return nil, optionError("IdempotencyKeyHeader", fmt.Sprintf("%q", h), "must be a header name such as Idempotency-Key")
 	}
-	if opts.Fallback != nil {
-		fb, err := localFallback(limiter, opts.Fallback, cmp.Or(opts.LocalShare, 1))
-		if err != nil {
-			return nil, err
-		}
-		m.fallback = fb
-	} else if opts.LocalShare != 0 {
-		return nil, optionError("LocalShare", opts.LocalShare, "is set, but Fallback is nil")
+	var err error
+	m.core, err = edge.New(limiter, edge.Options{
+		Fallback: opts.Fallback, LocalShare: opts.LocalShare, Deadline: opts.Deadline, Logger: m.log, Prefix: "httplimit",
+	})
+	if err != nil {
+		return nil, err
 	}
 	subj := opts.Subject
 	if subj == nil {
-		subj = ClientIP(nil)
+		subj = subject.ClientIP(nil)
 	}
 	seen := map[string]int{}
 	for i, rt := range opts.Routes {
@@ -298,7 +282,7 @@ func New(limiter *sluice.Limiter, opts Options) (*Middleware, error) {
 		m.routes = append(m.routes, c)
 	}
 	if len(opts.Default) > 0 {
-		c, err := m.compile("Default", Route{Operation: defaultOperation, Policies: opts.Default}, subj)
+		c, err := m.compile("Default", Route{Operation: defaultOperation, Policies: opts.Default, FailureMode: opts.FailureMode}, subj)
 		if err != nil {
 			return nil, err
 		}
@@ -315,56 +299,22 @@ func optionError(at string, value any, rule string) error {
 
 // compile checks rt, found at at ("Routes[2]", "Default"), against the
 // limiters and returns it ready to match; subj is Options.Subject.
-func (m *Middleware) compile(at string, rt Route, subj SubjectFunc) (*route, error) {
-	c := &route{
-		operation: rt.Operation,
-		match:     rt.Match,
-		subject:   rt.Subject,
-		shadow:    rt.Shadow,
-		mode:      sluice.FailOpen,
-		cost:      rt.Cost,
-	}
+func (m *Middleware) compile(at string, rt Route, subj subject.KeyFunc) (*route, error) {
+	c := &route{operation: rt.Operation, match: rt.Match, subject: rt.Subject, shadow: rt.Shadow}
 	if c.subject == nil {
 		c.subject = subj
 	}
-	switch {
-	case c.cost == 0:
-		c.cost = 1
-	case c.cost < 0:
+	if rt.Cost < 0 {
 		return nil, optionError(at+".Cost", rt.Cost, "must not be negative; leave it 0 for 1")
 	}
 	if err := c.compileMatch(at, rt); err != nil {
 		return nil, err
 	}
-	if len(rt.Policies) == 0 {
-		return nil, optionError(at+".Policies", "[]", "at least one policy ID is required")
+	r, err := m.core.Rule(at, rt.Policies, rt.Cost, rt.FailureMode)
+	if err != nil {
+		return nil, err
 	}
-	var field []byte
-	for j, id := range rt.Policies {
-		pat := fmt.Sprintf("%s.Policies[%d]", at, j)
-		p, ok := m.limiter.Policy(id)
-		if !ok {
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "the limiter has no such policy; it has "+strings.Join(m.limiter.Policies(), ", "))
-		}
-		if slices.Contains(c.policies, id) {
-			return nil, optionError(pat, fmt.Sprintf("%q", id), "is named twice")
-		}
-		if c.cost > p.MaxCost && p.Algorithm != sluice.Concurrency { // a lease is one slot whatever the cost
-			return nil, optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
-		}
-		c.policies = append(c.policies, id)
-		if p.Algorithm == sluice.Concurrency {
-			c.op = sluice.Acquire
-		}
-		if err := m.compileMode(at, pat, c, p); err != nil {
-			return nil, err
-		}
-		if j > 0 {
-			field = append(field, ", "...)
-		}
-		field = ratelimitheader.AppendPolicyItem(field, p)
-	}
-	c.policyField = string(field)
+	c.Rule = r
 	return c, nil
 }
 
@@ -399,30 +349,6 @@ func (c *route) compileMatch(at string, rt Route) error {
 			ms = strings.ToUpper(strings.Join(rt.Methods, ","))
 		}
 		c.operation = ms + " " + c.prefix
-	}
-	return nil
-}
-
-// compileMode folds policy p's failure mode into c's, at pat.
-func (m *Middleware) compileMode(at, pat string, c *route, p sluice.Policy) error {
-	switch p.FailureMode {
-	case sluice.FailClosed:
-		c.mode = sluice.FailClosed
-	case sluice.FailLocal:
-		if m.fallback == nil {
-			return optionError(pat, fmt.Sprintf("%q", p.ID), "fails local, but Options.Fallback is nil")
-		}
-		lp, _ := m.fallback.Policy(p.ID) // the fallback holds every FailLocal policy
-		if c.cost > lp.MaxCost && lp.Algorithm != sluice.Concurrency {
-			return optionError(at+".Cost", c.cost, fmt.Sprintf("must be at most the max cost of policy %q in the local fallback (its LocalShare), %d", p.ID, lp.MaxCost))
-		}
-		c.local = append(c.local, p.ID)
-		if lp.Algorithm == sluice.Concurrency {
-			c.localOp = sluice.Acquire
-		}
-		if c.mode == sluice.FailOpen {
-			c.mode = sluice.FailLocal
-		}
 	}
 	return nil
 }
@@ -470,13 +396,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	h := w.Header()
-	h.Set("RateLimit-Policy", rt.policyField)
-	d := Decision{Operation: rt.operation, Policies: rt.policies, Cost: rt.cost}
+	d := Decision{Operation: rt.operation, Policies: rt.Policies, Cost: rt.Cost}
 	kind, identity := rt.subject(r)
 	if identity == "" {
+		w.Header().Set("RateLimit-Policy", rt.Field)
 		d.Action = actionNoSubject
-		m.finish(w, r, next, rt, &d, sluice.Outcome{})
+		m.finish(w, r, next, rt, &d, nil)
 		return
 	}
 	d.SubjectKind = kind
@@ -487,52 +412,22 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			d.EvaluationID = evaluationID(key)
 		}
 	}
-
-	ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-	d.Outcome = m.limiter.Check(ctx, request(rt.op, rt.policies, &d))
-	cancel()
-	decided := d.Outcome
-	switch d.Outcome.Kind {
-	case sluice.Allowed:
-		d.Action = actionAdmitted
-	case sluice.Denied:
-		d.Action = actionLimited
-	default:
-		switch rt.mode {
-		case sluice.FailOpen:
-			d.Action = actionFailedOpen
-		case sluice.FailLocal:
-			d.Local = true
-			ctx, cancel := context.WithTimeout(r.Context(), m.deadline)
-			d.LocalOutcome = m.fallback.Check(ctx, request(rt.localOp, rt.local, &d))
-			cancel()
-			decided = d.LocalOutcome
-			switch d.LocalOutcome.Kind {
-			case sluice.Allowed:
-				d.Action = actionAdmitted
-			case sluice.Denied:
-				d.Action = actionLimited
-			default:
-				d.Action = actionFailedClosed
-			}
-		default:
-			d.Action = actionFailedClosed
+	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
+	d.Action, d.Outcome, d.Local, d.LocalOutcome = string(a.Kind), a.Outcome, a.Local, a.LocalOutcome
+	h := w.Header()
+	h.Set("RateLimit-Policy", rt.Field)
+	if a.Limit != "" {
+		h.Set("RateLimit", a.Limit)
+		if m.legacy {
+			edge.SetLegacyHeaders(h, &a)
 		}
 	}
-	m.finish(w, r, next, rt, &d, decided)
+	m.finish(w, r, next, rt, &d, &a)
 }
 
-// request is the Limiter request of policies for d: op (Spend, Acquire
-// for a route holding a concurrency policy, Refund) of d's cost. Every
-// sluice.Request of the package is built here.
-func request(op sluice.Op, policies []string, d *Decision) sluice.Request {
-	req := sluice.Request{Op: op, Subject: d.Subject, Previous: d.previous, Cost: d.Cost, EvaluationID: d.EvaluationID}
-	if len(policies) == 1 {
-		req.Policy = policies[0]
-	} else {
-		req.Policies = policies
-	}
-	return req
+// subject is who d was limited as, for the core.
+func (d *Decision) subject() edge.Subject {
+	return edge.Subject{ID: d.Subject, Previous: d.previous, EvaluationID: d.EvaluationID}
 }
 
 // evaluationID turns an idempotency key as the client sent it into an
@@ -543,68 +438,42 @@ func evaluationID(key string) string {
 	return "ik:" + base64.RawURLEncoding.EncodeToString(sum[:18])
 }
 
-// finish adds the headers of the deciding outcome, records d, and either
-// answers or passes r on.
-func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Handler, rt *route, d *Decision, decided sluice.Outcome) {
-	h := w.Header()
-	if decided.Kind == sluice.Allowed || decided.Kind == sluice.Denied {
-		m.setStatusHeaders(h, decided)
-	}
-	switch d.Action {
-	case actionLimited:
-		d.Status = http.StatusTooManyRequests
-	case actionFailedClosed:
-		d.Status = http.StatusServiceUnavailable
-	case actionNoSubject:
-		if !m.passAnonymous {
-			d.Status = http.StatusForbidden
-		}
+// finish records d and either answers or passes r on; a is the core's
+// action, nil for a request without a subject.
+func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Handler, rt *route, d *Decision, a *edge.Action) {
+	if a != nil {
+		d.Status = a.Status
+	} else if !m.passAnonymous {
+		d.Status = http.StatusForbidden
 	}
 	if d.Status != 0 && (m.shadow || rt.shadow) {
 		d.Shadow, d.Status = true, 0
 	}
+	if d.Status != 0 && a != nil {
+		w.Header().Set("Retry-After", strconv.FormatInt(a.RetryAfter, 10))
+	}
 	m.record(r, d)
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, &state{d: *d, m: m, rt: rt}))
-	var retry int64
-	switch d.Status {
-	case 0:
-		if d.Action == actionAdmitted && decided.Lease.ID != "" {
-			// Released when next returns, panics, or gives up on a client
-			// that went away (r's context is canceled then; a handler that
-			// ignores it holds the slot until it returns or the lease
-			// expires).
-			lim := m.limiter
-			if d.Local {
-				lim = m.fallback
-			}
-			defer m.release(r.Context(), lim, decided.Lease)
+	switch {
+	case d.Status == 0:
+		if a != nil && a.Lease.ID != "" {
+			// A lease is released when next returns, panics, or gives up
+			// on a client that went away (r's context is canceled then; a
+			// handler that ignores it holds the slot until it returns or
+			// the lease expires).
+			defer m.core.Release(r.Context(), a)
 		}
 		next.ServeHTTP(w, r)
-		return
-	case http.StatusTooManyRequests:
-		retry = ratelimitheader.RetryAfterSeconds(decided.RetryAfter)
-		h.Set("Retry-After", strconv.FormatInt(retry, 10))
-	case http.StatusServiceUnavailable:
-		h.Set("Retry-After", "1")
-	}
-	if m.deny != nil {
+	case m.deny != nil:
 		m.deny.ServeHTTP(w, r)
-		return
-	}
-	writeRefusal(w, d.Status, retry, decided)
-}
-
-// release gives lease back to lim, with a deadline of its own: r's
-// context may be canceled already (the client went away).
-func (m *Middleware) release(ctx context.Context, lim *sluice.Limiter, lease sluice.Lease) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.deadline)
-	defer cancel()
-	o := lim.Release(ctx, lease)
-	if o.Kind == sluice.Allowed {
-		return
-	}
-	if ok, suppressed := m.warnings.Allow(clock.System{}.Now()); ok {
-		m.log.Warn("sluice: lease not released; it is held until its lease_ttl passes",
-			"policies", lease.Policies, "subject", lease.Subject, "outcome", o.Kind.String(), "error", o.Err, "suppressed", suppressed)
+	case a == nil:
+		edge.WriteProblem(w, edge.Problem{
+			Type:   "about:blank",
+			Title:  "Forbidden",
+			Status: http.StatusForbidden,
+			Detail: "The request carries no identity this endpoint can be rate limited by.",
+		})
+	default:
+		edge.WriteProblem(w, a.Problem())
 	}
 }

@@ -90,7 +90,7 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 		h.decisions = append(h.decisions, d)
 		h.mu.Unlock()
 	}
-	if opts.Fallback == nil && needsFallback(policies) {
+	if opts.Fallback == nil && needsFallback(opts) {
 		opts.Fallback, opts.LocalShare = newMemStore(t, clock), 0.25
 	}
 	m, err := httplimit.New(l, opts)
@@ -104,9 +104,12 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 	return h
 }
 
-func needsFallback(ps []sluice.Policy) bool {
-	for _, p := range ps {
-		if p.FailureMode == sluice.FailLocal {
+func needsFallback(opts httplimit.Options) bool {
+	if opts.FailureMode == sluice.FailLocal {
+		return true
+	}
+	for _, rt := range opts.Routes {
+		if rt.FailureMode == sluice.FailLocal {
 			return true
 		}
 	}
@@ -157,8 +160,8 @@ func (h *harness) count() int {
 	return len(h.decisions)
 }
 
-func policy(id string, a sluice.Algorithm, limit int64, window time.Duration, mode sluice.FailureMode) sluice.Policy {
-	return sluice.Policy{ID: id, Algorithm: a, Limit: limit, Window: window, FailureMode: mode}
+func policy(id string, a sluice.Algorithm, limit int64, window time.Duration) sluice.Policy {
+	return sluice.Policy{ID: id, Algorithm: a, Limit: limit, Window: window}
 }
 
 // member is one member of RateLimit-Policy or RateLimit as parsed: id,
@@ -236,10 +239,23 @@ func retryAfter(t *testing.T, resp response) int64 {
 	return n
 }
 
-// headerSubject is httplimit.Header(name), for a valid name.
-func headerSubject(t testing.TB, name string) httplimit.SubjectFunc {
+// ipUserAgent is the client address with the User-Agent, of kind
+// "ip_user_agent" (sluice serve's proxy has such a subject).
+func ipUserAgent(ips *subject.IPResolver) subject.KeyFunc {
+	ip := subject.ClientIP(ips)
+	return func(r *http.Request) (string, string) {
+		kind, prefix := ip(r)
+		if prefix == "" || r.UserAgent() == "" {
+			return kind, prefix
+		}
+		return "ip_user_agent", prefix + " " + r.UserAgent()
+	}
+}
+
+// headerSubject is subject.Header(name), for a valid name.
+func headerSubject(t testing.TB, name string) subject.KeyFunc {
 	t.Helper()
-	f, err := httplimit.Header(name)
+	f, err := subject.Header(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,28 +263,28 @@ func headerSubject(t testing.TB, name string) httplimit.SubjectFunc {
 }
 
 // clientIP is httplimit.ClientIP over a resolver of valid opts.
-func clientIP(t testing.TB, opts subject.IPOptions) httplimit.SubjectFunc {
+func clientIP(t testing.TB, opts subject.IPOptions) subject.KeyFunc {
 	t.Helper()
 	ips, err := subject.NewIPResolver(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return httplimit.ClientIP(ips)
+	return subject.ClientIP(ips)
 }
 
 // demoOptions limits /demo to the "demo" policy per account.
 func demoOptions() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
-		Subject: httplimit.FirstOf(httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(subject.Principal(func(r *http.Request) (string, bool) {
 			a := r.Header.Get("X-Account")
 			return a, a != ""
-		}), httplimit.ClientIP(nil)),
+		}), subject.ClientIP(nil)),
 	}
 }
 
 func TestDemoSequence(t *testing.T) {
-	h := newHarness(t, []sluice.Policy{policy("demo", sluice.FixedWindow, 3, 10*time.Second, sluice.FailClosed)}, demoOptions())
+	h := newHarness(t, []sluice.Policy{policy("demo", sluice.FixedWindow, 3, 10*time.Second)}, demoOptions())
 	for i, wantRemaining := range []int64{2, 1, 0} {
 		h.clock.Advance(time.Second)
 		resp := h.do("GET", "/demo", "X-Account: alice")
@@ -329,7 +345,7 @@ func TestDemoSequence(t *testing.T) {
 
 func TestRetryAfterRoundsUp(t *testing.T) {
 	// gcra 1 per 2.5s: the second request must wait 2.5s, answered as 3.
-	h := newHarness(t, []sluice.Policy{policy("slow", sluice.GCRA, 1, 2500*time.Millisecond, sluice.FailClosed)}, httplimit.Options{
+	h := newHarness(t, []sluice.Policy{policy("slow", sluice.GCRA, 1, 2500*time.Millisecond)}, httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"slow"}}},
 	})
 	h.do("GET", "/")
@@ -348,8 +364,8 @@ func TestRetryAfterRoundsUp(t *testing.T) {
 
 func TestMultiplePolicies(t *testing.T) {
 	h := newHarness(t, []sluice.Policy{
-		policy("burst", sluice.SlidingLog, 2, time.Second, sluice.FailClosed),
-		policy("hourly", sluice.FixedWindow, 5, time.Hour, sluice.FailClosed),
+		policy("burst", sluice.SlidingLog, 2, time.Second),
+		policy("hourly", sluice.FixedWindow, 5, time.Hour),
 	}, httplimit.Options{
 		Routes:        []httplimit.Route{{Methods: []string{"post"}, PathPrefix: "/api/", Policies: []string{"burst", "hourly"}}},
 		Subject:       headerSubject(t, "X-API-Key"),
@@ -389,7 +405,7 @@ func TestMultiplePolicies(t *testing.T) {
 }
 
 func TestRouteMatching(t *testing.T) {
-	h := newHarness(t, []sluice.Policy{policy("one", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed)}, httplimit.Options{
+	h := newHarness(t, []sluice.Policy{policy("one", sluice.FixedWindow, 1, time.Minute)}, httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/login", Policies: []string{"one"}},
 			{Operation: "search", Match: func(r *http.Request) bool { return r.URL.Query().Has("q") }, Policies: []string{"one"}},
@@ -431,15 +447,15 @@ func TestRouteMatching(t *testing.T) {
 }
 
 func TestSubjectResolutionOrder(t *testing.T) {
-	h := newHarness(t, []sluice.Policy{policy("p", sluice.FixedWindow, 100, time.Minute, sluice.FailClosed)}, httplimit.Options{
+	h := newHarness(t, []sluice.Policy{policy("p", sluice.FixedWindow, 100, time.Minute)}, httplimit.Options{
 		Default: []string{"p"},
-		Subject: httplimit.FirstOf(
-			httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(
+			subject.Principal(func(r *http.Request) (string, bool) {
 				u := r.Header.Get("X-User")
 				return u, u != ""
 			}),
 			headerSubject(t, "X-API-Key"),
-			httplimit.ClientIP(nil),
+			subject.ClientIP(nil),
 		),
 	})
 	for _, tt := range []struct {
@@ -460,7 +476,7 @@ func TestSubjectResolutionOrder(t *testing.T) {
 }
 
 func TestAnonymous(t *testing.T) {
-	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 2, time.Minute, sluice.FailClosed)}
+	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 2, time.Minute)}
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"p"}, Subject: headerSubject(t, "X-API-Key")}},
 	}
@@ -477,7 +493,7 @@ func TestAnonymous(t *testing.T) {
 	t.Run("share", func(t *testing.T) {
 		// A constant identity at the end of the chain pools the others.
 		opts := opts
-		opts.Routes = []httplimit.Route{{Policies: []string{"p"}, Subject: httplimit.FirstOf(headerSubject(t, "X-API-Key"), func(*http.Request) (string, string) { return "anonymous", "*" })}}
+		opts.Routes = []httplimit.Route{{Policies: []string{"p"}, Subject: subject.FirstOf(headerSubject(t, "X-API-Key"), func(*http.Request) (string, string) { return "anonymous", "*" })}}
 		h := newHarness(t, policies, opts)
 		got := []int{h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/").StatusCode, h.do("GET", "/", "X-API-Key: k").StatusCode}
 		if diff := cmp.Diff([]int{200, 200, 429, 200}, got); diff != "" {
@@ -489,7 +505,7 @@ func TestAnonymous(t *testing.T) {
 // TestForwardedFor checks that the subject is the client IP only a trusted
 // proxy can vouch for. The test client connects from 127.0.0.1.
 func TestForwardedFor(t *testing.T) {
-	policies := []sluice.Policy{policy("ip", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed)}
+	policies := []sluice.Policy{policy("ip", sluice.FixedWindow, 1, time.Minute)}
 	pseudo := subject.Unkeyed()
 	ipSubject := func(prefix string) string { return pseudo.Pseudonym("ip", prefix, "* /") }
 	base := httplimit.Options{
@@ -572,30 +588,24 @@ func TestFailureModes(t *testing.T) {
 	tests := []struct {
 		name       string
 		store      sluice.Store
-		modes      []sluice.FailureMode
+		mode       sluice.FailureMode
 		wantStatus int
 		wantAction string
 		wantKind   sluice.Kind
 		wantLog    string
 	}{
-		{"closed, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
-		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, []sluice.FailureMode{sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
-		{"open, store hangs", blockingStore{}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
-		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, []sluice.FailureMode{sluice.FailOpen}, 200, "failed_open", sluice.Unavailable, "circuit_open"},
-		{"open and closed: closed wins", blockingStore{}, []sluice.FailureMode{sluice.FailOpen, sluice.FailClosed}, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
+		{"closed, store hangs", blockingStore{}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
+		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, sluice.FailClosed, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
+		{"open, store hangs", blockingStore{}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
+		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, "circuit_open"},
+		{"the zero mode: closed", blockingStore{}, 0, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var policies []sluice.Policy
-			var ids []string
-			for i, mode := range tt.modes {
-				id := fmt.Sprintf("p%d", i)
-				policies = append(policies, policy(id, sluice.FixedWindow, 10, time.Minute, mode))
-				ids = append(ids, id)
-			}
+			policies := []sluice.Policy{policy("p", sluice.FixedWindow, 10, time.Minute), policy("q", sluice.FixedWindow, 10, time.Minute)}
 			h := newHarnessStore(t, sluicetest.NewClock(), tt.store, policies, httplimit.Options{
-				Routes:   []httplimit.Route{{Policies: ids}},
+				Routes:   []httplimit.Route{{Policies: []string{"p", "q"}, FailureMode: tt.mode}},
 				Deadline: 50 * time.Millisecond,
 			})
 			start := time.Now()
@@ -625,7 +635,7 @@ func TestFailureModes(t *testing.T) {
 }
 
 func TestDefaultDeadline(t *testing.T) {
-	h := newHarnessStore(t, sluicetest.NewClock(), blockingStore{}, []sluice.Policy{policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed)}, httplimit.Options{
+	h := newHarnessStore(t, sluicetest.NewClock(), blockingStore{}, []sluice.Policy{policy("p", sluice.FixedWindow, 1, time.Minute)}, httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"p"}}},
 	})
 	start := time.Now()
@@ -639,11 +649,11 @@ func TestDefaultDeadline(t *testing.T) {
 func TestLocalFallback(t *testing.T) {
 	clock := sluicetest.NewClock()
 	policies := []sluice.Policy{
-		policy("api", sluice.FixedWindow, 8, time.Minute, sluice.FailLocal),
-		policy("other", sluice.FixedWindow, 8, time.Minute, sluice.FailOpen),
+		policy("api", sluice.FixedWindow, 8, time.Minute),
+		policy("other", sluice.FixedWindow, 8, time.Minute),
 	}
 	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.FailedBeforeSend)}, policies, httplimit.Options{
-		Routes: []httplimit.Route{{Policies: []string{"api", "other"}}},
+		Routes: []httplimit.Route{{Policies: []string{"api", "other"}, FailureMode: sluice.FailLocal}},
 	})
 	var got []int
 	for range 5 {
@@ -664,14 +674,14 @@ func TestLocalFallback(t *testing.T) {
 	if resp := h.do("GET", "/"); resp.StatusCode != 200 {
 		t.Errorf("after a minute: %d, want 200", resp.StatusCode)
 	} else {
-		wantHeader(t, resp, "RateLimit", member("api", "r", 1, "t", 60))
+		wantHeader(t, resp, "RateLimit", member("api", "r", 1, "t", 60), member("other", "r", 1, "t", 60))
 	}
 }
 
 func TestShadow(t *testing.T) {
 	policies := []sluice.Policy{
-		policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed),
-		policy("q", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed),
+		policy("p", sluice.FixedWindow, 1, time.Minute),
+		policy("q", sluice.FixedWindow, 1, time.Minute),
 	}
 	t.Run("global", func(t *testing.T) {
 		h := newHarness(t, policies, httplimit.Options{Default: []string{"p"}, Shadow: true})
@@ -723,7 +733,7 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed)}
+	policies := []sluice.Policy{policy("p", sluice.FixedWindow, 1, time.Minute)}
 	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"127.0.0.0/8"}})
 	if err != nil {
 		t.Fatal(err)
@@ -731,8 +741,8 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/key", Policies: []string{"p"}, Subject: headerSubject(t, "X-API-Key")},
-			{PathPrefix: "/ip", Policies: []string{"p"}, Subject: httplimit.ClientIP(ips)},
-			{PathPrefix: "/ua", Policies: []string{"p"}, Subject: httplimit.IPUserAgent(ips)},
+			{PathPrefix: "/ip", Policies: []string{"p"}, Subject: subject.ClientIP(ips)},
+			{PathPrefix: "/ua", Policies: []string{"p"}, Subject: ipUserAgent(ips)},
 		},
 		Pseudonymizer: key,
 	}
@@ -767,8 +777,8 @@ func TestRawSubjectNeverLogged(t *testing.T) {
 func TestNewErrors(t *testing.T) {
 	clock := sluicetest.NewClock()
 	l, err := sluice.New(newMemStore(t, clock), []sluice.Policy{
-		policy("p", sluice.FixedWindow, 1, time.Minute, sluice.FailClosed),
-		policy("local", sluice.FixedWindow, 1, time.Minute, sluice.FailLocal),
+		policy("p", sluice.FixedWindow, 1, time.Minute),
+		policy("local", sluice.FixedWindow, 1, time.Minute),
 	}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -778,6 +788,7 @@ func TestNewErrors(t *testing.T) {
 		opts    httplimit.Options
 		wantErr string
 	}{
+		{"unknown failure mode", httplimit.Options{Default: []string{"p"}, FailureMode: 7}, "httplimit: Default.FailureMode = FailureMode(7): must be one of closed, open, local"},
 		{"unknown policy", httplimit.Options{Default: []string{"nope"}}, `httplimit: Default.Policies[0] = "nope": the limiter has no such policy; it has p, local`},
 		{"typo in a route's policy", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x", Policies: []string{"p"}}, {PathPrefix: "/y", Policies: []string{"q"}}}}, `httplimit: Routes[1].Policies[0] = "q": the limiter has no such policy; it has p, local`},
 		{"no policies", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/x"}}}, "httplimit: Routes[0].Policies = []: at least one policy ID is required"},
@@ -785,7 +796,7 @@ func TestNewErrors(t *testing.T) {
 		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
 		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
 		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
-		{"local without fallback", httplimit.Options{Default: []string{"local"}}, `httplimit: Default.Policies[0] = "local": fails local, but Options.Fallback is nil`},
+		{"local without fallback", httplimit.Options{Default: []string{"local"}, FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
 		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
 		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},
@@ -802,14 +813,14 @@ func TestNewErrors(t *testing.T) {
 		t.Error("New(nil limiter) = nil error, want one")
 	}
 	for _, name := range []string{"", "X-API-Key:", "X API"} {
-		if _, err := httplimit.Header(name); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("httplimit: Header = %q: must be a header name", name)) {
+		if _, err := subject.Header(name); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("subject: Header(%q): must be a header name", name)) {
 			t.Errorf("Header(%q) = %v, want an error naming it", name, err)
 		}
 	}
 }
 
 func TestConcurrentRequestsAdmitExactlyTheLimit(t *testing.T) {
-	h := newHarness(t, []sluice.Policy{policy("p", sluice.SlidingLog, 10, time.Minute, sluice.FailClosed)}, httplimit.Options{
+	h := newHarness(t, []sluice.Policy{policy("p", sluice.SlidingLog, 10, time.Minute)}, httplimit.Options{
 		Default: []string{"p"},
 	})
 	var (
@@ -850,7 +861,7 @@ func TestLocalQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"path"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/edge"
 )
 
 // canonicalPath is the form routes match paths in, so that no spelling a
@@ -184,7 +186,7 @@ func (m *Middleware) strictPath(w http.ResponseWriter, r *http.Request) (*http.R
 	esc := r.URL.EscapedPath()
 	normal, decoded, reason := normalPath(esc)
 	if reason != "" {
-		writeProblem(w, http.StatusBadRequest, problem{
+		edge.WriteProblem(w, edge.Problem{
 			Type:   "about:blank",
 			Title:  "Bad Request",
 			Status: http.StatusBadRequest,

@@ -12,11 +12,11 @@ import (
 // Limiter over store itself.
 //
 // The client address is the socket peer's; behind proxies set
-// opts.Subject to ClientIP with a resolver that trusts them:
+// opts.Subject to subject.ClientIP with a resolver that trusts them:
 //
 //	ips, err := subject.NewIPResolver(subject.IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
 //	…
-//	mw, err := httplimit.PerIP(store, policy, httplimit.Options{Subject: httplimit.ClientIP(ips)})
+//	mw, err := httplimit.PerIP(store, policy, httplimit.Options{Subject: subject.ClientIP(ips)})
 //
 // Wrap each handler (or route) that needs its own limit in its own PerIP
 // middleware with its own policy; handlers wrapped with the same policy

@@ -43,17 +43,17 @@ func failureRoutes() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/closed", Policies: []string{"closed"}},
-			{PathPrefix: "/open", Policies: []string{"open"}},
-			{PathPrefix: "/local", Policies: []string{"local"}},
+			{PathPrefix: "/open", Policies: []string{"open"}, FailureMode: sluice.FailOpen},
+			{PathPrefix: "/local", Policies: []string{"local"}, FailureMode: sluice.FailLocal},
 		},
 	}
 }
 
 func failurePolicies() []sluice.Policy {
 	return []sluice.Policy{
-		policy("closed", sluice.FixedWindow, 3, 10*time.Second, sluice.FailClosed),
-		policy("open", sluice.FixedWindow, 3, 10*time.Second, sluice.FailOpen),
-		policy("local", sluice.FixedWindow, 8, time.Minute, sluice.FailLocal),
+		policy("closed", sluice.FixedWindow, 3, 10*time.Second),
+		policy("open", sluice.FixedWindow, 3, 10*time.Second),
+		policy("local", sluice.FixedWindow, 8, time.Minute),
 	}
 }
 
@@ -146,24 +146,24 @@ func TestRedisCorruptCounter(t *testing.T) {
 // IP with a User-Agent, and a principal, then reads every key in Redis.
 func TestRawIdentityNeverInRedis(t *testing.T) {
 	const apiKey, principal, agent = "sk_live_raw_api_key_4242", "alice@example.com", "RawAgent/9.9"
-	key, err := httplimit.Header("X-API-Key")
+	key, err := subject.Header("X-API-Key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := httplimit.Options{
 		Routes: []httplimit.Route{{Policies: []string{"api"}}},
-		Subject: httplimit.FirstOf(
-			httplimit.Principal(func(r *http.Request) (string, bool) {
+		Subject: subject.FirstOf(
+			subject.Principal(func(r *http.Request) (string, bool) {
 				p := r.Header.Get("X-Principal")
 				return p, p != ""
 			}),
 			key,
-			httplimit.IPUserAgent(nil),
+			ipUserAgent(nil),
 		),
 	}
 	// 10 per hour: a key lives 6 minutes after a spend. At 10 per second
 	// (100ms), a loaded machine read the keys after some had expired.
-	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Hour, sluice.FailClosed))
+	h, _, admin := redisHarness(t, opts, policy("api", sluice.GCRA, 10, time.Hour))
 	defer admin.Close()
 	expectStatus(t, h, "/", 200)
 	h.do("GET", "/", "User-Agent: "+agent)

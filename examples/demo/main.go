@@ -28,6 +28,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/subject"
 )
 
 func main() {
@@ -98,7 +99,7 @@ func newHandler(store sluice.Store, logger *slog.Logger) (http.Handler, error) {
 	limit, err := httplimit.New(limiter, httplimit.Options{
 		Routes: []httplimit.Route{{PathPrefix: "/demo", Policies: []string{"demo"}}},
 		// Requests without an account are denied (403), not pooled.
-		Subject: httplimit.Principal(account),
+		Subject: subject.Principal(account),
 		Logger:  logger,
 	})
 	if err != nil {

@@ -35,6 +35,7 @@ var layers = []struct {
 	{"envoy rate-limit service", []string{"internal/server/rls"}},
 	{"envoy rules files", []string{"internal/server/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
+	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/server/config"}},
 	{"subjects", []string{"subject"}},

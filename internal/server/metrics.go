@@ -26,7 +26,9 @@ const UnknownPolicy = "(unknown)"
 // registry the caller creates and owns (no global registry):
 //
 //   - sluice_decisions_total{policy, outcome}: spending decisions of the
-//     check API and the proxy, one count per policy the request named,
+//     check API, the proxy and the Envoy service, counted by the edge core
+//     (internal/edge), one count per policy the request named, the
+//     config's and the rules files' by their IDs,
 //     with the request's outcome (allowed, denied, unavailable,
 //     incompatible, indeterminate). Peeks and refunds spend nothing and
 //     are not counted.
@@ -345,22 +347,22 @@ func (m *Metrics) policyLabel(id string) string {
 	return UnknownPolicy
 }
 
-// countDecision counts o once per policy of the request.
-func (m *Metrics) countDecision(policy string, policies []string, o sluice.Outcome) {
+// count counts o once per policy of the request: the edge core's
+// counter (edge.CountFunc) of every edge of the server. A nil m counts
+// nothing.
+func (m *Metrics) count(policies []string, o sluice.Outcome) {
+	if m == nil {
+		return
+	}
 	kind := o.Kind.String()
 	sec := m.clock.Now().Unix()
-	if policy != "" {
-		label := m.policyLabel(policy)
-		m.decisions.WithLabelValues(label, kind).Inc()
-		m.live.add(label, o.Kind, sec)
-		if o.FromCache {
-			m.near.WithLabelValues(label).Inc()
-		}
-	}
 	for _, id := range policies {
 		label := m.policyLabel(id)
 		m.decisions.WithLabelValues(label, kind).Inc()
 		m.live.add(label, o.Kind, sec)
+		if o.FromCache && len(policies) == 1 {
+			m.near.WithLabelValues(label).Inc()
+		}
 	}
 }
 
@@ -369,11 +371,9 @@ func (m *Metrics) countRequest(handler string, code int) {
 	m.requests.WithLabelValues(handler, strconv.Itoa(code)).Inc()
 }
 
-// onProxyDecision records what the proxy middleware did.
+// onProxyDecision records what the proxy middleware did (the decision
+// itself is counted by the edge core, see Proxy.ServeHTTP).
 func (m *Metrics) onProxyDecision(d httplimit.Decision) {
-	if d.Outcome.Kind != 0 {
-		m.countDecision("", d.Policies, d.Outcome)
-	}
 	m.proxy.WithLabelValues(d.Operation, d.Action, strconv.FormatBool(d.Shadow)).Inc()
 	if d.Local {
 		m.local.WithLabelValues(d.Operation, d.LocalOutcome.Kind.String()).Inc()

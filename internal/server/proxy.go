@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -42,6 +45,10 @@ type ProxyOptions struct {
 	// generations of a reloaded config (keys carry the policy revision).
 	// Required when a policy's failure mode is local.
 	Fallback sluice.Store
+	// FailureModes are the policies' failure modes (failure_mode), by ID:
+	// a route fails closed when one of its policies does, else local when
+	// one does, else open. Default: none, every policy fails closed.
+	FailureModes map[string]sluice.FailureMode
 	// Transport carries requests to the upstream. Default: a clone of
 	// http.DefaultTransport that ignores the HTTP_PROXY environment and
 	// keeps up to 512 idle connections to the upstream.
@@ -125,10 +132,10 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		Deadline:      cfg.DecisionTimeout,
 		StrictPaths:   true,
 	}
-	if mopts.Routes, err = p.routes(cfg.Routes); err != nil {
+	if mopts.Routes, err = p.routes(cfg.Routes, opts.FailureModes); err != nil {
 		return nil, err
 	}
-	if needsFallback(lim) {
+	if needsFallback(mopts.Routes) {
 		if opts.Fallback == nil {
 			return nil, errors.New("server: NewProxy: ProxyOptions.Fallback is nil: a policy's failure mode is local, and its local fallback needs a store")
 		}
@@ -156,31 +163,32 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 }
 
 // routes maps proxy.routes to the middleware's, one subject kind of the
-// config to one SubjectFunc, and records the subject headers.
-func (p *Proxy) routes(cfg []config.Route) ([]httplimit.Route, error) {
-	ip := httplimit.ClientIP(p.ips)
+// config to one subject.KeyFunc, and records the subject headers.
+func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) ([]httplimit.Route, error) {
+	ip := subject.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
 		rt := httplimit.Route{
-			Operation:  r.Match.Operation(),
-			Methods:    r.Match.Methods,
-			PathPrefix: r.Match.PathPrefix,
-			Policies:   r.Policies,
-			Shadow:     r.Shadow,
+			Operation:   r.Match.Operation(),
+			Methods:     r.Match.Methods,
+			PathPrefix:  r.Match.PathPrefix,
+			Policies:    r.Policies,
+			Shadow:      r.Shadow,
+			FailureMode: routeMode(r.Policies, modes),
 		}
 		switch kind, name := r.SubjectKind(); kind {
 		case config.SubjectIP:
 			rt.Subject = ip
 		case config.SubjectIPUserAgent:
-			rt.Subject = httplimit.IPUserAgent(p.ips)
+			rt.Subject = ipUserAgent(ip)
 		case config.SubjectHeader:
 			// Without the header, the address. The value is trusted as
 			// sent (see README): a client that varies it varies its budget.
-			h, err := httplimit.Header(name)
+			h, err := subject.Header(name)
 			if err != nil {
 				return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
 			}
-			rt.Subject = httplimit.FirstOf(h, ip)
+			rt.Subject = subject.FirstOf(h, ip)
 			if name = http.CanonicalHeaderKey(name); !slices.Contains(p.headers, name) {
 				p.headers = append(p.headers, name)
 			}
@@ -190,6 +198,23 @@ func (p *Proxy) routes(cfg []config.Route) ([]httplimit.Route, error) {
 		out = append(out, rt)
 	}
 	return out, nil
+}
+
+// ipUserAgent is the subject of ip+user_agent: the client address (as ip
+// reads it) together with a digest of the User-Agent, of kind
+// "ip_user_agent", so that clients behind one NAT get separate budgets;
+// without a User-Agent, the address. A client that varies its User-Agent
+// gets a fresh budget each time.
+func ipUserAgent(ip subject.KeyFunc) subject.KeyFunc {
+	return func(r *http.Request) (string, string) {
+		kind, prefix := ip(r)
+		ua := r.UserAgent()
+		if prefix == "" || ua == "" {
+			return kind, prefix
+		}
+		sum := sha256.Sum256([]byte(ua))
+		return "ip_user_agent", prefix + " " + hex.EncodeToString(sum[:8])
+	}
 }
 
 // foldHeader is the name a CGI-style upstream reads header name as: case
@@ -239,9 +264,26 @@ func upstreamTransport() *http.Transport {
 	return t
 }
 
-func needsFallback(lim *sluice.Limiter) bool {
-	for _, id := range lim.Policies() {
-		if p, _ := lim.Policy(id); p.FailureMode == sluice.FailLocal {
+// routeMode is the failure mode of a route spending policies: closed
+// when one of them fails closed, else local when one fails local, else
+// open.
+func routeMode(policies []string, modes map[string]sluice.FailureMode) sluice.FailureMode {
+	mode := sluice.FailOpen
+	for _, id := range policies {
+		switch modes[id] {
+		case sluice.FailClosed:
+			return sluice.FailClosed
+		case sluice.FailLocal:
+			mode = sluice.FailLocal
+		}
+	}
+	return mode
+}
+
+// needsFallback reports whether a route fails local.
+func needsFallback(routes []httplimit.Route) bool {
+	for _, r := range routes {
+		if r.FailureMode == sluice.FailLocal {
 			return true
 		}
 	}
@@ -254,6 +296,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.handler.ServeHTTP(w, r)
 		return
 	}
+	// The middleware's edge core counts its decision on the server's
+	// metrics.
+	r = r.WithContext(edge.WithCount(r.Context(), p.metrics.count))
 	sw := &statusWriter{ResponseWriter: w}
 	p.handler.ServeHTTP(sw, r)
 	if sw.status == 0 {

@@ -81,7 +81,9 @@ var proxyPolicies = []sluice.Policy{
 	{ID: "keyed", Algorithm: sluice.FixedWindow, Limit: 2, Window: 10 * time.Second},
 }
 
-func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy) *proxyFixture {
+// newProxyFixture serves cfg over policies on store (nil: a memstore);
+// modes, when given, are the policies' failure modes.
+func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy, modes ...map[string]sluice.FailureMode) *proxyFixture {
 	t.Helper()
 	clock := sluicetest.NewClock()
 	newMemstore := func() *memstore.Store {
@@ -112,7 +114,11 @@ func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, polici
 		cfg.LocalShare = config.DefaultLocalShare
 	}
 	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	p, err := server.NewProxy(cfg, lim, server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: log, Metrics: f.metrics, Fallback: newMemstore()})
+	popts := server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: log, Metrics: f.metrics, Fallback: newMemstore()}
+	if len(modes) > 0 {
+		popts.FailureModes = modes[0]
+	}
+	p, err := server.NewProxy(cfg, lim, popts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,15 +336,16 @@ func TestProxyUpstreamDown(t *testing.T) {
 func TestProxyFailureModes(t *testing.T) {
 	policies := []sluice.Policy{
 		{ID: "closed", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
-		{ID: "open", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailOpen},
-		{ID: "local", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailLocal},
+		{ID: "open", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+		{ID: "local", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
 	}
+	modes := map[string]sluice.FailureMode{"open": sluice.FailOpen, "local": sluice.FailLocal}
 	up := newUpstream(t)
 	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, LocalShare: 0.2, Routes: []config.Route{
 		{Match: config.Match{PathPrefix: "/closed"}, Policies: []string{"closed"}, Subject: "ip"},
 		{Match: config.Match{PathPrefix: "/open"}, Policies: []string{"open"}, Subject: "ip"},
 		{Match: config.Match{PathPrefix: "/local"}, Policies: []string{"local"}, Subject: "ip"},
-	}}, failingStore{fmt.Errorf("test: dial: %w", sluice.FailedBeforeSend)}, policies)
+	}}, failingStore{fmt.Errorf("test: dial: %w", sluice.FailedBeforeSend)}, policies, modes)
 	if resp := f.send(t, "GET", "/closed", ""); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("fail closed: %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
@@ -483,7 +490,9 @@ func TestNewProxyRejects(t *testing.T) {
 	}
 	opts := server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: slog.New(slog.DiscardHandler)}
 	route := config.Route{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}
-	local, err := sluice.New(ms, []sluice.Policy{{ID: "three", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute, FailureMode: sluice.FailLocal}}, sluice.Options{})
+	localOpts := opts
+	localOpts.FailureModes = map[string]sluice.FailureMode{"three": sluice.FailLocal}
+	local, err := sluice.New(ms, []sluice.Policy{{ID: "three", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute}}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +508,7 @@ func TestNewProxyRejects(t *testing.T) {
 		"bad subject":     {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: route.Policies, Subject: "cookie"}}}, lim, opts},
 		"unknown policy":  {&config.Proxy{Upstream: "http://127.0.0.1:9", Routes: []config.Route{{Match: route.Match, Policies: []string{"nope"}, Subject: "ip"}}}, lim, opts},
 		"bad trusted net": {&config.Proxy{Upstream: "http://127.0.0.1:9", TrustedProxies: []string{"nope"}, Routes: []config.Route{route}}, lim, opts},
-		"no fallback":     {&config.Proxy{Upstream: "http://127.0.0.1:9", LocalShare: 0.5, Routes: []config.Route{route}}, local, opts},
+		"no fallback":     {&config.Proxy{Upstream: "http://127.0.0.1:9", LocalShare: 0.5, Routes: []config.Route{route}}, local, localOpts},
 	} {
 		if p, err := server.NewProxy(tc.cfg, tc.lim, tc.opts); err == nil {
 			p.Close()
@@ -507,7 +516,7 @@ func TestNewProxyRejects(t *testing.T) {
 		}
 	}
 	// With a store for its fallback, the "no fallback" proxy is fine.
-	withFallback := opts
+	withFallback := localOpts
 	withFallback.Fallback = ms
 	p, err := server.NewProxy(&config.Proxy{Upstream: "http://127.0.0.1:9", LocalShare: 0.5, Routes: []config.Route{route}}, local, withFallback)
 	if err != nil {

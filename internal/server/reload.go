@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -213,20 +214,35 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
+	modes := failureModes(l)
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now()}
-	if g.api, err = New(lim, pseud, r.log, Options{Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
+	if g.api, err = New(lim, pseud, r.log, Options{Envoy: elim, FailureModes: modes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
-		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
+		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{FailureModes: modes, Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
 		}
 	}
 	if l.envoy != nil {
-		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud,
+		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud, Count: r.metrics.count, Deadline: cfg.Server.DecisionTimeout,
 			MaxDescriptors: int(l.cfg.Envoy.MaxDescriptors), MaxEntries: int(l.cfg.Envoy.MaxEntries)}
 	}
 	return g, nil
+}
+
+// failureModes are the failure modes of l's policies, by ID: the
+// config's failure_mode, and the rules files' rules'.
+func failureModes(l *loaded) map[string]sluice.FailureMode {
+	modes := l.cfg.FailureModes()
+	if l.envoy != nil {
+		for _, r := range l.envoy.Rules() {
+			if _, dup := modes[r.Policy.ID]; r.Decided() && !dup {
+				modes[r.Policy.ID] = r.FailureMode
+			}
+		}
+	}
+	return modes
 }
 
 // withLocalQuota turns local quota on for every policy of ps that can
@@ -313,7 +329,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	r.lastFailure = ""
 	r.cur.Store(g)
 	r.observe(g)
-	r.metrics.SetPolicies(policyIDs(l.cfg))
+	r.metrics.SetPolicies(policyIDs(l))
 	old.retire()
 	r.reloadM.reloads.WithLabelValues("success").Inc()
 	r.reloadM.generation.Set(float64(g.n))
@@ -345,10 +361,19 @@ func listeners(cfg *config.Config) []Listener {
 	return ls
 }
 
-func policyIDs(cfg *config.Config) []string {
-	ids := make([]string, len(cfg.Policies))
-	for i, p := range cfg.Policies {
-		ids[i] = p.ID
+// policyIDs are the IDs of every policy l defines, the config's and then
+// the rules files' (envoy: rules): those decisions are counted under.
+func policyIDs(l *loaded) []string {
+	ids := make([]string, 0, len(l.cfg.Policies))
+	for _, p := range l.cfg.Policies {
+		ids = append(ids, p.ID)
+	}
+	if l.envoy != nil {
+		for _, p := range l.envoy.Policies() {
+			if !slices.Contains(ids, p.ID) {
+				ids = append(ids, p.ID)
+			}
+		}
 	}
 	return ids
 }

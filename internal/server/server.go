@@ -71,7 +71,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
@@ -119,12 +119,24 @@ type Options struct {
 	// given them (subjects pseudonymized), so lists tell them from the
 	// ones set through the admin API. Default: none.
 	ConfigOverrides []sluice.Override
+	// Envoy is the Limiter of the rules files' policies (envoy: rules),
+	// which the dashboard lists beside the check API's own and the metrics
+	// count by their IDs. Default: nil, none (or the same as the check
+	// API's, for a config with an envoy section only).
+	Envoy *sluice.Limiter
+	// FailureModes are the policies' failure modes (the config's
+	// failure_mode and the rules files'), by ID, for the dashboard.
+	// Default: none, every policy fails closed.
+	FailureModes map[string]sluice.FailureMode
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
 // for concurrent use; it owns no goroutines and needs no cleanup.
 type Server struct {
 	lim      *sluice.Limiter
+	core     *edge.Core      // decides with lim, counts on metrics
+	envoy    *sluice.Limiter // the rules files', when not lim
+	modes    map[string]sluice.FailureMode
 	pseud    *subject.Pseudonymizer
 	log      *slog.Logger
 	ready    []Check
@@ -140,7 +152,6 @@ type Server struct {
 	policyField map[string]string
 	// configStatus answers GET /v1/config; nil without it.
 	configStatus func() ConfigStatus
-	warnings     logthrottle.Throttle // of 5xx request lines
 	store        StoreInfo
 	sims         chan struct{} // playground runs in progress
 	cfgOverrides []sluice.Override
@@ -179,8 +190,19 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
 		cfgOverrides: opts.ConfigOverrides,
 	}
+	s.modes = opts.FailureModes
+	if opts.Envoy != lim {
+		s.envoy = opts.Envoy
+	}
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
+		return nil, err
+	}
+	var count edge.CountFunc
+	if s.metrics != nil {
+		count = s.metrics.count
+	}
+	if s.core, err = edge.New(lim, edge.Options{Deadline: s.decide, Count: count, Clock: opts.Clock, Logger: log, Prefix: "server"}); err != nil {
 		return nil, err
 	}
 	if s.readyTTL == 0 {
@@ -276,19 +298,9 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
-	var suppressed int64
-	if level == slog.LevelWarn {
-		// Store failures fail every request while they last: one line a
-		// second, with the count of those held back.
-		var ok bool
-		if ok, suppressed = s.warnings.Allow(s.clock.Now()); !ok {
-			return
-		}
-	}
+	// Store failures fail every request while they last: the edge core
+	// logs one line a second, with the count of those held back.
 	attrs := make([]slog.Attr, 0, 11)
-	if suppressed > 0 {
-		attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
-	}
 	attrs = append(attrs,
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
@@ -310,7 +322,7 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 	if lw.reason != "" {
 		attrs = append(attrs, slog.String("reason", lw.reason))
 	}
-	s.log.LogAttrs(ctx, level, "request", attrs...)
+	s.core.Log(ctx, level, "request", attrs...)
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
@@ -362,12 +374,8 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	if !s.permits(w, &in, tok, scope) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
-	o := s.ask(ctx, req)
-	cancel()
-	if s.metrics != nil && (req.Op == sluice.Spend || req.Op == sluice.Acquire) {
-		s.metrics.countDecision(req.Policy, req.Policies, o)
-	}
+	// The core counts a spend (or acquire) once, on the metrics.
+	o := s.core.Check(r.Context(), req)
 	if lw != nil {
 		lw.hasCheck = true
 		lw.policy = in.Policy
@@ -427,9 +435,7 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	// acquired under an older key is not looked for there (it expires
 	// after its lease_ttl).
 	req.Policy, req.Policies, req.Previous = "", ids, nil
-	ctx, cancel := context.WithTimeout(r.Context(), s.decide)
-	defer cancel()
-	o := s.ask(ctx, req)
+	o := s.core.Check(r.Context(), req)
 	if len(in.Policies) == 0 {
 		o.Statuses = nil // one policy: its status is the top level, as for a check
 	}
@@ -553,16 +559,29 @@ func reason(o *sluice.Outcome) string {
 	return o.Err.Error()
 }
 
-// errNoPolicies is the answer of every check when the configuration has
-// no policies of its own.
+// errNoPolicies is the answer of an admin request when the configuration
+// has no policies of its own.
 var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
 
-// ask puts req to the Limiter, when there is one, for req.
-func (s *Server) ask(ctx context.Context, req sluice.Request) sluice.Outcome {
-	if s.lim == nil {
-		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNoPolicies}
+// shown returns the IDs of every policy the server serves, the check
+// API's and then the rules files', and the lookup of one: what the
+// dashboard lists.
+func (s *Server) shown() ([]string, func(string) (sluice.Policy, bool)) {
+	ids := s.policies()
+	if s.envoy == nil {
+		return ids, s.policy
 	}
-	return s.lim.Check(ctx, req)
+	for _, id := range s.envoy.Policies() {
+		if _, dup := s.policy(id); !dup {
+			ids = append(ids, id)
+		}
+	}
+	return ids, func(id string) (sluice.Policy, bool) {
+		if p, ok := s.policy(id); ok {
+			return p, true
+		}
+		return s.envoy.Policy(id)
+	}
 }
 
 // policy returns the policy id, when the Limiter has it.

@@ -194,11 +194,11 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 		st.Store.LatencyMS = &ms
 		cancel()
 	}
-	ids := s.policies()
+	ids, policy := s.shown()
 	for _, id := range ids {
-		p, _ := s.policy(id)
+		p, _ := policy(id)
 		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: p.Window.String(), MaxCost: p.MaxCost,
-			FailureMode: p.FailureMode.String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
+			FailureMode: s.modes[id].String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
 		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 			up.Burst = p.Burst
 		}

@@ -237,6 +237,11 @@ func (r *Redis) Password(getenv func(string) string) (string, error) {
 // block_time and max_block, is its LocalQuota).
 type Policy struct {
 	sluice.Policy
+	// FailureMode is failure_mode: what the edges spending the policy
+	// (the proxy's routes) answer when the store cannot decide; a rule's
+	// property, kept beside the policy in the file's spelling. Default:
+	// sluice.FailClosed.
+	FailureMode sluice.FailureMode
 }
 
 // Subjects configures how subjects are pseudonymized.
@@ -416,6 +421,15 @@ func Load(path string) (*Config, error) {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// FailureModes returns each policy's failure_mode, by ID.
+func (c *Config) FailureModes() map[string]sluice.FailureMode {
+	modes := make(map[string]sluice.FailureMode, len(c.Policies))
+	for _, p := range c.Policies {
+		modes[p.ID] = p.FailureMode
+	}
+	return modes
 }
 
 // SluicePolicies returns the policies as sluice.New takes them.
@@ -854,8 +868,6 @@ func policyErrors(p sluice.Policy) []*sluice.PolicyError {
 			p.LocalQuota.BlockTime = 0
 		case "local_quota.max_block":
 			p.LocalQuota.MaxBlock = 0
-		case "failure_mode":
-			p.FailureMode = sluice.FailClosed
 		case "cleanup_grace":
 			p.CleanupGrace = 0
 		case "dedupe_ttl":

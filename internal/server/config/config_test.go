@@ -262,7 +262,8 @@ func TestParseFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := config.Policy{
-		Policy: sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, FailureMode: sluice.FailOpen, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000, NearCache: true},
+		Policy:      sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000, NearCache: true},
+		FailureMode: sluice.FailOpen,
 	}
 	want := &config.Config{
 		Server: config.Server{
@@ -281,7 +282,7 @@ func TestParseFull(t *testing.T) {
 		Policies: []config.Policy{
 			{Policy: sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute}},
 			api,
-			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute, FailureMode: sluice.FailLocal}},
+			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute}, FailureMode: sluice.FailLocal},
 			{Policy: sluice.Policy{ID: "bucket", Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Second, Burst: 10}},
 			{Policy: sluice.Policy{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: 30 * time.Second}},
 		},

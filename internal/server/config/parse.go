@@ -422,9 +422,9 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	if p.Algorithm, err = ParseAlgorithm(algorithm); err != nil {
 		p.Algorithm = sluice.Algorithm(math.MaxUint8)
 	}
-	if m["failure_mode"] != nil {
+	if n := m["failure_mode"]; n != nil && !d.bad[path+".failure_mode"] {
 		if p.FailureMode, err = parseFailureMode(failureMode); err != nil {
-			p.FailureMode = sluice.FailureMode(math.MaxUint8)
+			d.fail(&Error{Path: path + ".failure_mode", Value: yamlnode.Written(n), Rule: "must be one of closed, open, local", Line: yamlnode.Resolve(n).Line})
 		}
 	}
 	// An explicit 0 is a value the rules judge, not "use the default".

@@ -151,6 +151,10 @@ type Rule struct {
 	// for unlimited rules and rules of 0 requests per unit, which need
 	// no store.
 	Policy sluice.Policy
+	// FailureMode is rate_limit.failure_mode: what the service answers
+	// when the store cannot decide the rule (closed, the default, or
+	// open).
+	FailureMode sluice.FailureMode
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -707,7 +711,7 @@ func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) (sluice.P
 		}
 	}
 	if v := m["failure_mode"]; v != nil {
-		if pol.FailureMode, err = p.failureMode(path+".failure_mode", v); err != nil {
+		if r.FailureMode, err = p.failureMode(path+".failure_mode", v); err != nil {
 			return sluice.Policy{}, err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 )
@@ -25,7 +26,7 @@ const maxOverrides = 1024
 // overrideLimit is a set of override numbers with its rule and Limiter.
 type overrideLimit struct {
 	rule *envoyconf.Rule
-	lim  *sluice.Limiter
+	core *edge.Core // nil when rule is decided without the store
 }
 
 // override returns the rule and Limiter that decide a descriptor whose
@@ -69,7 +70,7 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*o
 		if err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
 		}
-		ol.lim = lim
+		ol.core = st.core.With(lim)
 	}
 	if st.overrides == nil {
 		st.overrides = map[string]*overrideLimit{}

@@ -69,6 +69,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -81,6 +82,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/subject"
@@ -97,19 +99,24 @@ const SubjectKind = "envoy"
 // exactly the rules' policies (nil when they have none: every rule is
 // unlimited or allows 0), the Store it decides on (for limit
 // overrides, each of which gets a policy and a Limiter of its own) and
-// the pseudonymizer. Swap replaces it as a whole; a request in flight
+// the pseudonymizer; Count, when set, counts every spending decision
+// (sluice_decisions_total), Deadline bounds each (default: the edge
+// core's, 500ms). Swap replaces it as a whole; a request in flight
 // finishes with the State it started with.
 type State struct {
 	Rules         *envoyconf.Config
 	Limiter       *sluice.Limiter
 	Store         sluice.Store
 	Pseudonymizer *subject.Pseudonymizer
+	Count         edge.CountFunc
+	Deadline      time.Duration
 	// MaxDescriptors bounds the descriptors of one request, and
 	// MaxEntries the entries of one descriptor: a request over either is
 	// refused InvalidArgument naming the bound, before any store call.
 	// Default (0): DefaultMaxDescriptors, DefaultMaxEntries.
 	MaxDescriptors, MaxEntries int
 
+	core      *edge.Core // decides with Limiter; set by Swap
 	mu        sync.Mutex
 	overrides map[string]*overrideLimit // by policy ID
 }
@@ -196,6 +203,11 @@ func (s *Service) Swap(st *State) error {
 	if err := st.check(); err != nil {
 		return fmt.Errorf("rls: %w", err)
 	}
+	core, err := edge.New(st.Limiter, edge.Options{Count: st.Count, Deadline: st.Deadline, Logger: s.log, Prefix: "rls"})
+	if err != nil {
+		return err
+	}
+	st.core = core
 	s.state.Store(st)
 	return nil
 }
@@ -226,8 +238,8 @@ const (
 // descriptor is one request descriptor on its way to an answer.
 type descriptor struct {
 	rule     *envoyconf.Rule
-	lim      *sluice.Limiter // decides rule: the State's, or a limit override's
-	override bool            // rule is a limit override's
+	core     *edge.Core // decides rule: the State's, or a limit override's
+	override bool       // rule is a limit override's
 	// dup is 1 + the index of the earlier descriptor this one repeats
 	// (same rule, subject, cost and kind): it is counted once, with that
 	// one, and answered alike. 0 for none.
@@ -246,7 +258,7 @@ type descriptor struct {
 
 // group is the descriptors decided in one Limiter.Check.
 type group struct {
-	lim      *sluice.Limiter
+	core     *edge.Core
 	subject  string
 	previous []string
 	cost     int64
@@ -340,7 +352,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		ds[i] = descriptor{lim: st.Limiter, cost: reqCost, refund: d.GetIsNegativeHits()}
+		ds[i] = descriptor{core: st.core, cost: reqCost, refund: d.GetIsNegativeHits()}
 		if h := d.GetHitsAddend(); h != nil {
 			ds[i].cost = clampCost(h.GetValue()) // the descriptor's wins; 0 checks without spending
 		}
@@ -352,7 +364,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 			}
 			// Every entry names the budget, as envoyproxy/ratelimit keys an
 			// override by the whole descriptor.
-			ds[i].rule, ds[i].lim, ds[i].override, vars = ol.rule, ol.lim, true, entries
+			ds[i].rule, ds[i].core, ds[i].override, vars = ol.rule, ol.core, true, entries
 		} else {
 			ds[i].rule, vars = st.Rules.Match(domain, entries)
 		}
@@ -402,13 +414,13 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.lim == d.lim && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{lim: d.lim, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -429,7 +441,7 @@ func repeats(ds []descriptor, i int) int {
 	d := &ds[i]
 	for j := range ds[:i] {
 		e := &ds[j]
-		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.lim == d.lim &&
+		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.core == d.core &&
 			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund {
 			return j + 1
 		}
@@ -511,12 +523,15 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 	case g.refund:
 		req.Op = sluice.Refund
 	}
-	o := g.lim.Check(ctx, req)
+	a := g.core.DecideRequest(ctx, req, groupMode(ds, g))
+	o := &a.Outcome
 	if req.Policy != "" {
 		o.Statuses = []sluice.Status{o.Status}
 	}
 	switch {
-	case o.Kind == sluice.Allowed || o.Kind == sluice.Denied:
+	case edge.Rejected(o):
+		return status.Error(codes.InvalidArgument, "sluice: "+fmt.Sprint(o.Err))
+	case a.Kind == edge.Admit || a.Kind == edge.Limit:
 		for j, i := range g.members {
 			d := &ds[i]
 			sst := o.Statuses[j]
@@ -535,18 +550,10 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 			}
 		}
 		return nil
-	case o.Kind == sluice.Incompatible && !errors.Is(o.Err, sluice.CorruptState):
-		return status.Error(codes.InvalidArgument, "sluice: "+fmt.Sprint(o.Err))
 	}
-	// The store could not decide: the failure mode answers.
-	open := g.shadow // a shadow rule never blocks
-	if !open {
-		open = true
-		for _, i := range g.members {
-			open = open && ds[i].rule.Policy.FailureMode == sluice.FailOpen
-		}
-	}
-	s.log.LogAttrs(ctx, slog.LevelWarn, "envoy rate limit: the store cannot decide", slog.String("outcome", o.Kind.String()), slog.Any("reason", o.Err), slog.Bool("fail_open", open))
+	// The store could not decide: the failure mode answered.
+	open := a.Kind == edge.FailOpen
+	g.core.Log(ctx, slog.LevelWarn, "envoy rate limit: the store cannot decide", slog.String("outcome", o.Kind.String()), slog.Any("reason", o.Err), slog.Bool("fail_open", open))
 	if !open {
 		return errUnavailable(fmt.Sprint(o.Err))
 	}
@@ -556,6 +563,20 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		ds[i].failedOpen = true
 	}
 	return nil
+}
+
+// groupMode is the failure mode of g: open for a shadow group (a shadow
+// rule never blocks) or when every rule of it fails open, else closed.
+func groupMode(ds []descriptor, g *group) sluice.FailureMode {
+	if g.shadow {
+		return sluice.FailOpen
+	}
+	for _, i := range g.members {
+		if ds[i].rule.FailureMode != sluice.FailOpen {
+			return sluice.FailClosed
+		}
+	}
+	return sluice.FailOpen
 }
 
 // identity frames the entries a rule does not fix, so that no two

@@ -1,6 +1,7 @@
-package httplimit
+package edge
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -8,31 +9,27 @@ import (
 )
 
 // localFallback returns the Limiter over store holding share of each of
-// l's policies whose failure mode is FailLocal, under the same IDs (see
-// Options.Fallback and LocalShare).
+// l's policies, under the same IDs: what a rule failing local decides on
+// while l cannot.
 func localFallback(l *sluice.Limiter, store sluice.Store, share float64) (*sluice.Limiter, error) {
-	if !(share > 0 && share <= 1) {
-		return nil, optionError("LocalShare", share, "must be in (0, 1]")
+	if l == nil {
+		return nil, errors.New("the limiter has no policies to share")
 	}
 	var local []sluice.Policy
 	for _, id := range l.Policies() {
 		p, _ := l.Policy(id)
-		if p.FailureMode != sluice.FailLocal {
-			continue
-		}
 		local = append(local, scale(p, share))
-	}
-	if len(local) == 0 {
-		return nil, optionError("Fallback", "set", "the limiter has no policy whose failure mode is local")
 	}
 	fl, err := sluice.New(store, local, sluice.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("httplimit: local fallback: %w", err)
+		return nil, fmt.Errorf("local fallback: %w", err)
 	}
 	return fl, nil
 }
 
-// scale returns p holding share of its limit.
+// scale returns p holding share of its limit: Limit (and Burst, for
+// token_bucket and gcra) scaled and rounded down, at least 1; MaxCost
+// capped at the new capacity.
 func scale(p sluice.Policy, share float64) sluice.Policy {
 	part := func(n int64) int64 { return max(1, int64(math.Floor(float64(n)*share))) }
 	p.Limit = part(p.Limit)
@@ -44,5 +41,7 @@ func scale(p sluice.Policy, share float64) sluice.Policy {
 		p.Burst = 0
 	}
 	p.MaxCost = min(p.MaxCost, capacity)
+	// In the process, a share of the limit: nothing to spare store calls of.
+	p.LocalQuota, p.NearCache = sluice.LocalQuota{}, false
 	return p
 }

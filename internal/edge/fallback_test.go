@@ -1,4 +1,4 @@
-package httplimit
+package edge
 
 import (
 	"math"
@@ -14,9 +14,8 @@ import (
 )
 
 // TestLocalFallbackScaling: the local fallback holds LocalShare of each
-// FailLocal policy (limit and burst rounded down, at least 1; max cost
-// capped at the new capacity) and none of the others; a share outside
-// (0, 1] is an error of New.
+// policy (limit and burst rounded down, at least 1; max cost capped at the
+// new capacity); a share outside (0, 1] is an error of New.
 func TestLocalFallbackScaling(t *testing.T) {
 	clock := sluicetest.NewClock()
 	store := func() *memstore.Store {
@@ -28,22 +27,21 @@ func TestLocalFallbackScaling(t *testing.T) {
 		return st
 	}
 	l, err := sluice.New(store(), []sluice.Policy{
-		{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, FailureMode: sluice.FailLocal},
-		{ID: "tiny", Algorithm: sluice.SlidingLog, Limit: 1, Window: time.Minute, FailureMode: sluice.FailLocal},
-		{ID: "tb", Algorithm: sluice.TokenBucket, Limit: 100, Window: time.Second, Burst: 40, MaxCost: 30, FailureMode: sluice.FailLocal},
-		{ID: "closed", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+		{ID: "fw", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+		{ID: "tiny", Algorithm: sluice.SlidingLog, Limit: 1, Window: time.Minute},
+		{ID: "tb", Algorithm: sluice.TokenBucket, Limit: 100, Window: time.Second, Burst: 40, MaxCost: 30},
 	}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(l, Options{Fallback: store(), LocalShare: 0.25})
+	c, err := New(l, Options{Fallback: store(), LocalShare: 0.25, Prefix: "httplimit"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	type nums struct{ Limit, Burst, MaxCost int64 }
 	got := map[string]nums{}
-	for _, id := range m.fallback.Policies() {
-		p, _ := m.fallback.Policy(id)
+	for _, id := range c.fallback.Policies() {
+		p, _ := c.fallback.Policy(id)
 		got[id] = nums{p.Limit, p.Burst, p.MaxCost}
 	}
 	want := map[string]nums{"fw": {2, 2, 2}, "tiny": {1, 1, 1}, "tb": {25, 10, 10}}
@@ -51,7 +49,7 @@ func TestLocalFallbackScaling(t *testing.T) {
 		t.Errorf("fallback policies diff (-want +got):\n%s", diff)
 	}
 	for _, share := range []float64{-1, 1.5, math.NaN()} {
-		if _, err := New(l, Options{Fallback: store(), LocalShare: share}); err == nil || !strings.Contains(err.Error(), "httplimit: LocalShare = ") {
+		if _, err := New(l, Options{Fallback: store(), LocalShare: share, Prefix: "httplimit"}); err == nil || !strings.Contains(err.Error(), "httplimit: LocalShare = ") {
 			t.Errorf("New(LocalShare %v) = %v, want an error naming LocalShare", share, err)
 		}
 	}
