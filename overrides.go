@@ -194,22 +194,16 @@ func (l *Limiter) buildOverrides() *overrideSet {
 }
 
 // applyOverrides is the overrides stage, the first: it gives each policy
-// of d.ev the subject's own numbers where an override names them. Over an
-// overrideStore, overrides read too long ago are read again first
-// (overrideMaxAge); a Check whose context ends meanwhile is Unavailable,
-// nothing sent.
+// of d.ev the subject's own numbers where an override names them. Over a
+// store that keeps overrides, overrides read too long ago are read again
+// first (overrideMaxAge; see awaitOverrides for how long a Check waits).
 func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 	if l.ovr.store != nil {
 		switch l.ovr.age.state() {
 		case ageOld:
 			l.readOverrides()
 		case ageStale:
-			select {
-			case <-l.readOverrides():
-			case <-ctx.Done():
-				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: reading overrides: %w", ctx.Err())}
-				return
-			}
+			l.awaitOverrides(ctx, l.readOverrides())
 		}
 	}
 	if s := l.ovr.set.Load(); s != nil {
@@ -219,6 +213,25 @@ func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 		}
 	}
 	next(ctx, d)
+}
+
+// awaitOverrides waits for the overrides read of ch to end, for at most
+// half the time ctx has left (on the Limiter's clock): a store that slow
+// to give its overrides is most likely failing, and the decision, sent to
+// it with the other half, says how (and feeds its breaker) where a Check
+// that spent its whole deadline waiting here would say nothing of the
+// store. Such a decision goes on the overrides in hand.
+func (l *Limiter) awaitOverrides(ctx context.Context, ch <-chan struct{}) {
+	if dl, ok := ctx.Deadline(); ok {
+		now := l.clock.Now()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, now.Add(dl.Sub(now)/2))
+		defer cancel()
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 // override returns the policy to decide p by for subject: p, or its
