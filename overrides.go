@@ -102,7 +102,7 @@ func (l *Limiter) initOverrides(opts Options) error {
 		// Read the store now, in the background (New does not wait on
 		// the store): the first Check waits for that read, not longer.
 		l.ovr.age.init(l.clock)
-		l.readOverrides(time.Time{})
+		l.readOverrides()
 	}
 	return nil
 }
@@ -194,23 +194,16 @@ func (l *Limiter) buildOverrides() *overrideSet {
 }
 
 // applyOverrides is the overrides stage, the first: it gives each policy
-// of d.ev the subject's own numbers where an override names them. Over an
-// overrideStore, overrides read too long ago are read again first
-// (overrideMaxAge); a Check whose context ends meanwhile is Unavailable,
-// nothing sent.
+// of d.ev the subject's own numbers where an override names them. Over a
+// store that keeps overrides, overrides read too long ago are read again
+// first (overrideMaxAge; see awaitOverrides for how long a Check waits).
 func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 	if l.ovr.store != nil {
 		switch l.ovr.age.state() {
 		case ageOld:
-			l.readOverrides(time.Time{})
+			l.readOverrides()
 		case ageStale:
-			deadline, _ := ctx.Deadline()
-			select {
-			case <-l.readOverrides(deadline):
-			case <-ctx.Done():
-				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: reading overrides: %w", ctx.Err())}
-				return
-			}
+			l.awaitOverrides(ctx, l.readOverrides())
 		}
 	}
 	if s := l.ovr.set.Load(); s != nil {
@@ -220,6 +213,25 @@ func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 		}
 	}
 	next(ctx, d)
+}
+
+// awaitOverrides waits for the overrides read of ch to end, for at most
+// half the time ctx has left (on the Limiter's clock): a store that slow
+// to give its overrides is most likely failing, and the decision, sent to
+// it with the other half, says how (and feeds its breaker) where a Check
+// that spent its whole deadline waiting here would say nothing of the
+// store. Such a decision goes on the overrides in hand.
+func (l *Limiter) awaitOverrides(ctx context.Context, ch <-chan struct{}) {
+	if dl, ok := ctx.Deadline(); ok {
+		now := l.clock.Now()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, now.Add(dl.Sub(now)/2))
+		defer cancel()
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 // override returns the policy to decide p by for subject: p, or its
@@ -243,10 +255,7 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous [
 
 // readOverrides starts one read of the store's overrides, unless one is
 // under way, and returns a channel closed when the read under way ends.
-// A read started for a Check that waits for it ends by that Check's
-// deadline (zero: none), so that a Redis that hangs fails the read, and
-// counts against its breaker, while the Check still waits.
-func (l *Limiter) readOverrides(deadline time.Time) <-chan struct{} {
+func (l *Limiter) readOverrides() <-chan struct{} {
 	ch, start := l.ovr.age.begin()
 	if !start {
 		return ch
@@ -256,24 +265,13 @@ func (l *Limiter) readOverrides(deadline time.Time) <-chan struct{} {
 		l.ovr.mu.Lock()
 		changes := l.ovr.changes
 		l.ovr.mu.Unlock()
-		list, err := l.readStore(deadline)
+		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
+		list, err := l.ovr.store.Overrides(ctx)
+		cancel()
 		fresh := err == nil && l.storeOverrides(list, changes)
 		l.ovr.age.end(ch, fresh, began, l.clock.Now())
 	}()
 	return ch
-}
-
-// readStore reads the store's overrides within overrideReadTimeout and,
-// when it is not zero, by deadline.
-func (l *Limiter) readStore(deadline time.Time) ([]Override, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
-	defer cancel()
-	if !deadline.IsZero() {
-		var stop context.CancelFunc
-		ctx, stop = context.WithDeadline(ctx, deadline)
-		defer stop()
-	}
-	return l.ovr.store.Overrides(ctx)
 }
 
 // storeOverrides makes list, read from the store after changes calls of

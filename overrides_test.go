@@ -354,3 +354,19 @@ func TestOverridesReadFailing(t *testing.T) {
 		}
 	}
 }
+
+// TestOverridesReadHungAtStart: when the store's overrides read hangs, a
+// Check waits for it half the time its context has left, then decides on
+// the overrides in hand: the store's answer, not a deadline spent waiting
+// (with a failing store, that answer is what feeds its breaker).
+func TestOverridesReadHungAtStart(t *testing.T) {
+	store := &failingOverrides{Store: newMemstore(t, nil), release: make(chan struct{})}
+	defer close(store.release)
+	store.hang.Store(true)
+	l := newOverrideLimiter(t, store, sluice.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if o := l.Check(ctx, sluice.Request{Policy: "fw", Subject: "tenant"}); o.Kind != sluice.Allowed || ctx.Err() != nil {
+		t.Fatalf("Check while the overrides read hangs = %+v (context: %v), want allowed by the store within the deadline", o, ctx.Err())
+	}
+}
