@@ -64,7 +64,8 @@ type ProxyOptions struct {
 // or subject while the proxy read it otherwise:
 //   - a path servers read differently is answered 400 (a backslash, a
 //     NUL or other control byte, raw or encoded, an encoded slash or
-//     backslash, %2F or %5C, a dot segment in disguise such as "..;");
+//     backslash, %2F or %5C, a # raw or encoded (%23), a dot segment in
+//     disguise such as "..;");
 //     every other path goes on in normal form, with encoded unreserved
 //     characters such as %2E decoded and "//" and dot segments removed,
 //     so the upstream reads the path the routes matched (see
