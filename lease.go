@@ -8,30 +8,6 @@ import (
 	"fmt"
 )
 
-// Lease is a slot held on one or more Concurrency policies, from an
-// Allowed Check until Limiter.Release gives it back, or until the
-// policy's LeaseTTL passes without a renewal (so a holder that dies
-// cannot leak a slot for longer than that). The zero value holds nothing;
-// releasing it does nothing.
-//
-// The usual shape:
-//
-//	o := lim.Check(ctx, req)
-//	if o.Kind != sluice.Allowed { … }
-//	defer lim.Release(context.WithoutCancel(ctx), o.Lease)
-type Lease struct {
-	// ID names the lease: 22 characters of base64url, random (or, for a
-	// request with an EvaluationID, derived from it and the subject, so a
-	// replayed decision names the lease the first one acquired). It never
-	// contains the subject. Example: "q3Xh0bV8Yx2lC0mQe1o7bA".
-	ID string
-	// Subject is the subject the lease is held for.
-	Subject string
-	// Policies are the IDs of the Concurrency policies it is held on, in
-	// the order of the request that acquired it.
-	Policies []string
-}
-
 // maxLeaseIDLen is the longest lease id a Request may carry, in bytes.
 const maxLeaseIDLen = 64
 

@@ -6,54 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // maxSubjectLen is the longest Subject a Request may carry, in bytes.
 const maxSubjectLen = 200
-
-// Op is what a Request does. Its String form is the check API's spelling.
-type Op uint8
-
-// The operations. The zero value is Spend.
-const (
-	// Spend spends Cost units of every named policy, all of them rate
-	// policies: all or nothing.
-	Spend = Op(algorithm.OpSpend) // spend
-	// Peek reports the state without spending: the verdict is the one a
-	// cost of 1 would get. Cost must be 0.
-	Peek = Op(algorithm.OpPeek) // peek
-	// Refund gives Cost units back to every named policy, for work that
-	// was admitted but never done, never raising Remaining above Limit.
-	// A sliding_window or concurrency policy makes the request
-	// Incompatible with ErrNotRefundable.
-	Refund = Op(algorithm.OpRefund) // refund
-	// Reset clears the subject's state of every named policy, as if the
-	// subject had never been seen: the way to unlock a user locked out by
-	// a login limit. Cost must be 0 and EvaluationID empty. The Outcome is
-	// Allowed, with the statuses of fresh state. Remembered evaluation ids
-	// are kept, so a retry of a decision taken before the reset is still
-	// answered, not spent again.
-	Reset = Op(algorithm.OpReset) // reset
-	// Acquire takes one lease on every named Concurrency policy (at least
-	// one) and spends Cost units of the rate policies named beside them,
-	// all or nothing: Outcome.Lease, to give back with Limiter.Release.
-	// The Limiter names the lease unless LeaseID does.
-	Acquire = Op(algorithm.OpAcquire) // acquire
-	// Release gives the lease LeaseID back on every named policy, all of
-	// them Concurrency policies: see Limiter.Release.
-	Release = Op(algorithm.OpRelease) // release
-	// Renew extends the lease LeaseID on every named policy: see
-	// Limiter.Renew.
-	Renew = Op(algorithm.OpRenew) // renew
-)
-
-// String returns the check API's spelling, e.g. "refund".
-func (o Op) String() string { return algorithm.Op(o).String() }
 
 // Request asks for one operation (Op) on one or more policies for one
 // subject: by default, whether Subject may spend Cost units.
@@ -103,10 +62,6 @@ const maxPrevious = 4
 const maxEvaluationIDLen = 128
 
 // Options configure a Limiter. The zero value means the defaults.
-// Policies' clocks belong to the Store: Limiter reads the real time only
-// to compare it with a context's deadline, which is real time too, to
-// time the store for a trace, and (through Clock) to measure how long a
-// block of local quota lives.
 type Options struct {
 	// TracerProvider, when set, records every decision Check asks of the
 	// store through the OpenTelemetry API, under the scope
@@ -124,9 +79,12 @@ type Options struct {
 	// or kept by the Store for the same policy and subject wins over them.
 	// Default: none.
 	Overrides []Override
-	// Clock measures how long a block of local quota lives
-	// (Policy.LocalQuota). It must not run faster than the store's clock;
-	// a test that gives the store a fake clock gives the Limiter the same.
+	// Clock is the Limiter's one clock, handed to every stage of Check:
+	// it tells whether a context's deadline has passed, how long a
+	// near-cache denial and a block of local quota live, how old the
+	// overrides read from the store are, and how long the store took (in
+	// a trace). It must not run faster than the store's clock; a test
+	// that gives the store a fake clock gives the Limiter the same.
 	// Default: the real clock.
 	Clock Clock
 }
@@ -135,17 +93,21 @@ type Options struct {
 // It validates every request before the store sees it, and applies the
 // subjects' overrides (see SetOverride). Safe for concurrent use; it needs
 // no cleanup (close the Store). Over a Store that keeps overrides
-// (OverrideStore), a Check that finds them read more than 500ms ago starts
+// (see SetOverride), no decision is taken on overrides read longer ago
+// than a bound; a Check that finds them half that old starts
 // one short background read of them, bounded by a timeout, and nothing
 // else runs in the background.
 type Limiter struct {
 	store    Store
+	clock    Clock
 	policies map[string]*Policy
-	list     []*Policy   // the policies in order, looked through instead of policies when few
-	pool     sync.Pool   // *Evaluation
-	near     *nearCache  // nil when no policy has NearCache
-	local    *localQuota // nil when no policy has LocalQuota
-	ovr      overrides   // subjects' other numbers: see overrides.go
+	list     []*Policy  // the policies in order, looked through instead of policies when few
+	pool     sync.Pool  // *decision
+	run      step       // the stages of Check, then the store: see stage.go
+	near     *nearCache // nil when no policy has NearCache
+	local    *localQuota
+	ovr      overrides // subjects' other numbers: see overrides.go
+	noFast   bool      // validate every request the general way (a test's)
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -157,7 +119,12 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	if len(policies) == 0 {
 		return nil, errors.New("sluice: New: no policies: at least one is required")
 	}
-	l := &Limiter{store: store, policies: make(map[string]*Policy, len(policies))}
+	l := &Limiter{store: store, clock: opts.Clock, policies: make(map[string]*Policy, len(policies))}
+	if l.clock == nil {
+		// The real time, read from the monotonic clock: half the cost
+		// of time.Now on a hot subject's block, and never stepped.
+		l.clock = clock.NewMonotonic()
+	}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
 			return nil, &prefixError{prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), err: err}
@@ -168,28 +135,38 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		p = p.WithDefaults()
 		l.policies[p.ID] = &p
 		l.list = append(l.list, &p)
-		if p.NearCache && l.near == nil {
-			l.near = newNearCache()
+	}
+	l.pool.New = func() any { return new(decision) }
+	if err := l.initOverrides(opts); err != nil {
+		return nil, err
+	}
+	l.run = chain(l.stages(opts), l.evaluate)
+	return l, nil
+}
+
+// stages returns the stages of l's Check, in order: the subjects' own
+// numbers first, then what may answer without the store, then tracing
+// around the store itself. A stage no policy asks for is left out.
+func (l *Limiter) stages(opts Options) []stage {
+	s := []stage{l.applyOverrides}
+	for _, p := range l.list {
+		if p.NearCache {
+			l.near = newNearCache(l.clock)
+			s = append(s, l.near.do)
+			break
 		}
 	}
 	for _, p := range l.list {
 		if p.LocalQuota.Enabled {
-			c := opts.Clock
-			if c == nil {
-				c = clock.System{}
-			}
-			l.local = newLocalQuota(c, l.list)
+			l.local = newLocalQuota(l.clock, l.list)
+			s = append(s, l.local.do)
 			break
 		}
 	}
-	l.pool.New = func() any { return new(Evaluation) }
-	if err := l.initOverrides(opts); err != nil { // on the Store itself, before a tracer wraps it
-		return nil, err
-	}
 	if opts.TracerProvider != nil {
-		l.store = newTracedStore(opts.TracerProvider, store)
+		s = append(s, newTracer(opts.TracerProvider, l.store, l.clock).do)
 	}
-	return l, nil
+	return s
 }
 
 // prefixError wraps err behind prefix without repeating the "sluice: "
@@ -247,143 +224,64 @@ func (l *Limiter) Policies() []string {
 // Indeterminate with Err set. A request that is malformed, names a policy l
 // does not have, or comes after its context's deadline is answered without
 // touching the store; the store checks the operation's own rules.
-func (l *Limiter) Check(ctx context.Context, req Request) (o Outcome) {
+//
+// Check is one pipeline: validate req into an Evaluation, run l's stages
+// over it (stage.go), the last of which asks the store, and map what the
+// store answered to the Outcome in one place (outcome.go).
+func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
-	if d, ok := ctx.Deadline(); ok && !(clock.System{}).Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !l.clock.Now().Before(d) {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", context.DeadlineExceeded)}
 	}
-	if req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && (req.Op == Spend || req.Op == Peek) {
-		if p := l.policy(req.Policy); p != nil {
-			switch {
-			case p.LocalQuota.Enabled && req.Op == Spend:
-				return l.checkLocal(ctx, p, &req)
-			case !p.NearCache:
-				return l.checkOne(ctx, p, &req)
-			}
-		}
+	d := l.pool.Get().(*decision)
+	if err := l.validate(&d.ev, &req); err != nil {
+		l.put(d)
+		return Outcome{Kind: Incompatible, Err: err}
 	}
-	return l.check(ctx, &req)
+	d.many = len(req.Policies) > 0
+	l.run(ctx, d)
+	o := d.o
+	l.put(d)
+	return o
 }
 
-// checkOne is Check for the common request: a spend or a peek on one
-// policy, p, that is not NearCache, with no evaluation id, lease or older
-// subject. It does what check does for it, without the checks of what the
-// request does not carry.
-func (l *Limiter) checkOne(ctx context.Context, p *Policy, req *Request) Outcome {
+// validate puts req, validated, into ev: the common request (a spend or a
+// peek of one policy with no evaluation id, lease or older subject) by
+// prepareOne, which skips the checks of what it does not carry, every
+// other by prepare. TestFastPathEqual holds the two to the same answers.
+func (l *Limiter) validate(ev *Evaluation, req *Request) error {
+	if !l.noFast && req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && (req.Op == Spend || req.Op == Peek) {
+		return l.prepareOne(ev, req)
+	}
+	return l.prepare(ev, req)
+}
+
+// prepareOne is prepare for the common request.
+func (l *Limiter) prepareOne(ev *Evaluation, req *Request) error {
+	p := l.policy(req.Policy)
+	if p == nil {
+		return l.unknown("policy", req.Policy)
+	}
 	if err := checkSubject(req.Subject); err != nil {
-		return Outcome{Kind: Incompatible, Err: err}
+		return err
 	}
 	cost := req.Cost
 	if cost == 0 && req.Op == Spend {
 		cost = 1
 	}
-	if s := l.ovr.set.Load(); s != nil {
-		p = l.override(s, p, req.Subject, nil) // no older subjects on this path
-	}
-	return l.decide(ctx, p, req.Subject, req.Op, cost, 0)
-}
-
-// decide asks the store for op (a spend or a peek) of cost on p, the
-// subject's own numbers, held for hold (Evaluation.Hold).
-func (l *Limiter) decide(ctx context.Context, p *Policy, subject string, op Op, cost int64, hold time.Duration) (o Outcome) {
-	ev := l.pool.Get().(*Evaluation)
-	ev.Op, ev.Subject, ev.Cost, ev.Hold = op, subject, cost, hold
+	ev.Op, ev.Subject, ev.Cost = req.Op, req.Subject, cost
 	ev.Policies = append(ev.Policies, p)
-	if err := l.store.Evaluate(ctx, ev); err != nil {
-		l.put(ev)
-		return failed(err)
-	}
-	if len(ev.Statuses) != 1 {
-		n := len(ev.Statuses)
-		l.put(ev)
-		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for 1 policies", n)}
-	}
-	// Field by field, as in check.
-	o.Kind, o.Status, o.Replayed = Allowed, ev.Statuses[0], ev.Replayed
-	if !o.Allowed {
-		o.Kind = Denied
-	}
-	l.put(ev)
-	return o
+	return nil
 }
 
-// check is Check for every request.
-func (l *Limiter) check(ctx context.Context, req *Request) (o Outcome) {
-	ev := l.pool.Get().(*Evaluation)
-	defer l.put(ev)
-	if err := l.prepare(ev, req); err != nil {
-		return Outcome{Kind: Incompatible, Err: err}
-	}
-	if s := l.ovr.set.Load(); s != nil {
-		for i, p := range ev.Policies {
-			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
-		}
-	}
-	var near *Policy // the NearCache policy this spend may be answered for
-	var sent time.Time
-	if ev.Op == Reset {
-		l.forget(ev)
-	}
-	switch {
-	case l.near == nil:
-	case ev.Op == Spend && len(ev.Policies) == 1 && ev.Policies[0].NearCache && ev.EvaluationID == "" && ev.Cost <= ev.Policies[0].MaxCost:
-		p := ev.Policies[0]
-		sent = clock.System{}.Now()
-		if st, ok := l.near.lookup(ev.Subject, p, ev.Cost, sent); ok {
-			o = Outcome{Kind: Denied, Status: st, FromCache: true}
-			if len(req.Policies) > 0 {
-				o.Statuses = []Status{st}
-			}
-			return o
-		}
-		near = p
-	}
-	if ev.Op == Acquire && ev.LeaseID == "" {
-		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
-	}
-	if err := l.store.Evaluate(ctx, ev); err != nil {
-		return failed(err)
-	}
-	if len(ev.Statuses) != len(ev.Policies) {
-		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
-	}
-	// o is written field by field, the result itself: an Outcome built
-	// whole and then returned is copied, and the copy reads back what was
-	// just stored, which stalls some CPUs.
-	o.Kind, o.Status, o.Replayed = Allowed, mostRestrictive(ev.Statuses), ev.Replayed
-	if !o.Allowed {
-		o.Kind = Denied
-		if near != nil {
-			l.near.remember(ev.Subject, near, ev.Cost, sent, o.Status)
-		}
-	} else if ev.Op == Acquire || ev.Op == Renew {
-		o.Lease = leaseOf(ev)
-	}
-	if len(req.Policies) > 0 {
-		o.Statuses = append([]Status(nil), ev.Statuses...)
-	}
-	return o
-}
-
-// forget drops what l remembers of ev's subject under ev's policies: a
-// Reset's near-cache denials and blocks of local quota.
-func (l *Limiter) forget(ev *Evaluation) {
-	for _, p := range ev.Policies {
-		if l.near != nil {
-			l.near.forget(ev.Subject, p)
-		}
-		if l.local != nil {
-			l.local.forget(ev.Subject, p)
-		}
-	}
-}
-
-func (l *Limiter) put(ev *Evaluation) {
+// put returns d to l's pool, emptied.
+func (l *Limiter) put(d *decision) {
+	ev := &d.ev
 	clear(ev.Policies)
-	*ev = Evaluation{Policies: ev.Policies[:0], Statuses: ev.Statuses[:0]}
-	l.pool.Put(ev)
+	*d = decision{ev: Evaluation{Policies: ev.Policies[:0], Statuses: ev.Statuses[:0]}}
+	l.pool.Put(d)
 }
 
 // prepare validates what only l knows of req (its policies, and the form
@@ -427,6 +325,9 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	}
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
+	if ev.Op == Acquire && ev.LeaseID == "" {
+		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
+	}
 	return nil
 }
 
@@ -537,49 +438,4 @@ func keySafe(s string) bool {
 		}
 	}
 	return bad&highs == 0
-}
-
-// failed types a store error.
-func failed(err error) Outcome {
-	o := Outcome{Err: err}
-	switch {
-	case errors.Is(err, ErrIndeterminate):
-		// First: a lost reply may also wrap the context error that cut it off.
-		o.Kind = Indeterminate
-	case errors.Is(err, CorruptState):
-		o.Kind, o.Cause = Unavailable, CorruptState
-	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
-		o.Kind = Incompatible
-	case errors.Is(err, ClockUnsafe):
-		o.Kind, o.Cause = Unavailable, ClockUnsafe
-	case errors.Is(err, CircuitOpen):
-		o.Kind, o.Cause = Unavailable, CircuitOpen
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		// A store that honours the contract returns a bare context error
-		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
-		o.Kind, o.Cause = Unavailable, DeadlinePassed
-	case errors.Is(err, FailedBeforeSend):
-		o.Kind, o.Cause = Unavailable, FailedBeforeSend
-	default:
-		// An error the store did not classify: it may have spent.
-		o.Kind = Indeterminate
-	}
-	return o
-}
-
-// mostRestrictive picks the Status that speaks for the whole decision: the
-// denial that lasts longest, else the policy closest to exhaustion.
-func mostRestrictive(ss []Status) Status {
-	best := ss[0]
-	for _, s := range ss[1:] {
-		switch {
-		case best.Allowed && !s.Allowed:
-			best = s
-		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
-			best = s
-		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
-			best = s
-		}
-	}
-	return best
 }

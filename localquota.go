@@ -239,30 +239,34 @@ func (p *Policy) drained() int64 {
 // ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// checkLocal is Check for a Spend of one policy p with local quota, of the
-// shape checkOne takes.
-func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outcome {
-	if err := checkSubject(req.Subject); err != nil {
-		return Outcome{Kind: Incompatible, Err: err}
-	}
-	cost := max(req.Cost, 1)
-	if req.Cost < 0 || cost > p.MaxCost {
-		return l.checkOne(ctx, p, req) // the store's rules answer it
-	}
-	if s := l.ovr.set.Load(); s != nil {
-		if p = l.override(s, p, req.Subject, nil); !p.LocalQuota.Enabled {
-			return l.plain(ctx, p, req, cost) // the subject's own numbers are too small for blocks
+// do is local quota's stage. A Spend of one LocalQuota policy (the
+// subject's own numbers: an override too small for blocks has none),
+// named by Request.Policy, with no evaluation id or older subject, of a cost within MaxCost, is
+// admitted from the subject's block when it holds the cost; else a block
+// is asked for when the subject is asked often enough (takeBlock); else
+// the spend goes on as it came, and what the store says remains is
+// learnt. A Reset drops the subject's blocks under its policies.
+func (q *localQuota) do(ctx context.Context, d *decision, next step) {
+	ev := &d.ev
+	if ev.Op == Reset {
+		for _, p := range ev.Policies {
+			q.forget(ev.Subject, p)
 		}
 	}
-	q := l.local
-	sh := q.shard(req.Subject)
+	if ev.Op != Spend || d.many || len(ev.Policies) != 1 || !ev.Policies[0].LocalQuota.Enabled || ev.EvaluationID != "" || len(ev.Previous) > 0 || ev.Cost < 1 || ev.Cost > ev.Policies[0].MaxCost {
+		next(ctx, d)
+		return
+	}
+	p, cost := ev.Policies[0], ev.Cost
+	sh := q.shard(ev.Subject)
 	for waited := false; ; waited = true {
 		sh.mu.Lock()
 		now := q.clock.Now() // under the lock: no unit is taken later than the time its block is judged at
-		e := q.entry(sh, req.Subject, p, now)
+		e := q.entry(sh, ev.Subject, p, now)
 		if e == nil {
 			sh.mu.Unlock()
-			return l.plain(ctx, p, req, cost)
+			next(ctx, d)
+			return
 		}
 		if !waited {
 			e.arrive(now, cost)
@@ -270,7 +274,8 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 		if st, ok := e.take(now, cost); ok {
 			sh.mu.Unlock()
 			e.stats.local.Add(1)
-			return Outcome{Kind: Allowed, Status: st, Local: true}
+			d.o = Outcome{Kind: Allowed, Status: st, Local: true}
+			return
 		}
 		if ch := e.pending; ch != nil && !waited {
 			sh.mu.Unlock() // another request is asking for a block: it may hold this one too
@@ -278,25 +283,27 @@ func (l *Limiter) checkLocal(ctx context.Context, p *Policy, req *Request) Outco
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", ctx.Err())}
+				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", ctx.Err())}
+				return
 			}
 		}
 		k := e.size(cost)
 		if k == 0 || e.pending != nil {
 			sh.mu.Unlock()
-			o := l.plain(ctx, p, req, cost)
-			l.learn(sh, e, p, &o)
-			return o
+			next(ctx, d)
+			q.learn(sh, e, p, &d.o)
+			return
 		}
 		e.pending = make(chan struct{})
 		resets := e.resets
 		sh.mu.Unlock()
-		return l.takeBlock(ctx, req, sh, e, p, k, cost, resets)
+		q.takeBlock(ctx, d, next, sh, e, k, resets)
+		return
 	}
 }
 
 // learn records what the store's answer o says remains of e's subject.
-func (l *Limiter) learn(sh *localShard, e *quotaEntry, p *Policy, o *Outcome) {
+func (q *localQuota) learn(sh *localShard, e *quotaEntry, p *Policy, o *Outcome) {
 	if o.Kind != Allowed && o.Kind != Denied {
 		return
 	}
@@ -307,33 +314,29 @@ func (l *Limiter) learn(sh *localShard, e *quotaEntry, p *Policy, o *Outcome) {
 	sh.mu.Unlock()
 }
 
-// plain decides req, of cost, for p in the store, as a request without
-// local quota: through the near cache when p has one.
-func (l *Limiter) plain(ctx context.Context, p *Policy, req *Request, cost int64) Outcome {
-	if p.NearCache {
-		return l.check(ctx, req)
-	}
-	return l.decide(ctx, p, req.Subject, Spend, cost, 0)
-}
-
-// takeBlock asks the store for a block of k units of p for e, of which
-// req, of cost, takes its own, and answers req: from the block when it is
-// admitted, else by a decision of its own.
-func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e *quotaEntry, p *Policy, k, cost, resets int64) Outcome {
-	sent := l.local.clock.Now()
-	o := l.decide(ctx, p, req.Subject, Spend, k, p.LocalQuota.BlockTime)
+// takeBlock asks the store, through next, for a block of k units of d's
+// policy for e, of which d's own spend takes its cost, and answers d: from
+// the block when it is admitted, else by a decision of its own.
+func (q *localQuota) takeBlock(ctx context.Context, d *decision, next step, sh *localShard, e *quotaEntry, k, resets int64) {
+	ev := &d.ev
+	p, cost := ev.Policies[0], ev.Cost
+	sent := q.clock.Now()
+	ev.Cost, ev.Hold = k, p.LocalQuota.BlockTime
+	next(ctx, d)
+	ev.Cost, ev.Hold = cost, 0
+	o := &d.o
 	sh.mu.Lock()
 	close(e.pending)
 	e.pending = nil
 	if o.Kind != Allowed {
 		sh.mu.Unlock()
 		if o.Kind != Denied {
-			return o // the store could not decide: neither could a second call
+			return // the store could not decide: neither could a second call
 		}
-		l.learn(sh, e, p, &o)
-		o = l.plain(ctx, p, req, cost)
-		l.learn(sh, e, p, &o)
-		return o
+		q.learn(sh, e, p, o)
+		next(ctx, d)
+		q.learn(sh, e, p, o)
+		return
 	}
 	e.stats.blocks.Add(1)
 	e.stats.units.Add(k)
@@ -342,7 +345,7 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 		// others), or it was reset (the block was spent before).
 		sh.mu.Unlock()
 		e.stats.unused.Add(k - cost)
-		return o
+		return
 	}
 	life := p.LocalQuota.BlockTime
 	if p.Algorithm == FixedWindow {
@@ -355,7 +358,6 @@ func (l *Limiter) takeBlock(ctx context.Context, req *Request, sh *localShard, e
 	e.remaining, e.known = o.Remaining+p.drained(), true
 	o.Remaining += e.left
 	sh.mu.Unlock()
-	return o
 }
 
 // forget drops this Limiter's block of subject under p (a Reset).

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -12,8 +13,9 @@ const maxNearCache = 100_000
 // store gave and until when it holds, so the Limiter can deny again
 // without asking. Safe for concurrent use.
 type nearCache struct {
-	mu sync.Mutex
-	m  map[nearKey]nearEntry
+	clock Clock // the Limiter's
+	mu    sync.Mutex
+	m     map[nearKey]nearEntry
 }
 
 // nearKey is a subject and a policy ID: one entry whatever numbers the
@@ -35,7 +37,36 @@ type nearEntry struct {
 	status  Status
 }
 
-func newNearCache() *nearCache { return &nearCache{m: make(map[nearKey]nearEntry)} }
+func newNearCache(c Clock) *nearCache { return &nearCache{clock: c, m: make(map[nearKey]nearEntry)} }
+
+// do is the near cache's stage. A Spend of one NearCache policy with no
+// evaluation id is denied from a remembered denial that covers its cost,
+// without the store (Outcome.FromCache); a denial the store gives it is
+// remembered. A Reset forgets the subject's denials under its policies.
+func (c *nearCache) do(ctx context.Context, d *decision, next step) {
+	ev := &d.ev
+	if ev.Op == Reset {
+		for _, p := range ev.Policies {
+			c.forget(ev.Subject, p)
+		}
+	}
+	if ev.Op != Spend || len(ev.Policies) != 1 || !ev.Policies[0].NearCache || ev.EvaluationID != "" || ev.Cost > ev.Policies[0].MaxCost {
+		next(ctx, d)
+		return
+	}
+	p, cost, sent := ev.Policies[0], ev.Cost, c.clock.Now()
+	if st, ok := c.lookup(ev.Subject, p, cost, sent); ok {
+		d.o = Outcome{Kind: Denied, Status: st, FromCache: true}
+		if d.many {
+			d.o.Statuses = []Status{st}
+		}
+		return
+	}
+	next(ctx, d)
+	if d.o.Kind == Denied && !d.o.FromCache {
+		c.remember(ev.Subject, p, cost, sent, d.o.Status)
+	}
+}
 
 // lookup returns the status of a remembered denial that covers cost at
 // now, its waits measured from now.

@@ -9,7 +9,7 @@ import (
 // the denied one, answers waits measured from the asking time, and is gone
 // at the retry time measured from when the store was asked.
 func TestNearCacheNeverPastRetry(t *testing.T) {
-	c := newNearCache()
+	c := newNearCache(nil)
 	p := &Policy{ID: "p"}
 	sent := time.Unix(1000, 0)
 	c.remember("s", p, 2, sent, Status{Policy: "p", Limit: 5, RetryAfter: 3 * time.Second, ResetAfter: 10 * time.Second})
@@ -42,7 +42,7 @@ func TestNearCacheNeverPastRetry(t *testing.T) {
 // so a Reset made while an override applied leaves no denial behind for
 // the numbers that come back after it.
 func TestNearCacheOneEntryPerPolicyID(t *testing.T) {
-	c := newNearCache()
+	c := newNearCache(nil)
 	base, raised := &Policy{ID: "p", Limit: 5}, &Policy{ID: "p", Limit: 500}
 	sent := time.Unix(1000, 0)
 	c.remember("s", base, 1, sent, Status{Policy: "p", Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour})

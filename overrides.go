@@ -25,7 +25,7 @@ type Override struct {
 	// the pseudonym, so the raw subject is never stored.
 	Subject string
 	// Limit replaces the policy's Limit; 0 removes the override (in
-	// Limiter.SetOverride and OverrideStore.PutOverride). Example: 1000.
+	// Limiter.SetOverride and a Store's PutOverride). Example: 1000.
 	Limit int64
 	// Burst replaces the policy's Burst (token_bucket and gcra only).
 	// Default: Limit.
@@ -38,11 +38,11 @@ type Override struct {
 	Note string
 }
 
-// OverrideStore is what a Store implements to keep overrides itself, so
+// overrideStore is what a Store implements to keep overrides itself, so
 // every Limiter on it applies them (redisstore keeps them in Redis,
-// memstore in the process). A Limiter whose store does not implement it
-// keeps the overrides set on it in its own memory.
-type OverrideStore interface {
+// memstore in the process): these two methods. A Limiter whose store does
+// not have them keeps the overrides set on it in its own memory.
+type overrideStore interface {
 	// PutOverride stores o, replacing the one for the same policy and
 	// subject; an o with Limit 0 removes it.
 	PutOverride(ctx context.Context, o Override) error
@@ -50,10 +50,12 @@ type OverrideStore interface {
 	Overrides(ctx context.Context) ([]Override, error)
 }
 
-// Override refresh timings: a Check that finds the snapshot older than
-// overrideMaxAge starts one background read of the store (so every
-// Limiter applies a change within about twice that), which gives up after
-// overrideReadTimeout.
+// Override refresh timings: no decision is taken on overrides read from
+// the store longer than overrideMaxAge ago (on the Limiter's clock,
+// counted from when the read began): a Check that finds them older reads
+// them first. A Check that finds them older than half that starts one
+// background read, so a busy Limiter never waits for one. A read gives up
+// after overrideReadTimeout.
 const (
 	overrideMaxAge      = 500 * time.Millisecond
 	overrideReadTimeout = 2 * time.Second
@@ -71,10 +73,9 @@ type overrideSet struct {
 
 // overrides is a Limiter's override state.
 type overrides struct {
-	set     atomic.Pointer[overrideSet] // nil: no OverrideStore and nothing set
-	stale   atomic.Bool                 // the store should be read again (only with an OverrideStore)
-	store   OverrideStore               // nil when the Store is not one
-	reading atomic.Bool                 // a background read is under way
+	set     atomic.Pointer[overrideSet] // nil: no overrideStore and nothing set
+	store   overrideStore               // nil when the Store is not one
+	age     freshness                   // how old the store's overrides are: see overridesage.go
 	local   []Override                  // given in Options: applied under the store's
 	mu      sync.Mutex                  // held to change stored and set
 	stored  []Override                  // the store's, as last read (or the ones set here)
@@ -92,17 +93,16 @@ func (l *Limiter) initOverrides(opts Options) error {
 		}
 	}
 	l.ovr.local = append([]Override(nil), opts.Overrides...)
-	l.ovr.store, _ = l.store.(OverrideStore)
+	l.ovr.store, _ = l.store.(overrideStore)
 	if l.ovr.store == nil && len(l.ovr.local) == 0 {
 		return nil
 	}
 	l.ovr.set.Store(l.buildOverrides())
 	if l.ovr.store != nil {
-		// Read the store now, in the background: Checks until it answers
-		// are decided without its overrides (New does not wait on the
-		// store), so that lasts one round trip rather than until the
-		// first Check and its read.
-		l.refreshOverrides()
+		// Read the store now, in the background (New does not wait on
+		// the store): the first Check waits for that read, not longer.
+		l.ovr.age.init(l.clock)
+		l.readOverrides(time.Time{})
 	}
 	return nil
 }
@@ -193,15 +193,40 @@ func (l *Limiter) buildOverrides() *overrideSet {
 	return s
 }
 
+// applyOverrides is the overrides stage, the first: it gives each policy
+// of d.ev the subject's own numbers where an override names them. Over an
+// overrideStore, overrides read too long ago are read again first
+// (overrideMaxAge); a Check whose context ends meanwhile is Unavailable,
+// nothing sent.
+func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
+	if l.ovr.store != nil {
+		switch l.ovr.age.state() {
+		case ageOld:
+			l.readOverrides(time.Time{})
+		case ageStale:
+			deadline, _ := ctx.Deadline()
+			select {
+			case <-l.readOverrides(deadline):
+			case <-ctx.Done():
+				d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: reading overrides: %w", ctx.Err())}
+				return
+			}
+		}
+	}
+	if s := l.ovr.set.Load(); s != nil {
+		ev := &d.ev
+		for i, p := range ev.Policies {
+			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
+		}
+	}
+	next(ctx, d)
+}
+
 // override returns the policy to decide p by for subject: p, or its
 // override in s, l's snapshot; failing one for subject, the one of the
 // first of previous (its pseudonyms under older keys) that has one, so a
-// key rotation keeps a tenant's plan as it keeps the tenant's state. It
-// starts a background read of the store when the snapshot is stale.
+// key rotation keeps a tenant's plan as it keeps the tenant's state.
 func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous []string) *Policy {
-	if l.ovr.stale.Load() {
-		l.refreshOverrides()
-	}
 	if len(s.byKey) == 0 {
 		return p
 	}
@@ -216,40 +241,56 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous [
 	return p
 }
 
-// refreshOverrides starts one background read of the store's overrides,
-// unless one is under way.
-func (l *Limiter) refreshOverrides() {
-	if !l.ovr.reading.CompareAndSwap(false, true) {
-		return
+// readOverrides starts one read of the store's overrides, unless one is
+// under way, and returns a channel closed when the read under way ends.
+// A read started for a Check that waits for it ends by that Check's
+// deadline (zero: none), so that a Redis that hangs fails the read, and
+// counts against its breaker, while the Check still waits.
+func (l *Limiter) readOverrides(deadline time.Time) <-chan struct{} {
+	ch, start := l.ovr.age.begin()
+	if !start {
+		return ch
 	}
-	l.ovr.stale.Store(false)
 	go func() {
-		defer l.ovr.reading.Store(false)
+		began := l.clock.Now()
 		l.ovr.mu.Lock()
 		changes := l.ovr.changes
 		l.ovr.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
-		list, err := l.ovr.store.Overrides(ctx)
-		cancel()
-		if err == nil {
-			l.storeOverrides(list, changes)
-		}
-		time.AfterFunc(overrideMaxAge, func() { l.ovr.stale.Store(true) })
+		list, err := l.readStore(deadline)
+		fresh := err == nil && l.storeOverrides(list, changes)
+		l.ovr.age.end(ch, fresh, began, l.clock.Now())
 	}()
+	return ch
+}
+
+// readStore reads the store's overrides within overrideReadTimeout and,
+// when it is not zero, by deadline.
+func (l *Limiter) readStore(deadline time.Time) ([]Override, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
+	defer cancel()
+	if !deadline.IsZero() {
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(ctx, deadline)
+		defer stop()
+	}
+	return l.ovr.store.Overrides(ctx)
 }
 
 // storeOverrides makes list, read from the store after changes calls of
 // SetOverride, the stored overrides l applies, building a new snapshot
-// only when they changed; a read that a later SetOverride overtook is
-// dropped.
-func (l *Limiter) storeOverrides(list []Override, changes int64) {
+// only when they changed, and reports whether l applies them; a read that
+// a later SetOverride overtook is dropped.
+func (l *Limiter) storeOverrides(list []Override, changes int64) bool {
 	l.ovr.mu.Lock()
 	defer l.ovr.mu.Unlock()
-	if changes != l.ovr.changes || equalOverrides(list, l.ovr.stored) {
-		return
+	if changes != l.ovr.changes {
+		return false
 	}
-	l.ovr.stored = append([]Override(nil), list...)
-	l.ovr.set.Store(l.buildOverrides())
+	if !equalOverrides(list, l.ovr.stored) {
+		l.ovr.stored = append([]Override(nil), list...)
+		l.ovr.set.Store(l.buildOverrides())
+	}
+	return true
 }
 
 func equalOverrides(a, b []Override) bool {
@@ -267,9 +308,13 @@ func equalOverrides(a, b []Override) bool {
 // SetOverride gives o.Subject of policy o.Policy o's numbers, or with
 // o.Limit 0 removes its override. The numbers obey Policy.Validate's
 // rules for the policy's algorithm; a concurrency policy takes a limit
-// only. With a Store that is an OverrideStore, the override is stored
-// there and every Limiter on it applies it within a second; otherwise it
-// lives in l. l applies it at once.
+// only. With a Store that keeps overrides (one with the methods
+// PutOverride(ctx, Override) error and Overrides(ctx) ([]Override,
+// error), as memstore and redisstore have), the override is stored there
+// and every Limiter on it applies it to every decision taken 500ms or
+// more after (each reads the store's overrides again before deciding on
+// ones read longer ago than that); otherwise it lives in l. l applies it
+// at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {
 		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
@@ -306,8 +351,8 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 }
 
 // Overrides returns the overrides l applies (those of Options and, with
-// an OverrideStore, the ones stored there, read now), by policy then
-// subject.
+// a Store that keeps overrides, the ones stored there, read now), by
+// policy then subject.
 func (l *Limiter) Overrides(ctx context.Context) ([]Override, error) {
 	if l.ovr.store != nil {
 		l.ovr.mu.Lock()

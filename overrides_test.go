@@ -2,7 +2,10 @@ package sluice_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,5 +182,175 @@ func TestOverrideUnderAnOlderPseudonym(t *testing.T) {
 	}
 	if o := l.Check(ctx, sluice.Request{Policy: "fw", Subject: "k2:other", Previous: []string{"k1:other"}}); o.Limit != 10 {
 		t.Fatalf("another subject = %+v, want the policy's own limit 10", o)
+	}
+}
+
+// timerClock is a sluicetest.Clock that also runs functions after a
+// while on itself (as internal/clock's clocks do on the real time): due
+// ones run on Advance.
+type timerClock struct {
+	*sluicetest.Clock
+	mu     sync.Mutex
+	timers []clockTimer
+}
+
+type clockTimer struct {
+	at time.Time
+	f  func()
+}
+
+func (c *timerClock) AfterFunc(d time.Duration, f func()) {
+	c.mu.Lock()
+	c.timers = append(c.timers, clockTimer{c.Now().Add(d), f})
+	c.mu.Unlock()
+}
+
+func (c *timerClock) Advance(d time.Duration) {
+	c.Clock.Advance(d)
+	c.mu.Lock()
+	var due []func()
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if t.at.After(c.Now()) {
+			kept = append(kept, t)
+		} else {
+			due = append(due, t.f)
+		}
+	}
+	c.timers = kept
+	c.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+}
+
+// TestOverridesNeverStale: two Limiters share a memstore (two servers on
+// one Redis); a plan changed through one is applied by the other's first
+// decision after it was idle past the bound, on a clock that only moves
+// by hand: no decision is taken on overrides read longer ago than 500ms.
+// Within the bound, the overrides read may still be used. Both with a
+// clock the Limiter must read and one that runs timers.
+func TestOverridesNeverStale(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		clock interface {
+			sluice.Clock
+			Advance(time.Duration)
+		}
+	}{
+		{"read", sluicetest.NewClock()},
+		{"timers", &timerClock{Clock: sluicetest.NewClock()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ms := newMemstore(t, c.clock)
+			policies := []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute}}
+			var lims [2]*sluice.Limiter
+			for i := range lims {
+				l, err := sluice.New(ms, policies, sluice.Options{Clock: c.clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lims[i] = l
+			}
+			ctx := context.Background()
+			req := sluice.Request{Policy: "api", Subject: "tenant"}
+			if o := lims[1].Check(ctx, req); o.Limit != 3 {
+				t.Fatalf("Check before any override = %+v, want limit 3", o)
+			}
+			for _, step := range []struct {
+				limit, want int64
+				idle        time.Duration
+			}{
+				{10, 10, 600 * time.Millisecond},
+				{5, 5, 501 * time.Millisecond},
+				{20, 5, 100 * time.Millisecond}, // within the bound: the plan read may still hold
+				{20, 20, 500 * time.Millisecond},
+			} {
+				if err := lims[0].SetOverride(ctx, sluice.Override{Policy: "api", Subject: "tenant", Limit: step.limit}); err != nil {
+					t.Fatal(err)
+				}
+				c.clock.Advance(step.idle)
+				if o := lims[1].Check(ctx, req); o.Limit != step.want {
+					t.Fatalf("Check(%q) after a plan of %d set elsewhere and %v idle = limit %d (%+v), want %d", req.Subject, step.limit, step.idle, o.Limit, o, step.want)
+				}
+			}
+		})
+	}
+}
+
+// badOverrides is a memstore whose overrides read holds, beside its own,
+// ones no Limiter can apply: a policy it lacks, numbers its rules refuse.
+type badOverrides struct{ *memstore.Store }
+
+func (s badOverrides) Overrides(ctx context.Context) ([]sluice.Override, error) {
+	list, err := s.Store.Overrides(ctx)
+	bad := []sluice.Override{{Policy: "gone", Subject: "tenant", Limit: 5}, {Policy: "fw", Subject: "other", Limit: 5, Burst: 9}, {Policy: "fw", Subject: "a b", Limit: 5}}
+	return append(bad, list...), err
+}
+
+// TestOverridesSkipWhatCannotApply: overrides the store holds that the
+// Limiter cannot apply are skipped; the rest apply.
+func TestOverridesSkipWhatCannotApply(t *testing.T) {
+	clock := sluicetest.NewClock()
+	store := badOverrides{newMemstore(t, clock)}
+	if err := store.PutOverride(context.Background(), sluice.Override{Policy: "fw", Subject: "tenant", Limit: 2}); err != nil {
+		t.Fatal(err)
+	}
+	l := newOverrideLimiter(t, store, sluice.Options{Clock: clock})
+	if o := l.Check(context.Background(), sluice.Request{Policy: "fw", Subject: "tenant"}); o.Limit != 2 {
+		t.Fatalf("Check = %+v, want the stored override's limit 2", o)
+	}
+}
+
+// failingOverrides is a memstore whose overrides read fails, or hangs
+// until released, when told to.
+type failingOverrides struct {
+	*memstore.Store
+	fail, hang atomic.Bool
+	release    chan struct{}
+}
+
+func (s *failingOverrides) Overrides(ctx context.Context) ([]sluice.Override, error) {
+	if s.hang.Load() {
+		<-s.release
+	}
+	if s.fail.Load() {
+		return nil, errors.New("overrides unreadable")
+	}
+	return s.Store.Overrides(ctx)
+}
+
+// TestOverridesReadFailing: a Check that finds the overrides stale waits
+// for one read; when that read fails it decides on the overrides it had,
+// and later Checks wait for no read until one succeeds (a hung store's
+// overrides read must not hold decisions its breaker would answer).
+func TestOverridesReadFailing(t *testing.T) {
+	clock := sluicetest.NewClock()
+	store := &failingOverrides{Store: newMemstore(t, clock), release: make(chan struct{})}
+	defer close(store.release)
+	ctx := context.Background()
+	if err := store.PutOverride(ctx, sluice.Override{Policy: "fw", Subject: "tenant", Limit: 40}); err != nil {
+		t.Fatal(err)
+	}
+	l := newOverrideLimiter(t, store, sluice.Options{Clock: clock})
+	req := sluice.Request{Policy: "fw", Subject: "tenant"}
+	if o := l.Check(ctx, req); o.Limit != 40 {
+		t.Fatalf("Check = %+v, want limit 40", o)
+	}
+	store.fail.Store(true)
+	clock.Advance(600 * time.Millisecond)
+	if o := l.Check(ctx, req); o.Kind != sluice.Allowed || o.Limit != 40 {
+		t.Fatalf("Check after a failed read = %+v, want allowed on the overrides read before (limit 40)", o)
+	}
+	store.hang.Store(true)
+	// A guard, not a wait: a Check that waits for the hung read ends
+	// with its context, Unavailable.
+	guard, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for i := range 3 {
+		clock.Advance(600 * time.Millisecond)
+		if o := l.Check(guard, req); o.Kind != sluice.Allowed || o.Limit != 40 {
+			t.Fatalf("Check %d while the read hangs = %+v, want allowed at once on the overrides read before", i, o)
+		}
 	}
 }

@@ -3,7 +3,52 @@ package sluice
 import (
 	"context"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
+
+// store.go is the contract a Store implements. It depends on policy.go
+// and outcome.go only; the Limiter (limiter.go) and its stages are above
+// it.
+
+// Op is what a Request does. Its String form is the check API's spelling.
+type Op uint8
+
+// The operations. The zero value is Spend.
+const (
+	// Spend spends Cost units of every named policy, all of them rate
+	// policies: all or nothing.
+	Spend = Op(algorithm.OpSpend) // spend
+	// Peek reports the state without spending: the verdict is the one a
+	// cost of 1 would get. Cost must be 0.
+	Peek = Op(algorithm.OpPeek) // peek
+	// Refund gives Cost units back to every named policy, for work that
+	// was admitted but never done, never raising Remaining above Limit.
+	// A sliding_window or concurrency policy makes the request
+	// Incompatible with ErrNotRefundable.
+	Refund = Op(algorithm.OpRefund) // refund
+	// Reset clears the subject's state of every named policy, as if the
+	// subject had never been seen: the way to unlock a user locked out by
+	// a login limit. Cost must be 0 and EvaluationID empty. The Outcome is
+	// Allowed, with the statuses of fresh state. Remembered evaluation ids
+	// are kept, so a retry of a decision taken before the reset is still
+	// answered, not spent again.
+	Reset = Op(algorithm.OpReset) // reset
+	// Acquire takes one lease on every named Concurrency policy (at least
+	// one) and spends Cost units of the rate policies named beside them,
+	// all or nothing: Outcome.Lease, to give back with Limiter.Release.
+	// The Limiter names the lease unless LeaseID does.
+	Acquire = Op(algorithm.OpAcquire) // acquire
+	// Release gives the lease LeaseID back on every named policy, all of
+	// them Concurrency policies: see Limiter.Release.
+	Release = Op(algorithm.OpRelease) // release
+	// Renew extends the lease LeaseID on every named policy: see
+	// Limiter.Renew.
+	Renew = Op(algorithm.OpRenew) // renew
+)
+
+// String returns the check API's spelling, e.g. "refund".
+func (o Op) String() string { return algorithm.Op(o).String() }
 
 // Store takes decisions atomically. A decision covers one subject and one or
 // more policies: either every policy admits the cost and it is spent on all

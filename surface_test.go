@@ -13,18 +13,21 @@ import (
 )
 
 // maxSurface bounds the module's public surface: the exported names of
-// its public packages (top-level names, plus the exported methods of
-// exported types; test files left out). For scale, counted the same way:
-// golang.org/x/time/rate has 28, go-redis/redis_rate 13,
-// sethvargo/go-limiter 19. 131 is the 120 of before grpclimit plus the 11
-// names grpclimit adds (New, Options, Method, Interceptors and its Unary,
-// Stream and Limit, SubjectFunc, ClientIP, Metadata, Principal). 138
-// adds the 8 names of runtime overrides: sluice.Override,
-// sluice.OverrideStore, Limiter.SetOverride and Limiter.Overrides, and
-// the PutOverride and Overrides of memstore and redisstore. 141 adds
-// local quota's sluice.LocalQuota, sluice.LocalStats and
-// Limiter.LocalStats.
-const maxSurface = 141
+// its public packages (top-level names, the exported methods of exported
+// types, and the methods of exported interfaces; test files left out).
+// For scale, counted the same way: golang.org/x/time/rate has 28,
+// go-redis/redis_rate 13, sethvargo/go-limiter 19. Counted with interface
+// methods the surface was 147 (root 73); sluice.OverrideStore and its two
+// methods went (the Limiter declares what it looks for; see
+// docs/MIGRATING.md): 144. Next: 140 once Policy.FailureMode moves to the
+// edges' rule (five names: FailureMode, its String, FailClosed, FailOpen,
+// FailLocal).
+const maxSurface = 144
+
+// maxRootSurface bounds the root package's share of it: the contract
+// (Policy, Request with its Op, Outcome, Limiter, Store, Clock), not the
+// features. Next: 60 (65 once FailureMode moves to the edges).
+const maxRootSurface = 70
 
 // TestPublicSurface keeps the public surface within maxSurface, so every
 // exported name must earn its place. Run with -v for the count per
@@ -35,6 +38,9 @@ func TestPublicSurface(t *testing.T) {
 		names := exportedNames(t, dir)
 		total += len(names)
 		t.Logf("%-13s %3d  %s", dir, len(names), strings.Join(names, " "))
+		if dir == "." && len(names) > maxRootSurface {
+			t.Errorf("the root package exports %d names, more than %d: the root holds the contract; a feature's names go to its own package or internal/", len(names), maxRootSurface)
+		}
 	}
 	t.Logf("total %d (at most %d)", total, maxSurface)
 	if total > maxSurface {
@@ -117,8 +123,18 @@ func declNames(decl ast.Decl) []string {
 		for _, spec := range d.Specs {
 			switch s := spec.(type) {
 			case *ast.TypeSpec:
-				if s.Name.IsExported() {
-					names = append(names, s.Name.Name)
+				if !s.Name.IsExported() {
+					break
+				}
+				names = append(names, s.Name.Name)
+				if it, ok := s.Type.(*ast.InterfaceType); ok {
+					for _, m := range it.Methods.List {
+						for _, n := range m.Names { // none for an embedded interface
+							if n.IsExported() {
+								names = append(names, s.Name.Name+"."+n.Name)
+							}
+						}
+					}
 				}
 			case *ast.ValueSpec:
 				for _, n := range s.Names {

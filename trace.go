@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/clock"
-
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -31,25 +29,25 @@ var (
 	attrLatency    = attribute.Key("sluice.store.latency_us") // how long the store took to decide
 )
 
-// tracedStore is the Store of a Limiter with a TracerProvider: it records
-// each decision asked of the store it wraps. A decision whose context
-// holds a recording span (the caller's request) is an event on that span,
-// which costs less than a span of its own (BENCHMARKS.md, "Tracing") and
-// shows the same; a decision with no recording span to join (a context
-// with no span, or only a remote parent's) is a span of its own,
-// "sluice.Check". A Limiter without a TracerProvider calls its store
-// directly: tracing off costs nothing.
-type tracedStore struct {
-	store  Store
+// tracer is the tracing stage of a Limiter with a TracerProvider, the
+// last before the store: it records each decision asked of the store. A
+// decision whose context holds a recording span (the caller's request) is
+// an event on that span, which costs less than a span of its own
+// (BENCHMARKS.md, "Tracing") and shows the same; a decision with no
+// recording span to join (a context with no span, or only a remote
+// parent's) is a span of its own, "sluice.Check". A Limiter without a
+// TracerProvider has no such stage: tracing off costs nothing.
+type tracer struct {
 	tracer trace.Tracer
+	clock  Clock // the Limiter's: times the store
 	start  []trace.SpanStartOption
 	kind   attribute.KeyValue // sluice.store
 }
 
-func newTracedStore(tp trace.TracerProvider, store Store) *tracedStore {
-	return &tracedStore{
-		store:  store,
+func newTracer(tp trace.TracerProvider, store Store, c Clock) *tracer {
+	return &tracer{
 		tracer: tp.Tracer(tracerName),
+		clock:  c,
 		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)},
 		kind:   attrStore.String(storeKind(store)),
 	}
@@ -73,38 +71,27 @@ func storeKind(store Store) string {
 	return t
 }
 
-// Evaluate asks the store for ev's decision and records it.
-func (s *tracedStore) Evaluate(ctx context.Context, ev *Evaluation) error {
+// do is the tracing stage: next asks the store for d.ev's decision, and
+// the Outcome it maps to is recorded.
+func (t *tracer) do(ctx context.Context, d *decision, next step) {
 	span, own := trace.SpanFromContext(ctx), false
 	if !span.IsRecording() {
-		ctx, span = s.tracer.Start(ctx, "sluice.Check", s.start...)
+		ctx, span = t.tracer.Start(ctx, "sluice.Check", t.start...)
 		own = true
 		defer span.End()
 		if !span.IsRecording() { // not sampled: nothing to time or record
-			return s.store.Evaluate(ctx, ev)
+			next(ctx, d)
+			return
 		}
 	}
-	t0 := clock.System{}.Now()
-	err := s.store.Evaluate(ctx, ev)
-	s.record(span, own, ev, err, clock.System{}.Now().Sub(t0))
-	return err
+	t0 := t.clock.Now()
+	next(ctx, d)
+	t.record(span, own, &d.ev, &d.o, t.clock.Now().Sub(t0))
 }
 
-// record puts the decision the store took for ev (or err) on span: as an
+// record puts the decision the store took for ev, o, on span: as an
 // event, or as the attributes of the decision's own span.
-func (s *tracedStore) record(span trace.Span, own bool, ev *Evaluation, err error, took time.Duration) {
-	o := failed(err) // the Outcome Limiter will make of it
-	switch {
-	case err != nil:
-	case len(ev.Statuses) != len(ev.Policies):
-		o.Kind = Incompatible
-	default:
-		o.Status, o.Replayed = mostRestrictive(ev.Statuses), ev.Replayed
-		o.Kind = Allowed
-		if !o.Allowed {
-			o.Kind = Denied
-		}
-	}
+func (t *tracer) record(span trace.Span, own bool, ev *Evaluation, o *Outcome, took time.Duration) {
 	attrs := make([]attribute.KeyValue, 0, 10)
 	if len(ev.Policies) == 1 {
 		p := ev.Policies[0]
@@ -117,7 +104,7 @@ func (s *tracedStore) record(span trace.Span, own bool, ev *Evaluation, err erro
 		}
 		attrs = append(attrs, attrPolicy.StringSlice(policies), attrAlgorithm.StringSlice(algorithms))
 	}
-	attrs = append(attrs, attrOperation.String(ev.Op.String()), attrOutcome.String(o.Kind.String()), s.kind,
+	attrs = append(attrs, attrOperation.String(ev.Op.String()), attrOutcome.String(o.Kind.String()), t.kind,
 		attrLatency.Int64(took.Microseconds()))
 	if o.Cause != 0 {
 		attrs = append(attrs, attrCause.String(o.Cause.String()))

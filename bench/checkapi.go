@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,13 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 // kindHTTP marks check API rows.
@@ -39,11 +38,13 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "sluice")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sluice")
-	build.Dir = ".." // the main module, whose go.mod this module does not share
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./cmd/sluice: %w\n%s", err, out)
+	root, err := servetest.Root(ctx) // the main module, whose go.mod this module does not share
+	if err != nil {
+		return nil, err
+	}
+	bin, err := servetest.Build(ctx, root, dir, nil)
+	if err != nil {
+		return nil, err
 	}
 	up, err := startUpstream()
 	if err != nil {
@@ -233,67 +234,40 @@ func keepAlive(callers int, build func(ctx context.Context, i int) (*http.Reques
 	}, tr.CloseIdleConnections
 }
 
-// served is a sluice serve process this run started.
+// served is a process this run started: sluice serve (proc), or a peer
+// (cmd).
 type served struct {
+	proc  *servetest.Process
 	cmd   *exec.Cmd
 	url   string // the check API
 	proxy string // the proxy, when the config has one
 	envoy string // the Envoy rate-limit service (host:port), when the config has one
 }
 
-var (
-	listening      = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
-	proxyListening = regexp.MustCompile(`msg="proxy listening" addr=(http://\S+)`)
-	envoyListening = regexp.MustCompile(`msg="envoy rate-limit service listening" addr=(\S+)`)
-)
-
-// startServe runs bin serve -c path and waits (at most 30 s) for the
-// line that names its address.
+// startServe runs bin serve -c path (servetest) and waits (at most 30 s)
+// for the line that names its address.
 func startServe(ctx context.Context, bin, path string) (*served, error) {
-	cmd := exec.Command(bin, "serve", "-c", path)
-	errPipe, err := cmd.StderrPipe()
+	p, err := servetest.Start(bin, servetest.Options{Timeout: 30 * time.Second}, "serve", "-c", path)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	return &served{proc: p, url: p.URL, proxy: p.ProxyURL(), envoy: p.RLSAddr()}, nil
+}
+
+// pid is the process's id.
+func (s *served) pid() int {
+	if s.proc != nil {
+		return s.proc.PID()
 	}
-	sv := &served{cmd: cmd}
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(errPipe)
-		var log bytes.Buffer
-		for sc.Scan() {
-			if m := envoyListening.FindStringSubmatch(sc.Text()); m != nil {
-				sv.envoy = m[1] // logged before the line below: read after found
-			} else if m := proxyListening.FindStringSubmatch(sc.Text()); m != nil {
-				sv.proxy = m[1] // logged before the line below: read after found
-			} else if m := listening.FindStringSubmatch(sc.Text()); m != nil {
-				found <- m[1]
-			} else if log.Len() < 64<<10 {
-				log.WriteString(sc.Text() + "\n")
-			}
-		}
-		close(found)
-	}()
-	select {
-	case url, ok := <-found:
-		if ok {
-			sv.url = url
-			return sv, nil
-		}
-		sv.stop()
-		return nil, errors.New("sluice serve exited before listening")
-	case <-time.After(30 * time.Second):
-	case <-ctx.Done():
-	}
-	sv.stop()
-	return nil, errors.New("sluice serve did not report its address within 30s")
+	return s.cmd.Process.Pid
 }
 
 // stop sends SIGTERM to the process this run started and waits for it,
 // at most 15 s before SIGKILL.
 func (s *served) stop() error {
+	if s.proc != nil {
+		return s.proc.Stop(15 * time.Second)
+	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- s.cmd.Wait() }()
@@ -303,14 +277,14 @@ func (s *served) stop() error {
 	case <-time.After(15 * time.Second):
 		s.cmd.Process.Kill()
 		<-done
-		return errors.New("sluice serve did not stop within 15s of SIGTERM; killed")
+		return errors.New("process did not stop within 15s of SIGTERM; killed")
 	}
 }
 
 // cpu returns the server process's user + system CPU time in µs, read
 // from /proc (clock ticks of 10 ms); 0 where /proc is missing.
 func (s *served) cpu() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.pid()))
 	if err != nil {
 		return 0
 	}

@@ -40,6 +40,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 func main() {
@@ -240,13 +242,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	addr := cfg.redisAddr
 	if addr == "" {
-		srv, err := startRedis(redisBin)
+		// Without persistence, on a free loopback port, stopped by its PID.
+		srv, err := redistest.StartServerWith(redisBin, "")
 		if err != nil {
 			return err
 		}
-		defer srv.stop()
-		addr = srv.addr
-		fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.addr, srv.cmd.Process.Pid)
+		defer srv.Stop()
+		addr = srv.Addr
+		fmt.Fprintf(stderr, "redis-server %s on %s (pid %d)\n", redisBin, srv.Addr, srv.PID())
 	} else if err := checkLoopback(addr); err != nil {
 		return err
 	}

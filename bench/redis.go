@@ -1,77 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
-
-// redisServer is the one redis-server a run starts on a free loopback
-// port and stops by its PID at the end.
-type redisServer struct {
-	addr string
-	cmd  *exec.Cmd
-	out  bytes.Buffer
-}
-
-// startRedis execs redis-server without persistence on a free loopback
-// port and waits until it answers PING (at most 10 s).
-func startRedis(bin string) (*redisServer, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s := &redisServer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning")
-	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return s, nil
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s: %v\n%s", s.addr, err, s.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop ends the server this run started, by its PID: SIGTERM, then
-// SIGKILL after 5 s.
-func (s *redisServer) stop() {
-	if s == nil || s.cmd.Process == nil {
-		return
-	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		s.cmd.Process.Kill()
-		<-done
-	}
-}
 
 // redisInfo is what one INFO cpu stats commandstats call tells.
 type redisInfo struct {

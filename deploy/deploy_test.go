@@ -6,13 +6,11 @@
 package deploy_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -35,6 +33,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 // dockerBuild is the go build line of the Dockerfile's build stage, split
@@ -125,7 +124,8 @@ var (
 )
 
 // sluiceBinary builds cmd/sluice once, with the Dockerfile's go build line
-// (its -o replaced by a temporary path, ${VERSION} by "deploy-test").
+// (its -o and package left to servetest.Build, ${VERSION} replaced by
+// "deploy-test").
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
 	env, args := dockerBuild(t)
@@ -134,20 +134,18 @@ func sluiceBinary(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		binary = filepath.Join(buildDir, "sluice")
-		for i := range args {
-			args[i] = strings.ReplaceAll(args[i], "${VERSION}", "deploy-test")
-			if args[i] == "-o" && i+1 < len(args) {
-				args[i+1] = binary
+		var flags []string
+		for i := 0; i < len(args); i++ {
+			switch {
+			case args[i] == "-o":
+				i++ // servetest.Build names the output
+			case args[i] == "./cmd/sluice":
+			default:
+				flags = append(flags, strings.ReplaceAll(args[i], "${VERSION}", "deploy-test"))
 			}
 		}
-		cmd := exec.Command("go", append([]string{"build"}, args...)...)
-		cmd.Dir = ".." // the Dockerfile builds from the repository root
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build %q with %q: %v\n%s", args, env, err, out)
-		}
+		// The Dockerfile builds from the repository root.
+		binary, buildErr = servetest.Build(context.Background(), "..", buildDir, env, flags...)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -320,79 +318,16 @@ func TestConfigsLoad(t *testing.T) {
 	}
 }
 
-// process is a sluice serve running as a child process.
-type process struct {
-	cmd             *exec.Cmd
-	api, proxy, rls string
-	mu              sync.Mutex
-	log             bytes.Buffer
-	exited          chan struct{} // closed when the process has exited
-	waitErr         error         // its Wait error, once exited is closed
-}
-
-func (p *process) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
-
-var addrLine = regexp.MustCompile(`msg="?(listening|proxy listening|envoy rate-limit service listening)"? addr=(\S+)`)
-
 // startProcess runs the built binary with serve -c cfg and waits until it
-// has logged every address.
-func startProcess(t *testing.T, bin, cfg string) *process {
+// has logged the check API's address (the proxy's and Envoy's come
+// first); it is stopped by its PID at the end.
+func startProcess(t *testing.T, bin, cfg string) *servetest.Process {
 	t.Helper()
-	p := &process{cmd: exec.Command(bin, "serve", "-c", cfg), exited: make(chan struct{})}
-	stderr, err := p.cmd.StderrPipe()
+	p, err := servetest.Start(bin, servetest.Options{Timeout: 30 * time.Second}, "serve", "-c", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.log.WriteString(line + "\n")
-			if m := addrLine.FindStringSubmatch(line); m != nil {
-				switch m[1] {
-				case "listening":
-					p.api = m[2]
-					close(ready)
-				case "proxy listening":
-					p.proxy = m[2]
-				default:
-					p.rls = m[2]
-				}
-			}
-			p.mu.Unlock()
-		}
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-			return
-		default:
-		}
-		p.cmd.Process.Signal(syscall.SIGTERM) // this test's own child, by PID
-		select {
-		case <-p.exited:
-		case <-time.After(15 * time.Second):
-			p.cmd.Process.Kill()
-		}
-	})
-	select {
-	case <-ready:
-	case <-p.exited:
-		t.Fatalf("sluice serve exited before listening: %v\n%s", p.waitErr, p.logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("sluice serve did not listen within 30s:\n%s", p.logs())
-	}
+	t.Cleanup(func() { p.Stop(15 * time.Second) })
 	return p
 }
 
@@ -447,13 +382,13 @@ envoy:
 	}
 	p := startProcess(t, bin, cfg)
 
-	resp, err := http.Post(p.api+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","subject":"alice"}`))
+	resp, err := http.Post(p.URL+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","subject":"alice"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	get(t, p.proxy+"/anything")
-	conn, err := grpc.NewClient(p.rls, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	get(t, p.ProxyURL()+"/anything")
+	conn, err := grpc.NewClient(p.RLSAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,8 +400,8 @@ envoy:
 	}}); err != nil {
 		t.Fatalf("ShouldRateLimit: %v", err)
 	}
-	get(t, p.api+"/healthz") // so sluice_http_requests_total has a series
-	exposition := get(t, p.api+"/metrics")
+	get(t, p.URL+"/healthz") // so sluice_http_requests_total has a series
+	exposition := get(t, p.URL+"/metrics")
 	served := map[string]bool{}
 	for _, line := range strings.Split(exposition, "\n") {
 		if line == "" || line[0] == '#' {
@@ -502,7 +437,7 @@ envoy:
 	}
 
 	// SIGHUP, sent to the process by its PID.
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	var status struct {
@@ -512,7 +447,7 @@ envoy:
 		} `json:"last_reload"`
 	}
 	for range 400 {
-		if err := json.Unmarshal([]byte(get(t, p.api+"/v1/config")), &status); err != nil {
+		if err := json.Unmarshal([]byte(get(t, p.URL+"/v1/config")), &status); err != nil {
 			t.Fatal(err)
 		}
 		if status.Generation == 2 {
@@ -521,15 +456,15 @@ envoy:
 		time.Sleep(50 * time.Millisecond)
 	}
 	if status.Generation != 2 || status.LastReload.Trigger != "signal" || status.LastReload.Result != "success" {
-		t.Fatalf("after SIGHUP: %+v, want generation 2 reloaded by the signal\n%s", status, p.logs())
+		t.Fatalf("after SIGHUP: %+v, want generation 2 reloaded by the signal\n%s", status, p.Logs())
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.exited:
-		if p.waitErr != nil {
-			t.Errorf("sluice serve after SIGTERM: %v\n%s", p.waitErr, p.logs())
+	case <-p.Exited():
+		if err := p.Err(); err != nil {
+			t.Errorf("sluice serve after SIGTERM: %v\n%s", err, p.Logs())
 		}
 	case <-time.After(15 * time.Second):
 		t.Errorf("sluice serve did not stop within 15s of SIGTERM")

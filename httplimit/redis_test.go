@@ -134,8 +134,8 @@ func TestRedisCorruptCounter(t *testing.T) {
 	if d.Outcome.Kind != sluice.Unavailable || d.Outcome.Cause != sluice.CorruptState || d.Action != "failed_closed" {
 		t.Errorf("corrupt counter: decision %v/%v (%v), want failed closed on an unavailable outcome (corrupt_state)", d.Action, d.Outcome.Kind, d.Outcome.Err)
 	}
-	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "want 3 integers") {
-		t.Errorf("logs %s: want the reason (SLUICE_CORRUPT … want 3 integers)", logs)
+	if logs := h.logs.String(); !strings.Contains(logs, "SLUICE_CORRUPT") || !strings.Contains(logs, "want 2 integers") {
+		t.Errorf("logs %s: want the reason (SLUICE_CORRUPT … want 2 integers)", logs)
 	}
 	if v, _ := admin.Get(ctx, keys[0]).Result(); v != "41" {
 		t.Errorf("the corrupt key now holds %q: a failed decision must write nothing", v)

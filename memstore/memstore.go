@@ -422,14 +422,14 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
-	id := algorithm.RecordID(ev.EvaluationID, algorithm.Op(ev.Op))
+	id := algorithm.RecordID(ev.EvaluationID, evaluation.Op(ev))
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	w := &sh.work
 	w.reset(len(ev.Policies))
 	e := &w.e
-	e.Now, e.Op, e.Cost, e.Hold, e.LeaseID, e.MaxRegression = now, algorithm.Op(ev.Op), ev.Cost, hold, ev.LeaseID, -1
+	e.Now, e.Op, e.Cost, e.Hold, e.LeaseID, e.MaxRegression = now, evaluation.Op(ev), ev.Cost, hold, ev.LeaseID, -1
 	s.gather(sh, h, now, ev, carried)
 	ks := w.keys
 	if id != "" {
@@ -493,7 +493,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 		st = &en.st
 	}
 	w := &sh.work.writes[0]
-	commit, err := algorithm.DecideOne(&ap, st, now, -1, algorithm.Op(ev.Op), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
+	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
 	if commit {
 		s.put(sh, now, h, k, en, ap.Kind, w, &d)
 	}

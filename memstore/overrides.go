@@ -7,9 +7,14 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.OverrideStore = (*Store)(nil)
+// The methods a Limiter looks for to keep overrides in its Store (see
+// sluice.Limiter.SetOverride).
+var _ interface {
+	PutOverride(context.Context, sluice.Override) error
+	Overrides(context.Context) ([]sluice.Override, error)
+} = (*Store)(nil)
 
-// PutOverride implements sluice.OverrideStore: the override lives in the
+// PutOverride keeps overrides for sluice.Limiter: the override lives in the
 // process, for every Limiter on s. Limiter.SetOverride validates it.
 func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	if err := ctx.Err(); err != nil {
@@ -29,7 +34,7 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	return nil
 }
 
-// Overrides implements sluice.OverrideStore: every override put, by
+// Overrides keeps overrides for sluice.Limiter: every override put, by
 // policy then subject.
 func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	if err := ctx.Err(); err != nil {

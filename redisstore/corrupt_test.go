@@ -56,14 +56,15 @@ func TestCorruptShapes(t *testing.T) {
 		want string
 	}{
 		// The 228 years of Retry-After measured from outside: a window that
-		// opens 2^53 µs after the epoch, long after its own last write.
-		{"fixed window start 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 5, now), "want 0 < start <= last"},
-		{"fixed window written 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 1, maxExact-1), "after the time of this call"},
-		{"fixed window written 2 windows ahead", sluice.FixedWindow, setBinary(c, now+2*minute, 1, now+2*minute), "after the time of this call"},
-		{"fixed window count above any limit", sluice.FixedWindow, setBinary(c, now, 1e9+1, now), "count 1000000001"},
-		{"fixed window count 0", sluice.FixedWindow, setBinary(c, now, 0, now), "count 0"},
-		{"fixed window last write a day after start", sluice.FixedWindow, setBinary(c, now-24*60*minute, 1, now), "want 0 < start <= last < start + 24h"},
-		{"negative zero", sluice.FixedWindow, setBinary(c, now, math.Copysign(0, -1), now), "field 2 = -0"},
+		// ends 2^53 µs after the epoch. (On Redis time a fixed window
+		// keeps its end and count, algorithm.FixedWindowEnd.)
+		{"fixed window end 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 5), "after the time of this call"},
+		{"fixed window on the caller clock's record", sluice.FixedWindow, setBinary(c, now, 1, now), "want 2 integers"},
+		{"fixed window ends 25h ahead", sluice.FixedWindow, setBinary(c, now+25*60*minute, 1), "after the time of this call"},
+		{"fixed window count above any limit", sluice.FixedWindow, setBinary(c, now+minute, 1e9+1), "count 1000000001"},
+		{"fixed window count 0", sluice.FixedWindow, setBinary(c, now+minute, 0), "count 0"},
+		{"fixed window end 0", sluice.FixedWindow, setBinary(c, 0, 1), "end 0: want a time after the epoch"},
+		{"negative zero", sluice.FixedWindow, setBinary(c, now+minute, math.Copysign(0, -1)), "field 2 = -0"},
 		{"negative zero remainder", sluice.GCRA, setBinary(c, now+minute, math.Copysign(0, -1), 5, minute, now), "field 2 = -0"},
 		{"fraction", sluice.SlidingWindow, setBinary(c, now, 2.5, 0, now), "field 2 = 2.5"},
 		{"NaN", sluice.GCRA, setBinary(c, math.NaN(), 0, 5, minute, now), "field 1 = nan"},
@@ -153,8 +154,8 @@ func TestCorruptCarriedState(t *testing.T) {
 		harm func(key string) error
 		want string
 	}{
-		{"fixed window start after its last write", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+1, 1, now), "want 0 < start <= last"},
-		{"fixed window written ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+day, 1, now+day), "carried state: newest write is"},
+		{"fixed window count 0", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+1, 0), "count 0"},
+		{"fixed window ending a day ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+2*day, 1), "end is"},
 		{"GCRA TAT far ahead", policy(t, "corrupt", sluice.GCRA, 5, time.Minute), setBinary(c, now+1<<52, 0, 5, 60e6, now), "µs after the last write"},
 		{"log a day long", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now-day), int64(now)).Err() }, "want one in (newest - 24h, newest]"},
 		{"log unsorted", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now), int64(now-1)).Err() }, "want ascending integers"},
@@ -197,4 +198,108 @@ func spending(ev *sluice.Evaluation) *sluice.Evaluation {
 		ev.LeaseID = ""
 	}
 	return ev
+}
+
+// TestCorruptRecords holds the adversary's two records of issue 32 (point
+// 3) to what a decision writes: a sliding log with older entries pushed
+// after its newest (it read as expired and admitted 7 of 5), and a
+// remembered evaluation-id reply that no decision gives (it was replayed
+// as allowed with 999 999 left). Each is corrupt_state through a Limiter,
+// in the short form and the general one alike, and nothing is written.
+func TestCorruptRecords(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	t.Run("log pushed after its newest", func(t *testing.T) {
+		p := policy(t, "login", sluice.SlidingLog, 5, time.Minute)
+		l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subj := subject(t)
+		for range 2 {
+			if o := l.Check(ctx, sluice.Request{Policy: "login", Subject: subj}); o.Kind != sluice.Allowed {
+				t.Fatalf("Check = %+v, want allowed", o)
+			}
+		}
+		key := s.Key(subj, p)
+		if err := c.RPush(ctx, key, 1, 2).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := c.Dump(ctx, key).Val()
+		for _, id := range []string{"", "retry-1"} { // the short form, then the general one
+			o := l.Check(ctx, sluice.Request{Policy: "login", Subject: subj, EvaluationID: id})
+			if o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check(id %q) over a log pushed after its newest = %+v (err %v), want Unavailable, corrupt_state", id, o, o.Err)
+			}
+		}
+		if after := c.Dump(ctx, key).Val(); after != before {
+			t.Fatalf("a decision refused for a corrupt log wrote: %q, then %q", before, after)
+		}
+	})
+	t.Run("forged evaluation-id reply", func(t *testing.T) {
+		p := policy(t, "pay", sluice.FixedWindow, 5, time.Minute)
+		l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subj := subject(t)
+		req := sluice.Request{Policy: "pay", Subject: subj, EvaluationID: "order-7"}
+		if o := l.Check(ctx, req); o.Kind != sluice.Allowed {
+			t.Fatalf("Check = %+v, want allowed", o)
+		}
+		hkey := s.Key(subj, p)
+		hkey = hkey[:strings.LastIndexByte(hkey, ':')] + ":idv"
+		for _, forged := range []string{"1,5,999999,0,0", "2,5,4,60000000,0", "1,5,4,60000000,7", "0,5,0,60000000,0", "1,0,0,0,0", "1,5,-1,0,0", "1,5,4,-3,0"} {
+			if err := c.HSet(ctx, hkey, "s:order-7", forged).Err(); err != nil {
+				t.Fatal(err)
+			}
+			o := l.Check(ctx, req)
+			if o.Kind != sluice.Unavailable || o.Cause != sluice.CorruptState {
+				t.Fatalf("Check over the remembered reply %q = %+v (err %v), want Unavailable, corrupt_state", forged, o, o.Err)
+			}
+		}
+	})
+}
+
+// TestFixedWindowAtTheFloor: on Redis time a fixed window keeps its end
+// and count only (two fields), its key expiring at that end rounded up to
+// the millisecond with no grace (CleanupGrace notwithstanding), a
+// clock-aligned window's at its boundary; a denial writes nothing.
+func TestFixedWindowAtTheFloor(t *testing.T) {
+	ctx := context.Background()
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
+	var at int64
+	s.OnRedisTime(func(now int64) { at = now })
+	for _, aligned := range []bool{false, true} {
+		p := policy(t, "floor", sluice.FixedWindow, 2, time.Minute)
+		p.ClockAligned = aligned
+		p.CleanupGrace = time.Hour
+		subj := subject(t)
+		key := s.Key(subj, p)
+		st := mustEvaluate(t, s, subj, 1, p)
+		end := at + st[0].ResetAfter.Microseconds()
+		if aligned && end%time.Minute.Microseconds() != 0 {
+			t.Fatalf("aligned: window ends at %d µs, want a minute's boundary", end)
+		}
+		raw, err := c.Get(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := stateFields(t, raw); len(v) != 2 || v[0] != end || v[1] != 1 {
+			t.Fatalf("aligned %t: state %v, want {end %d, count 1}", aligned, v, end)
+		}
+		if exp := c.PExpireTime(ctx, key).Val().Milliseconds(); exp != (end+999)/1000 {
+			t.Fatalf("aligned %t: key expires at %d ms, want the window's end %d µs rounded up: %d", aligned, exp, end, (end+999)/1000)
+		}
+		mustEvaluate(t, s, subj, 1, p)
+		before := c.Dump(ctx, key).Val()
+		if st := mustEvaluate(t, s, subj, 1, p); st[0].Allowed {
+			t.Fatalf("aligned %t: third spend of 2 = %+v, want denied", aligned, st)
+		}
+		if after := c.Dump(ctx, key).Val(); after != before || c.PExpireTime(ctx, key).Val().Milliseconds() != (end+999)/1000 {
+			t.Fatalf("aligned %t: a denial wrote: %q, then %q", aligned, before, after)
+		}
+	}
 }

@@ -105,6 +105,9 @@ func randomStep(r *rand.Rand, w int64) int64 {
 // algorithm's sequence runs twice, alike: with the store's short form of
 // the common decision (one policy, a spend or a peek) and with every
 // decision in the general form, so both paths of the script are driven.
+// Its Redis-clock mode (diffRedisClock) holds the store on Redis time,
+// fixed windows in both forms and several policies at once, to the engine
+// fed the time the script answers.
 func TestDifferential(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -159,6 +162,17 @@ func TestDifferential(t *testing.T) {
 			}
 		})
 	}
+	for _, general := range []bool{false, true} {
+		form := map[bool]string{false: "short", true: "general"}[general]
+		t.Run("fixed_window/redis-clock/"+form, func(t *testing.T) {
+			t.Parallel()
+			diffRedisClock(t, c, seed, []sluice.Algorithm{sluice.FixedWindow}, general, false)
+		})
+	}
+	t.Run("multi/redis-clock", func(t *testing.T) {
+		t.Parallel()
+		diffRedisClock(t, c, seed, algorithms, false, true)
+	})
 	t.Run("multi", func(t *testing.T) {
 		t.Parallel()
 		d := newDiff(t, c)

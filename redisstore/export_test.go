@@ -28,3 +28,7 @@ func (s *Store) Queued() int {
 	defer b.mu.Unlock()
 	return len(b.queue)
 }
+
+// OnRedisTime makes s call f with the time each decision on Redis time
+// was taken at, as the script answers it (nil: not called).
+func (s *Store) OnRedisTime(f func(now int64)) { s.onRedisTime = f }

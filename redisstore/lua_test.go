@@ -27,6 +27,7 @@ func TestLuaConstants(t *testing.T) {
 		"KIND_TOKEN_BUCKET":     int64(algorithm.KindTokenBucket),
 		"KIND_GCRA":             int64(algorithm.KindGCRA),
 		"KIND_CONCURRENCY":      int64(algorithm.KindConcurrency),
+		"KIND_FIXED_WINDOW_END": int64(algorithm.KindFixedWindowEnd),
 		"ARGV_COST":             argvCost,
 		"ARGV_NOW":              argvNow,
 		"ARGV_MAX_REGRESSION":   argvMaxRegression,

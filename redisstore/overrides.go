@@ -14,7 +14,12 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.OverrideStore = (*Store)(nil)
+// The methods a Limiter looks for to keep overrides in its Store (see
+// sluice.Limiter.SetOverride).
+var _ interface {
+	PutOverride(context.Context, sluice.Override) error
+	Overrides(context.Context) ([]sluice.Override, error)
+} = (*Store)(nil)
 
 // Overrides live in one hash, <Prefix>{overrides}, one field per
 // override: the policy ID, a 0 byte and the subject (a pseudonym at the
@@ -33,7 +38,7 @@ type overrideCache struct {
 	list    []sluice.Override
 }
 
-// PutOverride implements sluice.OverrideStore: it stores o in Redis (or,
+// PutOverride keeps overrides for sluice.Limiter: it stores o in Redis (or,
 // with o.Limit 0, removes it) and moves the version every reader polls.
 // sluice.Limiter.SetOverride validates o first.
 func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
@@ -60,16 +65,31 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	return nil
 }
 
-// Overrides implements sluice.OverrideStore: one GET of the version, and
-// the whole hash only when the version moved since the last read. A field
-// this store cannot read is skipped and reported to
-// Options.OnSkippedOverride; the others are returned.
+// Overrides keeps overrides for sluice.Limiter: one GET of the version,
+// and the whole hash only when the version moved since the last read. A
+// field this store cannot read is skipped and reported to
+// Options.OnSkippedOverride; the others are returned. The read goes
+// through the breaker of the Redis that holds the overrides, as a
+// decision does: shed at once while it is open (a Limiter whose overrides
+// are stale waits for this read before it decides), and a read that
+// fails for want of Redis counts towards opening it.
 func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := s.callContext(ctx)
+	n := s.nodeFor(ctx, s.prefix+overridesKey)
+	if err := n.breaker.allow(); err != nil {
+		return nil, err
+	}
+	callCtx, cancel := s.callContext(ctx)
 	defer cancel()
+	list, err := s.readOverrides(callCtx)
+	s.record(ctx, n, err)
+	return list, err
+}
+
+// readOverrides is Overrides' round trips.
+func (s *Store) readOverrides(ctx context.Context) ([]sluice.Override, error) {
 	version, err := s.overrideVersion(ctx)
 	if err != nil {
 		return nil, err
@@ -79,7 +99,7 @@ func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	}
 	cmd := redis.NewMapStringStringCmd(ctx, "hgetall", s.prefix+overridesKey)
 	if err := s.client.Process(ctx, cmd); err != nil {
-		return nil, fmt.Errorf("redisstore: Overrides: %w", err)
+		return nil, s.classifyRead(ctx, "Overrides", err)
 	}
 	list := make([]sluice.Override, 0, len(cmd.Val()))
 	for field, value := range cmd.Val() {
@@ -110,7 +130,7 @@ func (s *Store) overrideVersion(ctx context.Context) (string, error) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("redisstore: Overrides: %w", err)
+		return "", s.classifyRead(ctx, "Overrides", err)
 	}
 	return cmd.Val(), nil
 }

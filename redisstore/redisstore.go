@@ -328,8 +328,12 @@ type Store struct {
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
 	general    bool // every decision in the general form: the short one is never sent (tests)
-	onFallback func(string)
-	onSkipped  func(error) // Options.OnSkippedOverride
+	// onRedisTime, when set, is called with the time each decision on
+	// Redis time was taken at, from its reply (tests: the differential
+	// test decides it again at that time).
+	onRedisTime func(now int64)
+	onFallback  func(string)
+	onSkipped   func(error) // Options.OnSkippedOverride
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
 	// the decisions whose master cannot be told, routed by the cluster
@@ -609,6 +613,14 @@ var algorithmCodes = [...]string{
 // key returns the Redis key of p's state for subject: see the package
 // documentation.
 func (s *Store) key(subject string, p *sluice.Policy) string {
+	if p.Algorithm == sluice.FixedWindow && s.clock == nil {
+		// On Redis time a fixed window keeps another record
+		// (algorithm.FixedWindowEnd): another key.
+		if p.ClockAligned {
+			return s.policyKey(subject, p, "E")
+		}
+		return s.policyKey(subject, p, "e")
+	}
 	if p.ClockAligned {
 		return s.policyKey(subject, p, "F") // another window than first-request's: another key
 	}
@@ -643,7 +655,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	}
 	n := len(ev.Policies)
 	id := ""
-	if algorithm.RecordID(ev.EvaluationID, algorithm.Op(ev.Op)) != "" {
+	if algorithm.RecordID(ev.EvaluationID, evaluation.Op(ev)) != "" {
 		id = ev.EvaluationID // the script derives the record id alike
 	}
 	var vals []int64
@@ -674,7 +686,13 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err != nil {
 		return err
 	}
-	if len(vals) != 1+replyPerPolicy*n {
+	switch {
+	case len(vals) == 2+replyPerPolicy*n && s.clock == nil:
+		// On Redis time the reply ends with the time it decided at.
+		if s.onRedisTime != nil {
+			s.onRedisTime(vals[len(vals)-1])
+		}
+	case len(vals) != 1+replyPerPolicy*n || s.clock == nil:
 		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
@@ -830,11 +848,7 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 		}
 		_, err := pipe.Exec(ctx)
 		if err != nil && !errors.Is(err, redis.Nil) {
-			if err = s.classify(ctx, "read the state of an older subject", err); errors.Is(err, sluice.ErrIndeterminate) {
-				// Reads only: nothing was spent, whatever happened.
-				err = fmt.Errorf("redisstore: read the state of an older subject: %w: %v", sluice.FailedBeforeSend, err)
-			}
-			return nil, err
+			return nil, s.classifyRead(ctx, "read the state of an older subject", err)
 		}
 		for i, c := range states {
 			if c == nil || ttls[i].Val() <= 0 {
@@ -874,6 +888,16 @@ var refusedBeforeRun = []string{
 	"NOSCRIPT", "NOPERM", "NOAUTH", "WRONGPASS", "CROSSSLOT", "CLUSTERDOWN",
 	"MOVED", "ASK", "TRYAGAIN", "LOADING", "BUSY", "MASTERDOWN", "READONLY",
 	"OOM", "MISCONF", "NOREPLICAS", "MAXCLIENTS",
+}
+
+// classifyRead is classify for round trips that only read: nothing was
+// spent, whatever happened, so what classify calls Indeterminate is
+// FailedBeforeSend (Unavailable: the breaker counts it all the same).
+func (s *Store) classifyRead(ctx context.Context, what string, err error) error {
+	if err = s.classify(ctx, what, err); errors.Is(err, sluice.ErrIndeterminate) {
+		return fmt.Errorf("redisstore: %s: %w: %v", what, sluice.FailedBeforeSend, err)
+	}
+	return err
 }
 
 // classify wraps err, from doing what, in the sentinel that types it.

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
@@ -288,7 +289,11 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 	if p.ClockAligned {
 		align = 1
 	}
-	a.arg = fmt.Sprintf("%d %d %d %d %d %d", p.Algorithm, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
+	kind := algorithm.Kind(p.Algorithm)
+	if kind == algorithm.KindFixedWindow && s.clock == nil {
+		kind = algorithm.KindFixedWindowEnd // on Redis time: the count and the window's end
+	}
+	a.arg = fmt.Sprintf("%d %d %d %d %d %d", kind, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
 	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)
 	a.dedupeN = strconv.Itoa(p.DedupeMax)
 	if s.cachedArgs.Add(1) > maxCachedArgs {

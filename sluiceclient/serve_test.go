@@ -1,17 +1,14 @@
 package sluiceclient_test
 
 import (
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 	"github.com/sluicehq/sluice/sluiceclient"
 )
 
@@ -20,12 +17,12 @@ import (
 // on a busy machine still lands well inside it.
 const leaseTTL = time.Second
 
-// serveConfig is the configuration of the sluice serve process, its
-// listen port left to fill in. The rate policies are an hour and a day
+// serveConfig is the configuration of the sluice serve process, on a
+// free loopback port. The rate policies are an hour and a day
 // long so that no verdict depends on how fast the machine is.
 const serveConfig = `
 server:
-  listen: "127.0.0.1:%d"
+  listen: "127.0.0.1:0"
 policies:
   - { id: quota, algorithm: fixed_window, limit: 3, window: 1h }
   - { id: daily, algorithm: sliding_log, limit: 10, window: 24h }
@@ -33,88 +30,32 @@ policies:
   - { id: short, algorithm: concurrency, limit: 1, lease_ttl: 1s }
 `
 
-// startSluice builds ./cmd/sluice, runs `sluice serve` on serveConfig as
-// a process of its own on a free loopback port, waits until GET /healthz
-// answers, and stops the process by its PID when t ends. It returns the
-// server's URL.
+// TestMain removes the binary servetest built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	servetest.Cleanup()
+	os.Exit(code)
+}
+
+// startSluice runs `sluice serve` on serveConfig as a process of its own
+// (servetest: built once, ready on its start line) and stops it when t
+// ends, expecting a clean shutdown. It returns the server's URL.
 func startSluice(t *testing.T) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed to build cmd/sluice: %v", err)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(serveConfig), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "sluice")
-	if out, err := exec.Command(goTool, "build", "-o", bin, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/sluice: %v\n%s", err, out)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := servetest.Start(servetest.Binary(t), servetest.Options{}, "serve", "--config", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close() // free again, for sluice serve to take
-	cfg := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, serveConfig, port), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logs, err := os.Create(filepath.Join(dir, "serve.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logs.Close() // the process holds its own descriptor
-	cmd := exec.Command(bin, "serve", "--config", cfg)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { stopProcess(t, cmd.Process, exited, logs.Name()) })
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	for range 200 { // 10s at most
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("sluice serve exited before it answered /healthz: %v\n%s", err, readFile(logs.Name()))
-		default:
+	t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Errorf("sluice serve (pid %d): %v after SIGTERM, want a clean shutdown\n%s", p.PID(), err, p.Logs())
 		}
-		if resp, err := http.Get(url + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return url
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("sluice serve never answered GET %s/healthz\n%s", url, readFile(logs.Name()))
-	return ""
-}
-
-// stopProcess interrupts p, the sluice serve process, and waits for it to
-// exit (killing it if it does not within 10s).
-func stopProcess(t *testing.T, p *os.Process, exited chan error, logs string) {
-	if err := p.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Errorf("interrupt sluice serve (pid %d): %v", p.Pid, err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("sluice serve (pid %d) exited with %v after an interrupt, want a clean shutdown\n%s", p.Pid, err, readFile(logs))
-		}
-	case <-time.After(10 * time.Second):
-		p.Kill()
-		<-exited
-		t.Errorf("sluice serve (pid %d) ignored an interrupt for 10s: killed", p.Pid)
-	}
-}
-
-func readFile(name string) string {
-	b, err := os.ReadFile(name)
-	if err != nil {
-		return err.Error()
-	}
-	return string(b)
+	})
+	return p.URL
 }
 
 // TestEveryOperationAgainstSluiceServe sends every operation of a

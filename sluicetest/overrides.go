@@ -132,7 +132,9 @@ func (h *harness) resetAfter(a sluice.Algorithm, left, limit int64) time.Duratio
 // keeps overrides.
 func testOverrideShared(t *testing.T, newStore newStoreFunc) {
 	h := newHarness(t, newStore, policy("plan", sluice.FixedWindow, 10, time.Minute, 0))
-	if _, ok := h.store.(sluice.OverrideStore); !ok {
+	if _, ok := h.store.(interface {
+		Overrides(context.Context) ([]sluice.Override, error)
+	}); !ok {
 		t.Skip("the store does not keep overrides: each Limiter keeps its own")
 	}
 	second, err := sluice.New(h.store, []sluice.Policy{policy("plan", sluice.FixedWindow, 10, time.Minute, 0)}, sluice.Options{})

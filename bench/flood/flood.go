@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bench/internal/proc"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 // result is what one run measured.
@@ -37,11 +38,11 @@ func subject(i int) string { return fmt.Sprintf("k1:%040d", i) }
 // reads its metrics and a sample of peeks at the end.
 func flood(ctx context.Context, o *options, bin, config, logPath string, ids bool, stderr io.Writer) (result, error) {
 	r := result{answers: map[int]int64{}}
-	sv, err := proc.StartServe(ctx, bin, config, logPath)
+	sv, err := servetest.Start(bin, servetest.Options{LogPath: logPath, Timeout: 30 * time.Second}, "serve", "-c", config)
 	if err != nil {
 		return r, err
 	}
-	defer sv.Stop()
+	defer sv.Stop(15 * time.Second)
 	tr := &http.Transport{MaxIdleConnsPerHost: o.callers + 1, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
@@ -91,7 +92,7 @@ func flood(ctx context.Context, o *options, bin, config, logPath string, ids boo
 
 // finish reads the server's memory and metrics after the flood, then
 // peeks at a sample of the subjects sent.
-func finish(ctx context.Context, r *result, o *options, sv *proc.Serve, client *http.Client) error {
+func finish(ctx context.Context, r *result, o *options, sv *servetest.Process, client *http.Client) error {
 	mem, err := proc.ReadMemory(sv.PID())
 	if err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bench/internal/proc"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 func main() { proc.Main("flood", run) }
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin, err := proc.BuildSluice(ctx, o.repo, dir)
+	bin, err := servetest.Build(ctx, o.repo, dir, nil)
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/bench/internal/proc"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // rig is Redis and the proxy in front of it: the master sluice serve
@@ -17,10 +16,9 @@ import (
 type rig struct {
 	o      *options
 	dir    string
-	master *proc.Redis
-	old    []*proc.Redis // masters failed over from, killed
+	master *redistest.Server
+	old    []*redistest.Server // masters failed over from, killed
 	proxy  *proxy
-	n      int // redis-servers started, for their directories
 }
 
 func startRig(o *options, dir string) (*rig, error) {
@@ -37,19 +35,19 @@ func startRig(o *options, dir string) (*rig, error) {
 	return r, nil
 }
 
-// startRedis starts a redis-server in a directory of its own on a free
-// port, with args.
-func (r *rig) startRedis(args ...string) (*proc.Redis, error) {
-	r.n++
-	dir := filepath.Join(r.dir, "redis-"+strconv.Itoa(r.n))
+// persistent are the config lines of every redis-server of the rig: an
+// append-only file fsynced on every write, so a kill -9 loses nothing it
+// acknowledged and a restart finds it again.
+var persistent = []string{"appendonly yes", "appendfsync always"}
+
+// startRedis starts the first master, in a directory of its own on a free
+// port (redistest).
+func (r *rig) startRedis() (*redistest.Server, error) {
+	dir := filepath.Join(r.dir, "redis-1")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	port, err := proc.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	return proc.StartRedis(r.o.redisServer, dir, port, args...)
+	return redistest.StartServerWith(r.o.redisServer, dir, persistent...)
 }
 
 func (r *rig) close() {
@@ -101,18 +99,13 @@ func (r *rig) apply(ctx context.Context, name string) (fault, error) {
 	return f, err
 }
 
-// failover starts a replica of the master, waits for its first sync,
+// failover starts a replica of the master, in sync with it,
 // kills the master, and a second later promotes the replica and points
 // the proxy at it.
 func (r *rig) failover(ctx context.Context) (fault, error) {
 	f := fault{name: "failover"}
-	host, port := "127.0.0.1", r.master.Addr[len("127.0.0.1:"):]
-	replica, err := r.startRedis("--replicaof", host, port)
+	replica, err := redistest.StartReplica(r.master, persistent...) // in sync when it returns
 	if err != nil {
-		return f, err
-	}
-	if err := replica.WaitSynced(ctx); err != nil {
-		replica.Stop()
 		return f, err
 	}
 	f.start = time.Now()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bench/internal/proc"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 // answer is one check as the caller saw it.
@@ -44,7 +45,7 @@ type results struct {
 }
 
 // soak runs the load, the faults and the reports until o.duration is over.
-func soak(ctx context.Context, o *options, r *rig, sv *proc.Serve, stderr io.Writer) (*results, error) {
+func soak(ctx context.Context, o *options, r *rig, sv *servetest.Process, stderr io.Writer) (*results, error) {
 	res := &results{}
 	tr := &http.Transport{MaxIdleConnsPerHost: o.callers + 2, DisableCompression: true}
 	defer tr.CloseIdleConnections()
@@ -183,7 +184,7 @@ func check(ctx context.Context, client *http.Client, base, subject string) (stat
 
 // reportLoop prints the server's memory and goroutines, and the answers
 // of the last period, every o.report until ctx ends.
-func reportLoop(ctx context.Context, client *http.Client, sv *proc.Serve, o *options, start time.Time, c *counts, stderr io.Writer) []sample {
+func reportLoop(ctx context.Context, client *http.Client, sv *servetest.Process, o *options, start time.Time, c *counts, stderr io.Writer) []sample {
 	var out []sample
 	tick := time.NewTicker(o.report)
 	defer tick.Stop()
@@ -206,7 +207,7 @@ func reportLoop(ctx context.Context, client *http.Client, sv *proc.Serve, o *opt
 
 // read samples the server's memory (/proc) and goroutines (/metrics);
 // what it cannot read stays 0 (-1 goroutines).
-func read(ctx context.Context, client *http.Client, sv *proc.Serve, at time.Duration) sample {
+func read(ctx context.Context, client *http.Client, sv *servetest.Process, at time.Duration) sample {
 	s := sample{at: at, goroutines: -1}
 	if m, err := proc.ReadMemory(sv.PID()); err == nil {
 		s.rss, s.peak = m.RSS, m.Peak

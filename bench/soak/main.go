@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bench/internal/proc"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
 func main() { proc.Main("soak", run) }
@@ -98,7 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	bin, err := proc.BuildSluice(ctx, o.repo, dir)
+	bin, err := servetest.Build(ctx, o.repo, dir, nil)
 	if err != nil {
 		return err
 	}
@@ -112,19 +113,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
 		return err
 	}
-	sv, err := proc.StartServe(ctx, bin, config, filepath.Join(dir, "serve.log"))
+	logPath := filepath.Join(dir, "serve.log")
+	sv, err := servetest.Start(bin, servetest.Options{LogPath: logPath, Timeout: 30 * time.Second}, "serve", "-c", config)
 	if err != nil {
 		return err
 	}
-	defer sv.Stop()
+	defer sv.Stop(15 * time.Second)
 	res, err := soak(ctx, o, rig, sv, stderr)
 	if err != nil {
 		return err
 	}
-	if err := sv.Stop(); err != nil {
+	if err := sv.Stop(15 * time.Second); err != nil {
 		fmt.Fprintf(stderr, "sluice serve stopped: %v\n", err)
 	}
-	if res.panics, err = sv.Panics(); err != nil {
+	if res.panics, err = proc.Panics(logPath); err != nil {
 		return err
 	}
 	printReport(stdout, o, res)

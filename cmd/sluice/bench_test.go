@@ -11,17 +11,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // runBench runs sluice bench with args and --json and decodes its summary.
-func runBench(t *testing.T, args ...string) benchReport {
+func runBench(t *testing.T, args ...string) wiring.BenchReport {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	args = append([]string{"bench", "--json"}, args...)
 	if err := run(context.Background(), args, &out, &errOut); err != nil {
 		t.Fatalf("sluice %s: %v\nstderr: %s", strings.Join(args, " "), err, errOut.String())
 	}
-	var rep benchReport
+	var rep wiring.BenchReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
 	}
@@ -109,7 +110,7 @@ func TestBenchServer(t *testing.T) {
 	var out, errOut bytes.Buffer
 	args := []string{"bench", "--json", "--url", s.url, "--policy", "nope", "--subjects", "1", "--callers", "1", "--duration", "50ms"}
 	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
-	var rep2 benchReport
+	var rep2 wiring.BenchReport
 	if err := json.Unmarshal(out.Bytes(), &rep2); err != nil {
 		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
 	}
@@ -125,11 +126,11 @@ func TestBenchModes(t *testing.T) {
 	for _, tc := range []struct {
 		mode   string
 		header string
-		ok     func(rep benchReport) bool
+		ok     func(rep wiring.BenchReport) bool
 	}{
-		{"allowed", "mode allowed: nearly every decision is allowed", func(r benchReport) bool { return r.Denied == 0 && r.Allowed > 0 }},
-		{"denied", "mode denied: every decision after a subject's first is denied", func(r benchReport) bool { return r.Allowed <= 4 && r.Denied > 0 }},
-		{"mixed", "mode mixed: about half the decisions are allowed", func(r benchReport) bool {
+		{"allowed", "mode allowed: nearly every decision is allowed", func(r wiring.BenchReport) bool { return r.Denied == 0 && r.Allowed > 0 }},
+		{"denied", "mode denied: every decision after a subject's first is denied", func(r wiring.BenchReport) bool { return r.Allowed <= 4 && r.Denied > 0 }},
+		{"mixed", "mode mixed: about half the decisions are allowed", func(r wiring.BenchReport) bool {
 			return r.Allowed > 0 && r.Denied > 0 && r.Allowed > r.Denied/2 && r.Denied > r.Allowed/2
 		}},
 	} {
@@ -138,7 +139,7 @@ func TestBenchModes(t *testing.T) {
 		if err := run(context.Background(), args, &out, &errOut); err != nil {
 			t.Fatalf("sluice %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
 		}
-		var rep benchReport
+		var rep wiring.BenchReport
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			t.Fatal(err)
 		}

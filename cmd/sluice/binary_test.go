@@ -4,7 +4,6 @@ package main
 // process with real arguments, exit statuses, stdout, stderr and signals.
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -18,48 +17,22 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// sluiceBinary builds cmd/sluice once per test run, with the Dockerfile's
-// build settings (CGO_ENABLED=0, -trimpath), so that the deploy test's
-// build of the same packages finds them compiled.
-func sluiceBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sluice-cli-test")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "sluice")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", binPath, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
+// sluiceBinary is cmd/sluice, built once per test run by servetest with
+// the Dockerfile's build settings (CGO_ENABLED=0, -trimpath), so that the
+// deploy test's build of the same packages finds them compiled.
+func sluiceBinary(t *testing.T) string { return servetest.Binary(t) }
 
 // TestMain removes the binary sluiceBinary built.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	servetest.Cleanup()
 	os.Exit(code)
 }
 
@@ -82,70 +55,16 @@ func runBinary(t *testing.T, dir string, args ...string) (stdout, stderr string,
 	return out.String(), errOut.String(), code
 }
 
-// child is a sluice serve running as a child process.
-type child struct {
-	cmd    *exec.Cmd
-	url    string // the check API, from the start line
-	start  string // the start line
-	mu     sync.Mutex
-	log    bytes.Buffer
-	exited chan struct{}
-}
-
-func (c *child) logs() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.log.String()
-}
-
-var startLine = regexp.MustCompile(`msg=listening addr=(https?://\S+)`)
-
 // startChild runs the binary with args (serve …) in dir and waits for
 // its start line. The process is stopped by its PID at the end.
-func startChild(t *testing.T, dir string, args ...string) *child {
+func startChild(t *testing.T, dir string, args ...string) *servetest.Process {
 	t.Helper()
-	c := &child{cmd: exec.Command(sluiceBinary(t), args...), exited: make(chan struct{})}
-	c.cmd.Dir = dir
-	stderr, err := c.cmd.StderrPipe()
+	p, err := servetest.Start(sluiceBinary(t), servetest.Options{Dir: dir}, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			c.mu.Lock()
-			c.log.WriteString(line + "\n")
-			if m := startLine.FindStringSubmatch(line); m != nil && c.url == "" {
-				c.url, c.start = m[1], line
-				close(ready)
-			}
-			c.mu.Unlock()
-		}
-		c.cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.exited:
-		case <-time.After(20 * time.Second):
-			c.cmd.Process.Kill()
-			<-c.exited
-		}
-	})
-	select {
-	case <-ready:
-	case <-c.exited:
-		t.Fatalf("sluice %s exited before listening:\n%s", strings.Join(args, " "), c.logs())
-	case <-time.After(time.Minute):
-		t.Fatalf("sluice %s did not listen within a minute:\n%s", strings.Join(args, " "), c.logs())
-	}
-	return c
+	t.Cleanup(func() { p.Stop(20 * time.Second) })
+	return p
 }
 
 func getBody(t *testing.T, url string) string {
@@ -184,8 +103,8 @@ func TestREADMECommands(t *testing.T) {
 	}
 	root, _ := filepath.Abs(filepath.Join("..", ".."))
 	s := startChild(t, root, "serve")
-	if s.url != "http://127.0.0.1:8080" {
-		t.Fatalf("the built-in example listens on %s, want http://127.0.0.1:8080 as the README says", s.url)
+	if s.URL != "http://127.0.0.1:8080" {
+		t.Fatalf("the built-in example listens on %s, want http://127.0.0.1:8080 as the README says", s.URL)
 	}
 	bin := sluiceBinary(t)
 	seen := map[string]bool{}
@@ -302,13 +221,13 @@ func TestServeEnvoyOnlyBinary(t *testing.T) {
 		t.Fatalf("sluice validate of an envoy-only config: exit %d\n%s", code, stderr)
 	}
 	s := startChild(t, dir, "serve", "--config", cfg)
-	if !strings.Contains(s.start, "addr_from=server.listen") || !strings.Contains(s.start, "envoy_addr=127.0.0.1:") {
-		t.Errorf("start line %q, want the check API's address from server.listen and the envoy address", s.start)
+	if !strings.Contains(s.StartLine, "addr_from=server.listen") || !strings.Contains(s.StartLine, "envoy_addr=127.0.0.1:") {
+		t.Errorf("start line %q, want the check API's address from server.listen and the envoy address", s.StartLine)
 	}
 	var status struct {
 		Listen []struct{ Service, Addr, Source string } `json:"listen"`
 	}
-	if err := json.Unmarshal([]byte(getBody(t, s.url+"/v1/config")), &status); err != nil {
+	if err := json.Unmarshal([]byte(getBody(t, s.URL+"/v1/config")), &status); err != nil {
 		t.Fatal(err)
 	}
 	if got := fmt.Sprint(status.Listen); got != "[{check_api 127.0.0.1:0 server.listen} {envoy 127.0.0.1:0 envoy.listen}]" {
@@ -316,7 +235,7 @@ func TestServeEnvoyOnlyBinary(t *testing.T) {
 	}
 	// Unknown in the config, the check API names the policies it has:
 	// the rules files'.
-	stdout, _, code := runBinary(t, dir, "check", "--url", s.url, "--policy", "nope", "--subject", "a")
+	stdout, _, code := runBinary(t, dir, "check", "--url", s.URL, "--policy", "nope", "--subject", "a")
 	if code != 2 || !strings.Contains(stdout, "the policies are") || !strings.Contains(stdout, "edge") {
 		t.Errorf("sluice check --policy nope on an envoy-only server: exit %d, %s; want 2 and the rules' policies named", code, stdout)
 	}
@@ -338,14 +257,14 @@ func TestReloadLogsOnceBinary(t *testing.T) {
 	}
 	s := startChild(t, dir, "serve", "--config", cfg)
 	failures := func() string {
-		for _, l := range strings.Split(getBody(t, s.url+"/metrics"), "\n") {
+		for _, l := range strings.Split(getBody(t, s.URL+"/metrics"), "\n") {
 			if v, ok := strings.CutPrefix(l, `sluice_config_reloads_total{result="failure"} `); ok {
 				return v
 			}
 		}
 		return ""
 	}
-	errorLines := func() int { return strings.Count(s.logs(), `level=ERROR msg="config reload failed`) }
+	errorLines := func() int { return strings.Count(s.Logs(), `level=ERROR msg="config reload failed`) }
 	waitFailures := func(want string) {
 		t.Helper()
 		for range 600 { // a bound on a loaded machine, not a threshold
@@ -354,7 +273,7 @@ func TestReloadLogsOnceBinary(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		t.Fatalf("sluice_config_reloads_total{result=\"failure\"} = %s, want %s\n%s", failures(), want, s.logs())
+		t.Fatalf("sluice_config_reloads_total{result=\"failure\"} = %s, want %s\n%s", failures(), want, s.Logs())
 	}
 	sed := func(expr string) {
 		t.Helper()
@@ -366,15 +285,15 @@ func TestReloadLogsOnceBinary(t *testing.T) {
 	waitFailures("1")
 	time.Sleep(time.Second) // time for any further attempt the one edit might wrongly cause
 	if n, f := errorLines(), failures(); n != 1 || f != "1" {
-		t.Errorf("after one bad edit: %d ERROR lines, %s failures counted; want 1 and 1\n%s", n, f, s.logs())
+		t.Errorf("after one bad edit: %d ERROR lines, %s failures counted; want 1 and 1\n%s", n, f, s.Logs())
 	}
 	sed("s/window: 1h/window: 1 hour/")
 	waitFailures("2")
-	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := s.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitFailures("3")
 	if n := errorLines(); n != 2 {
-		t.Errorf("after two distinct bad edits and a SIGHUP of the same files: %d ERROR lines, want 2\n%s", n, s.logs())
+		t.Errorf("after two distinct bad edits and a SIGHUP of the same files: %d ERROR lines, want 2\n%s", n, s.Logs())
 	}
 }

@@ -3,19 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // checkFlags are the flags of sluice check. Its body is the check API's
@@ -32,30 +29,18 @@ func (a *app) check(ctx context.Context, args []string) error {
 	if f == nil {
 		return err
 	}
-	data, err := json.Marshal(f.body)
+	token, err := a.token("check", f.tokenEnv, "")
+	if err != nil {
+		return err
+	}
+	client, err := wiring.HTTPClient(f.caFile)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	url := strings.TrimSuffix(strings.TrimSuffix(f.base, "/"), checkapi.CheckPath) + f.path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
-	if err != nil {
-		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if f.tokenEnv != "" {
-		token := a.getenv(f.tokenEnv)
-		if token == "" {
-			return &exitError{code: 2, err: fmt.Errorf("check: --token-env: environment variable %s is not set or empty", f.tokenEnv)}
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	client, err := f.client()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	resp, err := client.Do(req)
+	resp, err := send(ctx, client, http.MethodPost, url, f.body, token)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
@@ -64,7 +49,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 }
 
 // checkFlags parses args. It returns nil and the error to return for a
-// usage error, or nil and nil when it printed the help.
+// usage error or after -h (errHelp, wrapped).
 func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	f := &checkFlags{path: checkapi.CheckPath}
 	var policy string
@@ -83,10 +68,7 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	fs.StringVar(&f.tokenEnv, "token-env", "", "send the bearer token held by the environment variable `NAME` (the server's server.auth)")
 	fs.StringVar(&f.caFile, "ca-file", "", "trust the PEM certificates in `FILE` for an https:// URL, besides the system's")
 	if err := a.parseFlags(fs, checkSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil, nil
-		}
-		return nil, &exitError{code: 2, err: err}
+		return nil, &exitError{code: 2, err: err} // errHelp after -h: run answers nil
 	}
 	switch {
 	case policy == "" || f.body.Subject == "":
@@ -113,28 +95,6 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	return f, nil
 }
 
-// client returns the HTTP client to ask with: the default one, or one
-// that also trusts --ca-file.
-func (f *checkFlags) client() (*http.Client, error) {
-	if f.caFile == "" {
-		return http.DefaultClient, nil
-	}
-	pem, err := os.ReadFile(f.caFile)
-	if err != nil {
-		return nil, fmt.Errorf("check: --ca-file: %w", err)
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("check: --ca-file %s: no PEM certificate in it", f.caFile)
-	}
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	return &http.Client{Transport: t}, nil
-}
-
 // printAnswer prints the check API's answer in resp and returns the exit
 // status it means: nil (0) allowed, 1 denied, 2 anything else.
 func (a *app) printAnswer(resp *http.Response, url string) error {
@@ -157,4 +117,39 @@ func (a *app) printAnswer(resp *http.Response, url string) error {
 		return &exitError{code: 1}
 	}
 	return &exitError{code: 2, err: fmt.Errorf("check: %s: %s: %s", resp.Status, answer.Outcome, answer.Reason)}
+}
+
+// token returns the bearer token to send: the one held by the
+// environment variable env when named, else token; an empty variable is
+// exit status 2.
+func (a *app) token(cmd, env, token string) (string, error) {
+	if env == "" {
+		return token, nil
+	}
+	if token = a.getenv(env); token == "" {
+		return "", &exitError{code: 2, err: fmt.Errorf("%s: --token-env: environment variable %s is not set or empty", cmd, env)}
+	}
+	return token, nil
+}
+
+// send sends body as JSON (none when nil) to url with method, with the
+// bearer token when not empty, over client.
+func send(ctx context.Context, client *http.Client, method, url string, body any, token string) (*http.Response, error) {
+	var r io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		r = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return client.Do(req)
 }

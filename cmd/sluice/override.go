@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
 const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT --limit N [--burst N] [--window D] [--note TEXT]]"
@@ -47,36 +45,21 @@ func (a *app) override(ctx context.Context, args []string) error {
 	if f == nil {
 		return err
 	}
+	token, err := a.token("override", f.tokenEnv, f.token)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	target := strings.TrimSuffix(f.base, "/") + checkapi.OverridesPath
-	var body io.Reader
+	var body any = f.body
 	if method == http.MethodGet {
+		body = nil
 		if f.body.Policy != "" {
 			target += "?policy=" + url.QueryEscape(f.body.Policy)
 		}
-	} else {
-		data, err := json.Marshal(f.body)
-		if err != nil {
-			return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
-		}
-		body = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, target, body)
-	if err != nil {
-		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	token := f.token
-	if f.tokenEnv != "" {
-		if token = a.getenv(f.tokenEnv); token == "" {
-			return &exitError{code: 2, err: fmt.Errorf("override: --token-env: environment variable %s is not set or empty", f.tokenEnv)}
-		}
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := send(ctx, http.DefaultClient, method, target, body, token)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
 	}
@@ -85,7 +68,7 @@ func (a *app) override(ctx context.Context, args []string) error {
 }
 
 // overrideFlags parses the flags of verb. It returns nil and the error to
-// return for a usage error, or nil and nil when it printed the help.
+// return for a usage error or after -h (errHelp, wrapped).
 func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) {
 	f := &overrideFlags{}
 	fs := newFlagSet("override " + verb)
@@ -101,10 +84,7 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	fs.StringVar(&f.body.Note, "note", "", "what lists show in place of the subject (set)")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "give up after this long")
 	if err := a.parseFlags(fs, overrideSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil, nil
-		}
-		return nil, &exitError{code: 2, err: err}
+		return nil, &exitError{code: 2, err: err} // errHelp after -h: run answers nil
 	}
 	if window != 0 {
 		f.body.Window = window.String()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/server/checkapi"
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
@@ -52,16 +52,16 @@ policies:
 		}
 		return ans, code
 	}
-	if ans, code := check(b.url, 8); code != 0 || ans.Remaining != 2 {
+	if ans, code := check(b.URL, 8); code != 0 || ans.Remaining != 2 {
 		t.Fatalf("spend 8 of 10 through b: %+v, exit %d", ans, code)
 	}
-	out, errOut, code := runBinary(t, dir, "override", "set", "--url", a.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "api", "--subject", tenant, "--limit", "100", "--note", "acme raised")
+	out, errOut, code := runBinary(t, dir, "override", "set", "--url", a.URL, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "api", "--subject", tenant, "--limit", "100", "--note", "acme raised")
 	if code != 0 || !strings.Contains(out, "acme raised") {
 		t.Fatalf("sluice override set = %d %q %q", code, out, errOut)
 	}
 	deadline := time.Now().Add(5 * time.Second) // within about 1s; room for a loaded machine
 	for {
-		ans, _ := check(b.url, 0)
+		ans, _ := check(b.URL, 0)
 		if ans.Limit == 100 {
 			if ans.Remaining != 92 {
 				t.Fatalf("through b after the raise: %+v, want 92 of 100 left", ans)
@@ -73,23 +73,23 @@ policies:
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	out, errOut, code = runBinary(t, dir, "override", "list", "--url", b.url, "--token", "admin-token-0123456789abcdef", "--policy", "api")
+	out, errOut, code = runBinary(t, dir, "override", "list", "--url", b.URL, "--token", "admin-token-0123456789abcdef", "--policy", "api")
 	if code != 0 || !strings.Contains(out, "acme raised") || !strings.Contains(out, "100") || strings.Contains(out, tenant) {
 		t.Fatalf("sluice override list = %d %q %q, want the note and never the subject", code, out, errOut)
 	}
-	_, errOut, code = runBinary(t, dir, "override", "set", "--url", a.url, "--token-env", "SLUICE_TEST_OVR_CHECK", "--policy", "api", "--subject", tenant, "--limit", "5")
+	_, errOut, code = runBinary(t, dir, "override", "set", "--url", a.URL, "--token-env", "SLUICE_TEST_OVR_CHECK", "--policy", "api", "--subject", tenant, "--limit", "5")
 	if code != 2 || !strings.Contains(errOut, "403") {
 		t.Fatalf("sluice override set with a check token = exit %d %q, want 2 and the 403", code, errOut)
 	}
-	_, errOut, code = runBinary(t, dir, "override", "set", "--url", a.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "nope", "--subject", tenant, "--limit", "5")
+	_, errOut, code = runBinary(t, dir, "override", "set", "--url", a.URL, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "nope", "--subject", tenant, "--limit", "5")
 	if code != 2 || !strings.Contains(errOut, "unknown policy") {
 		t.Fatalf("sluice override set of an unknown policy = exit %d %q, want 2 and the reason", code, errOut)
 	}
-	out, errOut, code = runBinary(t, dir, "override", "rm", "--url", a.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "api", "--subject", tenant)
+	out, errOut, code = runBinary(t, dir, "override", "rm", "--url", a.URL, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--policy", "api", "--subject", tenant)
 	if code != 0 || !strings.Contains(out, "removed") {
 		t.Fatalf("sluice override rm = %d %q %q", code, out, errOut)
 	}
-	if ans, _ := check(a.url, 0); ans.Limit != 10 {
+	if ans, _ := check(a.URL, 0); ans.Limit != 10 {
 		t.Fatalf("through a after rm: %+v, want the policy's 10", ans)
 	}
 	if _, errOut, code := runBinary(t, dir, "override", "set", "--policy", "api"); code != 2 || !strings.Contains(errOut, "needs --policy and --subject") {

@@ -80,7 +80,10 @@ type app struct {
 // returns nil on success; exitCode maps its errors to exit statuses.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	a := &app{stdout: stdout, stderr: stderr, getenv: os.Getenv, clock: clock.NewMonotonic()}
-	return a.run(ctx, args)
+	if err := a.run(ctx, args); !errors.Is(err, errHelp) {
+		return err
+	}
+	return nil
 }
 
 func (a *app) run(ctx context.Context, args []string) error {
@@ -190,7 +193,8 @@ func newFlagSet(cmd string) *flag.FlagSet {
 }
 
 // parseFlags parses args into fs. It returns errHelp after printing the
-// flags for -h, and a usage error for bad flags or stray arguments.
+// flags for -h (which run answers with nil, wrapped or not), and a usage
+// error for bad flags or stray arguments.
 func (a *app) parseFlags(fs *flag.FlagSet, synopsis string, args []string) error {
 	flagUsage := func() string {
 		var b strings.Builder
@@ -211,6 +215,13 @@ func (a *app) parseFlags(fs *flag.FlagSet, synopsis string, args []string) error
 		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0)), usage: flagUsage()}
 	}
 	return nil
+}
+
+// flagsSet returns the names of the flags the command line set.
+func flagsSet(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	return set
 }
 
 // errHelp means the command printed its help; run returns nil.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,10 +19,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	fs.StringVar(&level, "log-level", "info", "log at `LEVEL`: debug (every decision), info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "write log records as `FORMAT`: text (key=value) or json")
 	if err := a.parseFlags(fs, serveSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return err // errHelp after -h: run answers nil
 	}
 	log, err := newLogger(a.stderr, level, format)
 	if err != nil {

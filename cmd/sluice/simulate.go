@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,12 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/simulate"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR | --local-quota [--instances N] [--seed N] [--limit N --window D --burst N]"
@@ -38,13 +36,9 @@ func (a *app) simulate(args []string) error {
 	var f simulateFlags
 	f.define(fs)
 	if err := a.parseFlags(fs, simulateSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return err // errHelp after -h: run answers nil
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := flagsSet(fs)
 	bad := func(err error) error {
 		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n\nRun \"sluice simulate --help\" for the flags.\n"}
 	}
@@ -58,7 +52,7 @@ func (a *app) simulate(args []string) error {
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
-	policies, err := f.parsePolicies(window)
+	policies, err := simulate.ParsePolicies(f.policies, f.limit, window, f.burst)
 	if err != nil {
 		return bad(err)
 	}
@@ -80,7 +74,7 @@ func (a *app) simulate(args []string) error {
 	} else {
 		arrivals, start, end, err = simulate.Generate(f.patternSpec(f.pattern), aim.Limit, aim.Window)
 		if err != nil {
-			return bad(flagError(err))
+			return bad(simulate.FlagError(err))
 		}
 	}
 	res, err := simulate.Run(simulate.Spec{Start: start, End: end, Arrivals: arrivals, Policies: policies})
@@ -95,7 +89,7 @@ func (a *app) simulate(args []string) error {
 		return nil
 	}
 	title := fmt.Sprintf("sluice simulate: %s, %d requests over %v", source, len(arrivals), time.Duration(end-start)*time.Microsecond)
-	if err := writeChart(f.out, res, title); err != nil {
+	if err := simulate.WriteChart(f.out, res, title); err != nil {
 		return fmt.Errorf("simulate: --out: %w", err)
 	}
 	fmt.Fprintf(a.stdout, "\nchart written to %s\n", f.out)
@@ -174,158 +168,46 @@ func (f *simulateFlags) check(set map[string]bool) error {
 	return nil
 }
 
-// parsePolicies returns the policies of --policy, or all five algorithms
-// at --limit per --window.
-func (f *simulateFlags) parsePolicies(window int64) ([]simulate.Policy, error) {
-	if len(f.policies) == 0 {
-		ps := simulate.Compare(f.limit, window, f.burst)
-		for _, p := range ps {
-			if err := p.Params.Check(p.Kind); err != nil {
-				return nil, flagError(err)
-			}
-		}
-		return ps, nil
-	}
-	var out []simulate.Policy
-	for _, spec := range f.policies {
-		p, err := parsePolicySpec(spec, f.limit, window, f.burst)
-		if err != nil {
-			return nil, fmt.Errorf("--policy %q: %w", spec, err)
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
-
-// parsePolicySpec reads ALG[:LIMIT/WINDOW[:BURST]].
-func parsePolicySpec(spec string, limit, window, burst int64) (simulate.Policy, error) {
-	parts := strings.Split(spec, ":")
-	if len(parts) > 3 {
-		return simulate.Policy{}, errors.New("want ALG[:LIMIT/WINDOW[:BURST]], e.g. token_bucket:100/1m:20")
-	}
-	kind, err := simulate.ParseKind(parts[0])
-	if err != nil {
-		return simulate.Policy{}, err
-	}
-	name := parts[0]
-	if len(parts) >= 2 {
-		l, w, ok := strings.Cut(parts[1], "/")
-		if !ok {
-			return simulate.Policy{}, fmt.Errorf("numbers %q: want LIMIT/WINDOW, e.g. 100/1m", parts[1])
-		}
-		if limit, err = strconv.ParseInt(l, 10, 64); err != nil {
-			return simulate.Policy{}, fmt.Errorf("limit %q: want a whole number", l)
-		}
-		d, err := time.ParseDuration(w)
-		if err != nil || d <= 0 || d%time.Microsecond != 0 {
-			return simulate.Policy{}, fmt.Errorf("window %q: want a positive duration of whole microseconds, e.g. 10s or 1m", w)
-		}
-		window = d.Microseconds()
-		name += ":" + parts[1]
-		burst = 0
-	}
-	if len(parts) == 3 {
-		if kind != algorithm.KindTokenBucket && kind != algorithm.KindGCRA {
-			return simulate.Policy{}, fmt.Errorf("burst %q: applies only to token_bucket and gcra", parts[2])
-		}
-		if burst, err = strconv.ParseInt(parts[2], 10, 64); err != nil {
-			return simulate.Policy{}, fmt.Errorf("burst %q: want a whole number", parts[2])
-		}
-		name += ":" + parts[2]
-	}
-	if burst == 0 || kind != algorithm.KindTokenBucket && kind != algorithm.KindGCRA {
-		burst = limit
-	}
-	p := simulate.Policy{Name: name, Kind: kind, Params: algorithm.Params{Limit: limit, Window: window, Burst: burst}}
-	if err := p.Params.Check(kind); err != nil {
-		return simulate.Policy{}, flagError(err)
-	}
-	return p, nil
-}
-
-// flagError rewrites the engine's and the simulator's field names as the
-// flags that set them.
-func flagError(err error) error {
-	var re *algorithm.RangeError
-	if errors.As(err, &re) {
-		value := strconv.FormatInt(re.Value, 10)
-		if re.Field == "window" {
-			value = (time.Duration(re.Value) * time.Microsecond).String()
-		}
-		return fmt.Errorf("--%s %s: %s", re.Field, value, re.Rule)
-	}
-	var se *simulate.Error
-	if errors.As(err, &se) {
-		return fmt.Errorf("--%s %s: %s", se.Field, se.Value, se.Rule)
-	}
-	return err
-}
-
 func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {
 	return simulate.PatternSpec{Name: name, Rate: f.rate, Duration: f.duration.Microseconds(), On: f.on.Microseconds(), Off: f.off.Microseconds(), Seed: f.seed}
 }
 
-// writeChart writes res as an SVG, or as an HTML page with the SVG and
-// the table, by path's extension.
-func writeChart(path string, res *simulate.Result, title string) error {
-	var b bytes.Buffer
-	if strings.HasSuffix(path, ".html") {
-		fmt.Fprintf(&b, "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>%s</title></head><body>\n", htmlEscape(title))
-		if err := simulate.SVG(&b, res, title); err != nil {
-			return err
-		}
-		b.WriteString("<pre>")
-		var t bytes.Buffer
-		simulate.WriteTable(&t, res)
-		b.WriteString(htmlEscape(t.String()))
-		b.WriteString("</pre></body></html>\n")
-	} else if err := simulate.SVG(&b, res, title); err != nil {
-		return err
-	}
-	return os.WriteFile(path, b.Bytes(), 0o644)
-}
-
-func htmlEscape(s string) string {
-	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
-}
-
-// accuracy runs every built-in pattern through the five algorithms at
-// --limit per --window, and the fixed window aligned to the clock
-// (align: clock, the Envoy rules' default), writes dir/PATTERN.svg for
-// each and prints the Markdown table of ACCURACY.md.
+// accuracy runs ACCURACY.md's patterns through its policies at --limit
+// per --window, writes a chart per pattern into --accuracy and prints
+// the table.
 func (a *app) accuracy(f simulateFlags, window int64) error {
-	policies := simulate.Compare(f.limit, window, f.burst)
-	aligned := policies[0] // fixed_window
-	aligned.Name, aligned.Params.Aligned = "fixed_window align=clock", true
-	policies = slices.Insert(policies, 1, aligned)
-	for _, p := range policies {
-		if err := p.Params.Check(p.Kind); err != nil {
-			return &usageError{msg: "simulate: " + flagError(err).Error(), usage: "Usage: " + simulateSynopsis + "\n"}
-		}
+	policies, err := simulate.AccuracyPolicies(f.limit, window, f.burst)
+	if err != nil {
+		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n"}
 	}
-	if err := os.MkdirAll(f.accuracy, 0o755); err != nil {
-		return fmt.Errorf("simulate: --accuracy: %w", err)
+	table, err := simulate.Accuracy(f.accuracy, policies, f.patternSpec)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
-	var table strings.Builder
-	table.WriteString(simulate.MarkdownHeader + "\n")
-	for _, name := range simulate.Patterns {
-		ps := f.patternSpec(name)
-		arrivals, start, end, err := simulate.Generate(ps, f.limit, window)
-		if err != nil {
-			return fmt.Errorf("simulate: pattern %s: %w", name, err)
-		}
-		res, err := simulate.Run(simulate.Spec{Start: start, End: end, Arrivals: arrivals, Policies: policies})
-		if err != nil {
-			return fmt.Errorf("simulate: pattern %s: %w", name, err)
-		}
-		for i := range res.Results {
-			table.WriteString(simulate.MarkdownRow(name, &res.Results[i]) + "\n")
-		}
-		title := fmt.Sprintf("sluice simulate --pattern %s: %d requests over %v, %d per %v", name, len(arrivals), time.Duration(end-start)*time.Microsecond, f.limit, f.window)
-		if err := writeChart(filepath.Join(f.accuracy, name+".svg"), res, title); err != nil {
-			return fmt.Errorf("simulate: --accuracy: %w", err)
-		}
-	}
-	_, err := io.WriteString(a.stdout, table.String())
+	_, err = io.WriteString(a.stdout, table)
 	return err
 }
+
+// localQuota runs every built-in pattern at --limit (default
+// wiring.LocalQuotaLimit) per --window through the algorithms that take
+// local quota, on --instances Limiters, and prints ACCURACY.md's
+// local-quota table.
+func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
+	limit := f.limit
+	if !set["limit"] {
+		limit = wiring.LocalQuotaLimit
+	}
+	policies, err := wiring.LocalQuotaPolicies(limit, f.window, f.burst)
+	if err != nil {
+		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n"}
+	}
+	table, err := wiring.LocalQuotaTable(policies, f.instances, f.seed, f.patternSpec)
+	if err != nil {
+		return fmt.Errorf("simulate: --local-quota: %w", err)
+	}
+	_, err = io.WriteString(a.stdout, table)
+	return err
+}
+
+// maxInstances bounds --instances.
+const maxInstances = 64

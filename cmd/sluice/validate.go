@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/sluicehq/sluice/internal/server"
@@ -13,10 +12,7 @@ func (a *app) validate(args []string) error {
 	fs.StringVar(&path, "config", "", "the config `FILE` to check (required)")
 	fs.StringVar(&path, "c", "", "shorthand for --config")
 	if err := a.parseFlags(fs, validateSynopsis, args); err != nil {
-		if errors.Is(err, errHelp) {
-			return nil
-		}
-		return err
+		return err // errHelp after -h: run answers nil
 	}
 	if path == "" {
 		return &usageError{msg: "validate needs --config FILE", usage: "Usage: " + validateSynopsis + "\n"}

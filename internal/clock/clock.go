@@ -36,3 +36,9 @@ func (c *Monotonic) Now() time.Time { return c.start.Add(time.Since(c.start)) }
 func (c *Monotonic) UnixMicro() int64 {
 	return c.startMicro + int64(time.Since(c.start)/time.Microsecond)
 }
+
+// AfterFunc runs f in its own goroutine once d has passed.
+func (System) AfterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
+
+// AfterFunc runs f in its own goroutine once d has passed.
+func (c *Monotonic) AfterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }

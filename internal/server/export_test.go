@@ -9,6 +9,3 @@ func SetMetricsClock(m *Metrics, clock sluice.Clock) { m.clock = clock }
 // Loopback reports whether a listen address accepts only local
 // connections (the check API warns when it is open on any other).
 var Loopback = loopback
-
-// NewBreakerLog is the Redis circuit breaker's throttled log.
-var NewBreakerLog = newBreakerLog

@@ -31,10 +31,11 @@ var layers = []struct {
 }{
 	{"commands", []string{"cmd/sluice", "deploy", "examples/demo"}},
 	{"server", []string{"internal/server"}},
+	{"wiring", []string{"internal/wiring"}},
 	{"envoy rate-limit service", []string{"internal/server/rls"}},
 	{"envoy rules files", []string{"internal/server/envoyconf"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
-	{"check API wire", []string{"internal/server/checkapi"}},
+	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/server/config"}},
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
@@ -44,7 +45,7 @@ var layers = []struct {
 	{"contract", []string{""}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/clock"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/clock"}},
 }
 
 // listedPackage is what TestLayers reads of go list -json.

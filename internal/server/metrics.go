@@ -172,19 +172,26 @@ func (m *Metrics) Handler() http.Handler {
 // sluice_decision_duration_seconds{store}. store is a fixed name such as
 // "memory" or "redis".
 // Its failures are counted in sluice_store_failures_total{store,cause}.
-// A store that keeps overrides (sluice.OverrideStore) still does.
+// A store that keeps overrides (overrideStore) still does.
 func (m *Metrics) InstrumentStore(st sluice.Store, store string, clock sluice.Clock) sluice.Store {
 	ts := &timedStore{Store: st, obs: m.duration.WithLabelValues(store), failures: m.failures.MustCurryWith(prometheus.Labels{"store": store}), clock: clock}
-	if os, ok := st.(sluice.OverrideStore); ok {
-		return &timedOverrideStore{timedStore: ts, OverrideStore: os}
+	if os, ok := st.(overrideStore); ok {
+		return &timedOverrideStore{timedStore: ts, overrideStore: os}
 	}
 	return ts
+}
+
+// overrideStore is a Store's way to keep overrides, as sluice.Limiter
+// looks for it (see sluice.Limiter.SetOverride).
+type overrideStore interface {
+	PutOverride(ctx context.Context, o sluice.Override) error
+	Overrides(ctx context.Context) ([]sluice.Override, error)
 }
 
 // timedOverrideStore is a timedStore over a store that keeps overrides.
 type timedOverrideStore struct {
 	*timedStore
-	sluice.OverrideStore
+	overrideStore
 }
 
 // overridesCollector serves sluice_overrides{policy}: how many overrides

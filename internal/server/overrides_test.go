@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/server"
-	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 

@@ -23,7 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/rls"
-	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // RunOptions configure Run. The zero value serves the built-in example.
@@ -115,8 +115,8 @@ func (o RunOptions) withDefaults() RunOptions {
 type runner struct {
 	opts     RunOptions
 	log      *slog.Logger
-	st       *storeHandle
-	fallback *memstore.Store // nil without a proxy section
+	st       *wiring.Store
+	fallback *wiring.Store // nil without a proxy section
 	r        *reloader
 	https    []*http.Server // the check API's, then the proxy's
 	grpc     *grpc.Server   // nil without an envoy section
@@ -142,27 +142,30 @@ func (rn *runner) start(l *loaded) error {
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
-	if rn.st, err = newStore(cfg, clock, rn.opts.Getenv, rn.log); err != nil {
+	if rn.st, err = wiring.NewStore(cfg.Store, wiring.StoreOptions{Clock: clock, Getenv: rn.opts.Getenv, Log: rn.log}); err != nil {
 		return err
 	}
-	if rn.st.evictions != nil {
-		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.evictions, rn.st.lostIDs); err != nil {
+	if rn.st.Evictions != nil {
+		if err := metrics.CountEvictions(cfg.Store.Type, rn.st.Evictions, rn.st.LostIDs); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	if rn.st.skipped != nil {
-		if err := metrics.CountSkippedOverrides(cfg.Store.Type, rn.st.skipped); err != nil {
+	if rn.st.Skipped != nil {
+		if err := metrics.CountSkippedOverrides(cfg.Store.Type, rn.st.Skipped); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
 	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log, tracing: rn.tracing,
-		store: metrics.InstrumentStore(rn.st.store, cfg.Store.Type, clock), ready: rn.st.ready, info: rn.st.info, metrics: metrics, reloadM: reloadM}
-	fb, err := newFallbackStore(cfg, clock)
+		store: metrics.InstrumentStore(rn.st.Store, cfg.Store.Type, clock), info: StoreInfo{Type: rn.st.Type, Breaker: rn.st.Breaker}, metrics: metrics, reloadM: reloadM}
+	if rn.st.Ready != nil {
+		r.ready = []Check{rn.st.Ready}
+	}
+	fb, err := wiring.NewFallbackStore(cfg, clock)
 	if err != nil {
 		return err
 	}
 	if fb != nil {
-		rn.fallback, r.fallback = fb, fb
+		rn.fallback, r.fallback = fb, fb.Store
 	}
 	if cfg.Envoy != nil {
 		if r.rlsM, err = rls.NewMetrics(reg); err != nil {
@@ -334,7 +337,7 @@ func (rn *runner) close() {
 		rn.fallback.Close()
 	}
 	if rn.st != nil {
-		rn.st.close()
+		rn.st.Close()
 	}
 	deadline := rn.deadline // the spans are flushed within the drain's bound, not a second one
 	if deadline.IsZero() {

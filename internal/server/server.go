@@ -10,7 +10,7 @@
 // replaces (see Run).
 //
 // The check API's JSON, request and answer, is declared in
-// internal/server/checkapi, which the Go client and sluice check share. It
+// internal/checkapi, which the Go client and sluice check share. It
 // answers one JSON object per request:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
@@ -69,10 +69,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
-	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
-	"github.com/sluicehq/sluice/internal/server/checkapi"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/simulate"
 )

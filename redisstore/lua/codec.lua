@@ -88,8 +88,9 @@ end
 -- the fields as decimals joined by ':' (no such string starts with that
 -- byte); decodeState still reads them, and the next write replaces them.
 local STATE_BINARY = 1
-local STATE_FORMAT = {[3] = '<Bddd', [4] = '<Bdddd', [5] = '<Bddddd'}
+local STATE_FORMAT = {[2] = '<Bdd', [3] = '<Bddd', [4] = '<Bdddd', [5] = '<Bddddd'}
 local STATE_DECIMAL = {
+  [2] = '^(%d+):(%d+)$',
   [3] = '^(%d+):(%d+):(%d+)$',
   [4] = '^(%d+):(%d+):(%d+):(%d+)$',
   [5] = '^(%d+):(%d+):(%d+):(%d+):(%d+)$',
@@ -131,6 +132,8 @@ local function decodeFields(key, raw, n)
       fieldCorrupt(key, 1, a)
     elseif badField(b) then
       fieldCorrupt(key, 2, b)
+    elseif n == 2 then
+      return a, b, 0, 0, 0
     elseif badField(c) then
       fieldCorrupt(key, 3, c)
     end

@@ -28,6 +28,7 @@ local FIELDS = {
   [KIND_TOKEN_BUCKET] = 3,
   [KIND_GCRA] = 5,
   [KIND_CONCURRENCY] = 0,
+  [KIND_FIXED_WINDOW_END] = 2,
 }
 
 -- The integers of one decision: algorithm.Decision's fields.
@@ -60,6 +61,26 @@ local function recordID(id, op)
   return ''
 end
 
+-- recordCorrupt ports RecordCorrupt on decisions as the reply holds them
+-- (flat, the replayed flag first), with the check Go's bool makes for it:
+-- allowed is 1 or 0.
+local function recordCorrupt(ds)
+  for o = 2, #ds, DECISION_SIZE do
+    local i = (o - 2) / DECISION_SIZE
+    local allowed, limit, remaining, resetAfter, retryAfter = ds[o], ds[o + 1], ds[o + 2], ds[o + 3], ds[o + 4]
+    if allowed ~= 0 and allowed ~= 1 then
+      return 'decision ' .. i .. ': allowed ' .. fmt(allowed) .. ': want 1 or 0'
+    elseif limit < 1 or limit > MAX_LIMIT or remaining < 0 or remaining > limit then
+      return 'decision ' .. i .. ': limit ' .. fmt(limit) .. ', remaining ' .. fmt(remaining) .. ': want 0 <= remaining <= limit, limit 1 to ' .. fmt(MAX_LIMIT)
+    elseif resetAfter < 0 or resetAfter >= MAX_EXACT or retryAfter < 0 or retryAfter >= MAX_EXACT then
+      return 'decision ' .. i .. ': reset after ' .. fmt(resetAfter) .. ', retry after ' .. fmt(retryAfter) .. ' µs: want each in [0, 2^53)'
+    elseif (allowed == 1) ~= (retryAfter == 0) then
+      return 'decision ' .. i .. ': allowed ' .. fmt(allowed) .. ' with retry after ' .. fmt(retryAfter) .. ' µs: want 0 exactly when allowed'
+    end
+  end
+  return nil
+end
+
 -- boundsFixed ports Policy.bounds for a fixed-size kind k, its state's
 -- fields a to e as values.
 local function boundsFixed(k, p, a, b, c, d, e)
@@ -67,6 +88,8 @@ local function boundsFixed(k, p, a, b, c, d, e)
     return gcraExpires(a, b, c, d, e, p), gcraNewest(e)
   elseif k == KIND_FIXED_WINDOW then
     return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
+  elseif k == KIND_FIXED_WINDOW_END then
+    return fixedWindowEndExpires(a, b), fixedWindowEndNewest()
   elseif k == KIND_TOKEN_BUCKET then
     return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
   elseif k == KIND_SLIDING_WINDOW then
@@ -110,6 +133,13 @@ local function decideFixed(k, p, a, b, c, d, e, now, cost, refund, hold)
       a, b, c, allowed, remaining, resetAfter, retryAfter = fixedWindowDecide(a, b, c, p, now, cost)
     end
     return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowExpires(a, b, p), p.limit
+  elseif k == KIND_FIXED_WINDOW_END then
+    if refund then
+      a, b, allowed, remaining, resetAfter, retryAfter = fixedWindowEndRefund(a, b, p, now, cost)
+    else
+      a, b, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(a, b, p, now, cost)
+    end
+    return a, b, 0, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowEndExpires(a, b), p.limit
   elseif k == KIND_TOKEN_BUCKET then
     if refund then
       a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)

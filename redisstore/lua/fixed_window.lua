@@ -3,9 +3,10 @@ its fields as separate values (start, count, last), as fixedWindowOf reads
 them from State.V; Decide and Refund return the state after them, then
 the decision's allowed, remaining, resetAfter and retryAfter (its limit is
 p.limit). Values, not tables: a decision allocates nothing here.
-fixedWindowCorrupt has no Go twin: memstore reads only what it wrote. ]]
+FixedWindowEnd's state is its end and count, as fixedWindowEndOf reads
+them. ]]
 
--- fixedWindowCorrupt returns why start, count and last are no state
+-- fixedWindowCorrupt ports FixedWindow.corrupt: it returns why start, count and last are no state
 -- fixedWindowDecide or fixedWindowRefund leaves to keep, or nil. A kept
 -- window holds a count (one of 0 equals absent and is deleted) of at most
 -- the limit at its write, and its newest write lies in it:
@@ -73,4 +74,59 @@ end
 -- fixedWindowNewest ports FixedWindow.Newest.
 local function fixedWindowNewest(last)
   return last
+end
+
+-- fixedWindowEndCorrupt ports FixedWindowEnd.corrupt.
+local function fixedWindowEndCorrupt(ends, count, now)
+  if count < 1 or count > MAX_LIMIT then
+    return 'count ' .. fmt(count) .. ': want 1 to ' .. fmt(MAX_LIMIT)
+  elseif ends < 1 then
+    return 'end ' .. fmt(ends) .. ': want a time after the epoch'
+  elseif ends - now > MAX_WINDOW then
+    return 'end is ' .. fmt(ends - now) .. ' µs after the time of this call: want at most 24h'
+  end
+  return nil
+end
+
+-- fixedWindowEndDecide ports FixedWindowEnd.Decide.
+local function fixedWindowEndDecide(ends, count, p, now, cost)
+  local limit = p.limit
+  if count == 0 or now >= ends then
+    ends, count = fixedWindowStart(p, now) + p.window, 0
+  end
+  if count + verdictCost(cost) > limit then
+    -- Count > Limit after a limit was lowered: remaining 0.
+    return ends, count, false, mathMax(limit - count, 0), ends - now, ends - now
+  end
+  count = count + cost
+  local resetAfter = 0
+  if count > 0 then
+    resetAfter = ends - now
+  end
+  return ends, count, true, limit - count, resetAfter, 0
+end
+
+-- fixedWindowEndExpires ports FixedWindowEnd.Expires.
+local function fixedWindowEndExpires(ends, count)
+  if count == 0 then
+    return 0
+  end
+  return ends
+end
+
+-- fixedWindowEndRefund ports FixedWindowEnd.Refund.
+local function fixedWindowEndRefund(ends, count, p, now, n)
+  if count ~= 0 and now < ends then
+    count = mathMax(count - n, 0)
+  end
+  if fixedWindowEndExpires(ends, count) <= now then
+    ends, count = 0, 0 -- nothing left to remember: absent, as a store drops it
+  end
+  local _, _, _, remaining, resetAfter = fixedWindowEndDecide(ends, count, p, now, 0)
+  return ends, count, true, remaining, resetAfter, 0
+end
+
+-- fixedWindowEndNewest ports FixedWindowEnd.Newest.
+local function fixedWindowEndNewest()
+  return 0
 end

@@ -2,10 +2,10 @@
 separate values (tat, frac, sLimit, sWindow, last: the Go fields TAT,
 Frac, Limit, Window, Last), as gcraOf reads them; Decide and Refund return
 the state after them, then the decision's allowed, remaining, resetAfter
-and retryAfter (its limit is p.burst). gcraCorrupt has no Go twin: memstore
-reads only what it wrote. ]]
+and retryAfter (its limit is p.burst). gcraCorrupt ports GCRA.corrupt
+(the engine holds memstore's states to it too). ]]
 
--- gcraCorrupt returns why tat, frac, sLimit, sWindow and last are no
+-- gcraCorrupt ports GCRA.corrupt: it returns why tat, frac, sLimit, sWindow and last are no
 -- state gcraDecide or gcraRefund leaves to keep, or nil. A kept schedule
 -- was written at last >= 1 under a policy's limit and window, with a
 -- remainder below that limit; it ends after last (one that does not

@@ -34,6 +34,7 @@ local KIND_SLIDING_WINDOW = 3
 local KIND_TOKEN_BUCKET = 4
 local KIND_GCRA = 5
 local KIND_CONCURRENCY = 6
+local KIND_FIXED_WINDOW_END = 7
 
 -- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
 -- double quotient is off by at most one, which the remainder corrects.
@@ -87,10 +88,10 @@ local function check(p, k)
     return 'limit', 'must be between 1 and 1000000000'
   elseif p.burst < 1 or p.burst > MAX_LIMIT then
     return 'burst', 'must be between 1 and 1000000000'
-  elseif p.aligned and k ~= KIND_FIXED_WINDOW then
+  elseif p.aligned and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END then
     return 'align', 'clock alignment applies only to fixed_window'
   end
-  if k == KIND_FIXED_WINDOW then
+  if k == KIND_FIXED_WINDOW or k == KIND_FIXED_WINDOW_END then
     return nil
   elseif k == KIND_SLIDING_LOG then
     if p.limit > MAX_SLIDING_LOG_LEN then

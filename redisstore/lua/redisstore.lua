@@ -41,7 +41,8 @@ ARGV, by the named positions below (redisstore.go names them alike):
                        are algorithm.Check's), an integer in [0, MAX_WINDOW]; 0 for
                        every other decision.
   then one argument per policy, from ARGV_POLICIES + 1: its algorithm
-  (algorithm.Kind), limit, window in µs, burst, TTL grace in µs
+  (algorithm.Kind: on Redis time a fixed window is KindFixedWindowEnd,
+  whose key expires at the window's end with no grace), limit, window in µs, burst, TTL grace in µs
   (CleanupGrace + ExtraTTL) and align (1: a fixed window on the clock's
   boundaries, Params.Aligned; else 0), in that order, as decimals joined
   by spaces, e.g. "5 100 1000000 20 0 0" (the same string for every decision of the
@@ -49,7 +50,9 @@ ARGV, by the named positions below (redisstore.go names them alike):
 
 Reply: replayed (1 when the reply is the one remembered for the evaluation
 id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
-allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs).
+allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs);
+on Redis time, then the time the call decided at (µs), so that a reader
+of the reply (the differential test) can decide it again.
 Errors, raised before any write: "SLUICE_ARGS <reason>",
 "SLUICE_CORRUPT <key>: <reason>" (state this script did not write: wrong
 type, not its integers, or integers no decision of it leaves behind:
@@ -64,8 +67,11 @@ State: a fixed-size algorithm's fields as one string (SET … PX; its form
 is in codec.lua), the sliding log as a list of admission times in µs.
 Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
-time of this call, so a key never vanishes before its state equals absent.
-Needs Redis >= 5 (effects replication of a script that calls TIME); on
+time of this call, so a key never vanishes before its state equals absent;
+but a fixed window on Redis time (KIND_FIXED_WINDOW_END: its end and
+count) gets PXAT = its end rounded up to the ms, with no grace.
+Needs Redis >= 5 (effects replication of a script that calls TIME), and
+6.2 for a fixed window on Redis time (SET … PXAT); on
 Redis >= 7 it is loaded once as a function library (FUNCTION LOAD) and
 called with FCALL, so its definitions are not rebuilt on every call. ]]
 
@@ -92,23 +98,25 @@ local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = t
 -- fixedCorrupt returns why a to e, the fields of a state of fixed-size
 -- kind, are none the algorithm can have written (fixedWindowCorrupt, …),
 -- or nil.
-local function fixedCorrupt(kind, a, b, c, d, e)
+local function fixedCorrupt(kind, a, b, c, d, e, now)
   if kind == KIND_GCRA then
     return gcraCorrupt(a, b, c, d, e)
   elseif kind == KIND_FIXED_WINDOW then
     return fixedWindowCorrupt(a, b, c)
   elseif kind == KIND_TOKEN_BUCKET then
     return tokenBucketCorrupt(a, b, c)
+  elseif kind == KIND_FIXED_WINDOW_END then
+    return fixedWindowEndCorrupt(a, b, now)
   end
   return slidingWindowCorrupt(a, b, c, d)
 end
 
 -- decodeChecked returns the fields of a state of fixed-size kind stored
 -- at key as raw, as values: decoded (codec.lua), then held to what the
--- algorithm can have written.
-local function decodeChecked(key, raw, kind)
+-- algorithm can have written, read at now.
+local function decodeChecked(key, raw, kind, now)
   local a, b, c, d, e = decodeFields(key, raw, FIELDS[kind])
-  local why = fixedCorrupt(kind, a, b, c, d, e)
+  local why = fixedCorrupt(kind, a, b, c, d, e, now)
   if why ~= nil then
     corrupt(key, why)
   end
@@ -119,12 +127,30 @@ end
 -- its policy's limit.
 local MOST_ENTRIES = {[KIND_SLIDING_LOG] = MAX_SLIDING_LOG_LEN, [KIND_CONCURRENCY] = MAX_CONCURRENCY_LIMIT}
 
--- readState returns the state of kind at key, or nil when there is none.
--- Anything but what apply writes is corrupt: its fields are checked here,
--- a log's or a set's entries as a decision reads them (sliding_log.lua,
--- concurrency.lua), and how far its newest write may lie ahead of the
--- time of the call by main.
-local function readState(key, kind)
+-- ahead raises SLUICE_CORRUPT when newest, the newest write to a state
+-- of p at key (what, when not nil, says whose), lies further after now,
+-- the time of a call on Redis time, than p's window and TTL grace. Redis's
+-- clock may step back (NTP, a failover to a replica whose clock is
+-- behind): a write up to that far ahead is decided at its own time (the
+-- clock rule), its waits lengthened by as much. Further ahead, every wait
+-- would be lengthened by more than the window it limits: corrupt, rather
+-- than a subject locked out for longer than its policy ever could. (A
+-- caller's clock has MaxClockRegression for this.) The one place of the
+-- rule: readState, carryOver and fastMain's values call it.
+local function ahead(key, p, newest, now, what)
+  if newest - now > p.window + p.grace then
+    corrupt(key, (what or '') .. 'newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+  end
+end
+
+-- readState returns the state of p at key, or nil when there is none, for
+-- a call at now (on Redis time when onRedis is set). Anything but what
+-- apply writes is corrupt: its fields are checked here, a log's or a
+-- set's entries as a decision reads them (slidingLogCorrupt,
+-- concurrency.lua), and on Redis time how far its newest write lies ahead
+-- (ahead).
+local function readState(key, p, now, onRedis)
+  local kind = p.kind
   if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
     -- A view of the list (sorted set), its newest entry read with its length.
     local length, entry = 'LLEN', slidingLogEntry
@@ -137,26 +163,49 @@ local function readState(key, kind)
     elseif len > MOST_ENTRIES[kind] then
       corrupt(key, 'holds ' .. len .. ' entries: want at most ' .. MOST_ENTRIES[kind])
     end
-    local view = {key = key, len = len, newest = 0, latest = ''}
-    view.newest = entry(view, len - 1)
+    local view = {key = key, len = len, newest = 0, oldest = 0, latest = ''}
+    if kind == KIND_SLIDING_LOG then
+      slidingLogCorrupt(view, p, now) -- reads the newest too
+    else
+      view.newest = entry(view, len - 1)
+    end
+    if onRedis then
+      local _, newest = bounds(p, view)
+      ahead(key, p, newest, now)
+    end
     return view
   end
   local raw = read(key, 'GET')
   if not raw then
     return nil
   end
-  local a, b, c, d, e = decodeChecked(key, raw, kind)
+  local a, b, c, d, e = decodeChecked(key, raw, kind, now)
+  if onRedis then
+    local _, newest = boundsFixed(kind, p, a, b, c, d, e)
+    ahead(key, p, newest, now)
+  end
   return {a, b, c, d, e}
 end
 
--- applyFixed keeps the n fields a to e of a state that expires at
--- expires at key, as apply does.
-local function applyFixed(key, n, expires, now, grace, a, b, c, d, e)
+-- px returns the TTL, in ms, of a key whose state equals absent from
+-- expires on, written at now with grace: until expires plus grace,
+-- rounded up.
+local function px(expires, now, grace)
+  return fmt(mathMax(ceilDiv(expires - now + grace, 1000), 1))
+end
+
+-- applyFixed keeps the n fields a to e of a state of kind that expires
+-- at expires at key, as apply does. A fixed window on Redis time
+-- (KIND_FIXED_WINDOW_END) takes no grace: its key expires at its end,
+-- rounded up to the millisecond (PXAT, Redis >= 6.2).
+local function applyFixed(key, kind, n, expires, now, grace, a, b, c, d, e)
   if expires <= now then
     redisCall('DEL', key)
-    return
+  elseif kind == KIND_FIXED_WINDOW_END then
+    redisCall('SET', key, encodeFields(n, a, b, c, d, e), 'PXAT', fmt(ceilDiv(expires, 1000)))
+  else
+    redisCall('SET', key, encodeFields(n, a, b, c, d, e), 'PX', px(expires, now, grace))
   end
-  redisCall('SET', key, encodeFields(n, a, b, c, d, e), 'PX', fmt(mathMax(ceilDiv(expires - now + grace, 1000), 1)))
 end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
@@ -166,7 +215,7 @@ local function apply(key, kind, w, stored, now, grace)
     redisCall('DEL', key)
     return
   end
-  local px = fmt(mathMax(ceilDiv(w.expires - now + grace, 1000), 1))
+  local ttl = px(w.expires, now, grace)
   if kind == KIND_CONCURRENCY then
     local e = w.leases
     if w.fresh and stored then
@@ -180,12 +229,12 @@ local function apply(key, kind, w, stored, now, grace)
     if e.add ~= '' then
       redisCall('ZADD', key, fmt(e.at), e.add)
     end
-    redisCall('PEXPIRE', key, px)
+    redisCall('PEXPIRE', key, ttl)
     return
   end
   if kind ~= KIND_SLIDING_LOG then
     local v = w.v
-    applyFixed(key, FIELDS[kind], w.expires, now, grace, v[1], v[2], v[3], v[4], v[5])
+    applyFixed(key, kind, FIELDS[kind], w.expires, now, grace, v[1], v[2], v[3], v[4], v[5])
     return
   end
   local e = w.log
@@ -203,7 +252,7 @@ local function apply(key, kind, w, stored, now, grace)
     redisCall('RPUSH', key, unpack(batch))
     left = left - #batch
   end
-  redisCall('PEXPIRE', key, px)
+  redisCall('PEXPIRE', key, ttl)
 end
 
 ------------------------------------------------------------------------
@@ -245,6 +294,10 @@ local function dedupeLookup(zkey, hkey, id, now)
   end
   if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
+  end
+  local why = recordCorrupt(vals)
+  if why ~= nil then
+    corrupt(hkey, 'a remembered reply: ' .. why)
   end
   return vals
 end
@@ -328,18 +381,6 @@ local function carriedEntries(key, raw, kind)
   return out, prev
 end
 
--- aheadMost returns how far, in µs, the newest write to a state of p may
--- lie after the time of a call on Redis time. Redis's clock may step back
--- (NTP, a failover to a replica whose clock is behind): a write up to p's
--- window and TTL grace ahead is decided at its own time (the clock rule),
--- its waits lengthened by as much. Further ahead, every wait would be
--- lengthened by more than the window it limits: corrupt, rather than a
--- subject locked out for longer than its policy ever could. (A caller's
--- clock has MaxClockRegression for this.)
-local function aheadMost(p)
-  return p.window + p.grace
-end
-
 -- carryOver gives each policy of ev without a live state the state
 -- carried in ARGV, if any: checked first (anything the store would not
 -- have written is corrupt), then kept at its key with its TTL.
@@ -358,14 +399,14 @@ local function carryOver(KEYS, ARGV, ev, now)
         local entries, latest = carriedEntries(KEYS[i], raw, p.kind)
         take[i], newest = {entries = entries, ttl = ttl}, latest
       else
-        local a, b, c, d, e = decodeChecked(KEYS[i], raw, p.kind)
+        local a, b, c, d, e = decodeChecked(KEYS[i], raw, p.kind, now)
         local v = {a, b, c, d, e}
         take[i] = {v = v, ttl = ttl}
         local _, nw = bounds(p, v)
         newest = nw
       end
-      if ARGV[ARGV_NOW] == '' and newest - now > aheadMost(p) then
-        corrupt(KEYS[i], 'carried state: newest write is ' .. fmt(newest - now) .. ' µs after the time of this call')
+      if ARGV[ARGV_NOW] == '' then
+        ahead(KEYS[i], p, newest, now, 'carried state: ')
       end
     end
   end
@@ -377,7 +418,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('ZADD', KEYS[i], unpack(c.leases, j, mathMin(j + 999, #c.leases)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p.kind)
+      ev.states[i] = readState(KEYS[i], p, now, false) -- checked as carried
     elseif c ~= nil and c.v ~= nil then
       redisCall('SET', KEYS[i], encodeState(c.v, FIELDS[p.kind]), 'PX', fmt(c.ttl))
       ev.states[i] = c.v
@@ -387,7 +428,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         redisCall('RPUSH', KEYS[i], unpack(c.entries, j, mathMin(j + 999, #c.entries)))
       end
       redisCall('PEXPIRE', KEYS[i], fmt(c.ttl))
-      ev.states[i] = readState(KEYS[i], p.kind)
+      ev.states[i] = readState(KEYS[i], p, now, false) -- checked as carried
     end
   end
 end
@@ -463,13 +504,6 @@ local function clockUnsafe(key, behind, maxRegression)
     ' µs behind the last write, more than the allowed ' .. fmt(maxRegression))
 end
 
--- tooFarAhead raises SLUICE_CORRUPT: on Redis time, no write lies
--- further ahead of the clock than aheadMost (such a state would lock its
--- subject out until then).
-local function tooFarAhead(key, ahead)
-  corrupt(key, 'newest write is ' .. fmt(ahead) .. ' µs after the time of this call')
-end
-
 -- main decides one call; KEYS and ARGV are the call's keys and arguments,
 -- and at, when not nil, the time of this call read already by redisTime.
 local function main(KEYS, ARGV, at)
@@ -534,15 +568,7 @@ local function main(KEYS, ARGV, at)
   for i = 1, n do
     local st
     if not reset then -- a reset deletes whatever is there, corrupt state included
-      st = readState(KEYS[i], policies[i].kind)
-    end
-    if st ~= nil and redisTime then
-      -- On Redis time, no write lies further ahead of the clock than
-      -- aheadMost: such a state would lock its subject out until then.
-      local _, newest = bounds(policies[i], st)
-      if newest - now > aheadMost(policies[i]) then
-        tooFarAhead(KEYS[i], newest - now)
-      end
+      st = readState(KEYS[i], policies[i], now, redisTime)
     end
     states[i] = st
   end
@@ -566,6 +592,9 @@ local function main(KEYS, ARGV, at)
   end
   local reply = ev.decisions -- the reply as it stands, its replayed flag first
   if ev.replayed then
+    if redisTime then
+      reply[#reply + 1] = now
+    end
     return reply
   end
   if ev.commit then
@@ -575,6 +604,9 @@ local function main(KEYS, ARGV, at)
   end
   if id ~= '' then
     dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
+  end
+  if redisTime then
+    reply[#reply + 1] = now
   end
   return reply
 end
@@ -613,13 +645,7 @@ local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
-  local st = readState(key, p.kind)
-  if st ~= nil and onRedis then
-    local _, newest = bounds(p, st)
-    if newest - now > aheadMost(p) then
-      tooFarAhead(key, newest - now)
-    end
-  end
+  local st = readState(key, p, now, onRedis)
   local cur, t, behind = current(p, st, now, maxRegression)
   if cur == nil then
     clockUnsafe(key, behind, maxRegression)
@@ -633,7 +659,36 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   if ds[2] == 1 and op ~= 'peek' then
     apply(key, p.kind, w, st ~= nil, now, p.grace)
   end
+  if onRedis then
+    ds[#ds + 1] = now
+  end
   return ds
+end
+
+-- fixedWindowFloor decides a short spend of cost on key under p, a fixed
+-- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
+-- general course would, with the least work: one GET, the checks and the
+-- decision of fixed_window.lua, one SET that expires at the window's end
+-- (applyFixed), nothing written on a denial. No clock rule: such a state
+-- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
+-- far ahead is corrupt. The differential test's Redis-clock mode drives
+-- it in the short form, and the general form beside it.
+local function fixedWindowFloor(key, p, cost, now)
+  local ends, count = 0, 0
+  local raw = read(key, 'GET')
+  if raw then
+    ends, count = decodeFields(key, raw, 2)
+    local why = fixedWindowEndCorrupt(ends, count, now)
+    if why ~= nil then
+      corrupt(key, why)
+    end
+  end
+  local allowed, remaining, resetAfter, retryAfter
+  ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
+  if allowed then
+    applyFixed(key, KIND_FIXED_WINDOW_END, 2, fixedWindowEndExpires(ends, count), now, 0, ends, count)
+  end
+  return {0, allowed and 1 or 0, p.limit, remaining, resetAfter, retryAfter, now}
 end
 
 -- fastMain decides the short decision on key whose arguments are
@@ -668,10 +723,13 @@ local function fastMain(key, args, o, at)
     p = policyOf(args[o + 5], 1)
   end
   local k = p.kind
+  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
+    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
+  end
   if leases ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
   end
-  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
+  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
     raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
   end
   local n = FIELDS[k]
@@ -682,10 +740,10 @@ local function fastMain(key, args, o, at)
   local t = now -- the time it is decided at
   local raw = read(key, 'GET')
   if raw then
-    a, b, c, d, e = decodeChecked(key, raw, k)
+    a, b, c, d, e = decodeChecked(key, raw, k, now)
     local exp, nw = boundsFixed(k, p, a, b, c, d, e)
-    if onRedis and nw - now > aheadMost(p) then
-      tooFarAhead(key, nw - now)
+    if onRedis then
+      ahead(key, p, nw, now)
     end
     local live, behind
     live, t, behind = when(exp, nw, now, maxRegression)
@@ -701,9 +759,9 @@ local function fastMain(key, args, o, at)
     resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
   end
   if allowed and op == 'spend' then
-    applyFixed(key, n, expires, now, p.grace, a, b, c, d, e)
+    applyFixed(key, k, n, expires, now, p.grace, a, b, c, d, e)
   end
-  return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter}
+  return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter, onRedis and now or nil}
 end
 
 ------------------------------------------------------------------------

@@ -5,8 +5,9 @@ slidingLogEntry(s, i), one LINDEX. An edit is a table
 {cut, drop, add, at, newest}; a decision is the values allowed,
 remaining, resetAfter and retryAfter (its limit is p.limit).
 
-Every entry read is checked against what the script writes (it has no
-Go twin: memstore reads only what it wrote): an integer >= 1 within
+Every entry read is checked against what the script writes
+(slidingLogCorrupt ports SlidingLog.corrupt; the entries a decision
+reads beyond it are checked as they are read): an integer >= 1 within
 (newest − 24h, newest], since a write cuts what left the window at its
 time and appends at that time; and ascending, as far as the entries a
 decision reads can tell: each one the cut's binary search reads lies
@@ -15,14 +16,10 @@ from the live part lies after now − window. A disorder between the
 entries read goes unseen, and harms nothing: an entry counted or cut
 wrongly is cut by the next write with the rest. ]]
 
--- slidingLogEntry returns s.Entries[i] (0-based), read from the list.
--- With s.newest still 0 it reads the newest, checked as an integer only;
--- once read, the newest is not asked again.
-local function slidingLogEntry(s, i)
-  if i == s.len - 1 and s.newest ~= 0 then
-    return s.newest
-  end
-  local raw = redisCall('LINDEX', s.key, idx(i))
+-- slidingLogChecked returns raw, entry i (0-based) as read from the
+-- list, checked: an integer >= 1, and once s.newest is read, within
+-- (newest − 24h, newest].
+local function slidingLogChecked(s, i, raw)
   local v, newest = int(raw), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
@@ -30,6 +27,50 @@ local function slidingLogEntry(s, i)
     corrupt(s.key, 'entry ' .. i .. ' = ' .. raw .. ': want one in (newest - 24h, newest], newest ' .. fmt(newest))
   end
   return v
+end
+
+-- slidingLogEntry returns s.Entries[i] (0-based), read from the list
+-- and checked (slidingLogChecked); the newest and the oldest, once read,
+-- are not asked again.
+local function slidingLogEntry(s, i)
+  if i == s.len - 1 and s.newest ~= 0 then
+    return s.newest
+  elseif i == 0 and s.oldest ~= 0 then
+    return s.oldest
+  end
+  return slidingLogChecked(s, i, redisCall('LINDEX', s.key, idx(i)))
+end
+
+-- slidingLogCorrupt ports SlidingLog.corrupt on a view of a log of
+-- s.len >= 1 entries, reading its newest entry into it as it goes: the
+-- newest and the one before it in one LRANGE, the oldest (kept in the
+-- view, as slidingLogCut reads it first), each checked by
+-- slidingLogChecked, and a log that has ended at now by its newest
+-- entry, about to be dropped whole, read whole: ascending. It returns
+-- nothing; it raises SLUICE_CORRUPT.
+local function slidingLogCorrupt(s, p, now)
+  if s.len == 1 then
+    s.newest = slidingLogEntry(s, 0)
+    return
+  end
+  local two = redisCall('LRANGE', s.key, '-2', '-1')
+  s.newest = slidingLogChecked(s, s.len - 1, two[2])
+  local before = slidingLogChecked(s, s.len - 2, two[1])
+  if s.len == 2 then
+    s.oldest = before
+  else
+    s.oldest = slidingLogEntry(s, 0)
+  end
+  if s.newest + p.window <= now then
+    local prev = 0
+    for i, raw in ipairs(redisCall('LRANGE', s.key, '0', '-1')) do
+      local v = int(raw)
+      if v == nil or v < prev then
+        corrupt(s.key, 'entries are not ascending: entry ' .. (i - 1) .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ' lies before entry ' .. (i - 2) .. ' = ' .. fmt(prev))
+      end
+      prev = v
+    end
+  end
 end
 
 -- slidingLogLive returns entry i, which lies at or after the cut at now:

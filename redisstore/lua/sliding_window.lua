@@ -2,10 +2,10 @@
 state is its fields as separate values (start, curr, prev, last), as
 slidingWindowOf reads them; Decide returns the state after it, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is
-p.limit). slidingWindowCorrupt has no Go twin: memstore reads only what it
-wrote. ]]
+p.limit). slidingWindowCorrupt ports SlidingWindow.corrupt
+(the engine holds memstore's states to it too). ]]
 
--- slidingWindowCorrupt returns why start, curr, prev and last are no
+-- slidingWindowCorrupt ports SlidingWindow.corrupt: it returns why start, curr, prev and last are no
 -- state slidingWindowDecide writes, or nil. It writes only an admitted
 -- spend, so curr >= 1; both counts are at most the limit at a write; the
 -- newest write lies in the current window, start <= last < start +

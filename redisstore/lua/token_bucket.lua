@@ -2,10 +2,10 @@
 its fields as separate values (tokens, last, window), as tokenBucketOf
 reads them; Decide and Refund return the state after them, then the
 decision's allowed, remaining, resetAfter and retryAfter (its limit is
-p.burst). tokenBucketCorrupt has no Go twin: memstore reads only what it
-wrote. ]]
+p.burst). tokenBucketCorrupt ports TokenBucket.corrupt
+(the engine holds memstore's states to it too). ]]
 
--- tokenBucketCorrupt returns why tokens, last and window are no state
+-- tokenBucketCorrupt ports TokenBucket.corrupt: it returns why tokens, last and window are no state
 -- tokenBucketDecide or tokenBucketRefund leaves to keep, or nil: a kept
 -- bucket was written at last >= 1 under a policy's window, and holds
 -- less than that policy's full bucket, burst × window, which is at most

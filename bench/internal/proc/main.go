@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Main runs a bench program's run with its arguments until it returns or
@@ -21,3 +23,12 @@ func Main(name string, run func(ctx context.Context, args []string, stdout, stde
 		os.Exit(1)
 	}
 }
+
+// quiet drops go-redis's log lines: a connection refused while Redis is
+// killed on purpose is expected here, and the programs say what failed
+// themselves.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quiet{}) }

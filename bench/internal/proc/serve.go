@@ -1,137 +1,25 @@
-// Package proc runs the real processes the bench programs measure from
-// outside: `sluice serve` built from the main module, and redis-server,
-// each on a free loopback port, each ended by the PID this package started.
-// It reads what a user of those processes sees: resident memory from
-// /proc/PID/status and the server's /metrics.
+// Package proc reads what a user of the processes the bench programs
+// measure from outside sees: resident memory from /proc/PID/status, the
+// server's /metrics and the panics in its log. The processes themselves,
+// `sluice serve` and redis-server, are started by the main module's
+// internal/testkit (servetest, redistest), as the tests start them.
 package proc
 
 import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
-	"time"
 )
 
-// BuildSluice builds ./cmd/sluice of the main module at repo into dir and
-// returns the binary's path.
-func BuildSluice(ctx context.Context, repo, dir string) (string, error) {
-	bin := filepath.Join(dir, "sluice")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sluice")
-	build.Dir = repo
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/sluice in %s: %w\n%s", repo, err, out)
-	}
-	return bin, nil
-}
-
-// Serve is a `sluice serve` process this package started. Its whole
-// stderr goes to a file, so a panic it printed can be found afterwards.
-type Serve struct {
-	URL     string // the check API, http://127.0.0.1:PORT
-	LogPath string // the server's stderr
-	cmd     *exec.Cmd
-	logs    sync.WaitGroup
-	log     *os.File
-	stop    sync.Once
-	stopErr error
-}
-
-var listening = regexp.MustCompile(`msg=listening addr=(http://\S+)`)
-
-// StartServe runs bin serve -c config, its stderr into logPath, and waits
-// (at most 30 s) for the line that names its address.
-func StartServe(ctx context.Context, bin, config, logPath string) (*Serve, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "serve", "-c", config)
-	pipe, err := cmd.StderrPipe()
-	if err == nil {
-		err = cmd.Start()
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	s := &Serve{LogPath: logPath, cmd: cmd, log: f}
-	found := make(chan string, 1)
-	s.logs.Add(1)
-	go func() {
-		defer s.logs.Done()
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			fmt.Fprintln(f, sc.Text())
-			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
-				found <- m[1]
-			}
-		}
-		io.Copy(f, pipe) // a line too long for the scanner: keep the rest
-		close(found)
-	}()
-	select {
-	case url, ok := <-found:
-		if ok {
-			s.URL = url
-			return s, nil
-		}
-	case <-time.After(30 * time.Second):
-	case <-ctx.Done():
-	}
-	s.Stop()
-	return nil, fmt.Errorf("sluice serve did not report its address within 30s (log: %s)", logPath)
-}
-
-// PID is the server's process id.
-func (s *Serve) PID() int { return s.cmd.Process.Pid }
-
-// Stop sends SIGTERM to the server and waits for it, at most 15 s before
-// SIGKILL, then for its log to be written out. Later calls return what
-// the first did.
-func (s *Serve) Stop() error {
-	s.stop.Do(func() { s.stopErr = s.terminate() })
-	return s.stopErr
-}
-
-func (s *Serve) terminate() error {
-	err := terminate(s.cmd, 15*time.Second)
-	s.logs.Wait()
-	s.log.Close()
-	return err
-}
-
-// terminate sends SIGTERM to cmd's process and waits for it to exit, at
-// most grace before SIGKILL.
-func terminate(cmd *exec.Cmd, grace time.Duration) error {
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(grace):
-	}
-	cmd.Process.Kill()
-	<-done
-	return fmt.Errorf("%s did not stop within %s of SIGTERM; killed", filepath.Base(cmd.Path), grace)
-}
-
-// Panics returns the lines of the server's log that tell of a panic: the
-// runtime's "panic:" and net/http's recovered "http: panic serving".
-func (s *Serve) Panics() ([]string, error) {
-	b, err := os.ReadFile(s.LogPath)
+// Panics returns the lines of a server's log file that tell of a panic:
+// the runtime's "panic:" and "fatal error:", and net/http's recovered
+// "http: panic serving".
+func Panics(logPath string) ([]string, error) {
+	b, err := os.ReadFile(logPath)
 	if err != nil {
 		return nil, err
 	}
@@ -224,14 +112,4 @@ func Scrape(ctx context.Context, client *http.Client, base string) (Metrics, err
 		}
 	}
 	return m, sc.Err()
-}
-
-// FreePort returns a loopback port nothing listened on a moment ago.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

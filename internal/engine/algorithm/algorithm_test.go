@@ -20,8 +20,14 @@ func newMachine(k Kind, p Params) *machine {
 func (m *machine) decide(now, cost int64) Decision { return m.run(now, cost, false) }
 func (m *machine) refund(now, n int64) Decision    { return m.run(now, n, true) }
 
-// held spends cost held for hold µs (a spend that passed Check).
-func (m *machine) held(now, cost, hold int64) Decision { return m.eval(now, OpSpend, cost, hold) }
+// held spends cost held for hold µs (an OpHold that passed Check; a
+// plain spend when hold is 0).
+func (m *machine) held(now, cost, hold int64) Decision {
+	if hold == 0 {
+		return m.eval(now, OpSpend, cost, 0)
+	}
+	return m.eval(now, OpHold, cost, hold)
+}
 
 // spend is held for a spend of cost ≥ 1, decide for a peek (cost 0).
 func (m *machine) spend(now, cost, hold int64) Decision {

@@ -28,7 +28,7 @@ type State struct {
 }
 
 // Fields is how many integers of State.V each algorithm keeps.
-var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0}
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0, KindFixedWindowEnd: 2}
 
 // Write is the state a decision leaves behind, for a store to keep when the
 // whole evaluation commits.
@@ -58,10 +58,10 @@ type Evaluation struct {
 	// LeaseID is the lease an acquisition takes, a release gives back or
 	// a renewal extends on every concurrency policy; "" for the others.
 	LeaseID string
-	// Hold, µs, when above 0, makes a spend a held one: its Cost is a
-	// block its caller admits itself over [Now, Now+Hold], spent so that
-	// it covers every such admission (GCRA.Decide says how and why). 0
-	// for every other decision; Check says where it may be set.
+	// Hold is how long, µs, an OpHold holds: its Cost is a block its
+	// caller admits itself over [Now, Now+Hold], spent so that it covers
+	// every such admission (GCRA.Decide says how and why). 0 for every
+	// other operation; Check says where it may be set.
 	Hold int64
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
@@ -103,6 +103,21 @@ func (e *ReplayError) Error() string {
 	return fmt.Sprintf("the evaluation id was first used with %d policies, now with %d", e.First, e.Now)
 }
 
+// CorruptError says that a stored state, or the decisions remembered for
+// an evaluation id, are none a decision of this engine leaves behind: the
+// store must not decide on them (Unavailable, corrupt_state).
+type CorruptError struct {
+	Policy int    // index in Evaluation.Policies; -1: the remembered decisions (Evaluation.Replay)
+	Reason string // what is wrong, e.g. "count 0: want 1 to 1000000000"
+}
+
+func (e *CorruptError) Error() string {
+	if e.Policy < 0 {
+		return "remembered decisions: " + e.Reason
+	}
+	return fmt.Sprintf("policy %d: %s", e.Policy, e.Reason)
+}
+
 // Evaluate decides ev: a remembered replay, or every policy on its state,
 // all or nothing.
 //
@@ -136,9 +151,17 @@ func Evaluate(ev *Evaluation) error {
 		if len(ev.Replay) != n {
 			return &ReplayError{First: len(ev.Replay), Now: n}
 		}
+		if why := RecordCorrupt(ev.Replay); why != "" {
+			return &CorruptError{Policy: -1, Reason: why}
+		}
 		copy(ev.Decisions, ev.Replay)
 		ev.Replayed = true
 		return nil
+	}
+	for i, p := range ev.Policies {
+		if why := p.corrupt(ev.States[i], ev.Now); why != "" {
+			return &CorruptError{Policy: i, Reason: why}
+		}
 	}
 	admitted := true
 	for i, p := range ev.Policies {
@@ -168,6 +191,56 @@ func Evaluate(ev *Evaluation) error {
 	}
 	ev.Commit = admitted && ev.Op != OpPeek
 	return nil
+}
+
+// corrupt returns why st, a stored state of p (nil: absent), is none a
+// decision under p leaves to keep at now, or "": the corruption bounds of
+// each algorithm (FixedWindow.corrupt, …), relative to the state's own
+// newest write, never to p's numbers, which may change under one revision.
+// A state of all zeros is absent.
+// redisstore.lua's readState ports it (with the checks of the stored form
+// itself: integers, −0, the type of the key); concurrency's leases are
+// checked there as they are read.
+func (p Policy) corrupt(st *State, now int64) string {
+	if st == nil || st.V == absent.V && len(st.Log) == 0 {
+		return "" // absent (a store that keeps what equals absent keeps zeros)
+	}
+	switch p.Kind {
+	case KindFixedWindow:
+		return fixedWindowOf(&st.V).corrupt()
+	case KindFixedWindowEnd:
+		return fixedWindowEndOf(&st.V).corrupt(now)
+	case KindSlidingLog:
+		return SlidingLog{Entries: st.Log}.corrupt(p.Params, now)
+	case KindSlidingWindow:
+		return slidingWindowOf(&st.V).corrupt()
+	case KindTokenBucket:
+		return tokenBucketOf(&st.V).corrupt()
+	case KindGCRA:
+		return gcraOf(&st.V).corrupt()
+	}
+	return ""
+}
+
+// RecordCorrupt returns why ds, the decisions remembered for an
+// evaluation id, are none an evaluation answers, or "": each within a
+// capacity of 1 to MaxLimit with 0 <= Remaining <= Limit, its waits in
+// [0, 2^53), and RetryAfter 0 exactly when Allowed. (The numbers of a
+// policy may change under one revision, so they are held to what any
+// policy answers, not to today's.) redisstore.lua's recordCorrupt ports it.
+func RecordCorrupt(ds []Decision) string {
+	for i := range ds {
+		d := &ds[i]
+		switch {
+		case d.Limit < 1 || d.Limit > MaxLimit || d.Remaining < 0 || d.Remaining > d.Limit:
+			return fmt.Sprintf("decision %d: limit %d, remaining %d: want 0 <= remaining <= limit, limit 1 to %d", i, d.Limit, d.Remaining, MaxLimit)
+		case d.ResetAfter < 0 || d.ResetAfter >= MaxExact || d.RetryAfter < 0 || d.RetryAfter >= MaxExact:
+			return fmt.Sprintf("decision %d: reset after %d, retry after %d µs: want each in [0, 2^53)", i, d.ResetAfter, d.RetryAfter)
+		case d.Allowed != (d.RetryAfter == 0):
+			return fmt.Sprintf("decision %d: allowed %t with retry after %d µs: want 0 exactly when allowed", i, d.Allowed, d.RetryAfter)
+		}
+	}
+	return ""
 }
 
 // absent is the state of a policy that has none.
@@ -211,10 +284,10 @@ func lengthen(d *Decision, lag int64) {
 	}
 }
 
-// step runs p's algorithm on st at now for o, a spend, peek, refund,
-// acquisition, release or renewal (a reset steps as a peek on absent
-// state), of cost (0 for all but a spend, a refund and an acquisition),
-// held for hold µs (a held spend; 0 for every other decision) and the
+// step runs p's algorithm on st at now for o, a spend, held spend, peek,
+// refund, acquisition, release or renewal (a reset steps as a peek on
+// absent state), of cost (0 for all but a spend, a held spend, a refund
+// and an acquisition), held for hold µs (OpHold's; 0 for every other) and the
 // lease a concurrency policy takes, gives back or extends. It leaves the
 // state after it in w, every field but Fresh (w may hold another
 // decision's), and the verdict in d. A fixed window spends a held block
@@ -232,6 +305,15 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires(p.Params)
+	case KindFixedWindowEnd:
+		s := fixedWindowEndOf(&st.V)
+		if refund {
+			s, *d = s.Refund(p.Params, now, cost)
+		} else {
+			s, *d = s.Decide(p.Params, now, cost)
+		}
+		s.fields(&w.V)
+		w.Log, w.Expires = LogEdit{}, s.Expires()
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		if refund {
@@ -291,6 +373,9 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 	case KindFixedWindow:
 		s := fixedWindowOf(&st.V)
 		return s.Expires(p.Params), s.Newest()
+	case KindFixedWindowEnd:
+		s := fixedWindowEndOf(&st.V)
+		return s.Expires(), s.Newest()
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		return s.Expires(p.Params), s.Newest()

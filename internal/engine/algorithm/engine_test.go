@@ -257,3 +257,72 @@ func TestSlidingWindowUnderPoisson(t *testing.T) {
 		}
 	}
 }
+
+// TestEvaluateRefusesCorrupt: a stored state or remembered decisions that
+// no decision leaves behind are a *CorruptError, decided on never (issue
+// 32, point 3): a log with older entries pushed after its newest, which
+// would read as ended and admit a fresh limit, and a replay of more left
+// than its limit.
+func TestEvaluateRefusesCorrupt(t *testing.T) {
+	const t0 = int64(1_767_225_600_000_000)
+	minute := int64(60_000_000)
+	log := Policy{Kind: KindSlidingLog, Params: Params{Limit: 5, Window: minute, Burst: 5}, MaxCost: 5}
+	fixed := Policy{Kind: KindFixedWindow, Params: Params{Limit: 5, Window: minute, Burst: 5}, MaxCost: 5}
+	for _, tc := range []struct {
+		name   string
+		p      Policy
+		st     *State
+		replay []Decision
+		policy int
+	}{
+		{"log pushed after its newest", log, &State{Log: []int64{t0, t0 + 1, 1, 2}}, nil, 0},
+		{"log ended and unsorted", log, &State{Log: []int64{t0 - 2*minute, t0 - 3*minute, t0 - 2*minute}}, nil, 0},
+		{"fixed window count 0", fixed, &State{V: [5]int64{t0, 0, t0}}, nil, 0},
+		{"replay of more than the limit", fixed, nil, []Decision{{Allowed: true, Limit: 5, Remaining: 999_999}}, -1},
+		{"replay denied without a wait", fixed, nil, []Decision{{Limit: 5, ResetAfter: minute}}, -1},
+	} {
+		ev := Evaluation{Policies: []Policy{tc.p}, States: []*State{tc.st}, Now: t0 + 10, Op: OpSpend, Cost: 1, MaxRegression: -1,
+			Replay: tc.replay, Decisions: make([]Decision, 1), Writes: make([]Write, 1)}
+		err := Evaluate(&ev)
+		var ce *CorruptError
+		if !errors.As(err, &ce) || ce.Policy != tc.policy || ev.Commit || ev.Replayed {
+			t.Errorf("%s: Evaluate = %v (commit %t, replayed %t), want a *CorruptError of policy %d", tc.name, err, ev.Commit, ev.Replayed, tc.policy)
+		}
+		if tc.replay == nil {
+			w := Write{}
+			var d Decision
+			if _, err := DecideOne(&tc.p, tc.st, t0+10, -1, OpSpend, 1, 0, &w, &d); !errors.As(err, &ce) {
+				t.Errorf("%s: DecideOne = %v, want a *CorruptError", tc.name, err)
+			}
+		}
+	}
+}
+
+// TestFixedWindowEndDecidesAsFixedWindow: the state a store keeps on its
+// own clock (the count and the window's end) answers every spend, peek
+// and refund as the caller-clock state does, first-request and
+// clock-aligned windows alike, the clock never going back.
+func TestFixedWindowEndDecidesAsFixedWindow(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 4))
+	for _, aligned := range []bool{false, true} {
+		for range 50 {
+			p := Params{Limit: 1 + r.Int64N(20), Window: 1_000 + r.Int64N(5_000_000), Aligned: aligned}
+			p.Burst = p.Limit
+			a, b := newMachine(KindFixedWindow, p), newMachine(KindFixedWindowEnd, p)
+			now := int64(1_767_225_600_000_000) + r.Int64N(p.Window)
+			for i := range 400 {
+				now += r.Int64N(p.Window / 3)
+				cost := r.Int64N(4)
+				var da, db Decision
+				if r.IntN(8) == 0 && cost > 0 {
+					da, db = a.refund(now, cost), b.refund(now, cost)
+				} else {
+					da, db = a.decide(now, cost), b.decide(now, cost)
+				}
+				if da != db {
+					t.Fatalf("%+v step %d at %d cost %d: FixedWindowEnd = %+v, FixedWindow = %+v", p, i, now, cost, db, da)
+				}
+			}
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // FixedWindow is the state of a fixed-window counter.
 //
 // Model: the first admitted request opens a window of Params.Window µs;
@@ -32,6 +34,24 @@ func fixedWindowOf(v *[5]int64) FixedWindow {
 // land, which stalls some CPUs).
 func (s FixedWindow) fields(v *[5]int64) {
 	v[0], v[1], v[2], v[3], v[4] = s.Start, s.Count, s.Last, 0, 0
+}
+
+// corrupt returns why s is no state Decide or Refund leaves to keep, or
+// "": a kept window holds a count (one of 0 equals absent and is deleted)
+// of at most the limit at its write, and its newest write lies in it:
+// 0 < Start <= Last < Start + 24h. The window and limit of that write may
+// have been others than today's (numbers changed under one revision), so
+// the bounds are the widest any policy has. redisstore's
+// fixedWindowCorrupt ports it (memstore only reads what it wrote, and
+// holds it so too).
+func (s FixedWindow) corrupt() string {
+	switch {
+	case s.Count < 1 || s.Count > MaxLimit:
+		return fmt.Sprintf("count %d: want 1 to %d", s.Count, MaxLimit)
+	case s.Start < 1 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
+		return fmt.Sprintf("start %d, last write %d: want 0 < start <= last < start + 24h", s.Start, s.Last)
+	}
+	return ""
 }
 
 // Decide evaluates cost at now and returns the new state and the decision.
@@ -93,3 +113,98 @@ func (s FixedWindow) Expires(p Params) int64 {
 
 // Newest returns the time of the newest write to s.
 func (s FixedWindow) Newest() int64 { return s.Last }
+
+// FixedWindowEnd is a fixed window's state where the store's own clock
+// decides and expires it (redisstore on Redis time, the default): the
+// count and the window's end, nothing else. It decides as FixedWindow
+// does, request for request; it keeps no newest write, since one clock
+// both decides and expires the key (at End, rounded up to the next
+// millisecond, with no grace: nothing reads a window once it has ended),
+// and a clock-aligned window ends at its boundary. The caller's clock
+// keeps FixedWindow, whose newest write bounds how far that clock may
+// step back. State: two integers.
+type FixedWindowEnd struct {
+	End   int64 // µs at which the current window closes; 0 = absent
+	Count int64 // units admitted in the current window
+}
+
+// fixedWindowEndOf reads a FixedWindowEnd from the fields of a State.
+func fixedWindowEndOf(v *[5]int64) FixedWindowEnd {
+	return FixedWindowEnd{End: v[0], Count: v[1]}
+}
+
+// fields writes s as the fields of a State to v, one at a time.
+func (s FixedWindowEnd) fields(v *[5]int64) {
+	v[0], v[1], v[2], v[3], v[4] = s.End, s.Count, 0, 0, 0
+}
+
+// corrupt returns why s is no state Decide or Refund leaves to keep at
+// now, or "": a kept window holds a count of 1 to the limit at its write
+// (one of 0 equals absent and is deleted) and ends after the epoch and at
+// most a window, 24h at the longest, after the clock that wrote it. (The
+// store's clock may step back, NTP or a failover to a replica behind:
+// within 24h the window is only decided as live for longer, never early;
+// further, its subject would be locked out for longer than any window.)
+func (s FixedWindowEnd) corrupt(now int64) string {
+	switch {
+	case s.Count < 1 || s.Count > MaxLimit:
+		return fmt.Sprintf("count %d: want 1 to %d", s.Count, MaxLimit)
+	case s.End < 1:
+		return fmt.Sprintf("end %d: want a time after the epoch", s.End)
+	case s.End-now > MaxWindow:
+		return fmt.Sprintf("end is %d µs after the time of this call: want at most 24h", s.End-now)
+	}
+	return ""
+}
+
+// Decide evaluates cost at now and returns the new state and the
+// decision: FixedWindow.Decide's, the window's end kept instead of its
+// start.
+func (s FixedWindowEnd) Decide(p Params, now, cost int64) (FixedWindowEnd, Decision) {
+	if s.Count == 0 || now >= s.End {
+		s = FixedWindowEnd{End: p.windowStart(now) + p.Window}
+	}
+	d := Decision{Limit: p.Limit}
+	if s.Count+verdictCost(cost) > p.Limit {
+		d.Remaining = max(p.Limit-s.Count, 0) // Count > Limit after a limit was lowered
+		d.ResetAfter = s.End - now
+		d.RetryAfter = d.ResetAfter
+		return s, d
+	}
+	s.Count += cost
+	d.Allowed = true
+	d.Remaining = p.Limit - s.Count
+	if s.Count > 0 {
+		d.ResetAfter = s.End - now
+	}
+	return s, d
+}
+
+// Refund gives back up to n units admitted in the current window (none
+// once it has ended), as FixedWindow.Refund; the decision is the peek
+// after it, always Allowed.
+func (s FixedWindowEnd) Refund(p Params, now, n int64) (FixedWindowEnd, Decision) {
+	if s.Count != 0 && now < s.End {
+		s.Count = max(s.Count-n, 0)
+	}
+	if s.Expires() <= now {
+		s = FixedWindowEnd{} // nothing left to remember: absent, as a store drops it
+	}
+	_, d := s.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	return s, d
+}
+
+// Expires returns the instant from which s equals an absent state: its
+// end, while it holds a count.
+func (s FixedWindowEnd) Expires() int64 {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.End
+}
+
+// Newest returns 0: s keeps no newest write. The clock that decides is
+// the one that expires it, so the clock rule has nothing to guard (a
+// window found ending further ahead than it could is corrupt instead).
+func (s FixedWindowEnd) Newest() int64 { return 0 }

@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // GCRA is the state of the generic cell rate algorithm (a virtual
 // scheduler).
 //
@@ -38,6 +40,29 @@ func gcraOf(v *[5]int64) GCRA {
 // land, which stalls some CPUs).
 func (s GCRA) fields(v *[5]int64) {
 	v[0], v[1], v[2], v[3], v[4] = s.TAT, s.Frac, s.Limit, s.Window, s.Last
+}
+
+// corrupt returns why s is no state Decide or Refund leaves to keep, or
+// "". A kept schedule was written at Last >= 1 under a policy's limit and
+// window, with a remainder below that limit; it ends after Last (one that
+// does not equals absent and is deleted); and its debt at Last, (TAT −
+// Last) × Limit + Frac, is at most that policy's burst × window: at most
+// 10^9 × Window and below 2^53 − Limit. So the TAT lies at most burst ×
+// emission interval after the newest write, whatever burst it had (a
+// burst changed under one revision is kept, not rescheduled).
+func (s GCRA) corrupt() string {
+	if s.Last < 1 || s.Limit < 1 || s.Limit > MaxLimit || s.Window < MinWindow || s.Window > MaxWindow || s.Frac >= s.Limit || s.Frac < 0 {
+		return fmt.Sprintf("last write %d, limit %d, window %d, remainder %d: want a write time, a policy's limit and window, a remainder below the limit", s.Last, s.Limit, s.Window, s.Frac)
+	}
+	most := MaxExact - 1 - s.Limit // min(that, MaxLimit × Window), without the product (it may pass 2^63)
+	if s.Window <= most/MaxLimit {
+		most = MaxLimit * s.Window
+	}
+	ahead := s.TAT - s.Last
+	if ahead < 0 || ahead == 0 && s.Frac == 0 || ahead > (most-s.Frac)/s.Limit {
+		return fmt.Sprintf("TAT %d is %d µs after the last write: want after it by at most burst × %d / %d µs", s.TAT, ahead, s.Window, s.Limit)
+	}
+	return ""
 }
 
 // scheduledUnder reports whether s needs no rescheduling under p: the

@@ -90,7 +90,11 @@ func TestHeldSteps(t *testing.T) {
 		t.Run(c.kind.String()+"/"+c.name, func(t *testing.T) {
 			m := newMachine(c.kind, c.p)
 			for _, r := range c.rows {
-				if err := Check(OpSpend, []Policy{m.p}, r.cost, r.hold, "", false); err != nil {
+				op := OpHold
+				if r.hold == 0 {
+					op = OpSpend
+				}
+				if err := Check(op, []Policy{m.p}, r.cost, r.hold, "", false); err != nil {
 					t.Fatalf("%s: %v", r.name, err)
 				}
 				got := m.held(t0+r.at, r.cost, r.hold)

@@ -1,7 +1,7 @@
 package algorithm
 
-// DecideOne is Evaluate for the common decision: one policy, a spend or a
-// peek (held for hold µs, Evaluation.Hold) that passed Check, nothing to
+// DecideOne is Evaluate for the common decision: one policy, a spend, a
+// held spend (OpHold, for hold µs) or a peek that passed Check, nothing to
 // replay. It runs the same steps on the
 // same functions (current, then the policy's step, then lengthen), without
 // the slices of an Evaluation: the decision goes to d, the state after it
@@ -9,6 +9,9 @@ package algorithm
 // (the spend was admitted). st is the stored state, nil when absent; it is
 // read, never modified.
 func DecideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, w *Write, d *Decision) (commit bool, err error) {
+	if why := p.corrupt(st, now); why != "" {
+		return false, &CorruptError{Reason: why}
+	}
 	cur, at, cerr := current(*p, st, now, maxRegression)
 	if cerr != nil {
 		return false, cerr

@@ -42,7 +42,9 @@ func TestDecideOneMatchesEvaluate(t *testing.T) {
 					case 0:
 						op, cost = OpPeek, 0
 					case 1:
-						hold = randomHold(r, m.p)
+						if hold = randomHold(r, m.p); hold > 0 {
+							op = OpHold
+						}
 					}
 					if err := Check(op, []Policy{m.p}, cost, hold, "", false); err != nil {
 						t.Fatal(err)

@@ -35,9 +35,17 @@ const (
 	// concurrency policies, acquiring it afresh where it is not held.
 	// Cost 0, no evaluation id.
 	OpRenew
+	// OpHold spends Cost (>= 1) units of one policy as a block its caller
+	// admits itself over [Now, Now+Hold] (Evaluation.Hold, >= 1µs), spent
+	// so that it covers every such admission (GCRA.Decide says how and
+	// why): local quota's held spend. One policy of fixed_window,
+	// token_bucket or gcra, no evaluation id (a replay would hand out the
+	// block twice). Package sluice has no Op of its own for it yet: a
+	// Spend with a Hold is this (evaluation.Op).
+	OpHold
 )
 
-var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew"}
+var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew", "hold"}
 
 // String returns the operation's name, e.g. "refund": its spelling in the
 // script's arguments and in the check API.
@@ -65,13 +73,14 @@ func (o Op) named() string {
 }
 
 // spends reports whether o takes a cost of 1 or more.
-func (o Op) spends() bool { return o == OpSpend || o == OpRefund || o == OpAcquire }
+func (o Op) spends() bool { return o == OpSpend || o == OpRefund || o == OpAcquire || o == OpHold }
 
 // leased reports whether o names a lease.
 func (o Op) leased() bool { return o == OpAcquire || o == OpRelease || o == OpRenew }
 
 // Check reports whether op may be taken on policies with cost, held for
-// hold µs (Evaluation.Hold), with the lease leaseID ("" for none) and,
+// hold µs (Evaluation.Hold: OpHold's, 0 for every other operation), with
+// the lease leaseID ("" for none) and,
 // when remembered is set, an evaluation id: the rules of each operation,
 // in one place. A store checks an evaluation with it before it reads or
 // writes any state; Evaluate assumes it passed.
@@ -108,7 +117,7 @@ func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 	case remembered && (op == OpReset || op == OpRelease || op == OpRenew):
 		return fmt.Errorf("%w: %s takes no evaluation id: repeating it is harmless", ErrInvalidRequest, op.named())
 	}
-	if hold != 0 {
+	if hold != 0 || op == OpHold {
 		if err := checkHold(op, policies, hold, remembered); err != nil {
 			return err
 		}
@@ -130,18 +139,18 @@ func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 }
 
 // checkHold reports whether op may be held for hold µs on policies, with
-// an evaluation id when remembered is set: a held spend (Evaluation.Hold)
-// names one policy of an algorithm that can cover a block used over the
+// an evaluation id when remembered is set: only OpHold is held, for 1µs
+// or more; it names one policy of an algorithm that can cover a block used over the
 // hold, with no evaluation id (a replay would hand out the block twice),
 // and holds for at most a window and, for the bucket algorithms, at most
 // the time the rate takes to refill Burst (GCRA.Decide's floor must fit
 // in the bucket; it also keeps hold·Limit below 2^53).
 func checkHold(op Op, policies []Policy, hold int64, remembered bool) error {
 	switch {
-	case hold < 0:
-		return fmt.Errorf("%w: hold = %dµs: must be 0 or more", ErrInvalidRequest, hold)
-	case op != OpSpend:
-		return fmt.Errorf("%w: hold = %dµs: only a spend is held, not %s", ErrInvalidRequest, hold, op.named())
+	case op != OpHold:
+		return fmt.Errorf("%w: hold = %dµs: only a held spend (%v) is held, not %s", ErrInvalidRequest, hold, OpHold, op.named())
+	case hold < 1:
+		return fmt.Errorf("%w: hold = %dµs: a held spend holds for 1µs or more", ErrInvalidRequest, hold)
 	case len(policies) != 1:
 		return fmt.Errorf("%w: hold = %dµs: a held spend names exactly one policy, not %d", ErrInvalidRequest, hold, len(policies))
 	case remembered:
@@ -193,7 +202,7 @@ func RecordID(id string, op Op) string {
 	switch {
 	case id == "":
 		return ""
-	case op == OpSpend || op == OpAcquire:
+	case op == OpSpend || op == OpAcquire || op == OpHold:
 		return "s:" + id
 	case op == OpRefund:
 		return "r:" + id

@@ -59,13 +59,18 @@ const (
 	KindTokenBucket
 	KindGCRA
 	KindConcurrency
+	// KindFixedWindowEnd is fixed_window where the store's own clock
+	// decides and expires its keys (redisstore on Redis time): the same
+	// decisions as KindFixedWindow, on a state of two integers
+	// (FixedWindowEnd). No policy names it; a store picks it.
+	KindFixedWindowEnd
 )
 
-var kindNames = [...]string{KindFixedWindow: "fixed_window", KindSlidingLog: "sliding_log", KindSlidingWindow: "sliding_window", KindTokenBucket: "token_bucket", KindGCRA: "gcra", KindConcurrency: "concurrency"}
+var kindNames = [...]string{KindFixedWindow: "fixed_window", KindSlidingLog: "sliding_log", KindSlidingWindow: "sliding_window", KindTokenBucket: "token_bucket", KindGCRA: "gcra", KindConcurrency: "concurrency", KindFixedWindowEnd: "fixed_window"}
 
 // String returns the kind's config spelling, e.g. "token_bucket".
 func (k Kind) String() string {
-	if k >= KindFixedWindow && k <= KindConcurrency {
+	if k >= KindFixedWindow && k <= KindFixedWindowEnd {
 		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
@@ -93,11 +98,11 @@ func (p Params) Check(k Kind) error {
 	case p.Burst < 1 || p.Burst > MaxLimit:
 		return &RangeError{"burst", p.Burst, "must be between 1 and 1000000000"}
 	}
-	if p.Aligned && k != KindFixedWindow {
+	if p.Aligned && k != KindFixedWindow && k != KindFixedWindowEnd {
 		return &RangeError{"align", 1, "clock alignment applies only to fixed_window"}
 	}
 	switch k {
-	case KindFixedWindow:
+	case KindFixedWindow, KindFixedWindowEnd:
 	case KindSlidingLog:
 		if p.Limit > MaxSlidingLogLen {
 			return &RangeError{"limit", p.Limit, "sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits"}

@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // SlidingLog is the state of an exact sliding-window log.
 //
 // Model: one timestamp is kept per admitted unit; a request of cost c is
@@ -38,6 +40,54 @@ func (s SlidingLog) Apply(e LogEdit) SlidingLog {
 		return SlidingLog{Entries: s.Entries[:0]}
 	}
 	return s
+}
+
+// corrupt returns why s is no log Decide or Refund leaves to keep under p
+// at now, as far as a decision reads it, or "". A write cuts what left the
+// window at its time and appends at that time, so a kept log holds at
+// most MaxSlidingLogLen entries, ascending, each >= 1 and within (newest
+// − 24h, newest]. A decision reads its newest entry and checks every
+// other entry it reads against it; it reads the oldest and the one before
+// the newest always (an older entry pushed after the newest, issue 32, is
+// one of those two or lies before the oldest), and a log its newest entry
+// says has ended at now, about to be dropped whole, whole: ascending.
+// Within a live log a disorder between entries read goes unseen, and
+// harms nothing: an entry counted or cut wrongly is cut by the next write
+// with the rest. redisstore's slidingLogCorrupt ports it.
+func (s SlidingLog) corrupt(p Params, now int64) string {
+	n := len(s.Entries)
+	if n == 0 {
+		return ""
+	}
+	if int64(n) > MaxSlidingLogLen {
+		return fmt.Sprintf("holds %d entries: want at most %d", n, MaxSlidingLogLen)
+	}
+	newest := s.Entries[n-1]
+	if newest < 1 {
+		return fmt.Sprintf("entry %d = %d: want an integer > 0", n-1, newest)
+	}
+	in := func(i int) string {
+		if v := s.Entries[i]; v < 1 || v > newest || v <= newest-MaxWindow {
+			return fmt.Sprintf("entry %d = %d: want one in (newest - 24h, newest], newest %d", i, v, newest)
+		}
+		return ""
+	}
+	if n >= 2 {
+		if why := in(0); why != "" {
+			return why
+		}
+		if why := in(n - 2); why != "" {
+			return why
+		}
+	}
+	if newest+p.Window <= now {
+		for i := 1; i < n; i++ {
+			if s.Entries[i] < s.Entries[i-1] {
+				return fmt.Sprintf("entries are not ascending: entry %d = %d lies before entry %d = %d", i, s.Entries[i], i-1, s.Entries[i-1])
+			}
+		}
+	}
+	return ""
 }
 
 // cut returns how many of the oldest entries left the window at now: the

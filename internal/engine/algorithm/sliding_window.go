@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // SlidingWindow is the state of a sliding-window counter (the weighted
 // two-window estimate).
 //
@@ -41,6 +43,22 @@ func slidingWindowOf(v *[5]int64) SlidingWindow {
 // land, which stalls some CPUs).
 func (s SlidingWindow) fields(v *[5]int64) {
 	v[0], v[1], v[2], v[3], v[4] = s.Start, s.Curr, s.Prev, s.Last, 0
+}
+
+// corrupt returns why s is no state Decide writes, or "". It writes only
+// an admitted spend, so Curr >= 1; both counts are at most the limit at a
+// write; the newest write lies in the current window, Start <= Last <
+// Start + window (Start is 0 only for a write before the first window
+// ended). The window and limit of that write may have been others than
+// today's, so the bounds are the widest any policy has.
+func (s SlidingWindow) corrupt() string {
+	switch {
+	case s.Curr < 1 || s.Curr > MaxLimit || s.Prev > MaxLimit:
+		return fmt.Sprintf("counts %d, %d: want 1 to %d in this window, at most that in the last", s.Curr, s.Prev, MaxLimit)
+	case s.Last < 1 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
+		return fmt.Sprintf("start %d, last write %d: want start <= last < start + 24h", s.Start, s.Last)
+	}
+	return ""
 }
 
 // advance moves s to the window that holds now.

@@ -1,5 +1,7 @@
 package algorithm
 
+import "fmt"
+
 // TokenBucket is the state of a token bucket.
 //
 // Model: a bucket holds up to Params.Burst tokens and refills continuously
@@ -31,6 +33,20 @@ func tokenBucketOf(v *[5]int64) TokenBucket {
 // land, which stalls some CPUs).
 func (s TokenBucket) fields(v *[5]int64) {
 	v[0], v[1], v[2], v[3], v[4] = s.Tokens, s.Last, s.Window, 0, 0
+}
+
+// corrupt returns why s is no state Decide or Refund leaves to keep, or
+// "": a kept bucket was written at Last >= 1 under a policy's window, and
+// holds less than that policy's full bucket, burst × window, which is at
+// most 10^9 × window and below 2^53 − 1.
+func (s TokenBucket) corrupt() string {
+	switch {
+	case s.Last < 1 || s.Window < MinWindow || s.Window > MaxWindow:
+		return fmt.Sprintf("last write %d, window %d: want a write time and a window of 1ms to 24h", s.Last, s.Window)
+	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2: // Tokens ≥ MaxLimit × Window, without the product (it may pass 2^63)
+		return fmt.Sprintf("tokens %d: want fewer than a full bucket under window %d", s.Tokens, s.Window)
+	}
+	return ""
 }
 
 // tokens returns the stored tokens scaled by p.Window, at most a full

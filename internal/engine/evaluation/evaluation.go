@@ -36,7 +36,17 @@ func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
 	for _, p := range ev.Policies {
 		policies = append(policies, Policy(p))
 	}
-	return algorithm.Check(algorithm.Op(ev.Op), policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
+	return algorithm.Check(Op(ev), policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
+}
+
+// Op returns ev's operation in the engine's terms: its Op, except that a
+// Spend with a Hold is the engine's OpHold (local quota's held spend, which
+// package sluice sends as a Spend with a Hold today).
+func Op(ev *sluice.Evaluation) algorithm.Op {
+	if ev.Op == sluice.Spend && ev.Hold != 0 {
+		return algorithm.OpHold
+	}
+	return algorithm.Op(ev.Op)
 }
 
 // Hold returns h, a sluice.Evaluation's Hold, in the engine's µs, or an

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,10 +90,19 @@ func freePort() (int, error) {
 // directory removed by Stop.
 // The caller must Stop it.
 func StartServer(dir string, config ...string) (*Server, error) {
-	bin, _, err := binaries()
-	if err != nil {
-		return nil, err
+	return StartServerWith("", dir, config...)
+}
+
+// StartServerWith is StartServer with the redis-server at bin (a build of
+// its own, or one a benchmark names); "" is the one on PATH.
+func StartServerWith(bin, dir string, config ...string) (*Server, error) {
+	if bin == "" {
+		var err error
+		if bin, _, err = binaries(); err != nil {
+			return nil, err
+		}
 	}
+	var err error
 	remove := false
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "redistest-"); err != nil {
@@ -221,6 +231,27 @@ func (s *Server) Restart() error {
 	return nil
 }
 
+// PID is the process id of the server's current process.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
+
+// Promote makes s, a replica, a master of its own (REPLICAOF NO ONE), as
+// a failover would; a later Restart starts it as a master too.
+func (s *Server) Promote(ctx context.Context) error {
+	c := s.Client()
+	defer c.Close()
+	if err := c.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
+		return fmt.Errorf("redistest: promote %s: %w", s.Addr, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.config = slices.DeleteFunc(slices.Clone(s.config), func(line string) bool { return strings.HasPrefix(line, "replicaof ") })
+	return nil
+}
+
 // Pause stops the process with SIGSTOP: it keeps its socket open, accepts
 // connections, and answers nothing until Resume.
 func (s *Server) Pause() error {
@@ -252,8 +283,8 @@ func Standalone(t testing.TB) *Server {
 	return s
 }
 
-// StartReplica starts a redis-server that replicates master (replicaof,
-// with the extra config lines given) and waits until its link to the
+// StartReplica starts a redis-server (master's binary) that replicates
+// master (replicaof, with the extra config lines given) and waits until its link to the
 // master is up and the master counts it among its connected replicas, so
 // a WAIT on the master can be acknowledged by it. It sets the master's
 // repl-diskless-sync-delay to 0 first (Redis's default waits 5s for more
@@ -270,7 +301,7 @@ func StartReplica(master *Server, config ...string) (*Server, error) {
 	if err := m.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
 		return nil, fmt.Errorf("redistest: master %s: %w", master.Addr, err)
 	}
-	s, err := StartServer("", append([]string{"replicaof " + host + " " + port}, config...)...)
+	s, err := StartServerWith(master.bin, "", append([]string{"replicaof " + host + " " + port}, config...)...)
 	if err != nil {
 		return nil, err
 	}

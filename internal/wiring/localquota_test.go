@@ -1,4 +1,4 @@
-package main
+package wiring
 
 import (
 	"context"
@@ -225,41 +225,6 @@ func TestSimulateOverBound(t *testing.T) {
 	}
 	if got, want := maxInWindow([]int64{origin, origin + w - 1, origin + w, origin + 2*w}, 10*time.Second), 2; got != want {
 		t.Errorf("maxInWindow = %d, want %d: the interval (t − window, t] is half open", got, want)
-	}
-}
-
-// TestSimulateLocalQuotaCLI runs sluice simulate --local-quota at a
-// smaller limit than the doc's, and refuses flags that do not apply.
-func TestSimulateLocalQuotaCLI(t *testing.T) {
-	stdout, code, stderr := sim(t, "--local-quota", "--limit", "1000", "--instances", "2", "--seed", "3")
-	if code != 0 {
-		t.Fatalf("simulate --local-quota = exit %d\n%s%s", code, stdout, stderr)
-	}
-	if !strings.HasPrefix(stdout, lqHeader+"\n") || strings.Count(stdout, "\n") != 2+6*len(simulate.LocalQuotaPatterns) ||
-		!strings.Contains(stdout, "| step | gcra burst=20 | ") || !strings.Contains(stdout, "| poisson | fixed_window align=clock | ") {
-		t.Errorf("simulate --local-quota --limit 1000 printed\n%s\nwant the header and 36 rows, gcra burst=20 among them", stdout)
-	}
-	if strings.Contains(stdout, "**no**") {
-		t.Errorf("simulate --local-quota --limit 1000 printed a row over its bound:\n%s", stdout)
-	}
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--local-quota", "--pattern", "ramp"}, "--local-quota runs the built-in patterns at their defaults"},
-		{[]string{"--local-quota", "--accuracy", "x"}, "--local-quota runs the built-in patterns at their defaults: leave out --accuracy"},
-		{[]string{"--instances", "3"}, "--instances applies only to --local-quota"},
-		{[]string{"--local-quota", "--instances", "0"}, "--instances 0: must be between 1 and 64"},
-		{[]string{"--local-quota", "--limit", "100"}, "--limit 100: must be at least 400 with --local-quota"},
-		{[]string{"--local-quota", "--window", "1ms"}, `--local-quota: policy "fixed_window": local_quota = true: needs blocks of at least 1ms, and this policy allows them at most 500µs`},
-	} {
-		stdout, code, stderr := sim(t, c.args...)
-		if code != 2 || !strings.Contains(stderr, "sluice: simulate: "+c.want) {
-			t.Errorf("simulate %v = exit %d, stderr %q; want 2 and %q", c.args, code, stderr, c.want)
-		}
-		if stdout != "" {
-			t.Errorf("simulate %v printed %q on stdout, want nothing", c.args, stdout)
-		}
 	}
 }
 

@@ -1,10 +1,9 @@
-package main
+package wiring
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -23,19 +22,21 @@ import (
 // one memstore and one virtual clock, offered ACCURACY.md's patterns with
 // each request sent to an instance a seeded generator picks; beside it,
 // one Limiter without local quota on the same arrivals. It lives here,
-// not in internal/simulate, because it drives the root package and
-// memstore, which sit above the engine-only simulation in the layer map.
+// not in internal/simulate, because it wires the root package's Limiters
+// over memstore, which sit above the engine-only simulation in the layer
+// map.
 
-// lqLimit is the limit the local-quota table runs at by default: 1000 ×
-// ACCURACY.md's 10 per 10 s, so that one instance sees the 4 units per
-// block time a block needs (the patterns' rates scale with the limit).
-const lqLimit = 10_000
+// LocalQuotaLimit is the limit the local-quota table runs at by default:
+// 1000 × ACCURACY.md's 10 per 10 s, so that one instance sees the 4 units
+// per block time a block needs (the patterns' rates scale with the
+// limit).
+const LocalQuotaLimit = 10_000
+
+// lqLimit is LocalQuotaLimit, by the name the model's tests use.
+const lqLimit = LocalQuotaLimit
 
 // lqSubject is the one subject every request of the model names.
 const lqSubject = "tenant-1"
-
-// maxInstances bounds --instances.
-const maxInstances = 64
 
 // smallBurst is the share of the limit (1/smallBurst) the table's second
 // pair of bucket rows holds: a bucket that small is where a block's units
@@ -248,29 +249,32 @@ func (r *lqResult) unused() int64 {
 	return r.stats.Units - r.stats.Blocks - r.stats.Local
 }
 
-// localQuota runs every built-in pattern at --limit (default lqLimit) per
-// --window through the algorithms that take local quota, on
-// --instances Limiters, and prints ACCURACY.md's local-quota table.
-func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
-	limit := f.limit
-	if !set["limit"] {
-		limit = lqLimit
-	}
+// LocalQuotaPolicies returns the policies the local-quota table runs at
+// limit per window, with a bucket of burst (limit when 0), or an error
+// that names the flag (--limit, --local-quota) the numbers came from.
+func LocalQuotaPolicies(limit int64, window time.Duration, burst int64) ([]sluice.Policy, error) {
 	if least := int64(smallBurst * minLocalBurst); limit < least {
-		return &usageError{msg: fmt.Sprintf("simulate: --limit %d: must be at least %d with --local-quota: its small buckets hold a %dth of the limit, and local quota needs a bucket of %d", limit, least, smallBurst, minLocalBurst), usage: "Usage: " + simulateSynopsis + "\n"}
+		return nil, fmt.Errorf("--limit %d: must be at least %d with --local-quota: its small buckets hold a %dth of the limit, and local quota needs a bucket of %d", limit, least, smallBurst, minLocalBurst)
 	}
-	policies := lqPolicies(limit, f.window, f.burst)
+	policies := lqPolicies(limit, window, burst)
 	for _, p := range policies {
 		if err := p.Validate(); err != nil {
-			return &usageError{msg: "simulate: --local-quota: " + strings.TrimPrefix(err.Error(), "sluice: "), usage: "Usage: " + simulateSynopsis + "\n"}
+			return nil, errors.New("--local-quota: " + strings.TrimPrefix(err.Error(), "sluice: "))
 		}
 	}
-	results, err := lqModel{instances: f.instances, seed: f.seed}.table(policies, func(name string) simulate.PatternSpec { return f.patternSpec(name) })
+	return policies, nil
+}
+
+// LocalQuotaTable runs every pattern of simulate.LocalQuotaPatterns (spec
+// gives each one's shape) through policies, each on instances Limiters
+// with local quota sharing one memstore, the instance of each request
+// picked with seed, and returns ACCURACY.md's local-quota table.
+func LocalQuotaTable(policies []sluice.Policy, instances int, seed uint64, spec func(name string) simulate.PatternSpec) (string, error) {
+	results, err := lqModel{instances: instances, seed: seed}.table(policies, spec)
 	if err != nil {
-		return fmt.Errorf("simulate: --local-quota: %w", err)
+		return "", err
 	}
-	_, err = io.WriteString(a.stdout, lqTable(results))
-	return err
+	return lqTable(results), nil
 }
 
 // lqTable returns results as ACCURACY.md's local-quota table.

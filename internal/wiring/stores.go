@@ -1,0 +1,234 @@
+// Package wiring turns a configuration (internal/server/config) into
+// running parts, in one place for every command: the store the config
+// names (memstore, or redisstore over one Redis, a Cluster or Sentinel,
+// dialled as sluice serve dials them), the store of the proxy's local
+// fallbacks, the Limiters and stores sluice bench drives, and the fleet
+// of Limiters sluice simulate --local-quota runs on a virtual clock.
+// cmd/sluice and internal/server call it; neither builds a store itself.
+package wiring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// Store is a store built from a config, with what runs around it. Close
+// it when done.
+type Store struct {
+	sluice.Store
+	// Type is config.StoreMemory or config.StoreRedis.
+	Type string
+	// Ready answers whether the store can decide now, for GET /readyz;
+	// nil: always.
+	Ready func(ctx context.Context) error
+	// Evictions counts the subjects' states evicted for room, LostIDs the
+	// remembered evaluation ids evicted alive; nil: the store evicts
+	// nothing.
+	Evictions, LostIDs func() int64
+	// Skipped counts the fields of the store's overrides skipped as
+	// unreadable (written by another tool or a later sluice); nil: the
+	// store reads every one.
+	Skipped func() int64
+	// Breaker returns the state of the store's circuit breaker: "closed",
+	// "open" or "half_open"; nil: no breaker.
+	Breaker func() string
+	// Client is the Redis client of a redis store, nil otherwise.
+	Client redis.UniversalClient
+	close  func() error
+}
+
+// Close releases the store and its connections.
+func (s *Store) Close() error { return s.close() }
+
+// StoreOptions are what a store is built with besides its config.
+type StoreOptions struct {
+	// Clock is the memory store's clock, and the one the breaker's log is
+	// throttled on. Default: the real clock.
+	Clock sluice.Clock
+	// Getenv reads the Redis password's variable. Default: none is set.
+	Getenv func(string) string
+	// Log, when set, receives go-redis's own log lines, the circuit
+	// breaker's changes and the fallback to scripts. Default: none.
+	Log *slog.Logger
+	// Prefix is put before every Redis key (sluice bench's run keeps its
+	// keys apart with one). Default: redisstore's.
+	Prefix string
+}
+
+// NewStore builds the store sc names. It is the one place where store
+// types are wired. It does not contact Redis: sluice serve starts while
+// Redis is down or hung, and answers per failure mode until it is back.
+func NewStore(sc config.Store, o StoreOptions) (*Store, error) {
+	if o.Getenv == nil {
+		o.Getenv = func(string) string { return "" }
+	}
+	switch sc.Type {
+	case config.StoreMemory, "":
+		ms, err := memstore.New(memstore.Options{Clock: o.Clock})
+		if err != nil {
+			return nil, fmt.Errorf("store type memory: %w", err)
+		}
+		return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close, Evictions: func() int64 { n, _ := ms.Evictions(); return n }, LostIDs: func() int64 { _, n := ms.Evictions(); return n }}, nil
+	case config.StoreRedis:
+		return newRedisStore(sc.Redis, o)
+	}
+	return nil, fmt.Errorf("store type %q: unknown", sc.Type)
+}
+
+// breakerLogEvery is the least time between two log lines of the Redis
+// circuit breaker's state: a breaker that flaps (a read-only replica
+// fails every write, a probe succeeds) writes one line per interval with
+// the count of changes held back, and the last one names its state.
+const breakerLogEvery = 10 * time.Second
+
+func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
+	log := o.Log
+	if log != nil {
+		redis.SetLogger(redisLogger{log}) // go-redis logs through a global; the server owns it
+	} else {
+		log = slog.New(slog.DiscardHandler)
+	}
+	client, err := NewRedisClient(rc, o.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("store type redis: %w", err)
+	}
+	var breaker atomic.Pointer[string] // the state the dashboard shows
+	closed := "closed"
+	breaker.Store(&closed)
+	var clk sluice.Clock = clock.System{}
+	if o.Clock != nil {
+		clk = o.Clock
+	}
+	breakerLog := NewBreakerLog(log, clk, breakerLogEvery)
+	skipped := newSkippedOverrides(log, clk)
+	// New does not contact Redis: serve starts while Redis is down or
+	// hung, answers per failure mode until it is back, and /readyz tells
+	// which.
+	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
+		OnChange: func(state string) {
+			breaker.Store(&state)
+			breakerLog.Record(state) // transitions only, throttled: not one line per request
+		},
+	}, OnFallback: func(reason string) {
+		log.Warn("redis refuses functions: decisions go as scripts (EVALSHA) from now on", "reason", reason)
+	}, OnSkippedOverride: skipped.record})
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("store type redis: %w", err)
+	}
+	return &Store{Store: rs, Type: config.StoreRedis, Ready: rs.Ready, Client: client, close: func() error {
+		err := errors.Join(rs.Close(), client.Close())
+		breakerLog.Stop()
+		return err
+	}, Breaker: func() string { return *breaker.Load() }, Skipped: skipped.n.Load}, nil
+}
+
+// NewBreakerLog logs the circuit breaker's changes of state, at most one
+// line per every (on clock), the last change held back once the interval
+// is over, with the count of those that were not logged. Stop it when
+// done.
+func NewBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *logthrottle.Latest {
+	return &logthrottle.Latest{Every: every, Now: clock.Now, Write: func(state string, held int64) {
+		attrs := []any{"state", state}
+		if held > 0 {
+			attrs = append(attrs, "changes_not_logged", held)
+		}
+		log.Warn("redis circuit breaker", attrs...)
+	}}
+}
+
+// NewRedisClient connects as rc says: a redis:// or rediss:// URL (TLS
+// for rediss), or addrs of a cluster or of sentinels. The password comes
+// from the environment. Context deadlines bound every call.
+func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.UniversalClient, error) {
+	if rc == nil {
+		return nil, errors.New("store.redis is missing")
+	}
+	password, err := rc.Password(getenv)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rc.URL != "":
+		opts, err := redis.ParseURL(rc.URL)
+		if err != nil {
+			return nil, fmt.Errorf("store.redis.url: %w", err)
+		}
+		if rc.Username != "" {
+			opts.Username = rc.Username
+		}
+		if password != "" {
+			opts.Password = password
+		}
+		opts.ContextTimeoutEnabled = true
+		opts.DialTimeout, opts.PoolSize = rc.DialTimeout, int(rc.PoolSize)
+		opts.DialerRetries = dialAttempts
+		return redis.NewClient(opts), nil
+	case rc.Mode == config.ModeCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
+	case rc.Mode == config.ModeSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
+	}
+	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
+}
+
+// dialAttempts is how many times a connection is dialled before the
+// decision fails: once. go-redis's default (5, 100ms apart) made every
+// decision wait ~400ms for a refused connection; the circuit breaker and
+// the next decision retry soon enough.
+const dialAttempts = 1
+
+// redisLogger sends go-redis's own log lines (dial retries, pool trouble)
+// to the server's log instead of the standard logger.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
+}
+
+// NewFallbackStore is the store of the proxy's local fallback limiters
+// (policies with failure_mode: local), nil without a proxy section. It
+// is built once, with the proxy section whose presence only a restart
+// changes, so that what a fallback counted survives a reload; a reload
+// that adds a local policy finds it ready.
+func NewFallbackStore(cfg *config.Config, clock sluice.Clock) (*Store, error) {
+	if cfg.Proxy == nil {
+		return nil, nil
+	}
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		return nil, fmt.Errorf("local fallback store: %w", err)
+	}
+	return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close}, nil
+}
+
+// SplitList splits a comma-separated list of addresses (sluice bench's
+// --redis-addrs), dropping spaces and empty items.
+func SplitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+package sluice
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// afterFuncer is what a Clock may offer beside Now: f run once d has
+// passed on that clock. internal/clock's clocks offer it, so a Limiter
+// on one learns that its overrides aged from a timer, not by reading the
+// clock on every Check; a Clock without it (a test's fake one) is read
+// on every Check instead.
+type afterFuncer interface {
+	AfterFunc(d time.Duration, f func())
+}
+
+// The ages of a Limiter's overrides read from its store.
+const (
+	ageFresh int32 = iota // read less than half overrideMaxAge ago
+	ageOld                // read again in the background
+	ageStale              // read again before deciding
+)
+
+// freshness tracks how old the overrides a Limiter read from its store
+// are, on the Limiter's clock, and the read under way. Safe for
+// concurrent use.
+type freshness struct {
+	clock   Clock
+	timers  afterFuncer                   // clock's, nil when it has none: state reads the clock
+	mu      sync.Mutex                    // held to change the ages, gen and reading
+	gen     uint64                        // the timers of older reads are spent
+	flag    atomic.Int32                  // with timers: the age, set by them
+	oldAt   atomic.Int64                  // Unix ns from when the overrides are ageOld
+	staleAt atomic.Int64                  // Unix ns from when they are ageStale
+	reading atomic.Pointer[chan struct{}] // closed when the read under way ends; nil when none
+}
+
+// init makes f stale until a first read, on clock c.
+func (f *freshness) init(c Clock) {
+	f.clock = c
+	f.timers, _ = c.(afterFuncer)
+	f.flag.Store(ageStale)
+	f.oldAt.Store(math.MinInt64)
+	f.staleAt.Store(math.MinInt64)
+}
+
+// state returns the age of the overrides now.
+func (f *freshness) state() int32 {
+	if f.timers != nil {
+		return f.flag.Load()
+	}
+	return f.at(f.clock.Now().UnixNano())
+}
+
+// at returns the age of the overrides at now, Unix ns.
+func (f *freshness) at(now int64) int32 {
+	switch {
+	case now >= f.staleAt.Load():
+		return ageStale
+	case now >= f.oldAt.Load():
+		return ageOld
+	}
+	return ageFresh
+}
+
+// begin returns the channel of the read under way, or starts one: then
+// started is true and the caller reads, then calls end.
+func (f *freshness) begin() (ch chan struct{}, started bool) {
+	if p := f.reading.Load(); p != nil {
+		return *p, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.reading.Load(); p != nil {
+		return *p, false
+	}
+	ch = make(chan struct{})
+	f.reading.Store(&ch)
+	return ch, true
+}
+
+// end ends the read of ch, begun at began and over at now. A fresh read
+// (the overrides as the store held them at began) is old half
+// overrideMaxAge after began and stale at overrideMaxAge. After a failed
+// read no Check waits for another until one succeeds: decisions go on
+// the overrides last read (a store that cannot give its overrides can
+// seldom decide either, and a Check must not wait on a hung store for
+// them when the store's own breaker would answer it at once), and a Check
+// half overrideMaxAge from now starts a background read again.
+func (f *freshness) end(ch chan struct{}, fresh bool, began, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	oldAt, staleAt := began.Add(overrideMaxAge/2).UnixNano(), began.Add(overrideMaxAge).UnixNano()
+	if !fresh {
+		oldAt, staleAt = now.Add(overrideMaxAge/2).UnixNano(), math.MaxInt64
+	}
+	f.oldAt.Store(oldAt)
+	f.staleAt.Store(staleAt)
+	if f.timers != nil {
+		f.gen++
+		gen := f.gen
+		f.flag.Store(f.at(now.UnixNano()))
+		set := func(age int32) func() {
+			return func() {
+				f.mu.Lock()
+				if f.gen == gen && f.flag.Load() < age {
+					f.flag.Store(age)
+				}
+				f.mu.Unlock()
+			}
+		}
+		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(ageOld))
+		if staleAt != math.MaxInt64 {
+			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(ageStale))
+		}
+	}
+	f.reading.Store(nil)
+	close(ch)
+}

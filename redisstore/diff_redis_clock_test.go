@@ -1,0 +1,181 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// The differential test's Redis-clock mode: the store on Redis time (the
+// default), where a fixed window keeps its count and end only
+// (algorithm.FixedWindowEnd, its key expiring at that end), against the Go
+// engine fed the time the script decided at, which the script answers with
+// its reply. Redis's clock only moves forward here, so the windows are
+// short (1 to 10 ms): the sequences cross many of them.
+
+// engineTwin is the Go twin of a store on Redis time: the engine's
+// Evaluate over states kept as a store keeps them (an admitted write
+// applied, a state that equals absent dropped), a fixed window as
+// KindFixedWindowEnd.
+type engineTwin struct {
+	states map[string]*algorithm.State
+}
+
+// evaluate decides ev at now as redisstore on Redis time does, and
+// returns its statuses.
+func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status, error) {
+	n := len(ev.Policies)
+	hold, err := evaluation.Hold(ev.Hold)
+	if err != nil {
+		return nil, err
+	}
+	a := algorithm.Evaluation{Now: now, Op: evaluation.Op(ev), Cost: ev.Cost, Hold: hold, MaxRegression: -1,
+		Decisions: make([]algorithm.Decision, n), Writes: make([]algorithm.Write, n)}
+	keys := make([]string, n)
+	for i, p := range ev.Policies {
+		ap := evaluation.Policy(p)
+		if ap.Kind == algorithm.KindFixedWindow {
+			ap.Kind = algorithm.KindFixedWindowEnd
+		}
+		keys[i] = fmt.Sprintf("%s/%s/%d/%t/%d", ev.Subject, p.ID, p.Revision, p.ClockAligned, ap.Kind)
+		a.Policies, a.States = append(a.Policies, ap), append(a.States, e.states[keys[i]])
+	}
+	if err := algorithm.Check(a.Op, a.Policies, a.Cost, a.Hold, "", false); err != nil {
+		return nil, err
+	}
+	if err := algorithm.Evaluate(&a); err != nil {
+		return nil, err
+	}
+	if a.Commit {
+		for i, k := range keys {
+			w := &a.Writes[i]
+			if w.Expires <= now {
+				delete(e.states, k)
+				continue
+			}
+			st := e.states[k]
+			if st == nil {
+				st = new(algorithm.State)
+				e.states[k] = st
+			}
+			st.Apply(w)
+		}
+	}
+	out := make([]sluice.Status, n)
+	for i, p := range ev.Policies {
+		evaluation.SetStatus(&out[i], p, &a.Decisions[i])
+	}
+	return out, nil
+}
+
+// shortWindow makes p's window one of 1 to 10 ms, and its other numbers
+// valid for it.
+func shortWindow(r *rand.Rand, p *sluice.Policy) *sluice.Policy {
+	for {
+		q := *p
+		q.Window = []time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond,
+			time.Duration(1000+r.Int64N(9_000)) * time.Microsecond}[r.IntN(5)]
+		q.Limit = min(q.Limit, 1000)
+		q.Burst, q.MaxCost = 0, 0
+		if q.Algorithm == sluice.TokenBucket || q.Algorithm == sluice.GCRA {
+			q.Burst = 1 + r.Int64N(2*q.Limit)
+		}
+		if q.Validate() == nil {
+			q = q.WithDefaults()
+			return &q
+		}
+	}
+}
+
+// diffRedisClock drives algs' random sequences (several policies at once
+// when multi is set) through a store on Redis time and its engine twin,
+// demanding identical statuses; general sends every decision in the
+// general form.
+func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general, multi bool) {
+	// A TTL grace of an hour, as the caller-clock mode's: numbers changed
+	// under one revision may lengthen a window past a key's TTL, which
+	// the engine twin does not model. (A fixed window's key takes none:
+	// it expires at the end it keeps.)
+	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
+	s.SetGeneral(general)
+	var at int64
+	s.OnRedisTime(func(now int64) { at = now })
+	twin := &engineTwin{states: map[string]*algorithm.State{}}
+	r := rand.New(rand.NewPCG(seed, uint64(len(algs))<<8|boolBit(general)<<1|boolBit(multi)))
+	const episode = 300
+	var ps []*sluice.Policy
+	subj := ""
+	var allowed, denied, rolled int
+	steps := *diffSteps / 4
+	for step := range steps {
+		if step%episode == 0 || r.IntN(40) == 0 {
+			ps = ps[:0]
+			for i := range 1 + boolInt(multi)*r.IntN(3) {
+				ps = append(ps, shortWindow(r, randomPolicy(r, fmt.Sprint("p", i), algs[r.IntN(len(algs))])))
+			}
+			if step%episode == 0 {
+				subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
+			}
+		}
+		cost := randomCost(r, ps[0])
+		refund := cost > 0 && r.IntN(8) == 0
+		for _, p := range ps {
+			cost = min(cost, p.MaxCost)
+			refund = refund && p.Algorithm != sluice.SlidingWindow
+		}
+		var hold time.Duration
+		if !refund && cost > 0 && len(ps) == 1 && r.IntN(4) == 0 {
+			hold = randomHold(r, ps[0])
+		}
+		op := sluice.Spend
+		switch {
+		case refund:
+			op = sluice.Refund
+		case cost == 0:
+			op = sluice.Peek
+		}
+		got := &sluice.Evaluation{Op: op, Subject: subj, Policies: ps, Cost: cost, Hold: hold}
+		before := at
+		if err := s.Evaluate(context.Background(), got); err != nil {
+			t.Fatalf("seed %d step %d: redisstore Evaluate(op=%v, cost=%d, hold=%v) on %s: %v", seed, step, op, cost, hold, describe(ps), err)
+		}
+		if at == before {
+			t.Fatalf("seed %d step %d: the reply on Redis time carried no time", seed, step)
+		}
+		want, err := twin.evaluate(got, at)
+		if err != nil {
+			t.Fatalf("seed %d step %d: engine at %d: %v", seed, step, at, err)
+		}
+		if !slices.Equal(got.Statuses, want) {
+			t.Fatalf("seed %d step %d: policies %s at %d (Redis time): Evaluate(op=%v, cost=%d, hold=%v) = %+v, the engine says %+v", seed, step, describe(ps), at, op, cost, hold, got.Statuses, want)
+		}
+		if got.Statuses[0].Allowed {
+			allowed++
+		} else {
+			denied++
+		}
+		if before != 0 && at-before >= ps[0].Window.Microseconds() {
+			rolled++
+		}
+	}
+	t.Logf("%d steps on Redis time: %d allowed, %d denied, %d a window or more after the one before", steps, allowed, denied, rolled)
+}
+
+func boolBit(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func boolInt(b bool) int { return int(boolBit(b)) }

@@ -1,0 +1,117 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// A stage is one step of a Limiter's Check between validation and the
+// store: it sees the decision in flight and calls next to take it further
+// (once, more than once, or not at all when it answers itself), and may
+// read what next left in d.o on the way back. Each feature that acts on
+// decisions is one stage in a file of its own, in the order Limiter.stages
+// gives: overrides (the subject's own numbers), the near cache (a
+// remembered denial), local quota (admit from a block, or send a held
+// spend), tracing; the store is last. A new capability is a stage beside
+// these, not a branch in Check.
+type stage func(ctx context.Context, d *decision, next step)
+
+// A step takes d from one point of the pipeline to its end.
+type step func(ctx context.Context, d *decision)
+
+// decision is one Check in flight: the Evaluation the store gets, and the
+// Outcome it comes to. Pooled by the Limiter.
+type decision struct {
+	ev   Evaluation
+	o    Outcome // set by the store step, or by a stage answering itself
+	many bool    // the request named Policies: the Outcome carries Statuses
+}
+
+// chain returns the step that runs stages in order, then last.
+func chain(stages []stage, last step) step {
+	next := last
+	for i := len(stages) - 1; i >= 0; i-- {
+		s, n := stages[i], next
+		next = func(ctx context.Context, d *decision) { s(ctx, d, n) }
+	}
+	return next
+}
+
+// evaluate is the last step: the store decides d.ev, and outcomeOf maps
+// its answer to d.o.
+func (l *Limiter) evaluate(ctx context.Context, d *decision) {
+	err := l.store.Evaluate(ctx, &d.ev)
+	outcomeOf(&d.o, &d.ev, err, d.many)
+}
+
+// outcomeOf is the one mapping of a store's answer to an Outcome, o:
+// err, the error Evaluate returned, typed by failed; else the statuses it
+// filled in ev, the most restrictive speaking for the whole. With many
+// (the request named Policies) the Outcome carries every status. o is
+// written field by field, in place: an Outcome built whole and then
+// copied reads back what was just stored, which stalls some CPUs.
+func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
+	switch {
+	case err != nil:
+		*o = failed(err)
+	case len(ev.Statuses) != len(ev.Policies):
+		*o = Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
+	default:
+		o.Kind, o.Status, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, mostRestrictive(ev.Statuses), ev.Replayed, 0, nil, false, false
+		o.Lease, o.Statuses = Lease{}, nil
+		if !o.Allowed {
+			o.Kind = Denied
+		} else if ev.Op == Acquire || ev.Op == Renew {
+			o.Lease = leaseOf(ev)
+		}
+		if many {
+			o.Statuses = append([]Status(nil), ev.Statuses...)
+		}
+	}
+}
+
+// failed types a store error.
+func failed(err error) Outcome {
+	o := Outcome{Err: err}
+	switch {
+	case errors.Is(err, ErrIndeterminate):
+		// First: a lost reply may also wrap the context error that cut it off.
+		o.Kind = Indeterminate
+	case errors.Is(err, CorruptState):
+		o.Kind, o.Cause = Unavailable, CorruptState
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
+		o.Kind = Incompatible
+	case errors.Is(err, ClockUnsafe):
+		o.Kind, o.Cause = Unavailable, ClockUnsafe
+	case errors.Is(err, CircuitOpen):
+		o.Kind, o.Cause = Unavailable, CircuitOpen
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// A store that honours the contract returns a bare context error
+		// only when nothing was sent; otherwise it wraps ErrIndeterminate.
+		o.Kind, o.Cause = Unavailable, DeadlinePassed
+	case errors.Is(err, FailedBeforeSend):
+		o.Kind, o.Cause = Unavailable, FailedBeforeSend
+	default:
+		// An error the store did not classify: it may have spent.
+		o.Kind = Indeterminate
+	}
+	return o
+}
+
+// mostRestrictive picks the Status that speaks for the whole decision: the
+// denial that lasts longest, else the policy closest to exhaustion.
+func mostRestrictive(ss []Status) Status {
+	best := ss[0]
+	for _, s := range ss[1:] {
+		switch {
+		case best.Allowed && !s.Allowed:
+			best = s
+		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
+			best = s
+		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
+			best = s
+		}
+	}
+	return best
+}
