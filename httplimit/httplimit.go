@@ -148,8 +148,8 @@ type Options struct {
 	IdempotencyKeyHeader string
 	// StrictPaths answers 400 Bad Request, with a problem body, to a
 	// request whose path servers read differently: a backslash, a NUL or
-	// other control byte, an encoded slash or backslash (%2F, %5C), a
-	// malformed %-escape, or a dot segment in disguise ("..;", "..."). The
+	// other control byte, an encoded slash or backslash (%2F, %5C), a #
+	// (raw or %23: some servers end the path there), a malformed %-escape, or a dot segment in disguise ("..;", "..."). The
 	// other paths go on normalised, so that the next handler reads the
 	// path the routes matched: encoded unreserved characters ("%2E",
 	// "%61") decoded, empty segments ("//") and dot segments removed. Set

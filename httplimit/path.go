@@ -136,6 +136,8 @@ func normalSegment(s string, enc, dec *strings.Builder) string {
 			return "an encoded slash (%2F)"
 		case v == '\\':
 			return "an encoded backslash (%5C)"
+		case v == '#': // a raw '#' in the request line arrives as %23 too
+			return "a # (%23)"
 		case v < 0x20 || v == 0x7f:
 			return "an encoded NUL or control byte"
 		case isUnreserved(v):

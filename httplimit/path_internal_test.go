@@ -67,6 +67,7 @@ func TestNormalPath(t *testing.T) {
 		{`/login\`, "", "", "a backslash"},
 		{"/login%5c", "", "", "an encoded backslash (%5C)"},
 		{"/login%2f", "", "", "an encoded slash (%2F)"},
+		{"/login%23x", "", "", "a # (%23)"},
 		{"/login%00", "", "", "an encoded NUL or control byte"},
 		{"/login%7f", "", "", "an encoded NUL or control byte"},
 		{"/login\x01", "", "", "a control byte"},

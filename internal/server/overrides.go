@@ -41,9 +41,36 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		window = d
 	}
 	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, ""), Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
-	if s.dropOlder(w, r, in) {
+	if s.underCap(w, r, o) && s.dropOlder(w, r, in) {
 		s.setOverride(w, r, o)
 	}
+}
+
+// maxOverrides bounds the overrides (the config file's included) a PUT
+// may add to: each change rebuilds every Limiter's snapshot of them (5ms
+// at 10 000), and every server holds them all in memory.
+const maxOverrides = 10000
+
+// underCap reports whether o may be set: it replaces one, or fewer than
+// s.maxOverrides are set. It answers when not.
+func (s *Server) underCap(w http.ResponseWriter, r *http.Request, o sluice.Override) bool {
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	list, err := s.lim.Overrides(ctx)
+	if err != nil {
+		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
+		return false
+	}
+	for _, l := range list {
+		if l.Policy == o.Policy && l.Subject == o.Subject {
+			return true
+		}
+	}
+	if len(list) >= s.maxOverrides {
+		s.overrideAnswer(w, http.StatusConflict, nil, fmt.Sprintf("%d overrides are set: at most %d; remove one (DELETE) before adding another", len(list), s.maxOverrides))
+		return false
+	}
+	return true
 }
 
 // dropOlder removes the overrides of in's subject under older HMAC keys

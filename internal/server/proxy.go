@@ -71,7 +71,8 @@ type ProxyOptions struct {
 // or subject while the proxy read it otherwise:
 //   - a path servers read differently is answered 400 (a backslash, a
 //     NUL or other control byte, raw or encoded, an encoded slash or
-//     backslash, %2F or %5C, a dot segment in disguise such as "..;");
+//     backslash, %2F or %5C, a # raw or encoded (%23), a dot segment in
+//     disguise such as "..;");
 //     every other path goes on in normal form, with encoded unreserved
 //     characters such as %2E decoded and "//" and dot segments removed,
 //     so the upstream reads the path the routes matched (see
@@ -80,8 +81,8 @@ type ProxyOptions struct {
 //   - a header that spells a route's subject header otherwise, with "_"
 //     for "-" (X_Api_Key for X-Api-Key, which CGI, WSGI, Rack and PHP
 //     read as the same variable), is dropped; a request that sends the
-//     subject header more than once, which names no one subject, is
-//     answered 400.
+//     subject header more than once, or a list in it (a comma), which
+//     names no one subject, is answered 400.
 //
 // X-Forwarded-For carries the socket peer appended to the chain only when
 // the peer is a trusted proxy; from any other peer the chain it sent is
@@ -224,8 +225,8 @@ func foldHeader(name string) string {
 }
 
 // problemDuplicate is the body of the 400 for a subject header sent more
-// than once.
-const problemDuplicate = `{"type":"about:blank","title":"Bad Request","status":400,"detail":"A header the rate limit is keyed on is sent more than once."}` + "\n"
+// than once or holding a list.
+const problemDuplicate = `{"type":"about:blank","title":"Bad Request","status":400,"detail":"A header the rate limit is keyed on is sent more than once, or as a list."}` + "\n"
 
 // screenHeaders wraps next so that no spelling of a route's subject
 // header other than its own reaches it (nor the upstream), and a request
@@ -242,7 +243,9 @@ func (p *Proxy) screenHeaders(next http.Handler) http.Handler {
 				case f != foldHeader(h):
 				case name != h:
 					delete(r.Header, name)
-				case len(vals) > 1:
+				case len(vals) > 1 || strings.IndexByte(vals[0], ',') >= 0:
+					// A list on one line is the same values (RFC 9110,
+					// 5.3), of which an upstream may read any.
 					writeProblem(w, http.StatusBadRequest, problemDuplicate)
 					return
 				}

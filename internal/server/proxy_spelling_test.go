@@ -77,6 +77,8 @@ func TestProxyRefusesSpellingsOfALimitedRoute(t *testing.T) {
 		{"/x/..;/login", 400},
 		{"/x/...;/login", 400},
 		{"/login%zz", 400},
+		{"/login#x", 400},   // forwarded as /login%23x, unlimited: a server may end the path at '#'
+		{"/login%23x", 400}, // the same, encoded
 		{"/%2E%2E/login", 429},
 		{"/x/%2e%2e/login", 429},
 		{"/x/.%2E/login", 429},

@@ -403,6 +403,17 @@ func TestProxyHeaderSubject(t *testing.T) {
 	if n := len(up.requests()); n != before {
 		t.Errorf("two X-Api-Key lines reached the upstream (%d requests, want %d)", n, before)
 	}
+	// A list on one line is the same two values (RFC 9110, 5.3): key-a's
+	// spent budget must not come back under "NEW3, key-a", which an
+	// upstream that reads the first or the last value takes as a key.
+	for _, list := range []string{"NEW3, key-a", "key-a,NEW4", "key-a ,"} {
+		if resp := f.send(t, "GET", "/", "", "X-Api-Key: "+list); resp.StatusCode != 400 {
+			t.Errorf("X-Api-Key: %s: %d, want 400", list, resp.StatusCode)
+		}
+	}
+	if n := len(up.requests()); n != before {
+		t.Errorf("a listed X-Api-Key reached the upstream (%d requests, want %d)", n, before)
+	}
 	if got := up.requests()[0].Header.Get("X-Api-Key"); got != "key-a" {
 		t.Errorf("upstream X-Api-Key = %q, want the client's key passed on", got)
 	}

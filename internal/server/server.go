@@ -155,6 +155,7 @@ type Server struct {
 	store        StoreInfo
 	sims         chan struct{} // playground runs in progress
 	cfgOverrides []sluice.Override
+	maxOverrides int // the most overrides a PUT may make: maxOverrides (tests set fewer)
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -188,7 +189,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
-		cfgOverrides: opts.ConfigOverrides,
+		cfgOverrides: opts.ConfigOverrides, maxOverrides: maxOverrides,
 	}
 	s.modes = opts.FailureModes
 	if opts.Envoy != lim {
