@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/rls"
-	"github.com/sluicehq/sluice/subject"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // restartOnly reports a setting that differs between old and new and
@@ -182,79 +181,28 @@ func (r *reloader) failureKey(err error) string {
 	return fp + "\x00" + err.Error()
 }
 
-// build makes a generation of l.
+// build makes a generation of l: its Limiters and the Envoy service's
+// state from the wiring, the check API and the proxy around them.
 func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	cfg := l.cfg
-	pseud, err := pseudonymizer(cfg, r.getenv, r.log)
+	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count})
 	if err != nil {
 		return nil, err
-	}
-	var elim *sluice.Limiter // none when no rule needs the store (all unlimited or 0)
-	if l.envoy != nil {
-		if ps := l.envoy.Policies(); len(ps) > 0 {
-			if cfg.Envoy.LocalQuota {
-				withLocalQuota(ps)
-			}
-			if elim, err = sluice.New(r.store, ps, sluice.Options{TracerProvider: r.tracing.provider(), Clock: r.clock}); err != nil {
-				return nil, fmt.Errorf("envoy rules: %w", err)
-			}
-		}
-	}
-	// A config with only an envoy section has no policies of its own: the
-	// check API, metrics and dashboard then answer for the rules files'
-	// policies (none when no rule needs the store).
-	lim := elim
-	cfgOverrides := cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
-	if len(cfg.Policies) > 0 {
-		if lim, err = sluice.New(r.store, cfg.SluicePolicies(), sluice.Options{TracerProvider: r.tracing.provider(), Overrides: cfgOverrides, Clock: r.clock}); err != nil {
-			return nil, err
-		}
 	}
 	tokens, err := checkAPITokens(cfg, r.getenv, r.log)
 	if err != nil {
 		return nil, err
 	}
-	modes := failureModes(l)
-	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now()}
-	if g.api, err = New(lim, pseud, r.log, Options{Envoy: elim, FailureModes: modes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: cfgOverrides}); err != nil {
+	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS}
+	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
-		if g.proxy, err = NewProxy(cfg.Proxy, lim, ProxyOptions{FailureModes: modes, Pseudonymizer: pseud, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
+		if g.proxy, err = NewProxy(cfg.Proxy, w.Limiter, ProxyOptions{FailureModes: w.FailureModes, Pseudonymizer: w.Pseudonymizer, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
 		}
 	}
-	if l.envoy != nil {
-		g.rls = &rls.State{Rules: l.envoy, Limiter: elim, Store: r.store, Pseudonymizer: pseud, Count: r.metrics.count, Deadline: cfg.Server.DecisionTimeout,
-			MaxDescriptors: int(l.cfg.Envoy.MaxDescriptors), MaxEntries: int(l.cfg.Envoy.MaxEntries)}
-	}
 	return g, nil
-}
-
-// failureModes are the failure modes of l's policies, by ID: the
-// config's failure_mode, and the rules files' rules'.
-func failureModes(l *loaded) map[string]sluice.FailureMode {
-	modes := l.cfg.FailureModes()
-	if l.envoy != nil {
-		for _, r := range l.envoy.Rules() {
-			if _, dup := modes[r.Policy.ID]; r.Decided() && !dup {
-				modes[r.Policy.ID] = r.FailureMode
-			}
-		}
-	}
-	return modes
-}
-
-// withLocalQuota turns local quota on for every policy of ps that can
-// take it with its defaults.
-func withLocalQuota(ps []sluice.Policy) {
-	for i := range ps {
-		p := ps[i]
-		p.LocalQuota.Enabled = true
-		if p.Validate() == nil {
-			ps[i] = p
-		}
-	}
 }
 
 // observe makes g's Limiters the source of sluice_overrides and
@@ -329,7 +277,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	r.lastFailure = ""
 	r.cur.Store(g)
 	r.observe(g)
-	r.metrics.SetPolicies(policyIDs(l))
+	r.metrics.SetPolicies(wiring.PolicyIDs(l.cfg, l.envoy))
 	old.retire()
 	r.reloadM.reloads.WithLabelValues("success").Inc()
 	r.reloadM.generation.Set(float64(g.n))
@@ -361,23 +309,6 @@ func listeners(cfg *config.Config) []Listener {
 	return ls
 }
 
-// policyIDs are the IDs of every policy l defines, the config's and then
-// the rules files' (envoy: rules): those decisions are counted under.
-func policyIDs(l *loaded) []string {
-	ids := make([]string, 0, len(l.cfg.Policies))
-	for _, p := range l.cfg.Policies {
-		ids = append(ids, p.ID)
-	}
-	if l.envoy != nil {
-		for _, p := range l.envoy.Policies() {
-			if !slices.Contains(ids, p.ID) {
-				ids = append(ids, p.ID)
-			}
-		}
-	}
-	return ids
-}
-
 // serveWith serves an HTTP request with the handler pick chooses from the
 // current generation, holding that generation until the answer is done.
 func (r *reloader) serveWith(pick func(*generation) http.Handler) http.Handler {
@@ -392,24 +323,6 @@ func (r *reloader) serveWith(pick func(*generation) http.Handler) http.Handler {
 			return
 		}
 	})
-}
-
-// pseudonymizer builds the subject pseudonymizer from subjects.hmac_keys,
-// warning when there is none.
-func pseudonymizer(cfg *config.Config, getenv func(string) string, log *slog.Logger) (*subject.Pseudonymizer, error) {
-	keys, err := cfg.HMACKeys(getenv)
-	if err != nil {
-		return nil, err
-	}
-	if len(keys) == 0 {
-		log.Warn("subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
-		return subject.Unkeyed(), nil
-	}
-	p, err := subject.New(keys)
-	if err != nil {
-		return nil, fmt.Errorf("subjects.hmac_keys: %w", err)
-	}
-	return p, nil
 }
 
 // checkAPITokens returns server.auth's tokens for Options, warning when

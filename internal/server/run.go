@@ -134,7 +134,7 @@ func (rn *runner) start(l *loaded) error {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	metrics, err := NewMetrics(reg, policyIDs(l))
+	metrics, err := NewMetrics(reg, wiring.PolicyIDs(l.cfg, l.envoy))
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
@@ -283,7 +283,7 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 	if cfg.Envoy != nil {
 		attrs = append(attrs, "envoy_addr", rn.lns[len(rn.lns)-1].Addr().String())
 	}
-	attrs = append(attrs, "config", source, "store", cfg.Store.Type, "policies", strings.Join(policyIDs(&loaded{cfg: cfg}), ","))
+	attrs = append(attrs, "config", source, "store", cfg.Store.Type, "policies", strings.Join(wiring.PolicyIDs(cfg, nil), ","))
 	rn.log.Info("listening", attrs...)
 }
 

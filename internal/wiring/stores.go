@@ -2,9 +2,12 @@
 // running parts, in one place for every command: the store the config
 // names (memstore, or redisstore over one Redis, a Cluster or Sentinel,
 // dialled as sluice serve dials them), the store of the proxy's local
-// fallbacks, the Limiters and stores sluice bench drives, and the fleet
-// of Limiters sluice simulate --local-quota runs on a virtual clock.
-// cmd/sluice and internal/server call it; neither builds a store itself.
+// fallbacks, a configuration's Limiters, pseudonymizer and Envoy state
+// for each generation sluice serve serves (Build), the Limiters and
+// stores sluice bench drives, and the fleet of Limiters sluice simulate
+// --local-quota runs on a virtual clock. cmd/sluice and internal/server
+// call it; neither builds a store or a Limiter itself
+// (TestOnePlaceBuildsLimitersAndStores holds that).
 package wiring
 
 import (

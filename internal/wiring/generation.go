@@ -1,0 +1,166 @@
+package wiring
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/rls"
+	"github.com/sluicehq/sluice/subject"
+)
+
+// Generation is what one configuration decides with: its Limiters, the
+// pseudonymizer of its subjects, its overrides and failure modes, and
+// the Envoy service's state. sluice serve builds one per reload; the
+// listeners, the APIs and the proxy's HTTP side around it are the
+// server's.
+type Generation struct {
+	// Limiter holds the config's own policies, with its overrides; with
+	// none (an envoy section only), the rules files' Limiter. nil when
+	// neither has a policy that needs the store.
+	Limiter *sluice.Limiter
+	// Envoy holds exactly the rules files' policies (local quota on when
+	// envoy.local_quota says so); nil without an envoy section or when
+	// no rule needs the store (every rule unlimited or 0).
+	Envoy *sluice.Limiter
+	// Pseudonymizer digests subjects with subjects.hmac_keys (unkeyed,
+	// with a warning logged, without keys).
+	Pseudonymizer *subject.Pseudonymizer
+	// Overrides are the config's overrides, their subjects pseudonymized
+	// as the check API's ("api").
+	Overrides []sluice.Override
+	// FailureModes are every policy's failure mode by ID: the config's
+	// failure_mode, then the rules files' rules'.
+	FailureModes map[string]sluice.FailureMode
+	// RLS is the Envoy rate-limit service's state; nil without an envoy
+	// section.
+	RLS *rls.State
+}
+
+// BuildOptions are what a generation is built with besides its config.
+type BuildOptions struct {
+	// Store is the store every Limiter decides on (serve's, instrumented).
+	// Required.
+	Store sluice.Store
+	// Clock is the Limiters' clock (local quota's blocks). Default: the
+	// Limiter's.
+	Clock sluice.Clock
+	// Getenv reads subjects.hmac_keys' variables. Default: none is set.
+	Getenv func(string) string
+	// Log receives the warning about missing HMAC keys. Default: none.
+	Log *slog.Logger
+	// TracerProvider, when set, traces every decision. Default: nil.
+	TracerProvider trace.TracerProvider
+	// Count, when set, counts the Envoy service's spending decisions.
+	Count edge.CountFunc
+}
+
+// Build turns cfg and its Envoy rules files (rules; nil without an envoy
+// section) into a Generation. It is the one place where a configuration's
+// Limiters are made.
+func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Generation, error) {
+	if o.Getenv == nil {
+		o.Getenv = func(string) string { return "" }
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	pseud, err := pseudonymizer(cfg, o.Getenv, o.Log)
+	if err != nil {
+		return nil, err
+	}
+	g := &Generation{Pseudonymizer: pseud, FailureModes: FailureModes(cfg, rules)}
+	if rules != nil {
+		if ps := rules.Policies(); len(ps) > 0 {
+			if cfg.Envoy.LocalQuota {
+				withLocalQuota(ps)
+			}
+			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Clock: o.Clock}); err != nil {
+				return nil, fmt.Errorf("envoy rules: %w", err)
+			}
+		}
+	}
+	// A config with only an envoy section has no policies of its own: the
+	// check API, metrics and dashboard then answer for the rules files'
+	// policies (none when no rule needs the store).
+	g.Limiter = g.Envoy
+	g.Overrides = cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
+	if len(cfg.Policies) > 0 {
+		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: g.Overrides, Clock: o.Clock}); err != nil {
+			return nil, err
+		}
+	}
+	if rules != nil {
+		g.RLS = &rls.State{Rules: rules, Limiter: g.Envoy, Store: o.Store, Pseudonymizer: pseud, Count: o.Count, Deadline: cfg.Server.DecisionTimeout,
+			MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries)}
+	}
+	return g, nil
+}
+
+// FailureModes are the failure modes of cfg's policies and rules', by
+// ID: the config's failure_mode, and the rules files' rules'.
+func FailureModes(cfg *config.Config, rules *envoyconf.Config) map[string]sluice.FailureMode {
+	modes := cfg.FailureModes()
+	if rules != nil {
+		for _, r := range rules.Rules() {
+			if _, dup := modes[r.Policy.ID]; r.Decided() && !dup {
+				modes[r.Policy.ID] = r.FailureMode
+			}
+		}
+	}
+	return modes
+}
+
+// PolicyIDs are the IDs of every policy cfg defines, the config's and
+// then the rules files' (rules; nil without an envoy section): those
+// decisions are counted under.
+func PolicyIDs(cfg *config.Config, rules *envoyconf.Config) []string {
+	ids := make([]string, 0, len(cfg.Policies))
+	for _, p := range cfg.Policies {
+		ids = append(ids, p.ID)
+	}
+	if rules != nil {
+		for _, p := range rules.Policies() {
+			if !slices.Contains(ids, p.ID) {
+				ids = append(ids, p.ID)
+			}
+		}
+	}
+	return ids
+}
+
+// withLocalQuota turns local quota on for every policy of ps that can
+// take it with its defaults.
+func withLocalQuota(ps []sluice.Policy) {
+	for i := range ps {
+		p := ps[i]
+		p.LocalQuota.Enabled = true
+		if p.Validate() == nil {
+			ps[i] = p
+		}
+	}
+}
+
+// pseudonymizer builds the subject pseudonymizer from subjects.hmac_keys,
+// warning when there is none.
+func pseudonymizer(cfg *config.Config, getenv func(string) string, log *slog.Logger) (*subject.Pseudonymizer, error) {
+	keys, err := cfg.HMACKeys(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		log.Warn("subjects.hmac_keys is not configured: subjects are digested with plain SHA-256, without a key, so anyone who can guess a subject can recompute its pseudonym; configure an HMAC key")
+		return subject.Unkeyed(), nil
+	}
+	p, err := subject.New(keys)
+	if err != nil {
+		return nil, fmt.Errorf("subjects.hmac_keys: %w", err)
+	}
+	return p, nil
+}
