@@ -128,6 +128,10 @@ type Options struct {
 	// failure_mode and the rules files'), by ID, for the dashboard.
 	// Default: none, every policy fails closed.
 	FailureModes map[string]sluice.FailureMode
+	// Core is the edge core deciding with the Limiter, counting and
+	// bounding every check (internal/wiring builds serve's). Default: one
+	// with DecisionTimeout, Metrics, Clock and the logger.
+	Core *edge.Core
 }
 
 // Server serves the check API over a Limiter. It is an http.Handler, safe
@@ -199,11 +203,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
 		return nil, err
 	}
-	var count edge.CountFunc
-	if s.metrics != nil {
-		count = s.metrics.count
-	}
-	if s.core, err = edge.New(lim, edge.Options{Deadline: s.decide, Count: count, Clock: opts.Clock, Logger: log, Prefix: "server"}); err != nil {
+	if s.core, err = s.newCore(opts.Core); err != nil {
 		return nil, err
 	}
 	if s.readyTTL == 0 {
@@ -240,6 +240,21 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s.mux.HandleFunc("GET /ui/api/state", s.admin(s.uiState))
 	s.mux.HandleFunc("POST /ui/api/simulate", s.admin(s.uiSimulate))
 	return s, nil
+}
+
+// newCore returns core, or with none the edge core of s's Limiter.
+func (s *Server) newCore(core *edge.Core) (*edge.Core, error) {
+	if core != nil {
+		if core.Limiter() != s.lim {
+			return nil, errors.New("server: New: Core decides with another Limiter than lim")
+		}
+		return core, nil
+	}
+	var count edge.CountFunc
+	if s.metrics != nil {
+		count = s.metrics.count
+	}
+	return edge.New(s.lim, edge.Options{Deadline: s.decide, Count: count, Clock: s.clock, Logger: s.log, Prefix: "server"})
 }
 
 // ServeHTTP routes r and logs it. Unknown paths get 404, known paths with

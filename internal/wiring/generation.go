@@ -1,6 +1,7 @@
 package wiring
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -38,8 +39,12 @@ type Generation struct {
 	// FailureModes are every policy's failure mode by ID: the config's
 	// failure_mode, then the rules files' rules'.
 	FailureModes map[string]sluice.FailureMode
-	// RLS is the Envoy rate-limit service's state; nil without an envoy
-	// section.
+	// Core is the check API's edge core, deciding with Limiter: it counts
+	// every spending decision (Count) and bounds each by
+	// server.decision_timeout.
+	Core *edge.Core
+	// RLS is the Envoy rate-limit service's state, with its edge core
+	// deciding with Envoy; nil without an envoy section.
 	RLS *rls.State
 }
 
@@ -57,7 +62,8 @@ type BuildOptions struct {
 	Log *slog.Logger
 	// TracerProvider, when set, traces every decision. Default: nil.
 	TracerProvider trace.TracerProvider
-	// Count, when set, counts the Envoy service's spending decisions.
+	// Count, when set, counts every spending decision the generation's
+	// edge cores take (sluice_decisions_total). Default: none.
 	Count edge.CountFunc
 }
 
@@ -96,11 +102,30 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 			return nil, err
 		}
 	}
-	if rules != nil {
-		g.RLS = &rls.State{Rules: rules, Limiter: g.Envoy, Store: o.Store, Pseudonymizer: pseud, Count: o.Count, Deadline: cfg.Server.DecisionTimeout,
-			MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries)}
+	if err := g.cores(cfg, rules, o); err != nil {
+		return nil, err
 	}
 	return g, nil
+}
+
+// cores builds g's edge cores: the check API's, and with rules the Envoy
+// service's state and core.
+func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) error {
+	var err error
+	deadline := cmp.Or(cfg.Server.DecisionTimeout, config.DefaultDecisionTimeout)
+	if g.Core, err = edge.New(g.Limiter, edge.Options{Deadline: deadline, Count: o.Count, Clock: o.Clock, Logger: o.Log, Prefix: "server"}); err != nil {
+		return err
+	}
+	if rules == nil {
+		return nil
+	}
+	core, err := edge.New(g.Envoy, edge.Options{Count: o.Count, Deadline: cfg.Server.DecisionTimeout, Logger: o.Log, Prefix: "rls"})
+	if err != nil {
+		return err
+	}
+	g.RLS = &rls.State{Rules: rules, Limiter: g.Envoy, Store: o.Store, Pseudonymizer: g.Pseudonymizer, Core: core,
+		MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries)}
+	return nil
 }
 
 // FailureModes are the failure modes of cfg's policies and rules', by

@@ -69,7 +69,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -99,24 +98,24 @@ const SubjectKind = "envoy"
 // exactly the rules' policies (nil when they have none: every rule is
 // unlimited or allows 0), the Store it decides on (for limit
 // overrides, each of which gets a policy and a Limiter of its own) and
-// the pseudonymizer; Count, when set, counts every spending decision
-// (sluice_decisions_total), Deadline bounds each (default: the edge
-// core's, 500ms). Swap replaces it as a whole; a request in flight
-// finishes with the State it started with.
+// the pseudonymizer; Core, when set, is the edge core deciding with
+// Limiter, counting and bounding every decision (internal/wiring builds
+// serve's; default: one with the edge core's defaults and the Service's
+// logger). Swap replaces it as a whole; a request in flight finishes
+// with the State it started with.
 type State struct {
 	Rules         *envoyconf.Config
 	Limiter       *sluice.Limiter
 	Store         sluice.Store
 	Pseudonymizer *subject.Pseudonymizer
-	Count         edge.CountFunc
-	Deadline      time.Duration
+	Core          *edge.Core
 	// MaxDescriptors bounds the descriptors of one request, and
 	// MaxEntries the entries of one descriptor: a request over either is
 	// refused InvalidArgument naming the bound, before any store call.
 	// Default (0): DefaultMaxDescriptors, DefaultMaxEntries.
 	MaxDescriptors, MaxEntries int
 
-	core      *edge.Core // decides with Limiter; set by Swap
+	core      *edge.Core // decides with Limiter: Core, or one Swap made
 	mu        sync.Mutex
 	overrides map[string]*overrideLimit // by policy ID
 }
@@ -133,6 +132,8 @@ func (st *State) check() error {
 		return errors.New("store is nil")
 	case st.Pseudonymizer == nil:
 		return errors.New("pseudonymizer is nil")
+	case st.Core != nil && st.Core.Limiter() != st.Limiter:
+		return errors.New("the core decides with another limiter than Limiter")
 	}
 	for _, p := range st.Rules.Policies() {
 		if _, ok := st.Limiter.Policy(p.ID); !ok {
@@ -203,11 +204,14 @@ func (s *Service) Swap(st *State) error {
 	if err := st.check(); err != nil {
 		return fmt.Errorf("rls: %w", err)
 	}
-	core, err := edge.New(st.Limiter, edge.Options{Count: st.Count, Deadline: st.Deadline, Logger: s.log, Prefix: "rls"})
-	if err != nil {
-		return err
+	st.core = st.Core
+	if st.core == nil {
+		core, err := edge.New(st.Limiter, edge.Options{Logger: s.log, Prefix: "rls"})
+		if err != nil {
+			return err
+		}
+		st.core = core
 	}
-	st.core = core
 	s.state.Store(st)
 	return nil
 }
