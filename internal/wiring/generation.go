@@ -81,7 +81,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 	if err != nil {
 		return nil, err
 	}
-	g := &Generation{Pseudonymizer: pseud, FailureModes: FailureModes(cfg, rules)}
+	g := &Generation{Pseudonymizer: pseud, FailureModes: failureModes(cfg, rules)}
 	if rules != nil {
 		if ps := rules.Policies(); len(ps) > 0 {
 			if cfg.Envoy.LocalQuota {
@@ -128,9 +128,9 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 	return nil
 }
 
-// FailureModes are the failure modes of cfg's policies and rules', by
+// failureModes are the failure modes of cfg's policies and rules', by
 // ID: the config's failure_mode, and the rules files' rules'.
-func FailureModes(cfg *config.Config, rules *envoyconf.Config) map[string]sluice.FailureMode {
+func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]sluice.FailureMode {
 	modes := cfg.FailureModes()
 	if rules != nil {
 		for _, r := range rules.Rules() {
