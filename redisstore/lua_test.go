@@ -111,7 +111,7 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 		case "records.lua":
 			twin = "internal/engine/algorithm/engine.go"
 		case "dedupe.lua":
-			twin = "memstore/memstore.go"
+			twin = "internal/engine/algorithm/dedupe.go"
 		}
 		if !strings.Contains(string(src), twin) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)

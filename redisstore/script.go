@@ -36,7 +36,7 @@ var scriptFiles = []string{
 	"engine.lua",         // internal/engine/algorithm/engine.go
 	"args.lua",           // redisstore.go's arguments, read and checked
 	"records.lua",        // keys into the engine's states, writes and TTLs
-	"dedupe.lua",         // memstore's dedupeLog: evaluation ids
+	"dedupe.lua",         // internal/engine/algorithm/dedupe.go
 	"carry.lua",          // a key rotation's carried state
 	"short.lua",          // the common decision in short
 	"redisstore.lua",     // Evaluate's part in Redis: the entry points

@@ -1,10 +1,11 @@
 --[[ dedupe.lua: evaluation ids remembered, their decisions replayed.
-Go twin: memstore/memstore.go's dedupeLog (get: dedupeLookup; add and
-prune: dedupeRemember), in a sorted set and a hash instead of a map. ]]
+Go twin: internal/engine/algorithm/dedupe.go, the DedupeLog memstore
+keeps (Lookup: dedupeLookup; Remember, with Prune: dedupeRemember), here
+in a sorted set and a hash instead of a slice and an index. ]]
 
 -- Evaluation ids: a sorted set (member: id, score: expiry in µs) and a hash
 -- (id -> the reply's integers, comma-separated) per subject and first
--- policy, as memstore's dedupeLog.
+-- policy, as algorithm.DedupeLog in memory.
 
 -- dedupeLookup returns the decisions remembered for id (flat, as
 -- evaluate keeps them: the replayed flag, here 1, first), or nil when
