@@ -382,10 +382,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 	var d algorithm.Decision
 	sh.mu.Lock()
 	en := sh.states.get(h, k)
-	var st *algorithm.State
-	if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
-		st = &en.st
-	}
+	st := stateOf(en, ap.Kind)
 	w := &sh.work.writes[0]
 	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
 	if commit {
@@ -411,7 +408,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 		k := keyOf(ev.Subject, p)
 		ap := evaluation.Policy(p)
 		en := sh.states.get(h, k)
-		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
+		if carried != nil && carried[i] != nil && !ap.Live(stateOf(en, ap.Kind), now) {
 			// Carried over from an older subject: kept from now on.
 			if en == nil {
 				if sh.states.n >= s.perShard {
@@ -421,13 +418,20 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 			}
 			en.state = *carried[i]
 		}
-		var st *algorithm.State
-		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
-			st = &en.st
-		}
+		st := stateOf(en, ap.Kind)
 		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
 		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
 	}
+}
+
+// stateOf returns the state of en, an entry of a policy of kind (nil:
+// none), or nil: another algorithm's state under the same revision is
+// absent.
+func stateOf(en *entry, kind algorithm.Kind) *algorithm.State {
+	if en == nil || en.kind != kind {
+		return nil
+	}
+	return &en.st
 }
 
 // check reports whether ev breaks a rule of its operation, before any
@@ -455,8 +459,9 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state 
 			if out != nil && out[i] != nil {
 				continue
 			}
+			ap := evaluation.Policy(p)
 			en := sh.states.get(h, keyOf(subject, p))
-			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
+			if !ap.Live(stateOf(en, ap.Kind), now) {
 				continue
 			}
 			if out == nil {

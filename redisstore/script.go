@@ -37,7 +37,7 @@ var scriptFiles = []string{
 	"args.lua",           // redisstore.go's arguments, read and checked
 	"records.lua",        // keys into the engine's states, writes and TTLs
 	"dedupe.lua",         // internal/engine/algorithm/dedupe.go
-	"carry.lua",          // a key rotation's carried state
+	"carry.lua",          // internal/engine/algorithm/carry.go
 	"short.lua",          // the common decision in short
 	"redisstore.lua",     // Evaluate's part in Redis: the entry points
 }

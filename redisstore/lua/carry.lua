@@ -1,12 +1,14 @@
 --[[ carry.lua: a key rotation's older state carried into a decision.
-Go twin: redisstore/redisstore.go's Store.previous (it reads the older
-state that carryOver takes and checks) and memstore/memstore.go's
-Store.previous (live: a state not yet equal to absent). ]]
+Go twin: internal/engine/algorithm/carry.go (live: Policy.Live, which
+memstore runs too). carriedEntries and carryOver check and keep what
+redisstore/redisstore.go's Store.previous read under the older subject
+and sent: the I/O side, whose checks are Evaluate's corruption bounds
+of any state read (records.lua). ]]
 
 -- Key rotation: state read under an older subject of the same caller.
 
 -- live reports whether st, the state of policy p, is there and not yet
--- equal to absent at now.
+-- equal to absent at now (Policy.Live).
 local function live(p, st, now)
   return st ~= nil and bounds(p, st) > now
 end
