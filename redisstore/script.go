@@ -38,7 +38,7 @@ var scriptFiles = []string{
 	"records.lua",        // keys into the engine's states, writes and TTLs
 	"dedupe.lua",         // internal/engine/algorithm/dedupe.go
 	"carry.lua",          // internal/engine/algorithm/carry.go
-	"short.lua",          // the common decision in short
+	"short.lua",          // internal/engine/algorithm/one.go
 	"redisstore.lua",     // Evaluate's part in Redis: the entry points
 }
 

@@ -1,8 +1,11 @@
 --[[ short.lua: the common decision in short, the specialization of main
 (redisstore.lua) that the differential test drives on every seed. Go
-twin: redisstore/redisstore.go's Store.decideShort, which writes its
-arguments, and memstore/memstore.go's Store.decideOne, the same
-specialization in memory. ]]
+twin: internal/engine/algorithm/one.go, DecideOne (fastView: corrupt
+through readState, current, step, Fresh, lengthen, commit; fastMain's
+fixed-size course the same on values), which memstore's decideOne runs;
+redisstore/redisstore.go's Store.decideShort writes its arguments.
+fixedWindowFloor is DecideOne on a FixedWindowEnd with nothing to check
+but its record. ]]
 
 -- The common decision in short: one policy, a spend (held or not) or a
 -- peek (a lease's acquire or release on a concurrency policy), no
