@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,10 +167,10 @@ func (t *states) remove(h uint64, en *entry) {
 type shard struct {
 	mu     sync.Mutex
 	states states
-	dedupe map[key]*dedupeLog // keyed by the first policy of a decision
-	ids    int                // records in all of dedupe, at most perShard
-	work   work               // the decision being taken, under mu
-	_      [128]byte          // keep neighbouring shards off each other's cache lines
+	dedupe map[key]*algorithm.DedupeLog // keyed by the first policy of a decision
+	ids    int                          // records in all of dedupe, at most perShard
+	work   work                         // the decision being taken, under mu
+	_      [128]byte                    // keep neighbouring shards off each other's cache lines
 }
 
 // work is the room one decision takes: reused under the shard lock, so a
@@ -204,109 +203,6 @@ func (w *work) reset(n int) {
 		w.keys, w.stored = make([]key, 0, n), make([]*entry, 0, n)
 	}
 	w.e.Replay = nil
-}
-
-// dedupeLog remembers the decisions taken for evaluation ids of one subject
-// and policy, oldest first. Most logs hold one id or a few: they are found
-// by a scan of order, and only a log past indexFrom records also keeps an
-// index (a map of its own costs hundreds of bytes even for one id).
-type dedupeLog struct {
-	order []dedupeRecord         // in the order recorded; expiries ascend with it
-	index map[string]dedupeEntry // nil up to indexFrom records
-	head  int                    // records forgotten from the front since the index was built
-}
-
-// indexFrom is the size from which a dedupeLog indexes its ids.
-const indexFrom = 8
-
-type dedupeRecord struct {
-	id        string
-	expires   int64 // µs
-	decisions []algorithm.Decision
-}
-
-// dedupeEntry is a record's place in order, counted from when the index
-// was built (minus head for the current position).
-type dedupeEntry struct{ at int }
-
-// get returns the record of id.
-func (l *dedupeLog) get(id string) (*dedupeRecord, bool) {
-	if l.index != nil {
-		e, ok := l.index[id]
-		if !ok {
-			return nil, false
-		}
-		return &l.order[e.at-l.head], true
-	}
-	for i := range l.order {
-		if l.order[i].id == id {
-			return &l.order[i], true
-		}
-	}
-	return nil, false
-}
-
-// add appends r, a record of an id the log does not hold.
-func (l *dedupeLog) add(r dedupeRecord) {
-	l.order = append(l.order, r)
-	switch {
-	case l.index != nil:
-		l.index[r.id] = dedupeEntry{len(l.order) - 1 + l.head}
-	case len(l.order) > indexFrom:
-		l.reindex()
-	}
-}
-
-// reindex builds the index anew, or drops it when the log is small.
-func (l *dedupeLog) reindex() {
-	l.head = 0
-	if len(l.order) <= indexFrom {
-		l.index = nil
-		return
-	}
-	l.index = make(map[string]dedupeEntry, len(l.order))
-	for i := range l.order {
-		l.index[l.order[i].id] = dedupeEntry{i}
-	}
-}
-
-// remove forgets id wherever it is in the log.
-func (l *dedupeLog) remove(id string) {
-	l.order = slices.DeleteFunc(l.order, func(r dedupeRecord) bool { return r.id == id })
-	l.reindex()
-}
-
-// newest returns the expiry of the most recent record.
-func (l *dedupeLog) newest() int64 {
-	if len(l.order) == 0 {
-		return 0
-	}
-	return l.order[len(l.order)-1].expires
-}
-
-// prune forgets expired records, and the oldest beyond max, and returns
-// how many it forgot.
-func (l *dedupeLog) prune(now int64, max int) int {
-	drop := 0
-	for drop < len(l.order) && (l.order[drop].expires <= now || len(l.order)-drop > max) {
-		if l.index != nil {
-			delete(l.index, l.order[drop].id)
-		}
-		l.order[drop] = dedupeRecord{}
-		drop++
-	}
-	if drop == 0 {
-		return 0
-	}
-	l.order = l.order[drop:]
-	l.head += drop
-	if len(l.order) <= indexFrom/2 && l.index != nil || cap(l.order) > 2*len(l.order)+indexFrom {
-		// Small again, or mostly forgotten room: copy what is left to a
-		// slice of its own so the forgotten front can be collected.
-		l.order = slices.Clip(slices.Clone(l.order))
-		l.reindex()
-	}
-	return drop
 }
 
 // New returns a Store, starting its sweeper unless disabled.
@@ -344,7 +240,7 @@ func New(opts Options) (*Store, error) {
 	}
 	for i := range s.shards {
 		s.shards[i].states.m = make(map[uint64]*entry)
-		s.shards[i].dedupe = make(map[key]*dedupeLog)
+		s.shards[i].dedupe = make(map[key]*algorithm.DedupeLog)
 	}
 	if opts.SweepInterval > 0 {
 		go s.sweepLoop(opts.SweepInterval)
@@ -434,9 +330,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	ks := w.keys
 	if id != "" {
 		if l := sh.dedupe[ks[0]]; l != nil {
-			if r, ok := l.get(id); ok && r.expires > now {
-				e.Replay = r.decisions
-			}
+			e.Replay = l.Lookup(id, now)
 		}
 	}
 	if len(ev.Previous) == 0 {
@@ -488,10 +382,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 	var d algorithm.Decision
 	sh.mu.Lock()
 	en := sh.states.get(h, k)
-	var st *algorithm.State
-	if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
-		st = &en.st
-	}
+	st := stateOf(en, ap.Kind)
 	w := &sh.work.writes[0]
 	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
 	if commit {
@@ -517,7 +408,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 		k := keyOf(ev.Subject, p)
 		ap := evaluation.Policy(p)
 		en := sh.states.get(h, k)
-		if carried != nil && carried[i] != nil && (en == nil || en.kind != ap.Kind || en.expires <= now) {
+		if carried != nil && carried[i] != nil && !ap.Live(stateOf(en, ap.Kind), now) {
 			// Carried over from an older subject: kept from now on.
 			if en == nil {
 				if sh.states.n >= s.perShard {
@@ -527,13 +418,20 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 			}
 			en.state = *carried[i]
 		}
-		var st *algorithm.State
-		if en != nil && en.kind == ap.Kind { // another algorithm's state under the same revision is absent
-			st = &en.st
-		}
+		st := stateOf(en, ap.Kind)
 		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
 		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
 	}
+}
+
+// stateOf returns the state of en, an entry of a policy of kind (nil:
+// none), or nil: another algorithm's state under the same revision is
+// absent.
+func stateOf(en *entry, kind algorithm.Kind) *algorithm.State {
+	if en == nil || en.kind != kind {
+		return nil
+	}
+	return &en.st
 }
 
 // check reports whether ev breaks a rule of its operation, before any
@@ -561,8 +459,9 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state 
 			if out != nil && out[i] != nil {
 				continue
 			}
+			ap := evaluation.Policy(p)
 			en := sh.states.get(h, keyOf(subject, p))
-			if en == nil || en.kind != evaluation.Policy(p).Kind || en.expires <= now {
+			if !ap.Live(stateOf(en, ap.Kind), now) {
 				continue
 			}
 			if out == nil {
@@ -600,20 +499,10 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision) {
 	l := sh.dedupe[dk]
 	if l == nil {
-		l = &dedupeLog{}
+		l = &algorithm.DedupeLog{}
 		sh.dedupe[dk] = l
 	}
-	// Forget expired records first. A live id would have been replayed, so
-	// id is new or expired, and goes to the back.
-	sh.ids -= l.prune(now, p.DedupeMax)
-	if _, stale := l.get(id); stale {
-		// Expired but behind a longer-lived record (DedupeTTL changed).
-		l.remove(id)
-		sh.ids--
-	}
-	l.add(dedupeRecord{id: id, expires: now + p.DedupeTTL.Microseconds(), decisions: slices.Clone(decisions)})
-	sh.ids++
-	sh.ids -= l.prune(now, p.DedupeMax)
+	sh.ids += l.Remember(id, now, p.DedupeTTL.Microseconds(), p.DedupeMax, decisions)
 	if sh.ids > s.perShard {
 		s.makeDedupeRoom(sh, now, l)
 	}
@@ -624,7 +513,7 @@ func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id stri
 // log left empty goes too); if that freed nothing, the log whose newest
 // record expires soonest is evicted whole. As a last resort keep's own
 // oldest records go.
-func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
+func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *algorithm.DedupeLog) {
 	for sh.ids > s.perShard {
 		var victim key
 		found, freed := false, false
@@ -634,13 +523,13 @@ func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
 			if l == keep {
 				continue
 			}
-			if n := l.prune(now, len(l.order)); n > 0 {
+			if n := l.Prune(now, l.Len()); n > 0 {
 				sh.ids -= n
 				freed = true
 			}
-			if len(l.order) == 0 {
+			if l.Len() == 0 {
 				delete(sh.dedupe, k)
-			} else if e := l.newest(); !found || e < soonest {
+			} else if e := l.Newest(); !found || e < soonest {
 				victim, soonest, found = k, e, true
 			}
 			if sampled++; sampled == roomSample {
@@ -650,13 +539,13 @@ func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
 		switch {
 		case freed:
 		case found:
-			n := len(sh.dedupe[victim].order) // none expired: just pruned
+			n := sh.dedupe[victim].Len() // none expired: just pruned
 			sh.ids -= n
 			delete(sh.dedupe, victim)
 			s.idsLost.Add(int64(n))
 		default:
 			// keep was pruned of its expired records at now: all live.
-			n := keep.prune(now, s.perShard)
+			n := keep.Prune(now, s.perShard)
 			sh.ids -= n
 			s.idsLost.Add(int64(n))
 			return
@@ -667,7 +556,7 @@ func (s *Store) makeDedupeRoom(sh *shard, now int64, keep *dedupeLog) {
 // sweepDedupe forgets expired records and empty logs (sh locked).
 func sweepDedupe(sh *shard, now int64) {
 	for k, l := range sh.dedupe {
-		if sh.ids -= l.prune(now, len(l.order)); len(l.order) == 0 {
+		if sh.ids -= l.Prune(now, l.Len()); l.Len() == 0 {
 			delete(sh.dedupe, k)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -440,50 +439,6 @@ func TestFloodKeepsExhaustedSubjects(t *testing.T) {
 	}
 }
 
-// TestDedupeLogGrowsAndShrinks: a log finds each of its ids whether it
-// scans (a few ids) or keeps an index (past indexFrom), across pruning
-// from the front and removal from the middle.
-func TestDedupeLogGrowsAndShrinks(t *testing.T) {
-	l := &dedupeLog{}
-	const n = 3*indexFrom + 1
-	for i := range n {
-		l.add(dedupeRecord{id: fmt.Sprint("id-", i), expires: int64(i + 1)})
-	}
-	find := func(when string, live ...int) {
-		t.Helper()
-		for i := range n {
-			r, ok := l.get(fmt.Sprint("id-", i))
-			want := slices.Contains(live, i)
-			if ok != want || ok && r.expires != int64(i+1) {
-				t.Fatalf("%s: get(id-%d) = %+v, %v; want found %v", when, i, r, ok, want)
-			}
-		}
-	}
-	all := make([]int, n)
-	for i := range all {
-		all[i] = i
-	}
-	find("filled", all...)
-	if l.index == nil {
-		t.Fatalf("a log of %d ids keeps no index", n)
-	}
-	if got := l.prune(5, n); got != 5 {
-		t.Fatalf("prune at 5 forgot %d, want 5", got)
-	}
-	find("after the first 5 expired", all[5:]...)
-	l.remove("id-10")
-	find("after id-10 was removed", slices.Concat(all[5:10], all[11:])...)
-	if got := l.prune(int64(n-2), n); got != n-2-5-1 {
-		t.Fatalf("prune at %d forgot %d, want %d", n-2, got, n-2-5-1)
-	}
-	find("down to 2", n-2, n-1)
-	if l.index != nil {
-		t.Fatalf("a log of %d ids still keeps an index", len(l.order))
-	}
-	l.add(dedupeRecord{id: "id-0", expires: 1})
-	find("with id-0 again", 0, n-2, n-1)
-}
-
 // held returns the states and the remembered ids s holds of subjects
 // whose name starts with prefix, expired ones not yet dropped included.
 func (s *Store) held(prefix string) (states, ids int) {
@@ -499,7 +454,7 @@ func (s *Store) held(prefix string) (states, ids int) {
 		}
 		for k, l := range sh.dedupe {
 			if strings.HasPrefix(k.subject, prefix) {
-				ids += len(l.order)
+				ids += l.Len()
 			}
 		}
 		sh.mu.Unlock()

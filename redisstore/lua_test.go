@@ -106,6 +106,16 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 			continue
 		case "redisstore.lua":
 			twin = "redisstore.Store.Evaluate"
+		case "args.lua":
+			twin = "redisstore/redisstore.go"
+		case "short.lua":
+			twin = "internal/engine/algorithm/one.go"
+		case "carry.lua":
+			twin = "internal/engine/algorithm/carry.go"
+		case "records.lua":
+			twin = "internal/engine/algorithm/engine.go"
+		case "dedupe.lua":
+			twin = "internal/engine/algorithm/dedupe.go"
 		}
 		if !strings.Contains(string(src), twin) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)

@@ -143,7 +143,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
-// The script's argument and reply layout; redisstore.lua names each alike
+// The script's argument and reply layout; args.lua names each alike
 // (ARGV_COST, …), and a test holds the two equal.
 const (
 	argvCost          = 1
@@ -166,7 +166,7 @@ const (
 	maxDedupeIDs      = 10000
 )
 
-// The short decision's forms (redisstore.lua's FAST_SPEND, …), on Redis
+// The short decision's forms (short.lua's FAST_SPEND, …), on Redis
 // time and, in capitals, on the caller's clock: the common decision, one
 // policy, a spend or a peek (a lease's acquire or release on a
 // concurrency policy), no evaluation id, nothing carried, sent with its
@@ -719,7 +719,7 @@ func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
 }
 
 // decideShort runs the script once for subject: ev's decision in the
-// short form (see redisstore.lua).
+// short form (see short.lua).
 func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
 	pol := ev.Policies[0]
 	nargv, clocked, held := 3, 0, 0
@@ -763,7 +763,7 @@ func holdArg(h time.Duration) any {
 }
 
 // decide runs the script once for subject: ev's decision, with carry ""
-// (none), "probe" or "carry" and the carried states (see redisstore.lua).
+// (none), "probe" or "carry" and the carried states (see redisstore.lua and carry.lua).
 // It appends the reply's integers to dst.
 func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64) ([]int64, error) {
 	if s.short(ev, id, carry) {

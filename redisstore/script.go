@@ -34,7 +34,12 @@ var scriptFiles = []string{
 	"gcra.lua",           // internal/engine/algorithm/gcra.go
 	"concurrency.lua",    // internal/engine/algorithm/concurrency.go
 	"engine.lua",         // internal/engine/algorithm/engine.go
-	"redisstore.lua",     // Evaluate's part in Redis: keys, ARGV, writes, ids
+	"args.lua",           // redisstore.go's arguments, read and checked
+	"records.lua",        // keys into the engine's states, writes and TTLs
+	"dedupe.lua",         // internal/engine/algorithm/dedupe.go
+	"carry.lua",          // internal/engine/algorithm/carry.go
+	"short.lua",          // internal/engine/algorithm/one.go
+	"redisstore.lua",     // Evaluate's part in Redis: the entry points
 }
 
 // decideLua is the joined code: it defines decide(keys, args) and runs

@@ -198,7 +198,7 @@ func Evaluate(ev *Evaluation) error {
 // each algorithm (FixedWindow.corrupt, …), relative to the state's own
 // newest write, never to p's numbers, which may change under one revision.
 // A state of all zeros is absent.
-// redisstore.lua's readState ports it (with the checks of the stored form
+// records.lua's readState ports it (with the checks of the stored form
 // itself: integers, −0, the type of the key); concurrency's leases are
 // checked there as they are read.
 func (p Policy) corrupt(st *State, now int64) string {
@@ -227,7 +227,7 @@ func (p Policy) corrupt(st *State, now int64) string {
 // capacity of 1 to MaxLimit with 0 <= Remaining <= Limit, its waits in
 // [0, 2^53), and RetryAfter 0 exactly when Allowed. (The numbers of a
 // policy may change under one revision, so they are held to what any
-// policy answers, not to today's.) redisstore.lua's recordCorrupt ports it.
+// policy answers, not to today's.) engine.lua's recordCorrupt ports it.
 func RecordCorrupt(ds []Decision) string {
 	for i := range ds {
 		d := &ds[i]

@@ -1,0 +1,95 @@
+--[[ args.lua: the arguments of a decision as redisstore.go writes them,
+read and checked. Go twin: redisstore/redisstore.go, Store.decide and
+Store.decideShort (they write what parsePolicy, policyOf and callerClock
+read; the names ARGV_* are its argv* constants, TestLuaConstants holds
+them equal), and internal/engine/algorithm/params.go's check (params.lua)
+for a policy's numbers. ]]
+
+local ARGV_COST = 1
+local ARGV_NOW = 2
+local ARGV_MAX_REGRESSION = 3
+local ARGV_OP = 4
+local ARGV_ID = 5
+local ARGV_DEDUPE_TTL = 6
+local ARGV_DEDUPE_MAX = 7
+local ARGV_CARRY = 8
+local ARGV_LEASE = 9
+local ARGV_HOLD = 10
+local ARGV_POLICIES = 10
+local ARGV_PER_POLICY = 1
+local REPLY_PER_POLICY = 5
+local CARRY_PER_POLICY = 2
+local REPLY_ABSENT = 2
+local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
+local MAX_DEDUPE_TTL = 3600000000 -- µs
+local MAX_DEDUPE_IDS = 10000
+local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true}
+
+-- Policies whose arguments were read and checked, by their argument
+-- string. A function library keeps this table from one call to the next
+-- (a script, before Redis 7, starts every call with it empty), so a
+-- policy's numbers are parsed and checked once, not on every decision;
+-- the policies in it are never modified. It is emptied when it holds
+-- checkedMax policies.
+local checked, nChecked, checkedMax = {}, 0, 1000
+
+-- parsePolicy reads and checks the argument of policy i, raw: the policy
+-- as engine.lua takes it, with its TTL grace.
+local function parsePolicy(raw, i)
+  local kind, limit, window, burst, grace, align = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01])$')
+  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1'}
+  kind = p.kind
+  if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst, grace and align (0 or 1) as integers joined by spaces')
+  end
+  local field, rule = check(p, kind)
+  if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
+    field, rule = 'burst', 'applies only to token_bucket and gcra'
+  elseif field == nil and (p.grace < 0 or p.grace > MAX_GRACE) then
+    field, rule = 'grace', 'must be between 0 and ' .. fmt(MAX_GRACE) .. ' µs'
+  end
+  if field ~= nil then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)
+  end
+  return p
+end
+
+-- policyOf returns policy i, its argument raw, checked: the policy as
+-- engine.lua takes it, with its TTL grace (p.grace).
+local function policyOf(raw, i)
+  local p = checked[raw]
+  if p == nil then
+    p = parsePolicy(raw, i)
+    if nChecked >= checkedMax then
+      checked, nChecked = {}, 0
+    end
+    checked[raw], nChecked = p, nChecked + 1
+  end
+  return p
+end
+
+-- redisTime returns the time of this call by Redis TIME, in µs.
+local function redisTime()
+  local t = redisCall('TIME')
+  return toNumber(t[1]) * 1000000 + toNumber(t[2])
+end
+
+-- callerClock returns the caller's time now and its maximum clock
+-- regression, read from their arguments and checked.
+local function callerClock(rawNow, rawRegression)
+  local now, maxRegression = arg(rawNow), arg(rawRegression)
+  if now == nil or now < 1 or now >= MAX_EXACT then
+    raise('SLUICE_ARGS', 'now must be an integer number of µs in [1, 2^53)')
+  end
+  if maxRegression == nil or maxRegression < -1 then
+    raise('SLUICE_ARGS', 'maximum clock regression must be an integer >= -1')
+  end
+  return now, maxRegression
+end
+
+-- clockUnsafe raises SLUICE_CLOCK: the caller's clock lies behind the
+-- newest write to key by more than maxRegression.
+local function clockUnsafe(key, behind, maxRegression)
+  raise('SLUICE_CLOCK', key .. ': caller clock is ' .. fmt(behind) ..
+    ' µs behind the last write, more than the allowed ' .. fmt(maxRegression))
+end

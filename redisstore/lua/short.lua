@@ -1,0 +1,160 @@
+--[[ short.lua: the common decision in short, the specialization of main
+(redisstore.lua) that the differential test drives on every seed. Go
+twin: internal/engine/algorithm/one.go, DecideOne (fastView: corrupt
+through readState, current, step, Fresh, lengthen, commit; fastMain's
+fixed-size course the same on values), which memstore's decideOne runs;
+redisstore/redisstore.go's Store.decideShort writes its arguments.
+fixedWindowFloor is DecideOne on a FixedWindowEnd with nothing to check
+but its record. ]]
+
+-- The common decision in short: one policy, a spend (held or not) or a
+-- peek (a lease's acquire or release on a concurrency policy), no
+-- evaluation id, nothing carried. Its arguments, instead of
+-- ARGV_POLICIES + 1: its form, then the cost (for a lease, the lease),
+-- for a held spend its hold in µs, then on the caller's clock now and the
+-- maximum clock regression, then the policy's argument. The forms:
+-- FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on
+-- Redis time, and the same in capitals on the caller's clock (a held
+-- spend has a form of its own, so the others carry no hold). It is
+-- decided by the functions main's evaluate calls (a fixed-size state on
+-- values rather than tables), and answers and writes what main would.
+
+local FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE, FAST_RELEASE = 's', 'h', 'p', 'a', 'r'
+
+-- The operation of each form of the short decision.
+local FAST_OPS = {
+  [FAST_SPEND] = 'spend', [FAST_HELD] = 'spend', [FAST_PEEK] = 'peek', [FAST_ACQUIRE] = 'acquire', [FAST_RELEASE] = 'release',
+  S = 'spend', H = 'spend', P = 'peek', A = 'acquire', R = 'release',
+}
+
+-- The number of arguments of each form of the short decision.
+local FAST_ARGS = {
+  [FAST_SPEND] = 3, [FAST_HELD] = 4, [FAST_PEEK] = 3, [FAST_ACQUIRE] = 3, [FAST_RELEASE] = 3,
+  S = 5, H = 6, P = 5, A = 5, R = 5,
+}
+
+-- The forms on Redis time, and the held ones (their hold after the cost).
+local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = true, [FAST_ACQUIRE] = true, [FAST_RELEASE] = true}
+local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
+
+-- fastView decides the short decision of op with cost or lease on key,
+-- under p, a policy of a log or of leases, as main does.
+local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
+  local st = readState(key, p, now, onRedis)
+  local cur, t, behind = current(p, st, now, maxRegression)
+  if cur == nil then
+    clockUnsafe(key, behind, maxRegression)
+  end
+  local ds = {0}
+  local w = step(p, cur, t, op, cost, 0, lease, ds, 1)
+  w.fresh = cur ~= st
+  if t ~= now then
+    lengthen(ds, 1, t - now)
+  end
+  if ds[2] == 1 and op ~= 'peek' then
+    apply(key, p.kind, w, st ~= nil, now, p.grace)
+  end
+  if onRedis then
+    ds[#ds + 1] = now
+  end
+  return ds
+end
+
+-- fixedWindowFloor decides a short spend of cost on key under p, a fixed
+-- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
+-- general course would, with the least work: one GET, the checks and the
+-- decision of fixed_window.lua, one SET that expires at the window's end
+-- (applyFixed), nothing written on a denial. No clock rule: such a state
+-- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
+-- far ahead is corrupt. The differential test's Redis-clock mode drives
+-- it in the short form, and the general form beside it.
+local function fixedWindowFloor(key, p, cost, now)
+  local ends, count = 0, 0
+  local raw = read(key, 'GET')
+  if raw then
+    ends, count = decodeFields(key, raw, 2)
+    local why = fixedWindowEndCorrupt(ends, count, now)
+    if why ~= nil then
+      corrupt(key, why)
+    end
+  end
+  local allowed, remaining, resetAfter, retryAfter
+  ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
+  if allowed then
+    applyFixed(key, KIND_FIXED_WINDOW_END, 2, fixedWindowEndExpires(ends, count), now, 0, ends, count)
+  end
+  return {0, allowed and 1 or 0, p.limit, remaining, resetAfter, retryAfter, now}
+end
+
+-- fastMain decides the short decision on key whose arguments are
+-- args[o + 1] on; at is as main's.
+local function fastMain(key, args, o, at)
+  local form = args[o + 1]
+  local op = FAST_OPS[form]
+  local leases = op == 'acquire' or op == 'release'
+  local cost, lease = 0, ''
+  if leases then
+    lease = args[o + 2]
+  else
+    cost = SMALL[args[o + 2]] or arg(args[o + 2])
+    if cost == nil or cost < 0 then
+      raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+    end
+  end
+  local hold = 0
+  if FAST_HELD_FORMS[form] then
+    o = o + 1 -- the arguments after the hold are where the other forms have theirs
+    hold = arg(args[o + 2])
+    if hold == nil or hold < 1 or hold > MAX_WINDOW then
+      raise('SLUICE_ARGS', 'hold must be an integer of 1 to ' .. fmt(MAX_WINDOW) .. ' µs')
+    end
+  end
+  local now, maxRegression, p
+  local onRedis = FAST_ON_REDIS[form]
+  if onRedis then
+    now, maxRegression, p = at or redisTime(), -1, policyOf(args[o + 3], 1)
+  else
+    now, maxRegression = callerClock(args[o + 3], args[o + 4])
+    p = policyOf(args[o + 5], 1)
+  end
+  local k = p.kind
+  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
+    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
+  end
+  if leases ~= (k == KIND_CONCURRENCY) then
+    raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
+  end
+  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
+    raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
+  end
+  local n = FIELDS[k]
+  if n == 0 then
+    return fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
+  end
+  local a, b, c, d, e = 0, 0, 0, 0, 0
+  local t = now -- the time it is decided at
+  local raw = read(key, 'GET')
+  if raw then
+    a, b, c, d, e = decodeChecked(key, raw, k, now)
+    local exp, nw = boundsFixed(k, p, a, b, c, d, e)
+    if onRedis then
+      ahead(key, p, nw, now)
+    end
+    local live, behind
+    live, t, behind = when(exp, nw, now, maxRegression)
+    if behind ~= nil then
+      clockUnsafe(key, behind, maxRegression)
+    elseif not live then
+      a, b, c, d, e = 0, 0, 0, 0, 0
+    end
+  end
+  local allowed, remaining, resetAfter, retryAfter, expires, limit
+  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false, hold)
+  if t ~= now then
+    resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
+  end
+  if allowed and op == 'spend' then
+    applyFixed(key, k, n, expires, now, p.grace, a, b, c, d, e)
+  end
+  return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter, onRedis and now or nil}
+end
