@@ -14,13 +14,13 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # times. No package of the module uses cgo, so nothing goes unchecked.
 STATIC = CGO_ENABLED=0 GOFLAGS=-trimpath
 
-.PHONY: test deps fmt vet lint unit bench bench-check fuzz screenshot
+.PHONY: test deps fmt vet lint unit unit-norace bench bench-check fuzz screenshot
 
 # deps installs redis-sentinel: the Sentinel failover tests, which skip
 # without it elsewhere, must run here.
 export REDISTEST_REQUIRE_SENTINEL = 1
 
-test: deps fmt vet lint bench-check unit
+test: deps fmt vet lint bench-check unit unit-norace
 
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -47,6 +47,14 @@ lint:
 
 unit:
 	$(GO) test -race -shuffle=on -count=1 -timeout 20m ./...
+
+# The tests that prove numbers, not concurrency, at sizes that take
+# minutes under the race detector: unit runs them smaller (or skips
+# them) with -race, and here whole without it. ACCURACY.md's local-quota
+# table is regenerated and compared here (internal/wiring's
+# race_on_test.go says what runs smaller under -race).
+unit-norace:
+	$(GO) test -shuffle=on -count=1 -run '^(TestSimulateLocalQuotaBound|TestAccuracyDocLocalQuota)$$' ./internal/wiring/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
