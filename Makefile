@@ -45,8 +45,12 @@ vet:
 lint:
 	$(STATIC) $(GO) run $(STATICCHECK) ./...
 
+# unit runs every test, the long process tests too (SLUICE_LONG; a plain
+# go test ./... skips them: see long_test.go in redisstore and
+# cmd/sluice). The packages with the longest tests are named first, so
+# that go test starts them first rather than last beside idle cores.
 unit:
-	$(GO) test -race -shuffle=on -count=1 -timeout 20m ./...
+	SLUICE_LONG=1 $(GO) test -race -shuffle=on -count=1 -timeout 20m ./redisstore ./cmd/sluice ./internal/server ./...
 
 # The tests that prove numbers, not concurrency, at sizes that take
 # minutes under the race detector: unit runs them smaller (or skips
@@ -71,4 +75,4 @@ fuzz:
 # The README's dashboard screenshot (docs/dashboard.png), taken by the
 # dashboard's browser test in a real headless chromium.
 screenshot:
-	SLUICE_SCREENSHOT=docs $(GO) test -count=1 -run '^TestDashboardInBrowser$$' ./cmd/sluice
+	SLUICE_LONG=1 SLUICE_SCREENSHOT=docs $(GO) test -count=1 -run '^TestDashboardInBrowser$$' ./cmd/sluice
