@@ -65,12 +65,14 @@ func TestBreakerProbe(t *testing.T) {
 	up.Store(false)
 	b.roundTrip(down)
 	b.roundTrip(down)
-	eventually(t, "the probe PINGs again", func() bool { n := probes.Load(); time.Sleep(5 * time.Millisecond); return probes.Load() > n })
-	b.close()
-	n := probes.Load()
-	time.Sleep(20 * time.Millisecond)
-	if probes.Load() != n {
-		t.Fatal("the probe went on after close")
+	reopened := probes.Load()
+	eventually(t, "the probe PINGs again", func() bool { return probes.Load() > reopened })
+	b.close() // returns once the probe goroutine has ended
+	b.mu.Lock()
+	probing := b.probing
+	b.mu.Unlock()
+	if n := probes.Load(); probing || b.probeCtx.Err() == nil {
+		t.Fatalf("after close: probing %v, probe context %v (%d PINGs): want the probe stopped", probing, b.probeCtx.Err(), n)
 	}
 	b.roundTrip(down) // opening after close starts no probe
 	eventually(t, "goroutines back to where they were", func() bool { return runtime.NumGoroutine() <= before })

@@ -495,6 +495,7 @@ func (r lqRun) total() (s lqSummary) {
 // on how fast the machine runs the children, so they are reported, not
 // asserted: -v logs both.
 func TestLocalQuotaProcesses(t *testing.T) {
+	long(t)
 	t.Run("standalone", func(t *testing.T) {
 		c := standaloneClient(t)
 		testLocalQuotaProcesses(t, c, "standalone:"+shared.standalone.Addr)

@@ -26,6 +26,7 @@ const chromiumHint = "make deps (apt-get install chromium)"
 // page asks nothing of any other origin. Like the Redis tests, it fails
 // when the binary it needs is missing: make test installs it.
 func TestDashboardInBrowser(t *testing.T) {
+	long(t)
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatalf("chromium is not installed; install it with: %s", chromiumHint)

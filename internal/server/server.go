@@ -498,7 +498,13 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, in *checkapi.Reque
 // decode reads the body into in: the reason it is not one JSON object of
 // in's type (the check API's, the admin API's), or "".
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, in any) string {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	return decodeBody(w, r, s.maxBody, in)
+}
+
+// decodeBody is decode with the body's bound given: the playground's
+// is its own (playgroundMaxBody), not the check API's.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, in any) string {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(in)
 	if err == nil {

@@ -257,14 +257,7 @@ func (s *Server) uiSimulate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in simRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, playgroundMaxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		var tooLarge *http.MaxBytesError
-		msg := "malformed JSON: " + err.Error()
-		if errors.As(err, &tooLarge) {
-			msg = fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
-		}
+	if msg := decodeBody(w, r, playgroundMaxBody, &in); msg != "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": msg})
 		return
 	}

@@ -239,7 +239,10 @@ func TestUISimulate(t *testing.T) {
 		{`{"algorithm":"gcra","limit":10,"window":"10s","pattern":"poisson","rate":1000}`, "rate = 1000: rate × duration is 300000 requests: at most 20000"},
 		{`{"algorithm":"sliding_log","limit":50000,"window":"10s","pattern":"boundary"}`, "limit = 50000: the boundary pattern offers 2 × limit requests: at most 20000"},
 		{`{"algorithm":"fixed_window","limit":10,"burst":3,"window":"10s","pattern":"ramp"}`, "burst = 3: applies only to token_bucket and gcra"},
-		{`{"algorithm":"gcra","limit":10,"window":"10s","pattern":"ramp","subject":"x"}`, `malformed JSON: json: unknown field "subject"`},
+		{`{"algorithm":"gcra","limit":10,"window":"10s","pattern":"ramp","subject":"x"}`, `malformed JSON: unknown field "subject"`},
+		{`{"algorithm":"gcra","limit":10,"window":"10s","pattern":"ramp"} trailing`, "malformed JSON: more than one value in the body"},
+		{`{"algorithm":"gcra","limit":10,"window":"10s","pattern":"ramp"}{}`, "malformed JSON: more than one value in the body"},
+		{``, "request body is empty: want a JSON object"},
 		{`{"algorithm":"gcra","pattern":"` + strings.Repeat("x", 5000) + `"}`, "request body is larger than 4096 bytes"},
 	} {
 		code, out := post("application/json", c.body)

@@ -22,7 +22,7 @@ import (
 // (63 changes that were 63 WARN lines in 3.2s): one line per interval,
 // the count of the changes not logged, and the state it ends in.
 func TestBreakerLogIsThrottled(t *testing.T) {
-	var out syncBuffer
+	out := syncBuffer{wrote: make(chan struct{}, 1)}
 	lines := func() []string { return strings.Split(strings.TrimSpace(out.String()), "\n") }
 	clock := sluicetest.NewClock()
 	bl := wiring.NewBreakerLog(slog.New(slog.NewTextHandler(&out, nil)), clock, time.Millisecond)
@@ -35,12 +35,14 @@ func TestBreakerLogIsThrottled(t *testing.T) {
 	if l := lines(); len(l) != 1 || !strings.Contains(l[0], `level=WARN msg="redis circuit breaker" state=open`) || strings.Contains(l[0], "changes_not_logged") {
 		t.Fatalf("64 changes within an interval logged %q, want one line for the first, open", l)
 	}
+	select { // the first line's signal
+	case <-out.wrote:
+	default:
+	}
 	clock.Advance(time.Second) // the interval is over: the held-back state is written
-	for range 400 {
-		if len(lines()) == 2 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {                   // by the throttle's timer, on a goroutine of its own
+	case <-out.wrote:
+	case <-time.After(20 * time.Second): // a bound on a loaded machine, not a threshold
 	}
 	if l := lines(); len(l) != 2 || !strings.HasSuffix(l[1], `msg="redis circuit breaker" state=closed changes_not_logged=62`) {
 		t.Fatalf("after the interval the log is %q, want a second line: closed, 62 changes not logged", l)
@@ -48,14 +50,24 @@ func TestBreakerLogIsThrottled(t *testing.T) {
 }
 
 // syncBuffer is a bytes.Buffer safe for the log's goroutine and the test.
+// wrote, when set, is signalled after each write, for a test to wait on.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu    sync.Mutex
+	b     bytes.Buffer
+	wrote chan struct{}
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.wrote != nil {
+		defer func() {
+			select {
+			case b.wrote <- struct{}{}:
+			default:
+			}
+		}()
+	}
 	return b.b.Write(p)
 }
 
