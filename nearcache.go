@@ -70,4 +70,6 @@ func (c *nearCache) remember(subject string, p *Policy, cost int64, sent time.Ti
 }
 
 // forget drops what is remembered of subject under p.
-func (c *nearCache) forget(subject string, p *Policy) { c.c.Forget(nearKey{Subject: subject, Policy: p.ID}) }
+func (c *nearCache) forget(subject string, p *Policy) {
+	c.c.Forget(nearKey{Subject: subject, Policy: p.ID})
+}
