@@ -42,14 +42,6 @@ func (l *Limiter) Release(ctx context.Context, lease Lease) Outcome {
 	return l.Check(ctx, Request{Op: Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
 }
 
-// Renew extends lease to a full LeaseTTL from now on every policy it is
-// held on, for work that holds its slot longer than LeaseTTL: a Check of a
-// Renew. A lease that is no longer held (it expired) is acquired afresh if
-// a slot is free: Allowed; else Denied, and the slot is gone.
-func (l *Limiter) Renew(ctx context.Context, lease Lease) Outcome {
-	return l.Check(ctx, Request{Op: Renew, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
-}
-
 // leaseOf returns the lease an allowed Acquire or Renew of ev holds: on
 // its Concurrency policies.
 func leaseOf(ev *Evaluation) Lease {

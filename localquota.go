@@ -124,7 +124,7 @@ func (q *localQuota) shard(subject string) *localShard {
 // entry returns the entry of subject under p, created if there is room
 // (nil if not), with sh locked: the caller unlocks it.
 func (q *localQuota) entry(sh *localShard, subject string, p *Policy, now time.Time) *quotaEntry {
-	k := nearKey{subject, p.ID}
+	k := nearKey{Subject: subject, Policy: p.ID}
 	e := sh.m[k]
 	if e == nil {
 		if len(sh.m) >= maxLocal/localShards && !sh.sweep(now) {
@@ -364,7 +364,7 @@ func (q *localQuota) takeBlock(ctx context.Context, d *decision, next step, sh *
 func (q *localQuota) forget(subject string, p *Policy) {
 	sh := q.shard(subject)
 	sh.mu.Lock()
-	if e := sh.m[nearKey{subject, p.ID}]; e != nil {
+	if e := sh.m[nearKey{Subject: subject, Policy: p.ID}]; e != nil {
 		e.drop()
 		e.known = false
 		e.resets++ // a block being asked now was spent before the reset

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/overrideage"
 )
 
 // Override gives one subject of one policy other numbers: a tenant's plan.
@@ -75,7 +76,7 @@ type overrideSet struct {
 type overrides struct {
 	set     atomic.Pointer[overrideSet] // nil: no overrideStore and nothing set
 	store   overrideStore               // nil when the Store is not one
-	age     freshness                   // how old the store's overrides are: see overridesage.go
+	age     overrideage.Freshness       // how old the store's overrides are
 	local   []Override                  // given in Options: applied under the store's
 	mu      sync.Mutex                  // held to change stored and set
 	stored  []Override                  // the store's, as last read (or the ones set here)
@@ -101,7 +102,7 @@ func (l *Limiter) initOverrides(opts Options) error {
 	if l.ovr.store != nil {
 		// Read the store now, in the background (New does not wait on
 		// the store): the first Check waits for that read, not longer.
-		l.ovr.age.init(l.clock)
+		l.ovr.age.Init(l.clock, overrideMaxAge)
 		l.readOverrides()
 	}
 	return nil
@@ -199,10 +200,10 @@ func (l *Limiter) buildOverrides() *overrideSet {
 // first (overrideMaxAge; see awaitOverrides for how long a Check waits).
 func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 	if l.ovr.store != nil {
-		switch l.ovr.age.state() {
-		case ageOld:
+		switch l.ovr.age.State() {
+		case overrideage.Old:
 			l.readOverrides()
-		case ageStale:
+		case overrideage.Stale:
 			l.awaitOverrides(ctx, l.readOverrides())
 		}
 	}
@@ -256,7 +257,7 @@ func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous [
 // readOverrides starts one read of the store's overrides, unless one is
 // under way, and returns a channel closed when the read under way ends.
 func (l *Limiter) readOverrides() <-chan struct{} {
-	ch, start := l.ovr.age.begin()
+	ch, start := l.ovr.age.Begin()
 	if !start {
 		return ch
 	}
@@ -269,7 +270,7 @@ func (l *Limiter) readOverrides() <-chan struct{} {
 		list, err := l.ovr.store.Overrides(ctx)
 		cancel()
 		fresh := err == nil && l.storeOverrides(list, changes)
-		l.ovr.age.end(ch, fresh, began, l.clock.Now())
+		l.ovr.age.End(ch, fresh, began, l.clock.Now())
 	}()
 	return ch
 }

@@ -1,4 +1,8 @@
-package sluice
+// Package overrideage tracks how old the tenant overrides a Limiter read
+// from its store are, on the Limiter's clock, and the read under way: the
+// bookkeeping of the root's overrides stage (sluice's overrides.go), over
+// a clock that is anything with Now.
+package overrideage
 
 import (
 	"math"
@@ -6,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 )
+
+// Clock is what Freshness reads: the Limiter's clock.
+type Clock interface{ Now() time.Time }
 
 // afterFuncer is what a Clock may offer beside Now: f run once d has
 // passed on that clock. internal/clock's clocks offer it, so a Limiter
@@ -18,36 +25,38 @@ type afterFuncer interface {
 
 // The ages of a Limiter's overrides read from its store.
 const (
-	ageFresh int32 = iota // read less than half overrideMaxAge ago
-	ageOld                // read again in the background
-	ageStale              // read again before deciding
+	Fresh int32 = iota // read less than half the maximum age ago
+	Old                // read again in the background
+	Stale              // read again before deciding
 )
 
-// freshness tracks how old the overrides a Limiter read from its store
+// Freshness tracks how old the overrides a Limiter read from its store
 // are, on the Limiter's clock, and the read under way. Safe for
 // concurrent use.
-type freshness struct {
+type Freshness struct {
 	clock   Clock
+	maxAge  time.Duration                 // a fresh read is stale after it
 	timers  afterFuncer                   // clock's, nil when it has none: state reads the clock
 	mu      sync.Mutex                    // held to change the ages, gen and reading
 	gen     uint64                        // the timers of older reads are spent
 	flag    atomic.Int32                  // with timers: the age, set by them
-	oldAt   atomic.Int64                  // Unix ns from when the overrides are ageOld
-	staleAt atomic.Int64                  // Unix ns from when they are ageStale
+	oldAt   atomic.Int64                  // Unix ns from when the overrides are Old
+	staleAt atomic.Int64                  // Unix ns from when they are Stale
 	reading atomic.Pointer[chan struct{}] // closed when the read under way ends; nil when none
 }
 
-// init makes f stale until a first read, on clock c.
-func (f *freshness) init(c Clock) {
-	f.clock = c
+// Init makes f stale until a first read, on clock c, a fresh read
+// staying fresh for half maxAge and not stale before maxAge.
+func (f *Freshness) Init(c Clock, maxAge time.Duration) {
+	f.clock, f.maxAge = c, maxAge
 	f.timers, _ = c.(afterFuncer)
-	f.flag.Store(ageStale)
+	f.flag.Store(Stale)
 	f.oldAt.Store(math.MinInt64)
 	f.staleAt.Store(math.MinInt64)
 }
 
-// state returns the age of the overrides now.
-func (f *freshness) state() int32 {
+// State returns the age of the overrides now.
+func (f *Freshness) State() int32 {
 	if f.timers != nil {
 		return f.flag.Load()
 	}
@@ -55,19 +64,19 @@ func (f *freshness) state() int32 {
 }
 
 // at returns the age of the overrides at now, Unix ns.
-func (f *freshness) at(now int64) int32 {
+func (f *Freshness) at(now int64) int32 {
 	switch {
 	case now >= f.staleAt.Load():
-		return ageStale
+		return Stale
 	case now >= f.oldAt.Load():
-		return ageOld
+		return Old
 	}
-	return ageFresh
+	return Fresh
 }
 
-// begin returns the channel of the read under way, or starts one: then
-// started is true and the caller reads, then calls end.
-func (f *freshness) begin() (ch chan struct{}, started bool) {
+// Begin returns the channel of the read under way, or starts one: then
+// started is true and the caller reads, then calls End.
+func (f *Freshness) Begin() (ch chan struct{}, started bool) {
 	if p := f.reading.Load(); p != nil {
 		return *p, false
 	}
@@ -81,20 +90,20 @@ func (f *freshness) begin() (ch chan struct{}, started bool) {
 	return ch, true
 }
 
-// end ends the read of ch, begun at began and over at now. A fresh read
+// End ends the read of ch, begun at began and over at now. A fresh read
 // (the overrides as the store held them at began) is old half
-// overrideMaxAge after began and stale at overrideMaxAge. After a failed
+// the maximum age after began and stale at the maximum age. After a failed
 // read no Check waits for another until one succeeds: decisions go on
 // the overrides last read (a store that cannot give its overrides can
 // seldom decide either, and a Check must not wait on a hung store for
 // them when the store's own breaker would answer it at once), and a Check
-// half overrideMaxAge from now starts a background read again.
-func (f *freshness) end(ch chan struct{}, fresh bool, began, now time.Time) {
+// half the maximum age from now starts a background read again.
+func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	oldAt, staleAt := began.Add(overrideMaxAge/2).UnixNano(), began.Add(overrideMaxAge).UnixNano()
+	oldAt, staleAt := began.Add(f.maxAge/2).UnixNano(), began.Add(f.maxAge).UnixNano()
 	if !fresh {
-		oldAt, staleAt = now.Add(overrideMaxAge/2).UnixNano(), math.MaxInt64
+		oldAt, staleAt = now.Add(f.maxAge/2).UnixNano(), math.MaxInt64
 	}
 	f.oldAt.Store(oldAt)
 	f.staleAt.Store(staleAt)
@@ -111,9 +120,9 @@ func (f *freshness) end(ch chan struct{}, fresh bool, began, now time.Time) {
 				f.mu.Unlock()
 			}
 		}
-		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(ageOld))
+		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(Old))
 		if staleAt != math.MaxInt64 {
-			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(ageStale))
+			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(Stale))
 		}
 	}
 	f.reading.Store(nil)
