@@ -303,3 +303,27 @@ func describe(ps []*sluice.Policy) string {
 
 // sluicetest0 is 2026-01-01T00:00:00Z in µs, where the differential runs start.
 const sluicetest0 = 1_767_225_600_000_000
+
+// TestDifferentialPast2p53 pins the step a random seed found: a gcra
+// spend of the whole burst held for the whole window, where the held
+// debt (hold·Limit) and the cost (Burst·Window) add up past 2^53. The
+// script compared and subtracted that sum in doubles and answered a
+// Retry-After 1µs later than the engine; both now compare the debt with
+// what remains below Burst·Window, a difference that stays exact.
+func TestDifferentialPast2p53(t *testing.T) {
+	d := newDiff(t, standaloneClient(t))
+	window := 24_232_453_229 * time.Microsecond
+	p := &sluice.Policy{ID: "diff", Algorithm: sluice.GCRA, Limit: 100_000, Window: window, Burst: 304_567}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	*p = p.WithDefaults()
+	for _, general := range []bool{false, true} {
+		d.redis.SetGeneral(general)
+		d.subject = fmt.Sprintf("%s.%v", subject(t), general)
+		d.now = 1_769_926_940_422_961
+		if st := d.step(0, 0, 0, p.Burst, window, false, []*sluice.Policy{p}); st[0].Allowed {
+			t.Fatalf("general=%v: a held spend of the whole burst on fresh state = %+v, want denied (the hold's debt leaves no room)", general, st[0])
+		}
+	}
+}

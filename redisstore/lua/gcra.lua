@@ -69,9 +69,12 @@ local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost, hold)
   if debt < hold * limit then
     debt = hold * limit -- a held spend's floor; hold × limit <= tau (compared, not math.max: no call)
   end
-  if debt + need > tau then
+  -- debt > tau − need, not debt + need > tau: the sum can pass 2^53
+  -- (a held spend's debt of hold·Limit beside a cost of Burst), where
+  -- doubles round; the difference cannot (need <= tau).
+  if debt > tau - need then
     return tat, frac, sLimit, sWindow, last, false, quo(mathMax(tau - debt, 0), window),
-      ceilDiv(debt, limit), ceilDiv(debt + need - tau, limit)
+      ceilDiv(debt, limit), ceilDiv(debt - (tau - need), limit)
   end
   if cost > 0 then
     debt = debt + cost * window

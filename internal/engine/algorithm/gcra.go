@@ -144,9 +144,12 @@ func (s GCRA) Decide(p Params, now, cost, hold int64) (GCRA, Decision) {
 		debt = ahead*p.Limit + f
 	}
 	debt = max(debt, hold*p.Limit) // a held spend's floor; hold·Limit ≤ tau
-	if debt+need > tau {
+	// debt > tau − need, not debt + need > tau: the sum can pass 2^53
+	// (a held spend's debt of hold·Limit beside a cost of Burst), where
+	// gcra.lua's doubles round; the difference cannot (need ≤ tau).
+	if debt > tau-need {
 		d.Remaining = max(tau-debt, 0) / p.Window
-		d.RetryAfter = ceilDiv(debt+need-tau, p.Limit)
+		d.RetryAfter = ceilDiv(debt-(tau-need), p.Limit)
 		d.ResetAfter = ceilDiv(debt, p.Limit)
 		return s, d
 	}
