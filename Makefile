@@ -52,8 +52,8 @@ lint:
 	$(STATIC) $(GO) run $(STATICCHECK) ./...
 
 # unit runs every test, the long process tests too (SLUICE_LONG; a plain
-# go test ./... skips them: see long_test.go in redisstore and
-# cmd/sluice). The packages with the longest tests are named first, so
+# go test ./... skips them: see redistest.Long in
+# internal/testkit). The packages with the longest tests are named first, so
 # that go test starts them first rather than last beside idle cores.
 unit:
 	SLUICE_LONG=1 $(GO) test -race -shuffle=on -count=1 -timeout 20m ./redisstore ./cmd/sluice ./internal/server ./...

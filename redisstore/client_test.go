@@ -61,7 +61,7 @@ func subjectsPerMaster(t *testing.T, c *redis.ClusterClient, n int) map[string][
 // *redis.ClusterClient (embedding it) loads its function library on
 // every master, and decides exactly for subjects on each of them.
 func TestWrappedClusterClient(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	ctx := context.Background()
 	c := clusterClient(t)
 	// Start from masters that hold no code, so what Ready loads shows.

@@ -519,7 +519,7 @@ func TestFaultRefused(t *testing.T) {
 // write acknowledged just before the kill could be lost with it: those
 // would be over-admissions, counted, never a decision spent twice.
 func TestFaultClusterFailover(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	checkLeaks(t)
 	cluster, err := redistest.StartCluster(3, 1, "cluster-node-timeout 1000")
 	if err != nil {

@@ -478,7 +478,7 @@ func TestBreakerCountsCallerDeadlines(t *testing.T) {
 // quotes them) and holds the fault tests' promises (answers within
 // deadline + 250ms, nothing spent twice).
 func TestFailoverShedsOnlyItsMaster(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	for _, tc := range []struct {
 		coverage string
 		wait     int

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -495,7 +496,7 @@ func (r lqRun) total() (s lqSummary) {
 // on how fast the machine runs the children, so they are reported, not
 // asserted: -v logs both.
 func TestLocalQuotaProcesses(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	t.Run("standalone", func(t *testing.T) {
 		c := standaloneClient(t)
 		testLocalQuotaProcesses(t, c, "standalone:"+shared.standalone.Addr)

@@ -191,7 +191,7 @@ func TestBenchUsage(t *testing.T) {
 // On a cluster the run's keys spread over every master (one hash tag per
 // subject), and the cleanup finds and deletes them on each.
 func TestBenchRedisCluster(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	cl := redistest.Cluster(t)
 	rep := runBench(t, "--store", "redis", "--redis-addrs", strings.Join(cl.Addrs, ","), "--redis-mode", "cluster",
 		"--policy-algorithm", "fixed_window", "--limit", "10", "--window", "1h", "--subjects", "30", "--callers", "8", "--duration", "500ms")

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
@@ -88,7 +89,7 @@ func getBody(t *testing.T, url string) string {
 // comment gives (0 without one). The built-in example listens on
 // 127.0.0.1:8080, the address the commands name.
 func TestREADMECommands(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/simulate"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // sim runs sluice simulate with args and returns stdout, the exit code and
@@ -164,7 +165,7 @@ func TestAccuracyDocIsCurrent(t *testing.T) {
 // TestSimulateLocalQuotaCLI runs sluice simulate --local-quota at a
 // smaller limit than the doc's, and refuses flags that do not apply.
 func TestSimulateLocalQuotaCLI(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	stdout, code, stderr := sim(t, "--local-quota", "--limit", "1000", "--instances", "2", "--seed", "3")
 	if code != 0 {
 		t.Fatalf("simulate --local-quota = exit %d\n%s%s", code, stdout, stderr)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
 // chromiumHint says how to get the browser the dashboard test drives.
@@ -26,7 +27,7 @@ const chromiumHint = "make deps (apt-get install chromium)"
 // page asks nothing of any other origin. Like the Redis tests, it fails
 // when the binary it needs is missing: make test installs it.
 func TestDashboardInBrowser(t *testing.T) {
-	long(t)
+	redistest.Long(t)
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatalf("chromium is not installed; install it with: %s", chromiumHint)
