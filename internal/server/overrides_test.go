@@ -98,7 +98,7 @@ func call(t *testing.T, method, url, token, body string) (int, string) {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := openAPIClient(t).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 // Package server is the HTTP face of sluice serve: the check API
-// (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz),
-// Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
+// (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz:
+// ready while the store is, or while a policy can be answered without
+// it), the store's health (GET /readyz/store), the API's OpenAPI 3.1
+// document (GET /openapi.yaml, see openapi.go), Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
 // see ui.go), and the rate-limiting reverse proxy (see Proxy), which
 // listens on an address of its own.
 //
@@ -85,9 +87,12 @@ type Check func(ctx context.Context) error
 
 // Options configure a Server. The zero value means the defaults.
 type Options struct {
-	// Ready are the checks GET /readyz runs, in order; the first error
-	// answers 503. Stores add their own (a Redis PING). Default: none, so
-	// the server is ready as soon as it serves.
+	// Ready are the store's health checks, in order, which GET
+	// /readyz/store runs: the first error answers 503. GET /readyz runs
+	// them too, but answers 200 despite a failure while a policy can
+	// still be answered without the store (see readyz). Stores add their
+	// own (a Redis PING). Default: none, so the server is ready as soon
+	// as it serves.
 	Ready []Check
 	// ReadyTimeout bounds all Ready checks of one request together.
 	// Default: 2s.
@@ -137,20 +142,24 @@ type Options struct {
 // Server serves the check API over a Limiter. It is an http.Handler, safe
 // for concurrent use; it owns no goroutines and needs no cleanup.
 type Server struct {
-	lim      *sluice.Limiter
-	core     *edge.Core      // decides with lim, counts on metrics
-	envoy    *sluice.Limiter // the rules files', when not lim
-	modes    map[string]sluice.FailureMode
-	pseud    *subject.Pseudonymizer
-	log      *slog.Logger
-	ready    []Check
-	readyTTL time.Duration
-	decide   time.Duration // DecisionTimeout
-	maxBody  int64
-	clock    sluice.Clock
-	metrics  *Metrics
-	auth     *auth // nil: open
-	mux      *http.ServeMux
+	lim   *sluice.Limiter
+	core  *edge.Core      // decides with lim, counts on metrics
+	envoy *sluice.Limiter // the rules files', when not lim
+	modes map[string]sluice.FailureMode
+	pseud *subject.Pseudonymizer
+	log   *slog.Logger
+	ready []Check
+	// storeless names the policies answered without the store when it
+	// cannot decide (failure_mode open or local, local quota): while
+	// any is, GET /readyz stays 200.
+	storeless []string
+	readyTTL  time.Duration
+	decide    time.Duration // DecisionTimeout
+	maxBody   int64
+	clock     sluice.Clock
+	metrics   *Metrics
+	auth      *auth // nil: open
+	mux       *http.ServeMux
 	// policyField holds each policy's RateLimit-Policy list member, e.g.
 	// `"demo";q=3;w=10`, computed once.
 	policyField map[string]string
@@ -196,6 +205,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		cfgOverrides: opts.ConfigOverrides, maxOverrides: maxOverrides,
 	}
 	s.modes = opts.FailureModes
+	s.storeless = s.answeredWithoutStore()
 	if opts.Envoy != lim {
 		s.envoy = opts.Envoy
 	}
@@ -224,6 +234,8 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s.mux.HandleFunc("POST "+checkapi.RenewPath, s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET "+storeHealthPath, s.storeHealth)
+	s.mux.HandleFunc("GET "+openAPIPath, serveOpenAPI)
 	if s.metrics != nil {
 		s.mux.Handle("GET /metrics", s.metrics.Handler())
 	}
@@ -342,27 +354,77 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	io.WriteString(w, "ok\n")
+	writeHealth(w, http.StatusOK, "ok\n")
 }
 
+// storeHealthPath answers whether the store can decide now: 200, or 503
+// naming the failure. It is the store's health, for dashboards and
+// alerts; readiness (GET /readyz) is the server's.
+const storeHealthPath = "/readyz/store"
+
+// readyz answers whether the server is worth sending requests to: 200
+// when the store is healthy, and also while it is not but a policy is
+// answered without it (failure_mode open or local, local quota), so a
+// Kubernetes Service keeps the pods that still answer those policies;
+// 503 when the store fails and every policy fails closed without it.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
+	err := s.storeErr(r)
+	switch {
+	case err == nil:
+		writeHealth(w, http.StatusOK, "ok\n")
+	case len(s.storeless) > 0:
+		writeHealth(w, http.StatusOK, fmt.Sprintf("ok: the store is not ready (%v); policies answered without it: %s\n", err, strings.Join(s.storeless, ", ")))
+	default:
+		writeHealth(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v (every policy fails closed without the store)\n", err))
+	}
+}
+
+// storeHealth answers GET /readyz/store: the store's own health.
+func (s *Server) storeHealth(w http.ResponseWriter, r *http.Request) {
+	if err := s.storeErr(r); err != nil {
+		writeHealth(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v\n", err))
+		return
+	}
+	writeHealth(w, http.StatusOK, "ok\n")
+}
+
+// storeErr runs the store's health checks: the first error, or nil. The
+// request log gets the error as its reason.
+func (s *Server) storeErr(r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.readyTTL)
 	defer cancel()
 	for _, check := range s.ready {
 		if err := check(ctx); err != nil {
-			if lw, ok := w.(*logWriter); ok {
-				lw.reason = err.Error()
-			}
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", err)
-			return
+			return err
 		}
 	}
-	io.WriteString(w, "ok\n")
+	return nil
+}
+
+// writeHealth writes a health check's plain-text answer.
+func writeHealth(w http.ResponseWriter, code int, body string) {
+	if lw, ok := w.(*logWriter); ok && code != http.StatusOK {
+		lw.reason = strings.TrimSuffix(body, "\n")
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	io.WriteString(w, body)
+}
+
+// answeredWithoutStore returns the IDs of the policies answered when the
+// store cannot decide: those whose failure mode is open or local, and
+// those with local quota (a block in hand keeps admitting).
+func (s *Server) answeredWithoutStore() []string {
+	ids, lookup := s.shown()
+	var out []string
+	for _, id := range ids {
+		p, _ := lookup(id)
+		if m := s.modes[id]; m == sluice.FailOpen || m == sluice.FailLocal || p.LocalQuota.Enabled {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,7 +128,7 @@ func newFixtureOn(t *testing.T, store *recordingStore, clock *sluicetest.Clock, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv)
+	ts := httptest.NewServer(validating(t, srv))
 	t.Cleanup(ts.Close)
 	return &fixture{url: ts.URL, clock: clock, pseud: pseud, store: store, logs: logs}
 }
@@ -449,6 +450,10 @@ func TestSubjectIsPseudonymized(t *testing.T) {
 	}
 }
 
+// TestHealthAndReadiness: /healthz is liveness; /readyz/store is the
+// store's health; /readyz is ready while the store is, and also while it
+// is not but a policy is answered without it (failure_mode open or
+// local, local quota), so a Service keeps the pods answering those.
 func TestHealthAndReadiness(t *testing.T) {
 	var mu sync.Mutex
 	var storeErr error
@@ -457,34 +462,56 @@ func TestHealthAndReadiness(t *testing.T) {
 		defer mu.Unlock()
 		return storeErr
 	}
-	f := newFixture(t, demoPolicies, server.Options{Ready: []server.Check{ready}})
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(f.url + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
-		t.Errorf("GET /healthz = %d %q, want 200 ok", code, body)
-	}
-	if code, body := get("/readyz"); code != 200 || body != "ok\n" {
-		t.Errorf("GET /readyz = %d %q, want 200 ok", code, body)
-	}
-	mu.Lock()
-	storeErr = errors.New("redis: connection refused")
-	mu.Unlock()
-	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "connection refused") {
-		t.Errorf("GET /readyz with a failing check = %d %q, want 503 naming the failure", code, body)
-	}
-	if code, _ := get("/healthz"); code != 200 {
-		t.Errorf("GET /healthz with a failing readiness check = %d, want 200", code)
-	}
-	if code, _ := get("/v2/check"); code != 404 {
-		t.Errorf("GET /v2/check = %d, want 404", code)
+	withQuota := append(slices.Clone(demoPolicies), sluice.Policy{ID: "quota", Algorithm: sluice.FixedWindow, Limit: 1000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}})
+	for _, tc := range []struct {
+		name     string
+		policies []sluice.Policy
+		modes    map[string]sluice.FailureMode
+		readyz   int // while the store fails
+		names    string
+	}{
+		{"every policy fails closed", demoPolicies, nil, 503, ""},
+		{"one fails open", demoPolicies, map[string]sluice.FailureMode{"api": sluice.FailOpen}, 200, "api"},
+		{"one falls back locally", demoPolicies, map[string]sluice.FailureMode{"login": sluice.FailLocal}, 200, "login"},
+		{"one has local quota", withQuota, nil, 200, "quota"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			storeErr = nil
+			mu.Unlock()
+			f := newFixture(t, tc.policies, server.Options{Ready: []server.Check{ready}, FailureModes: tc.modes})
+			get := func(path string) (int, string) {
+				t.Helper()
+				resp, err := http.Get(f.url + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(b)
+			}
+			for _, path := range []string{"/healthz", "/readyz", "/readyz/store"} {
+				if code, body := get(path); code != 200 || body != "ok\n" {
+					t.Errorf("GET %s = %d %q, want 200 ok", path, code, body)
+				}
+			}
+			mu.Lock()
+			storeErr = errors.New("redis: connection refused")
+			mu.Unlock()
+			if code, body := get("/readyz/store"); code != 503 || !strings.Contains(body, "connection refused") {
+				t.Errorf("GET /readyz/store with a failing store = %d %q, want 503 naming the failure", code, body)
+			}
+			code, body := get("/readyz")
+			if code != tc.readyz || !strings.Contains(body, "connection refused") || !strings.Contains(body, tc.names) {
+				t.Errorf("GET /readyz with a failing store = %d %q, want %d naming the failure and %q", code, body, tc.readyz, tc.names)
+			}
+			if code, _ := get("/healthz"); code != 200 {
+				t.Errorf("GET /healthz with a failing store = %d, want 200", code)
+			}
+			if code, _ := get("/v2/check"); code != 404 {
+				t.Errorf("GET /v2/check = %d, want 404", code)
+			}
+		})
 	}
 }
 
@@ -724,7 +751,7 @@ func TestDecisionTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv)
+	ts := httptest.NewServer(validating(t, srv))
 	defer ts.Close()
 	// The client's own timeout only keeps a broken server from hanging the
 	// test; the server must answer long before it.
