@@ -20,12 +20,13 @@ import (
 
 // TestServeRedisHangs: sluice serve's check API in front of a Redis that
 // hangs (a proxy that accepts connections and never answers) for two
-// seconds, under load, with /readyz polled throughout. It holds:
+// seconds, under load, with the store's health (/readyz/store) polled
+// throughout. It holds:
 //
 //   - every check is answered within server.decision_timeout (500ms by
 //     default) plus 250ms, with 200 or 503 and the outcome the store
 //     typed;
-//   - /readyz says 503 while Redis hangs and 200 once it is back;
+//   - /readyz/store says 503 while Redis hangs and 200 once it is back;
 //   - checks are allowed again within 1s of Redis being back;
 //   - a check whose reply was lost (indeterminate), retried with its
 //     evaluation_id, is spent once: the budget spent equals the checks
@@ -134,9 +135,9 @@ policies:
 			case <-time.After(100 * time.Millisecond):
 			}
 			start := time.Now()
-			resp, err := client.Get(s.url + "/readyz")
+			resp, err := client.Get(s.url + "/readyz/store")
 			if err != nil {
-				t.Errorf("GET /readyz: %v", err)
+				t.Errorf("GET /readyz/store: %v", err)
 				return
 			}
 			io.Copy(io.Discard, resp.Body)
@@ -176,7 +177,7 @@ policies:
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		t.Fatalf("not every worker had 20 checks allowed and /readyz 200 within 15s of %v", from)
+		t.Fatalf("not every worker had 20 checks allowed and /readyz/store 200 within 15s of %v", from)
 	}
 	waitAllowed(time.Time{})
 	hung := time.Now()
@@ -219,7 +220,7 @@ policies:
 	if r := recovered.Sub(back); r > time.Second {
 		t.Errorf("checks failed until %v after Redis was back, want at most 1s", r)
 	}
-	// /readyz: 503 from the first check the hang failed until Redis is
+	// /readyz/store: 503 from the first check the hang failed until Redis is
 	// back, 200 before and after; a probe that straddles a change may say
 	// either. (Timed from the hang, timeout + margin, a loaded machine
 	// probed before any round trip had timed out: the store knew nothing
@@ -237,14 +238,14 @@ policies:
 		case r.start.After(firstFailed) && r.start.Add(r.took).Before(back):
 			readyHung = append(readyHung, r.took)
 			if r.code != 503 {
-				t.Errorf("GET /readyz %v into the hang = %d, want 503", r.start.Sub(hung), r.code)
+				t.Errorf("GET /readyz/store %v into the hang = %d, want 503", r.start.Sub(hung), r.code)
 			}
 		case r.start.After(back) && r.code == 200 && readyBack < 0:
 			readyBack = r.start.Add(r.took).Sub(back)
 		}
 	}
 	if readyBack < 0 || readyBack > time.Second+200*time.Millisecond {
-		t.Errorf("GET /readyz said 200 again %v after Redis was back, want within 1s (probed every 100ms)", readyBack)
+		t.Errorf("GET /readyz/store said 200 again %v after Redis was back, want within 1s (probed every 100ms)", readyBack)
 	}
 	// Nothing spent twice: the lost checks again, with their ids.
 	replays := 0
@@ -276,7 +277,7 @@ policies:
 		kindList = append(kindList, fmt.Sprintf("%s %d", k, n))
 	}
 	sort.Strings(kindList)
-	t.Logf("Redis hung 2s behind sluice serve: %d checks, max latency %v (bound %v + %v); %s; recovered %v after Redis was back; /readyz while hung: %d probes, max %v; 200 again %v after; %d lost replies retried (%d allowed), spent %d for %d allowed",
+	t.Logf("Redis hung 2s behind sluice serve: %d checks, max latency %v (bound %v + %v); %s; recovered %v after Redis was back; /readyz/store while hung: %d probes, max %v; 200 again %v after; %d lost replies retried (%d allowed), spent %d for %d allowed",
 		len(answers), maxTook.Round(time.Millisecond), decisionTimeout, margin, strings.Join(kindList, ", "),
 		recovered.Sub(back).Round(time.Millisecond), len(readyHung), slices.Max(append(readyHung, 0)).Round(time.Millisecond),
 		readyBack.Round(time.Millisecond), len(lost), replays, spent, want)

@@ -12,7 +12,8 @@ import (
 
 // TestTwoServersShareRedis runs two `sluice serve` instances against one
 // real redis-server: the 3-per-window demo policy answers 200, 200, 200,
-// 429 across both, and /readyz reports the store, then its loss.
+// 429 across both; /readyz and /readyz/store report the store, then its
+// loss (demo fails closed: nothing answers without the store).
 func TestTwoServersShareRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	cfg := writeConfig(t, fmt.Sprintf(`
@@ -41,20 +42,24 @@ policies:
 	if fmt.Sprint(got) != "[200 200 200 429]" {
 		t.Fatalf("four checks alternating between two servers on one Redis = %v, want [200 200 200 429]", got)
 	}
-	ready := func(s *served) int {
-		resp, err := http.Get(s.url + "/readyz")
+	ready := func(s *served, path string) int {
+		resp, err := http.Get(s.url + path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := ready(a); code != 200 {
-		t.Fatalf("GET /readyz with Redis up = %d, want 200", code)
+	for _, path := range []string{"/readyz", "/readyz/store"} {
+		if code := ready(a, path); code != 200 {
+			t.Fatalf("GET %s with Redis up = %d, want 200", path, code)
+		}
 	}
 	srv.Stop()
-	if code := ready(a); code != 503 {
-		t.Fatalf("GET /readyz with Redis stopped = %d, want 503", code)
+	for _, path := range []string{"/readyz", "/readyz/store"} {
+		if code := ready(a, path); code != 503 {
+			t.Fatalf("GET %s with Redis stopped = %d, want 503", path, code)
+		}
 	}
 	for _, s := range []*served{a, b} {
 		if err := s.stop(); err != nil {
@@ -65,8 +70,9 @@ policies:
 
 // TestServeStartsWithRedisDown: serve starts while its Redis is down,
 // answers per failure mode (503 for a closed policy, 200 for an open one),
-// /readyz says 503; once Redis is back, decisions are taken there and
-// /readyz says 200.
+// /readyz/store says 503 but /readyz 200 (the open policy is answered
+// without the store); once Redis is back, decisions are taken there and
+// both say 200.
 func TestServeStartsWithRedisDown(t *testing.T) {
 	srv := redistest.Standalone(t)
 	srv.Kill()
@@ -94,8 +100,11 @@ policies:
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := status("GET", "/readyz", ""); code != 503 {
-		t.Fatalf("GET /readyz with Redis down = %d, want 503", code)
+	if code := status("GET", "/readyz/store", ""); code != 503 {
+		t.Fatalf("GET /readyz/store with Redis down = %d, want 503", code)
+	}
+	if code := status("GET", "/readyz", ""); code != 200 {
+		t.Fatalf("GET /readyz with Redis down and a policy failing open = %d, want 200", code)
 	}
 	// The figure RELIABILITY.md quotes (logged, not asserted): how long the
 	// first checks against a refused connection take, before the breaker
@@ -127,7 +136,9 @@ policies:
 	if code != 200 {
 		t.Fatalf("check once Redis is back = %d, want 200", code)
 	}
-	if code := status("GET", "/readyz", ""); code != 200 {
-		t.Fatalf("GET /readyz once Redis is back = %d, want 200", code)
+	for _, path := range []string{"/readyz", "/readyz/store"} {
+		if code := status("GET", path, ""); code != 200 {
+			t.Fatalf("GET %s once Redis is back = %d, want 200", path, code)
+		}
 	}
 }

@@ -134,7 +134,7 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 		}
 	}
-	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200} {
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/readyz/store": 200, "/openapi.yaml": 200} {
 		resp, err := http.Get(s.url + path)
 		if err != nil {
 			t.Fatal(err)
