@@ -292,13 +292,19 @@ func TestConfigsLoad(t *testing.T) {
 	if _, err := envoyconf.Parse(srcs); err != nil {
 		t.Fatalf("the ConfigMap's rules: %v", err)
 	}
-	// Probes on /healthz and /readyz; the ConfigMap mounted as a directory,
-	// without subPath (which would never see an update).
+	// Probes on /healthz and /readyz, never the store's own health
+	// (/readyz/store: a Redis outage would empty the Service); a versioned
+	// image a kind or minikube node finds (IfNotPresent); the ConfigMap
+	// mounted as a directory, without subPath (which would never see an
+	// update).
 	dep, _ := json.Marshal(kinds["Deployment/sluice"])
-	for _, want := range []string{`"path":"/healthz"`, `"path":"/readyz"`, `"configMap":{"name":"sluice"}`, `"runAsNonRoot":true`} {
+	for _, want := range []string{`"path":"/healthz"`, `"path":"/readyz"`, `"configMap":{"name":"sluice"}`, `"runAsNonRoot":true`, `"image":"sluice:v`, `"imagePullPolicy":"IfNotPresent"`} {
 		if !bytes.Contains(dep, []byte(want)) {
 			t.Errorf("Deployment/sluice lacks %s", want)
 		}
+	}
+	if bytes.Contains(dep, []byte("/readyz/store")) || bytes.Contains(dep, []byte(":latest")) {
+		t.Errorf("Deployment/sluice probes /readyz/store or runs a latest image")
 	}
 	if bytes.Contains(dep, []byte("subPath")) {
 		t.Errorf("Deployment/sluice mounts with subPath: ConfigMap updates would never reach sluice")
@@ -316,6 +322,7 @@ func TestConfigsLoad(t *testing.T) {
 			t.Errorf("docker-compose.yaml lacks %s", want)
 		}
 	}
+	checkComposeLoopback(t)
 }
 
 // startProcess runs the built binary with serve -c cfg and waits until it
@@ -468,5 +475,35 @@ envoy:
 		}
 	case <-time.After(15 * time.Second):
 		t.Errorf("sluice serve did not stop within 15s of SIGTERM")
+	}
+}
+
+// checkComposeLoopback: every port compose publishes is bound to
+// 127.0.0.1 (the check API and /ui are open in that setup).
+func checkComposeLoopback(t *testing.T) {
+	t.Helper()
+	var c struct {
+		Services map[string]struct {
+			Ports []string `yaml:"ports"`
+		} `yaml:"services"`
+	}
+	data, err := os.ReadFile("docker-compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for name, svc := range c.Services {
+		for _, p := range svc.Ports {
+			n++
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("docker-compose.yaml: %s publishes %q on every interface, want 127.0.0.1:…", name, p)
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("docker-compose.yaml publishes no port")
 	}
 }
