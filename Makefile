@@ -6,6 +6,14 @@
 # dashboard's test.
 GO ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Helm renders and lints deploy/helm/sluice (chart). It is built from its
+# own module at this version, as staticcheck is run, never a dependency of
+# go.mod; its first build takes minutes on two cores, so the binary is
+# kept under GOPATH/bin in a directory named by the version and built
+# only when missing.
+HELM_VERSION = v4.3.2
+HELM_DIR = $(shell $(GO) env GOPATH)/bin/helm-$(HELM_VERSION)
+HELM = $(HELM_DIR)/helm
 
 # vet, lint and bench-check compile with the Dockerfile's settings, so
 # that the binaries the deploy and CLI tests build (CGO_ENABLED=0,
@@ -14,7 +22,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # compiled twice (this way and with -race for unit), not three times. No package of the module uses cgo, so nothing goes unchecked.
 STATIC = CGO_ENABLED=0 GOFLAGS=-trimpath
 
-.PHONY: test deps fmt vet lint unit unit-norace bench bench-check fuzz screenshot
+.PHONY: test deps fmt vet lint unit unit-norace bench bench-check chart fuzz screenshot
 
 # deps installs redis-sentinel: the Sentinel failover tests, which skip
 # without it elsewhere, must run here.
@@ -26,7 +34,7 @@ export REDISTEST_REQUIRE_SENTINEL = 1
 # vet and lint's CPU fills. One after the other they took 6m03s on two
 # loaded cores; CPU alone is about 6.5 min of one core.
 test: deps fmt
-	@$(MAKE) --no-print-directory -j4 -O vet lint bench-check unit unit-norace
+	@$(MAKE) --no-print-directory -j4 -O vet lint bench-check unit unit-norace chart
 
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -73,6 +81,15 @@ bench:
 # does not reach it, so vet and build it here. BENCHMARKS.md says how to run it.
 bench-check:
 	cd bench && $(STATIC) $(GO) vet ./... && $(STATIC) $(GO) build -o /dev/null . && $(STATIC) $(GO) test -count=1 -run '^TestHot$$' .
+
+# chart lints the Helm chart (defaults, and with every optional part on)
+# and has TestHelmChart render it for each store mode and check what it
+# renders (the readiness probe is /readyz, never /readyz/store).
+chart:
+	@test -x $(HELM) || { echo "building helm $(HELM_VERSION) into $(HELM_DIR)"; GOBIN=$(HELM_DIR) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); }
+	$(HELM) lint --strict deploy/helm/sluice
+	$(HELM) lint --strict deploy/helm/sluice -f deploy/testdata/helm-everything.yaml --set store.type=sentinel --set 'store.redis.addrs={sentinel-0:26379}' --set tls.enabled=true --set tls.secretName=sluice-tls --set serviceMonitor.enabled=true
+	SLUICE_HELM=$(HELM) $(GO) test -count=1 -run '^TestHelmChart$$' ./deploy
 
 fuzz:
 	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \

@@ -45,16 +45,13 @@ func TestHelmChart(t *testing.T) {
 		{"redis", []string{"store.type=redis"}, "", nil},
 		{"cluster", []string{"store.type=cluster", "store.redis.addrs={redis-0:6379,redis-1:6379,redis-2:6379}"}, config.ModeCluster, nil},
 		{"sentinel", []string{"store.type=sentinel", "store.redis.addrs={sentinel-0:26379,sentinel-1:26379}", "store.redis.masterName=mymaster"}, config.ModeSentinel, nil},
-		{"everything", []string{
-			"store.type=redis", "store.redis.passwordSecret.name=redis-auth",
-			"tls.enabled=true", "tls.secretName=sluice-tls",
-			"auth.tokens[0].id=app", "auth.tokens[0].scopes={check}", "auth.tokens[0].secretName=sluice-tokens",
-			"envoy.enabled=true", "envoy.rules.edge\\.yaml=domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: second, requests_per_unit: 10 }\n",
-			"serviceMonitor.enabled=true",
-		}, "", []string{"ServiceMonitor"}},
+		{"everything", []string{"store.type=redis", "tls.enabled=true", "tls.secretName=sluice-tls", "serviceMonitor.enabled=true"}, "", []string{"ServiceMonitor"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "sluice", "helm/sluice"}
+			if tc.name == "everything" {
+				args = append(args, "-f", "testdata/helm-everything.yaml")
+			}
 			for _, s := range tc.set {
 				args = append(args, "--set", s)
 			}
