@@ -74,6 +74,7 @@ import (
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
@@ -169,6 +170,11 @@ type Server struct {
 	sims         chan struct{} // playground runs in progress
 	cfgOverrides []sluice.Override
 	maxOverrides int // the most overrides a PUT may make: maxOverrides (tests set fewer)
+	// clientErrs throttles the request log's 4xx lines (a client's
+	// mistake, repeated at its request rate, or a scanner's) as the edge
+	// core throttles its 503s: ten a second, the first after a pause
+	// counting those held back.
+	clientErrs logthrottle.Throttle
 }
 
 // New returns a Server answering checks with lim, pseudonymizing subjects
@@ -327,8 +333,18 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 		return
 	}
 	// Store failures fail every request while they last: the edge core
-	// logs one line a second, with the count of those held back.
-	attrs := make([]slog.Attr, 0, 11)
+	// logs ten lines a second, with the count of those held back; a
+	// client's 4xx lines are held to the same here.
+	attrs := make([]slog.Attr, 0, 12)
+	if level == slog.LevelInfo {
+		ok, suppressed := s.clientErrs.Allow(s.clock.Now())
+		if !ok {
+			return
+		}
+		if suppressed > 0 {
+			attrs = append(attrs, slog.Int64("suppressed_since_last", suppressed))
+		}
+	}
 	attrs = append(attrs,
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),

@@ -729,6 +729,25 @@ func TestOutageLogsAreThrottled(t *testing.T) {
 	}
 }
 
+// TestClientErrorLogsAreThrottled: a client repeating a mistake (a
+// misspelled policy, a missing token) writes at most ten 4xx lines a
+// second, the first after a pause counting those held back, as store
+// failures do.
+func TestClientErrorLogsAreThrottled(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	const n = 100
+	for range n {
+		f.post(t, `{"policy":"dmeo","subject":"alice"}`)
+	}
+	f.clock.Advance(time.Second)
+	f.post(t, `{"policy":"demo","subject":""}`)
+	logs := f.logs.String()
+	if lines := strings.Count(logs, "level=INFO"); lines != 11 || !strings.Contains(logs, "suppressed_since_last=90") ||
+		strings.Count(logs, "status=404") != 10 || strings.Count(logs, "status=400") != 1 {
+		t.Fatalf("%d requests naming an unknown policy in one second, then a malformed one a second later, wrote %d INFO lines: want 10 (404), then one (400) counting the 90 held back\n%s", n, lines, logs)
+	}
+}
+
 // hungStore never decides: it waits for the caller to give up, as a
 // store in front of a Redis that accepts and never answers.
 type hungStore struct{}
