@@ -13,12 +13,12 @@ import (
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
-const benchSynopsis = "sluice bench [--store memory|redis --redis-url URL | --url URL --policy ID] [--mode allowed|denied|mixed | --policy-algorithm ALG --limit N --window D --burst N] [--subjects N] [--callers N] [--duration D] [--max-errors SHARE] [--json]"
+const benchSynopsis = "sluice bench [--store memory|redis --redis-url URL | --url URL --policy ID [--token-env NAME] [--ca-file PATH]] [--mode allowed|denied|mixed | --policy-algorithm ALG --limit N --window D --burst N] [--subjects N] [--callers N] [--duration D] [--max-errors SHARE] [--json]"
 
 // benchFlags are the parsed flags of sluice bench.
 type benchFlags struct {
 	store, redisURL, redisAddrs, redisMode, redisPasswordEnv string
-	url, policy, algorithm, mode                             string
+	url, policy, algorithm, mode, tokenEnv, caFile           string
 	limit, burst                                             int64
 	window, duration                                         time.Duration
 	subjects, callers                                        int
@@ -42,8 +42,11 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	f.applyMode(set)
 
 	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
-	b := wiring.Bench{URL: f.url, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
+	b := wiring.Bench{URL: f.url, CAFile: f.caFile, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
 		Policy: sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}}
+	if b.Token = a.getenv(f.tokenEnv); f.tokenEnv != "" && b.Token == "" {
+		return &usageError{msg: fmt.Sprintf("bench: --token-env %s: the environment variable is unset or empty", f.tokenEnv), usage: "Usage: " + benchSynopsis + "\n"}
+	}
 	if f.store == config.StoreRedis {
 		b.Store.Redis = &config.Redis{URL: f.redisURL, Addrs: wiring.SplitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}
 	}
@@ -61,7 +64,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		return err
 	}
 	if answers := rep.Decisions + rep.Other; answers > 0 && float64(rep.Other) > f.maxErrors*float64(answers) {
-		return &exitError{code: 1, err: fmt.Errorf("bench: %d of %d answers (%.1f%%) were errors, more than --max-errors %g; the first: %s", rep.Other, answers, 100*float64(rep.Other)/float64(answers), f.maxErrors, rep.FirstError)}
+		stopped := map[bool]string{true: " (stopped early: every answer was an error)"}[rep.StoppedEarly]
+		return &exitError{code: 1, err: fmt.Errorf("bench: %d of %d answers (%.1f%%) were errors, more than --max-errors %g%s; the first: %s", rep.Other, answers, 100*float64(rep.Other)/float64(answers), f.maxErrors, stopped, rep.FirstError)}
 	}
 	return nil
 }
@@ -90,6 +94,8 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.redisMode, "redis-mode", "", "with --redis-addrs: cluster")
 	fs.StringVar(&f.redisPasswordEnv, "redis-password-env", "", "the environment variable `NAME` that holds the Redis password")
 	fs.StringVar(&f.url, "url", "", "drive POST /v1/check of a running sluice serve at this base `URL` instead of a store")
+	fs.StringVar(&f.tokenEnv, "token-env", "", "with --url: the environment variable `NAME` holding a bearer token of the server (server.auth.tokens, scope check)")
+	fs.StringVar(&f.caFile, "ca-file", "", "with an https --url: a PEM file (`PATH`) of the certificates that sign the server's, e.g. a private CA's")
 	fs.StringVar(&f.policy, "policy", "", "the policy `ID`: with --url, required, a policy of the server's config (the built-in example has demo, login, api); else its name (default bench)")
 	fs.StringVar(&f.mode, "mode", wiring.BenchAllowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
 	fs.Float64Var(&f.maxErrors, "max-errors", 0.01, "exit 1 when more than this `SHARE` (0 to 1) of the answers are errors rather than decisions, naming the first")
@@ -109,6 +115,10 @@ func (f *benchFlags) check(set map[string]bool) error {
 		return errors.New("--url drives a running server: leave out --store and --redis-*")
 	case f.url != "" && (set["policy-algorithm"] || set["limit"] || set["window"] || set["burst"] || set["mode"]):
 		return errors.New("--url uses the server's policy as configured: name it with --policy and leave out --mode, --policy-algorithm, --limit, --window and --burst")
+	case f.url == "" && (f.tokenEnv != "" || f.caFile != ""):
+		return errors.New("--token-env and --ca-file are for a server: they need --url")
+	case f.caFile != "" && !strings.HasPrefix(f.url, "https://"):
+		return fmt.Errorf("--ca-file needs an https:// --url, not %q", f.url)
 	case f.url != "" && f.policy == "":
 		return errors.New("--url needs --policy ID, a policy of the server's config (the built-in example has demo, login and api)")
 	case f.mode != wiring.BenchAllowed && f.mode != wiring.BenchDenied && f.mode != wiring.BenchMixed:

@@ -119,6 +119,42 @@ func TestBenchServer(t *testing.T) {
 	}
 }
 
+// TestBenchServerTLSWithToken: --token-env and --ca-file bench a server
+// with TLS and tokens (without them every answer was a 401); and a run
+// whose answers are all errors stops after the first 100 rather than
+// running out its --duration.
+func TestBenchServerTLSWithToken(t *testing.T) {
+	certFile, keyFile, _ := writeCert(t, t.TempDir())
+	t.Setenv("SLUICE_TEST_BENCH_TOKEN", "bench-token-0123456789")
+	cfg := writeConfig(t, `
+server:
+  listen: "127.0.0.1:0"
+  tls: { cert_file: "`+certFile+`", key_file: "`+keyFile+`" }
+  auth:
+    tokens:
+      - { id: bench, secret_env: SLUICE_TEST_BENCH_TOKEN, scopes: [check] }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
+`)
+	s := startServe(t, "-c", cfg)
+	rep := runBench(t, "--url", s.url, "--policy", "demo", "--token-env", "SLUICE_TEST_BENCH_TOKEN", "--ca-file", certFile, "--subjects", "1", "--callers", "2", "--duration", "200ms")
+	if rep.Allowed != 3 || rep.Other != 0 {
+		t.Errorf("bench --token-env --ca-file against TLS and tokens: allowed %d, other %d (%s); want 3, 0", rep.Allowed, rep.Other, rep.FirstError)
+	}
+
+	var out, errOut bytes.Buffer
+	args := []string{"bench", "--json", "--url", s.url, "--policy", "demo", "--ca-file", certFile, "--subjects", "1", "--callers", "2", "--duration", "1h"}
+	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
+	var rep2 wiring.BenchReport
+	if err := json.Unmarshal(out.Bytes(), &rep2); err != nil {
+		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
+	}
+	if code != 1 || !rep2.StoppedEarly || rep2.Decisions != 0 || rep2.Other < 100 || rep2.Other > 102 ||
+		!strings.Contains(errOut.String(), "stopped early") || !strings.Contains(errOut.String(), "401 Unauthorized") {
+		t.Errorf("bench --duration 1h without the token: exit %d, %+v, stderr %q; want exit 1 after the first 100 answers (all 401), stopped early", code, rep2, errOut.String())
+	}
+}
+
 // The modes: allowed admits nearly everything, denied only each
 // subject's first, mixed about half; the header line on stderr says
 // which.
@@ -179,6 +215,9 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--limit", "0"}, "limit = 0"},
 		{[]string{"--callers", "0"}, "--callers 0"},
 		{[]string{"--duration", "0s"}, "--duration 0s"},
+		{[]string{"--token-env", "T"}, "--token-env and --ca-file are for a server: they need --url"},
+		{[]string{"--url", "http://127.0.0.1:1", "--policy", "demo", "--ca-file", "ca.pem"}, `--ca-file needs an https:// --url`},
+		{[]string{"--url", "http://127.0.0.1:1", "--policy", "demo", "--token-env", "SLUICE_TEST_UNSET_TOKEN"}, "--token-env SLUICE_TEST_UNSET_TOKEN: the environment variable is unset or empty"},
 	} {
 		var out, errOut bytes.Buffer
 		code := exitCode(run(context.Background(), append([]string{"bench"}, tc.args...), &out, &errOut), &errOut)

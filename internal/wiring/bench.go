@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -31,6 +33,12 @@ type Bench struct {
 	// URL, when set, is the base URL of a sluice serve whose POST
 	// /v1/check is driven with Policy.ID; Store is then unused.
 	URL string
+	// Token, with URL, is sent as "Authorization: Bearer <Token>" (a
+	// server with server.auth.tokens). Default: none.
+	Token string
+	// CAFile, with an https URL, is a PEM file of the certificates that
+	// sign the server's (a private CA's). Default: the system's roots.
+	CAFile string
 	// Store is the store to drive through the library with Policy.
 	Store config.Store
 	// Getenv reads the Redis password's variable.
@@ -106,7 +114,10 @@ func (b *Bench) Run(ctx context.Context) (*BenchReport, error) {
 	var cleanup func(context.Context) (int64, error)
 	if b.URL != "" {
 		rep.Target = b.URL
-		d, closeIdle := httpDecider(b.URL, b.Policy.ID, subjects, b.Callers)
+		d, closeIdle, err := httpDecider(b.URL, b.Token, b.CAFile, b.Policy.ID, subjects, b.Callers)
+		if err != nil {
+			return nil, err
+		}
 		defer closeIdle()
 		decide = d
 	} else {
@@ -204,9 +215,12 @@ type BenchReport struct {
 	Other      int64            `json:"other"`
 	OtherKinds map[string]int64 `json:"other_kinds,omitempty"`
 	FirstError string           `json:"first_error,omitempty"`
-	P50        float64          `json:"p50_ms"`
-	P99        float64          `json:"p99_ms"`
-	P999       float64          `json:"p999_ms"`
+	// StoppedEarly is true when the run stopped after its first 100
+	// answers, every one an error (nothing to measure).
+	StoppedEarly bool    `json:"stopped_early,omitempty"`
+	P50          float64 `json:"p50_ms"`
+	P99          float64 `json:"p99_ms"`
+	P999         float64 `json:"p999_ms"`
 	// KeysDeleted is how many keys under the run's own prefix were
 	// deleted from Redis at the end.
 	KeysDeleted int64 `json:"redis_keys_deleted,omitempty"`
@@ -261,9 +275,21 @@ func newRunID() string {
 type benchDecider func(ctx context.Context, subject string) (sluice.Kind, error)
 
 // httpDecider asks the server at base over keep-alive connections, one
-// per caller.
-func httpDecider(base, policy string, subjects []string, callers int) (benchDecider, func()) {
+// per caller, with token (when not "") as a bearer token, trusting the
+// certificates of caFile (when not "") for https.
+func httpDecider(base, token, caFile, policy string, subjects []string, callers int) (benchDecider, func(), error) {
 	tr := &http.Transport{MaxIdleConns: callers + 8, MaxIdleConnsPerHost: callers + 8, IdleConnTimeout: time.Minute, DisableCompression: true}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("bench: --ca-file: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("bench: --ca-file %s: no PEM certificate in it", caFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	url := strings.TrimSuffix(base, "/") + "/v1/check"
 	bodies := make(map[string][]byte, len(subjects))
@@ -277,6 +303,9 @@ func httpDecider(base, policy string, subjects []string, callers int) (benchDeci
 			return 0, err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err
@@ -307,7 +336,7 @@ func httpDecider(base, policy string, subjects []string, callers int) (benchDeci
 			return sluice.Incompatible, err
 		}
 		return 0, err
-	}, tr.CloseIdleConnections
+	}, tr.CloseIdleConnections, nil
 }
 
 // deletePrefix deletes every key under prefix on every master, one DEL per
@@ -415,9 +444,15 @@ type benchCaller struct {
 }
 
 type benchResult struct {
-	elapsed time.Duration
-	callers []benchCaller
+	elapsed   time.Duration
+	callers   []benchCaller
+	allErrors bool // stopped early: the first benchAllErrors answers were all errors
 }
+
+// benchAllErrors is how many answers, all of them errors, stop a run
+// early: it cannot measure anything (a misspelled policy, a missing
+// token), and each error costs the server a log line.
+const benchAllErrors = 100
 
 // benchLoad runs callers goroutines against decide for dur (or until ctx
 // is done), each on subjects picked at random, reporting progress on
@@ -428,6 +463,7 @@ func benchLoad(ctx context.Context, progress io.Writer, decide benchDecider, sub
 	timer := time.AfterFunc(dur, func() { stop.Store(true) })
 	defer timer.Stop()
 	res := &benchResult{callers: make([]benchCaller, callers)}
+	var answers, decisions atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	for c := range res.callers {
@@ -452,8 +488,10 @@ func benchLoad(ctx context.Context, progress io.Writer, decide benchDecider, sub
 				switch kind {
 				case sluice.Allowed:
 					bc.allowed++
+					decisions.Add(1)
 				case sluice.Denied:
 					bc.denied++
+					decisions.Add(1)
 				default:
 					name := "error"
 					if kind != 0 {
@@ -466,6 +504,9 @@ func benchLoad(ctx context.Context, progress io.Writer, decide benchDecider, sub
 					}
 				}
 				bc.done.Add(1)
+				if answers.Add(1) >= benchAllErrors && decisions.Load() == 0 && !stop.Swap(true) {
+					res.allErrors = true // nothing to measure: stop now
+				}
 			}
 		}()
 	}
@@ -551,6 +592,7 @@ func fmtCount(n int64) string {
 }
 
 func (r *benchResult) fill(rep *BenchReport) {
+	rep.StoppedEarly = r.allErrors
 	var lat latencies
 	for i := range r.callers {
 		c := &r.callers[i]
