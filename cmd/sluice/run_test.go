@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/google/go-cmp/cmp"
 	"io"
 	"net/http"
 	"os"
@@ -305,6 +306,42 @@ func TestServeWithHMACKey(t *testing.T) {
 	}
 	if logs := s.logs.String(); strings.Contains(logs, "hmac_keys is not configured") || strings.Contains(logs, strings.Repeat("s", 32)) {
 		t.Errorf("serve with a key warned or logged the secret:\n%s", logs)
+	}
+}
+
+// TestValidateOnePass: the environment's problems (an unset secret_env,
+// rules files that do not load) are listed with the file's own (an
+// unknown key, a bad duration), one list sorted by line, rather than
+// hidden behind them.
+func TestValidateOnePass(t *testing.T) {
+	cfg := writeConfig(t, `server:
+  listen: "127.0.0.1:0"
+  bogus: 1
+subjects:
+  hmac_keys:
+    - { id: "k1", secret_env: "SLUICE_TEST_UNSET_K1" }
+policies:
+  - { id: a, algorithm: fixed_window, limit: 3, window: 90h }
+envoy:
+  listen: "127.0.0.1:0"
+  configs: ["missing/*.yaml"]
+`)
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 1 {
+		t.Fatalf("validate exited %d, want 1; stderr %q", code, errOut.String())
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+		lines = append(lines, strings.TrimPrefix(l, "sluice: "))
+	}
+	want := []string{
+		cfg + ": server.bogus: unknown key: must be one of listen, tls, auth, decision_timeout (line 3)",
+		cfg + `: subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_K1": environment variable SLUICE_TEST_UNSET_K1 is not set or empty (line 6)`,
+		cfg + `: policies[0].window: "90h": must be between 1ms and 24h (line 8)`,
+		"envoy.configs (" + cfg + " line 11): " + filepath.Join(filepath.Dir(cfg), "missing/*.yaml") + ": no rules file matches",
+	}
+	if diff := cmp.Diff(want, lines); diff != "" {
+		t.Errorf("validate's problems (-want +got):\n%s", diff)
 	}
 }
 

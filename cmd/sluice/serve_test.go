@@ -203,8 +203,9 @@ policies: [{ id: demo, algorithm: fixed_window, limit: 3, window: 10s }]
 subjects:
   hmac_keys: [{ id: k1, secret_env: SLUICE_TEST_UNSET_HMAC }]
 `, map[string]string{"SLUICE_TEST_UNSET_TOKEN": "", "SLUICE_TEST_UNSET_HMAC": ""}, []string{
-			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_HMAC": environment variable SLUICE_TEST_UNSET_HMAC is not set or empty (line 7)`,
+			// By line, as the file's own problems are.
 			`server.auth.tokens[0].secret_env: "SLUICE_TEST_UNSET_TOKEN": environment variable SLUICE_TEST_UNSET_TOKEN is not set or empty (line 4)`,
+			`subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_HMAC": environment variable SLUICE_TEST_UNSET_HMAC is not set or empty (line 7)`,
 		}},
 		{"rules and environment together", `
 policies:

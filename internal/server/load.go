@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,26 +67,119 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	}
 	cfg, err := parseConfig(path, data)
 	if cfg == nil {
-		return nil, err // unreadable, or not decodable: nothing more to check
+		return nil, err // unreadable, or not a mapping: nothing more to check
 	}
 	// What serve would refuse after parsing, reported even when the file
-	// breaks rules too: secrets missing from the environment, a Redis URL
-	// the client rejects, TLS files that do not load.
-	if err := joinErrors(err, preflight(cfg, getenv, path)); err != nil {
+	// breaks rules too, in one list sorted by line: secrets missing from
+	// the environment, a Redis URL the client rejects, TLS files that do
+	// not load, Envoy rules files that do not load.
+	l := &loaded{cfg: cfg, files: []string{path}}
+	var rulesErr error
+	if cfg.Envoy != nil && len(cfg.Envoy.Configs) > 0 {
+		if l.envoy, rulesErr = envoyconf.Load(envoyPatterns(cfg, path)); rulesErr != nil {
+			line := cfg.Line("envoy.configs")
+			rulesErr = &lineError{line: line, err: fmt.Errorf("envoy.configs (%s line %d): %w", path, line, rulesErr)}
+		}
+	}
+	if err := byLine(err, beyond(err, preflight(cfg, getenv, path)), rulesErr); err != nil {
 		return nil, err
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s", len(data), data)
-	l := &loaded{cfg: cfg, files: []string{path}}
-	if cfg.Envoy != nil {
-		if l.envoy, err = envoyconf.Load(envoyPatterns(cfg, path)); err != nil {
-			return nil, fmt.Errorf("envoy.configs (%s line %d): %w", path, cfg.Line("envoy.configs"), err)
-		}
+	if l.envoy != nil {
 		h.Write([]byte(l.envoy.Hash()))
 		l.files = append(l.files, l.envoy.Files()...)
 	}
 	l.hash = hex.EncodeToString(h.Sum(nil))
 	return l, nil
+}
+
+// lineError is an error about the config file's line: what byLine sorts
+// it by.
+type lineError struct {
+	line int
+	err  error
+}
+
+func (e *lineError) Error() string { return e.err.Error() }
+func (e *lineError) Unwrap() error { return e.err }
+
+// lineOf returns the config file's line err is about, 0 when unknown.
+func lineOf(err error) int {
+	if le, ok := errors.AsType[*lineError](err); ok {
+		return le.line
+	}
+	if ce, ok := errors.AsType[*config.Error](err); ok {
+		return ce.Line
+	}
+	return 0
+}
+
+// byLine is joinErrors with the errors sorted by the line they are
+// about; those without one keep their order, after the others.
+func byLine(errs ...error) error {
+	all := joinErrors(errs...)
+	list, ok := all.(Errors)
+	if !ok {
+		return all
+	}
+	slices.SortStableFunc(list, func(a, b error) int {
+		la, lb := lineOf(a), lineOf(b)
+		switch {
+		case la == lb:
+			return 0
+		case la == 0:
+			return 1
+		case lb == 0:
+			return -1
+		}
+		return cmp.Compare(la, lb)
+	})
+	return list
+}
+
+// beyond returns the errors of env that the file's errors (fileErr) do
+// not already cover: a field that did not decode is left at its zero
+// value, and what the environment checks say of that zero would repeat
+// the decoding error.
+func beyond(fileErr, env error) error {
+	var covered []string
+	for _, e := range flatten(fileErr) {
+		if ce, ok := errors.AsType[*config.Error](e); ok && ce.Path != "" {
+			covered = append(covered, ce.Path)
+		}
+	}
+	var out Errors
+	for _, e := range flatten(env) {
+		ce, ok := errors.AsType[*config.Error](e)
+		if ok && slices.ContainsFunc(covered, func(p string) bool { return related(p, ce.Path) }) {
+			continue
+		}
+		out = append(out, e)
+	}
+	return joinErrors(out)
+}
+
+// related reports whether one of the config paths a and b holds the
+// other (store.redis holds store.redis.url; policies[1] holds
+// policies[1].window).
+func related(a, b string) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	return a == b || strings.HasPrefix(b, a+".") || strings.HasPrefix(b, a+"[")
+}
+
+// flatten returns err's errors: none for nil, the list of an Errors, or
+// err alone.
+func flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if list, ok := errors.AsType[Errors](err); ok {
+		return list
+	}
+	return []error{err}
 }
 
 // joinErrors flattens errs (each nil, one error or Errors) into nil, one

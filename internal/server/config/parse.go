@@ -29,7 +29,9 @@ const MaxSize = 1 << 20
 // decodes but breaks rules, Parse returns the decoded Config with the
 // error, so that a tool can report more (sluice validate checks the
 // environment too); such a Config must not be served. When a value did
-// not decode, the Config is nil.
+// not decode, Parse returns the Config of the values that did (the others
+// left at their zero values) for the same use, never to be served; the
+// Config is nil only when the document is not a mapping at all.
 func Parse(r io.Reader) (*Config, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
@@ -55,7 +57,7 @@ func Parse(r io.Reader) (*Config, error) {
 		}
 		return c, nil
 	}
-	return nil, joinErrors(append(d.errs, d.judged(verr)...))
+	return c, joinErrors(append(d.errs, d.judged(verr)...))
 }
 
 // judged returns the errors of Validate that are about values that
