@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit/openapitest"
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
 	"github.com/sluicehq/sluice/sluiceclient"
 )
@@ -63,7 +64,9 @@ func startSluice(t *testing.T) string {
 // reads its effect back from the store through the API (a peek). Each
 // case has a subject of its own.
 func TestEveryOperationAgainstSluiceServe(t *testing.T) {
-	c := newClient(t, startSluice(t), sluiceclient.Options{})
+	// Every exchange is validated against the HTTP API's OpenAPI
+	// document: the Go client's requests and the real server's answers.
+	c := newClient(t, startSluice(t), sluiceclient.Options{HTTPClient: openapitest.Client(t)})
 	for _, tc := range []struct {
 		name string
 		run  func(t *testing.T, c *sluiceclient.Client, subj string)
