@@ -245,9 +245,10 @@ func TestServeEnvoyOnlyBinary(t *testing.T) {
 
 // TestReloadLogsOnceBinary edits the config the way sed -i does (a new
 // file renamed over the old), twice with a different mistake each time,
-// then sends SIGHUP with the second mistake still there: each attempt
-// counts one failure, each distinct failure is one ERROR line, and the
-// SIGHUP of the same files logs none.
+// each followed by a SIGHUP of the same files: each attempt counts one
+// failure, each distinct failure is one ERROR line, a SIGHUP of the same
+// files logs none, and one edit causes one attempt (the SIGHUP after it,
+// an attempt of its own, closes the count).
 func TestReloadLogsOnceBinary(t *testing.T) {
 	if _, err := exec.LookPath("sed"); err != nil {
 		t.Fatalf("sed is not installed: %v", err)
@@ -283,19 +284,44 @@ func TestReloadLogsOnceBinary(t *testing.T) {
 			t.Fatalf("sed -i %s: %v\n%s", expr, err, out)
 		}
 	}
+	// lastTrigger is what set off the last reload attempt, as /v1/config
+	// tells it.
+	lastTrigger := func() string {
+		var st struct {
+			LastReload *struct{ Trigger string } `json:"last_reload"`
+		}
+		if err := json.Unmarshal([]byte(getBody(t, s.URL+"/v1/config")), &st); err != nil || st.LastReload == nil {
+			return ""
+		}
+		return st.LastReload.Trigger
+	}
+	// sighup sends SIGHUP and waits until its reload attempt is over. A
+	// SIGHUP also takes the files' fingerprint: no file event queued
+	// before it can cause an attempt after it, so the counts read then
+	// are final for everything done before.
+	sighup := func() {
+		t.Helper()
+		if err := s.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for range 600 { // a bound on a loaded machine, not a threshold
+			if lastTrigger() == "signal" {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("no reload attempt by SIGHUP within 30s\n%s", s.Logs())
+	}
 	sed("s/limit: 3/limit: three/")
 	waitFailures("1")
-	time.Sleep(time.Second) // time for any further attempt the one edit might wrongly cause
-	if n, f := errorLines(), failures(); n != 1 || f != "1" {
-		t.Errorf("after one bad edit: %d ERROR lines, %s failures counted; want 1 and 1\n%s", n, f, s.Logs())
+	sighup() // an attempt of its own: any further attempt of the edit's would come before it
+	if n, f := errorLines(), failures(); n != 1 || f != "2" {
+		t.Errorf("after one bad edit and a SIGHUP of the same files: %d ERROR lines, %s failures counted; want 1 and 2\n%s", n, f, s.Logs())
 	}
 	sed("s/window: 1h/window: 1 hour/")
-	waitFailures("2")
-	if err := s.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
 	waitFailures("3")
-	if n := errorLines(); n != 2 {
-		t.Errorf("after two distinct bad edits and a SIGHUP of the same files: %d ERROR lines, want 2\n%s", n, s.Logs())
+	sighup()
+	if n, f := errorLines(), failures(); n != 2 || f != "4" {
+		t.Errorf("after two distinct bad edits and a SIGHUP after each: %d ERROR lines, %s failures counted; want 2 and 4\n%s", n, f, s.Logs())
 	}
 }
