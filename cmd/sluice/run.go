@@ -16,7 +16,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise it comes from the module's build information.
+// otherwise it comes from the module's build information (versionText).
 var version = ""
 
 const usage = `sluice is a distributed rate limiter.
@@ -54,7 +54,8 @@ Usage:
         local quota on one store, beside one without, and print the
         share of the bound each algorithm admits.
   sluice version
-        Print the version.
+        Print the version, the commit it was built from and whether
+        that tree was modified.
   sluice help [COMMAND]
         Print this help, or the flags of a command.
 
@@ -108,7 +109,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		if len(rest) > 0 {
 			return &usageError{msg: "version takes no arguments", usage: usage}
 		}
-		fmt.Fprintln(a.stdout, "sluice", buildVersion())
+		bi, _ := debug.ReadBuildInfo()
+		io.WriteString(a.stdout, versionText(version, bi))
 		return nil
 	case "help", "-h", "-help", "--help":
 		switch {
@@ -227,19 +229,32 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
+// versionText is what sluice version prints: the version, then the
+// commit the binary was built from and whether that tree had uncommitted
+// changes, one "name: value" line each. The version is ldflags' when the
+// build set one (the container image's -X main.version), else the main
+// module's (v1.2.3 from go install …@v1.2.3; a pseudo-version or (devel)
+// from a clone). The commit and modified come from the build's vcs
+// stamps (vcs.revision, vcs.modified), which go build writes in a git
+// checkout; "unknown" where the build has none (go install …@version, a
+// test binary, a build without .git).
+func versionText(ldflags string, bi *debug.BuildInfo) string {
+	v, commit, modified := ldflags, "unknown", "unknown"
+	if bi != nil {
+		if v == "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
 		}
 	}
-	return v
+	if v == "" {
+		v = "unknown"
+	}
+	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", v, commit, modified)
 }
