@@ -264,3 +264,28 @@ func TestREADMEIsTheFrontDoor(t *testing.T) {
 		}
 	}
 }
+
+// TestDocNamesEveryEntryPoint holds the package documentation (go doc
+// github.com/sluicehq/sluice) to naming every public package of the module
+// and the sluice command, so a reader of go doc finds httplimit, grpclimit
+// and the server from the root.
+func TestDocNamesEveryEntryPoint(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := f.Doc.Text()
+	out, err := exec.Command("go", "list", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(pkg, "github.com/sluicehq/sluice")
+		if rel == "" || strings.Contains(rel, "/internal/") || strings.HasPrefix(rel, "/examples/") || rel == "/deploy" {
+			continue
+		}
+		if !strings.Contains(doc, pkg) {
+			t.Errorf("doc.go's package documentation does not name %s", pkg)
+		}
+	}
+}
