@@ -234,8 +234,9 @@ func write(t *testing.T, path, content string) {
 var pendingPages = map[string]bool{"docs/http-api.md": true, "docs/kubernetes.md": true}
 
 // TestREADMEIsTheFrontDoor holds the README to what it is for: at most 500
-// lines, a link to every page under docs/, and no relative link, from it or
-// from a docs page, to a file that does not exist.
+// lines, a link to every page under docs/, and no relative link, from it,
+// a docs page, the other top-level pages or the benchmark history under
+// bench/results/, to a file that does not exist.
 func TestREADMEIsTheFrontDoor(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -251,7 +252,15 @@ func TestREADMEIsTheFrontDoor(t *testing.T) {
 		}
 	}
 	link := regexp.MustCompile(`\]\(([^)#:\s]+)(#[^)\s]*)?\)`)
-	for _, file := range files {
+	others, err := filepath.Glob("*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	history, err := filepath.Glob(filepath.Join("bench", "results", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range append(append(files, others...), history...) {
 		data, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
