@@ -190,6 +190,14 @@ func markedBlocks(t *testing.T, doc, marker, lang string) []string {
 	}
 }
 
+// docRules is the rules file a documented config's envoy.configs glob
+// ("ratelimit/*.yaml") finds: the first rule of docs/envoy.md's example.
+const docRules = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 10 }
+`
+
 // TestREADMEConfigs validates, as sluice validate does, each YAML block of
 // README.md and the docs pages marked for it: the configs a new user
 // copies first (the server's, a first Redis store) must load. Secrets a
@@ -203,8 +211,16 @@ func TestREADMEConfigs(t *testing.T) {
 			for _, m := range regexp.MustCompile(`secret_env: "?(\w+)`).FindAllStringSubmatch(block, -1) {
 				t.Setenv(m[1], "0123456789abcdef0123456789abcdef")
 			}
-			file := filepath.Join(t.TempDir(), "sluice.yaml")
+			dir := t.TempDir()
+			file := filepath.Join(dir, "sluice.yaml")
 			if err := os.WriteFile(file, []byte(block), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// A block with an envoy: section names rules files beside it.
+			if err := os.Mkdir(filepath.Join(dir, "ratelimit"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "ratelimit", "edge.yaml"), []byte(docRules), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			var out, errOut bytes.Buffer
