@@ -11,8 +11,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // snippet is one ```go block of README.md or of a page under docs/.
@@ -251,27 +253,85 @@ func TestREADMEIsTheFrontDoor(t *testing.T) {
 			t.Errorf("README.md does not link to %s", page)
 		}
 	}
-	link := regexp.MustCompile(`\]\(([^)#:\s]+)(#[^)\s]*)?\)`)
 	others, err := filepath.Glob("*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	others = slices.DeleteFunc(others, func(f string) bool { return f == "README.md" })
 	history, err := filepath.Glob(filepath.Join("bench", "results", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, file := range append(append(files, others...), history...) {
-		data, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
+		checkLinks(t, file)
+	}
+}
+
+// link is a Markdown link's target: a relative path, an #anchor, or both.
+var link = regexp.MustCompile(`\]\(([^)#:\s]*)(?:#([^)\s]*))?\)`)
+
+// checkLinks fails for each relative link of file to a file that does not
+// exist, or to a heading a Markdown file does not have.
+func checkLinks(t *testing.T, file string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range link.FindAllStringSubmatch(string(data), -1) {
+		target := file
+		if m[1] != "" {
+			target = filepath.ToSlash(filepath.Join(filepath.Dir(file), m[1]))
 		}
-		for _, m := range link.FindAllStringSubmatch(string(data), -1) {
-			target := filepath.ToSlash(filepath.Join(filepath.Dir(file), m[1]))
-			if _, err := os.Stat(target); err != nil && !pendingPages[target] {
+		if pendingPages[target] {
+			continue
+		}
+		body, err := os.ReadFile(target)
+		if err != nil {
+			if _, statErr := os.Stat(target); statErr != nil {
 				t.Errorf("%s links to %s, which does not exist", file, m[1])
 			}
+			continue // a directory
+		}
+		if m[2] != "" && strings.HasSuffix(target, ".md") && !anchors(string(body))[m[2]] {
+			t.Errorf("%s links to %s#%s, which has no such heading", file, target, m[2])
 		}
 	}
+}
+
+// anchors are the ids GitHub gives the headings of a Markdown page: the
+// heading's text lower-cased, spaces as hyphens, punctuation dropped, a
+// repeated one suffixed -1, -2, ….
+func anchors(page string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	fence := false
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fence = !fence
+		}
+		text, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " ")
+		if fence || !strings.HasPrefix(line, "#") || !ok {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(text) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		id := b.String()
+		if n := seen[id]; n > 0 {
+			out[fmt.Sprintf("%s-%d", id, n)] = true
+		} else {
+			out[id] = true
+		}
+		seen[id]++
+	}
+	return out
 }
 
 // TestDocNamesEveryEntryPoint holds the package documentation (go doc
