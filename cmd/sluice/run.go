@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -229,32 +230,23 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-// versionText is what sluice version prints: the version, then the
-// commit the binary was built from and whether that tree had uncommitted
-// changes, one "name: value" line each. The version is ldflags' when the
-// build set one (the container image's -X main.version), else the main
-// module's (v1.2.3 from go install …@v1.2.3; a pseudo-version or (devel)
-// from a clone). The commit and modified come from the build's vcs
-// stamps (vcs.revision, vcs.modified), which go build writes in a git
-// checkout; "unknown" where the build has none (go install …@version, a
-// test binary, a build without .git).
+// versionText is what sluice version prints: the version (ldflags' -X
+// main.version, else the main module's: v1.2.3 from go install …@v1.2.3, a
+// pseudo-version or (devel) in a clone), the commit and whether its tree
+// was modified (go build's vcs stamps; "unknown" without them: a module
+// zip, a test binary, a build without .git).
 func versionText(ldflags string, bi *debug.BuildInfo) string {
-	v, commit, modified := ldflags, "unknown", "unknown"
-	if bi != nil {
-		if v == "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				commit = s.Value
-			case "vcs.modified":
-				modified = s.Value
-			}
+	commit, modified := "unknown", "unknown"
+	if bi == nil {
+		bi = &debug.BuildInfo{}
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.modified":
+			modified = s.Value
 		}
 	}
-	if v == "" {
-		v = "unknown"
-	}
-	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", v, commit, modified)
+	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ldflags, bi.Main.Version, "unknown"), commit, modified)
 }
