@@ -98,6 +98,10 @@ func TestREADMECommands(t *testing.T) {
 	if len(lines) < 8 {
 		t.Fatalf("found %d commands in the README's marked blocks, want at least 8: %q", len(lines), lines)
 	}
+	// The server below is the one the Quickstart's first command starts.
+	if readme := readFile(t, filepath.Join("..", "..", "README.md")); !strings.Contains(readme, "```sh\ngo run ./cmd/sluice serve    # run:") {
+		t.Fatalf("README.md's Quickstart does not start with go run ./cmd/sluice serve, the server these commands run against")
+	}
 	if ln, err := net.Listen("tcp", "127.0.0.1:8080"); err != nil {
 		t.Skipf("127.0.0.1:8080, the built-in example's address the README's commands name, is taken on this machine: %v", err)
 	} else {
