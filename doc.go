@@ -8,6 +8,34 @@
 // a typed Outcome: Allowed, Denied, Incompatible, Unavailable (with a
 // Cause) or Indeterminate, never a guess.
 //
+// # Entry points
+//
+// Where to start, by what you have:
+//
+//   - Go code that decides: New over a store, then Limiter.Check. The
+//     stores are [github.com/sluicehq/sluice/memstore] (in the process)
+//     and [github.com/sluicehq/sluice/redisstore] (Redis, Cluster or
+//     Sentinel, one limit for every instance).
+//   - A net/http server: [github.com/sluicehq/sluice/httplimit]
+//     (httplimit.PerIP for one policy per client address, httplimit.New
+//     for routes).
+//   - A gRPC server: [github.com/sluicehq/sluice/grpclimit]
+//     (grpclimit.New: unary and stream server interceptors).
+//   - Who is limited: [github.com/sluicehq/sluice/subject] (keyed
+//     pseudonyms, the client address behind trusted proxies, the
+//     KeyFunc both middlewares take).
+//   - Services in any language: the sluice command's server
+//     (go install github.com/sluicehq/sluice/cmd/sluice@latest, then
+//     sluice serve) and its HTTP check API; from Go, its client
+//     [github.com/sluicehq/sluice/sluiceclient]. The same server answers
+//     Envoy as its rate-limit service and runs a rate-limiting reverse
+//     proxy.
+//   - A store of your own: [github.com/sluicehq/sluice/sluicetest] runs
+//     the behavioural suite every store passes.
+//
+// The README and the pages under docs/ in the repository walk through
+// each.
+//
 // # Algorithms
 //
 // Every algorithm is an integer state machine, decided by one engine that

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,21 +83,24 @@ func getBody(t *testing.T, url string) string {
 	return string(b)
 }
 
-// TestREADMECommands runs the README's command blocks (those marked for
-// this test) as written, against the built-in example started as the
+// TestREADMECommands runs the command blocks of README.md and of the pages
+// under docs/ (those marked for this test) as written, against the built-in example started as the
 // Quickstart says: "go run ./cmd/sluice" is the built binary, each line
 // runs in sh from the repository root, and each exits with the status its
 // comment gives (0 without one). The built-in example listens on
 // 127.0.0.1:8080, the address the commands name.
 func TestREADMECommands(t *testing.T) {
 	redistest.Long(t)
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	var lines []string
+	for _, doc := range docFiles(t) {
+		lines = append(lines, readmeCommands(t, readFile(t, doc))...)
 	}
-	lines := readmeCommands(t, string(readme))
 	if len(lines) < 8 {
 		t.Fatalf("found %d commands in the README's marked blocks, want at least 8: %q", len(lines), lines)
+	}
+	// The server below is the one the Quickstart's first command starts.
+	if readme := readFile(t, filepath.Join("..", "..", "README.md")); !strings.Contains(readme, "```sh\ngo run ./cmd/sluice serve    # run:") {
+		t.Fatalf("README.md's Quickstart does not start with go run ./cmd/sluice serve, the server these commands run against")
 	}
 	if ln, err := net.Listen("tcp", "127.0.0.1:8080"); err != nil {
 		t.Skipf("127.0.0.1:8080, the built-in example's address the README's commands name, is taken on this machine: %v", err)
@@ -143,6 +147,138 @@ func TestREADMECommands(t *testing.T) {
 		if !seen[c] {
 			t.Errorf("the README's command blocks never run sluice %s", c)
 		}
+	}
+}
+
+// docFiles are README.md and the pages under docs/, from this package.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{filepath.Join("..", "..", "README.md")}, pages...)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// markedBlocks returns the contents of the ```lang blocks that follow
+// each marker comment in doc.
+func markedBlocks(t *testing.T, doc, marker, lang string) []string {
+	t.Helper()
+	var out []string
+	for rest := doc; ; {
+		i := strings.Index(rest, marker)
+		if i < 0 {
+			return out
+		}
+		rest = rest[i:]
+		start := strings.Index(rest, "```"+lang+"\n")
+		if start < 0 {
+			t.Fatalf("a %q marker without a ```%s block after it", marker, lang)
+		}
+		body := rest[start+len(lang)+4:]
+		end := strings.Index(body, "```")
+		if end < 0 {
+			t.Fatalf("a %q marker's ```%s block is not closed", marker, lang)
+		}
+		out = append(out, body[:end])
+		rest = body[end:]
+	}
+}
+
+// docRules is the rules file a documented config's envoy.configs glob
+// ("ratelimit/*.yaml") finds: the first rule of docs/envoy.md's example.
+const docRules = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 10 }
+`
+
+// TestREADMEConfigs validates, as sluice validate does, each YAML block of
+// README.md and the docs pages marked for it: the configs a new user
+// copies first (the server's, a first Redis store) must load. Secrets a
+// block names by environment variable are set for it.
+func TestREADMEConfigs(t *testing.T) {
+	const marker = "<!-- TestREADMEConfigs validates this block -->"
+	n := 0
+	for _, doc := range docFiles(t) {
+		for i, block := range markedBlocks(t, readFile(t, doc), marker, "yaml") {
+			n++
+			for _, m := range regexp.MustCompile(`secret_env: "?(\w+)`).FindAllStringSubmatch(block, -1) {
+				t.Setenv(m[1], "0123456789abcdef0123456789abcdef")
+			}
+			dir := t.TempDir()
+			file := filepath.Join(dir, "sluice.yaml")
+			if err := os.WriteFile(file, []byte(block), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// A block with an envoy: section names rules files beside it.
+			if err := os.Mkdir(filepath.Join(dir, "ratelimit"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "ratelimit", "edge.yaml"), []byte(docRules), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var out, errOut bytes.Buffer
+			if err := run(context.Background(), []string{"validate", "--config", file}, &out, &errOut); err != nil || out.String() != "ok\n" {
+				t.Errorf("%s: marked YAML block %d: sluice validate: %v\nstdout: %s\nstderr: %s\nblock:\n%s", doc, i+1, err, out.String(), errOut.String(), block)
+			}
+		}
+	}
+	if n < 2 {
+		t.Errorf("found %d marked YAML blocks, want at least the README's server config and first Redis config", n)
+	}
+}
+
+// TestREADMEInstall holds the README's install block to the module it
+// installs (the go install and go get lines name go.mod's module path),
+// and installs the command the way that line does, from this clone
+// (@latest needs a published module; the build is the same): the
+// installed sluice version names the commit it was built from.
+func TestREADMEInstall(t *testing.T) {
+	redistest.Long(t)
+	const marker = "<!-- TestREADMEInstall checks this block -->"
+	blocks := markedBlocks(t, readFile(t, filepath.Join("..", "..", "README.md")), marker, "sh")
+	if len(blocks) != 1 {
+		t.Fatalf("README.md has %d install blocks marked for this test, want 1", len(blocks))
+	}
+	mod := regexp.MustCompile(`(?m)^module (\S+)$`).FindStringSubmatch(readFile(t, filepath.Join("..", "..", "go.mod")))
+	if mod == nil {
+		t.Fatal("go.mod names no module")
+	}
+	for _, want := range []string{"go install " + mod[1] + "/cmd/sluice@latest", "go get " + mod[1] + "@latest"} {
+		if !strings.Contains(blocks[0], want) {
+			t.Errorf("README.md's install block does not say %q:\n%s", want, blocks[0])
+		}
+	}
+	if !strings.HasPrefix(strings.TrimSpace(blocks[0]), "go install ") {
+		t.Errorf("README.md's install block starts %q, want the go install line first", blocks[0])
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gobin := t.TempDir()
+	install := exec.Command(goTool, "install", "./cmd/sluice")
+	install.Dir = filepath.Join("..", "..")
+	install.Env = append(os.Environ(), "GOBIN="+gobin)
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install ./cmd/sluice: %v\n%s", err, out)
+	}
+	out, err := exec.Command(filepath.Join(gobin, "sluice"), "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("sluice version: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`^sluice \S+\ncommit: ([0-9a-f]{40}|unknown)\nmodified: (true|false|unknown)\n$`).Match(out) {
+		t.Errorf("the installed sluice version printed %q, want sluice VERSION, commit: …, modified: …", out)
 	}
 }
 
@@ -245,9 +381,10 @@ func TestServeEnvoyOnlyBinary(t *testing.T) {
 
 // TestReloadLogsOnceBinary edits the config the way sed -i does (a new
 // file renamed over the old), twice with a different mistake each time,
-// then sends SIGHUP with the second mistake still there: each attempt
-// counts one failure, each distinct failure is one ERROR line, and the
-// SIGHUP of the same files logs none.
+// each followed by a SIGHUP of the same files: each attempt counts one
+// failure, each distinct failure is one ERROR line, a SIGHUP of the same
+// files logs none, and one edit causes one attempt (the SIGHUP after it,
+// an attempt of its own, closes the count).
 func TestReloadLogsOnceBinary(t *testing.T) {
 	if _, err := exec.LookPath("sed"); err != nil {
 		t.Fatalf("sed is not installed: %v", err)
@@ -283,19 +420,44 @@ func TestReloadLogsOnceBinary(t *testing.T) {
 			t.Fatalf("sed -i %s: %v\n%s", expr, err, out)
 		}
 	}
+	// lastTrigger is what set off the last reload attempt, as /v1/config
+	// tells it.
+	lastTrigger := func() string {
+		var st struct {
+			LastReload *struct{ Trigger string } `json:"last_reload"`
+		}
+		if err := json.Unmarshal([]byte(getBody(t, s.URL+"/v1/config")), &st); err != nil || st.LastReload == nil {
+			return ""
+		}
+		return st.LastReload.Trigger
+	}
+	// sighup sends SIGHUP and waits until its reload attempt is over. A
+	// SIGHUP also takes the files' fingerprint: no file event queued
+	// before it can cause an attempt after it, so the counts read then
+	// are final for everything done before.
+	sighup := func() {
+		t.Helper()
+		if err := s.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for range 600 { // a bound on a loaded machine, not a threshold
+			if lastTrigger() == "signal" {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("no reload attempt by SIGHUP within 30s\n%s", s.Logs())
+	}
 	sed("s/limit: 3/limit: three/")
 	waitFailures("1")
-	time.Sleep(time.Second) // time for any further attempt the one edit might wrongly cause
-	if n, f := errorLines(), failures(); n != 1 || f != "1" {
-		t.Errorf("after one bad edit: %d ERROR lines, %s failures counted; want 1 and 1\n%s", n, f, s.Logs())
+	sighup() // an attempt of its own: any further attempt of the edit's would come before it
+	if n, f := errorLines(), failures(); n != 1 || f != "2" {
+		t.Errorf("after one bad edit and a SIGHUP of the same files: %d ERROR lines, %s failures counted; want 1 and 2\n%s", n, f, s.Logs())
 	}
 	sed("s/window: 1h/window: 1 hour/")
-	waitFailures("2")
-	if err := s.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
 	waitFailures("3")
-	if n := errorLines(); n != 2 {
-		t.Errorf("after two distinct bad edits and a SIGHUP of the same files: %d ERROR lines, want 2\n%s", n, s.Logs())
+	sighup()
+	if n, f := errorLines(), failures(); n != 2 || f != "4" {
+		t.Errorf("after two distinct bad edits and a SIGHUP after each: %d ERROR lines, %s failures counted; want 2 and 4\n%s", n, f, s.Logs())
 	}
 }

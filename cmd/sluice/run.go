@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,7 +17,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise it comes from the module's build information.
+// otherwise it comes from the module's build information (versionText).
 var version = ""
 
 const usage = `sluice is a distributed rate limiter.
@@ -54,7 +55,8 @@ Usage:
         local quota on one store, beside one without, and print the
         share of the bound each algorithm admits.
   sluice version
-        Print the version.
+        Print the version, the commit it was built from and whether
+        that tree was modified.
   sluice help [COMMAND]
         Print this help, or the flags of a command.
 
@@ -108,7 +110,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		if len(rest) > 0 {
 			return &usageError{msg: "version takes no arguments", usage: usage}
 		}
-		fmt.Fprintln(a.stdout, "sluice", buildVersion())
+		bi, _ := debug.ReadBuildInfo()
+		io.WriteString(a.stdout, versionText(version, bi))
 		return nil
 	case "help", "-h", "-help", "--help":
 		switch {
@@ -227,19 +230,23 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-func buildVersion() string {
-	if version != "" {
-		return version
+// versionText is what sluice version prints: the version (ldflags' -X
+// main.version, else the main module's: v1.2.3 from go install …@v1.2.3, a
+// pseudo-version or (devel) in a clone), the commit and whether its tree
+// was modified (go build's vcs stamps; "unknown" without them: a module
+// zip, a test binary, a build without .git).
+func versionText(ldflags string, bi *debug.BuildInfo) string {
+	commit, modified := "unknown", "unknown"
+	if bi == nil {
+		bi = &debug.BuildInfo{}
 	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := bi.Main.Version
 	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.modified":
+			modified = s.Value
 		}
 	}
-	return v
+	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ldflags, bi.Main.Version, "unknown"), commit, modified)
 }

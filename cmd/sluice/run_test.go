@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -429,6 +430,8 @@ func TestUsage(t *testing.T) {
 		{args: []string{"check", "--cost", "many"}, code: 2, stderr: "invalid value"},
 		{args: []string{"version", "now"}, code: 2, stderr: "version takes no arguments"},
 		{args: []string{"version"}, code: 0, stdout: "sluice "},
+		{args: []string{"version"}, code: 0, stdout: "\ncommit: "},
+		{args: []string{"version"}, code: 0, stdout: "\nmodified: "},
 		{args: []string{"help"}, code: 0, stdout: "sluice serve [--config FILE]"},
 		{args: []string{"--help"}, code: 0, stdout: "sluice validate --config FILE"},
 		{args: []string{"check", "-h"}, code: 0, stdout: "-subject"},
@@ -466,5 +469,70 @@ func TestExitCode(t *testing.T) {
 		if code := exitCode(tc.err, &b); code != tc.code || b.String() != tc.msg {
 			t.Errorf("exitCode(%v) = %d, %q; want %d, %q", tc.err, code, b.String(), tc.code, tc.msg)
 		}
+	}
+}
+
+// TestVersionText holds what sluice version prints for the builds a user
+// meets: go install …@v1.2.3 (a module version, no vcs stamps), a build in a
+// clone with local changes, the container image's -X main.version, and a
+// binary without build information.
+func TestVersionText(t *testing.T) {
+	clone := &debug.BuildInfo{
+		Main: debug.Module{Path: "github.com/sluicehq/sluice", Version: "v0.0.0-20261204200000-ba3281d0c1a2+dirty"},
+		Settings: []debug.BuildSetting{
+			{Key: "-trimpath", Value: "true"},
+			{Key: "vcs", Value: "git"},
+			{Key: "vcs.revision", Value: "ba3281d0c1a2b3c4d5e6f708192a3b4c5d6e7f80"},
+			{Key: "vcs.time", Value: "2026-12-04T20:00:00Z"},
+			{Key: "vcs.modified", Value: "true"},
+		},
+	}
+	for _, tc := range []struct {
+		name    string
+		ldflags string
+		bi      *debug.BuildInfo
+		want    string
+	}{
+		{
+			name: "go install at a version",
+			bi:   &debug.BuildInfo{Main: debug.Module{Path: "github.com/sluicehq/sluice", Version: "v1.2.3"}},
+			want: "sluice v1.2.3\ncommit: unknown\nmodified: unknown\n",
+		},
+		{
+			name: "a clone with local changes",
+			bi:   clone,
+			want: "sluice v0.0.0-20261204200000-ba3281d0c1a2+dirty\ncommit: ba3281d0c1a2b3c4d5e6f708192a3b4c5d6e7f80\nmodified: true\n",
+		},
+		{
+			name:    "ldflags' version wins",
+			ldflags: "v1.2.4",
+			bi:      clone,
+			want:    "sluice v1.2.4\ncommit: ba3281d0c1a2b3c4d5e6f708192a3b4c5d6e7f80\nmodified: true\n",
+		},
+		{
+			name: "no build information",
+			want: "sluice unknown\ncommit: unknown\nmodified: unknown\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := versionText(tc.ldflags, tc.bi); got != tc.want {
+				t.Errorf("versionText(%q, %+v) = %q, want %q", tc.ldflags, tc.bi, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestVersionCommand holds the command's output shape: three lines, the
+// version, the commit and modified, whatever the test binary's build
+// information holds.
+func TestVersionCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, &out, &errOut); err != nil {
+		t.Fatalf("sluice version: %v\nstderr: %s", err, errOut.String())
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "sluice ") || lines[0] == "sluice " ||
+		!strings.HasPrefix(lines[1], "commit: ") || !strings.HasPrefix(lines[2], "modified: ") {
+		t.Errorf("sluice version printed %q, want three lines: sluice VERSION, commit: …, modified: …", out.String())
 	}
 }

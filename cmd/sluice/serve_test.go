@@ -281,7 +281,7 @@ func equalStrings(a, b []string) bool {
 	return true
 }
 
-// The README tells users to run validate on the repository's sluice.yaml.
+// docs/cli.md tells users to run validate on the repository's sluice.yaml.
 func TestRepositoryConfigValidates(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"validate", "--config", filepath.Join("..", "..", "sluice.yaml")}, &out, &errOut)

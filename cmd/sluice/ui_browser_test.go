@@ -134,10 +134,10 @@ policies:
 		t.Errorf("the dashboard shows the subject:\n%s", body)
 	}
 
-	// The README's screenshot is this page: quality 100 makes a PNG. It
+	// docs/observability.md's screenshot is this page: quality 100 makes a PNG. It
 	// goes to a temporary file, and to docs/dashboard.png when
 	// SLUICE_SCREENSHOT=docs asks (make screenshot), which keeps the
-	// README's picture the page as it is.
+	// page's picture the page as it is.
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
