@@ -42,11 +42,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	f.applyMode(set)
 
 	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
-	b := wiring.Bench{URL: f.url, CAFile: f.caFile, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
+	b := wiring.Bench{URL: f.url, TokenEnv: f.tokenEnv, CAFile: f.caFile, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
 		Policy: sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}}
-	if b.Token = a.getenv(f.tokenEnv); f.tokenEnv != "" && b.Token == "" {
-		return &usageError{msg: fmt.Sprintf("bench: --token-env %s: the environment variable is unset or empty", f.tokenEnv), usage: "Usage: " + benchSynopsis + "\n"}
-	}
 	if f.store == config.StoreRedis {
 		b.Store.Redis = &config.Redis{URL: f.redisURL, Addrs: wiring.SplitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}
 	}
@@ -63,9 +60,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if answers := rep.Decisions + rep.Other; answers > 0 && float64(rep.Other) > f.maxErrors*float64(answers) {
-		stopped := map[bool]string{true: " (stopped early: every answer was an error)"}[rep.StoppedEarly]
-		return &exitError{code: 1, err: fmt.Errorf("bench: %d of %d answers (%.1f%%) were errors, more than --max-errors %g%s; the first: %s", rep.Other, answers, 100*float64(rep.Other)/float64(answers), f.maxErrors, stopped, rep.FirstError)}
+	if err := rep.TooManyErrors(f.maxErrors); err != nil {
+		return &exitError{code: 1, err: err}
 	}
 	return nil
 }
@@ -115,10 +111,8 @@ func (f *benchFlags) check(set map[string]bool) error {
 		return errors.New("--url drives a running server: leave out --store and --redis-*")
 	case f.url != "" && (set["policy-algorithm"] || set["limit"] || set["window"] || set["burst"] || set["mode"]):
 		return errors.New("--url uses the server's policy as configured: name it with --policy and leave out --mode, --policy-algorithm, --limit, --window and --burst")
-	case f.url == "" && (f.tokenEnv != "" || f.caFile != ""):
-		return errors.New("--token-env and --ca-file are for a server: they need --url")
-	case f.caFile != "" && !strings.HasPrefix(f.url, "https://"):
-		return fmt.Errorf("--ca-file needs an https:// --url, not %q", f.url)
+	case f.url == "" && (f.tokenEnv != "" || f.caFile != ""), f.caFile != "" && !strings.HasPrefix(f.url, "https://"):
+		return errors.New("--token-env and --ca-file are for a server: they need --url (--ca-file an https:// one)")
 	case f.url != "" && f.policy == "":
 		return errors.New("--url needs --policy ID, a policy of the server's config (the built-in example has demo, login and api)")
 	case f.mode != wiring.BenchAllowed && f.mode != wiring.BenchDenied && f.mode != wiring.BenchMixed:

@@ -143,6 +143,12 @@ policies:
 	}
 
 	var out, errOut bytes.Buffer
+	unset := []string{"bench", "--url", s.url, "--policy", "demo", "--token-env", "SLUICE_TEST_UNSET_TOKEN"}
+	if code := exitCode(run(context.Background(), unset, &out, &errOut), &errOut); code != 1 || !strings.Contains(errOut.String(), "--token-env SLUICE_TEST_UNSET_TOKEN: the environment variable is unset or empty") {
+		t.Errorf("sluice %s: exit %d, stderr %q; want 1 naming the unset variable", strings.Join(unset, " "), code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
 	args := []string{"bench", "--json", "--url", s.url, "--policy", "demo", "--ca-file", certFile, "--subjects", "1", "--callers", "2", "--duration", "1h"}
 	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
 	var rep2 wiring.BenchReport
@@ -216,8 +222,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--callers", "0"}, "--callers 0"},
 		{[]string{"--duration", "0s"}, "--duration 0s"},
 		{[]string{"--token-env", "T"}, "--token-env and --ca-file are for a server: they need --url"},
-		{[]string{"--url", "http://127.0.0.1:1", "--policy", "demo", "--ca-file", "ca.pem"}, `--ca-file needs an https:// --url`},
-		{[]string{"--url", "http://127.0.0.1:1", "--policy", "demo", "--token-env", "SLUICE_TEST_UNSET_TOKEN"}, "--token-env SLUICE_TEST_UNSET_TOKEN: the environment variable is unset or empty"},
+		{[]string{"--url", "http://127.0.0.1:1", "--policy", "demo", "--ca-file", "ca.pem"}, "--ca-file an https:// one"},
 	} {
 		var out, errOut bytes.Buffer
 		code := exitCode(run(context.Background(), append([]string{"bench"}, tc.args...), &out, &errOut), &errOut)

@@ -33,15 +33,16 @@ type Bench struct {
 	// URL, when set, is the base URL of a sluice serve whose POST
 	// /v1/check is driven with Policy.ID; Store is then unused.
 	URL string
-	// Token, with URL, is sent as "Authorization: Bearer <Token>" (a
+	// TokenEnv, with URL, names the environment variable (read with
+	// Getenv) holding a token sent as "Authorization: Bearer <token>" (a
 	// server with server.auth.tokens). Default: none.
-	Token string
+	TokenEnv string
 	// CAFile, with an https URL, is a PEM file of the certificates that
 	// sign the server's (a private CA's). Default: the system's roots.
 	CAFile string
 	// Store is the store to drive through the library with Policy.
 	Store config.Store
-	// Getenv reads the Redis password's variable.
+	// Getenv reads the Redis password's variable and TokenEnv.
 	Getenv func(string) string
 	// Clock is the memory store's.
 	Clock sluice.Clock
@@ -114,7 +115,13 @@ func (b *Bench) Run(ctx context.Context) (*BenchReport, error) {
 	var cleanup func(context.Context) (int64, error)
 	if b.URL != "" {
 		rep.Target = b.URL
-		d, closeIdle, err := httpDecider(b.URL, b.Token, b.CAFile, b.Policy.ID, subjects, b.Callers)
+		token := ""
+		if b.TokenEnv != "" {
+			if token = b.Getenv(b.TokenEnv); token == "" {
+				return nil, fmt.Errorf("bench: --token-env %s: the environment variable is unset or empty", b.TokenEnv)
+			}
+		}
+		d, closeIdle, err := httpDecider(b.URL, token, b.CAFile, b.Policy.ID, subjects, b.Callers)
 		if err != nil {
 			return nil, err
 		}
@@ -142,6 +149,21 @@ func (b *Bench) Run(ctx context.Context) (*BenchReport, error) {
 	}
 	res.fill(rep)
 	return rep, nil
+}
+
+// TooManyErrors returns why r failed a run that allows maxErrors (0 to
+// 1) of its answers to be errors rather than decisions, naming the first;
+// nil when it did not.
+func (r *BenchReport) TooManyErrors(maxErrors float64) error {
+	answers := r.Decisions + r.Other
+	if answers == 0 || float64(r.Other) <= maxErrors*float64(answers) {
+		return nil
+	}
+	stopped := ""
+	if r.StoppedEarly {
+		stopped = " (stopped early: every answer was an error)"
+	}
+	return fmt.Errorf("bench: %d of %d answers (%.1f%%) were errors, more than --max-errors %g%s; the first: %s", r.Other, answers, 100*float64(r.Other)/float64(answers), maxErrors, stopped, r.FirstError)
 }
 
 // storeDecider decides through the library over b's store with b's
