@@ -108,6 +108,8 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 			twin = "redisstore.Store.Evaluate"
 		case "args.lua":
 			twin = "redisstore/redisstore.go"
+		case "batch.lua":
+			twin = "redisstore/batch.go"
 		case "short.lua":
 			twin = "internal/engine/algorithm/one.go"
 		case "carry.lua":

@@ -38,7 +38,8 @@ local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = tr
 local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 
 -- fastView decides the short decision of op with cost or lease on key,
--- under p, a policy of a log or of leases, as main does.
+-- under p, a policy of a log or of leases, as main does, and returns
+-- its allowed, limit, remaining, resetAfter and retryAfter.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   local st = readState(key, p, now, onRedis)
   local cur, t, behind = current(p, st, now, maxRegression)
@@ -54,10 +55,7 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   if ds[2] == 1 and op ~= 'peek' then
     apply(key, p.kind, w, st ~= nil, now, p.grace)
   end
-  if onRedis then
-    ds[#ds + 1] = now
-  end
-  return ds
+  return ds[2] == 1, ds[3], ds[4], ds[5], ds[6]
 end
 
 -- fixedWindowFloor decides a short spend of cost on key under p, a fixed
@@ -67,11 +65,15 @@ end
 -- (applyFixed), nothing written on a denial. No clock rule: such a state
 -- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
 -- far ahead is corrupt. The differential test's Redis-clock mode drives
--- it in the short form, and the general form beside it.
+-- it in the short form, and the general form beside it. It returns the
+-- decision's allowed, limit, remaining, resetAfter and retryAfter.
 local function fixedWindowFloor(key, p, cost, now)
   local ends, count = 0, 0
-  local raw = read(key, 'GET')
+  local raw = redisPcall('GET', key)
   if raw then
+    if type(raw) ~= 'string' then
+      raw = read(key, 'GET') -- an error reply: read raises it, typed
+    end
     ends, count = decodeFields(key, raw, 2)
     local why = fixedWindowEndCorrupt(ends, count, now)
     if why ~= nil then
@@ -83,45 +85,20 @@ local function fixedWindowFloor(key, p, cost, now)
   if allowed then
     applyFixed(key, KIND_FIXED_WINDOW_END, 2, fixedWindowEndExpires(ends, count), now, 0, ends, count)
   end
-  return {0, allowed and 1 or 0, p.limit, remaining, resetAfter, retryAfter, now}
+  return allowed, p.limit, remaining, resetAfter, retryAfter
 end
 
--- fastMain decides the short decision on key whose arguments are
--- args[o + 1] on; at is as main's.
-local function fastMain(key, args, o, at)
-  local form = args[o + 1]
-  local op = FAST_OPS[form]
-  local leases = op == 'acquire' or op == 'release'
-  local cost, lease = 0, ''
-  if leases then
-    lease = args[o + 2]
-  else
-    cost = SMALL[args[o + 2]] or arg(args[o + 2])
-    if cost == nil or cost < 0 then
-      raise('SLUICE_ARGS', 'cost must be an integer >= 0')
-    end
-  end
-  local hold = 0
-  if FAST_HELD_FORMS[form] then
-    o = o + 1 -- the arguments after the hold are where the other forms have theirs
-    hold = arg(args[o + 2])
-    if hold == nil or hold < 1 or hold > MAX_WINDOW then
-      raise('SLUICE_ARGS', 'hold must be an integer of 1 to ' .. fmt(MAX_WINDOW) .. ' µs')
-    end
-  end
-  local now, maxRegression, p
-  local onRedis = FAST_ON_REDIS[form]
-  if onRedis then
-    now, maxRegression, p = at or redisTime(), -1, policyOf(args[o + 3], 1)
-  else
-    now, maxRegression = callerClock(args[o + 3], args[o + 4])
-    p = policyOf(args[o + 5], 1)
-  end
+-- shortDecide decides the short decision of op (with cost, a spend's
+-- hold in µs, or lease) on key under p, a checked policy, at now with
+-- maxRegression (-1 on Redis time, onRedis), and returns its allowed,
+-- limit, remaining, resetAfter and retryAfter: fastMain's course once its
+-- arguments are read, and a batched decision's (specMain).
+local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
   local k = p.kind
-  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
+  if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
     return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
   end
-  if leases ~= (k == KIND_CONCURRENCY) then
+  if (op == 'acquire' or op == 'release') ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
   end
   if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
@@ -156,5 +133,78 @@ local function fastMain(key, args, o, at)
   if allowed and op == 'spend' then
     applyFixed(key, k, n, expires, now, p.grace, a, b, c, d, e)
   end
+  return allowed, limit, remaining, resetAfter, retryAfter
+end
+
+-- fastMain decides the short decision on key whose arguments are
+-- args[o + 1] on; at is as main's. It answers main's reply.
+local function fastMain(key, args, o, at)
+  local form = args[o + 1]
+  local op = FAST_OPS[form]
+  local cost, lease = 0, ''
+  if op == 'acquire' or op == 'release' then
+    lease = args[o + 2]
+  else
+    cost = SMALL[args[o + 2]] or arg(args[o + 2])
+    if cost == nil or cost < 0 then
+      raise('SLUICE_ARGS', 'cost must be an integer >= 0')
+    end
+  end
+  local hold = 0
+  if FAST_HELD_FORMS[form] then
+    o = o + 1 -- the arguments after the hold are where the other forms have theirs
+    hold = arg(args[o + 2])
+    if hold == nil or hold < 1 or hold > MAX_WINDOW then
+      raise('SLUICE_ARGS', 'hold must be an integer of 1 to ' .. fmt(MAX_WINDOW) .. ' µs')
+    end
+  end
+  local now, maxRegression, p
+  local onRedis = FAST_ON_REDIS[form]
+  if onRedis then
+    now, maxRegression, p = at or redisTime(), -1, policyOf(args[o + 3], 1)
+  else
+    now, maxRegression = callerClock(args[o + 3], args[o + 4])
+    p = policyOf(args[o + 5], 1)
+  end
+  local allowed, limit, remaining, resetAfter, retryAfter = shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
   return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter, onRedis and now or nil}
+end
+
+-- Short decisions of a batch on Redis time (decideAll) by their spec: the
+-- form (FAST_SPEND, FAST_HELD or FAST_PEEK), cost, hold in µs (0 unless
+-- held) and the policy's argument, joined by spaces, e.g. "s 1 0 5 100
+-- 1000000 20 0 0" (redisstore.go's shortSpec). A function library keeps
+-- this table from one call to the next, as args.lua's checked, so a spec
+-- is read and checked once; it is emptied when it holds specsMax.
+local specs, nSpecs, specsMax = {}, 0, 1000
+
+-- specOf returns the spec raw, read and checked: {op, cost, hold, p, floor}.
+local function specOf(raw)
+  local sp = specs[raw]
+  if sp ~= nil then
+    return sp
+  end
+  local form, rawCost, rawHold, rawPolicy = string.match(raw, '^([shp]) (%d+) (%d+) (.+)$')
+  local cost, hold = arg(rawCost), arg(rawHold)
+  if form == nil or cost == nil or hold == nil then
+    raise('SLUICE_ARGS', 'spec: want form (s, h or p), cost, hold and a policy, joined by spaces')
+  end
+  if (form == FAST_HELD) ~= (hold > 0) or hold > MAX_WINDOW then
+    raise('SLUICE_ARGS', 'spec: hold must be 1 to ' .. fmt(MAX_WINDOW) .. ' µs in form h, 0 in the others')
+  end
+  local p = policyOf(rawPolicy, 1)
+  -- floor: the common decision of a fixed window on Redis time, which
+  -- decideAll runs as fixedWindowFloor without shortDecide's course.
+  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_SPEND and p.kind == KIND_FIXED_WINDOW_END}
+  if nSpecs >= specsMax then
+    specs, nSpecs = {}, 0
+  end
+  specs[raw], nSpecs = sp, nSpecs + 1
+  return sp
+end
+
+-- specMain decides a batched short decision on key by its spec sp at
+-- now, Redis time, and returns as shortDecide.
+local function specMain(key, sp, now)
+  return shortDecide(key, sp.p, sp.op, sp.cost, sp.hold, '', now, -1, true)
 end
