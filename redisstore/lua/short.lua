@@ -62,18 +62,18 @@ end
 -- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
 -- general course would, with the least work: one GET, the checks and the
 -- decision of fixed_window.lua, one SET that expires at the window's end
--- (applyFixed), nothing written on a denial. No clock rule: such a state
+-- (applyFixed's, written here: encodeFields, and ceilDiv to the ms on
+-- values), nothing written on a denial. No clock rule: such a state
 -- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
--- far ahead is corrupt. The differential test's Redis-clock mode drives
--- it in the short form, and the general form beside it. It returns the
+-- far ahead is corrupt. A WRONGTYPE error of its GET is left to its
+-- caller (decideAll's floorAnswer makes it SLUICE_CORRUPT, as read
+-- does). The differential test's Redis-clock mode drives it in the short
+-- form, batched, and the general form beside it. It returns the
 -- decision's allowed, limit, remaining, resetAfter and retryAfter.
 local function fixedWindowFloor(key, p, cost, now)
   local ends, count = 0, 0
-  local raw = redisPcall('GET', key)
+  local raw = redisCall('GET', key)
   if raw then
-    if type(raw) ~= 'string' then
-      raw = read(key, 'GET') -- an error reply: read raises it, typed
-    end
     ends, count = decodeFields(key, raw, 2)
     local why = fixedWindowEndCorrupt(ends, count, now)
     if why ~= nil then
@@ -82,10 +82,34 @@ local function fixedWindowFloor(key, p, cost, now)
   end
   local allowed, remaining, resetAfter, retryAfter
   ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
-  if allowed then
-    applyFixed(key, KIND_FIXED_WINDOW_END, 2, fixedWindowEndExpires(ends, count), now, 0, ends, count)
+  if allowed and count > 0 then
+    local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53
+    if ms * 1000 < ends then
+      ms = ms + 1
+    elseif (ms - 1) * 1000 >= ends then
+      ms = ms - 1
+    end
+    redisCall('SET', key, structPack('<Bdd', STATE_BINARY, ends, count), 'PXAT', stringFormat('%d', ms))
+  elseif allowed then
+    redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
   end
   return allowed, p.limit, remaining, resetAfter, retryAfter
+end
+
+-- floorAnswer turns what pcall returned of fixedWindowFloor on key into
+-- its values, or its abort: a GET that found another type is
+-- SLUICE_CORRUPT (read's error), any other abort as it came.
+local function floorAnswer(key, ok, ...)
+  if not ok then
+    local e = ...
+    if type(e) == 'table' then
+      e = e.err
+    end
+    if type(e) == 'string' and stringFind(e, '^WRONGTYPE') then
+      return pcall(read, key, 'GET')
+    end
+  end
+  return ok, ...
 end
 
 -- shortDecide decides the short decision of op (with cost, a spend's
@@ -96,7 +120,12 @@ end
 local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
   local k = p.kind
   if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
-    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
+    -- the common decision of a fixed window on Redis time
+    local ok, allowed, limit, remaining, resetAfter, retryAfter = floorAnswer(key, pcall(fixedWindowFloor, key, p, cost, now))
+    if not ok then
+      error(allowed, 0) -- its abort, as it came
+    end
+    return allowed, limit, remaining, resetAfter, retryAfter
   end
   if (op == 'acquire' or op == 'release') ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
