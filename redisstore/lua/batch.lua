@@ -43,7 +43,10 @@ local function decideAll(keys, args)
       end
       local ok, allowed, limit, remaining, resetAfter, retryAfter
       if sp.floor then
-        ok, allowed, limit, remaining, resetAfter, retryAfter = floorAnswer(keys[ko + 1], pcall(fixedWindowFloor, keys[ko + 1], sp.p, sp.cost, at))
+        ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(fixedWindowFloor, keys[ko + 1], sp.p, sp.cost, at)
+        if not ok then
+          ok, allowed = floorError(keys[ko + 1], allowed)
+        end
       else
         ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(specMain, keys[ko + 1], sp, at)
       end

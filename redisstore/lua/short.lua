@@ -66,7 +66,7 @@ end
 -- values), nothing written on a denial. No clock rule: such a state
 -- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
 -- far ahead is corrupt. A WRONGTYPE error of its GET is left to its
--- caller (decideAll's floorAnswer makes it SLUICE_CORRUPT, as read
+-- caller (floorError makes it SLUICE_CORRUPT, as read
 -- does). The differential test's Redis-clock mode drives it in the short
 -- form, batched, and the general form beside it. It returns the
 -- decision's allowed, limit, remaining, resetAfter and retryAfter.
@@ -96,20 +96,18 @@ local function fixedWindowFloor(key, p, cost, now)
   return allowed, p.limit, remaining, resetAfter, retryAfter
 end
 
--- floorAnswer turns what pcall returned of fixedWindowFloor on key into
--- its values, or its abort: a GET that found another type is
--- SLUICE_CORRUPT (read's error), any other abort as it came.
-local function floorAnswer(key, ok, ...)
-  if not ok then
-    local e = ...
-    if type(e) == 'table' then
-      e = e.err
-    end
-    if type(e) == 'string' and stringFind(e, '^WRONGTYPE') then
-      return pcall(read, key, 'GET')
-    end
+-- floorError returns what decideAll answers for e, the abort of
+-- fixedWindowFloor on key: a GET that found another type is
+-- SLUICE_CORRUPT (read's error, from pcall), any other abort as it came.
+local function floorError(key, e)
+  local msg = e
+  if type(msg) == 'table' then
+    msg = msg.err
   end
-  return ok, ...
+  if type(msg) == 'string' and stringFind(msg, '^WRONGTYPE') then
+    return pcall(read, key, 'GET')
+  end
+  return false, e
 end
 
 -- shortDecide decides the short decision of op (with cost, a spend's
@@ -121,9 +119,10 @@ local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, on
   local k = p.kind
   if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
     -- the common decision of a fixed window on Redis time
-    local ok, allowed, limit, remaining, resetAfter, retryAfter = floorAnswer(key, pcall(fixedWindowFloor, key, p, cost, now))
+    local ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(fixedWindowFloor, key, p, cost, now)
     if not ok then
-      error(allowed, 0) -- its abort, as it came
+      local _, e = floorError(key, allowed)
+      error(e, 0) -- its abort
     end
     return allowed, limit, remaining, resetAfter, retryAfter
   end
