@@ -89,7 +89,8 @@ func TestLuaConstants(t *testing.T) {
 }
 
 // TestScriptFilesPortTheirTwins: every Lua file is joined into the script
-// and says which Go file it ports.
+// and says which Go file it ports, and every function its Go twin by name
+// and order (checkTwinsByName).
 func TestScriptFilesPortTheirTwins(t *testing.T) {
 	entries, err := luaFiles.ReadDir("lua")
 	if err != nil {
@@ -123,4 +124,5 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)
 		}
 	}
+	checkTwinsByName(t)
 }

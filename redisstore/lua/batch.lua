@@ -16,6 +16,7 @@ spread (which reads what it answers). ]]
 -- admitted with no retry answers two integers in its place: remaining and
 -- resetAfter (redisstore.go's spread knows its limit). The library
 -- registers it beside decide (FCALL <name>_all).
+-- decideAll ports allCmd and spread's other side: it reads the call allCmd writes and answers what spread reads.
 local function decideAll(keys, args)
   if redisCall == nil then
     bindLibrary()

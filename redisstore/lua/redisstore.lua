@@ -61,6 +61,7 @@ it is a function library called with FCALL (script.go). ]]
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments,
 -- and at, when not nil, the time of this call read already by redisTime.
+-- main ports Store.decide's other side: it reads the general form decide writes, and runs Evaluate as memstore does.
 local function main(KEYS, ARGV, at)
   local rawID = ARGV[ARGV_ID] or ''
   local n = #KEYS
@@ -168,6 +169,7 @@ end
 
 -- answer turns what pcall returned of main or fastMain into the
 -- decision's reply: its own, or its abort as an error reply.
+-- answer ports Store.classify's other side: the error replies it reads.
 local function answer(ok, res)
   if ok then
     return res
@@ -188,6 +190,7 @@ end
 -- into its error reply; at is as main's. It is the function the library
 -- registers (FCALL), or the script's body (EVALSHA, with the globals KEYS
 -- and ARGV): redisstore.go appends the line that does one or the other.
+-- decide ports Store.decide: the short form or the general one.
 local function decide(keys, args, at)
   if redisCall == nil then
     bindLibrary()

@@ -40,6 +40,7 @@ local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does, and returns
 -- its allowed, limit, remaining, resetAfter and retryAfter.
+-- fastView ports DecideOne, on a log or leases.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   local st = readState(key, p, now, onRedis)
   local cur, t, behind = current(p, st, now, maxRegression)
@@ -70,6 +71,7 @@ end
 -- does). The differential test's Redis-clock mode drives it in the short
 -- form, batched, and the general form beside it. It returns the
 -- decision's allowed, limit, remaining, resetAfter and retryAfter.
+-- fixedWindowFloor ports DecideOne, on a FixedWindowEnd spent on Redis time.
 local function fixedWindowFloor(key, p, cost, now)
   local ends, count = 0, 0
   local raw = redisCall('GET', key)
@@ -99,6 +101,7 @@ end
 -- floorError returns what decideAll answers for e, the abort of
 -- fixedWindowFloor on key: a GET that found another type is
 -- SLUICE_CORRUPT (read's error, from pcall), any other abort as it came.
+-- floorError ports Store.classify's other side: the error reply it reads.
 local function floorError(key, e)
   local msg = e
   if type(msg) == 'table' then
@@ -115,6 +118,7 @@ end
 -- maxRegression (-1 on Redis time, onRedis), and returns its allowed,
 -- limit, remaining, resetAfter and retryAfter: fastMain's course once its
 -- arguments are read, and a batched decision's (specMain).
+-- shortDecide ports DecideOne.
 local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
   local k = p.kind
   if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
@@ -166,6 +170,7 @@ end
 
 -- fastMain decides the short decision on key whose arguments are
 -- args[o + 1] on; at is as main's. It answers main's reply.
+-- fastMain ports Store.decideShort's other side: it reads the arguments decideShort writes.
 local function fastMain(key, args, o, at)
   local form = args[o + 1]
   local op = FAST_OPS[form]
@@ -207,6 +212,7 @@ end
 local specs, nSpecs, specsMax = {}, 0, 1000
 
 -- specOf returns the spec raw, read and checked: {op, cost, hold, p, floor}.
+-- specOf ports shortSpec's other side: it reads the spec shortSpec writes.
 local function specOf(raw)
   local sp = specs[raw]
   if sp ~= nil then
@@ -233,6 +239,7 @@ end
 
 -- specMain decides a batched short decision on key by its spec sp at
 -- now, Redis time, and returns as shortDecide.
+-- specMain ports DecideOne, by a spec.
 local function specMain(key, sp, now)
   return shortDecide(key, sp.p, sp.op, sp.cost, sp.hold, '', now, -1, true)
 end
