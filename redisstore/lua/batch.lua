@@ -45,11 +45,11 @@ local function decideAll(keys, args)
       local ok, allowed, limit, remaining, resetAfter, retryAfter
       if sp.floor then
         ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(fixedWindowFloor, keys[ko + 1], sp.p, sp.cost, at)
-        if not ok then
-          ok, allowed = floorError(keys[ko + 1], allowed)
-        end
       else
         ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(specMain, keys[ko + 1], sp, at)
+      end
+      if not ok then
+        ok, allowed = shortError(keys[ko + 1], allowed)
       end
       if not ok then
         out[o + 1], o = answer(ok, allowed), o + 1
@@ -72,7 +72,11 @@ local function decideAll(keys, args)
         if at == nil and FAST_ON_REDIS[args[ao + 1]] then
           at = redisTime()
         end
-        out[o + 1] = answer(pcall(fastMain, keys[ko + 1], args, ao, at))
+        local ok, res = pcall(fastMain, keys[ko + 1], args, ao, at)
+        if not ok then
+          ok, res = shortError(keys[ko + 1], res)
+        end
+        out[o + 1] = answer(ok, res)
       else
         local n = nk
         if args[ao + ARGV_ID] ~= '' then

@@ -197,7 +197,11 @@ local function decide(keys, args, at)
   end
   local fast = FAST_ARGS[args[1]]
   if fast ~= nil and #keys == 1 and #args == fast then
-    return answer(pcall(fastMain, keys[1], args, 0, at))
+    local ok, res = pcall(fastMain, keys[1], args, 0, at)
+    if not ok then
+      ok, res = shortError(keys[1], res)
+    end
+    return answer(ok, res)
   end
   return answer(pcall(main, keys, args, at))
 end

@@ -67,7 +67,7 @@ end
 -- values), nothing written on a denial. No clock rule: such a state
 -- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
 -- far ahead is corrupt. A WRONGTYPE error of its GET is left to its
--- caller (floorError makes it SLUICE_CORRUPT, as read
+-- caller (shortError makes it SLUICE_CORRUPT, as read
 -- does). The differential test's Redis-clock mode drives it in the short
 -- form, batched, and the general form beside it. It returns the
 -- decision's allowed, limit, remaining, resetAfter and retryAfter.
@@ -98,11 +98,13 @@ local function fixedWindowFloor(key, p, cost, now)
   return allowed, p.limit, remaining, resetAfter, retryAfter
 end
 
--- floorError returns what decideAll answers for e, the abort of
--- fixedWindowFloor on key: a GET that found another type is
--- SLUICE_CORRUPT (read's error, from pcall), any other abort as it came.
--- floorError ports Store.classify's other side: the error reply it reads.
-local function floorError(key, e)
+-- shortError returns what pcall answers for e, the abort of a short
+-- decision on key (fastMain, specMain, fixedWindowFloor, whose GET is a
+-- redis.call: cheaper than read's redis.pcall): a GET that found another
+-- type is SLUICE_CORRUPT (read's error, from pcall), any other abort as it
+-- came.
+-- shortError ports Store.classify's other side: the error reply it reads.
+local function shortError(key, e)
   local msg = e
   if type(msg) == 'table' then
     msg = msg.err
@@ -123,12 +125,7 @@ local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, on
   local k = p.kind
   if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
     -- the common decision of a fixed window on Redis time
-    local ok, allowed, limit, remaining, resetAfter, retryAfter = pcall(fixedWindowFloor, key, p, cost, now)
-    if not ok then
-      local _, e = floorError(key, allowed)
-      error(e, 0) -- its abort
-    end
-    return allowed, limit, remaining, resetAfter, retryAfter
+    return fixedWindowFloor(key, p, cost, now)
   end
   if (op == 'acquire' or op == 'release') ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
@@ -142,7 +139,7 @@ local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, on
   end
   local a, b, c, d, e = 0, 0, 0, 0, 0
   local t = now -- the time it is decided at
-  local raw = read(key, 'GET')
+  local raw = redisCall('GET', key) -- a WRONGTYPE abort: shortError
   if raw then
     a, b, c, d, e = decodeChecked(key, raw, k, now)
     local exp, nw = boundsFixed(k, p, a, b, c, d, e)
