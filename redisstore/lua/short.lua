@@ -37,6 +37,10 @@ local FAST_ARGS = {
 local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = true, [FAST_ACQUIRE] = true, [FAST_RELEASE] = true}
 local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 
+-- fastDecision is where fastView has step put its decision: one table
+-- for every call, read out before the next, so no decision allocates one.
+local fastDecision = {0, 0, 0, 0, 0, 0}
+
 -- fastView decides the short decision of op with cost or lease on key,
 -- under p, a policy of a log or of leases, as main does, and returns
 -- its allowed, limit, remaining, resetAfter and retryAfter.
@@ -47,7 +51,7 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   if cur == nil then
     clockUnsafe(key, behind, maxRegression)
   end
-  local ds = {0}
+  local ds = fastDecision -- step writes all five values; they are read out below
   local w = step(p, cur, t, op, cost, 0, lease, ds, 1)
   w.fresh = cur ~= st
   if t ~= now then
