@@ -63,6 +63,12 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   return ds[2] == 1, ds[3], ds[4], ds[5], ds[6]
 end
 
+-- floorEnds is the window end fixedWindowFloor last wrote, and floorPXAT
+-- its PXAT argument: the windows of a clock-aligned policy end together,
+-- so most of its writes format no time (a function library keeps them
+-- from one call to the next).
+local floorEnds, floorPXAT = 0, ''
+
 -- fixedWindowFloor decides a short spend of cost on key under p, a fixed
 -- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
 -- general course would, with the least work: one GET, the checks and the
@@ -89,13 +95,16 @@ local function fixedWindowFloor(key, p, cost, now)
   local allowed, remaining, resetAfter, retryAfter
   ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
   if allowed and count > 0 then
-    local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53
-    if ms * 1000 < ends then
-      ms = ms + 1
-    elseif (ms - 1) * 1000 >= ends then
-      ms = ms - 1
+    if ends ~= floorEnds then
+      local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53
+      if ms * 1000 < ends then
+        ms = ms + 1
+      elseif (ms - 1) * 1000 >= ends then
+        ms = ms - 1
+      end
+      floorEnds, floorPXAT = ends, stringFormat('%d', ms)
     end
-    redisCall('SET', key, structPack('<Bdd', STATE_BINARY, ends, count), 'PXAT', stringFormat('%d', ms))
+    redisCall('SET', key, structPack('<Bdd', STATE_BINARY, ends, count), 'PXAT', floorPXAT)
   elseif allowed then
     redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
   end
