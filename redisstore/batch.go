@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,9 @@ type pending struct {
 	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
 	mark  mark      // its last argument while it is sent: notes when go-redis writes it
 	lease text      // a short decision's lease, its argument
+	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it; else ""
+	limit int64     // with spec: the decision's limit, which a compact reply leaves out
+	ref   mark      // with spec: its head in a decideAll call ("-j"), which notes when it is written
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
 	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
 	batch int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
@@ -216,7 +220,7 @@ const maxAll = 64
 // after it) and leaves each decision's reply or error in its command.
 func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 	s := b.s
-	if len(batch) == 1 && s.replicas == 0 {
+	if len(batch) == 1 && s.replicas == 0 && !s.batchAll {
 		p := batch[0]
 		if err := s.client.Process(ctx, p.cmd); err != nil && p.cmd.Err() == nil {
 			p.cmd.SetErr(err)
@@ -252,7 +256,8 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		spread(c, batch[i*maxAll:min((i+1)*maxAll, len(batch))])
 	}
 	for _, p := range batch {
-		p.wrote, p.wait, p.batch = p.mark.written.Load(), w, len(batch) // a decideAll call writes the marks of its decisions
+		// A decideAll call writes the marks of its decisions, or their heads.
+		p.wrote, p.wait, p.batch = p.mark.written.Load() || p.ref.written.Load(), w, len(batch)
 	}
 	if err != nil && !errors.As(err, new(redis.Error)) {
 		// A failure of the whole pipeline: every command without an
@@ -280,45 +285,114 @@ func (b *batcher) shareable(batch []*pending) bool {
 }
 
 // allCmd returns the decideAll call that takes the decisions of batch
-// (see redisstore.lua): their number, each one's number of keys, then
-// their keys and their arguments, in order.
+// (see batch.lua): their number, the number of distinct specs and the
+// specs, one head per decision (a decision by spec: "-j", its mark; else
+// its number of keys), then their keys, and the others' arguments, in
+// order.
 func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	keys, argv := 0, 0
+	var specs []string
 	for _, p := range batch {
 		keys += p.keys
-		argv += len(p.args) - 3 - p.keys
+		if p.spec == "" {
+			argv += len(p.args) - 3 - p.keys
+		} else if !slices.Contains(specs, p.spec) && len(specs) < len(specRefs) {
+			specs = append(specs, p.spec)
+		}
 	}
-	args := make([]any, 0, 3+keys+1+len(batch)+argv)
+	args := make([]any, 0, 3+keys+2+len(specs)+len(batch)+argv)
 	args = append(args, callAll[0], callAll[1], keys)
 	for _, p := range batch {
 		args = append(args, p.args[3:3+p.keys]...)
 	}
-	args = append(args, len(batch))
-	for _, p := range batch {
-		args = append(args, p.keys)
+	args = append(args, len(batch), len(specs))
+	for _, sp := range specs {
+		args = append(args, sp)
 	}
 	for _, p := range batch {
-		args = append(args, p.args[3+p.keys:]...) // its mark last
+		if j := slices.Index(specs, p.spec); p.spec != "" && j >= 0 {
+			p.ref.arg = specRefs[j]
+			args = append(args, &p.ref)
+		} else {
+			p.spec = "" // beyond the specs one call names: it goes with its own arguments
+			args = append(args, p.keys)
+		}
+	}
+	for _, p := range batch {
+		if p.spec == "" {
+			args = append(args, p.args[3+p.keys:]...) // its mark last
+		}
 	}
 	return newScriptCmd(ctx, args)
 }
 
+// specRefs are the heads of decisions by spec in a decideAll call, "-1"
+// to "-64": spec j, one key, no arguments of its own.
+var specRefs = func() (v [maxAll]string) {
+	for i := range v {
+		v[i] = "-" + strconv.Itoa(i+1)
+	}
+	return v
+}()
+
 // spread hands each decision of batch its part of c's reply: its own
-// reply or error reply, or c's error when the call failed as a whole.
+// reply or error reply, or c's error when the call failed as a whole. A
+// decision by spec admitted with no retry has two integers there,
+// remaining and resetAfter: its reply is made whole with its limit and the
+// time the call decided at, the reply's first value.
 func spread(c scriptCmd, batch []*pending) {
 	replies, err := c.Slice()
-	if err == nil && len(replies) != len(batch) {
-		err = fmt.Errorf("redisstore: decideAll answered %d replies for %d decisions: %w", len(replies), len(batch), sluice.ErrIndeterminate)
+	var at int64
+	if err == nil {
+		at, err = spreadTime(replies, len(batch))
 	}
-	for i, p := range batch {
-		if err != nil {
+	k := 1
+	for _, p := range batch {
+		switch {
+		case err == nil && k >= len(replies):
+			err = fmt.Errorf("redisstore: decideAll answered %d values, too few for %d decisions: %w", len(replies), len(batch), sluice.ErrIndeterminate)
+		case err != nil:
+		case p.spec != "" && isInt(replies[k]) && k+1 < len(replies) && isInt(replies[k+1]):
+			p.cmd.SetVal([]any{int64(0), int64(1), p.limit, replies[k], replies[k+1], int64(0), at})
+			k += 2
+			continue
+		default:
+			if rerr, ok := replies[k].(error); ok {
+				p.cmd.SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
+			} else {
+				p.cmd.SetVal(replies[k])
+			}
+			k++
+			continue
+		}
+		p.cmd.SetErr(err)
+	}
+	if err == nil && k != len(replies) {
+		// Too many values: the replies handed out may be misplaced too.
+		err = fmt.Errorf("redisstore: decideAll answered %d values, more than %d decisions take: %w", len(replies), len(batch), sluice.ErrIndeterminate)
+		for _, p := range batch {
 			p.cmd.SetErr(err)
-		} else if rerr, ok := replies[i].(error); ok {
-			p.cmd.SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
-		} else {
-			p.cmd.SetVal(replies[i])
 		}
 	}
+}
+
+// spreadTime returns the first value of a decideAll reply for n
+// decisions: the time they were decided at on Redis time, or 0.
+func spreadTime(replies []any, n int) (int64, error) {
+	if len(replies) < 1+n {
+		return 0, fmt.Errorf("redisstore: decideAll answered %d values for %d decisions: %w", len(replies), n, sluice.ErrIndeterminate)
+	}
+	at, ok := replies[0].(int64)
+	if !ok {
+		return 0, fmt.Errorf("redisstore: decideAll answered %v first, not the time: %w", replies[0], sluice.ErrIndeterminate)
+	}
+	return at, nil
+}
+
+// isInt reports whether v, a value of a reply, is an integer.
+func isInt(v any) bool {
+	_, ok := v.(int64)
+	return ok
 }
 
 // close stops the senders; decisions still queued fail before send.
@@ -344,7 +418,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return nil, n.errOpen
 	}
 	b := n.batch
-	if b == nil || b.inflight.CompareAndSwap(0, 1) {
+	if b == nil || !s.batchAll && b.inflight.CompareAndSwap(0, 1) {
 		// Nothing on the wire: this decision goes now, from its caller.
 		if b != nil {
 			defer b.inflight.Add(-1)
@@ -365,6 +439,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return int64s(p.cmd, dst)
 	}
 	p.mark.arm(p.args)
+	p.ref.written.Store(false)
 	p.cmd, p.err, p.wrote, p.wait = newScriptCmd(ctx, p.args), nil, false, nil
 	reuse, err := b.do(ctx, p)
 	if reuse {
@@ -511,6 +586,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s = scriptCmd{}, nil, nil, "", ""
+	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg = scriptCmd{}, nil, nil, "", "", "", ""
 	pendingPool.Put(p)
 }

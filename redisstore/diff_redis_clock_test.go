@@ -100,18 +100,20 @@ func shortWindow(r *rand.Rand, p *sluice.Policy) *sluice.Policy {
 // diffRedisClock drives algs' random sequences (several policies at once
 // when multi is set) through a store on Redis time and its engine twin,
 // demanding identical statuses; general sends every decision in the
-// general form.
-func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general, multi bool) {
+// general form, and batched every decision in a decideAll call of its
+// own (batch.lua: a short one by its spec, with a compact reply).
+func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general, batched, multi bool) {
 	// A TTL grace of an hour, as the caller-clock mode's: numbers changed
 	// under one revision may lengthen a window past a key's TTL, which
 	// the engine twin does not model. (A fixed window's key takes none:
 	// it expires at the end it keeps.)
 	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
 	s.SetGeneral(general)
+	s.SetBatched(batched)
 	var at int64
 	s.OnRedisTime(func(now int64) { at = now })
 	twin := &engineTwin{states: map[string]*algorithm.State{}}
-	r := rand.New(rand.NewPCG(seed, uint64(len(algs))<<8|boolBit(general)<<1|boolBit(multi)))
+	r := rand.New(rand.NewPCG(seed, uint64(len(algs))<<8|boolBit(batched)<<2|boolBit(general)<<1|boolBit(multi)))
 	const episode = 300
 	var ps []*sluice.Policy
 	subj := ""

@@ -162,16 +162,23 @@ func TestDifferential(t *testing.T) {
 			}
 		})
 	}
-	for _, general := range []bool{false, true} {
-		form := map[bool]string{false: "short", true: "general"}[general]
+	for _, form := range []string{"short", "general", "batched"} {
 		t.Run("fixed_window/redis-clock/"+form, func(t *testing.T) {
 			t.Parallel()
-			diffRedisClock(t, c, seed, []sluice.Algorithm{sluice.FixedWindow}, general, false)
+			diffRedisClock(t, c, seed, []sluice.Algorithm{sluice.FixedWindow}, form == "general", form == "batched", false)
 		})
 	}
+	t.Run("all/redis-clock/batched", func(t *testing.T) {
+		t.Parallel()
+		diffRedisClock(t, c, seed, algorithms, false, true, false)
+	})
 	t.Run("multi/redis-clock", func(t *testing.T) {
 		t.Parallel()
-		diffRedisClock(t, c, seed, algorithms, false, true)
+		diffRedisClock(t, c, seed, algorithms, false, false, true)
+	})
+	t.Run("multi/redis-clock/batched", func(t *testing.T) {
+		t.Parallel()
+		diffRedisClock(t, c, seed, algorithms, false, true, true)
 	})
 	t.Run("multi", func(t *testing.T) {
 		t.Parallel()

@@ -32,3 +32,8 @@ func (s *Store) Queued() int {
 // OnRedisTime makes s call f with the time each decision on Redis time
 // was taken at, as the script answers it (nil: not called).
 func (s *Store) OnRedisTime(f func(now int64)) { s.onRedisTime = f }
+
+// SetBatched makes s send every decision through its senders in a
+// decideAll call (true), even alone, so a test drives batch.lua's path
+// (decisions by spec, compact replies) as hard as the others.
+func (s *Store) SetBatched(batched bool) { s.batchAll = batched }

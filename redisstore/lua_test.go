@@ -89,7 +89,8 @@ func TestLuaConstants(t *testing.T) {
 }
 
 // TestScriptFilesPortTheirTwins: every Lua file is joined into the script
-// and says which Go file it ports.
+// and says which Go file it ports, and every function its Go twin by name
+// and order (checkTwinsByName).
 func TestScriptFilesPortTheirTwins(t *testing.T) {
 	entries, err := luaFiles.ReadDir("lua")
 	if err != nil {
@@ -108,6 +109,8 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 			twin = "redisstore.Store.Evaluate"
 		case "args.lua":
 			twin = "redisstore/redisstore.go"
+		case "batch.lua":
+			twin = "redisstore/batch.go"
 		case "short.lua":
 			twin = "internal/engine/algorithm/one.go"
 		case "carry.lua":
@@ -121,4 +124,5 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)
 		}
 	}
+	checkTwinsByName(t)
 }

@@ -328,6 +328,7 @@ type Store struct {
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
 	general    bool // every decision in the general form: the short one is never sent (tests)
+	batchAll   bool // every decision through the senders in a decideAll call, even alone (tests)
 	// onRedisTime, when set, is called with the time each decision on
 	// Redis time was taken at, from its reply (tests: the differential
 	// test decides it again at that time).
@@ -749,7 +750,12 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	if s.clock != nil {
 		argv[3+held], argv[4+held] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
-	argv[nargv] = s.argsOf(pol).arg
+	pa := s.argsOf(pol)
+	argv[nargv] = pa.arg
+	if s.clock == nil && pol.Algorithm != sluice.Concurrency {
+		// In a decideAll call it goes by its spec (batch.lua).
+		p.spec, p.limit = shortSpec(pa, ev.Op, ev.Cost, ev.Hold), pa.limit
+	}
 	return s.send(ctx, p, ev, dst)
 }
 

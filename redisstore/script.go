@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,6 +41,7 @@ var scriptFiles = []string{
 	"carry.lua",          // internal/engine/algorithm/carry.go
 	"short.lua",          // internal/engine/algorithm/one.go
 	"redisstore.lua",     // Evaluate's part in Redis: the entry points
+	"batch.lua",          // batch.go: several decisions in one call
 }
 
 // decideLua is the joined code: it defines decide(keys, args) and runs
@@ -277,6 +279,9 @@ func replyError(err error) string {
 type policyArgs struct {
 	policy             sluice.Policy // the numbers they were formatted from
 	arg                any           // the policy's argument: "kind limit window burst grace align"
+	text               string        // arg, as a string
+	spend1             string        // the spec of a spend of 1 under it on Redis time (shortSpec)
+	limit              int64         // the limit its decisions answer: the burst of a bucket, else the limit
 	dedupeTTL, dedupeN any
 }
 
@@ -298,7 +303,11 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 	if kind == algorithm.KindFixedWindow && s.clock == nil {
 		kind = algorithm.KindFixedWindowEnd // on Redis time: the count and the window's end
 	}
-	a.arg = fmt.Sprintf("%d %d %d %d %d %d", kind, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
+	a.text = fmt.Sprintf("%d %d %d %d %d %d", kind, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
+	a.arg, a.spend1, a.limit = a.text, "s 1 0 "+a.text, p.Limit
+	if p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket {
+		a.limit = p.Burst
+	}
 	a.dedupeTTL = strconv.FormatInt(p.DedupeTTL.Microseconds(), 10)
 	a.dedupeN = strconv.Itoa(p.DedupeMax)
 	if s.cachedArgs.Add(1) > maxCachedArgs {
@@ -309,6 +318,21 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 	}
 	s.policyArgs.Store(p, a)
 	return a
+}
+
+// shortSpec returns the spec (batch.lua, short.lua's specOf) of a short
+// decision of op (a spend or a peek) with cost, held for hold, under the
+// policy of a on Redis time: its form, cost, hold in µs and the policy's
+// argument, joined by spaces.
+func shortSpec(a *policyArgs, op sluice.Op, cost int64, hold time.Duration) string {
+	if op == sluice.Spend && cost == 1 && hold == 0 {
+		return a.spend1
+	}
+	form := fastForms[0][op].(string)
+	if hold != 0 {
+		form = fastHeld[0].(string)
+	}
+	return form + " " + strconv.FormatInt(cost, 10) + " " + strconv.FormatInt(hold.Microseconds(), 10) + " " + a.text
 }
 
 // maxCachedArgs bounds the policies whose arguments a Store keeps.

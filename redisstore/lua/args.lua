@@ -35,6 +35,7 @@ local checked, nChecked, checkedMax = {}, 0, 1000
 
 -- parsePolicy reads and checks the argument of policy i, raw: the policy
 -- as engine.lua takes it, with its TTL grace.
+-- parsePolicy ports Store.argsOf's other side: it reads the policy argument argsOf writes, and Params.Check (check).
 local function parsePolicy(raw, i)
   local kind, limit, window, burst, grace, align = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01])$')
   local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1'}
@@ -56,6 +57,7 @@ end
 
 -- policyOf returns policy i, its argument raw, checked: the policy as
 -- engine.lua takes it, with its TTL grace (p.grace).
+-- policyOf ports Store.argsOf's cache: a policy's argument read once.
 local function policyOf(raw, i)
   local p = checked[raw]
   if p == nil then
@@ -76,6 +78,7 @@ end
 
 -- callerClock returns the caller's time now and its maximum clock
 -- regression, read from their arguments and checked.
+-- callerClock ports Store.decide's other side: the caller's now and maximum regression it writes.
 local function callerClock(rawNow, rawRegression)
   local now, maxRegression = arg(rawNow), arg(rawRegression)
   if now == nil or now < 1 or now >= MAX_EXACT then
@@ -89,6 +92,7 @@ end
 
 -- clockUnsafe raises SLUICE_CLOCK: the caller's clock lies behind the
 -- newest write to key by more than maxRegression.
+-- clockUnsafe ports Store.classify's other side: SLUICE_CLOCK, read as ClockUnsafe.
 local function clockUnsafe(key, behind, maxRegression)
   raise('SLUICE_CLOCK', key .. ': caller clock is ' .. fmt(behind) ..
     ' µs behind the last write, more than the allowed ' .. fmt(maxRegression))

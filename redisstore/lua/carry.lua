@@ -9,6 +9,7 @@ of any state read (records.lua). ]]
 
 -- live reports whether st, the state of policy p, is there and not yet
 -- equal to absent at now (Policy.Live).
+-- live ports Policy.Live.
 local function live(p, st, now)
   return st ~= nil and bounds(p, st) > now
 end

@@ -128,9 +128,11 @@ end
 local function decodeFields(key, raw, n)
   if stringByte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
     local _, a, b, c, d, e = structUnpack(STATE_FORMAT[n], raw)
-    if badField(a) then
+    -- The first two fields, the most a state has, are badField written
+    -- out: a call costs more than the test.
+    if not (a >= 0 and a <= MAX_EXACT and a % 1 == 0) or (a == 0 and 1 / a < 0) then
       fieldCorrupt(key, 1, a)
-    elseif badField(b) then
+    elseif not (b >= 0 and b <= MAX_EXACT and b % 1 == 0) or (b == 0 and 1 / b < 0) then
       fieldCorrupt(key, 2, b)
     elseif n == 2 then
       return a, b, 0, 0, 0

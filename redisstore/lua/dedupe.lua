@@ -10,6 +10,7 @@ in a sorted set and a hash instead of a slice and an index. ]]
 -- dedupeLookup returns the decisions remembered for id (flat, as
 -- evaluate keeps them: the replayed flag, here 1, first), or nil when
 -- there are none or they expired (score <= now).
+-- dedupeLookup ports DedupeLog.Lookup.
 local function dedupeLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
     if redisCall('PTTL', key) == -1 then
@@ -60,6 +61,7 @@ end
 -- dedupeRemember records reply for id until now + ttl, forgetting expired
 -- ids and, beyond max, the oldest; the keys live until the newest record
 -- expires, plus grace.
+-- dedupeRemember ports DedupeLog.Remember, with its Prune.
 local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
   local expired = redisCall('ZRANGEBYSCORE', zkey, '-inf', fmt(now))
   if #expired > 0 then

@@ -61,6 +61,7 @@ it is a function library called with FCALL (script.go). ]]
 
 -- main decides one call; KEYS and ARGV are the call's keys and arguments,
 -- and at, when not nil, the time of this call read already by redisTime.
+-- main ports Store.decide's other side: it reads the general form decide writes, and runs Evaluate as memstore does.
 local function main(KEYS, ARGV, at)
   local rawID = ARGV[ARGV_ID] or ''
   local n = #KEYS
@@ -168,6 +169,7 @@ end
 
 -- answer turns what pcall returned of main or fastMain into the
 -- decision's reply: its own, or its abort as an error reply.
+-- answer ports Store.classify's other side: the error replies it reads.
 local function answer(ok, res)
   if ok then
     return res
@@ -188,63 +190,18 @@ end
 -- into its error reply; at is as main's. It is the function the library
 -- registers (FCALL), or the script's body (EVALSHA, with the globals KEYS
 -- and ARGV): redisstore.go appends the line that does one or the other.
+-- decide ports Store.decide: the short form or the general one.
 local function decide(keys, args, at)
   if redisCall == nil then
     bindLibrary()
   end
   local fast = FAST_ARGS[args[1]]
   if fast ~= nil and #keys == 1 and #args == fast then
-    return answer(pcall(fastMain, keys[1], args, 0, at))
+    local ok, res = pcall(fastMain, keys[1], args, 0, at)
+    if not ok then
+      ok, res = shortError(keys[1], res)
+    end
+    return answer(ok, res)
   end
   return answer(pcall(main, keys, args, at))
-end
-
--- decideAll takes several decisions in one call, each as decide takes it
--- alone, and answers an array of their replies (or error replies), in
--- order. ARGV[1] is their number m and ARGV[1 + j] the number of keys of
--- decision j; KEYS holds the decisions' keys one after the other, and
--- ARGV, after those m + 1, their arguments likewise: ARGV_POLICIES plus
--- ARGV_PER_POLICY per policy each (no carried state: a decision that
--- carries some goes alone), or a short decision's (FAST_ARGS). Decisions on Redis time share one reading of
--- it, as they share this call. The library registers it beside decide
--- (FCALL <name>_all); it spares each decision the call's own cost.
-local function decideAll(keys, args)
-  if redisCall == nil then
-    bindLibrary()
-  end
-  local m = arg(args[1])
-  if m == nil or m < 1 or #args < 1 + m then
-    return redis.error_reply('SLUICE_ARGS decideAll: want the number of decisions, then each one\'s number of keys')
-  end
-  local out, at = {}, nil
-  local ko, ao = 0, 1 + m
-  for j = 1, m do
-    local nk = SMALL[args[1 + j]] or arg(args[1 + j])
-    if nk == nil or nk < 1 or ko + nk > #keys then
-      return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' names ' .. tostring(args[1 + j]) .. ' keys')
-    end
-    local na = FAST_ARGS[args[ao + 1]]
-    if na ~= nil and nk == 1 then
-      if ao + na > #args then
-        return redis.error_reply('SLUICE_ARGS decideAll: decision ' .. j .. ' wants ' .. na .. ' arguments')
-      end
-      if at == nil and FAST_ON_REDIS[args[ao + 1]] then
-        at = redisTime()
-      end
-      out[j] = answer(pcall(fastMain, keys[ko + 1], args, ao, at))
-    else
-      local n = nk
-      if args[ao + ARGV_ID] ~= '' then
-        n = n - 2
-      end
-      na = ARGV_POLICIES + ARGV_PER_POLICY * n
-      local A = {unpack(args, ao + 1, ao + na)}
-      if at == nil and A[ARGV_NOW] == '' then
-        at = redisTime()
-      end
-      out[j] = decide({unpack(keys, ko + 1, ko + nk)}, A, at)
-    end
-    ko, ao = ko + nk, ao + na
-  end
-  return out
 end

@@ -37,15 +37,21 @@ local FAST_ARGS = {
 local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = true, [FAST_ACQUIRE] = true, [FAST_RELEASE] = true}
 local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
 
+-- fastDecision is where fastView has step put its decision: one table
+-- for every call, read out before the next, so no decision allocates one.
+local fastDecision = {0, 0, 0, 0, 0, 0}
+
 -- fastView decides the short decision of op with cost or lease on key,
--- under p, a policy of a log or of leases, as main does.
+-- under p, a policy of a log or of leases, as main does, and returns
+-- its allowed, limit, remaining, resetAfter and retryAfter.
+-- fastView ports DecideOne, on a log or leases.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   local st = readState(key, p, now, onRedis)
   local cur, t, behind = current(p, st, now, maxRegression)
   if cur == nil then
     clockUnsafe(key, behind, maxRegression)
   end
-  local ds = {0}
+  local ds = fastDecision -- step writes all five values; they are read out below
   local w = step(p, cur, t, op, cost, 0, lease, ds, 1)
   w.fresh = cur ~= st
   if t ~= now then
@@ -54,23 +60,31 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   if ds[2] == 1 and op ~= 'peek' then
     apply(key, p.kind, w, st ~= nil, now, p.grace)
   end
-  if onRedis then
-    ds[#ds + 1] = now
-  end
-  return ds
+  return ds[2] == 1, ds[3], ds[4], ds[5], ds[6]
 end
+
+-- floorEnds is the window end fixedWindowFloor last wrote, and floorPXAT
+-- its PXAT argument: the windows of a clock-aligned policy end together,
+-- so most of its writes format no time (a function library keeps them
+-- from one call to the next).
+local floorEnds, floorPXAT = 0, ''
 
 -- fixedWindowFloor decides a short spend of cost on key under p, a fixed
 -- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
 -- general course would, with the least work: one GET, the checks and the
 -- decision of fixed_window.lua, one SET that expires at the window's end
--- (applyFixed), nothing written on a denial. No clock rule: such a state
+-- (applyFixed's, written here: encodeFields, and ceilDiv to the ms on
+-- values), nothing written on a denial. No clock rule: such a state
 -- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
--- far ahead is corrupt. The differential test's Redis-clock mode drives
--- it in the short form, and the general form beside it.
+-- far ahead is corrupt. A WRONGTYPE error of its GET is left to its
+-- caller (shortError makes it SLUICE_CORRUPT, as read
+-- does). The differential test's Redis-clock mode drives it in the short
+-- form, batched, and the general form beside it. It returns the
+-- decision's allowed, limit, remaining, resetAfter and retryAfter.
+-- fixedWindowFloor ports DecideOne, on a FixedWindowEnd spent on Redis time.
 local function fixedWindowFloor(key, p, cost, now)
   local ends, count = 0, 0
-  local raw = read(key, 'GET')
+  local raw = redisCall('GET', key)
   if raw then
     ends, count = decodeFields(key, raw, 2)
     local why = fixedWindowEndCorrupt(ends, count, now)
@@ -80,20 +94,98 @@ local function fixedWindowFloor(key, p, cost, now)
   end
   local allowed, remaining, resetAfter, retryAfter
   ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
-  if allowed then
-    applyFixed(key, KIND_FIXED_WINDOW_END, 2, fixedWindowEndExpires(ends, count), now, 0, ends, count)
+  if allowed and count > 0 then
+    if ends ~= floorEnds then
+      local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53
+      if ms * 1000 < ends then
+        ms = ms + 1
+      elseif (ms - 1) * 1000 >= ends then
+        ms = ms - 1
+      end
+      floorEnds, floorPXAT = ends, stringFormat('%d', ms)
+    end
+    redisCall('SET', key, structPack('<Bdd', STATE_BINARY, ends, count), 'PXAT', floorPXAT)
+  elseif allowed then
+    redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
   end
-  return {0, allowed and 1 or 0, p.limit, remaining, resetAfter, retryAfter, now}
+  return allowed, p.limit, remaining, resetAfter, retryAfter
+end
+
+-- shortError returns what pcall answers for e, the abort of a short
+-- decision on key (fastMain, specMain, fixedWindowFloor, whose GET is a
+-- redis.call: cheaper than read's redis.pcall): a GET that found another
+-- type is SLUICE_CORRUPT (read's error, from pcall), any other abort as it
+-- came.
+-- shortError ports Store.classify's other side: the error reply it reads.
+local function shortError(key, e)
+  local msg = e
+  if type(msg) == 'table' then
+    msg = msg.err
+  end
+  if type(msg) == 'string' and stringFind(msg, '^WRONGTYPE') then
+    return pcall(read, key, 'GET')
+  end
+  return false, e
+end
+
+-- shortDecide decides the short decision of op (with cost, a spend's
+-- hold in µs, or lease) on key under p, a checked policy, at now with
+-- maxRegression (-1 on Redis time, onRedis), and returns its allowed,
+-- limit, remaining, resetAfter and retryAfter: fastMain's course once its
+-- arguments are read, and a batched decision's (specMain).
+-- shortDecide ports DecideOne.
+local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
+  local k = p.kind
+  if k == KIND_FIXED_WINDOW_END and op == 'spend' and hold == 0 and onRedis then
+    -- the common decision of a fixed window on Redis time
+    return fixedWindowFloor(key, p, cost, now)
+  end
+  if (op == 'acquire' or op == 'release') ~= (k == KIND_CONCURRENCY) then
+    raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
+  end
+  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
+    raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
+  end
+  local n = FIELDS[k]
+  if n == 0 then
+    return fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
+  end
+  local a, b, c, d, e = 0, 0, 0, 0, 0
+  local t = now -- the time it is decided at
+  local raw = redisCall('GET', key) -- a WRONGTYPE abort: shortError
+  if raw then
+    a, b, c, d, e = decodeChecked(key, raw, k, now)
+    local exp, nw = boundsFixed(k, p, a, b, c, d, e)
+    if onRedis then
+      ahead(key, p, nw, now)
+    end
+    local live, behind
+    live, t, behind = when(exp, nw, now, maxRegression)
+    if behind ~= nil then
+      clockUnsafe(key, behind, maxRegression)
+    elseif not live then
+      a, b, c, d, e = 0, 0, 0, 0, 0
+    end
+  end
+  local allowed, remaining, resetAfter, retryAfter, expires, limit
+  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false, hold)
+  if t ~= now then
+    resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
+  end
+  if allowed and op == 'spend' then
+    applyFixed(key, k, n, expires, now, p.grace, a, b, c, d, e)
+  end
+  return allowed, limit, remaining, resetAfter, retryAfter
 end
 
 -- fastMain decides the short decision on key whose arguments are
--- args[o + 1] on; at is as main's.
+-- args[o + 1] on; at is as main's. It answers main's reply.
+-- fastMain ports Store.decideShort's other side: it reads the arguments decideShort writes.
 local function fastMain(key, args, o, at)
   local form = args[o + 1]
   local op = FAST_OPS[form]
-  local leases = op == 'acquire' or op == 'release'
   local cost, lease = 0, ''
-  if leases then
+  if op == 'acquire' or op == 'release' then
     lease = args[o + 2]
   else
     cost = SMALL[args[o + 2]] or arg(args[o + 2])
@@ -117,44 +209,47 @@ local function fastMain(key, args, o, at)
     now, maxRegression = callerClock(args[o + 3], args[o + 4])
     p = policyOf(args[o + 5], 1)
   end
-  local k = p.kind
-  if k == KIND_FIXED_WINDOW_END and form == FAST_SPEND then
-    return fixedWindowFloor(key, p, cost, now) -- the common decision of a fixed window on Redis time
-  end
-  if leases ~= (k == KIND_CONCURRENCY) then
-    raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
-  end
-  if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
-    raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
-  end
-  local n = FIELDS[k]
-  if n == 0 then
-    return fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
-  end
-  local a, b, c, d, e = 0, 0, 0, 0, 0
-  local t = now -- the time it is decided at
-  local raw = read(key, 'GET')
-  if raw then
-    a, b, c, d, e = decodeChecked(key, raw, k, now)
-    local exp, nw = boundsFixed(k, p, a, b, c, d, e)
-    if onRedis then
-      ahead(key, p, nw, now)
-    end
-    local live, behind
-    live, t, behind = when(exp, nw, now, maxRegression)
-    if behind ~= nil then
-      clockUnsafe(key, behind, maxRegression)
-    elseif not live then
-      a, b, c, d, e = 0, 0, 0, 0, 0
-    end
-  end
-  local allowed, remaining, resetAfter, retryAfter, expires, limit
-  a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false, hold)
-  if t ~= now then
-    resetAfter, retryAfter = lengthenBy(resetAfter, retryAfter, t - now)
-  end
-  if allowed and op == 'spend' then
-    applyFixed(key, k, n, expires, now, p.grace, a, b, c, d, e)
-  end
+  local allowed, limit, remaining, resetAfter, retryAfter = shortDecide(key, p, op, cost, hold, lease, now, maxRegression, onRedis)
   return {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter, onRedis and now or nil}
+end
+
+-- Short decisions of a batch on Redis time (decideAll) by their spec: the
+-- form (FAST_SPEND, FAST_HELD or FAST_PEEK), cost, hold in µs (0 unless
+-- held) and the policy's argument, joined by spaces, e.g. "s 1 0 5 100
+-- 1000000 20 0 0" (redisstore.go's shortSpec). A function library keeps
+-- this table from one call to the next, as args.lua's checked, so a spec
+-- is read and checked once; it is emptied when it holds specsMax.
+local specs, nSpecs, specsMax = {}, 0, 1000
+
+-- specOf returns the spec raw, read and checked: {op, cost, hold, p, floor}.
+-- specOf ports shortSpec's other side: it reads the spec shortSpec writes.
+local function specOf(raw)
+  local sp = specs[raw]
+  if sp ~= nil then
+    return sp
+  end
+  local form, rawCost, rawHold, rawPolicy = string.match(raw, '^([shp]) (%d+) (%d+) (.+)$')
+  local cost, hold = arg(rawCost), arg(rawHold)
+  if form == nil or cost == nil or hold == nil then
+    raise('SLUICE_ARGS', 'spec: want form (s, h or p), cost, hold and a policy, joined by spaces')
+  end
+  if (form == FAST_HELD) ~= (hold > 0) or hold > MAX_WINDOW then
+    raise('SLUICE_ARGS', 'spec: hold must be 1 to ' .. fmt(MAX_WINDOW) .. ' µs in form h, 0 in the others')
+  end
+  local p = policyOf(rawPolicy, 1)
+  -- floor: the common decision of a fixed window on Redis time, which
+  -- decideAll runs as fixedWindowFloor without shortDecide's course.
+  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_SPEND and p.kind == KIND_FIXED_WINDOW_END}
+  if nSpecs >= specsMax then
+    specs, nSpecs = {}, 0
+  end
+  specs[raw], nSpecs = sp, nSpecs + 1
+  return sp
+end
+
+-- specMain decides a batched short decision on key by its spec sp at
+-- now, Redis time, and returns as shortDecide.
+-- specMain ports DecideOne, by a spec.
+local function specMain(key, sp, now)
+  return shortDecide(key, sp.p, sp.op, sp.cost, sp.hold, '', now, -1, true)
 end

@@ -68,6 +68,16 @@ func (s Concurrency) Apply(e LeaseEdit) Concurrency {
 	return s
 }
 
+// Newest returns the latest expiry of s, 0 when it holds no lease. The
+// newest write to s is then Newest − Params.Window: a lease is written
+// at its acquisition or renewal.
+func (s Concurrency) Newest() int64 {
+	if len(s.Expiries) == 0 {
+		return 0
+	}
+	return s.Expiries[len(s.Expiries)-1]
+}
+
 // find returns the index of lease id in s, or -1. (The Lua port asks
 // ZRANK.)
 func (s Concurrency) find(id string) int64 {
@@ -102,6 +112,20 @@ func (s Concurrency) live(id string, now int64) int64 {
 		return -1
 	}
 	return i
+}
+
+// Renew extends lease id to now + Params.Window when it is held; a lease
+// that is not (it expired, or was never acquired) is acquired afresh if a
+// slot is free, and denied otherwise.
+func (s Concurrency) Renew(p Params, now int64, id string) (LeaseEdit, Decision) {
+	if s.live(id, now) < 0 {
+		return s.Decide(p, now, 1, id)
+	}
+	cut := s.cut(now)
+	count := int64(len(s.Expiries)) - cut
+	e := LeaseEdit{Cut: cut, Add: id, At: now + p.Window, Newest: max(s.Newest(), now+p.Window)}
+	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.Limit-count, 0), ResetAfter: e.Newest - now}
+	return e, d
 }
 
 // Decide acquires lease id at now when cost > 0 (one slot, whatever the
@@ -141,20 +165,6 @@ func (s Concurrency) Decide(p Params, now, cost int64, id string) (LeaseEdit, De
 	return e, d
 }
 
-// Renew extends lease id to now + Params.Window when it is held; a lease
-// that is not (it expired, or was never acquired) is acquired afresh if a
-// slot is free, and denied otherwise.
-func (s Concurrency) Renew(p Params, now int64, id string) (LeaseEdit, Decision) {
-	if s.live(id, now) < 0 {
-		return s.Decide(p, now, 1, id)
-	}
-	cut := s.cut(now)
-	count := int64(len(s.Expiries)) - cut
-	e := LeaseEdit{Cut: cut, Add: id, At: now + p.Window, Newest: max(s.Newest(), now+p.Window)}
-	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.Limit-count, 0), ResetAfter: e.Newest - now}
-	return e, d
-}
-
 // Release gives lease id back: harmless when it is not held (released
 // before, expired, or never acquired). The decision is the peek after it,
 // always Allowed.
@@ -185,13 +195,3 @@ func (s Concurrency) Release(p Params, now int64, id string) (LeaseEdit, Decisio
 // Expires returns the instant from which s equals an absent state: its
 // latest expiry.
 func (s Concurrency) Expires() int64 { return s.Newest() }
-
-// Newest returns the latest expiry of s, 0 when it holds no lease. The
-// newest write to s is then Newest − Params.Window: a lease is written
-// at its acquisition or renewal.
-func (s Concurrency) Newest() int64 {
-	if len(s.Expiries) == 0 {
-		return 0
-	}
-	return s.Expiries[len(s.Expiries)-1]
-}

@@ -118,79 +118,25 @@ func (e *CorruptError) Error() string {
 	return fmt.Sprintf("policy %d: %s", e.Policy, e.Reason)
 }
 
-// Evaluate decides ev: a remembered replay, or every policy on its state,
-// all or nothing.
-//
-// The clock rule: a request whose time lies behind a state's newest write
-// is decided at that write's time, so no algorithm ever sees time go
-// backwards and they all agree on what it means; the waits it answers
-// (RetryAfter, ResetAfter) are then lengthened by the lag, measured from
-// the request's own time, never early.
-//
-// When several policies are named and one denies, nothing is spent, and
-// each policy that would have admitted reports its unspent state (the
-// peek's Remaining and ResetAfter), still Allowed.
-//
-// ev must have passed Check: Evaluate does not check the operation's rules
-// again.
-func Evaluate(ev *Evaluation) error {
-	n := len(ev.Policies)
-	if len(ev.States) != n || len(ev.Decisions) != n || len(ev.Writes) != n {
-		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
-	}
-	ev.Commit, ev.Replayed = false, false
-	if ev.Op == OpReset {
-		for i, p := range ev.Policies {
-			p.step(&absent, ev.Now, OpPeek, 0, 0, "", &ev.Writes[i], &ev.Decisions[i])
-			ev.Writes[i].Fresh = true
-		}
-		ev.Commit = true
-		return nil
-	}
-	if ev.Replay != nil {
-		if len(ev.Replay) != n {
-			return &ReplayError{First: len(ev.Replay), Now: n}
-		}
-		if why := RecordCorrupt(ev.Replay); why != "" {
-			return &CorruptError{Policy: -1, Reason: why}
-		}
-		copy(ev.Decisions, ev.Replay)
-		ev.Replayed = true
-		return nil
-	}
-	for i, p := range ev.Policies {
-		if why := p.corrupt(ev.States[i], ev.Now); why != "" {
-			return &CorruptError{Policy: i, Reason: why}
+// RecordCorrupt returns why ds, the decisions remembered for an
+// evaluation id, are none an evaluation answers, or "": each within a
+// capacity of 1 to MaxLimit with 0 <= Remaining <= Limit, its waits in
+// [0, 2^53), and RetryAfter 0 exactly when Allowed. (The numbers of a
+// policy may change under one revision, so they are held to what any
+// policy answers, not to today's.) engine.lua's recordCorrupt ports it.
+func RecordCorrupt(ds []Decision) string {
+	for i := range ds {
+		d := &ds[i]
+		switch {
+		case d.Limit < 1 || d.Limit > MaxLimit || d.Remaining < 0 || d.Remaining > d.Limit:
+			return fmt.Sprintf("decision %d: limit %d, remaining %d: want 0 <= remaining <= limit, limit 1 to %d", i, d.Limit, d.Remaining, MaxLimit)
+		case d.ResetAfter < 0 || d.ResetAfter >= MaxExact || d.RetryAfter < 0 || d.RetryAfter >= MaxExact:
+			return fmt.Sprintf("decision %d: reset after %d, retry after %d µs: want each in [0, 2^53)", i, d.ResetAfter, d.RetryAfter)
+		case d.Allowed != (d.RetryAfter == 0):
+			return fmt.Sprintf("decision %d: allowed %t with retry after %d µs: want 0 exactly when allowed", i, d.Allowed, d.RetryAfter)
 		}
 	}
-	admitted := true
-	for i, p := range ev.Policies {
-		st, at, err := current(p, ev.States[i], ev.Now, ev.MaxRegression)
-		if err != nil {
-			err.Policy = i
-			return err
-		}
-		w, d := &ev.Writes[i], &ev.Decisions[i]
-		p.step(st, at, ev.Op, ev.Cost, ev.Hold, ev.LeaseID, w, d)
-		w.Fresh = st != ev.States[i]
-		if at != ev.Now {
-			lengthen(d, at-ev.Now)
-		}
-		admitted = admitted && d.Allowed
-	}
-	if !admitted && n > 1 {
-		for i, p := range ev.Policies {
-			if ev.Decisions[i].Allowed {
-				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
-				var w Write
-				d := &ev.Decisions[i]
-				p.step(st, at, OpPeek, 0, 0, "", &w, d)
-				lengthen(d, at-ev.Now)
-			}
-		}
-	}
-	ev.Commit = admitted && ev.Op != OpPeek
-	return nil
+	return ""
 }
 
 // corrupt returns why st, a stored state of p (nil: absent), is none a
@@ -222,67 +168,41 @@ func (p Policy) corrupt(st *State, now int64) string {
 	return ""
 }
 
-// RecordCorrupt returns why ds, the decisions remembered for an
-// evaluation id, are none an evaluation answers, or "": each within a
-// capacity of 1 to MaxLimit with 0 <= Remaining <= Limit, its waits in
-// [0, 2^53), and RetryAfter 0 exactly when Allowed. (The numbers of a
-// policy may change under one revision, so they are held to what any
-// policy answers, not to today's.) engine.lua's recordCorrupt ports it.
-func RecordCorrupt(ds []Decision) string {
-	for i := range ds {
-		d := &ds[i]
-		switch {
-		case d.Limit < 1 || d.Limit > MaxLimit || d.Remaining < 0 || d.Remaining > d.Limit:
-			return fmt.Sprintf("decision %d: limit %d, remaining %d: want 0 <= remaining <= limit, limit 1 to %d", i, d.Limit, d.Remaining, MaxLimit)
-		case d.ResetAfter < 0 || d.ResetAfter >= MaxExact || d.RetryAfter < 0 || d.RetryAfter >= MaxExact:
-			return fmt.Sprintf("decision %d: reset after %d, retry after %d µs: want each in [0, 2^53)", i, d.ResetAfter, d.RetryAfter)
-		case d.Allowed != (d.RetryAfter == 0):
-			return fmt.Sprintf("decision %d: allowed %t with retry after %d µs: want 0 exactly when allowed", i, d.Allowed, d.RetryAfter)
+// bounds returns the instant from which st equals an absent state under p,
+// and the time of its newest write.
+func (p Policy) bounds(st *State) (expires, newest int64) {
+	switch p.Kind {
+	case KindFixedWindow:
+		s := fixedWindowOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
+	case KindFixedWindowEnd:
+		s := fixedWindowEndOf(&st.V)
+		return s.Expires(), s.Newest()
+	case KindSlidingLog:
+		s := SlidingLog{Entries: st.Log}
+		return s.Expires(p.Params), s.Newest()
+	case KindSlidingWindow:
+		s := slidingWindowOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
+	case KindTokenBucket:
+		s := tokenBucketOf(&st.V)
+		return s.Expires(p.Params), s.Newest()
+	case KindGCRA:
+		// Read twice rather than held: a GCRA (five fields) held in a
+		// variable is copied whole from where it was built field by field.
+		return gcraOf(&st.V).Expires(p.Params), gcraOf(&st.V).Newest()
+	case KindConcurrency:
+		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
+		if s.Newest() == 0 {
+			return 0, 0
 		}
+		return s.Expires(), s.Newest() - p.Params.Window
 	}
-	return ""
+	return 0, 0
 }
 
 // absent is the state of a policy that has none.
 var absent State
-
-// current returns the state p decides on for a request at now, and the
-// time it decides at: a live state whose newest write lies after now is
-// decided at that write's time (within maxRegression), and a state that
-// equals absent by then is absent.
-func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
-	if st == nil {
-		return &absent, now, nil
-	}
-	expires, newest := p.bounds(st)
-	if expires <= now {
-		return &absent, now, nil
-	}
-	at := now
-	if newest > now {
-		if maxRegression >= 0 && newest-now > maxRegression {
-			return nil, 0, &ClockError{Behind: newest - now, Max: maxRegression}
-		}
-		at = newest
-	}
-	if expires <= at {
-		return &absent, at, nil
-	}
-	return st, at, nil
-}
-
-// lengthen adds lag to the waits of d, which was decided lag µs after the
-// request's own time. (Decisions are changed in place, never copied whole:
-// a copy of a struct of five fields just written field by field costs a
-// failed store-to-load forwarding on some CPUs, more than the math here.)
-func lengthen(d *Decision, lag int64) {
-	if d.RetryAfter > 0 {
-		d.RetryAfter += lag
-	}
-	if d.ResetAfter > 0 {
-		d.ResetAfter += lag
-	}
-}
 
 // step runs p's algorithm on st at now for o, a spend, held spend, peek,
 // refund, acquisition, release or renewal (a reset steps as a peek on
@@ -366,37 +286,117 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 	}
 }
 
-// bounds returns the instant from which st equals an absent state under p,
-// and the time of its newest write.
-func (p Policy) bounds(st *State) (expires, newest int64) {
-	switch p.Kind {
-	case KindFixedWindow:
-		s := fixedWindowOf(&st.V)
-		return s.Expires(p.Params), s.Newest()
-	case KindFixedWindowEnd:
-		s := fixedWindowEndOf(&st.V)
-		return s.Expires(), s.Newest()
-	case KindSlidingLog:
-		s := SlidingLog{Entries: st.Log}
-		return s.Expires(p.Params), s.Newest()
-	case KindSlidingWindow:
-		s := slidingWindowOf(&st.V)
-		return s.Expires(p.Params), s.Newest()
-	case KindTokenBucket:
-		s := tokenBucketOf(&st.V)
-		return s.Expires(p.Params), s.Newest()
-	case KindGCRA:
-		// Read twice rather than held: a GCRA (five fields) held in a
-		// variable is copied whole from where it was built field by field.
-		return gcraOf(&st.V).Expires(p.Params), gcraOf(&st.V).Newest()
-	case KindConcurrency:
-		s := Concurrency{Expiries: st.Log, IDs: st.IDs}
-		if s.Newest() == 0 {
-			return 0, 0
-		}
-		return s.Expires(), s.Newest() - p.Params.Window
+// current returns the state p decides on for a request at now, and the
+// time it decides at: a live state whose newest write lies after now is
+// decided at that write's time (within maxRegression), and a state that
+// equals absent by then is absent.
+func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
+	if st == nil {
+		return &absent, now, nil
 	}
-	return 0, 0
+	expires, newest := p.bounds(st)
+	if expires <= now {
+		return &absent, now, nil
+	}
+	at := now
+	if newest > now {
+		if maxRegression >= 0 && newest-now > maxRegression {
+			return nil, 0, &ClockError{Behind: newest - now, Max: maxRegression}
+		}
+		at = newest
+	}
+	if expires <= at {
+		return &absent, at, nil
+	}
+	return st, at, nil
+}
+
+// lengthen adds lag to the waits of d, which was decided lag µs after the
+// request's own time. (Decisions are changed in place, never copied whole:
+// a copy of a struct of five fields just written field by field costs a
+// failed store-to-load forwarding on some CPUs, more than the math here.)
+func lengthen(d *Decision, lag int64) {
+	if d.RetryAfter > 0 {
+		d.RetryAfter += lag
+	}
+	if d.ResetAfter > 0 {
+		d.ResetAfter += lag
+	}
+}
+
+// Evaluate decides ev: a remembered replay, or every policy on its state,
+// all or nothing.
+//
+// The clock rule: a request whose time lies behind a state's newest write
+// is decided at that write's time, so no algorithm ever sees time go
+// backwards and they all agree on what it means; the waits it answers
+// (RetryAfter, ResetAfter) are then lengthened by the lag, measured from
+// the request's own time, never early.
+//
+// When several policies are named and one denies, nothing is spent, and
+// each policy that would have admitted reports its unspent state (the
+// peek's Remaining and ResetAfter), still Allowed.
+//
+// ev must have passed Check: Evaluate does not check the operation's rules
+// again.
+func Evaluate(ev *Evaluation) error {
+	n := len(ev.Policies)
+	if len(ev.States) != n || len(ev.Decisions) != n || len(ev.Writes) != n {
+		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
+	}
+	ev.Commit, ev.Replayed = false, false
+	if ev.Op == OpReset {
+		for i, p := range ev.Policies {
+			p.step(&absent, ev.Now, OpPeek, 0, 0, "", &ev.Writes[i], &ev.Decisions[i])
+			ev.Writes[i].Fresh = true
+		}
+		ev.Commit = true
+		return nil
+	}
+	if ev.Replay != nil {
+		if len(ev.Replay) != n {
+			return &ReplayError{First: len(ev.Replay), Now: n}
+		}
+		if why := RecordCorrupt(ev.Replay); why != "" {
+			return &CorruptError{Policy: -1, Reason: why}
+		}
+		copy(ev.Decisions, ev.Replay)
+		ev.Replayed = true
+		return nil
+	}
+	for i, p := range ev.Policies {
+		if why := p.corrupt(ev.States[i], ev.Now); why != "" {
+			return &CorruptError{Policy: i, Reason: why}
+		}
+	}
+	admitted := true
+	for i, p := range ev.Policies {
+		st, at, err := current(p, ev.States[i], ev.Now, ev.MaxRegression)
+		if err != nil {
+			err.Policy = i
+			return err
+		}
+		w, d := &ev.Writes[i], &ev.Decisions[i]
+		p.step(st, at, ev.Op, ev.Cost, ev.Hold, ev.LeaseID, w, d)
+		w.Fresh = st != ev.States[i]
+		if at != ev.Now {
+			lengthen(d, at-ev.Now)
+		}
+		admitted = admitted && d.Allowed
+	}
+	if !admitted && n > 1 {
+		for i, p := range ev.Policies {
+			if ev.Decisions[i].Allowed {
+				st, at, _ := current(p, ev.States[i], ev.Now, ev.MaxRegression)
+				var w Write
+				d := &ev.Decisions[i]
+				p.step(st, at, OpPeek, 0, 0, "", &w, d)
+				lengthen(d, at-ev.Now)
+			}
+		}
+	}
+	ev.Commit = admitted && ev.Op != OpPeek
+	return nil
 }
 
 // Expires returns the instant from which st equals an absent state under

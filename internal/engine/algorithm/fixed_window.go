@@ -54,6 +54,16 @@ func (s FixedWindow) corrupt() string {
 	return ""
 }
 
+// windowStart returns the start of a window opened at now: now itself,
+// or for an aligned window the boundary at or before now, at least 1µs
+// (Start 0 means absent; only the epoch's first window is shortened, by 1µs).
+func (p Params) windowStart(now int64) int64 {
+	if !p.Aligned {
+		return now
+	}
+	return max(floorDiv(now, p.Window)*p.Window, 1)
+}
+
 // Decide evaluates cost at now and returns the new state and the decision.
 func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 	if s.Start == 0 || now >= s.Start+p.Window {
@@ -78,14 +88,12 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 	return s, d
 }
 
-// windowStart returns the start of a window opened at now: now itself,
-// or for an aligned window the boundary at or before now, at least 1µs
-// (Start 0 means absent; only the epoch's first window is shortened, by 1µs).
-func (p Params) windowStart(now int64) int64 {
-	if !p.Aligned {
-		return now
+// Expires returns the instant from which s equals an absent state.
+func (s FixedWindow) Expires(p Params) int64 {
+	if s.Count == 0 {
+		return 0
 	}
-	return max(floorDiv(now, p.Window)*p.Window, 1)
+	return s.Start + p.Window
 }
 
 // Refund gives back up to n units admitted in the current window (none
@@ -101,14 +109,6 @@ func (s FixedWindow) Refund(p Params, now, n int64) (FixedWindow, Decision) {
 	_, d := s.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
-}
-
-// Expires returns the instant from which s equals an absent state.
-func (s FixedWindow) Expires(p Params) int64 {
-	if s.Count == 0 {
-		return 0
-	}
-	return s.Start + p.Window
 }
 
 // Newest returns the time of the newest write to s.
@@ -180,6 +180,15 @@ func (s FixedWindowEnd) Decide(p Params, now, cost int64) (FixedWindowEnd, Decis
 	return s, d
 }
 
+// Expires returns the instant from which s equals an absent state: its
+// end, while it holds a count.
+func (s FixedWindowEnd) Expires() int64 {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.End
+}
+
 // Refund gives back up to n units admitted in the current window (none
 // once it has ended), as FixedWindow.Refund; the decision is the peek
 // after it, always Allowed.
@@ -193,15 +202,6 @@ func (s FixedWindowEnd) Refund(p Params, now, n int64) (FixedWindowEnd, Decision
 	_, d := s.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
-}
-
-// Expires returns the instant from which s equals an absent state: its
-// end, while it holds a count.
-func (s FixedWindowEnd) Expires() int64 {
-	if s.Count == 0 {
-		return 0
-	}
-	return s.End
 }
 
 // Newest returns 0: s keeps no newest write. The clock that decides is

@@ -163,6 +163,17 @@ func (s GCRA) Decide(p Params, now, cost, hold int64) (GCRA, Decision) {
 	return s, d
 }
 
+// Expires returns the instant from which s equals an absent state.
+func (s GCRA) Expires(p Params) int64 {
+	if !s.scheduledUnder(p) {
+		s = s.reschedule(p)
+	}
+	if s.TAT == 0 {
+		return 0
+	}
+	return s.TAT + min(s.Frac, 1) // a remainder rounds up
+}
+
 // Refund moves the TAT back by n emission intervals, never before now. The
 // decision is the peek after it, always Allowed: a refund cannot be denied.
 func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
@@ -184,17 +195,6 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 	_, d := s.Decide(p, now, 0, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
-}
-
-// Expires returns the instant from which s equals an absent state.
-func (s GCRA) Expires(p Params) int64 {
-	if !s.scheduledUnder(p) {
-		s = s.reschedule(p)
-	}
-	if s.TAT == 0 {
-		return 0
-	}
-	return s.TAT + min(s.Frac, 1) // a remainder rounds up
 }
 
 // Newest returns the time of the newest write to s.

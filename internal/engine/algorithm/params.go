@@ -87,6 +87,44 @@ func (e *RangeError) Error() string {
 	return fmt.Sprintf("%s = %d: %s", e.Field, e.Value, e.Rule)
 }
 
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// Capacity is the most units one decision could ever admit: Limit for the
+// window algorithms, Burst for the bucket algorithms.
+func (p Params) Capacity(k Kind) int64 {
+	if k == KindTokenBucket || k == KindGCRA {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// Decision is the verdict of one evaluation. Durations are µs.
+type Decision struct {
+	Allowed    bool
+	Limit      int64 // capacity: Remaining never exceeds it
+	Remaining  int64 // units that could still be admitted now, after this decision
+	ResetAfter int64 // µs until Remaining == Limit again if nothing is spent
+	RetryAfter int64 // µs until this cost would be admitted; 0 iff Allowed
+}
+
+// floorDiv returns ⌊a/b⌋ for any a and b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// verdictCost is the cost a decision is judged on: a peek (0) is judged as 1.
+func verdictCost(cost int64) int64 {
+	if cost == 0 {
+		return 1
+	}
+	return cost
+}
+
 // Check reports the first number of p that the algorithm k cannot evaluate
 // exactly, as a *RangeError.
 func (p Params) Check(k Kind) error {
@@ -123,42 +161,4 @@ func (p Params) Check(k Kind) error {
 		return &RangeError{"algorithm", int64(k), "unknown algorithm"}
 	}
 	return nil
-}
-
-// Capacity is the most units one decision could ever admit: Limit for the
-// window algorithms, Burst for the bucket algorithms.
-func (p Params) Capacity(k Kind) int64 {
-	if k == KindTokenBucket || k == KindGCRA {
-		return p.Burst
-	}
-	return p.Limit
-}
-
-// Decision is the verdict of one evaluation. Durations are µs.
-type Decision struct {
-	Allowed    bool
-	Limit      int64 // capacity: Remaining never exceeds it
-	Remaining  int64 // units that could still be admitted now, after this decision
-	ResetAfter int64 // µs until Remaining == Limit again if nothing is spent
-	RetryAfter int64 // µs until this cost would be admitted; 0 iff Allowed
-}
-
-// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
-
-// floorDiv returns ⌊a/b⌋ for any a and b > 0.
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && a < 0 {
-		q--
-	}
-	return q
-}
-
-// verdictCost is the cost a decision is judged on: a peek (0) is judged as 1.
-func verdictCost(cost int64) int64 {
-	if cost == 0 {
-		return 1
-	}
-	return cost
 }

@@ -90,6 +90,14 @@ func (s SlidingLog) corrupt(p Params, now int64) string {
 	return ""
 }
 
+// Newest returns the time of the newest write to s: its newest entry.
+func (s SlidingLog) Newest() int64 {
+	if len(s.Entries) == 0 {
+		return 0
+	}
+	return s.Entries[len(s.Entries)-1]
+}
+
 // cut returns how many of the oldest entries left the window at now: the
 // first entry after now-Window, by binary search (the log is sorted). The
 // oldest entry is looked at first: while it is still in the window, as it
@@ -164,12 +172,4 @@ func (s SlidingLog) Expires(p Params) int64 {
 		return 0
 	}
 	return s.Entries[len(s.Entries)-1] + p.Window
-}
-
-// Newest returns the time of the newest write to s: its newest entry.
-func (s SlidingLog) Newest() int64 {
-	if len(s.Entries) == 0 {
-		return 0
-	}
-	return s.Entries[len(s.Entries)-1]
 }

@@ -74,6 +74,16 @@ func (s SlidingWindow) advance(p Params, now int64) SlidingWindow {
 	}
 }
 
+func (s SlidingWindow) resetAfter(p Params, elapsed int64) int64 {
+	switch {
+	case s.Curr > 0:
+		return 2*p.Window - elapsed
+	case s.Prev > 0:
+		return p.Window - elapsed
+	}
+	return 0
+}
+
 // Decide evaluates cost at now and returns the new state and the decision.
 // The returned state is always the stored state advanced to now; on a denial
 // it holds the same counts, only re-based, and need not be written.
@@ -107,16 +117,6 @@ func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decisio
 	d.Remaining = (capacity - weighted) / p.Window
 	d.ResetAfter = s.resetAfter(p, elapsed)
 	return s, d
-}
-
-func (s SlidingWindow) resetAfter(p Params, elapsed int64) int64 {
-	switch {
-	case s.Curr > 0:
-		return 2*p.Window - elapsed
-	case s.Prev > 0:
-		return p.Window - elapsed
-	}
-	return 0
 }
 
 // Expires returns the instant from which s equals an absent state.

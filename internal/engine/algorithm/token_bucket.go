@@ -104,6 +104,15 @@ func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decis
 	return s, d
 }
 
+// Expires returns the instant from which s equals an absent state (a full
+// bucket).
+func (s TokenBucket) Expires(p Params) int64 {
+	if s.Last == 0 {
+		return 0
+	}
+	return s.Last + ceilDiv(p.Burst*p.Window-s.tokens(p), p.Limit)
+}
+
 // Refund puts n tokens back, never above Burst. The decision is the peek
 // after it, always Allowed: a refund cannot be denied.
 func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
@@ -117,15 +126,6 @@ func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 	_, d := s.Decide(p, now, 0, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return s, d
-}
-
-// Expires returns the instant from which s equals an absent state (a full
-// bucket).
-func (s TokenBucket) Expires(p Params) int64 {
-	if s.Last == 0 {
-		return 0
-	}
-	return s.Last + ceilDiv(p.Burst*p.Window-s.tokens(p), p.Limit)
 }
 
 // Newest returns the time of the newest write to s.
