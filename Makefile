@@ -95,7 +95,7 @@ fuzz:
 	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \
 	  $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime 30s ./internal/engine/algorithm || exit 1; done
 
-# The README's dashboard screenshot (docs/dashboard.png), taken by the
+# The dashboard screenshot in docs/observability.md (docs/dashboard.png), taken by the
 # dashboard's browser test in a real headless chromium.
 screenshot:
 	SLUICE_LONG=1 SLUICE_SCREENSHOT=docs $(GO) test -count=1 -run '^TestDashboardInBrowser$$' ./cmd/sluice

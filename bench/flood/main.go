@@ -6,7 +6,7 @@
 // /metrics. Once without an evaluation_id, once with one per request
 // (dedupe_ttl 1h, so none expires during the run: the worst case).
 //
-// From bench/ (README.md's memory section quotes the figures):
+// From bench/ (docs/performance.md's memory section quotes the figures):
 //
 //	go run ./flood                       # 2 000 000 subjects per run
 //	go run ./flood -subjects 200000      # a quicker look

@@ -184,7 +184,7 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) 
 			rt.Subject = ipUserAgent(ip)
 		case config.SubjectHeader:
 			// Without the header, the address. The value is trusted as
-			// sent (see README): a client that varies it varies its budget.
+			// sent (see docs/proxy.md): a client that varies it varies its budget.
 			h, err := subject.Header(name)
 			if err != nil {
 				return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
