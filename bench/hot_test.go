@@ -28,7 +28,8 @@ func TestMain(m *testing.M) {
 // redis-server the command starts, and checks what they count: nothing
 // denied under a limit never reached; every decision of a row without
 // local quota one store call at least, as Redis counts them; a local
-// quota row admitting from blocks, with fewer store calls than decisions; and in the reached cell, denials, and
+// quota row admitting from blocks, with fewer store calls than decisions; and in the reached cell, denials once
+// more was offered than the bound (a loaded machine may offer less), and
 // no row admitting more than the algorithm's bound over the run.
 func TestHot(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -72,8 +73,11 @@ func TestHot(t *testing.T) {
 			t.Errorf("%s: %d store calls for %d decisions: local quota saved none", name, r.StoreCalls, r.Decisions)
 		}
 		if r.Cell == hotReached {
-			if r.Denied == 0 {
-				t.Errorf("%s: nothing denied offered 4× the limit", name)
+			// Offered 4× the limit when the machine keeps the pace; a
+			// loaded one may not even offer the bound (decisions are
+			// what was offered), and then nothing need be denied.
+			if r.Denied == 0 && float64(r.Decisions) > r.Bound {
+				t.Errorf("%s: nothing denied of %d decisions over a bound of %.0f", name, r.Decisions, r.Bound)
 			}
 			if r.Bound == 0 || float64(r.Allowed) > r.Bound {
 				t.Errorf("%s: admitted %d, bound %.0f", name, r.Allowed, r.Bound)
