@@ -40,6 +40,8 @@ func TestInvalid(t *testing.T) {
 		{"align_unknown.yaml", `descriptors[0].rate_limit.align: "midnight": must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request) (line 7)`},
 		{"wildcard_duplicate.yaml", `descriptors[1].value: "/api/*/action": duplicate descriptor: d.path_/api/*/action is already defined at this level (line 7)`},
 		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
+		{"replaces_unknown.yaml", `descriptors[0].rate_limit.replaces[0].name: "nowhere": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 6)`},
+		{"wildcard_never_matches.yaml", `descriptors[1].value: "/api/*/action": can never match: the wildcard "/api/*" above it (line 4) matches every value this one does, and the first wildcard that matches wins (line 7)`},
 		{"week.yaml", `descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day: sluice windows are at most 24h, and a month or a year has no fixed length (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -59,8 +61,71 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 25 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 25)
+	if len(files) != 27 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 27)
+	}
+}
+
+// TestEveryProblem: Parse reports every problem of every file in one
+// pass, sorted by file (in the order given) and line, and a file with a
+// problem still has the rest of it checked.
+func TestEveryProblem(t *testing.T) {
+	_, err := Parse([]Source{
+		{Name: "b.yaml", Data: []byte("domain: two\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, burst: 0 }\n")},
+		{Name: "a.yaml", Data: []byte(`descriptors:
+  - rate_limit: { unit: hour, requests_per_unit: 1 }
+    descriptors:
+      - key: inner
+        rate_limit: { unit: hour, requests_per_unit: lots }
+  - key: k
+    value: "*"
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: k
+    value: "a*"
+    rate_limit: { unlimited: true, unit: hour }
+`)},
+		{Name: "c.yaml", Data: []byte("domain: [x\n")},
+	})
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Parse = %v, want Errors", err)
+	}
+	want := []string{
+		"b.yaml: descriptors[0].rate_limit.burst: 0: must not be zero; leave it out for the default (requests_per_unit) (line 4)",
+		"a.yaml: domain: is required: the domain Envoy's rate_limit filter names (line 1)",
+		"a.yaml: descriptors[0].key: is required (line 2)",
+		`a.yaml: descriptors[0].descriptors[0].rate_limit.requests_per_unit: "lots": must be an integer (line 5)`,
+		`a.yaml: descriptors[2].value: "a*": can never match: the wildcard "*" above it (line 7) matches every value this one does, and the first wildcard that matches wins (line 10)`,
+		`a.yaml: descriptors[2].rate_limit.unit: "hour": must not be set when unlimited is true (line 11)`,
+		"c.yaml: invalid YAML: did not find expected ',' or ']' (line 1)",
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, e.Error())
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Parse errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestWildcardCovers(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"*", "a*", true},
+		{"a*", "*", false},
+		{"/api/*", "/api/*/action", true},
+		{"/api/*/action", "/api/*", false},
+		{"/api/*/action", "/api/v1/*/action", true},
+		{"*ab*", "*a*b*", false}, // "acb" matches the second only
+		{"a*b", "a*b*b", true},
+		{"a*", "b*", false},
+		{"*x*", "*x*y*", true},
+	} {
+		if got := wildcardCovers(tc.a, tc.b); got != tc.want {
+			t.Errorf("wildcardCovers(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }
 

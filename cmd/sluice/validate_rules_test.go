@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestValidateRulesFilesWhole: a rules file with nine different
+// mistakes gives nine errors in one validate run, sorted by file and
+// line, each with its field, value and rule; a second file's problem
+// follows the first file's.
+func TestValidateRulesFilesWhole(t *testing.T) {
+	cfg := writeConfig(t, `envoy:
+  listen: "127.0.0.1:0"
+  configs: ["rules/*.yaml"]
+`)
+	dir := filepath.Join(filepath.Dir(cfg), "rules")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", `domain: shop
+descriptors:
+  - key: user
+    rate_limit: { unit: fortnight, requests_per_unit: -5 }
+  - key: plan
+    shadow_mode: yes please
+    rate_limit: { unit: hour, requests_per_unit: 5, algorithm: concurrency }
+  - key: plan
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: path
+    value: "/api/*"
+    rate_limit: { unit: hour, requests_per_unit: 5, failure_mode: sometimes }
+  - key: path
+    value: "/api/v1/*"
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: api
+    rate_limits: { unit: hour, requests_per_unit: 5 }
+  - key: team
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5
+      replaces: [{ name: no_such_rule }]
+`)
+	write("b.yaml", "domain: other\ndescriptors:\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: many }\n")
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 1 {
+		t.Fatalf("validate exited %d, want 1; stderr %q", code, errOut.String())
+	}
+	prefix := "sluice: envoy.configs (" + cfg + " line 3): "
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+		got = append(got, strings.TrimPrefix(l, prefix))
+	}
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	want := []string{
+		a + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 4)`,
+		a + `: descriptors[0].rate_limit.requests_per_unit: -5: must be between 0 and 4294967295 (line 4)`,
+		a + `: descriptors[1].shadow_mode: "yes please": must be true or false (line 6)`,
+		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware (line 7)`,
+		a + `: descriptors[2].key: "plan": duplicate descriptor: shop.plan is already defined at this level (line 8)`,
+		a + `: descriptors[3].rate_limit.failure_mode: "sometimes": must be one of closed, open (local needs a per-instance share, which the Envoy service does not have) (line 12)`,
+		a + `: descriptors[4].value: "/api/v1/*": can never match: the wildcard "/api/*" above it (line 11) matches every value this one does, and the first wildcard that matches wins (line 14)`,
+		a + `: descriptors[5].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 17)`,
+		a + `: descriptors[6].rate_limit.replaces[0].name: "no_such_rule": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 22)`,
+		b + `: descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 4)`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("validate's problems (-want +got):\n%s", diff)
+	}
+}
