@@ -41,8 +41,10 @@
 // unlimited rules; OK, whatever the verdict, for shadow_mode rules. The
 // overall code is OVER_LIMIT when any status is. The answer carries the
 // RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers (and Retry-After when over the
-// limit) as response_headers_to_add.
+// draft-ietf-httpapi-ratelimit-headers for every rule the store decided,
+// shadow_mode ones included (a shadow answer carries what an enforced
+// one would), and Retry-After when an enforced rule is over the limit,
+// as response_headers_to_add.
 //
 // When the store cannot decide (an Unavailable or Indeterminate outcome,
 // or corrupt state), the policies' failure mode picks the answer: if
@@ -253,9 +255,12 @@ type descriptor struct {
 	cost     int64
 	refund   bool
 	status   *rlspb.RateLimitResponse_DescriptorStatus
-	// decided is the store's verdict for an enforced (non-shadow) rule,
-	// for the response headers.
+	// decided is the store's verdict, for the response headers (a
+	// shadow rule's too: its answer carries what an enforced one would).
 	decided *sluice.Status
+	// replaced is the rule another matched rule's replaces dropped (rule
+	// is then nil): counted as replaced, not as no rule.
+	replaced *envoyconf.Rule
 	// failedOpen: the store could not decide and the rule fails open.
 	failedOpen bool
 }
@@ -383,7 +388,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 	}
 	for i := range ds {
 		if r := ds[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
-			ds[i].rule = nil
+			ds[i].rule, ds[i].replaced = nil, r
 		}
 	}
 	return ds, nil
@@ -549,9 +554,7 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 				LimitRemaining:     uint32(min(max(sst.Remaining, 0), math.MaxUint32)),
 				DurationUntilReset: durationpb.New(sst.ResetAfter),
 			}
-			if !d.rule.Shadow {
-				d.decided = &sst
-			}
+			d.decided = &sst
 		}
 		return nil
 	}
@@ -607,22 +610,55 @@ func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
 }
 
 // headers returns the RateLimit-Policy and RateLimit fields for the
-// enforced rules the store decided, the most restrictive first, and
-// Retry-After when the request is over the limit. This is the one place
-// the service calls the field serializer.
+// rules the store decided, shadow ones included (their answer carries
+// what an enforced one would), the most restrictive first, and
+// Retry-After from the enforced rules when the request is over the
+// limit. This is the one place the service calls the field serializer.
 func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
 	var policies []sluice.Policy
-	var statuses []sluice.Status
+	var statuses, enforced []sluice.Status
 	seen := map[string]bool{}
 	for i := range ds {
 		if d := &ds[i]; d.decided != nil && !seen[d.rule.Policy.ID] {
 			seen[d.rule.Policy.ID] = true
 			policies = append(policies, d.rule.Policy)
 			statuses = append(statuses, *d.decided)
+			if !d.rule.Shadow {
+				enforced = append(enforced, *d.decided)
+			}
 		}
 	}
 	if len(statuses) == 0 {
 		return nil
+	}
+	var pol []byte
+	for i, p := range policies {
+		if i > 0 {
+			pol = append(pol, ", "...)
+		}
+		pol = ratelimitheader.AppendPolicyItem(pol, p)
+	}
+	o := sluice.Outcome{Status: mostRestrictive(statuses)}
+	if len(statuses) > 1 {
+		o.Statuses = statuses
+	}
+	hs := []*corepb.HeaderValue{
+		{Key: "RateLimit-Policy", Value: string(pol)},
+		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
+	}
+	if most := mostRestrictive(enforced); over && len(enforced) > 0 && !most.Allowed {
+		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
+	}
+	return hs
+}
+
+// mostRestrictive returns the status of statuses (at least one unless
+// the caller does not read it) that restricts most: a denial before an
+// admission, the longest retry among denials, the fewest remaining
+// among admissions.
+func mostRestrictive(statuses []sluice.Status) sluice.Status {
+	if len(statuses) == 0 {
+		return sluice.Status{}
 	}
 	most := statuses[0]
 	for _, st := range statuses[1:] {
@@ -633,23 +669,5 @@ func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
 			most = st
 		}
 	}
-	var pol []byte
-	for i, p := range policies {
-		if i > 0 {
-			pol = append(pol, ", "...)
-		}
-		pol = ratelimitheader.AppendPolicyItem(pol, p)
-	}
-	o := sluice.Outcome{Status: most}
-	if len(statuses) > 1 {
-		o.Statuses = statuses
-	}
-	hs := []*corepb.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(pol)},
-		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
-	}
-	if over && !most.Allowed {
-		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
-	}
-	return hs
+	return most
 }
