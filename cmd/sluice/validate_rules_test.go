@@ -68,7 +68,7 @@ descriptors:
 		a + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 4)`,
 		a + `: descriptors[0].rate_limit.requests_per_unit: -5: must be between 0 and 4294967295 (line 4)`,
 		a + `: descriptors[1].shadow_mode: "yes please": must be true or false (line 6)`,
-		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware (line 7)`,
+		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`,
 		a + `: descriptors[2].key: "plan": duplicate descriptor: shop.plan is already defined at this level (line 8)`,
 		a + `: descriptors[3].rate_limit.failure_mode: "sometimes": must be one of closed, open (local needs a per-instance share, which the Envoy service does not have) (line 12)`,
 		a + `: descriptors[4].value: "/api/v1/*": can never match: the wildcard "/api/*" above it (line 11) matches every value this one does, and the first wildcard that matches wins (line 14)`,

@@ -31,6 +31,15 @@
 // quota descriptors are over their limits, which sluice's all-or-nothing
 // decision does not do.
 //
+// sluice adds sluice_in_flight (InFlightKey): {limit: N, lease_ttl: D}
+// in place of unit and requests_per_unit makes the rule an in-flight
+// limit (see Rule.InFlight), on a descriptor with a key and no value.
+//
+// Every problem of every file is reported in one pass (Errors), sorted by
+// file and line: besides each value that breaks a rule, a replaces that
+// names no rate_limit of the domain, and a wildcard that an earlier
+// wildcard of the same key always wins over.
+//
 // sluice adds four optional keys to rate_limit: algorithm (default
 // fixed_window), burst (token_bucket and gcra), failure_mode (closed,
 // the default, or open) and align (fixed_window only: clock, the
@@ -140,6 +149,13 @@ type Rule struct {
 	Unlimited bool
 	// Shadow rules are decided and counted but always answered OK.
 	Shadow bool
+	// InFlight rules (rate_limit.sluice_in_flight) limit the requests in
+	// flight: the request-time call acquires a lease named by the value
+	// of the descriptor's last entry, the stream-done call (negative or
+	// zero hits) releases it, and its LeaseTTL reclaims a lease whose
+	// release never comes. RequestsPerUnit is then the limit, Unit 0 and
+	// Policy a concurrency policy.
+	InFlight bool
 	// DetailedMetric and ValueToMetric are accepted for compatibility:
 	// they put descriptor values in envoyproxy/ratelimit's statistics,
 	// and sluice never labels a metric with one, so they have no effect.
@@ -513,6 +529,9 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	}
 	if rl := m["rate_limit"]; rl != nil {
 		r := p.rateLimit(path+".rate_limit", rl, domain, full)
+		if r.InFlight && value != "" {
+			p.add(p.errorf(path+".value", m["value"], "must not be set on a descriptor with %s: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own", InFlightKey))
+		}
 		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
 		child.rule = r
 		p.rules = append(p.rules, r)
@@ -550,7 +569,7 @@ func (p *parser) flags(path string, m map[string]*yaml.Node) descriptorFlags {
 // without a policy.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule {
 	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align")
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey)
 	if err != nil {
 		p.add(err)
 		return r
@@ -559,7 +578,11 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 	p.add(p.bool(path+".unlimited", m["unlimited"], &r.Unlimited))
 	p.names(path, m, r)
 	if r.Unlimited {
-		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align")
+		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey)
+		return r
+	}
+	if v := m[InFlightKey]; v != nil {
+		p.inFlight(path, m, v, r)
 		return r
 	}
 	if r.Unit, err = p.unit(path+".unit", m["unit"], r.Line); err != nil {
@@ -711,9 +734,61 @@ func (p *parser) algorithm(path string, n *yaml.Node) (sluice.Algorithm, error) 
 		return 0, p.errorf(path, n, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
 	}
 	if a == sluice.Concurrency {
-		return 0, p.errorf(path, n, "is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware")
+		return 0, p.errorf(path, n, "is not an algorithm of the Envoy service: an in-flight limit is %s: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits)", InFlightKey)
 	}
 	return a, nil
+}
+
+// InFlightKey is the rate_limit key of sluice's in-flight limits, a
+// mapping of limit (the most requests in flight per subject) and
+// lease_ttl (how long a lease lives when the stream-done call never
+// comes). Its "sluice_" prefix keeps an envoyproxy/ratelimit file from
+// meaning it by accident.
+const InFlightKey = "sluice_in_flight"
+
+// inFlight reads the sluice_in_flight block v of the rate_limit block m
+// into r: a concurrency policy whose leases the descriptor's value
+// names. The descriptor must have no value (descriptor checks that), and
+// m no key of a rate.
+func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r *Rule) {
+	before := len(p.errs)
+	r.InFlight = true
+	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align")
+	if fm := m["failure_mode"]; fm != nil {
+		var err error
+		if r.FailureMode, err = p.failureMode(path+".failure_mode", fm); err != nil {
+			p.add(err)
+		}
+	}
+	ipath := path + "." + InFlightKey
+	im, err := p.mapping(ipath, v, "limit", "lease_ttl")
+	if err != nil {
+		p.add(err)
+		return
+	}
+	pol := sluice.Policy{ID: PolicyID(r.Key), Algorithm: sluice.Concurrency}
+	if l := im["limit"]; l == nil {
+		p.add(&Error{File: p.file, Path: ipath + ".limit", Rule: "is required: the most requests in flight per subject", Line: v.Line})
+	} else if err := p.int(ipath+".limit", l, &pol.Limit); err != nil {
+		p.add(err)
+	}
+	if t := im["lease_ttl"]; t == nil {
+		p.add(&Error{File: p.file, Path: ipath + ".lease_ttl", Rule: "is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m", Line: v.Line})
+	} else if s, err := p.text(ipath+".lease_ttl", t); err != nil {
+		p.add(err)
+	} else if pol.LeaseTTL, err = time.ParseDuration(s); err != nil {
+		p.add(p.errorf(ipath+".lease_ttl", t, "must be a duration such as 30s or 5m"))
+	}
+	if len(p.errs) > before {
+		return
+	}
+	if err := pol.Validate(); err != nil {
+		e := p.policyError(ipath, im, v.Line, err)
+		e.Path = strings.Replace(e.Path, "requests_per_unit", "limit", 1)
+		p.add(e)
+		return
+	}
+	r.RequestsPerUnit, r.Policy = pol.Limit, pol
 }
 
 // failureMode reads rate_limit.failure_mode: closed or open, as local

@@ -17,7 +17,7 @@ func TestInvalid(t *testing.T) {
 		want string // the message after "testdata/invalid/<file>: "
 	}{
 		{"bad_algorithm.yaml", `descriptors[0].rate_limit.algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 7)`},
-		{"concurrency.yaml", `descriptors[0].rate_limit.algorithm: "concurrency": is not supported by the Envoy service: RLS has no call to release a lease`},
+		{"concurrency.yaml", `descriptors[0].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`},
 		{"bad_failure_mode.yaml", `descriptors[0].rate_limit.failure_mode: "local": must be one of closed, open`},
 		{"bad_unit.yaml", `descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 5)`},
 		{"burst_fixed_window.yaml", `descriptors[0].rate_limit.burst: 10: applies only to token_bucket and gcra; leave it unset for fixed_window (line 7)`},
@@ -42,6 +42,9 @@ func TestInvalid(t *testing.T) {
 		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
 		{"replaces_unknown.yaml", `descriptors[0].rate_limit.replaces[0].name: "nowhere": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 6)`},
 		{"wildcard_never_matches.yaml", `descriptors[1].value: "/api/*/action": can never match: the wildcard "/api/*" above it (line 4) matches every value this one does, and the first wildcard that matches wins (line 7)`},
+		{"in_flight_with_value.yaml", `descriptors[0].descriptors[0].value: "fixed": must not be set on a descriptor with sluice_in_flight: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own (line 6)`},
+		{"in_flight_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set with sluice_in_flight, which counts requests in flight, not a rate (line 5)`},
+		{"in_flight_no_ttl.yaml", `descriptors[0].rate_limit.sluice_in_flight.lease_ttl: is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m (line 5)`},
 		{"week.yaml", `descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day: sluice windows are at most 24h, and a month or a year has no fixed length (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -61,8 +64,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 27 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 27)
+	if len(files) != 30 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 30)
 	}
 }
 
@@ -105,6 +108,31 @@ func TestEveryProblem(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("Parse errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestInFlight: a sluice_in_flight rule is a concurrency policy whose
+// lease the descriptor's value names; the subject is the entries above.
+func TestInFlight(t *testing.T) {
+	c, err := Parse([]Source{{Name: "f.yaml", Data: []byte(`domain: api
+descriptors:
+  - key: user
+    descriptors:
+      - key: request_id
+        rate_limit:
+          failure_mode: open
+          sluice_in_flight: { limit: 10, lease_ttl: 5m }
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, vars := c.Match("api", []Entry{{"user", "alice"}, {"request_id", "r1"}})
+	want := sluice.Policy{ID: "api.user.request_id", Algorithm: sluice.Concurrency, Limit: 10, LeaseTTL: 5 * time.Minute}
+	if r == nil || !r.InFlight || r.Policy != want || r.RequestsPerUnit != 10 || r.FailureMode != sluice.FailOpen {
+		t.Fatalf("Match = %+v, want an in-flight rule with policy %+v, failing open", r, want)
+	}
+	if fmtEntries(vars) != "[{user alice} {request_id r1}]" {
+		t.Errorf("vars = %s, want the user and the request id", fmtEntries(vars))
 	}
 }
 

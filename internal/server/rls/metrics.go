@@ -24,6 +24,7 @@ const NoRule = "(none)"
 //     OverrideRule for a descriptor's limit override) and
 //     what became of them: ok, over_limit, shadow_over_limit (over the
 //     limit but answered OK: shadow_mode), unlimited, failed_open,
+//     released (an in-flight lease given back by the stream-done call),
 //     replaced (a rule another matched rule's replaces dropped), or
 //     no_rule.
 //
@@ -83,6 +84,8 @@ func codeLabel(d *descriptor) string {
 	switch {
 	case d.replaced != nil:
 		return "replaced"
+	case d.release && !d.failedOpen:
+		return "released"
 	case d.rule == nil:
 		return "no_rule"
 	case d.failedOpen:

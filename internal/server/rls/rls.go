@@ -54,11 +54,14 @@
 // failure_mode_deny (deny when true, allow when false). The response code
 // UNKNOWN is never sent: Envoy treats it as OK.
 //
-// Concurrency limits are not served here: RLS has no call that tells the
-// service a request has finished, so a lease could never be released and
-// every one would be held for its whole lease_ttl. envoyconf refuses
-// algorithm: concurrency with an error naming the line; limit concurrency
-// with the check API, the proxy or the middleware.
+// In-flight limits (a rule's sluice_in_flight, envoyconf.Rule.InFlight)
+// are leases: the request-time call acquires one, named by the pseudonym
+// of the descriptor's last value (Envoy's x-request-id), for the subject
+// of the entries above it; Envoy's stream-done call (apply_on_stream_done)
+// sends the same descriptor with is_negative_hits or a hits_addend of 0,
+// and releases it; a lease whose release never comes expires after the
+// policy's lease TTL. Each such descriptor is decided in a check of its
+// own.
 package rls
 
 import (
@@ -254,7 +257,11 @@ type descriptor struct {
 	previous []string // subject under older keys during a key rotation
 	cost     int64
 	refund   bool
-	status   *rlspb.RateLimitResponse_DescriptorStatus
+	// lease names the lease of an in-flight rule (Rule.InFlight), which
+	// the descriptor acquires, or gives back when release is set.
+	lease   string
+	release bool
+	status  *rlspb.RateLimitResponse_DescriptorStatus
 	// decided is the store's verdict, for the response headers (a
 	// shadow rule's too: its answer carries what an enforced one would).
 	decided *sluice.Status
@@ -272,6 +279,8 @@ type group struct {
 	previous []string
 	cost     int64
 	refund   bool
+	lease    string // an in-flight rule's: acquired, or released
+	release  bool
 	shadow   bool
 	peek     bool // a descriptor of the subject is denied without the store
 	members  []int
@@ -285,6 +294,10 @@ func (g *group) has(ds []descriptor, id string) bool {
 	}
 	return false
 }
+
+// givesBack reports whether g gives back what was spent (a refund or a
+// lease's release): it is never only checked, and never a denial.
+func (g *group) givesBack() bool { return g.refund || g.release }
 
 // errUnavailable is the answer when the store cannot decide for a
 // fail-closed policy.
@@ -319,14 +332,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	}
 	denied := map[string]bool{} // subjects with a group the store denied
 	for _, g := range groupDescriptors(ds) {
-		if denied[g.subject] && !g.shadow && !g.refund {
+		if denied[g.subject] && !g.shadow && !g.givesBack() {
 			g.peek = true // nothing more is spent on a subject once denied
 		}
 		if err := s.decide(ctx, ds, g); err != nil {
 			return nil, err
 		}
 		for _, i := range g.members {
-			denied[g.subject] = denied[g.subject] || !g.shadow && !g.refund && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+			denied[g.subject] = denied[g.subject] || !g.shadow && !g.givesBack() && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
 		}
 	}
 	for i := range ds {
@@ -366,9 +379,10 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 			ds[i].cost = clampCost(h.GetValue()) // the descriptor's wins; 0 checks without spending
 		}
 		var vars []envoyconf.Entry
+		var err error
 		if o := d.GetLimit(); o != nil && st.Rules.HasDomain(domain) && len(entries) > 0 {
-			ol, err := st.override(o)
-			if err != nil {
+			var ol *overrideLimit
+			if ol, err = st.override(o); err != nil {
 				return nil, fmt.Errorf("descriptors[%d].%w", i, err)
 			}
 			// Every entry names the budget, as envoyproxy/ratelimit keys an
@@ -379,6 +393,11 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		}
 		if ds[i].rule == nil {
 			continue
+		}
+		if ds[i].rule.InFlight {
+			if vars, err = inFlight(st, &ds[i], d, domain, vars); err != nil {
+				return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+			}
 		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
 		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
@@ -412,7 +431,7 @@ func groupDescriptors(ds []descriptor) []*group {
 			}
 			continue
 		}
-		if d.refund {
+		if d.refund && d.lease == "" {
 			// Giving back more than the capacity is giving back the capacity;
 			// giving back nothing is a check.
 			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
@@ -423,19 +442,19 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
 	}
 	for _, g := range groups {
-		g.peek = blocked[g.subject] && !g.shadow && !g.refund
+		g.peek = blocked[g.subject] && !g.shadow && !g.givesBack()
 	}
 	// Checks that spend nothing go first: a subject over its limit there
 	// spends nothing in the groups after.
@@ -451,7 +470,7 @@ func repeats(ds []descriptor, i int) int {
 	for j := range ds[:i] {
 		e := &ds[j]
 		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.core == d.core &&
-			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund {
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release {
 			return j + 1
 		}
 	}
@@ -527,10 +546,14 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		req.Policy, req.Policies = ids[0], nil
 	}
 	switch {
+	case g.release:
+		req.Op, req.Cost, req.LeaseID = sluice.Release, 0, g.lease
 	case g.peek, g.cost == 0:
 		req.Op, req.Cost = sluice.Peek, 0
 	case g.refund:
 		req.Op = sluice.Refund
+	case g.lease != "":
+		req.Op, req.Cost, req.LeaseID = sluice.Acquire, 1, g.lease
 	}
 	a := g.core.DecideRequest(ctx, req, groupMode(ds, g))
 	o := &a.Outcome
@@ -545,7 +568,7 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 			d := &ds[i]
 			sst := o.Statuses[j]
 			code := rlspb.RateLimitResponse_OK
-			if !sst.Allowed && !g.refund {
+			if !sst.Allowed && !g.givesBack() {
 				code = rlspb.RateLimitResponse_OVER_LIMIT
 			}
 			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
