@@ -124,7 +124,8 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 		return err
 	}
 	g.RLS = &rls.State{Rules: rules, Limiter: g.Envoy, Store: o.Store, Pseudonymizer: g.Pseudonymizer, Core: core,
-		MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries)}
+		MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries),
+		ResponseMetadata: cfg.Envoy.ResponseMetadata}
 	return nil
 }
 

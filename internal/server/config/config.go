@@ -347,6 +347,10 @@ type Envoy struct {
 	// and MaxEntries the entries of one descriptor, 1 to 10000; a request
 	// over either is refused InvalidArgument. 0: the defaults, 64 and 32.
 	MaxDescriptors, MaxEntries int64
+	// ResponseMetadata sends dynamic metadata with every answer (the
+	// domain, the descriptors, the metadata of the rules that passed), as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
+	ResponseMetadata bool
 }
 
 // Errors is every rule a config breaks, in the order of the file. Parse

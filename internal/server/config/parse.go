@@ -539,7 +539,7 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 }
 
 func (d *decoder) envoy(n *yaml.Node) *Envoy {
-	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries")
+	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries", "response_metadata")
 	if !ok {
 		return nil
 	}
@@ -549,6 +549,7 @@ func (d *decoder) envoy(n *yaml.Node) *Envoy {
 	d.bool("envoy.local_quota", m["local_quota"], &e.LocalQuota)
 	d.int("envoy.max_descriptors", m["max_descriptors"], &e.MaxDescriptors)
 	d.int("envoy.max_entries", m["max_entries"], &e.MaxEntries)
+	d.bool("envoy.response_metadata", m["response_metadata"], &e.ResponseMetadata)
 	return e
 }
 

@@ -25,11 +25,11 @@
 // verdict but never enforces it. detailed_metric and value_to_metric
 // shape envoyproxy/ratelimit's statistics with descriptor values: they
 // are accepted, checked and have no effect, since sluice never labels a
-// metric with a descriptor value. metadata (sent back by
-// envoyproxy/ratelimit only with RESPONSE_DYNAMIC_METADATA) is accepted
-// and not sent. quota_mode is refused: it answers OK when some but not all
-// quota descriptors are over their limits, which sluice's all-or-nothing
-// decision does not do.
+// metric with a descriptor value. quota_mode: true makes a descriptor's
+// OVER_LIMIT stop the request only when every quota_mode descriptor of it
+// is over (Rule.QuotaMode); metadata, a mapping, is sent back to Envoy as
+// dynamic metadata when the descriptor passes (Rule.Metadata), as
+// envoyproxy/ratelimit does with RESPONSE_DYNAMIC_METADATA.
 //
 // sluice adds sluice_in_flight (InFlightKey): {limit: N, lease_ttl: D}
 // in place of unit and requests_per_unit makes the rule an in-flight
@@ -77,6 +77,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
@@ -149,6 +150,13 @@ type Rule struct {
 	Unlimited bool
 	// Shadow rules are decided and counted but always answered OK.
 	Shadow bool
+	// QuotaMode is the descriptor's quota_mode: its OVER_LIMIT makes the
+	// request OVER_LIMIT only when every quota_mode descriptor of the
+	// request is over (envoyproxy/ratelimit #1045).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, sent back to Envoy as
+	// dynamic metadata when the descriptor passes (envoy.response_metadata).
+	Metadata *structpb.Struct
 	// InFlight rules (rate_limit.sluice_in_flight) limit the requests in
 	// flight: the request-time call acquires a lease named by the value
 	// of the descriptor's last entry, the stream-done call (negative or
@@ -533,6 +541,7 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 			p.add(p.errorf(path+".value", m["value"], "must not be set on a descriptor with %s: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own", InFlightKey))
 		}
 		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
+		r.QuotaMode, r.Metadata = f.quota, f.metadata
 		child.rule = r
 		p.rules = append(p.rules, r)
 	}
@@ -542,25 +551,47 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 }
 
 // descriptorFlags are a descriptor's boolean keys.
-type descriptorFlags struct{ shared, shadow, detailed, valueToMetric bool }
+type descriptorFlags struct {
+	shared, shadow, detailed, valueToMetric, quota bool
+	metadata                                       *structpb.Struct
+}
 
 // flags reads the boolean keys of the descriptor m and checks metadata
 // and quota_mode, recording what breaks a rule.
 func (p *parser) flags(path string, m map[string]*yaml.Node) descriptorFlags {
 	var f descriptorFlags
-	if q := m["quota_mode"]; q != nil {
-		p.add(p.errorf(path+".quota_mode", q, "is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits, and sluice decides every descriptor of a request all or nothing; use shadow_mode to observe a limit without enforcing it"))
-	}
-	if md := m["metadata"]; md != nil && md.Kind != yaml.MappingNode {
-		p.add(p.errorf(path+".metadata", md, "must be a mapping, not %s", yamlnode.KindName(md)))
+	if md := m["metadata"]; md != nil {
+		f.metadata = p.metadata(path+".metadata", md)
 	}
 	for _, b := range []struct {
 		key string
 		out *bool
-	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}} {
+	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}, {"quota_mode", &f.quota}} {
 		p.add(p.bool(path+"."+b.key, m[b.key], b.out))
 	}
 	return f
+}
+
+// metadata reads a descriptor's metadata, a mapping sent back to Envoy
+// as dynamic metadata, into a Struct; nil (and a problem recorded) when
+// it is not a mapping or holds what a Struct cannot (a key that is not
+// a string, a timestamp).
+func (p *parser) metadata(path string, n *yaml.Node) *structpb.Struct {
+	if n.Kind != yaml.MappingNode {
+		p.add(p.errorf(path, n, "must be a mapping, not %s", yamlnode.KindName(n)))
+		return nil
+	}
+	var m map[string]any
+	if err := n.Decode(&m); err != nil {
+		p.add(&Error{File: p.file, Path: path, Rule: "must be a mapping of names to values: " + err.Error(), Line: n.Line})
+		return nil
+	}
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		p.add(&Error{File: p.file, Path: path, Rule: "cannot be sent as Envoy dynamic metadata: " + err.Error(), Line: n.Line})
+		return nil
+	}
+	return s
 }
 
 // rateLimit reads the rate_limit block of the descriptor whose full key

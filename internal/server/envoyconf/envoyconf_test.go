@@ -33,7 +33,7 @@ func TestInvalid(t *testing.T) {
 		{"rpu_string.yaml", `descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 6)`},
 		{"shadow_not_bool.yaml", `descriptors[0].shadow_mode: "yes please": must be true or false (line 4)`},
 		{"unknown_key.yaml", `descriptors[0].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 4)`},
-		{"quota_mode.yaml", `descriptors[0].quota_mode: true: is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits`},
+		{"quota_mode_not_bool.yaml", `descriptors[0].quota_mode: "sometimes": must be true or false (line 4)`},
 		{"share_threshold_no_wildcard.yaml", `descriptors[0].share_threshold: true: applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter (line 5)`},
 		{"value_to_metric_not_bool.yaml", `descriptors[0].value_to_metric: "yes": must be true or false (line 4)`},
 		{"align_token_bucket.yaml", `descriptors[0].rate_limit.align: "clock": applies only to fixed_window, the one algorithm with windows to align (line 8)`},
@@ -133,6 +133,34 @@ descriptors:
 	}
 	if fmtEntries(vars) != "[{user alice} {request_id r1}]" {
 		t.Errorf("vars = %s, want the user and the request id", fmtEntries(vars))
+	}
+}
+
+// TestQuotaModeAndMetadata loads envoyproxy/ratelimit's metadata.yaml
+// (test/config, copied unchanged) and the quota example of their
+// examples/ratelimit/config/example.yaml: a rule carries its
+// descriptor's quota_mode and metadata, as their GetLimit returns them
+// (their TestMetadata).
+func TestQuotaModeAndMetadata(t *testing.T) {
+	c, err := Load([]string{"testdata/valid/metadata.yaml", "testdata/valid/quota.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Match("test-domain", []Entry{{"key1", "value1"}, {"subkey1", "something"}})
+	if r == nil || r.RequestsPerUnit != 5 || r.Unit != Second || r.Metadata.GetFields()["name"].GetStringValue() != "service_1" {
+		t.Errorf("key1_value1.subkey1 = %+v, want 5 a second with metadata name: service_1", r)
+	}
+	r, _ = c.Match("test-domain", []Entry{{"key2", "something"}})
+	if r == nil || r.RequestsPerUnit != 20 || r.Metadata.GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue() != "service_2" {
+		t.Errorf("key2 = %+v, want 20 a minute with metadata service_with_quota.name: service_2", r)
+	}
+	r, _ = c.Match("test-domain", []Entry{{"key1", "value1"}, {"subkey1", "subvalue1"}})
+	if r == nil || r.Metadata != nil {
+		t.Errorf("key1_value1.subkey1_subvalue1 = %+v, want no metadata", r)
+	}
+	r, _ = c.Match("rl", []Entry{{"service", "service_2"}})
+	if r == nil || !r.QuotaMode || r.RequestsPerUnit != 2 || r.Metadata.GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue() != "service_2" {
+		t.Errorf("service_2 = %+v, want quota_mode, 2 a minute, metadata service_with_quota.name: service_2", r)
 	}
 }
 

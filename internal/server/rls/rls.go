@@ -39,7 +39,10 @@
 // when no rule matches (an unknown domain or descriptor, as
 // envoyproxy/ratelimit answers); OK with limit_remaining 4294967295 for
 // unlimited rules; OK, whatever the verdict, for shadow_mode rules. The
-// overall code is OVER_LIMIT when any status is. The answer carries the
+// overall code is OVER_LIMIT when any status of a rule outside quota_mode
+// is, or when every quota_mode descriptor's is (envoyproxy/ratelimit's
+// quota_mode); with State.ResponseMetadata the answer carries their
+// dynamic metadata (see dynamicMetadata). The answer carries the
 // RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers for every rule the store decided,
 // shadow_mode ones included (a shadow answer carries what an enforced
@@ -119,6 +122,10 @@ type State struct {
 	// refused InvalidArgument naming the bound, before any store call.
 	// Default (0): DefaultMaxDescriptors, DefaultMaxEntries.
 	MaxDescriptors, MaxEntries int
+	// ResponseMetadata sends dynamic metadata with every answer, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does (see
+	// dynamicMetadata). Default: false.
+	ResponseMetadata bool
 
 	core      *edge.Core // decides with Limiter: Core, or one Swap made
 	mu        sync.Mutex
@@ -281,6 +288,7 @@ type group struct {
 	refund   bool
 	lease    string // an in-flight rule's: acquired, or released
 	release  bool
+	quota    bool // a quota_mode descriptor's: decided alone, after the others
 	shadow   bool
 	peek     bool // a descriptor of the subject is denied without the store
 	members  []int
@@ -330,17 +338,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
 	}
-	denied := map[string]bool{} // subjects with a group the store denied
-	for _, g := range groupDescriptors(ds) {
-		if denied[g.subject] && !g.shadow && !g.givesBack() {
-			g.peek = true // nothing more is spent on a subject once denied
-		}
-		if err := s.decide(ctx, ds, g); err != nil {
-			return nil, err
-		}
-		for _, i := range g.members {
-			denied[g.subject] = denied[g.subject] || !g.shadow && !g.givesBack() && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
-		}
+	if err := s.decideGroups(ctx, ds); err != nil {
+		return nil, err
 	}
 	for i := range ds {
 		if d := &ds[i]; d.dup > 0 {
@@ -350,10 +349,46 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		}
 	}
 	resp := s.response(ds)
+	if st.ResponseMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, ds)
+	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.LogAttrs(ctx, slog.LevelDebug, "envoy rate limit", slog.String("domain", domain), slog.Int("descriptors", len(ds)), slog.String("overall_code", resp.OverallCode.String()))
 	}
 	return resp, nil
+}
+
+// decideGroups asks the store for every group of ds, in order. Once a
+// subject is denied, its later groups only check (nothing more is
+// spent); once any enforced descriptor that is not in quota_mode is
+// over, the request is over whatever its quota_mode descriptors say, so
+// they (decided last) only check too. A quota_mode descriptor over its
+// limit stops nothing.
+func (s *Service) decideGroups(ctx context.Context, ds []descriptor) error {
+	groups := groupDescriptors(ds)
+	denied := map[string]bool{} // subjects with a group the store denied
+	over := false               // an enforced descriptor outside quota_mode is over
+	for i := range ds {
+		if d := &ds[i]; d.status != nil && d.rule != nil && !d.rule.Shadow && !d.rule.QuotaMode {
+			over = over || d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	for _, g := range groups {
+		if (denied[g.subject] || g.quota && over) && !g.shadow && !g.givesBack() {
+			g.peek = true // nothing more is spent once denied
+		}
+		if err := s.decide(ctx, ds, g); err != nil {
+			return err
+		}
+		if g.quota || g.shadow || g.givesBack() {
+			continue
+		}
+		for _, i := range g.members {
+			o := ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+			denied[g.subject], over = denied[g.subject] || o, over || o
+		}
+	}
+	return nil
 }
 
 // match returns req's descriptors with their rules, costs and subjects.
@@ -426,7 +461,7 @@ func groupDescriptors(ds []descriptor) []*group {
 		d := &ds[i]
 		r := d.rule
 		if answerLocally(d) {
-			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow {
+			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow && !r.QuotaMode {
 				blocked[d.subject] = true
 			}
 			continue
@@ -442,13 +477,13 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, quota: r.QuotaMode, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -457,8 +492,9 @@ func groupDescriptors(ds []descriptor) []*group {
 		g.peek = blocked[g.subject] && !g.shadow && !g.givesBack()
 	}
 	// Checks that spend nothing go first: a subject over its limit there
-	// spends nothing in the groups after.
-	slices.SortStableFunc(groups, func(a, b *group) int { return spends(a) - spends(b) })
+	// spends nothing in the groups after. quota_mode descriptors go last:
+	// the others decide whether the request is over at all.
+	slices.SortStableFunc(groups, func(a, b *group) int { return order(a) - order(b) })
 	return groups
 }
 
@@ -475,6 +511,15 @@ func repeats(ds []descriptor, i int) int {
 		}
 	}
 	return 0
+}
+
+// order ranks g among the groups of a request: checks, then spends, then
+// the same for quota_mode groups.
+func order(g *group) int {
+	if g.quota {
+		return 2 + spends(g)
+	}
+	return spends(g)
 }
 
 // spends is 1 for a group that spends (or refunds), 0 for a check.
@@ -509,9 +554,12 @@ func answerLocally(d *descriptor) bool {
 
 // response returns the answer to the decided descriptors ds, counting
 // each in the metrics: their statuses, with shadow_mode rules' OVER_LIMIT
-// answered OK, the overall code, and the response headers.
+// answered OK, the overall code (OVER_LIMIT when a descriptor outside
+// quota_mode is, or when every quota_mode descriptor is), and the
+// response headers.
 func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
+	var quota, quotaOver int // quota_mode descriptors, and those over
 	for i := range ds {
 		d := &ds[i]
 		if d.rule != nil && d.rule.Shadow && d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
@@ -523,10 +571,20 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 		} else if s.metrics != nil {
 			s.metrics.countDescriptor(d, codeLabel(d))
 		}
-		if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
+		over := d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+		switch {
+		case d.rule != nil && d.rule.QuotaMode && !d.rule.Unlimited:
+			quota++
+			if over {
+				quotaOver++
+			}
+		case over:
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses[i] = d.status
+	}
+	if quota > 0 && quotaOver == quota {
+		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT // every quota is spent
 	}
 	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT)
 	return resp
