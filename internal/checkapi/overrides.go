@@ -9,8 +9,13 @@ const OverridesPath = "/v1/overrides"
 // raw: the server pseudonymizes it as it does a check's. Window is a Go
 // duration such as "1m"; "" keeps the policy's.
 type OverrideRequest struct {
-	Policy  string `json:"policy"`
-	Subject string `json:"subject"`
+	Policy  string `json:"policy,omitempty"`
+	Subject string `json:"subject,omitempty"`
+	// Envoy, in place of Subject, names the subject as the Envoy
+	// rate-limit service sees it: a descriptor of a domain. The server
+	// matches it to its rule, whose policy Policy must be (or be left
+	// empty), and pseudonymizes it as the service does.
+	Envoy *EnvoyDescriptor `json:"envoy,omitempty"`
 	Limit   int64  `json:"limit,omitempty"`
 	Burst   int64  `json:"burst,omitempty"`
 	Window  string `json:"window,omitempty"`
@@ -34,4 +39,17 @@ type OverrideEntry struct {
 type OverrideList struct {
 	Overrides []OverrideEntry `json:"overrides"`
 	Error     string          `json:"error,omitempty"`
+}
+
+// EnvoyDescriptor is a descriptor of an Envoy rate-limit request: its
+// domain and entries, in order, as Envoy sends them.
+type EnvoyDescriptor struct {
+	Domain  string       `json:"domain"`
+	Entries []EnvoyEntry `json:"entries"`
+}
+
+// EnvoyEntry is one key and value of an EnvoyDescriptor.
+type EnvoyEntry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
 }

@@ -194,7 +194,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS}
-	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
+	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, EnvoyState: w.RLS, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
