@@ -80,3 +80,29 @@ descriptors:
 		t.Errorf("validate's problems (-want +got):\n%s", diff)
 	}
 }
+
+// TestValidateEnvoyOverride: an override naming an Envoy subject is
+// matched to the rules files by validate: a descriptor no rule matches,
+// or numbers its rule's policy does not take, is reported with its line.
+func TestValidateEnvoyOverride(t *testing.T) {
+	for _, tc := range []struct{ override, want string }{
+		{`{ envoy: { domain: shop, entries: [{ key: nope, value: x }] }, limit: 5 }`, `overrides[0].envoy: descriptor (nope=x): no rule of domain "shop" matches it (line 5)`},
+		{`{ envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5, burst: 9 }`, `overrides[0].burst: 9: applies only to token_bucket and gcra; leave it unset for fixed_window (line 5)`},
+		{`{ policy: other, envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5 }`, `overrides[0].policy: "other": the descriptor's rule has policy "shop.user"`},
+	} {
+		cfg := writeConfig(t, `envoy:
+  listen: "127.0.0.1:0"
+  configs: ["shop.yaml"]
+overrides:
+  - `+tc.override+`
+`)
+		if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "shop.yaml"), []byte("domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), cfg+": "+tc.want) {
+			t.Errorf("validate with override %s = exit %d %q, want 1 and %q", tc.override, code, errOut.String(), tc.want)
+		}
+	}
+}

@@ -15,11 +15,11 @@ type OverrideRequest struct {
 	// rate-limit service sees it: a descriptor of a domain. The server
 	// matches it to its rule, whose policy Policy must be (or be left
 	// empty), and pseudonymizes it as the service does.
-	Envoy *EnvoyDescriptor `json:"envoy,omitempty"`
-	Limit   int64  `json:"limit,omitempty"`
-	Burst   int64  `json:"burst,omitempty"`
-	Window  string `json:"window,omitempty"`
-	Note    string `json:"note,omitempty"`
+	Envoy  *EnvoyDescriptor `json:"envoy,omitempty"`
+	Limit  int64            `json:"limit,omitempty"`
+	Burst  int64            `json:"burst,omitempty"`
+	Window string           `json:"window,omitempty"`
+	Note   string           `json:"note,omitempty"`
 }
 
 // OverrideEntry is one override as lists show it: never its subject nor

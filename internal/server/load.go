@@ -18,6 +18,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/wiring"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // Errors is several problems found at once, each standing on its own
@@ -78,6 +80,11 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	if cfg.Envoy != nil && len(cfg.Envoy.Configs) > 0 {
 		l.envoy, rulesErr = envoyconf.Load(envoyPatterns(cfg, path))
 		rulesErr = rulesErrors(rulesErr, path, cfg.Line("envoy.configs"))
+	}
+	if rulesErr == nil && err == nil {
+		if _, oerr := wiring.EnvoyOverrides(cfg, l.envoy, subject.Unkeyed()); oerr != nil {
+			rulesErr = fmt.Errorf("%s: %w", path, oerr)
+		}
 	}
 	if err := byLine(err, beyond(err, preflight(cfg, getenv, path)), rulesErr); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -58,7 +59,7 @@ const maxOverrides = 10000
 func (s *Server) underCap(w http.ResponseWriter, r *http.Request, o sluice.Override) bool {
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 		return false
@@ -146,7 +147,7 @@ func (s *Server) overrideInForce(ctx context.Context, o sluice.Override) (cfg *s
 	}
 	ctx, cancel := context.WithTimeout(ctx, overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	for _, l := range list {
 		if l.Policy == o.Policy && l.Subject == o.Subject {
 			inForce = l
@@ -184,13 +185,14 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 		return
 	}
 	policy := r.URL.Query().Get("policy")
-	if _, ok := s.policy(policy); policy != "" && !ok {
+	_, lookup := s.shown()
+	if _, ok := lookup(policy); policy != "" && !ok {
 		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, sluice.ErrUnknownPolicy))
 		return
 	}
@@ -285,7 +287,8 @@ func (s *Server) target(in checkapi.OverrideRequest) (overrideTarget, int, strin
 // overrideEntry is o as lists show it: without its subject.
 func (s *Server) overrideEntry(o sluice.Override) checkapi.OverrideEntry {
 	e := checkapi.OverrideEntry{Policy: o.Policy, Note: o.Note, Limit: o.Limit, Burst: o.Burst, Source: "api"}
-	p, _ := s.policy(o.Policy)
+	_, lookup := s.shown()
+	p, _ := lookup(o.Policy)
 	if e.Burst == 0 {
 		e.Burst = o.Limit
 		if p.Algorithm == sluice.Concurrency {
@@ -328,7 +331,7 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 	if s.lim == nil {
 		return map[string]int{}
 	}
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		return nil
 	}
@@ -340,4 +343,23 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 		n[o.Policy]++
 	}
 	return n
+}
+
+// allOverrides lists the overrides of the check API's Limiter and of the
+// Envoy rules' (when it is another), each policy and subject once.
+func (s *Server) allOverrides(ctx context.Context) ([]sluice.Override, error) {
+	list, err := s.lim.Overrides(ctx)
+	if err != nil || s.envoy == nil {
+		return list, err
+	}
+	more, err := s.envoy.Overrides(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range more {
+		if !slices.ContainsFunc(list, func(l sluice.Override) bool { return l.Policy == o.Policy && l.Subject == o.Subject }) {
+			list = append(list, o)
+		}
+	}
+	return list, nil
 }

@@ -31,8 +31,8 @@ descriptors:
 
 // TestOverridesEnvoySubject: a tenant plan names a subject as the Envoy
 // service sees it (a descriptor of a domain), through the admin API; the
-// service applies it to that subject alone, and DELETE takes it back. On
-// memory and Redis.
+// service applies it to that subject alone, and DELETE takes it back. A
+// config file's override names one likewise. On memory and Redis.
 func TestOverridesEnvoySubject(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { testOverridesEnvoySubject(t, "") })
 	t.Run("redis", func(t *testing.T) {
@@ -43,7 +43,8 @@ func TestOverridesEnvoySubject(t *testing.T) {
 
 func testOverridesEnvoySubject(t *testing.T, store string) {
 	dir := t.TempDir()
-	cfg := overridesConfig(store) + `envoy:
+	cfg := overridesConfig(store) + `  - { envoy: { domain: shop, entries: [{ key: user, value: vip }] }, limit: 4, note: vip from the config }
+envoy:
   listen: "127.0.0.1:0"
   configs: ["rules/*.yaml"]
 `
@@ -76,6 +77,12 @@ func testOverridesEnvoySubject(t *testing.T, store string) {
 	}
 	if n := admitted(10, "user", "other"); n != 2 {
 		t.Errorf("another user: %d admitted, want the rule's 2", n)
+	}
+	if n := admitted(10, "user", "vip"); n != 4 {
+		t.Errorf("vip under the config file's plan of 4: %d admitted, want 4", n)
+	}
+	if code, body := call(t, "GET", s.url+"/v1/overrides?policy=shop.user", ovrAdminToken, ""); code != 200 || !strings.Contains(body, `"source":"config"`) || strings.Contains(body, "vip\"") {
+		t.Errorf("GET the overrides of shop.user = %d %s, want the config file's, without its subject", code, body)
 	}
 	// In flight: a plan of 2 for one tenant; the lease entry's value is ignored.
 	code, body = call(t, "PUT", s.url+"/v1/overrides", ovrAdminToken, `{"policy":"shop.tenant.request_id","envoy":{"domain":"shop","entries":[{"key":"tenant","value":"t1"},{"key":"request_id","value":"any"}]},"limit":2}`)

@@ -96,12 +96,23 @@ type position struct {
 // the server pseudonymizes it as POST /v1/check does before the Limiter
 // sees it.
 type Override struct {
-	Policy  string        // a policy's id
-	Subject string        // the subject as a check names it, 1 to 200 bytes
-	Limit   int64         // the subject's limit, at least 1
-	Burst   int64         // token_bucket and gcra only; 0: the limit
-	Window  time.Duration // not for concurrency; 0: the policy's
-	Note    string        // what lists show in place of the subject, at most 200 bytes
+	Policy  string // a policy's id; with Envoy, the rule's (may be left out)
+	Subject string // the subject as a check names it, 1 to 200 bytes
+	// Envoy, in place of Subject, names the subject as the Envoy
+	// rate-limit service sees it: a descriptor of a domain, matched to
+	// its rule (whose policy gets the numbers) once the rules files load.
+	Envoy  *EnvoyDescriptor
+	Limit  int64         // the subject's limit, at least 1
+	Burst  int64         // token_bucket and gcra only; 0: the limit
+	Window time.Duration // not for concurrency; 0: the policy's
+	Note   string        // what lists show in place of the subject, at most 200 bytes
+}
+
+// EnvoyDescriptor is a descriptor of Envoy's rate-limit service: its
+// domain and entries, in order, as Envoy sends them.
+type EnvoyDescriptor struct {
+	Domain  string
+	Entries [][2]string // key, value
 }
 
 // Server configures the HTTP check API.
@@ -528,6 +539,10 @@ func (c *Config) validateOverrides() []*Error {
 	seen := map[[2]string]int{}
 	for i, o := range c.Overrides {
 		path := fmt.Sprintf("overrides[%d]", i)
+		if o.Envoy != nil {
+			errs = append(errs, c.envoyOverrideErrors(path, o)...)
+			continue
+		}
 		var base *sluice.Policy
 		for j := range c.Policies {
 			if c.Policies[j].ID == o.Policy {
@@ -578,12 +593,36 @@ func (c *Config) validateOverrides() []*Error {
 	return errs
 }
 
-// SluiceOverrides returns the overrides as sluice.Options.Overrides takes
-// them, each subject passed through pseudonym first.
+// envoyOverrideErrors checks what an override naming an Envoy subject
+// can show before the rules files load (its policy and numbers are
+// checked against its rule then): a domain, 1 to 32 entries, no
+// subject, a limit, a note of at most 200 bytes.
+func (c *Config) envoyOverrideErrors(path string, o Override) []*Error {
+	switch d := o.Envoy; {
+	case o.Subject != "":
+		return []*Error{c.errorAt(path+".subject", strconv.Quote(o.Subject), "must not be set with envoy: name the subject one way")}
+	case d.Domain == "":
+		return []*Error{c.errorAt(path+".envoy.domain", `""`, "is required: the domain of the Envoy descriptor")}
+	case len(d.Entries) == 0 || len(d.Entries) > 32:
+		return []*Error{c.errorAt(path+".envoy.entries", strconv.Itoa(len(d.Entries)), "must hold 1 to 32 entries {key, value}, as Envoy sends the descriptor")}
+	case len(o.Note) > 200:
+		return []*Error{c.errorAt(path+".note", strconv.Quote(o.Note), "must be at most 200 bytes")}
+	case o.Limit < 1:
+		return []*Error{c.errorAt(path+".limit", strconv.FormatInt(o.Limit, 10), "must be at least 1")}
+	}
+	return nil
+}
+
+// SluiceOverrides returns the overrides of check API subjects as
+// sluice.Options.Overrides takes them, each subject passed through
+// pseudonym first (those naming an Envoy subject are left out: the
+// wiring resolves them against the rules files).
 func (c *Config) SluiceOverrides(pseudonym func(string) string) []sluice.Override {
-	out := make([]sluice.Override, len(c.Overrides))
-	for i, o := range c.Overrides {
-		out[i] = sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
+	out := make([]sluice.Override, 0, len(c.Overrides))
+	for _, o := range c.Overrides {
+		if o.Envoy == nil {
+			out = append(out, sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note})
+		}
 	}
 	return out
 }

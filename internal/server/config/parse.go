@@ -223,11 +223,16 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 	os := make([]Override, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("overrides[%d]", i)
-		m, ok := d.mapping(path, item, "policy", "subject", "limit", "burst", "window", "note")
+		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "limit", "burst", "window", "note")
 		if !ok {
 			continue
 		}
-		d.required(path, item, m, "policy", "subject", "limit")
+		if e := m["envoy"]; e != nil {
+			d.required(path, item, m, "limit")
+			os[i].Envoy = d.envoyDescriptor(path+".envoy", e)
+		} else {
+			d.required(path, item, m, "policy", "subject", "limit")
+		}
 		d.str(path+".policy", m["policy"], &os[i].Policy)
 		d.str(path+".subject", m["subject"], &os[i].Subject)
 		d.int(path+".limit", m["limit"], &os[i].Limit)
@@ -236,6 +241,39 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 		d.str(path+".note", m["note"], &os[i].Note)
 	}
 	return os
+}
+
+// envoyDescriptor decodes an override's envoy: {domain, entries: [{key,
+// value}, …]}; never nil, so a descriptor that did not decode still
+// marks the override as naming an Envoy subject.
+func (d *decoder) envoyDescriptor(path string, n *yaml.Node) *EnvoyDescriptor {
+	e := &EnvoyDescriptor{}
+	m, ok := d.mapping(path, n, "domain", "entries")
+	if !ok {
+		return e
+	}
+	d.required(path, n, m, "domain", "entries")
+	d.str(path+".domain", m["domain"], &e.Domain)
+	if m["entries"] == nil {
+		return e
+	}
+	items, ok := d.sequence(path+".entries", m["entries"])
+	if !ok {
+		return e
+	}
+	for i, item := range items {
+		ipath := fmt.Sprintf("%s.entries[%d]", path, i)
+		em, ok := d.mapping(ipath, item, "key", "value")
+		if !ok {
+			continue
+		}
+		d.required(ipath, item, em, "key", "value")
+		var kv [2]string
+		d.str(ipath+".key", em["key"], &kv[0])
+		d.str(ipath+".value", em["value"], &kv[1])
+		e.Entries = append(e.Entries, kv)
+	}
+	return e
 }
 
 // config decodes the document; nil when it is not a mapping.
