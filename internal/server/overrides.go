@@ -247,6 +247,9 @@ func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.
 // descriptor as the Envoy service sees it (envoy), whose rule gives the
 // policy. On failure it returns the status and the reason.
 func (s *Server) target(in checkapi.OverrideRequest) (overrideTarget, int, string) {
+	if in.Proxy != nil {
+		return s.proxyTarget(in)
+	}
 	if in.Envoy == nil {
 		switch {
 		case in.Policy == "":
@@ -343,6 +346,31 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 		n[o.Policy]++
 	}
 	return n
+}
+
+// proxyTarget resolves an override naming a client of the proxy (see
+// Proxy.OverrideSubject).
+func (s *Server) proxyTarget(in checkapi.OverrideRequest) (overrideTarget, int, string) {
+	switch {
+	case in.Subject != "" || in.Envoy != nil:
+		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy and proxy"
+	case s.proxySubject == nil:
+		return overrideTarget{}, http.StatusNotFound, "proxy: this server has no reverse proxy (proxy:)"
+	case len(in.Proxy.IP)+len(in.Proxy.Header) > checkapi.MaxSubjectLen:
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("proxy: ip or header of at most %d bytes", checkapi.MaxSubjectLen)
+	}
+	policies, subj, prev, err := s.proxySubject(in.Proxy.Route, in.Proxy.IP, in.Proxy.Header)
+	if err != nil {
+		return overrideTarget{}, http.StatusBadRequest, "proxy: " + err.Error()
+	}
+	policy := in.Policy
+	switch {
+	case policy == "" && len(policies) == 1:
+		policy = policies[0]
+	case !slices.Contains(policies, policy):
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("policy %q: must be one of the route's policies %q", policy, policies)
+	}
+	return overrideTarget{lim: s.lim, policy: policy, subject: subj, previous: prev}, 0, ""
 }
 
 // allOverrides lists the overrides of the check API's Limiter and of the

@@ -201,6 +201,11 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		if g.proxy, err = NewProxy(cfg.Proxy, w.Limiter, ProxyOptions{FailureModes: w.FailureModes, Pseudonymizer: w.Pseudonymizer, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
 		}
+		if api, ok := g.api.(*Server); ok {
+			api.proxySubject = func(route int, ip, header string) ([]string, string, []string, error) {
+				return wiring.ProxySubject(cfg.Proxy, w.Pseudonymizer, route, ip, header)
+			}
+		}
 	}
 	return g, nil
 }

@@ -152,10 +152,13 @@ type Server struct {
 	core       *edge.Core      // decides with lim, counts on metrics
 	envoy      *sluice.Limiter // the rules files', when not lim
 	envoyState *rls.State      // names Envoy subjects for overrides; nil without rules
-	modes      map[string]sluice.FailureMode
-	pseud      *subject.Pseudonymizer
-	log        *slog.Logger
-	ready      []Check
+	// proxySubject names a proxy client for overrides (Proxy.OverrideSubject);
+	// nil without a proxy. Set once, before the server serves.
+	proxySubject func(route int, ip, header string) ([]string, string, []string, error)
+	modes        map[string]sluice.FailureMode
+	pseud        *subject.Pseudonymizer
+	log          *slog.Logger
+	ready        []Check
 	// storeless names the policies answered without the store when it
 	// cannot decide (failure_mode open or local, local quota): while
 	// any is, GET /readyz stays 200.
