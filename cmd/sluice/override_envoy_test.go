@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -90,5 +92,54 @@ envoy:
 		if _, errOut, code := override(args...); code != 2 {
 			t.Errorf("override %q = exit %d %q, want a usage error (2)", args, code, errOut)
 		}
+	}
+}
+
+// TestOverrideProxyClient: sluice override set names a client of a proxy
+// route (--proxy-route with --client-ip or --header-value), and the
+// proxy gives that client the plan's numbers.
+func TestOverrideProxyClient(t *testing.T) {
+	t.Setenv("SLUICE_TEST_OVR_ADMIN", "admin-token-0123456789abcdef")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	cfg := writeConfig(t, `server:
+  listen: 127.0.0.1:0
+  auth:
+    tokens: [{ id: ops, secret_env: SLUICE_TEST_OVR_ADMIN, scopes: [admin] }]
+policies:
+  - { id: login, algorithm: fixed_window, limit: 1, window: 1h }
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "`+up.URL+`"
+  routes:
+    - { match: { path_prefix: /login }, policies: [login], subject: ip }
+`)
+	s := startServe(t, "--config", cfg)
+	m := regexp.MustCompile(`msg="proxy listening" addr=(http://\S+)`).FindStringSubmatch(s.logs.String())
+	if m == nil {
+		t.Fatalf("no proxy listening line:\n%s", s.logs)
+	}
+	var out, errOut bytes.Buffer
+	args := []string{"override", "set", "--url", s.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--proxy-route", "0", "--client-ip", "127.0.0.1", "--limit", "3", "--note", "office"}
+	if code := exitCode(run(context.Background(), args, &out, &errOut), &errOut); code != 0 || !strings.Contains(out.String(), "login") {
+		t.Fatalf("override set --proxy-route = %d %q %q", code, out.String(), errOut.String())
+	}
+	ok := 0
+	for range 5 {
+		resp, err := http.Get(m[1] + "/login")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Errorf("this address under its plan of 3: %d admitted, want 3", ok)
+	}
+	errOut.Reset()
+	if code := exitCode(run(context.Background(), []string{"override", "set", "--proxy-route", "0", "--limit", "3"}, &out, &errOut), &errOut); code != 2 {
+		t.Errorf("--proxy-route without a client = exit %d %q, want 2", code, errOut.String())
 	}
 }

@@ -84,6 +84,8 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	if rulesErr == nil && err == nil {
 		if _, oerr := wiring.EnvoyOverrides(cfg, l.envoy, subject.Unkeyed()); oerr != nil {
 			rulesErr = fmt.Errorf("%s: %w", path, oerr)
+		} else if _, oerr := wiring.ProxyOverrides(cfg, subject.Unkeyed()); oerr != nil {
+			rulesErr = fmt.Errorf("%s: %w", path, oerr)
 		}
 	}
 	if err := byLine(err, beyond(err, preflight(cfg, getenv, path)), rulesErr); err != nil {

@@ -14,12 +14,14 @@ import (
 // TestOverridesProxyClient: a tenant plan names a client of the reverse
 // proxy as a route sees it, by address (masked as the route masks it) or
 // by the value of the route's subject header, through the admin API; the
-// proxy applies it to that client alone.
+// proxy applies it to that client alone. A config file's override names
+// one likewise.
 func TestOverridesProxyClient(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer up.Close()
 	cfg := strings.Replace(overridesConfig(""), `  - { id: conc, algorithm: concurrency, limit: 2, lease_ttl: 30s }`, `  - { id: conc, algorithm: concurrency, limit: 2, lease_ttl: 30s }
-  - { id: login, algorithm: fixed_window, limit: 2, window: 1h }`, 1) + `proxy:
+  - { id: login, algorithm: fixed_window, limit: 2, window: 1h }`, 1) + `  - { proxy: { route: 1, header: vipkey }, limit: 3, note: vip from the config }
+proxy:
   listen: "127.0.0.1:0"
   upstream: "` + up.URL + `"
   routes:
@@ -73,6 +75,9 @@ func TestOverridesProxyClient(t *testing.T) {
 	}
 	if n := admitted(15, "/api", "other"); n != 10 {
 		t.Errorf("another key on /api: %d admitted, want the policy's 10", n)
+	}
+	if n := admitted(15, "/api", "vipkey"); n != 3 {
+		t.Errorf("key vipkey on /api under the config file's plan of 3: %d admitted, want 3", n)
 	}
 	for _, tc := range []struct{ body, want string }{
 		{`{"proxy":{"route":0,"header":"acme"},"limit":5}`, "its subject is ip, not a header"},

@@ -101,7 +101,11 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 	// check API, metrics and dashboard then answer for the rules files'
 	// policies (none when no rule needs the store).
 	g.Limiter = g.Envoy
-	apiOverrides := cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
+	proxyOverrides, err := ProxyOverrides(cfg, pseud)
+	if err != nil {
+		return nil, err
+	}
+	apiOverrides := append(cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") }), proxyOverrides...)
 	g.Overrides = append(apiOverrides, envoyOverrides...)
 	if len(cfg.Policies) > 0 {
 		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: apiOverrides, Clock: o.Clock}); err != nil {

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -55,4 +57,49 @@ func ProxySubject(proxy *config.Proxy, pseud *subject.Pseudonymizer, route int, 
 	}
 	op := r.Match.Operation()
 	return r.Policies, pseud.Pseudonym(k, id, op), pseud.Previous(k, id, op), nil
+}
+
+// ProxyOverrides returns the config's overrides that name a proxy client
+// (proxy: {route, ip | header}) as the check API's Limiter, which the
+// proxy decides with, takes them: each resolved by ProxySubject with
+// pseud. The error names the override that names no client, or whose
+// policy or numbers the route does not take.
+func ProxyOverrides(cfg *config.Config, pseud *subject.Pseudonymizer) ([]sluice.Override, error) {
+	var out []sluice.Override
+	for i, o := range cfg.Overrides {
+		if o.Proxy == nil {
+			continue
+		}
+		path := fmt.Sprintf("overrides[%d].proxy", i)
+		policies, subj, _, err := ProxySubject(cfg.Proxy, pseud, int(o.Proxy.Route), o.Proxy.IP, o.Proxy.Header)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (line %d)", path, err, cfg.Line(path))
+		}
+		policy := o.Policy
+		if policy == "" && len(policies) == 1 {
+			policy = policies[0]
+		}
+		if !slices.Contains(policies, policy) {
+			return nil, fmt.Errorf("overrides[%d].policy: %q: must be one of the route's policies %q (line %d)", i, policy, policies, cfg.Line(path))
+		}
+		ov := sluice.Override{Policy: policy, Subject: subj, Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
+		for _, p := range cfg.SluicePolicies() {
+			if p.ID != policy {
+				continue
+			}
+			q := p
+			q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
+			if o.Window != 0 {
+				q.Window = o.Window
+			}
+			if err := q.Validate(); err != nil {
+				if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+					return nil, fmt.Errorf("overrides[%d].%s: %s: %s (line %d)", i, pe.Field, pe.Value, pe.Rule, cfg.Line(path))
+				}
+				return nil, fmt.Errorf("overrides[%d]: %w (line %d)", i, err, cfg.Line(path))
+			}
+		}
+		out = append(out, ov)
+	}
+	return out, nil
 }

@@ -223,13 +223,18 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 	os := make([]Override, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("overrides[%d]", i)
-		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "limit", "burst", "window", "note")
+		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "proxy", "limit", "burst", "window", "note")
 		if !ok {
 			continue
 		}
-		if e := m["envoy"]; e != nil {
+		if e, p := m["envoy"], m["proxy"]; e != nil || p != nil {
 			d.required(path, item, m, "limit")
-			os[i].Envoy = d.envoyDescriptor(path+".envoy", e)
+			if e != nil {
+				os[i].Envoy = d.envoyDescriptor(path+".envoy", e)
+			}
+			if p != nil {
+				os[i].Proxy = d.proxyClient(path+".proxy", p)
+			}
 		} else {
 			d.required(path, item, m, "policy", "subject", "limit")
 		}
@@ -274,6 +279,22 @@ func (d *decoder) envoyDescriptor(path string, n *yaml.Node) *EnvoyDescriptor {
 		e.Entries = append(e.Entries, kv)
 	}
 	return e
+}
+
+// proxyClient decodes an override's proxy: {route, ip | header}; never
+// nil, so one that did not decode still marks the override as naming a
+// proxy client.
+func (d *decoder) proxyClient(path string, n *yaml.Node) *ProxyClient {
+	p := &ProxyClient{Route: -1}
+	m, ok := d.mapping(path, n, "route", "ip", "header")
+	if !ok {
+		return p
+	}
+	d.required(path, n, m, "route")
+	d.int(path+".route", m["route"], &p.Route)
+	d.str(path+".ip", m["ip"], &p.IP)
+	d.str(path+".header", m["header"], &p.Header)
+	return p
 }
 
 // config decodes the document; nil when it is not a mapping.
