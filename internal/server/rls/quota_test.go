@@ -2,15 +2,20 @@ package rls_test
 
 import (
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/rls"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -49,6 +54,39 @@ descriptors:
 // global mode; the first is TestServiceQuotaModeOnlyAllOverTheLimit with
 // quota_mode on each rule, ported below.
 func TestQuotaModeCompatibility(t *testing.T) {
+	t.Run("memstore", func(t *testing.T) { testQuotaModeCompatibility(t, memQuota) })
+	t.Run("redis", func(t *testing.T) { testQuotaModeCompatibility(t, redisQuota(redistest.Standalone(t))) })
+}
+
+// quotaStore builds a store on clock for one harness.
+type quotaStore func(t *testing.T, clock *sluicetest.Clock) sluice.Store
+
+func memQuota(t *testing.T, clock *sluicetest.Clock) sluice.Store {
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	return ms
+}
+
+// redisQuota builds stores on srv under a key prefix of their own, so
+// the cases' counters never meet.
+func redisQuota(srv *redistest.Server) quotaStore {
+	n := 0
+	return func(t *testing.T, clock *sluicetest.Clock) sluice.Store {
+		n++
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: askTimeout, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		st, err := redisstore.New(c, redisstore.Options{Clock: clock, MaxClockRegression: -1, ExtraTTL: time.Hour, Timeout: -1, Prefix: "quota" + strconv.Itoa(n) + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+}
+
+func testQuotaModeCompatibility(t *testing.T, newStore quotaStore) {
 	for _, tc := range []struct {
 		name    string // their test
 		spend   map[string]int
@@ -63,7 +101,7 @@ func TestQuotaModeCompatibility(t *testing.T) {
 		{"TestServiceQuotaModeOnlySomeOverTheLimit", map[string]int{"quota1": 5}, []string{"quota1", "quota2"}, "OK", []string{"OVER_LIMIT", "OK"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := quotaHarness(t, quotaRules, false)
+			h, _ := quotaHarnessOn(t, newStore, quotaRules, false)
 			for key, n := range tc.spend {
 				for range n {
 					h.ask(t, &rlspb.RateLimitRequest{Domain: "quota-domain", Descriptors: ds(d(key, "limit"))})
@@ -85,7 +123,7 @@ func TestQuotaModeCompatibility(t *testing.T) {
 	}
 	// A quota_mode descriptor over its limit stops nothing, so the other
 	// quota was spent; a request over a regular limit spends no quota.
-	h := quotaHarness(t, quotaRules, false)
+	h, _ := quotaHarnessOn(t, newStore, quotaRules, false)
 	for range 5 {
 		h.ask(t, &rlspb.RateLimitRequest{Domain: "quota-domain", Descriptors: ds(d("quota1", "limit"))})
 	}
@@ -120,13 +158,14 @@ func quotaHarness(t *testing.T, rules string, metadata bool) *harness {
 
 func quotaHarnessClock(t *testing.T, rules string, metadata bool) (*harness, *sluicetest.Clock) {
 	t.Helper()
+	return quotaHarnessOn(t, memQuota, rules, metadata)
+}
+
+// quotaHarnessOn is quotaHarnessClock on a store newStore builds.
+func quotaHarnessOn(t *testing.T, newStore quotaStore, rules string, metadata bool) (*harness, *sluicetest.Clock) {
+	t.Helper()
 	clock := sluicetest.NewClock()
-	ms, err := memstore.New(memstore.Options{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	return startWith(t, ms, rules, func(st *rls.State) { st.ResponseMetadata = metadata }), clock
+	return startWith(t, newStore(t, clock), rules, func(st *rls.State) { st.ResponseMetadata = metadata }), clock
 }
 
 // TestResponseMetadataCompatibility ports envoyproxy/ratelimit's
@@ -214,11 +253,16 @@ descriptors:
 // service_2 twice, and refuses the fourth; after a minute service_1
 // serves again, as theirs.
 func TestQuotaServiceSelection(t *testing.T) {
+	t.Run("memstore", func(t *testing.T) { testQuotaServiceSelection(t, memQuota) })
+	t.Run("redis", func(t *testing.T) { testQuotaServiceSelection(t, redisQuota(redistest.Standalone(t))) })
+}
+
+func testQuotaServiceSelection(t *testing.T, newStore quotaStore) {
 	data, err := os.ReadFile("../envoyconf/testdata/valid/quota.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, clock := quotaHarnessClock(t, string(data), true)
+	h, clock := quotaHarnessOn(t, newStore, string(data), true)
 	check := func() (string, string) {
 		r := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: ds(d("service", "service_1"), d("service", "service_2"))}
 		for _, desc := range r.Descriptors {
