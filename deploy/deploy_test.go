@@ -258,6 +258,10 @@ func TestConfigsLoad(t *testing.T) {
 	if !contains(rules.Domains(), "edge") {
 		t.Errorf("deploy/ratelimit domains = %q, want edge (envoy.yaml's domain)", rules.Domains())
 	}
+	// envoy.yaml's /v1/stream sends (api_key, request_id): an in-flight rule.
+	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "api_key", Value: "k"}, {Key: "request_id", Value: "r"}}); r == nil || !r.InFlight {
+		t.Errorf("deploy/ratelimit: (api_key, request_id) matches %+v, want the in-flight rule envoy.yaml's /v1/stream relies on", r)
+	}
 
 	var cm map[string]any
 	kinds := map[string]map[string]any{}
@@ -311,7 +315,7 @@ func TestConfigsLoad(t *testing.T) {
 	}
 
 	env, _ := json.Marshal(yamlDocs(t, "envoy.yaml")[0])
-	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`} {
+	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`, `"apply_on_stream_done":true`, `"is_negative_hits":true`, `"descriptor_key":"request_id"`} {
 		if !bytes.Contains(env, []byte(want)) {
 			t.Errorf("envoy.yaml lacks %s", want)
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/checkapi"
 )
 
-const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT --limit N [--burst N] [--window D] [--note TEXT]]"
+const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V)] [--limit N [--burst N] [--window D] [--note TEXT]]"
 
 // overrideFlags are the flags of sluice override: the admin API's own
 // OverrideRequest (checkapi), one flag per field.
@@ -77,6 +78,28 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	fs.StringVar(&f.token, "token", "", "send this admin-scope bearer `TOKEN` (--token-env keeps it out of the process list)")
 	fs.StringVar(&f.body.Policy, "policy", "", "the policy `ID` (list: only this policy's)")
 	fs.StringVar(&f.body.Subject, "subject", "", "whose numbers to set or remove; the server pseudonymizes it")
+	var envoy checkapi.EnvoyDescriptor
+	fs.StringVar(&envoy.Domain, "envoy-domain", "", "in place of --subject: the Envoy service's `DOMAIN` of the descriptor that names the subject (--policy may then be left out)")
+	var proxy checkapi.ProxyClient
+	proxyRoute := false
+	fs.Func("proxy-route", "in place of --subject: the index `N` of the proxy route whose client --client-ip or --header-value names", func(s string) error {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%q: want a route index, 0 or more", s)
+		}
+		proxy.Route, proxyRoute = n, true
+		return nil
+	})
+	fs.StringVar(&proxy.IP, "client-ip", "", "with --proxy-route: the client's `IP` address, masked as the route masks it")
+	fs.StringVar(&proxy.Header, "header-value", "", "with --proxy-route: the `VALUE` of the route's subject header")
+	fs.Func("descriptor", "with --envoy-domain: one `KEY=VALUE` entry of the descriptor, as Envoy sends it (repeat, in order)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q: want KEY=VALUE", s)
+		}
+		envoy.Entries = append(envoy.Entries, checkapi.EnvoyEntry{Key: k, Value: v})
+		return nil
+	})
 	fs.Int64Var(&f.body.Limit, "limit", 0, "the subject's limit (set)")
 	fs.Int64Var(&f.body.Burst, "burst", 0, "the subject's burst, token_bucket and gcra only (set; default: the limit)")
 	var window time.Duration
@@ -89,14 +112,28 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	if window != 0 {
 		f.body.Window = window.String()
 	}
+	if envoy.Domain != "" || len(envoy.Entries) > 0 {
+		f.body.Envoy = &envoy
+	}
+	if proxyRoute || proxy.IP != "" || proxy.Header != "" {
+		f.body.Proxy = &proxy
+	}
 	bad := func(msg string) error {
 		return &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + msg, usage: "Usage: " + overrideSynopsis + "\n"}}
 	}
 	switch {
 	case f.tokenEnv != "" && f.token != "":
 		return nil, bad("set --token-env or --token, not both")
-	case verb != "list" && (f.body.Policy == "" || f.body.Subject == ""):
-		return nil, bad("needs --policy and --subject")
+	case f.body.Proxy != nil && (verb == "list" || f.body.Subject != "" || f.body.Envoy != nil):
+		return nil, bad("--proxy-route with --client-ip or --header-value names a subject in place of --subject or --envoy-domain, for set and rm")
+	case f.body.Proxy != nil && (!proxyRoute || (proxy.IP == "") == (proxy.Header == "")):
+		return nil, bad("--proxy-route needs one of --client-ip and --header-value, and they need --proxy-route")
+	case f.body.Envoy != nil && (verb == "list" || f.body.Subject != ""):
+		return nil, bad("--envoy-domain and --descriptor name a subject in place of --subject, for set and rm")
+	case f.body.Envoy != nil && (envoy.Domain == "" || len(envoy.Entries) == 0):
+		return nil, bad("--envoy-domain needs at least one --descriptor KEY=VALUE, and --descriptor needs --envoy-domain")
+	case verb != "list" && f.body.Envoy == nil && f.body.Proxy == nil && (f.body.Policy == "" || f.body.Subject == ""):
+		return nil, bad("needs --policy and --subject (or --envoy-domain and --descriptor, or --proxy-route)")
 	case verb == "set" && f.body.Limit < 1:
 		return nil, bad("needs --limit, at least 1 (rm removes an override)")
 	case verb != "set" && (f.body.Limit != 0 || f.body.Burst != 0 || window != 0 || f.body.Note != ""):

@@ -9,12 +9,22 @@ const OverridesPath = "/v1/overrides"
 // raw: the server pseudonymizes it as it does a check's. Window is a Go
 // duration such as "1m"; "" keeps the policy's.
 type OverrideRequest struct {
-	Policy  string `json:"policy"`
-	Subject string `json:"subject"`
-	Limit   int64  `json:"limit,omitempty"`
-	Burst   int64  `json:"burst,omitempty"`
-	Window  string `json:"window,omitempty"`
-	Note    string `json:"note,omitempty"`
+	Policy  string `json:"policy,omitempty"`
+	Subject string `json:"subject,omitempty"`
+	// Envoy, in place of Subject, names the subject as the Envoy
+	// rate-limit service sees it: a descriptor of a domain. The server
+	// matches it to its rule, whose policy Policy must be (or be left
+	// empty), and pseudonymizes it as the service does.
+	Envoy *EnvoyDescriptor `json:"envoy,omitempty"`
+	// Proxy, in place of Subject, names a client of the reverse proxy as
+	// one route of it sees it: its address or its header's value. The
+	// server pseudonymizes it as that route does; Policy is one of the
+	// route's (or left empty when it has one).
+	Proxy  *ProxyClient `json:"proxy,omitempty"`
+	Limit  int64        `json:"limit,omitempty"`
+	Burst  int64        `json:"burst,omitempty"`
+	Window string       `json:"window,omitempty"`
+	Note   string       `json:"note,omitempty"`
 }
 
 // OverrideEntry is one override as lists show it: never its subject nor
@@ -34,4 +44,26 @@ type OverrideEntry struct {
 type OverrideList struct {
 	Overrides []OverrideEntry `json:"overrides"`
 	Error     string          `json:"error,omitempty"`
+}
+
+// EnvoyDescriptor is a descriptor of an Envoy rate-limit request: its
+// domain and entries, in order, as Envoy sends them.
+type EnvoyDescriptor struct {
+	Domain  string       `json:"domain"`
+	Entries []EnvoyEntry `json:"entries"`
+}
+
+// EnvoyEntry is one key and value of an EnvoyDescriptor.
+type EnvoyEntry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// ProxyClient is a client of the reverse proxy on one route (its index
+// in proxy.routes): IP, its address (masked as the route masks it), or
+// Header, the value of the route's subject header; one of them.
+type ProxyClient struct {
+	Route  int    `json:"route"`
+	IP     string `json:"ip,omitempty"`
+	Header string `json:"header,omitempty"`
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/wiring"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // Errors is several problems found at once, each standing on its own
@@ -76,9 +78,14 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	l := &loaded{cfg: cfg, files: []string{path}}
 	var rulesErr error
 	if cfg.Envoy != nil && len(cfg.Envoy.Configs) > 0 {
-		if l.envoy, rulesErr = envoyconf.Load(envoyPatterns(cfg, path)); rulesErr != nil {
-			line := cfg.Line("envoy.configs")
-			rulesErr = &lineError{line: line, err: fmt.Errorf("envoy.configs (%s line %d): %w", path, line, rulesErr)}
+		l.envoy, rulesErr = envoyconf.Load(envoyPatterns(cfg, path))
+		rulesErr = rulesErrors(rulesErr, path, cfg.Line("envoy.configs"))
+	}
+	if rulesErr == nil && err == nil {
+		if _, oerr := wiring.EnvoyOverrides(cfg, l.envoy, subject.Unkeyed()); oerr != nil {
+			rulesErr = fmt.Errorf("%s: %w", path, oerr)
+		} else if _, oerr := wiring.ProxyOverrides(cfg, subject.Unkeyed()); oerr != nil {
+			rulesErr = fmt.Errorf("%s: %w", path, oerr)
 		}
 	}
 	if err := byLine(err, beyond(err, preflight(cfg, getenv, path)), rulesErr); err != nil {
@@ -92,6 +99,34 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	}
 	l.hash = hex.EncodeToString(h.Sum(nil))
 	return l, nil
+}
+
+// rulesErrors returns each problem of the Envoy rules files (err, from
+// envoyconf.Load) as an error of its own about line, envoy.configs' in
+// the config at path, keeping envoyconf's order (by file and line).
+func rulesErrors(err error, path string, line int) error {
+	if err == nil {
+		return nil
+	}
+	var list Errors
+	for _, e := range flattenRules(err) {
+		list = append(list, &lineError{line: line, err: fmt.Errorf("envoy.configs (%s line %d): %w", path, line, e)})
+	}
+	return joinErrors(list)
+}
+
+// flattenRules returns the *envoyconf.Error of an envoyconf.Errors, or
+// err alone.
+func flattenRules(err error) []error {
+	es, ok := errors.AsType[envoyconf.Errors](err)
+	if !ok {
+		return []error{err}
+	}
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
 }
 
 // lineError is an error about the config file's line: what byLine sorts

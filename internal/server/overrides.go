@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/rls"
 )
 
 // The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),
@@ -23,7 +26,7 @@ import (
 const overrideTimeout = 2 * time.Second
 
 func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
-	in, ok := s.readOverride(w, r)
+	in, t, ok := s.readOverride(w, r)
 	if !ok {
 		return
 	}
@@ -40,9 +43,9 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		}
 		window = d
 	}
-	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, ""), Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
-	if s.underCap(w, r, o) && s.dropOlder(w, r, in) {
-		s.setOverride(w, r, o)
+	o := sluice.Override{Policy: t.policy, Subject: t.subject, Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
+	if s.underCap(w, r, o) && s.dropOlder(w, r, t) {
+		s.setOverride(w, r, t.lim, o)
 	}
 }
 
@@ -56,7 +59,7 @@ const maxOverrides = 10000
 func (s *Server) underCap(w http.ResponseWriter, r *http.Request, o sluice.Override) bool {
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 		return false
@@ -73,18 +76,18 @@ func (s *Server) underCap(w http.ResponseWriter, r *http.Request, o sluice.Overr
 	return true
 }
 
-// dropOlder removes the overrides of in's subject under older HMAC keys
+// dropOlder removes the overrides of t's subject under older HMAC keys
 // (during a key rotation the Limiter applies them while the subject's
 // current pseudonym has none), so a plan set or removed now is the only
 // one. It answers and reports false when the store fails.
-func (s *Server) dropOlder(w http.ResponseWriter, r *http.Request, in checkapi.OverrideRequest) bool {
-	if _, ok := s.policy(in.Policy); !ok {
+func (s *Server) dropOlder(w http.ResponseWriter, r *http.Request, t overrideTarget) bool {
+	if _, ok := t.lim.Policy(t.policy); !ok {
 		return true // setOverride answers the unknown policy
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	for _, old := range s.pseud.Previous("api", in.Subject, "") {
-		if err := s.lim.SetOverride(ctx, sluice.Override{Policy: in.Policy, Subject: old}); err != nil {
+	for _, old := range t.previous {
+		if err := t.lim.SetOverride(ctx, sluice.Override{Policy: t.policy, Subject: old}); err != nil {
 			s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 			return false
 		}
@@ -93,15 +96,15 @@ func (s *Server) dropOlder(w http.ResponseWriter, r *http.Request, in checkapi.O
 }
 
 func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
-	in, ok := s.readOverride(w, r)
+	in, t, ok := s.readOverride(w, r)
 	if !ok {
 		return
 	}
 	if in.Limit != 0 || in.Burst != 0 || in.Window != "" || in.Note != "" {
-		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject only")
+		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject (or envoy) only")
 		return
 	}
-	o := sluice.Override{Policy: in.Policy, Subject: s.pseud.Pseudonym("api", in.Subject, "")}
+	o := sluice.Override{Policy: t.policy, Subject: t.subject}
 	cfg, inForce, err := s.overrideInForce(r.Context(), o)
 	if err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
@@ -113,17 +116,17 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		s.overrideAnswer(w, http.StatusConflict, nil, "this override is set in the config file (overrides:): remove it there")
 		return
 	}
-	if !s.dropOlder(w, r, in) {
+	if !s.dropOlder(w, r, t) {
 		return
 	}
 	if cfg == nil {
-		s.setOverride(w, r, o)
+		s.setOverride(w, r, t.lim, o)
 		return
 	}
 	// The API's over the file's: removed, the file's applies again.
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	if err := s.lim.SetOverride(ctx, o); err != nil {
+	if err := t.lim.SetOverride(ctx, o); err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 		return
 	}
@@ -144,7 +147,7 @@ func (s *Server) overrideInForce(ctx context.Context, o sluice.Override) (cfg *s
 	}
 	ctx, cancel := context.WithTimeout(ctx, overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	for _, l := range list {
 		if l.Policy == o.Policy && l.Subject == o.Subject {
 			inForce = l
@@ -153,11 +156,11 @@ func (s *Server) overrideInForce(ctx context.Context, o sluice.Override) (cfg *s
 	return cfg, inForce, err
 }
 
-// setOverride puts o to the Limiter and answers with its entry.
-func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, o sluice.Override) {
+// setOverride puts o to lim and answers with its entry.
+func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, lim *sluice.Limiter, o sluice.Override) {
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	err := s.lim.SetOverride(ctx, o)
+	err := lim.SetOverride(ctx, o)
 	var pe *sluice.PolicyError
 	switch {
 	case errors.Is(err, sluice.ErrUnknownPolicy):
@@ -182,13 +185,14 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
 		return
 	}
 	policy := r.URL.Query().Get("policy")
-	if _, ok := s.policy(policy); policy != "" && !ok {
+	_, lookup := s.shown()
+	if _, ok := lookup(policy); policy != "" && !ok {
 		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, sluice.ErrUnknownPolicy))
 		return
 	}
@@ -201,39 +205,93 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	s.overrideAnswer(w, http.StatusOK, entries, "")
 }
 
-// readOverride authorizes an admin write and decodes its body.
-func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.OverrideRequest, bool) {
+// overrideTarget is what an admin write names, resolved: the Limiter
+// that has the policy, the policy, the subject's pseudonym as the edge
+// that checks it makes it, and its pseudonyms under older keys.
+type overrideTarget struct {
+	lim             *sluice.Limiter
+	policy, subject string
+	previous        []string
+}
+
+// readOverride authorizes an admin write, decodes its body and resolves
+// what it names (see target).
+func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.OverrideRequest, overrideTarget, bool) {
 	var in checkapi.OverrideRequest
 	if s.auth == nil {
 		s.overrideAnswer(w, http.StatusForbidden, nil, "no tokens are configured: changing overrides needs a token with the admin scope (server.auth.tokens)")
-		return in, false
+		return in, overrideTarget{}, false
 	}
 	if s.lim == nil {
 		s.overrideAnswer(w, http.StatusNotFound, nil, errNoPolicies.Error())
-		return in, false
+		return in, overrideTarget{}, false
 	}
 	if why := s.decode(w, r, &in); why != "" { // one JSON object, nothing after it: the check API's rule
 		s.overrideAnswer(w, http.StatusBadRequest, nil, why)
-		return in, false
+		return in, overrideTarget{}, false
 	}
-	switch {
-	case in.Policy == "":
-		s.overrideAnswer(w, http.StatusBadRequest, nil, "policy is required")
-		return in, false
-	case in.Subject == "" || len(in.Subject) > checkapi.MaxSubjectLen:
-		s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("subject is %d bytes: must be 1 to %d", len(in.Subject), checkapi.MaxSubjectLen))
-		return in, false
-	case len(in.Note) > 200:
+	if len(in.Note) > 200 {
 		s.overrideAnswer(w, http.StatusBadRequest, nil, fmt.Sprintf("note is %d bytes: must be at most 200", len(in.Note)))
-		return in, false
+		return in, overrideTarget{}, false
 	}
-	return in, true
+	t, code, why := s.target(in)
+	if why != "" {
+		s.overrideAnswer(w, code, nil, why)
+		return in, overrideTarget{}, false
+	}
+	return in, t, true
+}
+
+// target resolves what in names: a check API subject (subject, raw,
+// pseudonymized as /v1/check does) of the check API's policy, or a
+// descriptor as the Envoy service sees it (envoy), whose rule gives the
+// policy. On failure it returns the status and the reason.
+func (s *Server) target(in checkapi.OverrideRequest) (overrideTarget, int, string) {
+	if in.Proxy != nil {
+		return s.proxyTarget(in)
+	}
+	if in.Envoy == nil {
+		switch {
+		case in.Policy == "":
+			return overrideTarget{}, http.StatusBadRequest, "policy is required"
+		case in.Subject == "" || len(in.Subject) > checkapi.MaxSubjectLen:
+			return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("subject is %d bytes: must be 1 to %d", len(in.Subject), checkapi.MaxSubjectLen)
+		}
+		return overrideTarget{lim: s.lim, policy: in.Policy, subject: s.pseud.Pseudonym("api", in.Subject, ""), previous: s.pseud.Previous("api", in.Subject, "")}, 0, ""
+	}
+	if in.Subject != "" {
+		return overrideTarget{}, http.StatusBadRequest, "set subject or envoy, not both"
+	}
+	if s.envoyState == nil {
+		return overrideTarget{}, http.StatusNotFound, "envoy: this server has no Envoy rules (envoy: configs)"
+	}
+	d := in.Envoy
+	if len(d.Entries) == 0 || len(d.Entries) > rls.DefaultMaxEntries || len(d.Domain) > checkapi.MaxSubjectLen {
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("envoy: a domain of at most %d bytes and 1 to %d entries", checkapi.MaxSubjectLen, rls.DefaultMaxEntries)
+	}
+	entries := make([]envoyconf.Entry, len(d.Entries))
+	for i, e := range d.Entries {
+		entries[i] = envoyconf.Entry{Key: e.Key, Value: e.Value}
+	}
+	policy, subj, prev, err := s.envoyState.OverrideSubject(d.Domain, entries)
+	switch {
+	case err != nil:
+		return overrideTarget{}, http.StatusNotFound, "envoy: " + err.Error()
+	case in.Policy != "" && in.Policy != policy:
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("policy %q: the descriptor's rule has policy %q; leave policy out or name that one", in.Policy, policy)
+	}
+	t := overrideTarget{lim: s.lim, policy: policy, subject: subj, previous: prev}
+	if s.envoy != nil {
+		t.lim = s.envoy
+	}
+	return t, 0, ""
 }
 
 // overrideEntry is o as lists show it: without its subject.
 func (s *Server) overrideEntry(o sluice.Override) checkapi.OverrideEntry {
 	e := checkapi.OverrideEntry{Policy: o.Policy, Note: o.Note, Limit: o.Limit, Burst: o.Burst, Source: "api"}
-	p, _ := s.policy(o.Policy)
+	_, lookup := s.shown()
+	p, _ := lookup(o.Policy)
 	if e.Burst == 0 {
 		e.Burst = o.Limit
 		if p.Algorithm == sluice.Concurrency {
@@ -276,7 +334,7 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 	if s.lim == nil {
 		return map[string]int{}
 	}
-	list, err := s.lim.Overrides(ctx)
+	list, err := s.allOverrides(ctx)
 	if err != nil {
 		return nil
 	}
@@ -288,4 +346,48 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 		n[o.Policy]++
 	}
 	return n
+}
+
+// proxyTarget resolves an override naming a client of the proxy (see
+// Proxy.OverrideSubject).
+func (s *Server) proxyTarget(in checkapi.OverrideRequest) (overrideTarget, int, string) {
+	switch {
+	case in.Subject != "" || in.Envoy != nil:
+		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy and proxy"
+	case s.proxySubject == nil:
+		return overrideTarget{}, http.StatusNotFound, "proxy: this server has no reverse proxy (proxy:)"
+	case len(in.Proxy.IP)+len(in.Proxy.Header) > checkapi.MaxSubjectLen:
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("proxy: ip or header of at most %d bytes", checkapi.MaxSubjectLen)
+	}
+	policies, subj, prev, err := s.proxySubject(in.Proxy.Route, in.Proxy.IP, in.Proxy.Header)
+	if err != nil {
+		return overrideTarget{}, http.StatusBadRequest, "proxy: " + err.Error()
+	}
+	policy := in.Policy
+	switch {
+	case policy == "" && len(policies) == 1:
+		policy = policies[0]
+	case !slices.Contains(policies, policy):
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("policy %q: must be one of the route's policies %q", policy, policies)
+	}
+	return overrideTarget{lim: s.lim, policy: policy, subject: subj, previous: prev}, 0, ""
+}
+
+// allOverrides lists the overrides of the check API's Limiter and of the
+// Envoy rules' (when it is another), each policy and subject once.
+func (s *Server) allOverrides(ctx context.Context) ([]sluice.Override, error) {
+	list, err := s.lim.Overrides(ctx)
+	if err != nil || s.envoy == nil {
+		return list, err
+	}
+	more, err := s.envoy.Overrides(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range more {
+		if !slices.ContainsFunc(list, func(l sluice.Override) bool { return l.Policy == o.Policy && l.Subject == o.Subject }) {
+			list = append(list, o)
+		}
+	}
+	return list, nil
 }

@@ -194,12 +194,17 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS}
-	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
+	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, EnvoyState: w.RLS, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
 		if g.proxy, err = NewProxy(cfg.Proxy, w.Limiter, ProxyOptions{FailureModes: w.FailureModes, Pseudonymizer: w.Pseudonymizer, Logger: r.log, Metrics: r.metrics, Fallback: r.fallback, Transport: r.tracing.transport(upstreamTransport())}); err != nil {
 			return nil, err
+		}
+		if api, ok := g.api.(*Server); ok {
+			api.proxySubject = func(route int, ip, header string) ([]string, string, []string, error) {
+				return wiring.ProxySubject(cfg.Proxy, w.Pseudonymizer, route, ip, header)
+			}
 		}
 	}
 	return g, nil

@@ -77,6 +77,7 @@ import (
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -130,6 +131,10 @@ type Options struct {
 	// count by their IDs. Default: nil, none (or the same as the check
 	// API's, for a config with an envoy section only).
 	Envoy *sluice.Limiter
+	// EnvoyState is the Envoy service's State, through which the admin
+	// API names a subject as the service sees it (an override's envoy
+	// descriptor). Default: nil, such overrides are refused.
+	EnvoyState *rls.State
 	// FailureModes are the policies' failure modes (the config's
 	// failure_mode and the rules files'), by ID, for the dashboard.
 	// Default: none, every policy fails closed.
@@ -143,13 +148,17 @@ type Options struct {
 // Server serves the check API over a Limiter. It is an http.Handler, safe
 // for concurrent use; it owns no goroutines and needs no cleanup.
 type Server struct {
-	lim   *sluice.Limiter
-	core  *edge.Core      // decides with lim, counts on metrics
-	envoy *sluice.Limiter // the rules files', when not lim
-	modes map[string]sluice.FailureMode
-	pseud *subject.Pseudonymizer
-	log   *slog.Logger
-	ready []Check
+	lim        *sluice.Limiter
+	core       *edge.Core      // decides with lim, counts on metrics
+	envoy      *sluice.Limiter // the rules files', when not lim
+	envoyState *rls.State      // names Envoy subjects for overrides; nil without rules
+	// proxySubject names a proxy client for overrides (Proxy.OverrideSubject);
+	// nil without a proxy. Set once, before the server serves.
+	proxySubject func(route int, ip, header string) ([]string, string, []string, error)
+	modes        map[string]sluice.FailureMode
+	pseud        *subject.Pseudonymizer
+	log          *slog.Logger
+	ready        []Check
 	// storeless names the policies answered without the store when it
 	// cannot decide (failure_mode open or local, local quota): while
 	// any is, GET /readyz stays 200.
@@ -215,6 +224,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	if opts.Envoy != lim {
 		s.envoy = opts.Envoy
 	}
+	s.envoyState = opts.EnvoyState
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package wiring
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -82,12 +83,16 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 		return nil, err
 	}
 	g := &Generation{Pseudonymizer: pseud, FailureModes: failureModes(cfg, rules)}
+	envoyOverrides, err := EnvoyOverrides(cfg, rules, pseud)
+	if err != nil {
+		return nil, err
+	}
 	if rules != nil {
 		if ps := rules.Policies(); len(ps) > 0 {
 			if cfg.Envoy.LocalQuota {
 				withLocalQuota(ps)
 			}
-			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Clock: o.Clock}); err != nil {
+			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Overrides: envoyOverrides, Clock: o.Clock}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
 		}
@@ -96,9 +101,14 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 	// check API, metrics and dashboard then answer for the rules files'
 	// policies (none when no rule needs the store).
 	g.Limiter = g.Envoy
-	g.Overrides = cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
+	proxyOverrides, err := ProxyOverrides(cfg, pseud)
+	if err != nil {
+		return nil, err
+	}
+	apiOverrides := append(cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") }), proxyOverrides...)
+	g.Overrides = append(apiOverrides, envoyOverrides...)
 	if len(cfg.Policies) > 0 {
-		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: g.Overrides, Clock: o.Clock}); err != nil {
+		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: apiOverrides, Clock: o.Clock}); err != nil {
 			return nil, err
 		}
 	}
@@ -124,7 +134,8 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 		return err
 	}
 	g.RLS = &rls.State{Rules: rules, Limiter: g.Envoy, Store: o.Store, Pseudonymizer: g.Pseudonymizer, Core: core,
-		MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries)}
+		MaxDescriptors: int(cfg.Envoy.MaxDescriptors), MaxEntries: int(cfg.Envoy.MaxEntries),
+		ResponseMetadata: cfg.Envoy.ResponseMetadata}
 	return nil
 }
 
@@ -158,6 +169,63 @@ func PolicyIDs(cfg *config.Config, rules *envoyconf.Config) []string {
 		}
 	}
 	return ids
+}
+
+// EnvoyOverrides returns the config's overrides that name an Envoy
+// subject (envoy: {domain, entries}) as the Envoy Limiter takes them:
+// each matched to its rule in rules (the policy) and pseudonymized as
+// the Envoy service does with pseud. The error names the override whose
+// descriptor no rule the store decides matches, or whose numbers the
+// rule's policy does not take.
+func EnvoyOverrides(cfg *config.Config, rules *envoyconf.Config, pseud *subject.Pseudonymizer) ([]sluice.Override, error) {
+	var out []sluice.Override
+	for i, o := range cfg.Overrides {
+		if o.Envoy == nil {
+			continue
+		}
+		path := fmt.Sprintf("overrides[%d].envoy", i)
+		if rules == nil {
+			return nil, fmt.Errorf("%s: there are no Envoy rules (envoy: configs) to match it to (line %d)", path, cfg.Line(path))
+		}
+		entries := make([]envoyconf.Entry, len(o.Envoy.Entries))
+		for j, kv := range o.Envoy.Entries {
+			entries[j] = envoyconf.Entry{Key: kv[0], Value: kv[1]}
+		}
+		st := &rls.State{Rules: rules, Pseudonymizer: pseud}
+		policy, subj, _, err := st.OverrideSubject(o.Envoy.Domain, entries)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (line %d)", path, err, cfg.Line(path))
+		}
+		if o.Policy != "" && o.Policy != policy {
+			return nil, fmt.Errorf("overrides[%d].policy: %q: the descriptor's rule has policy %q; leave policy out or name that one (line %d)", i, o.Policy, policy, cfg.Line(path))
+		}
+		ov := sluice.Override{Policy: policy, Subject: subj, Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
+		if err := checkOverride(rules, ov); err != nil {
+			if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+				return nil, fmt.Errorf("overrides[%d].%s: %s: %s (line %d)", i, pe.Field, pe.Value, pe.Rule, cfg.Line(path))
+			}
+			return nil, fmt.Errorf("overrides[%d]: %w (line %d)", i, err, cfg.Line(path))
+		}
+		out = append(out, ov)
+	}
+	return out, nil
+}
+
+// checkOverride reports whether the numbers of o suit its policy in
+// rules, by the policy's own rules (sluice.Policy.Validate).
+func checkOverride(rules *envoyconf.Config, o sluice.Override) error {
+	for _, p := range rules.Policies() {
+		if p.ID != o.Policy {
+			continue
+		}
+		q := p
+		q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
+		if o.Window != 0 {
+			q.Window = o.Window
+		}
+		return q.Validate()
+	}
+	return nil
 }
 
 // withLocalQuota turns local quota on for every policy of ps that can

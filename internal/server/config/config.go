@@ -96,12 +96,34 @@ type position struct {
 // the server pseudonymizes it as POST /v1/check does before the Limiter
 // sees it.
 type Override struct {
-	Policy  string        // a policy's id
-	Subject string        // the subject as a check names it, 1 to 200 bytes
-	Limit   int64         // the subject's limit, at least 1
-	Burst   int64         // token_bucket and gcra only; 0: the limit
-	Window  time.Duration // not for concurrency; 0: the policy's
-	Note    string        // what lists show in place of the subject, at most 200 bytes
+	Policy  string // a policy's id; with Envoy, the rule's (may be left out)
+	Subject string // the subject as a check names it, 1 to 200 bytes
+	// Envoy, in place of Subject, names the subject as the Envoy
+	// rate-limit service sees it: a descriptor of a domain, matched to
+	// its rule (whose policy gets the numbers) once the rules files load.
+	Envoy *EnvoyDescriptor
+	// Proxy, in place of Subject, names a client of the reverse proxy as
+	// one route sees it: its address or its subject header's value.
+	Proxy  *ProxyClient
+	Limit  int64         // the subject's limit, at least 1
+	Burst  int64         // token_bucket and gcra only; 0: the limit
+	Window time.Duration // not for concurrency; 0: the policy's
+	Note   string        // what lists show in place of the subject, at most 200 bytes
+}
+
+// EnvoyDescriptor is a descriptor of Envoy's rate-limit service: its
+// domain and entries, in order, as Envoy sends them.
+type EnvoyDescriptor struct {
+	Domain  string
+	Entries [][2]string // key, value
+}
+
+// ProxyClient is a client of the reverse proxy on route Route (an index
+// of proxy.routes): its address IP or the value Header of the route's
+// subject header, one of them.
+type ProxyClient struct {
+	Route      int64
+	IP, Header string
 }
 
 // Server configures the HTTP check API.
@@ -347,6 +369,10 @@ type Envoy struct {
 	// and MaxEntries the entries of one descriptor, 1 to 10000; a request
 	// over either is refused InvalidArgument. 0: the defaults, 64 and 32.
 	MaxDescriptors, MaxEntries int64
+	// ResponseMetadata sends dynamic metadata with every answer (the
+	// domain, the descriptors, the metadata of the rules that passed), as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
+	ResponseMetadata bool
 }
 
 // Errors is every rule a config breaks, in the order of the file. Parse
@@ -524,6 +550,10 @@ func (c *Config) validateOverrides() []*Error {
 	seen := map[[2]string]int{}
 	for i, o := range c.Overrides {
 		path := fmt.Sprintf("overrides[%d]", i)
+		if o.Envoy != nil || o.Proxy != nil {
+			errs = append(errs, c.edgeOverrideErrors(path, o)...)
+			continue
+		}
 		var base *sluice.Policy
 		for j := range c.Policies {
 			if c.Policies[j].ID == o.Policy {
@@ -574,12 +604,40 @@ func (c *Config) validateOverrides() []*Error {
 	return errs
 }
 
-// SluiceOverrides returns the overrides as sluice.Options.Overrides takes
-// them, each subject passed through pseudonym first.
+// edgeOverrideErrors checks what an override naming an Envoy subject or
+// a proxy client can show on its own (the wiring matches it to its rule
+// or route, and checks its policy and numbers, then): one way of naming
+// the subject, a domain and 1 to 32 entries or a route and one of ip and
+// header, a limit, a note of at most 200 bytes.
+func (c *Config) edgeOverrideErrors(path string, o Override) []*Error {
+	switch d := o.Envoy; {
+	case o.Subject != "" || o.Envoy != nil && o.Proxy != nil:
+		return []*Error{c.errorAt(path, "", "names its subject twice: set one of subject, envoy and proxy")}
+	case o.Proxy != nil && (o.Proxy.Route < 0 || (o.Proxy.IP == "") == (o.Proxy.Header == "")):
+		return []*Error{c.errorAt(path+".proxy", "", "needs route (0 or more, an index of proxy.routes) and one of ip and header")}
+	case d != nil && d.Domain == "":
+		return []*Error{c.errorAt(path+".envoy.domain", `""`, "is required: the domain of the Envoy descriptor")}
+	case d != nil && (len(d.Entries) == 0 || len(d.Entries) > 32):
+		return []*Error{c.errorAt(path+".envoy.entries", strconv.Itoa(len(d.Entries)), "must hold 1 to 32 entries {key, value}, as Envoy sends the descriptor")}
+	case len(o.Note) > 200:
+		return []*Error{c.errorAt(path+".note", strconv.Quote(o.Note), "must be at most 200 bytes")}
+	case o.Limit < 1:
+		return []*Error{c.errorAt(path+".limit", strconv.FormatInt(o.Limit, 10), "must be at least 1")}
+	}
+	return nil
+}
+
+// SluiceOverrides returns the overrides of check API subjects as
+// sluice.Options.Overrides takes them, each subject passed through
+// pseudonym first (those naming an Envoy subject or a proxy client are
+// left out: the wiring resolves them against the rules files and the
+// proxy's routes).
 func (c *Config) SluiceOverrides(pseudonym func(string) string) []sluice.Override {
-	out := make([]sluice.Override, len(c.Overrides))
-	for i, o := range c.Overrides {
-		out[i] = sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
+	out := make([]sluice.Override, 0, len(c.Overrides))
+	for _, o := range c.Overrides {
+		if o.Envoy == nil && o.Proxy == nil {
+			out = append(out, sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note})
+		}
 	}
 	return out
 }

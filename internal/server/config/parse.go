@@ -223,11 +223,21 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 	os := make([]Override, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("overrides[%d]", i)
-		m, ok := d.mapping(path, item, "policy", "subject", "limit", "burst", "window", "note")
+		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "proxy", "limit", "burst", "window", "note")
 		if !ok {
 			continue
 		}
-		d.required(path, item, m, "policy", "subject", "limit")
+		if e, p := m["envoy"], m["proxy"]; e != nil || p != nil {
+			d.required(path, item, m, "limit")
+			if e != nil {
+				os[i].Envoy = d.envoyDescriptor(path+".envoy", e)
+			}
+			if p != nil {
+				os[i].Proxy = d.proxyClient(path+".proxy", p)
+			}
+		} else {
+			d.required(path, item, m, "policy", "subject", "limit")
+		}
 		d.str(path+".policy", m["policy"], &os[i].Policy)
 		d.str(path+".subject", m["subject"], &os[i].Subject)
 		d.int(path+".limit", m["limit"], &os[i].Limit)
@@ -236,6 +246,55 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 		d.str(path+".note", m["note"], &os[i].Note)
 	}
 	return os
+}
+
+// envoyDescriptor decodes an override's envoy: {domain, entries: [{key,
+// value}, …]}; never nil, so a descriptor that did not decode still
+// marks the override as naming an Envoy subject.
+func (d *decoder) envoyDescriptor(path string, n *yaml.Node) *EnvoyDescriptor {
+	e := &EnvoyDescriptor{}
+	m, ok := d.mapping(path, n, "domain", "entries")
+	if !ok {
+		return e
+	}
+	d.required(path, n, m, "domain", "entries")
+	d.str(path+".domain", m["domain"], &e.Domain)
+	if m["entries"] == nil {
+		return e
+	}
+	items, ok := d.sequence(path+".entries", m["entries"])
+	if !ok {
+		return e
+	}
+	for i, item := range items {
+		ipath := fmt.Sprintf("%s.entries[%d]", path, i)
+		em, ok := d.mapping(ipath, item, "key", "value")
+		if !ok {
+			continue
+		}
+		d.required(ipath, item, em, "key", "value")
+		var kv [2]string
+		d.str(ipath+".key", em["key"], &kv[0])
+		d.str(ipath+".value", em["value"], &kv[1])
+		e.Entries = append(e.Entries, kv)
+	}
+	return e
+}
+
+// proxyClient decodes an override's proxy: {route, ip | header}; never
+// nil, so one that did not decode still marks the override as naming a
+// proxy client.
+func (d *decoder) proxyClient(path string, n *yaml.Node) *ProxyClient {
+	p := &ProxyClient{Route: -1}
+	m, ok := d.mapping(path, n, "route", "ip", "header")
+	if !ok {
+		return p
+	}
+	d.required(path, n, m, "route")
+	d.int(path+".route", m["route"], &p.Route)
+	d.str(path+".ip", m["ip"], &p.IP)
+	d.str(path+".header", m["header"], &p.Header)
+	return p
 }
 
 // config decodes the document; nil when it is not a mapping.
@@ -539,7 +598,7 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 }
 
 func (d *decoder) envoy(n *yaml.Node) *Envoy {
-	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries")
+	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries", "response_metadata")
 	if !ok {
 		return nil
 	}
@@ -549,6 +608,7 @@ func (d *decoder) envoy(n *yaml.Node) *Envoy {
 	d.bool("envoy.local_quota", m["local_quota"], &e.LocalQuota)
 	d.int("envoy.max_descriptors", m["max_descriptors"], &e.MaxDescriptors)
 	d.int("envoy.max_entries", m["max_entries"], &e.MaxEntries)
+	d.bool("envoy.response_metadata", m["response_metadata"], &e.ResponseMetadata)
 	return e
 }
 

@@ -25,11 +25,20 @@
 // verdict but never enforces it. detailed_metric and value_to_metric
 // shape envoyproxy/ratelimit's statistics with descriptor values: they
 // are accepted, checked and have no effect, since sluice never labels a
-// metric with a descriptor value. metadata (sent back by
-// envoyproxy/ratelimit only with RESPONSE_DYNAMIC_METADATA) is accepted
-// and not sent. quota_mode is refused: it answers OK when some but not all
-// quota descriptors are over their limits, which sluice's all-or-nothing
-// decision does not do.
+// metric with a descriptor value. quota_mode: true makes a descriptor's
+// OVER_LIMIT stop the request only when every quota_mode descriptor of it
+// is over (Rule.QuotaMode); metadata, a mapping, is sent back to Envoy as
+// dynamic metadata when the descriptor passes (Rule.Metadata), as
+// envoyproxy/ratelimit does with RESPONSE_DYNAMIC_METADATA.
+//
+// sluice adds sluice_in_flight (InFlightKey): {limit: N, lease_ttl: D}
+// in place of unit and requests_per_unit makes the rule an in-flight
+// limit (see Rule.InFlight), on a descriptor with a key and no value.
+//
+// Every problem of every file is reported in one pass (Errors), sorted by
+// file and line: besides each value that breaks a rule, a replaces that
+// names no rate_limit of the domain, and a wildcard that an earlier
+// wildcard of the same key always wins over.
 //
 // sluice adds four optional keys to rate_limit: algorithm (default
 // fixed_window), burst (token_bucket and gcra), failure_mode (closed,
@@ -52,6 +61,7 @@ package envoyconf
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -60,12 +70,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
@@ -138,6 +150,20 @@ type Rule struct {
 	Unlimited bool
 	// Shadow rules are decided and counted but always answered OK.
 	Shadow bool
+	// QuotaMode is the descriptor's quota_mode: its OVER_LIMIT makes the
+	// request OVER_LIMIT only when every quota_mode descriptor of the
+	// request is over (envoyproxy/ratelimit #1045).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, sent back to Envoy as
+	// dynamic metadata when the descriptor passes (envoy.response_metadata).
+	Metadata *structpb.Struct
+	// InFlight rules (rate_limit.sluice_in_flight) limit the requests in
+	// flight: the request-time call acquires a lease named by the value
+	// of the descriptor's last entry, the stream-done call (negative or
+	// zero hits) releases it, and its LeaseTTL reclaims a lease whose
+	// release never comes. RequestsPerUnit is then the limit, Unit 0 and
+	// Policy a concurrency policy.
+	InFlight bool
 	// DetailedMetric and ValueToMetric are accepted for compatibility:
 	// they put descriptor values in envoyproxy/ratelimit's statistics,
 	// and sluice never labels a metric with one, so they have no effect.
@@ -190,6 +216,7 @@ type wildcardNode struct {
 	parts      []string
 	shared     bool // share_threshold: every matching value is one counter
 	n          *node
+	line       int // of the value, for messages
 }
 
 // wildcardMatch reports whether value matches the pattern split into
@@ -211,6 +238,33 @@ func wildcardMatch(parts []string, value string) bool {
 		rest = rest[i+len(part):]
 	}
 	return true
+}
+
+// wildcardCovers reports whether the wildcard pattern a matches every
+// value the pattern b matches (both hold a "*"): whether a matches b
+// read as a value in which each of b's "*" is a byte that only a "*" of
+// a can stand for. Patterns whose lengths multiply past 1<<20 are not
+// compared (false), which bounds the work a rules file can ask for.
+func wildcardCovers(a, b string) bool {
+	if len(a)*len(b) > 1<<20 {
+		return false
+	}
+	// m[j]: a's prefix read so far matches b[:j].
+	m := make([]bool, len(b)+1)
+	m[0] = true
+	for i := 0; i < len(a); i++ {
+		if a[i] == '*' {
+			for j := 1; j <= len(b); j++ {
+				m[j] = m[j] || m[j-1]
+			}
+			continue
+		}
+		for j := len(b); j >= 1; j-- {
+			m[j] = m[j-1] && b[j-1] == a[i]
+		}
+		m[0] = false
+	}
+	return m[len(b)]
 }
 
 func newNode() *node { return &node{exact: map[entry]*node{}, keyOnly: map[string]*node{}} }
@@ -300,14 +354,18 @@ func (n *node) lookup(e Entry) (next *node, variable bool) {
 
 // Load reads the files that patterns (filepath.Glob patterns) match, in
 // sorted order, each name once. A pattern that matches nothing is fine as
-// long as some pattern matches a file. Errors are *Error naming the file.
+// long as some pattern matches a file. Every problem of every file is
+// reported in one pass: the error is an *Error naming the file, or
+// Errors sorted by file and line when there are several.
 func Load(patterns []string) (*Config, error) {
 	seen := map[string]bool{}
 	var files []string
+	var errs []*Error
 	for _, pat := range patterns {
 		ms, err := filepath.Glob(pat)
 		if err != nil {
-			return nil, &Error{File: pat, Rule: "is not a valid glob pattern"}
+			errs = append(errs, &Error{File: pat, Rule: "is not a valid glob pattern"})
+			continue
 		}
 		for _, m := range ms {
 			if fi, err := os.Stat(m); err == nil && fi.IsDir() {
@@ -319,22 +377,27 @@ func Load(patterns []string) (*Config, error) {
 			}
 		}
 	}
-	if len(files) == 0 {
+	if len(files) == 0 && len(errs) == 0 {
 		return nil, &Error{File: strings.Join(patterns, ", "), Rule: "no rules file matches"}
 	}
 	sort.Strings(files)
-	srcs := make([]Source, len(files))
-	for i, f := range files {
+	var srcs []Source
+	for _, f := range files {
 		data, err := readFile(f)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
-		srcs[i] = Source{Name: f, Data: data}
+		srcs = append(srcs, Source{Name: f, Data: data})
 	}
-	return Parse(srcs)
+	c, perrs := parseSources(srcs)
+	if err := joinErrors(append(errs, perrs...), files); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
-func readFile(name string) ([]byte, error) {
+func readFile(name string) ([]byte, *Error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return nil, &Error{File: name, Rule: "cannot be read: " + errors.Unwrap(err).Error()}
@@ -357,46 +420,40 @@ type Source struct {
 }
 
 // Parse builds a Config from files' contents, in the order given. Two
-// files may not hold the same domain.
+// files may not hold the same domain. Every problem is reported: the
+// error is an *Error, or Errors sorted by file (in the order given) and
+// line when there are several.
 func Parse(files []Source) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
-	domainFile := map[string]string{}
-	ids := map[string]*Rule{}
-	h := sha256.New()
-	for _, f := range files {
-		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
-		h.Write(f.Data)
-		c.files = append(c.files, f.Name)
-		p := &parser{file: f.Name}
-		domain, root, line, err := p.parse(f.Data)
-		if err != nil {
-			return nil, err
-		}
-		if prev, dup := domainFile[domain]; dup {
-			return nil, &Error{File: f.Name, Path: "domain", Value: strconv.Quote(domain), Rule: "is already the domain of " + prev + ": each domain lives in one file", Line: line}
-		}
-		domainFile[domain] = f.Name
-		c.domains[domain] = root
-		for _, r := range p.rules {
-			if !r.Decided() {
-				continue
-			}
-			if other, dup := ids[r.Policy.ID]; dup {
-				return nil, &Error{File: r.File, Rule: fmt.Sprintf("rule %s has policy id %q, as has rule %s in %s (line %d); rename a key", r.Key, r.Policy.ID, other.Key, other.File, other.Line), Line: r.Line}
-			}
-			ids[r.Policy.ID] = r
-		}
-		c.rules = append(c.rules, p.rules...)
+	c, errs := parseSources(files)
+	names := make([]string, len(files))
+	for i, f := range files {
+		names[i] = f.Name
 	}
-	c.hash = hex.EncodeToString(h.Sum(nil))
+	if err := joinErrors(errs, names); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
-// parser reads one file.
+// parser reads one file, carrying on past each problem it finds.
 type parser struct {
 	file  string
 	rules []*Rule
+	errs  []*Error
+	named map[string]int      // rate_limit names (several rules may share one, as theirs)
+	refs  []replacesReference // every replaces entry, checked at the end
 }
+
+// replacesReference is one entry of a rate_limit's replaces list.
+type replacesReference struct {
+	path, name string
+	n          *yaml.Node
+}
+
+// Errors is every problem of a set of rules files, sorted by file and
+// line. Load and Parse return it when they find more than one;
+// errors.As finds each *Error.
+type Errors []*Error
 
 func (p *parser) errorf(path string, n *yaml.Node, format string, args ...any) *Error {
 	e := &Error{File: p.file, Path: path, Rule: fmt.Sprintf(format, args...)}
@@ -409,263 +466,228 @@ func (p *parser) errorf(path string, n *yaml.Node, format string, args ...any) *
 
 var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
 
-// file parses one file and returns its domain and tree.
-func (p *parser) parse(data []byte) (domain string, root *node, line int, err error) {
+// parse parses one file and returns its domain, its tree (nil when the
+// file is not a YAML mapping) and the domain's node; the problems found
+// are in p.errs.
+func (p *parser) parse(data []byte) (domain string, root *node, dn *yaml.Node) {
 	defer func() {
 		if r := recover(); r != nil { // the YAML parser is third-party code
-			err = &Error{File: p.file, Rule: fmt.Sprintf("invalid YAML: %v", r)}
+			p.add(&Error{File: p.file, Rule: fmt.Sprintf("invalid YAML: %v", r)})
+			root = nil
 		}
 	}()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	switch err := dec.Decode(&doc); {
-	case errors.Is(err, io.EOF):
-		return "", nil, 0, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
-	case err != nil:
-		e := &Error{File: p.file, Rule: "invalid YAML: " + err.Error()}
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			e.Rule = "invalid YAML: " + m[2]
-			e.Line, _ = strconv.Atoi(m[1])
-		}
-		return "", nil, 0, e
-	}
-	var next yaml.Node
-	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
-		return "", nil, 0, &Error{File: p.file, Rule: "only one YAML document is allowed", Line: next.Line}
-	}
-	if len(doc.Content) == 0 {
-		return "", nil, 0, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
-	}
-	m, err := p.mapping("", doc.Content[0], "domain", "descriptors")
+	doc, err := p.document(data)
 	if err != nil {
-		return "", nil, 0, err
+		p.add(err)
+		return "", nil, nil
 	}
-	dn := m["domain"]
-	if dn == nil {
-		return "", nil, 0, &Error{File: p.file, Path: "domain", Rule: "is required: the domain Envoy's rate_limit filter names", Line: yamlnode.Resolve(doc.Content[0]).Line}
+	m, err := p.mapping("", doc, "domain", "descriptors")
+	if err != nil {
+		p.add(err)
+		return "", nil, nil
 	}
-	if domain, err = p.text("domain", dn); err != nil {
-		return "", nil, 0, err
-	}
-	if domain == "" {
-		return "", nil, 0, p.errorf("domain", dn, "must not be empty")
+	if dn = m["domain"]; dn == nil {
+		p.add(&Error{File: p.file, Path: "domain", Rule: "is required: the domain Envoy's rate_limit filter names", Line: doc.Line})
+	} else if domain, err = p.text("domain", dn); err != nil {
+		p.add(err)
+	} else if domain == "" {
+		p.add(p.errorf("domain", dn, "must not be empty"))
 	}
 	root = newNode()
 	if ds := m["descriptors"]; ds != nil {
-		if err := p.descriptors("descriptors", ds, root, domain, domain); err != nil {
-			return "", nil, 0, err
-		}
+		p.descriptors("descriptors", ds, root, domain, domain)
 	}
-	return domain, root, dn.Line, nil
+	p.checkReplaces()
+	return domain, root, dn
 }
 
-func (p *parser) descriptors(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
+func (p *parser) descriptors(path string, n *yaml.Node, parent *node, domain, parentKey string) {
 	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		return p.errorf(path, n, "must be a list of descriptors, not %s", yamlnode.KindName(n))
+		p.add(p.errorf(path, n, "must be a list of descriptors, not %s", yamlnode.KindName(n)))
+		return
 	}
 	for i, item := range n.Content {
-		if err := p.descriptor(fmt.Sprintf("%s[%d]", path, i), item, parent, domain, parentKey); err != nil {
-			return err
-		}
+		p.descriptor(fmt.Sprintf("%s[%d]", path, i), item, parent, domain, parentKey)
 	}
-	return nil
 }
 
-func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, parentKey string) error {
+// descriptor reads one descriptor into parent's level of the tree; a
+// descriptor with a problem in its key or value is still read for the
+// problems of its rate_limit and descendants, on a node of its own.
+func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, parentKey string) {
 	m, err := p.mapping(path, n, "key", "value", "rate_limit", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "descriptors")
 	if err != nil {
-		return err
+		p.add(err)
+		return
 	}
-	f, err := p.flags(path, m)
-	if err != nil {
-		return err
-	}
-	shared := f.shared
-	if m["key"] == nil {
-		return &Error{File: p.file, Path: path + ".key", Rule: "is required", Line: yamlnode.Resolve(n).Line}
-	}
-	key, err := p.text(path+".key", m["key"])
-	if err != nil {
-		return err
-	}
-	if key == "" {
-		return p.errorf(path+".key", m["key"], "must not be empty")
-	}
-	var value string
-	if v := m["value"]; v != nil {
-		if value, err = p.text(path+".value", v); err != nil {
-			return err
-		}
-	}
+	f := p.flags(path, m)
+	key, value, ok := p.keyValue(path, n, m)
 	full := key
 	if value != "" {
 		full += "_" + value
 	}
 	full = parentKey + "." + full
-	e := entry{key, value}
 	child := newNode()
-	if shared && !strings.Contains(value, "*") {
-		return p.errorf(path+".share_threshold", m["share_threshold"], "applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter")
+	if f.shared && !strings.Contains(value, "*") {
+		p.add(p.errorf(path+".share_threshold", m["share_threshold"], "applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter"))
 	}
-	switch {
-	case value == "":
-		if parent.keyOnly[key] != nil {
-			return p.errorf(path+".key", m["key"], "duplicate descriptor: %s is already defined at this level", full)
-		}
-		parent.keyOnly[key] = child
-	case strings.Contains(value, "*"):
-		for _, w := range parent.wildcard {
-			if w.key == key && w.value == value {
-				return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
-			}
-		}
-		parent.wildcard = append(parent.wildcard, wildcardNode{key: key, value: value, parts: strings.Split(value, "*"), shared: shared, n: child})
-	default:
-		if parent.exact[e] != nil {
-			return p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full)
-		}
-		parent.exact[e] = child
+	if ok {
+		p.insert(path, m, parent, child, full, wildcardNode{key: key, value: value, shared: f.shared})
 	}
-	parent.has++
 	if rl := m["rate_limit"]; rl != nil {
-		r, err := p.rateLimit(path+".rate_limit", rl, domain, full)
-		if err != nil {
-			return err
+		r := p.rateLimit(path+".rate_limit", rl, domain, full)
+		if r.InFlight && value != "" {
+			p.add(p.errorf(path+".value", m["value"], "must not be set on a descriptor with %s: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own", InFlightKey))
 		}
 		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
+		r.QuotaMode, r.Metadata = f.quota, f.metadata
 		child.rule = r
 		p.rules = append(p.rules, r)
 	}
 	if ds := m["descriptors"]; ds != nil {
-		return p.descriptors(path+".descriptors", ds, child, domain, full)
+		p.descriptors(path+".descriptors", ds, child, domain, full)
 	}
-	return nil
 }
 
 // descriptorFlags are a descriptor's boolean keys.
-type descriptorFlags struct{ shared, shadow, detailed, valueToMetric bool }
+type descriptorFlags struct {
+	shared, shadow, detailed, valueToMetric, quota bool
+	metadata                                       *structpb.Struct
+}
 
-// flags reads the boolean keys of the descriptor m, checks metadata and
-// refuses quota_mode.
-func (p *parser) flags(path string, m map[string]*yaml.Node) (descriptorFlags, error) {
+// flags reads the boolean keys of the descriptor m and checks metadata
+// and quota_mode, recording what breaks a rule.
+func (p *parser) flags(path string, m map[string]*yaml.Node) descriptorFlags {
 	var f descriptorFlags
-	if q := m["quota_mode"]; q != nil {
-		return f, p.errorf(path+".quota_mode", q, "is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits, and sluice decides every descriptor of a request all or nothing; use shadow_mode to observe a limit without enforcing it")
-	}
-	if md := m["metadata"]; md != nil && md.Kind != yaml.MappingNode {
-		return f, p.errorf(path+".metadata", md, "must be a mapping, not %s", yamlnode.KindName(md))
+	if md := m["metadata"]; md != nil {
+		f.metadata = p.metadata(path+".metadata", md)
 	}
 	for _, b := range []struct {
 		key string
 		out *bool
-	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}} {
-		if err := p.bool(path+"."+b.key, m[b.key], b.out); err != nil {
-			return f, err
-		}
+	}{{"share_threshold", &f.shared}, {"value_to_metric", &f.valueToMetric}, {"shadow_mode", &f.shadow}, {"detailed_metric", &f.detailed}, {"quota_mode", &f.quota}} {
+		p.add(p.bool(path+"."+b.key, m[b.key], b.out))
 	}
-	return f, nil
+	return f
+}
+
+// metadata reads a descriptor's metadata, a mapping sent back to Envoy
+// as dynamic metadata, into a Struct; nil (and a problem recorded) when
+// it is not a mapping or holds what a Struct cannot (a key that is not
+// a string, a timestamp).
+func (p *parser) metadata(path string, n *yaml.Node) *structpb.Struct {
+	if n.Kind != yaml.MappingNode {
+		p.add(p.errorf(path, n, "must be a mapping, not %s", yamlnode.KindName(n)))
+		return nil
+	}
+	var m map[string]any
+	if err := n.Decode(&m); err != nil {
+		p.add(&Error{File: p.file, Path: path, Rule: "must be a mapping of names to values: " + err.Error(), Line: n.Line})
+		return nil
+	}
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		p.add(&Error{File: p.file, Path: path, Rule: "cannot be sent as Envoy dynamic metadata: " + err.Error(), Line: n.Line})
+		return nil
+	}
+	return s
 }
 
 // rateLimit reads the rate_limit block of the descriptor whose full key
 // is full into its Rule: the names, then unlimited or the limit and the
-// policy that decides it.
-func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) (*Rule, error) {
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align")
-	if err != nil {
-		return nil, err
-	}
+// policy that decides it. A block with a problem (recorded) gives a rule
+// without a policy.
+func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule {
 	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
-	if err := p.bool(path+".unlimited", m["unlimited"], &r.Unlimited); err != nil {
-		return nil, err
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey)
+	if err != nil {
+		p.add(err)
+		return r
 	}
-	if v := m["name"]; v != nil {
-		if r.Name, err = p.text(path+".name", v); err != nil {
-			return nil, err
-		}
-	}
-	if v := m["replaces"]; v != nil {
-		if r.Replaces, err = p.replaces(path+".replaces", v, r.Name); err != nil {
-			return nil, err
-		}
-	}
+	before := len(p.errs)
+	p.add(p.bool(path+".unlimited", m["unlimited"], &r.Unlimited))
+	p.names(path, m, r)
 	if r.Unlimited {
-		if err := p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align"); err != nil {
-			return nil, err
-		}
-		return r, nil
+		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey)
+		return r
+	}
+	if v := m[InFlightKey]; v != nil {
+		p.inFlight(path, m, v, r)
+		return r
 	}
 	if r.Unit, err = p.unit(path+".unit", m["unit"], r.Line); err != nil {
-		return nil, err
+		p.add(err)
 	}
 	if v := m["requests_per_unit"]; v != nil {
 		if err := p.int(path+".requests_per_unit", v, &r.RequestsPerUnit); err != nil {
-			return nil, err
-		}
-		if r.RequestsPerUnit < 0 || r.RequestsPerUnit > 1<<32-1 {
-			return nil, p.errorf(path+".requests_per_unit", v, "must be between 0 and 4294967295")
+			p.add(err)
+		} else if r.RequestsPerUnit < 0 || r.RequestsPerUnit > 1<<32-1 {
+			p.add(p.errorf(path+".requests_per_unit", v, "must be between 0 and 4294967295"))
 		}
 	}
-	pol, err := p.policy(path, m, r)
-	if err != nil {
-		return nil, err
-	}
+	pol := p.policy(path, m, r)
 	if r.RequestsPerUnit == 0 {
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
-		if err := p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align"); err != nil {
-			return nil, err
-		}
-		return r, nil
+		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align")
+		return r
+	}
+	if len(p.errs) > before {
+		return r // the policy is built of values that broke a rule
 	}
 	if err := pol.Validate(); err != nil {
-		return nil, p.policyError(path, m, r.Line, err)
+		p.add(p.policyError(path, m, r.Line, err))
+		return r
 	}
 	r.Policy = pol
-	return r, nil
+	return r
 }
 
 // replaces reads rate_limit.replaces, a list of {name: …}, into the names
 // it lists; own is the rule's own name, which the list must not hold.
-func (p *parser) replaces(path string, n *yaml.Node, own string) ([]string, error) {
+func (p *parser) replaces(path string, n *yaml.Node, own string) []string {
 	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		return nil, p.errorf(path, n, "must be a list of {name: …}, not %s", yamlnode.KindName(n))
+		p.add(p.errorf(path, n, "must be a list of {name: …}, not %s", yamlnode.KindName(n)))
+		return nil
 	}
 	var names []string
 	for i, item := range n.Content {
 		ipath := fmt.Sprintf("%s[%d]", path, i)
 		im, err := p.mapping(ipath, item, "name")
 		if err != nil {
-			return nil, err
+			p.add(err)
+			continue
 		}
 		var name string
 		if im["name"] != nil {
 			if name, err = p.text(ipath+".name", im["name"]); err != nil {
-				return nil, err
+				p.add(err)
+				continue
 			}
 		}
-		if name == "" {
-			return nil, &Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: yamlnode.Resolve(item).Line}
+		switch {
+		case name == "":
+			p.add(&Error{File: p.file, Path: ipath + ".name", Rule: "is required: the name of the rate_limit this one replaces", Line: yamlnode.Resolve(item).Line})
+		case name == own:
+			p.add(p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself"))
+		default:
+			p.refs = append(p.refs, replacesReference{path: ipath + ".name", name: name, n: im["name"]})
+			names = append(names, name)
 		}
-		if name == own {
-			return nil, p.errorf(ipath+".name", im["name"], "is this rate_limit's own name: a rule cannot replace itself")
-		}
-		names = append(names, name)
 	}
-	return names, nil
+	return names
 }
 
-// unset returns an error for the first of keys that m sets, saying it
-// must not be set for the reason why (e.g. "when unlimited is true"), or
-// nil when m sets none of them.
-func (p *parser) unset(path string, m map[string]*yaml.Node, why string, keys ...string) error {
+// unset records an error for each of keys that m sets, saying it must not
+// be set for the reason why (e.g. "when unlimited is true").
+func (p *parser) unset(path string, m map[string]*yaml.Node, why string, keys ...string) {
 	for _, k := range keys {
 		if m[k] != nil {
-			return p.errorf(path+"."+k, m[k], "must not be set %s", why)
+			p.add(p.errorf(path+"."+k, m[k], "must not be set %s", why))
 		}
 	}
-	return nil
 }
 
 // unit reads rate_limit.unit, which n holds; a nil n is a missing unit,
@@ -692,44 +714,43 @@ func (p *parser) unit(path string, n *yaml.Node, line int) (Unit, error) {
 
 // policy builds the sluice policy that decides r: a fixed window of r's
 // requests per unit aligned to the clock, unless the rate_limit block m
-// sets sluice's own keys algorithm, burst, failure_mode or align. The
-// caller validates it.
-func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) (sluice.Policy, error) {
+// sets sluice's own keys algorithm, burst, failure_mode or align; it
+// records what breaks a rule. The caller validates it.
+func (p *parser) policy(path string, m map[string]*yaml.Node, r *Rule) sluice.Policy {
 	pol := sluice.Policy{ID: PolicyID(r.Key), Algorithm: sluice.FixedWindow, Limit: r.RequestsPerUnit, Window: r.Unit.Duration()}
 	var err error
 	if v := m["algorithm"]; v != nil {
 		if pol.Algorithm, err = p.algorithm(path+".algorithm", v); err != nil {
-			return sluice.Policy{}, err
+			p.add(err)
 		}
 	}
 	if v := m["burst"]; v != nil {
 		if err := p.int(path+".burst", v, &pol.Burst); err != nil {
-			return sluice.Policy{}, err
-		}
-		if pol.Burst == 0 {
-			return sluice.Policy{}, p.errorf(path+".burst", v, "must not be zero; leave it out for the default (requests_per_unit)")
+			p.add(err)
+		} else if pol.Burst == 0 {
+			p.add(p.errorf(path+".burst", v, "must not be zero; leave it out for the default (requests_per_unit)"))
 		}
 	}
 	if v := m["failure_mode"]; v != nil {
 		if r.FailureMode, err = p.failureMode(path+".failure_mode", v); err != nil {
-			return sluice.Policy{}, err
+			p.add(err)
 		}
 	}
 	pol.ClockAligned = pol.Algorithm == sluice.FixedWindow
 	if v := m["align"]; v != nil {
 		s, err := p.text(path+".align", v)
-		if err != nil {
-			return sluice.Policy{}, err
-		}
 		switch {
+		case err != nil:
+			p.add(err)
 		case s != "clock" && s != "first_request":
-			return sluice.Policy{}, p.errorf(path+".align", v, "must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request)")
+			p.add(p.errorf(path+".align", v, "must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request)"))
 		case pol.Algorithm != sluice.FixedWindow:
-			return sluice.Policy{}, p.errorf(path+".align", v, "applies only to fixed_window, the one algorithm with windows to align")
+			p.add(p.errorf(path+".align", v, "applies only to fixed_window, the one algorithm with windows to align"))
+		default:
+			pol.ClockAligned = s == "clock"
 		}
-		pol.ClockAligned = s == "clock"
 	}
-	return pol, nil
+	return pol
 }
 
 // algorithm reads rate_limit.algorithm: any algorithm but concurrency,
@@ -744,9 +765,61 @@ func (p *parser) algorithm(path string, n *yaml.Node) (sluice.Algorithm, error) 
 		return 0, p.errorf(path, n, "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
 	}
 	if a == sluice.Concurrency {
-		return 0, p.errorf(path, n, "is not supported by the Envoy service: RLS has no call to release a lease, so every lease would be held for its whole lease_ttl; limit concurrency with the check API (/v1/check and /v1/release), the proxy or the middleware")
+		return 0, p.errorf(path, n, "is not an algorithm of the Envoy service: an in-flight limit is %s: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits)", InFlightKey)
 	}
 	return a, nil
+}
+
+// InFlightKey is the rate_limit key of sluice's in-flight limits, a
+// mapping of limit (the most requests in flight per subject) and
+// lease_ttl (how long a lease lives when the stream-done call never
+// comes). Its "sluice_" prefix keeps an envoyproxy/ratelimit file from
+// meaning it by accident.
+const InFlightKey = "sluice_in_flight"
+
+// inFlight reads the sluice_in_flight block v of the rate_limit block m
+// into r: a concurrency policy whose leases the descriptor's value
+// names. The descriptor must have no value (descriptor checks that), and
+// m no key of a rate.
+func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r *Rule) {
+	before := len(p.errs)
+	r.InFlight = true
+	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align")
+	if fm := m["failure_mode"]; fm != nil {
+		var err error
+		if r.FailureMode, err = p.failureMode(path+".failure_mode", fm); err != nil {
+			p.add(err)
+		}
+	}
+	ipath := path + "." + InFlightKey
+	im, err := p.mapping(ipath, v, "limit", "lease_ttl")
+	if err != nil {
+		p.add(err)
+		return
+	}
+	pol := sluice.Policy{ID: PolicyID(r.Key), Algorithm: sluice.Concurrency}
+	if l := im["limit"]; l == nil {
+		p.add(&Error{File: p.file, Path: ipath + ".limit", Rule: "is required: the most requests in flight per subject", Line: v.Line})
+	} else if err := p.int(ipath+".limit", l, &pol.Limit); err != nil {
+		p.add(err)
+	}
+	if t := im["lease_ttl"]; t == nil {
+		p.add(&Error{File: p.file, Path: ipath + ".lease_ttl", Rule: "is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m", Line: v.Line})
+	} else if s, err := p.text(ipath+".lease_ttl", t); err != nil {
+		p.add(err)
+	} else if pol.LeaseTTL, err = time.ParseDuration(s); err != nil {
+		p.add(p.errorf(ipath+".lease_ttl", t, "must be a duration such as 30s or 5m"))
+	}
+	if len(p.errs) > before {
+		return
+	}
+	if err := pol.Validate(); err != nil {
+		e := p.policyError(ipath, im, v.Line, err)
+		e.Path = strings.Replace(e.Path, "requests_per_unit", "limit", 1)
+		p.add(e)
+		return
+	}
+	r.RequestsPerUnit, r.Policy = pol.Limit, pol
 }
 
 // failureMode reads rate_limit.failure_mode: closed or open, as local
@@ -809,8 +882,9 @@ func PolicyID(key string) string {
 	return string(b) + "-" + hex.EncodeToString(sum[:4])
 }
 
-// mapping checks that n is a mapping of known, distinct keys and returns
-// its values by key.
+// mapping checks that n is a mapping and returns its values by key,
+// recording each key that is unknown, repeated or not a plain name (and
+// leaving it out). The error is n not being a mapping.
 func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string]*yaml.Node, error) {
 	n = yamlnode.Resolve(n)
 	if n.Kind != yaml.MappingNode {
@@ -821,17 +895,16 @@ func (p *parser) mapping(path string, n *yaml.Node, known ...string) (map[string
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := yamlnode.Resolve(n.Content[i])
 		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
-			return nil, &Error{File: p.file, Path: path, Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line}
+			p.add(&Error{File: p.file, Path: path, Rule: "keys must be plain names; merge keys (<<) and complex keys are not supported", Line: k.Line})
+			continue
 		}
-		ok := false
-		for _, kn := range known {
-			ok = ok || kn == k.Value
-		}
-		if !ok {
-			return nil, &Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line}
+		if !slices.Contains(known, k.Value) {
+			p.add(&Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: "unknown key: must be one of " + strings.Join(known, ", "), Line: k.Line})
+			continue
 		}
 		if _, dup := lines[k.Value]; dup {
-			return nil, &Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line}
+			p.add(&Error{File: p.file, Path: yamlnode.Join(path, k.Value), Rule: fmt.Sprintf("is set twice (first at line %d)", lines[k.Value]), Line: k.Line})
+			continue
 		}
 		lines[k.Value] = k.Line
 		if v := yamlnode.Resolve(n.Content[i+1]); v.Kind != yaml.ScalarNode || v.Tag != "!!null" {
@@ -868,4 +941,211 @@ func (p *parser) int(path string, n *yaml.Node, out *int64) error {
 		return p.errorf(path, n, "must be an integer that fits in 64 bits")
 	}
 	return nil
+}
+
+// parseSources parses every file, carrying on past each problem, and
+// returns the Config and every problem found.
+func parseSources(files []Source) (*Config, []*Error) {
+	c := &Config{domains: map[string]*node{}}
+	domainFile := map[string]string{}
+	ids := map[string]*Rule{}
+	var errs []*Error
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+		c.files = append(c.files, f.Name)
+		p := &parser{file: f.Name}
+		domain, root, dn := p.parse(f.Data)
+		errs = append(errs, p.errs...)
+		if root == nil {
+			continue
+		}
+		if prev, dup := domainFile[domain]; dup {
+			errs = append(errs, p.errorf("domain", dn, "is already the domain of %s: each domain lives in one file", prev))
+		} else if domain != "" {
+			domainFile[domain] = f.Name
+			c.domains[domain] = root
+		}
+		for _, r := range p.rules {
+			if !r.Decided() {
+				continue
+			}
+			if other, dup := ids[r.Policy.ID]; dup {
+				errs = append(errs, &Error{File: r.File, Rule: fmt.Sprintf("rule %s has policy id %q, as has rule %s in %s (line %d); rename a key", r.Key, r.Policy.ID, other.Key, other.File, other.Line), Line: r.Line})
+				continue
+			}
+			ids[r.Policy.ID] = r
+		}
+		c.rules = append(c.rules, p.rules...)
+	}
+	c.hash = hex.EncodeToString(h.Sum(nil))
+	return c, errs
+}
+
+// Error lists the errors, one per line.
+func (es Errors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// Unwrap returns the errors for errors.Is and errors.As.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
+}
+
+// joinErrors returns nil for no errors, the *Error itself for one, and
+// Errors sorted by file (in the order of files; others last) and line
+// for several.
+func joinErrors(es []*Error, files []string) error {
+	switch len(es) {
+	case 0:
+		return nil
+	case 1:
+		return es[0]
+	}
+	rank := func(file string) int {
+		if i := slices.Index(files, file); i >= 0 {
+			return i
+		}
+		return len(files)
+	}
+	slices.SortStableFunc(es, func(a, b *Error) int {
+		return cmp.Or(cmp.Compare(rank(a.File), rank(b.File)), cmp.Compare(a.Line, b.Line))
+	})
+	return Errors(es)
+}
+
+// add records err, an *Error from one of the parser's helpers, or any
+// error (then at the file alone).
+func (p *parser) add(err error) {
+	if err == nil {
+		return
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{File: p.file, Rule: err.Error()}
+	}
+	p.errs = append(p.errs, e)
+}
+
+// document decodes data, one YAML document, and returns its top node.
+func (p *parser) document(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	switch err := dec.Decode(&doc); {
+	case errors.Is(err, io.EOF):
+		return nil, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
+	case err != nil:
+		e := &Error{File: p.file, Rule: "invalid YAML: " + err.Error()}
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			e.Rule = "invalid YAML: " + m[2]
+			e.Line, _ = strconv.Atoi(m[1])
+		}
+		return nil, e
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, &Error{File: p.file, Rule: "only one YAML document is allowed", Line: next.Line}
+	}
+	if len(doc.Content) == 0 {
+		return nil, &Error{File: p.file, Rule: "is empty: a rules file needs a domain"}
+	}
+	return yamlnode.Resolve(doc.Content[0]), nil
+}
+
+// checkReplaces reports every replaces entry that names no rate_limit of
+// the file's domain: it would turn the replacement off without a word.
+func (p *parser) checkReplaces() {
+	for _, ref := range p.refs {
+		if _, ok := p.named[ref.name]; !ok {
+			p.add(p.errorf(ref.path, ref.n, "names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied)"))
+		}
+	}
+}
+
+// keyValue reads a descriptor's key and value; ok is false when either
+// breaks a rule (recorded).
+func (p *parser) keyValue(path string, n *yaml.Node, m map[string]*yaml.Node) (key, value string, ok bool) {
+	ok = true
+	if m["key"] == nil {
+		p.add(&Error{File: p.file, Path: path + ".key", Rule: "is required", Line: yamlnode.Resolve(n).Line})
+		ok = false
+	} else if k, err := p.text(path+".key", m["key"]); err != nil {
+		p.add(err)
+		ok = false
+	} else if key = k; key == "" {
+		p.add(p.errorf(path+".key", m["key"], "must not be empty"))
+		ok = false
+	}
+	if v := m["value"]; v != nil {
+		var err error
+		if value, err = p.text(path+".value", v); err != nil {
+			p.add(err)
+			ok = false
+		}
+	}
+	return key, value, ok
+}
+
+// insert puts child at parent's level under w's key and value (exact,
+// wildcard or key alone), unless another descriptor there already takes
+// that place or, for a wildcard, takes every value it would match.
+func (p *parser) insert(path string, m map[string]*yaml.Node, parent, child *node, full string, w wildcardNode) {
+	key, value := w.key, w.value
+	switch {
+	case value == "":
+		if parent.keyOnly[key] != nil {
+			p.add(p.errorf(path+".key", m["key"], "duplicate descriptor: %s is already defined at this level", full))
+			return
+		}
+		parent.keyOnly[key] = child
+	case strings.Contains(value, "*"):
+		for _, o := range parent.wildcard {
+			switch {
+			case o.key != key:
+			case o.value == value:
+				p.add(p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full))
+				return
+			case wildcardCovers(o.value, value):
+				p.add(p.errorf(path+".value", m["value"], "can never match: the wildcard %q above it (line %d) matches every value this one does, and the first wildcard that matches wins", o.value, o.line))
+				return
+			}
+		}
+		w.parts, w.n, w.line = strings.Split(value, "*"), child, m["value"].Line
+		parent.wildcard = append(parent.wildcard, w)
+	default:
+		e := entry{key, value}
+		if parent.exact[e] != nil {
+			p.add(p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full))
+			return
+		}
+		parent.exact[e] = child
+	}
+	parent.has++
+}
+
+// names reads rate_limit.name and replaces into r, recording every
+// replaces entry for checkReplaces.
+func (p *parser) names(path string, m map[string]*yaml.Node, r *Rule) {
+	if v := m["name"]; v != nil {
+		name, err := p.text(path+".name", v)
+		p.add(err)
+		if r.Name = name; name != "" {
+			if p.named == nil {
+				p.named = map[string]int{}
+			}
+			p.named[name] = v.Line
+		}
+	}
+	if v := m["replaces"]; v != nil {
+		r.Replaces = p.replaces(path+".replaces", v, r.Name)
+	}
 }

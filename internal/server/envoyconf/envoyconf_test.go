@@ -17,7 +17,7 @@ func TestInvalid(t *testing.T) {
 		want string // the message after "testdata/invalid/<file>: "
 	}{
 		{"bad_algorithm.yaml", `descriptors[0].rate_limit.algorithm: "leaky_bucket": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (line 7)`},
-		{"concurrency.yaml", `descriptors[0].rate_limit.algorithm: "concurrency": is not supported by the Envoy service: RLS has no call to release a lease`},
+		{"concurrency.yaml", `descriptors[0].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`},
 		{"bad_failure_mode.yaml", `descriptors[0].rate_limit.failure_mode: "local": must be one of closed, open`},
 		{"bad_unit.yaml", `descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 5)`},
 		{"burst_fixed_window.yaml", `descriptors[0].rate_limit.burst: 10: applies only to token_bucket and gcra; leave it unset for fixed_window (line 7)`},
@@ -33,13 +33,18 @@ func TestInvalid(t *testing.T) {
 		{"rpu_string.yaml", `descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 6)`},
 		{"shadow_not_bool.yaml", `descriptors[0].shadow_mode: "yes please": must be true or false (line 4)`},
 		{"unknown_key.yaml", `descriptors[0].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 4)`},
-		{"quota_mode.yaml", `descriptors[0].quota_mode: true: is not supported: quota_mode answers OK while some but not all quota descriptors are over their limits`},
+		{"quota_mode_not_bool.yaml", `descriptors[0].quota_mode: "sometimes": must be true or false (line 4)`},
 		{"share_threshold_no_wildcard.yaml", `descriptors[0].share_threshold: true: applies only to a descriptor whose value holds a wildcard (*): it makes every value the wildcard matches share one counter (line 5)`},
 		{"value_to_metric_not_bool.yaml", `descriptors[0].value_to_metric: "yes": must be true or false (line 4)`},
 		{"align_token_bucket.yaml", `descriptors[0].rate_limit.align: "clock": applies only to fixed_window, the one algorithm with windows to align (line 8)`},
 		{"align_unknown.yaml", `descriptors[0].rate_limit.align: "midnight": must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request) (line 7)`},
 		{"wildcard_duplicate.yaml", `descriptors[1].value: "/api/*/action": duplicate descriptor: d.path_/api/*/action is already defined at this level (line 7)`},
 		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
+		{"replaces_unknown.yaml", `descriptors[0].rate_limit.replaces[0].name: "nowhere": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 6)`},
+		{"wildcard_never_matches.yaml", `descriptors[1].value: "/api/*/action": can never match: the wildcard "/api/*" above it (line 4) matches every value this one does, and the first wildcard that matches wins (line 7)`},
+		{"in_flight_with_value.yaml", `descriptors[0].descriptors[0].value: "fixed": must not be set on a descriptor with sluice_in_flight: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own (line 6)`},
+		{"in_flight_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set with sluice_in_flight, which counts requests in flight, not a rate (line 5)`},
+		{"in_flight_no_ttl.yaml", `descriptors[0].rate_limit.sluice_in_flight.lease_ttl: is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m (line 5)`},
 		{"week.yaml", `descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day: sluice windows are at most 24h, and a month or a year has no fixed length (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -59,8 +64,124 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 25 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 25)
+	if len(files) != 30 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 30)
+	}
+}
+
+// TestEveryProblem: Parse reports every problem of every file in one
+// pass, sorted by file (in the order given) and line, and a file with a
+// problem still has the rest of it checked.
+func TestEveryProblem(t *testing.T) {
+	_, err := Parse([]Source{
+		{Name: "b.yaml", Data: []byte("domain: two\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, burst: 0 }\n")},
+		{Name: "a.yaml", Data: []byte(`descriptors:
+  - rate_limit: { unit: hour, requests_per_unit: 1 }
+    descriptors:
+      - key: inner
+        rate_limit: { unit: hour, requests_per_unit: lots }
+  - key: k
+    value: "*"
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: k
+    value: "a*"
+    rate_limit: { unlimited: true, unit: hour }
+`)},
+		{Name: "c.yaml", Data: []byte("domain: [x\n")},
+	})
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Parse = %v, want Errors", err)
+	}
+	want := []string{
+		"b.yaml: descriptors[0].rate_limit.burst: 0: must not be zero; leave it out for the default (requests_per_unit) (line 4)",
+		"a.yaml: domain: is required: the domain Envoy's rate_limit filter names (line 1)",
+		"a.yaml: descriptors[0].key: is required (line 2)",
+		`a.yaml: descriptors[0].descriptors[0].rate_limit.requests_per_unit: "lots": must be an integer (line 5)`,
+		`a.yaml: descriptors[2].value: "a*": can never match: the wildcard "*" above it (line 7) matches every value this one does, and the first wildcard that matches wins (line 10)`,
+		`a.yaml: descriptors[2].rate_limit.unit: "hour": must not be set when unlimited is true (line 11)`,
+		"c.yaml: invalid YAML: did not find expected ',' or ']' (line 1)",
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, e.Error())
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Parse errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestInFlight: a sluice_in_flight rule is a concurrency policy whose
+// lease the descriptor's value names; the subject is the entries above.
+func TestInFlight(t *testing.T) {
+	c, err := Parse([]Source{{Name: "f.yaml", Data: []byte(`domain: api
+descriptors:
+  - key: user
+    descriptors:
+      - key: request_id
+        rate_limit:
+          failure_mode: open
+          sluice_in_flight: { limit: 10, lease_ttl: 5m }
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, vars := c.Match("api", []Entry{{"user", "alice"}, {"request_id", "r1"}})
+	want := sluice.Policy{ID: "api.user.request_id", Algorithm: sluice.Concurrency, Limit: 10, LeaseTTL: 5 * time.Minute}
+	if r == nil || !r.InFlight || r.Policy != want || r.RequestsPerUnit != 10 || r.FailureMode != sluice.FailOpen {
+		t.Fatalf("Match = %+v, want an in-flight rule with policy %+v, failing open", r, want)
+	}
+	if fmtEntries(vars) != "[{user alice} {request_id r1}]" {
+		t.Errorf("vars = %s, want the user and the request id", fmtEntries(vars))
+	}
+}
+
+// TestQuotaModeAndMetadata loads envoyproxy/ratelimit's metadata.yaml
+// (test/config, copied unchanged) and the quota example of their
+// examples/ratelimit/config/example.yaml: a rule carries its
+// descriptor's quota_mode and metadata, as their GetLimit returns them
+// (their TestMetadata).
+func TestQuotaModeAndMetadata(t *testing.T) {
+	c, err := Load([]string{"testdata/valid/metadata.yaml", "testdata/valid/quota.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Match("test-domain", []Entry{{"key1", "value1"}, {"subkey1", "something"}})
+	if r == nil || r.RequestsPerUnit != 5 || r.Unit != Second || r.Metadata.GetFields()["name"].GetStringValue() != "service_1" {
+		t.Errorf("key1_value1.subkey1 = %+v, want 5 a second with metadata name: service_1", r)
+	}
+	r, _ = c.Match("test-domain", []Entry{{"key2", "something"}})
+	if r == nil || r.RequestsPerUnit != 20 || r.Metadata.GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue() != "service_2" {
+		t.Errorf("key2 = %+v, want 20 a minute with metadata service_with_quota.name: service_2", r)
+	}
+	r, _ = c.Match("test-domain", []Entry{{"key1", "value1"}, {"subkey1", "subvalue1"}})
+	if r == nil || r.Metadata != nil {
+		t.Errorf("key1_value1.subkey1_subvalue1 = %+v, want no metadata", r)
+	}
+	r, _ = c.Match("rl", []Entry{{"service", "service_2"}})
+	if r == nil || !r.QuotaMode || r.RequestsPerUnit != 2 || r.Metadata.GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue() != "service_2" {
+		t.Errorf("service_2 = %+v, want quota_mode, 2 a minute, metadata service_with_quota.name: service_2", r)
+	}
+}
+
+func TestWildcardCovers(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"*", "a*", true},
+		{"a*", "*", false},
+		{"/api/*", "/api/*/action", true},
+		{"/api/*/action", "/api/*", false},
+		{"/api/*/action", "/api/v1/*/action", true},
+		{"*ab*", "*a*b*", false}, // "acb" matches the second only
+		{"a*b", "a*b*b", true},
+		{"a*", "b*", false},
+		{"*x*", "*x*y*", true},
+	} {
+		if got := wildcardCovers(tc.a, tc.b); got != tc.want {
+			t.Errorf("wildcardCovers(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }
 

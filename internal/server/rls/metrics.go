@@ -23,7 +23,9 @@ const NoRule = "(none)"
 //     rule (the policy ID derived from the rule's key, NoRule, or
 //     OverrideRule for a descriptor's limit override) and
 //     what became of them: ok, over_limit, shadow_over_limit (over the
-//     limit but answered OK: shadow_mode), unlimited, failed_open, or
+//     limit but answered OK: shadow_mode), unlimited, failed_open,
+//     released (an in-flight lease given back by the stream-done call),
+//     replaced (a rule another matched rule's replaces dropped), or
 //     no_rule.
 //
 // Label values come from the rules files or fixed sets, never from a
@@ -71,6 +73,8 @@ func (m *Metrics) countDescriptor(d *descriptor, code string) {
 		label = OverrideRule
 	case d.rule != nil:
 		label = envoyconf.PolicyID(d.rule.Key)
+	case d.replaced != nil:
+		label = envoyconf.PolicyID(d.replaced.Key)
 	}
 	m.descriptors.WithLabelValues(label, code).Inc()
 }
@@ -78,6 +82,10 @@ func (m *Metrics) countDescriptor(d *descriptor, code string) {
 // codeLabel is the code label of a descriptor's final status.
 func codeLabel(d *descriptor) string {
 	switch {
+	case d.replaced != nil:
+		return "replaced"
+	case d.release && !d.failedOpen:
+		return "released"
 	case d.rule == nil:
 		return "no_rule"
 	case d.failedOpen:

@@ -3,6 +3,7 @@ package rls
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -89,3 +90,37 @@ func clampCost(h uint64) int64 { return int64(min(h, math.MaxInt64)) }
 // read the store's overrides (an OverrideStore is read again every 500ms
 // while in use, and past maxOverrides a Limiter is made per request).
 type decideOnly struct{ sluice.Store }
+
+// OverrideSubject returns what a tenant plan (sluice.Override) must name
+// to reach the descriptor of domain with entries as this service decides
+// it: the policy of the rule that matches it, the subject this service
+// checks (the pseudonym of the entries the rule does not fix) and the
+// subject under older keys during a rotation. For an in-flight rule the
+// last entry names a lease, not the subject: its value is left out. The
+// error says why no plan can reach it: an unknown domain, no rule, or a
+// rule the store does not decide (unlimited, 0 per unit).
+func (st *State) OverrideSubject(domain string, entries []envoyconf.Entry) (policy, subject string, previous []string, err error) {
+	if !st.Rules.HasDomain(domain) {
+		return "", "", nil, fmt.Errorf("domain %q: no rules file holds it", domain)
+	}
+	r, vars := st.Rules.Match(domain, entries)
+	switch {
+	case r == nil:
+		return "", "", nil, fmt.Errorf("descriptor %s: no rule of domain %q matches it", describe(entries), domain)
+	case !r.Decided():
+		return "", "", nil, fmt.Errorf("descriptor %s: its rule %s is unlimited or allows 0, so no store decides it", describe(entries), r.Key)
+	case r.InFlight:
+		vars = vars[:len(vars)-1]
+	}
+	id := identity(vars)
+	return r.Policy.ID, st.Pseudonymizer.Pseudonym(SubjectKind, id, domain), st.Pseudonymizer.Previous(SubjectKind, id, domain), nil
+}
+
+// describe writes entries as key=value pairs, for an operator's message.
+func describe(entries []envoyconf.Entry) string {
+	parts := make([]string, len(entries))
+	for i, e := range entries {
+		parts[i] = e.Key + "=" + e.Value
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}

@@ -39,10 +39,15 @@
 // when no rule matches (an unknown domain or descriptor, as
 // envoyproxy/ratelimit answers); OK with limit_remaining 4294967295 for
 // unlimited rules; OK, whatever the verdict, for shadow_mode rules. The
-// overall code is OVER_LIMIT when any status is. The answer carries the
+// overall code is OVER_LIMIT when any status of a rule outside quota_mode
+// is, or when every quota_mode descriptor's is (envoyproxy/ratelimit's
+// quota_mode); with State.ResponseMetadata the answer carries their
+// dynamic metadata (see dynamicMetadata). The answer carries the
 // RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers (and Retry-After when over the
-// limit) as response_headers_to_add.
+// draft-ietf-httpapi-ratelimit-headers for every rule the store decided,
+// shadow_mode ones included (a shadow answer carries what an enforced
+// one would), and Retry-After when an enforced rule is over the limit,
+// as response_headers_to_add.
 //
 // When the store cannot decide (an Unavailable or Indeterminate outcome,
 // or corrupt state), the policies' failure mode picks the answer: if
@@ -52,11 +57,14 @@
 // failure_mode_deny (deny when true, allow when false). The response code
 // UNKNOWN is never sent: Envoy treats it as OK.
 //
-// Concurrency limits are not served here: RLS has no call that tells the
-// service a request has finished, so a lease could never be released and
-// every one would be held for its whole lease_ttl. envoyconf refuses
-// algorithm: concurrency with an error naming the line; limit concurrency
-// with the check API, the proxy or the middleware.
+// In-flight limits (a rule's sluice_in_flight, envoyconf.Rule.InFlight)
+// are leases: the request-time call acquires one, named by the pseudonym
+// of the descriptor's last value (Envoy's x-request-id), for the subject
+// of the entries above it; Envoy's stream-done call (apply_on_stream_done)
+// sends the same descriptor with is_negative_hits or a hits_addend of 0,
+// and releases it; a lease whose release never comes expires after the
+// policy's lease TTL. Each such descriptor is decided in a check of its
+// own.
 package rls
 
 import (
@@ -114,6 +122,10 @@ type State struct {
 	// refused InvalidArgument naming the bound, before any store call.
 	// Default (0): DefaultMaxDescriptors, DefaultMaxEntries.
 	MaxDescriptors, MaxEntries int
+	// ResponseMetadata sends dynamic metadata with every answer, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does (see
+	// dynamicMetadata). Default: false.
+	ResponseMetadata bool
 
 	core      *edge.Core // decides with Limiter: Core, or one Swap made
 	mu        sync.Mutex
@@ -252,10 +264,17 @@ type descriptor struct {
 	previous []string // subject under older keys during a key rotation
 	cost     int64
 	refund   bool
-	status   *rlspb.RateLimitResponse_DescriptorStatus
-	// decided is the store's verdict for an enforced (non-shadow) rule,
-	// for the response headers.
+	// lease names the lease of an in-flight rule (Rule.InFlight), which
+	// the descriptor acquires, or gives back when release is set.
+	lease   string
+	release bool
+	status  *rlspb.RateLimitResponse_DescriptorStatus
+	// decided is the store's verdict, for the response headers (a
+	// shadow rule's too: its answer carries what an enforced one would).
 	decided *sluice.Status
+	// replaced is the rule another matched rule's replaces dropped (rule
+	// is then nil): counted as replaced, not as no rule.
+	replaced *envoyconf.Rule
 	// failedOpen: the store could not decide and the rule fails open.
 	failedOpen bool
 }
@@ -267,6 +286,9 @@ type group struct {
 	previous []string
 	cost     int64
 	refund   bool
+	lease    string // an in-flight rule's: acquired, or released
+	release  bool
+	quota    bool // a quota_mode descriptor's: decided alone, after the others
 	shadow   bool
 	peek     bool // a descriptor of the subject is denied without the store
 	members  []int
@@ -280,6 +302,10 @@ func (g *group) has(ds []descriptor, id string) bool {
 	}
 	return false
 }
+
+// givesBack reports whether g gives back what was spent (a refund or a
+// lease's release): it is never only checked, and never a denial.
+func (g *group) givesBack() bool { return g.refund || g.release }
 
 // errUnavailable is the answer when the store cannot decide for a
 // fail-closed policy.
@@ -312,17 +338,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
 	}
-	denied := map[string]bool{} // subjects with a group the store denied
-	for _, g := range groupDescriptors(ds) {
-		if denied[g.subject] && !g.shadow && !g.refund {
-			g.peek = true // nothing more is spent on a subject once denied
-		}
-		if err := s.decide(ctx, ds, g); err != nil {
-			return nil, err
-		}
-		for _, i := range g.members {
-			denied[g.subject] = denied[g.subject] || !g.shadow && !g.refund && ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
-		}
+	if err := s.decideGroups(ctx, ds); err != nil {
+		return nil, err
 	}
 	for i := range ds {
 		if d := &ds[i]; d.dup > 0 {
@@ -332,10 +349,46 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		}
 	}
 	resp := s.response(ds)
+	if st.ResponseMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, ds)
+	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.LogAttrs(ctx, slog.LevelDebug, "envoy rate limit", slog.String("domain", domain), slog.Int("descriptors", len(ds)), slog.String("overall_code", resp.OverallCode.String()))
 	}
 	return resp, nil
+}
+
+// decideGroups asks the store for every group of ds, in order. Once a
+// subject is denied, its later groups only check (nothing more is
+// spent); once any enforced descriptor that is not in quota_mode is
+// over, the request is over whatever its quota_mode descriptors say, so
+// they (decided last) only check too. A quota_mode descriptor over its
+// limit stops nothing.
+func (s *Service) decideGroups(ctx context.Context, ds []descriptor) error {
+	groups := groupDescriptors(ds)
+	denied := map[string]bool{} // subjects with a group the store denied
+	over := false               // an enforced descriptor outside quota_mode is over
+	for i := range ds {
+		if d := &ds[i]; d.status != nil && d.rule != nil && !d.rule.Shadow && !d.rule.QuotaMode {
+			over = over || d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	for _, g := range groups {
+		if (denied[g.subject] || g.quota && over) && !g.shadow && !g.givesBack() {
+			g.peek = true // nothing more is spent once denied
+		}
+		if err := s.decide(ctx, ds, g); err != nil {
+			return err
+		}
+		if g.quota || g.shadow || g.givesBack() {
+			continue
+		}
+		for _, i := range g.members {
+			o := ds[i].status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+			denied[g.subject], over = denied[g.subject] || o, over || o
+		}
+	}
+	return nil
 }
 
 // match returns req's descriptors with their rules, costs and subjects.
@@ -361,9 +414,10 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 			ds[i].cost = clampCost(h.GetValue()) // the descriptor's wins; 0 checks without spending
 		}
 		var vars []envoyconf.Entry
+		var err error
 		if o := d.GetLimit(); o != nil && st.Rules.HasDomain(domain) && len(entries) > 0 {
-			ol, err := st.override(o)
-			if err != nil {
+			var ol *overrideLimit
+			if ol, err = st.override(o); err != nil {
 				return nil, fmt.Errorf("descriptors[%d].%w", i, err)
 			}
 			// Every entry names the budget, as envoyproxy/ratelimit keys an
@@ -375,6 +429,11 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		if ds[i].rule == nil {
 			continue
 		}
+		if ds[i].rule.InFlight {
+			if vars, err = inFlight(st, &ds[i], d, domain, vars); err != nil {
+				return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
+			}
+		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
 		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
 		for _, name := range ds[i].rule.Replaces {
@@ -383,7 +442,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 	}
 	for i := range ds {
 		if r := ds[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
-			ds[i].rule = nil
+			ds[i].rule, ds[i].replaced = nil, r
 		}
 	}
 	return ds, nil
@@ -402,12 +461,12 @@ func groupDescriptors(ds []descriptor) []*group {
 		d := &ds[i]
 		r := d.rule
 		if answerLocally(d) {
-			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow {
+			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow && !r.QuotaMode {
 				blocked[d.subject] = true
 			}
 			continue
 		}
-		if d.refund {
+		if d.refund && d.lease == "" {
 			// Giving back more than the capacity is giving back the capacity;
 			// giving back nothing is a check.
 			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
@@ -418,23 +477,24 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, quota: r.QuotaMode, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
 	}
 	for _, g := range groups {
-		g.peek = blocked[g.subject] && !g.shadow && !g.refund
+		g.peek = blocked[g.subject] && !g.shadow && !g.givesBack()
 	}
 	// Checks that spend nothing go first: a subject over its limit there
-	// spends nothing in the groups after.
-	slices.SortStableFunc(groups, func(a, b *group) int { return spends(a) - spends(b) })
+	// spends nothing in the groups after. quota_mode descriptors go last:
+	// the others decide whether the request is over at all.
+	slices.SortStableFunc(groups, func(a, b *group) int { return order(a) - order(b) })
 	return groups
 }
 
@@ -446,11 +506,20 @@ func repeats(ds []descriptor, i int) int {
 	for j := range ds[:i] {
 		e := &ds[j]
 		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.core == d.core &&
-			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund {
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release {
 			return j + 1
 		}
 	}
 	return 0
+}
+
+// order ranks g among the groups of a request: checks, then spends, then
+// the same for quota_mode groups.
+func order(g *group) int {
+	if g.quota {
+		return 2 + spends(g)
+	}
+	return spends(g)
 }
 
 // spends is 1 for a group that spends (or refunds), 0 for a check.
@@ -485,9 +554,12 @@ func answerLocally(d *descriptor) bool {
 
 // response returns the answer to the decided descriptors ds, counting
 // each in the metrics: their statuses, with shadow_mode rules' OVER_LIMIT
-// answered OK, the overall code, and the response headers.
+// answered OK, the overall code (OVER_LIMIT when a descriptor outside
+// quota_mode is, or when every quota_mode descriptor is), and the
+// response headers.
 func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
+	var quota, quotaOver int // quota_mode descriptors, and those over
 	for i := range ds {
 		d := &ds[i]
 		if d.rule != nil && d.rule.Shadow && d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
@@ -499,10 +571,20 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 		} else if s.metrics != nil {
 			s.metrics.countDescriptor(d, codeLabel(d))
 		}
-		if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT {
+		over := d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT
+		switch {
+		case d.rule != nil && d.rule.QuotaMode && !d.rule.Unlimited:
+			quota++
+			if over {
+				quotaOver++
+			}
+		case over:
 			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses[i] = d.status
+	}
+	if quota > 0 && quotaOver == quota {
+		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT // every quota is spent
 	}
 	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT)
 	return resp
@@ -522,10 +604,14 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		req.Policy, req.Policies = ids[0], nil
 	}
 	switch {
+	case g.release:
+		req.Op, req.Cost, req.LeaseID = sluice.Release, 0, g.lease
 	case g.peek, g.cost == 0:
 		req.Op, req.Cost = sluice.Peek, 0
 	case g.refund:
 		req.Op = sluice.Refund
+	case g.lease != "":
+		req.Op, req.Cost, req.LeaseID = sluice.Acquire, 1, g.lease
 	}
 	a := g.core.DecideRequest(ctx, req, groupMode(ds, g))
 	o := &a.Outcome
@@ -540,7 +626,7 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 			d := &ds[i]
 			sst := o.Statuses[j]
 			code := rlspb.RateLimitResponse_OK
-			if !sst.Allowed && !g.refund {
+			if !sst.Allowed && !g.givesBack() {
 				code = rlspb.RateLimitResponse_OVER_LIMIT
 			}
 			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
@@ -549,9 +635,7 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 				LimitRemaining:     uint32(min(max(sst.Remaining, 0), math.MaxUint32)),
 				DurationUntilReset: durationpb.New(sst.ResetAfter),
 			}
-			if !d.rule.Shadow {
-				d.decided = &sst
-			}
+			d.decided = &sst
 		}
 		return nil
 	}
@@ -607,22 +691,55 @@ func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
 }
 
 // headers returns the RateLimit-Policy and RateLimit fields for the
-// enforced rules the store decided, the most restrictive first, and
-// Retry-After when the request is over the limit. This is the one place
-// the service calls the field serializer.
+// rules the store decided, shadow ones included (their answer carries
+// what an enforced one would), the most restrictive first, and
+// Retry-After from the enforced rules when the request is over the
+// limit. This is the one place the service calls the field serializer.
 func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
 	var policies []sluice.Policy
-	var statuses []sluice.Status
+	var statuses, enforced []sluice.Status
 	seen := map[string]bool{}
 	for i := range ds {
 		if d := &ds[i]; d.decided != nil && !seen[d.rule.Policy.ID] {
 			seen[d.rule.Policy.ID] = true
 			policies = append(policies, d.rule.Policy)
 			statuses = append(statuses, *d.decided)
+			if !d.rule.Shadow {
+				enforced = append(enforced, *d.decided)
+			}
 		}
 	}
 	if len(statuses) == 0 {
 		return nil
+	}
+	var pol []byte
+	for i, p := range policies {
+		if i > 0 {
+			pol = append(pol, ", "...)
+		}
+		pol = ratelimitheader.AppendPolicyItem(pol, p)
+	}
+	o := sluice.Outcome{Status: mostRestrictive(statuses)}
+	if len(statuses) > 1 {
+		o.Statuses = statuses
+	}
+	hs := []*corepb.HeaderValue{
+		{Key: "RateLimit-Policy", Value: string(pol)},
+		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
+	}
+	if most := mostRestrictive(enforced); over && len(enforced) > 0 && !most.Allowed {
+		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
+	}
+	return hs
+}
+
+// mostRestrictive returns the status of statuses (at least one unless
+// the caller does not read it) that restricts most: a denial before an
+// admission, the longest retry among denials, the fewest remaining
+// among admissions.
+func mostRestrictive(statuses []sluice.Status) sluice.Status {
+	if len(statuses) == 0 {
+		return sluice.Status{}
 	}
 	most := statuses[0]
 	for _, st := range statuses[1:] {
@@ -633,23 +750,5 @@ func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
 			most = st
 		}
 	}
-	var pol []byte
-	for i, p := range policies {
-		if i > 0 {
-			pol = append(pol, ", "...)
-		}
-		pol = ratelimitheader.AppendPolicyItem(pol, p)
-	}
-	o := sluice.Outcome{Status: most}
-	if len(statuses) > 1 {
-		o.Statuses = statuses
-	}
-	hs := []*corepb.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(pol)},
-		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
-	}
-	if over && !most.Allowed {
-		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
-	}
-	return hs
+	return most
 }

@@ -447,6 +447,9 @@ func testMatching(t *testing.T, h *harness) {
 	})
 }
 
+// testShadow: a shadow rule is decided and counted, answered OK, and its
+// answer carries the fields an enforced one would (never Retry-After:
+// the request goes through).
 func testShadow(t *testing.T, h *harness) {
 	r := req(d("service", "s", "user", "user-a"))
 	run(t, h, []step{
@@ -456,9 +459,39 @@ func testShadow(t *testing.T, h *harness) {
 	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "shadow_over_limit"); n != 1 {
 		t.Errorf("shadow_over_limit count = %v, want 1", n)
 	}
+	_, _, resp := h.ask(t, r)
+	hdr := headerMap(resp)
+	if p := hdr["RateLimit-Policy"]; !strings.Contains(p, ";q=1;w=3600") {
+		t.Errorf("shadow answer: RateLimit-Policy = %q, want the shadow rule's q=1;w=3600 (all fields: %v)", p, hdr)
+	}
+	if l := hdr["RateLimit"]; !strings.Contains(l, ";r=0;t=") {
+		t.Errorf("shadow answer over the limit: RateLimit = %q, want r=0", l)
+	}
+	if ra, ok := hdr["Retry-After"]; ok {
+		t.Errorf("shadow answer: Retry-After = %q, want none (the request is admitted)", ra)
+	}
+	// Beside an enforced rule that is over, Retry-After is the enforced
+	// rule's, not the shadow rule's longer wait.
+	both := req(d("service", "s", "user", "user-a"), d("remote_address", "50.0.0.5"))
+	_, _, resp = h.ask(t, both)
+	if hdr := headerMap(resp); resp.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || hdr["RateLimit-Policy"] == "" {
+		t.Errorf("shadow beside a blocked address: %v, fields %v; want OVER_LIMIT with the shadow rule's fields", resp.OverallCode, hdr)
+	}
+}
+
+// headerMap returns resp's response_headers_to_add by name.
+func headerMap(resp *rlspb.RateLimitResponse) map[string]string {
+	hdr := map[string]string{}
+	for _, hv := range resp.ResponseHeadersToAdd {
+		hdr[hv.Key] = hv.Value
+	}
+	return hdr
 }
 
 func testReplaces(t *testing.T, h *harness) {
+	noRule := sum(t, h.reg, "sluice_envoy_descriptors_total", "no_rule")
+	replaced := sum(t, h.reg, "sluice_envoy_descriptors_total", "replaced")
+	under := sumRule(t, h.reg, "shop.key_1_value_1.user")
 	both := req(d("key_1", "value_1", "user", "bk"), d("key_2", "value_2", "user", "bk"))
 	run(t, h, []step{
 		{"1", both, "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 3}}},
@@ -466,6 +499,17 @@ func testReplaces(t *testing.T, h *harness) {
 		{"3", both, "OK", []st{{"OK", "", 0}, {"OK", "4/HOUR", 1}}},
 		{"the replaced limit was not spent", req(d("key_1", "value_1", "user", "bk")), "OK", []st{{"OK", "2/HOUR", 1}}},
 	})
+	// A replaced descriptor matched a rule: counted as replaced, under
+	// that rule, never as no rule.
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "no_rule") - noRule; n != 0 {
+		t.Errorf("no_rule count rose by %v after replaced descriptors only, want 0", n)
+	}
+	if n := sumRule(t, h.reg, "shop.key_1_value_1.user") - under; n != 4 {
+		t.Errorf("descriptors counted under the replaced rule rose by %v, want 4 (3 replaced, 1 decided)", n)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "replaced") - replaced; n != 3 {
+		t.Errorf("replaced count rose by %v, want 3", n)
+	}
 }
 
 func testInvalid(t *testing.T, h *harness) {

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestValidateRulesFilesWhole: a rules file with nine different
+// mistakes gives nine errors in one validate run, sorted by file and
+// line, each with its field, value and rule; a second file's problem
+// follows the first file's.
+func TestValidateRulesFilesWhole(t *testing.T) {
+	cfg := writeConfig(t, `envoy:
+  listen: "127.0.0.1:0"
+  configs: ["rules/*.yaml"]
+`)
+	dir := filepath.Join(filepath.Dir(cfg), "rules")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", `domain: shop
+descriptors:
+  - key: user
+    rate_limit: { unit: fortnight, requests_per_unit: -5 }
+  - key: plan
+    shadow_mode: yes please
+    rate_limit: { unit: hour, requests_per_unit: 5, algorithm: concurrency }
+  - key: plan
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: path
+    value: "/api/*"
+    rate_limit: { unit: hour, requests_per_unit: 5, failure_mode: sometimes }
+  - key: path
+    value: "/api/v1/*"
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: api
+    rate_limits: { unit: hour, requests_per_unit: 5 }
+  - key: team
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5
+      replaces: [{ name: no_such_rule }]
+`)
+	write("b.yaml", "domain: other\ndescriptors:\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: many }\n")
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 1 {
+		t.Fatalf("validate exited %d, want 1; stderr %q", code, errOut.String())
+	}
+	prefix := "sluice: envoy.configs (" + cfg + " line 3): "
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+		got = append(got, strings.TrimPrefix(l, prefix))
+	}
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	want := []string{
+		a + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 4)`,
+		a + `: descriptors[0].rate_limit.requests_per_unit: -5: must be between 0 and 4294967295 (line 4)`,
+		a + `: descriptors[1].shadow_mode: "yes please": must be true or false (line 6)`,
+		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`,
+		a + `: descriptors[2].key: "plan": duplicate descriptor: shop.plan is already defined at this level (line 8)`,
+		a + `: descriptors[3].rate_limit.failure_mode: "sometimes": must be one of closed, open (local needs a per-instance share, which the Envoy service does not have) (line 12)`,
+		a + `: descriptors[4].value: "/api/v1/*": can never match: the wildcard "/api/*" above it (line 11) matches every value this one does, and the first wildcard that matches wins (line 14)`,
+		a + `: descriptors[5].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 17)`,
+		a + `: descriptors[6].rate_limit.replaces[0].name: "no_such_rule": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 22)`,
+		b + `: descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 4)`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("validate's problems (-want +got):\n%s", diff)
+	}
+}
+
+// TestValidateEnvoyOverride: an override naming an Envoy subject is
+// matched to the rules files by validate: a descriptor no rule matches,
+// or numbers its rule's policy does not take, is reported with its line.
+func TestValidateEnvoyOverride(t *testing.T) {
+	for _, tc := range []struct{ override, want string }{
+		{`{ envoy: { domain: shop, entries: [{ key: nope, value: x }] }, limit: 5 }`, `overrides[0].envoy: descriptor (nope=x): no rule of domain "shop" matches it (line 10)`},
+		{`{ envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5, burst: 9 }`, `overrides[0].burst: 9: applies only to token_bucket and gcra; leave it unset for fixed_window (line 10)`},
+		{`{ policy: other, envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5 }`, `overrides[0].policy: "other": the descriptor's rule has policy "shop.user"`},
+		{`{ proxy: { route: 0, header: acme }, limit: 5 }`, `overrides[0].proxy: route 0: its subject is ip, not a header (line 10)`},
+		{`{ proxy: { route: 0, ip: 203.0.113.9 }, limit: 0 }`, `overrides[0].limit: 0: must be at least 1 (line 10)`},
+	} {
+		cfg := writeConfig(t, `envoy:
+  listen: "127.0.0.1:0"
+  configs: ["shop.yaml"]
+policies: [{ id: login, algorithm: fixed_window, limit: 3, window: 1m }]
+proxy:
+  listen: "127.0.0.1:0"
+  upstream: "http://127.0.0.1:9"
+  routes: [{ match: { path_prefix: / }, policies: [login], subject: ip }]
+overrides:
+  - `+tc.override+`
+`)
+		if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "shop.yaml"), []byte("domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut)
+		if code != 1 || !strings.Contains(errOut.String(), cfg+": "+tc.want) {
+			t.Errorf("validate with override %s = exit %d %q, want 1 and %q", tc.override, code, errOut.String(), tc.want)
+		}
+	}
+}

@@ -1,0 +1,257 @@
+package rls_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// inFlightRules: at most 10 requests in flight per user, each named by
+// its request id (Envoy's x-request-id), reclaimed a minute after a
+// stream-done call that never came.
+const inFlightRules = `
+domain: api
+descriptors:
+  - key: user
+    descriptors:
+      - key: request_id
+        rate_limit:
+          sluice_in_flight: { limit: 10, lease_ttl: 1m }
+`
+
+const inFlightTTL = time.Minute
+
+// envoy plays Envoy's two calls for one stream of user: the request-time
+// call (the route's rate_limits entry without apply_on_stream_done) and
+// the stream-done call (the entry with apply_on_stream_done and a
+// negative or zero hits_addend, as typed_per_filter_config sends it).
+type envoy struct {
+	t *testing.T
+	h *harness
+}
+
+func (e envoy) call(user, id string, done func(*commonpb.RateLimitDescriptor)) string {
+	e.t.Helper()
+	desc := d("user", user, "request_id", id)
+	if done != nil {
+		done(desc)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
+	defer cancel()
+	resp, err := e.h.client.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{desc}})
+	if err != nil {
+		e.t.Errorf("ShouldRateLimit(%s, %s): %v", user, id, err)
+		return "error"
+	}
+	return resp.OverallCode.String()
+}
+
+// request is the request-time call: it acquires the stream's lease.
+func (e envoy) request(user, id string) string { return e.call(user, id, nil) }
+
+// streamDone is the stream-done call: Envoy sends is_negative_hits with
+// a hits_addend of 1, or a hits_addend of 0; negative says which.
+func (e envoy) streamDone(user, id string, negative bool) string {
+	return e.call(user, id, func(desc *commonpb.RateLimitDescriptor) {
+		if negative {
+			desc.HitsAddend, desc.IsNegativeHits = wrapperspb.UInt64(1), true
+		} else {
+			desc.HitsAddend = wrapperspb.UInt64(0)
+		}
+	})
+}
+
+// releases broadcasts each stream-done call: a stream denied waits for
+// the next one before it asks again (an event, never a sleep).
+type releases struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (r *releases) next() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ch
+}
+
+func (r *releases) happened() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.ch)
+	r.ch = make(chan struct{})
+}
+
+// testInFlight: 50 concurrent streams of one user under a limit of 10 in
+// flight. The first attempts of all 50 find 10 slots; those streams hold
+// them until every first attempt is answered. Then every admitted stream
+// ends with a stream-done call, and each denied stream asks again after
+// the next stream-done call, until all 50 were served. Streams 0 to 4
+// run on an Envoy that crashes: admitted, they never send the
+// stream-done call, so their 5 leases stay held until the lease TTL
+// passes on the store's clock. The streams admitted and not yet released
+// are counted: never more than 10.
+func testInFlight(t *testing.T, h *harness, clock *sluicetest.Clock) {
+	e := envoy{t, h}
+	const streams, limit, crashed = 50, 10, 5
+	var held, most, firstOK atomic.Int64
+	hold := make(chan struct{})
+	rel := &releases{ch: make(chan struct{})}
+	stuck, cancel := context.WithTimeout(context.Background(), askTimeout)
+	defer cancel()
+	var first, all sync.WaitGroup
+	first.Add(streams)
+	all.Add(streams)
+	for i := range streams {
+		go func() {
+			defer all.Done()
+			id := "req-" + strconv.Itoa(i)
+			for attempt := 0; ; attempt++ {
+				if attempt == 100 {
+					t.Errorf("stream %d: not admitted in 100 attempts", i)
+					return
+				}
+				wake := rel.next() // before asking: a release meanwhile is not missed
+				code := e.request("alice", id)
+				if attempt == 0 {
+					if code == "OK" {
+						firstOK.Add(1)
+					}
+					first.Done()
+				}
+				if code != "OK" {
+					select {
+					case <-wake:
+					case <-stuck.Done(): // a bound for a broken service, not an order
+						t.Errorf("stream %d: no stream-done call for %v after a denial: the slots never came back", i, askTimeout)
+						return
+					}
+					continue
+				}
+				n := held.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if attempt == 0 {
+					<-hold // the first ten hold until every first attempt is answered
+				}
+				if i < crashed {
+					return // the crashed Envoy never sends the stream-done call
+				}
+				held.Add(-1)
+				if code := e.streamDone("alice", id, i%2 == 0); code != "OK" {
+					t.Errorf("stream %d: stream-done call answered %s, want OK", i, code)
+				}
+				rel.happened()
+				return
+			}
+		}()
+	}
+	first.Wait()
+	if n := firstOK.Load(); n != limit {
+		t.Errorf("first attempts of %d concurrent streams: %d admitted, want %d", streams, n, limit)
+	}
+	close(hold)
+	all.Wait()
+	if m := most.Load(); m > limit {
+		t.Errorf("at most %d streams were in flight at once, want at most %d", m, limit)
+	}
+	if n := held.Load(); n != crashed {
+		t.Fatalf("%d leases held after every stream, want the %d of the crashed Envoy", n, crashed)
+	}
+	// The crashed Envoy's leases hold 5 of the 10 slots until their TTL.
+	for i := range limit - crashed {
+		if code := e.request("alice", "after-"+strconv.Itoa(i)); code != "OK" {
+			t.Fatalf("after: request %d = %s, want OK (%d slots are free)", i, code, limit-crashed)
+		}
+	}
+	if code := e.request("alice", "after-over"); code != "OVER_LIMIT" {
+		t.Fatalf("after: request %d = %s, want OVER_LIMIT (the crashed leases hold 5)", limit-crashed, code)
+	}
+	if code := e.request("bob", "bob-1"); code != "OK" {
+		t.Errorf("another user = %s, want OK (a budget of its own)", code)
+	}
+	for i := range limit - crashed {
+		e.streamDone("alice", "after-"+strconv.Itoa(i), true)
+	}
+	// A stream-done call for a request that was denied, or twice, is harmless.
+	e.streamDone("alice", "after-over", false)
+	e.streamDone("alice", "after-0", false)
+	clock.Advance(inFlightTTL - time.Microsecond)
+	if code := e.request("alice", "before-ttl"); code != "OK" {
+		t.Fatalf("just before the TTL: %s, want OK (5 free)", code)
+	}
+	for i := range limit - crashed - 1 {
+		e.request("alice", "before-ttl-"+strconv.Itoa(i))
+	}
+	if code := e.request("alice", "before-ttl-over"); code != "OVER_LIMIT" {
+		t.Fatalf("just before the TTL: the 11th = %s, want OVER_LIMIT (the crashed leases still hold)", code)
+	}
+	for i := range limit - crashed - 1 {
+		e.streamDone("alice", "before-ttl-"+strconv.Itoa(i), true)
+	}
+	e.streamDone("alice", "before-ttl", true)
+	clock.Advance(time.Microsecond) // the crashed leases expire: their slots come back
+	for i := range limit {
+		if code := e.request("alice", "reclaimed-"+strconv.Itoa(i)); code != "OK" {
+			t.Fatalf("after the TTL: request %d = %s, want OK (all 10 slots back)", i, code)
+		}
+	}
+	if code := e.request("alice", "reclaimed-over"); code != "OVER_LIMIT" {
+		t.Errorf("after the TTL: the 11th = %s, want OVER_LIMIT", code)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "released"); n < streams-crashed {
+		t.Errorf("released count = %v, want at least %d", n, streams-crashed)
+	}
+}
+
+func TestInFlightMemstore(t *testing.T) {
+	clock := sluicetest.NewClock()
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	testInFlight(t, start(t, ms, inFlightRules), clock)
+}
+
+func TestInFlightRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := sluicetest.NewClock()
+	testInFlight(t, start(t, redisStore(t, srv, clock), inFlightRules), clock)
+}
+
+// TestInFlightAnswers: an in-flight descriptor's answer names the limit
+// and what is left; a request-time call with an empty request id is
+// refused, since every such request would share one lease.
+func TestInFlightAnswers(t *testing.T) {
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	h := start(t, ms, inFlightRules)
+	r := &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "r1")}}
+	r.HitsAddend = 7 // one slot, whatever the hits
+	_, got, _ := h.ask(t, r)
+	if want := (st{"OK", "10/UNKNOWN", 9}); len(got) != 1 || got[0] != want {
+		t.Errorf("acquire = %+v, want %+v", got, want)
+	}
+	_, got, _ = h.ask(t, r)
+	if want := (st{"OK", "10/UNKNOWN", 9}); len(got) != 1 || got[0] != want {
+		t.Errorf("the same request id again = %+v, want %+v (one lease, renewed)", got, want)
+	}
+	_, err = h.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "")}})
+	if err == nil {
+		t.Errorf("an empty request id was decided, want InvalidArgument")
+	}
+}
