@@ -299,21 +299,6 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 	}
 }
 
-// current returns the state p decides on for a request at now, and the
-// time it decides at: a live state whose newest write lies after now is
-// decided at that write's time (within maxRegression), and a state that
-// equals absent by then is absent. A calendar period's policy is decided
-// only at a time inside the periods its caller computed.
-func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
-	cur, at, err := currentAt(p, st, now, maxRegression)
-	if err == nil && p.Kind == KindFixedPeriod {
-		if err = p.Params.periodOutside(at); err != nil {
-			return nil, 0, err
-		}
-	}
-	return cur, at, err
-}
-
 // currentAt is current before a calendar period's bounds are held to.
 func currentAt(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
 	if st == nil {
@@ -334,6 +319,21 @@ func currentAt(p Policy, st *State, now, maxRegression int64) (*State, int64, *C
 		return &absent, at, nil
 	}
 	return st, at, nil
+}
+
+// current returns the state p decides on for a request at now, and the
+// time it decides at: a live state whose newest write lies after now is
+// decided at that write's time (within maxRegression), and a state that
+// equals absent by then is absent. A calendar period's policy is decided
+// only at a time inside the periods its caller computed.
+func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
+	cur, at, err := currentAt(p, st, now, maxRegression)
+	if err == nil && p.Kind == KindFixedPeriod {
+		if err = p.Params.periodOutside(at); err != nil {
+			return nil, 0, err
+		}
+	}
+	return cur, at, err
 }
 
 // lengthen adds lag to the waits of d, which was decided lag µs after the
