@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,6 +47,9 @@ func (a *app) simulate(args []string) error {
 		return bad(err)
 	}
 	window := f.window.Microseconds()
+	if f.pattern == simulate.Calendar {
+		return a.calendar(f, set)
+	}
 	if f.accuracy != "" {
 		return a.accuracy(f, window)
 	}
@@ -98,7 +102,7 @@ func (a *app) simulate(args []string) error {
 
 // define declares f's flags on fs.
 func (f *simulateFlags) define(fs *flag.FlagSet) {
-	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.LocalQuotaPatterns, ", "))
+	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.LocalQuotaPatterns, ", ")+", or calendar (a Berlin month with a DST change, through periods: ACCURACY.md's calendar table; only --seed applies)")
 	fs.StringVar(&f.csv, "csv", "", "replay request timestamps from `FILE` (one per line, first field: RFC 3339 or Unix seconds) instead of --pattern")
 	fs.Func("policy", "a policy to run, `ALG[:LIMIT/WINDOW[:BURST]]`, e.g. gcra or token_bucket:100/1m:20; repeat to compare (default: all five algorithms at --limit per --window)", func(s string) error {
 		f.policies = append(f.policies, s)
@@ -159,7 +163,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp, simulate.Step}},
 		{"on", []string{simulate.Bursts}},
 		{"off", []string{simulate.Bursts}},
-		{"seed", []string{simulate.Poisson, simulate.Step}},
+		{"seed", []string{simulate.Poisson, simulate.Step, simulate.Calendar}},
 	} {
 		if set[c.flag] && f.accuracy == "" && !f.localQuota && !slices.Contains(c.patterns, pattern) {
 			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
@@ -206,6 +210,23 @@ func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
 		return fmt.Errorf("simulate: --local-quota: %w", err)
 	}
 	_, err = io.WriteString(a.stdout, table)
+	return err
+}
+
+// calendar runs the calendar pattern (seeded by --seed) and prints
+// ACCURACY.md's calendar table: its policies are fixed, so no other flag
+// applies.
+func (a *app) calendar(f simulateFlags, set map[string]bool) error {
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		if name != "pattern" && name != "seed" {
+			return &usageError{msg: "simulate: --" + name + " does not apply to the calendar pattern: only --seed", usage: "Usage: " + simulateSynopsis + "\n"}
+		}
+	}
+	rows, err := simulate.RunCalendar(f.seed)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	_, err = io.WriteString(a.stdout, simulate.CalendarMarkdown(rows))
 	return err
 }
 
