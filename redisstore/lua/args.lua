@@ -49,7 +49,7 @@ local function parsePolicy(raw, i)
   if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst, grace and align (0 or 1) as integers joined by spaces')
   elseif (kind == KIND_FIXED_PERIOD) ~= (p.b3 ~= nil) or (p.b3 ~= nil and not (p.b0 and p.b1 and p.b2)) then
-    raise('SLUICE_ARGS', 'policy ' .. i .. ': a calendar period (algorithm ' .. KIND_FIXED_PERIOD .. '), and only it, takes its four bounds after align')
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': a calendar period (algorithm ' .. KIND_FIXED_PERIOD .. '), and only it, takes its four bounds after align, integers below 2^53')
   end
   local field, rule = check(p, kind)
   if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
