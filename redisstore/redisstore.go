@@ -56,7 +56,9 @@
 // The braces make S the Cluster hash tag, so every key of one decision lies
 // in one slot and a multi-policy decision is one atomic script call, never
 // CROSSSLOT. The algorithm code (f fixed_window, F fixed_window aligned
-// to the clock, l sliding_log, w sliding_window, t token_bucket, g gcra)
+// to the clock, on Redis time e and E, p fixed_window with a calendar
+// period (its end, count and newest write, on either clock), l
+// sliding_log, w sliding_window, t token_bucket, g gcra)
 // keeps a policy whose algorithm or alignment changed without a revision
 // bump from reading the other's state. Keys are
 // at most len(Prefix) + 290 bytes. Every key the script writes carries a
