@@ -139,8 +139,13 @@ func next(u Unit, loc *time.Location, s time.Time) time.Time {
 func Bounds(u Unit, loc *time.Location, now int64) [4]int64 {
 	t := time.UnixMicro(now)
 	cur := Start(u, loc, t)
-	prev := Start(u, loc, cur.Add(-time.Microsecond))
 	nx := next(u, loc, cur)
+	for i := 0; i < 4 && !nx.After(t); i++ {
+		// A DST change of half an hour (Australia/Lord_Howe) starts the
+		// local hour after cur before t: t lies in that one.
+		cur, nx = nx, next(u, loc, nx)
+	}
+	prev := Start(u, loc, cur.Add(-time.Microsecond))
 	return [4]int64{prev.UnixMicro(), cur.UnixMicro(), nx.UnixMicro(), next(u, loc, nx).UnixMicro()}
 }
 

@@ -87,3 +87,31 @@ func TestCacheFollowsThePeriod(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundsHoldNow: in zones with DST changes of an hour and of half an
+// hour, and off UTC by a half or three quarters of an hour, every unit's
+// bounds around a time of each day of 2026 (and of its DST days, every
+// 7 minutes) hold it: b0 < b1 <= now < b2 < b3.
+func TestBoundsHoldNow(t *testing.T) {
+	for _, name := range []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "Asia/Kathmandu", "America/Santiago"} {
+		loc := zone(t, name)
+		from := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		step := 7*time.Minute + 13*time.Second
+		for at := from; at.Before(from.AddDate(1, 0, 0)); at = at.Add(step) {
+			if _, off := at.In(loc).Zone(); step < time.Hour {
+				if _, off2 := at.Add(36 * time.Hour).In(loc).Zone(); off == off2 {
+					step = 6*time.Hour + 17*time.Minute // no change near: move faster
+				}
+			} else if _, off2 := at.Add(36 * time.Hour).In(loc).Zone(); off != off2 {
+				step = 7*time.Minute + 13*time.Second // a change ahead: every 7 minutes
+			}
+			now := at.UnixMicro()
+			for u := Minute; u <= Year; u++ {
+				b := Bounds(u, loc, now)
+				if !(b[0] < b[1] && b[1] <= now && now < b[2] && b[2] < b[3]) {
+					t.Fatalf("%s %v at %s: Bounds = %v, want b0 < b1 <= %d < b2 < b3", name, u, at.In(loc).Format(time.RFC3339), b, now)
+				}
+			}
+		}
+	}
+}
