@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -151,7 +153,7 @@ func (c *calendar) around(t int64) [4]int64 {
 		c.bounds = append(c.bounds, t-5_000-c.r.Int64N(5_000))
 	}
 	for c.bounds[len(c.bounds)-1] <= t+40_000 {
-		c.bounds = append(c.bounds, c.bounds[len(c.bounds)-1]+1_000+c.r.Int64N(9_000))
+		c.bounds = append(c.bounds, c.bounds[len(c.bounds)-1]+2_000+c.r.Int64N(18_000))
 	}
 	i := 1
 	for c.bounds[i] <= t {
@@ -159,7 +161,7 @@ func (c *calendar) around(t int64) [4]int64 {
 	}
 	// c.bounds[i-1] <= t < c.bounds[i]
 	if i < 2 {
-		c.bounds = append([]int64{c.bounds[0] - 1_000 - c.r.Int64N(9_000)}, c.bounds...)
+		c.bounds = append([]int64{c.bounds[0] - 2_000 - c.r.Int64N(18_000)}, c.bounds...)
 		i++
 	}
 	return [4]int64{c.bounds[i-2], c.bounds[i-1], c.bounds[i], c.bounds[i+1]}
@@ -218,6 +220,14 @@ func diffPeriodsRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, g
 				t.Fatalf("seed %d step %d: bounds %v ended before Redis's clock (%d at the last reply): Evaluate = %v, %+v, want ClockUnsafe", seed, step, sent, before, err, got.Statuses)
 			}
 			refused++
+			at = redisNow(t, c) // a refusal answers no time: the caller's clock reads Redis's again
+			continue
+		}
+		if late(err, sent, before) {
+			// The call reached Redis after the periods sent had ended (a
+			// loaded machine): refused, as it must be, and nothing written.
+			refused++
+			at = redisNow(t, c)
 			continue
 		}
 		if err != nil {
@@ -237,6 +247,27 @@ func diffPeriodsRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, g
 		}
 	}
 	t.Logf("%d steps on Redis time: %d allowed, %d denied, %d refused (bounds behind Redis's clock), %d periods", steps, allowed, denied, refused, len(cal.bounds))
+	if allowed+denied < steps/2 {
+		t.Fatalf("only %d of %d steps decided: the periods sent were behind Redis's clock too often", allowed+denied, steps)
+	}
+}
+
+// outsideAt reads the time a refusal for a time outside the periods names.
+var outsideAt = regexp.MustCompile(`time (\d+) lies outside the periods`)
+
+// late reports whether err refuses a decision because Redis's clock, at
+// the time the refusal names (after before, the last time Redis
+// answered), had passed the end of the periods sent.
+func late(err error, sent [4]int64, before int64) bool {
+	if !errors.Is(err, sluice.ClockUnsafe) {
+		return false
+	}
+	m := outsideAt.FindStringSubmatch(err.Error())
+	if m == nil {
+		return false
+	}
+	at, perr := strconv.ParseInt(m[1], 10, 64)
+	return perr == nil && at >= sent[3] && at >= before
 }
 
 // evaluatePeriods is engineTwin.evaluate for periods: the policies get
