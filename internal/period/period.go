@@ -47,8 +47,8 @@ func (u Unit) String() string {
 	return fmt.Sprintf("Unit(%d)", uint8(u))
 }
 
-// Names is the rule a bad period name breaks, for error messages.
-const Names = "must be one of minute, hour, day, week, month, year"
+// namesRule is the rule a bad period name breaks, for error messages.
+const namesRule = "must be one of minute, hour, day, week, month, year"
 
 // Parse returns the unit spelled s ("month"), or false.
 func Parse(s string) (Unit, bool) {
@@ -81,8 +81,8 @@ func (u Unit) Nominal() time.Duration {
 	return 0
 }
 
-// Start returns the start of the period of u holding t in loc.
-func Start(u Unit, loc *time.Location, t time.Time) time.Time {
+// start returns the start of the period of u holding t in loc.
+func start(u Unit, loc *time.Location, t time.Time) time.Time {
 	l := t.In(loc)
 	switch u {
 	case Minute:
@@ -111,7 +111,7 @@ func next(u Unit, loc *time.Location, s time.Time) time.Time {
 	var n time.Time
 	switch u {
 	case Minute, Hour:
-		n = Start(u, loc, s.Add(u.Nominal()))
+		n = start(u, loc, s.Add(u.Nominal()))
 	default:
 		l := s.In(loc)
 		y, m, d := l.Date()
@@ -125,7 +125,7 @@ func next(u Unit, loc *time.Location, s time.Time) time.Time {
 		case Year:
 			y++
 		}
-		n = Start(u, loc, time.Date(y, m, d, 12, 0, 0, 0, loc)) // noon: never skipped
+		n = start(u, loc, time.Date(y, m, d, 12, 0, 0, 0, loc)) // noon: never skipped
 	}
 	if !n.After(s) { // no zone shortens a period to nothing; held anyway
 		n = s.Add(u.Nominal())
@@ -138,14 +138,14 @@ func next(u Unit, loc *time.Location, s time.Time) time.Time {
 // the next and its end: b[0] < b[1] <= now < b[2] < b[3].
 func Bounds(u Unit, loc *time.Location, now int64) [4]int64 {
 	t := time.UnixMicro(now)
-	cur := Start(u, loc, t)
+	cur := start(u, loc, t)
 	nx := next(u, loc, cur)
 	for i := 0; i < 4 && !nx.After(t); i++ {
 		// A DST change of half an hour (Australia/Lord_Howe) starts the
 		// local hour after cur before t: t lies in that one.
 		cur, nx = nx, next(u, loc, nx)
 	}
-	prev := Start(u, loc, cur.Add(-time.Microsecond))
+	prev := start(u, loc, cur.Add(-time.Microsecond))
 	return [4]int64{prev.UnixMicro(), cur.UnixMicro(), nx.UnixMicro(), next(u, loc, nx).UnixMicro()}
 }
 
@@ -192,7 +192,7 @@ func CheckPolicy(name string, zone *time.Location, alg string, window time.Durat
 		return "", "", ""
 	}
 	if _, ok := Parse(name); !ok {
-		return "period", fmt.Sprintf("%q", name), Names
+		return "period", fmt.Sprintf("%q", name), namesRule
 	}
 	switch alg {
 	case "fixed_window":

@@ -121,13 +121,13 @@ func (p calendarPolicy) run(arrivals []int64) (CalendarRow, error) {
 	return row, nil
 }
 
-// CalendarHeader is the header of the table CalendarMarkdown writes.
-const CalendarHeader = "| pattern | policy, limit | offered | admitted | most in any Berlin period (× limit) | false admissions | false denials | Retry-After at the period's end |\n|---|---|--:|--:|--:|--:|--:|--:|"
+// calendarHeader is the header of the table CalendarMarkdown writes.
+const calendarHeader = "| pattern | policy, limit | offered | admitted | most in any Berlin period (× limit) | false admissions | false denials | Retry-After at the period's end |\n|---|---|--:|--:|--:|--:|--:|--:|"
 
 // CalendarMarkdown returns rows as ACCURACY.md's calendar table.
 func CalendarMarkdown(rows []CalendarRow) string {
 	var b strings.Builder
-	b.WriteString(CalendarHeader + "\n")
+	b.WriteString(calendarHeader + "\n")
 	for _, r := range rows {
 		b.WriteString("| " + strings.Join([]string{
 			Calendar, r.Name, strconv.Itoa(r.Offered), strconv.Itoa(r.Admitted),
