@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,17 +45,16 @@ func (a *app) simulate(args []string) error {
 	if err := f.check(set); err != nil {
 		return bad(err)
 	}
-	window := f.window.Microseconds()
-	if f.pattern == simulate.Calendar {
-		return a.calendar(f, set)
+	if f.pattern == simulate.Calendar { // its own policies: only --seed applies
+		return simulate.WriteCalendar(a.stdout, f.seed, set, bad)
 	}
 	if f.accuracy != "" {
-		return a.accuracy(f, window)
+		return a.accuracy(f, f.window.Microseconds())
 	}
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
-	policies, err := simulate.ParsePolicies(f.policies, f.limit, window, f.burst)
+	policies, err := simulate.ParsePolicies(f.policies, f.limit, f.window.Microseconds(), f.burst)
 	if err != nil {
 		return bad(err)
 	}
@@ -149,8 +147,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 	case len(f.policies) > simulate.MaxPolicies:
 		return fmt.Errorf("--policy given %d times: at most %d", len(f.policies), simulate.MaxPolicies)
 	}
-	// Flags that shape one pattern only: refuse them elsewhere rather
-	// than ignore them.
+	// Flags that shape one pattern only are refused elsewhere, not ignored.
 	pattern := f.pattern
 	if f.csv != "" {
 		pattern = "a --csv replay"
@@ -176,9 +173,8 @@ func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {
 	return simulate.PatternSpec{Name: name, Rate: f.rate, Duration: f.duration.Microseconds(), On: f.on.Microseconds(), Off: f.off.Microseconds(), Seed: f.seed}
 }
 
-// accuracy runs ACCURACY.md's patterns through its policies at --limit
-// per --window, writes a chart per pattern into --accuracy and prints
-// the table.
+// accuracy runs ACCURACY.md's patterns through its policies at --limit per --window,
+// writes a chart per pattern into --accuracy and prints the table.
 func (a *app) accuracy(f simulateFlags, window int64) error {
 	policies, err := simulate.AccuracyPolicies(f.limit, window, f.burst)
 	if err != nil {
@@ -210,23 +206,6 @@ func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
 		return fmt.Errorf("simulate: --local-quota: %w", err)
 	}
 	_, err = io.WriteString(a.stdout, table)
-	return err
-}
-
-// calendar runs the calendar pattern (seeded by --seed) and prints
-// ACCURACY.md's calendar table: its policies are fixed, so no other flag
-// applies.
-func (a *app) calendar(f simulateFlags, set map[string]bool) error {
-	for _, name := range slices.Sorted(maps.Keys(set)) {
-		if name != "pattern" && name != "seed" {
-			return &usageError{msg: "simulate: --" + name + " does not apply to the calendar pattern: only --seed", usage: "Usage: " + simulateSynopsis + "\n"}
-		}
-	}
-	rows, err := simulate.RunCalendar(f.seed)
-	if err != nil {
-		return fmt.Errorf("simulate: %w", err)
-	}
-	_, err = io.WriteString(a.stdout, simulate.CalendarMarkdown(rows))
 	return err
 }
 

@@ -2,6 +2,9 @@ package simulate
 
 import (
 	"fmt"
+	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -138,4 +141,23 @@ func CalendarMarkdown(rows []CalendarRow) string {
 		}, " | ") + " |\n")
 	}
 	return b.String()
+}
+
+// WriteCalendar is sluice simulate --pattern calendar: it runs the
+// calendar pattern with seed and writes ACCURACY.md's calendar table to w.
+// Its policies are its own, so of the flags set (by name) only pattern
+// and seed apply; another is refused through usage, which makes the
+// command's usage error of it.
+func WriteCalendar(w io.Writer, seed uint64, set map[string]bool, usage func(error) error) error {
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		if name != "pattern" && name != "seed" {
+			return usage(fmt.Errorf("--%s does not apply to the calendar pattern: only --seed", name))
+		}
+	}
+	rows, err := RunCalendar(seed)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	_, err = io.WriteString(w, CalendarMarkdown(rows))
+	return err
 }
