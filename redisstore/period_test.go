@@ -96,3 +96,28 @@ func TestPeriodKeyExpiresAtItsEnd(t *testing.T) {
 		t.Errorf("PTTL = %v, want until the period's end, at most %v", ttl, most)
 	}
 }
+
+// TestPeriodOnRedisTimeWithTheSystemCalendar: on Redis time, without a
+// test's bounds, the store sends the calendar's minutes around this
+// process's clock and the script counts in the minute holding Redis's
+// clock: the reset runs to that minute's end, as the time the script
+// answers with reads it.
+func TestPeriodOnRedisTimeWithTheSystemCalendar(t *testing.T) {
+	c := standaloneClient(t)
+	s := newStore(t, c, redisstore.Options{})
+	var at int64
+	s.OnRedisTime(func(now int64) { at = now })
+	p := sluice.Policy{ID: "perminute", Algorithm: sluice.FixedWindow, Limit: 5, Period: "minute"}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithDefaults()
+	subj := subject(t)
+	for i := range 3 {
+		st := mustEvaluate(t, s, subj, 1, &p)
+		end := (at/60_000_000 + 1) * 60_000_000
+		if !st[0].Allowed || st[0].ResetAfter != time.Duration(end-at)*time.Microsecond {
+			t.Fatalf("spend %d at %d (Redis time) = %+v, want admitted, reset at the minute's end %d", i, at, st[0], end)
+		}
+	}
+}
