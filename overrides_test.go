@@ -57,7 +57,7 @@ func TestSetOverrideRejects(t *testing.T) {
 		{"unknown policy", sluice.Override{Policy: "nope", Subject: "s", Limit: 5}, `policy "nope": unknown policy`},
 		{"negative limit", sluice.Override{Policy: "fw", Subject: "s", Limit: -1}, "limit = -1: must be at least 1, or 0 to remove the override"},
 		{"burst on fixed_window", sluice.Override{Policy: "fw", Subject: "s", Limit: 5, Burst: 7}, "burst = 7: applies only to token_bucket and gcra"},
-		{"window too long", sluice.Override{Policy: "fw", Subject: "s", Limit: 5, Window: 48 * time.Hour}, "window = 48h0m0s"},
+		{"window too long", sluice.Override{Policy: "fw", Subject: "s", Limit: 5, Window: 366 * 24 * time.Hour}, "window = 8784h0m0s"},
 		{"window on concurrency", sluice.Override{Policy: "conc", Subject: "s", Limit: 5, Window: time.Second}, "window = 1s: does not apply to concurrency"},
 		{"burst on concurrency", sluice.Override{Policy: "conc", Subject: "s", Limit: 5, Burst: 5}, "burst = 5: does not apply to concurrency"},
 		{"bad subject", sluice.Override{Policy: "fw", Subject: "a b", Limit: 5}, "subject byte 1"},

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/period"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config
@@ -59,7 +60,7 @@ func (m FailureMode) String() string {
 }
 
 // Policy is one named limit. The zero value is not valid: ID, Algorithm,
-// Limit and Window are required; every other field's zero value means its
+// Limit and Window (or Period) are required; every other field's zero value means its
 // documented default. A Policy is a plain value; Limiter keeps its own
 // validated copy.
 type Policy struct {
@@ -75,9 +76,25 @@ type Policy struct {
 	// the refill rate, Limit per Window). 1 to 1e9. For concurrency, the
 	// most leases one subject holds at once, 1 to 100000. Required.
 	Limit int64
-	// Window is the period Limit applies to: 1ms to 24h, a whole number of
-	// microseconds. Required, except for concurrency, which has none.
+	// Window is the period Limit applies to: 1ms to 365 days (8760h), a
+	// whole number of microseconds (for token_bucket, gcra and
+	// sliding_window also burst or limit × window in µs below 2^53).
+	// Required, except for concurrency, which has none, and with a Period.
 	Window time.Duration
+	// Period makes a fixed_window count per calendar period instead of per
+	// Window: "minute", "hour", "day", "week" (ISO, from Monday), "month"
+	// or "year", each starting at the local :00 or midnight of TimeZone,
+	// so "10000 per month" resets at 00:00 on the 1st, through DST changes
+	// (a day is then 23 or 25 hours) and months of 28 to 31 days.
+	// ResetAfter and Retry-After run to the period's real end; keys expire
+	// there (plus CleanupGrace). The other algorithms refuse it: a bucket
+	// refilling Limit per month is no calendar quota. Change it (or
+	// TimeZone) with a new Revision. Default: "" (Window applies).
+	Period string
+	// TimeZone is where Period's boundaries are drawn, e.g. the result of
+	// time.LoadLocation("Europe/Berlin"). Only with a Period. Default:
+	// nil, UTC.
+	TimeZone *time.Location
 	// ClockAligned starts fixed_window windows on the clock's boundaries of
 	// Window since the Unix epoch (with a 1m window: every UTC minute;
 	// 24h: every UTC midnight), as envoyproxy/ratelimit does, instead of at
@@ -243,6 +260,9 @@ func (p Policy) Validate() error {
 	if !p.Algorithm.valid() {
 		return bad("algorithm", p.Algorithm.String(), "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
 	}
+	if field, value, rule := period.CheckPolicy(p.Period, p.TimeZone, p.Algorithm.String(), p.Window, p.ClockAligned, p.LocalQuota.Enabled); field != "" {
+		return bad(field, value, rule)
+	}
 	if p.Algorithm == Concurrency {
 		switch {
 		case p.Window != 0:
@@ -336,6 +356,9 @@ func (p Policy) params() algorithm.Params {
 	w := p.Window
 	if p.Algorithm == Concurrency {
 		w = p.LeaseTTL // the engine's window: how long a lease lives
+	}
+	if u, ok := period.Parse(p.Period); ok {
+		w = u.Nominal() // checked as a window this long; a store decides on the calendar's
 	}
 	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}
 }

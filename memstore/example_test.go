@@ -39,3 +39,38 @@ func Example() {
 	// allowed remaining 0 retry after 0s
 	// states held: 1
 }
+
+// A plan of 3 calls a month where the tenant lives: the quota resets at
+// midnight on the 1st in Europe/Berlin (22:00 UTC in summer), and a
+// denial's retry runs to that instant.
+func Example_calendarPeriod() {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		log.Fatal(err)
+	}
+	clock := sluicetest.NewClock()
+	clock.Set(time.Date(2026, 6, 30, 21, 0, 0, 0, time.UTC)) // 23:00 in Berlin
+	store, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "plan", Algorithm: sluice.FixedWindow, Limit: 3, Period: "month", TimeZone: berlin},
+	}, sluice.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	req := sluice.Request{Policy: "plan", Subject: "k1:acme", Cost: 2}
+	for range 2 {
+		o := limiter.Check(context.Background(), req)
+		fmt.Println(o.Kind, "remaining", o.Remaining, "retry after", o.RetryAfter, "reset after", o.ResetAfter)
+	}
+	clock.Advance(time.Hour) // 1 July, 00:00 in Berlin
+	o := limiter.Check(context.Background(), req)
+	fmt.Println(o.Kind, "remaining", o.Remaining, "reset after", o.ResetAfter)
+	// Output:
+	// allowed remaining 1 retry after 0s reset after 1h0m0s
+	// denied remaining 1 retry after 1h0m0s reset after 1h0m0s
+	// allowed remaining 1 reset after 744h0m0s
+}

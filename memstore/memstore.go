@@ -8,6 +8,7 @@ package memstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/period"
 )
 
 // Options configure a Store. The zero value means the defaults.
@@ -74,6 +76,7 @@ type Store struct {
 	idsLost   atomic.Int64 // live remembered ids dropped at the bound
 	general   bool         // tests: every decision takes the general path
 	onFast    func()       // tests: called for each decision the fast path takes
+	periods   period.Cache // calendar periods' bounds around the clock
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -340,7 +343,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		}
 	}
 	if err := algorithm.Evaluate(e); err != nil {
-		return fmt.Errorf("memstore: %w", err)
+		return engineError(err)
 	}
 	ev.Statuses = evaluation.Statuses(ev.Statuses, len(e.Decisions))
 	for i := range e.Decisions {
@@ -375,7 +378,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 		}
 	}
 	now := evaluation.Now(s.clock)
-	ap := evaluation.Policy(p)
+	ap := evaluation.PolicyAt(p, now, &s.periods)
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
 	k := keyOf(ev.Subject, p)
@@ -390,7 +393,7 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 	}
 	sh.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("memstore: %w", err)
+		return engineError(err)
 	}
 	ev.Statuses = evaluation.Statuses(ev.Statuses, 1)
 	evaluation.SetStatus(&ev.Statuses[0], p, &d)
@@ -406,7 +409,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 	e := &w.e
 	for i, p := range ev.Policies {
 		k := keyOf(ev.Subject, p)
-		ap := evaluation.Policy(p)
+		ap := evaluation.PolicyAt(p, now, &s.periods)
 		en := sh.states.get(h, k)
 		if carried != nil && carried[i] != nil && !ap.Live(stateOf(en, ap.Kind), now) {
 			// Carried over from an older subject: kept from now on.
@@ -422,6 +425,16 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 		w.keys, w.stored = append(w.keys, k), append(w.stored, en)
 		e.Policies, e.States = append(e.Policies, ap), append(e.States, st)
 	}
+}
+
+// engineError wraps err, from the engine's Evaluate or DecideOne: a
+// *algorithm.ClockError (a calendar period's state written beyond the
+// periods around the clock, after it stepped back) is sluice.ClockUnsafe.
+func engineError(err error) error {
+	if errors.As(err, new(*algorithm.ClockError)) {
+		return fmt.Errorf("memstore: %w: %w", err, sluice.ClockUnsafe)
+	}
+	return fmt.Errorf("memstore: %w", err)
 }
 
 // stateOf returns the state of en, an entry of a policy of kind (nil:
@@ -459,7 +472,7 @@ func (s *Store) previous(subjects []string, policies []*sluice.Policy) []*state 
 			if out != nil && out[i] != nil {
 				continue
 			}
-			ap := evaluation.Policy(p)
+			ap := evaluation.PolicyAt(p, now, &s.periods)
 			en := sh.states.get(h, keyOf(subject, p))
 			if !ap.Live(stateOf(en, ap.Kind), now) {
 				continue

@@ -60,7 +60,7 @@ func TestCorruptShapes(t *testing.T) {
 		// keeps its end and count, algorithm.FixedWindowEnd.)
 		{"fixed window end 2^53 ahead", sluice.FixedWindow, setBinary(c, maxExact-1, 5), "after the time of this call"},
 		{"fixed window on the caller clock's record", sluice.FixedWindow, setBinary(c, now, 1, now), "want 2 integers"},
-		{"fixed window ends 25h ahead", sluice.FixedWindow, setBinary(c, now+25*60*minute, 1), "after the time of this call"},
+		{"fixed window ends 366 days ahead", sluice.FixedWindow, setBinary(c, now+366*24*60*minute, 1), "after the time of this call"},
 		{"fixed window count above any limit", sluice.FixedWindow, setBinary(c, now+minute, 1e9+1), "count 1000000001"},
 		{"fixed window count 0", sluice.FixedWindow, setBinary(c, now+minute, 0), "count 0"},
 		{"fixed window end 0", sluice.FixedWindow, setBinary(c, 0, 1), "end 0: want a time after the epoch"},
@@ -76,10 +76,10 @@ func TestCorruptShapes(t *testing.T) {
 		{"TAT far ahead", sluice.GCRA, setBinary(c, now+1<<52, 0, 5, minute, now), "µs after the last write"},
 		{"TAT before its write", sluice.GCRA, setBinary(c, now-1, 0, 5, minute, now), "µs after the last write"},
 		{"GCRA remainder above its limit", sluice.GCRA, setBinary(c, now+minute, 5, 5, minute, now), "remainder 5"},
-		{"log unsorted", sluice.SlidingLog, log(now, now-3, now-2, now-1), "want one in (newest - 24h, newest]"},
+		{"log unsorted", sluice.SlidingLog, log(now, now-3, now-2, now-1), "want one in (newest - 365 days, newest]"},
 		{"log unsorted along the search", sluice.SlidingLog, log(now-2*minute, now-10e6, now-3*minute, now-3*minute, now-3*minute, now-5e6), "entries are not ascending"},
 		{"log unsorted at the retry entry", sluice.SlidingLog, log(now-10e6, now-3*minute, now-9e6, now-8e6, now-7e6, now-6e6), "entries are not ascending"},
-		{"log entry a day before the newest", sluice.SlidingLog, log(now-24*60*minute, now), "want one in (newest - 24h, newest]"},
+		{"log entry 365 days before the newest", sluice.SlidingLog, log(now-365*24*60*minute, now), "want one in (newest - 365 days, newest]"},
 		{"log entry ahead", sluice.SlidingLog, log(now + 2*minute), "after the time of this call"},
 		{"log fraction", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "1767225600000000.5").Err() }, "want an integer > 0"},
 		{"lease expiry far ahead", sluice.Concurrency, leases(now + 60*minute), "after the time of this call"},
@@ -155,13 +155,13 @@ func TestCorruptCarriedState(t *testing.T) {
 		want string
 	}{
 		{"fixed window count 0", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+1, 0), "count 0"},
-		{"fixed window ending a day ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+2*day, 1), "end is"},
+		{"fixed window ending 366 days ahead", policy(t, "corrupt", sluice.FixedWindow, 5, time.Minute), setBinary(c, now+366*day, 1), "end is"},
 		{"GCRA TAT far ahead", policy(t, "corrupt", sluice.GCRA, 5, time.Minute), setBinary(c, now+1<<52, 0, 5, 60e6, now), "µs after the last write"},
-		{"log a day long", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now-day), int64(now)).Err() }, "want one in (newest - 24h, newest]"},
+		{"log 365 days long", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now-365*day), int64(now)).Err() }, "want one in (newest - 365 days, newest]"},
 		{"log unsorted", policy(t, "corrupt", sluice.SlidingLog, 5, time.Minute), func(k string) error { return c.RPush(ctx, k, int64(now), int64(now-1)).Err() }, "want ascending integers"},
-		{"leases a day apart", &lease, func(k string) error {
-			return c.ZAdd(ctx, k, redis.Z{Score: now - day + 1, Member: "a"}, redis.Z{Score: now + 1, Member: "b"}).Err()
-		}, "want one in (newest - 24h, newest]"},
+		{"leases 365 days apart", &lease, func(k string) error {
+			return c.ZAdd(ctx, k, redis.Z{Score: now - 365*day + 1, Member: "a"}, redis.Z{Score: now + 1, Member: "b"}).Err()
+		}, "want one in (newest - 365 days, newest]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old, neu := subject(t), subject(t)

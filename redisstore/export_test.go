@@ -33,6 +33,11 @@ func (s *Store) Queued() int {
 // was taken at, as the script answers it (nil: not called).
 func (s *Store) OnRedisTime(f func(now int64)) { s.onRedisTime = f }
 
+// SetPeriodBounds makes s send f(p) as the bounds of a calendar period's
+// policy p instead of the calendar's around its clock (nil: the
+// calendar's), so a test on Redis time drives periods of a few ms.
+func (s *Store) SetPeriodBounds(f func(p *sluice.Policy) [4]int64) { s.periodBounds = f }
+
 // SetBatched makes s send every decision through its senders in a
 // decideAll call (true), even alone, so a test drives batch.lua's path
 // (decisions by spec, compact replies) as hard as the others.

@@ -9,7 +9,7 @@ import (
 )
 
 // TestScriptHoldArguments: the script takes a held spend's hold in both
-// forms and refuses one it cannot take (not an integer of 0 to 24h, on
+// forms and refuses one it cannot take (not an integer of 0 to 365 days, on
 // anything but a spend, or in the short form on an algorithm with no
 // held spend) before it reads or writes anything. The engine's Check
 // refuses all of these first; this holds the script to its own contract
@@ -43,7 +43,7 @@ func TestScriptHoldArguments(t *testing.T) {
 		{"general", general("spend", "300000"), ""},
 		{"short", []any{"h", "5", "300000", gcra}, ""},
 		{"general, negative", general("spend", "-1"), "SLUICE_ARGS hold must be an integer"},
-		{"general, beyond 24h", general("spend", "86400000001"), "SLUICE_ARGS hold must be an integer"},
+		{"general, beyond 365 days", general("spend", "31536000000001"), "SLUICE_ARGS hold must be an integer"},
 		{"general, a peek", general("peek", "10"), "0 unless the op is spend"},
 		{"short, 0", []any{"h", "5", "0", gcra}, "SLUICE_ARGS hold must be an integer of 1"},
 		{"short, not a number", []any{"h", "5", "x", gcra}, "SLUICE_ARGS hold must be an integer of 1"},

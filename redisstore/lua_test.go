@@ -17,6 +17,8 @@ func TestLuaConstants(t *testing.T) {
 	want := map[string]int64{
 		"MIN_WINDOW":            algorithm.MinWindow,
 		"MAX_WINDOW":            algorithm.MaxWindow,
+		"MAX_LEASE_TTL":         algorithm.MaxLeaseTTL,
+		"MAX_PERIOD":            algorithm.MaxPeriod,
 		"MAX_LIMIT":             algorithm.MaxLimit,
 		"MAX_SLIDING_LOG_LEN":   algorithm.MaxSlidingLogLen,
 		"MAX_CONCURRENCY_LIMIT": algorithm.MaxConcurrencyLimit,
@@ -28,6 +30,7 @@ func TestLuaConstants(t *testing.T) {
 		"KIND_GCRA":             int64(algorithm.KindGCRA),
 		"KIND_CONCURRENCY":      int64(algorithm.KindConcurrency),
 		"KIND_FIXED_WINDOW_END": int64(algorithm.KindFixedWindowEnd),
+		"KIND_FIXED_PERIOD":     int64(algorithm.KindFixedPeriod),
 		"ARGV_COST":             argvCost,
 		"ARGV_NOW":              argvNow,
 		"ARGV_MAX_REGRESSION":   argvMaxRegression,

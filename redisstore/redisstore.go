@@ -56,7 +56,9 @@
 // The braces make S the Cluster hash tag, so every key of one decision lies
 // in one slot and a multi-policy decision is one atomic script call, never
 // CROSSSLOT. The algorithm code (f fixed_window, F fixed_window aligned
-// to the clock, l sliding_log, w sliding_window, t token_bucket, g gcra)
+// to the clock, on Redis time e and E, p fixed_window with a calendar
+// period (its end, count and newest write, on either clock), l
+// sliding_log, w sliding_window, t token_bucket, g gcra)
 // keeps a policy whose algorithm or alignment changed without a revision
 // bump from reading the other's state. Keys are
 // at most len(Prefix) + 290 bytes. Every key the script writes carries a
@@ -141,6 +143,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/period"
 )
 
 // The script's argument and reply layout; args.lua names each alike
@@ -333,8 +336,13 @@ type Store struct {
 	// Redis time was taken at, from its reply (tests: the differential
 	// test decides it again at that time).
 	onRedisTime func(now int64)
-	onFallback  func(string)
-	onSkipped   func(error) // Options.OnSkippedOverride
+	// periods keeps calendar periods' bounds around this process's clock
+	// (the caller's, or on Redis time the system's); periodBounds, when
+	// set, replaces them (tests: periods of a few ms around Redis time).
+	periods      period.Cache
+	periodBounds func(p *sluice.Policy) [4]int64
+	onFallback   func(string)
+	onSkipped    func(error) // Options.OnSkippedOverride
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
 	// the decisions whose master cannot be told, routed by the cluster
@@ -614,6 +622,9 @@ var algorithmCodes = [...]string{
 // key returns the Redis key of p's state for subject: see the package
 // documentation.
 func (s *Store) key(subject string, p *sluice.Policy) string {
+	if p.Period != "" {
+		return s.policyKey(subject, p, "p") // a calendar period's (algorithm.FixedPeriod), on either clock
+	}
 	if p.Algorithm == sluice.FixedWindow && s.clock == nil {
 		// On Redis time a fixed window keeps another record
 		// (algorithm.FixedWindowEnd): another key.

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
@@ -29,6 +30,7 @@ var scriptFiles = []string{
 	"params.lua",         // internal/engine/algorithm/params.go
 	"codec.lua",          // error replies and integer strings
 	"fixed_window.lua",   // internal/engine/algorithm/fixed_window.go
+	"fixed_period.lua",   // internal/engine/algorithm/fixed_period.go
 	"sliding_log.lua",    // internal/engine/algorithm/sliding_log.go
 	"sliding_window.lua", // internal/engine/algorithm/sliding_window.go
 	"token_bucket.lua",   // internal/engine/algorithm/token_bucket.go
@@ -282,6 +284,7 @@ type policyArgs struct {
 	text               string        // arg, as a string
 	spend1             string        // the spec of a spend of 1 under it on Redis time (shortSpec)
 	limit              int64         // the limit its decisions answer: the burst of a bucket, else the limit
+	bounds             [4]int64      // a calendar period's bounds in arg (algorithm.Params.Bounds); zero for others
 	dedupeTTL, dedupeN any
 }
 
@@ -289,12 +292,16 @@ type policyArgs struct {
 // Limiter's own copy of a policy, which does not change) is seen, and again
 // should its numbers differ from what they were formatted from.
 func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
+	var bounds [4]int64
+	if p.Period != "" {
+		bounds = s.boundsOf(p)
+	}
 	if v, ok := s.policyArgs.Load(p); ok {
-		if a := v.(*policyArgs); a.policy == *p {
+		if a := v.(*policyArgs); a.policy == *p && a.bounds == bounds {
 			return a
 		}
 	}
-	a := &policyArgs{policy: *p}
+	a := &policyArgs{policy: *p, bounds: bounds}
 	align := 0
 	if p.ClockAligned {
 		align = 1
@@ -304,6 +311,12 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 		kind = algorithm.KindFixedWindowEnd // on Redis time: the count and the window's end
 	}
 	a.text = fmt.Sprintf("%d %d %d %d %d %d", kind, p.Limit, evaluation.Window(p), p.Burst, (p.CleanupGrace + s.extra).Microseconds(), align)
+	if p.Period != "" {
+		// A calendar period: its length now and the bounds of its periods
+		// around this process's clock, for the script to pick from.
+		a.text = fmt.Sprintf("%d %d %d %d %d %d %d %d %d %d", algorithm.KindFixedPeriod, p.Limit, bounds[2]-bounds[1], p.Burst,
+			(p.CleanupGrace + s.extra).Microseconds(), align, bounds[0], bounds[1], bounds[2], bounds[3])
+	}
 	a.arg, a.spend1, a.limit = a.text, "s 1 0 "+a.text, p.Limit
 	if p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket {
 		a.limit = p.Burst
@@ -318,6 +331,20 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 	}
 	s.policyArgs.Store(p, a)
 	return a
+}
+
+// boundsOf returns the periods of p, a policy with a calendar period,
+// around this process's clock: the caller's (Options.Clock), or on Redis
+// time the system's, which the script holds Redis's to.
+func (s *Store) boundsOf(p *sluice.Policy) [4]int64 {
+	if s.periodBounds != nil {
+		return s.periodBounds(p)
+	}
+	var c sluice.Clock = clock.System{}
+	if s.clock != nil {
+		c = s.clock
+	}
+	return evaluation.Bounds(p, evaluation.Now(c), &s.periods)
 }
 
 // shortSpec returns the spec (batch.lua, short.lua's specOf) of a short

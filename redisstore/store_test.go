@@ -388,7 +388,7 @@ func TestCorruptState(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
 	s := newStore(t, c, redisstore.Options{})
-	future := float64(time.Now().Add(11 * 24 * time.Hour).UnixMicro()) // beyond the longest window (24h)
+	future := float64(time.Now().Add(400 * 24 * time.Hour).UnixMicro()) // beyond the longest window (365 days)
 	for _, tc := range []struct {
 		name string
 		alg  sluice.Algorithm
@@ -408,10 +408,10 @@ func TestCorruptState(t *testing.T) {
 		{"binary fraction", sluice.TokenBucket, setBinary(c, 1.5, 1, 1), "field 1 = 1.5"},
 		{"binary above 2^53", sluice.SlidingWindow, setBinary(c, 1, 1, 1<<54, 1), "want an integer in [0, 2^53]"},
 		{"binary too short", sluice.GCRA, setBinary(c, 1, 1, 1, 1), "want 5 integers"},
-		{"written in 11 days", sluice.FixedWindow, setBinary(c, future, 1), "after the time of this call"},
-		// Pushed after the entry written now: that one lies 11 days before
+		{"written in 400 days", sluice.FixedWindow, setBinary(c, future, 1), "after the time of this call"},
+		// Pushed after the entry written now: that one lies 400 days before
 		// the newest (TestCorruptShapes has a lone entry ahead).
-		{"log entry in 11 days", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, int64(future)).Err() }, "want one in (newest - 24h, newest]"},
+		{"log entry in 400 days", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, int64(future)).Err() }, "want one in (newest - 365 days, newest]"},
 		{"log not a list", sluice.SlidingLog, func(k string) error { return c.Set(ctx, k, "x", time.Hour).Err() }, "holds another type"},
 		{"log entry", sluice.SlidingLog, func(k string) error { return c.RPush(ctx, k, "soon").Err() }, "entry"},
 	} {

@@ -46,6 +46,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	testSemantics(t, newStore)
 	testConcurrency(t, newStore)
 	testOverrides(t, newStore)
+	testCalendar(t, newStore)
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that

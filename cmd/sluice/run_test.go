@@ -322,7 +322,7 @@ subjects:
   hmac_keys:
     - { id: "k1", secret_env: "SLUICE_TEST_UNSET_K1" }
 policies:
-  - { id: a, algorithm: fixed_window, limit: 3, window: 90h }
+  - { id: a, algorithm: fixed_window, limit: 3, window: 8761h }
 envoy:
   listen: "127.0.0.1:0"
   configs: ["missing/*.yaml"]
@@ -338,7 +338,7 @@ envoy:
 	want := []string{
 		cfg + ": server.bogus: unknown key: must be one of listen, tls, auth, decision_timeout (line 3)",
 		cfg + `: subjects.hmac_keys[0].secret_env: "SLUICE_TEST_UNSET_K1": environment variable SLUICE_TEST_UNSET_K1 is not set or empty (line 6)`,
-		cfg + `: policies[0].window: "90h": must be between 1ms and 24h (line 8)`,
+		cfg + `: policies[0].window: "8761h": must be between 1ms and 365 days (8760h) (line 8)`,
 		"envoy.configs (" + cfg + " line 11): " + filepath.Join(filepath.Dir(cfg), "missing/*.yaml") + ": no rules file matches",
 	}
 	if diff := cmp.Diff(want, lines); diff != "" {
@@ -398,13 +398,13 @@ policies:
 	if err := run(context.Background(), []string{"validate", "-c", envoy}, &out, &errOut); err != nil || out.String() != "ok\n" || errOut.Len() != 0 {
 		t.Errorf("validate with an envoy section = %v, stdout %q, stderr %q; want ok", err, out.String(), errOut.String())
 	}
-	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: week, requests_per_unit: 5}\n"), 0o600); err != nil {
+	if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out.Reset()
 	errOut.Reset()
 	err = run(context.Background(), []string{"validate", "-c", envoy}, &out, &errOut)
-	want = rules + `: descriptors[0].rate_limit.unit: "week": must be one of second, minute, hour, day`
+	want = rules + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day, week, month, year`
 	if exitCode(err, &errOut) != 1 || !strings.Contains(errOut.String(), want) || !strings.Contains(errOut.String(), "(line 4)") {
 		t.Errorf("validate with a bad rules file: stderr %q, want exit 1 and %q with its line", errOut.String(), want)
 	}

@@ -45,14 +45,16 @@ func (a *app) simulate(args []string) error {
 	if err := f.check(set); err != nil {
 		return bad(err)
 	}
-	window := f.window.Microseconds()
+	if f.pattern == simulate.Calendar { // its own policies: only --seed applies
+		return simulate.WriteCalendar(a.stdout, f.seed, set, bad)
+	}
 	if f.accuracy != "" {
-		return a.accuracy(f, window)
+		return a.accuracy(f, f.window.Microseconds())
 	}
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
-	policies, err := simulate.ParsePolicies(f.policies, f.limit, window, f.burst)
+	policies, err := simulate.ParsePolicies(f.policies, f.limit, f.window.Microseconds(), f.burst)
 	if err != nil {
 		return bad(err)
 	}
@@ -98,7 +100,7 @@ func (a *app) simulate(args []string) error {
 
 // define declares f's flags on fs.
 func (f *simulateFlags) define(fs *flag.FlagSet) {
-	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.LocalQuotaPatterns, ", "))
+	fs.StringVar(&f.pattern, "pattern", simulate.Poisson, "the offered traffic: "+strings.Join(simulate.LocalQuotaPatterns, ", ")+", or calendar (a Berlin month with a DST change, through periods: ACCURACY.md's calendar table; only --seed applies)")
 	fs.StringVar(&f.csv, "csv", "", "replay request timestamps from `FILE` (one per line, first field: RFC 3339 or Unix seconds) instead of --pattern")
 	fs.Func("policy", "a policy to run, `ALG[:LIMIT/WINDOW[:BURST]]`, e.g. gcra or token_bucket:100/1m:20; repeat to compare (default: all five algorithms at --limit per --window)", func(s string) error {
 		f.policies = append(f.policies, s)
@@ -145,8 +147,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 	case len(f.policies) > simulate.MaxPolicies:
 		return fmt.Errorf("--policy given %d times: at most %d", len(f.policies), simulate.MaxPolicies)
 	}
-	// Flags that shape one pattern only: refuse them elsewhere rather
-	// than ignore them.
+	// Flags that shape one pattern only are refused elsewhere, not ignored.
 	pattern := f.pattern
 	if f.csv != "" {
 		pattern = "a --csv replay"
@@ -159,7 +160,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp, simulate.Step}},
 		{"on", []string{simulate.Bursts}},
 		{"off", []string{simulate.Bursts}},
-		{"seed", []string{simulate.Poisson, simulate.Step}},
+		{"seed", []string{simulate.Poisson, simulate.Step, simulate.Calendar}},
 	} {
 		if set[c.flag] && f.accuracy == "" && !f.localQuota && !slices.Contains(c.patterns, pattern) {
 			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
@@ -172,9 +173,8 @@ func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {
 	return simulate.PatternSpec{Name: name, Rate: f.rate, Duration: f.duration.Microseconds(), On: f.on.Microseconds(), Off: f.off.Microseconds(), Seed: f.seed}
 }
 
-// accuracy runs ACCURACY.md's patterns through its policies at --limit
-// per --window, writes a chart per pattern into --accuracy and prints
-// the table.
+// accuracy runs ACCURACY.md's patterns through its policies at --limit per --window,
+// writes a chart per pattern into --accuracy and prints the table.
 func (a *app) accuracy(f simulateFlags, window int64) error {
 	policies, err := simulate.AccuracyPolicies(f.limit, window, f.burst)
 	if err != nil {

@@ -46,7 +46,7 @@ var layers = []struct {
 	{"contract", []string{""}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/period"}},
 }
 
 // listedPackage is what TestLayers reads of go list -json.

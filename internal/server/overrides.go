@@ -301,7 +301,7 @@ func (s *Server) overrideEntry(o sluice.Override) checkapi.OverrideEntry {
 	switch w := o.Window; {
 	case p.Algorithm == sluice.Concurrency:
 	case w == 0:
-		e.Window = p.Window.String()
+		e.Window = windowText(&p)
 	default:
 		e.Window = w.String()
 	}

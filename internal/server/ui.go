@@ -197,7 +197,7 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 	ids, policy := s.shown()
 	for _, id := range ids {
 		p, _ := policy(id)
-		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: p.Window.String(), MaxCost: p.MaxCost,
+		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: windowText(&p), MaxCost: p.MaxCost,
 			FailureMode: s.modes[id].String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
 		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 			up.Burst = p.Burst
@@ -358,4 +358,18 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	h["Cache-Control"] = noStore
 	w.WriteHeader(code)
 	w.Write(append(b, '\n'))
+}
+
+// windowText is what the dashboard and the overrides list show as p's
+// window: its duration, or a calendar period and its zone, e.g. "month
+// (Europe/Berlin)".
+func windowText(p *sluice.Policy) string {
+	if p.Period == "" {
+		return p.Window.String()
+	}
+	zone := "UTC"
+	if p.TimeZone != nil {
+		zone = p.TimeZone.String()
+	}
+	return p.Period + " (" + zone + ")"
 }

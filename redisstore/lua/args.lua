@@ -38,10 +38,18 @@ local checked, nChecked, checkedMax = {}, 0, 1000
 -- parsePolicy ports Store.argsOf's other side: it reads the policy argument argsOf writes, and Params.Check (check).
 local function parsePolicy(raw, i)
   local kind, limit, window, burst, grace, align = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01])$')
-  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1'}
+  local b0, b1, b2, b3
+  if kind == nil then -- a calendar period's: its periods' bounds follow
+    kind, limit, window, burst, grace, align, b0, b1, b2, b3 = string.match(raw,
+      '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01]) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$')
+  end
+  local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1',
+    b0 = arg(b0), b1 = arg(b1), b2 = arg(b2), b3 = arg(b3)}
   kind = p.kind
   if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst, grace and align (0 or 1) as integers joined by spaces')
+  elseif (kind == KIND_FIXED_PERIOD) ~= (p.b3 ~= nil) or (p.b3 ~= nil and not (p.b0 and p.b1 and p.b2)) then
+    raise('SLUICE_ARGS', 'policy ' .. i .. ': a calendar period (algorithm ' .. KIND_FIXED_PERIOD .. '), and only it, takes its four bounds after align, integers below 2^53')
   end
   local field, rule = check(p, kind)
   if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then

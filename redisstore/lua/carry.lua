@@ -19,7 +19,7 @@ end
 -- WITHSCORES reads them, ascending) for key: as ZADD or RPUSH arguments,
 -- and the newest. Everything a decision could read of them is checked
 -- first, as readState and the entry readers would once they are kept:
--- at most MOST_ENTRIES, integers >= 1, ascending, within (newest − 24h,
+-- at most MOST_ENTRIES, integers >= 1, ascending, within (newest − 365 days,
 -- newest].
 local function carriedEntries(key, raw, kind)
   local out, member, prev, oldest = {}, nil, 0, nil
@@ -43,7 +43,7 @@ local function carriedEntries(key, raw, kind)
   elseif #out > MOST_ENTRIES[kind] * (leases and 2 or 1) then
     corrupt(key, 'carried ' .. #out .. ' values: want at most ' .. MOST_ENTRIES[kind] .. ' entries')
   elseif oldest ~= nil and oldest <= prev - MAX_WINDOW then
-    corrupt(key, 'carried entry ' .. fmt(oldest) .. ': want one in (newest - 24h, newest], newest ' .. fmt(prev))
+    corrupt(key, 'carried entry ' .. fmt(oldest) .. ': want one in (newest - 365 days, newest], newest ' .. fmt(prev))
   end
   return out, prev
 end

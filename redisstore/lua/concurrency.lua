@@ -29,7 +29,7 @@ local function concurrencyEntry(s, i)
   local v, newest = int(r[2]), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'score of lease ' .. i .. ' = ' .. string.sub(tostring(r[2]), 1, 40) .. ': want an integer > 0')
-  elseif newest ~= 0 and v <= newest - MAX_WINDOW then
+  elseif newest ~= 0 and v <= newest - MAX_LEASE_TTL then
     corrupt(s.key, 'score of lease ' .. i .. ' = ' .. r[2] .. ': want one after the latest, ' .. fmt(newest) .. ', less 24h')
   end
   return v

@@ -29,6 +29,7 @@ local FIELDS = {
   [KIND_GCRA] = 5,
   [KIND_CONCURRENCY] = 0,
   [KIND_FIXED_WINDOW_END] = 2,
+  [KIND_FIXED_PERIOD] = 3,
 }
 
 -- The integers of one decision: algorithm.Decision's fields.
@@ -90,6 +91,8 @@ local function boundsFixed(k, p, a, b, c, d, e)
     return fixedWindowExpires(a, b, p), fixedWindowNewest(c)
   elseif k == KIND_FIXED_WINDOW_END then
     return fixedWindowEndExpires(a, b), fixedWindowEndNewest()
+  elseif k == KIND_FIXED_PERIOD then
+    return fixedPeriodExpires(a, b), fixedPeriodNewest(c)
   elseif k == KIND_TOKEN_BUCKET then
     return tokenBucketExpires(a, b, c, p), tokenBucketNewest(b)
   elseif k == KIND_SLIDING_WINDOW then
@@ -110,6 +113,18 @@ local function bounds(p, st)
     return concurrencyExpires(st), concurrencyNewest(st) - p.window
   end
   return boundsFixed(k, p, st[1], st[2], st[3], st[4], st[5])
+end
+
+-- stepPeriod ports stepPeriod, on values: decideFixed's answer for a
+-- calendar period's fields a to c.
+local function stepPeriod(p, a, b, c, now, cost, refund)
+  local allowed, remaining, resetAfter, retryAfter
+  if refund then
+    a, b, c, allowed, remaining, resetAfter, retryAfter = fixedPeriodRefund(a, b, c, p, now, cost)
+  else
+    a, b, c, allowed, remaining, resetAfter, retryAfter = fixedPeriodDecide(a, b, c, p, now, cost)
+  end
+  return a, b, c, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedPeriodExpires(a, b), p.limit
 end
 
 -- decideFixed ports the part of Policy.step a fixed-size kind k takes,
@@ -140,6 +155,8 @@ local function decideFixed(k, p, a, b, c, d, e, now, cost, refund, hold)
       a, b, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(a, b, p, now, cost)
     end
     return a, b, 0, 0, 0, allowed, remaining, resetAfter, retryAfter, fixedWindowEndExpires(a, b), p.limit
+  elseif k == KIND_FIXED_PERIOD then
+    return stepPeriod(p, a, b, c, now, cost, refund)
   elseif k == KIND_TOKEN_BUCKET then
     if refund then
       a, b, c, allowed, remaining, resetAfter, retryAfter = tokenBucketRefund(a, b, c, p, now, cost)
@@ -198,7 +215,7 @@ local function step(p, st, now, op, cost, hold, lease, ds, o)
   return {v = v, log = log, leases = leases, expires = expires, fresh = false}
 end
 
--- when ports the part of current that reads a state's bounds, exp and
+-- when ports the part of currentAt that reads a state's bounds, exp and
 -- nw: whether the state is live at the time it is decided at (else it is
 -- decided as absent), that time, and when the caller's clock lies too far
 -- behind, false, 0 and by how much.
@@ -216,9 +233,8 @@ local function when(exp, nw, now, maxRegression)
   return exp > at, at
 end
 
--- current ports current: the state, the time it is decided at, and when
--- the caller's clock lies too far behind, nil, 0 and by how much.
-local function current(p, st, now, maxRegression)
+-- currentAt ports currentAt.
+local function currentAt(p, st, now, maxRegression)
   if st == nil then
     return absentOf(p.kind), now
   end
@@ -230,6 +246,19 @@ local function current(p, st, now, maxRegression)
     return absentOf(p.kind), at
   end
   return st, at
+end
+
+-- current ports current: the state, the time it is decided at, and when
+-- the caller's clock lies too far behind, nil, 0 and by how much; a
+-- calendar period's policy decided at a time outside its periods raises
+-- SLUICE_CLOCK (fixedPeriodOutside), as Go's returns a *ClockError. key
+-- names the state in that error.
+local function current(p, st, now, maxRegression, key)
+  local cur, at, behind = currentAt(p, st, now, maxRegression)
+  if behind == nil and p.kind == KIND_FIXED_PERIOD then
+    fixedPeriodOutside(key or '', p, at)
+  end
+  return cur, at, behind
 end
 
 -- lengthenBy ports lengthen on a decision's resetAfter and retryAfter.
@@ -276,7 +305,7 @@ local function evaluate(ev)
   local admitted, cost, hold, lease, maxRegression = true, ev.cost, ev.hold, ev.lease, ev.maxRegression
   for i = 1, n do
     local p = policies[i]
-    local st, at, behind = current(p, states[i], now, maxRegression)
+    local st, at, behind = current(p, states[i], now, maxRegression, 'policy ' .. (i - 1))
     if st == nil then
       return {clock = {policy = i - 1, behind = behind, max = maxRegression}}
     end
@@ -293,7 +322,7 @@ local function evaluate(ev)
     for i = 1, n do
       local p, o = policies[i], 1 + DECISION_SIZE * (i - 1)
       if ds[o + 1] == 1 then
-        local st, at = current(p, states[i], now, maxRegression)
+        local st, at = current(p, states[i], now, maxRegression, 'policy ' .. (i - 1))
         step(p, st, at, 'peek', 0, 0, '', ds, o)
         lengthen(ds, o, at - now)
       end

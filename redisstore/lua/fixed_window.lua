@@ -17,7 +17,7 @@ local function fixedWindowCorrupt(start, count, last)
   if count < 1 or count > MAX_LIMIT then
     return 'count ' .. fmt(count) .. ': want 1 to ' .. fmt(MAX_LIMIT)
   elseif start < 1 or last < start or last - start >= MAX_WINDOW then
-    return 'start ' .. fmt(start) .. ', last write ' .. fmt(last) .. ': want 0 < start <= last < start + 24h'
+    return 'start ' .. fmt(start) .. ', last write ' .. fmt(last) .. ': want 0 < start <= last < start + 365 days'
   end
   return nil
 end
@@ -83,7 +83,7 @@ local function fixedWindowEndCorrupt(ends, count, now)
   elseif ends < 1 then
     return 'end ' .. fmt(ends) .. ': want a time after the epoch'
   elseif ends - now > MAX_WINDOW then
-    return 'end is ' .. fmt(ends - now) .. ' µs after the time of this call: want at most 24h'
+    return 'end is ' .. fmt(ends - now) .. ' µs after the time of this call: want at most 365 days'
   end
   return nil
 end

@@ -21,7 +21,9 @@ local function bindLibrary()
 end
 
 local MIN_WINDOW = 1000 -- algorithm.MinWindow, µs
-local MAX_WINDOW = 86400000000 -- algorithm.MaxWindow, µs
+local MAX_WINDOW = 31536000000000 -- algorithm.MaxWindow, µs: 365 days
+local MAX_LEASE_TTL = 86400000000 -- algorithm.MaxLeaseTTL, µs: 24h
+local MAX_PERIOD = 31708800000000 -- algorithm.MaxPeriod, µs: 367 days
 local MAX_LIMIT = 1000000000 -- algorithm.MaxLimit
 local MAX_SLIDING_LOG_LEN = 100000 -- algorithm.MaxSlidingLogLen
 local MAX_CONCURRENCY_LIMIT = 100000 -- algorithm.MaxConcurrencyLimit
@@ -35,6 +37,7 @@ local KIND_TOKEN_BUCKET = 4
 local KIND_GCRA = 5
 local KIND_CONCURRENCY = 6
 local KIND_FIXED_WINDOW_END = 7
+local KIND_FIXED_PERIOD = 8
 
 -- fdiv returns floor(a / b) exactly for integers |a| < 2^53, b > 0: the
 -- double quotient is off by at most one, which the remainder corrects.
@@ -80,10 +83,30 @@ local function verdictCost(cost)
   return cost
 end
 
+-- checkBounds ports Params.checkBounds: the field and the rule p's
+-- periods (p.b0 to p.b3) break, or nil.
+local function checkBounds(p)
+  local b = {p.b0, p.b1, p.b2, p.b3}
+  if b[1] < 1 or b[4] >= MAX_EXACT then
+    return 'period', 'bounds must lie after the epoch and below 2^53 µs'
+  end
+  for i = 2, 4 do
+    if b[i] <= b[i - 1] or b[i] - b[i - 1] > MAX_PERIOD then
+      return 'period', 'each period must be 1µs to 367 days long, after the one before'
+    end
+  end
+  if p.window ~= b[3] - b[2] then
+    return 'window', 'must be the length of the period holding the caller\'s clock'
+  end
+  return nil
+end
+
 -- check ports Params.Check: the field and the rule p breaks for kind k, or nil.
 local function check(p, k)
-  if p.window < MIN_WINDOW or p.window > MAX_WINDOW then
+  if k == KIND_CONCURRENCY and (p.window < MIN_WINDOW or p.window > MAX_LEASE_TTL) then
     return 'window', 'must be between 1ms and 24h'
+  elseif k ~= KIND_FIXED_PERIOD and (p.window < MIN_WINDOW or p.window > MAX_WINDOW) then
+    return 'window', 'must be between 1ms and 365 days (8760h)'
   elseif p.limit < 1 or p.limit > MAX_LIMIT then
     return 'limit', 'must be between 1 and 1000000000'
   elseif p.burst < 1 or p.burst > MAX_LIMIT then
@@ -93,6 +116,8 @@ local function check(p, k)
   end
   if k == KIND_FIXED_WINDOW or k == KIND_FIXED_WINDOW_END then
     return nil
+  elseif k == KIND_FIXED_PERIOD then
+    return checkBounds(p)
   elseif k == KIND_SLIDING_LOG then
     if p.limit > MAX_SLIDING_LOG_LEN then
       return 'limit', 'sliding_log allows at most 100000'

@@ -28,6 +28,8 @@ local function fixedCorrupt(kind, a, b, c, d, e, now)
     return tokenBucketCorrupt(a, b, c)
   elseif kind == KIND_FIXED_WINDOW_END then
     return fixedWindowEndCorrupt(a, b, now)
+  elseif kind == KIND_FIXED_PERIOD then
+    return fixedPeriodCorrupt(a, b, c)
   end
   return slidingWindowCorrupt(a, b, c, d)
 end

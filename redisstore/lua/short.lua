@@ -47,7 +47,7 @@ local fastDecision = {0, 0, 0, 0, 0, 0}
 -- fastView ports DecideOne, on a log or leases.
 local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   local st = readState(key, p, now, onRedis)
-  local cur, t, behind = current(p, st, now, maxRegression)
+  local cur, t, behind = current(p, st, now, maxRegression, key)
   if cur == nil then
     clockUnsafe(key, behind, maxRegression)
   end
@@ -166,6 +166,9 @@ local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, on
     elseif not live then
       a, b, c, d, e = 0, 0, 0, 0, 0
     end
+  end
+  if k == KIND_FIXED_PERIOD then
+    fixedPeriodOutside(key, p, t) -- current's rule for a calendar period
   end
   local allowed, remaining, resetAfter, retryAfter, expires, limit
   a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit = decideFixed(k, p, a, b, c, d, e, t, cost, false, hold)

@@ -8,7 +8,7 @@ remaining, resetAfter and retryAfter (its limit is p.limit).
 Every entry read is checked against what the script writes
 (slidingLogCorrupt ports SlidingLog.corrupt; the entries a decision
 reads beyond it are checked as they are read): an integer >= 1 within
-(newest − 24h, newest], since a write cuts what left the window at its
+(newest − 365 days, newest], since a write cuts what left the window at its
 time and appends at that time; and ascending, as far as the entries a
 decision reads can tell: each one the cut's binary search reads lies
 between those it read on either side, and each one a decision reads
@@ -18,13 +18,13 @@ wrongly is cut by the next write with the rest. ]]
 
 -- slidingLogChecked returns raw, entry i (0-based) as read from the
 -- list, checked: an integer >= 1, and once s.newest is read, within
--- (newest − 24h, newest].
+-- (newest − 365 days, newest].
 local function slidingLogChecked(s, i, raw)
   local v, newest = int(raw), s.newest
   if v == nil or v < 1 then
     corrupt(s.key, 'entry ' .. i .. ' = ' .. string.sub(tostring(raw), 1, 40) .. ': want an integer > 0')
   elseif newest ~= 0 and (v > newest or v <= newest - MAX_WINDOW) then
-    corrupt(s.key, 'entry ' .. i .. ' = ' .. raw .. ': want one in (newest - 24h, newest], newest ' .. fmt(newest))
+    corrupt(s.key, 'entry ' .. i .. ' = ' .. raw .. ': want one in (newest - 365 days, newest], newest ' .. fmt(newest))
   end
   return v
 end

@@ -12,7 +12,7 @@ p.burst). tokenBucketCorrupt ports TokenBucket.corrupt
 -- 10^9 × window and below 2^53 − 1.
 local function tokenBucketCorrupt(tokens, last, window)
   if last < 1 or window < MIN_WINDOW or window > MAX_WINDOW then
-    return 'last write ' .. fmt(last) .. ', window ' .. fmt(window) .. ': want a write time and a window of 1ms to 24h'
+    return 'last write ' .. fmt(last) .. ', window ' .. fmt(window) .. ': want a write time and a window of 1ms to 365 days'
   elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 then
     return 'tokens ' .. fmt(tokens) .. ': want fewer than a full bucket under window ' .. fmt(window)
   end

@@ -28,7 +28,7 @@ type State struct {
 }
 
 // Fields is how many integers of State.V each algorithm keeps.
-var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0, KindFixedWindowEnd: 2}
+var Fields = [...]int{KindFixedWindow: 3, KindSlidingLog: 0, KindSlidingWindow: 4, KindTokenBucket: 3, KindGCRA: 5, KindConcurrency: 0, KindFixedWindowEnd: 2, KindFixedPeriod: 3}
 
 // Write is the state a decision leaves behind, for a store to keep when the
 // whole evaluation commits.
@@ -85,13 +85,19 @@ type Evaluation struct {
 }
 
 // ClockError says that a request's time lies further behind a state's
-// newest write than Evaluation.MaxRegression allows.
+// newest write than Evaluation.MaxRegression allows, or (To != 0) that
+// the time a calendar period's policy is decided at lies outside the
+// periods its caller computed (FixedPeriod).
 type ClockError struct {
-	Policy      int   // index in Evaluation.Policies
-	Behind, Max int64 // µs
+	Policy       int   // index in Evaluation.Policies
+	Behind, Max  int64 // µs
+	At, From, To int64 // a period's: the time decided at, outside [From, To), µs
 }
 
 func (e *ClockError) Error() string {
+	if e.To != 0 {
+		return fmt.Sprintf("policy %d: time %d lies outside the periods [%d, %d) computed around the caller's clock", e.Policy, e.At, e.From, e.To)
+	}
 	return fmt.Sprintf("policy %d: caller clock is %d µs behind the last write, more than the allowed %d", e.Policy, e.Behind, e.Max)
 }
 
@@ -156,6 +162,8 @@ func (p Policy) corrupt(st *State, now int64) string {
 		return fixedWindowOf(&st.V).corrupt()
 	case KindFixedWindowEnd:
 		return fixedWindowEndOf(&st.V).corrupt(now)
+	case KindFixedPeriod:
+		return fixedPeriodOf(&st.V).corrupt()
 	case KindSlidingLog:
 		return SlidingLog{Entries: st.Log}.corrupt(p.Params, now)
 	case KindSlidingWindow:
@@ -177,6 +185,9 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 		return s.Expires(p.Params), s.Newest()
 	case KindFixedWindowEnd:
 		s := fixedWindowEndOf(&st.V)
+		return s.Expires(), s.Newest()
+	case KindFixedPeriod:
+		s := fixedPeriodOf(&st.V)
 		return s.Expires(), s.Newest()
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
@@ -234,6 +245,8 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 		}
 		s.fields(&w.V)
 		w.Log, w.Expires = LogEdit{}, s.Expires()
+	case KindFixedPeriod:
+		w.Log, w.Expires = LogEdit{}, stepPeriod(p.Params, st, now, refund, cost, &w.V, d)
 	case KindSlidingLog:
 		s := SlidingLog{Entries: st.Log}
 		if refund {
@@ -286,11 +299,8 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 	}
 }
 
-// current returns the state p decides on for a request at now, and the
-// time it decides at: a live state whose newest write lies after now is
-// decided at that write's time (within maxRegression), and a state that
-// equals absent by then is absent.
-func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
+// currentAt is current before a calendar period's bounds are held to.
+func currentAt(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
 	if st == nil {
 		return &absent, now, nil
 	}
@@ -309,6 +319,21 @@ func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *Clo
 		return &absent, at, nil
 	}
 	return st, at, nil
+}
+
+// current returns the state p decides on for a request at now, and the
+// time it decides at: a live state whose newest write lies after now is
+// decided at that write's time (within maxRegression), and a state that
+// equals absent by then is absent. A calendar period's policy is decided
+// only at a time inside the periods its caller computed.
+func current(p Policy, st *State, now, maxRegression int64) (*State, int64, *ClockError) {
+	cur, at, err := currentAt(p, st, now, maxRegression)
+	if err == nil && p.Kind == KindFixedPeriod {
+		if err = p.Params.periodOutside(at); err != nil {
+			return nil, 0, err
+		}
+	}
+	return cur, at, err
 }
 
 // lengthen adds lag to the waits of d, which was decided lag µs after the

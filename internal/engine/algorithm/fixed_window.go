@@ -39,7 +39,7 @@ func (s FixedWindow) fields(v *[5]int64) {
 // corrupt returns why s is no state Decide or Refund leaves to keep, or
 // "": a kept window holds a count (one of 0 equals absent and is deleted)
 // of at most the limit at its write, and its newest write lies in it:
-// 0 < Start <= Last < Start + 24h. The window and limit of that write may
+// 0 < Start <= Last < Start + 365 days. The window and limit of that write may
 // have been others than today's (numbers changed under one revision), so
 // the bounds are the widest any policy has. redisstore's
 // fixedWindowCorrupt ports it (memstore only reads what it wrote, and
@@ -49,7 +49,7 @@ func (s FixedWindow) corrupt() string {
 	case s.Count < 1 || s.Count > MaxLimit:
 		return fmt.Sprintf("count %d: want 1 to %d", s.Count, MaxLimit)
 	case s.Start < 1 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
-		return fmt.Sprintf("start %d, last write %d: want 0 < start <= last < start + 24h", s.Start, s.Last)
+		return fmt.Sprintf("start %d, last write %d: want 0 < start <= last < start + 365 days", s.Start, s.Last)
 	}
 	return ""
 }
@@ -141,9 +141,9 @@ func (s FixedWindowEnd) fields(v *[5]int64) {
 // corrupt returns why s is no state Decide or Refund leaves to keep at
 // now, or "": a kept window holds a count of 1 to the limit at its write
 // (one of 0 equals absent and is deleted) and ends after the epoch and at
-// most a window, 24h at the longest, after the clock that wrote it. (The
+// most a window, 365 days at the longest, after the clock that wrote it. (The
 // store's clock may step back, NTP or a failover to a replica behind:
-// within 24h the window is only decided as live for longer, never early;
+// within that the window is only decided as live for longer, never early;
 // further, its subject would be locked out for longer than any window.)
 func (s FixedWindowEnd) corrupt(now int64) string {
 	switch {
@@ -152,7 +152,7 @@ func (s FixedWindowEnd) corrupt(now int64) string {
 	case s.End < 1:
 		return fmt.Sprintf("end %d: want a time after the epoch", s.End)
 	case s.End-now > MaxWindow:
-		return fmt.Sprintf("end is %d µs after the time of this call: want at most 24h", s.End-now)
+		return fmt.Sprintf("end is %d µs after the time of this call: want at most 365 days", s.End-now)
 	}
 	return ""
 }

@@ -164,6 +164,8 @@ func checkHold(op Op, policies []Policy, hold int64, remembered bool) error {
 		return fmt.Errorf("policy %q: %w: hold = %dµs: sliding_log takes no held spend: a block's entries would have to be dated ahead of the log's newest write", p.ID, ErrInvalidRequest, hold)
 	case KindConcurrency:
 		return fmt.Errorf("policy %q: %w: hold = %dµs: concurrency takes no held spend: a lease is taken by acquire", p.ID, ErrInvalidRequest, hold)
+	case KindFixedPeriod:
+		return fmt.Errorf("policy %q: %w: hold = %dµs: a calendar period takes no held spend (local quota)", p.ID, ErrInvalidRequest, hold)
 	}
 	if hold > p.Params.Window {
 		return fmt.Errorf("policy %q: %w: hold = %dµs: must be at most the window, %dµs", p.ID, ErrInvalidRequest, hold, p.Params.Window)

@@ -87,7 +87,7 @@ func TestCheckHold(t *testing.T) {
 		{"sliding_window", OpHold, []Policy{estimate}, 1, 10, false, `policy "estimate": invalid request: hold = 10µs: sliding_window takes no held spend: its estimate weighs a unit by when it was spent`},
 		{"sliding_log", OpHold, []Policy{log}, 1, 10, false, "sliding_log takes no held spend: a block's entries would have to be dated ahead of the log's newest write"},
 		{"above max cost", OpHold, []Policy{fixed}, 6, 10, false, "cost above policy maximum"},
-		{"a 24h window at the most limit", OpHold, []Policy{{Kind: KindGCRA, Params: Params{Limit: MaxLimit, Window: MaxWindow, Burst: 1}, ID: "huge", MaxCost: 1}}, 1, MaxWindow, false,
+		{"a 24h window at the most limit", OpHold, []Policy{{Kind: KindGCRA, Params: Params{Limit: MaxLimit, Window: 86_400_000_000, Burst: 1}, ID: "huge", MaxCost: 1}}, 1, 86_400_000_000, false,
 			"must be at most the time the rate takes to refill the burst, 86µs"},
 	} {
 		err := Check(c.op, c.policies, c.cost, c.hold, "", c.remembered)

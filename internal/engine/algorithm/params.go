@@ -27,8 +27,18 @@ import "fmt"
 // Bounds every Params value satisfies. MaxExact is 2^53, the largest range
 // in which Lua's doubles represent every integer exactly.
 const (
-	MinWindow        int64 = 1_000          // 1ms in µs
-	MaxWindow        int64 = 86_400_000_000 // 24h in µs
+	MinWindow int64 = 1_000 // 1ms in µs
+	// MaxWindow is the longest window, 365 days in µs (envoyproxy/ratelimit's
+	// year divider). The bound that matters is 2^53: every instant is µs
+	// since the epoch below it (until the year 2255), and a window or a
+	// period of at most MaxPeriod added to one stays below it.
+	MaxWindow int64 = 365 * 86_400_000_000
+	// MaxLeaseTTL is the longest a concurrency lease lives: 24h in µs.
+	MaxLeaseTTL int64 = 86_400_000_000
+	// MaxPeriod is the longest calendar period (KindFixedPeriod): a leap
+	// year, and a day more for a zone that moves its offset back within
+	// it, in µs.
+	MaxPeriod        int64 = 367 * 86_400_000_000
 	MaxLimit         int64 = 1_000_000_000
 	MaxSlidingLogLen int64 = 100_000
 	// MaxConcurrencyLimit is the most leases a concurrency policy holds
@@ -46,6 +56,12 @@ type Params struct {
 	// epoch (the UTC second, minute, hour, day) instead of at their first
 	// admission. Only fixed_window has windows to align.
 	Aligned bool
+	// Bounds are a calendar period's (KindFixedPeriod only): the start of
+	// the period before the one holding the caller's clock, that one's
+	// start, the next one's start and its end, µs (package period
+	// computes them); Window is then the length of the middle one,
+	// Bounds[2] − Bounds[1]. Zero for every other kind.
+	Bounds [4]int64
 }
 
 // Kind names an algorithm inside this package.
@@ -64,13 +80,17 @@ const (
 	// decisions as KindFixedWindow, on a state of two integers
 	// (FixedWindowEnd). No policy names it; a store picks it.
 	KindFixedWindowEnd
+	// KindFixedPeriod is fixed_window counting per calendar period
+	// (FixedPeriod): its windows are the periods Params.Bounds name, on
+	// either clock. A policy with a period picks it.
+	KindFixedPeriod
 )
 
-var kindNames = [...]string{KindFixedWindow: "fixed_window", KindSlidingLog: "sliding_log", KindSlidingWindow: "sliding_window", KindTokenBucket: "token_bucket", KindGCRA: "gcra", KindConcurrency: "concurrency", KindFixedWindowEnd: "fixed_window"}
+var kindNames = [...]string{KindFixedWindow: "fixed_window", KindSlidingLog: "sliding_log", KindSlidingWindow: "sliding_window", KindTokenBucket: "token_bucket", KindGCRA: "gcra", KindConcurrency: "concurrency", KindFixedWindowEnd: "fixed_window", KindFixedPeriod: "fixed_window"}
 
 // String returns the kind's config spelling, e.g. "token_bucket".
 func (k Kind) String() string {
-	if k >= KindFixedWindow && k <= KindFixedWindowEnd {
+	if k >= KindFixedWindow && k <= KindFixedPeriod {
 		return kindNames[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
@@ -129,8 +149,10 @@ func verdictCost(cost int64) int64 {
 // exactly, as a *RangeError.
 func (p Params) Check(k Kind) error {
 	switch {
-	case p.Window < MinWindow || p.Window > MaxWindow:
+	case k == KindConcurrency && (p.Window < MinWindow || p.Window > MaxLeaseTTL):
 		return &RangeError{"window", p.Window, "must be between 1ms and 24h"}
+	case k != KindFixedPeriod && (p.Window < MinWindow || p.Window > MaxWindow):
+		return &RangeError{"window", p.Window, "must be between 1ms and 365 days (8760h)"}
 	case p.Limit < 1 || p.Limit > MaxLimit:
 		return &RangeError{"limit", p.Limit, "must be between 1 and 1000000000"}
 	case p.Burst < 1 || p.Burst > MaxLimit:
@@ -141,6 +163,8 @@ func (p Params) Check(k Kind) error {
 	}
 	switch k {
 	case KindFixedWindow, KindFixedWindowEnd:
+	case KindFixedPeriod:
+		return p.checkBounds()
 	case KindSlidingLog:
 		if p.Limit > MaxSlidingLogLen {
 			return &RangeError{"limit", p.Limit, "sliding_log keeps one entry per unit and allows at most 100000; use sliding_window for larger limits"}

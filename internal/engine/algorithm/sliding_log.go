@@ -46,7 +46,7 @@ func (s SlidingLog) Apply(e LogEdit) SlidingLog {
 // at now, as far as a decision reads it, or "". A write cuts what left the
 // window at its time and appends at that time, so a kept log holds at
 // most MaxSlidingLogLen entries, ascending, each >= 1 and within (newest
-// − 24h, newest]. A decision reads its newest entry and checks every
+// − 365 days, newest]. A decision reads its newest entry and checks every
 // other entry it reads against it; it reads the oldest and the one before
 // the newest always (an older entry pushed after the newest, issue 32, is
 // one of those two or lies before the oldest), and a log its newest entry
@@ -68,7 +68,7 @@ func (s SlidingLog) corrupt(p Params, now int64) string {
 	}
 	in := func(i int) string {
 		if v := s.Entries[i]; v < 1 || v > newest || v <= newest-MaxWindow {
-			return fmt.Sprintf("entry %d = %d: want one in (newest - 24h, newest], newest %d", i, v, newest)
+			return fmt.Sprintf("entry %d = %d: want one in (newest - 365 days, newest], newest %d", i, v, newest)
 		}
 		return ""
 	}

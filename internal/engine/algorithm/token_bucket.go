@@ -42,7 +42,7 @@ func (s TokenBucket) fields(v *[5]int64) {
 func (s TokenBucket) corrupt() string {
 	switch {
 	case s.Last < 1 || s.Window < MinWindow || s.Window > MaxWindow:
-		return fmt.Sprintf("last write %d, window %d: want a write time and a window of 1ms to 24h", s.Last, s.Window)
+		return fmt.Sprintf("last write %d, window %d: want a write time and a window of 1ms to 365 days", s.Last, s.Window)
 	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2: // Tokens ≥ MaxLimit × Window, without the product (it may pass 2^63)
 		return fmt.Sprintf("tokens %d: want fewer than a full bucket under window %d", s.Tokens, s.Window)
 	}

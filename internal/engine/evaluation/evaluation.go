@@ -11,16 +11,50 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/period"
 )
 
-// Policy returns p's algorithm and numbers in the engine's units.
+// Policy returns p's algorithm and numbers in the engine's units. A
+// policy with a calendar period is the engine's KindFixedPeriod, its
+// bounds left zero: PolicyAt sets them.
 func Policy(p *sluice.Policy) algorithm.Policy {
+	kind := algorithm.Kind(p.Algorithm)
+	if p.Period != "" {
+		kind = algorithm.KindFixedPeriod
+	}
 	return algorithm.Policy{
-		Kind:    algorithm.Kind(p.Algorithm),
+		Kind:    kind,
 		Params:  algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst, Aligned: p.ClockAligned},
 		ID:      p.ID,
 		MaxCost: p.MaxCost,
 	}
+}
+
+// PolicyAt returns Policy(p), and for a policy with a calendar period its
+// periods around now, the caller's clock in µs (from c: see
+// period.Cache), with the middle one's length as its window.
+func PolicyAt(p *sluice.Policy, now int64, c *period.Cache) algorithm.Policy {
+	ap := Policy(p)
+	if p.Period != "" {
+		SetBounds(&ap, Bounds(p, now, c))
+	}
+	return ap
+}
+
+// Bounds returns the periods of p, a policy with a calendar period,
+// around now (µs), from c: period.Bounds.
+func Bounds(p *sluice.Policy, now int64, c *period.Cache) [4]int64 {
+	u, _ := period.Parse(p.Period) // validated
+	loc := p.TimeZone
+	if loc == nil {
+		loc = time.UTC
+	}
+	return c.Bounds(u, loc, now)
+}
+
+// SetBounds gives ap, a policy of KindFixedPeriod, the periods b.
+func SetBounds(ap *algorithm.Policy, b [4]int64) {
+	ap.Params.Bounds, ap.Params.Window = b, b[2]-b[1]
 }
 
 // Check reports whether ev breaks a rule of its operation, by the engine's

@@ -926,6 +926,8 @@ func policyErrors(p sluice.Policy) []*sluice.PolicyError {
 			p.LocalQuota.BlockTime = 0
 		case "local_quota.max_block":
 			p.LocalQuota.MaxBlock = 0
+		case "time_zone":
+			p.TimeZone = nil
 		case "cleanup_grace":
 			p.CleanupGrace = 0
 		case "dedupe_ttl":

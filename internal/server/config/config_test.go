@@ -23,6 +23,11 @@ var invalid = []struct {
 	file string
 	want string
 }{
+	{"period_with_window.yaml", "policies[0].window: \"720h\": must not be set with a period: the period is the window (line 6)"},
+	{"period_unknown.yaml", "policies[0].period: \"fortnight\": must be one of minute, hour, day, week, month, year (line 5)"},
+	{"period_token_bucket.yaml", "policies[0].period: \"month\": token_bucket refills continuously: a refill of limit per month is no calendar quota (nothing resets when the month begins, and its rate would change with the month's length); use fixed_window for a quota per month, or a window for a rate (line 5)"},
+	{"time_zone_unknown.yaml", "policies[0].time_zone: \"Europe/Atlantis\": must be an IANA time zone name such as Europe/Berlin, America/New_York or UTC (line 6)"},
+	{"time_zone_without_period.yaml", "policies[0].time_zone: \"Europe/Berlin\": applies only with a period; set period, or leave time_zone unset (line 6)"},
 	{"bad_failure_mode.yaml", "policies[0].failure_mode: \"fail_open\": must be one of closed, open, local (line 6)"},
 	{"bad_listen.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)"},
 	{"bad_listen_port.yaml", "server.listen: \"127.0.0.1:http\": must be host:port, such as 127.0.0.1:8080; the port must be a number between 0 and 65535 (line 2)"},
@@ -64,7 +69,7 @@ var invalid = []struct {
 	{"max_cost_too_high.yaml", "policies[0].max_cost: 4: must be between 1 and 3, the most fixed_window can admit at once (line 6)"},
 	{"merge_key_in_policy.yaml", "policies[0]: <<: keys must be plain names; merge keys (<<) and complex keys are not supported (line 3)"},
 	{"missing_id.yaml", "policies[0].id: is required (line 2)"},
-	{"missing_window.yaml", "policies[0].window: is required (line 2)"},
+	{"missing_window.yaml", "policies[0].window: is required (or a period: minute, hour, day, week, month, year) (line 2)"},
 	{"local_quota_sliding_log.yaml", "policies[0].local_quota: true: does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject (line 6)"},
 	{"local_quota_bad_numbers.yaml", "policies[0].local_quota.block_time: \"2s\": must be between 1ms and 1s, at most half the window and the time to refill half the burst (500ms), a whole number of microseconds (line 7)\npolicies[0].local_quota.max_block: 900: must be between 4 and 500, half of max_cost (line 8)"},
 	{"local_quota_small_limit.yaml", "policies[0].local_quota: true: needs a max_cost of at least 8, not 3: a limit this small is best decided by the store, one request at a time (line 6)"},
@@ -107,7 +112,7 @@ var invalid = []struct {
 	{"tls_without_key.yaml", "server.tls.key_file: is required with server.tls: the PEM private key file (line 2)"},
 	{"several_errors.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 6)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)"},
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
-	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota (did you mean window?) (line 9)"},
+	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota, period, time_zone (did you mean window?) (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
@@ -121,21 +126,21 @@ var invalid = []struct {
 	{"tabs.yaml", "invalid YAML: found character that cannot start any token (line 2, column 1)"},
 	{"two_documents.yaml", "only one YAML document is allowed (line 6)"},
 	{"unknown_algorithm.yaml", "policies[0].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 4)"},
-	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota (did you mean window?) (line 5)"},
+	{"unknown_policy_key.yaml", "policies[0].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota, period, time_zone (did you mean window?) (line 5)"},
 	{"unknown_top_key.yaml", "listen: unknown key: must be one of server, store, policies, subjects, proxy, envoy, telemetry, overrides (line 6)"},
 	{"telemetry_endpoint_not_url.yaml", "telemetry.endpoint: \"127.0.0.1:4317\": must be the collector's URL, http://host:port or https://host:port, such as http://127.0.0.1:4317 (line 2)"},
 	{"telemetry_bad_protocol_and_ratio.yaml", "telemetry.protocol: \"thrift\": must be one of grpc, http (line 3)\ntelemetry.sampling_ratio: 1.5: must be between 0 and 1 (line 4)"},
 	{"telemetry_without_endpoint.yaml", "telemetry.endpoint: is required: the collector's URL, such as http://127.0.0.1:4317 (line 1)"},
 	{"window_bad_duration.yaml", "policies[0].window: \"10 seconds\": must be a duration such as 10s, 1m or 1h30m (line 5)"},
 	{"window_sub_microsecond.yaml", "policies[0].window: \"1500ns\": must be a whole number of microseconds (line 5)"},
-	{"window_too_long.yaml", "policies[1].window: \"90h\": must be between 1ms and 24h (line 14)"},
+	{"window_too_long.yaml", "policies[1].window: \"8761h\": must be between 1ms and 365 days (8760h) (line 14)"},
 	{"window_without_unit.yaml", "policies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
-	{"issue_mixed.yaml", "policies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)\npolicies[2].limit: -100: must be between 1 and 1000000000 (line 14)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota (did you mean burst?) (line 16)"},
+	{"issue_mixed.yaml", "policies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 9)\npolicies[2].limit: -100: must be between 1 and 1000000000 (line 14)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota, period, time_zone (did you mean burst?) (line 16)"},
 	{"duplicate_id_and_type_errors.yaml", "policies[1].id: \"demo\": is already the id of policies[0] (line 6)\npolicies[2].limit: \"lots\": must be an integer, not a string (line 12)"},
 	{"route_unknown_policies.yaml", "policies[0].near_cache: \"yes\": must be true or false, not a string (line 6)\nproxy.routes[0].policies[0]: \"login\": is not the id of any policy (line 11)\nproxy.routes[0].policies[2]: \"signup\": is not the id of any policy (line 11)"},
 	{"several_rules_one_policy.yaml", "policies[0].revision: -1: must be between 1 and 2147483648 (line 3)\npolicies[0].cleanup_grace: \"2h\": must be between 0s and 1h (line 7)\npolicies[0].dedupe_max: 20000: must be between 1 and 10000 (line 8)"},
 	{"misindented.yaml", "invalid YAML: did not find expected '-' indicator (line 5, column 4)"},
-	{"ten_mistakes.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\nserver.decision_timeout: \"30s\": must be between 1ms and 10s (line 3)\nstore.type: \"memcached\": must be one of memory, redis (line 5)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 9)\npolicies[1].id: \"demo\": is already the id of policies[0] (line 11)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 12)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota (did you mean burst?) (line 19)\npolicies[2].near_cache: \"maybe\": must be true or false, not a string (line 20)\nproxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 22)\nproxy.routes[0].policies[0]: \"login\": is not the id of any policy (line 25)"},
+	{"ten_mistakes.yaml", "server.listen: \"localhost\": must be host:port, such as 127.0.0.1:8080 (line 2)\nserver.decision_timeout: \"30s\": must be between 1ms and 10s (line 3)\nstore.type: \"memcached\": must be one of memory, redis (line 5)\npolicies[0].limit: 0: must be between 1 and 1000000000 (line 9)\npolicies[1].id: \"demo\": is already the id of policies[0] (line 11)\npolicies[1].algorithm: \"leaky_bucket\": must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency (line 12)\npolicies[2].burts: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota, period, time_zone (did you mean burst?) (line 19)\npolicies[2].near_cache: \"maybe\": must be true or false, not a string (line 20)\nproxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 22)\nproxy.routes[0].policies[0]: \"login\": is not the id of any policy (line 25)"},
 }
 
 // TestTenMistakes checks that ten independent mistakes of every kind
@@ -240,6 +245,23 @@ func TestParseAligned(t *testing.T) {
 	}
 	if len(got.Policies) != 2 || !got.Policies[0].ClockAligned || got.Policies[1].ClockAligned {
 		t.Fatalf("Load(aligned.yaml).Policies = %+v, want daily aligned to the clock, burst not", got.Policies)
+	}
+}
+
+func TestParsePeriod(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "period.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Policies) != 2 {
+		t.Fatalf("Load(period.yaml).Policies = %+v, want 2", got.Policies)
+	}
+	plan, daily := got.Policies[0], got.Policies[1]
+	if plan.Period != "month" || plan.TimeZone == nil || plan.TimeZone.String() != "Europe/Berlin" || plan.Window != 0 {
+		t.Errorf("Load(period.yaml).Policies[0] = %+v, want a month in Europe/Berlin and no window", plan.Policy)
+	}
+	if daily.Period != "day" || daily.TimeZone != nil {
+		t.Errorf("Load(period.yaml).Policies[1] = %+v, want a day in UTC (no time zone)", daily.Policy)
 	}
 }
 
@@ -410,9 +432,9 @@ func TestParseRedisURL(t *testing.T) {
 
 func TestValidateConfigBuiltInGo(t *testing.T) {
 	c := config.Default()
-	c.Policies[1].Window = 90 * time.Hour
+	c.Policies[1].Window = 8761 * time.Hour
 	err := c.Validate()
-	want := `policies[1].window: 90h0m0s: must be between 1ms and 24h`
+	want := `policies[1].window: 8761h0m0s: must be between 1ms and 365 days (8760h)`
 	if err == nil || err.Error() != want {
 		t.Fatalf("Validate() = %v, want %s", err, want)
 	}

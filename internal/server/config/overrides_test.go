@@ -74,7 +74,7 @@ func TestParseOverridesEveryError(t *testing.T) {
   - policy: api
     subject: e
     limit: 5
-    window: 48h
+    window: 8761h
   - policy: api
     subject: b
     limit: 7
@@ -86,7 +86,7 @@ func TestParseOverridesEveryError(t *testing.T) {
 		`overrides[2].window: "1s": does not apply to concurrency, which has no window (line 25)`,
 		`overrides[3].subject: is required (line 26)`,
 		`overrides[4].limit: 0: must be at least 1 (line 30)`,
-		`overrides[5].window: "48h": must be between 1ms and 24h (line 34)`,
+		`overrides[5].window: "8761h": must be between 1ms and 365 days (8760h) (line 34)`,
 		`overrides[6].colour: unknown key`,
 	}
 	if err == nil {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	_ "time/tzdata" // time_zone resolves where the machine has no zoneinfo
 
 	"github.com/sluicehq/sluice"
 	"go.yaml.in/yaml/v3"
@@ -433,7 +434,7 @@ func (d *decoder) policies(n *yaml.Node) []Policy {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
-	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota")
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone")
 	if !ok {
 		return
 	}
@@ -445,8 +446,8 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 		if m["window"] == nil {
 			d.require(path, n, m, "lease_ttl", "is required for concurrency: how long a lease lives if never released, e.g. 30s")
 		}
-	} else {
-		d.require(path, n, m, "window", "is required")
+	} else if m["period"] == nil {
+		d.require(path, n, m, "window", "is required (or a period: minute, hour, day, week, month, year)")
 	}
 	var algorithm, failureMode, align string
 	var dedupeMax int64
@@ -465,6 +466,8 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	d.bool(path+".near_cache", m["near_cache"], &p.NearCache)
 	d.str(path+".align", m["align"], &align)
 	d.localQuota(path+".local_quota", m["local_quota"], &p.LocalQuota)
+	d.str(path+".period", m["period"], &p.Period)
+	d.timeZone(path+".time_zone", m["time_zone"], &p.TimeZone)
 	switch align {
 	case "", "first_request":
 	case "clock":
@@ -755,6 +758,20 @@ func (d *decoder) str(path string, n *yaml.Node, out *string) {
 		return
 	}
 	*out = n.Value
+}
+
+// timeZone decodes an IANA time zone name, e.g. Europe/Berlin or UTC.
+func (d *decoder) timeZone(path string, n *yaml.Node, out **time.Location) {
+	var name string
+	if d.str(path, n, &name); name == "" {
+		return
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil || name == "Local" {
+		d.fail(&Error{Path: path, Value: yamlnode.Written(n), Rule: "must be an IANA time zone name such as Europe/Berlin, America/New_York or UTC", Line: n.Line})
+		return
+	}
+	*out = loc
 }
 
 // strs decodes a list of strings.

@@ -104,9 +104,12 @@ const (
 	Minute Unit = 2
 	Hour   Unit = 3
 	Day    Unit = 4
+	Month  Unit = 5 // a fixed 30 days, envoyproxy/ratelimit's divider
+	Year   Unit = 6 // a fixed 365 days, envoyproxy/ratelimit's divider
+	Week   Unit = 7 // 7 days, envoyproxy/ratelimit's divider
 )
 
-var units = map[string]Unit{"second": Second, "minute": Minute, "hour": Hour, "day": Day}
+var units = map[string]Unit{"second": Second, "minute": Minute, "hour": Hour, "day": Day, "week": Week, "month": Month, "year": Year}
 
 // String returns the file spelling, e.g. "minute".
 func (u Unit) String() string {
@@ -129,6 +132,12 @@ func (u Unit) Duration() time.Duration {
 		return time.Hour
 	case Day:
 		return 24 * time.Hour
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour // envoyproxy/ratelimit's divider, not the calendar's
+	case Year:
+		return 365 * 24 * time.Hour // envoyproxy/ratelimit's divider, not the calendar's
 	}
 	return 0
 }
@@ -694,7 +703,7 @@ func (p *parser) unset(path string, m map[string]*yaml.Node, why string, keys ..
 // reported at line, the rate_limit block's.
 func (p *parser) unit(path string, n *yaml.Node, line int) (Unit, error) {
 	if n == nil {
-		return 0, &Error{File: p.file, Path: path, Rule: "is required: second, minute, hour or day (or unlimited: true)", Line: line}
+		return 0, &Error{File: p.file, Path: path, Rule: "is required: second, minute, hour, day, week, month or year (or unlimited: true)", Line: line}
 	}
 	s, err := p.text(path, n)
 	if err != nil {
@@ -702,12 +711,7 @@ func (p *parser) unit(path string, n *yaml.Node, line int) (Unit, error) {
 	}
 	u, ok := units[strings.ToLower(s)]
 	if !ok {
-		rule := "must be one of second, minute, hour, day"
-		switch strings.ToLower(s) {
-		case "week", "month", "year":
-			rule += ": sluice windows are at most 24h, and a month or a year has no fixed length"
-		}
-		return 0, p.errorf(path, n, "%s", rule)
+		return 0, p.errorf(path, n, "%s", "must be one of second, minute, hour, day, week, month, year")
 	}
 	return u, nil
 }

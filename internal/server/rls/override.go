@@ -41,9 +41,10 @@ type overrideLimit struct {
 func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*overrideLimit, error) {
 	unit := envoyconf.Unit(o.GetUnit())
 	switch o.GetUnit() {
-	case typepb.RateLimitUnit_SECOND, typepb.RateLimitUnit_MINUTE, typepb.RateLimitUnit_HOUR, typepb.RateLimitUnit_DAY:
+	case typepb.RateLimitUnit_SECOND, typepb.RateLimitUnit_MINUTE, typepb.RateLimitUnit_HOUR, typepb.RateLimitUnit_DAY,
+		typepb.RateLimitUnit_MONTH, typepb.RateLimitUnit_YEAR: // their fixed dividers, as a rules file's
 	default:
-		return nil, fmt.Errorf("limit.unit %s: must be SECOND, MINUTE, HOUR or DAY: sluice windows are at most 24h", o.GetUnit())
+		return nil, fmt.Errorf("limit.unit %s: must be SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", o.GetUnit())
 	}
 	mult := int64(1)
 	if m := o.GetUnitMultiplier(); m != nil {
@@ -51,7 +52,7 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*o
 	}
 	window := time.Duration(mult) * unit.Duration()
 	if mult < 1 || window > time.Duration(algorithm.MaxWindow)*time.Microsecond {
-		return nil, fmt.Errorf("limit.unit_multiplier %d: the window, %d × %s, must be between one unit and 24h", mult, mult, unit)
+		return nil, fmt.Errorf("limit.unit_multiplier %d: the window, %d × %s, must be between one unit and 365 days", mult, mult, unit)
 	}
 	rpu := int64(o.GetRequestsPerUnit())
 	if rpu > algorithm.MaxLimit {

@@ -378,17 +378,21 @@ func testLimitOverride(t *testing.T, h *harness) {
 		{"an override is never shadow: over", over(1, typepb.RateLimitUnit_HOUR, d("service", "s", "user", "user-a")), "OVER_LIMIT", []st{{"OVER_LIMIT", "1/HOUR", 0}}},
 		{"0 denies without the store", over(0, typepb.RateLimitUnit_MINUTE, d("api", "o2")), "OVER_LIMIT", []st{{"OVER_LIMIT", "0/MINUTE", 0}}},
 		{"unit_multiplier: 2 per 30s", thirty, "OK", []st{{"OK", "2/SECOND", 1}}},
+		{"a month, their fixed 30 days", over(1, typepb.RateLimitUnit_MONTH, d("api", "m")), "OK", []st{{"OK", "1/MONTH", 0}}},
+		{"a month: over", over(1, typepb.RateLimitUnit_MONTH, d("api", "m")), "OVER_LIMIT", []st{{"OVER_LIMIT", "1/MONTH", 0}}},
 		{"unknown domain: no limit", &rlspb.RateLimitRequest{Domain: "other", Descriptors: over(1, typepb.RateLimitUnit_HOUR, d("api", "x")).Descriptors}, "OK", []st{{"OK", "", 0}}},
 	})
 	_, _, resp := h.ask(t, thirty)
 	if r := resp.Statuses[0].GetDurationUntilReset().AsDuration(); r != 30*time.Second {
 		t.Errorf("2 per 30s: duration_until_reset = %v, want 30s (the clock stands at a boundary)", r)
 	}
-	for _, unit := range []typepb.RateLimitUnit{typepb.RateLimitUnit_MONTH, typepb.RateLimitUnit_UNKNOWN} {
-		_, err := h.client.ShouldRateLimit(context.Background(), over(1, unit, d("api", "w")))
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit.unit") {
-			t.Errorf("override unit %v: %v, want InvalidArgument naming descriptors[0].limit.unit", unit, err)
-		}
+	if _, err := h.client.ShouldRateLimit(context.Background(), over(1, typepb.RateLimitUnit_UNKNOWN, d("api", "w"))); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit.unit") {
+		t.Errorf("override unit UNKNOWN: %v, want InvalidArgument naming descriptors[0].limit.unit", err)
+	}
+	twoYears := over(1, typepb.RateLimitUnit_YEAR, d("api", "y2"))
+	twoYears.Descriptors[0].Limit.UnitMultiplier = wrapperspb.UInt32(2)
+	if _, err := h.client.ShouldRateLimit(context.Background(), twoYears); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "365 days") {
+		t.Errorf("override of 2 years: %v, want InvalidArgument naming the 365 days bound", err)
 	}
 	if n := sumRule(t, h.reg, rls.OverrideRule); n == 0 {
 		t.Errorf("no descriptor counted under rule %q", rls.OverrideRule)
