@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -39,9 +37,7 @@ func (a *app) simulate(args []string) error {
 		return err // errHelp after -h: run answers nil
 	}
 	set := flagsSet(fs)
-	bad := func(err error) error {
-		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n\nRun \"sluice simulate --help\" for the flags.\n"}
-	}
+	bad := simulateUsage
 	if err := f.check(set); err != nil {
 		return bad(err)
 	}
@@ -63,14 +59,8 @@ func (a *app) simulate(args []string) error {
 	var start, end int64
 	source := "pattern " + f.pattern
 	if f.csv != "" {
-		file, err := os.Open(f.csv)
-		if err != nil {
-			return fmt.Errorf("simulate: --csv: %w", err)
-		}
-		arrivals, start, end, err = simulate.ReadCSV(file, aim.Window)
-		file.Close()
-		if err != nil {
-			return fmt.Errorf("simulate: --csv %s: %w", f.csv, err)
+		if arrivals, start, end, err = simulate.ReadCSVFile(f.csv, aim.Window); err != nil {
+			return fmt.Errorf("simulate: %w", err)
 		}
 		source = "replay of " + filepath.Base(f.csv)
 	} else {
@@ -152,21 +142,10 @@ func (f *simulateFlags) check(set map[string]bool) error {
 	if f.csv != "" {
 		pattern = "a --csv replay"
 	}
-	for _, c := range []struct {
-		flag     string
-		patterns []string
-	}{
-		{"rate", []string{simulate.Poisson, simulate.Bursts, simulate.Ramp, simulate.Step}},
-		{"duration", []string{simulate.Poisson, simulate.Bursts, simulate.Boundary, simulate.SlidingWorst, simulate.Ramp, simulate.Step}},
-		{"on", []string{simulate.Bursts}},
-		{"off", []string{simulate.Bursts}},
-		{"seed", []string{simulate.Poisson, simulate.Step, simulate.Calendar}},
-	} {
-		if set[c.flag] && f.accuracy == "" && !f.localQuota && !slices.Contains(c.patterns, pattern) {
-			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
-		}
+	if f.accuracy != "" || f.localQuota {
+		return nil
 	}
-	return nil
+	return simulate.PatternFlags(set, pattern)
 }
 
 func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {
@@ -178,7 +157,7 @@ func (f *simulateFlags) patternSpec(name string) simulate.PatternSpec {
 func (a *app) accuracy(f simulateFlags, window int64) error {
 	policies, err := simulate.AccuracyPolicies(f.limit, window, f.burst)
 	if err != nil {
-		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n"}
+		return simulateUsage(err)
 	}
 	table, err := simulate.Accuracy(f.accuracy, policies, f.patternSpec)
 	if err != nil {
@@ -199,7 +178,7 @@ func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
 	}
 	policies, err := wiring.LocalQuotaPolicies(limit, f.window, f.burst)
 	if err != nil {
-		return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n"}
+		return simulateUsage(err)
 	}
 	table, err := wiring.LocalQuotaTable(policies, f.instances, f.seed, f.patternSpec)
 	if err != nil {
@@ -207,6 +186,11 @@ func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
 	}
 	_, err = io.WriteString(a.stdout, table)
 	return err
+}
+
+// simulateUsage is a usage error of sluice simulate: err, and the synopsis.
+func simulateUsage(err error) error {
+	return &usageError{msg: "simulate: " + err.Error(), usage: "Usage: " + simulateSynopsis + "\n\nRun \"sluice simulate --help\" for the flags.\n"}
 }
 
 // maxInstances bounds --instances.

@@ -65,7 +65,7 @@ descriptors:
 	}
 	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
 	want := []string{
-		a + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day (line 4)`,
+		a + `: descriptors[0].rate_limit.unit: "fortnight": must be one of second, minute, hour, day, week, month, year (line 4)`,
 		a + `: descriptors[0].rate_limit.requests_per_unit: -5: must be between 0 and 4294967295 (line 4)`,
 		a + `: descriptors[1].shadow_mode: "yes please": must be true or false (line 6)`,
 		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`,

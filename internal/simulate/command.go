@@ -89,6 +89,44 @@ func parsePolicy(spec string, limit, window, burst int64) (Policy, error) {
 	return p, nil
 }
 
+// patternFlags are the flags of sluice simulate that shape some patterns
+// only, each with the patterns it shapes, in the order they are checked.
+var patternFlags = []struct {
+	flag     string
+	patterns []string
+}{
+	{"rate", []string{Poisson, Bursts, Ramp, Step}},
+	{"duration", []string{Poisson, Bursts, Boundary, SlidingWorst, Ramp, Step}},
+	{"on", []string{Bursts}},
+	{"off", []string{Bursts}},
+	{"seed", []string{Poisson, Step, Calendar}},
+}
+
+// PatternFlags returns why a flag of sluice simulate that set holds does
+// not apply to pattern (a flag that shapes some patterns only is refused
+// elsewhere, not ignored); nil when each applies.
+func PatternFlags(set map[string]bool, pattern string) error {
+	for _, c := range patternFlags {
+		if set[c.flag] && !slices.Contains(c.patterns, pattern) {
+			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
+		}
+	}
+	return nil
+}
+
+// ReadCSVFile is ReadCSV of the file at path, its errors naming --csv.
+func ReadCSVFile(path string, window int64) (arrivals []int64, start, end int64, err error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("--csv: %w", err)
+	}
+	defer file.Close()
+	if arrivals, start, end, err = ReadCSV(file, window); err != nil {
+		return nil, 0, 0, fmt.Errorf("--csv %s: %w", path, err)
+	}
+	return arrivals, start, end, nil
+}
+
 // FlagError rewrites the engine's and the simulator's field names in
 // err as the flags of sluice simulate that set them.
 func FlagError(err error) error {
