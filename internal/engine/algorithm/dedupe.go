@@ -25,6 +25,7 @@ type dedupeRecord struct {
 	id        string
 	expires   int64 // µs
 	decisions []Decision
+	extra     []int64 // an estimate's or a settle's (Record.Extra); nil for any other
 }
 
 // dedupeEntry is a record's place in order, counted from when the index
@@ -38,6 +39,25 @@ func (l *DedupeLog) Lookup(id string, now int64) []Decision {
 		return r.decisions
 	}
 	return nil
+}
+
+// LookupRecord returns the record remembered for id, Extra included, or
+// false when there is none or it expired (at or before now).
+func (l *DedupeLog) LookupRecord(id string, now int64) (Record, bool) {
+	if r, ok := l.get(id); ok && r.expires > now {
+		return Record{Decisions: r.decisions, Extra: r.extra}, true
+	}
+	return Record{}, false
+}
+
+// RememberRecord is Remember, with a copy of extra kept beside ds
+// (Record.Extra).
+func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64) int {
+	grew := l.Remember(id, now, ttl, max, ds)
+	if r, ok := l.get(id); ok && len(extra) > 0 {
+		r.extra = slices.Clone(extra)
+	}
+	return grew
 }
 
 // Remember records a copy of ds for id until now + ttl, forgetting
