@@ -304,7 +304,7 @@ func (c *Core) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	case sluice.Spend, sluice.Acquire, sluice.Estimate:
 		c.counted(ctx, &req, o)
 	case sluice.Settle:
-		c.countSettle(&req, o)
+		c.countSettle(ctx, &req, o)
 	}
 	return o
 }

@@ -21,10 +21,16 @@ import (
 
 // Estimates makes r spend its Cost as an estimate, to be settled by
 // Core.Settle; at names the rule in errors. A rule that names a
-// concurrency policy cannot: a lease has no cost to settle.
+// concurrency policy cannot (a lease has no cost to settle), nor one
+// naming a sliding_window policy (it cannot give back exactly).
 func (c *Core) Estimates(at string, r *Rule) error {
 	if r.Op == sluice.Acquire {
 		return c.OptionError(at+".Policies", fmt.Sprintf("%q", r.Lease), "is a concurrency policy: a rule that settles its cost names rate policies only")
+	}
+	for j, id := range r.Policies {
+		if p, _ := c.policy(id); p.Algorithm == sluice.SlidingWindow {
+			return c.OptionError(fmt.Sprintf("%s.Policies[%d]", at, j), fmt.Sprintf("%q", id), "is a sliding_window policy: it cannot give back exactly what a settle returns; use fixed_window, sliding_log, token_bucket or gcra")
+		}
 	}
 	r.Op = sluice.Estimate
 	return nil
@@ -71,7 +77,7 @@ func (c *Core) Settle(ctx context.Context, r *Rule, a *Action, s Subject, cost i
 	req := request(sluice.Settle, r, s)
 	req.Cost = cost
 	o := lim.Check(sctx, req)
-	c.countSettle(&req, o)
+	c.countSettle(ctx, &req, o)
 	if o.Kind != sluice.Allowed {
 		c.Log(ctx, slog.LevelWarn, "sluice: estimate not settled; it stays spent until its deadline (dedupe_ttl) passes",
 			slog.String("policies", strings.Join(r.Policies, ",")), slog.Int64("cost", cost),
@@ -81,14 +87,28 @@ func (c *Core) Settle(ctx context.Context, r *Rule, a *Action, s Subject, cost i
 }
 
 // countSettle counts o, the outcome of the settle req, on the Core's
-// settle counter.
-func (c *Core) countSettle(req *sluice.Request, o sluice.Outcome) {
-	if c.settled == nil {
+// settle counter and the context's, if any (WithSettled).
+func (c *Core) countSettle(ctx context.Context, req *sluice.Request, o sluice.Outcome) {
+	f, _ := ctx.Value(settledKey{}).(CountFunc)
+	if c.settled == nil && f == nil {
 		return
 	}
 	ids := req.Policies
 	if req.Policy != "" {
 		ids = []string{req.Policy}
 	}
-	c.settled(ids, o)
+	for _, count := range []CountFunc{c.settled, f} {
+		if count != nil {
+			count(ids, o)
+		}
+	}
+}
+
+type settledKey struct{}
+
+// WithSettled returns ctx carrying f: every settle a Core takes under it
+// is also counted by f (the server's proxy counts the settles of the
+// httplimit middleware it wraps so, as WithCount its decisions).
+func WithSettled(ctx context.Context, f CountFunc) context.Context {
+	return context.WithValue(ctx, settledKey{}, f)
 }
