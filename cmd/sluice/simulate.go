@@ -15,14 +15,14 @@ import (
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
-const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR | --local-quota [--instances N] [--seed N] [--limit N --window D --burst N] | --post-hoc [--seed N] [--limit N --window D --burst N]"
+const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR | --local-quota [--instances N] [--seed N] [--limit N --window D --burst N]"
 
 // simulateFlags are the parsed flags of sluice simulate.
 type simulateFlags struct {
 	pattern, csv, out, accuracy string
 	policies                    []string
 	limit, burst                int64
-	localQuota, postHoc         bool
+	localQuota                  bool
 	instances                   int
 	window, duration, on, off   time.Duration
 	rate                        float64
@@ -52,13 +52,8 @@ func (a *app) simulate(args []string) error {
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
-	if f.postHoc {
-		table, err := simulate.PostHocAccuracy(f.limit, window, f.burst, simulate.PostHoc{Seed: f.seed})
-		if err != nil {
-			return bad(err)
-		}
-		_, err = io.WriteString(a.stdout, table)
-		return err
+	if f.pattern == simulate.PostHocPattern {
+		return simulate.WritePostHoc(a.stdout, set, f.limit, window, f.burst, f.seed)
 	}
 	policies, err := simulate.ParsePolicies(f.policies, f.limit, window, f.burst)
 	if err != nil {
@@ -124,7 +119,6 @@ func (f *simulateFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.accuracy, "accuracy", "", "run ACCURACY.md's five patterns (not step) through all five algorithms, write one chart per pattern into `DIR` and print ACCURACY.md's table")
 	fs.BoolVar(&f.localQuota, "local-quota", false, "run every built-in pattern (ACCURACY.md's and step) through the algorithms that take local quota, on --instances Limiters sharing one store, beside one Limiter without it, and print ACCURACY.md's local-quota table")
 	fs.IntVar(&f.instances, "instances", 4, "--local-quota: how many Limiters, as processes, share the traffic")
-	fs.BoolVar(&f.postHoc, "post-hoc", false, "run the post-hoc-cost pattern (poisson arrivals, each an estimate of a tenth of the limit settled at 0.25 to 3 times it, a tenth of the callers crashing before they settle) through the algorithms that take estimates, and print ACCURACY.md's post-hoc table")
 }
 
 func (f *simulateFlags) check(set map[string]bool) error {
@@ -133,8 +127,6 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		return errors.New("--accuracy runs the built-in patterns at their defaults: leave out --pattern, --csv, --policy, --out, --rate, --duration, --on and --off")
 	case f.localQuota && (f.accuracy != "" || set["pattern"] || set["csv"] || set["policy"] || set["out"] || set["rate"] || set["duration"] || set["on"] || set["off"]):
 		return errors.New("--local-quota runs the built-in patterns at their defaults: leave out --accuracy, --pattern, --csv, --policy, --out, --rate, --duration, --on and --off")
-	case f.postHoc && (f.accuracy != "" || f.localQuota || set["pattern"] || set["csv"] || set["policy"] || set["out"] || set["rate"] || set["duration"] || set["on"] || set["off"]):
-		return errors.New("--post-hoc runs its pattern at its defaults: leave out --accuracy, --local-quota, --pattern, --csv, --policy, --out, --rate, --duration, --on and --off")
 	case set["instances"] && !f.localQuota:
 		return errors.New("--instances applies only to --local-quota")
 	case f.instances < 1 || f.instances > maxInstances:
@@ -172,7 +164,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 		{"off", []string{simulate.Bursts}},
 		{"seed", []string{simulate.Poisson, simulate.Step}},
 	} {
-		if set[c.flag] && f.accuracy == "" && !f.localQuota && !f.postHoc && !slices.Contains(c.patterns, pattern) {
+		if set[c.flag] && f.accuracy == "" && !f.localQuota && pattern != simulate.PostHocPattern && !slices.Contains(c.patterns, pattern) {
 			return fmt.Errorf("--%s does not apply to %s: only to %s", c.flag, pattern, strings.Join(c.patterns, ", "))
 		}
 	}

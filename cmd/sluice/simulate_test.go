@@ -134,18 +134,18 @@ func TestSimulateUsage(t *testing.T) {
 	}
 }
 
-// ACCURACY.md's post-hoc table is what simulate --post-hoc prints today.
+// ACCURACY.md's post-hoc table is what simulate --pattern post_hoc prints.
 func TestAccuracyDocPostHoc(t *testing.T) {
-	stdout, code, stderr := sim(t, "--post-hoc", "--limit", "100", "--window", "10s")
+	stdout, code, stderr := sim(t, "--pattern", "post_hoc", "--limit", "100", "--window", "10s")
 	if code != 0 {
-		t.Fatalf("simulate --post-hoc = exit %d\n%s", code, stderr)
+		t.Fatalf("simulate --pattern post_hoc = exit %d\n%s", code, stderr)
 	}
 	doc, err := os.ReadFile("../../ACCURACY.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(doc), stdout) {
-		t.Errorf("ACCURACY.md does not hold the table simulate --post-hoc prints:\n%s\nregenerate with: go run ./cmd/sluice simulate --post-hoc --limit 100 --window 10s, and paste its table into ACCURACY.md", stdout)
+		t.Errorf("ACCURACY.md does not hold the table simulate --pattern post_hoc prints:\n%s\nregenerate with: go run ./cmd/sluice simulate --pattern post_hoc --limit 100 --window 10s, and paste its table into ACCURACY.md", stdout)
 	}
 }
 

@@ -2,7 +2,9 @@ package simulate
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -254,4 +256,26 @@ func PostHocAccuracy(limit, window, burst int64, ph PostHoc) (string, error) {
 		rs = append(rs, r)
 	}
 	return PostHocTable(rs), nil
+}
+
+// PostHocPattern is the name sluice simulate's --pattern takes for the
+// post-hoc pattern (WritePostHoc).
+const PostHocPattern = "post_hoc"
+
+// WritePostHoc writes to w ACCURACY.md's post-hoc table at limit per
+// window (µs), burst for the buckets, seeded by seed: sluice simulate
+// --pattern post_hoc. set are the flags given: the pattern runs at its
+// defaults, so the flags that shape other patterns are refused.
+func WritePostHoc(w io.Writer, set map[string]bool, limit, window, burst int64, seed uint64) error {
+	for _, f := range []string{"accuracy", "local-quota", "csv", "policy", "out", "rate", "duration", "on", "off"} {
+		if set[f] {
+			return fmt.Errorf("simulate: --pattern %s runs at its defaults: leave out --%s", PostHocPattern, f)
+		}
+	}
+	table, err := PostHocAccuracy(limit, window, burst, PostHoc{Seed: seed})
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	_, err = io.WriteString(w, table)
+	return errors.Join(err)
 }
