@@ -167,3 +167,21 @@ func TestSettleRefused(t *testing.T) {
 		t.Errorf("settle of a denied estimate = %v, want ErrInvalidRequest", err)
 	}
 }
+
+// TestDedupeExtra: a record's Extra is kept beside it, apart from the
+// records that have none, and forgotten with it.
+func TestDedupeExtra(t *testing.T) {
+	var l DedupeLog
+	ds := []Decision{{Allowed: true, Limit: 1}}
+	l.Remember("s:plain", 0, 10, 5, ds)
+	l.RememberRecord("e:x", 0, 10, 5, ds, []int64{3, 1})
+	if r, ok := l.LookupRecord("e:x", 5); !ok || len(r.Extra) != 2 || r.Extra[0] != 3 {
+		t.Fatalf("LookupRecord(e:x) = %+v, %v; want its Extra [3 1]", r, ok)
+	}
+	if r, ok := l.LookupRecord("s:plain", 5); !ok || r.Extra != nil {
+		t.Fatalf("LookupRecord(s:plain) = %+v, %v; want no Extra", r, ok)
+	}
+	if l.Prune(10, 5); len(l.extras) != 0 || l.Len() != 0 {
+		t.Fatalf("after both expired: %d records, extras %v; want none", l.Len(), l.extras)
+	}
+}
