@@ -14,7 +14,7 @@ p.burst). tokenBucketCorrupt ports TokenBucket.corrupt
 local function tokenBucketCorrupt(tokens, last, window)
   if last < 1 or window < MIN_WINDOW or window > MAX_WINDOW then
     return 'last write ' .. fmt(last) .. ', window ' .. fmt(window) .. ': want a write time and a window of 1ms to 24h'
-  elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 or tokens <= -MAX_LIMIT * window then
+  elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 or (tokens < 0 and tokens <= -MAX_LIMIT * window) then
     return 'tokens ' .. fmt(tokens) .. ': want fewer than a full bucket under window ' .. fmt(window) .. ', and less debt than 10^9 tokens'
   end
   return nil

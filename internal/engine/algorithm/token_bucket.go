@@ -44,7 +44,7 @@ func (s TokenBucket) corrupt() string {
 	switch {
 	case s.Last < 1 || s.Window < MinWindow || s.Window > MaxWindow:
 		return fmt.Sprintf("last write %d, window %d: want a write time and a window of 1ms to 24h", s.Last, s.Window)
-	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2 || -s.Tokens/s.Window >= MaxLimit: // |Tokens| ≥ MaxLimit × Window, without the product (it may pass 2^63)
+	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2 || s.Tokens < 0 && -s.Tokens/s.Window >= MaxLimit: // |Tokens| ≥ MaxLimit × Window, without the product (it may pass 2^63); a second division only below empty
 		return fmt.Sprintf("tokens %d: want fewer than a full bucket under window %d, and less debt than 10^9 tokens", s.Tokens, s.Window)
 	}
 	return ""
