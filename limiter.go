@@ -29,9 +29,10 @@ type Request struct {
 	// never a raw personal identifier. 1 to 200 bytes of printable ASCII
 	// other than space, '{' and '}'.
 	Subject string
-	// Cost is the number of units to spend (Spend, Acquire) or give back
-	// (Refund); the zero value means 1. Every other operation takes none:
-	// leave it 0. A negative cost is Incompatible.
+	// Cost is the number of units to spend (Spend, Acquire, Estimate) or
+	// give back (Refund); the zero value means 1. A Settle's is the actual
+	// cost, 0 included. Every other operation takes none: leave it 0. A
+	// negative cost is Incompatible.
 	Cost int64
 	// LeaseID names the lease a Release gives back or a Renew extends
 	// (Outcome.Lease.ID), or the one an Acquire takes when the caller
@@ -320,7 +321,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		}
 	}
 	cost := req.Cost
-	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire) {
+	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire || req.Op == Estimate) {
 		cost = 1
 	}
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID

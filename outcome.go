@@ -118,6 +118,14 @@ type Status struct {
 	RetryAfter time.Duration
 	// Approximate reports that the verdict is an estimate (sliding_window).
 	Approximate bool
+	// Charged, GivenBack and Owed say what a Settle did, in units (0 for
+	// every other operation): the part of the actual cost beyond the
+	// estimate that was charged (past the limit if need be), the part of
+	// the estimate beyond the actual cost that was given back, and how
+	// far past its capacity the policy is left, to be paid off before it
+	// admits again. Example: an estimate of 100 settled at 130 on a
+	// token_bucket with 10 left: Charged 30, GivenBack 0, Owed 20.
+	Charged, GivenBack, Owed int64
 }
 
 // Outcome is the typed answer to a Request. It is a value, never a panic:

@@ -45,6 +45,23 @@ const (
 	// Renew extends the lease LeaseID on every named policy: see
 	// Limiter.Renew.
 	Renew = Op(algorithm.OpRenew) // renew
+	// Estimate spends Cost units of every named policy exactly as a
+	// Spend, for work whose cost is known only once it is done, and the
+	// store remembers it under EvaluationID (required) until the first
+	// policy's DedupeTTL, its deadline. fixed_window, sliding_log,
+	// token_bucket and gcra policies only (see Settle).
+	Estimate = Op(algorithm.OpEstimate) // estimate
+	// Settle replaces the Estimate spent under the same EvaluationID with
+	// the actual cost, Cost (0 included), in one decision: the difference
+	// is given back, or the excess charged even past the limit (a bucket
+	// carries the debt into the time after; a fixed window counts it in
+	// the window still open, and so does a sliding log), reported by
+	// Status.Charged, GivenBack and Owed. Never denied; a retry answers
+	// the same and changes nothing. An Estimate never settled stays
+	// spent. A sliding_window or concurrency policy makes either
+	// Incompatible: the first cannot give back exactly, the second counts
+	// leases, not units.
+	Settle = Op(algorithm.OpSettle) // settle
 )
 
 // String returns the check API's spelling, e.g. "refund".

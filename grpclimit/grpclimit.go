@@ -86,6 +86,18 @@ type Method struct {
 	// call goes on, logged) or sluice.FailLocal (the local fallback
 	// decides, see Options.Fallback). Default: FailClosed.
 	FailureMode sluice.FailureMode
+	// SettleTrailer, when set, is the trailer metadata key in which the
+	// handler reports what a call really cost (grpc.SetTrailer, or the
+	// stream's SetTrailer), e.g. "x-tokens-used": the method then spends
+	// Cost as a sluice.Estimate, and once the handler returns (having
+	// panicked too) settles it with that value, giving back the
+	// difference or charging the excess past the limit. A missing or
+	// malformed value (not a decimal integer of 0 or more), or a panic,
+	// settles at the estimate. The method's policies must take estimates
+	// (fixed_window, sliding_log, token_bucket, gcra); their DedupeTTL is
+	// how long an estimate waits for its settle. Limit cannot settle: use
+	// Unary and Stream. Default: "", a plain spend.
+	SettleTrailer string
 }
 
 // Options configure the interceptors. The zero value means the defaults.
@@ -154,6 +166,7 @@ type rule struct {
 	*edge.Rule
 	operation string
 	subject   subject.KeyFunc
+	settle    string // Method.SettleTrailer, lower case
 }
 
 // New validates opts against limiter and returns the interceptors. The
@@ -236,8 +249,10 @@ func (in *Interceptors) compile(at string, m Method, subj subject.KeyFunc) (*rul
 		r.subject = subj
 	}
 	var err error
-	r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode)
-	return r, err
+	if r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode); err != nil || m.SettleTrailer == "" {
+		return r, err
+	}
+	return r, in.settles(at, r, m.SettleTrailer)
 }
 
 // ruleOf returns the rule of the full method name method: its exact

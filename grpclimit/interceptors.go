@@ -40,11 +40,14 @@ func (in *Interceptors) Unary() grpc.UnaryServerInterceptor {
 		if r == nil {
 			return handler(ctx, req)
 		}
-		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+		a, s, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 		if err != nil {
 			return nil, err
 		}
 		defer in.core.Release(ctx, &a) // on return and on panic alike
+		if r.settle != "" && a.Kind == edge.Admit {
+			return in.unarySettled(ctx, req, handler, r, &a, s)
+		}
 		return handler(ctx, req)
 	}
 }
@@ -59,11 +62,14 @@ func (in *Interceptors) Stream() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		ctx := ss.Context()
-		a, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
+		a, s, err := in.decide(ctx, info.FullMethod, r, func(md metadata.MD) error { ss.SetTrailer(md); return nil })
 		if err != nil {
 			return err
 		}
 		defer in.core.Release(ctx, &a) // on return and on panic alike
+		if r.settle != "" && a.Kind == edge.Admit {
+			return in.streamSettled(srv, ss, handler, r, &a, s)
+		}
 		return handler(srv, ss)
 	}
 }
@@ -91,25 +97,33 @@ func (in *Interceptors) Limit(ctx context.Context) error {
 		in.core.Log(ctx, slog.LevelWarn, "grpclimit: Limit cannot hold a lease: use the Unary and Stream interceptors for this method", slog.String("method", method), slog.String("policy", r.Lease))
 		return status.Errorf(codes.FailedPrecondition, "grpclimit: Limit cannot hold the lease of concurrency policy %q that %s needs", r.Lease, method)
 	}
-	_, err := in.decide(ctx, method, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
+	if r.settle != "" {
+		in.core.Log(ctx, slog.LevelWarn, "grpclimit: Limit cannot settle an estimate: use the Unary and Stream interceptors for this method", slog.String("method", method))
+		return status.Errorf(codes.FailedPrecondition, "grpclimit: Limit cannot settle the estimate %s spends (SettleTrailer)", method)
+	}
+	_, _, err := in.decide(ctx, method, r, func(md metadata.MD) error { return grpc.SetTrailer(ctx, md) })
 	return err
 }
 
 // decide asks the core about a call of method and rule r whose context is ctx, sets
 // the call's trailer fields with setTrailer, and returns the action (whose
-// lease to release after the call) and the error to answer with (nil: the
-// call goes on).
-func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setTrailer func(metadata.MD) error) (edge.Action, error) {
+// lease to release after the call), the subject it was decided for (whose
+// estimate to settle) and the error to answer with (nil: the call goes
+// on).
+func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setTrailer func(metadata.MD) error) (edge.Action, edge.Subject, error) {
 	kind, identity := r.subject(request(ctx, method))
 	if identity == "" {
 		if in.passAnonymous {
-			return edge.Action{}, nil
+			return edge.Action{}, edge.Subject{}, nil
 		}
-		return edge.Action{}, status.Error(codes.Unauthenticated, "grpclimit: the call carries no identity this method is rate limited by")
+		return edge.Action{}, edge.Subject{}, status.Error(codes.Unauthenticated, "grpclimit: the call carries no identity this method is rate limited by")
 	}
 	s := edge.Subject{
 		ID:       in.pseudo.Pseudonym(kind, identity, r.operation),
 		Previous: in.pseudo.Previous(kind, identity, r.operation),
+	}
+	if r.settle != "" {
+		s.EvaluationID = edge.SettleID(s)
 	}
 	a := in.core.Decide(ctx, r.Rule, s)
 	md := metadata.MD{mdPolicy: {r.Field}}
@@ -119,17 +133,17 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 	_ = setTrailer(md) // fails only once the call has ended
 	switch a.Kind {
 	case edge.Admit:
-		return a, nil
+		return a, s, nil
 	case edge.Limit:
-		return edge.Action{}, denial(kind, a.Decided())
+		return edge.Action{}, s, denial(kind, a.Decided())
 	}
 	in.core.Log(ctx, slog.LevelWarn, "sluice: no rate limit decision", slog.String("operation", r.operation), slog.String("policies", strings.Join(r.Policies, ",")),
 		slog.String("subject", s.ID), slog.String("outcome", a.Outcome.Kind.String()), slog.String("cause", a.Outcome.Cause.String()), slog.Any("error", a.Outcome.Err),
 		slog.Bool("failed_closed", a.Kind == edge.FailClosed))
 	if a.Kind == edge.FailOpen {
-		return edge.Action{}, nil
+		return edge.Action{}, s, nil
 	}
-	return edge.Action{}, withDetails(status.New(codes.Unavailable, "grpclimit: the rate limiter could not decide; retry shortly"),
+	return edge.Action{}, s, withDetails(status.New(codes.Unavailable, "grpclimit: the rate limiter could not decide; retry shortly"),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(unavailableRetry)})
 }
 

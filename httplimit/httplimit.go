@@ -106,6 +106,18 @@ type Route struct {
 	// (the request goes on, logged) or sluice.FailLocal (the local
 	// fallback decides, see Options.Fallback). Default: FailClosed.
 	FailureMode sluice.FailureMode
+	// SettleHeader, when set, is the response header (or trailer) in
+	// which the handler reports what the request really cost, e.g.
+	// "X-Tokens-Used" for an LLM call: the route then spends Cost as a
+	// sluice.Estimate, and once the handler returns (having panicked, or
+	// given up on a client that went away, too) settles it with that
+	// value, giving back the difference or charging the excess past the
+	// limit. A missing or malformed value (not a decimal integer of 0 or
+	// more), or a panic, settles at the estimate: nothing given back. The
+	// route's policies must take estimates (fixed_window, sliding_log,
+	// token_bucket, gcra); their DedupeTTL is how long an estimate waits
+	// for its settle. Default: "", a plain spend.
+	SettleHeader string
 }
 
 // Options configure the middleware. The zero value means the defaults.
@@ -233,6 +245,7 @@ type route struct {
 	match     func(*http.Request) bool
 	subject   subject.KeyFunc
 	shadow    bool
+	settle    string // Route.SettleHeader, canonical
 }
 
 // New validates opts against limiter and returns the middleware. The
@@ -313,6 +326,15 @@ func (m *Middleware) compile(at string, rt Route, subj subject.KeyFunc) (*route,
 	r, err := m.core.Rule(at, rt.Policies, rt.Cost, rt.FailureMode)
 	if err != nil {
 		return nil, err
+	}
+	if rt.SettleHeader != "" {
+		if !httpguts.ValidHeaderFieldName(rt.SettleHeader) {
+			return nil, optionError(at+".SettleHeader", fmt.Sprintf("%q", rt.SettleHeader), "must be a header field name such as X-Tokens-Used")
+		}
+		if err := m.core.Estimates(at, r); err != nil {
+			return nil, err
+		}
+		c.settle = http.CanonicalHeaderKey(rt.SettleHeader)
 	}
 	c.Rule = r
 	return c, nil
@@ -412,6 +434,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			d.EvaluationID = evaluationID(key)
 		}
 	}
+	if rt.settle != "" {
+		d.EvaluationID = edge.SettleID(d.subject())
+	}
 	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
 	d.Action, d.Outcome, d.Local, d.LocalOutcome = string(a.Kind), a.Outcome, a.Local, a.LocalOutcome
 	h := w.Header()
@@ -462,6 +487,10 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 			// handler that ignores it holds the slot until it returns or
 			// the lease expires).
 			defer m.core.Release(r.Context(), a)
+		}
+		if a != nil && a.Kind == edge.Admit && rt.settle != "" {
+			m.serveSettled(w, r, next, rt, d, a)
+			return
 		}
 		next.ServeHTTP(w, r)
 	case m.deny != nil:

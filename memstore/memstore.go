@@ -205,7 +205,7 @@ func (w *work) reset(n int) {
 		w.e.Decisions, w.e.Writes = make([]algorithm.Decision, n), make([]algorithm.Write, n)
 		w.keys, w.stored = make([]key, 0, n), make([]*entry, 0, n)
 	}
-	w.e.Replay = nil
+	w.e.Replay, w.e.ReplayExtra, w.e.Estimate, w.e.Extra = nil, nil, nil, w.e.Extra[:0]
 }
 
 // New returns a Store, starting its sweeper unless disabled.
@@ -332,9 +332,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	s.gather(sh, h, now, ev, carried)
 	ks := w.keys
 	if id != "" {
-		if l := sh.dedupe[ks[0]]; l != nil {
-			e.Replay = l.Lookup(id, now)
-		}
+		lookup(sh.dedupe[ks[0]], e, ev.EvaluationID, id, now)
 	}
 	if len(ev.Previous) == 0 {
 		// Nothing was written yet: check the policies as built.
@@ -342,19 +340,20 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			return fmt.Errorf("memstore: %w", err)
 		}
 	}
-	if err := algorithm.Evaluate(e); err != nil {
+	if err := evaluate(e); err != nil {
 		return engineError(err)
 	}
 	ev.Statuses = evaluation.Statuses(ev.Statuses, len(e.Decisions))
 	for i := range e.Decisions {
 		evaluation.SetStatus(&ev.Statuses[i], ev.Policies[i], &e.Decisions[i])
 	}
+	evaluation.SetSettled(ev.Statuses, e.Extra)
 	ev.Replayed = e.Replayed
 	if e.Replayed {
 		return nil
 	}
 	if id != "" {
-		s.remember(sh, now, ks[0], ev.Policies[0], id, e.Decisions)
+		s.remember(sh, now, ks[0], ev.Policies[0], id, e.Decisions, recordExtra(e))
 	}
 	if e.Commit {
 		for i := range e.Writes {
@@ -509,13 +508,13 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 // remember records decisions as the decision for id (sh locked). The
 // shard holds at most perShard records in all: beyond, expired ones go
 // first, then whole logs, the soonest-expiring of a sample.
-func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision) {
+func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision, extra []int64) {
 	l := sh.dedupe[dk]
 	if l == nil {
 		l = &algorithm.DedupeLog{}
 		sh.dedupe[dk] = l
 	}
-	sh.ids += l.Remember(id, now, p.DedupeTTL.Microseconds(), p.DedupeMax, decisions)
+	sh.ids += l.RememberRecord(id, now, p.DedupeTTL.Microseconds(), p.DedupeMax, decisions, extra)
 	if sh.ids > s.perShard {
 		s.makeDedupeRoom(sh, now, l)
 	}

@@ -101,7 +101,8 @@ func randomStep(r *rand.Rand, w int64) int64 {
 // script in caller-clock mode, both on one fake clock, and demands
 // identical statuses: spends, held spends (fixed_window, token_bucket,
 // gcra), peeks, refunds, clocks that step back, policy
-// numbers changed under one revision, and several policies at once. Each
+// numbers changed under one revision, and several policies at once; and
+// estimates and settles (diffSettle). Each
 // algorithm's sequence runs twice, alike: with the store's short form of
 // the common decision (one policy, a spend or a peek) and with every
 // decision in the general form, so both paths of the script are driven.
@@ -179,6 +180,16 @@ func TestDifferential(t *testing.T) {
 	t.Run("multi/redis-clock/batched", func(t *testing.T) {
 		t.Parallel()
 		diffRedisClock(t, c, seed, algorithms, false, true, true)
+	})
+	for _, a := range settleAlgorithms {
+		t.Run("settle/"+a.String(), func(t *testing.T) {
+			t.Parallel()
+			diffSettle(t, c, seed, []sluice.Algorithm{a}, false, *diffSteps/4)
+		})
+	}
+	t.Run("settle/multi", func(t *testing.T) {
+		t.Parallel()
+		diffSettle(t, c, seed, settleAlgorithms, false, *diffSteps/4)
 	})
 	t.Run("multi", func(t *testing.T) {
 		t.Parallel()

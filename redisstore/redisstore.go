@@ -186,7 +186,7 @@ var fastHeld = [2]any{"h", "H"}
 
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
-var opArgs = func() (a [sluice.Renew + 1]any) {
+var opArgs = func() (a [sluice.Settle + 1]any) {
 	for o := range a {
 		a[o] = sluice.Op(o).String()
 	}
@@ -698,13 +698,17 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err != nil {
 		return err
 	}
+	extra := 0 // a settle's charged, given back and owed of each policy follow the decisions
+	if ev.Op == sluice.Settle {
+		extra = 3 * n
+	}
 	switch {
-	case len(vals) == 2+replyPerPolicy*n && s.clock == nil:
+	case len(vals) == 2+replyPerPolicy*n+extra && s.clock == nil:
 		// On Redis time the reply ends with the time it decided at.
 		if s.onRedisTime != nil {
 			s.onRedisTime(vals[len(vals)-1])
 		}
-	case len(vals) != 1+replyPerPolicy*n || s.clock == nil:
+	case len(vals) != 1+replyPerPolicy*n+extra || s.clock == nil:
 		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
@@ -714,6 +718,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
 		evaluation.SetStatus(&ev.Statuses[i], p, &d)
 	}
+	evaluation.SetSettled(ev.Statuses, vals[1+replyPerPolicy*n:1+replyPerPolicy*n+extra])
 	return nil
 }
 

@@ -40,6 +40,7 @@ var scriptFiles = []string{
 	"args.lua",           // redisstore.go's arguments, read and checked
 	"records.lua",        // keys into the engine's states, writes and TTLs
 	"dedupe.lua",         // internal/engine/algorithm/dedupe.go
+	"settle.lua",         // internal/engine/algorithm/settle.go
 	"carry.lua",          // internal/engine/algorithm/carry.go
 	"short.lua",          // internal/engine/algorithm/one.go
 	"redisstore.lua",     // Evaluate's part in Redis: the entry points

@@ -80,6 +80,7 @@ func TestEveryOperationAgainstSluiceServe(t *testing.T) {
 		{"acquire", acquireCase},
 		{"release", releaseCase},
 		{"renew", renewCase},
+		{"estimate and settle", settleCase},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, "subject-"+tc.name) })
 	}
@@ -114,6 +115,23 @@ func wantRemaining(t *testing.T, c *sluiceclient.Client, subj, after string, wan
 			t.Errorf("after %s: %s has %d remaining, want %d", after, policy, got, n)
 		}
 	}
+}
+
+func settleCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	req := sluice.Request{Op: sluice.Estimate, Policy: "quota", Subject: subj, Cost: 3, EvaluationID: "call-1"}
+	if o := check(t, c, req, sluice.Allowed); o.Remaining != 0 {
+		t.Errorf("estimate of 3 = %+v, want nothing remaining", o.Status)
+	}
+	req.Op, req.Cost = sluice.Settle, 1
+	o := check(t, c, req, sluice.Allowed)
+	if o.GivenBack != 2 || o.Charged != 0 || o.Remaining != 2 || o.Replayed {
+		t.Errorf("settle at 1 = %+v, want 2 given back, 2 remaining", o.Status)
+	}
+	req.Cost = 0
+	if again := check(t, c, req, sluice.Allowed); !again.Replayed || again.Status != o.Status {
+		t.Errorf("retried settle = %+v (replayed %v), want %+v replayed", again.Status, again.Replayed, o.Status)
+	}
+	wantRemaining(t, c, subj, "an estimate of 3 settled at 1", map[string]int64{"quota": 2})
 }
 
 func spendCase(t *testing.T, c *sluiceclient.Client, subj string) {

@@ -47,13 +47,11 @@ Usage:
                   [--rate R] [--duration D] [--out FILE.svg] | --accuracy DIR
                   | --local-quota [--instances N]
         Run a traffic pattern (poisson, bursts, boundary, sliding_worst,
-        ramp, or timestamps from a CSV) through policies on a virtual
-        clock with the real decision engine; print how each admitted
-        against "at most limit in any window" and chart it. With no
-        --policy, compare all five algorithms at 10 per 10s. With
-        --local-quota, run the patterns through several Limiters with
-        local quota on one store, beside one without, and print the
-        share of the bound each algorithm admits.
+        ramp, post_hoc: estimates settled later; or a CSV's timestamps)
+        through policies on a virtual clock with the real engine; print
+        how each admitted against "at most limit in any window", and
+        chart it. With no --policy, all five algorithms at 10 per 10s.
+        --local-quota: several Limiters with local quota on one store.
   sluice version
         Print the version, the commit it was built from and whether
         that tree was modified.

@@ -50,6 +50,9 @@ func (a *app) simulate(args []string) error {
 	if f.localQuota {
 		return a.localQuota(f, set)
 	}
+	if f.pattern == simulate.PostHocPattern {
+		return simulate.WritePostHoc(a.stdout, set, f.limit, f.window.Microseconds(), f.burst, f.seed)
+	}
 	policies, err := simulate.ParsePolicies(f.policies, f.limit, f.window.Microseconds(), f.burst)
 	if err != nil {
 		return bad(err)
@@ -142,7 +145,7 @@ func (f *simulateFlags) check(set map[string]bool) error {
 	if f.csv != "" {
 		pattern = "a --csv replay"
 	}
-	if f.accuracy != "" || f.localQuota {
+	if f.accuracy != "" || f.localQuota || pattern == simulate.PostHocPattern {
 		return nil
 	}
 	return simulate.PatternFlags(set, pattern)

@@ -134,6 +134,21 @@ func TestSimulateUsage(t *testing.T) {
 	}
 }
 
+// ACCURACY.md's post-hoc table is what simulate --pattern post_hoc prints.
+func TestAccuracyDocPostHoc(t *testing.T) {
+	stdout, code, stderr := sim(t, "--pattern", "post_hoc", "--limit", "100", "--window", "10s")
+	if code != 0 {
+		t.Fatalf("simulate --pattern post_hoc = exit %d\n%s", code, stderr)
+	}
+	doc, err := os.ReadFile("../../ACCURACY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), stdout) {
+		t.Errorf("ACCURACY.md does not hold the table simulate --pattern post_hoc prints:\n%s\nregenerate with: go run ./cmd/sluice simulate --pattern post_hoc --limit 100 --window 10s, and paste its table into ACCURACY.md", stdout)
+	}
+}
+
 // ACCURACY.md and its charts are what the engine does today: regenerate
 // them with the command this names when the math or the charts change.
 func TestAccuracyDocIsCurrent(t *testing.T) {

@@ -67,7 +67,19 @@ func appendVerdict(b []byte, st *sluice.Status) []byte {
 	b = append(b, `,"retry_after_ms":`...)
 	b = strconv.AppendInt(b, ceilMS(st.RetryAfter), 10)
 	b = append(b, `,"approximate":`...)
-	return strconv.AppendBool(b, st.Approximate)
+	b = strconv.AppendBool(b, st.Approximate)
+	if st.Charged != 0 || st.GivenBack != 0 || st.Owed != 0 {
+		// A settle's; written as encoding/json writes omitempty fields.
+		for _, f := range [...]struct {
+			name string
+			v    int64
+		}{{`,"charged":`, st.Charged}, {`,"given_back":`, st.GivenBack}, {`,"owed":`, st.Owed}} {
+			if f.v != 0 {
+				b = strconv.AppendInt(append(b, f.name...), f.v, 10)
+			}
+		}
+	}
+	return b
 }
 
 // ceilMS returns d in whole milliseconds rounded up, and 0 for d ≤ 0.

@@ -9,7 +9,9 @@
 //
 // ("policies":["a","b"] in place of "policy" for several at once, all or
 // nothing; "refund": true gives cost units back; "reset": true clears the
-// subject's state; an explicit "cost": 0 is a peek; a release or renewal
+// subject's state; an explicit "cost": 0 is a peek; "op": "estimate"
+// spends cost as an estimate under the evaluation_id, "op": "settle"
+// replaces it with the actual cost, 0 included; a release or renewal
 // names its "lease_id"), and answer an Answer:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
@@ -64,6 +66,9 @@ type Request struct {
 	Reset        bool     `json:"reset,omitempty"`
 	EvaluationID string   `json:"evaluation_id,omitempty"`
 	LeaseID      string   `json:"lease_id,omitempty"` // /v1/release and /v1/renew only
+	// Op is "estimate" or "settle" (sluice.Estimate, sluice.Settle), or
+	// "" for what the fields above ask.
+	Op string `json:"op,omitempty"`
 }
 
 // RequestError is a request the check API refuses as malformed, before
@@ -107,11 +112,11 @@ func Encode(req sluice.Request) (Request, string, error) {
 		return Request{}, "", malformed("lease id is required: a %v names the lease an acquire was answered", req.Op)
 	case req.Op != sluice.Release && req.Op != sluice.Renew && req.LeaseID != "":
 		return Request{}, "", malformed("lease id %q: only a release or a renewal names one: the server names the lease an acquire takes", req.LeaseID)
-	case req.Op > sluice.Renew:
+	case req.Op > sluice.Renew && req.Op != sluice.Estimate && req.Op != sluice.Settle:
 		return Request{}, "", malformed("op = %v: not an operation of the check API", req.Op)
 	}
-	if req.Cost > 0 {
-		r.Cost = &req.Cost
+	if req.Cost > 0 || req.Op == sluice.Settle {
+		r.Cost = &req.Cost // a settle's actual cost, 0 included
 	}
 	path := CheckPath
 	switch req.Op {
@@ -125,6 +130,8 @@ func Encode(req sluice.Request) (Request, string, error) {
 		path, r.LeaseID = ReleasePath, req.LeaseID
 	case sluice.Renew:
 		path, r.LeaseID = RenewPath, req.LeaseID
+	case sluice.Estimate, sluice.Settle:
+		r.Op = req.Op.String()
 	}
 	return r, path, nil
 }
@@ -147,6 +154,9 @@ func (r *Request) Check() (sluice.Request, error) {
 		return sluice.Request{}, malformed("lease_id belongs to POST %s and %s; a check acquires a new lease", ReleasePath, RenewPath)
 	}
 	req := sluice.Request{Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, EvaluationID: r.EvaluationID}
+	if r.Op != "" {
+		return r.settle(req)
+	}
 	switch {
 	case r.Reset:
 		req.Op = sluice.Reset
@@ -204,6 +214,11 @@ type Verdict struct {
 	ResetAfterMS int64 `json:"reset_after_ms"`
 	RetryAfterMS int64 `json:"retry_after_ms"`
 	Approximate  bool  `json:"approximate"`
+	// Charged, GivenBack and Owed are a settle's (sluice.Status), present
+	// on a settle's answer only.
+	Charged   int64 `json:"charged,omitempty"`
+	GivenBack int64 `json:"given_back,omitempty"`
+	Owed      int64 `json:"owed,omitempty"`
 }
 
 // Status is one policy's part of an Answer that names several: its
@@ -344,6 +359,9 @@ func (v *Verdict) status(policy string) sluice.Status {
 		ResetAfter:  time.Duration(v.ResetAfterMS) * time.Millisecond,
 		RetryAfter:  time.Duration(v.RetryAfterMS) * time.Millisecond,
 		Approximate: v.Approximate,
+		Charged:     v.Charged,
+		GivenBack:   v.GivenBack,
+		Owed:        v.Owed,
 	}
 }
 

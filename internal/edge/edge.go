@@ -57,9 +57,14 @@ type Options struct {
 	// Deadline bounds how long a decision (a release, a refund) waits for
 	// the Limiter. Default: DefaultDeadline.
 	Deadline time.Duration
-	// Count, when set, counts every spending decision (Spend and Acquire):
-	// the Limiter's outcome, once per policy of the rule. Default: nil.
+	// Count, when set, counts every spending decision (Spend, Acquire and
+	// Estimate): the Limiter's outcome, once per policy of the rule.
+	// Default: nil.
 	Count CountFunc
+	// Settled, when set, counts every Settle (settle.go): the Limiter's
+	// outcome, its Statuses (or Status) saying what was charged, given
+	// back and owed per policy. Default: nil.
+	Settled CountFunc
 	// Clock times the throttle of warnings. Default: the system clock.
 	Clock sluice.Clock
 	// Logger receives the records of Log, warnings at most ten a second
@@ -76,6 +81,7 @@ type Core struct {
 	fallback *sluice.Limiter // nil without Options.Fallback
 	deadline time.Duration
 	count    CountFunc
+	settled  CountFunc
 	clock    sluice.Clock
 	log      *slog.Logger
 	prefix   string
@@ -89,6 +95,7 @@ func New(lim *sluice.Limiter, opts Options) (*Core, error) {
 		lim:      lim,
 		deadline: cmp.Or(opts.Deadline, DefaultDeadline),
 		count:    opts.Count,
+		settled:  opts.Settled,
 		clock:    opts.Clock,
 		log:      cmp.Or(opts.Logger, slog.Default()),
 		prefix:   cmp.Or(opts.Prefix, "edge"),
@@ -293,8 +300,11 @@ func (c *Core) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	dctx, cancel := context.WithTimeout(ctx, c.deadline)
 	o := c.lim.Check(dctx, req)
 	cancel()
-	if req.Op == sluice.Spend || req.Op == sluice.Acquire {
+	switch req.Op {
+	case sluice.Spend, sluice.Acquire, sluice.Estimate:
 		c.counted(ctx, &req, o)
+	case sluice.Settle:
+		c.countSettle(ctx, &req, o)
 	}
 	return o
 }
@@ -367,7 +377,7 @@ func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode sluic
 // With returns a Core deciding with lim instead, counting and logging as
 // c does, without a local fallback.
 func (c *Core) With(lim *sluice.Limiter) *Core {
-	return &Core{lim: lim, deadline: c.deadline, count: c.count, clock: c.clock, log: c.log, prefix: c.prefix}
+	return &Core{lim: lim, deadline: c.deadline, count: c.count, settled: c.settled, clock: c.clock, log: c.log, prefix: c.prefix}
 }
 
 // request is the Limiter request of op on r's policies for s: every

@@ -29,7 +29,7 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"commands", []string{"cmd/sluice", "deploy", "examples/demo"}},
+	{"commands", []string{"cmd/sluice", "deploy", "examples/demo", "examples/llmtokens"}},
 	{"server", []string{"internal/server"}},
 	{"wiring", []string{"internal/wiring"}},
 	{"envoy rate-limit service", []string{"internal/server/rls"}},

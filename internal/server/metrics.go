@@ -32,6 +32,12 @@ const UnknownPolicy = "(unknown)"
 //     with the request's outcome (allowed, denied, unavailable,
 //     incompatible, indeterminate). Peeks and refunds spend nothing and
 //     are not counted.
+//   - sluice_settled_units_total{policy, kind}: what the settles of
+//     estimates did (op settle of the check API, the proxy's and the
+//     middleware's settle_header), per policy, in units: kind charged
+//     (beyond the estimate, past the limit if need be), given_back (of
+//     the estimate), owed (the debt past the capacity each settle left,
+//     summed over settles). Estimates count as decisions above.
 //   - sluice_decision_duration_seconds{store}: how long the store took
 //     per evaluation (see InstrumentStore).
 //   - sluice_http_requests_total{handler, code}: answers per handler
@@ -65,6 +71,7 @@ type Metrics struct {
 	local     *prometheus.CounterVec
 	failures  *prometheus.CounterVec
 	near      *prometheus.CounterVec
+	settles   *prometheus.CounterVec
 	overrides *overridesCollector
 	localQ    *localCollector
 }
@@ -106,11 +113,15 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Name: "sluice_near_cache_denials_total",
 			Help: "Denials answered from the near cache (near_cache: true) without asking the store, per policy: the store calls it saved.",
 		}, []string{"policy"}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_settled_units_total",
+			Help: "What settles of estimates did, per policy, in units: charged past the estimate, given_back of it, owed past the capacity after each settle (summed).",
+		}, []string{"policy", "kind"}),
 	}
 	m.overrides = &overridesCollector{desc: prometheus.NewDesc("sluice_overrides",
 		"Runtime overrides (tenant plans) per policy: the config file's and those set through the admin API.", []string{"policy"}, nil)}
 	m.localQ = newLocalCollector()
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.overrides, m.localQ} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.settles, m.overrides, m.localQ} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -363,6 +374,28 @@ func (m *Metrics) count(policies []string, o sluice.Outcome) {
 		if o.FromCache && len(policies) == 1 {
 			m.near.WithLabelValues(label).Inc()
 		}
+	}
+}
+
+// settled counts o, the outcome of a settle of policies, per policy on
+// sluice_settled_units_total: the edge core's settle counter. A nil m
+// counts nothing; a settle not taken counts nothing.
+func (m *Metrics) settled(policies []string, o sluice.Outcome) {
+	if m == nil || o.Kind != sluice.Allowed || o.Replayed {
+		return
+	}
+	statuses := o.Statuses
+	if len(statuses) == 0 {
+		statuses = []sluice.Status{o.Status}
+	}
+	for i, st := range statuses {
+		if i >= len(policies) {
+			break
+		}
+		label := m.policyLabel(policies[i])
+		m.settles.WithLabelValues(label, "charged").Add(float64(st.Charged))
+		m.settles.WithLabelValues(label, "given_back").Add(float64(st.GivenBack))
+		m.settles.WithLabelValues(label, "owed").Add(float64(st.Owed))
 	}
 }
 

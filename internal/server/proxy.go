@@ -177,6 +177,9 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) 
 			Shadow:      r.Shadow,
 			FailureMode: routeMode(r.Policies, modes),
 		}
+		if r.SettleHeader != "" {
+			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled when the response body is done
+		}
 		switch kind, name := r.SubjectKind(); kind {
 		case config.SubjectIP:
 			rt.Subject = ip
@@ -301,7 +304,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// The middleware's edge core counts its decision on the server's
 	// metrics.
-	r = r.WithContext(edge.WithCount(r.Context(), p.metrics.count))
+	r = r.WithContext(edge.WithSettled(edge.WithCount(r.Context(), p.metrics.count), p.metrics.settled))
 	sw := &statusWriter{ResponseWriter: w}
 	p.handler.ServeHTTP(sw, r)
 	if sw.status == 0 {

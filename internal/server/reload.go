@@ -185,7 +185,7 @@ func (r *reloader) failureKey(err error) string {
 // state from the wiring, the check API and the proxy around them.
 func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	cfg := l.cfg
-	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count})
+	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count, Settled: r.metrics.settled})
 	if err != nil {
 		return nil, err
 	}

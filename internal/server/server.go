@@ -278,11 +278,11 @@ func (s *Server) newCore(core *edge.Core) (*edge.Core, error) {
 		}
 		return core, nil
 	}
-	var count edge.CountFunc
+	var count, settled edge.CountFunc
 	if s.metrics != nil {
-		count = s.metrics.count
+		count, settled = s.metrics.count, s.metrics.settled
 	}
-	return edge.New(s.lim, edge.Options{Deadline: s.decide, Count: count, Clock: s.clock, Logger: s.log, Prefix: "server"})
+	return edge.New(s.lim, edge.Options{Deadline: s.decide, Count: count, Settled: settled, Clock: s.clock, Logger: s.log, Prefix: "server"})
 }
 
 // ServeHTTP routes r and logs it. Unknown paths get 404, known paths with

@@ -42,6 +42,9 @@ type answer struct {
 	Replayed     *bool    `json:"replayed"` // a pointer, to see that it is always there
 	Statuses     []status `json:"statuses"`
 	LeaseID      string   `json:"lease_id"`
+	Charged      int64    `json:"charged"`
+	GivenBack    int64    `json:"given_back"`
+	Owed         int64    `json:"owed"`
 }
 
 type status struct {
@@ -54,6 +57,9 @@ type status struct {
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	Approximate  bool   `json:"approximate"`
 	Reason       string `json:"reason"`
+	Charged      int64  `json:"charged"`
+	GivenBack    int64  `json:"given_back"`
+	Owed         int64  `json:"owed"`
 }
 
 // sfItem and sfParam are what the RateLimit fields parse into.

@@ -66,6 +66,10 @@ type BuildOptions struct {
 	// Count, when set, counts every spending decision the generation's
 	// edge cores take (sluice_decisions_total). Default: none.
 	Count edge.CountFunc
+	// Settled, when set, counts every settle of an estimate the
+	// generation's edge cores take (sluice_settled_units_total).
+	// Default: none.
+	Settled edge.CountFunc
 }
 
 // Build turns cfg and its Envoy rules files (rules; nil without an envoy
@@ -123,7 +127,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) error {
 	var err error
 	deadline := cmp.Or(cfg.Server.DecisionTimeout, config.DefaultDecisionTimeout)
-	if g.Core, err = edge.New(g.Limiter, edge.Options{Deadline: deadline, Count: o.Count, Clock: o.Clock, Logger: o.Log, Prefix: "server"}); err != nil {
+	if g.Core, err = edge.New(g.Limiter, edge.Options{Deadline: deadline, Count: o.Count, Settled: o.Settled, Clock: o.Clock, Logger: o.Log, Prefix: "server"}); err != nil {
 		return err
 	}
 	if rules == nil {

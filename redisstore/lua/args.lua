@@ -23,7 +23,7 @@ local REPLY_ABSENT = 2
 local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
 local MAX_DEDUPE_TTL = 3600000000 -- µs
 local MAX_DEDUPE_IDS = 10000
-local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true}
+local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true, estimate = true, settle = true}
 
 -- Policies whose arguments were read and checked, by their argument
 -- string. A function library keeps this table from one call to the next

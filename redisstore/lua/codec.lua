@@ -117,20 +117,26 @@ end
 
 -- fieldCorrupt raises SLUICE_CORRUPT for field i of key, x.
 local function fieldCorrupt(key, i, x)
-  corrupt(key, 'field ' .. i .. ' = ' .. stringFormat('%.17g', x) .. ': want an integer in [0, 2^53]')
+  local lowest = '0'
+  if i == 1 then
+    lowest = '-2^53'
+  end
+  corrupt(key, 'field ' .. i .. ' = ' .. stringFormat('%.17g', x) .. ': want an integer in [' .. lowest .. ', 2^53]')
 end
 
 -- decodeFields returns the n fields stored at key as raw, as values (0
 -- after the nth). Anything encodeFields (or an older version) did not
 -- write is corrupt: another length, a field that is not an integer in
--- [0, 2^53]. What each algorithm can have written of such integers is
--- its own check (fixedWindowCorrupt, …).
+-- [0, 2^53], the first in [-2^53, 2^53] (a token bucket's tokens go below
+-- empty after a settle's debt; every algorithm's first field is held to
+-- its own lower bound). What each algorithm can have written of such
+-- integers is its own check (fixedWindowCorrupt, …).
 local function decodeFields(key, raw, n)
   if stringByte(raw, 1) == STATE_BINARY and #raw == 1 + 8 * n then
     local _, a, b, c, d, e = structUnpack(STATE_FORMAT[n], raw)
     -- The first two fields, the most a state has, are badField written
     -- out: a call costs more than the test.
-    if not (a >= 0 and a <= MAX_EXACT and a % 1 == 0) or (a == 0 and 1 / a < 0) then
+    if not (a >= -9007199254740992 and a <= MAX_EXACT and a % 1 == 0) or (a == 0 and 1 / a < 0) then
       fieldCorrupt(key, 1, a)
     elseif not (b >= 0 and b <= MAX_EXACT and b % 1 == 0) or (b == 0 and 1 / b < 0) then
       fieldCorrupt(key, 2, b)

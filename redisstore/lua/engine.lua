@@ -13,7 +13,8 @@ integer is the store's (its reply's replayed flag, 0 here), so the
 decisions are the reply as they stand. An evaluation
 is {policies, states, now, op, cost, hold, lease, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed; op is the
-Go Op's name (spend, peek, refund, reset, acquire, release, renew) and
+Go Op's name (spend, peek, refund, reset, acquire, release, renew,
+estimate: a spend here; a settle goes to settle.lua's evaluateSettle) and
 lease the lease of a concurrency policy ('' for none). evaluate assumes
 the operation's rules hold: redisstore.go checks them with
 algorithm.Check before it calls. Errors are returned as tables
@@ -58,6 +59,10 @@ local function recordID(id, op)
     return 's:' .. id
   elseif op == 'refund' then
     return 'r:' .. id
+  elseif op == 'estimate' then
+    return 'e:' .. id
+  elseif op == 'settle' then
+    return 't:' .. id
   end
   return ''
 end

@@ -47,6 +47,7 @@ ARGV, by the named positions below (redisstore.go names them alike):
 Reply: replayed (1 when the reply is the one remembered for the evaluation
 id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
 allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs);
+for a settle, then charged, given back and owed of each policy;
 on Redis time, then the time the call decided at (µs), so that a reader
 of the reply (the differential test) can decide it again.
 Errors, raised before any write: "SLUICE_ARGS <reason>",
@@ -84,7 +85,7 @@ local function main(KEYS, ARGV, at)
   end
   local op = ARGV[ARGV_OP]
   if not OPS[op] then
-    raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release or renew')
+    raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release, renew, estimate or settle')
   end
   local hold = arg(ARGV[ARGV_HOLD])
   if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend') then
@@ -137,17 +138,33 @@ local function main(KEYS, ARGV, at)
   elseif carry == 'carry' then
     carryOver(KEYS, ARGV, ev, now)
   end
-  if id ~= '' then
+  local recorded = id ~= '' and (op == 'estimate' or op == 'settle') -- records with an Extra (settle.lua)
+  if recorded then
+    lookupFor(ev, KEYS[n + 1], KEYS[n + 2], rawID, id, now)
+  elseif id ~= '' then
     ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
   end
-  local err = evaluate(ev)
+  local err
+  if op == 'settle' then
+    err = evaluateSettle(ev)
+  else
+    err = evaluate(ev)
+  end
   if err ~= nil and err.clock then
     clockUnsafe(KEYS[err.clock.policy + 1], err.clock.behind, err.clock.max)
+  elseif err ~= nil and err.settle then
+    raise('SLUICE_ARGS', err.settle)
+  elseif err ~= nil and err.corrupt then
+    corrupt(KEYS[n + 2], 'a remembered record: ' .. err.corrupt)
   elseif err ~= nil then
     raise('SLUICE_ARGS', 'the evaluation id was first used with ' .. err.replay.first .. ' policies, now with ' .. err.replay.now)
   end
   local reply = ev.decisions -- the reply as it stands, its replayed flag first
+  local extra = ev.extra -- a settle's, answered after the decisions; nil for any other op
   if ev.replayed then
+    for i = 1, extra and #extra or 0 do
+      reply[#reply + 1] = extra[i]
+    end
     if redisTime then
       reply[#reply + 1] = now
     end
@@ -158,8 +175,17 @@ local function main(KEYS, ARGV, at)
       apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, ev.policies[i].grace)
     end
   end
-  if id ~= '' then
+  if recorded then
+    local kept = extra
+    if op == 'estimate' then
+      kept = estimateExtra(cost, now)
+    end
+    recordRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply, kept)
+  elseif id ~= '' then
     dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
+  end
+  for i = 1, extra and #extra or 0 do
+    reply[#reply + 1] = extra[i]
   end
   if redisTime then
     reply[#reply + 1] = now

@@ -15,7 +15,7 @@ p.limit). slidingWindowCorrupt ports SlidingWindow.corrupt
 local function slidingWindowCorrupt(start, curr, prev, last)
   if curr < 1 or curr > MAX_LIMIT or prev > MAX_LIMIT then
     return 'counts ' .. fmt(curr) .. ', ' .. fmt(prev) .. ': want 1 to ' .. fmt(MAX_LIMIT) .. ' in this window, at most that in the last'
-  elseif last < 1 or last < start or last - start >= MAX_WINDOW then
+  elseif last < 1 or start < 0 or last < start or last - start >= MAX_WINDOW then
     return 'start ' .. fmt(start) .. ', last write ' .. fmt(last) .. ': want start <= last < start + 365 days'
   end
   return nil

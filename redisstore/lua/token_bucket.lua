@@ -9,12 +9,13 @@ p.burst). tokenBucketCorrupt ports TokenBucket.corrupt
 -- tokenBucketDecide or tokenBucketRefund leaves to keep, or nil: a kept
 -- bucket was written at last >= 1 under a policy's window, and holds
 -- less than that policy's full bucket, burst × window, which is at most
--- 10^9 × window and below 2^53 − 1.
+-- 10^9 × window and below 2^53 − 1, and more than 10^9 × window below
+-- empty (a settle's debt, settle.lua).
 local function tokenBucketCorrupt(tokens, last, window)
   if last < 1 or window < MIN_WINDOW or window > MAX_WINDOW then
     return 'last write ' .. fmt(last) .. ', window ' .. fmt(window) .. ': want a write time and a window of 1ms to 365 days'
-  elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 then
-    return 'tokens ' .. fmt(tokens) .. ': want fewer than a full bucket under window ' .. fmt(window)
+  elseif tokens >= MAX_LIMIT * window or tokens > MAX_EXACT - 2 or (tokens < 0 and tokens <= -MAX_LIMIT * window) then
+    return 'tokens ' .. fmt(tokens) .. ': want fewer than a full bucket under window ' .. fmt(window) .. ', and less debt than 10^9 tokens'
   end
   return nil
 end
@@ -52,7 +53,11 @@ local function tokenBucketDecide(tokens, last, window, p, now, cost, hold)
   end
   local need = verdictCost(cost) * p.window
   if level < need then
-    return tokens, last, window, false, quo(level, p.window), ceilDiv(full - level, p.limit), ceilDiv(need - level, p.limit)
+    local remaining = 0 -- below empty after a settle's debt
+    if level > 0 then
+      remaining = quo(level, p.window)
+    end
+    return tokens, last, window, false, remaining, ceilDiv(full - level, p.limit), ceilDiv(need - level, p.limit)
   end
   if cost > 0 then
     level = level - cost * p.window

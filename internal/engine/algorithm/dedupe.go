@@ -16,6 +16,10 @@ type DedupeLog struct {
 	order []dedupeRecord         // in the order recorded; expiries ascend with it
 	index map[string]dedupeEntry // nil up to indexFrom records
 	head  int                    // records forgotten from the front since the index was built
+	// extras holds the Extra of the estimates' and settles' records
+	// (Record.Extra) by id, nil until one is remembered: apart, so that
+	// every other record keeps its size.
+	extras map[string][]int64
 }
 
 // indexFrom is the size from which a DedupeLog indexes its ids.
@@ -40,6 +44,28 @@ func (l *DedupeLog) Lookup(id string, now int64) []Decision {
 	return nil
 }
 
+// LookupRecord returns the record remembered for id, Extra included, or
+// false when there is none or it expired (at or before now).
+func (l *DedupeLog) LookupRecord(id string, now int64) (Record, bool) {
+	if r, ok := l.get(id); ok && r.expires > now {
+		return Record{Decisions: r.decisions, Extra: l.extras[id]}, true
+	}
+	return Record{}, false
+}
+
+// RememberRecord is Remember, with a copy of extra kept beside ds
+// (Record.Extra).
+func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64) int {
+	grew := l.Remember(id, now, ttl, max, ds)
+	if _, ok := l.get(id); ok && len(extra) > 0 {
+		if l.extras == nil {
+			l.extras = make(map[string][]int64)
+		}
+		l.extras[id] = slices.Clone(extra)
+	}
+	return grew
+}
+
 // Remember records a copy of ds for id until now + ttl, forgetting
 // expired ids and, beyond max, the oldest, and returns by how many
 // records the log grew (negative: it shrank). An id still live would have
@@ -62,6 +88,9 @@ func (l *DedupeLog) Prune(now int64, max int) int {
 	for drop < len(l.order) && (l.order[drop].expires <= now || len(l.order)-drop > max) {
 		if l.index != nil {
 			delete(l.index, l.order[drop].id)
+		}
+		if l.extras != nil {
+			delete(l.extras, l.order[drop].id)
 		}
 		l.order[drop] = dedupeRecord{}
 		drop++
@@ -135,6 +164,7 @@ func (l *DedupeLog) reindex() {
 
 // remove forgets id wherever it is in the log.
 func (l *DedupeLog) remove(id string) {
+	delete(l.extras, id)
 	l.order = slices.DeleteFunc(l.order, func(r dedupeRecord) bool { return r.id == id })
 	l.reindex()
 }

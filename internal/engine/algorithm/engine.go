@@ -70,6 +70,13 @@ type Evaluation struct {
 	// evaluation's id (see RecordID) and still live: Evaluate answers
 	// with it and spends nothing.
 	Replay []Decision
+	// ReplayExtra is, for an OpSettle replayed, the Extra remembered
+	// beside Replay (Record.Extra).
+	ReplayExtra []int64
+	// Estimate is, for an OpSettle, the record remembered for the
+	// estimate under the same id (RecordID(id, OpEstimate)), nil when
+	// none is live: EvaluateSettle settles it.
+	Estimate *Record
 
 	// Decisions receives the Decision of each policy; the caller sizes it,
 	// one element per policy.
@@ -82,6 +89,10 @@ type Evaluation struct {
 	Commit bool
 	// Replayed reports that Decisions are Replay.
 	Replayed bool
+	// Extra receives, for an OpSettle, each policy's Settled (Charged,
+	// GivenBack, Owed) in order: what a store remembers beside the
+	// decisions (Record.Extra) and answers with them.
+	Extra []int64
 }
 
 // ClockError says that a request's time lies further behind a state's

@@ -43,9 +43,18 @@ const (
 	// block twice). Package sluice has no Op of its own for it yet: a
 	// Spend with a Hold is this (evaluation.Op).
 	OpHold
+	// OpEstimate spends Cost (>= 1) units of every policy exactly as a
+	// spend, and the store remembers it under the evaluation id (which it
+	// needs) with its cost and time, until the first policy's DedupeTTL,
+	// for an OpSettle (settle.go). Policies of fixed_window, sliding_log,
+	// token_bucket or gcra.
+	OpEstimate
+	// OpSettle replaces the estimate remembered under the evaluation id
+	// with the actual cost, Cost (0 or more): settle.go.
+	OpSettle
 )
 
-var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew", "hold"}
+var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew", "hold", "estimate", "settle"}
 
 // String returns the operation's name, e.g. "refund": its spelling in the
 // script's arguments and in the check API.
@@ -66,8 +75,8 @@ var (
 
 // named returns o with its article, for messages: "a refund", "an acquire".
 func (o Op) named() string {
-	if o == OpAcquire {
-		return "an acquire"
+	if o == OpAcquire || o == OpEstimate {
+		return "an " + o.String()
 	}
 	return "a " + o.String()
 }
@@ -106,6 +115,8 @@ func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 		return fmt.Errorf("%w: unknown operation %v", ErrInvalidRequest, op)
 	case len(policies) == 0:
 		return fmt.Errorf("%w: %v names no policy", ErrInvalidRequest, op)
+	case op == OpEstimate || op == OpSettle:
+		return checkSettle(op, policies, cost, hold, leaseID, remembered)
 	case op.spends() && cost < 1:
 		return fmt.Errorf("%w: cost = %d: %s takes a cost of 1 or more", ErrInvalidRequest, cost, op.named())
 	case !op.spends() && cost != 0:
@@ -198,8 +209,8 @@ func checkPolicy(op Op, p *Policy, cost int64) error {
 }
 
 // RecordID returns the key under which a store remembers the decision for
-// evaluation id taken by op: spends (and acquisitions) and refunds apart,
-// nothing else ever ("").
+// evaluation id taken by op: spends (and acquisitions), refunds,
+// estimates and settles apart, nothing else ever ("").
 func RecordID(id string, op Op) string {
 	switch {
 	case id == "":
@@ -208,6 +219,10 @@ func RecordID(id string, op Op) string {
 		return "s:" + id
 	case op == OpRefund:
 		return "r:" + id
+	case op == OpEstimate:
+		return "e:" + id
+	case op == OpSettle:
+		return "t:" + id
 	}
 	return ""
 }

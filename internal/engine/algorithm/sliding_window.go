@@ -55,7 +55,7 @@ func (s SlidingWindow) corrupt() string {
 	switch {
 	case s.Curr < 1 || s.Curr > MaxLimit || s.Prev > MaxLimit:
 		return fmt.Sprintf("counts %d, %d: want 1 to %d in this window, at most that in the last", s.Curr, s.Prev, MaxLimit)
-	case s.Last < 1 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
+	case s.Last < 1 || s.Start < 0 || s.Last < s.Start || s.Last-s.Start >= MaxWindow:
 		return fmt.Sprintf("start %d, last write %d: want start <= last < start + 365 days", s.Start, s.Last)
 	}
 	return ""

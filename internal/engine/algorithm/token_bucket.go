@@ -38,13 +38,14 @@ func (s TokenBucket) fields(v *[5]int64) {
 // corrupt returns why s is no state Decide or Refund leaves to keep, or
 // "": a kept bucket was written at Last >= 1 under a policy's window, and
 // holds less than that policy's full bucket, burst × window, which is at
-// most 10^9 × window and below 2^53 − 1.
+// most 10^9 × window and below 2^53 − 1, and more than 10^9 × window
+// below empty (a settle's debt, settle.go, is at most 10^9 units).
 func (s TokenBucket) corrupt() string {
 	switch {
 	case s.Last < 1 || s.Window < MinWindow || s.Window > MaxWindow:
 		return fmt.Sprintf("last write %d, window %d: want a write time and a window of 1ms to 365 days", s.Last, s.Window)
-	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2: // Tokens ≥ MaxLimit × Window, without the product (it may pass 2^63)
-		return fmt.Sprintf("tokens %d: want fewer than a full bucket under window %d", s.Tokens, s.Window)
+	case s.Tokens/s.Window >= MaxLimit || s.Tokens > MaxExact-2 || s.Tokens < 0 && -s.Tokens/s.Window >= MaxLimit: // |Tokens| ≥ MaxLimit × Window, without the product (it may pass 2^63); a second division only below empty
+		return fmt.Sprintf("tokens %d: want fewer than a full bucket under window %d, and less debt than 10^9 tokens", s.Tokens, s.Window)
 	}
 	return ""
 }
@@ -89,7 +90,7 @@ func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decis
 	d := Decision{Limit: p.Burst}
 	need := verdictCost(cost) * p.Window
 	if tokens < need {
-		d.Remaining = tokens / p.Window
+		d.Remaining = max(tokens, 0) / p.Window // below empty after a settle's debt
 		d.RetryAfter = ceilDiv(need-tokens, p.Limit)
 		d.ResetAfter = ceilDiv(full-tokens, p.Limit)
 		return s, d

@@ -114,6 +114,17 @@ func SetStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
 	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
 	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
 	st.Approximate = p.Algorithm == sluice.SlidingWindow
+	st.Charged, st.GivenBack, st.Owed = 0, 0, 0
+}
+
+// SetSettled writes extra, a settle's Charged, GivenBack and Owed of each
+// policy in order (algorithm.Evaluation.Extra), to statuses, written by
+// SetStatus; an empty extra (any other operation) writes nothing.
+func SetSettled(statuses []sluice.Status, extra []int64) {
+	for i := 0; i+2 < len(extra) && i/3 < len(statuses); i += 3 {
+		st := &statuses[i/3]
+		st.Charged, st.GivenBack, st.Owed = extra[i], extra[i+1], extra[i+2]
+	}
 }
 
 // Statuses returns statuses resized to n, reusing its capacity, for the

@@ -322,6 +322,14 @@ type Route struct {
 	Policies []string // policy IDs, checked together
 	Subject  string   // "ip", "ip+user_agent" or "header:<Name>". Default: "ip"
 	Shadow   bool     // evaluate and report, never block
+	// SettleHeader, when set, is the upstream response header (or
+	// trailer) reporting what a request really cost, e.g. X-Tokens-Used:
+	// the route spends Estimate units up front (sluice.Estimate) and
+	// settles them with that value once the response body is done.
+	SettleHeader string
+	// Estimate is what a request of a route with SettleHeader spends up
+	// front, at most each policy's max_cost. Default: 1.
+	Estimate int64
 }
 
 // The kinds of subject a proxy route limits by (Route.SubjectKind).
@@ -1050,7 +1058,7 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 	if kind, _ := r.SubjectKind(); kind == "" {
 		errs = append(errs, c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>"))
 	}
-	return errs
+	return append(errs, c.validateSettle(path, r)...)
 }
 
 func (c *Config) validateEnvoy() *Error {

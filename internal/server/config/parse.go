@@ -580,7 +580,7 @@ func (d *decoder) proxy(n *yaml.Node) *Proxy {
 }
 
 func (d *decoder) route(path string, n *yaml.Node, r *Route) {
-	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow")
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate")
 	if !ok {
 		return
 	}
@@ -588,6 +588,8 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 	d.strs(path+".policies", m["policies"], &r.Policies)
 	d.str(path+".subject", m["subject"], &r.Subject)
 	d.bool(path+".shadow", m["shadow"], &r.Shadow)
+	d.str(path+".settle_header", m["settle_header"], &r.SettleHeader)
+	d.int(path+".estimate", m["estimate"], &r.Estimate)
 	if m["match"] == nil {
 		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
 		return

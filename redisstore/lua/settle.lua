@@ -1,0 +1,355 @@
+--[[ settle.lua ports internal/engine/algorithm/settle.go: an estimate spent
+as a spend and remembered, then settled with the actual cost (the Go
+file's comment says what each algorithm does with the difference). The
+records of estimates and settles are kept in the id keys as dedupe.lua
+keeps any other (a sorted set of expiries and a hash), the hash's value
+holding after the decisions '|' and the record's Extra
+(algorithm.Record): an estimate's cost and the time it was spent at, a
+settle's charged, given back and owed of each policy. The functions on
+a state return it, then the decision's allowed, remaining, resetAfter
+and retryAfter, then charged, given back and owed. ]]
+
+-- estimateExtra ports EstimateExtra.
+local function estimateExtra(cost, now)
+  return {cost, now}
+end
+
+-- settledMost ports settledMost.
+local function settledMost(c, most)
+  return mathMin(2 * c, most)
+end
+
+-- fixedWindowSettle ports FixedWindow.Settle.
+local function fixedWindowSettle(start, count, last, p, now, spentAt, delta)
+  local charged, given = 0, 0
+  start, count, last = fixedWindowDecide(start, count, last, p, now, 0) -- the window open at now
+  if delta < 0 and start <= spentAt then
+    given = mathMin(-delta, count)
+    count, last = count - given, now
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
+    count, last = count + charged, now
+  end
+  if fixedWindowExpires(start, count, p) <= now then
+    start, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it
+  end
+  local _, _, _, _, remaining, resetAfter = fixedWindowDecide(start, count, last, p, now, 0)
+  return start, count, last, true, remaining, resetAfter, 0, charged, given, mathMax(count - p.limit, 0)
+end
+
+-- fixedWindowEndSettle ports FixedWindowEnd.Settle.
+local function fixedWindowEndSettle(ends, count, p, now, spentAt, delta)
+  local charged, given = 0, 0
+  ends, count = fixedWindowEndDecide(ends, count, p, now, 0)
+  if delta < 0 and ends - p.window <= spentAt then
+    given = mathMin(-delta, count)
+    count = count - given
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
+    count = count + charged
+  end
+  if fixedWindowEndExpires(ends, count) <= now then
+    ends, count = 0, 0
+  end
+  local _, _, _, remaining, resetAfter = fixedWindowEndDecide(ends, count, p, now, 0)
+  return ends, count, true, remaining, resetAfter, 0, charged, given, mathMax(count - p.limit, 0)
+end
+
+-- slidingLogSettle ports SlidingLog.Settle: the edit, then the decision
+-- and what it did.
+local function slidingLogSettle(s, p, now, spentAt, delta)
+  local charged, given = 0, 0
+  local cut = slidingLogCut(s, p, now)
+  local count = s.len - cut
+  local e = {cut = cut, drop = 0, add = 0, at = 0, newest = 0}
+  if delta < 0 and count > 0 and slidingLogNewest(s) == spentAt then
+    given = mathMin(-delta, count)
+    e.drop = given
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_SLIDING_LOG_LEN) - count, 0))
+  end
+  local left = count - e.drop
+  if left > 0 then
+    e.newest = slidingLogLive(s, cut + left - 1, p, now)
+  end
+  if charged > 0 then
+    e.add, e.at, e.newest = charged, now, now
+    left = left + charged
+  end
+  local resetAfter = 0
+  if e.newest ~= 0 then
+    resetAfter = e.newest + p.window - now
+  end
+  return e, true, mathMax(p.limit - left, 0), resetAfter, 0, charged, given, mathMax(left - p.limit, 0)
+end
+
+-- tokenBucketSettle ports TokenBucket.Settle.
+local function tokenBucketSettle(tokens, last, window, p, now, delta)
+  local charged, given = 0, 0
+  local full = p.burst * p.window
+  local level = tokenBucketLevel(tokens, last, window, p, now)
+  if delta < 0 then
+    -- Compared in units first: -delta × window may pass 2^53.
+    given = ceilDiv(full - level, p.window)
+    if -delta < given then
+      given, level = -delta, level - delta * p.window
+    else
+      level = full
+    end
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(floorDiv(level - full, p.window) + settledMost(p.burst, MAX_LIMIT), 0))
+    level = level - charged * p.window
+  end
+  tokens, last, window = level, now, p.window
+  if tokenBucketExpires(tokens, last, window, p) <= now then
+    tokens, last, window = 0, 0, 0 -- full: absent, as a store drops it
+  end
+  local _, _, _, _, remaining, resetAfter = tokenBucketDecide(tokens, last, window, p, now, 0, 0)
+  return tokens, last, window, true, remaining, resetAfter, 0, charged, given, ceilDiv(mathMax(-level, 0), p.window)
+end
+
+-- gcraSettle ports GCRA.Settle.
+local function gcraSettle(tat, frac, sLimit, sWindow, last, p, now, delta)
+  local charged, given = 0, 0
+  if not gcraScheduledUnder(tat, sLimit, sWindow, p) then
+    tat, frac, sLimit, sWindow, last = gcraReschedule(tat, frac, sLimit, sWindow, last, p)
+  end
+  local limit, window = p.limit, p.window
+  local tau = p.burst * window
+  local debt = 0 -- (TAT − now) scaled by Limit, or 0 when the TAT is past
+  local ahead = tat - now
+  if tat ~= 0 and ahead >= 0 then
+    debt = ahead * limit + frac
+  end
+  if delta < 0 then
+    -- Compared in units first: -delta × window may pass 2^53.
+    given = ceilDiv(debt, window)
+    if -delta < given then
+      given, debt = -delta, debt + delta * window
+    else
+      debt = 0
+    end
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(settledMost(p.burst, MAX_LIMIT) - ceilDiv(debt, window), 0))
+    debt = debt + charged * window
+  end
+  tat, frac, sLimit, sWindow, last = now + quo(debt, limit), rem(debt, limit), limit, window, now
+  if debt == 0 then
+    tat, frac, sLimit, sWindow, last = 0, 0, 0, 0, 0 -- no debt left: absent, as a store drops it
+  end
+  local _, _, _, _, _, _, remaining, resetAfter = gcraDecide(tat, frac, sLimit, sWindow, last, p, now, 0, 0)
+  return tat, frac, sLimit, sWindow, last, true, remaining, resetAfter, 0, charged, given, ceilDiv(mathMax(debt - tau, 0), window)
+end
+
+-- settleStep ports Policy.settle: it puts the decision in ds at offset o
+-- and returns the write, then charged, given back and owed.
+local function settleStep(p, st, now, spentAt, delta, ds, o)
+  local k = p.kind
+  local v, log, expires, limit = nil, nil, 0, p.limit
+  local allowed, remaining, resetAfter, retryAfter, charged, given, owed
+  if k == KIND_SLIDING_LOG then
+    log, allowed, remaining, resetAfter, retryAfter, charged, given, owed = slidingLogSettle(st, p, now, spentAt, delta)
+    if log.newest ~= 0 then
+      expires = log.newest + p.window
+    end
+  else
+    local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
+    if k == KIND_FIXED_WINDOW then
+      a, b, c, allowed, remaining, resetAfter, retryAfter, charged, given, owed = fixedWindowSettle(a, b, c, p, now, spentAt, delta)
+      d, e, expires = 0, 0, fixedWindowExpires(a, b, p)
+    elseif k == KIND_FIXED_WINDOW_END then
+      a, b, allowed, remaining, resetAfter, retryAfter, charged, given, owed = fixedWindowEndSettle(a, b, p, now, spentAt, delta)
+      c, d, e, expires = 0, 0, 0, fixedWindowEndExpires(a, b)
+    elseif k == KIND_TOKEN_BUCKET then
+      a, b, c, allowed, remaining, resetAfter, retryAfter, charged, given, owed = tokenBucketSettle(a, b, c, p, now, delta)
+      d, e, expires, limit = 0, 0, tokenBucketExpires(a, b, c, p), p.burst
+    else -- KIND_GCRA: algorithm.Check refuses the others first
+      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, charged, given, owed = gcraSettle(a, b, c, d, e, p, now, delta)
+      expires, limit = gcraExpires(a, b, c, d, e, p), p.burst
+    end
+    v = {a, b, c, d, e}
+  end
+  ds[o + 1] = allowed and 1 or 0
+  ds[o + 2] = limit
+  ds[o + 3] = remaining
+  ds[o + 4] = resetAfter
+  ds[o + 5] = retryAfter
+  return {v = v, log = log, leases = nil, expires = expires, fresh = false}, charged, given, owed
+end
+
+-- estimateCorrupt ports EstimateCorrupt.
+local function estimateCorrupt(extra)
+  if #extra ~= 2 then
+    return 'an estimate holds ' .. #extra .. ' integers beside its decisions: want 2'
+  elseif extra[1] < 1 or extra[1] > MAX_LIMIT or extra[2] < 1 or extra[2] >= MAX_EXACT then
+    return 'estimate of ' .. fmt(extra[1]) .. ' spent at ' .. fmt(extra[2]) .. ': want a cost of 1 to ' .. fmt(MAX_LIMIT) .. ' and a time in [1, 2^53)'
+  end
+  return nil
+end
+
+-- settledCorrupt ports SettledCorrupt.
+local function settledCorrupt(extra, n)
+  if #extra ~= 3 * n then
+    return 'a settle holds ' .. #extra .. ' integers beside its ' .. n .. ' decisions: want ' .. 3 * n
+  end
+  for i = 1, #extra do
+    if extra[i] < 0 or extra[i] > MAX_LIMIT then
+      return 'settled value ' .. (i - 1) .. ' = ' .. fmt(extra[i]) .. ': want 0 to ' .. fmt(MAX_LIMIT)
+    end
+  end
+  return nil
+end
+
+-- estimateOf ports estimateOf: the estimate rec ({decisions, extra}, the
+-- decisions as recordLookup returns them, already held to
+-- recordCorrupt), or nil, for a settle over n policies: the time it was
+-- spent at and its cost, or nil, nil and an error table ({settle =
+-- reason}, {replay = …} or {corrupt = reason}).
+local function estimateOf(rec, n)
+  if rec == nil then
+    return nil, nil, {settle = 'no estimate to settle under this evaluation id: none was spent with it on these policies for this subject, or its deadline passed (an estimate never settled stays spent)'}
+  elseif #rec.decisions ~= 1 + DECISION_SIZE * n then
+    return nil, nil, {replay = {first = (#rec.decisions - 1) / DECISION_SIZE, now = n}}
+  end
+  local why = estimateCorrupt(rec.extra)
+  if why ~= nil then
+    return nil, nil, {corrupt = why}
+  end
+  for o = 2, #rec.decisions, DECISION_SIZE do
+    if rec.decisions[o] ~= 1 then
+      return nil, nil, {settle = 'the estimate under this evaluation id was denied: nothing was spent, nothing to settle'}
+    end
+  end
+  return rec.extra[2], rec.extra[1], nil
+end
+
+-- ints parses raw, integers joined by ',' ('' for none), into a table
+-- appended to out, or raises SLUICE_CORRUPT naming hkey.
+-- ints ports DedupeLog.LookupRecord's reading of a record as Redis keeps it.
+local function ints(hkey, raw, out)
+  for x in string.gmatch(raw, '[^,]+') do
+    local v = int(x)
+    if v == nil then
+      corrupt(hkey, 'a remembered reply holds ' .. string.sub(x, 1, 40) .. ': want integers')
+    end
+    out[#out + 1] = v
+  end
+  return out
+end
+
+-- recordLookup returns the decisions remembered for id (flat, the
+-- replayed flag, here 1, first, held to recordCorrupt as dedupeLookup
+-- holds them) and the record's Extra, or nil when there are none or they
+-- expired (score <= now).
+-- recordLookup ports DedupeLog.LookupRecord.
+local function recordLookup(zkey, hkey, id, now)
+  for _, key in ipairs({zkey, hkey}) do
+    if redisCall('PTTL', key) == -1 then
+      corrupt(key, 'has no TTL')
+    end
+  end
+  local score = read(zkey, 'ZSCORE', id)
+  if not score then
+    return nil
+  end
+  local exp = int(score)
+  if exp == nil then
+    corrupt(zkey, 'score of an id = ' .. tostring(score) .. ': want an integer')
+  elseif exp <= now then
+    return nil
+  end
+  local raw = read(hkey, 'HGET', id)
+  if not raw then
+    corrupt(hkey, 'holds no reply for a remembered id')
+  end
+  local head, tail = string.match(raw, '^([^|]*)|([^|]*)$')
+  if head == nil then
+    head, tail = raw, ''
+  end
+  local vals = ints(hkey, head, {1})
+  if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
+    corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
+  end
+  local why = recordCorrupt(vals)
+  if why ~= nil then
+    corrupt(hkey, 'a remembered reply: ' .. why)
+  end
+  return vals, ints(hkey, tail, {})
+end
+
+-- recordRemember records reply for id as dedupeRemember does, with extra
+-- after '|'.
+-- recordRemember ports DedupeLog.RememberRecord.
+local function recordRemember(zkey, hkey, id, now, ttl, max, grace, reply, extra)
+  dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
+  if #extra > 0 and redisCall('ZSCORE', zkey, id) then
+    local vals, more = {}, {}
+    for i = 2, #reply do
+      vals[i - 1] = fmt(reply[i])
+    end
+    for i = 1, #extra do
+      more[i] = fmt(extra[i])
+    end
+    redisCall('HSET', hkey, id, table.concat(vals, ',') .. '|' .. table.concat(more, ','))
+  end
+end
+
+-- lookupFor ports LookupFor, looking in the id keys zkey and hkey:
+-- rawID is the evaluation id, id its record id.
+local function lookupFor(ev, zkey, hkey, rawID, id, now)
+  local vals, extra = recordLookup(zkey, hkey, id, now)
+  if vals ~= nil then
+    ev.replay, ev.replayExtra = vals, extra
+  end
+  if ev.op == 'settle' then
+    local ds, ex = recordLookup(zkey, hkey, recordID(rawID, 'estimate'), now)
+    if ds ~= nil then
+      ev.estimate = {decisions = ds, extra = ex}
+    end
+  end
+end
+
+-- evaluateSettle ports EvaluateSettle; ev.extra receives each policy's
+-- charged, given back and owed. Errors are tables, as evaluate's, and
+-- {settle = reason} (an estimate that cannot be settled) or {corrupt =
+-- reason} (a record no estimate or settle leaves).
+local function evaluateSettle(ev)
+  local policies, states = ev.policies, ev.states
+  local n, now = #policies, ev.now
+  local ds, ws, extra = {0}, {}, {}
+  ev.decisions, ev.writes, ev.extra = ds, ws, extra
+  ev.commit, ev.replayed = false, false
+  if ev.replay ~= nil then
+    if #ev.replay ~= 1 + DECISION_SIZE * n then
+      return {replay = {first = (#ev.replay - 1) / DECISION_SIZE, now = n}}
+    end
+    local why = settledCorrupt(ev.replayExtra, n)
+    if why ~= nil then
+      return {corrupt = why}
+    end
+    ev.decisions, ev.extra, ev.replayed = ev.replay, ev.replayExtra, true
+    return nil
+  end
+  local spentAt, estimate, err = estimateOf(ev.estimate, n)
+  if err ~= nil then
+    return err
+  end
+  for i = 1, n do
+    local p = policies[i]
+    local st, at, behind = current(p, states[i], now, ev.maxRegression)
+    if st == nil then
+      return {clock = {policy = i - 1, behind = behind, max = ev.maxRegression}}
+    end
+    local o = 1 + DECISION_SIZE * (i - 1)
+    local w, charged, given, owed = settleStep(p, st, at, spentAt, ev.cost - estimate, ds, o)
+    w.fresh = st ~= states[i]
+    if at ~= now then
+      lengthen(ds, o, at - now)
+    end
+    ws[i] = w
+    local x = 3 * (i - 1)
+    extra[x + 1], extra[x + 2], extra[x + 3] = charged, given, owed
+  end
+  ev.commit = true
+  return nil
+end
