@@ -82,7 +82,7 @@
 // The Concurrency algorithm limits how many leases a subject holds at
 // once rather than how often it spends: a Request of Op Acquire takes a
 // lease on every Concurrency policy it names (Outcome.Lease) when allowed,
-// Limiter.Release gives it back, Limiter.Renew extends it, and a lease
+// a Release gives it back, a Renew extends it, and a lease
 // never released expires after the policy's LeaseTTL, so a crashed holder
 // cannot leak a slot. A concurrency policy has a limit and a lease TTL and
 // no window; an Acquire may name rate policies beside it, spending Cost on

@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -22,24 +21,6 @@ func newLeaseID(subject, evaluationID string) string {
 		_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
 	}
 	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// Release gives lease back on every policy it is held on, atomically: a
-// Check of a Release. It is idempotent: releasing a lease twice, after it
-// expired, or that was never acquired is Allowed all the same (the
-// statuses then describe the policies as they are). A zero Lease is
-// Allowed without asking the store. A release the store could not take
-// (Unavailable, Indeterminate) leaves the lease to expire after its
-// LeaseTTL.
-//
-// Pass a context that outlives the request being limited (e.g.
-// context.WithoutCancel): a release cut off by a cancelled context holds
-// the slot until the lease expires.
-func (l *Limiter) Release(ctx context.Context, lease Lease) Outcome {
-	if lease.ID == "" {
-		return Outcome{Kind: Allowed}
-	}
-	return l.Check(ctx, Request{Op: Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
 }
 
 // leaseOf returns the lease an allowed Acquire or Renew of ev holds: on

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -79,6 +80,16 @@ type Options struct {
 	// or kept by the Store for the same policy and subject wins over them.
 	// Default: none.
 	Overrides []Override
+	// OnLocalQuota, when set, is told what local quota
+	// (Policy.LocalQuota) did for a policy, as deltas: requests admitted
+	// from blocks without a store call, blocks taken (one store call
+	// each) and the units they took, and units of blocks whose time ran
+	// out before they were admitted (spent in the store, admitted to
+	// nobody: counted when the Limiter next sees the subject or forgets
+	// it). Called from Check's goroutines, concurrently: it must be
+	// quick and safe for concurrent use. The server's metrics
+	// (sluice_local_*) are these sums. Default: nil, nothing told.
+	OnLocalQuota func(policy string, local, blocks, units, unused int64)
 	// Clock is the Limiter's one clock, handed to every stage of Check:
 	// it tells whether a context's deadline has passed, how long a
 	// near-cache denial and a block of local quota live, how old the
@@ -105,9 +116,8 @@ type Limiter struct {
 	pool     sync.Pool  // *decision
 	run      step       // the stages of Check, then the store: see stage.go
 	near     *nearCache // nil when no policy has NearCache
-	local    *localQuota
-	ovr      overrides // subjects' other numbers: see overrides.go
-	noFast   bool      // validate every request the general way (a test's)
+	ovr      overrides  // subjects' other numbers: see overrides.go
+	noFast   bool       // validate every request the general way (a test's)
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -132,7 +142,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		if _, dup := l.policies[p.ID]; dup {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
 		}
-		p = p.WithDefaults()
+		p = p.withDefaults()
 		l.policies[p.ID] = &p
 		l.list = append(l.list, &p)
 	}
@@ -158,8 +168,7 @@ func (l *Limiter) stages(opts Options) []stage {
 	}
 	for _, p := range l.list {
 		if p.LocalQuota.Enabled {
-			l.local = newLocalQuota(l.clock, l.list)
-			s = append(s, l.local.do)
+			s = append(s, newLocalQuota(l.clock, opts.OnLocalQuota).do)
 			break
 		}
 	}
@@ -229,6 +238,9 @@ func (l *Limiter) Policies() []string {
 // over it (stage.go), the last of which asks the store, and map what the
 // store answered to the Outcome in one place (outcome.go).
 func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
+	if req.Op == Release && req.LeaseID == "" && req.Subject == "" && req.Policy == "" && len(req.Policies) == 0 {
+		return Outcome{Kind: Allowed} // the zero Lease's: nothing held (see Release)
+	}
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
@@ -373,7 +385,7 @@ func (l *Limiter) unknown(field, id string) error {
 	if len(l.list) > shown {
 		known += fmt.Sprintf(" and %d more", len(l.list)-shown)
 	}
-	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, ErrUnknownPolicy, known)
+	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, policyerr.ErrUnknownPolicy, known)
 }
 
 // checkSubject reports whether s can be a Request.Subject: 1 to

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/overrideage"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 // Override gives one subject of one policy other numbers: a tenant's plan.
@@ -125,10 +126,10 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	q.Limit, q.Burst = o.Limit, o.Burst
 	if base.Algorithm == Concurrency {
 		if o.Burst != 0 {
-			return nil, &PolicyError{Policy: q.ID, Field: "burst", Value: fmt.Sprint(o.Burst), Rule: "does not apply to concurrency: an override sets only its limit"}
+			return nil, &policyerr.Error{Policy: q.ID, Field: "burst", Value: fmt.Sprint(o.Burst), Rule: "does not apply to concurrency: an override sets only its limit"}
 		}
 		if o.Window != 0 {
-			return nil, &PolicyError{Policy: q.ID, Field: "window", Value: o.Window.String(), Rule: "does not apply to concurrency, which has no window"}
+			return nil, &policyerr.Error{Policy: q.ID, Field: "window", Value: o.Window.String(), Rule: "does not apply to concurrency, which has no window"}
 		}
 	} else if o.Window != 0 {
 		q.Window = o.Window
@@ -140,7 +141,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	}
 	local := q.LocalQuota.Enabled
 	q.LocalQuota = LocalQuota{}
-	q = q.WithDefaults()
+	q = q.withDefaults()
 	if c := q.params().Capacity(algorithm.Kind(q.Algorithm)); q.MaxCost > c {
 		q.MaxCost = c
 	}
@@ -150,7 +151,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if local { // local quota's defaults for the subject's own numbers, unless they are too small for blocks
 		lq := q
 		lq.LocalQuota = LocalQuota{Enabled: true}
-		if lq = lq.WithDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
+		if lq = lq.withDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
 			q = lq
 		}
 	}
@@ -316,7 +317,7 @@ func equalOverrides(a, b []Override) bool {
 // at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {
-		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
+		return &policyerr.Error{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
 	}
 	if _, err := l.overridden(o); err != nil {
 		return err

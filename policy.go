@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policydefaults"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config
@@ -20,7 +22,7 @@ const (
 	TokenBucket   Algorithm = Algorithm(algorithm.KindTokenBucket)   // token_bucket
 	GCRA          Algorithm = Algorithm(algorithm.KindGCRA)          // gcra
 	// Concurrency limits how many leases a subject holds at once, not how
-	// often it spends: see Policy.LeaseTTL and Limiter.Release.
+	// often it spends: see Policy.LeaseTTL and Op Acquire.
 	Concurrency Algorithm = Algorithm(algorithm.KindConcurrency) // concurrency
 )
 
@@ -167,72 +169,31 @@ type LocalQuota struct {
 	MaxBlock int64
 }
 
-// minBlock is the fewest units a block holds: below that, a block saves
-// too few store calls to be worth its unspent units.
-const minBlock = 4
-
-// PolicyError says which field of which policy broke which rule. Config
-// loading maps Field to a line of the file.
-type PolicyError struct {
-	Policy string // the policy ID, possibly empty
-	Field  string // the config spelling: "limit", "window", "burst", …
-	Value  string // the offending value as written
-	Rule   string // what the value must be
+// fields returns p's defaulted fields and what their defaults depend on.
+func (p *Policy) fields() policydefaults.Fields {
+	return policydefaults.Fields{Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, LeaseTTL: p.LeaseTTL, Aligned: p.ClockAligned,
+		Revision: p.Revision, Burst: p.Burst, MaxCost: p.MaxCost, DedupeTTL: p.DedupeTTL, DedupeMax: p.DedupeMax,
+		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
 }
 
-func (e *PolicyError) Error() string {
-	return fmt.Sprintf("sluice: policy %q: %s = %s: %s", e.Policy, e.Field, e.Value, e.Rule)
-}
-
-// WithDefaults returns p with every defaulted zero field filled in. It does
-// not validate.
-func (p Policy) WithDefaults() Policy {
-	if p.Revision == 0 {
-		p.Revision = 1
-	}
-	if p.Burst == 0 {
-		p.Burst = p.Limit
-	}
-	if p.MaxCost == 0 {
-		p.MaxCost = p.params().Capacity(algorithm.Kind(p.Algorithm))
-	}
-	if p.DedupeTTL == 0 {
-		p.DedupeTTL = 5 * time.Second
-	}
-	if p.DedupeMax == 0 {
-		p.DedupeMax = 256
-	}
-	if q := &p.LocalQuota; q.Enabled {
-		if q.BlockTime == 0 {
-			q.BlockTime = min(100*time.Millisecond, p.Window/10)
-			if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-				q.BlockTime = min(q.BlockTime, p.refill(p.Burst/8))
-			}
-			q.BlockTime = max(q.BlockTime.Truncate(time.Microsecond), time.Millisecond) // Validate says when even that is too long
-		}
-		if q.MaxBlock == 0 {
-			q.MaxBlock = max(p.MaxCost/10, minBlock)
-		}
-	}
+// withDefaults returns p with every defaulted zero field filled in, by
+// internal/policydefaults. It does not validate.
+func (p Policy) withDefaults() Policy {
+	f := p.fields()
+	policydefaults.Apply(&f)
+	p.Revision, p.Burst, p.MaxCost, p.DedupeTTL, p.DedupeMax = f.Revision, f.Burst, f.MaxCost, f.DedupeTTL, f.DedupeMax
+	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
 	return p
 }
 
-// refill returns how long a token_bucket or gcra policy p takes to refill
-// n units, rounded down to a microsecond.
-func (p Policy) refill(n int64) time.Duration {
-	if p.Limit <= 0 {
-		return 0
-	}
-	return time.Duration(n*p.Window.Microseconds()/p.Limit) * time.Microsecond
-}
-
-// Validate reports, as a *PolicyError, the first field of p (after
-// defaults) that breaks a rule.
+// Validate reports the first field of p (after defaults) that breaks a
+// rule, naming the policy, the field, the value and the rule, e.g.
+// `sluice: policy "api": limit = 0: must be between 1 and 1000000000`.
 func (p Policy) Validate() error {
 	maxCost := p.MaxCost
-	p = p.WithDefaults()
+	p = p.withDefaults()
 	bad := func(field, value, rule string) error {
-		return &PolicyError{Policy: p.ID, Field: field, Value: value, Rule: rule}
+		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
 	}
 	if !validID(p.ID) {
 		return bad("id", fmt.Sprintf("%q", p.ID), "must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
@@ -314,7 +275,7 @@ func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) er
 	}
 	longest, rule := min(time.Second, p.Window/2), "must be between 1ms and 1s, at most half the window"
 	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-		longest, rule = min(longest, p.refill(p.Burst/2)), rule+" and the time to refill half the burst"
+		longest, rule = min(longest, policydefaults.Refill(p.Limit, p.Window, p.Burst/2)), rule+" and the time to refill half the burst"
 	}
 	if longest < time.Millisecond {
 		return bad("local_quota", "true", fmt.Sprintf("needs blocks of at least 1ms, and this policy allows them at most %v (half the window, or for token_bucket and gcra the time to refill half the burst)", longest))
@@ -322,23 +283,16 @@ func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) er
 	if q.BlockTime < time.Millisecond || q.BlockTime > longest || q.BlockTime%time.Microsecond != 0 {
 		return bad("local_quota.block_time", q.BlockTime.String(), fmt.Sprintf("%s (%v), a whole number of microseconds", rule, longest))
 	}
-	if half := p.MaxCost / 2; half < minBlock {
-		return bad("local_quota", "true", fmt.Sprintf("needs a max_cost of at least %d, not %d: a limit this small is best decided by the store, one request at a time", 2*minBlock, p.MaxCost))
-	} else if q.MaxBlock < minBlock || q.MaxBlock > half {
-		return bad("local_quota.max_block", fmt.Sprint(q.MaxBlock), fmt.Sprintf("must be between %d and %d, half of max_cost", minBlock, half))
+	if half := p.MaxCost / 2; half < policydefaults.MinBlock {
+		return bad("local_quota", "true", fmt.Sprintf("needs a max_cost of at least %d, not %d: a limit this small is best decided by the store, one request at a time", 2*policydefaults.MinBlock, p.MaxCost))
+	} else if q.MaxBlock < policydefaults.MinBlock || q.MaxBlock > half {
+		return bad("local_quota.max_block", fmt.Sprint(q.MaxBlock), fmt.Sprintf("must be between %d and %d, half of max_cost", policydefaults.MinBlock, half))
 	}
 	return nil
 }
 
-// params returns p's numbers in the engine's units, for Validate and
-// WithDefaults.
-func (p Policy) params() algorithm.Params {
-	w := p.Window
-	if p.Algorithm == Concurrency {
-		w = p.LeaseTTL // the engine's window: how long a lease lives
-	}
-	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}
-}
+// params returns p's numbers in the engine's units.
+func (p Policy) params() algorithm.Params { f := p.fields(); return f.Params() }
 
 func validID(id string) bool {
 	if len(id) < 1 || len(id) > 64 {

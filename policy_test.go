@@ -2,6 +2,8 @@ package sluice_test
 
 import (
 	"errors"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"testing"
 	"time"
 
@@ -94,7 +96,7 @@ func TestPolicyValidate(t *testing.T) {
 				}
 				return
 			}
-			var pe *sluice.PolicyError
+			var pe *policyerr.Error
 			if !errors.As(err, &pe) {
 				t.Fatalf("Validate(%+v) = %v, want a *PolicyError on %s", p, err, c.field)
 			}
@@ -106,11 +108,11 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestPolicyDefaults(t *testing.T) {
-	p := sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4}.WithDefaults()
+	p := evaluation.Defaults(sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4})
 	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 {
 		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
 	}
-	p = sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}.WithDefaults()
+	p = evaluation.Defaults(sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second})
 	if p.Burst != 10 || p.MaxCost != 10 {
 		t.Fatalf("WithDefaults = %+v, want burst and max cost = limit 10", p)
 	}

@@ -3,14 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/sluicehq/sluice"
 )
 
 // cell is one combination of load: how many callers, over how many
@@ -72,10 +71,10 @@ type result struct {
 	// rows only).
 	ServerCPUPerDecision float64 `json:"server_cpu_us_per_decision,omitempty"`
 
-	// LocalQuota is the row's Limiter.LocalStats over the whole cell
+	// LocalQuota is the row's the Limiter's local-quota counts (sluice.Options.OnLocalQuota) over the whole cell
 	// (every subject touched, the warm-up, the measured phase): local
 	// quota rows only.
-	LocalQuota *sluice.LocalStats `json:"local_quota,omitempty"`
+	LocalQuota *localquota.Stats `json:"local_quota,omitempty"`
 
 	// Ratios to the best peer of the same kind in the same cell.
 	PerSecondVsBestPeer float64 `json:"decisions_per_second_vs_best_peer,omitempty"`

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,7 +69,7 @@ type env struct {
 	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
 	// localStats, when a target's build sets it, reads its Limiter's
 	// LocalStats (local quota rows).
-	localStats func() sluice.LocalStats
+	localStats func() localquota.Stats
 }
 
 // decideFunc takes one call's worth of decisions (batch of them for a
@@ -182,7 +183,7 @@ func sluiceLeaseTarget(k kind) target {
 					if m == deniedMode {
 						return 1, nil
 					}
-					if r := lim.Release(ctx, o.Lease); r.Kind != sluice.Allowed {
+					if r := lim.Check(ctx, sluice.Request{Op: sluice.Release, Policies: o.Lease.Policies, Subject: o.Lease.Subject, LeaseID: o.Lease.ID}); r.Kind != sluice.Allowed {
 						return 0, fmt.Errorf("release: %v: %w", r.Kind, r.Err)
 					}
 					return 1, nil
@@ -244,12 +245,13 @@ func sluiceLocalTarget(alg sluice.Algorithm) target {
 				return nil, nil, err
 			}
 			p := sluice.Policy{ID: "bench", Algorithm: alg, Limit: limit, Window: window, LocalQuota: sluice.LocalQuota{Enabled: true}}
-			lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+			tally := new(localquota.Tally)
+			lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{OnLocalQuota: tally.Add})
 			if err != nil {
 				closeStore()
 				return nil, nil, err
 			}
-			e.localStats = func() sluice.LocalStats { return lim.LocalStats("bench") }
+			e.localStats = func() localquota.Stats { return tally.Stats("bench") }
 			subjects := e.subjects
 			return func(ctx context.Context, i int) (int, error) {
 				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})

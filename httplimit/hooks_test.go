@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -246,7 +247,7 @@ func TestRefund(t *testing.T) {
 		}
 		// The work failed before it was done: give the unit back, twice.
 		first, second := httplimit.Refund(r.Context()), httplimit.Refund(r.Context())
-		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
+		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, algorithm.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
 	}))
 	var got []string
 	for _, path := range []string{"/?fail=1", "/?fail=1", "/", "/", "/?fail=1", "/estimate?fail=1"} {

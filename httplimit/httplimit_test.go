@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"io"
 	"log/slog"
 	"math"
@@ -857,7 +858,8 @@ func TestLocalQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	tally := new(localquota.Tally)
+	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{OnLocalQuota: tally.Add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -873,7 +875,7 @@ func TestLocalQuota(t *testing.T) {
 	defer srv.Close()
 	// Blocks come once the key has asked enough over three block times
 	// (300ms): ask for at most 10s, until some requests came from one.
-	for i, end := 0, time.Now().Add(10*time.Second); lim.LocalStats("api").Local < 20 && time.Now().Before(end); i++ {
+	for i, end := 0, time.Now().Add(10*time.Second); tally.Stats("api").Local < 20 && time.Now().Before(end); i++ {
 		req, _ := http.NewRequest("GET", srv.URL+"/items", nil)
 		req.Header.Set("X-API-Key", "k-1")
 		resp, err := srv.Client().Do(req)
@@ -885,7 +887,7 @@ func TestLocalQuota(t *testing.T) {
 			t.Fatalf("request %d = %d with RateLimit %q, want 200 with the field", i+1, resp.StatusCode, resp.Header.Get("RateLimit"))
 		}
 	}
-	if st := lim.LocalStats("api"); st.Local == 0 {
-		t.Errorf("LocalStats = %+v after 10s of requests of one key: want requests admitted from blocks", st)
+	if st := tally.Stats("api"); st.Local == 0 {
+		t.Errorf("local quota did %+v after 10s of requests of one key: want requests admitted from blocks", st)
 	}
 }

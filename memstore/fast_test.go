@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -105,7 +106,7 @@ func fastPolicy(r *rand.Rand, a sluice.Algorithm) *sluice.Policy {
 			p.MaxCost = 1 + r.Int64N(p.Limit)
 		}
 		if p.Validate() == nil {
-			p = p.WithDefaults()
+			p = evaluation.Defaults(p)
 			return &p
 		}
 	}

@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"os"
 	"runtime"
 	"strconv"
@@ -38,7 +39,7 @@ func validPolicy(t testing.TB, p sluice.Policy) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 

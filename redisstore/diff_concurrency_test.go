@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -23,7 +24,7 @@ func randomLeasePolicy(r *rand.Rand, id string) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -50,7 +51,7 @@ func randomPolicy(r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
 			p.ClockAligned = r.IntN(2) == 0 // half the episodes on the clock's boundaries
 		}
 		if p.Validate() == nil {
-			p = p.WithDefaults()
+			p = evaluation.Defaults(p)
 			return &p
 		}
 	}
@@ -324,7 +325,7 @@ func TestDifferentialPast2p53(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	*p = p.WithDefaults()
+	*p = evaluation.Defaults(*p)
 	for _, general := range []bool{false, true} {
 		d.redis.SetGeneral(general)
 		d.subject = fmt.Sprintf("%s.%v", subject(t), general)

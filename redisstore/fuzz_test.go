@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math"
 	"slices"
 	"strconv"
@@ -155,7 +156,7 @@ func fuzzPolicy(t *testing.T, kind uint8, limit uint16, windowMs uint32, burst u
 		p.Limit = 1 + int64(limit%1000)
 		p.Burst = 1 + int64(burst%8)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	if err := p.Validate(); err != nil {
 		t.Fatalf("fuzzPolicy: %v", err)
 	}

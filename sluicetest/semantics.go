@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"testing"
 	"time"
 
@@ -117,7 +118,7 @@ func testRefund(t *testing.T, newStore newStoreFunc) {
 			}
 			if a == sluice.SlidingWindow || a == sluice.Concurrency {
 				o := refund(1, "")
-				if o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrNotRefundable) {
+				if o.Kind != sluice.Incompatible || !errors.Is(o.Err, algorithm.ErrNotRefundable) {
 					t.Fatalf("refund on %v = %+v, want Incompatible with ErrNotRefundable", a, o)
 				}
 				return

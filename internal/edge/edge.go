@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -281,7 +282,7 @@ func (c *Core) policies() []string {
 
 // errNoPolicies is the outcome of every decision of a Core without a
 // Limiter.
-var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
+var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", policyerr.ErrUnknownPolicy)
 
 // Check asks the Limiter req within the Core's deadline and counts it when
 // it spends: the decision of an edge that builds its own requests (the
@@ -396,7 +397,7 @@ func (c *Core) Release(ctx context.Context, a *Action) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.deadline)
 	defer cancel()
-	if o := lim.Release(ctx, lease); o.Kind != sluice.Allowed {
+	if o := lim.Check(ctx, sluice.Request{Op: sluice.Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID}); o.Kind != sluice.Allowed {
 		c.Log(ctx, slog.LevelWarn, "sluice: lease not released; it is held until its lease_ttl passes",
 			slog.String("policies", strings.Join(lease.Policies, ",")), slog.String("subject", lease.Subject),
 			slog.String("outcome", o.Kind.String()), slog.Any("error", o.Err))

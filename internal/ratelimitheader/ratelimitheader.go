@@ -27,6 +27,7 @@
 package ratelimitheader
 
 import (
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"strconv"
 	"time"
 
@@ -36,7 +37,7 @@ import (
 // AppendPolicyItem appends p's RateLimit-Policy list member to b, e.g.
 // "demo";q=3;w=10. Join several with ", ".
 func AppendPolicyItem(b []byte, p sluice.Policy) []byte {
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	b = appendSFString(b, p.ID)
 	q, w := p.Limit, p.Window
 	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {

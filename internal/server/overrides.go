@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"net/http"
 	"time"
 
@@ -158,9 +159,9 @@ func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, o sluice.Ov
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
 	err := s.lim.SetOverride(ctx, o)
-	var pe *sluice.PolicyError
+	var pe *policyerr.Error
 	switch {
-	case errors.Is(err, sluice.ErrUnknownPolicy):
+	case errors.Is(err, policyerr.ErrUnknownPolicy):
 		s.overrideAnswer(w, http.StatusNotFound, nil, err.Error())
 	case errors.As(err, &pe), errors.Is(err, sluice.ErrInvalidRequest):
 		s.overrideAnswer(w, http.StatusUnprocessableEntity, nil, err.Error())
@@ -189,7 +190,7 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	}
 	policy := r.URL.Query().Get("policy")
 	if _, ok := s.policy(policy); policy != "" && !ok {
-		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, sluice.ErrUnknownPolicy))
+		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, policyerr.ErrUnknownPolicy))
 		return
 	}
 	entries := []checkapi.OverrideEntry{}

@@ -185,7 +185,7 @@ func (r *reloader) failureKey(err error) string {
 // state from the wiring, the check API and the proxy around them.
 func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	cfg := l.cfg
-	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count})
+	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count, OnLocalQuota: r.metrics.countLocal})
 	if err != nil {
 		return nil, err
 	}
@@ -205,21 +205,14 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	return g, nil
 }
 
-// observe makes g's Limiters the source of sluice_overrides and
-// sluice_local_quota_*.
+// observe makes g's Limiters the source of sluice_overrides.
 func (r *reloader) observe(g *generation) {
 	if r.metrics == nil {
 		return
 	}
-	var lims []*sluice.Limiter
 	if srv, ok := g.api.(*Server); ok {
 		r.metrics.countOverrides(srv.overrideCounts)
-		lims = append(lims, srv.lim)
 	}
-	if g.rls != nil && (len(lims) == 0 || g.rls.Limiter != lims[0]) {
-		lims = append(lims, g.rls.Limiter)
-	}
-	r.metrics.countLocal(lims...)
 }
 
 // status answers GET /v1/config.

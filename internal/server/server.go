@@ -61,6 +61,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"io"
 	"log/slog"
 	"net"
@@ -661,7 +662,7 @@ func reason(o *sluice.Outcome) string {
 
 // errNoPolicies is the answer of an admin request when the configuration
 // has no policies of its own.
-var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
+var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", policyerr.ErrUnknownPolicy)
 
 // shown returns the IDs of every policy the server serves, the check
 // API's and then the rules files', and the lookup of one: what the

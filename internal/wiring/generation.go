@@ -62,6 +62,10 @@ type BuildOptions struct {
 	Log *slog.Logger
 	// TracerProvider, when set, traces every decision. Default: nil.
 	TracerProvider trace.TracerProvider
+	// OnLocalQuota, when set, is every Limiter's
+	// sluice.Options.OnLocalQuota: it counts what local quota did
+	// (sluice_local_quota_*). Default: none.
+	OnLocalQuota func(policy string, local, blocks, units, unused int64)
 	// Count, when set, counts every spending decision the generation's
 	// edge cores take (sluice_decisions_total). Default: none.
 	Count edge.CountFunc
@@ -87,7 +91,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 			if cfg.Envoy.LocalQuota {
 				withLocalQuota(ps)
 			}
-			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Clock: o.Clock}); err != nil {
+			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
 		}
@@ -98,7 +102,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 	g.Limiter = g.Envoy
 	g.Overrides = cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") })
 	if len(cfg.Policies) > 0 {
-		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: g.Overrides, Clock: o.Clock}); err != nil {
+		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: g.Overrides, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {
 			return nil, err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"net"
 	"net/netip"
 	"net/url"
@@ -564,7 +565,7 @@ func (c *Config) validateOverrides() []*Error {
 			q.Window = o.Window
 		}
 		if err := q.Validate(); err != nil {
-			if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+			if pe, ok := errors.AsType[*policyerr.Error](err); ok {
 				errs = append(errs, c.errorAt(path+"."+pe.Field, pe.Value, pe.Rule))
 			} else {
 				errs = append(errs, c.errorAt(path, "", err.Error()))
@@ -818,17 +819,17 @@ func (c *Config) validatePolicies() []*Error {
 // fields that depend on the algorithm) and p judged again. It stops at a
 // limit or window, on which the other rules depend, and at a field named
 // twice.
-func policyErrors(p sluice.Policy) []*sluice.PolicyError {
-	var errs []*sluice.PolicyError
+func policyErrors(p sluice.Policy) []*policyerr.Error {
+	var errs []*policyerr.Error
 	named := map[string]bool{}
 	for range 16 {
 		err := p.Validate()
 		if err == nil {
 			return errs
 		}
-		var pe *sluice.PolicyError
+		var pe *policyerr.Error
 		if !errors.As(err, &pe) {
-			return append(errs, &sluice.PolicyError{Rule: err.Error()})
+			return append(errs, &policyerr.Error{Rule: err.Error()})
 		}
 		if named[pe.Field] {
 			return errs

@@ -56,6 +56,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"io"
 	"os"
 	"path/filepath"
@@ -770,7 +771,7 @@ func (p *parser) failureMode(path string, n *yaml.Node) (sluice.FailureMode, err
 // for the limit, unit for the window), at line, the rate_limit block's,
 // when the block does not set that key.
 func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err error) *Error {
-	var pe *sluice.PolicyError
+	var pe *policyerr.Error
 	if !errors.As(err, &pe) {
 		return &Error{File: p.file, Path: path, Rule: err.Error(), Line: line}
 	}

@@ -63,6 +63,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"log/slog"
 	"math"
 	"slices"
@@ -410,7 +411,7 @@ func groupDescriptors(ds []descriptor) []*group {
 		if d.refund {
 			// Giving back more than the capacity is giving back the capacity;
 			// giving back nothing is a check.
-			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
+			d.cost = min(d.cost, evaluation.Defaults(r.Policy).MaxCost)
 			d.refund = d.cost > 0
 		}
 		if d.dup = repeats(ds, i); d.dup > 0 {
@@ -472,7 +473,7 @@ func answerLocally(d *descriptor) bool {
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	case r.Unlimited:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
-	case !r.Decided(), !d.refund && d.cost > r.Policy.WithDefaults().MaxCost:
+	case !r.Decided(), !d.refund && d.cost > evaluation.Defaults(r.Policy).MaxCost:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
 			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
 			DurationUntilReset: durationpb.New(r.Unit.Duration()),
