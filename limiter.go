@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -112,12 +113,13 @@ type Limiter struct {
 	store    Store
 	clock    Clock
 	policies map[string]*Policy
-	list     []*Policy  // the policies in order, looked through instead of policies when few
-	pool     sync.Pool  // *decision
-	run      step       // the stages of Check, then the store: see stage.go
-	near     *nearCache // nil when no policy has NearCache
-	ovr      overrides  // subjects' other numbers: see overrides.go
-	noFast   bool       // validate every request the general way (a test's)
+	list     []*Policy                             // the policies in order, looked through instead of policies when few
+	pool     sync.Pool                             // *decision
+	run      step                                  // the stages of Check, then the store: see stage.go
+	near     *nearCache                            // nil when no policy has NearCache
+	ovr      *overridemap.State[Override, *Policy] // subjects' other numbers: see overrides.go
+	ovrStore overrideStore                         // the Store, when it keeps overrides
+	noFast   bool                                  // validate every request the general way (a test's)
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,

@@ -44,7 +44,7 @@ var layers = []struct {
 	{"header fields", []string{"internal/ratelimitheader"}},
 	{"evaluation", []string{"internal/engine/evaluation"}},
 	{"contract", []string{""}},
-	{"stages", []string{"internal/localquota", "internal/tracing"}},
+	{"stages", []string{"internal/localquota", "internal/tracing", "internal/overridemap"}},
 	{"request form, policy rules", []string{"internal/policydefaults"}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
