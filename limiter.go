@@ -4,17 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/overridemap"
-	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 	"go.opentelemetry.io/otel/trace"
 )
-
-// maxSubjectLen is the longest Subject a Request may carry, in bytes.
-const maxSubjectLen = 200
 
 // Request asks for one operation (Op) on one or more policies for one
 // subject: by default, whether Subject may spend Cost units.
@@ -55,13 +53,6 @@ type Request struct {
 	// space. A Peek's is ignored; Reset, Release and Renew take none.
 	EvaluationID string
 }
-
-// maxPrevious is the most subjects a Request's Previous may name: the
-// keys that may be rotated out at once.
-const maxPrevious = 4
-
-// maxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
-const maxEvaluationIDLen = 128
 
 // Options configure a Limiter. The zero value means the defaults.
 type Options struct {
@@ -114,6 +105,7 @@ type Limiter struct {
 	clock    Clock
 	policies map[string]*Policy
 	list     []*Policy                             // the policies in order, looked through instead of policies when few
+	ids      []string                              // their IDs
 	pool     sync.Pool                             // *decision
 	run      step                                  // the stages of Check, then the store: see stage.go
 	near     *nearCache                            // nil when no policy has NearCache
@@ -146,7 +138,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 		}
 		p = p.withDefaults()
 		l.policies[p.ID] = &p
-		l.list = append(l.list, &p)
+		l.list, l.ids = append(l.list, &p), append(l.ids, p.ID)
 	}
 	l.pool.New = func() any { return new(decision) }
 	if err := l.initOverrides(opts); err != nil {
@@ -222,13 +214,7 @@ func (l *Limiter) policy(id string) *Policy {
 }
 
 // Policies returns the IDs of l's policies in the order given to New.
-func (l *Limiter) Policies() []string {
-	ids := make([]string, len(l.list))
-	for i, p := range l.list {
-		ids[i] = p.ID
-	}
-	return ids
-}
+func (l *Limiter) Policies() []string { return slices.Clone(l.ids) }
 
 // Check takes req. It does not panic itself and never returns an error:
 // every failure is an Outcome of kind Incompatible, Unavailable or
@@ -278,7 +264,7 @@ func (l *Limiter) prepareOne(ev *Evaluation, req *Request) error {
 	if p == nil {
 		return l.unknown("policy", req.Policy)
 	}
-	if err := checkSubject(req.Subject); err != nil {
+	if err := requestform.Subject(req.Subject); err != nil {
 		return err
 	}
 	cost := req.Cost
@@ -304,34 +290,11 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	if err := l.lookup(ev, req); err != nil {
 		return err
 	}
-	if err := checkSubject(req.Subject); err != nil {
+	if err := requestform.Subject(req.Subject); err != nil {
 		return err
 	}
-	if len(req.Previous) > maxPrevious {
-		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", ErrInvalidRequest, len(req.Previous), maxPrevious)
-	}
-	for i, prev := range req.Previous {
-		if err := checkSubject(prev); err != nil {
-			return fmt.Errorf("sluice: previous[%d]: %w", i, err)
-		}
-		if prev == req.Subject {
-			return fmt.Errorf("sluice: %w: previous[%d] is the subject itself", ErrInvalidRequest, i)
-		}
-	}
-	if id := req.EvaluationID; id != "" {
-		if len(id) > maxEvaluationIDLen {
-			return fmt.Errorf("sluice: %w: evaluation id is %d bytes: must be at most %d", ErrInvalidRequest, len(id), maxEvaluationIDLen)
-		}
-		for i := 0; i < len(id); i++ {
-			if c := id[i]; c <= ' ' || c > '~' {
-				return fmt.Errorf("sluice: %w: evaluation id byte %d is %q: must be printable ASCII other than space", ErrInvalidRequest, i, c)
-			}
-		}
-	}
-	if req.LeaseID != "" {
-		if err := checkLeaseID(req.LeaseID); err != nil {
-			return err
-		}
+	if err := requestform.Carried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
+		return err
 	}
 	cost := req.Cost
 	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire) {
@@ -340,7 +303,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
 	if ev.Op == Acquire && ev.LeaseID == "" {
-		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
+		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
 }
@@ -377,79 +340,4 @@ func (l *Limiter) lookup(ev *Evaluation, req *Request) error {
 
 // unknown is the error for a policy id l does not have, naming the ones
 // it has (the first few).
-func (l *Limiter) unknown(field, id string) error {
-	const shown = 8
-	ids := make([]string, 0, shown)
-	for _, p := range l.list[:min(len(l.list), shown)] {
-		ids = append(ids, fmt.Sprintf("%q", p.ID))
-	}
-	known := strings.Join(ids, ", ")
-	if len(l.list) > shown {
-		known += fmt.Sprintf(" and %d more", len(l.list)-shown)
-	}
-	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, policyerr.ErrUnknownPolicy, known)
-}
-
-// checkSubject reports whether s can be a Request.Subject: 1 to
-// maxSubjectLen bytes of printable ASCII other than space, '{' and '}'
-// (braces delimit Redis Cluster hash tags).
-func checkSubject(s string) error {
-	if len(s) == 0 || len(s) > maxSubjectLen {
-		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), maxSubjectLen)
-	}
-	if keySafe(s) {
-		return nil
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !subjectByte(c) {
-			return fmt.Errorf("sluice: %w: subject byte %d is %q: must be printable ASCII other than space, '{' and '}'", ErrInvalidRequest, i, c)
-		}
-	}
-	return nil
-}
-
-// subjectByte reports whether c may be in a subject: printable ASCII other
-// than space, '{' and '}'.
-func subjectByte(c byte) bool {
-	return c > ' ' && c <= '~' && c != '{' && c != '}'
-}
-
-// Bytes repeated over a word, for keySafe.
-const (
-	lows  = 0x0101010101010101
-	highs = 0x8080808080808080
-)
-
-// keySafe reports whether every byte of s is printable ASCII other than
-// space, '{' and '}', as checkSubject demands: eight bytes at a time (a
-// subject is checked on every request; a byte at a time cost a 43-byte
-// pseudonym more than the rest of the checks together). A word holds a
-// byte that is not when, per byte, it is below '!' (b − '!' borrows into
-// the high bit of a byte whose own high bit is clear), above '~' (b + 1
-// reaches the high bit, or it was set), or equals '{' or '}' (the XOR is
-// zero). Each test is exact about whether some byte of the word fails,
-// which is all this answers.
-func keySafe(s string) bool {
-	if len(s) < 8 {
-		for i := 0; i < len(s); i++ {
-			if !subjectByte(s[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	var bad uint64
-	for i := 0; ; i += 8 {
-		if i > len(s)-8 {
-			i = len(s) - 8 // the last word overlaps the one before: no byte left out
-		}
-		x := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
-		lb, rb := x^('{'*lows), x^('}'*lows)
-		bad |= (x-'!'*lows)&^x | (x + lows) | x | (lb-lows)&^lb | (rb-lows)&^rb
-		if i == len(s)-8 {
-			break
-		}
-	}
-	return bad&highs == 0
-}
+func (l *Limiter) unknown(field, id string) error { return requestform.Unknown(field, id, l.ids) }

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Override gives one subject of one policy other numbers: a tenant's plan.
@@ -87,7 +88,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if o.Limit == 0 {
 		return nil, nil
 	}
-	if err := checkSubject(o.Subject); err != nil {
+	if err := requestform.Subject(o.Subject); err != nil {
 		return nil, err
 	}
 	q := *base
@@ -176,7 +177,7 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 		return err
 	}
 	if o.Limit == 0 {
-		if err := checkSubject(o.Subject); err != nil {
+		if err := requestform.Subject(o.Subject); err != nil {
 			return err
 		}
 		o = Override{Policy: o.Policy, Subject: o.Subject}

@@ -7,6 +7,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/policydefaults"
 	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config
@@ -195,7 +196,7 @@ func (p Policy) Validate() error {
 	bad := func(field, value, rule string) error {
 		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
 	}
-	if !validID(p.ID) {
+	if !requestform.PolicyID(p.ID) {
 		return bad("id", fmt.Sprintf("%q", p.ID), "must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
 	}
 	if p.Revision < 1 || p.Revision > 1<<31 {
@@ -256,53 +257,11 @@ func (p Policy) Validate() error {
 	return p.validateLocalQuota(bad)
 }
 
-// validateLocalQuota is Validate for p.LocalQuota, defaults applied.
+// validateLocalQuota is Validate for p.LocalQuota, defaults applied: the
+// rules in internal/requestform.
 func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) error {
-	q := p.LocalQuota
-	if !q.Enabled {
-		if q.BlockTime != 0 || q.MaxBlock != 0 {
-			return bad("local_quota.enabled", "false", "must be true when block_time or max_block is set")
-		}
-		return nil
-	}
-	switch p.Algorithm {
-	case SlidingWindow:
-		return bad("local_quota", "true", "does not apply to sliding_window: its estimate weighs each unit by the window it was spent in, and a block's units would be used after the store counted them")
-	case SlidingLog:
-		return bad("local_quota", "true", "does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject")
-	case Concurrency:
-		return bad("local_quota", "true", "does not apply to concurrency: a lease is held, not spent")
-	}
-	longest, rule := min(time.Second, p.Window/2), "must be between 1ms and 1s, at most half the window"
-	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-		longest, rule = min(longest, policydefaults.Refill(p.Limit, p.Window, p.Burst/2)), rule+" and the time to refill half the burst"
-	}
-	if longest < time.Millisecond {
-		return bad("local_quota", "true", fmt.Sprintf("needs blocks of at least 1ms, and this policy allows them at most %v (half the window, or for token_bucket and gcra the time to refill half the burst)", longest))
-	}
-	if q.BlockTime < time.Millisecond || q.BlockTime > longest || q.BlockTime%time.Microsecond != 0 {
-		return bad("local_quota.block_time", q.BlockTime.String(), fmt.Sprintf("%s (%v), a whole number of microseconds", rule, longest))
-	}
-	if half := p.MaxCost / 2; half < policydefaults.MinBlock {
-		return bad("local_quota", "true", fmt.Sprintf("needs a max_cost of at least %d, not %d: a limit this small is best decided by the store, one request at a time", 2*policydefaults.MinBlock, p.MaxCost))
-	} else if q.MaxBlock < policydefaults.MinBlock || q.MaxBlock > half {
-		return bad("local_quota.max_block", fmt.Sprint(q.MaxBlock), fmt.Sprintf("must be between %d and %d, half of max_cost", policydefaults.MinBlock, half))
-	}
-	return nil
+	return requestform.LocalQuota(p.fields(), bad)
 }
 
 // params returns p's numbers in the engine's units.
 func (p Policy) params() algorithm.Params { f := p.fields(); return f.Params() }
-
-func validID(id string) bool {
-	if len(id) < 1 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
