@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/overridemap"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/requestform"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -131,7 +131,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
-			return nil, &prefixError{prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), err: err}
+			return nil, &policyerr.Prefixed{Prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), Err: err}
 		}
 		if _, dup := l.policies[p.ID]; dup {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
@@ -171,20 +171,6 @@ func (l *Limiter) stages(opts Options) []stage {
 	}
 	return s
 }
-
-// prefixError wraps err behind prefix without repeating the "sluice: "
-// that err's own message starts with, e.g.
-// `sluice: New: policies[0]: policy "x": limit = 0: …`.
-type prefixError struct {
-	prefix string
-	err    error
-}
-
-func (e *prefixError) Error() string {
-	return e.prefix + strings.TrimPrefix(e.err.Error(), "sluice: ")
-}
-
-func (e *prefixError) Unwrap() error { return e.err }
 
 // Policy returns the validated policy with the given ID, defaults applied.
 func (l *Limiter) Policy(id string) (Policy, bool) {
@@ -308,34 +294,11 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	return nil
 }
 
-// lookup puts the policies req names into ev.
-func (l *Limiter) lookup(ev *Evaluation, req *Request) error {
-	switch {
-	case req.Policy != "" && len(req.Policies) > 0:
-		return fmt.Errorf("sluice: %w: set policy or policies, not both", ErrInvalidRequest)
-	case req.Policy != "":
-		p := l.policy(req.Policy)
-		if p == nil {
-			return l.unknown("policy", req.Policy)
-		}
-		ev.Policies = append(ev.Policies, p)
-		return nil
-	case len(req.Policies) == 0:
-		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
-	}
-	for i, id := range req.Policies {
-		p := l.policy(id)
-		if p == nil {
-			return l.unknown(fmt.Sprintf("policies[%d]", i), id)
-		}
-		for _, q := range ev.Policies {
-			if q == p {
-				return fmt.Errorf("sluice: %w: policies[%d] %q is named twice", ErrInvalidRequest, i, id)
-			}
-		}
-		ev.Policies = append(ev.Policies, p)
-	}
-	return nil
+// lookup puts the policies req names into ev, by requestform.Policies'
+// rules.
+func (l *Limiter) lookup(ev *Evaluation, req *Request) (err error) {
+	ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids)
+	return err
 }
 
 // unknown is the error for a policy id l does not have, naming the ones

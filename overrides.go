@@ -60,7 +60,7 @@ func (l *Limiter) initOverrides(opts Options) error {
 		}
 		var err error
 		if ps[i], err = l.overridden(o); err != nil {
-			return &prefixError{prefix: fmt.Sprintf("sluice: New: overrides[%d]: ", i), err: err}
+			return &policyerr.Prefixed{Prefix: fmt.Sprintf("sluice: New: overrides[%d]: ", i), Err: err}
 		}
 	}
 	cfg := overridemap.Config[Override, *Policy]{

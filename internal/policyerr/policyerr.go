@@ -10,6 +10,7 @@ package policyerr
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Error says which field of which policy broke which rule, e.g.
@@ -28,3 +29,15 @@ func (e *Error) Error() string {
 // ErrUnknownPolicy is wrapped by the error of a request or an override
 // naming a policy the Limiter does not have (an Incompatible Outcome).
 var ErrUnknownPolicy = errors.New("unknown policy")
+
+// Prefixed wraps Err behind Prefix without repeating the "sluice: "
+// that Err's own message starts with, e.g.
+// `sluice: New: policies[0]: policy "x": limit = 0: …`.
+type Prefixed struct {
+	Prefix string
+	Err    error
+}
+
+func (e *Prefixed) Error() string { return e.Prefix + strings.TrimPrefix(e.Err.Error(), "sluice: ") }
+
+func (e *Prefixed) Unwrap() error { return e.Err }

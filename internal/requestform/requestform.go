@@ -181,3 +181,35 @@ func Unknown(field, id string, ids []string) error {
 	}
 	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, policyerr.ErrUnknownPolicy, known)
 }
+
+// Policies appends to into the policies a request names (one, or several
+// none twice, not both), found by find (nil: none such), and returns it;
+// ids are the ones there are, for the error of one unknown.
+func Policies[P comparable](into []P, one string, several []string, find func(id string) P, ids []string) ([]P, error) {
+	var none P
+	switch {
+	case one != "" && len(several) > 0:
+		return into, fmt.Errorf("sluice: %w: set policy or policies, not both", errInvalid)
+	case one != "":
+		p := find(one)
+		if p == none {
+			return into, Unknown("policy", one, ids)
+		}
+		return append(into, p), nil
+	case len(several) == 0:
+		return into, fmt.Errorf("sluice: %w: policy is required", errInvalid)
+	}
+	for i, id := range several {
+		p := find(id)
+		if p == none {
+			return into, Unknown(fmt.Sprintf("policies[%d]", i), id, ids)
+		}
+		for _, q := range into {
+			if q == p {
+				return into, fmt.Errorf("sluice: %w: policies[%d] %q is named twice", errInvalid, i, id)
+			}
+		}
+		into = append(into, p)
+	}
+	return into, nil
+}
