@@ -16,7 +16,9 @@
 //     Sentinel, one limit for every instance).
 //   - A net/http server: [github.com/sluicehq/sluice/httplimit]
 //     (httplimit.PerIP for one policy per client address, httplimit.New
-//     for routes); a gRPC server: [github.com/sluicehq/sluice/grpclimit].
+//     for routes); a gRPC server: [github.com/sluicehq/sluice/grpclimit];
+//     what either answers while the store cannot decide:
+//     [github.com/sluicehq/sluice/failure].
 //   - Who is limited: [github.com/sluicehq/sluice/subject] (keyed
 //     pseudonyms, the client address behind trusted proxies, the
 //     KeyFunc both middlewares take).

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
-	"github.com/sluicehq/sluice/internal/localquota"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -13,6 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"github.com/sluicehq/sluice/internal/simulate"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"

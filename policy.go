@@ -37,30 +37,6 @@ func (a Algorithm) String() string {
 
 func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
 
-// FailureMode says what an edge answers when the store cannot decide (an
-// Unavailable or Indeterminate outcome): a property of the edge's rule
-// (httplimit.Route, grpclimit.Method, the server's per-policy
-// failure_mode), not of the policy's math. The outcome itself stays
-// honest.
-type FailureMode uint8
-
-// Failure modes. The zero value is FailClosed.
-const (
-	FailClosed FailureMode = iota // closed: answer 503, admit nothing
-	FailOpen                      // open: admit, count, log
-	FailLocal                     // local: fall back to an embedded limiter with a local share
-)
-
-var failureModeNames = [...]string{FailClosed: "closed", FailOpen: "open", FailLocal: "local"}
-
-// String returns the config spelling, e.g. "closed".
-func (m FailureMode) String() string {
-	if int(m) < len(failureModeNames) {
-		return failureModeNames[m]
-	}
-	return fmt.Sprintf("FailureMode(%d)", uint8(m))
-}
-
 // Policy is one named limit. The zero value is not valid: ID, Algorithm,
 // Limit and Window are required; every other field's zero value means its
 // documented default. A Policy is a plain value; Limiter keeps its own

@@ -2,12 +2,12 @@ package sluice_test
 
 import (
 	"errors"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
-	"github.com/sluicehq/sluice/internal/policyerr"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 func TestPolicyValidate(t *testing.T) {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/localquota"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/localquota"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"

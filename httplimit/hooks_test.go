@@ -4,13 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -137,7 +139,7 @@ func TestPerIPErrors(t *testing.T) {
 		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits every request by one policy; use New"},
 		{"default", good, httplimit.Options{Default: []string{"api"}}, "httplimit: PerIP: Options.Default is set"},
 		{"bad option", good, httplimit.Options{Deadline: -1}, "httplimit: Deadline = -1ns: must not be negative"},
-		{"local", policy("api", sluice.GCRA, 10, time.Second), httplimit.Options{FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
+		{"local", policy("api", sluice.GCRA, 10, time.Second), httplimit.Options{FailureMode: failure.Local}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 	} {
 		_, err := httplimit.PerIP(store, tt.p, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/localquota"
 	"io"
 	"log/slog"
 	"math"
@@ -16,6 +15,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/localquota"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -106,11 +108,11 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 }
 
 func needsFallback(opts httplimit.Options) bool {
-	if opts.FailureMode == sluice.FailLocal {
+	if opts.FailureMode == failure.Local {
 		return true
 	}
 	for _, rt := range opts.Routes {
-		if rt.FailureMode == sluice.FailLocal {
+		if rt.FailureMode == failure.Local {
 			return true
 		}
 	}
@@ -589,17 +591,17 @@ func TestFailureModes(t *testing.T) {
 	tests := []struct {
 		name       string
 		store      sluice.Store
-		mode       sluice.FailureMode
+		mode       failure.Mode
 		wantStatus int
 		wantAction string
 		wantKind   sluice.Kind
 		wantLog    string
 	}{
-		{"closed, store hangs", blockingStore{}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
-		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, sluice.FailClosed, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
-		{"open, store hangs", blockingStore{}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
-		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, "circuit_open"},
+		{"closed, store hangs", blockingStore{}, failure.Closed, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
+		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, failure.Closed, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, failure.Closed, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
+		{"open, store hangs", blockingStore{}, failure.Open, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
+		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, failure.Open, 200, "failed_open", sluice.Unavailable, "circuit_open"},
 		{"the zero mode: closed", blockingStore{}, 0, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
 	}
 	for _, tt := range tests {
@@ -654,7 +656,7 @@ func TestLocalFallback(t *testing.T) {
 		policy("other", sluice.FixedWindow, 8, time.Minute),
 	}
 	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.FailedBeforeSend)}, policies, httplimit.Options{
-		Routes: []httplimit.Route{{Policies: []string{"api", "other"}, FailureMode: sluice.FailLocal}},
+		Routes: []httplimit.Route{{Policies: []string{"api", "other"}, FailureMode: failure.Local}},
 	})
 	var got []int
 	for range 5 {
@@ -797,7 +799,7 @@ func TestNewErrors(t *testing.T) {
 		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
 		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
 		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
-		{"local without fallback", httplimit.Options{Default: []string{"local"}, FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
+		{"local without fallback", httplimit.Options{Default: []string{"local"}, FailureMode: failure.Local}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
 		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
 		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},

@@ -3,13 +3,13 @@ package memstore
 import (
 	"context"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 

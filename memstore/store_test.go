@@ -3,7 +3,6 @@ package memstore
 import (
 	"context"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"os"
 	"runtime"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 

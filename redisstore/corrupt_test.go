@@ -3,12 +3,13 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
 

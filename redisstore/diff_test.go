@@ -4,12 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
 

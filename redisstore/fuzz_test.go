@@ -6,13 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
 

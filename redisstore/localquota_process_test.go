@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
-	"github.com/sluicehq/sluice/internal/localquota"
 	"io"
 	"maps"
 	"math/rand/v2"
@@ -20,6 +18,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/localquota"
 
 	"github.com/redis/go-redis/v9"
 

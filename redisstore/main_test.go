@@ -5,13 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
 

@@ -3,11 +3,11 @@ package sluicetest
 import (
 	"context"
 	"errors"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // testHeld: a store passes a held spend (Evaluation.Hold) through to the

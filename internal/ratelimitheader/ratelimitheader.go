@@ -27,11 +27,11 @@
 package ratelimitheader
 
 import (
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // AppendPolicyItem appends p's RateLimit-Policy list member to b, e.g.

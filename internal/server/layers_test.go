@@ -49,6 +49,7 @@ var layers = []struct {
 	{"policy defaults", []string{"internal/policydefaults"}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
+	{"failure modes", []string{"failure"}},
 	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/policyerr"}},
 }
 

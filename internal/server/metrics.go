@@ -3,11 +3,12 @@ package server
 import (
 	"context"
 	"errors"
-	"github.com/sluicehq/sluice/internal/localquota"
 	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/localquota"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"

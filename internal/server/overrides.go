@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/policyerr"
 	"net/http"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 // The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),

@@ -61,7 +61,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/policyerr"
 	"io"
 	"log/slog"
 	"net"
@@ -72,10 +71,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
@@ -134,7 +135,7 @@ type Options struct {
 	// FailureModes are the policies' failure modes (the config's
 	// failure_mode and the rules files'), by ID, for the dashboard.
 	// Default: none, every policy fails closed.
-	FailureModes map[string]sluice.FailureMode
+	FailureModes map[string]failure.Mode
 	// Core is the edge core deciding with the Limiter, counting and
 	// bounding every check (internal/wiring builds serve's). Default: one
 	// with DecisionTimeout, Metrics, Clock and the logger.
@@ -147,7 +148,7 @@ type Server struct {
 	lim   *sluice.Limiter
 	core  *edge.Core      // decides with lim, counts on metrics
 	envoy *sluice.Limiter // the rules files', when not lim
-	modes map[string]sluice.FailureMode
+	modes map[string]failure.Mode
 	pseud *subject.Pseudonymizer
 	log   *slog.Logger
 	ready []Check
@@ -437,7 +438,7 @@ func (s *Server) answeredWithoutStore() []string {
 	var out []string
 	for _, id := range ids {
 		p, _ := lookup(id)
-		if m := s.modes[id]; m == sluice.FailOpen || m == sluice.FailLocal || p.LocalQuota.Enabled {
+		if m := s.modes[id]; m == failure.Open || m == failure.Local || p.LocalQuota.Enabled {
 			out = append(out, id)
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"io"
 	"math/bits"
 	"net/http"
@@ -20,6 +19,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
 

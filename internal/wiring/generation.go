@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
@@ -38,7 +39,7 @@ type Generation struct {
 	Overrides []sluice.Override
 	// FailureModes are every policy's failure mode by ID: the config's
 	// failure_mode, then the rules files' rules'.
-	FailureModes map[string]sluice.FailureMode
+	FailureModes map[string]failure.Mode
 	// Core is the check API's edge core, deciding with Limiter: it counts
 	// every spending decision (Count) and bounds each by
 	// server.decision_timeout.
@@ -134,7 +135,7 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 
 // failureModes are the failure modes of cfg's policies and rules', by
 // ID: the config's failure_mode, and the rules files' rules'.
-func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]sluice.FailureMode {
+func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]failure.Mode {
 	modes := cfg.FailureModes()
 	if rules != nil {
 		for _, r := range rules.Rules() {

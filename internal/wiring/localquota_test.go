@@ -2,7 +2,6 @@ package wiring
 
 import (
 	"context"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"os"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 

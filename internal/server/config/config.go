@@ -17,7 +17,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/policyerr"
 	"net"
 	"net/netip"
 	"net/url"
@@ -28,6 +27,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/policyerr"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -241,8 +243,8 @@ type Policy struct {
 	// FailureMode is failure_mode: what the edges spending the policy
 	// (the proxy's routes) answer when the store cannot decide; a rule's
 	// property, kept beside the policy in the file's spelling. Default:
-	// sluice.FailClosed.
-	FailureMode sluice.FailureMode
+	// failure.Closed.
+	FailureMode failure.Mode
 }
 
 // Subjects configures how subjects are pseudonymized.
@@ -425,8 +427,8 @@ func Load(path string) (*Config, error) {
 }
 
 // FailureModes returns each policy's failure_mode, by ID.
-func (c *Config) FailureModes() map[string]sluice.FailureMode {
-	modes := make(map[string]sluice.FailureMode, len(c.Policies))
+func (c *Config) FailureModes() map[string]failure.Mode {
+	modes := make(map[string]failure.Mode, len(c.Policies))
 	for _, p := range c.Policies {
 		modes[p.ID] = p.FailureMode
 	}

@@ -56,7 +56,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/policyerr"
 	"io"
 	"os"
 	"path/filepath"
@@ -66,12 +65,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/policyerr"
+
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
-
-	"github.com/sluicehq/sluice"
 )
 
 // MaxFileSize is the largest rules file Load reads, in bytes.
@@ -155,7 +156,7 @@ type Rule struct {
 	// FailureMode is rate_limit.failure_mode: what the service answers
 	// when the store cannot decide the rule (closed, the default, or
 	// open).
-	FailureMode sluice.FailureMode
+	FailureMode failure.Mode
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -752,16 +753,16 @@ func (p *parser) algorithm(path string, n *yaml.Node) (sluice.Algorithm, error) 
 
 // failureMode reads rate_limit.failure_mode: closed or open, as local
 // needs a per-instance share the Envoy service does not have.
-func (p *parser) failureMode(path string, n *yaml.Node) (sluice.FailureMode, error) {
+func (p *parser) failureMode(path string, n *yaml.Node) (failure.Mode, error) {
 	s, err := p.text(path, n)
 	if err != nil {
 		return 0, err
 	}
 	switch s {
 	case "closed":
-		return sluice.FailClosed, nil
+		return failure.Closed, nil
 	case "open":
-		return sluice.FailOpen, nil
+		return failure.Open, nil
 	}
 	return 0, p.errorf(path, n, "must be one of closed, open (local needs a per-instance share, which the Envoy service does not have)")
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 )
 
 func TestInvalid(t *testing.T) {
@@ -199,7 +200,7 @@ func TestRules(t *testing.T) {
 		t.Fatal("no rule messaging.path_/api/*")
 	}
 	want := sluice.Policy{ID: PolicyID("messaging.path_/api/*"), Algorithm: sluice.GCRA, Limit: 3, Window: time.Minute, Burst: 2}
-	if gcra.FailureMode != sluice.FailOpen {
+	if gcra.FailureMode != failure.Open {
 		t.Errorf("path_/api/* failure mode = %v, want open", gcra.FailureMode)
 	}
 	if r := byKey["messaging.to_number"]; r == nil || !r.Policy.ClockAligned {

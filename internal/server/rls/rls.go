@@ -63,13 +63,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"log/slog"
 	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -572,16 +574,16 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 
 // groupMode is the failure mode of g: open for a shadow group (a shadow
 // rule never blocks) or when every rule of it fails open, else closed.
-func groupMode(ds []descriptor, g *group) sluice.FailureMode {
+func groupMode(ds []descriptor, g *group) failure.Mode {
 	if g.shadow {
-		return sluice.FailOpen
+		return failure.Open
 	}
 	for _, i := range g.members {
-		if ds[i].rule.FailureMode != sluice.FailOpen {
-			return sluice.FailClosed
+		if ds[i].rule.FailureMode != failure.Open {
+			return failure.Closed
 		}
 	}
-	return sluice.FailOpen
+	return failure.Open
 }
 
 // identity frames the entries a rule does not fix, so that no two
