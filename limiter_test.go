@@ -173,7 +173,7 @@ func TestNewRejectsBadPolicies(t *testing.T) {
 	var pe *policyerr.Error
 	_, err := sluice.New(ms, []sluice.Policy{good, bad}, sluice.Options{})
 	if want := `sluice: New: policies[1]: policy "a": limit = 0: must be between 1 and 1000000000`; !errors.As(err, &pe) || err.Error() != want {
-		t.Errorf("New with an invalid policy = %v, want a *PolicyError reading %q", err, want)
+		t.Errorf("New with an invalid policy = %v, want a *policyerr.Error reading %q", err, want)
 	}
 	if _, err := sluice.New(ms, nil, sluice.Options{}); err == nil || err.Error() != "sluice: New: no policies: at least one is required" {
 		t.Errorf("New without policies = %v, want an error", err)

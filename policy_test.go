@@ -98,7 +98,7 @@ func TestPolicyValidate(t *testing.T) {
 			}
 			var pe *policyerr.Error
 			if !errors.As(err, &pe) {
-				t.Fatalf("Validate(%+v) = %v, want a *PolicyError on %s", p, err, c.field)
+				t.Fatalf("Validate(%+v) = %v, want a *policyerr.Error on %s", p, err, c.field)
 			}
 			if pe.Field != c.field || pe.Policy != p.ID || pe.Value == "" || !contains(pe.Rule, c.substr) {
 				t.Fatalf("Validate(%+v) = %+v, want field %q with a rule mentioning %q", p, pe, c.field, c.substr)
@@ -110,11 +110,11 @@ func TestPolicyValidate(t *testing.T) {
 func TestPolicyDefaults(t *testing.T) {
 	p := evaluation.Defaults(sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4})
 	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 {
-		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
+		t.Fatalf("evaluation.Defaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
 	}
 	p = evaluation.Defaults(sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second})
 	if p.Burst != 10 || p.MaxCost != 10 {
-		t.Fatalf("WithDefaults = %+v, want burst and max cost = limit 10", p)
+		t.Fatalf("evaluation.Defaults = %+v, want burst and max cost = limit 10", p)
 	}
 }
 

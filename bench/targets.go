@@ -68,8 +68,8 @@ type env struct {
 	trips    *tripHook
 	subjects []string
 	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
-	// localStats, when a target's build sets it, reads its Limiter's
-	// LocalStats (local quota rows).
+	// localStats, when a target's build sets it, reads what its
+	// Limiter's local quota did (local quota rows).
 	localStats func() localquota.Stats
 }
 
@@ -152,7 +152,7 @@ func newStore(e *env, k kind) (sluice.Store, func(), error) {
 
 // sluiceLeaseTarget drives a concurrency policy: one decision is an
 // acquire (Limiter.Check) and, when allowed and the mode is mostly
-// allowed, its release (Limiter.Release): two store calls. Mostly denied:
+// allowed, its release (a Check of Op Release): two store calls. Mostly denied:
 // the first acquire of each subject (the warm-up's) holds its one slot
 // for the hour, every later one is denied.
 func sluiceLeaseTarget(k kind) target {

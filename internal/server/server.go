@@ -527,7 +527,7 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	if len(in.Policies) > 0 {
 		in.Policies = ids // the answer's statuses and RateLimit-Policy
 	}
-	// Previous stays unset, as before and as in Limiter.Release: a lease
+	// Previous stays unset, as before and as in a Limiter's Release: a lease
 	// acquired under an older key is not looked for there (it expires
 	// after its lease_ttl).
 	req.Policy, req.Policies, req.Previous = "", ids, nil
