@@ -138,8 +138,7 @@ var errTooSmall = errors.New("too small for blocks")
 // store that keeps overrides, overrides read too long ago are read again
 // first (overridemap.State.Fresh says how long a Check waits).
 func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
-	l.ovr.Fresh(ctx)
-	if m := l.ovr.Snapshot(); m.Len() > 0 {
+	if m := l.ovr.Fresh(ctx); m.Len() > 0 {
 		ev := &d.ev
 	policies:
 		for i, p := range ev.Policies {

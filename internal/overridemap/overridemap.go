@@ -83,21 +83,23 @@ func New[O comparable, P any](cfg Config[O, P], local []O, ps []P) *State[O, P] 
 	return s
 }
 
-// Snapshot returns the overrides a Check applies now.
-func (s *State[O, P]) Snapshot() *Map[Entry[O, P]] { return s.set.Load() }
-
-// Fresh makes sure the snapshot is fresh enough to decide on, over a
-// store that keeps overrides: it starts a background read when it is
+// Fresh returns the overrides a Check applies now, fresh enough to
+// decide on: over a store that keeps overrides, it starts a background read when it is
 // old, and when it is stale waits for one read, for at most half the
 // time ctx has left (on the Limiter's clock): a store that slow to give
 // its overrides is most likely failing, and the decision, sent to it
 // with the other half, says how (and feeds its breaker) where a Check
 // that spent its whole deadline waiting here would say nothing of the
 // store. Such a decision goes on the overrides in hand.
-func (s *State[O, P]) Fresh(ctx context.Context) {
-	if s.cfg.Read == nil {
-		return
+func (s *State[O, P]) Fresh(ctx context.Context) *Map[Entry[O, P]] {
+	if s.cfg.Read != nil {
+		s.await(ctx)
 	}
+	return s.set.Load()
+}
+
+// await is Fresh's wait over a store that keeps overrides.
+func (s *State[O, P]) await(ctx context.Context) {
 	switch s.age.State() {
 	case overrideage.Old:
 		s.read()
