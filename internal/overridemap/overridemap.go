@@ -84,8 +84,9 @@ func New[O comparable, P any](cfg Config[O, P], local []O, ps []P) *State[O, P] 
 }
 
 // Fresh returns the overrides a Check applies now, fresh enough to
-// decide on: over a store that keeps overrides, it starts a background read when it is
-// old, and when it is stale waits for one read, for at most half the
+// decide on: over a store that keeps overrides, it starts a background
+// read when they are old, and when they are stale waits for one, for at
+// most half the
 // time ctx has left (on the Limiter's clock): a store that slow to give
 // its overrides is most likely failing, and the decision, sent to it
 // with the other half, says how (and feeds its breaker) where a Check
