@@ -205,13 +205,31 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	return g, nil
 }
 
-// observe makes g's Limiters the source of sluice_overrides.
+// observe makes g's Limiters the source of sluice_overrides, and starts
+// sluice_local_quota_* at zero for each of their local-quota policies,
+// so every series exists from the first scrape (the Limiters tell the
+// counts themselves: OnLocalQuota).
 func (r *reloader) observe(g *generation) {
 	if r.metrics == nil {
 		return
 	}
+	var lims []*sluice.Limiter
 	if srv, ok := g.api.(*Server); ok {
 		r.metrics.countOverrides(srv.overrideCounts)
+		lims = append(lims, srv.lim)
+	}
+	if g.rls != nil {
+		lims = append(lims, g.rls.Limiter)
+	}
+	for _, l := range lims {
+		if l == nil {
+			continue
+		}
+		for _, id := range l.Policies() {
+			if p, _ := l.Policy(id); p.LocalQuota.Enabled {
+				r.metrics.countLocal(id, 0, 0, 0, 0)
+			}
+		}
 	}
 }
 
