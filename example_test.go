@@ -64,7 +64,7 @@ func ExampleLimiter_Check_multiplePolicies() {
 // At most two reports at once per account, and ten a minute: an allowed
 // check holds a lease until it is released (or until its lease_ttl
 // passes, should the holder die).
-func ExampleLimiter_Release() {
+func ExampleLimiter_Check_concurrency() {
 	clock := sluicetest.NewClock()
 	store, err := memstore.New(memstore.Options{Clock: clock})
 	if err != nil {
@@ -87,7 +87,8 @@ func ExampleLimiter_Release() {
 	third := limiter.Check(ctx, req)
 	fmt.Println(first.Kind, second.Kind, third.Kind, "retry after", third.RetryAfter, "by", third.Policy)
 
-	limiter.Release(ctx, first.Lease) // usually: defer limiter.Release(context.WithoutCancel(ctx), o.Lease)
+	lease := first.Lease // usually: defer limiter.Check(context.WithoutCancel(ctx), …) of the same Release
+	limiter.Check(ctx, sluice.Request{Op: sluice.Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
 	fmt.Println("after a release:", limiter.Check(ctx, req).Kind)
 
 	clock.Advance(30 * time.Second) // the other holders never released: their leases expire

@@ -1,47 +1,5 @@
 package sluice
 
-import (
-	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"fmt"
-)
-
-// maxLeaseIDLen is the longest lease id a Request may carry, in bytes.
-const maxLeaseIDLen = 64
-
-// newLeaseID returns a lease id for a spend by subject: random, or derived
-// from evaluationID when set (a retry then names the same lease).
-func newLeaseID(subject, evaluationID string) string {
-	var b [16]byte
-	if evaluationID != "" {
-		h := sha256.Sum256([]byte("sluice lease\x00" + subject + "\x00" + evaluationID))
-		copy(b[:], h[:])
-	} else {
-		_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// Release gives lease back on every policy it is held on, atomically: a
-// Check of a Release. It is idempotent: releasing a lease twice, after it
-// expired, or that was never acquired is Allowed all the same (the
-// statuses then describe the policies as they are). A zero Lease is
-// Allowed without asking the store. A release the store could not take
-// (Unavailable, Indeterminate) leaves the lease to expire after its
-// LeaseTTL.
-//
-// Pass a context that outlives the request being limited (e.g.
-// context.WithoutCancel): a release cut off by a cancelled context holds
-// the slot until the lease expires.
-func (l *Limiter) Release(ctx context.Context, lease Lease) Outcome {
-	if lease.ID == "" {
-		return Outcome{Kind: Allowed}
-	}
-	return l.Check(ctx, Request{Op: Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID})
-}
-
 // leaseOf returns the lease an allowed Acquire or Renew of ev holds: on
 // its Concurrency policies.
 func leaseOf(ev *Evaluation) Lease {
@@ -52,18 +10,4 @@ func leaseOf(ev *Evaluation) Lease {
 		}
 	}
 	return lease
-}
-
-// checkLeaseID reports whether id can name a lease: 1 to maxLeaseIDLen
-// bytes of A-Z a-z 0-9 - _, the alphabet lease ids are written in.
-func checkLeaseID(id string) error {
-	if len(id) == 0 || len(id) > maxLeaseIDLen {
-		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", ErrInvalidRequest, len(id), maxLeaseIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return fmt.Errorf("sluice: %w: lease id byte %d is %q: must be one of A-Z a-z 0-9 - _", ErrInvalidRequest, i, c)
-		}
-	}
-	return nil
 }

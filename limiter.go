@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/overridemap"
+	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 	"go.opentelemetry.io/otel/trace"
 )
-
-// maxSubjectLen is the longest Subject a Request may carry, in bytes.
-const maxSubjectLen = 200
 
 // Request asks for one operation (Op) on one or more policies for one
 // subject: by default, whether Subject may spend Cost units.
@@ -55,13 +55,6 @@ type Request struct {
 	EvaluationID string
 }
 
-// maxPrevious is the most subjects a Request's Previous may name: the
-// keys that may be rotated out at once.
-const maxPrevious = 4
-
-// maxEvaluationIDLen is the longest Request.EvaluationID, in bytes.
-const maxEvaluationIDLen = 128
-
 // Options configure a Limiter. The zero value means the defaults.
 type Options struct {
 	// TracerProvider, when set, records every decision Check asks of the
@@ -80,6 +73,16 @@ type Options struct {
 	// or kept by the Store for the same policy and subject wins over them.
 	// Default: none.
 	Overrides []Override
+	// OnLocalQuota, when set, is told what local quota
+	// (Policy.LocalQuota) did for a policy, as deltas: requests admitted
+	// from blocks without a store call, blocks taken (one store call
+	// each) and the units they took, and units of blocks whose time ran
+	// out before they were admitted (spent in the store, admitted to
+	// nobody: counted when the Limiter next sees the subject or forgets
+	// it). Called from Check's goroutines, concurrently: it must be
+	// quick and safe for concurrent use. The server's metrics
+	// (sluice_local_*) are these sums. Default: nil, nothing told.
+	OnLocalQuota func(policy string, local, blocks, units, unused int64)
 	// Clock is the Limiter's one clock, handed to every stage of Check:
 	// it tells whether a context's deadline has passed, how long a
 	// near-cache denial and a block of local quota live, how old the
@@ -102,13 +105,14 @@ type Limiter struct {
 	store    Store
 	clock    Clock
 	policies map[string]*Policy
-	list     []*Policy  // the policies in order, looked through instead of policies when few
-	pool     sync.Pool  // *decision
-	run      step       // the stages of Check, then the store: see stage.go
-	near     *nearCache // nil when no policy has NearCache
-	local    *localQuota
-	ovr      overrides // subjects' other numbers: see overrides.go
-	noFast   bool      // validate every request the general way (a test's)
+	list     []*Policy                             // the policies in order, looked through instead of policies when few
+	ids      []string                              // their IDs
+	pool     sync.Pool                             // *decision
+	run      step                                  // the stages of Check, then the store: see stage.go
+	near     *nearCache                            // nil when no policy has NearCache
+	ovr      *overridemap.State[Override, *Policy] // subjects' other numbers: see overrides.go
+	ovrStore overrideStore                         // the Store, when it keeps overrides
+	noFast   bool                                  // validate every request the general way (a test's)
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -128,14 +132,14 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
-			return nil, &prefixError{prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), err: err}
+			return nil, &policyerr.Prefixed{Prefix: fmt.Sprintf("sluice: New: policies[%d]: ", i), Err: err}
 		}
 		if _, dup := l.policies[p.ID]; dup {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
 		}
-		p = p.WithDefaults()
+		p = p.withDefaults()
 		l.policies[p.ID] = &p
-		l.list = append(l.list, &p)
+		l.list, l.ids = append(l.list, &p), append(l.ids, p.ID)
 	}
 	l.pool.New = func() any { return new(decision) }
 	if err := l.initOverrides(opts); err != nil {
@@ -159,8 +163,7 @@ func (l *Limiter) stages(opts Options) []stage {
 	}
 	for _, p := range l.list {
 		if p.LocalQuota.Enabled {
-			l.local = newLocalQuota(l.clock, l.list)
-			s = append(s, l.local.do)
+			s = append(s, newLocalQuota(l.clock, opts.OnLocalQuota).do)
 			break
 		}
 	}
@@ -169,20 +172,6 @@ func (l *Limiter) stages(opts Options) []stage {
 	}
 	return s
 }
-
-// prefixError wraps err behind prefix without repeating the "sluice: "
-// that err's own message starts with, e.g.
-// `sluice: New: policies[0]: policy "x": limit = 0: …`.
-type prefixError struct {
-	prefix string
-	err    error
-}
-
-func (e *prefixError) Error() string {
-	return e.prefix + strings.TrimPrefix(e.err.Error(), "sluice: ")
-}
-
-func (e *prefixError) Unwrap() error { return e.err }
 
 // Policy returns the validated policy with the given ID, defaults applied.
 func (l *Limiter) Policy(id string) (Policy, bool) {
@@ -212,13 +201,7 @@ func (l *Limiter) policy(id string) *Policy {
 }
 
 // Policies returns the IDs of l's policies in the order given to New.
-func (l *Limiter) Policies() []string {
-	ids := make([]string, len(l.list))
-	for i, p := range l.list {
-		ids[i] = p.ID
-	}
-	return ids
-}
+func (l *Limiter) Policies() []string { return slices.Clone(l.ids) }
 
 // Check takes req. It does not panic itself and never returns an error:
 // every failure is an Outcome of kind Incompatible, Unavailable or
@@ -230,6 +213,9 @@ func (l *Limiter) Policies() []string {
 // over it (stage.go), the last of which asks the store, and map what the
 // store answered to the Outcome in one place (outcome.go).
 func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
+	if req.Op == Release && req.LeaseID == "" && req.Subject == "" && req.Policy == "" && len(req.Policies) == 0 {
+		return Outcome{Kind: Allowed} // the zero Lease's: nothing held (see Release)
+	}
 	if err := ctx.Err(); err != nil {
 		return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", err)}
 	}
@@ -265,7 +251,7 @@ func (l *Limiter) prepareOne(ev *Evaluation, req *Request) error {
 	if p == nil {
 		return l.unknown("policy", req.Policy)
 	}
-	if err := checkSubject(req.Subject); err != nil {
+	if err := requestform.Subject(req.Subject); err != nil {
 		return err
 	}
 	cost := req.Cost
@@ -291,34 +277,11 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	if err := l.lookup(ev, req); err != nil {
 		return err
 	}
-	if err := checkSubject(req.Subject); err != nil {
+	if err := requestform.Subject(req.Subject); err != nil {
 		return err
 	}
-	if len(req.Previous) > maxPrevious {
-		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", ErrInvalidRequest, len(req.Previous), maxPrevious)
-	}
-	for i, prev := range req.Previous {
-		if err := checkSubject(prev); err != nil {
-			return fmt.Errorf("sluice: previous[%d]: %w", i, err)
-		}
-		if prev == req.Subject {
-			return fmt.Errorf("sluice: %w: previous[%d] is the subject itself", ErrInvalidRequest, i)
-		}
-	}
-	if id := req.EvaluationID; id != "" {
-		if len(id) > maxEvaluationIDLen {
-			return fmt.Errorf("sluice: %w: evaluation id is %d bytes: must be at most %d", ErrInvalidRequest, len(id), maxEvaluationIDLen)
-		}
-		for i := 0; i < len(id); i++ {
-			if c := id[i]; c <= ' ' || c > '~' {
-				return fmt.Errorf("sluice: %w: evaluation id byte %d is %q: must be printable ASCII other than space", ErrInvalidRequest, i, c)
-			}
-		}
-	}
-	if req.LeaseID != "" {
-		if err := checkLeaseID(req.LeaseID); err != nil {
-			return err
-		}
+	if err := requestform.Carried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
+		return err
 	}
 	cost := req.Cost
 	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire || req.Op == Estimate) {
@@ -327,116 +290,18 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
 	if ev.Op == Acquire && ev.LeaseID == "" {
-		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
+		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
 }
 
-// lookup puts the policies req names into ev.
-func (l *Limiter) lookup(ev *Evaluation, req *Request) error {
-	switch {
-	case req.Policy != "" && len(req.Policies) > 0:
-		return fmt.Errorf("sluice: %w: set policy or policies, not both", ErrInvalidRequest)
-	case req.Policy != "":
-		p := l.policy(req.Policy)
-		if p == nil {
-			return l.unknown("policy", req.Policy)
-		}
-		ev.Policies = append(ev.Policies, p)
-		return nil
-	case len(req.Policies) == 0:
-		return fmt.Errorf("sluice: %w: policy is required", ErrInvalidRequest)
-	}
-	for i, id := range req.Policies {
-		p := l.policy(id)
-		if p == nil {
-			return l.unknown(fmt.Sprintf("policies[%d]", i), id)
-		}
-		for _, q := range ev.Policies {
-			if q == p {
-				return fmt.Errorf("sluice: %w: policies[%d] %q is named twice", ErrInvalidRequest, i, id)
-			}
-		}
-		ev.Policies = append(ev.Policies, p)
-	}
-	return nil
+// lookup puts the policies req names into ev, by requestform.Policies'
+// rules.
+func (l *Limiter) lookup(ev *Evaluation, req *Request) (err error) {
+	ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids)
+	return err
 }
 
 // unknown is the error for a policy id l does not have, naming the ones
 // it has (the first few).
-func (l *Limiter) unknown(field, id string) error {
-	const shown = 8
-	ids := make([]string, 0, shown)
-	for _, p := range l.list[:min(len(l.list), shown)] {
-		ids = append(ids, fmt.Sprintf("%q", p.ID))
-	}
-	known := strings.Join(ids, ", ")
-	if len(l.list) > shown {
-		known += fmt.Sprintf(" and %d more", len(l.list)-shown)
-	}
-	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, ErrUnknownPolicy, known)
-}
-
-// checkSubject reports whether s can be a Request.Subject: 1 to
-// maxSubjectLen bytes of printable ASCII other than space, '{' and '}'
-// (braces delimit Redis Cluster hash tags).
-func checkSubject(s string) error {
-	if len(s) == 0 || len(s) > maxSubjectLen {
-		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", ErrInvalidRequest, len(s), maxSubjectLen)
-	}
-	if keySafe(s) {
-		return nil
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !subjectByte(c) {
-			return fmt.Errorf("sluice: %w: subject byte %d is %q: must be printable ASCII other than space, '{' and '}'", ErrInvalidRequest, i, c)
-		}
-	}
-	return nil
-}
-
-// subjectByte reports whether c may be in a subject: printable ASCII other
-// than space, '{' and '}'.
-func subjectByte(c byte) bool {
-	return c > ' ' && c <= '~' && c != '{' && c != '}'
-}
-
-// Bytes repeated over a word, for keySafe.
-const (
-	lows  = 0x0101010101010101
-	highs = 0x8080808080808080
-)
-
-// keySafe reports whether every byte of s is printable ASCII other than
-// space, '{' and '}', as checkSubject demands: eight bytes at a time (a
-// subject is checked on every request; a byte at a time cost a 43-byte
-// pseudonym more than the rest of the checks together). A word holds a
-// byte that is not when, per byte, it is below '!' (b − '!' borrows into
-// the high bit of a byte whose own high bit is clear), above '~' (b + 1
-// reaches the high bit, or it was set), or equals '{' or '}' (the XOR is
-// zero). Each test is exact about whether some byte of the word fails,
-// which is all this answers.
-func keySafe(s string) bool {
-	if len(s) < 8 {
-		for i := 0; i < len(s); i++ {
-			if !subjectByte(s[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	var bad uint64
-	for i := 0; ; i += 8 {
-		if i > len(s)-8 {
-			i = len(s) - 8 // the last word overlaps the one before: no byte left out
-		}
-		x := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
-		lb, rb := x^('{'*lows), x^('}'*lows)
-		bad |= (x-'!'*lows)&^x | (x + lows) | x | (lb-lows)&^lb | (rb-lows)&^rb
-		if i == len(s)-8 {
-			break
-		}
-	}
-	return bad&highs == 0
-}
+func (l *Limiter) unknown(field, id string) error { return requestform.Unknown(field, id, l.ids) }

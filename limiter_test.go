@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -60,8 +62,8 @@ func TestCheckRejectsBeforeTheStore(t *testing.T) {
 	}{
 		{"deadline passed", expired, sluice.Request{Policy: "demo", Subject: "s"}, sluice.Unavailable, sluice.DeadlinePassed, context.DeadlineExceeded},
 		{"cancelled", cancelled, sluice.Request{Policy: "demo", Subject: "s"}, sluice.Unavailable, sluice.DeadlinePassed, context.Canceled},
-		{"unknown policy", context.Background(), sluice.Request{Policy: "nope", Subject: "s"}, sluice.Incompatible, 0, sluice.ErrUnknownPolicy},
-		{"unknown among several", context.Background(), sluice.Request{Policies: []string{"demo", "nope"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrUnknownPolicy},
+		{"unknown policy", context.Background(), sluice.Request{Policy: "nope", Subject: "s"}, sluice.Incompatible, 0, policyerr.ErrUnknownPolicy},
+		{"unknown among several", context.Background(), sluice.Request{Policies: []string{"demo", "nope"}, Subject: "s"}, sluice.Incompatible, 0, policyerr.ErrUnknownPolicy},
 		{"no policy", context.Background(), sluice.Request{Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"policy and policies", context.Background(), sluice.Request{Policy: "demo", Policies: []string{"day"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
 		{"policy named twice", context.Background(), sluice.Request{Policies: []string{"demo", "demo"}, Subject: "s"}, sluice.Incompatible, 0, sluice.ErrInvalidRequest},
@@ -93,8 +95,8 @@ func TestCheckBreaksAnOperationsRule(t *testing.T) {
 		err  error
 	}{
 		{"negative cost", sluice.Request{Policy: "demo", Subject: "s", Cost: -1}, sluice.ErrInvalidRequest},
-		{"cost above max", sluice.Request{Policy: "demo", Subject: "s", Cost: 4}, sluice.ErrCostTooHigh},
-		{"cost above one policy's max", sluice.Request{Policies: []string{"demo", "day"}, Subject: "s", Cost: 51}, sluice.ErrCostTooHigh},
+		{"cost above max", sluice.Request{Policy: "demo", Subject: "s", Cost: 4}, algorithm.ErrCostTooHigh},
+		{"cost above one policy's max", sluice.Request{Policies: []string{"demo", "day"}, Subject: "s", Cost: 51}, algorithm.ErrCostTooHigh},
 		{"peek with a cost", sluice.Request{Op: sluice.Peek, Policy: "demo", Subject: "s", Cost: 1}, sluice.ErrInvalidRequest},
 		{"reset with a cost", sluice.Request{Op: sluice.Reset, Policy: "demo", Subject: "s", Cost: 1}, sluice.ErrInvalidRequest},
 		{"reset with an evaluation id", sluice.Request{Op: sluice.Reset, Policy: "demo", Subject: "s", EvaluationID: "e"}, sluice.ErrInvalidRequest},
@@ -168,10 +170,10 @@ func TestNewRejectsBadPolicies(t *testing.T) {
 	}
 	bad := good
 	bad.Limit = 0
-	var pe *sluice.PolicyError
+	var pe *policyerr.Error
 	_, err := sluice.New(ms, []sluice.Policy{good, bad}, sluice.Options{})
 	if want := `sluice: New: policies[1]: policy "a": limit = 0: must be between 1 and 1000000000`; !errors.As(err, &pe) || err.Error() != want {
-		t.Errorf("New with an invalid policy = %v, want a *PolicyError reading %q", err, want)
+		t.Errorf("New with an invalid policy = %v, want a *policyerr.Error reading %q", err, want)
 	}
 	if _, err := sluice.New(ms, nil, sluice.Options{}); err == nil || err.Error() != "sluice: New: no policies: at least one is required" {
 		t.Errorf("New without policies = %v, want an error", err)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"github.com/sluicehq/sluice/internal/simulate"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -39,14 +41,15 @@ type fleet struct {
 	clock    *sluicetest.Clock
 	store    *countingStore
 	limiters []*sluice.Limiter
+	tally    *localquota.Tally // what local quota did, summed over the limiters
 }
 
 func newFleet(t *testing.T, n int, p sluice.Policy) *fleet {
 	t.Helper()
-	f := &fleet{clock: sluicetest.NewClock()}
+	f := &fleet{clock: sluicetest.NewClock(), tally: new(localquota.Tally)}
 	f.store = &countingStore{Store: newMemstore(t, f.clock)}
 	for range n {
-		l, err := sluice.New(f.store, []sluice.Policy{p}, sluice.Options{Clock: f.clock})
+		l, err := sluice.New(f.store, []sluice.Policy{p}, sluice.Options{Clock: f.clock, OnLocalQuota: f.tally.Add})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +108,7 @@ func (f *fleet) run(t *testing.T, p sluice.Policy, seed uint64, phases []phase) 
 // which adm holds most over what p's algorithm can ever admit, or "" (see
 // simulate.OverBound, whose cases TestSimulateOverBound holds to it).
 func overBound(p sluice.Policy, adm []admission) string {
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	times := make([]int64, len(adm))
 	for i, a := range adm {
 		times[i] = a.at.UnixMicro()
@@ -138,18 +141,14 @@ func TestLocalQuotaExact(t *testing.T) {
 				if msg := overBound(exact, want); msg != "" {
 					t.Fatalf("seed %d, without local quota: %s (the check itself is wrong)", seed, msg)
 				}
-				var stats sluice.LocalStats
-				for _, l := range f.limiters {
-					s := l.LocalStats("hot")
-					stats.Local, stats.Blocks, stats.Unused = stats.Local+s.Local, stats.Blocks+s.Blocks, stats.Unused+s.Unused
-				}
+				stats := f.tally.Stats("hot")
 				share := float64(len(adm)) / float64(len(want))
 				t.Logf("seed %d: admitted %d, exact %d (%.3f), %d from %d blocks, %d units unused", seed, len(adm), len(want), share, stats.Local, stats.Blocks, stats.Unused)
 				if share < 0.9 {
 					t.Errorf("seed %d: admitted %d, %.3f of the %d one exact Limiter admits: want at least 0.9", seed, len(adm), share, len(want))
 				}
 				if stats.Blocks == 0 || stats.Local == 0 {
-					t.Errorf("seed %d: LocalStats = %+v: no block was taken", seed, stats)
+					t.Errorf("seed %d: local quota did %+v: no block was taken", seed, stats)
 				}
 			}
 		})
@@ -189,8 +188,8 @@ func TestLocalQuotaRareSubjects(t *testing.T) {
 		}
 		f.clock.Advance(100 * time.Microsecond) // 10 000 a second over 1000 subjects: 10 each
 	}
-	if s := l.LocalStats("hot"); s.Blocks != 0 || s.Local != 0 {
-		t.Errorf("LocalStats = %+v, want no block", s)
+	if s := f.tally.Stats("hot"); s.Blocks != 0 || s.Local != 0 {
+		t.Errorf("local quota did %+v, want no block", s)
 	}
 	if n := f.store.calls.Load(); n != 20_000 {
 		t.Errorf("store calls = %d, want 20000: one per decision", n)
@@ -259,7 +258,7 @@ func TestLocalQuotaStoreDown(t *testing.T) {
 	if served == 0 {
 		t.Fatal("no request was admitted from the block in hand")
 	}
-	clock.Advance(p.WithDefaults().LocalQuota.BlockTime)
+	clock.Advance(evaluation.Defaults(p).LocalQuota.BlockTime)
 	if o := l.Check(ctx, req); o.Kind != sluice.Unavailable {
 		t.Errorf("Check after the block's time = %+v, want unavailable", o)
 	}
@@ -392,14 +391,18 @@ func hotLimiter(b *testing.B) (*sluice.Limiter, sluice.Request) {
 // BenchmarkCheck's store decision on memstore.
 func BenchmarkCheckLocal(b *testing.B) {
 	l, req := hotLimiter(b)
-	ctx, before := context.Background(), l.LocalStats("hot").Local
+	ctx, local := context.Background(), 0
 	b.ReportAllocs()
 	for b.Loop() {
-		if o := l.Check(ctx, req); o.Kind != sluice.Allowed {
+		o := l.Check(ctx, req)
+		if o.Kind != sluice.Allowed {
 			b.Fatal(o.Err)
 		}
+		if o.Local {
+			local++
+		}
 	}
-	b.ReportMetric(float64(l.LocalStats("hot").Local-before)/float64(b.N), "local/op")
+	b.ReportMetric(float64(local)/float64(b.N), "local/op")
 }
 
 func BenchmarkCheckLocalParallel(b *testing.B) {

@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"context"
-	"time"
 
 	"github.com/sluicehq/sluice/internal/nearcache"
 )
@@ -25,13 +24,15 @@ func newNearCache(c Clock) *nearCache {
 
 // do is the near cache's stage. A Spend of one NearCache policy with no
 // evaluation id is denied from a remembered denial that covers its cost,
-// without the store (Outcome.FromCache); a denial the store gives it is
-// remembered. A Reset forgets the subject's denials under its policies.
+// without the store (Outcome.FromCache), its waits measured from now; a
+// denial the store gives it is remembered, until the retry time it names
+// counted from before the store was asked. A Reset forgets the subject's
+// denials under its policies.
 func (c *nearCache) do(ctx context.Context, d *decision, next step) {
 	ev := &d.ev
 	if ev.Op == Reset {
 		for _, p := range ev.Policies {
-			c.forget(ev.Subject, p)
+			c.c.Forget(nearKey{Subject: ev.Subject, Policy: p.ID})
 		}
 	}
 	if ev.Op != Spend || len(ev.Policies) != 1 || !ev.Policies[0].NearCache || ev.EvaluationID != "" || ev.Cost > ev.Policies[0].MaxCost {
@@ -39,7 +40,10 @@ func (c *nearCache) do(ctx context.Context, d *decision, next step) {
 		return
 	}
 	p, cost, sent := ev.Policies[0], ev.Cost, c.clock.Now()
-	if st, ok := c.lookup(ev.Subject, p, cost, sent); ok {
+	k := nearKey{Subject: ev.Subject, Policy: p.ID}
+	if st, until, resetAt, ok := c.c.Lookup(k, p, cost, sent); ok {
+		st.RetryAfter = until.Sub(sent)
+		st.ResetAfter = max(resetAt.Sub(sent), st.RetryAfter)
 		d.o = Outcome{Kind: Denied, Status: st, FromCache: true}
 		if d.many {
 			d.o.Statuses = []Status{st}
@@ -47,29 +51,7 @@ func (c *nearCache) do(ctx context.Context, d *decision, next step) {
 		return
 	}
 	next(ctx, d)
-	if d.o.Kind == Denied && !d.o.FromCache {
-		c.remember(ev.Subject, p, cost, sent, d.o.Status)
+	if st := d.o.Status; d.o.Kind == Denied && !d.o.FromCache {
+		c.c.Remember(k, p, cost, sent, sent.Add(st.RetryAfter), sent.Add(st.ResetAfter), st)
 	}
-}
-
-// lookup returns the status of a remembered denial that covers cost at
-// now, its waits measured from now.
-func (c *nearCache) lookup(subject string, p *Policy, cost int64, now time.Time) (Status, bool) {
-	st, until, resetAt, ok := c.c.Lookup(nearKey{Subject: subject, Policy: p.ID}, p, cost, now)
-	if !ok {
-		return Status{}, false
-	}
-	st.RetryAfter = until.Sub(now)
-	st.ResetAfter = max(resetAt.Sub(now), st.RetryAfter)
-	return st, true
-}
-
-// remember records the store's denial st of cost, asked at sent.
-func (c *nearCache) remember(subject string, p *Policy, cost int64, sent time.Time, st Status) {
-	c.c.Remember(nearKey{Subject: subject, Policy: p.ID}, p, cost, sent, sent.Add(st.RetryAfter), sent.Add(st.ResetAfter), st)
-}
-
-// forget drops what is remembered of subject under p.
-func (c *nearCache) forget(subject string, p *Policy) {
-	c.c.Forget(nearKey{Subject: subject, Policy: p.ID})
 }

@@ -83,15 +83,14 @@ func (c Cause) Error() string {
 	return c.String()
 }
 
-// Errors of requests the Limiter or its store cannot decide as asked
-// (Incompatible), and of an answer lost after it was sent
-// (Indeterminate), wrapped in Outcome.Err and in a Store's errors. Match
-// them with errors.Is; a Store says why it could not decide with a Cause.
+// Errors a Store wraps, matched with errors.Is: ErrInvalidRequest for a
+// request that breaks an operation's rules (Incompatible, as is a cost
+// above the policy's MaxCost, a refund the algorithm cannot take and an
+// unknown policy: the Kind says so, the message names the rule),
+// ErrIndeterminate for an answer lost after it was sent (Indeterminate).
+// A Store says why it could not decide with a Cause.
 var (
-	ErrUnknownPolicy  = errors.New("unknown policy")        // Incompatible
 	ErrInvalidRequest = algorithm.ErrInvalidRequest         // Incompatible
-	ErrCostTooHigh    = algorithm.ErrCostTooHigh            // Incompatible
-	ErrNotRefundable  = algorithm.ErrNotRefundable          // Incompatible
 	ErrIndeterminate  = errors.New("reply lost after send") // Indeterminate
 )
 
@@ -141,8 +140,8 @@ type Outcome struct {
 	// Request.Policies, when the request named several; nil otherwise.
 	Statuses []Status
 	// Lease is the lease an Allowed spend acquired on the request's
-	// Concurrency policies, to give back with Limiter.Release (and keep
-	// with Limiter.Renew); the zero Lease when it named none. Example:
+	// Concurrency policies, to give back with a Check of Op Release (and
+	// keep with one of Op Renew); the zero Lease when it named none. Example:
 	// {ID: "q3Xh0bV8Yx2lC0mQe1o7bA", Subject: "u:42", Policies: ["reports"]}.
 	Lease Lease
 	// Replayed reports that this is the remembered first decision for the
@@ -164,7 +163,7 @@ type Outcome struct {
 }
 
 // Lease is a slot held on one or more Concurrency policies, from an
-// Allowed Check until Limiter.Release gives it back, or until the
+// Allowed Check until a Check of Op Release gives it back, or until the
 // policy's LeaseTTL passes without a renewal (so a holder that dies
 // cannot leak a slot for longer than that). The zero value holds nothing;
 // releasing it does nothing.
@@ -173,7 +172,8 @@ type Outcome struct {
 //
 //	o := lim.Check(ctx, req)
 //	if o.Kind != sluice.Allowed { … }
-//	defer lim.Release(context.WithoutCancel(ctx), o.Lease)
+//	defer lim.Check(context.WithoutCancel(ctx), sluice.Request{Op: sluice.Release,
+//		Policies: o.Lease.Policies, Subject: o.Lease.Subject, LeaseID: o.Lease.ID})
 type Lease struct {
 	// ID names the lease: 22 characters of base64url, random (or, for a
 	// request with an EvaluationID, derived from it and the subject, so a

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
-	"github.com/sluicehq/sluice/internal/overrideage"
+	"github.com/sluicehq/sluice/internal/overridemap"
+	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Override gives one subject of one policy other numbers: a tenant's plan.
@@ -51,60 +50,31 @@ type overrideStore interface {
 	Overrides(ctx context.Context) ([]Override, error)
 }
 
-// Override refresh timings: no decision is taken on overrides read from
-// the store longer than overrideMaxAge ago (on the Limiter's clock,
-// counted from when the read began): a Check that finds them older reads
-// them first. A Check that finds them older than half that starts one
-// background read, so a busy Limiter never waits for one. A read gives up
-// after overrideReadTimeout.
-const (
-	overrideMaxAge      = 500 * time.Millisecond
-	overrideReadTimeout = 2 * time.Second
-)
-
-// overrideKey names one override: policy ID and subject.
-type overrideKey struct{ policy, subject string }
-
-// overrideSet is an immutable snapshot of the overrides a Limiter
-// applies.
-type overrideSet struct {
-	byKey map[overrideKey]*Policy // the overridden policies: same ID and Revision
-	list  []Override
-}
-
-// overrides is a Limiter's override state.
-type overrides struct {
-	set     atomic.Pointer[overrideSet] // nil: no overrideStore and nothing set
-	store   overrideStore               // nil when the Store is not one
-	age     overrideage.Freshness       // how old the store's overrides are
-	local   []Override                  // given in Options: applied under the store's
-	mu      sync.Mutex                  // held to change stored and set
-	stored  []Override                  // the store's, as last read (or the ones set here)
-	changes int64                       // SetOverride calls: a read begun before one is stale
-}
-
-// initOverrides prepares l's overrides from opts and its store.
+// initOverrides prepares l's overrides from opts and its store
+// (internal/overridemap keeps them and reads the store's).
 func (l *Limiter) initOverrides(opts Options) error {
+	ps := make([]*Policy, len(opts.Overrides))
 	for i, o := range opts.Overrides {
 		if o.Limit == 0 {
 			return fmt.Errorf("sluice: New: overrides[%d]: limit = 0: must be at least 1", i)
 		}
-		if _, err := l.overridden(o); err != nil {
-			return &prefixError{prefix: fmt.Sprintf("sluice: New: overrides[%d]: ", i), err: err}
+		var err error
+		if ps[i], err = l.overridden(o); err != nil {
+			return &policyerr.Prefixed{Prefix: fmt.Sprintf("sluice: New: overrides[%d]: ", i), Err: err}
 		}
 	}
-	l.ovr.local = append([]Override(nil), opts.Overrides...)
-	l.ovr.store, _ = l.store.(overrideStore)
-	if l.ovr.store == nil && len(l.ovr.local) == 0 {
-		return nil
+	cfg := overridemap.Config[Override, *Policy]{
+		Key: func(o Override) overridemap.Key { return overridemap.Key{Policy: o.Policy, Subject: o.Subject} },
+		Resolve: func(o Override) (*Policy, bool) {
+			p, err := l.overridden(o)
+			return p, err == nil && p != nil
+		},
+		Clock: l.clock,
 	}
-	l.ovr.set.Store(l.buildOverrides())
-	if l.ovr.store != nil {
-		// Read the store now, in the background (New does not wait on
-		// the store): the first Check waits for that read, not longer.
-		l.ovr.age.Init(l.clock, overrideMaxAge)
-		l.readOverrides()
+	if st, ok := l.store.(overrideStore); ok {
+		l.ovrStore, cfg.Read = st, st.Overrides
 	}
+	l.ovr = overridemap.New(cfg, append([]Override(nil), opts.Overrides...), ps)
 	return nil
 }
 
@@ -118,17 +88,17 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if o.Limit == 0 {
 		return nil, nil
 	}
-	if err := checkSubject(o.Subject); err != nil {
+	if err := requestform.Subject(o.Subject); err != nil {
 		return nil, err
 	}
 	q := *base
 	q.Limit, q.Burst = o.Limit, o.Burst
 	if base.Algorithm == Concurrency {
 		if o.Burst != 0 {
-			return nil, &PolicyError{Policy: q.ID, Field: "burst", Value: fmt.Sprint(o.Burst), Rule: "does not apply to concurrency: an override sets only its limit"}
+			return nil, &policyerr.Error{Policy: q.ID, Field: "burst", Value: fmt.Sprint(o.Burst), Rule: "does not apply to concurrency: an override sets only its limit"}
 		}
 		if o.Window != 0 {
-			return nil, &PolicyError{Policy: q.ID, Field: "window", Value: o.Window.String(), Rule: "does not apply to concurrency, which has no window"}
+			return nil, &policyerr.Error{Policy: q.ID, Field: "window", Value: o.Window.String(), Rule: "does not apply to concurrency, which has no window"}
 		}
 	} else if o.Window != 0 {
 		q.Window = o.Window
@@ -140,7 +110,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	}
 	local := q.LocalQuota.Enabled
 	q.LocalQuota = LocalQuota{}
-	q = q.WithDefaults()
+	q = q.withDefaults()
 	if c := q.params().Capacity(algorithm.Kind(q.Algorithm)); q.MaxCost > c {
 		q.MaxCost = c
 	}
@@ -150,7 +120,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if local { // local quota's defaults for the subject's own numbers, unless they are too small for blocks
 		lq := q
 		lq.LocalQuota = LocalQuota{Enabled: true}
-		if lq = lq.WithDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
+		if lq = lq.withDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
 			q = lq
 		}
 	}
@@ -160,148 +130,31 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 // errTooSmall marks numbers too small for local quota's blocks.
 var errTooSmall = errors.New("too small for blocks")
 
-// buildOverrides returns a snapshot of l's local overrides under the
-// stored ones (a stored override of the same policy and subject wins).
-// l.ovr.mu is held, or l is not yet shared.
-func (l *Limiter) buildOverrides() *overrideSet {
-	stored := l.ovr.stored
-	s := &overrideSet{byKey: make(map[overrideKey]*Policy, len(l.ovr.local)+len(stored))}
-	add := func(o Override) {
-		if p, err := l.overridden(o); err == nil && p != nil {
-			k := overrideKey{o.Policy, o.Subject}
-			if _, dup := s.byKey[k]; !dup {
-				s.list = append(s.list, o)
-			} else {
-				for i := range s.list {
-					if s.list[i].Policy == o.Policy && s.list[i].Subject == o.Subject {
-						s.list[i] = o
-					}
+// applyOverrides is the overrides stage, the first: it gives each policy
+// of d.ev the subject's own numbers where an override names them, or
+// failing one for the subject, the one of the first of its Previous
+// subjects (its pseudonyms under older keys) that has one, so a key
+// rotation keeps a tenant's plan as it keeps the tenant's state. Over a
+// store that keeps overrides, overrides read too long ago are read again
+// first (overridemap.State.Fresh says how long a Check waits).
+func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
+	if m := l.ovr.Fresh(ctx); m.Len() > 0 {
+		ev := &d.ev
+	policies:
+		for i, p := range ev.Policies {
+			for j := -1; j < len(ev.Previous); j++ {
+				subject := ev.Subject
+				if j >= 0 {
+					subject = ev.Previous[j]
+				}
+				if e, ok := m.Get(overridemap.Key{Policy: p.ID, Subject: subject}); ok {
+					ev.Policies[i] = e.P
+					continue policies
 				}
 			}
-			s.byKey[k] = p
-		}
-	}
-	for _, o := range l.ovr.local {
-		add(o)
-	}
-	for _, o := range stored {
-		add(o) // an override the store holds for a policy l lacks is skipped
-	}
-	sort.Slice(s.list, func(i, j int) bool {
-		a, b := s.list[i], s.list[j]
-		return a.Policy < b.Policy || a.Policy == b.Policy && a.Subject < b.Subject
-	})
-	return s
-}
-
-// applyOverrides is the overrides stage, the first: it gives each policy
-// of d.ev the subject's own numbers where an override names them. Over a
-// store that keeps overrides, overrides read too long ago are read again
-// first (overrideMaxAge; see awaitOverrides for how long a Check waits).
-func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
-	if l.ovr.store != nil {
-		switch l.ovr.age.State() {
-		case overrideage.Old:
-			l.readOverrides()
-		case overrideage.Stale:
-			l.awaitOverrides(ctx, l.readOverrides())
-		}
-	}
-	if s := l.ovr.set.Load(); s != nil {
-		ev := &d.ev
-		for i, p := range ev.Policies {
-			ev.Policies[i] = l.override(s, p, ev.Subject, ev.Previous)
 		}
 	}
 	next(ctx, d)
-}
-
-// awaitOverrides waits for the overrides read of ch to end, for at most
-// half the time ctx has left (on the Limiter's clock): a store that slow
-// to give its overrides is most likely failing, and the decision, sent to
-// it with the other half, says how (and feeds its breaker) where a Check
-// that spent its whole deadline waiting here would say nothing of the
-// store. Such a decision goes on the overrides in hand.
-func (l *Limiter) awaitOverrides(ctx context.Context, ch <-chan struct{}) {
-	if dl, ok := ctx.Deadline(); ok {
-		now := l.clock.Now()
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, now.Add(dl.Sub(now)/2))
-		defer cancel()
-	}
-	select {
-	case <-ch:
-	case <-ctx.Done():
-	}
-}
-
-// override returns the policy to decide p by for subject: p, or its
-// override in s, l's snapshot; failing one for subject, the one of the
-// first of previous (its pseudonyms under older keys) that has one, so a
-// key rotation keeps a tenant's plan as it keeps the tenant's state.
-func (l *Limiter) override(s *overrideSet, p *Policy, subject string, previous []string) *Policy {
-	if len(s.byKey) == 0 {
-		return p
-	}
-	if q := s.byKey[overrideKey{p.ID, subject}]; q != nil {
-		return q
-	}
-	for _, old := range previous {
-		if q := s.byKey[overrideKey{p.ID, old}]; q != nil {
-			return q
-		}
-	}
-	return p
-}
-
-// readOverrides starts one read of the store's overrides, unless one is
-// under way, and returns a channel closed when the read under way ends.
-func (l *Limiter) readOverrides() <-chan struct{} {
-	ch, start := l.ovr.age.Begin()
-	if !start {
-		return ch
-	}
-	go func() {
-		began := l.clock.Now()
-		l.ovr.mu.Lock()
-		changes := l.ovr.changes
-		l.ovr.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), overrideReadTimeout)
-		list, err := l.ovr.store.Overrides(ctx)
-		cancel()
-		fresh := err == nil && l.storeOverrides(list, changes)
-		l.ovr.age.End(ch, fresh, began, l.clock.Now())
-	}()
-	return ch
-}
-
-// storeOverrides makes list, read from the store after changes calls of
-// SetOverride, the stored overrides l applies, building a new snapshot
-// only when they changed, and reports whether l applies them; a read that
-// a later SetOverride overtook is dropped.
-func (l *Limiter) storeOverrides(list []Override, changes int64) bool {
-	l.ovr.mu.Lock()
-	defer l.ovr.mu.Unlock()
-	if changes != l.ovr.changes {
-		return false
-	}
-	if !equalOverrides(list, l.ovr.stored) {
-		l.ovr.stored = append([]Override(nil), list...)
-		l.ovr.set.Store(l.buildOverrides())
-	}
-	return true
-}
-
-func equalOverrides(a, b []Override) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // SetOverride gives o.Subject of policy o.Policy o's numbers, or with
@@ -316,56 +169,38 @@ func equalOverrides(a, b []Override) bool {
 // at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {
-		return &PolicyError{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
+		return &policyerr.Error{Policy: o.Policy, Field: "limit", Value: fmt.Sprint(o.Limit), Rule: "must be at least 1, or 0 to remove the override"}
 	}
-	if _, err := l.overridden(o); err != nil {
+	p, err := l.overridden(o)
+	if err != nil {
 		return err
 	}
 	if o.Limit == 0 {
-		if err := checkSubject(o.Subject); err != nil {
+		if err := requestform.Subject(o.Subject); err != nil {
 			return err
 		}
 		o = Override{Policy: o.Policy, Subject: o.Subject}
 	}
-	l.ovr.mu.Lock()
-	defer l.ovr.mu.Unlock()
-	if l.ovr.store != nil {
-		if err := l.ovr.store.PutOverride(ctx, o); err != nil {
-			return fmt.Errorf("sluice: SetOverride: %w", err)
+	var put func() error
+	if l.ovrStore != nil {
+		put = func() error {
+			if err := l.ovrStore.PutOverride(ctx, o); err != nil {
+				return fmt.Errorf("sluice: SetOverride: %w", err)
+			}
+			return nil
 		}
 	}
-	next := make([]Override, 0, len(l.ovr.stored)+1)
-	for _, s := range l.ovr.stored {
-		if s.Policy != o.Policy || s.Subject != o.Subject {
-			next = append(next, s)
-		}
-	}
-	if o.Limit != 0 {
-		next = append(next, o)
-	}
-	l.ovr.stored = next
-	l.ovr.changes++
-	l.ovr.set.Store(l.buildOverrides())
-	return nil
+	return l.ovr.Set(o, p, o.Limit == 0, put)
 }
 
 // Overrides returns the overrides l applies (those of Options and, with
 // a Store that keeps overrides, the ones stored there, read now), by
 // policy then subject.
 func (l *Limiter) Overrides(ctx context.Context) ([]Override, error) {
-	if l.ovr.store != nil {
-		l.ovr.mu.Lock()
-		changes := l.ovr.changes
-		l.ovr.mu.Unlock()
-		list, err := l.ovr.store.Overrides(ctx)
-		if err != nil {
+	if l.ovrStore != nil {
+		if _, err := l.ovr.ReadNow(ctx); err != nil {
 			return nil, fmt.Errorf("sluice: Overrides: %w", err)
 		}
-		l.storeOverrides(list, changes)
 	}
-	s := l.ovr.set.Load()
-	if s == nil {
-		return nil, nil
-	}
-	return append([]Override(nil), s.list...), nil
+	return l.ovr.List(), nil
 }

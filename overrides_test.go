@@ -3,6 +3,7 @@ package sluice_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -368,5 +369,29 @@ func TestOverridesReadHungAtStart(t *testing.T) {
 	defer cancel()
 	if o := l.Check(ctx, sluice.Request{Policy: "fw", Subject: "tenant"}); o.Kind != sluice.Allowed || ctx.Err() != nil {
 		t.Fatalf("Check while the overrides read hangs = %+v (context: %v), want allowed by the store within the deadline", o, ctx.Err())
+	}
+}
+
+// BenchmarkSetOverride10000 sets one override on a Limiter that applies
+// 10 000 (over a store that keeps none): what an admin API call or a
+// plan change costs once a fleet of tenants has overrides.
+func BenchmarkSetOverride10000(b *testing.B) {
+	l, err := sluice.New(evaluateOnly{newMemstore(b, nil)}, []sluice.Policy{{ID: "p", Algorithm: sluice.GCRA, Limit: 100, Window: time.Second}}, sluice.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 10_000 {
+		if err := l.SetOverride(ctx, sluice.Override{Policy: "p", Subject: fmt.Sprintf("tenant-%d", i), Limit: 1000}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		i++
+		if err := l.SetOverride(ctx, sluice.Override{Policy: "p", Subject: fmt.Sprintf("tenant-%d", i%10_000), Limit: int64(1000 + i%2)}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

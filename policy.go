@@ -6,6 +6,9 @@ import (
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/period"
+	"github.com/sluicehq/sluice/internal/policydefaults"
+	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config
@@ -21,7 +24,7 @@ const (
 	TokenBucket   Algorithm = Algorithm(algorithm.KindTokenBucket)   // token_bucket
 	GCRA          Algorithm = Algorithm(algorithm.KindGCRA)          // gcra
 	// Concurrency limits how many leases a subject holds at once, not how
-	// often it spends: see Policy.LeaseTTL and Limiter.Release.
+	// often it spends: see Policy.LeaseTTL and Op Acquire.
 	Concurrency Algorithm = Algorithm(algorithm.KindConcurrency) // concurrency
 )
 
@@ -34,30 +37,6 @@ func (a Algorithm) String() string {
 }
 
 func (a Algorithm) valid() bool { return a >= FixedWindow && a <= Concurrency }
-
-// FailureMode says what an edge answers when the store cannot decide (an
-// Unavailable or Indeterminate outcome): a property of the edge's rule
-// (httplimit.Route, grpclimit.Method, the server's per-policy
-// failure_mode), not of the policy's math. The outcome itself stays
-// honest.
-type FailureMode uint8
-
-// Failure modes. The zero value is FailClosed.
-const (
-	FailClosed FailureMode = iota // closed: answer 503, admit nothing
-	FailOpen                      // open: admit, count, log
-	FailLocal                     // local: fall back to an embedded limiter with a local share
-)
-
-var failureModeNames = [...]string{FailClosed: "closed", FailOpen: "open", FailLocal: "local"}
-
-// String returns the config spelling, e.g. "closed".
-func (m FailureMode) String() string {
-	if int(m) < len(failureModeNames) {
-		return failureModeNames[m]
-	}
-	return fmt.Sprintf("FailureMode(%d)", uint8(m))
-}
 
 // Policy is one named limit. The zero value is not valid: ID, Algorithm,
 // Limit and Window (or Period) are required; every other field's zero value means its
@@ -184,74 +163,33 @@ type LocalQuota struct {
 	MaxBlock int64
 }
 
-// minBlock is the fewest units a block holds: below that, a block saves
-// too few store calls to be worth its unspent units.
-const minBlock = 4
-
-// PolicyError says which field of which policy broke which rule. Config
-// loading maps Field to a line of the file.
-type PolicyError struct {
-	Policy string // the policy ID, possibly empty
-	Field  string // the config spelling: "limit", "window", "burst", …
-	Value  string // the offending value as written
-	Rule   string // what the value must be
+// fields returns p's defaulted fields and what their defaults depend on.
+func (p *Policy) fields() policydefaults.Fields {
+	return policydefaults.Fields{Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, LeaseTTL: p.LeaseTTL, Aligned: p.ClockAligned,
+		Revision: p.Revision, Burst: p.Burst, MaxCost: p.MaxCost, DedupeTTL: p.DedupeTTL, DedupeMax: p.DedupeMax,
+		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
 }
 
-func (e *PolicyError) Error() string {
-	return fmt.Sprintf("sluice: policy %q: %s = %s: %s", e.Policy, e.Field, e.Value, e.Rule)
-}
-
-// WithDefaults returns p with every defaulted zero field filled in. It does
-// not validate.
-func (p Policy) WithDefaults() Policy {
-	if p.Revision == 0 {
-		p.Revision = 1
-	}
-	if p.Burst == 0 {
-		p.Burst = p.Limit
-	}
-	if p.MaxCost == 0 {
-		p.MaxCost = p.params().Capacity(algorithm.Kind(p.Algorithm))
-	}
-	if p.DedupeTTL == 0 {
-		p.DedupeTTL = 5 * time.Second
-	}
-	if p.DedupeMax == 0 {
-		p.DedupeMax = 256
-	}
-	if q := &p.LocalQuota; q.Enabled {
-		if q.BlockTime == 0 {
-			q.BlockTime = min(100*time.Millisecond, p.Window/10)
-			if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-				q.BlockTime = min(q.BlockTime, p.refill(p.Burst/8))
-			}
-			q.BlockTime = max(q.BlockTime.Truncate(time.Microsecond), time.Millisecond) // Validate says when even that is too long
-		}
-		if q.MaxBlock == 0 {
-			q.MaxBlock = max(p.MaxCost/10, minBlock)
-		}
-	}
+// withDefaults returns p with every defaulted zero field filled in, by
+// internal/policydefaults. It does not validate.
+func (p Policy) withDefaults() Policy {
+	f := p.fields()
+	policydefaults.Apply(&f)
+	p.Revision, p.Burst, p.MaxCost, p.DedupeTTL, p.DedupeMax = f.Revision, f.Burst, f.MaxCost, f.DedupeTTL, f.DedupeMax
+	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
 	return p
 }
 
-// refill returns how long a token_bucket or gcra policy p takes to refill
-// n units, rounded down to a microsecond.
-func (p Policy) refill(n int64) time.Duration {
-	if p.Limit <= 0 {
-		return 0
-	}
-	return time.Duration(n*p.Window.Microseconds()/p.Limit) * time.Microsecond
-}
-
-// Validate reports, as a *PolicyError, the first field of p (after
-// defaults) that breaks a rule.
+// Validate reports the first field of p (after defaults) that breaks a
+// rule, naming the policy, the field, the value and the rule, e.g.
+// `sluice: policy "api": limit = 0: must be between 1 and 1000000000`.
 func (p Policy) Validate() error {
 	maxCost := p.MaxCost
-	p = p.WithDefaults()
+	p = p.withDefaults()
 	bad := func(field, value, rule string) error {
-		return &PolicyError{Policy: p.ID, Field: field, Value: value, Rule: rule}
+		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
 	}
-	if !validID(p.ID) {
+	if !requestform.PolicyID(p.ID) {
 		return bad("id", fmt.Sprintf("%q", p.ID), "must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
 	}
 	if p.Revision < 1 || p.Revision > 1<<31 {
@@ -315,63 +253,19 @@ func (p Policy) Validate() error {
 	return p.validateLocalQuota(bad)
 }
 
-// validateLocalQuota is Validate for p.LocalQuota, defaults applied.
+// validateLocalQuota is Validate for p.LocalQuota, defaults applied: the
+// rules in internal/requestform.
 func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) error {
-	q := p.LocalQuota
-	if !q.Enabled {
-		if q.BlockTime != 0 || q.MaxBlock != 0 {
-			return bad("local_quota.enabled", "false", "must be true when block_time or max_block is set")
-		}
-		return nil
-	}
-	switch p.Algorithm {
-	case SlidingWindow:
-		return bad("local_quota", "true", "does not apply to sliding_window: its estimate weighs each unit by the window it was spent in, and a block's units would be used after the store counted them")
-	case SlidingLog:
-		return bad("local_quota", "true", "does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject")
-	case Concurrency:
-		return bad("local_quota", "true", "does not apply to concurrency: a lease is held, not spent")
-	}
-	longest, rule := min(time.Second, p.Window/2), "must be between 1ms and 1s, at most half the window"
-	if p.Algorithm == TokenBucket || p.Algorithm == GCRA {
-		longest, rule = min(longest, p.refill(p.Burst/2)), rule+" and the time to refill half the burst"
-	}
-	if longest < time.Millisecond {
-		return bad("local_quota", "true", fmt.Sprintf("needs blocks of at least 1ms, and this policy allows them at most %v (half the window, or for token_bucket and gcra the time to refill half the burst)", longest))
-	}
-	if q.BlockTime < time.Millisecond || q.BlockTime > longest || q.BlockTime%time.Microsecond != 0 {
-		return bad("local_quota.block_time", q.BlockTime.String(), fmt.Sprintf("%s (%v), a whole number of microseconds", rule, longest))
-	}
-	if half := p.MaxCost / 2; half < minBlock {
-		return bad("local_quota", "true", fmt.Sprintf("needs a max_cost of at least %d, not %d: a limit this small is best decided by the store, one request at a time", 2*minBlock, p.MaxCost))
-	} else if q.MaxBlock < minBlock || q.MaxBlock > half {
-		return bad("local_quota.max_block", fmt.Sprint(q.MaxBlock), fmt.Sprintf("must be between %d and %d, half of max_cost", minBlock, half))
-	}
-	return nil
+	return requestform.LocalQuota(p.fields(), bad)
 }
 
-// params returns p's numbers in the engine's units, for Validate and
-// WithDefaults.
+// params returns p's numbers in the engine's units; a calendar period
+// is checked as a window of its nominal length (a store decides on the
+// calendar's).
 func (p Policy) params() algorithm.Params {
-	w := p.Window
-	if p.Algorithm == Concurrency {
-		w = p.LeaseTTL // the engine's window: how long a lease lives
-	}
+	f := p.fields()
 	if u, ok := period.Parse(p.Period); ok {
-		w = u.Nominal() // checked as a window this long; a store decides on the calendar's
+		f.Window = u.Nominal()
 	}
-	return algorithm.Params{Limit: p.Limit, Window: w.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}
-}
-
-func validID(id string) bool {
-	if len(id) < 1 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return f.Params()
 }

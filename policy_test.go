@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 func TestPolicyValidate(t *testing.T) {
@@ -94,9 +96,9 @@ func TestPolicyValidate(t *testing.T) {
 				}
 				return
 			}
-			var pe *sluice.PolicyError
+			var pe *policyerr.Error
 			if !errors.As(err, &pe) {
-				t.Fatalf("Validate(%+v) = %v, want a *PolicyError on %s", p, err, c.field)
+				t.Fatalf("Validate(%+v) = %v, want a *policyerr.Error on %s", p, err, c.field)
 			}
 			if pe.Field != c.field || pe.Policy != p.ID || pe.Value == "" || !contains(pe.Rule, c.substr) {
 				t.Fatalf("Validate(%+v) = %+v, want field %q with a rule mentioning %q", p, pe, c.field, c.substr)
@@ -106,13 +108,13 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestPolicyDefaults(t *testing.T) {
-	p := sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4}.WithDefaults()
+	p := evaluation.Defaults(sluice.Policy{ID: "b", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Second, Burst: 4})
 	if p.Revision != 1 || p.Burst != 4 || p.MaxCost != 4 {
-		t.Fatalf("WithDefaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
+		t.Fatalf("evaluation.Defaults = %+v, want revision 1, burst 4, max cost 4 (the burst)", p)
 	}
-	p = sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second}.WithDefaults()
+	p = evaluation.Defaults(sluice.Policy{ID: "f", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Second})
 	if p.Burst != 10 || p.MaxCost != 10 {
-		t.Fatalf("WithDefaults = %+v, want burst and max cost = limit 10", p)
+		t.Fatalf("evaluation.Defaults = %+v, want burst and max cost = limit 10", p)
 	}
 }
 

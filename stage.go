@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 // A stage is one step of a Limiter's Check between validation and the
@@ -80,7 +83,7 @@ func failed(err error) Outcome {
 		o.Kind = Indeterminate
 	case errors.Is(err, CorruptState):
 		o.Kind, o.Cause = Unavailable, CorruptState
-	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnknownPolicy), errors.Is(err, ErrCostTooHigh), errors.Is(err, ErrNotRefundable):
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, policyerr.ErrUnknownPolicy), errors.Is(err, algorithm.ErrCostTooHigh), errors.Is(err, algorithm.ErrNotRefundable):
 		o.Kind = Incompatible
 	case errors.Is(err, ClockUnsafe):
 		o.Kind, o.Cause = Unavailable, ClockUnsafe

@@ -25,7 +25,7 @@ const (
 	// Refund gives Cost units back to every named policy, for work that
 	// was admitted but never done, never raising Remaining above Limit.
 	// A sliding_window or concurrency policy makes the request
-	// Incompatible with ErrNotRefundable.
+	// Incompatible.
 	Refund = Op(algorithm.OpRefund) // refund
 	// Reset clears the subject's state of every named policy, as if the
 	// subject had never been seen: the way to unlock a user locked out by
@@ -36,11 +36,17 @@ const (
 	Reset = Op(algorithm.OpReset) // reset
 	// Acquire takes one lease on every named Concurrency policy (at least
 	// one) and spends Cost units of the rate policies named beside them,
-	// all or nothing: Outcome.Lease, to give back with Limiter.Release.
+	// all or nothing: Outcome.Lease, to give back with a Release.
 	// The Limiter names the lease unless LeaseID does.
 	Acquire = Op(algorithm.OpAcquire) // acquire
 	// Release gives the lease LeaseID back on every named policy, all of
-	// them Concurrency policies: see Limiter.Release.
+	// them Concurrency policies, atomically. It is idempotent: releasing
+	// a lease twice, after it expired, or that was never acquired is
+	// Allowed all the same. A Release of the zero Lease (no LeaseID,
+	// Subject or policy) is Allowed without asking the store, so
+	// deferring one is safe on any outcome; pass it a context that
+	// outlives the request (context.WithoutCancel), or the slot is held
+	// until the lease expires.
 	Release = Op(algorithm.OpRelease) // release
 	// Renew extends the lease LeaseID on every named policy: see
 	// Limiter.Renew.
@@ -77,7 +83,7 @@ func (o Op) String() string { return algorithm.Op(o).String() }
 // taken (FailedBeforeSend, ClockUnsafe, CircuitOpen, CorruptState; a bare
 // context error when the context ended before anything was sent),
 // ErrIndeterminate for an answer lost after sending, and the Incompatible
-// errors (ErrInvalidRequest, ErrCostTooHigh, ErrNotRefundable) of a
+// error ErrInvalidRequest of a
 // request that breaks an operation's rules. The package sluicetest holds
 // the behavioural suite every Store must pass.
 type Store interface {
@@ -91,8 +97,9 @@ type Store interface {
 // rules (which policies it may name, what cost it takes, what it carries)
 // are the store's to check, through the decision engine, before it reads
 // or writes any state: for a decision that breaks one it writes nothing
-// and returns an error wrapping ErrInvalidRequest, ErrCostTooHigh or
-// ErrNotRefundable.
+// and returns an error wrapping ErrInvalidRequest (the decision engine's
+// own errors for a cost above MaxCost and a refund the algorithm cannot
+// take are Incompatible too).
 type Evaluation struct {
 	// Op is what the decision does. Example: Refund.
 	Op Op

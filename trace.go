@@ -2,132 +2,57 @@ package sluice
 
 import (
 	"context"
-	"fmt"
-	"strings"
-	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
+	"github.com/sluicehq/sluice/internal/tracing"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// tracerName is the instrumentation scope of the spans a Limiter records.
-const tracerName = "github.com/sluicehq/sluice"
-
-// The attributes of a recorded decision. None names a subject, a
-// pseudonym, a lease or an evaluation id.
-var (
-	attrPolicy     = attribute.Key("sluice.policy")           // the policy IDs, in request order
-	attrAlgorithm  = attribute.Key("sluice.algorithm")        // each policy's algorithm, in the same order
-	attrOperation  = attribute.Key("sluice.operation")        // spend, peek, refund, …
-	attrOutcome    = attribute.Key("sluice.outcome")          // allowed, denied, unavailable, …
-	attrCause      = attribute.Key("sluice.cause")            // why unavailable: circuit_open, …
-	attrReplayed   = attribute.Key("sluice.replayed")         // a remembered decision: nothing spent
-	attrRetryAfter = attribute.Key("sluice.retry_after_ms")   // a denial's wait
-	attrStore      = attribute.Key("sluice.store")            // the store's package: memstore, redisstore, …
-	attrBatch      = attribute.Key("sluice.store.batch")      // decisions in the store's round trip (Evaluation.Batch)
-	attrLatency    = attribute.Key("sluice.store.latency_us") // how long the store took to decide
-)
-
 // tracer is the tracing stage of a Limiter with a TracerProvider, the
-// last before the store: it records each decision asked of the store. A
-// decision whose context holds a recording span (the caller's request) is
-// an event on that span, which costs less than a span of its own
-// (BENCHMARKS.md, "Tracing") and shows the same; a decision with no
-// recording span to join (a context with no span, or only a remote
-// parent's) is a span of its own, "sluice.Check". A Limiter without a
-// TracerProvider has no such stage: tracing off costs nothing.
+// last before the store: it records each decision asked of the store
+// through internal/tracing (a span of its own, or an event on the
+// caller's). A Limiter without a TracerProvider has no such stage:
+// tracing off costs nothing.
 type tracer struct {
-	tracer trace.Tracer
-	clock  Clock // the Limiter's: times the store
-	start  []trace.SpanStartOption
-	kind   attribute.KeyValue // sluice.store
+	t     *tracing.Tracer
+	clock Clock // the Limiter's: times the store
 }
 
 func newTracer(tp trace.TracerProvider, store Store, c Clock) *tracer {
-	return &tracer{
-		tracer: tp.Tracer(tracerName),
-		clock:  c,
-		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)},
-		kind:   attrStore.String(storeKind(store)),
-	}
-}
-
-// storeKind names store by its package, e.g. "redisstore" for a
-// *redisstore.Store, seen through wrappers that have an Unwrap() Store
-// method.
-func storeKind(store Store) string {
-	for range 8 { // bounded: a wrapper could unwrap to itself
+	for range 8 { // wrappers with an Unwrap() Store method, bounded: one could unwrap to itself
 		w, ok := store.(interface{ Unwrap() Store })
 		if !ok {
 			break
 		}
 		store = w.Unwrap()
 	}
-	t := strings.TrimLeft(fmt.Sprintf("%T", store), "*")
-	if i := strings.LastIndexByte(t, '.'); i >= 0 {
-		t = t[:i]
-	}
-	return t
+	return &tracer{t: tracing.New(tp, tracing.StoreKind(store)), clock: c}
 }
 
 // do is the tracing stage: next asks the store for d.ev's decision, and
 // the Outcome it maps to is recorded.
 func (t *tracer) do(ctx context.Context, d *decision, next step) {
-	span, own := trace.SpanFromContext(ctx), false
-	if !span.IsRecording() {
-		ctx, span = t.tracer.Start(ctx, "sluice.Check", t.start...)
-		own = true
+	ctx, span, own, sampled := t.t.Start(ctx)
+	if own {
 		defer span.End()
-		if !span.IsRecording() { // not sampled: nothing to time or record
-			next(ctx, d)
-			return
-		}
+	}
+	if !sampled { // nothing to time or record
+		next(ctx, d)
+		return
 	}
 	t0 := t.clock.Now()
 	next(ctx, d)
-	t.record(span, own, &d.ev, &d.o, t.clock.Now().Sub(t0))
-}
-
-// record puts the decision the store took for ev, o, on span: as an
-// event, or as the attributes of the decision's own span.
-func (t *tracer) record(span trace.Span, own bool, ev *Evaluation, o *Outcome, took time.Duration) {
-	attrs := make([]attribute.KeyValue, 0, 10)
+	ev, o := &d.ev, &d.o
+	r := tracing.Decision{Op: ev.Op.String(), Outcome: o.Kind.String(), Denied: o.Kind == Denied, Failed: o.Kind == Unavailable || o.Kind == Indeterminate,
+		RetryAfter: o.RetryAfter, Replayed: o.Replayed, Batch: ev.Batch, Took: t.clock.Now().Sub(t0)}
 	if len(ev.Policies) == 1 {
-		p := ev.Policies[0]
-		attrs = append(attrs, attrPolicy.String(p.ID), attrAlgorithm.String(p.Algorithm.String()))
+		r.Policy, r.Algorithm = ev.Policies[0].ID, ev.Policies[0].Algorithm.String()
 	} else {
-		policies := make([]string, len(ev.Policies))
-		algorithms := make([]string, len(ev.Policies))
-		for i, p := range ev.Policies {
-			policies[i], algorithms[i] = p.ID, p.Algorithm.String()
+		for _, p := range ev.Policies {
+			r.Policies, r.Algorithms = append(r.Policies, p.ID), append(r.Algorithms, p.Algorithm.String())
 		}
-		attrs = append(attrs, attrPolicy.StringSlice(policies), attrAlgorithm.StringSlice(algorithms))
 	}
-	attrs = append(attrs, attrOperation.String(ev.Op.String()), attrOutcome.String(o.Kind.String()), t.kind,
-		attrLatency.Int64(took.Microseconds()))
 	if o.Cause != 0 {
-		attrs = append(attrs, attrCause.String(o.Cause.String()))
+		r.Cause = o.Cause.String()
 	}
-	if o.Kind == Denied {
-		attrs = append(attrs, attrRetryAfter.Int64(o.RetryAfter.Milliseconds()))
-	}
-	if o.Replayed {
-		attrs = append(attrs, attrReplayed.Bool(true))
-	}
-	if ev.Batch > 0 {
-		attrs = append(attrs, attrBatch.Int(ev.Batch))
-	}
-	if !own {
-		span.AddEvent("sluice.decision", trace.WithAttributes(attrs...))
-		return
-	}
-	span.SetAttributes(attrs...)
-	if o.Kind == Unavailable || o.Kind == Indeterminate {
-		desc := o.Kind.String()
-		if o.Cause != 0 {
-			desc += ": " + o.Cause.String()
-		}
-		span.SetStatus(codes.Error, desc)
-	}
+	t.t.Record(span, own, &r)
 }

@@ -30,6 +30,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	ulule "github.com/ulule/limiter/v3"
@@ -90,7 +92,7 @@ type hotTarget struct {
 	// build makes the row's limiter on client: its decisions on the one
 	// subject, its local quota counters (zero for a row without), and
 	// how to release it.
-	build func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() sluice.LocalStats, func(), error)
+	build func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() localquota.Stats, func(), error)
 }
 
 // hotDecide takes one decision on the hot subject: whether it was
@@ -111,7 +113,7 @@ func hotTargets() []hotTarget {
 	}
 }
 
-func noLocal() sluice.LocalStats { return sluice.LocalStats{} }
+func noLocal() localquota.Stats { return localquota.Stats{} }
 
 // hotSluice is Limiter.Check over redisstore (default options), the
 // fixed window aligned to the clock, with or without local quota (its
@@ -124,14 +126,15 @@ func hotSluice(alg sluice.Algorithm, local bool) hotTarget {
 	}
 	return hotTarget{
 		name: name, algorithm: alg, local: local, reached: true,
-		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() sluice.LocalStats, func(), error) {
+		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() localquota.Stats, func(), error) {
 			rs, err := redisstore.New(client, redisstore.Options{})
 			if err != nil {
 				return nil, nil, nil, err
 			}
 			p := sluice.Policy{ID: "hot", Algorithm: alg, Limit: l.Limit, Window: l.Window,
 				ClockAligned: alg == sluice.FixedWindow, LocalQuota: sluice.LocalQuota{Enabled: local}}
-			lim, err := sluice.New(rs, []sluice.Policy{p}, sluice.Options{})
+			tally := new(localquota.Tally)
+			lim, err := sluice.New(rs, []sluice.Policy{p}, sluice.Options{OnLocalQuota: tally.Add})
 			if err != nil {
 				rs.Close()
 				return nil, nil, nil, err
@@ -146,7 +149,7 @@ func hotSluice(alg sluice.Algorithm, local bool) hotTarget {
 				}
 				return false, false, fmt.Errorf("%v: %w", o.Kind, o.Err)
 			}
-			return decide, func() sluice.LocalStats { return lim.LocalStats("hot") }, func() { rs.Close() }, nil
+			return decide, func() localquota.Stats { return tally.Stats("hot") }, func() { rs.Close() }, nil
 		},
 	}
 }
@@ -156,7 +159,7 @@ func hotSluice(alg sluice.Algorithm, local bool) hotTarget {
 func hotRedisRate() hotTarget {
 	return hotTarget{
 		name: "go-redis/redis_rate v10 (gcra)", peer: true, algorithm: sluice.GCRA,
-		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() sluice.LocalStats, func(), error) {
+		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() localquota.Stats, func(), error) {
 			lim := redis_rate.NewLimiter(client)
 			rl := redis_rate.Limit{Rate: int(l.Limit), Burst: int(l.Limit), Period: l.Window}
 			return func(ctx context.Context) (bool, bool, error) {
@@ -175,7 +178,7 @@ func hotRedisRate() hotTarget {
 func hotUlule() hotTarget {
 	return hotTarget{
 		name: "ulule/limiter v3 (fixed_window)", peer: true, algorithm: sluice.FixedWindow,
-		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() sluice.LocalStats, func(), error) {
+		build: func(ctx context.Context, client *redis.Client, l hotLimit) (hotDecide, func() localquota.Stats, func(), error) {
 			st, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "limiter"})
 			if err != nil {
 				return nil, nil, nil, err
@@ -208,15 +211,15 @@ type hotSpec struct {
 
 // childResult is what a child measured in its measured phase.
 type childResult struct {
-	Allowed    int64             `json:"allowed"`
-	Denied     int64             `json:"denied"`
-	Errors     int64             `json:"errors"`
-	FirstError string            `json:"first_error,omitempty"`
-	LocalAdmit int64             `json:"local_admitted"` // allowed from a block (Outcome.Local)
-	Hist       map[int]uint64    `json:"hist"`           // latency histogram bucket → calls
-	CPUUS      float64           `json:"cpu_us"`
-	Sent       map[string]int64  `json:"sent"` // commands the client sent, by name
-	Local      sluice.LocalStats `json:"local"`
+	Allowed    int64            `json:"allowed"`
+	Denied     int64            `json:"denied"`
+	Errors     int64            `json:"errors"`
+	FirstError string           `json:"first_error,omitempty"`
+	LocalAdmit int64            `json:"local_admitted"` // allowed from a block (Outcome.Local)
+	Hist       map[int]uint64   `json:"hist"`           // latency histogram bucket → calls
+	CPUUS      float64          `json:"cpu_us"`
+	Sent       map[string]int64 `json:"sent"` // commands the client sent, by name
+	Local      localquota.Stats `json:"local"`
 }
 
 // cmdCounter counts, by name, the commands a client sends while now is
@@ -338,7 +341,7 @@ func runHotChild(ctx context.Context, spec string, stdin io.Reader, stdout io.Wr
 	wg.Wait()
 	cpu1, local1 := processCPU(), localStats()
 	r := childResult{Hist: map[int]uint64{}, CPUUS: cpu1 - cpu0, Sent: cc.snapshot(),
-		Local: sluice.LocalStats{Local: local1.Local - local0.Local, Blocks: local1.Blocks - local0.Blocks,
+		Local: localquota.Stats{Local: local1.Local - local0.Local, Blocks: local1.Blocks - local0.Blocks,
 			Units: local1.Units - local0.Units, Unused: local1.Unused - local0.Unused}}
 	r.sum(parts)
 	return json.NewEncoder(stdout).Encode(r)

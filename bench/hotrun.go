@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -64,11 +66,11 @@ type hotResult struct {
 	RedisCPUPerDecision  float64          `json:"redis_cpu_us_per_decision"`
 	ClientCPUPerDecision float64          `json:"client_cpu_us_per_decision"`
 	// LocalAdmitted is the decisions allowed from a block of local quota
-	// (Outcome.Local). Local sums the children's Limiter.LocalStats deltas,
+	// (Outcome.Local). Local sums the children's the Limiter's local-quota counts (sluice.Options.OnLocalQuota) deltas,
 	// read as the measured phase starts and ends (a child's reading may
 	// come a few ms late on a busy machine: the blocks are the figure).
-	LocalAdmitted int64             `json:"local_admitted"`
-	Local         sluice.LocalStats `json:"local_stats"`
+	LocalAdmitted int64            `json:"local_admitted"`
+	Local         localquota.Stats `json:"local_stats"`
 
 	// The reached cell: the most the algorithm admits over the run (gcra:
 	// burst + rate × seconds; fixed_window: limit × clock windows the run

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/localquota"
 )
 
 // cell is one combination of load: how many callers, over how many
@@ -72,10 +72,10 @@ type result struct {
 	// rows only).
 	ServerCPUPerDecision float64 `json:"server_cpu_us_per_decision,omitempty"`
 
-	// LocalQuota is the row's Limiter.LocalStats over the whole cell
+	// LocalQuota is the row's the Limiter's local-quota counts (sluice.Options.OnLocalQuota) over the whole cell
 	// (every subject touched, the warm-up, the measured phase): local
 	// quota rows only.
-	LocalQuota *sluice.LocalStats `json:"local_quota,omitempty"`
+	LocalQuota *localquota.Stats `json:"local_quota,omitempty"`
 
 	// Ratios to the best peer of the same kind in the same cell.
 	PerSecondVsBestPeer float64 `json:"decisions_per_second_vs_best_peer,omitempty"`

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	golimiter "github.com/sethvargo/go-limiter/memorystore"
@@ -66,9 +68,9 @@ type env struct {
 	trips    *tripHook
 	subjects []string
 	cg       *callgrind // counts the server's instructions; nil unless -callgrind-pid
-	// localStats, when a target's build sets it, reads its Limiter's
-	// LocalStats (local quota rows).
-	localStats func() sluice.LocalStats
+	// localStats, when a target's build sets it, reads what its
+	// Limiter's local quota did (local quota rows).
+	localStats func() localquota.Stats
 }
 
 // decideFunc takes one call's worth of decisions (batch of them for a
@@ -150,7 +152,7 @@ func newStore(e *env, k kind) (sluice.Store, func(), error) {
 
 // sluiceLeaseTarget drives a concurrency policy: one decision is an
 // acquire (Limiter.Check) and, when allowed and the mode is mostly
-// allowed, its release (Limiter.Release): two store calls. Mostly denied:
+// allowed, its release (a Check of Op Release): two store calls. Mostly denied:
 // the first acquire of each subject (the warm-up's) holds its one slot
 // for the hour, every later one is denied.
 func sluiceLeaseTarget(k kind) target {
@@ -182,7 +184,7 @@ func sluiceLeaseTarget(k kind) target {
 					if m == deniedMode {
 						return 1, nil
 					}
-					if r := lim.Release(ctx, o.Lease); r.Kind != sluice.Allowed {
+					if r := lim.Check(ctx, sluice.Request{Op: sluice.Release, Policies: o.Lease.Policies, Subject: o.Lease.Subject, LeaseID: o.Lease.ID}); r.Kind != sluice.Allowed {
 						return 0, fmt.Errorf("release: %v: %w", r.Kind, r.Err)
 					}
 					return 1, nil
@@ -244,12 +246,13 @@ func sluiceLocalTarget(alg sluice.Algorithm) target {
 				return nil, nil, err
 			}
 			p := sluice.Policy{ID: "bench", Algorithm: alg, Limit: limit, Window: window, LocalQuota: sluice.LocalQuota{Enabled: true}}
-			lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{})
+			tally := new(localquota.Tally)
+			lim, err := sluice.New(st, []sluice.Policy{p}, sluice.Options{OnLocalQuota: tally.Add})
 			if err != nil {
 				closeStore()
 				return nil, nil, err
 			}
-			e.localStats = func() sluice.LocalStats { return lim.LocalStats("bench") }
+			e.localStats = func() localquota.Stats { return tally.Stats("bench") }
 			subjects := e.subjects
 			return func(ctx context.Context, i int) (int, error) {
 				o := lim.Check(ctx, sluice.Request{Policy: "bench", Subject: subjects[i]})

@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -82,10 +83,10 @@ type Method struct {
 	// Default: nil, Options.Subject.
 	Subject subject.KeyFunc
 	// FailureMode answers the method's calls when the Limiter cannot
-	// decide: sluice.FailClosed (codes.Unavailable), sluice.FailOpen (the
-	// call goes on, logged) or sluice.FailLocal (the local fallback
+	// decide: failure.Closed (codes.Unavailable), failure.Open (the
+	// call goes on, logged) or failure.Local (the local fallback
 	// decides, see Options.Fallback). Default: FailClosed.
-	FailureMode sluice.FailureMode
+	FailureMode failure.Mode
 	// SettleTrailer, when set, is the trailer metadata key in which the
 	// handler reports what a call really cost (grpc.SetTrailer, or the
 	// stream's SetTrailer), e.g. "x-tokens-used": the method then spends
@@ -110,8 +111,8 @@ type Options struct {
 	// on unlimited and without trailer fields.
 	Default []string
 	// FailureMode is Default's failure mode (see Method.FailureMode).
-	// Default: sluice.FailClosed.
-	FailureMode sluice.FailureMode
+	// Default: failure.Closed.
+	FailureMode failure.Mode
 	// Subject says who a call is limited as, for the rules that do not
 	// say it themselves. Default: subject.ClientIP(nil), the peer's
 	// address.

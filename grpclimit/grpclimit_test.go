@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -384,7 +386,8 @@ func TestUnaryLocalQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.GCRA, Limit: 100_000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	tally := new(localquota.Tally)
+	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.GCRA, Limit: 100_000, Window: time.Second, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{OnLocalQuota: tally.Add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,12 +399,12 @@ func TestUnaryLocalQuota(t *testing.T) {
 	// Blocks come once the peer has called enough over three block times
 	// (300ms): call for at most 10s, until some calls came from one.
 	n := 0
-	for end := time.Now().Add(10 * time.Second); lim.LocalStats("api").Local < 20 && time.Now().Before(end); n++ {
+	for end := time.Now().Add(10 * time.Second); tally.Stats("api").Local < 20 && time.Now().Before(end); n++ {
 		if _, err := s.call(t, echoUnary); err != nil {
 			t.Fatalf("call %d = %v, want OK", n+1, err)
 		}
 	}
-	if st := lim.LocalStats("api"); st.Local == 0 || st.Blocks == 0 {
-		t.Errorf("LocalStats = %+v after %d calls of one peer: want calls admitted from blocks", st, n)
+	if st := tally.Stats("api"); st.Local == 0 || st.Blocks == 0 {
+		t.Errorf("local quota did %+v after %d calls of one peer: want calls admitted from blocks", st, n)
 	}
 }

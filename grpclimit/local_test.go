@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -31,7 +32,7 @@ func TestLocalFallback(t *testing.T) {
 	t.Cleanup(func() { local.Close() })
 	ints := newOn(t, downStore{}, grpclimit.Options{
 		Methods: []grpclimit.Method{
-			{Name: echoUnary, Policies: []string{"api"}, FailureMode: sluice.FailLocal},
+			{Name: echoUnary, Policies: []string{"api"}, FailureMode: failure.Local},
 			{Name: otherUnary, Policies: []string{"api"}},
 		},
 		Fallback:   local,

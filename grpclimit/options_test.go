@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -54,7 +55,7 @@ func TestNewErrors(t *testing.T) {
 			`grpclimit: Methods[0].Cost = -1: must not be negative; leave it 0 for 1`},
 		{"cost above max", grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"api"}, Cost: 6}}},
 			`grpclimit: Methods[0].Cost = 6: must be at most the max cost of policy "api", 5`},
-		{"fails local without a fallback", grpclimit.Options{Default: []string{"local"}, FailureMode: sluice.FailLocal},
+		{"fails local without a fallback", grpclimit.Options{Default: []string{"local"}, FailureMode: failure.Local},
 			`grpclimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"negative deadline", grpclimit.Options{Deadline: -time.Second},
 			`grpclimit: Deadline = -1s: must not be negative`},

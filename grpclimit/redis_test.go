@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -29,7 +29,7 @@ func TestRedisDown(t *testing.T) {
 	ints := newOn(t, store, grpclimit.Options{
 		Methods: []grpclimit.Method{
 			{Name: echoUnary, Policies: []string{"closed"}},
-			{Name: otherUnary, Policies: []string{"open"}, FailureMode: sluice.FailOpen},
+			{Name: otherUnary, Policies: []string{"open"}, FailureMode: failure.Open},
 		},
 		Deadline: 2 * time.Second, // generous: a loaded machine never fails the calls Redis answers
 	}, slidingLog("closed", 1, time.Minute), slidingLog("open", 1, time.Minute))

@@ -47,8 +47,8 @@ func FromContext(ctx context.Context) (Decision, bool) {
 //
 // The answer is the Limiter's outcome: Allowed with the numbers after the
 // refund; Incompatible with an Err matching sluice.ErrInvalidRequest for a
-// request that spent nothing (or was refunded already); Incompatible with
-// sluice.ErrNotRefundable for a policy whose algorithm cannot give units
+// request that spent nothing (or was refunded already); Incompatible,
+// the message saying so, for a policy whose algorithm cannot give units
 // back (sliding_window). A route's concurrency policies are left alone:
 // their lease is released when the handler returns. The refund gets the
 // middleware's deadline of its own, so it also runs when the request's

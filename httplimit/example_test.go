@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -109,7 +110,7 @@ func Example_localFallback() {
 		Default:       []string{"api"},
 		Subject:       subject.FirstOf(apiKey, subject.ClientIP(ips)),
 		Pseudonymizer: pseudonyms,
-		FailureMode:   sluice.FailLocal,
+		FailureMode:   failure.Local,
 		Fallback:      local,
 		LocalShare:    0.25,
 	})

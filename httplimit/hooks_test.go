@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluicehq/sluice"
@@ -136,7 +139,7 @@ func TestPerIPErrors(t *testing.T) {
 		{"routes", good, httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"api"}}}}, "httplimit: PerIP: Options.Routes is set: PerIP limits every request by one policy; use New"},
 		{"default", good, httplimit.Options{Default: []string{"api"}}, "httplimit: PerIP: Options.Default is set"},
 		{"bad option", good, httplimit.Options{Deadline: -1}, "httplimit: Deadline = -1ns: must not be negative"},
-		{"local", policy("api", sluice.GCRA, 10, time.Second), httplimit.Options{FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
+		{"local", policy("api", sluice.GCRA, 10, time.Second), httplimit.Options{FailureMode: failure.Local}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 	} {
 		_, err := httplimit.PerIP(store, tt.p, tt.opts)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -246,7 +249,7 @@ func TestRefund(t *testing.T) {
 		}
 		// The work failed before it was done: give the unit back, twice.
 		first, second := httplimit.Refund(r.Context()), httplimit.Refund(r.Context())
-		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, sluice.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
+		fmt.Fprintf(w, "refund: %s remaining=%d not refundable=%v; again: %s nothing spent=%v", first.Kind, first.Remaining, errors.Is(first.Err, algorithm.ErrNotRefundable), second.Kind, errors.Is(second.Err, sluice.ErrInvalidRequest))
 	}))
 	var got []string
 	for _, path := range []string{"/?fail=1", "/?fail=1", "/", "/", "/?fail=1", "/estimate?fail=1"} {

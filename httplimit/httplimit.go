@@ -59,6 +59,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -102,10 +103,10 @@ type Route struct {
 	// (Options.Shadow applies to every route).
 	Shadow bool
 	// FailureMode answers the route's requests when the Limiter cannot
-	// decide: sluice.FailClosed (503 with Retry-After), sluice.FailOpen
-	// (the request goes on, logged) or sluice.FailLocal (the local
+	// decide: failure.Closed (503 with Retry-After), failure.Open
+	// (the request goes on, logged) or failure.Local (the local
 	// fallback decides, see Options.Fallback). Default: FailClosed.
-	FailureMode sluice.FailureMode
+	FailureMode failure.Mode
 	// SettleHeader, when set, is the response header (or trailer) in
 	// which the handler reports what the request really cost, e.g.
 	// "X-Tokens-Used" for an LLM call: the route then spends Cost as a
@@ -130,8 +131,8 @@ type Options struct {
 	// unlimited and without headers.
 	Default []string
 	// FailureMode is Default's failure mode (see Route.FailureMode).
-	// Default: sluice.FailClosed.
-	FailureMode sluice.FailureMode
+	// Default: failure.Closed.
+	FailureMode failure.Mode
 	// Subject says who a request is limited as, for the routes that do
 	// not say it themselves, e.g. subject.FirstOf(subject.Principal(userID),
 	// subject.ClientIP(ips)). Default: subject.ClientIP(nil), the socket

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluicehq/sluice"
@@ -105,11 +108,11 @@ func newHarnessStore(t *testing.T, clock *sluicetest.Clock, store sluice.Store, 
 }
 
 func needsFallback(opts httplimit.Options) bool {
-	if opts.FailureMode == sluice.FailLocal {
+	if opts.FailureMode == failure.Local {
 		return true
 	}
 	for _, rt := range opts.Routes {
-		if rt.FailureMode == sluice.FailLocal {
+		if rt.FailureMode == failure.Local {
 			return true
 		}
 	}
@@ -588,17 +591,17 @@ func TestFailureModes(t *testing.T) {
 	tests := []struct {
 		name       string
 		store      sluice.Store
-		mode       sluice.FailureMode
+		mode       failure.Mode
 		wantStatus int
 		wantAction string
 		wantKind   sluice.Kind
 		wantLog    string
 	}{
-		{"closed, store hangs", blockingStore{}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
-		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, sluice.FailClosed, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
-		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, sluice.FailClosed, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
-		{"open, store hangs", blockingStore{}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
-		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, sluice.FailOpen, 200, "failed_open", sluice.Unavailable, "circuit_open"},
+		{"closed, store hangs", blockingStore{}, failure.Closed, 503, "failed_closed", sluice.Unavailable, "deadline_passed"},
+		{"closed, reply lost", failingStore{fmt.Errorf("stub: %w", sluice.ErrIndeterminate)}, failure.Closed, 503, "failed_closed", sluice.Indeterminate, `"outcome":"indeterminate"`},
+		{"closed, corrupt state", failingStore{fmt.Errorf("stub: counter is not an integer: %w", sluice.CorruptState)}, failure.Closed, 503, "failed_closed", sluice.Unavailable, "counter is not an integer"},
+		{"open, store hangs", blockingStore{}, failure.Open, 200, "failed_open", sluice.Unavailable, `"action":"failed_open"`},
+		{"open, circuit open", failingStore{fmt.Errorf("stub: %w", sluice.CircuitOpen)}, failure.Open, 200, "failed_open", sluice.Unavailable, "circuit_open"},
 		{"the zero mode: closed", blockingStore{}, 0, 503, "failed_closed", sluice.Unavailable, "failed_closed"},
 	}
 	for _, tt := range tests {
@@ -653,7 +656,7 @@ func TestLocalFallback(t *testing.T) {
 		policy("other", sluice.FixedWindow, 8, time.Minute),
 	}
 	h := newHarnessStore(t, clock, failingStore{fmt.Errorf("stub: connection refused: %w", sluice.FailedBeforeSend)}, policies, httplimit.Options{
-		Routes: []httplimit.Route{{Policies: []string{"api", "other"}, FailureMode: sluice.FailLocal}},
+		Routes: []httplimit.Route{{Policies: []string{"api", "other"}, FailureMode: failure.Local}},
 	})
 	var got []int
 	for range 5 {
@@ -796,7 +799,7 @@ func TestNewErrors(t *testing.T) {
 		{"match without operation", httplimit.Options{Routes: []httplimit.Route{{Match: func(*http.Request) bool { return true }, Policies: []string{"p"}}}}, `httplimit: Routes[0].Operation = "": is required with Match`},
 		{"relative prefix", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "api", Policies: []string{"p"}}}}, `httplimit: Routes[0].PathPrefix = "api": must start with "/"`},
 		{"bad method", httplimit.Options{Routes: []httplimit.Route{{Methods: []string{"GET", "PO ST"}, Policies: []string{"p"}}}}, `httplimit: Routes[0].Methods[1] = "PO ST": must be an HTTP method`},
-		{"local without fallback", httplimit.Options{Default: []string{"local"}, FailureMode: sluice.FailLocal}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
+		{"local without fallback", httplimit.Options{Default: []string{"local"}, FailureMode: failure.Local}, `httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil`},
 		{"unreachable route", httplimit.Options{Routes: []httplimit.Route{{PathPrefix: "/a", Policies: []string{"p"}}, {PathPrefix: "/a/", Policies: []string{"p"}}}}, `httplimit: Routes[1].Operation = "* /a" (the default): is also Routes[0]'s`},
 		{"negative deadline", httplimit.Options{Deadline: -time.Second}, "httplimit: Deadline = -1s: must not be negative"},
 		{"negative cost", httplimit.Options{Routes: []httplimit.Route{{Policies: []string{"p"}, Cost: -1}}}, "httplimit: Routes[0].Cost = -1: must not be negative"},
@@ -857,7 +860,8 @@ func TestLocalQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{})
+	tally := new(localquota.Tally)
+	lim, err := sluice.New(store, []sluice.Policy{{ID: "api", Algorithm: sluice.FixedWindow, Limit: 1_000_000, Window: time.Minute, LocalQuota: sluice.LocalQuota{Enabled: true}}}, sluice.Options{OnLocalQuota: tally.Add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -873,7 +877,7 @@ func TestLocalQuota(t *testing.T) {
 	defer srv.Close()
 	// Blocks come once the key has asked enough over three block times
 	// (300ms): ask for at most 10s, until some requests came from one.
-	for i, end := 0, time.Now().Add(10*time.Second); lim.LocalStats("api").Local < 20 && time.Now().Before(end); i++ {
+	for i, end := 0, time.Now().Add(10*time.Second); tally.Stats("api").Local < 20 && time.Now().Before(end); i++ {
 		req, _ := http.NewRequest("GET", srv.URL+"/items", nil)
 		req.Header.Set("X-API-Key", "k-1")
 		resp, err := srv.Client().Do(req)
@@ -885,7 +889,7 @@ func TestLocalQuota(t *testing.T) {
 			t.Fatalf("request %d = %d with RateLimit %q, want 200 with the field", i+1, resp.StatusCode, resp.Header.Get("RateLimit"))
 		}
 	}
-	if st := lim.LocalStats("api"); st.Local == 0 {
-		t.Errorf("LocalStats = %+v after 10s of requests of one key: want requests admitted from blocks", st)
+	if st := tally.Stats("api"); st.Local == 0 {
+		t.Errorf("local quota did %+v after 10s of requests of one key: want requests admitted from blocks", st)
 	}
 }

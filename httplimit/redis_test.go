@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -43,8 +44,8 @@ func failureRoutes() httplimit.Options {
 	return httplimit.Options{
 		Routes: []httplimit.Route{
 			{PathPrefix: "/closed", Policies: []string{"closed"}},
-			{PathPrefix: "/open", Policies: []string{"open"}, FailureMode: sluice.FailOpen},
-			{PathPrefix: "/local", Policies: []string{"local"}, FailureMode: sluice.FailLocal},
+			{PathPrefix: "/open", Policies: []string{"open"}, FailureMode: failure.Open},
+			{PathPrefix: "/local", Policies: []string{"local"}, FailureMode: failure.Local},
 		},
 	}
 }

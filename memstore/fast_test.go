@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -105,7 +106,7 @@ func fastPolicy(r *rand.Rand, a sluice.Algorithm) *sluice.Policy {
 			p.MaxCost = 1 + r.Int64N(p.Limit)
 		}
 		if p.Validate() == nil {
-			p = p.WithDefaults()
+			p = evaluation.Defaults(p)
 			return &p
 		}
 	}

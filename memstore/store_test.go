@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -38,7 +39,7 @@ func validPolicy(t testing.TB, p sluice.Policy) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 

@@ -184,7 +184,7 @@ func BenchmarkLease(b *testing.B) {
 		if o.Kind != sluice.Allowed {
 			return fmt.Errorf("acquire: %v %v", o.Kind, o.Err)
 		}
-		if o := l.Release(ctx, o.Lease); o.Kind != sluice.Allowed {
+		if o := l.Check(ctx, sluice.Request{Op: sluice.Release, Policies: o.Lease.Policies, Subject: o.Lease.Subject, LeaseID: o.Lease.ID}); o.Kind != sluice.Allowed {
 			return fmt.Errorf("release: %v %v", o.Kind, o.Err)
 		}
 		return nil

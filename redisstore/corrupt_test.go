@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -90,7 +92,7 @@ func TestCorruptShapes(t *testing.T) {
 			subj := subject(t)
 			var p *sluice.Policy
 			if tc.alg == sluice.Concurrency {
-				lp := sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute}.WithDefaults()
+				lp := evaluation.Defaults(sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute})
 				p = &lp
 			} else {
 				p = policy(t, "corrupt", tc.alg, 5, time.Minute)
@@ -147,7 +149,7 @@ func TestCorruptCarriedState(t *testing.T) {
 	s := newStore(t, c, redisstore.Options{})
 	now := float64(time.Now().UnixMicro())
 	day := float64(24 * time.Hour.Microseconds())
-	lease := sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute}.WithDefaults()
+	lease := evaluation.Defaults(sluice.Policy{ID: "corrupt", Algorithm: sluice.Concurrency, Limit: 5, LeaseTTL: time.Minute})
 	for _, tc := range []struct {
 		name string
 		p    *sluice.Policy

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // randomLeasePolicy draws valid concurrency numbers, favouring edge
@@ -23,7 +24,7 @@ func randomLeasePolicy(r *rand.Rand, id string) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 

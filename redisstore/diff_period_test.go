@@ -45,7 +45,7 @@ func randomPeriodPolicy(t *testing.T, r *rand.Rand, id string) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 

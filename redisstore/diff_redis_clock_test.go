@@ -91,7 +91,7 @@ func shortWindow(r *rand.Rand, p *sluice.Policy) *sluice.Policy {
 			q.Burst = 1 + r.Int64N(2*q.Limit)
 		}
 		if q.Validate() == nil {
-			q = q.WithDefaults()
+			q = evaluation.Defaults(q)
 			return &q
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // settleAlgorithms are the algorithms an estimate may name.
@@ -133,7 +135,7 @@ func (d *diff) evaluateBoth(seed uint64, step int, ev *sluice.Evaluation) []slui
 	gerr := d.redis.Evaluate(context.Background(), &got)
 	what := fmt.Sprintf("seed %d step %d: policies %s now=%d: %v(cost=%d, id=%s)", seed, step, describe(ev.Policies), d.now, ev.Op, ev.Cost, ev.EvaluationID)
 	if werr != nil || gerr != nil {
-		for _, kind := range []error{sluice.ErrInvalidRequest, sluice.ErrCostTooHigh, sluice.ErrNotRefundable, sluice.CorruptState, sluice.ClockUnsafe} {
+		for _, kind := range []error{sluice.ErrInvalidRequest, algorithm.ErrCostTooHigh, algorithm.ErrNotRefundable, sluice.CorruptState, sluice.ClockUnsafe} {
 			if errors.Is(werr, kind) != errors.Is(gerr, kind) {
 				d.t.Fatalf("%s: redisstore says %v, memstore says %v", what, gerr, werr)
 			}
@@ -155,7 +157,7 @@ func TestDifferentialSettleRetry(t *testing.T) {
 	d := newDiff(t, standaloneClient(t))
 	for _, a := range settleAlgorithms {
 		p := &sluice.Policy{ID: "p", Algorithm: a, Limit: 10, Window: time.Minute, DedupeTTL: time.Minute}
-		*p = p.WithDefaults()
+		*p = evaluation.Defaults(*p)
 		ps := []*sluice.Policy{p}
 		d.subject, d.now = subject(t)+"."+a.String(), sluicetest0
 		d.clock.Set(time.UnixMicro(d.now))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -50,7 +52,7 @@ func randomPolicy(r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
 			p.ClockAligned = r.IntN(2) == 0 // half the episodes on the clock's boundaries
 		}
 		if p.Validate() == nil {
-			p = p.WithDefaults()
+			p = evaluation.Defaults(p)
 			return &p
 		}
 	}
@@ -335,7 +337,7 @@ func TestDifferentialPast2p53(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	*p = p.WithDefaults()
+	*p = evaluation.Defaults(*p)
 	for _, general := range []bool{false, true} {
 		d.redis.SetGeneral(general)
 		d.subject = fmt.Sprintf("%s.%v", subject(t), general)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -155,7 +157,7 @@ func fuzzPolicy(t *testing.T, kind uint8, limit uint16, windowMs uint32, burst u
 		p.Limit = 1 + int64(limit%1000)
 		p.Burst = 1 + int64(burst%8)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	if err := p.Validate(); err != nil {
 		t.Fatalf("fuzzPolicy: %v", err)
 	}

@@ -212,7 +212,7 @@ func testLeasesAcrossProcesses(t *testing.T, c redis.UniversalClient, spec strin
 	}
 	t.Logf("%d acquirers in two processes: %d leases held here, %d in the helper", 2*leaseCallers, len(r.held), theirs)
 	for _, lease := range r.held {
-		if o := l.Release(context.Background(), lease); o.Kind != sluice.Allowed {
+		if o := l.Check(context.Background(), sluice.Request{Op: sluice.Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID}); o.Kind != sluice.Allowed {
 			t.Fatalf("Release = %v: %v", o.Kind, o.Err)
 		}
 	}
@@ -279,11 +279,11 @@ func TestLeaseKeys(t *testing.T) {
 	if n := c.ZCard(ctx, key).Val(); n != 2 {
 		t.Fatalf("ZCARD after a's expiry and one more lease = %d, want 2: expired leases are swept", n)
 	}
-	if o := l.Release(ctx, b); o.Kind != sluice.Allowed {
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Release, Policies: b.Policies, Subject: b.Subject, LeaseID: b.ID}); o.Kind != sluice.Allowed {
 		t.Fatalf("Release = %v: %v", o.Kind, o.Err)
 	}
 	clock.Advance(time.Hour)
-	if o := l.Release(ctx, a); o.Kind != sluice.Allowed || o.Remaining != 3 {
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Release, Policies: a.Policies, Subject: a.Subject, LeaseID: a.ID}); o.Kind != sluice.Allowed || o.Remaining != 3 {
 		t.Fatalf("Release of an expired lease = %+v (%v), want allowed, 3 remaining", o, o.Err)
 	}
 	if n := c.Exists(ctx, key).Val(); n != 0 {

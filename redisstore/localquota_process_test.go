@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/localquota"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -85,7 +88,7 @@ func (p lqParams) policy() (sluice.Policy, error) {
 	if err := pol.Validate(); err != nil {
 		return sluice.Policy{}, err
 	}
-	return pol.WithDefaults(), nil
+	return evaluation.Defaults(pol), nil
 }
 
 // lqAdmission is one admitted request: the Unix times in µs a child read
@@ -101,7 +104,7 @@ type lqSummary struct {
 	Decisions, Allowed int64
 	Local              int64 // admissions marked Outcome.Local
 	Calls              int64 // Evaluate calls its store was given
-	Stats              sluice.LocalStats
+	Stats              localquota.Stats
 	Failures           []string // the first outcomes that were no decision
 	FailureCount       int64
 }
@@ -167,7 +170,8 @@ func lqChild(spec string, in io.Reader, out io.Writer) error {
 	}
 	defer rs.Close()
 	store := &lqCountingStore{store: rs, mutate: p.Mutate}
-	l, err := sluice.New(store, []sluice.Policy{pol}, sluice.Options{})
+	tally := new(localquota.Tally)
+	l, err := sluice.New(store, []sluice.Policy{pol}, sluice.Options{OnLocalQuota: tally.Add})
 	if err != nil {
 		return err
 	}
@@ -189,7 +193,7 @@ func lqChild(spec string, in io.Reader, out io.Writer) error {
 	var settled atomic.Int64 // the store calls made while the subject's rate was learnt
 	time.AfterFunc(p.Settle, func() { settled.Store(store.calls.Load()) })
 	sum, adm := lqOffer(ctx, l, p, time.UnixMicro(switchAt), time.UnixMicro(end))
-	sum.Calls, sum.Stats = store.calls.Load()-settled.Load(), l.LocalStats("hot")
+	sum.Calls, sum.Stats = store.calls.Load()-settled.Load(), tally.Stats("hot")
 	w := bufio.NewWriter(out)
 	enc := json.NewEncoder(w)
 	for _, a := range adm {
@@ -547,7 +551,7 @@ func lqNeverReached(t *testing.T, c redis.UniversalClient, p lqParams) {
 		t.Errorf("%d of %d decisions allowed under a limit never reached: want all", s.Allowed, s.Decisions)
 	}
 	if s.Decisions == 0 || s.Stats.Blocks == 0 || s.Local == 0 {
-		t.Errorf("%d decisions, LocalStats %+v, %d admissions marked Local: want decisions admitted from blocks", s.Decisions, s.Stats, s.Local)
+		t.Errorf("%d decisions, local quota did %+v, %d admissions marked Local: want decisions admitted from blocks", s.Decisions, s.Stats, s.Local)
 	}
 }
 
@@ -589,7 +593,7 @@ func lqReached(t *testing.T, c redis.UniversalClient, p lqParams) {
 		t.Fatalf("more admitted than %s allows: %s", pol.Algorithm, v.violation)
 	}
 	if s.Stats.Blocks == 0 || s.Local == 0 {
-		t.Errorf("LocalStats %+v, %d admissions marked Local: no block was taken", s.Stats, s.Local)
+		t.Errorf("local quota did %+v, %d admissions marked Local: no block was taken", s.Stats, s.Local)
 	}
 	if v.bound == 0 || v.admitted == 0 {
 		t.Errorf("admitted %d of a bound of %d over %s: want some", v.admitted, v.bound, v.over)

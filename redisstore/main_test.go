@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -117,7 +119,7 @@ func policy(t testing.TB, id string, alg sluice.Algorithm, limit int64, window t
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 
@@ -159,7 +161,7 @@ func helperProcess(addr string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	p := sluice.Policy{ID: os.Getenv("SLUICE_HELPER_POLICY"), Algorithm: sluice.FixedWindow, Limit: helperLimit, Window: time.Hour}.WithDefaults()
+	p := evaluation.Defaults(sluice.Policy{ID: os.Getenv("SLUICE_HELPER_POLICY"), Algorithm: sluice.FixedWindow, Limit: helperLimit, Window: time.Hour})
 	subj := os.Getenv("SLUICE_HELPER_SUBJECT")
 	admitted := 0
 	for range helperCalls {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -19,7 +20,7 @@ func monthly(t *testing.T, limit int64) *sluice.Policy {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return &p
 }
 
@@ -111,7 +112,7 @@ func TestPeriodOnRedisTimeWithTheSystemCalendar(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	subj := subject(t)
 	for i := range 3 {
 		st := mustEvaluate(t, s, subj, 1, &p)

@@ -260,7 +260,7 @@ func (c *Client) once(ctx context.Context, endpoint string, data []byte, req *sl
 }
 
 // Release gives lease (an Outcome.Lease of Check) back: a Check of a
-// Release, as sluice.Limiter.Release. It is idempotent: Allowed also when
+// Release, as a Limiter takes one (sluice.Release). It is idempotent: Allowed also when
 // the lease was released already or expired. A zero Lease is Allowed
 // without asking. Pass a context that outlives the work the lease was
 // for: a release that never arrives holds the slot until the lease

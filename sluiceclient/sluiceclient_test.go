@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluiceclient"
@@ -129,10 +131,10 @@ func TestCheckOutcomes(t *testing.T) {
 		req  sluice.Request
 		want error
 	}{
-		{"unknown policy", sluice.Request{Policy: "nope", Subject: "alice"}, sluice.ErrUnknownPolicy},
+		{"unknown policy", sluice.Request{Policy: "nope", Subject: "alice"}, policyerr.ErrUnknownPolicy},
 		{"no subject", sluice.Request{Policy: "demo"}, sluice.ErrInvalidRequest},
 		{"negative cost", sluice.Request{Policy: "demo", Subject: "alice", Cost: -1}, sluice.ErrInvalidRequest},
-		{"cost above max", sluice.Request{Policy: "demo", Subject: "alice", Cost: 4}, sluice.ErrCostTooHigh},
+		{"cost above max", sluice.Request{Policy: "demo", Subject: "alice", Cost: 4}, algorithm.ErrCostTooHigh},
 	} {
 		o := c.Check(ctx, tc.req)
 		if o.Kind != sluice.Incompatible || o.Err == nil || (tc.want != nil && !errors.Is(o.Err, tc.want)) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // testHeld: a store passes a held spend (Evaluation.Hold) through to the
@@ -20,7 +21,7 @@ func testHeld(t *testing.T, newStore newStoreFunc) {
 	ctx := context.Background()
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket} {
 		t.Run(a.String(), func(t *testing.T) {
-			p := policy("held", a, 10, time.Second, 10).WithDefaults()
+			p := evaluation.Defaults(policy("held", a, 10, time.Second, 10))
 			h := newHarness(t, newStore, p)
 			ev := &sluice.Evaluation{Op: sluice.Spend, Subject: h.subject, Policies: []*sluice.Policy{&p}, Cost: 5, Hold: 300 * time.Millisecond}
 			if err := h.store.Evaluate(ctx, ev); err != nil {
@@ -44,7 +45,7 @@ func testHeld(t *testing.T, newStore newStoreFunc) {
 		})
 	}
 	t.Run("sliding_window", func(t *testing.T) {
-		p := policy("estimate", sluice.SlidingWindow, 10, time.Second, 0).WithDefaults()
+		p := evaluation.Defaults(policy("estimate", sluice.SlidingWindow, 10, time.Second, 0))
 		h := newHarness(t, newStore, p)
 		ev := &sluice.Evaluation{Op: sluice.Spend, Subject: h.subject, Policies: []*sluice.Policy{&p}, Cost: 1, Hold: 100 * time.Millisecond}
 		if err := h.store.Evaluate(ctx, ev); !errors.Is(err, sluice.ErrInvalidRequest) {

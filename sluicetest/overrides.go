@@ -104,7 +104,7 @@ func testOverrideConcurrency(t *testing.T, newStore newStoreFunc) {
 	h.setOverride(sluice.Override{Policy: "slots", Limit: 1})
 	h.acquire("lowered to 1 with 3 held", sluice.Denied, "slots")
 	for _, l := range []sluice.Lease{a.Lease, b.Lease} {
-		if o := h.limiter.Release(context.Background(), l); o.Kind != sluice.Allowed {
+		if o := releaseLease(context.Background(), h.limiter, l); o.Kind != sluice.Allowed {
 			t.Fatalf("Release under the override = %+v (err %v)", o, o.Err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // testSemantics runs the exactly-once, refund and policy-change scenarios.
@@ -118,7 +119,7 @@ func testRefund(t *testing.T, newStore newStoreFunc) {
 			}
 			if a == sluice.SlidingWindow || a == sluice.Concurrency {
 				o := refund(1, "")
-				if o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrNotRefundable) {
+				if o.Kind != sluice.Incompatible || !errors.Is(o.Err, algorithm.ErrNotRefundable) {
 					t.Fatalf("refund on %v = %+v, want Incompatible with ErrNotRefundable", a, o)
 				}
 				return

@@ -41,6 +41,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policyerr"
 )
 
 // The check API's paths.
@@ -268,7 +270,7 @@ func StatusCode(o *sluice.Outcome) int {
 		return http.StatusServiceUnavailable
 	}
 	switch {
-	case errors.Is(o.Err, sluice.ErrUnknownPolicy):
+	case errors.Is(o.Err, policyerr.ErrUnknownPolicy):
 		return http.StatusNotFound
 	case errors.Is(o.Err, sluice.ErrInvalidRequest):
 		return http.StatusBadRequest
@@ -291,7 +293,7 @@ func Outcome(code int, a *Answer, req *sluice.Request) sluice.Outcome {
 	case http.StatusBadRequest:
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: a.wrap(sluice.ErrInvalidRequest)}
 	case http.StatusNotFound:
-		return sluice.Outcome{Kind: sluice.Incompatible, Err: a.wrap(sluice.ErrUnknownPolicy)}
+		return sluice.Outcome{Kind: sluice.Incompatible, Err: a.wrap(policyerr.ErrUnknownPolicy)}
 	}
 	switch a.Outcome {
 	case sluice.Indeterminate.String():
@@ -301,7 +303,7 @@ func Outcome(code int, a *Answer, req *sluice.Request) sluice.Outcome {
 		return sluice.Outcome{Kind: sluice.Unavailable, Cause: cause, Err: fmt.Errorf("server could not decide: %w", a.wrap(causeErrs[cause]))}
 	}
 	// 422: the reason carries the library's error text; name its sentinel.
-	for _, sentinel := range []error{sluice.ErrCostTooHigh, sluice.ErrNotRefundable, sluice.CorruptState, sluice.ErrInvalidRequest, sluice.ErrUnknownPolicy} {
+	for _, sentinel := range []error{algorithm.ErrCostTooHigh, algorithm.ErrNotRefundable, sluice.CorruptState, sluice.ErrInvalidRequest, policyerr.ErrUnknownPolicy} {
 		if strings.Contains(a.Reason, sentinel.Error()) {
 			return sluice.Outcome{Kind: sluice.Incompatible, Err: a.wrap(sentinel)}
 		}

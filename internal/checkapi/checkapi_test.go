@@ -9,6 +9,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/policyerr"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -56,8 +59,8 @@ var outcomes = []struct {
 	{"several", sluice.Outcome{Kind: sluice.Denied, Status: denied, Statuses: []sluice.Status{demo, denied}}, ""},
 	{"unavailable", sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.CircuitOpen, Err: sluice.CircuitOpen}, "sluice: circuit open"},
 	{"indeterminate", sluice.Outcome{Kind: sluice.Indeterminate, Err: sluice.ErrIndeterminate}, "redis: read: i/o timeout"},
-	{"unknown policy", sluice.Outcome{Kind: sluice.Incompatible, Err: sluice.ErrUnknownPolicy}, `sluice: policy "nope": unknown policy`},
-	{"cost too high", sluice.Outcome{Kind: sluice.Incompatible, Err: sluice.ErrCostTooHigh}, `policy "demo": cost = 4: cost above policy maximum 3`},
+	{"unknown policy", sluice.Outcome{Kind: sluice.Incompatible, Err: policyerr.ErrUnknownPolicy}, `sluice: policy "nope": unknown policy`},
+	{"cost too high", sluice.Outcome{Kind: sluice.Incompatible, Err: algorithm.ErrCostTooHigh}, `policy "demo": cost = 4: cost above policy maximum 3`},
 	{"malformed", sluice.Outcome{Kind: sluice.Incompatible, Err: sluice.ErrInvalidRequest}, "malformed JSON: unexpected end of \"input\"\t<&>\u2028é"},
 }
 

@@ -27,8 +27,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
@@ -47,7 +49,7 @@ type CountFunc func(policies []string, o sluice.Outcome)
 // Options configure a Core. The zero value means the defaults.
 type Options struct {
 	// Fallback is the store of the local fallback: when the Limiter cannot
-	// decide, a Rule whose Mode is sluice.FailLocal is decided on it, under
+	// decide, a Rule whose Mode is failure.Local is decided on it, under
 	// the same policy IDs, each holding LocalShare of its limit. Default:
 	// nil, no rule may fail local.
 	Fallback sluice.Store
@@ -147,7 +149,7 @@ type Rule struct {
 	// Op is Spend, or Acquire when a policy is a concurrency one.
 	Op sluice.Op
 	// Mode answers what the store could not decide.
-	Mode sluice.FailureMode
+	Mode failure.Mode
 	// Field is the RateLimit-Policy field of Policies, e.g.
 	// `"login";q=5;w=60`.
 	Field string
@@ -221,16 +223,16 @@ type Subject struct {
 // Rule checks policies, cost and mode against the Limiter (and the local
 // fallback for mode FailLocal) and returns the rule; at names the rule in
 // errors, e.g. "Routes[2]". A cost of 0 is 1.
-func (c *Core) Rule(at string, policies []string, cost int64, mode sluice.FailureMode) (*Rule, error) {
+func (c *Core) Rule(at string, policies []string, cost int64, mode failure.Mode) (*Rule, error) {
 	r := &Rule{Cost: cmp.Or(cost, 1), Mode: mode}
 	switch {
 	case cost < 0:
 		return nil, c.OptionError(at+".Cost", cost, "must not be negative; leave it 0 for 1")
 	case len(policies) == 0:
 		return nil, c.OptionError(at+".Policies", "[]", "at least one policy ID is required")
-	case mode > sluice.FailLocal:
+	case mode > failure.Local:
 		return nil, c.OptionError(at+".FailureMode", mode, "must be one of closed, open, local")
-	case mode == sluice.FailLocal && c.fallback == nil:
+	case mode == failure.Local && c.fallback == nil:
 		return nil, c.OptionError(at+".FailureMode", mode, "is local, but Options.Fallback is nil")
 	}
 	var field []byte
@@ -247,7 +249,7 @@ func (c *Core) Rule(at string, policies []string, cost int64, mode sluice.Failur
 		case r.Cost > p.MaxCost:
 			return nil, c.OptionError(at+".Cost", r.Cost, fmt.Sprintf("must be at most the max cost of policy %q, %d", id, p.MaxCost))
 		}
-		if mode == sluice.FailLocal && p.Algorithm != sluice.Concurrency {
+		if mode == failure.Local && p.Algorithm != sluice.Concurrency {
 			if lp, _ := c.fallback.Policy(id); r.Cost > lp.MaxCost {
 				return nil, c.OptionError(at+".Cost", r.Cost, fmt.Sprintf("must be at most the max cost of policy %q in the local fallback (its LocalShare), %d", id, lp.MaxCost))
 			}
@@ -288,7 +290,7 @@ func (c *Core) policies() []string {
 
 // errNoPolicies is the outcome of every decision of a Core without a
 // Limiter.
-var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
+var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", policyerr.ErrUnknownPolicy)
 
 // Check asks the Limiter req within the Core's deadline and counts it when
 // it spends: the decision of an edge that builds its own requests (the
@@ -349,7 +351,7 @@ func (c *Core) Decide(ctx context.Context, r *Rule, s Subject) Action {
 // local fallback the same, whose failure to decide fails closed. An
 // Incompatible outcome is answered by mode too: the edge that builds its
 // own requests tells the caller's fault apart first (Rejected).
-func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode sluice.FailureMode) Action {
+func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode failure.Mode) Action {
 	a := Action{Outcome: c.Check(ctx, req)}
 	switch a.Kind = verdict(&a.Outcome); a.Kind {
 	case Admit, Limit:
@@ -357,9 +359,9 @@ func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode sluic
 		return a
 	}
 	switch {
-	case mode == sluice.FailOpen:
+	case mode == failure.Open:
 		a.Kind = FailOpen
-	case mode == sluice.FailLocal && c.fallback != nil:
+	case mode == failure.Local && c.fallback != nil:
 		a.Local = true
 		dctx, cancel := context.WithTimeout(ctx, c.deadline)
 		a.LocalOutcome = c.fallback.Check(dctx, req)
@@ -406,7 +408,7 @@ func (c *Core) Release(ctx context.Context, a *Action) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.deadline)
 	defer cancel()
-	if o := lim.Release(ctx, lease); o.Kind != sluice.Allowed {
+	if o := lim.Check(ctx, sluice.Request{Op: sluice.Release, Policies: lease.Policies, Subject: lease.Subject, LeaseID: lease.ID}); o.Kind != sluice.Allowed {
 		c.Log(ctx, slog.LevelWarn, "sluice: lease not released; it is held until its lease_ttl passes",
 			slog.String("policies", strings.Join(lease.Policies, ",")), slog.String("subject", lease.Subject),
 			slog.String("outcome", o.Kind.String()), slog.Any("error", o.Err))

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -72,14 +73,14 @@ func TestDecide(t *testing.T) {
 	steps := []struct {
 		name   string
 		store  sluice.Store
-		mode   sluice.FailureMode
+		mode   failure.Mode
 		kinds  []Kind
 		status int
 	}{
-		{"decided", memStore(t, clock), sluice.FailClosed, []Kind{Admit, Admit, Limit}, 429},
-		{"closed", failing{}, sluice.FailClosed, []Kind{FailClosed}, 503},
-		{"open", failing{}, sluice.FailOpen, []Kind{FailOpen}, 0},
-		{"local: half of 2", failing{}, sluice.FailLocal, []Kind{Admit, Limit}, 429},
+		{"decided", memStore(t, clock), failure.Closed, []Kind{Admit, Admit, Limit}, 429},
+		{"closed", failing{}, failure.Closed, []Kind{FailClosed}, 503},
+		{"open", failing{}, failure.Open, []Kind{FailOpen}, 0},
+		{"local: half of 2", failing{}, failure.Local, []Kind{Admit, Limit}, 429},
 	}
 	for _, step := range steps {
 		c := newCore(t, step.store, Options{Count: core.count, Fallback: memStore(t, clock), LocalShare: 0.5, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
@@ -99,7 +100,7 @@ func TestDecide(t *testing.T) {
 		if a.Status != step.status || (a.Status != 0) != (a.RetryAfter > 0) {
 			t.Errorf("%s: Status %d, RetryAfter %d, want %d and Retry-After with a refusal", step.name, a.Status, a.RetryAfter, step.status)
 		}
-		if r.Field != `"p";q=2;w=60, "q";q=4;w=60` || (a.Limit != "") != (step.name == "decided" || step.mode == sluice.FailLocal) {
+		if r.Field != `"p";q=2;w=60, "q";q=4;w=60` || (a.Limit != "") != (step.name == "decided" || step.mode == failure.Local) {
 			t.Errorf("%s: RateLimit-Policy %q, RateLimit %q, want both policies, and RateLimit when decided", step.name, r.Field, a.Limit)
 		}
 		if step.status == 429 {
@@ -123,7 +124,7 @@ func TestRuleErrors(t *testing.T) {
 	for _, tt := range []struct {
 		policies []string
 		cost     int64
-		mode     sluice.FailureMode
+		mode     failure.Mode
 		want     string
 	}{
 		{[]string{"p"}, -1, 0, "httplimit: Default.Cost = -1: must not be negative; leave it 0 for 1"},
@@ -131,7 +132,7 @@ func TestRuleErrors(t *testing.T) {
 		{[]string{"nope"}, 1, 0, `httplimit: Default.Policies[0] = "nope": the limiter has no such policy; it has p, q`},
 		{[]string{"p", "p"}, 1, 0, `httplimit: Default.Policies[1] = "p": is named twice`},
 		{[]string{"p"}, 3, 0, `httplimit: Default.Cost = 3: must be at most the max cost of policy "p", 2`},
-		{[]string{"p"}, 1, sluice.FailLocal, "httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil"},
+		{[]string{"p"}, 1, failure.Local, "httplimit: Default.FailureMode = local: is local, but Options.Fallback is nil"},
 		{[]string{"p"}, 1, 9, "httplimit: Default.FailureMode = FailureMode(9): must be one of closed, open, local"},
 	} {
 		if _, err := c.Rule("Default", tt.policies, tt.cost, tt.mode); err == nil || err.Error() != tt.want {

@@ -31,12 +31,13 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // AppendPolicyItem appends p's RateLimit-Policy list member to b, e.g.
 // "demo";q=3;w=10. Join several with ", ".
 func AppendPolicyItem(b []byte, p sluice.Policy) []byte {
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	b = appendSFString(b, p.ID)
 	q, w := p.Limit, p.Window
 	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {

@@ -41,12 +41,16 @@ var layers = []struct {
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
-	{"evaluation", []string{"internal/engine/evaluation"}},
 	{"header fields", []string{"internal/ratelimitheader"}},
+	{"evaluation", []string{"internal/engine/evaluation"}},
 	{"contract", []string{""}},
+	{"stages", []string{"internal/localquota", "internal/tracing", "internal/overridemap"}},
+	{"request form, policy rules", []string{"internal/requestform"}},
+	{"policy defaults", []string{"internal/policydefaults"}},
 	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/period"}},
+	{"failure modes", []string{"failure"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/policyerr", "internal/period"}},
 }
 
 // listedPackage is what TestLayers reads of go list -json.

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/localquota"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -234,19 +235,17 @@ func (m *Metrics) countOverrides(counts func(context.Context) map[string]int) {
 	m.overrides.counts.Store(&counts)
 }
 
-// localCollector serves sluice_local_quota_*: the counts of the serving
-// generation's Limiters (sluice.Limiter.LocalStats) plus what the
-// generations before them counted, so the counters never go back on a
+// localCollector serves sluice_local_quota_*: what local quota did, as
+// every generation's Limiters told it (sluice.Options.OnLocalQuota, which
+// the server sets to countLocal), so the counters never go back on a
 // reload.
 type localCollector struct {
-	descs    [4]*prometheus.Desc // decisions, blocks, units, unused
-	mu       sync.Mutex
-	limiters []*sluice.Limiter
-	retired  map[string]sluice.LocalStats
+	descs [4]*prometheus.Desc // decisions, blocks, units, unused
+	tally localquota.Tally
 }
 
 func newLocalCollector() *localCollector {
-	c := &localCollector{retired: map[string]sluice.LocalStats{}}
+	c := &localCollector{}
 	for i, what := range [...][2]string{
 		{"decisions", "Requests admitted from a block of local quota (local_quota: true) without a store call, per policy."},
 		{"blocks", "Blocks of local quota taken, one store call each, per policy."},
@@ -265,47 +264,19 @@ func (c *localCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *localCollector) Collect(ch chan<- prometheus.Metric) {
-	for id, s := range c.totals() {
+	c.tally.Range(func(id string, s localquota.Stats) {
 		for i, v := range [...]int64{s.Local, s.Blocks, s.Units, s.Unused} {
 			ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.CounterValue, float64(v), id)
 		}
-	}
+	})
 }
 
-// totals returns the counts per policy with local quota.
-func (c *localCollector) totals() map[string]sluice.LocalStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sum := make(map[string]sluice.LocalStats, len(c.retired))
-	for id, s := range c.retired {
-		sum[id] = s
-	}
-	for _, l := range c.limiters {
-		for _, id := range l.Policies() {
-			if p, _ := l.Policy(id); p.LocalQuota.Enabled {
-				sum[id] = addLocal(sum[id], l.LocalStats(id))
-			}
-		}
-	}
-	return sum
-}
-
-func addLocal(a, b sluice.LocalStats) sluice.LocalStats {
-	return sluice.LocalStats{Local: a.Local + b.Local, Blocks: a.Blocks + b.Blocks, Units: a.Units + b.Units, Unused: a.Unused + b.Unused}
-}
-
-// countLocal makes limiters (nil ones left out) the serving generation's
-// for sluice_local_quota_*, keeping what the ones before counted.
-func (m *Metrics) countLocal(limiters ...*sluice.Limiter) {
-	c := m.localQ
-	retired := c.totals()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.retired, c.limiters = retired, c.limiters[:0]
-	for _, l := range limiters {
-		if l != nil {
-			c.limiters = append(c.limiters, l)
-		}
+// countLocal counts what local quota did for a policy, as a Limiter
+// tells it (sluice.Options.OnLocalQuota); nil-safe, for a server without
+// metrics.
+func (m *Metrics) countLocal(policy string, local, blocks, units, unused int64) {
+	if m != nil {
+		m.localQ.tally.Add(policy, local, blocks, units, unused)
 	}
 }
 

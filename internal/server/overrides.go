@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/internal/server/rls"
 )
@@ -161,9 +162,9 @@ func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, lim *sluice
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
 	err := lim.SetOverride(ctx, o)
-	var pe *sluice.PolicyError
+	var pe *policyerr.Error
 	switch {
-	case errors.Is(err, sluice.ErrUnknownPolicy):
+	case errors.Is(err, policyerr.ErrUnknownPolicy):
 		s.overrideAnswer(w, http.StatusNotFound, nil, err.Error())
 	case errors.As(err, &pe), errors.Is(err, sluice.ErrInvalidRequest):
 		s.overrideAnswer(w, http.StatusUnprocessableEntity, nil, err.Error())
@@ -193,7 +194,7 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	policy := r.URL.Query().Get("policy")
 	_, lookup := s.shown()
 	if _, ok := lookup(policy); policy != "" && !ok {
-		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, sluice.ErrUnknownPolicy))
+		s.overrideAnswer(w, http.StatusNotFound, nil, fmt.Sprintf("policy %q: %v", policy, policyerr.ErrUnknownPolicy))
 		return
 	}
 	entries := []checkapi.OverrideEntry{}

@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/server/config"
@@ -48,7 +49,7 @@ type ProxyOptions struct {
 	// FailureModes are the policies' failure modes (failure_mode), by ID:
 	// a route fails closed when one of its policies does, else local when
 	// one does, else open. Default: none, every policy fails closed.
-	FailureModes map[string]sluice.FailureMode
+	FailureModes map[string]failure.Mode
 	// Transport carries requests to the upstream. Default: a clone of
 	// http.DefaultTransport that ignores the HTTP_PROXY environment and
 	// keeps up to 512 idle connections to the upstream.
@@ -165,7 +166,7 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 
 // routes maps proxy.routes to the middleware's, one subject kind of the
 // config to one subject.KeyFunc, and records the subject headers.
-func (p *Proxy) routes(cfg []config.Route, modes map[string]sluice.FailureMode) ([]httplimit.Route, error) {
+func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode) ([]httplimit.Route, error) {
 	ip := subject.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
@@ -273,14 +274,14 @@ func upstreamTransport() *http.Transport {
 // routeMode is the failure mode of a route spending policies: closed
 // when one of them fails closed, else local when one fails local, else
 // open.
-func routeMode(policies []string, modes map[string]sluice.FailureMode) sluice.FailureMode {
-	mode := sluice.FailOpen
+func routeMode(policies []string, modes map[string]failure.Mode) failure.Mode {
+	mode := failure.Open
 	for _, id := range policies {
 		switch modes[id] {
-		case sluice.FailClosed:
-			return sluice.FailClosed
-		case sluice.FailLocal:
-			mode = sluice.FailLocal
+		case failure.Closed:
+			return failure.Closed
+		case failure.Local:
+			mode = failure.Local
 		}
 	}
 	return mode
@@ -289,7 +290,7 @@ func routeMode(policies []string, modes map[string]sluice.FailureMode) sluice.Fa
 // needsFallback reports whether a route fails local.
 func needsFallback(routes []httplimit.Route) bool {
 	for _, r := range routes {
-		if r.FailureMode == sluice.FailLocal {
+		if r.FailureMode == failure.Local {
 			return true
 		}
 	}

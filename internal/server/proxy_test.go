@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/memstore"
@@ -83,7 +84,7 @@ var proxyPolicies = []sluice.Policy{
 
 // newProxyFixture serves cfg over policies on store (nil: a memstore);
 // modes, when given, are the policies' failure modes.
-func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy, modes ...map[string]sluice.FailureMode) *proxyFixture {
+func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, policies []sluice.Policy, modes ...map[string]failure.Mode) *proxyFixture {
 	t.Helper()
 	clock := sluicetest.NewClock()
 	newMemstore := func() *memstore.Store {
@@ -339,7 +340,7 @@ func TestProxyFailureModes(t *testing.T) {
 		{ID: "open", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
 		{ID: "local", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
 	}
-	modes := map[string]sluice.FailureMode{"open": sluice.FailOpen, "local": sluice.FailLocal}
+	modes := map[string]failure.Mode{"open": failure.Open, "local": failure.Local}
 	up := newUpstream(t)
 	f := newProxyFixture(t, &config.Proxy{Upstream: up.URL, LocalShare: 0.2, Routes: []config.Route{
 		{Match: config.Match{PathPrefix: "/closed"}, Policies: []string{"closed"}, Subject: "ip"},
@@ -502,7 +503,7 @@ func TestNewProxyRejects(t *testing.T) {
 	opts := server.ProxyOptions{Pseudonymizer: subject.Unkeyed(), Logger: slog.New(slog.DiscardHandler)}
 	route := config.Route{Match: config.Match{PathPrefix: "/"}, Policies: []string{"three"}, Subject: "ip"}
 	localOpts := opts
-	localOpts.FailureModes = map[string]sluice.FailureMode{"three": sluice.FailLocal}
+	localOpts.FailureModes = map[string]failure.Mode{"three": failure.Local}
 	local, err := sluice.New(ms, []sluice.Policy{{ID: "three", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Minute}}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)

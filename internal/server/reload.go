@@ -185,7 +185,7 @@ func (r *reloader) failureKey(err error) string {
 // state from the wiring, the check API and the proxy around them.
 func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	cfg := l.cfg
-	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count, Settled: r.metrics.settled})
+	w, err := wiring.Build(cfg, l.envoy, wiring.BuildOptions{Store: r.store, Clock: r.clock, Getenv: r.getenv, Log: r.log, TracerProvider: r.tracing.provider(), Count: r.metrics.count, Settled: r.metrics.settled, OnLocalQuota: r.metrics.countLocal})
 	if err != nil {
 		return nil, err
 	}
@@ -210,8 +210,10 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	return g, nil
 }
 
-// observe makes g's Limiters the source of sluice_overrides and
-// sluice_local_quota_*.
+// observe makes g's Limiters the source of sluice_overrides, and starts
+// sluice_local_quota_* at zero for each of their local-quota policies,
+// so every series exists from the first scrape (the Limiters tell the
+// counts themselves: OnLocalQuota).
 func (r *reloader) observe(g *generation) {
 	if r.metrics == nil {
 		return
@@ -221,10 +223,19 @@ func (r *reloader) observe(g *generation) {
 		r.metrics.countOverrides(srv.overrideCounts)
 		lims = append(lims, srv.lim)
 	}
-	if g.rls != nil && (len(lims) == 0 || g.rls.Limiter != lims[0]) {
+	if g.rls != nil {
 		lims = append(lims, g.rls.Limiter)
 	}
-	r.metrics.countLocal(lims...)
+	for _, l := range lims {
+		if l == nil {
+			continue
+		}
+		for _, id := range l.Policies() {
+			if p, _ := l.Policy(id); p.LocalQuota.Enabled {
+				r.metrics.countLocal(id, 0, 0, 0, 0)
+			}
+		}
+	}
 }
 
 // status answers GET /v1/config.

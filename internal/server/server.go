@@ -71,10 +71,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/logthrottle"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/rls"
@@ -138,7 +140,7 @@ type Options struct {
 	// FailureModes are the policies' failure modes (the config's
 	// failure_mode and the rules files'), by ID, for the dashboard.
 	// Default: none, every policy fails closed.
-	FailureModes map[string]sluice.FailureMode
+	FailureModes map[string]failure.Mode
 	// Core is the edge core deciding with the Limiter, counting and
 	// bounding every check (internal/wiring builds serve's). Default: one
 	// with DecisionTimeout, Metrics, Clock and the logger.
@@ -155,7 +157,7 @@ type Server struct {
 	// proxySubject names a proxy client for overrides (Proxy.OverrideSubject);
 	// nil without a proxy. Set once, before the server serves.
 	proxySubject func(route int, ip, header string) ([]string, string, []string, error)
-	modes        map[string]sluice.FailureMode
+	modes        map[string]failure.Mode
 	pseud        *subject.Pseudonymizer
 	log          *slog.Logger
 	ready        []Check
@@ -446,7 +448,7 @@ func (s *Server) answeredWithoutStore() []string {
 	var out []string
 	for _, id := range ids {
 		p, _ := lookup(id)
-		if m := s.modes[id]; m == sluice.FailOpen || m == sluice.FailLocal || p.LocalQuota.Enabled {
+		if m := s.modes[id]; m == failure.Open || m == failure.Local || p.LocalQuota.Enabled {
 			out = append(out, id)
 		}
 	}
@@ -535,7 +537,7 @@ func (s *Server) leaseOp(w http.ResponseWriter, r *http.Request, op sluice.Op) {
 	if len(in.Policies) > 0 {
 		in.Policies = ids // the answer's statuses and RateLimit-Policy
 	}
-	// Previous stays unset, as before and as in Limiter.Release: a lease
+	// Previous stays unset, as before and as in a Limiter's Release: a lease
 	// acquired under an older key is not looked for there (it expires
 	// after its lease_ttl).
 	req.Policy, req.Policies, req.Previous = "", ids, nil
@@ -671,7 +673,7 @@ func reason(o *sluice.Outcome) string {
 
 // errNoPolicies is the answer of an admin request when the configuration
 // has no policies of its own.
-var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", sluice.ErrUnknownPolicy)
+var errNoPolicies = fmt.Errorf("sluice: %w: the configuration has no policies", policyerr.ErrUnknownPolicy)
 
 // shown returns the IDs of every policy the server serves, the check
 // API's and then the rules files', and the lookup of one: what the

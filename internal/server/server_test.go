@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/server"
 	"github.com/sluicehq/sluice/internal/sfparse"
 	"github.com/sluicehq/sluice/memstore"
@@ -472,13 +473,13 @@ func TestHealthAndReadiness(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		policies []sluice.Policy
-		modes    map[string]sluice.FailureMode
+		modes    map[string]failure.Mode
 		readyz   int // while the store fails
 		names    string
 	}{
 		{"every policy fails closed", demoPolicies, nil, 503, ""},
-		{"one fails open", demoPolicies, map[string]sluice.FailureMode{"api": sluice.FailOpen}, 200, "api"},
-		{"one falls back locally", demoPolicies, map[string]sluice.FailureMode{"login": sluice.FailLocal}, 200, "login"},
+		{"one fails open", demoPolicies, map[string]failure.Mode{"api": failure.Open}, 200, "api"},
+		{"one falls back locally", demoPolicies, map[string]failure.Mode{"login": failure.Local}, 200, "login"},
 		{"one has local quota", withQuota, nil, 200, "quota"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -170,7 +172,7 @@ func (r *BenchReport) TooManyErrors(maxErrors float64) error {
 // policy, which it describes in rep. cleanup, when not nil, deletes the
 // run's keys; closeStore releases the store.
 func (b *Bench) storeDecider(runID string, subjects []string, rep *BenchReport) (decide benchDecider, cleanup func(context.Context) (int64, error), closeStore func(), err error) {
-	p := b.Policy.WithDefaults()
+	p := evaluation.Defaults(b.Policy)
 	rep.Target, rep.Algorithm, rep.Window = b.Store.Type, p.Algorithm.String(), p.Window.String()
 	rep.Limit, rep.Burst = p.Limit, p.Burst
 	prefix := "sluice-bench:" + runID + ":"

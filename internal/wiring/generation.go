@@ -10,7 +10,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/internal/server/rls"
@@ -39,7 +41,7 @@ type Generation struct {
 	Overrides []sluice.Override
 	// FailureModes are every policy's failure mode by ID: the config's
 	// failure_mode, then the rules files' rules'.
-	FailureModes map[string]sluice.FailureMode
+	FailureModes map[string]failure.Mode
 	// Core is the check API's edge core, deciding with Limiter: it counts
 	// every spending decision (Count) and bounds each by
 	// server.decision_timeout.
@@ -63,6 +65,10 @@ type BuildOptions struct {
 	Log *slog.Logger
 	// TracerProvider, when set, traces every decision. Default: nil.
 	TracerProvider trace.TracerProvider
+	// OnLocalQuota, when set, is every Limiter's
+	// sluice.Options.OnLocalQuota: it counts what local quota did
+	// (sluice_local_quota_*). Default: none.
+	OnLocalQuota func(policy string, local, blocks, units, unused int64)
 	// Count, when set, counts every spending decision the generation's
 	// edge cores take (sluice_decisions_total). Default: none.
 	Count edge.CountFunc
@@ -96,7 +102,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 			if cfg.Envoy.LocalQuota {
 				withLocalQuota(ps)
 			}
-			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Overrides: envoyOverrides, Clock: o.Clock}); err != nil {
+			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Overrides: envoyOverrides, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
 		}
@@ -112,7 +118,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 	apiOverrides := append(cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") }), proxyOverrides...)
 	g.Overrides = append(apiOverrides, envoyOverrides...)
 	if len(cfg.Policies) > 0 {
-		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: apiOverrides, Clock: o.Clock}); err != nil {
+		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: apiOverrides, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {
 			return nil, err
 		}
 	}
@@ -145,7 +151,7 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 
 // failureModes are the failure modes of cfg's policies and rules', by
 // ID: the config's failure_mode, and the rules files' rules'.
-func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]sluice.FailureMode {
+func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]failure.Mode {
 	modes := cfg.FailureModes()
 	if rules != nil {
 		for _, r := range rules.Rules() {
@@ -205,7 +211,7 @@ func EnvoyOverrides(cfg *config.Config, rules *envoyconf.Config, pseud *subject.
 		}
 		ov := sluice.Override{Policy: policy, Subject: subj, Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
 		if err := checkOverride(rules, ov); err != nil {
-			if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+			if pe, ok := errors.AsType[*policyerr.Error](err); ok {
 				return nil, fmt.Errorf("overrides[%d].%s: %s: %s (line %d)", i, pe.Field, pe.Value, pe.Rule, cfg.Line(path))
 			}
 			return nil, fmt.Errorf("overrides[%d]: %w (line %d)", i, err, cfg.Line(path))

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/internal/wiring"
@@ -75,7 +75,7 @@ envoy:
 	if len(g.Overrides) != 1 || g.Overrides[0].Subject == "alice" {
 		t.Errorf("Overrides = %+v, want alice's, pseudonymized", g.Overrides)
 	}
-	if g.FailureModes["api"] != sluice.FailLocal || g.FailureModes[envoyID] != sluice.FailOpen {
+	if g.FailureModes["api"] != failure.Local || g.FailureModes[envoyID] != failure.Open {
 		t.Errorf("FailureModes = %v, want api local and %s open", g.FailureModes, envoyID)
 	}
 	if g.Core.Limiter() != g.Limiter || g.RLS.Core.Limiter() != g.Envoy || g.RLS.Limiter != g.Envoy {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/localquota"
 	"github.com/sluicehq/sluice/internal/simulate"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -99,8 +101,8 @@ type lqResult struct {
 	local, exact []int64
 	// calls is the store decisions the local run took.
 	calls int64
-	// stats is LocalStats summed over the instances.
-	stats sluice.LocalStats
+	// stats is what local quota did, summed over the instances.
+	stats localquota.Stats
 	// over describes the interval in which local's admissions are
 	// furthest over the algorithm's bound, "" when none is over it;
 	// overExact the same for exact (a check of the check).
@@ -110,7 +112,7 @@ type lqResult struct {
 // run offers arrivals (µs, ascending) to p with local quota on
 // m.instances Limiters, and without it to one.
 func (m lqModel) run(pattern string, p sluice.Policy, arrivals []int64) (*lqResult, error) {
-	r := &lqResult{pattern: pattern, policy: p.WithDefaults(), offered: len(arrivals)}
+	r := &lqResult{pattern: pattern, policy: evaluation.Defaults(p), offered: len(arrivals)}
 	var err error
 	if r.local, r.calls, r.stats, err = m.admit(p, arrivals, m.instances); err != nil {
 		return nil, err
@@ -128,9 +130,10 @@ func (m lqModel) run(pattern string, p sluice.Policy, arrivals []int64) (*lqResu
 
 // admit offers arrivals to n Limiters of p over one fresh memstore, each
 // request to one picked by m.seed, and returns the admission times, the
-// store decisions taken and the summed LocalStats.
-func (m lqModel) admit(p sluice.Policy, arrivals []int64, n int) ([]int64, int64, sluice.LocalStats, error) {
-	var stats sluice.LocalStats
+// store decisions taken and what local quota did, summed.
+func (m lqModel) admit(p sluice.Policy, arrivals []int64, n int) ([]int64, int64, localquota.Stats, error) {
+	var stats localquota.Stats
+	tally := new(localquota.Tally)
 	clock := new(virtualClock)
 	ms, err := memstore.New(memstore.Options{Clock: clock, SweepInterval: -1})
 	if err != nil {
@@ -144,7 +147,7 @@ func (m lqModel) admit(p sluice.Policy, arrivals []int64, n int) ([]int64, int64
 	}
 	limiters := make([]*sluice.Limiter, n)
 	for i := range limiters {
-		if limiters[i], err = sluice.New(store, []sluice.Policy{p}, sluice.Options{Clock: clock}); err != nil {
+		if limiters[i], err = sluice.New(store, []sluice.Policy{p}, sluice.Options{Clock: clock, OnLocalQuota: tally.Add}); err != nil {
 			return nil, 0, stats, err
 		}
 	}
@@ -162,14 +165,7 @@ func (m lqModel) admit(p sluice.Policy, arrivals []int64, n int) ([]int64, int64
 			return nil, 0, stats, fmt.Errorf("check at %d µs: %v: %v", t, o.Kind, o.Err)
 		}
 	}
-	for _, l := range limiters {
-		s := l.LocalStats(p.ID)
-		stats.Local += s.Local
-		stats.Blocks += s.Blocks
-		stats.Units += s.Units
-		stats.Unused += s.Unused
-	}
-	return admitted, counted.calls.Load(), stats, nil
+	return admitted, counted.calls.Load(), tally.Stats(p.ID), nil
 }
 
 // virtualClock is the model's clock, µs since the Unix epoch, moved to
@@ -214,7 +210,7 @@ func maxInWindow(admitted []int64, window time.Duration) int {
 
 // overBound is simulate.OverBound for p.
 func overBound(p sluice.Policy, admitted []int64, origin int64) string {
-	p = p.WithDefaults()
+	p = evaluation.Defaults(p)
 	return simulate.OverBound(algorithm.Kind(p.Algorithm), algorithm.Params{Limit: p.Limit, Window: p.Window.Microseconds(), Burst: p.Burst, Aligned: p.ClockAligned}, admitted, origin)
 }
 
@@ -242,7 +238,7 @@ func (r *lqResult) row() string {
 }
 
 // unused returns the units r's blocks took that nobody was admitted:
-// LocalStats.Unused, plus what was still in hand when the pattern ended
+// the unused units (localquota.Stats.Unused), plus what was still in hand when the pattern ended
 // (a block's first unit goes to the request that took it, each local
 // decision to one more).
 func (r *lqResult) unused() int64 {

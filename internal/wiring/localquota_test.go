@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 
@@ -41,7 +42,7 @@ func defaultLQTable(t *testing.T) []*lqResult {
 // quota never admit more than the algorithm's bound, checked from the
 // admission times alone, nor does the one exact Limiter (a check of the
 // check); the exact Limiter admits what the engine-only simulation admits;
-// blocks are taken; and the unused units are counted as LocalStats says.
+// blocks are taken; and the unused units are counted as the hook says.
 func TestSimulateLocalQuotaBound(t *testing.T) {
 	results := defaultLQTable(t)
 	if want := len(simulate.LocalQuotaPatterns) * 6; len(results) != want {
@@ -64,10 +65,10 @@ func TestSimulateLocalQuotaBound(t *testing.T) {
 		// the doc's limit (at lqTestLimit's 1000 under -race, a bucket of
 		// burst 20 asks too little for a block).
 		if sustained := r.pattern != simulate.Boundary && r.pattern != simulate.SlidingWorst; sustained && lqTestLimit == lqLimit && (r.stats.Blocks == 0 || r.stats.Local == 0) {
-			t.Errorf("%s: LocalStats = %+v: no block was taken", name, r.stats)
+			t.Errorf("%s: local quota did %+v: no block was taken", name, r.stats)
 		}
 		if u := r.unused(); u < r.stats.Unused || r.stats.Unused < 0 {
-			t.Errorf("%s: %d units unused counting those in hand, LocalStats.Unused %d: want 0 ≤ Unused ≤ that", name, u, r.stats.Unused)
+			t.Errorf("%s: %d units unused counting those in hand, the unused units (localquota.Stats.Unused) %d: want 0 ≤ Unused ≤ that", name, u, r.stats.Unused)
 		}
 		if r.calls > int64(r.offered) || r.stats.Blocks > 0 && r.calls >= int64(r.offered) {
 			t.Errorf("%s: %d store calls for %d decisions, %d blocks: local quota saved none", name, r.calls, r.offered, r.stats.Blocks)
@@ -80,7 +81,7 @@ func TestSimulateLocalQuotaBound(t *testing.T) {
 			}
 			var ps []simulate.Policy
 			for _, p := range lqPolicies(lqTestLimit, 10*time.Second, 0) {
-				p = p.WithDefaults()
+				p = evaluation.Defaults(p)
 				kind := algorithm.KindFixedWindow
 				switch p.Algorithm {
 				case sluice.TokenBucket:

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -93,7 +94,7 @@ func ProxyOverrides(cfg *config.Config, pseud *subject.Pseudonymizer) ([]sluice.
 				q.Window = o.Window
 			}
 			if err := q.Validate(); err != nil {
-				if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+				if pe, ok := errors.AsType[*policyerr.Error](err); ok {
 					return nil, fmt.Errorf("overrides[%d].%s: %s: %s (line %d)", i, pe.Field, pe.Value, pe.Rule, cfg.Line(path))
 				}
 				return nil, fmt.Errorf("overrides[%d]: %w (line %d)", i, err, cfg.Line(path))

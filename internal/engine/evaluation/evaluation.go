@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/period"
+	"github.com/sluicehq/sluice/internal/policydefaults"
 )
 
 // Policy returns p's algorithm and numbers in the engine's units. A
@@ -153,4 +154,19 @@ func nowOf(c sluice.Clock) int64 {
 		return m.UnixMicro()
 	}
 	return c.Now().UnixMicro()
+}
+
+// Defaults returns p with every defaulted zero field filled in, by
+// internal/policydefaults (the rules the root's Limiter applies), for a
+// package above the root that holds a policy without a Limiter to ask
+// (Limiter.Policy returns a Limiter's own, defaults applied). It does not
+// validate.
+func Defaults(p sluice.Policy) sluice.Policy {
+	f := policydefaults.Fields{Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, LeaseTTL: p.LeaseTTL, Aligned: p.ClockAligned,
+		Revision: p.Revision, Burst: p.Burst, MaxCost: p.MaxCost, DedupeTTL: p.DedupeTTL, DedupeMax: p.DedupeMax,
+		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
+	policydefaults.Apply(&f)
+	p.Revision, p.Burst, p.MaxCost, p.DedupeTTL, p.DedupeMax = f.Revision, f.Burst, f.MaxCost, f.DedupeTTL, f.DedupeMax
+	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
+	return p
 }

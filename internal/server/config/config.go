@@ -28,6 +28,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/policyerr"
+
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
@@ -262,8 +265,8 @@ type Policy struct {
 	// FailureMode is failure_mode: what the edges spending the policy
 	// (the proxy's routes) answer when the store cannot decide; a rule's
 	// property, kept beside the policy in the file's spelling. Default:
-	// sluice.FailClosed.
-	FailureMode sluice.FailureMode
+	// failure.Closed.
+	FailureMode failure.Mode
 }
 
 // Subjects configures how subjects are pseudonymized.
@@ -458,8 +461,8 @@ func Load(path string) (*Config, error) {
 }
 
 // FailureModes returns each policy's failure_mode, by ID.
-func (c *Config) FailureModes() map[string]sluice.FailureMode {
-	modes := make(map[string]sluice.FailureMode, len(c.Policies))
+func (c *Config) FailureModes() map[string]failure.Mode {
+	modes := make(map[string]failure.Mode, len(c.Policies))
 	for _, p := range c.Policies {
 		modes[p.ID] = p.FailureMode
 	}
@@ -602,7 +605,7 @@ func (c *Config) validateOverrides() []*Error {
 			q.Window = o.Window
 		}
 		if err := q.Validate(); err != nil {
-			if pe, ok := errors.AsType[*sluice.PolicyError](err); ok {
+			if pe, ok := errors.AsType[*policyerr.Error](err); ok {
 				errs = append(errs, c.errorAt(path+"."+pe.Field, pe.Value, pe.Rule))
 			} else {
 				errs = append(errs, c.errorAt(path, "", err.Error()))
@@ -884,17 +887,17 @@ func (c *Config) validatePolicies() []*Error {
 // fields that depend on the algorithm) and p judged again. It stops at a
 // limit or window, on which the other rules depend, and at a field named
 // twice.
-func policyErrors(p sluice.Policy) []*sluice.PolicyError {
-	var errs []*sluice.PolicyError
+func policyErrors(p sluice.Policy) []*policyerr.Error {
+	var errs []*policyerr.Error
 	named := map[string]bool{}
 	for range 16 {
 		err := p.Validate()
 		if err == nil {
 			return errs
 		}
-		var pe *sluice.PolicyError
+		var pe *policyerr.Error
 		if !errors.As(err, &pe) {
-			return append(errs, &sluice.PolicyError{Rule: err.Error()})
+			return append(errs, &policyerr.Error{Rule: err.Error()})
 		}
 		if named[pe.Field] {
 			return errs

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -288,7 +289,7 @@ func TestParseFull(t *testing.T) {
 	}
 	api := config.Policy{
 		Policy:      sluice.Policy{ID: "api", Revision: 2, Algorithm: sluice.GCRA, Limit: 100, Window: time.Second, Burst: 20, MaxCost: 10, CleanupGrace: 30 * time.Second, DedupeTTL: 10 * time.Second, DedupeMax: 1000, NearCache: true},
-		FailureMode: sluice.FailOpen,
+		FailureMode: failure.Open,
 	}
 	want := &config.Config{
 		Server: config.Server{
@@ -307,7 +308,7 @@ func TestParseFull(t *testing.T) {
 		Policies: []config.Policy{
 			{Policy: sluice.Policy{ID: "login", Algorithm: sluice.SlidingLog, Limit: 5, Window: time.Minute}},
 			api,
-			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute}, FailureMode: sluice.FailLocal},
+			{Policy: sluice.Policy{ID: "quota", Algorithm: sluice.SlidingWindow, Limit: 600, Window: time.Minute}, FailureMode: failure.Local},
 			{Policy: sluice.Policy{ID: "bucket", Algorithm: sluice.TokenBucket, Limit: 2, Window: time.Second, Burst: 10}},
 			{Policy: sluice.Policy{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: 30 * time.Second}},
 		},

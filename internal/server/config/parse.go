@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 )
 
@@ -864,9 +865,9 @@ func ParseAlgorithm(s string) (sluice.Algorithm, error) {
 }
 
 // parseFailureMode maps a failure mode's config spelling to the
-// FailureMode, e.g. "local" to sluice.FailLocal.
-func parseFailureMode(s string) (sluice.FailureMode, error) {
-	for m := sluice.FailClosed; m <= sluice.FailLocal; m++ {
+// FailureMode, e.g. "local" to failure.Local.
+func parseFailureMode(s string) (failure.Mode, error) {
+	for m := failure.Closed; m <= failure.Local; m++ {
 		if m.String() == s {
 			return m, nil
 		}

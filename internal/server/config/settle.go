@@ -7,6 +7,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // validateSettle reports every rule a proxy route at path breaks with its
@@ -33,8 +34,8 @@ func (c *Config) validateSettle(path string, r Route) []*Error {
 			case p.ID != id:
 			case p.Algorithm == sluice.SlidingWindow || p.Algorithm == sluice.Concurrency:
 				errs = append(errs, c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), fmt.Sprintf("is a %v policy: a route with settle_header spends estimates, which only fixed_window, sliding_log, token_bucket and gcra can settle", p.Algorithm)))
-			case max(r.Estimate, 1) > p.WithDefaults().MaxCost:
-				errs = append(errs, c.errorAt(path+".estimate", strconv.FormatInt(r.Estimate, 10), fmt.Sprintf("must be at most the max_cost of policy %q, %d", id, p.WithDefaults().MaxCost)))
+			case max(r.Estimate, 1) > evaluation.Defaults(p.Policy).MaxCost:
+				errs = append(errs, c.errorAt(path+".estimate", strconv.FormatInt(r.Estimate, 10), fmt.Sprintf("must be at most the max_cost of policy %q, %d", id, evaluation.Defaults(p.Policy).MaxCost)))
 			}
 		}
 	}

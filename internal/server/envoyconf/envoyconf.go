@@ -76,13 +76,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/policyerr"
+
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/yamlnode"
-
-	"github.com/sluicehq/sluice"
 )
 
 // MaxFileSize is the largest rules file Load reads, in bytes.
@@ -189,7 +191,7 @@ type Rule struct {
 	// FailureMode is rate_limit.failure_mode: what the service answers
 	// when the store cannot decide the rule (closed, the default, or
 	// open).
-	FailureMode sluice.FailureMode
+	FailureMode failure.Mode
 	// File and Line say where the rule is written.
 	File string
 	Line int
@@ -828,16 +830,16 @@ func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r 
 
 // failureMode reads rate_limit.failure_mode: closed or open, as local
 // needs a per-instance share the Envoy service does not have.
-func (p *parser) failureMode(path string, n *yaml.Node) (sluice.FailureMode, error) {
+func (p *parser) failureMode(path string, n *yaml.Node) (failure.Mode, error) {
 	s, err := p.text(path, n)
 	if err != nil {
 		return 0, err
 	}
 	switch s {
 	case "closed":
-		return sluice.FailClosed, nil
+		return failure.Closed, nil
 	case "open":
-		return sluice.FailOpen, nil
+		return failure.Open, nil
 	}
 	return 0, p.errorf(path, n, "must be one of closed, open (local needs a per-instance share, which the Envoy service does not have)")
 }
@@ -847,7 +849,7 @@ func (p *parser) failureMode(path string, n *yaml.Node) (sluice.FailureMode, err
 // for the limit, unit for the window), at line, the rate_limit block's,
 // when the block does not set that key.
 func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err error) *Error {
-	var pe *sluice.PolicyError
+	var pe *policyerr.Error
 	if !errors.As(err, &pe) {
 		return &Error{File: p.file, Path: path, Rule: err.Error(), Line: line}
 	}

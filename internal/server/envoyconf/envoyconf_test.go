@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/failure"
 )
 
 func TestInvalid(t *testing.T) {
@@ -127,7 +128,7 @@ descriptors:
 	}
 	r, vars := c.Match("api", []Entry{{"user", "alice"}, {"request_id", "r1"}})
 	want := sluice.Policy{ID: "api.user.request_id", Algorithm: sluice.Concurrency, Limit: 10, LeaseTTL: 5 * time.Minute}
-	if r == nil || !r.InFlight || r.Policy != want || r.RequestsPerUnit != 10 || r.FailureMode != sluice.FailOpen {
+	if r == nil || !r.InFlight || r.Policy != want || r.RequestsPerUnit != 10 || r.FailureMode != failure.Open {
 		t.Fatalf("Match = %+v, want an in-flight rule with policy %+v, failing open", r, want)
 	}
 	if fmtEntries(vars) != "[{user alice} {request_id r1}]" {
@@ -319,7 +320,7 @@ func TestRules(t *testing.T) {
 		t.Fatal("no rule messaging.path_/api/*")
 	}
 	want := sluice.Policy{ID: PolicyID("messaging.path_/api/*"), Algorithm: sluice.GCRA, Limit: 3, Window: time.Minute, Burst: 2}
-	if gcra.FailureMode != sluice.FailOpen {
+	if gcra.FailureMode != failure.Open {
 		t.Errorf("path_/api/* failure mode = %v, want open", gcra.FailureMode)
 	}
 	if r := byKey["messaging.to_number"]; r == nil || !r.Policy.ClockAligned {

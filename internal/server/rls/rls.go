@@ -78,6 +78,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
+
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -469,7 +472,7 @@ func groupDescriptors(ds []descriptor) []*group {
 		if d.refund && d.lease == "" {
 			// Giving back more than the capacity is giving back the capacity;
 			// giving back nothing is a check.
-			d.cost = min(d.cost, r.Policy.WithDefaults().MaxCost)
+			d.cost = min(d.cost, evaluation.Defaults(r.Policy).MaxCost)
 			d.refund = d.cost > 0
 		}
 		if d.dup = repeats(ds, i); d.dup > 0 {
@@ -541,7 +544,7 @@ func answerLocally(d *descriptor) bool {
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	case r.Unlimited:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
-	case !r.Decided(), !d.refund && d.cost > r.Policy.WithDefaults().MaxCost:
+	case !r.Decided(), !d.refund && d.cost > evaluation.Defaults(r.Policy).MaxCost:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
 			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
 			DurationUntilReset: durationpb.New(r.Unit.Duration()),
@@ -655,16 +658,16 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 
 // groupMode is the failure mode of g: open for a shadow group (a shadow
 // rule never blocks) or when every rule of it fails open, else closed.
-func groupMode(ds []descriptor, g *group) sluice.FailureMode {
+func groupMode(ds []descriptor, g *group) failure.Mode {
 	if g.shadow {
-		return sluice.FailOpen
+		return failure.Open
 	}
 	for _, i := range g.members {
-		if ds[i].rule.FailureMode != sluice.FailOpen {
-			return sluice.FailClosed
+		if ds[i].rule.FailureMode != failure.Open {
+			return failure.Closed
 		}
 	}
-	return sluice.FailOpen
+	return failure.Open
 }
 
 // identity frames the entries a rule does not fix, so that no two

@@ -1,4 +1,4 @@
-package sluice
+package requestform
 
 import (
 	"math/rand/v2"
@@ -9,7 +9,7 @@ import (
 // TestKeySafeAgreesWithTheRule: keySafe, eight bytes at a time, answers
 // exactly what checking subjectByte byte by byte answers, for
 // every byte value at every position of subjects of every length up to
-// 40, and for random subjects up to maxSubjectLen.
+// 40, and for random subjects up to maxSubject.
 func TestKeySafeAgreesWithTheRule(t *testing.T) {
 	rule := func(s string) bool {
 		for i := 0; i < len(s); i++ {
@@ -36,7 +36,7 @@ func TestKeySafeAgreesWithTheRule(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 100_000 {
-		b := make([]byte, 1+rng.IntN(maxSubjectLen))
+		b := make([]byte, 1+rng.IntN(maxSubject))
 		for i := range b {
 			b[i] = byte('!' + rng.IntN('~'-'!'+1))
 		}
