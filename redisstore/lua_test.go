@@ -64,6 +64,22 @@ func TestLuaConstants(t *testing.T) {
 		}
 		got[m[1]] = v
 	}
+	// args.lua's LAYOUT table holds the argument and reply layout and its
+	// bounds as fields, one a line, named as the constants would be.
+	layout := regexp.MustCompile(`(?s)\nlocal LAYOUT = \{\n(.*?)\n\}`).FindStringSubmatch(decideLua)
+	if layout == nil {
+		t.Fatal("the script has no LAYOUT table")
+	}
+	for _, m := range regexp.MustCompile(`(?m)^  ([A-Z][A-Z0-9_]*) = (-?\d+),`).FindAllStringSubmatch(layout[1], -1) {
+		v, err := strconv.ParseInt(m[2], 10, 64)
+		if err != nil {
+			t.Fatalf("LAYOUT.%s = %s: %v", m[1], m[2], err)
+		}
+		if _, dup := got[m[1]]; dup {
+			t.Errorf("the script defines %s twice", m[1])
+		}
+		got[m[1]] = v
+	}
 	for name, v := range want {
 		if g, ok := got[name]; !ok {
 			t.Errorf("the script has no constant %s (Go: %d)", name, v)

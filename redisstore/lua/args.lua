@@ -5,24 +5,30 @@ read; the names ARGV_* are its argv* constants, TestLuaConstants holds
 them equal), and internal/engine/algorithm/params.go's check (params.lua)
 for a policy's numbers. ]]
 
-local ARGV_COST = 1
-local ARGV_NOW = 2
-local ARGV_MAX_REGRESSION = 3
-local ARGV_OP = 4
-local ARGV_ID = 5
-local ARGV_DEDUPE_TTL = 6
-local ARGV_DEDUPE_MAX = 7
-local ARGV_CARRY = 8
-local ARGV_LEASE = 9
-local ARGV_HOLD = 10
-local ARGV_POLICIES = 10
-local ARGV_PER_POLICY = 1
-local REPLY_PER_POLICY = 5
-local CARRY_PER_POLICY = 2
-local REPLY_ABSENT = 2
-local MAX_GRACE = 90000000000 -- µs: CleanupGrace (1h) + ExtraTTL (24h)
-local MAX_DEDUPE_TTL = 3600000000 -- µs
-local MAX_DEDUPE_IDS = 10000
+-- LAYOUT: where redisstore.go puts each argument and reply field,
+-- and the bounds of the arguments it checks. One table, not a local
+-- each: a Lua function (the joined code is one) holds at most 200
+-- locals.
+local LAYOUT = {
+  ARGV_COST = 1,
+  ARGV_NOW = 2,
+  ARGV_MAX_REGRESSION = 3,
+  ARGV_OP = 4,
+  ARGV_ID = 5,
+  ARGV_DEDUPE_TTL = 6,
+  ARGV_DEDUPE_MAX = 7,
+  ARGV_CARRY = 8,
+  ARGV_LEASE = 9,
+  ARGV_HOLD = 10,
+  ARGV_POLICIES = 10,
+  ARGV_PER_POLICY = 1,
+  REPLY_PER_POLICY = 5,
+  CARRY_PER_POLICY = 2,
+  REPLY_ABSENT = 2,
+  MAX_GRACE = 90000000000, -- µs: CleanupGrace (1h) + ExtraTTL (24h)
+  MAX_DEDUPE_TTL = 3600000000, -- µs
+  MAX_DEDUPE_IDS = 10000,
+}
 local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true, estimate = true, settle = true}
 
 -- Policies whose arguments were read and checked, by their argument
@@ -54,8 +60,8 @@ local function parsePolicy(raw, i)
   local field, rule = check(p, kind)
   if field == nil and kind ~= KIND_TOKEN_BUCKET and kind ~= KIND_GCRA and p.burst ~= p.limit then
     field, rule = 'burst', 'applies only to token_bucket and gcra'
-  elseif field == nil and (p.grace < 0 or p.grace > MAX_GRACE) then
-    field, rule = 'grace', 'must be between 0 and ' .. fmt(MAX_GRACE) .. ' µs'
+  elseif field == nil and (p.grace < 0 or p.grace > LAYOUT.MAX_GRACE) then
+    field, rule = 'grace', 'must be between 0 and ' .. fmt(LAYOUT.MAX_GRACE) .. ' µs'
   end
   if field ~= nil then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)

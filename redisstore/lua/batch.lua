@@ -8,8 +8,8 @@ spread (which reads what it answers). ]]
 -- per decision: "-j" for a short decision on Redis time by spec j, with
 -- one key and no arguments of its own, else its number of keys. KEYS
 -- holds the decisions' keys one after the other, and ARGV, after the
--- heads, the others' arguments likewise: ARGV_POLICIES plus
--- ARGV_PER_POLICY per policy each (no carried state: a decision that
+-- heads, the others' arguments likewise: LAYOUT.ARGV_POLICIES plus
+-- LAYOUT.ARGV_PER_POLICY per policy each (no carried state: a decision that
 -- carries some goes alone), or a short decision's (FAST_ARGS). The reply
 -- is the time the Redis-time decisions shared (0 if none read it), then
 -- per decision its reply or error reply, except that a decision by spec
@@ -79,12 +79,12 @@ local function decideAll(keys, args)
         out[o + 1] = answer(ok, res)
       else
         local n = nk
-        if args[ao + ARGV_ID] ~= '' then
+        if args[ao + LAYOUT.ARGV_ID] ~= '' then
           n = n - 2
         end
-        na = ARGV_POLICIES + ARGV_PER_POLICY * n
+        na = LAYOUT.ARGV_POLICIES + LAYOUT.ARGV_PER_POLICY * n
         local A = {unpack(args, ao + 1, ao + na)}
-        if at == nil and A[ARGV_NOW] == '' then
+        if at == nil and A[LAYOUT.ARGV_NOW] == '' then
           at = redisTime()
         end
         out[o + 1] = decide({unpack(keys, ko + 1, ko + nk)}, A, at)

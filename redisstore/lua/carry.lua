@@ -55,7 +55,7 @@ local function carryOver(KEYS, ARGV, ev, now)
   local n = #ev.policies
   local take = {}
   for i, p in ipairs(ev.policies) do
-    local base = ARGV_POLICIES + ARGV_PER_POLICY * n + CARRY_PER_POLICY * (i - 1)
+    local base = LAYOUT.ARGV_POLICIES + LAYOUT.ARGV_PER_POLICY * n + LAYOUT.CARRY_PER_POLICY * (i - 1)
     local raw, ttl = ARGV[base + 1], arg(ARGV[base + 2])
     if raw ~= '' and ttl ~= nil and ttl >= 1 and not live(p, ev.states[i], now) then
       local newest
@@ -72,7 +72,7 @@ local function carryOver(KEYS, ARGV, ev, now)
         local _, nw = bounds(p, v)
         newest = nw
       end
-      if ARGV[ARGV_NOW] == '' then
+      if ARGV[LAYOUT.ARGV_NOW] == '' then
         ahead(KEYS[i], p, newest, now, 'carried state: ')
       end
     end

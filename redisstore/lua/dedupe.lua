@@ -40,7 +40,7 @@ local function dedupeLookup(zkey, hkey, id, now)
     end
     vals[#vals + 1] = v
   end
-  if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
+  if (#vals - 1) % LAYOUT.REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
   end
   local why = recordCorrupt(vals)

@@ -10,7 +10,7 @@ lease id, score its expiry in µs; expired leases are swept by the call
 that next writes it, and its TTL follows the latest expiry.
 State: a fixed-size algorithm's fields as one string (SET … PX; its form
 is in codec.lua), the sliding log as a list of admission times in µs.
-Time source: ARGV_NOW or Redis TIME, never both. Every written key gets
+Time source: LAYOUT.ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent;
 but a fixed window on Redis time (KIND_FIXED_WINDOW_END: its end and

@@ -13,30 +13,30 @@ KEYS[1..n]  the state key of policy i: <prefix>{<subject>}<policy id>:<revision>
          both of the first policy. All keys of one call share the subject's
          hash tag (one Cluster slot).
 ARGV, by the named positions below (redisstore.go names them alike):
-  ARGV_COST            cost, an integer >= 0: the units a spend, refund or acquire takes.
-  ARGV_NOW             now in µs since the Unix epoch (caller clock), or "" to
+  LAYOUT.ARGV_COST            cost, an integer >= 0: the units a spend, refund or acquire takes.
+  LAYOUT.ARGV_NOW             now in µs since the Unix epoch (caller clock), or "" to
                        read the time with Redis TIME (one clock for every caller).
-  ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
+  LAYOUT.ARGV_MAX_REGRESSION  caller clock only: the most, in µs, now may lie behind a
                        state's newest write; -1 means unbounded.
-  ARGV_OP              the operation, algorithm.Op's name (OPS, args.lua; "reset"
+  LAYOUT.ARGV_OP              the operation, algorithm.Op's name (OPS, args.lua; "reset"
                        deletes every policy's state, whatever it holds). Its rules
                        are algorithm.Check's, run by redisstore.go before the call;
                        this script checks only that the arguments are well-formed.
-  ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
-  ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
-  ARGV_DEDUPE_MAX      how many ids are remembered at most.
-  ARGV_CARRY           a key rotation (sluice.Evaluation.Previous): "" (none), "probe"
-                       (answer {REPLY_ABSENT}, deciding and writing nothing, when a
-                       policy has no live state), or "carry": then CARRY_PER_POLICY
+  LAYOUT.ARGV_ID              the evaluation id, or "" (then KEYS holds no id keys).
+  LAYOUT.ARGV_DEDUPE_TTL      how long a decision for an id is remembered, µs.
+  LAYOUT.ARGV_DEDUPE_MAX      how many ids are remembered at most.
+  LAYOUT.ARGV_CARRY           a key rotation (sluice.Evaluation.Previous): "" (none), "probe"
+                       (answer {LAYOUT.REPLY_ABSENT}, deciding and writing nothing, when a
+                       policy has no live state), or "carry": then LAYOUT.CARRY_PER_POLICY
                        more arguments per policy follow the policies', the state
                        read under an older subject ("" for none; a fixed-size
                        state as stored, a log's entries joined by ',') and its
                        TTL in ms, taken by a policy without a live state (carry.lua).
-  ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
+  LAYOUT.ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
                        the one a release or renewal names; "" for none.
-  ARGV_HOLD            a held spend's hold in µs (a spend here, algorithm.OpHold in Go,
+  LAYOUT.ARGV_HOLD            a held spend's hold in µs (a spend here, algorithm.OpHold in Go,
                        its rules Check's), in [0, MAX_WINDOW]; 0 for any other op.
-  then one argument per policy, from ARGV_POLICIES + 1: its algorithm
+  then one argument per policy, from LAYOUT.ARGV_POLICIES + 1: its algorithm
   (algorithm.Kind: on Redis time a fixed window is KindFixedWindowEnd,
   whose key expires at the window's end with no grace), limit, window in µs, burst, TTL grace in µs
   (CleanupGrace + ExtraTTL) and align (1: a fixed window on the clock's
@@ -45,7 +45,7 @@ ARGV, by the named positions below (redisstore.go names them alike):
   policy, so it is parsed and checked once).
 
 Reply: replayed (1 when the reply is the one remembered for the evaluation
-id, else 0), then REPLY_PER_POLICY integers per policy, in KEYS order:
+id, else 0), then LAYOUT.REPLY_PER_POLICY integers per policy, in KEYS order:
 allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs);
 for a settle, then charged, given back and owed of each policy;
 on Redis time, then the time the call decided at (µs), so that a reader
@@ -56,7 +56,7 @@ type, not its integers, or integers no decision of it leaves behind:
 readState), "SLUICE_CLOCK <key>: <reason>" (caller clock too
 far behind). An error Redis raises in a call (OOM, READONLY, …) aborts the
 script with that error.
-Time source: ARGV_NOW or Redis TIME, never both (TTLs: records.lua).
+Time source: LAYOUT.ARGV_NOW or Redis TIME, never both (TTLs: records.lua).
 Needs Redis >= 5 (TIME in a script), 6.2 for SET … PXAT; on Redis >= 7
 it is a function library called with FCALL (script.go). ]]
 
@@ -64,30 +64,30 @@ it is a function library called with FCALL (script.go). ]]
 -- and at, when not nil, the time of this call read already by redisTime.
 -- main ports Store.decide's other side: it reads the general form decide writes, and runs Evaluate as memstore does.
 local function main(KEYS, ARGV, at)
-  local rawID = ARGV[ARGV_ID] or ''
+  local rawID = ARGV[LAYOUT.ARGV_ID] or ''
   local n = #KEYS
   if rawID ~= '' then
     n = n - 2
   end
-  local carry = ARGV[ARGV_CARRY]
-  local perPolicy = ARGV_PER_POLICY
+  local carry = ARGV[LAYOUT.ARGV_CARRY]
+  local perPolicy = LAYOUT.ARGV_PER_POLICY
   if carry == 'carry' then
-    perPolicy = ARGV_PER_POLICY + CARRY_PER_POLICY
+    perPolicy = LAYOUT.ARGV_PER_POLICY + LAYOUT.CARRY_PER_POLICY
   elseif carry ~= '' and carry ~= 'probe' then
     raise('SLUICE_ARGS', 'carry must be "", probe or carry')
   end
-  if n < 1 or #ARGV ~= ARGV_POLICIES + perPolicy * n then
-    raise('SLUICE_ARGS', 'want ' .. ARGV_POLICIES .. ' + ' .. perPolicy .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  if n < 1 or #ARGV ~= LAYOUT.ARGV_POLICIES + perPolicy * n then
+    raise('SLUICE_ARGS', 'want ' .. LAYOUT.ARGV_POLICIES .. ' + ' .. perPolicy .. ' ARGV per policy key, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
   end
-  local cost = arg(ARGV[ARGV_COST])
+  local cost = arg(ARGV[LAYOUT.ARGV_COST])
   if cost == nil or cost < 0 then
     raise('SLUICE_ARGS', 'cost must be an integer >= 0')
   end
-  local op = ARGV[ARGV_OP]
+  local op = ARGV[LAYOUT.ARGV_OP]
   if not OPS[op] then
     raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release, renew, estimate or settle')
   end
-  local hold = arg(ARGV[ARGV_HOLD])
+  local hold = arg(ARGV[LAYOUT.ARGV_HOLD])
   if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend') then
     raise('SLUICE_ARGS', 'hold must be an integer of 0 to ' .. fmt(MAX_WINDOW) .. ' µs, 0 unless the op is spend')
   end
@@ -101,26 +101,26 @@ local function main(KEYS, ARGV, at)
   end
   local dttl, dmax
   if id ~= '' then
-    dttl, dmax = arg(ARGV[ARGV_DEDUPE_TTL]), arg(ARGV[ARGV_DEDUPE_MAX])
-    if dttl == nil or dttl < 1000 or dttl > MAX_DEDUPE_TTL or dmax == nil or dmax < 1 or dmax > MAX_DEDUPE_IDS then
-      raise('SLUICE_ARGS', 'dedupe TTL must be 1000 to ' .. fmt(MAX_DEDUPE_TTL) .. ' µs and dedupe max 1 to ' .. MAX_DEDUPE_IDS)
+    dttl, dmax = arg(ARGV[LAYOUT.ARGV_DEDUPE_TTL]), arg(ARGV[LAYOUT.ARGV_DEDUPE_MAX])
+    if dttl == nil or dttl < 1000 or dttl > LAYOUT.MAX_DEDUPE_TTL or dmax == nil or dmax < 1 or dmax > LAYOUT.MAX_DEDUPE_IDS then
+      raise('SLUICE_ARGS', 'dedupe TTL must be 1000 to ' .. fmt(LAYOUT.MAX_DEDUPE_TTL) .. ' µs and dedupe max 1 to ' .. LAYOUT.MAX_DEDUPE_IDS)
     end
   end
   local now
   local maxRegression = -1
-  if ARGV[ARGV_NOW] == '' then
+  if ARGV[LAYOUT.ARGV_NOW] == '' then
     now = at or redisTime()
   else
-    now, maxRegression = callerClock(ARGV[ARGV_NOW], ARGV[ARGV_MAX_REGRESSION])
+    now, maxRegression = callerClock(ARGV[LAYOUT.ARGV_NOW], ARGV[LAYOUT.ARGV_MAX_REGRESSION])
   end
 
   -- Every field evaluate sets is named here, so the table is built at its
   -- size once rather than grown.
-  local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, hold = hold, lease = ARGV[ARGV_LEASE], maxRegression = maxRegression,
+  local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, hold = hold, lease = ARGV[LAYOUT.ARGV_LEASE], maxRegression = maxRegression,
     replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
-  local policies, states, redisTime = ev.policies, ev.states, ARGV[ARGV_NOW] == ''
+  local policies, states, redisTime = ev.policies, ev.states, ARGV[LAYOUT.ARGV_NOW] == ''
   for i = 1, n do
-    policies[i] = policyOf(ARGV[ARGV_POLICIES + i], i)
+    policies[i] = policyOf(ARGV[LAYOUT.ARGV_POLICIES + i], i)
   end
   for i = 1, n do
     local st
@@ -132,7 +132,7 @@ local function main(KEYS, ARGV, at)
   if carry == 'probe' then
     for i = 1, n do
       if not live(ev.policies[i], ev.states[i], now) then
-        return {REPLY_ABSENT}
+        return {LAYOUT.REPLY_ABSENT}
       end
     end
   elseif carry == 'carry' then

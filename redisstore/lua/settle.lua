@@ -267,7 +267,7 @@ local function recordLookup(zkey, hkey, id, now)
     head, tail = raw, ''
   end
   local vals = ints(hkey, head, {1})
-  if (#vals - 1) % REPLY_PER_POLICY ~= 0 then
+  if (#vals - 1) % LAYOUT.REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
   end
   local why = recordCorrupt(vals)

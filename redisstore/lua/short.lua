@@ -10,7 +10,7 @@ but its record. ]]
 -- The common decision in short: one policy, a spend (held or not) or a
 -- peek (a lease's acquire or release on a concurrency policy), no
 -- evaluation id, nothing carried. Its arguments, instead of
--- ARGV_POLICIES + 1: its form, then the cost (for a lease, the lease),
+-- LAYOUT.ARGV_POLICIES + 1: its form, then the cost (for a lease, the lease),
 -- for a held spend its hold in µs, then on the caller's clock now and the
 -- maximum clock regression, then the policy's argument. The forms:
 -- FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on
