@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -29,9 +27,9 @@ func (a *app) check(ctx context.Context, args []string) error {
 	if f == nil {
 		return err
 	}
-	token, err := a.token("check", f.tokenEnv, "")
+	token, err := wiring.Token(a.getenv, f.tokenEnv, "")
 	if err != nil {
-		return err
+		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
 	client, err := wiring.HTTPClient(f.caFile)
 	if err != nil {
@@ -40,7 +38,7 @@ func (a *app) check(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	url := strings.TrimSuffix(strings.TrimSuffix(f.base, "/"), checkapi.CheckPath) + f.path
-	resp, err := send(ctx, client, http.MethodPost, url, f.body, token)
+	resp, err := wiring.Send(ctx, client, http.MethodPost, url, f.body, token)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("check: %w", err)}
 	}
@@ -117,39 +115,4 @@ func (a *app) printAnswer(resp *http.Response, url string) error {
 		return &exitError{code: 1}
 	}
 	return &exitError{code: 2, err: fmt.Errorf("check: %s: %s: %s", resp.Status, answer.Outcome, answer.Reason)}
-}
-
-// token returns the bearer token to send: the one held by the
-// environment variable env when named, else token; an empty variable is
-// exit status 2.
-func (a *app) token(cmd, env, token string) (string, error) {
-	if env == "" {
-		return token, nil
-	}
-	if token = a.getenv(env); token == "" {
-		return "", &exitError{code: 2, err: fmt.Errorf("%s: --token-env: environment variable %s is not set or empty", cmd, env)}
-	}
-	return token, nil
-}
-
-// send sends body as JSON (none when nil) to url with method, with the
-// bearer token when not empty, over client.
-func send(ctx context.Context, client *http.Client, method, url string, body any, token string) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		r = bytes.NewReader(data)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	return client.Do(req)
 }

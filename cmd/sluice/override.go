@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V)] [--limit N [--burst N] [--window D] [--note TEXT]]"
@@ -46,9 +47,9 @@ func (a *app) override(ctx context.Context, args []string) error {
 	if f == nil {
 		return err
 	}
-	token, err := a.token("override", f.tokenEnv, f.token)
+	token, err := wiring.Token(a.getenv, f.tokenEnv, f.token)
 	if err != nil {
-		return err
+		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
@@ -60,7 +61,7 @@ func (a *app) override(ctx context.Context, args []string) error {
 			target += "?policy=" + url.QueryEscape(f.body.Policy)
 		}
 	}
-	resp, err := send(ctx, http.DefaultClient, method, target, body, token)
+	resp, err := wiring.Send(ctx, http.DefaultClient, method, target, body, token)
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("override: %w", err)}
 	}

@@ -120,10 +120,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 			return &usageError{msg: "help takes at most one command", usage: usage}
 		}
 		switch rest[0] {
-		case "serve", "validate", "check", "bench", "simulate":
+		case "serve", "validate", "check", "override", "bench", "simulate":
 			return a.run(ctx, []string{rest[0], "--help"})
-		case "override":
-			return a.run(ctx, []string{"override", "--help"})
 		case "version", "help":
 			io.WriteString(a.stdout, usage)
 			return nil

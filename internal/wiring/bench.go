@@ -117,11 +117,9 @@ func (b *Bench) Run(ctx context.Context) (*BenchReport, error) {
 	var cleanup func(context.Context) (int64, error)
 	if b.URL != "" {
 		rep.Target = b.URL
-		token := ""
-		if b.TokenEnv != "" {
-			if token = b.Getenv(b.TokenEnv); token == "" {
-				return nil, fmt.Errorf("bench: --token-env %s: the environment variable is unset or empty", b.TokenEnv)
-			}
+		token, err := Token(b.Getenv, b.TokenEnv, "")
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
 		}
 		d, closeIdle, err := httpDecider(b.URL, token, b.CAFile, b.Policy.ID, subjects, b.Callers)
 		if err != nil {
