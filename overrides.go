@@ -120,7 +120,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if local { // local quota's defaults for the subject's own numbers, unless they are too small for blocks
 		lq := q
 		lq.LocalQuota = LocalQuota{Enabled: true}
-		if lq = lq.withDefaults(); lq.validateLocalQuota(func(_, _, _ string) error { return errTooSmall }) == nil {
+		if lq = lq.withDefaults(); requestform.LocalQuota(lq.fields(), func(_, _, _ string) error { return errTooSmall }) == nil {
 			q = lq
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
-	"github.com/sluicehq/sluice/internal/period"
 	"github.com/sluicehq/sluice/internal/policydefaults"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/requestform"
@@ -183,89 +182,25 @@ func (p Policy) withDefaults() Policy {
 // Validate reports the first field of p (after defaults) that breaks a
 // rule, naming the policy, the field, the value and the rule, e.g.
 // `sluice: policy "api": limit = 0: must be between 1 and 1000000000`.
+// The rules are internal/requestform's.
 func (p Policy) Validate() error {
 	maxCost := p.MaxCost
 	p = p.withDefaults()
-	bad := func(field, value, rule string) error {
+	return requestform.Policy(p.form(maxCost), func(field, value, rule string) error {
 		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
-	}
-	if !requestform.PolicyID(p.ID) {
-		return bad("id", fmt.Sprintf("%q", p.ID), "must be 1 to 64 characters of A-Z a-z 0-9 _ . -")
-	}
-	if p.Revision < 1 || p.Revision > 1<<31 {
-		return bad("revision", fmt.Sprint(p.Revision), "must be between 1 and 2147483648")
-	}
-	if !p.Algorithm.valid() {
-		return bad("algorithm", p.Algorithm.String(), "must be one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
-	}
-	if field, value, rule := period.CheckPolicy(p.Period, p.TimeZone, p.Algorithm.String(), p.Window, p.ClockAligned, p.LocalQuota.Enabled); field != "" {
-		return bad(field, value, rule)
-	}
-	if p.Algorithm == Concurrency {
-		switch {
-		case p.Window != 0:
-			return bad("window", p.Window.String(), "does not apply to concurrency, which limits leases held at once; set lease_ttl, how long a lease lives if never released")
-		case p.LeaseTTL <= 0:
-			return bad("lease_ttl", p.LeaseTTL.String(), "must be between 1ms and 24h: concurrency requires it, how long a lease lives if never released")
-		case p.LeaseTTL%time.Microsecond != 0:
-			return bad("lease_ttl", p.LeaseTTL.String(), "must be a whole number of microseconds")
-		case maxCost != 0 && maxCost != p.Limit: // Limit: the default, as Limiter.Policy reports it
-			return bad("max_cost", fmt.Sprint(maxCost), "does not apply to concurrency: a lease holds one slot whatever the cost")
-		case p.NearCache:
-			return bad("near_cache", "true", "does not apply to concurrency: a release frees a slot before a denial's retry time")
-		}
-	} else if p.LeaseTTL != 0 {
-		return bad("lease_ttl", p.LeaseTTL.String(), "applies only to concurrency; leave it unset for "+p.Algorithm.String())
-	}
-	if p.Window%time.Microsecond != 0 {
-		return bad("window", p.Window.String(), "must be a whole number of microseconds")
-	}
-	if p.Burst != p.Limit && p.Algorithm != TokenBucket && p.Algorithm != GCRA {
-		return bad("burst", fmt.Sprint(p.Burst), "applies only to token_bucket and gcra; leave it unset for "+p.Algorithm.String())
-	}
-	if p.ClockAligned && p.Algorithm != FixedWindow {
-		return bad("align", "clock", "applies only to fixed_window, the one algorithm with windows to align; leave it unset for "+p.Algorithm.String())
-	}
-	prm := p.params()
-	if err := prm.Check(algorithm.Kind(p.Algorithm)); err != nil {
-		re := err.(*algorithm.RangeError)
-		value := fmt.Sprint(re.Value)
-		switch {
-		case re.Field == "window" && p.Algorithm == Concurrency:
-			re.Field, value = "lease_ttl", p.LeaseTTL.String()
-		case re.Field == "window":
-			value = p.Window.String()
-		}
-		return bad(re.Field, value, re.Rule)
-	}
-	if capacity := prm.Capacity(algorithm.Kind(p.Algorithm)); p.MaxCost < 1 || p.MaxCost > capacity {
-		return bad("max_cost", fmt.Sprint(p.MaxCost), fmt.Sprintf("must be between 1 and %d, the most %s can admit at once", capacity, p.Algorithm))
-	}
-	if p.CleanupGrace < 0 || p.CleanupGrace > time.Hour {
-		return bad("cleanup_grace", p.CleanupGrace.String(), "must be between 0s and 1h")
-	}
-	if p.DedupeTTL < time.Millisecond || p.DedupeTTL > time.Hour || p.DedupeTTL%time.Millisecond != 0 {
-		return bad("dedupe_ttl", p.DedupeTTL.String(), "must be a whole number of milliseconds between 1ms and 1h")
-	}
-	if p.DedupeMax < 1 || p.DedupeMax > 10000 {
-		return bad("dedupe_max", fmt.Sprint(p.DedupeMax), "must be between 1 and 10000")
-	}
-	return p.validateLocalQuota(bad)
+	})
 }
 
-// validateLocalQuota is Validate for p.LocalQuota, defaults applied: the
-// rules in internal/requestform.
-func (p Policy) validateLocalQuota(bad func(field, value, rule string) error) error {
-	return requestform.LocalQuota(p.fields(), bad)
+// form returns what requestform checks of p; setMaxCost is MaxCost
+// before defaults.
+func (p *Policy) form(setMaxCost int64) requestform.PolicyForm {
+	return requestform.PolicyForm{Fields: p.fields(), ID: p.ID, Period: p.Period, TimeZone: p.TimeZone,
+		NearCache: p.NearCache, CleanupGrace: p.CleanupGrace, SetMaxCost: setMaxCost}
 }
 
-// params returns p's numbers in the engine's units; a calendar period
-// is checked as a window of its nominal length (a store decides on the
-// calendar's).
+// params returns p's numbers in the engine's units (a calendar period's
+// nominal length for its window).
 func (p Policy) params() algorithm.Params {
-	f := p.fields()
-	if u, ok := period.Parse(p.Period); ok {
-		f.Window = u.Nominal()
-	}
+	f := p.form(p.MaxCost)
 	return f.Params()
 }
