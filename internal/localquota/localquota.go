@@ -307,9 +307,9 @@ func (q *Quota[P, S]) Spend(ctx context.Context, subject string, p P, n *Numbers
 			return Result[S]{}
 		}
 		e.pending = make(chan struct{})
-		resets := e.resets
+		resets, blockTime := e.resets, e.n.BlockTime // read under the lock: another Spend may set e.n
 		sh.mu.Unlock()
-		return q.takeBlock(sh, e, p, cost, k, resets, send)
+		return q.takeBlock(sh, e, p, cost, k, resets, blockTime, send)
 	}
 }
 
@@ -326,11 +326,12 @@ func (q *Quota[P, S]) learn(sh *shard[P, S], e *entry[P, S], p P, a Answer[S]) {
 }
 
 // takeBlock asks the store, through send, for a block of k units of p
-// for e, of which the spend under way takes its cost, and answers it:
+// for e, held blockTime (e.n's, read under the lock), of which the spend
+// under way takes its cost, and answers it:
 // from the block when it is admitted, else by a decision of its own.
-func (q *Quota[P, S]) takeBlock(sh *shard[P, S], e *entry[P, S], p P, cost, k, resets int64, send Send[S]) Result[S] {
+func (q *Quota[P, S]) takeBlock(sh *shard[P, S], e *entry[P, S], p P, cost, k, resets int64, blockTime time.Duration, send Send[S]) Result[S] {
 	sent := q.clock.Now()
-	a := send(k, e.n.BlockTime)
+	a := send(k, blockTime)
 	sh.mu.Lock()
 	close(e.pending)
 	e.pending = nil
