@@ -37,28 +37,17 @@
 //
 // Every algorithm is an integer state machine (time in integer
 // microseconds), decided by one engine that both stores run, redisstore
-// as a Lua port of it proven equal by a differential test. Every decision
-// is one store call (one FCALL on Redis, or EVALSHA before Redis 7)
-// whatever the algorithm.
-//
-//	algorithm       burst in a window-long interval              accuracy                 state per subject
-//	fixed_window    up to 2×limit−1 around a boundary            exact per window         window start, count
-//	sliding_log     none: ≤ limit in every window                exact                    one entry per admitted unit
-//	sliding_window  estimate ≤ limit; real count up to ~2×limit  approximate (weighted)   window start, two counts
-//	token_bucket    burst at once, then the rate                 exact                    tokens, last refill
-//	gcra            burst at once, then evenly spaced            exact                    theoretical arrival time
-//
-// sliding_window assumes the previous window's requests were spread
-// evenly: about 1.3× to 1.9× the limit is admitted under Poisson traffic
-// offered at 1× to 10× it. A fixed_window opens at a subject's first
-// admitted request, or with Policy.ClockAligned on the clock's boundaries
-// (every UTC minute, hour or midnight). Pick fixed_window for cheap
-// internal quotas, sliding_log where exactness matters more than memory
-// (login, payment), sliding_window for broad API quotas with large
-// limits, token_bucket or gcra (which admit the same requests) where
-// bursts are legitimate. Concurrency limits the leases a subject holds at
-// once (Op Acquire, Release, Renew), each expiring after the policy's
-// LeaseTTL, so a crashed holder cannot leak a slot.
+// as a Lua port of it proven equal by a differential test; every decision
+// is one store call. Pick fixed_window for cheap internal quotas (up to
+// 2×limit−1 around a boundary; Policy.ClockAligned puts the boundaries
+// on the clock, Policy.Period on the calendar), sliding_log where
+// exactness matters more than memory (login, payment), sliding_window
+// for broad API quotas with large limits (approximate), token_bucket or
+// gcra (which admit the same requests) where bursts are legitimate.
+// Concurrency limits the leases a subject holds at once (Op Acquire,
+// Release, Renew), each expiring after the policy's LeaseTTL, so a
+// crashed holder cannot leak a slot. docs/algorithms.md in the repository
+// compares them.
 //
 // Policy.LocalQuota lets a Limiter admit a hot subject from blocks of
 // units it takes in one store decision (Outcome.Local), never more than

@@ -93,14 +93,13 @@ type Options struct {
 	Clock Clock
 }
 
-// Limiter checks requests against a fixed set of policies on one Store.
-// It validates every request before the store sees it, and applies the
-// subjects' overrides (see SetOverride). Safe for concurrent use; it needs
-// no cleanup (close the Store). Over a Store that keeps overrides
-// (see SetOverride), no decision is taken on overrides read longer ago
-// than a bound; a Check that finds them half that old starts
-// one short background read of them, bounded by a timeout, and nothing
-// else runs in the background.
+// Limiter checks requests against a fixed set of policies on one Store,
+// with the subjects' overrides (see SetOverride). Safe for concurrent
+// use; it needs no cleanup (close the Store). Over a Store that keeps
+// overrides, no decision is taken on overrides read longer ago than a
+// bound; a Check that finds them half that old starts one short
+// background read, bounded by a timeout: nothing else runs in the
+// background.
 type Limiter struct {
 	store    Store
 	clock    Clock
@@ -126,8 +125,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 	}
 	l := &Limiter{store: store, clock: opts.Clock, policies: make(map[string]*Policy, len(policies))}
 	if l.clock == nil {
-		// The real time, read from the monotonic clock: half the cost
-		// of time.Now on a hot subject's block, and never stepped.
+		// The monotonic clock: half time.Now's cost, and never stepped.
 		l.clock = clock.NewMonotonic()
 	}
 	for i, p := range policies {
@@ -208,11 +206,9 @@ func (l *Limiter) Policies() []string { return slices.Clone(l.ids) }
 // Indeterminate with Err set. A request that is malformed, names a policy l
 // does not have, or comes after its context's deadline is answered without
 // touching the store; the store checks the operation's own rules.
-//
-// Check is one pipeline: validate req into an Evaluation, run l's stages
-// over it (stage.go), the last of which asks the store, and map what the
-// store answered to the Outcome in one place (outcome.go).
 func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
+	// One pipeline: validate req into an Evaluation, run l's stages over
+	// it (stage.go), the store last, and map its answer in outcomeOf.
 	if req.Op == Release && req.LeaseID == "" && req.Subject == "" && req.Policy == "" && len(req.Policies) == 0 {
 		return Outcome{Kind: Allowed} // the zero Lease's: nothing held (see Release)
 	}
@@ -271,10 +267,11 @@ func (l *Limiter) put(d *decision) {
 	l.pool.Put(d)
 }
 
-// prepare validates what only l knows of req (its policies, and the form
-// of what req carries) into ev.
+// prepare validates what only l knows of req (its policies, by
+// requestform.Policies' rules, and the form of what req carries) into ev.
 func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
-	if err := l.lookup(ev, req); err != nil {
+	var err error
+	if ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids); err != nil {
 		return err
 	}
 	if err := requestform.Subject(req.Subject); err != nil {
@@ -293,13 +290,6 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
-}
-
-// lookup puts the policies req names into ev, by requestform.Policies'
-// rules.
-func (l *Limiter) lookup(ev *Evaluation, req *Request) (err error) {
-	ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids)
-	return err
 }
 
 // unknown is the error for a policy id l does not have, naming the ones

@@ -2,9 +2,9 @@ package sluice
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
+
+	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Meter runs work whose cost is known only once it is done (the tokens an
@@ -30,18 +30,13 @@ func (l *Limiter) Meter(ctx context.Context, req Request, work func(ctx context.
 		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: %w: meter takes a spend or an estimate, not %v", ErrInvalidRequest, req.Op)}, nil
 	}
 	req.Op = Estimate
-	if req.Cost == 0 {
-		req.Cost = 1
-	}
 	if req.EvaluationID == "" {
-		var b [16]byte
-		_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
-		req.EvaluationID = base64.RawURLEncoding.EncodeToString(b[:])
+		req.EvaluationID = requestform.NewID()
 	}
 	if o = l.Check(ctx, req); o.Kind != Allowed {
 		return o, nil
 	}
-	used := req.Cost
+	used := max(req.Cost, 1) // a cost of 0 is 1, as Check reads it
 	defer func() {
 		r := recover()
 		req.Op, req.Cost = Settle, used

@@ -40,13 +40,12 @@ type Override struct {
 
 // overrideStore is what a Store implements to keep overrides itself, so
 // every Limiter on it applies them (redisstore keeps them in Redis,
-// memstore in the process): these two methods. A Limiter whose store does
-// not have them keeps the overrides set on it in its own memory.
+// memstore in the process): PutOverride stores o in place of the one for
+// the same policy and subject (Limit 0 removes it), Overrides returns
+// every stored one. A Limiter whose store does not have them keeps the
+// overrides set on it in its own memory.
 type overrideStore interface {
-	// PutOverride stores o, replacing the one for the same policy and
-	// subject; an o with Limit 0 removes it.
 	PutOverride(ctx context.Context, o Override) error
-	// Overrides returns every stored override.
 	Overrides(ctx context.Context) ([]Override, error)
 }
 

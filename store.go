@@ -48,8 +48,9 @@ const (
 	// outlives the request (context.WithoutCancel), or the slot is held
 	// until the lease expires.
 	Release = Op(algorithm.OpRelease) // release
-	// Renew extends the lease LeaseID on every named policy: see
-	// Limiter.Renew.
+	// Renew extends the lease LeaseID on every named policy by its
+	// LeaseTTL from now; one no longer held is taken again if there is
+	// room, else Denied.
 	Renew = Op(algorithm.OpRenew) // renew
 	// Estimate spends Cost units of every named policy exactly as a
 	// Spend, for work whose cost is known only once it is done, and the
@@ -64,9 +65,9 @@ const (
 	// the window still open, and so does a sliding log), reported by
 	// Status.Charged, GivenBack and Owed. Never denied; a retry answers
 	// the same and changes nothing. An Estimate never settled stays
-	// spent. A sliding_window or concurrency policy makes either
-	// Incompatible: the first cannot give back exactly, the second counts
-	// leases, not units.
+	// spent. A sliding_window, concurrency or calendar-period policy
+	// makes either Incompatible: the first cannot give back exactly, the
+	// second counts leases, not units; the third is not built yet.
 	Settle = Op(algorithm.OpSettle) // settle
 )
 

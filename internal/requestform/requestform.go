@@ -142,13 +142,17 @@ func LeaseID(id string) error {
 // NewLeaseID returns a lease id for an acquire by subject: random, or
 // derived from evaluationID when set (a retry then names the same lease).
 func NewLeaseID(subject, evaluationID string) string {
-	var b [16]byte
-	if evaluationID != "" {
-		h := sha256.Sum256([]byte("sluice lease\x00" + subject + "\x00" + evaluationID))
-		copy(b[:], h[:])
-	} else {
-		_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
+	if evaluationID == "" {
+		return NewID()
 	}
+	h := sha256.Sum256([]byte("sluice lease\x00" + subject + "\x00" + evaluationID))
+	return base64.RawURLEncoding.EncodeToString(h[:16])
+}
+
+// NewID returns a random id of 16 bytes, as an evaluation or lease id.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
