@@ -72,18 +72,22 @@ func (r *recorder) cost(estimate int64) int64 {
 // (also when it panics: then at the estimate).
 func (in *Interceptors) unarySettled(ctx context.Context, req any, handler grpc.UnaryHandler, r *rule, a *edge.Action, s edge.Subject) (any, error) {
 	rec := &recorder{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx), key: r.settle}
-	defer func() {
-		p := recover()
-		cost := r.Cost
-		if p == nil {
-			cost = rec.cost(r.Cost)
-		}
-		in.core.Settle(ctx, r.Rule, a, s, cost)
-		if p != nil {
-			panic(p)
-		}
-	}()
+	defer func() { in.settleAfter(ctx, r, a, s, rec, recover()) }()
 	return handler(grpc.NewContextWithServerTransportStream(ctx, rec), req)
+}
+
+// settleAfter settles a's estimate of rule r for s with the cost rec
+// recorded, or at the estimate when the handler panicked with p (not
+// nil), and then panics with p again.
+func (in *Interceptors) settleAfter(ctx context.Context, r *rule, a *edge.Action, s edge.Subject, rec *recorder, p any) {
+	cost := r.Cost
+	if p == nil {
+		cost = rec.cost(r.Cost)
+	}
+	in.core.Settle(ctx, r.Rule, a, s, cost)
+	if p != nil {
+		panic(p)
+	}
 }
 
 // settledStream is a server stream whose trailers are recorded.
@@ -107,16 +111,6 @@ func (s *settledStream) Context() context.Context { return s.ctx }
 func (in *Interceptors) streamSettled(srv any, ss grpc.ServerStream, handler grpc.StreamHandler, r *rule, a *edge.Action, s edge.Subject) error {
 	ctx := ss.Context()
 	rec := &recorder{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx), key: r.settle}
-	defer func() {
-		p := recover()
-		cost := r.Cost
-		if p == nil {
-			cost = rec.cost(r.Cost)
-		}
-		in.core.Settle(ctx, r.Rule, a, s, cost)
-		if p != nil {
-			panic(p)
-		}
-	}()
+	defer func() { in.settleAfter(ctx, r, a, s, rec, recover()) }()
 	return handler(srv, &settledStream{ServerStream: ss, rec: rec, ctx: grpc.NewContextWithServerTransportStream(ctx, rec)})
 }
