@@ -47,3 +47,28 @@ func TestCheckLeaseCommands(t *testing.T) {
 		t.Errorf("check against a plain 404 page = %d, stdout %q, stderr %q; want 2 naming the URL, nothing printed", code, out, errOut)
 	}
 }
+
+// TestCheckEstimateSettle: --op estimate spends --cost as an estimate
+// under --evaluation-id, --op settle replaces it with the actual --cost
+// (the difference given back), and a settle sent again is replayed and
+// changes nothing.
+func TestCheckEstimateSettle(t *testing.T) {
+	s := startServe(t, "--config", writeConfig(t, demoConfig))
+	check := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		base := []string{"check", "--url", s.url, "--policy", "demo", "--subject", "erin", "--evaluation-id", "job-1"}
+		code := exitCode(run(context.Background(), append(base, args...), &out, &errOut), &errOut)
+		return code, out.String(), errOut.String()
+	}
+	if code, out, errOut := check("--op", "estimate", "--cost", "3"); code != 0 || !strings.Contains(out, `"remaining":0`) {
+		t.Fatalf("check --op estimate --cost 3 = %d %q %q, want 0 with remaining 0", code, out, errOut)
+	}
+	for _, want := range []string{`"replayed":false`, `"replayed":true`} {
+		if code, out, errOut := check("--op", "settle", "--cost", "1"); code != 0 || !strings.Contains(out, `"remaining":2`) || !strings.Contains(out, want) {
+			t.Errorf("check --op settle --cost 1 = %d %q %q, want 0 with remaining 2 and %s", code, out, errOut, want)
+		}
+	}
+	if code, _, errOut := check("--op", "borrow"); code != 2 || !strings.Contains(errOut, "borrow") {
+		t.Errorf("check --op borrow = %d %q, want 2 naming the op", code, errOut)
+	}
+}
