@@ -1,17 +1,32 @@
 --[[ dedupe.lua: evaluation ids remembered, their decisions replayed.
 Go twin: internal/engine/algorithm/dedupe.go, the DedupeLog memstore
-keeps (Lookup: dedupeLookup; Remember, with Prune: dedupeRemember), here
-in a sorted set and a hash instead of a slice and an index. ]]
+keeps (LookupRecord: recordLookup, Lookup: dedupeLookup; Remember, with
+Prune: dedupeRemember; RememberRecord: recordRemember), here in a sorted
+set and a hash instead of a slice and an index. ]]
 
 -- Evaluation ids: a sorted set (member: id, score: expiry in µs) and a hash
 -- (id -> the reply's integers, comma-separated) per subject and first
 -- policy, as algorithm.DedupeLog in memory.
 
--- dedupeLookup returns the decisions remembered for id (flat, as
--- evaluate keeps them: the replayed flag, here 1, first), or nil when
--- there are none or they expired (score <= now).
--- dedupeLookup ports DedupeLog.Lookup.
-local function dedupeLookup(zkey, hkey, id, now)
+-- ints parses raw, integers joined by ',' ('' for none), into a table
+-- appended to out, or raises SLUICE_CORRUPT naming hkey.
+-- ints ports DedupeLog.LookupRecord's reading of a record as Redis keeps it.
+local function ints(hkey, raw, out)
+  for x in string.gmatch(raw, '[^,]+') do
+    local v = int(x)
+    if v == nil then
+      corrupt(hkey, 'a remembered reply holds ' .. string.sub(x, 1, 40) .. ': want integers')
+    end
+    out[#out + 1] = v
+  end
+  return out
+end
+
+-- recordLookup returns the decisions remembered for id (flat, the
+-- replayed flag, here 1, first, held to recordCorrupt) and the record's Extra, or nil when there are none or they
+-- expired (score <= now).
+-- recordLookup ports DedupeLog.LookupRecord.
+local function recordLookup(zkey, hkey, id, now)
   for _, key in ipairs({zkey, hkey}) do
     if redisCall('PTTL', key) == -1 then
       corrupt(key, 'has no TTL')
@@ -24,22 +39,18 @@ local function dedupeLookup(zkey, hkey, id, now)
   local exp = int(score)
   if exp == nil then
     corrupt(zkey, 'score of an id = ' .. tostring(score) .. ': want an integer')
-  end
-  if exp <= now then
+  elseif exp <= now then
     return nil
   end
   local raw = read(hkey, 'HGET', id)
   if not raw then
     corrupt(hkey, 'holds no reply for a remembered id')
   end
-  local vals = {1} -- the reply's replayed flag, then the decisions
-  for x in string.gmatch(raw, '[^,]+') do
-    local v = int(x)
-    if v == nil then
-      corrupt(hkey, 'a remembered reply holds ' .. string.sub(x, 1, 40) .. ': want integers')
-    end
-    vals[#vals + 1] = v
+  local head, tail = string.match(raw, '^([^|]*)|([^|]*)$')
+  if head == nil then
+    head, tail = raw, ''
   end
+  local vals = ints(hkey, head, {1})
   if (#vals - 1) % LAYOUT.REPLY_PER_POLICY ~= 0 then
     corrupt(hkey, 'a remembered reply holds ' .. (#vals - 1) .. ' integers')
   end
@@ -47,7 +58,16 @@ local function dedupeLookup(zkey, hkey, id, now)
   if why ~= nil then
     corrupt(hkey, 'a remembered reply: ' .. why)
   end
-  return vals
+  return vals, ints(hkey, tail, {})
+end
+
+-- dedupeLookup returns the decisions remembered for id (flat, as
+-- evaluate keeps them: the replayed flag, here 1, first), or nil when
+-- there are none or they expired (score <= now): recordLookup's, without
+-- the record's Extra.
+-- dedupeLookup ports DedupeLog.Lookup.
+local function dedupeLookup(zkey, hkey, id, now)
+  return (recordLookup(zkey, hkey, id, now))
 end
 
 -- hdel deletes fields from the hash at key, 1000 at a time: Lua's unpack
@@ -83,4 +103,21 @@ local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
   local ms = fmt(ceilDiv(ttl + grace, 1000))
   redisCall('PEXPIRE', zkey, ms)
   redisCall('PEXPIRE', hkey, ms)
+end
+
+-- recordRemember records reply for id as dedupeRemember does, with extra
+-- after '|'.
+-- recordRemember ports DedupeLog.RememberRecord.
+local function recordRemember(zkey, hkey, id, now, ttl, max, grace, reply, extra)
+  dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
+  if #extra > 0 and redisCall('ZSCORE', zkey, id) then
+    local vals, more = {}, {}
+    for i = 2, #reply do
+      vals[i - 1] = fmt(reply[i])
+    end
+    for i = 1, #extra do
+      more[i] = fmt(extra[i])
+    end
+    redisCall('HSET', hkey, id, table.concat(vals, ',') .. '|' .. table.concat(more, ','))
+  end
 end

@@ -35,15 +35,6 @@ type dedupeRecord struct {
 // was built (minus head for the current position).
 type dedupeEntry struct{ at int }
 
-// Lookup returns the decisions remembered for id, or nil when there are
-// none or they expired (at or before now).
-func (l *DedupeLog) Lookup(id string, now int64) []Decision {
-	if r, ok := l.get(id); ok && r.expires > now {
-		return r.decisions
-	}
-	return nil
-}
-
 // LookupRecord returns the record remembered for id, Extra included, or
 // false when there is none or it expired (at or before now).
 func (l *DedupeLog) LookupRecord(id string, now int64) (Record, bool) {
@@ -53,17 +44,12 @@ func (l *DedupeLog) LookupRecord(id string, now int64) (Record, bool) {
 	return Record{}, false
 }
 
-// RememberRecord is Remember, with a copy of extra kept beside ds
-// (Record.Extra).
-func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64) int {
-	grew := l.Remember(id, now, ttl, max, ds)
-	if _, ok := l.get(id); ok && len(extra) > 0 {
-		if l.extras == nil {
-			l.extras = make(map[string][]int64)
-		}
-		l.extras[id] = slices.Clone(extra)
-	}
-	return grew
+// Lookup returns the decisions remembered for id, or nil when there are
+// none or they expired (at or before now): LookupRecord's, without the
+// record's Extra.
+func (l *DedupeLog) Lookup(id string, now int64) []Decision {
+	r, _ := l.LookupRecord(id, now)
+	return r.Decisions
 }
 
 // Remember records a copy of ds for id until now + ttl, forgetting
@@ -79,6 +65,19 @@ func (l *DedupeLog) Remember(id string, now, ttl int64, max int, ds []Decision) 
 	}
 	l.add(dedupeRecord{id: id, expires: now + ttl, decisions: slices.Clone(ds)})
 	return grew + 1 - l.Prune(now, max)
+}
+
+// RememberRecord is Remember, with a copy of extra kept beside ds
+// (Record.Extra).
+func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64) int {
+	grew := l.Remember(id, now, ttl, max, ds)
+	if _, ok := l.get(id); ok && len(extra) > 0 {
+		if l.extras == nil {
+			l.extras = make(map[string][]int64)
+		}
+		l.extras[id] = slices.Clone(extra)
+	}
+	return grew
 }
 
 // Prune forgets expired records, and the oldest beyond max, and returns
