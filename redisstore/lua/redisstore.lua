@@ -161,28 +161,21 @@ local function main(KEYS, ARGV, at)
   end
   local reply = ev.decisions -- the reply as it stands, its replayed flag first
   local extra = ev.extra -- a settle's, answered after the decisions; nil for any other op
-  if ev.replayed then
-    for i = 1, extra and #extra or 0 do
-      reply[#reply + 1] = extra[i]
+  if not ev.replayed then -- a replay writes nothing
+    if ev.commit then
+      for i = 1, n do
+        apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, ev.policies[i].grace)
+      end
     end
-    if redisTime then
-      reply[#reply + 1] = now
+    if recorded then
+      local kept = extra
+      if op == 'estimate' then
+        kept = estimateExtra(cost, now)
+      end
+      recordRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply, kept)
+    elseif id ~= '' then
+      dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
     end
-    return reply
-  end
-  if ev.commit then
-    for i = 1, n do
-      apply(KEYS[i], ev.policies[i].kind, ev.writes[i], ev.states[i] ~= nil, now, ev.policies[i].grace)
-    end
-  end
-  if recorded then
-    local kept = extra
-    if op == 'estimate' then
-      kept = estimateExtra(cost, now)
-    end
-    recordRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply, kept)
-  elseif id ~= '' then
-    dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
   end
   for i = 1, extra and #extra or 0 do
     reply[#reply + 1] = extra[i]
