@@ -11,11 +11,11 @@ import (
 // localQuota is local quota's stage (Policy.LocalQuota) over
 // internal/localquota's blocks, whose package doc proves the bound.
 type localQuota struct {
-	q *localquota.Quota[Policy, Status]
+	q *localquota.Quota[*Policy, Status]
 }
 
 func newLocalQuota(c Clock, hook localquota.Hook) *localQuota {
-	return &localQuota{q: localquota.New[Policy, Status](c, hook)}
+	return &localQuota{q: localquota.New[*Policy, Status](c, hook)}
 }
 
 // do is local quota's stage. A Spend of one LocalQuota policy (the
@@ -37,7 +37,7 @@ func (lq *localQuota) do(ctx context.Context, d *decision, next step) {
 	}
 	p, cost := ev.Policies[0], ev.Cost
 	n := localquota.Numbers{ID: p.ID, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock, Drained: p.drained(), Windowed: p.Algorithm == FixedWindow}
-	r := lq.q.Spend(ctx, ev.Subject, *p, &n, cost, func(k int64, hold time.Duration) localquota.Answer[Status] {
+	r := lq.q.Spend(ctx, ev.Subject, p, &n, cost, func(k int64, hold time.Duration) localquota.Answer[Status] {
 		ev.Cost, ev.Hold = k, hold
 		next(ctx, d)
 		ev.Cost, ev.Hold = cost, 0
