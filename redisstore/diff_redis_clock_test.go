@@ -99,10 +99,11 @@ func shortWindow(r *rand.Rand, p *sluice.Policy) *sluice.Policy {
 
 // diffRedisClock drives algs' random sequences (several policies at once
 // when multi is set) through a store on Redis time and its engine twin,
-// demanding identical statuses; general sends every decision in the
-// general form, and batched every decision in a decideAll call of its
-// own (batch.lua: a short one by its spec, with a compact reply).
-func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general, batched, multi bool) {
+// demanding identical statuses over steps decisions; general sends every
+// decision in the general form, and batched every decision in a decideAll
+// call of its own (batch.lua: a short one by its spec, with a compact
+// reply).
+func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general, batched, multi bool, steps int) {
 	// A TTL grace of an hour, as the caller-clock mode's: numbers changed
 	// under one revision may lengthen a window past a key's TTL, which
 	// the engine twin does not model. (A fixed window's key takes none:
@@ -118,7 +119,6 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 	var ps []*sluice.Policy
 	subj := ""
 	var allowed, denied, rolled int
-	steps := *diffSteps / 4
 	for step := range steps {
 		if step%episode == 0 || r.IntN(40) == 0 {
 			ps = ps[:0]

@@ -168,20 +168,22 @@ func TestDifferential(t *testing.T) {
 	for _, form := range []string{"short", "general", "batched"} {
 		t.Run("fixed_window/redis-clock/"+form, func(t *testing.T) {
 			t.Parallel()
-			diffRedisClock(t, c, seed, []sluice.Algorithm{sluice.FixedWindow}, form == "general", form == "batched", false)
+			// as many steps as each caller-clock sequence: its own record
+			// and fixedWindowFloor are this mode's alone
+			diffRedisClock(t, c, seed, []sluice.Algorithm{sluice.FixedWindow}, form == "general", form == "batched", false, *diffSteps)
 		})
 	}
 	t.Run("all/redis-clock/batched", func(t *testing.T) {
 		t.Parallel()
-		diffRedisClock(t, c, seed, algorithms, false, true, false)
+		diffRedisClock(t, c, seed, algorithms, false, true, false, *diffSteps/4)
 	})
 	t.Run("multi/redis-clock", func(t *testing.T) {
 		t.Parallel()
-		diffRedisClock(t, c, seed, algorithms, false, false, true)
+		diffRedisClock(t, c, seed, algorithms, false, false, true, *diffSteps/4)
 	})
 	t.Run("multi/redis-clock/batched", func(t *testing.T) {
 		t.Parallel()
-		diffRedisClock(t, c, seed, algorithms, false, true, true)
+		diffRedisClock(t, c, seed, algorithms, false, true, true, *diffSteps/4)
 	})
 	for _, a := range settleAlgorithms {
 		t.Run("settle/"+a.String(), func(t *testing.T) {

@@ -454,7 +454,10 @@ func TestCorruptState(t *testing.T) {
 
 // TestStateWithoutTTLGetsOne: the script reads state without asking for
 // its TTL; a key that lost it (PERSIST by hand) is given one again by the
-// next write.
+// next write. A fixed window on Redis time (the default) gets its TTL
+// when its window opens, at its end, and a spend in a window that goes on
+// keeps whatever TTL the key has (SET … KEEPTTL, issue 31's floor): such
+// a key gets one again from the next window its subject opens.
 func TestStateWithoutTTLGetsOne(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
@@ -470,8 +473,25 @@ func TestStateWithoutTTLGetsOne(t *testing.T) {
 		if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != 3 {
 			t.Fatalf("%v: second spend over a key without TTL = %+v, want allowed with 3 left", alg, st)
 		}
-		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= 0 {
-			t.Fatalf("%v: PTTL after the write = %v, %v; want a TTL again", alg, ttl, err)
+		ttl, err := c.PTTL(ctx, key).Result()
+		if alg != sluice.FixedWindow {
+			if err != nil || ttl <= 0 {
+				t.Fatalf("%v: PTTL after the write = %v, %v; want a TTL again", alg, ttl, err)
+			}
+			continue
+		}
+		if err != nil || ttl != -time.Nanosecond {
+			t.Fatalf("%v: PTTL after a spend in the window that goes on = %v, %v; want none kept (KEEPTTL)", alg, ttl, err)
+		}
+		// The window ended (its end 1 µs after the epoch), still without a TTL.
+		if err := c.Set(ctx, key, binaryState(1, 2), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if st := mustEvaluate(t, s, subj, 1, p); !st[0].Allowed || st[0].Remaining != 4 {
+			t.Fatalf("%v: spend after the window ended = %+v, want allowed with 4 left", alg, st)
+		}
+		if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > time.Minute+time.Millisecond {
+			t.Fatalf("%v: PTTL after the spend that opened a window = %v, %v; want at most the window, 1m, rounded up to the ms", alg, ttl, err)
 		}
 	}
 }
@@ -725,12 +745,17 @@ func stateFields(t *testing.T, raw string) []int64 {
 // script's binary form, whatever they hold.
 func setBinary(c *redis.Client, fields ...float64) func(key string) error {
 	return func(key string) error {
-		b := []byte{redisstore.StateBinary}
-		for _, f := range fields {
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
-		}
-		return c.Set(context.Background(), key, b, time.Hour).Err()
+		return c.Set(context.Background(), key, binaryState(fields...), time.Hour).Err()
 	}
+}
+
+// binaryState is the stored form of a fixed-size state of fields.
+func binaryState(fields ...float64) []byte {
+	b := []byte{redisstore.StateBinary}
+	for _, f := range fields {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+	}
+	return b
 }
 
 // TestDecimalStateIsRead: state an older version kept as decimals joined

@@ -14,7 +14,9 @@ Time source: LAYOUT.ARGV_NOW or Redis TIME, never both. Every written key gets
 PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent;
 but a fixed window on Redis time (KIND_FIXED_WINDOW_END: its end and
-count) gets PXAT = its end rounded up to the ms, with no grace. ]]
+count) gets PXAT = its end rounded up to the ms, with no grace (short.lua's
+fixedWindowFloor sets it when a window opens, and keeps it, KEEPTTL, while
+the window goes on). ]]
 
 -- fixedCorrupt returns why a to e, the fields of a state of fixed-size
 -- kind, are none the algorithm can have written (fixedWindowCorrupt, …),

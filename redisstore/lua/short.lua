@@ -63,52 +63,94 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   return ds[2] == 1, ds[3], ds[4], ds[5], ds[6]
 end
 
--- floorEnds is the window end fixedWindowFloor last wrote, and floorPXAT
--- its PXAT argument: the windows of a clock-aligned policy end together,
--- so most of its writes format no time (a function library keeps them
--- from one call to the next).
-local floorEnds, floorPXAT = 0, ''
+-- FLOOR keeps what fixedWindowFloor's writes reuse from one call to the
+-- next (a function library keeps it): ends, the window end it last
+-- opened, with head, the start of that state's stored form (the byte
+-- STATE_BINARY and the end), and pxat, its PXAT argument (the windows
+-- of a clock-aligned policy, and those a batch opens at one time, end
+-- together, so most writes format no time); and counts, the stored form
+-- of the small counts. One table, not a local each (Lua's 200 locals).
+local FLOOR = {ends = 0, head = '', pxat = '', counts = {}}
 
 -- fixedWindowFloor decides a short spend of cost on key under p, a fixed
 -- window on Redis time (KIND_FIXED_WINDOW_END), at now, as fastMain's
--- general course would, with the least work: one GET, the checks and the
--- decision of fixed_window.lua, one SET that expires at the window's end
--- (applyFixed's, written here: encodeFields, and ceilDiv to the ms on
--- values), nothing written on a denial. No clock rule: such a state
--- keeps no newest write (FixedWindowEnd.Newest), and a window ending too
--- far ahead is corrupt. A WRONGTYPE error of its GET is left to its
--- caller (shortError makes it SLUICE_CORRUPT, as read
--- does). The differential test's Redis-clock mode drives it in the short
--- form, batched, and the general form beside it. It returns the
--- decision's allowed, limit, remaining, resetAfter and retryAfter.
+-- general course would, with the least work: one GET, then
+-- fixedWindowEndCorrupt's and fixedWindowEndDecide's rules written out
+-- on values (a call each costs more than their tests), then one SET,
+-- nothing on a denial. The window a spend opens is written with PXAT,
+-- its end rounded up to the ms (applyFixed's, ceilDiv on values); a
+-- window that goes on keeps the TTL its opening set (KEEPTTL: the same
+-- instant, without an expiry to format, rewrite and store on every
+-- spend). Its stored form is encodeFields', the end's bytes kept from
+-- what GET read. No clock rule: such a state keeps no newest write
+-- (FixedWindowEnd.Newest), and a window ending too far ahead is corrupt.
+-- A state that fails the checks is read again by decodeChecked, whose
+-- error names the field and the rule. A WRONGTYPE error of its GET is
+-- left to its caller (shortError makes it SLUICE_CORRUPT, as read does).
+-- The differential test's Redis-clock mode drives it in the short form,
+-- batched, and the general form beside it. It returns the decision's
+-- allowed, limit, remaining, resetAfter and retryAfter.
 -- fixedWindowFloor ports DecideOne, on a FixedWindowEnd spent on Redis time.
 local function fixedWindowFloor(key, p, cost, now)
-  local ends, count = 0, 0
+  local ends, count, kept = 0, 0, nil -- kept: the stored form, binary
   local raw = redisCall('GET', key)
   if raw then
-    ends, count = decodeFields(key, raw, 2)
-    local why = fixedWindowEndCorrupt(ends, count, now)
-    if why ~= nil then
-      corrupt(key, why)
+    local b
+    if #raw == 17 then
+      b, ends, count = structUnpack('<Bdd', raw)
+    end
+    -- fixedWindowEndCorrupt and decodeFields' field checks in one test
+    -- (NaN fails every comparison, -0 the lower bounds)
+    if b == STATE_BINARY and count >= 1 and count <= MAX_LIMIT and count % 1 == 0 and
+      ends >= 1 and ends - now <= MAX_WINDOW and ends % 1 == 0 then
+      kept = raw
+    else -- corrupt (it raises, naming why), or an older version's decimals
+      ends, count = decodeChecked(key, raw, KIND_FIXED_WINDOW_END, now)
     end
   end
-  local allowed, remaining, resetAfter, retryAfter
-  ends, count, allowed, remaining, resetAfter, retryAfter = fixedWindowEndDecide(ends, count, p, now, cost)
-  if allowed and count > 0 then
-    if ends ~= floorEnds then
+  local limit = p.limit
+  if count == 0 or now >= ends then -- fixedWindowEndDecide's new window
+    count, ends, kept = 0, now, nil
+    if p.aligned then
+      ends = fixedWindowStart(p, now)
+    end
+    ends = ends + p.window
+  end
+  local need = cost
+  if need == 0 then
+    need = 1 -- verdictCost
+  end
+  if count + need > limit then
+    -- Count > Limit after a limit was lowered: remaining 0.
+    return false, limit, mathMax(limit - count, 0), ends - now, ends - now
+  end
+  count = count + cost
+  if count == 0 then
+    redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
+    return true, limit, limit, 0, 0
+  end
+  local tail = FLOOR.counts[count]
+  if tail == nil then
+    tail = structPack('<d', count)
+    if count <= 4096 then
+      FLOOR.counts[count] = tail
+    end
+  end
+  if kept then -- the window goes on: its TTL is its end already
+    redisCall('SET', key, stringSub(kept, 1, 9) .. tail, 'KEEPTTL')
+  else
+    if ends ~= FLOOR.ends then
       local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53
       if ms * 1000 < ends then
         ms = ms + 1
       elseif (ms - 1) * 1000 >= ends then
         ms = ms - 1
       end
-      floorEnds, floorPXAT = ends, stringFormat('%d', ms)
+      FLOOR.ends, FLOOR.head, FLOOR.pxat = ends, structPack('<Bd', STATE_BINARY, ends), stringFormat('%d', ms)
     end
-    redisCall('SET', key, structPack('<Bdd', STATE_BINARY, ends, count), 'PXAT', floorPXAT)
-  elseif allowed then
-    redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
+    redisCall('SET', key, FLOOR.head .. tail, 'PXAT', FLOOR.pxat)
   end
-  return allowed, p.limit, remaining, resetAfter, retryAfter
+  return true, limit, limit - count, ends - now, 0
 end
 
 -- shortError returns what pcall answers for e, the abort of a short

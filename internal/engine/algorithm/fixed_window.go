@@ -119,8 +119,10 @@ func (s FixedWindow) Newest() int64 { return s.Last }
 // count and the window's end, nothing else. It decides as FixedWindow
 // does, request for request; it keeps no newest write, since one clock
 // both decides and expires the key (at End, rounded up to the next
-// millisecond, with no grace: nothing reads a window once it has ended),
-// and a clock-aligned window ends at its boundary. The caller's clock
+// millisecond, with no grace: nothing reads a window once it has ended;
+// the spend that opens a window sets that expiry, and a spend in a
+// window that goes on keeps it), and a clock-aligned window ends at its
+// boundary. A denial changes nothing. The caller's clock
 // keeps FixedWindow, whose newest write bounds how far that clock may
 // step back. State: two integers.
 type FixedWindowEnd struct {
