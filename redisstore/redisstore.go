@@ -928,13 +928,8 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
 		msg := rerr.Error()
 		code, _, _ := strings.Cut(msg, " ")
-		switch code {
-		case "SLUICE_CORRUPT":
-			return fmt.Errorf("redisstore: %s: %w", msg, sluice.CorruptState)
-		case "SLUICE_CLOCK":
-			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ClockUnsafe)
-		case "SLUICE_ARGS":
-			return fmt.Errorf("redisstore: %s: %w", msg, sluice.ErrInvalidRequest)
+		if sentinel := scriptError(code); sentinel != nil {
+			return fmt.Errorf("redisstore: %s: %w", msg, sentinel)
 		}
 		for _, c := range refusedBeforeRun {
 			if code == c {

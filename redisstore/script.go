@@ -28,7 +28,7 @@ var luaFiles embed.FS
 
 var scriptFiles = []string{
 	"params.lua",         // internal/engine/algorithm/params.go
-	"codec.lua",          // error replies and integer strings
+	"codec.lua",          // codec.go: error replies, integer strings
 	"fixed_window.lua",   // internal/engine/algorithm/fixed_window.go
 	"fixed_period.lua",   // internal/engine/algorithm/fixed_period.go
 	"sliding_log.lua",    // internal/engine/algorithm/sliding_log.go
@@ -365,20 +365,3 @@ func shortSpec(a *policyArgs, op sluice.Op, cost int64, hold time.Duration) stri
 
 // maxCachedArgs bounds the policies whose arguments a Store keeps.
 const maxCachedArgs = 4096
-
-// smallInts holds "0" to "255" as interface values, for the counts and
-// costs most decisions send.
-var smallInts = func() (v [256]any) {
-	for i := range v {
-		v[i] = strconv.Itoa(i)
-	}
-	return v
-}()
-
-// intArg returns n as an argument, without allocating for 0 to 255.
-func intArg(n int64) any {
-	if n >= 0 && n < int64(len(smallInts)) {
-		return smallInts[n]
-	}
-	return strconv.FormatInt(n, 10)
-}

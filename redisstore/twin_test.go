@@ -18,12 +18,12 @@ import (
 // or method (Type.Method) of the engine or of this package.
 var withoutTwin = map[string][]string{
 	"params.lua":      {"bindLibrary", "fdiv", "quo", "rem"}, // Lua's own: binding the globals, integer division on doubles
-	"codec.lua":       {"raise", "corrupt", "read", "int", "arg", "fmt", "idx", "encodeFields", "encodeState", "badField", "fieldCorrupt", "decodeFields", "decodeState"},
+	"codec.lua":       {"int", "fmt", "idx", "encodeFields", "encodeState", "badField", "fieldCorrupt", "decodeFields", "decodeState"},
 	"sliding_log.lua": {"slidingLogChecked", "slidingLogEntry", "slidingLogLive"},
 	"concurrency.lua": {"concurrencyEntry"},
 	"engine.lua":      {"absentOf"},
 	"args.lua":        {"redisTime"},
-	"records.lua":     {"fixedCorrupt", "decodeChecked", "ahead", "readState", "px", "applyFixed", "apply"},
+	"records.lua":     {"decodeChecked", "ahead", "px"},
 	"dedupe.lua":      {"hdel"},
 	"carry.lua":       {"carriedEntries", "carryOver"},
 }

@@ -1,14 +1,20 @@
---[[ codec.lua: the script's own plumbing, with no Go twin: the SLUICE_*
-error replies, integers read from and written as strings, and the stored
-form of a fixed-size state. ]]
+--[[ codec.lua: the SLUICE_* error replies, integers read from and
+written as strings, and the stored form of a fixed-size state. Go twin:
+redisstore/codec.go, scriptError (which reads the error replies raise,
+corrupt and read answer) and intArg (which writes the integer arguments
+arg reads). The integers the script writes and reads back itself (int,
+fmt, idx) and the stored form (encodeFields … decodeState) have no Go
+side: Go neither writes nor reads them. ]]
 
 -- raise aborts the decision with a SLUICE_* error reply (caught by the
 -- pcall around main; nothing has been written when it is raised).
+-- raise ports scriptError's other side: it writes the error reply scriptError reads.
 local function raise(code, msg)
   error({sluice = code .. ' ' .. msg})
 end
 
 -- corrupt raises SLUICE_CORRUPT: key holds what this script never writes.
+-- corrupt ports scriptError's other side: SLUICE_CORRUPT.
 local function corrupt(key, msg)
   raise('SLUICE_CORRUPT', key .. ': ' .. msg)
 end
@@ -16,6 +22,7 @@ end
 -- read runs a reading command on key. A WRONGTYPE error means key holds
 -- what this script never writes there: SLUICE_CORRUPT. Any other error
 -- (NOPERM, …) aborts the script with its own code.
+-- read ports scriptError's other side: a WRONGTYPE read answered as SLUICE_CORRUPT.
 local function read(key, cmd, ...)
   local r = redisPcall(cmd, key, ...)
   if type(r) == 'table' and r.err then
@@ -49,6 +56,7 @@ end
 
 -- arg parses an integer argument, which redisstore.go writes with
 -- strconv: any whole number of magnitude below 2^53, or nil.
+-- arg ports intArg's other side: it reads the integers intArg writes.
 local function arg(s)
   local n = toNumber(s)
   if n == nil or n % 1 ~= 0 or n >= MAX_EXACT or n <= -MAX_EXACT then

@@ -21,6 +21,7 @@ the window goes on). ]]
 -- fixedCorrupt returns why a to e, the fields of a state of fixed-size
 -- kind, are none the algorithm can have written (fixedWindowCorrupt, …),
 -- or nil.
+-- fixedCorrupt ports the part of Policy.corrupt for the fixed-size kinds.
 local function fixedCorrupt(kind, a, b, c, d, e, now)
   if kind == KIND_GCRA then
     return gcraCorrupt(a, b, c, d, e)
@@ -74,6 +75,7 @@ end
 -- set's entries as a decision reads them (slidingLogCorrupt,
 -- concurrency.lua), and on Redis time how far its newest write lies ahead
 -- (ahead).
+-- readState ports Policy.corrupt, with the key's read and the stored form's checks.
 local function readState(key, p, now, onRedis)
   local kind = p.kind
   if kind == KIND_SLIDING_LOG or kind == KIND_CONCURRENCY then
@@ -123,6 +125,7 @@ end
 -- at expires at key, as apply does. A fixed window on Redis time
 -- (KIND_FIXED_WINDOW_END) takes no grace: its key expires at its end,
 -- rounded up to the millisecond (PXAT, Redis >= 6.2).
+-- applyFixed ports the part of State.Apply for the fixed-size kinds, with the key's TTL.
 local function applyFixed(key, kind, n, expires, now, grace, a, b, c, d, e)
   if expires <= now then
     redisCall('DEL', key)
@@ -135,6 +138,7 @@ end
 
 -- apply keeps the state w describes at key and sets its TTL; a state that
 -- equals absent is deleted. stored tells whether the key held a state.
+-- apply ports State.Apply, on the key, with its TTL.
 local function apply(key, kind, w, stored, now, grace)
   if w.expires <= now then
     redisCall('DEL', key)
