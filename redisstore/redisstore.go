@@ -78,7 +78,7 @@
 // # Least-privilege ACL
 //
 // The store sends FCALL and FUNCTION LOAD, or EVALSHA and SCRIPT LOAD (never
-// EVAL), and it and its code call only TIME, PTTL, PEXPIRE, DEL, GET, SET, HGET, HSET, HDEL, LLEN, LINDEX,
+// EVAL), and it and its code call only TIME, PTTL, PEXPIRE, DEL, GET, SET, SETRANGE, HGET, HSET, HDEL, LLEN, LINDEX,
 // LRANGE, LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
 // ZREMRANGEBYRANK, ZRANK and ZREM on keys under Prefix (LRANGE and ZRANGE
 // with scores read an older subject's state during a key rotation).
@@ -87,7 +87,7 @@
 // sent by the store itself, never by the decision code. A user
 // restricted to exactly that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery; Options.WaitReplicas needs +wait.

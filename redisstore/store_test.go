@@ -456,7 +456,7 @@ func TestCorruptState(t *testing.T) {
 // its TTL; a key that lost it (PERSIST by hand) is given one again by the
 // next write. A fixed window on Redis time (the default) gets its TTL
 // when its window opens, at its end, and a spend in a window that goes on
-// keeps whatever TTL the key has (SET … KEEPTTL, issue 31's floor): such
+// keeps whatever TTL the key has (SETRANGE of its count, issue 31's floor): such
 // a key gets one again from the next window its subject opens.
 func TestStateWithoutTTLGetsOne(t *testing.T) {
 	ctx := context.Background()
@@ -481,7 +481,7 @@ func TestStateWithoutTTLGetsOne(t *testing.T) {
 			continue
 		}
 		if err != nil || ttl != -time.Nanosecond {
-			t.Fatalf("%v: PTTL after a spend in the window that goes on = %v, %v; want none kept (KEEPTTL)", alg, ttl, err)
+			t.Fatalf("%v: PTTL after a spend in the window that goes on = %v, %v; want none kept (SETRANGE)", alg, ttl, err)
 		}
 		// The window ended (its end 1 µs after the epoch), still without a TTL.
 		if err := c.Set(ctx, key, binaryState(1, 2), 0).Err(); err != nil {

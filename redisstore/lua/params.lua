@@ -9,13 +9,13 @@ remainder (truncated toward zero) are quo and rem. ]]
 -- library's global names are looked up through the sandbox's table on
 -- every use, a local in one step. They are bound the first time decide
 -- runs (while a library loads, Redis hides them).
-local mathFloor, mathMax, mathMin, stringFormat, stringByte, stringFind, stringSub
+local mathFloor, mathMax, mathMin, stringFormat, stringByte, stringFind
 local structPack, structUnpack, redisCall, redisPcall, toNumber
 
 -- bindLibrary binds the locals above.
 local function bindLibrary()
   mathFloor, mathMax, mathMin = math.floor, math.max, math.min
-  stringFormat, stringByte, stringFind, stringSub = string.format, string.byte, string.find, string.sub
+  stringFormat, stringByte, stringFind = string.format, string.byte, string.find
   structPack, structUnpack = struct.pack, struct.unpack
   redisCall, redisPcall, toNumber = redis.call, redis.pcall, tonumber
 end

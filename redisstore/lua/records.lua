@@ -15,8 +15,8 @@ PX = ceil((expiry of its state - now + grace) / 1000) ms, now being the
 time of this call, so a key never vanishes before its state equals absent;
 but a fixed window on Redis time (KIND_FIXED_WINDOW_END: its end and
 count) gets PXAT = its end rounded up to the ms, with no grace (short.lua's
-fixedWindowFloor sets it when a window opens, and keeps it, KEEPTTL, while
-the window goes on). ]]
+fixedWindowFloor sets it when a window opens, and keeps it while the
+window goes on: SETRANGE writes the count alone). ]]
 
 -- fixedCorrupt returns why a to e, the fields of a state of fixed-size
 -- kind, are none the algorithm can have written (fixedWindowCorrupt, …),

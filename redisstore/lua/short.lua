@@ -78,11 +78,12 @@ local FLOOR = {ends = 0, head = '', pxat = '', counts = {}}
 -- fixedWindowEndCorrupt's and fixedWindowEndDecide's rules written out
 -- on values (a call each costs more than their tests), then one SET,
 -- nothing on a denial. The window a spend opens is written with PXAT,
--- its end rounded up to the ms (applyFixed's, ceilDiv on values); a
--- window that goes on keeps the TTL its opening set (KEEPTTL: the same
--- instant, without an expiry to format, rewrite and store on every
--- spend). Its stored form is encodeFields', the end's bytes kept from
--- what GET read. No clock rule: such a state keeps no newest write
+-- its end rounded up to the ms (applyFixed's, ceilDiv on values); in a
+-- window that goes on, SETRANGE writes the count's 8 bytes over the
+-- stored form (encodeFields': the end's bytes stay as GET read them) and
+-- keeps the TTL its opening set: the same instant, without an expiry to
+-- format, rewrite and store, a value to build or a status reply to read
+-- on every spend. No clock rule: such a state keeps no newest write
 -- (FixedWindowEnd.Newest), and a window ending too far ahead is corrupt.
 -- A state that fails the checks is read again by decodeChecked, whose
 -- error names the field and the rule. A WRONGTYPE error of its GET is
@@ -92,7 +93,7 @@ local FLOOR = {ends = 0, head = '', pxat = '', counts = {}}
 -- allowed, limit, remaining, resetAfter and retryAfter.
 -- fixedWindowFloor ports DecideOne, on a FixedWindowEnd spent on Redis time.
 local function fixedWindowFloor(key, p, cost, now)
-  local ends, count, kept = 0, 0, nil -- kept: the stored form, binary
+  local ends, count, kept = 0, 0, false -- kept: the stored form is binary (SETRANGE writes into it)
   local raw = redisCall('GET', key)
   if raw then
     local b
@@ -103,14 +104,14 @@ local function fixedWindowFloor(key, p, cost, now)
     -- (NaN fails every comparison, -0 the lower bounds)
     if b == STATE_BINARY and count >= 1 and count <= MAX_LIMIT and count % 1 == 0 and
       ends >= 1 and ends - now <= MAX_WINDOW and ends % 1 == 0 then
-      kept = raw
+      kept = true
     else -- corrupt (it raises, naming why), or an older version's decimals
       ends, count = decodeChecked(key, raw, KIND_FIXED_WINDOW_END, now)
     end
   end
   local limit = p.limit
   if count == 0 or now >= ends then -- fixedWindowEndDecide's new window
-    count, ends, kept = 0, now, nil
+    count, ends, kept = 0, now, false
     if p.aligned then
       ends = fixedWindowStart(p, now)
     end
@@ -137,7 +138,7 @@ local function fixedWindowFloor(key, p, cost, now)
     end
   end
   if kept then -- the window goes on: its TTL is its end already
-    redisCall('SET', key, stringSub(kept, 1, 9) .. tail, 'KEEPTTL')
+    redisCall('SETRANGE', key, '9', tail) -- the count's 8 bytes, in place
   else
     if ends ~= FLOOR.ends then
       local ms = mathFloor((ends + 999) / 1000) -- ceilDiv(ends, 1000), exact below 2^53

@@ -642,7 +642,7 @@ type ACLServer struct {
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
 		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +incr " +
-		"+llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem"
+		"+llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange"
 }
 
 // StartACL starts a server with a default user protected by a password and
