@@ -47,7 +47,7 @@ type pending struct {
 	lease text      // a short decision's lease, its argument
 	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it; else ""
 	limit int64     // with spec: the decision's limit, which a compact reply leaves out
-	ref   mark      // with spec: its head in a decideAll call ("-j"), which notes when it is written
+	ref   mark      // with spec: its key in a decideAll call, which notes when it is written
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
 	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
 	batch int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
@@ -256,7 +256,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		spread(c, batch[i*maxAll:min((i+1)*maxAll, len(batch))])
 	}
 	for _, p := range batch {
-		// A decideAll call writes the marks of its decisions, or their heads.
+		// A decideAll call writes the marks of its decisions, or their keys.
 		p.wrote, p.wait, p.batch = p.mark.written.Load() || p.ref.written.Load(), w, len(batch)
 	}
 	if err != nil && !errors.As(err, new(redis.Error)) {
@@ -285,38 +285,59 @@ func (b *batcher) shareable(batch []*pending) bool {
 }
 
 // allCmd returns the decideAll call that takes the decisions of batch
-// (see batch.lua): their number, the number of distinct specs and the
-// specs, one head per decision (a decision by spec: "-j", its mark; else
-// its number of keys), then their keys, and the others' arguments, in
-// order.
+// (see batch.lua): their keys (a decision by spec: its key as its mark),
+// the number of decisions, the number of heads, the number of distinct
+// specs and the specs, the heads (a run of consecutive decisions by spec j: "-j" and the run's
+// length; any other decision: its number of keys), then the others'
+// arguments, in order.
 func allCmd(ctx context.Context, batch []*pending) scriptCmd {
-	keys, argv := 0, 0
+	keys, argv, heads := 0, 0, 0
 	var specs []string
+	last := ""
 	for _, p := range batch {
 		keys += p.keys
+		if p.spec != "" && !slices.Contains(specs, p.spec) {
+			if len(specs) < len(specRefs) {
+				specs = append(specs, p.spec)
+			} else {
+				p.spec = "" // beyond the specs one call names: it goes with its own arguments
+			}
+		}
 		if p.spec == "" {
 			argv += len(p.args) - 3 - p.keys
-		} else if !slices.Contains(specs, p.spec) && len(specs) < len(specRefs) {
-			specs = append(specs, p.spec)
+			heads++
+		} else if p.spec != last {
+			heads += 2
 		}
+		last = p.spec
 	}
-	args := make([]any, 0, 3+keys+2+len(specs)+len(batch)+argv)
+	args := make([]any, 0, 3+keys+3+len(specs)+heads+argv)
 	args = append(args, callAll[0], callAll[1], keys)
 	for _, p := range batch {
-		args = append(args, p.args[3:3+p.keys]...)
+		if p.spec != "" {
+			p.ref.arg = p.args[3].(string)
+			args = append(args, &p.ref)
+		} else {
+			args = append(args, p.args[3:3+p.keys]...)
+		}
 	}
-	args = append(args, len(batch), len(specs))
+	args = append(args, len(batch), heads, len(specs))
 	for _, sp := range specs {
 		args = append(args, sp)
 	}
-	for _, p := range batch {
-		if j := slices.Index(specs, p.spec); p.spec != "" && j >= 0 {
-			p.ref.arg = specRefs[j]
-			args = append(args, &p.ref)
-		} else {
-			p.spec = "" // beyond the specs one call names: it goes with its own arguments
+	for i := 0; i < len(batch); {
+		p := batch[i]
+		if p.spec == "" {
 			args = append(args, p.keys)
+			i++
+			continue
 		}
+		n := 1
+		for i+n < len(batch) && batch[i+n].spec == p.spec {
+			n++
+		}
+		args = append(args, specRefs[slices.Index(specs, p.spec)], n)
+		i += n
 	}
 	for _, p := range batch {
 		if p.spec == "" {
@@ -326,8 +347,8 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	return newScriptCmd(ctx, args)
 }
 
-// specRefs are the heads of decisions by spec in a decideAll call, "-1"
-// to "-64": spec j, one key, no arguments of its own.
+// specRefs are the heads of runs of decisions by spec in a decideAll
+// call, "-1" to "-64": spec j, one key each, no arguments of their own.
 var specRefs = func() (v [maxAll]string) {
 	for i := range v {
 		v[i] = "-" + strconv.Itoa(i+1)

@@ -293,9 +293,31 @@ local function specOf(raw)
   return sp
 end
 
--- specMain decides a batched short decision on key by its spec sp at
--- now, Redis time, and returns as shortDecide.
--- specMain ports DecideOne, by a spec.
-local function specMain(key, sp, now)
-  return shortDecide(key, sp.p, sp.op, sp.cost, sp.hold, '', now, -1, true)
+-- specRun decides the decisions i + 1 to n of a run by the spec sp in a
+-- decideAll call, their keys keys[ko + i + 1] on, at now, Redis time,
+-- each as shortDecide would (fixedWindowFloor when sp.floor), and puts
+-- their replies in out from out[o + 1] on, as decideAll answers them: an
+-- admitted decision with no retry as its remaining and resetAfter, any
+-- other as fastMain's reply. It returns the last index of out written.
+-- done[1] is the decision under way: an error aborts only that one
+-- (decideAll answers it in its place and calls specRun again for the
+-- rest), so one pcall takes a run rather than one per decision.
+-- specRun ports DecideOne, by a spec.
+local function specRun(keys, ko, i, n, sp, now, out, o, done)
+  local p, cost, floor = sp.p, sp.cost, sp.floor
+  for j = i + 1, n do
+    done[1] = j
+    local allowed, limit, remaining, resetAfter, retryAfter
+    if floor then
+      allowed, limit, remaining, resetAfter, retryAfter = fixedWindowFloor(keys[ko + j], p, cost, now)
+    else
+      allowed, limit, remaining, resetAfter, retryAfter = shortDecide(keys[ko + j], p, sp.op, cost, sp.hold, '', now, -1, true)
+    end
+    if allowed and retryAfter == 0 then
+      out[o + 1], out[o + 2], o = remaining, resetAfter, o + 2
+    else
+      out[o + 1], o = {0, allowed and 1 or 0, limit, remaining, resetAfter, retryAfter, now}, o + 1
+    end
+  end
+  return o
 end
