@@ -169,7 +169,7 @@ const (
 	maxDedupeIDs      = 10000
 )
 
-// The short decision's forms (short.lua's FAST_SPEND, …), on Redis
+// The short decision's forms (short.lua's FAST_FORM), on Redis
 // time and, in capitals, on the caller's clock: the common decision, one
 // policy, a spend or a peek (a lease's acquire or release on a
 // concurrency policy), no evaluation id, nothing carried, sent with its
@@ -180,7 +180,7 @@ var fastForms = [2][sluice.Renew + 1]any{
 	{sluice.Spend: "S", sluice.Peek: "P", sluice.Acquire: "A", sluice.Release: "R"},
 }
 
-// fastHeld is the short form of a held spend (FAST_HELD), on Redis time
+// fastHeld is the short form of a held spend (FAST_FORM.HELD), on Redis time
 // and on the caller's clock: a spend's, its hold after the cost.
 var fastHeld = [2]any{"h", "H"}
 

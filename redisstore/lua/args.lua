@@ -36,8 +36,13 @@ local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = t
 -- (a script, before Redis 7, starts every call with it empty), so a
 -- policy's numbers are parsed and checked once, not on every decision;
 -- the policies in it are never modified. It is emptied when it holds
--- checkedMax policies.
-local checked, nChecked, checkedMax = {}, 0, 1000
+-- CACHED.max policies.
+local checked = {}
+
+-- CACHED counts the entries of the caches of arguments read and checked
+-- (checked here, short.lua's specs), each emptied when it holds max: one
+-- table, not a local each (Lua's 200 locals).
+local CACHED = {checked = 0, specs = 0, max = 1000}
 
 -- parsePolicy reads and checks the argument of policy i, raw: the policy
 -- as engine.lua takes it, with its TTL grace.
@@ -76,10 +81,10 @@ local function policyOf(raw, i)
   local p = checked[raw]
   if p == nil then
     p = parsePolicy(raw, i)
-    if nChecked >= checkedMax then
-      checked, nChecked = {}, 0
+    if CACHED.checked >= CACHED.max then
+      checked, CACHED.checked = {}, 0
     end
-    checked[raw], nChecked = p, nChecked + 1
+    checked[raw], CACHED.checked = p, CACHED.checked + 1
   end
   return p
 end

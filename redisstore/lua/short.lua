@@ -12,30 +12,32 @@ but its record. ]]
 -- evaluation id, nothing carried. Its arguments, instead of
 -- LAYOUT.ARGV_POLICIES + 1: its form, then the cost (for a lease, the lease),
 -- for a held spend its hold in µs, then on the caller's clock now and the
--- maximum clock regression, then the policy's argument. The forms:
--- FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE and FAST_RELEASE on
--- Redis time, and the same in capitals on the caller's clock (a held
+-- maximum clock regression, then the policy's argument. The forms
+-- (FAST_FORM): SPEND, HELD, PEEK, ACQUIRE and RELEASE on Redis time, and
+-- the same in capitals on the caller's clock (a held
 -- spend has a form of its own, so the others carry no hold). It is
 -- decided by the functions main's evaluate calls (a fixed-size state on
 -- values rather than tables), and answers and writes what main would.
 
-local FAST_SPEND, FAST_HELD, FAST_PEEK, FAST_ACQUIRE, FAST_RELEASE = 's', 'h', 'p', 'a', 'r'
+-- The forms of the short decision on Redis time (redisstore.go's
+-- fastForms and fastHeld): one table, not a local each.
+local FAST_FORM = {SPEND = 's', HELD = 'h', PEEK = 'p', ACQUIRE = 'a', RELEASE = 'r'}
 
 -- The operation of each form of the short decision.
 local FAST_OPS = {
-  [FAST_SPEND] = 'spend', [FAST_HELD] = 'spend', [FAST_PEEK] = 'peek', [FAST_ACQUIRE] = 'acquire', [FAST_RELEASE] = 'release',
+  [FAST_FORM.SPEND] = 'spend', [FAST_FORM.HELD] = 'spend', [FAST_FORM.PEEK] = 'peek', [FAST_FORM.ACQUIRE] = 'acquire', [FAST_FORM.RELEASE] = 'release',
   S = 'spend', H = 'spend', P = 'peek', A = 'acquire', R = 'release',
 }
 
 -- The number of arguments of each form of the short decision.
 local FAST_ARGS = {
-  [FAST_SPEND] = 3, [FAST_HELD] = 4, [FAST_PEEK] = 3, [FAST_ACQUIRE] = 3, [FAST_RELEASE] = 3,
+  [FAST_FORM.SPEND] = 3, [FAST_FORM.HELD] = 4, [FAST_FORM.PEEK] = 3, [FAST_FORM.ACQUIRE] = 3, [FAST_FORM.RELEASE] = 3,
   S = 5, H = 6, P = 5, A = 5, R = 5,
 }
 
 -- The forms on Redis time, and the held ones (their hold after the cost).
-local FAST_ON_REDIS = {[FAST_SPEND] = true, [FAST_HELD] = true, [FAST_PEEK] = true, [FAST_ACQUIRE] = true, [FAST_RELEASE] = true}
-local FAST_HELD_FORMS = {[FAST_HELD] = true, H = true}
+local FAST_ON_REDIS = {[FAST_FORM.SPEND] = true, [FAST_FORM.HELD] = true, [FAST_FORM.PEEK] = true, [FAST_FORM.ACQUIRE] = true, [FAST_FORM.RELEASE] = true}
+local FAST_HELD_FORMS = {[FAST_FORM.HELD] = true, H = true}
 
 -- fastDecision is where fastView has step put its decision: one table
 -- for every call, read out before the next, so no decision allocates one.
@@ -260,12 +262,12 @@ local function fastMain(key, args, o, at)
 end
 
 -- Short decisions of a batch on Redis time (decideAll) by their spec: the
--- form (FAST_SPEND, FAST_HELD or FAST_PEEK), cost, hold in µs (0 unless
+-- form (FAST_FORM.SPEND, FAST_FORM.HELD or FAST_FORM.PEEK), cost, hold in µs (0 unless
 -- held) and the policy's argument, joined by spaces, e.g. "s 1 0 5 100
 -- 1000000 20 0 0" (redisstore.go's shortSpec). A function library keeps
 -- this table from one call to the next, as args.lua's checked, so a spec
--- is read and checked once; it is emptied when it holds specsMax.
-local specs, nSpecs, specsMax = {}, 0, 1000
+-- is read and checked once; it is emptied when it holds CACHED.max.
+local specs = {}
 
 -- specOf returns the spec raw, read and checked: {op, cost, hold, p, floor}.
 -- specOf ports shortSpec's other side: it reads the spec shortSpec writes.
@@ -279,17 +281,17 @@ local function specOf(raw)
   if form == nil or cost == nil or hold == nil then
     raise('SLUICE_ARGS', 'spec: want form (s, h or p), cost, hold and a policy, joined by spaces')
   end
-  if (form == FAST_HELD) ~= (hold > 0) or hold > MAX_WINDOW then
+  if (form == FAST_FORM.HELD) ~= (hold > 0) or hold > MAX_WINDOW then
     raise('SLUICE_ARGS', 'spec: hold must be 1 to ' .. fmt(MAX_WINDOW) .. ' µs in form h, 0 in the others')
   end
   local p = policyOf(rawPolicy, 1)
   -- floor: the common decision of a fixed window on Redis time, which
   -- decideAll runs as fixedWindowFloor without shortDecide's course.
-  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_SPEND and p.kind == KIND_FIXED_WINDOW_END}
-  if nSpecs >= specsMax then
-    specs, nSpecs = {}, 0
+  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_FORM.SPEND and p.kind == KIND_FIXED_WINDOW_END}
+  if CACHED.specs >= CACHED.max then
+    specs, CACHED.specs = {}, 0
   end
-  specs[raw], nSpecs = sp, nSpecs + 1
+  specs[raw], CACHED.specs = sp, CACHED.specs + 1
   return sp
 end
 
