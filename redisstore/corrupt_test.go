@@ -25,12 +25,14 @@ const maxExact = 1 << 53
 // decision of the script can leave behind, written raw under the key the
 // store uses, are Unavailable (corrupt_state) saying which key and why;
 // the decision writes nothing, not even to the healthy policy beside the
-// corrupt one; a reset clears the state and the next check is decided
-// on absent state.
+// corrupt one, in the general form, the short one alone and batched; a
+// reset clears the state and the next check is decided on absent state.
 func TestCorruptShapes(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
 	s := newStore(t, c, redisstore.Options{})
+	batched := newStore(t, c, redisstore.Options{})
+	batched.SetBatched(true)
 	now := float64(time.Now().UnixMicro()) // Redis's clock: this machine's
 	minute := float64(time.Minute.Microseconds())
 	log := func(entries ...float64) func(string) error {
@@ -117,6 +119,18 @@ func TestCorruptShapes(t *testing.T) {
 			}
 			if after := dump(); after != before {
 				t.Fatalf("a decision refused for corrupt state wrote: %q, then %q", before, after)
+			}
+			// The other entry shapes: the short decision alone and batched
+			// (a decideAll call: fixedWindowFloor for a fixed window).
+			for _, st := range []*redisstore.Store{s, batched} {
+				ev := spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, LeaseID: "l1"})
+				err := st.Evaluate(ctx, ev)
+				if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Evaluate (batched %v) over %s alone = %v (statuses %+v), want CorruptState naming %s, saying %q", st == batched, tc.name, err, ev.Statuses, key, tc.want)
+				}
+				if after := dump(); after != before {
+					t.Fatalf("a decision (batched %v) refused for corrupt state wrote: %q, then %q", st == batched, before, after)
+				}
 			}
 			l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})
 			if err != nil {

@@ -62,6 +62,8 @@ func FuzzCorruptState(f *testing.F) {
 	server := newStore(f, c, redisstore.Options{})
 	general := newStore(f, c, redisstore.Options{}) // every decision in the general form
 	general.SetGeneral(true)
+	batched := newStore(f, c, redisstore.Options{}) // every decision in a decideAll call
+	batched.SetBatched(true)
 	ints := func(vs ...int64) []byte {
 		var b []byte
 		for _, v := range vs {
@@ -129,8 +131,8 @@ func FuzzCorruptState(f *testing.F) {
 			t.Fatalf("%s: %d units admitted at one instant, more than the capacity %d", fz, units, fz.capacity())
 		}
 		// One spend on Redis's clock, the state written around its time,
-		// in the short form and in the general one.
-		for i, s := range []*redisstore.Store{server, general} {
+		// in the short form, alone and batched, and in the general one.
+		for i, s := range []*redisstore.Store{server, general, batched} {
 			fz = &fuzzRun{t: t, c: c, s: s, p: p, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
 			if p.Algorithm == sluice.Concurrency {
 				fz.lag = p.LeaseTTL.Microseconds() + p.CleanupGrace.Microseconds()
