@@ -207,6 +207,64 @@ func TestDecisionsShareRoundTrips(t *testing.T) {
 	t.Logf("round trips: %d single, pipelines of %v", hook.singles, hook.pipelines)
 }
 
+// TestSharedRunKeepsEachAnswer: decisions by one spec queued in order
+// behind one on the wire go to Redis as one run of a decideAll call
+// (specRun, fixedWindowFloor for a fixed window on Redis time): corrupt
+// state in the middle of the run fails its own decision only, and the
+// decisions before and after it are decided as alone, the denied one
+// included.
+func TestSharedRunKeepsEachAnswer(t *testing.T) {
+	srv, c, hook, s := queueingStore(t)
+	ctx := context.Background()
+	fw := policy(t, "run-fw", sluice.FixedWindow, 3, time.Minute)
+	a, corrupt, b := subject(t), subject(t), subject(t)
+	if err := c.Set(ctx, s.Key(corrupt, fw), "not a state", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	resume := holdWire(t, srv, hook, s, subject(t), fw)
+	type answer struct {
+		st  []sluice.Status
+		err error
+	}
+	var answers []chan answer
+	// (The first may go alone once Redis answers: the run still holds a
+	// decision before the corrupt one.)
+	for i, subj := range []string{a, a, corrupt, a, a, b} {
+		ch := make(chan answer, 1)
+		go func() {
+			st, err := evaluate(ctx, s, subj, 1, fw)
+			ch <- answer{st, err}
+		}()
+		answers = append(answers, ch)
+		waitQueued(t, s, hook, 1+i) // queued in this order
+	}
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		corrupt   bool
+		allowed   bool
+		remaining int64
+	}{{false, true, 2}, {false, true, 1}, {true, false, 0}, {false, true, 0}, {false, false, 0}, {false, true, 2}} {
+		got := <-answers[i]
+		switch {
+		case want.corrupt:
+			if !errors.Is(got.err, sluice.CorruptState) {
+				t.Errorf("decision %d, on corrupt state = %+v, %v; want CorruptState", i, got.st, got.err)
+			}
+		case got.err != nil || got.st[0].Allowed != want.allowed || got.st[0].Remaining != want.remaining:
+			t.Errorf("decision %d = %+v, %v; want allowed %v, %d remaining", i, got.st, got.err, want.allowed, want.remaining)
+		case !want.allowed && got.st[0].RetryAfter <= 0:
+			t.Errorf("decision %d, denied = %+v; want a retry wait", i, got.st)
+		}
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if hook.shared == 0 {
+		t.Errorf("round trips: %d single, pipelines %v, no decideAll call; want the queued decisions in one", hook.singles, hook.pipelines)
+	}
+}
+
 // TestSharedCallKeepsEachAnswer: decisions queued behind one on the wire
 // reach one Redis in a single decideAll call, and each keeps its own
 // answer there: corrupt state fails its own decision only (CorruptState),

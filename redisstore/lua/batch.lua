@@ -50,10 +50,13 @@ local function decideAll(keys, args)
         at = redisTime()
       end
       local done = {0} -- specRun's decision under way
-      while done[1] < n do
-        local ok, last = pcall(specRun, keys, ko, done[1], n, sp, at, out, o, done)
+      while done[1] < n do -- each pass ends at least one decision
+        local from = done[1]
+        local ok, last = pcall(specRun, keys, ko, from, n, sp, at, out, o, done)
         if ok then
           o = last
+        elseif done[1] == from then -- it failed before any decision of its own
+          return answer(ok, last)
         else -- decision done[1] aborted, its reply in its place
           ok, last = shortError(keys[ko + done[1]], last)
           o = #out + 1
