@@ -51,8 +51,10 @@ func (l llm) call(key, requestID string, done bool, hits *wrapperspb.UInt64Value
 	return got[0]
 }
 
-func (l llm) estimate(key, id string, n uint64) st { return l.call(key, id, false, wrapperspb.UInt64(n)) }
-func (l llm) done(key, id string, n uint64) st     { return l.call(key, id, true, wrapperspb.UInt64(n)) }
+func (l llm) estimate(key, id string, n uint64) st {
+	return l.call(key, id, false, wrapperspb.UInt64(n))
+}
+func (l llm) done(key, id string, n uint64) st { return l.call(key, id, true, wrapperspb.UInt64(n)) }
 
 // left is what key has left: a check (hits_addend 0) without a request id.
 func (l llm) left(key string) uint32 {
