@@ -7,6 +7,8 @@ import (
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
@@ -166,4 +168,29 @@ func sumLabel(t *testing.T, reg *prometheus.Registry, name, label, value string)
 		}
 	}
 	return n
+}
+
+// TestSettleUnavailable: with Redis stopped, the stream-done call is
+// answered OK (Envoy ignores its answer; the estimate stays spent),
+// counted unavailable, where the request-time call of the fail-closed
+// rule fails UNAVAILABLE as any spend.
+func TestSettleUnavailable(t *testing.T) {
+	srv := redistest.Standalone(t)
+	h := start(t, redisStore(t, srv, sluicetest.NewClock()), settleRules)
+	l := llm{t, h}
+	if got := l.estimate("k1", "r1", 300); got != (st{"OK", "1000/HOUR", 700}) {
+		t.Fatalf("estimate 300 = %+v, want OK with 700 left", got)
+	}
+	srv.Stop()
+	if got := l.done("k1", "r1", 100); got != (st{"OK", "1000/HOUR", 0}) {
+		t.Errorf("stream done, Redis stopped = %+v, want OK", got)
+	}
+	if n := sumLabel(t, h.reg, "sluice_envoy_unsettled_total", "reason", "unavailable"); n != 1 {
+		t.Errorf("sluice_envoy_unsettled_total{reason=unavailable} = %v, want 1", n)
+	}
+	desc := d("api_key", "k1", "sluice_request_id", "r2")
+	desc.HitsAddend = wrapperspb.UInt64(10)
+	if _, err := h.client.ShouldRateLimit(t.Context(), &rlspb.RateLimitRequest{Domain: "ai", Descriptors: []*commonpb.RateLimitDescriptor{desc}}); status.Code(err) != codes.Unavailable {
+		t.Errorf("estimate, Redis stopped = %v, want UNAVAILABLE (the rule fails closed)", err)
+	}
 }
