@@ -31,8 +31,8 @@ const NoRule = "(none)"
 //     no_rule.
 //   - sluice_envoy_unsettled_total{rule, reason}: descriptors of rules
 //     that settle on stream done (sluice_settle) whose cost could not be
-//     settled: no_request_id, no_cost, no_estimate, unavailable (see
-//     settle.go).
+//     settled: no_request_id, no_cost, no_estimate, unavailable,
+//     limit_override (see settle.go).
 //
 // Label values come from the rules files or fixed sets, never from a
 // descriptor value. Safe for concurrent use.

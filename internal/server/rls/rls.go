@@ -443,7 +443,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 				return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 			}
 		}
-		if ds[i].rule.Settles {
+		if ds[i].rule.Settles || se.done && ds[i].override {
 			prepareSettle(st, &ds[i], d, req.GetHitsAddend(), domain, entries, se)
 		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)

@@ -44,7 +44,10 @@ import (
 //   - no_estimate: nothing to settle under the id (the estimate was
 //     denied, only checked with a hits_addend of 0, never sent, or
 //     forgotten after dedupe_ttl; or a key rotation renamed it);
-//   - unavailable: the store could not take the settle.
+//   - unavailable: the store could not take the settle;
+//   - limit_override: the stream-done call carries a limit override
+//     (RateLimitDescriptor.limit), whose numbers never settle: nothing
+//     is spent (its request-time call was a plain spend).
 //
 // A stream-done entry on a rule that does not settle changes nothing:
 // the descriptor is decided as it would be without it.
@@ -93,7 +96,8 @@ func takeSettleEntries(entries *[]envoyconf.Entry) (settleEntries, error) {
 	return se, nil
 }
 
-// prepareSettle makes d, whose rule settles, the estimate (request time)
+// prepareSettle makes d, whose rule settles (or a stream-done call with
+// a limit override, which cannot), the estimate (request time)
 // or the settle (stream done) of the request rd, under the evaluation id
 // derived from domain, entries (the descriptor's without sluice's own)
 // and the request id se carries; reqHits is the request's hits_addend.
@@ -102,6 +106,10 @@ func takeSettleEntries(entries *[]envoyconf.Entry) (settleEntries, error) {
 func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, reqHits uint32, domain string, entries []envoyconf.Entry, se settleEntries) {
 	c := &d.settle
 	c.done = se.done
+	if d.override {
+		c.why = "limit_override" // stream done only: see match
+		return
+	}
 	if !se.done && (d.cost == 0 || d.refund) {
 		return // a check or a refund: nothing to settle
 	}
@@ -165,7 +173,11 @@ func (s *Service) countUnsettled(ctx context.Context, ds []descriptor) {
 			continue
 		}
 		if s.metrics != nil {
-			s.metrics.unsettled.WithLabelValues(envoyconf.PolicyID(d.rule.Key), d.settle.why).Inc()
+			rule := envoyconf.PolicyID(d.rule.Key)
+			if d.override {
+				rule = OverrideRule
+			}
+			s.metrics.unsettled.WithLabelValues(rule, d.settle.why).Inc()
 		}
 		call := "request"
 		if d.settle.done {

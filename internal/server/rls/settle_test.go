@@ -6,6 +6,7 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -120,6 +121,30 @@ func testStreamDoneOtherRule(t *testing.T, h *harness, _ *sluicetest.Clock) {
 	_, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "ai", Descriptors: []*commonpb.RateLimitDescriptor{desc}})
 	if want := (st{"OK", "10/HOUR", 6}); len(got) != 1 || got[0] != want {
 		t.Errorf("stream done on a rule that does not settle = %+v, want %+v (spent as without the marker)", got, want)
+	}
+	// A limit override never settles: its stream-done call spends nothing.
+	over := func(done bool, hits uint64) st {
+		kv := []string{"api_key", "k9", "sluice_request_id", "r1"}
+		if done {
+			kv = append(kv, "sluice_stream_done", "true")
+		}
+		desc := d(kv...)
+		desc.HitsAddend = wrapperspb.UInt64(hits)
+		desc.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typepb.RateLimitUnit_HOUR}
+		_, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "ai", Descriptors: []*commonpb.RateLimitDescriptor{desc}})
+		return got[0]
+	}
+	if got, want := over(false, 30), (st{"OK", "100/HOUR", 70}); got != want {
+		t.Errorf("request time with a limit override = %+v, want %+v (a plain spend)", got, want)
+	}
+	if got, want := over(true, 50), (st{"OK", "100/HOUR", 0}); got != want {
+		t.Errorf("stream done with a limit override = %+v, want %+v (nothing)", got, want)
+	}
+	if got, want := over(false, 0), (st{"OK", "100/HOUR", 70}); got != want {
+		t.Errorf("after the stream-done call with a limit override = %+v, want %+v (nothing spent)", got, want)
+	}
+	if n := sumLabel(t, h.reg, "sluice_envoy_unsettled_total", "reason", "limit_override"); n != 1 {
+		t.Errorf("sluice_envoy_unsettled_total{reason=limit_override} = %v, want 1", n)
 	}
 	twice := d("api_key", "k", "sluice_request_id", "a", "sluice_request_id", "b")
 	if _, err := h.client.ShouldRateLimit(t.Context(), &rlspb.RateLimitRequest{Domain: "ai", Descriptors: []*commonpb.RateLimitDescriptor{twice}}); err == nil {
