@@ -101,7 +101,7 @@ func codeLabel(d *descriptor) string {
 		return "no_rule"
 	case d.failedOpen:
 		return "failed_open"
-	case d.settle.done && d.settle.why == "":
+	case d.settle.done && d.settle.why == settles:
 		return "settled"
 	case d.settle.done:
 		return "unsettled"

@@ -415,7 +415,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		se, err := takeSettleEntries(&entries)
+		entries, se, err := takeSettleEntries(entries)
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d].%w", i, err)
 		}

@@ -58,13 +58,29 @@ const settleKind = "envoy-settle"
 
 // settleCall is what a descriptor of a settling rule does.
 type settleCall struct {
-	op   sluice.Op // sluice.Estimate or sluice.Settle; 0 for neither
 	id   string    // the evaluation id both calls derive
+	op   sluice.Op // sluice.Estimate or sluice.Settle; 0 for neither
 	done bool      // the stream-done call
-	// why is the reason the call cannot settle (a label of
-	// sluice_envoy_unsettled_total), "" when it can.
-	why string
+	// why is the reason the call cannot settle, 0 when it can.
+	why unsettled
 }
+
+// unsettled is why a descriptor of a settling rule could not settle; its
+// String is the reason label of sluice_envoy_unsettled_total.
+type unsettled uint8
+
+const (
+	settles unsettled = iota
+	noRequestID
+	noCost
+	noEstimate
+	storeUnavailable
+	limitOverride
+)
+
+var unsettledNames = [...]string{settles: "", noRequestID: "no_request_id", noCost: "no_cost", noEstimate: "no_estimate", storeUnavailable: "unavailable", limitOverride: "limit_override"}
+
+func (u unsettled) String() string { return unsettledNames[u] }
 
 // settleEntries are sluice's own entries of a request descriptor.
 type settleEntries struct {
@@ -73,13 +89,13 @@ type settleEntries struct {
 }
 
 // takeSettleEntries removes sluice's own entries (envoyconf.RequestIDKey
-// and StreamDoneKey) from entries, in place, and returns what they said.
-// Each may appear once.
-func takeSettleEntries(entries *[]envoyconf.Entry) (settleEntries, error) {
+// and StreamDoneKey) from entries, in place, and returns the entries
+// left and what sluice's said. Each may appear once.
+func takeSettleEntries(entries []envoyconf.Entry) ([]envoyconf.Entry, settleEntries, error) {
 	var se settleEntries
-	es, out := *entries, (*entries)[:0]
+	out := entries[:0]
 	ids, dones := 0, 0
-	for _, e := range es {
+	for _, e := range entries {
 		switch e.Key {
 		case envoyconf.RequestIDKey:
 			se.requestID, ids = e.Value, ids+1
@@ -89,11 +105,10 @@ func takeSettleEntries(entries *[]envoyconf.Entry) (settleEntries, error) {
 			out = append(out, e)
 		}
 	}
-	*entries = out
 	if ids > 1 || dones > 1 {
-		return se, fmt.Errorf("entries: %s or %s appears more than once: a descriptor carries one request id and one stream-done marker", envoyconf.RequestIDKey, envoyconf.StreamDoneKey)
+		return out, se, fmt.Errorf("entries: %s or %s appears more than once: a descriptor carries one request id and one stream-done marker", envoyconf.RequestIDKey, envoyconf.StreamDoneKey)
 	}
-	return se, nil
+	return out, se, nil
 }
 
 // prepareSettle makes d, whose rule settles (or a stream-done call with
@@ -107,14 +122,14 @@ func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, r
 	c := &d.settle
 	c.done = se.done
 	if d.override {
-		c.why = "limit_override" // stream done only: see match
+		c.why = limitOverride // stream done only: see match
 		return
 	}
 	if !se.done && (d.cost == 0 || d.refund) {
 		return // a check or a refund: nothing to settle
 	}
 	if se.requestID == "" {
-		c.why = "no_request_id"
+		c.why = noRequestID
 		return // request time: a plain spend; stream done: nothing
 	}
 	c.id = st.Pseudonymizer.Pseudonym(settleKind, identity(append(entries[:len(entries):len(entries)], envoyconf.Entry{Key: envoyconf.RequestIDKey, Value: se.requestID})), domain)
@@ -125,13 +140,13 @@ func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, r
 	h := rd.GetHitsAddend()
 	switch {
 	case rd.GetIsNegativeHits():
-		c.why = "no_cost"
+		c.why = noCost
 	case h != nil:
 		c.op, d.cost = sluice.Settle, clampCost(h.GetValue())
 	case reqHits != 0:
 		c.op, d.cost = sluice.Settle, int64(reqHits)
 	default:
-		c.why = "no_cost"
+		c.why = noCost
 	}
 	d.refund = false
 }
@@ -156,9 +171,9 @@ func (s *Service) settle(ctx context.Context, ds []descriptor, g *group) error {
 			d.status.LimitRemaining = uint32(min(max(o.Remaining, 0), math.MaxUint32))
 			d.status.DurationUntilReset = durationpb.New(o.ResetAfter)
 		case o.Kind == sluice.Incompatible && errors.Is(o.Err, sluice.ErrInvalidRequest):
-			d.settle.why = "no_estimate"
+			d.settle.why = noEstimate
 		default:
-			d.settle.why = "unavailable"
+			d.settle.why = storeUnavailable
 		}
 	}
 	return nil
@@ -169,7 +184,7 @@ func (s *Service) settle(ctx context.Context, ds []descriptor, g *group) error {
 func (s *Service) countUnsettled(ctx context.Context, ds []descriptor) {
 	for i := range ds {
 		d := &ds[i]
-		if d.settle.why == "" || d.rule == nil {
+		if d.settle.why == settles || d.rule == nil {
 			continue
 		}
 		if s.metrics != nil {
@@ -177,14 +192,14 @@ func (s *Service) countUnsettled(ctx context.Context, ds []descriptor) {
 			if d.override {
 				rule = OverrideRule
 			}
-			s.metrics.unsettled.WithLabelValues(rule, d.settle.why).Inc()
+			s.metrics.unsettled.WithLabelValues(rule, d.settle.why.String()).Inc()
 		}
 		call := "request"
 		if d.settle.done {
 			call = "stream_done"
 		}
 		if d.core != nil {
-			d.core.Log(ctx, slog.LevelWarn, "envoy rate limit: cost not settled; an estimate stays spent", slog.String("rule", d.rule.Key), slog.String("call", call), slog.String("reason", d.settle.why))
+			d.core.Log(ctx, slog.LevelWarn, "envoy rate limit: cost not settled; an estimate stays spent", slog.String("rule", d.rule.Key), slog.String("call", call), slog.String("reason", d.settle.why.String()))
 		}
 	}
 }
