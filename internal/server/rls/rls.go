@@ -65,6 +65,11 @@
 // and releases it; a lease whose release never comes expires after the
 // policy's lease TTL. Each such descriptor is decided in a check of its
 // own.
+//
+// Costs settled on stream done (a rule's sluice_settle,
+// envoyconf.Rule.Settles): the request-time call spends an estimate, the
+// stream-done call settles it at the actual cost; settle.go says how the
+// two calls find each other.
 package rls
 
 import (

@@ -28,9 +28,10 @@ import (
 // name the same subject. The evaluation id of the estimate is the
 // pseudonym (settleKind) of the domain, the remaining entries and the
 // request id: the stream-done call derives the same one, and settles the
-// estimate remembered under it. The store keeps an estimate until its
-// policy's dedupe_ttl, and a settle is idempotent: a retried stream-done
-// call answers the same and changes nothing.
+// estimate remembered under it. The store keeps an estimate for
+// envoyconf.SettleDeadline (an hour), and a settle is idempotent: a
+// retried stream-done call answers the same and changes nothing. A
+// settling descriptor is decided in a check of its own.
 //
 // What cannot be settled is answered OK without changing anything more,
 // counted in sluice_envoy_unsettled_total{rule, reason} and logged
@@ -43,7 +44,7 @@ import (
 //     is_negative_hits), so no actual cost to settle at;
 //   - no_estimate: nothing to settle under the id (the estimate was
 //     denied, only checked with a hits_addend of 0, never sent, or
-//     forgotten after dedupe_ttl; or a key rotation renamed it);
+//     forgotten after its deadline; or a key rotation renamed it);
 //   - unavailable: the store could not take the settle;
 //   - limit_override: the stream-done call carries a limit override
 //     (RateLimitDescriptor.limit), whose numbers never settle: nothing
