@@ -6,6 +6,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
 // Costs settled on stream done (Rule.Settles): a rule with
@@ -43,8 +45,18 @@ func (p *parser) settles(path string, m map[string]*yaml.Node, r *Rule, pol *slu
 	}
 	if pol.Algorithm == sluice.SlidingWindow {
 		p.add(p.errorf(path+"."+SettleKey, m[SettleKey], "applies only to fixed_window, sliding_log, token_bucket and gcra: a sliding_window cannot give back exactly what a settle returns"))
+		return
 	}
 	pol.DedupeTTL, pol.DedupeMax = SettleDeadline, SettleMax
+	if pol.Validate() != nil {
+		return // reported by the caller, at the field at fault
+	}
+	// What else the engine refuses of an estimate (a bucket whose debt
+	// would pass 2^53 µs), refused here rather than on every request.
+	d := evaluation.Defaults(*pol)
+	if err := algorithm.Check(algorithm.OpEstimate, []algorithm.Policy{evaluation.Policy(&d)}, 1, 0, "", true); err != nil {
+		p.add(p.errorf(path+"."+SettleKey, m[SettleKey], "cannot settle this rule: %v", err))
+	}
 }
 
 // SettleDeadline is how long a settling rule's store remembers an
