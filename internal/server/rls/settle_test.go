@@ -1,6 +1,8 @@
 package rls_test
 
 import (
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -217,5 +219,49 @@ func TestSettleUnavailable(t *testing.T) {
 	desc.HitsAddend = wrapperspb.UInt64(10)
 	if _, err := h.client.ShouldRateLimit(t.Context(), &rlspb.RateLimitRequest{Domain: "ai", Descriptors: []*commonpb.RateLimitDescriptor{desc}}); status.Code(err) != codes.Unavailable {
 		t.Errorf("estimate, Redis stopped = %v, want UNAVAILABLE (the rule fails closed)", err)
+	}
+}
+
+// TestSettleConcurrentRedis: 40 streams of one key at once on Redis,
+// each estimating 100 of 1 000 and settling at its own actual cost (0 to
+// 110); a denied estimate's stream-done call settles nothing. Whatever
+// the order, the key is left with exactly the limit minus the actual
+// costs of the admitted streams: each estimate was replaced by its cost
+// once, and nothing else was spent.
+func TestSettleConcurrentRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	h := start(t, redisStore(t, srv, sluicetest.NewClock()), settleRules)
+	l := llm{t, h}
+	const streams = 40
+	var mu sync.Mutex
+	var admitted, spent int64
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, actual := "c"+strconv.Itoa(i), uint64(i*110/(streams-1))
+			ok := l.estimate("kc", id, 100).Code == "OK"
+			if got := l.done("kc", id, actual); got.Code != "OK" {
+				t.Errorf("stream %d: stream-done call = %+v, want OK", i, got)
+			}
+			if ok {
+				mu.Lock()
+				admitted, spent = admitted+1, spent+int64(actual)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// While at most 8 are admitted, they hold at most 8 × 110 units
+	// (estimated or settled), so a ninth estimate always fits.
+	if admitted < 9 {
+		t.Fatalf("%d of %d estimates admitted, want at least 9", admitted, streams)
+	}
+	if left, want := int64(l.left("kc")), max(1000-spent, 0); left != want {
+		t.Errorf("left after %d admitted streams that cost %d = %d, want %d", admitted, spent, left, want)
+	}
+	if n := sumLabel(t, h.reg, "sluice_envoy_unsettled_total", "reason", "no_estimate"); n != float64(streams-admitted) {
+		t.Errorf("unsettled no_estimate = %v, want the %d denied", n, streams-admitted)
 	}
 }
