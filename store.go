@@ -61,13 +61,13 @@ const (
 	// Settle replaces the Estimate spent under the same EvaluationID with
 	// the actual cost, Cost (0 included), in one decision: the difference
 	// is given back, or the excess charged even past the limit (a bucket
-	// carries the debt into the time after; a fixed window counts it in
-	// the window still open, and so does a sliding log), reported by
+	// carries the debt into the time after; a fixed window or calendar
+	// period counts it in the one open now, gives back only into the
+	// estimate's while open; a sliding log likewise), reported by
 	// Status.Charged, GivenBack and Owed. Never denied; a retry answers
-	// the same and changes nothing. An Estimate never settled stays
-	// spent. A sliding_window, concurrency or calendar-period policy
-	// makes either Incompatible: the first cannot give back exactly, the
-	// second counts leases, not units; the third is not built yet.
+	// the same and changes nothing. An Estimate never settled stays spent.
+	// A sliding_window or concurrency policy makes either Incompatible:
+	// the first cannot give back exactly, the second counts leases.
 	Settle = Op(algorithm.OpSettle) // settle
 )
 

@@ -262,6 +262,11 @@ func TestConfigsLoad(t *testing.T) {
 	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "api_key", Value: "k"}, {Key: "request_id", Value: "r"}}); r == nil || !r.InFlight {
 		t.Errorf("deploy/ratelimit: (api_key, request_id) matches %+v, want the in-flight rule envoy.yaml's /v1/stream relies on", r)
 	}
+	// envoy.yaml's /v1/chat sends (tenant) and sluice's own entries, which
+	// the service removes before matching: a rule that settles.
+	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "tenant", Value: "t"}}); r == nil || !r.Settles {
+		t.Errorf("deploy/ratelimit: (tenant) matches %+v, want the settling rule envoy.yaml's /v1/chat relies on", r)
+	}
 
 	var cm map[string]any
 	kinds := map[string]map[string]any{}
@@ -315,7 +320,7 @@ func TestConfigsLoad(t *testing.T) {
 	}
 
 	env, _ := json.Marshal(yamlDocs(t, "envoy.yaml")[0])
-	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`, `"apply_on_stream_done":true`, `"is_negative_hits":true`, `"descriptor_key":"request_id"`} {
+	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`, `"apply_on_stream_done":true`, `"is_negative_hits":true`, `"descriptor_key":"request_id"`, `"descriptor_key":"sluice_request_id"`, `"descriptor_key":"sluice_stream_done"`, `"format":"%DYNAMIC_METADATA(sluice:tokens_used)%"`} {
 		if !bytes.Contains(env, []byte(want)) {
 			t.Errorf("envoy.yaml lacks %s", want)
 		}

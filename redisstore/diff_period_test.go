@@ -338,6 +338,19 @@ func TestDifferentialPeriods(t *testing.T) {
 		t.Parallel()
 		diffPeriods(t, c, seed, false, true)
 	})
+	// Estimates settled on calendar periods, alone and beside the other
+	// algorithms that settle: given back into the estimate's period while
+	// it is open, the excess counted in the period open at the settle.
+	for _, form := range []string{"short", "general"} {
+		t.Run("settle/"+form, func(t *testing.T) {
+			t.Parallel()
+			diffSettle(t, c, seed, []sluice.Algorithm{settlePeriod}, form == "general", *diffSteps/4)
+		})
+	}
+	t.Run("settle/multi", func(t *testing.T) {
+		t.Parallel()
+		diffSettle(t, c, seed, []sluice.Algorithm{settlePeriod, sluice.FixedWindow, sluice.TokenBucket, sluice.GCRA}, false, *diffSteps/4)
+	})
 	for _, form := range []string{"short", "general", "batched"} {
 		t.Run("redis-clock/"+form, func(t *testing.T) {
 			t.Parallel()

@@ -19,14 +19,23 @@ import (
 // settleAlgorithms are the algorithms an estimate may name.
 var settleAlgorithms = []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.TokenBucket, sluice.GCRA}
 
+// settlePeriod, among diffSettle's algorithms, draws a fixed_window with
+// a calendar period (randomPeriodPolicy).
+const settlePeriod = sluice.Algorithm(255)
+
 // settlePolicy draws a policy of a that takes estimates: randomPolicy's,
 // the bucket algorithms' burst small enough to carry a full bucket of
 // debt exactly (algorithm's checkSettle), and a DedupeTTL (the estimate's
 // deadline) from 2s to a minute, so some estimates are forgotten before
 // they are settled.
-func settlePolicy(r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
+func settlePolicy(t *testing.T, r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
 	for {
-		p := randomPolicy(r, id, a)
+		var p *sluice.Policy
+		if a == settlePeriod {
+			p = randomPeriodPolicy(t, r, id)
+		} else {
+			p = randomPolicy(r, id, a)
+		}
 		if (a == sluice.TokenBucket || a == sluice.GCRA) && p.Burst > (1<<53-1-p.Limit)/(2*p.Window.Microseconds()) {
 			continue
 		}
@@ -66,7 +75,7 @@ func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluic
 		if step%episode == 0 {
 			ps, ids = nil, nil
 			for i := range 1 + r.IntN(len(algs)) {
-				ps = append(ps, settlePolicy(r, fmt.Sprint("p", i), algs[r.IntN(len(algs))]))
+				ps = append(ps, settlePolicy(t, r, fmt.Sprint("p", i), algs[r.IntN(len(algs))]))
 			}
 			d.newSubject(r, seed, step)
 		}
@@ -78,7 +87,15 @@ func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluic
 		// (which forgets expired ids from its oldest on, up to the first
 		// live one) and the script's (every expired id) differ on ids a
 		// later step finds live again, for every operation with an id.
-		d.now += max(randomStep(r, ps[0].Window.Microseconds()), 0)
+		w := span(ps[0])
+		if ps[0].Period != "" {
+			// Steps of up to a week would forget nearly every estimate
+			// (deadlines of a minute at most): steps of a twentieth of a
+			// deadline keep an episode's estimates live for dozens of
+			// steps, and still cross minutes' boundaries.
+			w = min(w, ps[0].DedupeTTL.Microseconds()/20)
+		}
+		d.now += max(randomStep(r, w), 0)
 		d.clock.Set(time.UnixMicro(d.now))
 		ev := sluice.Evaluation{Subject: d.subject, Policies: ps}
 		switch k := r.IntN(10); {

@@ -119,6 +119,33 @@ policies:
 		t.Errorf("live chart of login has %s lines, want 2 (allowed, denied)", n)
 	}
 
+	// Settles fill the Settles table: on login (5 an hour, another
+	// subject), an estimate of 3 settled at 1 gives 2 back; one of 2
+	// settled at 6 charges 4, 2 past the limit.
+	if got := eval(`document.querySelector('#settles tbody').textContent`); got != "none yet" {
+		t.Errorf("settles before any = %q, want none yet", got)
+	}
+	for _, body := range []string{
+		`{"policy":"login","subject":"bob","op":"estimate","cost":3,"evaluation_id":"e1"}`,
+		`{"policy":"login","subject":"bob","op":"settle","cost":1,"evaluation_id":"e1"}`,
+		`{"policy":"login","subject":"bob","op":"estimate","cost":2,"evaluation_id":"e2"}`,
+		`{"policy":"login","subject":"bob","op":"settle","cost":6,"evaluation_id":"e2"}`,
+	} {
+		resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST /v1/check %s = %d, want 200", body, resp.StatusCode)
+		}
+	}
+	settled := func(class string) string {
+		return `document.querySelector('#settles tr[data-policy="login"] td.` + class + `')?.textContent`
+	}
+	waitFor("the Settles table shows login's settles", settled("charged")+` === "4" && `+settled("given-back")+` === "2" && `+settled("owed")+` === "2"`)
+
 	// The playground runs the simulator and draws its chart.
 	do("run the playground", chromedp.Click(chromedp.CSS(`#sim-form button`)))
 	waitFor("the playground draws a chart", `document.querySelectorAll('#sim-chart svg g.lane').length === 5`)

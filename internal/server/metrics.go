@@ -35,7 +35,8 @@ const UnknownPolicy = "(unknown)"
 //     are not counted.
 //   - sluice_settled_units_total{policy, kind}: what the settles of
 //     estimates did (op settle of the check API, the proxy's and the
-//     middleware's settle_header), per policy, in units: kind charged
+//     middleware's settle_header, Envoy's stream-done call), per policy,
+//     in units (the dashboard's Settles table reads it): kind charged
 //     (beyond the estimate, past the limit if need be), given_back (of
 //     the estimate), owed (the debt past the capacity each settle left,
 //     summed over settles). Estimates count as decisions above.

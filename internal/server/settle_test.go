@@ -1,8 +1,10 @@
 package server_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,5 +65,37 @@ func TestCheckAPISettle(t *testing.T) {
 		if got[series] != want {
 			t.Errorf("%s = %v, want %v", series, got[series], want)
 		}
+	}
+	// The dashboard's Settles table reads the same counters: one row for
+	// tokens, none for broad, which settled nothing.
+	code, body, _ := get(t, f.url+"/ui/api/state", "")
+	var st struct {
+		Settles []struct {
+			Policy                   string
+			Charged, GivenBack, Owed int64
+		} `json:"settles"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
+		t.Fatalf("GET /ui/api/state = %d %v", code, err)
+	}
+	if len(st.Settles) != 1 || st.Settles[0].Policy != "tokens" || st.Settles[0].Charged != 60 || st.Settles[0].Owed != 60 || !strings.Contains(body, `"given_back":30`) {
+		t.Errorf("/ui/api/state settles = %s, want tokens: 60 charged, 30 given back, 60 owed", body)
+	}
+}
+
+// TestUIStateSettlesWithoutSettles: a server with metrics and no settle
+// answers an empty list (the page says "none yet"), without creating a
+// series of sluice_settled_units_total.
+func TestUIStateSettlesWithoutSettles(t *testing.T) {
+	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"demo", "login", "api", "tiny"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, demoPolicies, server.Options{Metrics: m})
+	if _, body, _ := get(t, f.url+"/ui/api/state", ""); !strings.Contains(body, `"settles":[]`) {
+		t.Errorf("/ui/api/state = %s, want an empty settles list", body)
+	}
+	if _, text, _ := get(t, f.url+"/metrics", ""); strings.Contains(text, "sluice_settled_units_total{") {
+		t.Errorf("/metrics has a settled series after the dashboard read it, before any settle")
 	}
 }

@@ -27,7 +27,9 @@ import (
 //   - GET /ui/api/state: the policies and their numbers, decisions per
 //     second per policy and outcome over the last LiveSeconds (from
 //     Metrics), the store's health (readiness, how long the readiness
-//     checks took, the circuit breaker's state) and the config generation.
+//     checks took, the circuit breaker's state), the config generation,
+//     and per policy what settles of estimates charged, gave back and
+//     left owed (sluice_settled_units_total).
 //   - POST /ui/api/simulate: the playground, which runs internal/simulate
 //     on numbers and a pattern the page sends, within PlaygroundMax*
 //     bounds, and answers the chart as SVG with the measures.
@@ -147,6 +149,10 @@ type uiState struct {
 	Overrides []checkapi.OverrideEntry `json:"overrides"`
 	// Live is nil when the server counts no metrics.
 	Live []LiveSeries `json:"live"`
+	// Settles is what settles of estimates did per policy (charged,
+	// given back, owed, from sluice_settled_units_total); nil when the
+	// server counts no metrics.
+	Settles []uiSettled `json:"settles"`
 }
 
 type uiStore struct {
@@ -216,6 +222,7 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.metrics != nil {
 		st.Live = s.metrics.live.series(ids, st.Now)
+		st.Settles = s.metrics.settledTotals(ids)
 	}
 	writeJSON(w, http.StatusOK, st)
 }

@@ -139,7 +139,7 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 	if rules == nil {
 		return nil
 	}
-	core, err := edge.New(g.Envoy, edge.Options{Count: o.Count, Deadline: cfg.Server.DecisionTimeout, Logger: o.Log, Prefix: "rls"})
+	core, err := edge.New(g.Envoy, edge.Options{Count: o.Count, Settled: o.Settled, Deadline: cfg.Server.DecisionTimeout, Logger: o.Log, Prefix: "rls"})
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,24 @@ local function fixedWindowEndSettle(ends, count, p, now, spentAt, delta)
   return ends, count, true, remaining, resetAfter, 0, charged, given, mathMax(count - p.limit, 0)
 end
 
+-- fixedPeriodSettle ports FixedPeriod.Settle.
+local function fixedPeriodSettle(ends, count, last, p, now, spentAt, delta)
+  local charged, given = 0, 0
+  ends, count, last = fixedPeriodDecide(ends, count, last, p, now, 0) -- the period open at now
+  if delta < 0 and fixedPeriodEnd(p, spentAt) == ends then
+    given = mathMin(-delta, count)
+    count, last = count - given, now
+  elseif delta > 0 then
+    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
+    count, last = count + charged, now
+  end
+  if fixedPeriodExpires(ends, count) <= now then
+    ends, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it
+  end
+  local _, _, _, _, remaining, resetAfter = fixedPeriodDecide(ends, count, last, p, now, 0)
+  return ends, count, last, true, remaining, resetAfter, 0, charged, given, mathMax(count - p.limit, 0)
+end
+
 -- slidingLogSettle ports SlidingLog.Settle: the edit, then the decision
 -- and what it did.
 local function slidingLogSettle(s, p, now, spentAt, delta)
@@ -160,6 +178,9 @@ local function settleStep(p, st, now, spentAt, delta, ds, o)
     elseif k == KIND_FIXED_WINDOW_END then
       a, b, allowed, remaining, resetAfter, retryAfter, charged, given, owed = fixedWindowEndSettle(a, b, p, now, spentAt, delta)
       c, d, e, expires = 0, 0, 0, fixedWindowEndExpires(a, b)
+    elseif k == KIND_FIXED_PERIOD then
+      a, b, c, allowed, remaining, resetAfter, retryAfter, charged, given, owed = fixedPeriodSettle(a, b, c, p, now, spentAt, delta)
+      d, e, expires = 0, 0, fixedPeriodExpires(a, b)
     elseif k == KIND_TOKEN_BUCKET then
       a, b, c, allowed, remaining, resetAfter, retryAfter, charged, given, owed = tokenBucketSettle(a, b, c, p, now, delta)
       d, e, expires, limit = 0, 0, tokenBucketExpires(a, b, c, p), p.burst

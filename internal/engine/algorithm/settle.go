@@ -27,7 +27,12 @@ import "fmt"
 //     estimate's, when it still is; once it has closed, counting there
 //     would change nothing (a closed window admits nothing more), so the
 //     excess is carried into the current one, as a bucket carries its
-//     debt. A window counts at most twice its limit.
+//     debt. A window counts at most twice its limit. A calendar period
+//     (FixedPeriod) likewise: the difference goes back only into the
+//     period the estimate was spent in, while it is open, and the excess
+//     is counted in the period open at the settle (a later period, when
+//     the estimate's has ended: the month a bill is for has closed, and
+//     what was owed in it is owed now, as a bucket's debt).
 //   - sliding_log gives back only while the estimate's entries are the
 //     newest in the log (nothing spent since): they are then the ones
 //     removed; an older unit cannot be taken out of the middle of the log.
@@ -87,8 +92,6 @@ func checkSettle(op Op, policies []Policy, cost, hold int64, leaseID string, rem
 			return fmt.Errorf("policy %q: %w by sliding_window: %s needs to give back, and after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable, op.named())
 		case p.Kind == KindConcurrency:
 			return fmt.Errorf("policy %q: %w: %s on concurrency: it counts leases, not units; there is no cost to settle", p.ID, ErrInvalidRequest, op.named())
-		case p.Kind == KindFixedPeriod:
-			return fmt.Errorf("policy %q: %w: %s on a calendar period: not built yet (a settle would need the estimate's period, not its window)", p.ID, ErrInvalidRequest, op.named())
 		case (p.Kind == KindTokenBucket || p.Kind == KindGCRA) && p.Params.Burst > (MaxExact-1-p.Params.Limit)/(2*p.Params.Window):
 			return fmt.Errorf("policy %q: %w: %s on %v: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most %d", p.ID, ErrInvalidRequest, op.named(), p.Kind, (MaxExact-1-p.Params.Limit)/(2*p.Params.Window))
 		case op == OpEstimate && cost > p.MaxCost:
@@ -142,6 +145,30 @@ func (s FixedWindowEnd) Settle(p Params, now, spentAt, delta int64) (FixedWindow
 	}
 	if cur.Expires() <= now {
 		cur = FixedWindowEnd{}
+	}
+	_, d := cur.Decide(p, now, 0)
+	d.Allowed, d.RetryAfter = true, 0
+	out.Owed = max(cur.Count-p.Limit, 0)
+	return cur, d, out
+}
+
+// FixedPeriod.Settle is FixedWindow.Settle on calendar periods: the
+// difference goes back only when the estimate was spent in the period
+// open at now (the period of p.Bounds holding spentAt ends where the
+// state's does), and the excess is counted in that period.
+func (s FixedPeriod) Settle(p Params, now, spentAt, delta int64) (FixedPeriod, Decision, Settled) {
+	var out Settled
+	cur, _ := s.Decide(p, now, 0) // the period open at now: s's, or a fresh one
+	switch {
+	case delta < 0 && p.periodEnd(spentAt) == cur.End:
+		out.GivenBack = min(-delta, cur.Count)
+		cur.Count, cur.Last = cur.Count-out.GivenBack, now
+	case delta > 0:
+		out.Charged = min(delta, max(settledMost(p.Limit, MaxLimit)-cur.Count, 0))
+		cur.Count, cur.Last = cur.Count+out.Charged, now
+	}
+	if cur.Expires() <= now {
+		cur = FixedPeriod{} // nothing left to remember: absent, as a store drops it
 	}
 	_, d := cur.Decide(p, now, 0)
 	d.Allowed, d.RetryAfter = true, 0
@@ -262,6 +289,11 @@ func (p Policy) settle(st *State, now, spentAt, delta int64, w *Write, d *Decisi
 	case KindFixedWindowEnd:
 		var s FixedWindowEnd
 		s, *d, *out = fixedWindowEndOf(&st.V).Settle(p.Params, now, spentAt, delta)
+		s.fields(&w.V)
+		w.Expires = s.Expires()
+	case KindFixedPeriod:
+		var s FixedPeriod
+		s, *d, *out = fixedPeriodOf(&st.V).Settle(p.Params, now, spentAt, delta)
 		s.fields(&w.V)
 		w.Expires = s.Expires()
 	case KindSlidingLog:

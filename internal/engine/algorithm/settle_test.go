@@ -160,11 +160,6 @@ func TestSettleRefused(t *testing.T) {
 	if err := Check(OpEstimate, []Policy{{Kind: KindGCRA, Params: big, ID: "p", MaxCost: 1}}, 1, 0, "", true); !errors.Is(err, ErrInvalidRequest) {
 		t.Errorf("estimate on a gcra whose doubled burst × window passes 2^53 = %v, want ErrInvalidRequest", err)
 	}
-	for _, op := range []Op{OpEstimate, OpSettle} {
-		if err := Check(op, []Policy{periodPolicy(10, [4]int64{t0 - 10*sec, t0, t0 + 10*sec, t0 + 20*sec})}, 1, 0, "", true); !errors.Is(err, ErrInvalidRequest) {
-			t.Errorf("%v on a calendar period = %v, want ErrInvalidRequest", op, err)
-		}
-	}
 	r := newSettleRun(KindFixedWindow, Params{Limit: 2, Window: sec, Burst: 2})
 	r.eval(t, OpEstimate, "x", t0, 2)
 	r.eval(t, OpEstimate, "y", t0, 1) // denied
@@ -188,5 +183,57 @@ func TestDedupeExtra(t *testing.T) {
 	}
 	if l.Prune(10, 5); len(l.extras) != 0 || l.Len() != 0 {
 		t.Fatalf("after both expired: %d records, extras %v; want none", l.Len(), l.extras)
+	}
+}
+
+// TestSettlePeriod: on calendar periods of unequal lengths (10s, then
+// 5s, then 20s), a settle gives back only into the period its estimate
+// was spent in while that period is open, and counts the excess in the
+// period open at the settle, as a fixed window does; a retry answers the
+// same.
+func TestSettlePeriod(t *testing.T) {
+	b := [4]int64{t0 - 10*sec, t0, t0 + 5*sec, t0 + 25*sec}
+	r := &settleRun{p: periodPolicy(10, b), records: map[string]Record{}}
+	for _, tc := range []struct {
+		name       string
+		op         Op
+		id         string
+		at, cost   int64
+		want       Settled
+		left       int64
+		resetAfter int64
+	}{
+		{"estimate 4 in the period [t0, t0+5s)", OpEstimate, "a", t0 + sec, 4, Settled{}, 6, 4 * sec},
+		{"settle at 1: 3 given back, same period", OpSettle, "a", t0 + 2*sec, 1, Settled{GivenBack: 3}, 9, 3 * sec},
+		{"the settle retried", OpSettle, "a", t0 + 3*sec, 9, Settled{GivenBack: 3}, 9, 3 * sec},
+		{"estimate 8", OpEstimate, "b", t0 + 4*sec, 8, Settled{}, 1, sec},
+		{"settle at 12: 4 charged past the limit", OpSettle, "b", t0 + 4*sec, 12, Settled{Charged: 4, Owed: 3}, 0, sec},
+		{"estimate 6 just before the period ends", OpEstimate, "c", t0 + 5*sec - 1, 6, Settled{}, 0, 1},
+		{"estimate 6 in the next period", OpEstimate, "d", t0 + 5*sec, 6, Settled{}, 4, 20 * sec},
+		{"estimate 2", OpEstimate, "e", t0 + 6*sec, 2, Settled{}, 2, 19 * sec},
+		{"settle e at 0: given back, its period is open", OpSettle, "e", t0 + 7*sec, 0, Settled{GivenBack: 2}, 4, 18 * sec},
+	} {
+		d, s, err := r.eval(t, tc.op, tc.id, tc.at, tc.cost)
+		if tc.name == "estimate 6 just before the period ends" {
+			// Denied: 13 counted of 10, until the period's end 1µs later.
+			if err != nil || d.Allowed || d.RetryAfter != 1 {
+				t.Fatalf("%s = %+v, %v; want denied until the period's end", tc.name, d, err)
+			}
+			continue
+		}
+		if err != nil || !d.Allowed || s != tc.want || d.Remaining != tc.left || d.ResetAfter != tc.resetAfter {
+			t.Fatalf("%s = %+v %+v, %v; want allowed, %d left, reset after %d, %+v", tc.name, d, s, err, tc.left, tc.resetAfter, tc.want)
+		}
+	}
+	// An estimate of the period before, settled in this one: nothing
+	// back (its period took its budget), the excess counted now.
+	r2 := &settleRun{p: periodPolicy(10, b), records: map[string]Record{}}
+	r2.eval(t, OpEstimate, "g", t0+4*sec, 5)
+	if d, s, _ := r2.eval(t, OpSettle, "g", t0+6*sec, 1); s != (Settled{}) || d.Remaining != 10 {
+		t.Fatalf("settle 5 → 1 after its period ended = %+v %+v, want nothing given back, 10 left", d, s)
+	}
+	r2.eval(t, OpEstimate, "h", t0+4*sec+1, 1) // a clock behind: still in the period before
+	if d, s, _ := r2.eval(t, OpSettle, "h", t0+7*sec, 13); s != (Settled{Charged: 12, Owed: 2}) || d.Remaining != 0 || d.ResetAfter != 18*sec {
+		t.Fatalf("settle 1 → 13 after its period ended = %+v %+v, want 12 charged in the period open now", d, s)
 	}
 }

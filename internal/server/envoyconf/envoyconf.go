@@ -175,6 +175,12 @@ type Rule struct {
 	// release never comes. RequestsPerUnit is then the limit, Unit 0 and
 	// Policy a concurrency policy.
 	InFlight bool
+	// Settles rules (rate_limit.sluice_settle: true) spend an estimate at
+	// request time and settle it with the actual cost in Envoy's
+	// stream-done call; the two calls find each other by the request id
+	// both carry (RequestIDKey), and the stream-done call is marked as
+	// such (StreamDoneKey). package rls says how.
+	Settles bool
 	// DetailedMetric and ValueToMetric are accepted for compatibility:
 	// they put descriptor values in envoyproxy/ratelimit's statistics,
 	// and sluice never labels a metric with one, so they have no effect.
@@ -534,6 +540,9 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	}
 	f := p.flags(path, m)
 	key, value, ok := p.keyValue(path, n, m)
+	if key == RequestIDKey || key == StreamDoneKey {
+		p.add(p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request id and the stream-done marker of %s): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done", SettleKey))
+	}
 	full := key
 	if value != "" {
 		full += "_" + value
@@ -611,16 +620,17 @@ func (p *parser) metadata(path string, n *yaml.Node) *structpb.Struct {
 // without a policy.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule {
 	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey)
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey)
 	if err != nil {
 		p.add(err)
 		return r
 	}
 	before := len(p.errs)
 	p.add(p.bool(path+".unlimited", m["unlimited"], &r.Unlimited))
+	p.add(p.bool(path+"."+SettleKey, m[SettleKey], &r.Settles))
 	p.names(path, m, r)
 	if r.Unlimited {
-		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey)
+		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey)
 		return r
 	}
 	if v := m[InFlightKey]; v != nil {
@@ -641,9 +651,10 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 	if r.RequestsPerUnit == 0 {
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
-		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align")
+		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align", SettleKey)
 		return r
 	}
+	p.settles(path, m, r, &pol)
 	if len(p.errs) > before {
 		return r // the policy is built of values that broke a rule
 	}
@@ -790,7 +801,7 @@ const InFlightKey = "sluice_in_flight"
 func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r *Rule) {
 	before := len(p.errs)
 	r.InFlight = true
-	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align")
+	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align", SettleKey)
 	if fm := m["failure_mode"]; fm != nil {
 		var err error
 		if r.FailureMode, err = p.failureMode(path+".failure_mode", fm); err != nil {

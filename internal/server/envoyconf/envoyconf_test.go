@@ -46,6 +46,11 @@ func TestInvalid(t *testing.T) {
 		{"in_flight_with_value.yaml", `descriptors[0].descriptors[0].value: "fixed": must not be set on a descriptor with sluice_in_flight: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own (line 6)`},
 		{"in_flight_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set with sluice_in_flight, which counts requests in flight, not a rate (line 5)`},
 		{"in_flight_no_ttl.yaml", `descriptors[0].rate_limit.sluice_in_flight.lease_ttl: is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m (line 5)`},
+		{"settle_sliding_window.yaml", `descriptors[0].rate_limit.sluice_settle: true: applies only to fixed_window, sliding_log, token_bucket and gcra: a sliding_window cannot give back exactly what a settle returns (line 8)`},
+		{"settle_not_bool.yaml", `descriptors[0].rate_limit.sluice_settle: "yes": must be true or false (line 4)`},
+		{"settle_unlimited.yaml", `descriptors[0].rate_limit.sluice_settle: true: must not be set when unlimited is true (line 6)`},
+		{"settle_bucket_debt.yaml", `descriptors[0].rate_limit.sluice_settle: true: cannot settle this rule: policy "d.tenant": invalid request: an estimate on token_bucket: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most 1737 (line 8)`},
+		{"settle_request_id_key.yaml", `descriptors[0].descriptors[0].key: "sluice_request_id": is a key sluice reads itself and removes before matching (the request id and the stream-done marker of sluice_settle): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			name := filepath.Join("testdata", "invalid", tc.file)
@@ -64,8 +69,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 29 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 29)
+	if len(files) != 34 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 34)
 	}
 }
 

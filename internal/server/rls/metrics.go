@@ -25,14 +25,21 @@ const NoRule = "(none)"
 //     what became of them: ok, over_limit, shadow_over_limit (over the
 //     limit but answered OK: shadow_mode), unlimited, failed_open,
 //     released (an in-flight lease given back by the stream-done call),
+//     settled (an estimate settled by the stream-done call) or unsettled
+//     (a stream-done call that could not settle it),
 //     replaced (a rule another matched rule's replaces dropped), or
 //     no_rule.
+//   - sluice_envoy_unsettled_total{rule, reason}: descriptors of rules
+//     that settle on stream done (sluice_settle) whose cost could not be
+//     settled: no_request_id, no_cost, no_estimate, unavailable,
+//     limit_override (see settle.go).
 //
 // Label values come from the rules files or fixed sets, never from a
 // descriptor value. Safe for concurrent use.
 type Metrics struct {
 	requests    *prometheus.CounterVec
 	descriptors *prometheus.CounterVec
+	unsettled   *prometheus.CounterVec
 }
 
 // NewMetrics registers the collectors on reg.
@@ -46,8 +53,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "sluice_envoy_descriptors_total",
 			Help: "Descriptor statuses of Envoy rate-limit requests, by rule and result.",
 		}, []string{"rule", "code"}),
+		unsettled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_unsettled_total",
+			Help: "Descriptors of rules that settle on stream done whose cost could not be settled, by rule and reason.",
+		}, []string{"rule", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.descriptors} {
+	for _, c := range []prometheus.Collector{m.requests, m.descriptors, m.unsettled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -90,6 +101,10 @@ func codeLabel(d *descriptor) string {
 		return "no_rule"
 	case d.failedOpen:
 		return "failed_open"
+	case d.settle.done && d.settle.why == settles:
+		return "settled"
+	case d.settle.done:
+		return "unsettled"
 	case d.rule.Unlimited:
 		return "unlimited"
 	case d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT:

@@ -65,6 +65,11 @@
 // and releases it; a lease whose release never comes expires after the
 // policy's lease TTL. Each such descriptor is decided in a check of its
 // own.
+//
+// Costs settled on stream done (a rule's sluice_settle,
+// envoyconf.Rule.Settles): the request-time call spends an estimate, the
+// stream-done call settles it at the actual cost; settle.go says how the
+// two calls find each other.
 package rls
 
 import (
@@ -271,6 +276,7 @@ type descriptor struct {
 	// the descriptor acquires, or gives back when release is set.
 	lease   string
 	release bool
+	settle  settleCall // a settling rule's estimate or settle (settle.go)
 	status  *rlspb.RateLimitResponse_DescriptorStatus
 	// decided is the store's verdict, for the response headers (a
 	// shadow rule's too: its answer carries what an enforced one would).
@@ -295,6 +301,7 @@ type group struct {
 	shadow   bool
 	peek     bool // a descriptor of the subject is denied without the store
 	members  []int
+	settle   settleCall // a settling rule's estimate or settle (settle.go)
 }
 
 func (g *group) has(ds []descriptor, id string) bool {
@@ -308,7 +315,7 @@ func (g *group) has(ds []descriptor, id string) bool {
 
 // givesBack reports whether g gives back what was spent (a refund or a
 // lease's release): it is never only checked, and never a denial.
-func (g *group) givesBack() bool { return g.refund || g.release }
+func (g *group) givesBack() bool { return g.refund || g.release || g.settle.op == sluice.Settle }
 
 // errUnavailable is the answer when the store cannot decide for a
 // fail-closed policy.
@@ -344,6 +351,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if err := s.decideGroups(ctx, ds); err != nil {
 		return nil, err
 	}
+	s.countUnsettled(ctx, ds)
 	for i := range ds {
 		if d := &ds[i]; d.dup > 0 {
 			e := &ds[d.dup-1]
@@ -412,12 +420,15 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		entries, se, err := takeSettleEntries(entries)
+		if err != nil {
+			return nil, fmt.Errorf("descriptors[%d].%w", i, err)
+		}
 		ds[i] = descriptor{core: st.core, cost: reqCost, refund: d.GetIsNegativeHits()}
 		if h := d.GetHitsAddend(); h != nil {
 			ds[i].cost = clampCost(h.GetValue()) // the descriptor's wins; 0 checks without spending
 		}
 		var vars []envoyconf.Entry
-		var err error
 		if o := d.GetLimit(); o != nil && st.Rules.HasDomain(domain) && len(entries) > 0 {
 			var ol *overrideLimit
 			if ol, err = st.override(o); err != nil {
@@ -436,6 +447,9 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 			if vars, err = inFlight(st, &ds[i], d, domain, vars); err != nil {
 				return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
 			}
+		}
+		if ds[i].rule.Settles || se.done && ds[i].override {
+			prepareSettle(st, &ds[i], d, req.GetHitsAddend(), domain, entries, se)
 		}
 		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
 		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
@@ -480,13 +494,13 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && d.settle.op == 0 && c.settle.op == 0 && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, quota: r.QuotaMode, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, settle: d.settle, quota: r.QuotaMode, shadow: r.Shadow}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -509,7 +523,7 @@ func repeats(ds []descriptor, i int) int {
 	for j := range ds[:i] {
 		e := &ds[j]
 		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.core == d.core &&
-			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release {
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release && e.settle == d.settle {
 			return j + 1
 		}
 	}
@@ -544,6 +558,8 @@ func answerLocally(d *descriptor) bool {
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	case r.Unlimited:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+	case d.settle.idle():
+		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(r)}
 	case !r.Decided(), !d.refund && d.cost > evaluation.Defaults(r.Policy).MaxCost:
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
 			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
@@ -596,6 +612,9 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 // decide asks the store for one group and fills in its statuses. It
 // returns a gRPC error when a fail-closed policy cannot be decided.
 func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
+	if g.settle.op == sluice.Settle {
+		return s.settle(ctx, ds, g)
+	}
 	ids := make([]string, len(g.members))
 	for j, i := range g.members {
 		ids[j] = ds[i].rule.Policy.ID
@@ -615,6 +634,8 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		req.Op = sluice.Refund
 	case g.lease != "":
 		req.Op, req.Cost, req.LeaseID = sluice.Acquire, 1, g.lease
+	case g.settle.op == sluice.Estimate:
+		req.Op, req.EvaluationID = sluice.Estimate, g.settle.id
 	}
 	a := g.core.DecideRequest(ctx, req, groupMode(ds, g))
 	o := &a.Outcome

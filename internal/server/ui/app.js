@@ -98,6 +98,21 @@ function renderOverrides(st) {
     el('td', {}, o.window), el('td', {}, o.source))));
 }
 
+function renderSettles(st) {
+  const tbody = $('#settles tbody');
+  if (!st.settles) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 4, class: 'note' }, 'the server counts no metrics')));
+    return;
+  }
+  if (st.settles.length === 0) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 4, class: 'note' }, 'none yet')));
+    return;
+  }
+  const num = (v, cls) => el('td', { class: 'num ' + cls }, String(v));
+  tbody.replaceChildren(...st.settles.map((r) => el('tr', { 'data-policy': r.policy },
+    el('td', {}, r.policy), num(r.charged, 'charged'), num(r.given_back, 'given-back'), num(r.owed, 'owed'))));
+}
+
 function renderLive(st) {
   const box = $('#live');
   if (!st.live) {
@@ -132,6 +147,7 @@ async function poll() {
     renderHeader(st);
     renderPolicies(st);
     renderOverrides(st);
+    renderSettles(st);
     renderLive(st);
     showError('#state-error', '');
   } catch (e) {
