@@ -633,6 +633,7 @@ func (s *Server) answer(w http.ResponseWriter, in *checkapi.Request, code int, o
 	h := w.Header()
 	h["Content-Type"] = jsonContentType
 	h["Cache-Control"] = noStore
+	h["Date"] = date()
 	if code == http.StatusOK || code == http.StatusTooManyRequests {
 		b := (*bp)[:0]
 		if len(o.Statuses) > 0 {
