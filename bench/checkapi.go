@@ -101,6 +101,11 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		err = each(name+", POST /v1/check", "check API", func(c cell) (decideFunc, func()) {
 			return httpDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
 		}, store == "redis", sv.cpu)
+		if err == nil && store == "redis" && strings.Contains(policiesYAML(alg), localPolicy) {
+			err = each(name+", POST /v1/check, local quota", "check API", func(c cell) (decideFunc, func()) {
+				return httpDecide(sv.url, localPolicyOf(c.mode), e.subjects[:c.subjects], c.callers)
+			}, true, sv.cpu)
+		}
 		if err == nil {
 			err = each(name+", proxy", "proxy", func(c cell) (decideFunc, func()) {
 				return proxyDecide(sv.proxy, string(c.mode), e.subjects[:c.subjects], c.callers)
@@ -124,6 +129,21 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	return rs, nil
 }
 
+// localPolicy is the allowed mode's policy with local quota on: one hot
+// subject through the check API with it, beside the same without
+// (-subjects 1).
+const localPolicy = "allowed_local"
+
+// localPolicyOf is the policy of the local quota row in mode m: the
+// allowed mode's local quota twin, and the denied mode's own policy (a
+// limit of 1 an hour takes no blocks).
+func localPolicyOf(m mode) string {
+	if m == allowedMode {
+		return localPolicy
+	}
+	return string(m)
+}
+
 func storeName(store string) string {
 	if store == "redis" {
 		return "redisstore"
@@ -139,6 +159,10 @@ func policiesYAML(alg sluice.Algorithm) string {
 	for _, m := range []mode{allowedMode, deniedMode} {
 		limit, window := limits(m, alg)
 		fmt.Fprintf(&b, "  - id: %s\n    algorithm: %s\n    limit: %d\n    window: %s\n", m, alg, limit, window)
+	}
+	if alg == sluice.GCRA || alg == sluice.TokenBucket || alg == sluice.FixedWindow {
+		limit, window := limits(allowedMode, alg)
+		fmt.Fprintf(&b, "  - id: %s\n    algorithm: %s\n    limit: %d\n    window: %s\n    local_quota: true\n", localPolicy, alg, limit, window)
 	}
 	return b.String()
 }

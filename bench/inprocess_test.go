@@ -26,8 +26,18 @@ import (
 // shared work at all (a xorshift loop of about a decision's length): how
 // its parallel ns/op compares with its serial one is how much of a second
 // core the machine gave the run.
-func BenchmarkInProcess(b *testing.B) {
-	const subjects = 1024
+func BenchmarkInProcess(b *testing.B) { benchInProcess(b, 1024) }
+
+// BenchmarkInProcess10000 is BenchmarkInProcess over 10 000 subjects, as
+// issue 37's target is stated.
+func BenchmarkInProcess10000(b *testing.B) { benchInProcess(b, 10_000) }
+
+// BenchmarkInProcessHot is BenchmarkInProcess on one hot subject: its
+// parallel row against its serial one is what the hot subject's lock
+// costs when both cores decide for it at once.
+func BenchmarkInProcessHot(b *testing.B) { benchInProcess(b, 1) }
+
+func benchInProcess(b *testing.B, subjects int) {
 	e := &env{subjects: newSubjects(subjects)}
 	ctx := context.Background()
 	targets := []target{controlTarget()}

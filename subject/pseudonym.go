@@ -69,9 +69,9 @@ func newPseudonymizer(keys []Key) *Pseudonymizer {
 		k := p.keys[i]
 		p.pools[i].New = func() any {
 			if k.Secret == nil {
-				return sha256.New()
+				return &summer{h: sha256.New()}
 			}
-			return hmac.New(sha256.New, k.Secret)
+			return &summer{h: hmac.New(sha256.New, k.Secret)}
 		}
 	}
 	return p
@@ -101,22 +101,36 @@ func (p *Pseudonymizer) Previous(kind, identity, operation string) []string {
 }
 
 func (p *Pseudonymizer) sum(i int, kind, identity, operation string) string {
-	h := p.pools[i].Get().(hash.Hash)
-	defer p.pools[i].Put(h)
+	sm := p.pools[i].Get().(*summer)
+	defer p.pools[i].Put(sm)
+	h := sm.h
 	h.Reset()
-	var frame [binary.MaxVarintLen64]byte
+	// The framed fields, written to the hash at once from a buffer kept
+	// with it: a conversion of each field for hash.Hash's Write was an
+	// allocation each.
+	b := sm.buf[:0]
 	for _, field := range [...]string{p.keys[i].ID, kind, identity, operation} {
-		h.Write(frame[:binary.PutUvarint(frame[:], uint64(len(field)))])
-		h.Write([]byte(field))
+		b = binary.AppendUvarint(b, uint64(len(field)))
+		b = append(b, field...)
 	}
-	var sum [sha256.Size]byte
-	digest := h.Sum(sum[:0])
+	h.Write(b)
+	if cap(b) <= 4<<10 { // a longer identity's buffer is not kept
+		sm.buf = b[:0]
+	}
+	digest := h.Sum(sm.sum[:0])
 	id := p.keys[i].ID
 	out := make([]byte, len(id)+1+base64.RawURLEncoding.EncodedLen(16))
 	copy(out, id)
 	out[len(id)] = ':'
 	base64.RawURLEncoding.Encode(out[len(id)+1:], digest[:16])
 	return string(out)
+}
+
+// summer is a key's hash and the buffers of one sum.
+type summer struct {
+	h   hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
 }
 
 // validKeyID reports whether id can name a Key: 1 to 16 of [a-z0-9].

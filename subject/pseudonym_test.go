@@ -38,3 +38,19 @@ func TestPrevious(t *testing.T) {
 		t.Errorf("Previous under k1 = %q, want what a Pseudonymizer of k1 alone makes, %q", prev[1], one.Pseudonym("ip", "192.0.2.1", "GET /"))
 	}
 }
+
+// TestPseudonymAllocatesOnlyItsResult holds Pseudonym to one allocation,
+// the string it returns: the hash and its buffers are reused.
+func TestPseudonymAllocatesOnlyItsResult(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race: sync.Pool drops items at random")
+	}
+	p, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("0123456789abcdef0123456789abcdef")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Pseudonym("api", "warm-up", "")
+	if n := testing.AllocsPerRun(100, func() { p.Pseudonym("api", "user-42", "GET /search") }); n > 1 {
+		t.Errorf("Pseudonym allocates %v times, want 1", n)
+	}
+}

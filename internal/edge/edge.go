@@ -299,7 +299,7 @@ func (c *Core) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	if c.lim == nil {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: errNoPolicies}
 	}
-	dctx, cancel := context.WithTimeout(ctx, c.deadline)
+	dctx, cancel := withLazyDeadline(ctx, time.Now().Add(c.deadline))
 	o := c.lim.Check(dctx, req)
 	cancel()
 	switch req.Op {

@@ -217,7 +217,7 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		addrs, fields = append(addrs, cfg.Proxy.Listen), append(fields, "proxy.listen")
 	}
 	if cfg.Envoy != nil {
-		var gopts []grpc.ServerOption
+		gopts := rls.ServerOptions()
 		if rn.tracing != nil {
 			gopts = append(gopts, grpc.UnaryInterceptor(rn.tracing.unary()))
 		}

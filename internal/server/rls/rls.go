@@ -720,6 +720,9 @@ func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
 // Retry-After from the enforced rules when the request is over the
 // limit. This is the one place the service calls the field serializer.
 func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
+	if hs, ok := oneHeaders(ds, over); ok {
+		return hs
+	}
 	var policies []sluice.Policy
 	var statuses, enforced []sluice.Status
 	seen := map[string]bool{}

@@ -1,0 +1,40 @@
+package rls
+
+import (
+	"strconv"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
+)
+
+// oneHeaders is headers for the common request, where at most one
+// descriptor was decided by the store: the same header values, written
+// into one buffer sized for them and converted once, without headers'
+// map and slices. It reports false when more than one was decided.
+func oneHeaders(ds []descriptor, over bool) ([]*corepb.HeaderValue, bool) {
+	var one *descriptor
+	for i := range ds {
+		if ds[i].decided != nil {
+			if one != nil {
+				return nil, false
+			}
+			one = &ds[i]
+		}
+	}
+	if one == nil {
+		return nil, true
+	}
+	st := one.decided
+	b := make([]byte, 0, 128)
+	b = ratelimitheader.AppendPolicyItem(b, one.rule.Policy)
+	n := len(b)
+	b = ratelimitheader.AppendLimitField(b, sluice.Outcome{Status: *st})
+	s := string(b)
+	hs := []*corepb.HeaderValue{{Key: "RateLimit-Policy", Value: s[:n]}, {Key: "RateLimit", Value: s[n:]}}
+	if over && !one.rule.Shadow && !st.Allowed {
+		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(st.RetryAfter), 10)})
+	}
+	return hs, true
+}
