@@ -19,16 +19,22 @@ local function settledMost(c, most)
   return mathMin(2 * c, most)
 end
 
+-- settleCount ports settleCount: charged, given back, touched.
+local function settleCount(count, delta, back, most)
+  if delta < 0 and back then
+    return 0, mathMin(-delta, count), true
+  elseif delta > 0 then
+    return mathMin(delta, mathMax(most - count, 0)), 0, true
+  end
+  return 0, 0, false
+end
+
 -- fixedWindowSettle ports FixedWindow.Settle.
 local function fixedWindowSettle(start, count, last, p, now, spentAt, delta)
-  local charged, given = 0, 0
   start, count, last = fixedWindowDecide(start, count, last, p, now, 0) -- the window open at now
-  if delta < 0 and start <= spentAt then
-    given = mathMin(-delta, count)
-    count, last = count - given, now
-  elseif delta > 0 then
-    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
-    count, last = count + charged, now
+  local charged, given, touched = settleCount(count, delta, start <= spentAt, settledMost(p.limit, MAX_LIMIT))
+  if touched then
+    count, last = count + charged - given, now
   end
   if fixedWindowExpires(start, count, p) <= now then
     start, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it
@@ -39,15 +45,9 @@ end
 
 -- fixedWindowEndSettle ports FixedWindowEnd.Settle.
 local function fixedWindowEndSettle(ends, count, p, now, spentAt, delta)
-  local charged, given = 0, 0
   ends, count = fixedWindowEndDecide(ends, count, p, now, 0)
-  if delta < 0 and ends - p.window <= spentAt then
-    given = mathMin(-delta, count)
-    count = count - given
-  elseif delta > 0 then
-    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
-    count = count + charged
-  end
+  local charged, given = settleCount(count, delta, ends - p.window <= spentAt, settledMost(p.limit, MAX_LIMIT))
+  count = count + charged - given
   if fixedWindowEndExpires(ends, count) <= now then
     ends, count = 0, 0
   end
@@ -57,14 +57,10 @@ end
 
 -- fixedPeriodSettle ports FixedPeriod.Settle.
 local function fixedPeriodSettle(ends, count, last, p, now, spentAt, delta)
-  local charged, given = 0, 0
   ends, count, last = fixedPeriodDecide(ends, count, last, p, now, 0) -- the period open at now
-  if delta < 0 and fixedPeriodEnd(p, spentAt) == ends then
-    given = mathMin(-delta, count)
-    count, last = count - given, now
-  elseif delta > 0 then
-    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_LIMIT) - count, 0))
-    count, last = count + charged, now
+  local charged, given, touched = settleCount(count, delta, fixedPeriodEnd(p, spentAt) == ends, settledMost(p.limit, MAX_LIMIT))
+  if touched then
+    count, last = count + charged - given, now
   end
   if fixedPeriodExpires(ends, count) <= now then
     ends, count, last = 0, 0, 0 -- nothing left to remember: absent, as a store drops it
@@ -76,16 +72,10 @@ end
 -- slidingLogSettle ports SlidingLog.Settle: the edit, then the decision
 -- and what it did.
 local function slidingLogSettle(s, p, now, spentAt, delta)
-  local charged, given = 0, 0
   local cut = slidingLogCut(s, p, now)
   local count = s.len - cut
-  local e = {cut = cut, drop = 0, add = 0, at = 0, newest = 0}
-  if delta < 0 and count > 0 and slidingLogNewest(s) == spentAt then
-    given = mathMin(-delta, count)
-    e.drop = given
-  elseif delta > 0 then
-    charged = mathMin(delta, mathMax(settledMost(p.limit, MAX_SLIDING_LOG_LEN) - count, 0))
-  end
+  local charged, given = settleCount(count, delta, count > 0 and slidingLogNewest(s) == spentAt, settledMost(p.limit, MAX_SLIDING_LOG_LEN))
+  local e = {cut = cut, drop = given, add = 0, at = 0, newest = 0}
   local left = count - e.drop
   if left > 0 then
     e.newest = slidingLogLive(s, cut + left - 1, p, now)

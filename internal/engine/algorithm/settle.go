@@ -108,19 +108,30 @@ func checkSettle(op Op, policies []Policy, cost, hold int64, leaseID string, rem
 // the corruption checks accept.
 func settledMost(c, most int64) int64 { return min(2*c, most) }
 
+// settleCount says what a settle does to count spent units: back says
+// whether the estimate can still be given back (the units go back, at
+// most count of them), and an excess is counted up to most. touched
+// says whether it changed anything (the state is written at now).
+func settleCount(count, delta int64, back bool, most int64) (out Settled, touched bool) {
+	switch {
+	case delta < 0 && back:
+		out.GivenBack = min(-delta, count)
+	case delta > 0:
+		out.Charged = min(delta, max(most-count, 0))
+	default:
+		return out, false
+	}
+	return out, true
+}
+
 // FixedWindow.Settle replaces an estimate spent at spentAt with a cost
 // delta units higher (lower, when negative), at now: see the file's
 // comment. The decision is the peek after it, always Allowed.
 func (s FixedWindow) Settle(p Params, now, spentAt, delta int64) (FixedWindow, Decision, Settled) {
-	var out Settled
 	cur, _ := s.Decide(p, now, 0) // the window open at now: s's, or a fresh one
-	switch {
-	case delta < 0 && cur.Start <= spentAt:
-		out.GivenBack = min(-delta, cur.Count)
-		cur = FixedWindow{Start: cur.Start, Count: cur.Count - out.GivenBack, Last: now}
-	case delta > 0:
-		out.Charged = min(delta, max(settledMost(p.Limit, MaxLimit)-cur.Count, 0))
-		cur = FixedWindow{Start: cur.Start, Count: cur.Count + out.Charged, Last: now}
+	out, touched := settleCount(cur.Count, delta, cur.Start <= spentAt, settledMost(p.Limit, MaxLimit))
+	if touched {
+		cur = FixedWindow{Start: cur.Start, Count: cur.Count + out.Charged - out.GivenBack, Last: now}
 	}
 	if cur.Expires(p) <= now {
 		cur = FixedWindow{} // nothing left to remember: absent, as a store drops it
@@ -133,16 +144,9 @@ func (s FixedWindow) Settle(p Params, now, spentAt, delta int64) (FixedWindow, D
 
 // FixedWindowEnd.Settle is FixedWindow.Settle on a window kept by its end.
 func (s FixedWindowEnd) Settle(p Params, now, spentAt, delta int64) (FixedWindowEnd, Decision, Settled) {
-	var out Settled
 	cur, _ := s.Decide(p, now, 0)
-	switch {
-	case delta < 0 && cur.End-p.Window <= spentAt:
-		out.GivenBack = min(-delta, cur.Count)
-		cur.Count -= out.GivenBack
-	case delta > 0:
-		out.Charged = min(delta, max(settledMost(p.Limit, MaxLimit)-cur.Count, 0))
-		cur.Count += out.Charged
-	}
+	out, _ := settleCount(cur.Count, delta, cur.End-p.Window <= spentAt, settledMost(p.Limit, MaxLimit))
+	cur.Count += out.Charged - out.GivenBack
 	if cur.Expires() <= now {
 		cur = FixedWindowEnd{}
 	}
@@ -157,15 +161,10 @@ func (s FixedWindowEnd) Settle(p Params, now, spentAt, delta int64) (FixedWindow
 // open at now (the period of p.Bounds holding spentAt ends where the
 // state's does), and the excess is counted in that period.
 func (s FixedPeriod) Settle(p Params, now, spentAt, delta int64) (FixedPeriod, Decision, Settled) {
-	var out Settled
 	cur, _ := s.Decide(p, now, 0) // the period open at now: s's, or a fresh one
-	switch {
-	case delta < 0 && p.periodEnd(spentAt) == cur.End:
-		out.GivenBack = min(-delta, cur.Count)
-		cur.Count, cur.Last = cur.Count-out.GivenBack, now
-	case delta > 0:
-		out.Charged = min(delta, max(settledMost(p.Limit, MaxLimit)-cur.Count, 0))
-		cur.Count, cur.Last = cur.Count+out.Charged, now
+	out, touched := settleCount(cur.Count, delta, p.periodEnd(spentAt) == cur.End, settledMost(p.Limit, MaxLimit))
+	if touched {
+		cur.Count, cur.Last = cur.Count+out.Charged-out.GivenBack, now
 	}
 	if cur.Expires() <= now {
 		cur = FixedPeriod{} // nothing left to remember: absent, as a store drops it
@@ -180,17 +179,10 @@ func (s FixedPeriod) Settle(p Params, now, spentAt, delta int64) (FixedPeriod, D
 // spentAt with a cost delta units higher (lower, when negative), at now,
 // and the decision after it, always Allowed: see the file's comment.
 func (s SlidingLog) Settle(p Params, now, spentAt, delta int64) (LogEdit, Decision, Settled) {
-	var out Settled
 	cut := s.cut(p, now)
 	count := int64(len(s.Entries)) - cut
-	e := LogEdit{Cut: cut}
-	switch {
-	case delta < 0 && count > 0 && s.Newest() == spentAt:
-		out.GivenBack = min(-delta, count)
-		e.Drop = out.GivenBack
-	case delta > 0:
-		out.Charged = min(delta, max(settledMost(p.Limit, MaxSlidingLogLen)-count, 0))
-	}
+	out, _ := settleCount(count, delta, count > 0 && s.Newest() == spentAt, settledMost(p.Limit, MaxSlidingLogLen))
+	e := LogEdit{Cut: cut, Drop: out.GivenBack}
 	left := count - e.Drop
 	if left > 0 {
 		e.Newest = s.Entries[cut+left-1]
