@@ -170,3 +170,12 @@ func Defaults(p sluice.Policy) sluice.Policy {
 	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
 	return p
 }
+
+// CheckEstimate returns what the engine refuses of an estimate of cost on
+// p, defaults applied (an algorithm that cannot settle, a bucket whose
+// settle debt would pass 2^53 µs, a cost past max_cost), so a config can
+// refuse when it loads what would otherwise fail on every request.
+func CheckEstimate(p sluice.Policy, cost int64) error {
+	d := Defaults(p)
+	return algorithm.Check(algorithm.OpEstimate, []algorithm.Policy{Policy(&d)}, cost, 0, "", true)
+}

@@ -86,6 +86,7 @@ var invalid = []struct {
 	{"proxy_bad_method.yaml", "proxy.routes[0].match.methods[0]: \"post\": must be an upper-case HTTP method such as GET or POST (line 9)"},
 	{"proxy_bad_path_prefix.yaml", "proxy.routes[0].match.path_prefix: \"login\": must start with \"/\" (line 9)"},
 	{"proxy_bad_subject.yaml", "proxy.routes[0].subject: \"cookie\": must be one of ip, ip+user_agent, header:<Name> (line 11)"},
+	{"proxy_settle_bucket_debt.yaml", "proxy.routes[0].policies[0]: \"tokens\": cannot settle on it: policy \"tokens\": invalid request: an estimate on token_bucket: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most 142 (line 11)"},
 	{"proxy_settle_sliding_window.yaml", "proxy.routes[0].policies[0]: \"tokens\": is a sliding_window policy: a route with settle_header spends estimates, which only fixed_window, sliding_log, token_bucket and gcra can settle (line 11)"},
 	{"proxy_estimate_without_settle_header.yaml", "proxy.routes[0].estimate: 300: applies only with settle_header: what a request spends before its upstream reports its cost (line 12)"},
 	{"proxy_estimate_above_max_cost.yaml", "proxy.routes[0].estimate: 3000: must be at most the max_cost of policy \"tokens\", 1000 (line 13)"},

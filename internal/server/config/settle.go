@@ -36,6 +36,10 @@ func (c *Config) validateSettle(path string, r Route) []*Error {
 				errs = append(errs, c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), fmt.Sprintf("is a %v policy: a route with settle_header spends estimates, which only fixed_window, sliding_log, token_bucket and gcra can settle", p.Algorithm)))
 			case max(r.Estimate, 1) > evaluation.Defaults(p.Policy).MaxCost:
 				errs = append(errs, c.errorAt(path+".estimate", strconv.FormatInt(r.Estimate, 10), fmt.Sprintf("must be at most the max_cost of policy %q, %d", id, evaluation.Defaults(p.Policy).MaxCost)))
+			default:
+				if err := evaluation.CheckEstimate(p.Policy, max(r.Estimate, 1)); err != nil && p.Policy.Validate() == nil {
+					errs = append(errs, c.errorAt(fmt.Sprintf("%s.policies[%d]", path, j), strconv.Quote(id), fmt.Sprintf("cannot settle on it: %v", err)))
+				}
 			}
 		}
 	}

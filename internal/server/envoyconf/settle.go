@@ -6,7 +6,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 )
 
@@ -53,8 +52,7 @@ func (p *parser) settles(path string, m map[string]*yaml.Node, r *Rule, pol *slu
 	}
 	// What else the engine refuses of an estimate (a bucket whose debt
 	// would pass 2^53 µs), refused here rather than on every request.
-	d := evaluation.Defaults(*pol)
-	if err := algorithm.Check(algorithm.OpEstimate, []algorithm.Policy{evaluation.Policy(&d)}, 1, 0, "", true); err != nil {
+	if err := evaluation.CheckEstimate(*pol, 1); err != nil {
 		p.add(p.errorf(path+"."+SettleKey, m[SettleKey], "cannot settle this rule: %v", err))
 	}
 }
