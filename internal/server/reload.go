@@ -166,6 +166,10 @@ type reloader struct {
 
 	cur  atomic.Pointer[generation]
 	last atomic.Pointer[ReloadStatus]
+	// statusMu makes a successful reload's new generation and its
+	// ReloadStatus one step for status: /v1/config never shows the new
+	// generation with the previous reload's result.
+	statusMu sync.Mutex
 	// lastFailure identifies the last failed reload logged (failureKey);
 	// "" after a success. Only the goroutine that reloads touches it.
 	lastFailure string
@@ -240,8 +244,10 @@ func (r *reloader) observe(g *generation) {
 
 // status answers GET /v1/config.
 func (r *reloader) status() ConfigStatus {
-	g := r.cur.Load()
-	s := ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: r.last.Load(), Listen: listeners(g.loaded.cfg)}
+	r.statusMu.Lock()
+	g, last := r.cur.Load(), r.last.Load()
+	r.statusMu.Unlock()
+	s := ConfigStatus{Generation: g.n, Hash: g.loaded.hash, LoadedAt: g.loadedAt, Files: g.loaded.files, LastReload: last, Listen: listeners(g.loaded.cfg)}
 	if s.Files == nil {
 		s.Files = []string{}
 	}
@@ -291,14 +297,16 @@ func (r *reloader) reload(trigger string, force bool) {
 		return
 	}
 	r.lastFailure = ""
+	r.statusMu.Lock()
 	r.cur.Store(g)
+	r.last.Store(&ReloadStatus{Result: "success", Trigger: trigger, At: at})
+	r.statusMu.Unlock()
 	r.observe(g)
 	r.metrics.SetPolicies(wiring.PolicyIDs(l.cfg, l.envoy))
 	old.retire()
 	r.reloadM.reloads.WithLabelValues("success").Inc()
 	r.reloadM.generation.Set(float64(g.n))
 	r.reloadM.lastOK.Set(float64(at.Unix()))
-	r.last.Store(&ReloadStatus{Result: "success", Trigger: trigger, At: at})
 	attrs := []any{"trigger", trigger, "generation", g.n, "hash", l.hash[:min(12, len(l.hash))], "policies", len(l.cfg.Policies)}
 	if l.envoy != nil {
 		attrs = append(attrs, "envoy_domains", len(l.envoy.Domains()), "envoy_rules", len(l.envoy.Rules()))
