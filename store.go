@@ -132,6 +132,13 @@ type Evaluation struct {
 	// state under each of them too. The copy is not atomic with changes
 	// made under the older subject meanwhile.
 	Previous []string
+	// Priority is the request's priority class (Request.Priority): for an
+	// admission (Spend, Peek, Acquire, Renew, Estimate) each policy is
+	// decided with the part of its capacity the class may not use held
+	// back (Policy.Priorities); the store learns it from
+	// internal/engine/evaluation.Reserve. "" is the default class; a class
+	// a policy does not name uses its whole capacity. Example: "sheddable".
+	Priority string
 	// Hold, when above 0, makes a Spend of one token_bucket, gcra or
 	// fixed_window policy, with no EvaluationID, a block of local quota
 	// (Policy.LocalQuota): the Limiter admits its Cost units itself, one

@@ -62,6 +62,15 @@ type Params struct {
 	// computes them); Window is then the length of the middle one,
 	// Bounds[2] − Bounds[1]. Zero for every other kind.
 	Bounds [4]int64
+	// Reserve is the part of the capacity (Capacity) a request may not
+	// use: what its priority class leaves to more important traffic,
+	// Capacity − ⌊Capacity × share⌋ (package evaluation computes it). A
+	// window algorithm or concurrency admits while the used part after
+	// the request stays within Limit − Reserve; a bucket while it keeps
+	// at least Reserve units (token_bucket's tokens, GCRA's tolerance)
+	// after the spend. Remaining is then what the class can still use.
+	// 0, the whole capacity, for every operation but an admission (Check).
+	Reserve int64
 }
 
 // Kind names an algorithm inside this package.
@@ -118,6 +127,10 @@ func (p Params) Capacity(k Kind) int64 {
 	}
 	return p.Limit
 }
+
+// ceiling returns the most units of p's Limit a window algorithm or
+// concurrency lets a request of p's priority class use: Limit − Reserve.
+func (p Params) ceiling() int64 { return p.Limit - p.Reserve }
 
 // Decision is the verdict of one evaluation. Durations are µs.
 type Decision struct {
