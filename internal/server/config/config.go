@@ -904,6 +904,10 @@ func policyErrors(p sluice.Policy) []*policyerr.Error {
 		}
 		named[pe.Field] = true
 		errs = append(errs, pe)
+		if strings.HasPrefix(pe.Field, "priorities") {
+			p.Priorities = nil
+			continue
+		}
 		switch pe.Field {
 		case "id":
 			p.ID = "x"
