@@ -28,6 +28,8 @@ var invalid = []struct {
 	{"priorities_not_percent.yaml", "policies[0].priorities.sheddable: \"half\": must be the share of the policy's capacity this class may use, in whole percent, e.g. 50% (line 7)"},
 	{"priorities_bad_class.yaml", "policies[0].priorities: \"Bulk\": a class name is 1 to 32 characters of a-z 0-9 _ - (line 6)"},
 	{"priorities_no_unit_left.yaml", "policies[0].priorities.sheddable: \"20%\": leaves this class no unit of the policy's capacity of 3: raise the share to at least 34% (line 7)"},
+	{"proxy_priority_undeclared.yaml", "proxy.routes[0].priority: \"bulk\": must be a class one of the route's policies declares under priorities, or default (line 12)"},
+	{"proxy_priority_header_untrusted.yaml", "proxy.routes[0].priority_header: \"X-Priority\": is believed only from proxy.trusted_proxies, and none are set: a client could name itself critical (line 13)"},
 	{"period_with_window.yaml", "policies[0].window: \"720h\": must not be set with a period: the period is the window (line 6)"},
 	{"period_unknown.yaml", "policies[0].period: \"fortnight\": must be one of minute, hour, day, week, month, year (line 5)"},
 	{"period_token_bucket.yaml", "policies[0].period: \"month\": token_bucket refills continuously: a refill of limit per month is no calendar quota (nothing resets when the month begins, and its rate would change with the month's length); use fixed_window for a quota per month, or a window for a rate (line 5)"},

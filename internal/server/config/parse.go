@@ -611,7 +611,7 @@ func (d *decoder) proxy(n *yaml.Node) *Proxy {
 }
 
 func (d *decoder) route(path string, n *yaml.Node, r *Route) {
-	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate")
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate", "operation", "priority", "priority_header")
 	if !ok {
 		return
 	}
@@ -621,6 +621,9 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 	d.bool(path+".shadow", m["shadow"], &r.Shadow)
 	d.str(path+".settle_header", m["settle_header"], &r.SettleHeader)
 	d.int(path+".estimate", m["estimate"], &r.Estimate)
+	d.str(path+".operation", m["operation"], &r.Operation)
+	d.str(path+".priority", m["priority"], &r.Priority)
+	d.str(path+".priority_header", m["priority_header"], &r.PriorityHeader)
 	if m["match"] == nil {
 		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
 		return
