@@ -159,7 +159,7 @@ const (
 	argvCarry         = 8
 	argvLease         = 9
 	argvHold          = 10
-	argvPolicies      = 10 // policy i's argument is argvPolicies + i: "kind limit window burst grace align"
+	argvPolicies      = 10 // policy i's argument is argvPolicies + i: "kind limit window burst grace align" (+ " r<reserve>" for a priority class's)
 	argvPerPolicy     = 1
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided

@@ -281,7 +281,7 @@ func replyError(err error) string {
 // and held as interface values: a decision copies them without allocating.
 type policyArgs struct {
 	numbers            argNumbers // the numbers they were formatted from
-	arg                any        // the policy's argument: "kind limit window burst grace align"
+	arg                any        // the policy's argument: "kind limit window burst grace align", " r<reserve>" after it for a class's
 	text               string     // arg, as a string
 	spend1             string     // the spec of a spend of 1 under it on Redis time (shortSpec)
 	limit              int64      // the limit its decisions answer: the burst of a bucket, else the limit
