@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -147,6 +148,7 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
 		}
 		p = p.withDefaults()
+		p.Priorities = maps.Clone(p.Priorities) // the Limiter's own: a caller's later change is not seen unvalidated
 		for c := range p.Priorities {
 			if !slices.Contains(l.classes, c) {
 				l.classes = append(l.classes, c)
