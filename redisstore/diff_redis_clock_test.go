@@ -44,7 +44,7 @@ func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status
 	keys := make([]string, n)
 	for i, p := range ev.Policies {
 		ap := evaluation.Policy(p)
-		ap.Params.Reserve = evaluation.Reserve(p, ev.Priority, a.Op)
+		ap.Params.Reserve = int32(evaluation.Reserve(p, ev.Priority, a.Op))
 		if ap.Kind == algorithm.KindFixedWindow {
 			ap.Kind = algorithm.KindFixedWindowEnd
 		}

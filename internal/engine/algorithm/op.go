@@ -225,7 +225,7 @@ func (o Op) Admits() bool {
 // (its priority class's share): only an admission carries one, less than
 // the capacity, and a cost no larger than what the class may ever use.
 func checkReserve(op Op, p *Policy, cost int64) error {
-	r := p.Params.Reserve
+	r := int64(p.Params.Reserve)
 	if r == 0 {
 		return nil
 	}

@@ -56,12 +56,6 @@ type Params struct {
 	// epoch (the UTC second, minute, hour, day) instead of at their first
 	// admission. Only fixed_window has windows to align.
 	Aligned bool
-	// Bounds are a calendar period's (KindFixedPeriod only): the start of
-	// the period before the one holding the caller's clock, that one's
-	// start, the next one's start and its end, µs (package period
-	// computes them); Window is then the length of the middle one,
-	// Bounds[2] − Bounds[1]. Zero for every other kind.
-	Bounds [4]int64
 	// Reserve is the part of the capacity (Capacity) a request may not
 	// use: what its priority class leaves to more important traffic,
 	// Capacity − ⌊Capacity × share⌋ (package evaluation computes it). A
@@ -70,7 +64,16 @@ type Params struct {
 	// at least Reserve units (token_bucket's tokens, GCRA's tolerance)
 	// after the spend. Remaining is then what the class can still use.
 	// 0, the whole capacity, for every operation but an admission (Check).
-	Reserve int64
+	// An int32 (at most MaxLimit) beside Aligned, so Params stays 64
+	// bytes: the engine copies it by value on every decision, and at 72
+	// bytes BenchmarkCheck took about 1.15× as long.
+	Reserve int32
+	// Bounds are a calendar period's (KindFixedPeriod only): the start of
+	// the period before the one holding the caller's clock, that one's
+	// start, the next one's start and its end, µs (package period
+	// computes them); Window is then the length of the middle one,
+	// Bounds[2] − Bounds[1]. Zero for every other kind.
+	Bounds [4]int64
 }
 
 // Kind names an algorithm inside this package.
@@ -130,7 +133,7 @@ func (p Params) Capacity(k Kind) int64 {
 
 // ceiling returns the most units of p's Limit a window algorithm or
 // concurrency lets a request of p's priority class use: Limit − Reserve.
-func (p Params) ceiling() int64 { return p.Limit - p.Reserve }
+func (p Params) ceiling() int64 { return p.Limit - int64(p.Reserve) }
 
 // Decision is the verdict of one evaluation. Durations are µs.
 type Decision struct {

@@ -32,7 +32,7 @@ func TestReserve(t *testing.T) {
 // capacity, with a cost the class can ever be given; a held spend (local
 // quota's block) carries none.
 func TestCheckReserve(t *testing.T) {
-	p := func(k Kind, reserve int64) []Policy {
+	p := func(k Kind, reserve int32) []Policy {
 		return []Policy{{Kind: k, ID: "p", MaxCost: 10, Params: Params{Limit: 10, Window: 1_000_000, Burst: 10, Reserve: reserve}}}
 	}
 	for _, tc := range []struct {

@@ -89,7 +89,7 @@ func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decis
 	tokens := min(s.level(p, now), full-hold*p.Limit) // hold·Limit ≤ full
 	d := Decision{Limit: p.Burst}
 	// The tokens kept back for a more important class count as missing.
-	need, reserved := verdictCost(cost)*p.Window, p.Reserve*p.Window
+	need, reserved := verdictCost(cost)*p.Window, int64(p.Reserve)*p.Window
 	if tokens-reserved < need {
 		d.Remaining = max(tokens-reserved, 0) / p.Window // below empty after a settle's debt
 		d.RetryAfter = ceilDiv(need-(tokens-reserved), p.Limit)

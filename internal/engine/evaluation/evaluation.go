@@ -71,7 +71,7 @@ func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
 	op := Op(ev)
 	for _, p := range ev.Policies {
 		ap := Policy(p)
-		ap.Params.Reserve = Reserve(p, ev.Priority, op)
+		ap.Params.Reserve = int32(Reserve(p, ev.Priority, op)) // below MaxLimit
 		policies = append(policies, ap)
 	}
 	return algorithm.Check(op, policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
