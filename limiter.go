@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/requestform"
@@ -53,6 +55,15 @@ type Request struct {
 	// the policy's DedupeTTL. 1 to 128 bytes of printable ASCII other than
 	// space. A Peek's is ignored; Reset, Release and Renew take none.
 	EvaluationID string
+	// Priority is the request's priority class, one the policies declare
+	// (Policy.Priorities), e.g. "sheddable": the request may use only that
+	// class's share of each policy's capacity, on the same budget as every
+	// other class. It applies to what asks for admission (Spend, Peek,
+	// Acquire, Renew, Estimate) and is ignored by what gives back or clears.
+	// A class no policy of the Limiter declares is Incompatible. A request
+	// of a class with less than the whole capacity bypasses the near cache
+	// and local quota. Default: "" (the class "default").
+	Priority string
 }
 
 // Options configure a Limiter. The zero value means the defaults.
@@ -112,6 +123,7 @@ type Limiter struct {
 	ovr      *overridemap.State[Override, *Policy] // subjects' other numbers: see overrides.go
 	ovrStore overrideStore                         // the Store, when it keeps overrides
 	noFast   bool                                  // validate every request the general way (a test's)
+	classes  []string                              // the priority classes the policies declare, sorted
 }
 
 // New returns a Limiter over store for policies: at least one, each valid,
@@ -136,9 +148,16 @@ func New(store Store, policies []Policy, opts Options) (*Limiter, error) {
 			return nil, fmt.Errorf("sluice: New: policies[%d]: id %q is used twice", i, p.ID)
 		}
 		p = p.withDefaults()
+		p.Priorities = maps.Clone(p.Priorities) // the Limiter's own: a caller's later change is not seen unvalidated
+		for c := range p.Priorities {
+			if !slices.Contains(l.classes, c) {
+				l.classes = append(l.classes, c)
+			}
+		}
 		l.policies[p.ID] = &p
 		l.list, l.ids = append(l.list, &p), append(l.ids, p.ID)
 	}
+	slices.Sort(l.classes)
 	l.pool.New = func() any { return new(decision) }
 	if err := l.initOverrides(opts); err != nil {
 		return nil, err
@@ -250,11 +269,14 @@ func (l *Limiter) prepareOne(ev *Evaluation, req *Request) error {
 	if err := requestform.Subject(req.Subject); err != nil {
 		return err
 	}
+	if req.Priority != "" && !l.knows(req.Priority) {
+		return algorithm.UnknownClass(req.Priority, l.classes)
+	}
 	cost := req.Cost
 	if cost == 0 && req.Op == Spend {
 		cost = 1
 	}
-	ev.Op, ev.Subject, ev.Cost = req.Op, req.Subject, cost
+	ev.Op, ev.Subject, ev.Cost, ev.Priority = req.Op, req.Subject, cost, req.Priority
 	ev.Policies = append(ev.Policies, p)
 	return nil
 }
@@ -280,6 +302,10 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	if err := requestform.Carried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
 		return err
 	}
+	if req.Priority != "" && !l.knows(req.Priority) {
+		return algorithm.UnknownClass(req.Priority, l.classes)
+	}
+	ev.Priority = req.Priority
 	cost := req.Cost
 	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire || req.Op == Estimate) {
 		cost = 1
@@ -290,6 +316,12 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
+}
+
+// knows reports whether class is a priority class a request may name:
+// one a policy declares, or "default".
+func (l *Limiter) knows(class string) bool {
+	return class == algorithm.DefaultClass || slices.Contains(l.classes, class)
 }
 
 // unknown is the error for a policy id l does not have, naming the ones

@@ -31,7 +31,7 @@ func (lq *localQuota) do(ctx context.Context, d *decision, next step) {
 			lq.q.Forget(ev.Subject, p.ID)
 		}
 	}
-	if ev.Op != Spend || d.many || len(ev.Policies) != 1 || !ev.Policies[0].LocalQuota.Enabled || ev.EvaluationID != "" || len(ev.Previous) > 0 || ev.Cost < 1 || ev.Cost > ev.Policies[0].MaxCost {
+	if ev.Op != Spend || d.many || len(ev.Policies) != 1 || !ev.Policies[0].LocalQuota.Enabled || ev.EvaluationID != "" || len(ev.Previous) > 0 || ev.Cost < 1 || ev.Cost > ev.Policies[0].MaxCost || ev.Policies[0].reserves(ev.Priority) {
 		next(ctx, d)
 		return
 	}

@@ -35,7 +35,7 @@ func (c *nearCache) do(ctx context.Context, d *decision, next step) {
 			c.c.Forget(nearKey{Subject: ev.Subject, Policy: p.ID})
 		}
 	}
-	if ev.Op != Spend || len(ev.Policies) != 1 || !ev.Policies[0].NearCache || ev.EvaluationID != "" || ev.Cost > ev.Policies[0].MaxCost {
+	if ev.Op != Spend || len(ev.Policies) != 1 || !ev.Policies[0].NearCache || ev.EvaluationID != "" || ev.Cost > ev.Policies[0].MaxCost || ev.Policies[0].reserves(ev.Priority) {
 		next(ctx, d)
 		return
 	}

@@ -126,6 +126,21 @@ type Policy struct {
 	// and never more than the algorithm allows: see LocalQuota. For
 	// fixed_window, token_bucket and gcra. Default: off.
 	LocalQuota LocalQuota
+	// Priorities reserve part of the policy's capacity (Limit, or Burst
+	// for token_bucket and gcra) for more important traffic: each class
+	// named here may use that percent of it, 1 to 100, e.g.
+	// {"critical": 100, "sheddable": 50}. Every class shares one state and
+	// one budget; a request of a class (Request.Priority) is admitted only
+	// while what is used after it stays within ⌊capacity × share / 100⌋
+	// (a bucket: while it leaves at least the rest), so under contention
+	// sheddable traffic never takes the reserved part while critical
+	// traffic can use it all. A class not named here, and "default" (the
+	// class of a request naming none) unless named, uses 100 %. Class names
+	// are 1 to 32 of [a-z0-9_-], at most 8; each share must leave its class
+	// at least one unit. Status.Remaining is then what that class can
+	// still use. See docs/priorities.md. Default: none (every request may
+	// use the whole capacity).
+	Priorities map[string]int
 }
 
 // LocalQuota configures a policy's local quota. A Limiter that sees one
@@ -186,9 +201,13 @@ func (p Policy) withDefaults() Policy {
 func (p Policy) Validate() error {
 	maxCost := p.MaxCost
 	p = p.withDefaults()
-	return requestform.Policy(p.form(maxCost), func(field, value, rule string) error {
+	bad := func(field, value, rule string) error {
 		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
-	})
+	}
+	if err := requestform.Policy(p.form(maxCost), bad); err != nil {
+		return err
+	}
+	return algorithm.CheckShares(p.Priorities, p.params().Capacity(algorithm.Kind(p.Algorithm)), bad)
 }
 
 // form returns what requestform checks of p; setMaxCost is MaxCost
@@ -196,6 +215,14 @@ func (p Policy) Validate() error {
 func (p *Policy) form(setMaxCost int64) requestform.PolicyForm {
 	return requestform.PolicyForm{Fields: p.fields(), ID: p.ID, Period: p.Period, TimeZone: p.TimeZone,
 		NearCache: p.NearCache, CleanupGrace: p.CleanupGrace, SetMaxCost: setMaxCost}
+}
+
+// reserves reports whether p holds part of its capacity back from a
+// request of class (Priorities): such a request bypasses the near cache
+// (a denial of one class says nothing of another, and its retry time is
+// another's) and local quota (a block serves requests of every class).
+func (p *Policy) reserves(class string) bool {
+	return len(p.Priorities) > 0 && algorithm.ShareOf(p.Priorities, class) < 100
 }
 
 // params returns p's numbers in the engine's units (a calendar period's

@@ -132,6 +132,17 @@ type Evaluation struct {
 	// state under each of them too. The copy is not atomic with changes
 	// made under the older subject meanwhile.
 	Previous []string
+	// Priority is the request's priority class (Request.Priority): for an
+	// admission (Spend, Peek, Acquire, Renew, Estimate; not a held spend)
+	// each policy is decided as if its capacity (Limit, Burst for
+	// token_bucket and gcra) were the class's ceiling, ⌊capacity × share /
+	// 100⌋ and at least 1 (Policy.Priorities), on the same state: a window
+	// admits while the units used after the request stay within it, a
+	// bucket while it keeps the rest; Remaining is the class's. "" is the
+	// class "default"; a class a policy does not name uses its whole
+	// capacity. sluicetest.TestStore holds a store to it. Example:
+	// "sheddable".
+	Priority string
 	// Hold, when above 0, makes a Spend of one token_bucket, gcra or
 	// fixed_window policy, with no EvaluationID, a block of local quota
 	// (Policy.LocalQuota): the Limiter admits its Cost units itself, one

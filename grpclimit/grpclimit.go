@@ -48,6 +48,7 @@ package grpclimit
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,6 +100,18 @@ type Method struct {
 	// how long an estimate waits for its settle. Limit cannot settle: use
 	// Unary and Stream. Default: "", a plain spend.
 	SettleTrailer string
+	// Priority is the priority class the method's calls are decided as
+	// (sluice.Request.Priority), e.g. "sheddable": one a policy of the
+	// method declares (Policy.Priorities), checked by New. Default: "",
+	// the class "default".
+	Priority string
+	// PriorityFunc, when set, picks a call's class instead from its
+	// context (its metadata, its peer) and full method name, e.g. from
+	// metadata only a trusted gateway sets (never what any client may
+	// set). "" falls back to Priority; a class the method's policies do not
+	// declare is answered as the Limiter answers an Incompatible call.
+	// Default: nil.
+	PriorityFunc func(ctx context.Context, fullMethod string) string
 }
 
 // Options configure the interceptors. The zero value means the defaults.
@@ -168,6 +181,8 @@ type rule struct {
 	operation string
 	subject   subject.KeyFunc
 	settle    string // Method.SettleTrailer, lower case
+	priority  string // Method.Priority
+	classOf   func(ctx context.Context, fullMethod string) string
 }
 
 // New validates opts against limiter and returns the interceptors. The
@@ -250,8 +265,15 @@ func (in *Interceptors) compile(at string, m Method, subj subject.KeyFunc) (*rul
 		r.subject = subj
 	}
 	var err error
-	if r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode); err != nil || m.SettleTrailer == "" {
+	if r.Rule, err = in.core.Rule(at, m.Policies, m.Cost, m.FailureMode); err != nil {
 		return r, err
+	}
+	if err := in.core.Class(at+".Priority", r.Rule, m.Priority); err != nil {
+		return r, err
+	}
+	r.priority, r.classOf = m.Priority, m.PriorityFunc
+	if m.SettleTrailer == "" {
+		return r, nil
 	}
 	return r, in.settles(at, r, m.SettleTrailer)
 }

@@ -121,6 +121,12 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 	s := edge.Subject{
 		ID:       in.pseudo.Pseudonym(kind, identity, r.operation),
 		Previous: in.pseudo.Previous(kind, identity, r.operation),
+		Priority: r.priority,
+	}
+	if r.classOf != nil {
+		if c := r.classOf(ctx, method); c != "" {
+			s.Priority = c
+		}
 	}
 	if r.settle != "" {
 		s.EvaluationID = edge.SettleID(s)

@@ -39,6 +39,9 @@ type Decision struct {
 	// EvaluationID is the digest of the request's idempotency key (see
 	// Options.IdempotencyKeyHeader), e.g. "ik:Qm9…"; "" when none.
 	EvaluationID string
+	// Priority is the request's priority class (Route.Priority or
+	// Route.PriorityFunc), e.g. "sheddable"; "" for the default.
+	Priority string
 	// Action is what the outcome calls for, in its log and metric
 	// spelling:
 	//   - "admitted": the limiter (or the local fallback) admitted the

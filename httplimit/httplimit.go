@@ -119,6 +119,17 @@ type Route struct {
 	// token_bucket, gcra); their DedupeTTL is how long an estimate waits
 	// for its settle. Default: "", a plain spend.
 	SettleHeader string
+	// Priority is the priority class the route's requests are decided as
+	// (sluice.Request.Priority), e.g. "sheddable" for batch traffic: one a
+	// policy of the route declares (Policy.Priorities), checked by New.
+	// Default: "", the class "default".
+	Priority string
+	// PriorityFunc, when set, picks a request's class instead, e.g. from
+	// a header that only a trusted gateway sets (never from one any client
+	// may set: a client would name itself critical). "" falls back to
+	// Priority; a class the route's policies do not declare is answered as
+	// the Limiter answers an Incompatible request (500). Default: nil.
+	PriorityFunc func(*http.Request) string
 }
 
 // Options configure the middleware. The zero value means the defaults.
@@ -247,6 +258,18 @@ type route struct {
 	subject   subject.KeyFunc
 	shadow    bool
 	settle    string // Route.SettleHeader, canonical
+	priority  string // Route.Priority
+	classOf   func(*http.Request) string
+}
+
+// class returns the priority class of r, a request of rt.
+func (rt *route) class(r *http.Request) string {
+	if rt.classOf != nil {
+		if c := rt.classOf(r); c != "" {
+			return c
+		}
+	}
+	return rt.priority
 }
 
 // New validates opts against limiter and returns the middleware. The
@@ -337,6 +360,10 @@ func (m *Middleware) compile(at string, rt Route, subj subject.KeyFunc) (*route,
 		}
 		c.settle = http.CanonicalHeaderKey(rt.SettleHeader)
 	}
+	if err := m.core.Class(at+".Priority", r, rt.Priority); err != nil {
+		return nil, err
+	}
+	c.priority, c.classOf = rt.Priority, rt.PriorityFunc
 	c.Rule = r
 	return c, nil
 }
@@ -438,6 +465,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if rt.settle != "" {
 		d.EvaluationID = edge.SettleID(d.subject())
 	}
+	d.Priority = rt.class(r)
 	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
 	d.Action, d.Outcome, d.Local, d.LocalOutcome = string(a.Kind), a.Outcome, a.Local, a.LocalOutcome
 	h := w.Header()
@@ -453,7 +481,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 // subject is who d was limited as, for the core.
 func (d *Decision) subject() edge.Subject {
-	return edge.Subject{ID: d.Subject, Previous: d.previous, EvaluationID: d.EvaluationID}
+	return edge.Subject{ID: d.Subject, Previous: d.previous, EvaluationID: d.EvaluationID, Priority: d.Priority}
 }
 
 // evaluationID turns an idempotency key as the client sent it into an

@@ -291,7 +291,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && !s.general {
+	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && !s.general && (len(ev.Policies[0].Priorities) == 0 || evaluation.Reserve(ev.Policies[0], ev.Priority, algorithm.OpSpend) == 0) {
 		if p := ev.Policies[0]; p.Algorithm != sluice.Concurrency &&
 			(ev.Op == sluice.Spend && ev.Cost >= 1 && ev.Cost <= p.MaxCost || ev.Op == sluice.Peek && ev.Cost == 0) {
 			if s.onFast != nil {
@@ -409,6 +409,7 @@ func (s *Store) gather(sh *shard, h uint64, now int64, ev *sluice.Evaluation, ca
 	for i, p := range ev.Policies {
 		k := keyOf(ev.Subject, p)
 		ap := evaluation.PolicyAt(p, now, &s.periods)
+		ap.Params.Reserve = int32(evaluation.Reserve(p, ev.Priority, evaluation.Op(ev))) // below MaxLimit
 		en := sh.states.get(h, k)
 		if carried != nil && carried[i] != nil && !ap.Live(stateOf(en, ap.Kind), now) {
 			// Carried over from an older subject: kept from now on.

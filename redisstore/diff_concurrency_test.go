@@ -21,6 +21,9 @@ func randomLeasePolicy(r *rand.Rand, id string) *sluice.Policy {
 	if r.IntN(4) == 0 {
 		p.LeaseTTL = time.Duration(1000+r.Int64N(86_400_000_000-1000)) * time.Microsecond
 	}
+	if p.Priorities = randomShares(r); p.Validate() != nil {
+		p.Priorities = map[string]int{"critical": 100, "sheddable": 100} // a share that leaves a limit this low no lease
+	}
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
@@ -65,7 +68,7 @@ func (d *diff) leaseStep(seed uint64, step int, dt int64, op leaseOp, ps []*slui
 	d.clock.Set(time.UnixMicro(d.now))
 	evs := [2]*sluice.Evaluation{}
 	for i := range evs {
-		evs[i] = &sluice.Evaluation{Op: op.op, Subject: d.subject, Policies: ps, Cost: op.cost, LeaseID: op.lease}
+		evs[i] = &sluice.Evaluation{Op: op.op, Subject: d.subject, Policies: ps, Cost: op.cost, LeaseID: op.lease, Priority: d.class}
 	}
 	if err := d.mem.Evaluate(context.Background(), evs[0]); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: memstore %v: %v", seed, step, d.now, op, err)
@@ -74,7 +77,7 @@ func (d *diff) leaseStep(seed uint64, step int, dt int64, op leaseOp, ps []*slui
 		d.t.Fatalf("seed %d step %d: now=%d: redisstore %v: %v", seed, step, d.now, op, err)
 	}
 	if !slices.Equal(evs[1].Statuses, evs[0].Statuses) {
-		d.t.Fatalf("seed %d step %d: policies %s now=%d: %v = %+v, memstore says %+v", seed, step, describeLeases(ps), d.now, op, evs[1].Statuses, evs[0].Statuses)
+		d.t.Fatalf("seed %d step %d: policies %s now=%d: %v (class %q) = %+v, memstore says %+v", seed, step, describeLeases(ps), d.now, op, d.class, evs[1].Statuses, evs[0].Statuses)
 	}
 	return evs[1].Statuses
 }
@@ -136,6 +139,7 @@ func TestDifferentialConcurrency(t *testing.T) {
 				ttl := ps[0].LeaseTTL.Microseconds()
 				dt := randomStep(r, ttl)
 				op := randomLeaseOp(r)
+				d.class = randomClass(r)
 				if len(acquired) > 0 && r.IntN(5) == 0 {
 					// Onto the instant a lease expires (or 1µs either side),
 					// often naming that lease: where < and <= part.
@@ -179,11 +183,8 @@ func TestDifferentialConcurrency(t *testing.T) {
 			if op.op == sluice.Release || op.op == sluice.Renew {
 				op = leaseOp{op: sluice.Acquire, cost: 1, lease: op.lease} // a release names concurrency policies only
 			}
-			for _, p := range ps {
-				if p.Algorithm != sluice.Concurrency {
-					op.cost = min(op.cost, p.MaxCost)
-				}
-			}
+			d.class = randomClass(r)
+			op.cost = classCost(ps, d.class, op.cost)
 			w := ps[0].Window
 			if ps[0].Algorithm == sluice.Concurrency {
 				w = ps[0].LeaseTTL

@@ -44,6 +44,7 @@ func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status
 	keys := make([]string, n)
 	for i, p := range ev.Policies {
 		ap := evaluation.Policy(p)
+		ap.Params.Reserve = int32(evaluation.Reserve(p, ev.Priority, a.Op))
 		if ap.Kind == algorithm.KindFixedWindow {
 			ap.Kind = algorithm.KindFixedWindowEnd
 		}
@@ -129,10 +130,10 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 				subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
 			}
 		}
-		cost := randomCost(r, ps[0])
+		class := randomClass(r)
+		cost := classCost(ps, class, randomCost(r, ps[0]))
 		refund := cost > 0 && r.IntN(8) == 0
 		for _, p := range ps {
-			cost = min(cost, p.MaxCost)
 			refund = refund && p.Algorithm != sluice.SlidingWindow
 		}
 		var hold time.Duration
@@ -146,7 +147,7 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 		case cost == 0:
 			op = sluice.Peek
 		}
-		got := &sluice.Evaluation{Op: op, Subject: subj, Policies: ps, Cost: cost, Hold: hold}
+		got := &sluice.Evaluation{Op: op, Subject: subj, Policies: ps, Cost: cost, Hold: hold, Priority: class}
 		before := at
 		if err := s.Evaluate(context.Background(), got); err != nil {
 			t.Fatalf("seed %d step %d: redisstore Evaluate(op=%v, cost=%d, hold=%v) on %s: %v", seed, step, op, cost, hold, describe(ps), err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	"github.com/redis/go-redis/v9"
@@ -51,11 +52,47 @@ func randomPolicy(r *rand.Rand, id string, a sluice.Algorithm) *sluice.Policy {
 		if a == sluice.FixedWindow {
 			p.ClockAligned = r.IntN(2) == 0 // half the episodes on the clock's boundaries
 		}
+		p.Priorities = randomShares(r)
 		if p.Validate() == nil {
 			p = evaluation.Defaults(p)
 			return &p
 		}
 	}
+}
+
+// randomShares draws a policy's priority classes (issue 34): none in a
+// third of the episodes, else a critical class of 100 % and a sheddable
+// one of 1 % to 100 %, favouring half and the ends. ("default" is left
+// undeclared: every test that names no class decides as before.)
+func randomShares(r *rand.Rand) map[string]int {
+	if r.IntN(3) == 0 {
+		return nil
+	}
+	share := []int{1, 50, 99, 100, 1 + r.IntN(100)}[r.IntN(5)]
+	return map[string]int{"critical": 100, "sheddable": share}
+}
+
+// randomClass draws a request's priority class: none, critical or
+// sheddable, all the more often sheddable.
+func randomClass(r *rand.Rand) string {
+	return []string{"", "critical", "sheddable", "sheddable"}[r.IntN(4)]
+}
+
+// classCost returns cost, at most what class may ever spend of each of
+// ps (its ceiling: the capacity less the class's reserve), so the
+// request stays compatible.
+func classCost(ps []*sluice.Policy, class string, cost int64) int64 {
+	for _, p := range ps {
+		if p.Algorithm == sluice.Concurrency {
+			continue
+		}
+		capacity := p.Limit
+		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
+			capacity = p.Burst
+		}
+		cost = min(cost, p.MaxCost, capacity-evaluation.Reserve(p, class, algorithm.OpSpend))
+	}
+	return cost
 }
 
 // randomCost draws a cost for p: peeks, ones, and now and then anything up
@@ -146,7 +183,8 @@ func TestDifferential(t *testing.T) {
 				if dt < 0 {
 					regressions++
 				}
-				cost := randomCost(r, ps[0])
+				d.class = randomClass(r)
+				cost := classCost(ps, d.class, randomCost(r, ps[0]))
 				refund := a != sluice.SlidingWindow && cost > 0 && r.IntN(8) == 0
 				if refund {
 					refunds++
@@ -209,10 +247,10 @@ func TestDifferential(t *testing.T) {
 				}
 				d.newSubject(r, seed, step)
 			}
-			cost := randomCost(r, ps[0])
+			d.class = randomClass(r)
+			cost := classCost(ps, d.class, randomCost(r, ps[0]))
 			refund := cost > 0 && r.IntN(8) == 0
 			for _, p := range ps {
-				cost = min(cost, p.MaxCost)
 				refund = refund && p.Algorithm != sluice.SlidingWindow
 			}
 			d.step(seed, step, randomStep(r, ps[0].Window.Microseconds()), cost, 0, refund, ps)
@@ -245,6 +283,7 @@ type diff struct {
 	clock   *sluicetest.Clock
 	now     int64
 	subject string
+	class   string // the priority class step and leaseStep ask with
 }
 
 func newDiff(t *testing.T, c redis.UniversalClient) *diff {
@@ -301,16 +340,16 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, hold time.Duration, r
 	case cost == 0:
 		op = sluice.Peek
 	}
-	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold}
-	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold}
+	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold, Priority: d.class}
+	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost, Hold: hold, Priority: d.class}
 	if err := d.mem.Evaluate(context.Background(), want); err != nil {
-		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, hold=%v, refund=%v): %v", seed, step, d.now, cost, hold, refund, err)
+		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, hold=%v, refund=%v, class=%q): %v", seed, step, d.now, cost, hold, refund, d.class, err)
 	}
 	if err := d.redis.Evaluate(context.Background(), got); err != nil {
-		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, hold=%v, refund=%v): %v", seed, step, d.now, cost, hold, refund, err)
+		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, hold=%v, refund=%v, class=%q): %v", seed, step, d.now, cost, hold, refund, d.class, err)
 	}
 	if !slices.Equal(got.Statuses, want.Statuses) {
-		d.t.Fatalf("seed %d step %d: policies %s now=%d: Evaluate(cost=%d, hold=%v, refund=%v) = %+v, memstore says %+v", seed, step, describe(ps), d.now, cost, hold, refund, got.Statuses, want.Statuses)
+		d.t.Fatalf("seed %d step %d: policies %s now=%d: Evaluate(cost=%d, hold=%v, refund=%v, class=%q) = %+v, memstore says %+v", seed, step, describe(ps), d.now, cost, hold, refund, d.class, got.Statuses, want.Statuses)
 	}
 	return got.Statuses
 }
@@ -318,7 +357,7 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, hold time.Duration, r
 func describe(ps []*sluice.Policy) string {
 	var b strings.Builder
 	for _, p := range ps {
-		fmt.Fprintf(&b, "[%s %v limit=%d window=%v burst=%d aligned=%v]", p.ID, p.Algorithm, p.Limit, p.Window, p.Burst, p.ClockAligned)
+		fmt.Fprintf(&b, "[%s %v limit=%d window=%v burst=%d aligned=%v priorities=%v]", p.ID, p.Algorithm, p.Limit, p.Window, p.Burst, p.ClockAligned, p.Priorities)
 	}
 	return b.String()
 }

@@ -159,7 +159,7 @@ const (
 	argvCarry         = 8
 	argvLease         = 9
 	argvHold          = 10
-	argvPolicies      = 10 // policy i's argument is argvPolicies + i: "kind limit window burst grace align"
+	argvPolicies      = 10 // policy i's argument is argvPolicies + i: "kind limit window burst grace align" (+ " r<reserve>" for a priority class's)
 	argvPerPolicy     = 1
 	carryPerPolicy    = 2 // with carry "carry", after every policy's: policy i's carried state and its TTL in ms
 	replyAbsent       = 2 // with carry "probe", the reply {replyAbsent}: a policy has no state, nothing decided
@@ -766,7 +766,7 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	if s.clock != nil {
 		argv[3+held], argv[4+held] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
-	pa := s.argsOf(pol)
+	pa := s.argsOf(pol, evaluation.Reserve(pol, ev.Priority, evaluation.Op(ev)))
 	argv[nargv] = pa.arg
 	if s.clock == nil && pol.Algorithm != sluice.Concurrency {
 		// In a decideAll call it goes by its spec (batch.lua).
@@ -823,13 +823,14 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	argv[argvID] = ""
 	argv[argvDedupeTTL], argv[argvDedupeMax] = "", ""
 	if id != "" {
-		fa := s.argsOf(first)
+		fa := s.argsOf(first, 0) // its dedupe numbers
 		argv[argvID] = id
 		argv[argvDedupeTTL], argv[argvDedupeMax] = fa.dedupeTTL, fa.dedupeN
 	}
 	argv[argvCarry] = carry
+	op := evaluation.Op(ev)
 	for i, p := range ev.Policies {
-		argv[argvPolicies+i+1] = s.argsOf(p).arg
+		argv[argvPolicies+i+1] = s.argsOf(p, evaluation.Reserve(p, ev.Priority, op)).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
 	return s.send(ctx, p, ev, dst)

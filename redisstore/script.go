@@ -280,29 +280,57 @@ func replyError(err error) string {
 // policyArgs are a policy's arguments to the decision code, formatted once
 // and held as interface values: a decision copies them without allocating.
 type policyArgs struct {
-	policy             sluice.Policy // the numbers they were formatted from
-	arg                any           // the policy's argument: "kind limit window burst grace align"
-	text               string        // arg, as a string
-	spend1             string        // the spec of a spend of 1 under it on Redis time (shortSpec)
-	limit              int64         // the limit its decisions answer: the burst of a bucket, else the limit
-	bounds             [4]int64      // a calendar period's bounds in arg (algorithm.Params.Bounds); zero for others
+	numbers            argNumbers // the numbers they were formatted from
+	arg                any        // the policy's argument: "kind limit window burst grace align", " r<reserve>" after it for a class's
+	text               string     // arg, as a string
+	spend1             string     // the spec of a spend of 1 under it on Redis time (shortSpec)
+	limit              int64      // the limit its decisions answer: the burst of a bucket, else the limit
+	bounds             [4]int64   // a calendar period's bounds in arg (algorithm.Params.Bounds); zero for others
 	dedupeTTL, dedupeN any
 }
 
-// argsOf returns p's arguments, formatting them the first time p (the
-// Limiter's own copy of a policy, which does not change) is seen, and again
-// should its numbers differ from what they were formatted from.
-func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
+// argNumbers are the fields of a policy its arguments are formatted
+// from, and the reserve of a priority class (algorithm.Params.Reserve).
+type argNumbers struct {
+	algorithm                          sluice.Algorithm
+	limit, burst, reserve              int64
+	window, leaseTTL, grace, dedupeTTL time.Duration
+	dedupeMax                          int
+	aligned                            bool
+	period                             string
+	zone                               *time.Location
+}
+
+// classArgs keys the arguments of a policy for a priority class that
+// holds part of its capacity back (reserve > 0); the policy alone keys
+// the others.
+type classArgs struct {
+	p       *sluice.Policy
+	reserve int64
+}
+
+// argsOf returns p's arguments for a decision that holds reserve units
+// of its capacity back (a priority class's: evaluation.Reserve),
+// formatting them the first time p (the Limiter's own copy of a policy,
+// which does not change) is seen with that reserve, and again should its
+// numbers differ from what they were formatted from. A few classes make
+// a few entries, each its own argument string (args.lua caches by it).
+func (s *Store) argsOf(p *sluice.Policy, reserve int64) *policyArgs {
 	var bounds [4]int64
 	if p.Period != "" {
 		bounds = s.boundsOf(p)
 	}
-	if v, ok := s.policyArgs.Load(p); ok {
-		if a := v.(*policyArgs); a.policy == *p && a.bounds == bounds {
+	var key any = p
+	if reserve != 0 {
+		key = classArgs{p, reserve}
+	}
+	nums := argNumbers{p.Algorithm, p.Limit, p.Burst, reserve, p.Window, p.LeaseTTL, p.CleanupGrace, p.DedupeTTL, p.DedupeMax, p.ClockAligned, p.Period, p.TimeZone}
+	if v, ok := s.policyArgs.Load(key); ok {
+		if a := v.(*policyArgs); a.numbers == nums && a.bounds == bounds {
 			return a
 		}
 	}
-	a := &policyArgs{policy: *p, bounds: bounds}
+	a := &policyArgs{numbers: nums, bounds: bounds}
 	align := 0
 	if p.ClockAligned {
 		align = 1
@@ -318,6 +346,9 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 		a.text = fmt.Sprintf("%d %d %d %d %d %d %d %d %d %d", algorithm.KindFixedPeriod, p.Limit, bounds[2]-bounds[1], p.Burst,
 			(p.CleanupGrace + s.extra).Microseconds(), align, bounds[0], bounds[1], bounds[2], bounds[3])
 	}
+	if reserve != 0 {
+		a.text += " r" + strconv.FormatInt(reserve, 10) // args.lua's parsePolicy reads it
+	}
 	a.arg, a.spend1, a.limit = a.text, "s 1 0 "+a.text, p.Limit
 	if p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket {
 		a.limit = p.Burst
@@ -330,7 +361,7 @@ func (s *Store) argsOf(p *sluice.Policy) *policyArgs {
 		s.policyArgs.Clear()
 		s.cachedArgs.Store(1)
 	}
-	s.policyArgs.Store(p, a)
+	s.policyArgs.Store(key, a)
 	return a
 }
 

@@ -29,6 +29,7 @@ policies:
   - { id: daily, algorithm: sliding_log, limit: 10, window: 24h }
   - { id: slots, algorithm: concurrency, limit: 1, lease_ttl: 1h }
   - { id: short, algorithm: concurrency, limit: 1, lease_ttl: 1s }
+  - { id: shared, algorithm: gcra, limit: 4, window: 1h, priorities: { critical: 100%, sheddable: 50% } }
 `
 
 // TestMain removes the binary servetest built.
@@ -81,6 +82,7 @@ func TestEveryOperationAgainstSluiceServe(t *testing.T) {
 		{"release", releaseCase},
 		{"renew", renewCase},
 		{"estimate and settle", settleCase},
+		{"priorities", priorityCase},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c, "subject-"+tc.name) })
 	}
@@ -115,6 +117,29 @@ func wantRemaining(t *testing.T, c *sluiceclient.Client, subj, after string, wan
 			t.Errorf("after %s: %s has %d remaining, want %d", after, policy, got, n)
 		}
 	}
+}
+
+// priorityCase: on gcra 4 per hour whose sheddable class may use 50 %,
+// two sheddable spends pass and the third is shed, answering 0
+// remaining and the wait for a unit above the reserve (15m at 4/h);
+// critical spends then take the other two; a class the server's policies
+// do not declare is Incompatible.
+func priorityCase(t *testing.T, c *sluiceclient.Client, subj string) {
+	shed := sluice.Request{Policy: "shared", Subject: subj, Priority: "sheddable"}
+	check(t, c, shed, sluice.Allowed)
+	if o := check(t, c, shed, sluice.Allowed); o.Remaining != 0 {
+		t.Errorf("second sheddable spend = %+v, want 0 remaining for the class", o.Status)
+	}
+	if o := check(t, c, shed, sluice.Denied); o.Remaining != 0 || o.RetryAfter < 15*time.Minute-time.Second || o.RetryAfter > 15*time.Minute {
+		t.Errorf("third sheddable spend = %+v, want shed: 0 remaining, retry after about 15m", o.Status)
+	}
+	crit := sluice.Request{Policy: "shared", Subject: subj, Priority: "critical"}
+	check(t, c, crit, sluice.Allowed)
+	if o := check(t, c, crit, sluice.Allowed); o.Remaining != 0 {
+		t.Errorf("second critical spend = %+v, want the whole limit used", o.Status)
+	}
+	check(t, c, crit, sluice.Denied)
+	check(t, c, sluice.Request{Policy: "shared", Subject: subj, Priority: "bulk"}, sluice.Incompatible)
 }
 
 func settleCase(t *testing.T, c *sluiceclient.Client, subj string) {

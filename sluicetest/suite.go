@@ -47,6 +47,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	testConcurrency(t, newStore)
 	testOverrides(t, newStore)
 	testCalendar(t, newStore)
+	t.Run("Priorities", func(t *testing.T) { testPriorities(t, newStore) })
 }
 
 // Policies used by the suite. Windows are whole seconds or less so that

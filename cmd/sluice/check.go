@@ -61,6 +61,7 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	fs.BoolVar(&f.body.Reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
 	fs.StringVar(&f.body.EvaluationID, "evaluation-id", "", "identifies the request across retries")
 	fs.StringVar(&f.body.Op, "op", "", "`estimate`: spend --cost as an estimate remembered under --evaluation-id; settle: replace it with the actual --cost (the check API's \"op\")")
+	fs.StringVar(&f.body.Priority, "priority", "", "the request's priority `class`, one the policies declare (the check API's \"priority\")")
 	fs.StringVar(&f.release, "release", "", "give back the lease `ID` a check of a concurrency policy answered (POST /v1/release)")
 	fs.StringVar(&f.renew, "renew", "", "extend the lease `ID` a check of a concurrency policy answered by its lease_ttl (POST /v1/renew)")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "give up after this long")

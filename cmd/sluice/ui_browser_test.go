@@ -37,7 +37,7 @@ server:
   listen: "127.0.0.1:0"
 policies:
   - { id: login, algorithm: sliding_log, limit: 5, window: 1h }
-  - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20 }
+  - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20, priorities: { critical: 100%, sheddable: 50% } }
 `))
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -95,8 +95,8 @@ policies:
 
 	// The policies render with their numbers.
 	do("open /ui", chromedp.Navigate(s.url+"/ui"), chromedp.WaitVisible(chromedp.CSS(`#policies tr[data-policy="api"]`)))
-	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra 100 1s 20" {
-		t.Errorf("policies table = %q, want login and api with their numbers", got)
+	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra · critical 100%, sheddable 50% 100 1s 20" {
+		t.Errorf("policies table = %q, want login and api with their numbers (api's priority classes beside its algorithm)", got)
 	}
 	if got := eval(cell("login", "allowed")); got != "0" {
 		t.Errorf("login allowed before traffic = %q, want 0", got)

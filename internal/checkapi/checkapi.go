@@ -71,6 +71,9 @@ type Request struct {
 	// Op is "estimate" or "settle" (sluice.Estimate, sluice.Settle), or
 	// "" for what the fields above ask.
 	Op string `json:"op,omitempty"`
+	// Priority is the request's priority class (sluice.Request.Priority),
+	// e.g. "sheddable"; "" is the default class. /v1/release takes none.
+	Priority string `json:"priority,omitempty"`
 }
 
 // RequestError is a request the check API refuses as malformed, before
@@ -101,6 +104,9 @@ func malformed(format string, args ...any) *RequestError {
 // renewal without one. What it can carry the server judges.
 func Encode(req sluice.Request) (Request, string, error) {
 	r := Request{Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, EvaluationID: req.EvaluationID}
+	if req.Op != sluice.Release {
+		r.Priority = req.Priority // a release gives back: the Limiter ignores a class there
+	}
 	switch {
 	case req.Subject == "":
 		return Request{}, "", malformed("subject is required")
@@ -155,7 +161,7 @@ func (r *Request) Check() (sluice.Request, error) {
 	case r.LeaseID != "":
 		return sluice.Request{}, malformed("lease_id belongs to POST %s and %s; a check acquires a new lease", ReleasePath, RenewPath)
 	}
-	req := sluice.Request{Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, EvaluationID: r.EvaluationID}
+	req := sluice.Request{Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, EvaluationID: r.EvaluationID, Priority: r.Priority}
 	if r.Op != "" {
 		return r.settle(req)
 	}
@@ -185,9 +191,11 @@ func (r *Request) Lease(op sluice.Op) (sluice.Request, error) {
 	case r.LeaseID == "":
 		return sluice.Request{}, malformed("lease_id is required: the one %s answered", CheckPath)
 	case r.Cost != nil || r.Refund || r.Reset || r.EvaluationID != "":
-		return sluice.Request{}, malformed("a release or renewal takes policy (or policies), subject and lease_id only")
+		return sluice.Request{}, malformed("a release or renewal takes policy (or policies), subject and lease_id only (and a renewal its priority)")
+	case r.Priority != "" && op == sluice.Release:
+		return sluice.Request{}, malformed("priority = %q: a release gives its lease back whatever the class; leave it out", r.Priority)
 	}
-	return sluice.Request{Op: op, Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, LeaseID: r.LeaseID}, nil
+	return sluice.Request{Op: op, Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, LeaseID: r.LeaseID, Priority: r.Priority}, nil
 }
 
 // validate checks what every path requires of r.

@@ -59,6 +59,7 @@ const (
 	fEvaluationID
 	fLeaseID
 	fOp
+	fPriority
 )
 
 func fieldOf(key string) int {
@@ -81,6 +82,8 @@ func fieldOf(key string) int {
 		return fLeaseID
 	case "op":
 		return fOp
+	case "priority":
+		return fPriority
 	}
 	return -1
 }
@@ -168,6 +171,8 @@ func (p *parser) value(f int, in *Request) bool {
 		in.LeaseID, ok = p.str()
 	case fOp:
 		in.Op, ok = p.str()
+	case fPriority:
+		in.Priority, ok = p.str()
 	case fRefund:
 		in.Refund, ok = p.bool()
 	case fReset:

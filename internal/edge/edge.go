@@ -218,6 +218,9 @@ type Subject struct {
 	Previous []string
 	// EvaluationID identifies a request across its retries; "" for none.
 	EvaluationID string
+	// Priority is the request's priority class (sluice.Request.Priority);
+	// "" for the default.
+	Priority string
 }
 
 // Rule checks policies, cost and mode against the Limiter (and the local
@@ -262,6 +265,30 @@ func (c *Core) Rule(at string, policies []string, cost int64, mode failure.Mode)
 	}
 	r.Field = string(field)
 	return r, nil
+}
+
+// Classes returns the priority classes a request of r may name: those
+// r's policies declare (sluice.Policy.Priorities), and "default".
+func (c *Core) Classes(r *Rule) []string {
+	out := []string{"default"}
+	for _, id := range r.Policies {
+		p, _ := c.policy(id)
+		for class := range p.Priorities {
+			if !contains(out, class) {
+				out = append(out, class)
+			}
+		}
+	}
+	return out
+}
+
+// Class checks class, a rule's fixed priority class found at at, against
+// r's policies: "" or a class one of them declares (Classes).
+func (c *Core) Class(at string, r *Rule, class string) error {
+	if known := c.Classes(r); class != "" && !contains(known, class) {
+		return c.OptionError(at, fmt.Sprintf("%q", class), "must be a priority class one of the policies declares: "+strings.Join(known, ", "))
+	}
+	return nil
 }
 
 func contains(ids []string, id string) bool {
@@ -385,7 +412,7 @@ func (c *Core) With(lim *sluice.Limiter) *Core {
 // request is the Limiter request of op on r's policies for s: every
 // sluice.Request of a rule is built here.
 func request(op sluice.Op, r *Rule, s Subject) sluice.Request {
-	req := sluice.Request{Op: op, Subject: s.ID, Previous: s.Previous, Cost: r.Cost, EvaluationID: s.EvaluationID}
+	req := sluice.Request{Op: op, Subject: s.ID, Previous: s.Previous, Cost: r.Cost, EvaluationID: s.EvaluationID, Priority: s.Priority}
 	if len(r.Policies) == 1 {
 		req.Policy = r.Policies[0]
 	} else {

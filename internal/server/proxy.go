@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -134,7 +135,7 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 		Deadline:      cfg.DecisionTimeout,
 		StrictPaths:   true,
 	}
-	if mopts.Routes, err = p.routes(cfg.Routes, opts.FailureModes); err != nil {
+	if mopts.Routes, err = p.routes(cfg.Routes, opts.FailureModes, lim); err != nil {
 		return nil, err
 	}
 	if needsFallback(mopts.Routes) {
@@ -166,17 +167,21 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 
 // routes maps proxy.routes to the middleware's, one subject kind of the
 // config to one subject.KeyFunc, and records the subject headers.
-func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode) ([]httplimit.Route, error) {
+func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode, lim *sluice.Limiter) ([]httplimit.Route, error) {
 	ip := subject.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
 		rt := httplimit.Route{
-			Operation:   r.Match.Operation(),
+			Operation:   cmp.Or(r.Operation, r.Match.Operation()),
 			Methods:     r.Match.Methods,
 			PathPrefix:  r.Match.PathPrefix,
 			Policies:    r.Policies,
 			Shadow:      r.Shadow,
 			FailureMode: routeMode(r.Policies, modes),
+			Priority:    r.Priority,
+		}
+		if r.PriorityHeader != "" {
+			rt.PriorityFunc = p.priorityFrom(r.PriorityHeader, classes(lim, r.Policies))
 		}
 		if r.SettleHeader != "" {
 			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled when the response body is done
@@ -203,6 +208,39 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode) ([]htt
 		out = append(out, rt)
 	}
 	return out, nil
+}
+
+// classes returns the priority classes the policies ids of lim declare,
+// and "default".
+func classes(lim *sluice.Limiter, ids []string) []string {
+	out := []string{"default"}
+	for _, id := range ids {
+		p, _ := lim.Policy(id)
+		for c := range p.Priorities {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// priorityFrom returns the class of a request of a route whose class may
+// come from header name: its value when the request's peer (the TCP
+// connection's, not a forwarded address) is one of proxy.trusted_proxies,
+// the gateway that sets it, and the value is one of classes; else ""
+// (the route's own Priority). A client that reaches the proxy directly
+// cannot name itself critical.
+func (p *Proxy) priorityFrom(name string, classes []string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		v := r.Header.Get(name)
+		if v == "" || !slices.Contains(classes, v) {
+			return ""
+		}
+		peer, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !p.ips.Trusts(peer.Addr().Unmap()) {
+			return ""
+		}
+		return v
+	}
 }
 
 // ipUserAgent is the subject of ip+user_agent: the client address (as ip

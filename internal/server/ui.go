@@ -176,6 +176,9 @@ type uiPolicy struct {
 	Revision    int64  `json:"revision"`
 	Approximate bool   `json:"approximate"`
 	NearCache   bool   `json:"near_cache"`
+	// Priorities are the policy's priority classes and their shares in
+	// percent (sluice.Policy.Priorities), e.g. {"sheddable": 50}.
+	Priorities map[string]int `json:"priorities,omitempty"`
 }
 
 func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
@@ -204,7 +207,8 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 	for _, id := range ids {
 		p, _ := policy(id)
 		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: windowText(&p), MaxCost: p.MaxCost,
-			FailureMode: s.modes[id].String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache}
+			FailureMode: s.modes[id].String(), Revision: p.Revision, Approximate: p.Algorithm == sluice.SlidingWindow, NearCache: p.NearCache,
+			Priorities: p.Priorities}
 		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 			up.Burst = p.Burst
 		}

@@ -48,6 +48,12 @@ local CACHED = {checked = 0, specs = 0, max = 1000}
 -- as engine.lua takes it, with its TTL grace.
 -- parsePolicy ports Store.argsOf's other side: it reads the policy argument argsOf writes, and Params.Check (check).
 local function parsePolicy(raw, i)
+  -- A priority class's reserve (Params.Reserve), when it has one, ends
+  -- the argument as " r" and the units reserved.
+  local body, reserve = string.match(raw, '^(.-) r(%d+)$')
+  if body ~= nil then
+    raw = body
+  end
   local kind, limit, window, burst, grace, align = string.match(raw, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01])$')
   local b0, b1, b2, b3
   if kind == nil then -- a calendar period's: its periods' bounds follow
@@ -55,7 +61,7 @@ local function parsePolicy(raw, i)
       '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ([01]) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)$')
   end
   local p = {kind = arg(kind), limit = arg(limit), window = arg(window), burst = arg(burst), grace = arg(grace), aligned = align == '1',
-    b0 = arg(b0), b1 = arg(b1), b2 = arg(b2), b3 = arg(b3)}
+    b0 = arg(b0), b1 = arg(b1), b2 = arg(b2), b3 = arg(b3), reserve = arg(reserve or '0')}
   kind = p.kind
   if kind == nil or not (p.limit and p.window and p.burst and p.grace) then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': want algorithm, limit, window, burst, grace and align (0 or 1) as integers joined by spaces')
@@ -67,6 +73,8 @@ local function parsePolicy(raw, i)
     field, rule = 'burst', 'applies only to token_bucket and gcra'
   elseif field == nil and (p.grace < 0 or p.grace > LAYOUT.MAX_GRACE) then
     field, rule = 'grace', 'must be between 0 and ' .. fmt(LAYOUT.MAX_GRACE) .. ' µs'
+  elseif field == nil and (p.reserve == nil or p.reserve < 0 or p.reserve >= p.burst) then -- the capacity: burst, which is the limit but for a bucket
+    field, rule = 'reserve', 'must be an integer from 0 to the capacity less 1'
   end
   if field ~= nil then
     raise('SLUICE_ARGS', 'policy ' .. i .. ': ' .. field .. ' ' .. rule)

@@ -82,7 +82,7 @@ local concurrencyRenew -- below: Decide and Renew call each other
 
 -- concurrencyDecide ports Concurrency.Decide.
 local function concurrencyDecide(s, p, now, cost, id)
-  local limit = p.limit
+  local limit = p.limit - p.reserve -- the ceiling: Params.ceiling
   local cut = concurrencyCut(s, now)
   local count = s.len - cut
   if cost > 0 and concurrencyLive(s, id, now) >= 0 then
@@ -120,7 +120,7 @@ concurrencyRenew = function(s, p, now, id)
   local cut = concurrencyCut(s, now)
   local count = s.len - cut
   local e = {cut = cut, remove = '', add = id, at = now + p.window, newest = mathMax(concurrencyNewest(s), now + p.window)}
-  return e, true, mathMax(p.limit - count, 0), e.newest - now, 0
+  return e, true, mathMax(p.limit - p.reserve - count, 0), e.newest - now, 0
 end
 
 -- concurrencyRelease ports Concurrency.Release.

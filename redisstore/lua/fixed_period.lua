@@ -44,7 +44,7 @@ end
 
 -- fixedPeriodDecide ports FixedPeriod.Decide.
 local function fixedPeriodDecide(ends, count, last, p, now, cost)
-  local limit = p.limit
+  local limit = p.limit - p.reserve -- the ceiling: Params.ceiling
   if count == 0 or now >= ends then
     ends, count, last = fixedPeriodEnd(p, now), 0, 0
   end

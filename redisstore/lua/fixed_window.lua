@@ -32,7 +32,7 @@ end
 
 -- fixedWindowDecide ports FixedWindow.Decide.
 local function fixedWindowDecide(start, count, last, p, now, cost)
-  local window, limit = p.window, p.limit
+  local window, limit = p.window, p.limit - p.reserve -- the ceiling: Params.ceiling
   if start == 0 or now >= start + window then
     start, count, last = fixedWindowStart(p, now), 0, 0
   end
@@ -90,7 +90,7 @@ end
 
 -- fixedWindowEndDecide ports FixedWindowEnd.Decide.
 local function fixedWindowEndDecide(ends, count, p, now, cost)
-  local limit = p.limit
+  local limit = p.limit - p.reserve -- the ceiling: Params.ceiling
   if count == 0 or now >= ends then
     ends, count = fixedWindowStart(p, now) + p.window, 0
   end

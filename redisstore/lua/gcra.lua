@@ -52,7 +52,7 @@ local function gcraDecide(tat, frac, sLimit, sWindow, last, p, now, cost, hold)
     t, f = gcraReschedule(tat, frac, sLimit, sWindow, last, p)
   end
   local limit, window = p.limit, p.window
-  local tau = p.burst * window -- Burst·T, scaled by Limit
+  local tau = (p.burst - p.reserve) * window -- Burst·T, scaled by Limit, less the Reserve kept for a more important class
   local need = verdictCost(cost) * window
   -- debt is (TAT − now) scaled by Limit, or 0 when the TAT is past.
   local debt = 0

@@ -42,7 +42,10 @@ ARGV, by the named positions below (redisstore.go names them alike):
   (CleanupGrace + ExtraTTL) and align (1: a fixed window on the clock's
   boundaries, Params.Aligned; else 0), in that order, as decimals joined
   by spaces, e.g. "5 100 1000000 20 0 0" (the same string for every decision of the
-  policy, so it is parsed and checked once).
+  policy, so it is parsed and checked once); a calendar period's four
+  bounds follow; a priority class that holds part of the capacity back
+  (Params.Reserve) ends it with " r" and that reserve, e.g. " r10" (one
+  string, and one cache entry, per policy and class).
 
 Reply: replayed (1 when the reply is the one remembered for the evaluation
 id, else 0), then LAYOUT.REPLY_PER_POLICY integers per policy, in KEYS order:

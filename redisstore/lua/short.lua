@@ -111,7 +111,7 @@ local function fixedWindowFloor(key, p, cost, now)
       ends, count = decodeChecked(key, raw, KIND_FIXED_WINDOW_END, now)
     end
   end
-  local limit = p.limit
+  local limit, ceiling = p.limit, p.limit - p.reserve -- Params.ceiling
   if count == 0 or now >= ends then -- fixedWindowEndDecide's new window
     count, ends, kept = 0, now, false
     if p.aligned then
@@ -123,14 +123,14 @@ local function fixedWindowFloor(key, p, cost, now)
   if need == 0 then
     need = 1 -- verdictCost
   end
-  if count + need > limit then
+  if count + need > ceiling then
     -- Count > Limit after a limit was lowered: remaining 0.
-    return false, limit, mathMax(limit - count, 0), ends - now, ends - now
+    return false, limit, mathMax(ceiling - count, 0), ends - now, ends - now
   end
   count = count + cost
   if count == 0 then
     redisCall('DEL', key) -- a spend of 0 on no window: absent, as applyFixed deletes it
-    return true, limit, limit, 0, 0
+    return true, limit, ceiling, 0, 0
   end
   local tail = FLOOR.counts[count]
   if tail == nil then
@@ -153,7 +153,7 @@ local function fixedWindowFloor(key, p, cost, now)
     end
     redisCall('SET', key, FLOOR.head .. tail, 'PXAT', FLOOR.pxat)
   end
-  return true, limit, limit - count, ends - now, 0
+  return true, limit, ceiling - count, ends - now, 0
 end
 
 -- shortError returns what pcall answers for e, the abort of a short

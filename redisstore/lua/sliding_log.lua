@@ -119,7 +119,7 @@ end
 -- decision's allowed, remaining, resetAfter and retryAfter (its limit is
 -- p.limit).
 local function slidingLogDecide(s, p, now, cost)
-  local limit, window = p.limit, p.window
+  local limit, window = p.limit - p.reserve, p.window -- the ceiling: Params.ceiling
   local cut = slidingLogCut(s, p, now)
   local count = s.len - cut
   local need = verdictCost(cost)

@@ -46,7 +46,7 @@ end
 -- slidingWindowDecide ports SlidingWindow.Decide.
 local function slidingWindowDecide(start, curr, prev, last, p, now, cost)
   start, curr, prev, last = slidingWindowAdvance(start, curr, prev, last, p, now)
-  local window, limit = p.window, p.limit
+  local window, limit = p.window, p.limit - p.reserve -- the ceiling: Params.ceiling
   local elapsed = now - start
   -- All quantities below are scaled by Window.
   local weighted = prev * (window - elapsed) + curr * window

@@ -51,19 +51,20 @@ local function tokenBucketDecide(tokens, last, window, p, now, cost, hold)
   if level > full - hold * p.limit then
     level = full - hold * p.limit -- a held spend's cap; hold × limit <= full (compared, not math.min: no call)
   end
-  local need = verdictCost(cost) * p.window
-  if level < need then
+  -- The tokens kept back for a more important class count as missing.
+  local need, reserved = verdictCost(cost) * p.window, p.reserve * p.window
+  if level - reserved < need then
     local remaining = 0 -- below empty after a settle's debt
-    if level > 0 then
-      remaining = quo(level, p.window)
+    if level - reserved > 0 then
+      remaining = quo(level - reserved, p.window)
     end
-    return tokens, last, window, false, remaining, ceilDiv(full - level, p.limit), ceilDiv(need - level, p.limit)
+    return tokens, last, window, false, remaining, ceilDiv(full - level, p.limit), ceilDiv(need - (level - reserved), p.limit)
   end
   if cost > 0 then
     level = level - cost * p.window
     tokens, last, window = level, now, p.window
   end
-  return tokens, last, window, true, quo(level, p.window), ceilDiv(full - level, p.limit), 0
+  return tokens, last, window, true, quo(level - reserved, p.window), ceilDiv(full - level, p.limit), 0
 end
 
 -- tokenBucketExpires ports TokenBucket.Expires.

@@ -124,7 +124,7 @@ func (s Concurrency) Renew(p Params, now int64, id string) (LeaseEdit, Decision)
 	cut := s.cut(now)
 	count := int64(len(s.Expiries)) - cut
 	e := LeaseEdit{Cut: cut, Add: id, At: now + p.Window, Newest: max(s.Newest(), now+p.Window)}
-	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.Limit-count, 0), ResetAfter: e.Newest - now}
+	d := Decision{Allowed: true, Limit: p.Limit, Remaining: max(p.ceiling()-count, 0), ResetAfter: e.Newest - now}
 	return e, d
 }
 
@@ -141,10 +141,11 @@ func (s Concurrency) Decide(p Params, now, cost int64, id string) (LeaseEdit, De
 		return s.Renew(p, now, id)
 	}
 	d := Decision{Limit: p.Limit}
-	if count+1 > p.Limit {
-		// The lease whose expiry frees a slot: the (count+1-Limit)-th soonest.
-		d.Remaining = max(p.Limit-count, 0) // count > Limit after a limit was lowered
-		d.RetryAfter = s.Expiries[cut+count-p.Limit] - now
+	ceiling := p.ceiling()
+	if count+1 > ceiling {
+		// The lease whose expiry frees a slot: the (count+1-ceiling)-th soonest.
+		d.Remaining = max(ceiling-count, 0) // count > Limit after a limit was lowered
+		d.RetryAfter = s.Expiries[cut+count-ceiling] - now
 		d.ResetAfter = s.Newest() - now
 		return LeaseEdit{Newest: s.Newest()}, d
 	}
@@ -158,7 +159,7 @@ func (s Concurrency) Decide(p Params, now, cost int64, id string) (LeaseEdit, De
 		held++
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - held
+	d.Remaining = ceiling - held
 	if e.Newest != 0 {
 		d.ResetAfter = e.Newest - now
 	}

@@ -107,8 +107,9 @@ func (s FixedPeriod) Decide(p Params, now, cost int64) (FixedPeriod, Decision) {
 		s = FixedPeriod{End: p.periodEnd(now)}
 	}
 	d := Decision{Limit: p.Limit}
-	if s.Count+verdictCost(cost) > p.Limit {
-		d.Remaining = max(p.Limit-s.Count, 0) // Count > Limit after a limit was lowered
+	ceiling := p.ceiling()
+	if s.Count+verdictCost(cost) > ceiling {
+		d.Remaining = max(ceiling-s.Count, 0) // Count > Limit after a limit was lowered
 		d.ResetAfter = s.End - now
 		d.RetryAfter = d.ResetAfter
 		return s, d
@@ -117,7 +118,7 @@ func (s FixedPeriod) Decide(p Params, now, cost int64) (FixedPeriod, Decision) {
 		s.Count, s.Last = s.Count+cost, now
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - s.Count
+	d.Remaining = ceiling - s.Count
 	if s.Count > 0 {
 		d.ResetAfter = s.End - now
 	}

@@ -70,9 +70,9 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 		s = FixedWindow{Start: p.windowStart(now)}
 	}
 	d := Decision{Limit: p.Limit}
-	need := verdictCost(cost)
-	if s.Count+need > p.Limit {
-		d.Remaining = max(p.Limit-s.Count, 0) // Count > Limit after a limit was lowered
+	need, ceiling := verdictCost(cost), p.ceiling()
+	if s.Count+need > ceiling {
+		d.Remaining = max(ceiling-s.Count, 0) // Count > Limit after a limit was lowered
 		d.ResetAfter = s.Start + p.Window - now
 		d.RetryAfter = d.ResetAfter
 		return s, d
@@ -81,7 +81,7 @@ func (s FixedWindow) Decide(p Params, now, cost int64) (FixedWindow, Decision) {
 		s = FixedWindow{Start: s.Start, Count: s.Count + cost, Last: now}
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - s.Count
+	d.Remaining = ceiling - s.Count
 	if s.Count > 0 {
 		d.ResetAfter = s.Start + p.Window - now
 	}
@@ -167,15 +167,16 @@ func (s FixedWindowEnd) Decide(p Params, now, cost int64) (FixedWindowEnd, Decis
 		s = FixedWindowEnd{End: p.windowStart(now) + p.Window}
 	}
 	d := Decision{Limit: p.Limit}
-	if s.Count+verdictCost(cost) > p.Limit {
-		d.Remaining = max(p.Limit-s.Count, 0) // Count > Limit after a limit was lowered
+	ceiling := p.ceiling()
+	if s.Count+verdictCost(cost) > ceiling {
+		d.Remaining = max(ceiling-s.Count, 0) // Count > Limit after a limit was lowered
 		d.ResetAfter = s.End - now
 		d.RetryAfter = d.ResetAfter
 		return s, d
 	}
 	s.Count += cost
 	d.Allowed = true
-	d.Remaining = p.Limit - s.Count
+	d.Remaining = ceiling - s.Count
 	if s.Count > 0 {
 		d.ResetAfter = s.End - now
 	}

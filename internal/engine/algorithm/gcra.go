@@ -128,7 +128,7 @@ func (s GCRA) Decide(p Params, now, cost, hold int64) (GCRA, Decision) {
 		r := s.reschedule(p)
 		t, f = r.TAT, r.Frac
 	}
-	tau := p.Burst * p.Window // Burst·T, scaled by Limit
+	tau := (p.Burst - int64(p.Reserve)) * p.Window // Burst·T, scaled by Limit, less the Reserve kept for a more important class
 	need := verdictCost(cost) * p.Window
 	d := Decision{Limit: p.Burst}
 	// debt is (TAT − now) scaled by Limit, or 0 when the TAT is past.

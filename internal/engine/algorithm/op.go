@@ -98,7 +98,7 @@ func Check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 		// The common case, a spend within every policy's maximum, is
 		// answered by this one loop, before the switch of every rule.
 		i := 0
-		for i < len(policies) && policies[i].Kind != KindConcurrency && cost <= policies[i].MaxCost {
+		for i < len(policies) && policies[i].Kind != KindConcurrency && cost <= policies[i].MaxCost && policies[i].Params.Reserve == 0 {
 			i++
 		}
 		if i == len(policies) {
@@ -140,6 +140,9 @@ func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 			leases++
 		}
 		if err := checkPolicy(op, p, cost); err != nil {
+			return err
+		}
+		if err := checkReserve(op, p, cost); err != nil {
 			return err
 		}
 	}
@@ -204,6 +207,36 @@ func checkPolicy(op Op, p *Policy, cost int64) error {
 		return fmt.Errorf("policy %q: %w by sliding_window: after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable)
 	case !conc && op.spends() && cost > p.MaxCost:
 		return fmt.Errorf("policy %q: cost = %d: %w %d", p.ID, cost, ErrCostTooHigh, p.MaxCost)
+	}
+	return nil
+}
+
+// Admits reports whether o asks for admission, the operations a priority
+// class (Params.Reserve) applies to: a spend, a peek (judged as a spend),
+// an acquisition, a renewal (which acquires afresh a lease no longer
+// held) and an estimate (spent as a spend). What gives back (a refund, a
+// release, a settle) or clears (a reset) is never denied, and a held
+// spend (local quota's block) serves requests of any class later.
+func (o Op) Admits() bool {
+	return o == OpSpend || o == OpPeek || o == OpAcquire || o == OpRenew || o == OpEstimate
+}
+
+// checkReserve reports whether op may name p with cost under p's Reserve
+// (its priority class's share): only an admission carries one, less than
+// the capacity, and a cost no larger than what the class may ever use.
+func checkReserve(op Op, p *Policy, cost int64) error {
+	r := int64(p.Params.Reserve)
+	if r == 0 {
+		return nil
+	}
+	most := p.Params.Capacity(p.Kind) - r
+	switch {
+	case r < 0 || most < 1:
+		return fmt.Errorf("policy %q: %w: reserve = %d: must be 0 to capacity − 1, %d", p.ID, ErrInvalidRequest, r, p.Params.Capacity(p.Kind)-1)
+	case !op.Admits():
+		return fmt.Errorf("policy %q: %w: reserve = %d: %s takes no priority class, only an admission does", p.ID, ErrInvalidRequest, r, op.named())
+	case p.Kind != KindConcurrency && cost > most:
+		return fmt.Errorf("policy %q: cost = %d: %w %d for this priority class (%d of %d reserved for more important traffic)", p.ID, cost, ErrCostTooHigh, most, r, p.Params.Capacity(p.Kind))
 	}
 	return nil
 }

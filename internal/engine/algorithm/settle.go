@@ -87,6 +87,9 @@ func checkSettle(op Op, policies []Policy, cost, hold int64, leaseID string, rem
 	}
 	for i := range policies {
 		p := &policies[i]
+		if err := checkReserve(op, p, cost); err != nil {
+			return err
+		}
 		switch {
 		case p.Kind == KindSlidingWindow:
 			return fmt.Errorf("policy %q: %w by sliding_window: %s needs to give back, and after its window rolls over a unit is only a share of an estimate", p.ID, ErrNotRefundable, op.named())

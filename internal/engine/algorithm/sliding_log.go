@@ -127,11 +127,11 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (LogEdit, Decision) {
 	cut := s.cut(p, now)
 	count := n - cut
 	d := Decision{Limit: p.Limit}
-	need := verdictCost(cost)
-	if count+need > p.Limit {
-		// The entry whose expiry frees enough room: the (count+need-Limit)-th oldest.
-		d.Remaining = max(p.Limit-count, 0) // count > Limit after a limit was lowered
-		d.RetryAfter = s.Entries[cut+count+need-p.Limit-1] + p.Window - now
+	need, ceiling := verdictCost(cost), p.ceiling()
+	if count+need > ceiling {
+		// The entry whose expiry frees enough room: the (count+need-ceiling)-th oldest.
+		d.Remaining = max(ceiling-count, 0) // count > Limit after a limit was lowered
+		d.RetryAfter = s.Entries[cut+count+need-ceiling-1] + p.Window - now
 		d.ResetAfter = s.Newest() + p.Window - now
 		return LogEdit{Newest: s.Newest()}, d
 	}
@@ -143,7 +143,7 @@ func (s SlidingLog) Decide(p Params, now, cost int64) (LogEdit, Decision) {
 		e.Add, e.At, e.Newest = cost, now, now
 	}
 	d.Allowed = true
-	d.Remaining = p.Limit - count - cost
+	d.Remaining = ceiling - count - cost
 	if e.Newest != 0 {
 		d.ResetAfter = e.Newest + p.Window - now
 	}

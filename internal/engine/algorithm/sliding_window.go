@@ -92,19 +92,20 @@ func (s SlidingWindow) Decide(p Params, now, cost int64) (SlidingWindow, Decisio
 	elapsed := now - s.Start
 	// All quantities below are scaled by Window.
 	weighted := s.Prev*(p.Window-elapsed) + s.Curr*p.Window
-	capacity := p.Limit * p.Window
+	ceiling := p.ceiling()
+	capacity := ceiling * p.Window // the class's: Limit's less its Reserve
 	d := Decision{Limit: p.Limit}
 	need := verdictCost(cost)
 	if weighted+need*p.Window > capacity {
 		d.Remaining = max(capacity-weighted, 0) / p.Window // above capacity after a limit was lowered
 		d.ResetAfter = s.resetAfter(p, elapsed)
-		if s.Curr+need <= p.Limit {
+		if s.Curr+need <= ceiling {
 			// Wait for the previous window's share to decay enough.
-			at := p.Window - (p.Limit-s.Curr-need)*p.Window/s.Prev
+			at := p.Window - (ceiling-s.Curr-need)*p.Window/s.Prev
 			d.RetryAfter = at - elapsed
 		} else {
 			// Wait for the next window, where Curr becomes Prev.
-			at := p.Window - (p.Limit-need)*p.Window/s.Curr
+			at := p.Window - (ceiling-need)*p.Window/s.Curr
 			d.RetryAfter = p.Window - elapsed + at
 		}
 		return s, d

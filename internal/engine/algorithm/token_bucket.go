@@ -88,10 +88,11 @@ func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decis
 	full := p.Burst * p.Window
 	tokens := min(s.level(p, now), full-hold*p.Limit) // hold·Limit ≤ full
 	d := Decision{Limit: p.Burst}
-	need := verdictCost(cost) * p.Window
-	if tokens < need {
-		d.Remaining = max(tokens, 0) / p.Window // below empty after a settle's debt
-		d.RetryAfter = ceilDiv(need-tokens, p.Limit)
+	// The tokens kept back for a more important class count as missing.
+	need, reserved := verdictCost(cost)*p.Window, int64(p.Reserve)*p.Window
+	if tokens-reserved < need {
+		d.Remaining = max(tokens-reserved, 0) / p.Window // below empty after a settle's debt
+		d.RetryAfter = ceilDiv(need-(tokens-reserved), p.Limit)
 		d.ResetAfter = ceilDiv(full-tokens, p.Limit)
 		return s, d
 	}
@@ -100,7 +101,7 @@ func (s TokenBucket) Decide(p Params, now, cost, hold int64) (TokenBucket, Decis
 		s = TokenBucket{Tokens: tokens, Last: now, Window: p.Window}
 	}
 	d.Allowed = true
-	d.Remaining = tokens / p.Window
+	d.Remaining = (tokens - reserved) / p.Window
 	d.ResetAfter = ceilDiv(full-tokens, p.Limit)
 	return s, d
 }

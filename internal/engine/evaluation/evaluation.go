@@ -68,10 +68,29 @@ func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
 		return err
 	}
 	policies := room[:0]
+	op := Op(ev)
 	for _, p := range ev.Policies {
-		policies = append(policies, Policy(p))
+		ap := Policy(p)
+		ap.Params.Reserve = int32(Reserve(p, ev.Priority, op)) // below MaxLimit
+		policies = append(policies, ap)
 	}
-	return algorithm.Check(Op(ev), policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
+	return algorithm.Check(op, policies, ev.Cost, hold, ev.LeaseID, ev.EvaluationID != "")
+}
+
+// Reserve returns the units of p's capacity a decision of op for a
+// request of class may not use (algorithm.Params.Reserve): what the
+// class's share of p (Policy.Priorities) leaves to more important
+// traffic, for an admission; 0 for a class p gives its whole capacity and
+// for every operation that gives back or clears.
+func Reserve(p *sluice.Policy, class string, op algorithm.Op) int64 {
+	if len(p.Priorities) == 0 || !op.Admits() {
+		return 0
+	}
+	capacity := p.Limit
+	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
+		capacity = p.Burst
+	}
+	return algorithm.Reserve(capacity, algorithm.ShareOf(p.Priorities, class))
 }
 
 // Op returns ev's operation in the engine's terms: its Op, except that a

@@ -333,6 +333,19 @@ type Route struct {
 	// Estimate is what a request of a route with SettleHeader spends up
 	// front, at most each policy's max_cost. Default: 1.
 	Estimate int64
+	// Operation names the route's budgets inside every subject: routes
+	// naming the same operation share them (a sheddable route and a
+	// critical one on one budget). Default: the match, e.g. "POST /api".
+	Operation string
+	// Priority is the priority class the route's requests are decided as
+	// (sluice.Request.Priority), one a policy of the route declares.
+	// Default: "", the class "default".
+	Priority string
+	// PriorityHeader, when set, is a request header naming the request's
+	// class, believed only from a peer in proxy.trusted_proxies (the
+	// gateway in front) and only when a policy of the route declares it;
+	// otherwise Priority applies.
+	PriorityHeader string
 }
 
 // The kinds of subject a proxy route limits by (Route.SubjectKind).
@@ -904,6 +917,10 @@ func policyErrors(p sluice.Policy) []*policyerr.Error {
 		}
 		named[pe.Field] = true
 		errs = append(errs, pe)
+		if strings.HasPrefix(pe.Field, "priorities") {
+			p.Priorities = nil
+			continue
+		}
 		switch pe.Field {
 		case "id":
 			p.ID = "x"
@@ -1061,7 +1078,40 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 	if kind, _ := r.SubjectKind(); kind == "" {
 		errs = append(errs, c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>"))
 	}
+	errs = append(errs, c.validatePriority(path, r)...)
 	return append(errs, c.validateSettle(path, r)...)
+}
+
+// validatePriority reports every rule a proxy route at path breaks with
+// its operation, priority and priority_header: an operation of printable
+// ASCII; a class one of its policies declares (or "default"); a header
+// field name, believed only from proxy.trusted_proxies, so those must be
+// set.
+func (c *Config) validatePriority(path string, r Route) []*Error {
+	var errs []*Error
+	if strings.ContainsFunc(r.Operation, func(c rune) bool { return c < ' ' || c > '~' }) || len(r.Operation) > 256 {
+		errs = append(errs, c.errorAt(path+".operation", strconv.Quote(r.Operation), "must be at most 256 characters of printable ASCII"))
+	}
+	if r.Priority != "" && r.Priority != "default" {
+		declared := false
+		for _, id := range r.Policies {
+			for _, p := range c.Policies {
+				_, ok := p.Priorities[r.Priority]
+				declared = declared || p.ID == id && ok
+			}
+		}
+		if !declared {
+			errs = append(errs, c.errorAt(path+".priority", strconv.Quote(r.Priority), "must be a class one of the route's policies declares under priorities, or default"))
+		}
+	}
+	switch {
+	case r.PriorityHeader == "":
+	case !httpguts.ValidHeaderFieldName(r.PriorityHeader):
+		errs = append(errs, c.errorAt(path+".priority_header", strconv.Quote(r.PriorityHeader), "must be a header field name such as X-Priority"))
+	case c.Proxy == nil || len(c.Proxy.TrustedProxies) == 0:
+		errs = append(errs, c.errorAt(path+".priority_header", strconv.Quote(r.PriorityHeader), "is believed only from proxy.trusted_proxies, and none are set: a client could name itself critical"))
+	}
+	return errs
 }
 
 func (c *Config) validateEnvoy() *Error {

@@ -435,7 +435,7 @@ func (d *decoder) policies(n *yaml.Node) []Policy {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
-	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone")
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone", "priorities")
 	if !ok {
 		return
 	}
@@ -469,6 +469,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	d.localQuota(path+".local_quota", m["local_quota"], &p.LocalQuota)
 	d.str(path+".period", m["period"], &p.Period)
 	d.timeZone(path+".time_zone", m["time_zone"], &p.TimeZone)
+	d.priorities(path+".priorities", m["priorities"], &p.Priorities)
 	switch align {
 	case "", "first_request":
 	case "clock":
@@ -500,6 +501,35 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 		if key := f.key; m[key] != nil && f.v == 0 && !d.bad[path+"."+key] {
 			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
+	}
+}
+
+// priorities reads a policy's priorities: a mapping of priority class
+// to the share of the policy's capacity it may use, in percent, written
+// 50% or 50 (sluice.Policy.Validate judges names and numbers).
+func (d *decoder) priorities(path string, n *yaml.Node, out *map[string]int) {
+	if n == nil {
+		return
+	}
+	var classes []string // every key is known: the names are the policy's to choose
+	if r := yamlnode.Resolve(n); r.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(r.Content); i += 2 {
+			classes = append(classes, yamlnode.Resolve(r.Content[i]).Value)
+		}
+	}
+	m, ok := d.mapping(path, n, classes...)
+	if !ok {
+		return
+	}
+	*out = make(map[string]int, len(m))
+	for class, v := range m {
+		r := yamlnode.Resolve(v)
+		share, err := strconv.Atoi(strings.TrimSuffix(r.Value, "%"))
+		if r.Kind != yaml.ScalarNode || r.Value == "" || err != nil {
+			d.fail(&Error{Path: yamlnode.Join(path, class), Value: yamlnode.Written(v), Rule: "must be the share of the policy's capacity this class may use, in whole percent, e.g. 50%", Line: r.Line})
+			continue
+		}
+		(*out)[class] = share
 	}
 }
 
@@ -581,7 +611,7 @@ func (d *decoder) proxy(n *yaml.Node) *Proxy {
 }
 
 func (d *decoder) route(path string, n *yaml.Node, r *Route) {
-	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate")
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate", "operation", "priority", "priority_header")
 	if !ok {
 		return
 	}
@@ -591,6 +621,9 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 	d.bool(path+".shadow", m["shadow"], &r.Shadow)
 	d.str(path+".settle_header", m["settle_header"], &r.SettleHeader)
 	d.int(path+".estimate", m["estimate"], &r.Estimate)
+	d.str(path+".operation", m["operation"], &r.Operation)
+	d.str(path+".priority", m["priority"], &r.Priority)
+	d.str(path+".priority_header", m["priority_header"], &r.PriorityHeader)
 	if m["match"] == nil {
 		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
 		return

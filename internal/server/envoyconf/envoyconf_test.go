@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -133,7 +134,7 @@ descriptors:
 	}
 	r, vars := c.Match("api", []Entry{{"user", "alice"}, {"request_id", "r1"}})
 	want := sluice.Policy{ID: "api.user.request_id", Algorithm: sluice.Concurrency, Limit: 10, LeaseTTL: 5 * time.Minute}
-	if r == nil || !r.InFlight || r.Policy != want || r.RequestsPerUnit != 10 || r.FailureMode != failure.Open {
+	if r == nil || !r.InFlight || !reflect.DeepEqual(r.Policy, want) || r.RequestsPerUnit != 10 || r.FailureMode != failure.Open {
 		t.Fatalf("Match = %+v, want an in-flight rule with policy %+v, failing open", r, want)
 	}
 	if fmtEntries(vars) != "[{user alice} {request_id r1}]" {
@@ -331,7 +332,7 @@ func TestRules(t *testing.T) {
 	if r := byKey["messaging.to_number"]; r == nil || !r.Policy.ClockAligned {
 		t.Errorf("to_number = %+v, want a fixed window aligned to the clock (the default)", r)
 	}
-	if gcra.Policy != want {
+	if !reflect.DeepEqual(gcra.Policy, want) {
 		t.Errorf("path_/api/* policy = %+v, want %+v", gcra.Policy, want)
 	}
 	if r := byKey["messaging.ldap"]; r == nil || !r.Unlimited || r.Decided() {

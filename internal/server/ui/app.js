@@ -63,6 +63,13 @@ function renderHeader(st) {
   $('#live-minutes').textContent = String(Math.round(st.live_seconds / 60));
 }
 
+// shares spells a policy's priority classes, e.g. " · critical 100%, sheddable 50%".
+function shares(priorities) {
+  const classes = Object.keys(priorities || {}).sort();
+  if (classes.length === 0) return '';
+  return ' · ' + classes.map((c) => c + ' ' + priorities[c] + '%').join(', ');
+}
+
 function renderPolicies(st) {
   const live = new Map((st.live || []).map((s) => [s.policy, s]));
   const tbody = $('#policies tbody');
@@ -71,7 +78,7 @@ function renderPolicies(st) {
     const num = (v, cls) => el('td', { class: 'num' + (cls ? ' ' + cls : '') }, String(v));
     return el('tr', { 'data-policy': p.id },
       el('td', {}, p.id),
-      el('td', {}, p.algorithm + (p.approximate ? ' (approximate)' : '')),
+      el('td', {}, p.algorithm + (p.approximate ? ' (approximate)' : '') + shares(p.priorities)),
       num(p.limit), el('td', {}, p.window), num(p.burst || ''), num(p.max_cost),
       el('td', {}, p.failure_mode), num(p.revision),
       num(lastSecond(s), 'rate'),
