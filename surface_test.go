@@ -25,8 +25,9 @@ import (
 // the failure modes' five names moved to package failure included. The Op constants Estimate and Settle and
 // Limiter.Meter (issue 33) add three: 132. The Op constant Book and
 // Limiter.Wait and Limiter.Reserve (issue 34: waiting on a shared budget,
-// x/time/rate's two calls) add three: 135.
-const maxSurface = 135
+// x/time/rate's two calls) and sluiceclient's Client.Reserve (the same
+// booking over the check API) add four: 136.
+const maxSurface = 136
 
 // maxRootSurface bounds the root package's share of it: the contract
 // (Policy, Request with its Op, Outcome, Limiter, Store, Clock), not the

@@ -59,6 +59,7 @@ const (
 	fEvaluationID
 	fLeaseID
 	fOp
+	fMaxWaitMS
 )
 
 func fieldOf(key string) int {
@@ -81,6 +82,8 @@ func fieldOf(key string) int {
 		return fLeaseID
 	case "op":
 		return fOp
+	case "max_wait_ms":
+		return fMaxWaitMS
 	}
 	return -1
 }
@@ -176,6 +179,11 @@ func (p *parser) value(f int, in *Request) bool {
 		var n int64
 		if n, ok = p.int(); ok {
 			in.Cost = &n
+		}
+	case fMaxWaitMS:
+		var n int64
+		if n, ok = p.int(); ok {
+			in.MaxWaitMS = &n
 		}
 	case fPolicies:
 		in.Policies, ok = p.strs()

@@ -945,6 +945,8 @@ func policyErrors(p sluice.Policy) []*policyerr.Error {
 			p.DedupeTTL = 0
 		case "dedupe_max":
 			p.DedupeMax = 0
+		case "max_wait":
+			p.MaxWait = 0
 		default:
 			return errs
 		}

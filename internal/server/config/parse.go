@@ -435,7 +435,7 @@ func (d *decoder) policies(n *yaml.Node) []Policy {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
-	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone")
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone", "max_wait")
 	if !ok {
 		return
 	}
@@ -469,6 +469,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	d.localQuota(path+".local_quota", m["local_quota"], &p.LocalQuota)
 	d.str(path+".period", m["period"], &p.Period)
 	d.timeZone(path+".time_zone", m["time_zone"], &p.TimeZone)
+	d.duration(path+".max_wait", m["max_wait"], &p.MaxWait)
 	switch align {
 	case "", "first_request":
 	case "clock":
@@ -496,7 +497,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	for _, f := range [...]struct {
 		key string
 		v   int64
-	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
+	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}, {"max_wait", int64(p.MaxWait)}} {
 		if key := f.key; m[key] != nil && f.v == 0 && !d.bad[path+"."+key] {
 			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
