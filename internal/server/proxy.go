@@ -178,6 +178,7 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode) ([]htt
 			Shadow:      r.Shadow,
 			FailureMode: routeMode(r.Policies, modes),
 		}
+		rt.MaxDelay, rt.QueueLimit = r.MaxDelay, int(r.QueueLimit)
 		if r.SettleHeader != "" {
 			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled when the response body is done
 		}

@@ -333,6 +333,13 @@ type Route struct {
 	// Estimate is what a request of a route with SettleHeader spends up
 	// front, at most each policy's max_cost. Default: 1.
 	Estimate int64
+	// MaxDelay, when set, holds a request that would be denied for up to
+	// this long for the slot it books (httplimit.Route.MaxDelay): one
+	// gcra or token_bucket policy. Default: 0, refused at once.
+	MaxDelay time.Duration
+	// QueueLimit is the most requests the route holds at once. Default:
+	// 1000.
+	QueueLimit int64
 }
 
 // The kinds of subject a proxy route limits by (Route.SubjectKind).
@@ -1063,6 +1070,7 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 	if kind, _ := r.SubjectKind(); kind == "" {
 		errs = append(errs, c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>"))
 	}
+	errs = append(errs, c.validateQueue(path, r)...)
 	return append(errs, c.validateSettle(path, r)...)
 }
 

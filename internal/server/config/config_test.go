@@ -92,6 +92,8 @@ var invalid = []struct {
 	{"proxy_settle_bucket_debt.yaml", "proxy.routes[0].policies[0]: \"tokens\": cannot settle on it: policy \"tokens\": invalid request: an estimate on token_bucket: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most 142 (line 11)"},
 	{"proxy_settle_sliding_window.yaml", "proxy.routes[0].policies[0]: \"tokens\": is a sliding_window policy: a route with settle_header spends estimates, which only fixed_window, sliding_log, token_bucket and gcra can settle (line 11)"},
 	{"proxy_estimate_without_settle_header.yaml", "proxy.routes[0].estimate: 300: applies only with settle_header: what a request spends before its upstream reports its cost (line 12)"},
+	{"proxy_max_delay_fixed_window.yaml", "proxy.routes[0].max_delay: \"500ms\": policy \"pages\" is fixed_window: only gcra and token_bucket have a future slot to book; a denial's Retry-After is its answer (line 12)"},
+	{"proxy_queue_limit_without_max_delay.yaml", "proxy.routes[0].queue_limit: 50: applies only with max_delay: how many requests are held at once (line 12)"},
 	{"proxy_estimate_above_max_cost.yaml", "proxy.routes[0].estimate: 3000: must be at most the max_cost of policy \"tokens\", 1000 (line 13)"},
 	{"proxy_bad_upstream.yaml", "proxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 7)"},
 	{"proxy_duplicate_match.yaml", "proxy.routes[1].match: matches what proxy.routes[0] matches (GET /api): the first matching route wins, so this one would never apply (line 11)"},

@@ -582,7 +582,7 @@ func (d *decoder) proxy(n *yaml.Node) *Proxy {
 }
 
 func (d *decoder) route(path string, n *yaml.Node, r *Route) {
-	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate")
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate", "max_delay", "queue_limit")
 	if !ok {
 		return
 	}
@@ -592,6 +592,8 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 	d.bool(path+".shadow", m["shadow"], &r.Shadow)
 	d.str(path+".settle_header", m["settle_header"], &r.SettleHeader)
 	d.int(path+".estimate", m["estimate"], &r.Estimate)
+	d.duration(path+".max_delay", m["max_delay"], &r.MaxDelay)
+	d.int(path+".queue_limit", m["queue_limit"], &r.QueueLimit)
 	if m["match"] == nil {
 		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
 		return
