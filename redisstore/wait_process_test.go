@@ -33,7 +33,8 @@ import (
 //   - every interval [a, b] of slots holds at most burst + ⌊rate × (b −
 //     a + 1µs)⌋ admissions (the 1µs: a slot is a whole µs, the schedule a
 //     fraction of one);
-//   - the admissions over the span of their slots are at least 95 % of
+//   - the admissions over the span of their slots, from the tenth on
+//     (once both processes' waiters have started), are at least 95 % of
 //     the rate;
 //   - store calls (Evaluate) per admission are at most 1.5.
 //
@@ -134,9 +135,14 @@ func wpChild(spec string, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Warm the connections; then the calls counted are the waiters'.
-	if o := l.Check(context.Background(), sluice.Request{Op: sluice.Peek, Policy: "upstream", Subject: p.Subject}); o.Kind != sluice.Allowed {
-		return fmt.Errorf("warm-up peek: %v: %v", o.Kind, o.Err)
+	// Each waiter's store and connection made, and warm, before the go;
+	// then the calls counted are the waiters'.
+	ctxs := make([]context.Context, wpWaiters)
+	for i := range ctxs {
+		ctxs[i] = context.WithValue(context.Background(), wpSlotKey{}, new(atomic.Int64))
+		if o := l.Check(ctxs[i], sluice.Request{Op: sluice.Peek, Policy: "upstream", Subject: p.Subject}); o.Kind != sluice.Allowed {
+			return fmt.Errorf("warm-up peek: %v: %v", o.Kind, o.Err)
+		}
 	}
 	store.calls.Store(0)
 	fmt.Fprintln(out, wpMark+"ready")
@@ -148,10 +154,9 @@ func wpChild(spec string, in io.Reader, out io.Writer) error {
 		sum wpSummary
 		wg  sync.WaitGroup
 	)
-	for range wpWaiters {
+	for _, ctx := range ctxs {
 		wg.Go(func() {
-			at := new(atomic.Int64)
-			ctx := context.WithValue(context.Background(), wpSlotKey{}, at)
+			at := ctx.Value(wpSlotKey{}).(*atomic.Int64)
 			var slots []int64
 			var failures []string
 			for len(slots) < wpRounds && len(failures) < 3 {
@@ -200,9 +205,7 @@ func TestWaitProcesses(t *testing.T) {
 	c := srv.Client()
 	defer c.Close()
 	p := wpParams{Addr: srv.Addr, Subject: subject(t), Poll: *bookPoll}
-	before := lqFcalls(t, c)
-	sums := wpStart(t, p)
-	fcalls := lqFcalls(t, c) - before
+	sums, fcalls := wpStart(t, c, p)
 	var slots []int64
 	var calls int64
 	for i, s := range sums {
@@ -224,24 +227,37 @@ func TestWaitProcesses(t *testing.T) {
 			}
 		}
 	}
+	if os.Getenv("SLUICE_WAIT_GAPS") != "" { // a diagnosis: where the slots leave gaps longer than 6ms
+		for i := 1; i < len(slots); i++ {
+			if g := slots[i] - slots[i-1]; g > 6000 {
+				t.Logf("gap %dµs after admission %d", g, i)
+			}
+		}
+	}
 	span := float64(slots[n-1]-slots[0]) / 1e6
-	rate := float64(n) / span
+	// The steady rate: from the tenth admission on, once every waiter of
+	// both processes has started (before, admissions come as fast as the
+	// waiters start, not as the limiter spaces them).
+	k := n / 10
+	rate := float64(n-1-k) / (float64(slots[n-1]-slots[k]) / 1e6)
 	perAdmission, scripts := float64(calls)/float64(n), float64(fcalls)/float64(n)
-	t.Logf("poll=%v: %d admissions over %.3fs of slots: %.1f/s (rate %d/s); %.3f store calls and %.3f script calls per admission", p.Poll, n, span, rate, wpLimit, perAdmission, scripts)
+	t.Logf("poll=%v: %d admissions over %.3fs of slots (%.1f/s); from the tenth on %.1f/s (rate %d/s); %.3f store calls and %.3f script calls per admission", p.Poll, n, span, float64(n)/span, rate, wpLimit, perAdmission, scripts)
 	if p.Poll {
 		return // the comparison's figures, logged; the bound above holds for it too
 	}
 	if rate < 0.95*wpLimit {
-		t.Errorf("%.1f admissions/s over the span of their slots, want at least 95%% of %d", rate, wpLimit)
+		t.Errorf("%.1f admissions/s over the span of their slots from the tenth on, want at least 95%% of %d", rate, wpLimit)
 	}
 	if perAdmission > 1.5 {
 		t.Errorf("%.3f store calls per admission, want at most 1.5", perAdmission)
 	}
 }
 
-// wpStart runs wpChildren children with p and returns their summaries.
-// On failure it kills, by their handles, the children it started.
-func wpStart(t *testing.T, p wpParams) []wpSummary {
+// wpStart runs wpChildren children with p and returns their summaries
+// and the script calls Redis (c) counted from their go to their end,
+// their warm-up left out. On failure it kills, by their handles, the
+// children it started.
+func wpStart(t *testing.T, c *redis.Client, p wpParams) ([]wpSummary, int64) {
 	t.Helper()
 	spec, err := json.Marshal(p)
 	if err != nil {
@@ -313,6 +329,7 @@ func wpStart(t *testing.T, p wpParams) []wpSummary {
 			failed(i, "was not ready in time")
 		}
 	}
+	before := lqFcalls(t, c)
 	for i, ch := range children {
 		if _, err := io.WriteString(ch.stdin, "go\n"); err != nil {
 			failed(i, fmt.Sprintf("took no go: %v", err))
@@ -332,5 +349,5 @@ func wpStart(t *testing.T, p wpParams) []wpSummary {
 			failed(i, fmt.Sprintf("said %q: %v", ch.last, err))
 		}
 	}
-	return sums
+	return sums, lqFcalls(t, c) - before
 }
