@@ -21,9 +21,12 @@ import (
 // booked ahead (their Delay), and denied past their most wait (0 to
 // three windows, at most algorithm.MostWait), with the clock stepping
 // back and the policy's numbers (its window too) changed under one
-// revision. Every status, its Delay included, must agree.
-func diffBook(t *testing.T, c redis.UniversalClient, seed uint64, a sluice.Algorithm, steps int) {
+// revision. Every status, its Delay included, must agree; batched sends
+// every decision through a decideAll call (batch.lua), as decisions that
+// meet busy senders go.
+func diffBook(t *testing.T, c redis.UniversalClient, seed uint64, a sluice.Algorithm, batched bool, steps int) {
 	d := newDiff(t, c)
+	d.redis.SetBatched(batched)
 	r := rand.New(rand.NewPCG(seed, 1000+uint64(a)))
 	const episode = 300
 	var ps []*sluice.Policy

@@ -195,7 +195,11 @@ func TestDifferential(t *testing.T) {
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket} {
 		t.Run("book/"+a.String(), func(t *testing.T) {
 			t.Parallel()
-			diffBook(t, c, seed, a, *diffSteps/2)
+			diffBook(t, c, seed, a, false, *diffSteps/2)
+		})
+		t.Run("book/"+a.String()+"/batched", func(t *testing.T) {
+			t.Parallel()
+			diffBook(t, c, seed, a, true, *diffSteps/4)
 		})
 	}
 	t.Run("settle/multi", func(t *testing.T) {
