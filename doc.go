@@ -13,7 +13,9 @@
 //   - Go code that decides: New over a store, then Limiter.Check. The
 //     stores are [github.com/sluicehq/sluice/memstore] (in the process)
 //     and [github.com/sluicehq/sluice/redisstore] (Redis, Cluster or
-//     Sentinel, one limit for every instance).
+//     Sentinel, one limit for every instance). Limiter.Wait waits for a
+//     slot booked on the shared budget instead of failing, as
+//     x/time/rate's Wait does in one process (gcra, token_bucket).
 //   - A net/http server: [github.com/sluicehq/sluice/httplimit]
 //     (httplimit.PerIP for one policy per client address, httplimit.New
 //     for routes); a gRPC server: [github.com/sluicehq/sluice/grpclimit];

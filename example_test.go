@@ -133,3 +133,31 @@ func ExampleLimiter_SetOverride() {
 	// raised: 92 of 100 left
 	// removed: 1 of 10 left
 }
+
+// Three workers reserve a turn on one upstream's 200 per second at the
+// same instant (x/time/rate's Reserve, on a budget every process on the
+// store shares): the first goes now, each next one slot later. Wait is
+// the same that also sleeps until the slot.
+func ExampleLimiter_Reserve() {
+	clock := sluicetest.NewClock()
+	store, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.New(store, []sluice.Policy{
+		{ID: "upstream", Algorithm: sluice.GCRA, Limit: 200, Window: time.Second, Burst: 1},
+	}, sluice.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	for range 3 {
+		// The second result, cancel, gives the slot back while it is ahead.
+		o, _ := limiter.Reserve(context.Background(), sluice.Request{Policy: "upstream", Subject: "payments-api"})
+		fmt.Println(o.Kind, o.Delay)
+	}
+	// Output:
+	// allowed 0s
+	// allowed 5ms
+	// allowed 10ms
+}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
@@ -59,11 +60,17 @@ type Request struct {
 	// (Policy.Priorities), e.g. "sheddable": the request may use only that
 	// class's share of each policy's capacity, on the same budget as every
 	// other class. It applies to what asks for admission (Spend, Peek,
-	// Acquire, Renew, Estimate) and is ignored by what gives back or clears.
+	// Acquire, Renew, Estimate, Book) and is ignored by what gives back or clears.
 	// A class no policy of the Limiter declares is Incompatible. A request
 	// of a class with less than the whole capacity bypasses the near cache
 	// and local quota. Default: "" (the class "default").
 	Priority string
+	// MaxWait is a Book's bound (Limiter.Wait, Limiter.Reserve): the
+	// longest it may wait for its slot, in place of the policy's
+	// MaxWait; past it the request is Denied and books nothing. A whole
+	// number of µs, at most 24h. Every other operation takes none.
+	// Default: 0, the policy's.
+	MaxWait time.Duration
 }
 
 // Options configure a Limiter. The zero value means the defaults.
@@ -254,7 +261,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 // prepareOne, which skips the checks of what it does not carry, every
 // other by prepare. TestFastPathEqual holds the two to the same answers.
 func (l *Limiter) validate(ev *Evaluation, req *Request) error {
-	if !l.noFast && req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && (req.Op == Spend || req.Op == Peek) {
+	if !l.noFast && req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && req.MaxWait == 0 && (req.Op == Spend || req.Op == Peek) {
 		return l.prepareOne(ev, req)
 	}
 	return l.prepare(ev, req)
@@ -307,8 +314,11 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	}
 	ev.Priority = req.Priority
 	cost := req.Cost
-	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire || req.Op == Estimate) {
+	if cost == 0 && (req.Op == Spend || req.Op == Refund || req.Op == Acquire || req.Op == Estimate || req.Op == Book) {
 		cost = 1
+	}
+	if err := bookBound(ev, req); err != nil {
+		return err
 	}
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous

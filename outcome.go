@@ -117,6 +117,11 @@ type Status struct {
 	RetryAfter time.Duration
 	// Approximate reports that the verdict is an estimate (sliding_window).
 	Approximate bool
+	// Delay is how long an Allowed Book waits for the slot it booked; 0
+	// when it was admitted now, and for every other operation. Example:
+	// 15ms for the third of three waiters booked at once on gcra 200/s,
+	// burst 1.
+	Delay time.Duration
 	// Charged, GivenBack and Owed say what a Settle did, in units (0 for
 	// every other operation): the part of the actual cost beyond the
 	// estimate that was charged (past the limit if need be), the part of

@@ -121,6 +121,14 @@ type Policy struct {
 	// no EvaluationID. A Reset clears it in this process only: other
 	// processes deny until that time at most. Default: false.
 	NearCache bool
+	// MaxWait is the longest a Book (Limiter.Wait, Limiter.Reserve) of
+	// this policy waits for its slot unless the request sets its own
+	// (Request.MaxWait): one whose slot lies further ahead is Denied and
+	// books nothing. token_bucket and gcra only (the others have no future
+	// slot to book); a whole number of µs, at most 24h and at most what
+	// keeps the units booked ahead exact below 2^53. Default: the Window,
+	// at most one minute (the units booked ahead are then at most Limit).
+	MaxWait time.Duration
 	// LocalQuota lets a Limiter admit a subject it sees often from blocks
 	// of budget taken from the store, without a store call per request,
 	// and never more than the algorithm allows: see LocalQuota. For
@@ -181,7 +189,7 @@ type LocalQuota struct {
 func (p *Policy) fields() policydefaults.Fields {
 	return policydefaults.Fields{Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, LeaseTTL: p.LeaseTTL, Aligned: p.ClockAligned,
 		Revision: p.Revision, Burst: p.Burst, MaxCost: p.MaxCost, DedupeTTL: p.DedupeTTL, DedupeMax: p.DedupeMax,
-		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
+		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock, MaxWait: p.MaxWait}
 }
 
 // withDefaults returns p with every defaulted zero field filled in, by
@@ -190,7 +198,7 @@ func (p Policy) withDefaults() Policy {
 	f := p.fields()
 	policydefaults.Apply(&f)
 	p.Revision, p.Burst, p.MaxCost, p.DedupeTTL, p.DedupeMax = f.Revision, f.Burst, f.MaxCost, f.DedupeTTL, f.DedupeMax
-	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
+	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock, p.MaxWait = f.BlockTime, f.MaxBlock, f.MaxWait
 	return p
 }
 

@@ -69,6 +69,17 @@ const (
 	// A sliding_window or concurrency policy makes either Incompatible:
 	// the first cannot give back exactly, the second counts leases.
 	Settle = Op(algorithm.OpSettle) // settle
+	// Book spends Cost units of one gcra or token_bucket policy now when
+	// they fit, and otherwise books the earliest time they will, in the
+	// same atomic decision: Allowed with Status.Delay, the wait until that
+	// slot, when it is at most MaxWait (Request.MaxWait, else the
+	// policy's); beyond, Denied as a Spend is, booking nothing. Waiters
+	// in any number of processes are so spaced at the rate without
+	// polling. Limiter.Wait sleeps until the slot; Limiter.Reserve returns
+	// it with a way to give it back. No EvaluationID; other algorithms are
+	// Incompatible (a window or a log has no future slot to book: see
+	// docs/wait.md).
+	Book = Op(algorithm.OpBook) // book
 )
 
 // String returns the check API's spelling, e.g. "refund".
@@ -133,7 +144,7 @@ type Evaluation struct {
 	// made under the older subject meanwhile.
 	Previous []string
 	// Priority is the request's priority class (Request.Priority): for an
-	// admission (Spend, Peek, Acquire, Renew, Estimate; not a held spend)
+	// admission (Spend, Peek, Acquire, Renew, Estimate, Book; not a held spend)
 	// each policy is decided as if its capacity (Limit, Burst for
 	// token_bucket and gcra) were the class's ceiling, ⌊capacity × share /
 	// 100⌋ and at least 1 (Policy.Priorities), on the same state: a window
@@ -161,6 +172,11 @@ type Evaluation struct {
 	// algorithms at most the time the rate takes to refill Burst
 	// (Burst × Window / Limit); 0 for every other decision. Example: 100ms.
 	Hold time.Duration
+	// MaxWait is a Book's bound: the longest it may wait for its slot, a
+	// whole number of µs, at most 24h (and what keeps the units booked
+	// ahead exact: algorithm.MostWait); 0 for every other operation (and
+	// a Book that may only be admitted now). Example: 500ms.
+	MaxWait time.Duration
 	// Replayed is set by the store when Statuses are a remembered decision.
 	Replayed bool
 	// Statuses receives one Status per policy, in order. The store

@@ -23,8 +23,11 @@ import (
 // builders shared by both (see docs/MIGRATING.md): 139. The root's cut to
 // the contract (docs/MIGRATING.md, "The root cut to the contract"): 129,
 // the failure modes' five names moved to package failure included. The Op constants Estimate and Settle and
-// Limiter.Meter (issue 33) add three: 132.
-const maxSurface = 132
+// Limiter.Meter (issue 33) add three: 132. The Op constant Book and
+// Limiter.Wait and Limiter.Reserve (issue 34: waiting on a shared budget,
+// x/time/rate's two calls) and sluiceclient's Client.Reserve (the same
+// booking over the check API) add four: 136.
+const maxSurface = 136
 
 // maxRootSurface bounds the root package's share of it: the contract
 // (Policy, Request with its Op, Outcome, Limiter, Store, Clock), not the
@@ -34,8 +37,11 @@ const maxSurface = 132
 // (httplimit.Route, grpclimit.Method) rather than of a policy, moved to
 // package failure with its modes (docs/MIGRATING.md): 55; the Op
 // constants Estimate and Settle and Limiter.Meter (issue 33) add three:
-// 58, under the round's 60.
-const maxRootSurface = 58
+// 58, under the round's 60; the Op constant Book and Limiter.Wait and
+// Limiter.Reserve (issue 34) add three: 61, one past the round's 60: the
+// contract's own operation and the two calls an x/time/rate user looks
+// for, their machinery kept in internal/clock (Sleep).
+const maxRootSurface = 61
 
 // TestPublicSurface keeps the public surface within maxSurface, so every
 // exported name must earn its place. Run with -v for the count per

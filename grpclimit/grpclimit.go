@@ -112,6 +112,18 @@ type Method struct {
 	// declare is answered as the Limiter answers an Incompatible call.
 	// Default: nil.
 	PriorityFunc func(ctx context.Context, fullMethod string) string
+	// MaxDelay, when set, holds a call that would be denied for up to
+	// this long instead: it books the next slot of the method's one
+	// policy (gcra or token_bucket: sluice.Book) and goes on at that
+	// slot, with no store call while it waits; it is refused only when
+	// its slot lies further ahead, or when QueueLimit calls are already
+	// held (then it is decided as a plain spend). A call canceled while
+	// held gives its slot back (codes.Canceled). A whole number of ms,
+	// 1ms to 24h; not with SettleTrailer. Default: 0, refused at once.
+	MaxDelay time.Duration
+	// QueueLimit is the most calls the method holds at once for their
+	// slots (MaxDelay). Default: 1000.
+	QueueLimit int
 }
 
 // Options configure the interceptors. The zero value means the defaults.
@@ -272,6 +284,14 @@ func (in *Interceptors) compile(at string, m Method, subj subject.KeyFunc) (*rul
 		return r, err
 	}
 	r.priority, r.classOf = m.Priority, m.PriorityFunc
+	if m.MaxDelay != 0 || m.QueueLimit != 0 {
+		if m.SettleTrailer != "" {
+			return r, optionError(at+".MaxDelay", m.MaxDelay.String(), "a held call books a plain slot: not with SettleTrailer")
+		}
+		if err := in.core.Queue(at, r.Rule, m.MaxDelay, m.QueueLimit); err != nil {
+			return r, err
+		}
+	}
 	if m.SettleTrailer == "" {
 		return r, nil
 	}

@@ -408,3 +408,38 @@ func TestUnaryLocalQuota(t *testing.T) {
 		t.Errorf("local quota did %+v after %d calls of one peer: want calls admitted from blocks", st, n)
 	}
 }
+
+// TestMaxDelayHoldsACall: a method with MaxDelay holds a call that would
+// be denied for its booked slot, then lets it go on; one whose slot lies
+// past MaxDelay is refused at once. gcra 10/s, burst 1 (a slot every
+// 100ms) on a store whose clock stands still, MaxDelay 150ms: the first
+// call goes on at once, the second is held for the slot 100ms ahead, the
+// third's (200ms ahead) is past the bound.
+func TestMaxDelayHoldsACall(t *testing.T) {
+	ints := newInterceptors(t, sluicetest.NewClock(), grpclimit.Options{Methods: []grpclimit.Method{
+		{Name: echoUnary, Policies: []string{"paced"}, MaxDelay: 150 * time.Millisecond},
+	}}, sluice.Policy{ID: "paced", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, Burst: 1})
+	s := serveInterceptors(t, ints)
+	for i := range 2 {
+		if _, err := s.call(t, echoUnary); err != nil {
+			t.Fatalf("call %d: %v, want OK (the second held for its slot)", i+1, err)
+		}
+	}
+	_, err := s.call(t, echoUnary)
+	wantCode(t, "third call, its slot past MaxDelay", err, codes.ResourceExhausted)
+	store, serr := memstore.New(memstore.Options{})
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	t.Cleanup(func() { store.Close() })
+	lim, lerr := sluice.New(store, []sluice.Policy{{ID: "paced", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, Burst: 1}}, sluice.Options{})
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	_, err = grpclimit.New(lim, grpclimit.Options{Methods: []grpclimit.Method{
+		{Name: echoUnary, Policies: []string{"paced"}, MaxDelay: time.Second, SettleTrailer: "x-cost"},
+	}})
+	if err == nil || !strings.Contains(err.Error(), "not with SettleTrailer") {
+		t.Errorf("New with MaxDelay and SettleTrailer = %v, want the rule", err)
+	}
+}

@@ -142,6 +142,8 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 		return a, s, nil
 	case edge.Limit:
 		return edge.Action{}, s, denial(kind, a.Decided())
+	case edge.Abandoned:
+		return edge.Action{}, s, status.Error(codes.Canceled, "grpclimit: the call ended while held for its slot; the slot was given back")
 	}
 	in.core.Log(ctx, slog.LevelWarn, "sluice: no rate limit decision", slog.String("operation", r.operation), slog.String("policies", strings.Join(r.Policies, ",")),
 		slog.String("subject", s.ID), slog.String("outcome", a.Outcome.Kind.String()), slog.String("cause", a.Outcome.Cause.String()), slog.Any("error", a.Outcome.Err),

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice"
 )
@@ -53,7 +54,10 @@ type Decision struct {
 	//     request goes on;
 	//   - "no_subject": the route's subject.KeyFunc identified no one: 403,
 	//     or the request goes on with Options.PassAnonymous. The limiter
-	//     was not asked.
+	//     was not asked;
+	//   - "abandoned": the request was held for its slot (Route.MaxDelay)
+	//     and its client went away first: the slot was given back and
+	//     nothing answered (Status 499).
 	Action string
 	// Shadow reports that the route is in shadow mode and Action was not
 	// enforced: a limited, failed_closed or no_subject request went on.
@@ -70,6 +74,15 @@ type Decision struct {
 	// fallback was asked; LocalOutcome is its answer.
 	Local        bool
 	LocalOutcome sluice.Outcome
+	// Waited is how long the request was held for its booked slot
+	// (Route.MaxDelay) before it went on, e.g. 120ms; 0 when it was not.
+	Waited time.Duration
+	// Queue is what the route's queue did with the request: "waited"
+	// (held, then on), "past_max_delay" (its slot lay past MaxDelay:
+	// 429), "queue_full" (QueueLimit requests were held: decided as a
+	// plain spend, 429 here) or "abandoned"; "" when it fit now or the
+	// route has no queue.
+	Queue string
 
 	previous []string // the subject under older keys during a key rotation
 }

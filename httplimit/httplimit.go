@@ -130,6 +130,21 @@ type Route struct {
 	// Priority; a class the route's policies do not declare is answered as
 	// the Limiter answers an Incompatible request (500). Default: nil.
 	PriorityFunc func(*http.Request) string
+	// MaxDelay, when set, holds a request that would be denied for up to
+	// this long instead: it books the next slot of the route's one policy
+	// (gcra or token_bucket: sluice.Book) in the same store decision and
+	// goes on at that slot, with no store call while it waits; it is
+	// refused (429) only when its slot lies further ahead, or when
+	// QueueLimit requests are already held (then it is decided as a
+	// plain spend). A client that goes away while held gives its slot
+	// back and is answered nothing. A whole number of ms, 1ms to 24h;
+	// not with Shadow or SettleHeader, and an idempotency key is not
+	// sent (a booking takes no evaluation id). Default: 0, refused at
+	// once, NGINX's limit_req without delay.
+	MaxDelay time.Duration
+	// QueueLimit is the most requests the route holds at once for their
+	// slots (MaxDelay). Default: 1000.
+	QueueLimit int
 }
 
 // Options configure the middleware. The zero value means the defaults.
@@ -364,6 +379,14 @@ func (m *Middleware) compile(at string, rt Route, subj subject.KeyFunc) (*route,
 		return nil, err
 	}
 	c.priority, c.classOf = rt.Priority, rt.PriorityFunc
+	if rt.MaxDelay != 0 || rt.QueueLimit != 0 {
+		if rt.Shadow || rt.SettleHeader != "" {
+			return nil, optionError(at+".MaxDelay", rt.MaxDelay, "a held request books a plain slot: not with Shadow or SettleHeader")
+		}
+		if err := m.core.Queue(at, r, rt.MaxDelay, rt.QueueLimit); err != nil {
+			return nil, err
+		}
+	}
 	c.Rule = r
 	return c, nil
 }
@@ -468,6 +491,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	d.Priority = rt.class(r)
 	a := m.core.Decide(r.Context(), rt.Rule, d.subject())
 	d.Action, d.Outcome, d.Local, d.LocalOutcome = string(a.Kind), a.Outcome, a.Local, a.LocalOutcome
+	d.Waited, d.Queue = a.Delay, a.Queue
 	h := w.Header()
 	h.Set("RateLimit-Policy", rt.Field)
 	if a.Limit != "" {
@@ -522,6 +546,8 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 			return
 		}
 		next.ServeHTTP(w, r)
+	case a != nil && a.Kind == edge.Abandoned:
+		// Its client went away while it was held: nothing to answer.
 	case m.deny != nil:
 		m.deny.ServeHTTP(w, r)
 	case a == nil:

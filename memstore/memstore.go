@@ -291,7 +291,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && !s.general && (len(ev.Policies[0].Priorities) == 0 || evaluation.Reserve(ev.Policies[0], ev.Priority, algorithm.OpSpend) == 0) {
+	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && ev.MaxWait == 0 && !s.general && (len(ev.Policies[0].Priorities) == 0 || evaluation.Reserve(ev.Policies[0], ev.Priority, algorithm.OpSpend) == 0) {
 		if p := ev.Policies[0]; p.Algorithm != sluice.Concurrency &&
 			(ev.Op == sluice.Spend && ev.Cost >= 1 && ev.Cost <= p.MaxCost || ev.Op == sluice.Peek && ev.Cost == 0) {
 			if s.onFast != nil {
@@ -306,7 +306,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			return err
 		}
 	}
-	hold, err := evaluation.Hold(ev.Hold)
+	hold, err := evaluation.Span(ev)
 	if err != nil {
 		return fmt.Errorf("memstore: %w", err)
 	}

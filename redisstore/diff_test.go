@@ -144,7 +144,8 @@ func randomStep(r *rand.Rand, w int64) int64 {
 // estimates and settles (diffSettle). Each
 // algorithm's sequence runs twice, alike: with the store's short form of
 // the common decision (one policy, a spend or a peek) and with every
-// decision in the general form, so both paths of the script are driven.
+// decision in the general form, so both paths of the script are driven;
+// and bookings (diffBook).
 // Its Redis-clock mode (diffRedisClock) holds the store on Redis time,
 // fixed windows in both forms and several policies at once, to the engine
 // fed the time the script answers.
@@ -227,6 +228,16 @@ func TestDifferential(t *testing.T) {
 		t.Run("settle/"+a.String(), func(t *testing.T) {
 			t.Parallel()
 			diffSettle(t, c, seed, []sluice.Algorithm{a}, false, *diffSteps/4)
+		})
+	}
+	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket} {
+		t.Run("book/"+a.String(), func(t *testing.T) {
+			t.Parallel()
+			diffBook(t, c, seed, a, false, *diffSteps/2)
+		})
+		t.Run("book/"+a.String()+"/batched", func(t *testing.T) {
+			t.Parallel()
+			diffBook(t, c, seed, a, true, *diffSteps/4)
 		})
 	}
 	t.Run("settle/multi", func(t *testing.T) {

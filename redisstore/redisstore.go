@@ -186,7 +186,7 @@ var fastHeld = [2]any{"h", "H"}
 
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
-var opArgs = func() (a [sluice.Settle + 1]any) {
+var opArgs = func() (a [sluice.Book + 1]any) {
 	for o := range a {
 		a[o] = sluice.Op(o).String()
 	}
@@ -698,9 +698,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err != nil {
 		return err
 	}
-	extra := 0 // a settle's charged, given back and owed of each policy follow the decisions
-	if ev.Op == sluice.Settle {
+	extra := 0 // a settle's charged, given back and owed of each policy follow the decisions, a book's delay its one
+	switch ev.Op {
+	case sluice.Settle:
 		extra = 3 * n
+	case sluice.Book:
+		extra = 1
 	}
 	switch {
 	case len(vals) == 2+replyPerPolicy*n+extra && s.clock == nil:
@@ -716,9 +719,14 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	for i, p := range ev.Policies {
 		v := vals[1+replyPerPolicy*i:]
 		d := algorithm.Decision{Allowed: v[0] == 1, Limit: v[1], Remaining: v[2], ResetAfter: v[3], RetryAfter: v[4]}
+		if ev.Op == sluice.Book {
+			d.Delay = vals[1+replyPerPolicy*n]
+		}
 		evaluation.SetStatus(&ev.Statuses[i], p, &d)
 	}
-	evaluation.SetSettled(ev.Statuses, vals[1+replyPerPolicy*n:1+replyPerPolicy*n+extra])
+	if ev.Op == sluice.Settle {
+		evaluation.SetSettled(ev.Statuses, vals[1+replyPerPolicy*n:1+replyPerPolicy*n+extra])
+	}
 	return nil
 }
 
@@ -817,7 +825,11 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	}
 	argv[argvOp] = opArgs[ev.Op]
 	argv[argvLease] = ev.LeaseID
-	argv[argvHold] = holdArg(ev.Hold)
+	if ev.Op == sluice.Book {
+		argv[argvHold] = holdArg(ev.MaxWait) // a book's most wait rides in the hold's slot: it is never held
+	} else {
+		argv[argvHold] = holdArg(ev.Hold)
+	}
 	argv[argvCost] = intArg(ev.Cost)
 	argv[argvMaxRegression] = s.maxReg
 	argv[argvID] = ""

@@ -25,7 +25,8 @@
 // few times: the server answers a repeat with the first decision instead
 // of spending twice. Check generates an evaluation ID for each of them
 // that has none. A reset, release or renewal is idempotent and simply sent
-// again; a peek, which spends nothing, is sent once.
+// again; a peek, which spends nothing, is sent once, and so is a book
+// (Reserve), which has no evaluation id to replay it by.
 package sluiceclient
 
 import (
@@ -43,6 +44,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -174,6 +176,8 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	switch req.Op {
 	case sluice.Peek:
 		retries = 0 // it spends nothing: the caller may simply ask again
+	case sluice.Book:
+		retries = 0 // no evaluation id to replay it by: a lost answer may have booked
 	case sluice.Spend, sluice.Acquire, sluice.Refund:
 		if body.EvaluationID == "" {
 			body.EvaluationID = newEvaluationID()
@@ -184,6 +188,38 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 		return incompatible(sluice.ErrInvalidRequest, err.Error())
 	}
 	return c.send(ctx, c.base+path, data, &req, retries)
+}
+
+// Reserve books req's cost on the server (op book; req.Op is Spend or
+// Book), as sluice.Limiter.Reserve does, and returns at once: the
+// outcome, Allowed with Status.Delay the wait until the booked slot
+// (the answer's delay_ms: rounded up to the millisecond, never early),
+// or Denied when the slot lies past MaxWait (nothing booked), or any
+// failure Check answers (a lost answer is not retried: a book carries
+// no evaluation id to replay it by, so it is Indeterminate); and cancel,
+// which gives the booking back (a refund: the token needs the refund
+// scope) while its slot is still ahead, and does nothing after it, for
+// an outcome that booked nothing, or when called again. As the
+// Limiter's, it is exact while the booking is the latest of its policy
+// and subject, approximate when others were booked after it.
+func (c *Client) Reserve(ctx context.Context, req sluice.Request) (sluice.Outcome, func()) {
+	if req.Op != sluice.Spend && req.Op != sluice.Book {
+		return incompatible(sluice.ErrInvalidRequest, fmt.Sprintf("op %v: a reservation books a spend: leave Op unset or Book", req.Op)), func() {}
+	}
+	req.Op = sluice.Book
+	o := c.Check(ctx, req)
+	if o.Kind != sluice.Allowed || o.Delay <= 0 {
+		return o, func() {}
+	}
+	slot := time.Now().Add(o.Delay)
+	var once sync.Once
+	return o, func() {
+		once.Do(func() {
+			if time.Now().Before(slot) {
+				c.Check(context.WithoutCancel(ctx), sluice.Request{Op: sluice.Refund, Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Cost: req.Cost})
+			}
+		})
+	}
 }
 
 // send posts data to url, retrying up to retries times with exponential

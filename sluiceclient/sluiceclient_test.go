@@ -28,6 +28,7 @@ var policies = []sluice.Policy{
 	{ID: "demo", Algorithm: sluice.FixedWindow, Limit: 3, Window: time.Hour},
 	{ID: "daily", Algorithm: sluice.SlidingLog, Limit: 10, Window: 24 * time.Hour},
 	{ID: "reports", Algorithm: sluice.Concurrency, Limit: 2, LeaseTTL: time.Hour},
+	{ID: "hourly", Algorithm: sluice.GCRA, Limit: 1, Window: time.Hour, MaxWait: 2 * time.Hour},
 }
 
 // checkServer is the check API of sluice serve on a loopback socket. The
@@ -355,5 +356,43 @@ func TestUnavailableKeepsItsCause(t *testing.T) {
 	o := c.Check(context.Background(), sluice.Request{Policy: "demo", Subject: "ivy"})
 	if o.Kind != sluice.Unavailable || o.Cause != sluice.CircuitOpen {
 		t.Fatalf("Check against an open circuit = %+v, want Unavailable, cause circuit_open", o)
+	}
+}
+
+// TestReserve: Reserve books on the server: admitted now, then the slot
+// an hour ahead (delay_ms, rounded up); cancel gives it back while it is
+// ahead (the next booking gets the same slot), once; past MaxWait it is
+// Denied, booking nothing; a lost answer is not resent (a book has no
+// evaluation id to replay it by): Indeterminate after one request.
+func TestReserve(t *testing.T) {
+	cs, _ := startServer(t, nil, server.Options{}, false)
+	c := newClient(t, cs.url, sluiceclient.Options{Retries: 3})
+	ctx := t.Context()
+	req := sluice.Request{Policy: "hourly", Subject: "w"}
+	if o, _ := c.Reserve(ctx, req); o.Kind != sluice.Allowed || o.Delay != 0 {
+		t.Fatalf("first Reserve = %+v, want admitted now", o)
+	}
+	ahead := func(o sluice.Outcome) bool {
+		return o.Kind == sluice.Allowed && o.Delay > 59*time.Minute && o.Delay <= time.Hour
+	}
+	o, cancel := c.Reserve(ctx, req)
+	if !ahead(o) {
+		t.Fatalf("second Reserve = %+v, want the slot an hour ahead", o)
+	}
+	cancel()
+	cancel()
+	if o, _ := c.Reserve(ctx, req); !ahead(o) {
+		t.Fatalf("Reserve after cancel = %+v, want the slot given back, an hour ahead", o)
+	}
+	if o, _ := c.Reserve(ctx, sluice.Request{Policy: "hourly", Subject: "w", MaxWait: time.Minute}); o.Kind != sluice.Denied || o.RetryAfter < time.Hour {
+		t.Fatalf("Reserve with max wait 1m = %+v, want denied, retry after two hours", o)
+	}
+	if o, _ := c.Reserve(ctx, sluice.Request{Op: sluice.Refund, Policy: "hourly", Subject: "w"}); o.Kind != sluice.Incompatible {
+		t.Fatalf("Reserve of a refund = %+v, want Incompatible", o)
+	}
+	cs.lose.Store(1)
+	before := cs.requests.Load()
+	if o, _ := c.Reserve(ctx, sluice.Request{Policy: "hourly", Subject: "lost"}); o.Kind != sluice.Indeterminate || cs.requests.Load() != before+1 {
+		t.Fatalf("Reserve with its answer lost = %+v after %d requests, want Indeterminate after 1", o, cs.requests.Load()-before)
 	}
 }

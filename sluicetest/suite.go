@@ -43,6 +43,7 @@ func TestStore(t *testing.T, newStore func(t *testing.T, clock sluice.Clock) slu
 	t.Run("DoneContextSpendsNothing", func(t *testing.T) { testDoneContext(t, newStore) })
 	t.Run("KeyRotationCarriesState", func(t *testing.T) { testKeyRotation(t, newStore) })
 	t.Run("HeldSpendPassesThrough", func(t *testing.T) { testHeld(t, newStore) })
+	t.Run("BookSlots", func(t *testing.T) { testBook(t, newStore) })
 	testSemantics(t, newStore)
 	testConcurrency(t, newStore)
 	testOverrides(t, newStore)

@@ -60,7 +60,9 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 	fs.BoolVar(&f.body.Refund, "refund", false, "give --cost units back instead of spending them")
 	fs.BoolVar(&f.body.Reset, "reset", false, "clear the subject's state of the policies (unlock it); takes no --cost")
 	fs.StringVar(&f.body.EvaluationID, "evaluation-id", "", "identifies the request across retries")
-	fs.StringVar(&f.body.Op, "op", "", "`estimate`: spend --cost as an estimate remembered under --evaluation-id; settle: replace it with the actual --cost (the check API's \"op\")")
+	fs.StringVar(&f.body.Op, "op", "", "`estimate`: spend --cost as an estimate remembered under --evaluation-id; settle: replace it with the actual --cost; book: spend now or book the next slot, answered with its delay_ms (the check API's \"op\")")
+	var maxWait time.Duration
+	fs.DurationVar(&maxWait, "max-wait", 0, "with --op book: the longest to wait for the slot, whole milliseconds (default: the policy's max_wait)")
 	fs.StringVar(&f.body.Priority, "priority", "", "the request's priority `class`, one the policies declare (the check API's \"priority\")")
 	fs.StringVar(&f.release, "release", "", "give back the lease `ID` a check of a concurrency policy answered (POST /v1/release)")
 	fs.StringVar(&f.renew, "renew", "", "extend the lease `ID` a check of a concurrency policy answered by its lease_ttl (POST /v1/renew)")
@@ -86,6 +88,13 @@ func (a *app) checkFlags(args []string) (*checkFlags, error) {
 			f.body.Cost = &cost
 		}
 	})
+	if maxWait != 0 {
+		ms := maxWait.Milliseconds()
+		if maxWait%time.Millisecond != 0 || ms < 1 {
+			return nil, &exitError{code: 2, err: &usageError{msg: fmt.Sprintf("check: --max-wait %v: must be a whole number of milliseconds, 1ms or more", maxWait), usage: "Usage: " + checkSynopsis + "\n"}}
+		}
+		f.body.MaxWaitMS = &ms
+	}
 	switch {
 	case f.release != "":
 		f.path, f.body.LeaseID = checkapi.ReleasePath, f.release

@@ -72,3 +72,33 @@ func TestCheckEstimateSettle(t *testing.T) {
 		t.Errorf("check --op borrow = %d %q, want 2 naming the op", code, errOut)
 	}
 }
+
+// TestCheckBook: --op book on a gcra policy of one an hour is admitted at
+// once, then booked the slot an hour ahead (delay_ms), and with
+// --max-wait 1m refused (exit 1); a --max-wait of a fraction of a
+// millisecond is a usage error.
+func TestCheckBook(t *testing.T) {
+	s := startServe(t, "--config", writeConfig(t, demoConfig+`  - id: hourly
+    algorithm: gcra
+    limit: 1
+    window: 1h
+`))
+	check := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		base := []string{"check", "--url", s.url, "--policy", "hourly", "--subject", "w", "--op", "book"}
+		code := exitCode(run(context.Background(), append(base, args...), &out, &errOut), &errOut)
+		return code, out.String(), errOut.String()
+	}
+	if code, out, errOut := check(); code != 0 || strings.Contains(out, "delay_ms") {
+		t.Fatalf("first book = %d %q %q, want 0, admitted now", code, out, errOut)
+	}
+	if code, out, errOut := check("--max-wait", "2h"); code != 0 || !strings.Contains(out, `"delay_ms":`) {
+		t.Fatalf("second book = %d %q %q, want 0 with a delay_ms", code, out, errOut)
+	}
+	if code, out, errOut := check("--max-wait", "1m"); code != 1 {
+		t.Fatalf("book with --max-wait 1m = %d %q %q, want 1 (denied)", code, out, errOut)
+	}
+	if code, _, errOut := check("--max-wait", "1500us"); code != 2 || !strings.Contains(errOut, "whole number of milliseconds") {
+		t.Errorf("--max-wait 1500us = %d %q, want a usage error", code, errOut)
+	}
+}

@@ -68,6 +68,9 @@ func appendVerdict(b []byte, st *sluice.Status) []byte {
 	b = strconv.AppendInt(b, ceilMS(st.RetryAfter), 10)
 	b = append(b, `,"approximate":`...)
 	b = strconv.AppendBool(b, st.Approximate)
+	if st.Delay > 0 {
+		b = strconv.AppendInt(append(b, `,"delay_ms":`...), ceilMS(st.Delay), 10) // a book's, omitted when 0 as encoding/json omits it
+	}
 	if st.Charged != 0 || st.GivenBack != 0 || st.Owed != 0 {
 		// A settle's; written as encoding/json writes omitempty fields.
 		for _, f := range [...]struct {

@@ -11,8 +11,10 @@
 // nothing; "refund": true gives cost units back; "reset": true clears the
 // subject's state; an explicit "cost": 0 is a peek; "op": "estimate"
 // spends cost as an estimate under the evaluation_id, "op": "settle"
-// replaces it with the actual cost, 0 included; a release or renewal
-// names its "lease_id"), and answer an Answer:
+// replaces it with the actual cost, 0 included; "op": "book" books the
+// next slot for cost, waiting up to "max_wait_ms", answered with its
+// "delay_ms"; a release or renewal names its "lease_id"), and answer an
+// Answer:
 //
 //	{"outcome":"denied","allowed":false,"limit":3,"remaining":0,
 //	 "reset_after_ms":7500,"retry_after_ms":7500,"approximate":false,
@@ -68,12 +70,15 @@ type Request struct {
 	Reset        bool     `json:"reset,omitempty"`
 	EvaluationID string   `json:"evaluation_id,omitempty"`
 	LeaseID      string   `json:"lease_id,omitempty"` // /v1/release and /v1/renew only
-	// Op is "estimate" or "settle" (sluice.Estimate, sluice.Settle), or
-	// "" for what the fields above ask.
+	// Op is "estimate", "settle" or "book" (sluice.Estimate,
+	// sluice.Settle, sluice.Book), or "" for what the fields above ask.
 	Op string `json:"op,omitempty"`
 	// Priority is the request's priority class (sluice.Request.Priority),
 	// e.g. "sheddable"; "" is the default class. /v1/release takes none.
 	Priority string `json:"priority,omitempty"`
+	// MaxWaitMS is a book's bound (sluice.Request.MaxWait), 1 or more
+	// whole milliseconds; absent: the policy's max_wait.
+	MaxWaitMS *int64 `json:"max_wait_ms,omitempty"`
 }
 
 // RequestError is a request the check API refuses as malformed, before
@@ -120,8 +125,12 @@ func Encode(req sluice.Request) (Request, string, error) {
 		return Request{}, "", malformed("lease id is required: a %v names the lease an acquire was answered", req.Op)
 	case req.Op != sluice.Release && req.Op != sluice.Renew && req.LeaseID != "":
 		return Request{}, "", malformed("lease id %q: only a release or a renewal names one: the server names the lease an acquire takes", req.LeaseID)
-	case req.Op > sluice.Renew && req.Op != sluice.Estimate && req.Op != sluice.Settle:
+	case req.Op > sluice.Renew && req.Op != sluice.Estimate && req.Op != sluice.Settle && req.Op != sluice.Book:
 		return Request{}, "", malformed("op = %v: not an operation of the check API", req.Op)
+	case req.MaxWait != 0 && (req.MaxWait < 0 || req.MaxWait%time.Millisecond != 0):
+		return Request{}, "", malformed("max wait = %v: the check API carries a whole number of milliseconds, 1ms or more", req.MaxWait)
+	case req.MaxWait != 0 && req.Op != sluice.Book:
+		return Request{}, "", malformed("max wait = %v: only a book waits, not %v", req.MaxWait, req.Op)
 	}
 	if req.Cost > 0 || req.Op == sluice.Settle {
 		r.Cost = &req.Cost // a settle's actual cost, 0 included
@@ -140,6 +149,12 @@ func Encode(req sluice.Request) (Request, string, error) {
 		path, r.LeaseID = RenewPath, req.LeaseID
 	case sluice.Estimate, sluice.Settle:
 		r.Op = req.Op.String()
+	case sluice.Book:
+		r.Op = req.Op.String()
+		if req.MaxWait != 0 {
+			ms := int64(req.MaxWait / time.Millisecond)
+			r.MaxWaitMS = &ms
+		}
 	}
 	return r, path, nil
 }
@@ -162,7 +177,12 @@ func (r *Request) Check() (sluice.Request, error) {
 		return sluice.Request{}, malformed("lease_id belongs to POST %s and %s; a check acquires a new lease", ReleasePath, RenewPath)
 	}
 	req := sluice.Request{Policy: r.Policy, Policies: r.Policies, Subject: r.Subject, EvaluationID: r.EvaluationID, Priority: r.Priority}
-	if r.Op != "" {
+	switch {
+	case r.Op == sluice.Book.String():
+		return r.book(req)
+	case r.MaxWaitMS != nil:
+		return sluice.Request{}, malformed("max_wait_ms = %d: only a book waits: set op to book", *r.MaxWaitMS)
+	case r.Op != "":
 		return r.settle(req)
 	}
 	switch {
@@ -190,7 +210,7 @@ func (r *Request) Lease(op sluice.Op) (sluice.Request, error) {
 	switch {
 	case r.LeaseID == "":
 		return sluice.Request{}, malformed("lease_id is required: the one %s answered", CheckPath)
-	case r.Cost != nil || r.Refund || r.Reset || r.EvaluationID != "":
+	case r.Cost != nil || r.Refund || r.Reset || r.EvaluationID != "" || r.Op != "" || r.MaxWaitMS != nil:
 		return sluice.Request{}, malformed("a release or renewal takes policy (or policies), subject and lease_id only (and a renewal its priority)")
 	case r.Priority != "" && op == sluice.Release:
 		return sluice.Request{}, malformed("priority = %q: a release gives its lease back whatever the class; leave it out", r.Priority)
@@ -224,6 +244,9 @@ type Verdict struct {
 	ResetAfterMS int64 `json:"reset_after_ms"`
 	RetryAfterMS int64 `json:"retry_after_ms"`
 	Approximate  bool  `json:"approximate"`
+	// DelayMS is an allowed book's wait until its slot
+	// (sluice.Status.Delay), rounded up; absent when it was admitted now.
+	DelayMS int64 `json:"delay_ms,omitempty"`
 	// Charged, GivenBack and Owed are a settle's (sluice.Status), present
 	// on a settle's answer only.
 	Charged   int64 `json:"charged,omitempty"`
@@ -340,7 +363,7 @@ func (a *Answer) decision(req *sluice.Request) sluice.Outcome {
 	}
 	// The top-level fields are the most restrictive policy's: name it.
 	for _, s := range o.Statuses {
-		if s.Allowed == o.Allowed && s.Limit == o.Limit && s.Remaining == o.Remaining && s.ResetAfter == o.ResetAfter && s.RetryAfter == o.RetryAfter {
+		if s.Allowed == o.Allowed && s.Limit == o.Limit && s.Remaining == o.Remaining && s.ResetAfter == o.ResetAfter && s.RetryAfter == o.RetryAfter && s.Delay == o.Delay {
 			o.Policy = s.Policy
 			break
 		}
@@ -369,6 +392,7 @@ func (v *Verdict) status(policy string) sluice.Status {
 		ResetAfter:  time.Duration(v.ResetAfterMS) * time.Millisecond,
 		RetryAfter:  time.Duration(v.RetryAfterMS) * time.Millisecond,
 		Approximate: v.Approximate,
+		Delay:       time.Duration(v.DelayMS) * time.Millisecond,
 		Charged:     v.Charged,
 		GivenBack:   v.GivenBack,
 		Owed:        v.Owed,

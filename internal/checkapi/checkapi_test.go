@@ -37,7 +37,7 @@ func answerOf(o *sluice.Outcome, reason string) Answer {
 }
 
 func verdictOf(st *sluice.Status) Verdict {
-	return Verdict{Allowed: st.Allowed, Limit: st.Limit, Remaining: st.Remaining, ResetAfterMS: ceilMS(st.ResetAfter), RetryAfterMS: ceilMS(st.RetryAfter), Approximate: st.Approximate}
+	return Verdict{Allowed: st.Allowed, Limit: st.Limit, Remaining: st.Remaining, ResetAfterMS: ceilMS(st.ResetAfter), RetryAfterMS: ceilMS(st.RetryAfter), Approximate: st.Approximate, DelayMS: ceilMS(st.Delay)}
 }
 
 var (
@@ -55,6 +55,7 @@ var outcomes = []struct {
 	{"denied", sluice.Outcome{Kind: sluice.Denied, Status: denied}, ""},
 	{"replayed", sluice.Outcome{Kind: sluice.Allowed, Status: demo, Replayed: true}, ""},
 	{"local", sluice.Outcome{Kind: sluice.Allowed, Status: demo, Local: true}, ""},
+	{"booked", sluice.Outcome{Kind: sluice.Allowed, Status: sluice.Status{Policy: "api", Allowed: true, Limit: 10, ResetAfter: 1200 * time.Millisecond, Delay: 200 * time.Millisecond}}, ""},
 	{"lease", sluice.Outcome{Kind: sluice.Allowed, Status: sluice.Status{Policy: "reports", Allowed: true, Limit: 2, Remaining: 1, ResetAfter: 30 * time.Second}, Lease: sluice.Lease{ID: "q3Xh0bV8Yx2lC0mQe1o7bA"}}, ""},
 	{"several", sluice.Outcome{Kind: sluice.Denied, Status: denied, Statuses: []sluice.Status{demo, denied}}, ""},
 	{"unavailable", sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.CircuitOpen, Err: sluice.CircuitOpen}, "sluice: circuit open"},
@@ -152,6 +153,8 @@ func TestRequestRoundTrip(t *testing.T) {
 		{Op: sluice.Acquire, Policies: []string{"demo", "reports"}, Subject: "alice", Cost: 3},
 		{Op: sluice.Release, Policies: []string{"demo", "reports"}, Subject: "alice", LeaseID: "q3Xh0bV8Yx2lC0mQe1o7bA"},
 		{Op: sluice.Renew, Policy: "reports", Subject: "alice", LeaseID: "q3Xh0bV8Yx2lC0mQe1o7bA"},
+		{Op: sluice.Book, Policy: "api", Subject: "alice"},
+		{Op: sluice.Book, Policy: "api", Subject: "alice", Cost: 3, MaxWait: 250 * time.Millisecond},
 	} {
 		r, path, err := Encode(req)
 		if err != nil {
@@ -203,13 +206,15 @@ func TestMalformedRequests(t *testing.T) {
 		{sluice.Request{Op: sluice.Release, Policy: "reports", Subject: "alice"}, "lease id is required"},
 		{sluice.Request{Op: sluice.Acquire, Policy: "reports", Subject: "alice", LeaseID: "mine"}, `lease id "mine": only a release or a renewal names one`},
 		{sluice.Request{Op: sluice.Renew + 1, Policy: "demo", Subject: "alice"}, "not an operation of the check API"},
+		{sluice.Request{Op: sluice.Book, Policy: "api", Subject: "alice", MaxWait: 1500 * time.Microsecond}, "max wait = 1.5ms: the check API carries a whole number of milliseconds"},
+		{sluice.Request{Policy: "api", Subject: "alice", MaxWait: time.Second}, "max wait = 1s: only a book waits"},
 	} {
 		_, _, err := Encode(tc.req)
 		if !errors.Is(err, sluice.ErrInvalidRequest) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Encode(%+v) = %v, want an invalid request saying %q", tc.req, err, tc.want)
 		}
 	}
-	zero, one := int64(0), int64(1)
+	zero, one, day := int64(0), int64(1), int64(86_400_001)
 	for _, tc := range []struct {
 		in    Request
 		lease bool
@@ -222,6 +227,11 @@ func TestMalformedRequests(t *testing.T) {
 		{Request{Policy: "demo", Policies: []string{"login"}, Subject: "alice"}, true, "set policy or policies, not both"},
 		{Request{Policy: "reports", Subject: "alice"}, true, "lease_id is required"},
 		{Request{Policy: "reports", Subject: "alice", LeaseID: "x", Cost: &one}, true, "subject and lease_id only"},
+		{Request{Policy: "api", Subject: "alice", MaxWaitMS: &one}, false, "max_wait_ms = 1: only a book waits"},
+		{Request{Policy: "api", Subject: "alice", Op: "book", MaxWaitMS: &zero}, false, "max_wait_ms = 0: must be 1 to 86400000"},
+		{Request{Policy: "api", Subject: "alice", Op: "book", MaxWaitMS: &day}, false, "max_wait_ms = 86400001"},
+		{Request{Policy: "api", Subject: "alice", Op: "book", EvaluationID: "e"}, false, "a book takes none"},
+		{Request{Policy: "api", Subject: "alice", Op: "book", Cost: &zero}, false, "a book spends 1 or more"},
 	} {
 		read := tc.in.Check
 		if tc.lease {

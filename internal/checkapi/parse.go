@@ -60,6 +60,7 @@ const (
 	fLeaseID
 	fOp
 	fPriority
+	fMaxWaitMS
 )
 
 func fieldOf(key string) int {
@@ -84,6 +85,8 @@ func fieldOf(key string) int {
 		return fOp
 	case "priority":
 		return fPriority
+	case "max_wait_ms":
+		return fMaxWaitMS
 	}
 	return -1
 }
@@ -181,6 +184,11 @@ func (p *parser) value(f int, in *Request) bool {
 		var n int64
 		if n, ok = p.int(); ok {
 			in.Cost = &n
+		}
+	case fMaxWaitMS:
+		var n int64
+		if n, ok = p.int(); ok {
+			in.MaxWaitMS = &n
 		}
 	case fPolicies:
 		in.Policies, ok = p.strs()

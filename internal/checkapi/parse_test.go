@@ -35,6 +35,8 @@ var parseRequestSeeds = []struct {
 	{` { "policy" : "open" ,` + "\n\t\r" + ` "subject" : "user-1" } ` + "\n", true},
 	{`{}`, true},
 	{`{"policies":["a","b"],"subject":"s","cost":2,"refund":true,"reset":false,"evaluation_id":"e","lease_id":"l","op":"settle"}`, true},
+	{`{"policy":"p","subject":"s","cost":2,"op":"book","max_wait_ms":250}`, true},
+	{`{"policy":"p","subject":"s","op":"book","max_wait_ms":2.5}`, false},
 	{`{"policies":[],"subject":"s"}`, true},
 	{`{"subject":"s","cost":0}`, true},
 	{`{"subject":"s","cost":-3}`, true},

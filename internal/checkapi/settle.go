@@ -1,6 +1,10 @@
 package checkapi
 
-import "github.com/sluicehq/sluice"
+import (
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
 
 // settle returns what r, naming an op, asks for: req, an Estimate of r's
 // cost (absent: 1) or a Settle with r's actual cost (required, 0
@@ -9,7 +13,7 @@ import "github.com/sluicehq/sluice"
 func (r *Request) settle(req sluice.Request) (sluice.Request, error) {
 	switch {
 	case r.Op != sluice.Estimate.String() && r.Op != sluice.Settle.String():
-		return sluice.Request{}, malformed("op = %q: must be estimate or settle (refund and reset are fields of their own)", r.Op)
+		return sluice.Request{}, malformed("op = %q: must be estimate, settle or book (refund and reset are fields of their own)", r.Op)
 	case r.Refund || r.Reset:
 		return sluice.Request{}, malformed("op = %q with refund or reset: one operation at a time", r.Op)
 	case r.EvaluationID == "":
@@ -28,3 +32,30 @@ func (r *Request) settle(req sluice.Request) (sluice.Request, error) {
 	}
 	return req, nil
 }
+
+// book returns what r, op book, asks for: req, a Book of r's cost
+// (absent: 1) waiting up to r's max_wait_ms (absent: the policy's). A
+// malformed r is a *RequestError.
+func (r *Request) book(req sluice.Request) (sluice.Request, error) {
+	switch {
+	case r.Refund || r.Reset:
+		return sluice.Request{}, malformed("op = book with refund or reset: one operation at a time")
+	case r.EvaluationID != "":
+		return sluice.Request{}, malformed("op = book with evaluation_id: a book takes none: a replay would answer a slot already passed")
+	case r.Cost != nil && *r.Cost == 0:
+		return sluice.Request{}, malformed("cost = 0 with op book: a book spends 1 or more")
+	case r.MaxWaitMS != nil && (*r.MaxWaitMS < 1 || *r.MaxWaitMS > maxWaitMS):
+		return sluice.Request{}, malformed("max_wait_ms = %d: must be 1 to %d (24h); leave it out for the policy's max_wait", *r.MaxWaitMS, maxWaitMS)
+	}
+	req.Op = sluice.Book
+	if r.Cost != nil {
+		req.Cost = *r.Cost
+	}
+	if r.MaxWaitMS != nil {
+		req.MaxWait = time.Duration(*r.MaxWaitMS) * time.Millisecond
+	}
+	return req, nil
+}
+
+// maxWaitMS is the longest max_wait_ms, 24h: the engine's bound.
+const maxWaitMS = 86_400_000

@@ -42,3 +42,44 @@ func (System) AfterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
 
 // AfterFunc runs f in its own goroutine once d has passed.
 func (c *Monotonic) AfterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
+
+// afterFuncer is what a clock may offer beside Now: f run once d has
+// passed on that clock (a test's fake clock, advanced by hand).
+type afterFuncer interface {
+	AfterFunc(d time.Duration, f func())
+}
+
+// Sleep waits until d has passed on c, or until done is closed (a
+// context's Done), and reports whether d passed. The real clocks of this
+// package wait on a timer that is stopped when done closes first; any
+// other clock that offers AfterFunc (a fake one) is waited on through
+// it, so a test advances the time by hand; one without it is waited on a
+// real timer.
+func Sleep(c interface{ Now() time.Time }, d time.Duration, done <-chan struct{}) bool {
+	if d <= 0 {
+		return true
+	}
+	af, fake := c.(afterFuncer)
+	switch c.(type) {
+	case System, *System, *Monotonic:
+		fake = false
+	}
+	if !fake {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-done:
+			return false
+		}
+	}
+	passed := make(chan struct{})
+	af.AfterFunc(d, func() { close(passed) })
+	select {
+	case <-passed:
+		return true
+	case <-done:
+		return false
+	}
+}

@@ -155,6 +155,11 @@ type Rule struct {
 	Field string
 	// Lease is the ID of a concurrency policy among Policies, or "".
 	Lease string
+	// MaxDelay is how long a request that does not fit now may be held
+	// for a booked slot (Core.Queue); 0: none, it is refused at once.
+	MaxDelay time.Duration
+
+	queue *queue // nil without a MaxDelay
 }
 
 // Kind is what an edge does with a request, in its log and metric
@@ -198,6 +203,13 @@ type Action struct {
 	// Lease is the lease an admission holds on the rule's concurrency
 	// policies, to give back with Core.Release; the zero Lease for none.
 	Lease sluice.Lease
+	// Delay is how long a queued request was held for its booked slot
+	// (queue.go); 0 when it was decided at once.
+	Delay time.Duration
+	// Queue is what the rule's queue did with the request (QueueWaited,
+	// QueuePastDelay, QueueFull, QueueAbandoned); "" for a request that
+	// fit now, or a rule without a queue.
+	Queue string
 }
 
 // Decided is the outcome that decided: the local fallback's when it was
@@ -330,7 +342,7 @@ func (c *Core) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	o := c.lim.Check(dctx, req)
 	cancel()
 	switch req.Op {
-	case sluice.Spend, sluice.Acquire, sluice.Estimate:
+	case sluice.Spend, sluice.Acquire, sluice.Estimate, sluice.Book:
 		c.counted(ctx, &req, o)
 	case sluice.Settle:
 		c.countSettle(ctx, &req, o)
@@ -369,6 +381,9 @@ func WithCount(ctx context.Context, f CountFunc) context.Context {
 // Decide asks the Limiter about one request of rule r for subject s and
 // returns what the edge is to do (see DecideRequest).
 func (c *Core) Decide(ctx context.Context, r *Rule, s Subject) Action {
+	if r.queue != nil {
+		return c.decideQueued(ctx, r, s)
+	}
 	return c.DecideRequest(ctx, request(r.Op, r, s), r.Mode)
 }
 

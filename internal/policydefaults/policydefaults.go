@@ -33,6 +33,9 @@ type Fields struct {
 	LocalQuota bool
 	BlockTime  time.Duration
 	MaxBlock   int64
+	// MaxWait is the longest a Book may wait for its slot (token_bucket
+	// and gcra only).
+	MaxWait time.Duration
 }
 
 // Params returns f's numbers in the engine's units.
@@ -61,6 +64,9 @@ func Apply(f *Fields) {
 	if f.DedupeMax == 0 {
 		f.DedupeMax = 256
 	}
+	if f.MaxWait == 0 && (f.Kind == algorithm.KindTokenBucket || f.Kind == algorithm.KindGCRA) && f.Limit >= 1 && f.Window >= time.Microsecond {
+		f.MaxWait = DefaultMaxWait(f.Params())
+	}
 	if !f.LocalQuota {
 		return
 	}
@@ -83,4 +89,12 @@ func Refill(limit int64, window time.Duration, n int64) time.Duration {
 		return 0
 	}
 	return time.Duration(n*window.Microseconds()/limit) * time.Microsecond
+}
+
+// DefaultMaxWait is a bucket's MaxWait when none is set: its window (the
+// units booked ahead are then at most a window's refill, Limit), at most
+// a minute, and at most what keeps the units booked ahead exact
+// (algorithm.MostWait).
+func DefaultMaxWait(p algorithm.Params) time.Duration {
+	return min(time.Duration(p.Window)*time.Microsecond, time.Minute, time.Duration(algorithm.MostWait(p))*time.Microsecond)
 }

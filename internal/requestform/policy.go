@@ -81,7 +81,27 @@ func Policy(f PolicyForm, bad func(field, value, rule string) error) error {
 	case f.DedupeMax < 1 || f.DedupeMax > 10000:
 		return bad("dedupe_max", fmt.Sprint(f.DedupeMax), "must be between 1 and 10000")
 	}
+	if err := waitRules(f, prm, bad); err != nil {
+		return err
+	}
 	return LocalQuota(f.Fields, bad)
+}
+
+// waitRules is Policy's part for a Book's bound: max_wait only on the
+// bucket algorithms, a whole number of µs from 0 to the engine's most
+// (algorithm.MostWait). prm are f's numbers, already checked.
+func waitRules(f PolicyForm, prm algorithm.Params, bad func(field, value, rule string) error) error {
+	bucket := f.Kind == algorithm.KindTokenBucket || f.Kind == algorithm.KindGCRA
+	switch most := time.Duration(algorithm.MostWait(prm)) * time.Microsecond; {
+	case f.MaxWait == 0:
+	case !bucket:
+		return bad("max_wait", f.MaxWait.String(), "applies only to token_bucket and gcra, which have a future slot to book; leave it unset for "+f.Kind.String())
+	case f.MaxWait%time.Microsecond != 0:
+		return bad("max_wait", f.MaxWait.String(), "must be a whole number of microseconds")
+	case f.MaxWait < 0 || f.MaxWait > most:
+		return bad("max_wait", f.MaxWait.String(), fmt.Sprintf("must be between 0s and %v (at most 24h, and the units booked ahead must stay exact below 2^53)", most))
+	}
+	return nil
 }
 
 // leaseRules is Policy's part for leases: a concurrency policy's

@@ -51,6 +51,11 @@ const UnknownPolicy = "(unknown)"
 //     done but did not enforce.
 //   - sluice_proxy_local_decisions_total{route, outcome}: answers of the
 //     local fallback while the store could not decide.
+//   - sluice_proxy_queued_total{route}, sluice_proxy_queue_wait_seconds
+//     {route} and sluice_proxy_queue_dropped_total{route, reason}: a
+//     route with max_delay: requests held for their booked slot, how
+//     long each was held, and those refused (past_max_delay,
+//     queue_full) or whose client went away while held (abandoned).
 //   - sluice_local_quota_decisions_total{policy}, …_blocks_total,
 //     …_units_total and …_unused_units_total: what local quota
 //     (local_quota: true) did, per policy: requests admitted from blocks
@@ -74,6 +79,9 @@ type Metrics struct {
 	failures  *prometheus.CounterVec
 	near      *prometheus.CounterVec
 	settles   *prometheus.CounterVec
+	queued    *prometheus.CounterVec
+	waited    *prometheus.HistogramVec
+	dropped   *prometheus.CounterVec
 	overrides *overridesCollector
 	localQ    *localCollector
 }
@@ -119,11 +127,24 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Name: "sluice_settled_units_total",
 			Help: "What settles of estimates did, per policy, in units: charged past the estimate, given_back of it, owed past the capacity after each settle (summed).",
 		}, []string{"policy", "kind"}),
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_queued_total",
+			Help: "Requests of a route with max_delay held for their booked slot, then sent on.",
+		}, []string{"route"}),
+		waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_proxy_queue_wait_seconds",
+			Help:    "How long each held request of a route with max_delay waited for its slot.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"route"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_queue_dropped_total",
+			Help: "Requests of a route with max_delay not held: their slot lay past max_delay, the queue was full, or their client went away while held (reason past_max_delay, queue_full, abandoned).",
+		}, []string{"route", "reason"}),
 	}
 	m.overrides = &overridesCollector{desc: prometheus.NewDesc("sluice_overrides",
 		"Runtime overrides (tenant plans) per policy: the config file's and those set through the admin API.", []string{"policy"}, nil)}
 	m.localQ = newLocalCollector()
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.settles, m.overrides, m.localQ} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.settles, m.queued, m.waited, m.dropped, m.overrides, m.localQ} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -382,5 +403,13 @@ func (m *Metrics) onProxyDecision(d httplimit.Decision) {
 	m.proxy.WithLabelValues(d.Operation, d.Action, strconv.FormatBool(d.Shadow)).Inc()
 	if d.Local {
 		m.local.WithLabelValues(d.Operation, d.LocalOutcome.Kind.String()).Inc()
+	}
+	switch d.Queue {
+	case "":
+	case "waited":
+		m.queued.WithLabelValues(d.Operation).Inc()
+		m.waited.WithLabelValues(d.Operation).Observe(d.Waited.Seconds())
+	default:
+		m.dropped.WithLabelValues(d.Operation, d.Queue).Inc()
 	}
 }

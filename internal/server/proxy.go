@@ -183,6 +183,7 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode, lim *s
 		if r.PriorityHeader != "" {
 			rt.PriorityFunc = p.priorityFrom(r.PriorityHeader, classes(lim, r.Policies))
 		}
+		rt.MaxDelay, rt.QueueLimit = r.MaxDelay, int(r.QueueLimit)
 		if r.SettleHeader != "" {
 			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled when the response body is done
 		}

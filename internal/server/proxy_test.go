@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -572,6 +573,10 @@ func parseExposition(t *testing.T, text string) map[string]float64 {
 				out[series] = m.GetGauge().GetValue()
 			case dto.MetricType_HISTOGRAM:
 				out[series+"_count"] = float64(m.GetHistogram().GetSampleCount())
+				for _, b := range m.GetHistogram().GetBucket() {
+					le := append([]string{fmt.Sprintf("le=%q", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64))}, labels...)
+					out[name+"_bucket{"+strings.Join(le, ",")+"}"] = float64(b.GetCumulativeCount())
+				}
 			}
 		}
 	}

@@ -46,6 +46,7 @@ type answer struct {
 	Charged      int64    `json:"charged"`
 	GivenBack    int64    `json:"given_back"`
 	Owed         int64    `json:"owed"`
+	DelayMS      int64    `json:"delay_ms"`
 }
 
 type status struct {
@@ -61,6 +62,7 @@ type status struct {
 	Charged      int64  `json:"charged"`
 	GivenBack    int64  `json:"given_back"`
 	Owed         int64  `json:"owed"`
+	DelayMS      int64  `json:"delay_ms"`
 }
 
 // sfItem and sfParam are what the RateLimit fields parse into.

@@ -47,7 +47,7 @@ func TestCheckAPISettle(t *testing.T) {
 	f.check(t, `{"policy":"tokens","subject":"alice","op":"settle","cost":1,"evaluation_id":"never"}`, 400, "no estimate to settle")
 	f.check(t, `{"policy":"tokens","subject":"alice","op":"settle","evaluation_id":"call-3"}`, 400, "cost is required")
 	f.check(t, `{"policy":"tokens","subject":"alice","op":"estimate","cost":1}`, 400, "evaluation_id is required")
-	f.check(t, `{"policy":"tokens","subject":"alice","op":"borrow","evaluation_id":"x"}`, 400, "must be estimate or settle")
+	f.check(t, `{"policy":"tokens","subject":"alice","op":"borrow","evaluation_id":"x"}`, 400, "must be estimate, settle or book")
 	f.check(t, `{"policy":"broad","subject":"alice","op":"estimate","evaluation_id":"x"}`, 422, "refund not supported")
 	raw, err := http.Get(f.url + "/metrics")
 	if err != nil {

@@ -29,7 +29,7 @@ local LAYOUT = {
   MAX_DEDUPE_TTL = 3600000000, -- µs
   MAX_DEDUPE_IDS = 10000,
 }
-local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true, estimate = true, settle = true}
+local OPS = {spend = true, peek = true, refund = true, reset = true, acquire = true, release = true, renew = true, estimate = true, settle = true, book = true}
 
 -- Policies whose arguments were read and checked, by their argument
 -- string. A function library keeps this table from one call to the next

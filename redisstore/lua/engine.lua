@@ -14,7 +14,8 @@ decisions are the reply as they stand. An evaluation
 is {policies, states, now, op, cost, hold, lease, maxRegression, replay} that
 evaluate fills with decisions, writes, commit and replayed; op is the
 Go Op's name (spend, peek, refund, reset, acquire, release, renew,
-estimate: a spend here; a settle goes to settle.lua's evaluateSettle) and
+estimate: a spend here; a settle goes to settle.lua's evaluateSettle;
+a book to evaluateBook, its decision followed by its delay) and
 lease the lease of a concurrency policy ('' for none). evaluate assumes
 the operation's rules hold: redisstore.go checks them with
 algorithm.Check before it calls. Errors are returned as tables
@@ -184,7 +185,7 @@ end
 local function step(p, st, now, op, cost, hold, lease, ds, o)
   local k = p.kind
   local v, log, leases, expires, limit = nil, nil, nil, 0, p.limit
-  local allowed, remaining, resetAfter, retryAfter
+  local allowed, remaining, resetAfter, retryAfter, delay
   local refund = op == 'refund'
   if k == KIND_CONCURRENCY then
     if op == 'release' then
@@ -206,6 +207,16 @@ local function step(p, st, now, op, cost, hold, lease, ds, o)
     if log.newest ~= 0 then
       expires = log.newest + p.window
     end
+  elseif op == 'book' then -- gcra or token_bucket: Check refuses every other kind
+    local a, b, c, d, e = st[1], st[2], st[3], st[4], st[5]
+    if k == KIND_GCRA then
+      a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, delay = gcraBook(a, b, c, d, e, p, now, cost, hold)
+      expires = gcraExpires(a, b, c, d, e, p)
+    else
+      a, b, c, allowed, remaining, resetAfter, retryAfter, delay = tokenBucketBook(a, b, c, p, now, cost, hold)
+      d, e, expires = 0, 0, tokenBucketExpires(a, b, c, p)
+    end
+    v, limit = {a, b, c, d, e}, p.burst
   else
     local a, b, c, d, e
     a, b, c, d, e, allowed, remaining, resetAfter, retryAfter, expires, limit =
@@ -217,6 +228,9 @@ local function step(p, st, now, op, cost, hold, lease, ds, o)
   ds[o + 3] = remaining
   ds[o + 4] = resetAfter
   ds[o + 5] = retryAfter
+  if delay ~= nil then
+    ds[o + 6] = delay -- a booking's, after its decision (Decision.Delay): the reply's one extra integer
+  end
   return {v = v, log = log, leases = leases, expires = expires, fresh = false}
 end
 
@@ -282,8 +296,36 @@ local function lengthen(ds, o, lag)
   ds[o + 4], ds[o + 5] = lengthenBy(ds[o + 4], ds[o + 5], lag)
 end
 
+-- evaluateBook ports evaluateBook: the one policy of a booking (ev.hold
+-- its most wait) booked on its state; the delay follows its decision in
+-- ev.decisions.
+local function evaluateBook(ev)
+  local p, now, maxRegression = ev.policies[1], ev.now, ev.maxRegression
+  local ds = {0}
+  ev.decisions, ev.commit, ev.replayed = ds, false, false
+  local st, at, behind = current(p, ev.states[1], now, maxRegression, 'policy 0')
+  if st == nil then
+    return {clock = {policy = 0, behind = behind, max = maxRegression}}
+  end
+  local lag = at - now
+  local w = step(p, st, at, 'book', ev.cost, ev.hold - lag, '', ds, 1)
+  w.fresh = st ~= ev.states[1]
+  if lag ~= 0 then
+    lengthen(ds, 1, lag)
+    if ds[7] > 0 then
+      ds[7] = ds[7] + lag
+    end
+  end
+  ev.writes = {w}
+  ev.commit = ds[2] == 1
+  return nil
+end
+
 -- evaluate ports Evaluate.
 local function evaluate(ev)
+  if ev.op == 'book' then
+    return evaluateBook(ev)
+  end
   local policies, states = ev.policies, ev.states
   local n, now = #policies, ev.now
   local ds, ws = {0}, {}

@@ -120,3 +120,30 @@ end
 local function gcraNewest(last)
   return last
 end
+
+-- gcraBook ports GCRA.Book: a booking of cost that may wait up to
+-- mostWait µs; then the delay after the decision's values.
+local function gcraBook(tat, frac, sLimit, sWindow, last, p, now, cost, mostWait)
+  local t, f = tat, frac
+  if not gcraScheduledUnder(tat, sLimit, sWindow, p) then
+    t, f = gcraReschedule(tat, frac, sLimit, sWindow, last, p)
+  end
+  local limit, window = p.limit, p.window
+  local tau = (p.burst - p.reserve) * window -- less the Reserve kept for a more important class, as in gcraDecide
+  local need = cost * window
+  local debt = 0 -- (TAT − now) scaled by Limit, or 0 when the TAT is past; corrupt bounds it
+  local ahead = t - now
+  if t ~= 0 and ahead >= 0 then
+    debt = ahead * limit + f
+  end
+  local delay = 0
+  if debt > tau - need then
+    local wait = ceilDiv(debt - (tau - need), limit)
+    if wait > mostWait then
+      return tat, frac, sLimit, sWindow, last, false, quo(mathMax(tau - debt, 0), window), ceilDiv(debt, limit), wait, 0
+    end
+    delay = wait
+  end
+  debt = debt + need
+  return now + quo(debt, limit), rem(debt, limit), limit, window, now, true, quo(mathMax(tau - debt, 0), window), ceilDiv(debt, limit), 0, delay
+end

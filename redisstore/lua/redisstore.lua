@@ -35,7 +35,8 @@ ARGV, by the named positions below (redisstore.go names them alike):
   LAYOUT.ARGV_LEASE           the lease an acquire takes on each concurrency policy, or
                        the one a release or renewal names; "" for none.
   LAYOUT.ARGV_HOLD            a held spend's hold in µs (a spend here, algorithm.OpHold in Go,
-                       its rules Check's), in [0, MAX_WINDOW]; 0 for any other op.
+                       its rules Check's), or a book's most wait in µs (the longest it
+                       may wait for its slot), in [0, MAX_WINDOW]; 0 for any other op.
   then one argument per policy, from LAYOUT.ARGV_POLICIES + 1: its algorithm
   (algorithm.Kind: on Redis time a fixed window is KindFixedWindowEnd,
   whose key expires at the window's end with no grace), limit, window in µs, burst, TTL grace in µs
@@ -50,7 +51,9 @@ ARGV, by the named positions below (redisstore.go names them alike):
 Reply: replayed (1 when the reply is the one remembered for the evaluation
 id, else 0), then LAYOUT.REPLY_PER_POLICY integers per policy, in KEYS order:
 allowed (1 or 0), limit, remaining, reset_after (µs), retry_after (µs);
-for a settle, then charged, given back and owed of each policy;
+for a settle, then charged, given back and owed of each policy; for a
+book (one policy), then the delay (µs) until its booked slot, 0 when
+admitted now or denied;
 on Redis time, then the time the call decided at (µs), so that a reader
 of the reply (the differential test) can decide it again.
 Errors, raised before any write: "SLUICE_ARGS <reason>",
@@ -88,11 +91,11 @@ local function main(KEYS, ARGV, at)
   end
   local op = ARGV[LAYOUT.ARGV_OP]
   if not OPS[op] then
-    raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release, renew, estimate or settle')
+    raise('SLUICE_ARGS', 'op must be spend, peek, refund, reset, acquire, release, renew, estimate, settle or book')
   end
   local hold = arg(ARGV[LAYOUT.ARGV_HOLD])
-  if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend') then
-    raise('SLUICE_ARGS', 'hold must be an integer of 0 to ' .. fmt(MAX_WINDOW) .. ' µs, 0 unless the op is spend')
+  if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend' and op ~= 'book') then
+    raise('SLUICE_ARGS', 'hold must be an integer of 0 to ' .. fmt(MAX_WINDOW) .. ' µs, 0 unless the op is spend or book')
   end
   local reset = op == 'reset'
   if reset and carry ~= '' then

@@ -23,7 +23,7 @@ end
 -- tokenBucketTokens ports TokenBucket.tokens.
 local function tokenBucketTokens(tokens, window, p)
   if window ~= 0 and window ~= p.window then
-    return mathMin(quo(tokens, window), p.burst) * p.window
+    return mathMin(mathMax(quo(tokens, window), 0), p.burst) * p.window -- no debt carried across windows
   end
   return mathMin(tokens, p.burst * p.window)
 end
@@ -93,4 +93,22 @@ end
 -- tokenBucketNewest ports TokenBucket.Newest.
 local function tokenBucketNewest(last)
   return last
+end
+
+-- tokenBucketBook ports TokenBucket.Book: a booking of cost that may wait
+-- up to mostWait µs; then the delay after the decision's values.
+local function tokenBucketBook(tokens, last, window, p, now, cost, mostWait)
+  local full = p.burst * p.window
+  local level = tokenBucketLevel(tokens, last, window, p, now)
+  local need, reserved = cost * p.window, p.reserve * p.window -- the Reserve kept for a more important class, as in tokenBucketDecide
+  local delay = 0
+  if level - reserved < need then
+    local wait = ceilDiv(need - (level - reserved), p.limit)
+    if wait > mostWait then
+      return tokens, last, window, false, quo(mathMax(level - reserved, 0), p.window), ceilDiv(full - level, p.limit), wait, 0
+    end
+    delay = wait
+  end
+  level = level - need
+  return level, now, p.window, true, quo(mathMax(level - reserved, 0), p.window), ceilDiv(full - level, p.limit), 0, delay
 end

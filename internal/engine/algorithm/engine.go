@@ -60,8 +60,9 @@ type Evaluation struct {
 	LeaseID string
 	// Hold is how long, µs, an OpHold holds: its Cost is a block its
 	// caller admits itself over [Now, Now+Hold], spent so that it covers
-	// every such admission (GCRA.Decide says how and why). 0 for every
-	// other operation; Check says where it may be set.
+	// every such admission (GCRA.Decide says how and why); for an OpBook,
+	// the longest it may wait for its slot (book.go). 0 for every other
+	// operation; Check says where it may be set.
 	Hold int64
 	// MaxRegression is how far Now may lie behind a state's newest write,
 	// µs; further is a *ClockError. -1: unbounded.
@@ -227,9 +228,10 @@ func (p Policy) bounds(st *State) (expires, newest int64) {
 var absent State
 
 // step runs p's algorithm on st at now for o, a spend, held spend, peek,
-// refund, acquisition, release or renewal (a reset steps as a peek on
-// absent state), of cost (0 for all but a spend, a held spend, a refund
-// and an acquisition), held for hold µs (OpHold's; 0 for every other) and the
+// refund, acquisition, release, renewal or booking (a reset steps as a
+// peek on absent state), of cost (0 for all but a spend, a held spend, a
+// refund, an acquisition and a booking), held for hold µs (OpHold's; for
+// an OpBook, the longest it may wait; 0 for every other) and the
 // lease a concurrency policy takes, gives back or extends. It leaves the
 // state after it in w, every field but Fresh (w may hold another
 // decision's), and the verdict in d. A fixed window spends a held block
@@ -279,6 +281,8 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 		s := tokenBucketOf(&st.V)
 		if refund {
 			s, *d = s.Refund(p.Params, now, cost)
+		} else if o == OpBook {
+			s, *d = s.Book(p.Params, now, cost, hold)
 		} else {
 			s, *d = s.Decide(p.Params, now, cost, hold)
 		}
@@ -288,6 +292,8 @@ func (p Policy) step(st *State, now int64, o Op, cost, hold int64, lease string,
 		var s GCRA
 		if refund {
 			s, *d = gcraOf(&st.V).Refund(p.Params, now, cost)
+		} else if o == OpBook {
+			s, *d = gcraOf(&st.V).Book(p.Params, now, cost, hold)
 		} else {
 			s, *d = gcraOf(&st.V).Decide(p.Params, now, cost, hold)
 		}
@@ -381,6 +387,9 @@ func Evaluate(ev *Evaluation) error {
 		return fmt.Errorf("evaluation of %d policies with %d states, %d decisions, %d writes", n, len(ev.States), len(ev.Decisions), len(ev.Writes))
 	}
 	ev.Commit, ev.Replayed = false, false
+	if ev.Op == OpBook {
+		return evaluateBook(ev)
+	}
 	if ev.Op == OpReset {
 		for i, p := range ev.Policies {
 			p.step(&absent, ev.Now, OpPeek, 0, 0, "", &ev.Writes[i], &ev.Decisions[i])

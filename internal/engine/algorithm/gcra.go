@@ -199,3 +199,47 @@ func (s GCRA) Refund(p Params, now, n int64) (GCRA, Decision) {
 
 // Newest returns the time of the newest write to s.
 func (s GCRA) Newest() int64 { return s.Last }
+
+// Book evaluates a booking of cost (>= 1) at now that may wait up to
+// mostWait µs (OpBook, book.go). When the cost fits now it is Decide's
+// spend, Delay 0. Otherwise the cost fits once the schedule is Burst·T
+// ahead of the clock no longer, in RetryAfter = ⌈(debt − (Burst − cost)·T)
+// / T⌉ µs (debt: the TAT's lead on now); within mostWait the units are
+// scheduled now after all the booked ones (the TAT moves on by cost·T,
+// past Burst·T ahead) and the decision is admitted with that wait as its
+// Delay and Remaining 0; beyond, it is Decide's denial and s is kept.
+// Every admission, now or booked, thus keeps the schedule's invariant:
+// a unit is admitted at a time no earlier than TAT − Burst·T, so any [a,
+// b] holds at most Burst + ⌊(b − a)·Limit/Window⌋ admitted units, judged
+// at their slots. The lead is at most Burst·T + mostWait, which Check
+// bounds by MostWait, so debt·Limit stays exact.
+func (s GCRA) Book(p Params, now, cost, mostWait int64) (GCRA, Decision) {
+	t, f := s.TAT, s.Frac
+	if !s.scheduledUnder(p) {
+		r := s.reschedule(p)
+		t, f = r.TAT, r.Frac
+	}
+	tau := (p.Burst - int64(p.Reserve)) * p.Window // less the Reserve kept for a more important class, as in Decide
+	need := cost * p.Window
+	var debt int64 // (TAT − now) scaled by Limit, or 0 when the TAT is past; corrupt bounds it
+	if ahead := t - now; t != 0 && ahead >= 0 {
+		debt = ahead*p.Limit + f
+	}
+	d := Decision{Limit: p.Burst}
+	if debt > tau-need {
+		wait := ceilDiv(debt-(tau-need), p.Limit)
+		if wait > mostWait {
+			d.Remaining = max(tau-debt, 0) / p.Window
+			d.RetryAfter = wait
+			d.ResetAfter = ceilDiv(debt, p.Limit)
+			return s, d
+		}
+		d.Delay = wait
+	}
+	debt += need
+	s = GCRA{TAT: now + debt/p.Limit, Frac: debt % p.Limit, Limit: p.Limit, Window: p.Window, Last: now}
+	d.Allowed = true
+	d.Remaining = max(tau-debt, 0) / p.Window
+	d.ResetAfter = ceilDiv(debt, p.Limit)
+	return s, d
+}

@@ -52,9 +52,15 @@ const (
 	// OpSettle replaces the estimate remembered under the evaluation id
 	// with the actual cost, Cost (0 or more): settle.go.
 	OpSettle
+	// OpBook spends Cost (>= 1) units of one gcra or token_bucket policy
+	// now when they fit, and otherwise books the earliest time they will:
+	// admitted with Decision.Delay, the wait until that slot, when it is
+	// at most the evaluation's most wait (Evaluation.Hold's µs), denied
+	// beyond, booking nothing: book.go. No evaluation id.
+	OpBook
 )
 
-var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew", "hold", "estimate", "settle"}
+var opNames = [...]string{"spend", "peek", "refund", "reset", "acquire", "release", "renew", "hold", "estimate", "settle", "book"}
 
 // String returns the operation's name, e.g. "refund": its spelling in the
 // script's arguments and in the check API.
@@ -88,7 +94,8 @@ func (o Op) spends() bool { return o == OpSpend || o == OpRefund || o == OpAcqui
 func (o Op) leased() bool { return o == OpAcquire || o == OpRelease || o == OpRenew }
 
 // Check reports whether op may be taken on policies with cost, held for
-// hold µs (Evaluation.Hold: OpHold's, 0 for every other operation), with
+// hold µs (Evaluation.Hold: OpHold's hold, OpBook's most wait, 0 for
+// every other operation), with
 // the lease leaseID ("" for none) and,
 // when remembered is set, an evaluation id: the rules of each operation,
 // in one place. A store checks an evaluation with it before it reads or
@@ -117,6 +124,8 @@ func check(op Op, policies []Policy, cost, hold int64, leaseID string, remembere
 		return fmt.Errorf("%w: %v names no policy", ErrInvalidRequest, op)
 	case op == OpEstimate || op == OpSettle:
 		return checkSettle(op, policies, cost, hold, leaseID, remembered)
+	case op == OpBook:
+		return checkBook(policies, cost, hold, leaseID, remembered)
 	case op.spends() && cost < 1:
 		return fmt.Errorf("%w: cost = %d: %s takes a cost of 1 or more", ErrInvalidRequest, cost, op.named())
 	case !op.spends() && cost != 0:
@@ -218,7 +227,7 @@ func checkPolicy(op Op, p *Policy, cost int64) error {
 // release, a settle) or clears (a reset) is never denied, and a held
 // spend (local quota's block) serves requests of any class later.
 func (o Op) Admits() bool {
-	return o == OpSpend || o == OpPeek || o == OpAcquire || o == OpRenew || o == OpEstimate
+	return o == OpSpend || o == OpPeek || o == OpAcquire || o == OpRenew || o == OpEstimate || o == OpBook
 }
 
 // checkReserve reports whether op may name p with cost under p's Reserve

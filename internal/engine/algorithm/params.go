@@ -142,6 +142,7 @@ type Decision struct {
 	Remaining  int64 // units that could still be admitted now, after this decision
 	ResetAfter int64 // µs until Remaining == Limit again if nothing is spent
 	RetryAfter int64 // µs until this cost would be admitted; 0 iff Allowed
+	Delay      int64 // µs an admitted OpBook waits for its slot; 0 for every other decision
 }
 
 // floorDiv returns ⌊a/b⌋ for any a and b > 0.

@@ -51,10 +51,13 @@ func (s TokenBucket) corrupt() string {
 }
 
 // tokens returns the stored tokens scaled by p.Window, at most a full
-// bucket: whole tokens when they were scaled by another window.
+// bucket: whole tokens when they were scaled by another window, at least
+// none (a debt below empty, a settle's or a booking's, is not carried
+// across windows: GCRA's reschedule keeps at most Burst units
+// outstanding, and the two agree).
 func (s TokenBucket) tokens(p Params) int64 {
 	if s.Window != 0 && s.Window != p.Window {
-		return min(s.Tokens/s.Window, p.Burst) * p.Window
+		return min(max(s.Tokens/s.Window, 0), p.Burst) * p.Window
 	}
 	return min(s.Tokens, p.Burst*p.Window)
 }
@@ -132,3 +135,36 @@ func (s TokenBucket) Refund(p Params, now, n int64) (TokenBucket, Decision) {
 
 // Newest returns the time of the newest write to s.
 func (s TokenBucket) Newest() int64 { return s.Last }
+
+// Book evaluates a booking of cost (>= 1) at now that may wait up to
+// mostWait µs (OpBook, book.go), GCRA.Book's rule in tokens: when the
+// cost is in the bucket it is Decide's spend, Delay 0; otherwise, when
+// the rate refills what is missing within mostWait, the cost is taken
+// all the same (the level goes below empty by the units booked ahead)
+// and the decision is admitted with that refill time as its Delay and
+// Remaining 0; beyond, it is Decide's denial and s is kept. A bucket
+// written under another window starts from its whole tokens, at most
+// full and at least empty (tokens), as GCRA reschedules at most Burst
+// outstanding units, so the two agree.
+func (s TokenBucket) Book(p Params, now, cost, mostWait int64) (TokenBucket, Decision) {
+	full := p.Burst * p.Window
+	level := s.level(p, now)
+	need, reserved := cost*p.Window, int64(p.Reserve)*p.Window // the Reserve kept for a more important class, as in Decide
+	d := Decision{Limit: p.Burst}
+	if level-reserved < need {
+		wait := ceilDiv(need-(level-reserved), p.Limit)
+		if wait > mostWait {
+			d.Remaining = max(level-reserved, 0) / p.Window
+			d.RetryAfter = wait
+			d.ResetAfter = ceilDiv(full-level, p.Limit)
+			return s, d
+		}
+		d.Delay = wait
+	}
+	level -= need
+	s = TokenBucket{Tokens: level, Last: now, Window: p.Window}
+	d.Allowed = true
+	d.Remaining = max(level-reserved, 0) / p.Window
+	d.ResetAfter = ceilDiv(full-level, p.Limit)
+	return s, d
+}

@@ -63,7 +63,7 @@ func SetBounds(ap *algorithm.Policy, b [4]int64) {
 // evaluation. room is room for ev's policies in the engine's terms (it
 // may be nil: then they are allocated).
 func Check(ev *sluice.Evaluation, room []algorithm.Policy) error {
-	hold, err := Hold(ev.Hold)
+	hold, err := Span(ev)
 	if err != nil {
 		return err
 	}
@@ -113,6 +113,24 @@ func Hold(h time.Duration) (int64, error) {
 	return int64(h / time.Microsecond), nil
 }
 
+// Span returns the engine's Hold of ev in µs: a held spend's Hold, or a
+// Book's MaxWait; an error when it is no whole number of µs, or when ev
+// carries the one its operation does not take.
+func Span(ev *sluice.Evaluation) (int64, error) {
+	switch {
+	case ev.Op == sluice.Book && ev.Hold != 0:
+		return 0, fmt.Errorf("%w: hold = %v: a book is not held", algorithm.ErrInvalidRequest, ev.Hold)
+	case ev.Op == sluice.Book:
+		if ev.MaxWait%time.Microsecond != 0 {
+			return 0, fmt.Errorf("%w: max wait = %v: must be a whole number of microseconds", algorithm.ErrInvalidRequest, ev.MaxWait)
+		}
+		return int64(ev.MaxWait / time.Microsecond), nil
+	case ev.MaxWait != 0:
+		return 0, fmt.Errorf("%w: max wait = %v: only a book waits, not a %v", algorithm.ErrInvalidRequest, ev.MaxWait, ev.Op)
+	}
+	return Hold(ev.Hold)
+}
+
 // Window returns the period p's math runs on, µs: its Window, or for
 // concurrency its LeaseTTL (how long a lease lives).
 func Window(p *sluice.Policy) int64 {
@@ -134,6 +152,7 @@ func SetStatus(st *sluice.Status, p *sluice.Policy, d *algorithm.Decision) {
 	st.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
 	st.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
 	st.Approximate = p.Algorithm == sluice.SlidingWindow
+	st.Delay = time.Duration(d.Delay) * time.Microsecond
 	st.Charged, st.GivenBack, st.Owed = 0, 0, 0
 }
 
@@ -183,10 +202,10 @@ func nowOf(c sluice.Clock) int64 {
 func Defaults(p sluice.Policy) sluice.Policy {
 	f := policydefaults.Fields{Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, LeaseTTL: p.LeaseTTL, Aligned: p.ClockAligned,
 		Revision: p.Revision, Burst: p.Burst, MaxCost: p.MaxCost, DedupeTTL: p.DedupeTTL, DedupeMax: p.DedupeMax,
-		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
+		LocalQuota: p.LocalQuota.Enabled, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock, MaxWait: p.MaxWait}
 	policydefaults.Apply(&f)
 	p.Revision, p.Burst, p.MaxCost, p.DedupeTTL, p.DedupeMax = f.Revision, f.Burst, f.MaxCost, f.DedupeTTL, f.DedupeMax
-	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock = f.BlockTime, f.MaxBlock
+	p.LocalQuota.BlockTime, p.LocalQuota.MaxBlock, p.MaxWait = f.BlockTime, f.MaxBlock, f.MaxWait
 	return p
 }
 

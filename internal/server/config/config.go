@@ -346,6 +346,13 @@ type Route struct {
 	// gateway in front) and only when a policy of the route declares it;
 	// otherwise Priority applies.
 	PriorityHeader string
+	// MaxDelay, when set, holds a request that would be denied for up to
+	// this long for the slot it books (httplimit.Route.MaxDelay): one
+	// gcra or token_bucket policy. Default: 0, refused at once.
+	MaxDelay time.Duration
+	// QueueLimit is the most requests the route holds at once. Default:
+	// 1000.
+	QueueLimit int64
 }
 
 // The kinds of subject a proxy route limits by (Route.SubjectKind).
@@ -962,6 +969,8 @@ func policyErrors(p sluice.Policy) []*policyerr.Error {
 			p.DedupeTTL = 0
 		case "dedupe_max":
 			p.DedupeMax = 0
+		case "max_wait":
+			p.MaxWait = 0
 		default:
 			return errs
 		}
@@ -1079,6 +1088,7 @@ func (c *Config) validateRoute(i int, r Route, ids map[string]bool, matches map[
 		errs = append(errs, c.errorAt(path+".subject", strconv.Quote(r.Subject), "must be one of ip, ip+user_agent, header:<Name>"))
 	}
 	errs = append(errs, c.validatePriority(path, r)...)
+	errs = append(errs, c.validateQueue(path, r)...)
 	return append(errs, c.validateSettle(path, r)...)
 }
 

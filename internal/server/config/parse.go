@@ -435,7 +435,7 @@ func (d *decoder) policies(n *yaml.Node) []Policy {
 }
 
 func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
-	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone", "priorities")
+	m, ok := d.mapping(path, n, "id", "revision", "algorithm", "limit", "window", "lease_ttl", "burst", "max_cost", "failure_mode", "cleanup_grace", "dedupe_ttl", "dedupe_max", "near_cache", "align", "local_quota", "period", "time_zone", "priorities", "max_wait")
 	if !ok {
 		return
 	}
@@ -470,6 +470,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	d.str(path+".period", m["period"], &p.Period)
 	d.timeZone(path+".time_zone", m["time_zone"], &p.TimeZone)
 	d.priorities(path+".priorities", m["priorities"], &p.Priorities)
+	d.duration(path+".max_wait", m["max_wait"], &p.MaxWait)
 	switch align {
 	case "", "first_request":
 	case "clock":
@@ -497,7 +498,7 @@ func (d *decoder) policy(path string, n *yaml.Node, p *Policy) {
 	for _, f := range [...]struct {
 		key string
 		v   int64
-	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}} {
+	}{{"revision", p.Revision}, {"burst", p.Burst}, {"max_cost", p.MaxCost}, {"dedupe_ttl", int64(p.DedupeTTL)}, {"dedupe_max", dedupeMax}, {"max_wait", int64(p.MaxWait)}} {
 		if key := f.key; m[key] != nil && f.v == 0 && !d.bad[path+"."+key] {
 			d.fail(&Error{Path: path + "." + key, Value: yamlnode.Written(m[key]), Rule: "must not be zero; leave it out for the default", Line: yamlnode.Resolve(m[key]).Line})
 		}
@@ -611,7 +612,7 @@ func (d *decoder) proxy(n *yaml.Node) *Proxy {
 }
 
 func (d *decoder) route(path string, n *yaml.Node, r *Route) {
-	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate", "operation", "priority", "priority_header")
+	m, ok := d.mapping(path, n, "match", "policies", "subject", "shadow", "settle_header", "estimate", "operation", "priority", "priority_header", "max_delay", "queue_limit")
 	if !ok {
 		return
 	}
@@ -624,6 +625,8 @@ func (d *decoder) route(path string, n *yaml.Node, r *Route) {
 	d.str(path+".operation", m["operation"], &r.Operation)
 	d.str(path+".priority", m["priority"], &r.Priority)
 	d.str(path+".priority_header", m["priority_header"], &r.PriorityHeader)
+	d.duration(path+".max_delay", m["max_delay"], &r.MaxDelay)
+	d.int(path+".queue_limit", m["queue_limit"], &r.QueueLimit)
 	if m["match"] == nil {
 		d.fail(&Error{Path: path + ".match", Rule: "is required", Line: yamlnode.Resolve(n).Line})
 		return

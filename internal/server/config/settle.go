@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -44,4 +45,41 @@ func (c *Config) validateSettle(path string, r Route) []*Error {
 		}
 	}
 	return errs
+}
+
+// validateQueue reports every rule a proxy route at path breaks with its
+// max_delay and queue_limit: a whole number of ms from 1ms to 24h (and
+// what the policy's max_wait may be); queue_limit 1 or more, only beside
+// a max_delay; one policy, of gcra or token_bucket (the algorithms with a
+// future slot to book); not with shadow or settle_header.
+func (c *Config) validateQueue(path string, r Route) []*Error {
+	d := r.MaxDelay
+	switch {
+	case d == 0 && r.QueueLimit != 0:
+		return []*Error{c.errorAt(path+".queue_limit", strconv.FormatInt(r.QueueLimit, 10), "applies only with max_delay: how many requests are held at once")}
+	case d == 0:
+		return nil
+	case d < time.Millisecond || d > 24*time.Hour || d%time.Millisecond != 0:
+		return []*Error{c.errorAt(path+".max_delay", d.String(), "must be a whole number of milliseconds from 1ms to 24h")}
+	case r.QueueLimit < 0:
+		return []*Error{c.errorAt(path+".queue_limit", strconv.FormatInt(r.QueueLimit, 10), "must be 1 or more (absent: 1000)")}
+	case r.Shadow || r.SettleHeader != "":
+		return []*Error{c.errorAt(path+".max_delay", d.String(), "a held request books a plain slot: not with shadow or settle_header")}
+	case len(r.Policies) != 1:
+		return []*Error{c.errorAt(path+".max_delay", d.String(), fmt.Sprintf("a queue books a slot of one policy, not of %d", len(r.Policies)))}
+	}
+	for _, p := range c.Policies {
+		if p.ID != r.Policies[0] {
+			continue
+		}
+		if p.Algorithm != sluice.GCRA && p.Algorithm != sluice.TokenBucket {
+			return []*Error{c.errorAt(path+".max_delay", d.String(), fmt.Sprintf("policy %q is %v: only gcra and token_bucket have a future slot to book; a denial's Retry-After is its answer", p.ID, p.Algorithm))}
+		}
+		probe := p.Policy
+		probe.MaxWait = d
+		if err := probe.Validate(); err != nil && p.Policy.Validate() == nil {
+			return []*Error{c.errorAt(path+".max_delay", d.String(), fmt.Sprintf("cannot book on policy %q: %v", p.ID, err))}
+		}
+	}
+	return nil
 }

@@ -1,0 +1,107 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/clock"
+)
+
+// wait.go: a Book sent and waited for (Wait), or returned with a way to
+// give it back (Reserve). The booking itself is the store's, in one
+// atomic decision (Op Book); nothing here polls.
+
+// bookBound puts req's bound in ev: a Book's own MaxWait, else its
+// policy's; every other operation takes none.
+func bookBound(ev *Evaluation, req *Request) error {
+	switch {
+	case req.MaxWait < 0:
+		return fmt.Errorf("sluice: %w: max wait = %v: must not be negative", ErrInvalidRequest, req.MaxWait)
+	case req.Op != Book && req.MaxWait != 0:
+		return fmt.Errorf("sluice: %w: max wait = %v: only a book waits, not %v", ErrInvalidRequest, req.MaxWait, req.Op)
+	case req.Op != Book:
+		return nil
+	}
+	ev.MaxWait = req.MaxWait
+	if ev.MaxWait == 0 && len(ev.Policies) > 0 {
+		ev.MaxWait = ev.Policies[0].MaxWait
+	}
+	return nil
+}
+
+// Reserve books req's cost (Op Book: req.Op must be Spend or Book) and
+// returns at once, as x/time/rate's Reserve does: the Outcome, Allowed
+// with Status.Delay the wait until the booked slot (0: admitted now), or
+// Denied when the slot lies past MaxWait (nothing booked), or any
+// failure Check answers; and cancel, which gives the booking back (a
+// Refund of its cost) while its slot is still ahead, and does nothing
+// after it, for an outcome that booked nothing, or when called again.
+// The booking is given back exactly while it is the latest of its policy
+// and subject. When others were booked after it, in any process, their
+// slots stand and the schedule moves back under them: up to Cost units
+// more may then be admitted around them than the rate allows, an
+// approximation, as x/time/rate's Reservation.Cancel is one.
+func (l *Limiter) Reserve(ctx context.Context, req Request) (Outcome, func()) {
+	if req.Op != Spend && req.Op != Book {
+		return Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: %w: op %v: a reservation books a spend: leave Op unset or Book", ErrInvalidRequest, req.Op)}, func() {}
+	}
+	req.Op = Book
+	o := l.Check(ctx, req)
+	if o.Kind != Allowed || o.Delay <= 0 {
+		return o, func() {}
+	}
+	slot := l.clock.Now().Add(o.Delay)
+	var once sync.Once
+	return o, func() {
+		once.Do(func() {
+			if l.clock.Now().Before(slot) {
+				l.giveBack(context.WithoutCancel(ctx), req)
+			}
+		})
+	}
+}
+
+// giveBack refunds what req, a Book, booked.
+func (l *Limiter) giveBack(ctx context.Context, req Request) Outcome {
+	cost := req.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	return l.Check(ctx, Request{Op: Refund, Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Previous: req.Previous, Cost: cost})
+}
+
+// Wait books req's cost as Reserve does and sleeps until the booked slot
+// on the Limiter's clock (Options.Clock; one that offers AfterFunc(d
+// time.Duration, f func()), as a test's fake clock may, is waited on
+// through it), then returns the Outcome: Allowed, its Delay the time
+// waited. The bound is MaxWait, and ctx's deadline when it comes sooner:
+// a slot past either is Denied at once, booking nothing (its RetryAfter
+// says when the cost would fit). A ctx that ends before the slot gives
+// the booking back, as Reserve's cancel does, and returns Unavailable,
+// cause DeadlinePassed, its Err saying whether it was given back (a
+// refund the store could not take leaves the units spent). Any other
+// failure is Check's.
+func (l *Limiter) Wait(ctx context.Context, req Request) Outcome {
+	if d, ok := ctx.Deadline(); ok {
+		most := req.MaxWait
+		if p := l.policy(req.Policy); most == 0 && p != nil {
+			most = p.MaxWait
+		}
+		if left := d.Sub(l.clock.Now()).Truncate(time.Microsecond); left < most {
+			req.MaxWait = max(left, time.Microsecond) // a deadline passed is Check's to answer
+		}
+	}
+	o, _ := l.Reserve(ctx, req)
+	if o.Kind != Allowed || clock.Sleep(l.clock, o.Delay, ctx.Done()) {
+		return o
+	}
+	err := ctx.Err()
+	if r := l.giveBack(context.WithoutCancel(ctx), Request{Policy: req.Policy, Policies: req.Policies, Subject: req.Subject, Previous: req.Previous, Cost: req.Cost}); r.Kind != Allowed {
+		err = fmt.Errorf("sluice: wait: %w before the slot booked %v ahead; giving it back failed, its units stay spent: %w", err, o.Delay, r.Err)
+	} else {
+		err = fmt.Errorf("sluice: wait: %w before the slot booked %v ahead; the booking was given back", err, o.Delay)
+	}
+	return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: err}
+}
