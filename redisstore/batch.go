@@ -45,7 +45,7 @@ type pending struct {
 	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
 	mark  mark      // its last argument while it is sent: notes when go-redis writes it
 	lease text      // a short decision's lease, its argument
-	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it; else ""
+	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
 	limit int64     // with spec: the decision's limit, which a compact reply leaves out
 	ref   mark      // with spec: its key in a decideAll call, which notes when it is written
 	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
@@ -289,7 +289,7 @@ func (b *batcher) shareable(batch []*pending) bool {
 // the number of decisions, the number of heads, the number of distinct
 // specs and the specs, the heads (a run of consecutive decisions by spec j: "-j" and the run's
 // length; any other decision: its number of keys), then the others'
-// arguments, in order.
+// arguments and the leases of decisions by a lease's spec, in order.
 func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	keys, argv, heads := 0, 0, 0
 	var specs []string
@@ -308,6 +308,9 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 			heads++
 		} else if p.spec != last {
 			heads += 2
+		}
+		if leaseSpec(p.spec) {
+			argv++
 		}
 		last = p.spec
 	}
@@ -342,9 +345,17 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	for _, p := range batch {
 		if p.spec == "" {
 			args = append(args, p.args[3+p.keys:]...) // its mark last
+		} else if leaseSpec(p.spec) {
+			args = append(args, &p.lease)
 		}
 	}
 	return newScriptCmd(ctx, args)
+}
+
+// leaseSpec reports whether spec is a lease's (an acquire or a release):
+// a decision by it names its lease beside it.
+func leaseSpec(spec string) bool {
+	return spec != "" && (spec[0] == 'a' || spec[0] == 'r')
 }
 
 // specRefs are the heads of runs of decisions by spec in a decideAll

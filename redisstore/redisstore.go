@@ -768,8 +768,9 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	}
 	pa := s.argsOf(pol)
 	argv[nargv] = pa.arg
-	if s.clock == nil && pol.Algorithm != sluice.Concurrency {
-		// In a decideAll call it goes by its spec (batch.lua).
+	if s.clock == nil {
+		// In a decideAll call it goes by its spec (batch.lua), a lease's
+		// beside it.
 		p.spec, p.limit = shortSpec(pa, ev.Op, ev.Cost, ev.Hold), pa.limit
 	}
 	return s.send(ctx, p, ev, dst)
