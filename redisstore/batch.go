@@ -40,21 +40,24 @@ const (
 
 // pending is one decision waiting for, or on, the wire.
 type pending struct {
-	args  []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
-	keys  int       // how many keys args holds
-	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
-	mark  mark      // its last argument while it is sent: notes when go-redis writes it
-	lease text      // a short decision's lease, its argument
-	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
-	limit int64     // with spec: the decision's limit, which a compact reply leaves out
-	ref   mark      // with spec: its key in a decideAll call, which notes when it is written
-	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
-	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
-	batch int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
-	wait  *redis.IntCmd
-	err   error // the command's error, typed by typeErr
-	state atomic.Int32
-	done  chan struct{} // receives one value when cmd holds the reply or err is set
+	args    []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
+	keys    int       // how many keys args holds
+	alone   bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
+	mark    mark      // its last argument while it is sent: notes when go-redis writes it
+	lease   text      // a short decision's lease, its argument
+	spec    string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
+	limit   int64     // with spec: the decision's limit, which a compact reply leaves out
+	whole   [2]int64  // with spec, compact set: the compact reply's remaining and resetAfter
+	at      int64     // with spec, compact set: the time its decideAll call decided at
+	compact bool      // set by spread: the reply is whole and at, not in cmd
+	ref     mark      // with spec: its key in a decideAll call, which notes when it is written
+	cmd     scriptCmd // its own command, or where a decideAll call leaves its reply
+	wrote   bool      // set by its sender: the command, or the decideAll call that held it, was written
+	batch   int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
+	wait    *redis.IntCmd
+	err     error // the command's error, typed by typeErr
+	state   atomic.Int32
+	done    chan struct{} // receives one value when cmd holds the reply or err is set
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
@@ -263,7 +266,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		// A failure of the whole pipeline: every command without an
 		// answer of its own carries it.
 		for _, p := range batch {
-			if p.cmd.Err() == nil && p.cmd.Val() == nil {
+			if p.cmd.Err() == nil && p.cmd.Val() == nil && !p.compact {
 				p.cmd.SetErr(err)
 			}
 		}
@@ -370,8 +373,10 @@ var specRefs = func() (v [maxAll]string) {
 // spread hands each decision of batch its part of c's reply: its own
 // reply or error reply, or c's error when the call failed as a whole. A
 // decision by spec admitted with no retry has two integers there,
-// remaining and resetAfter: its reply is made whole with its limit and the
-// time the call decided at, the reply's first value.
+// remaining and resetAfter: they are kept in the decision (whole, at,
+// compact), for send to make its reply whole with its limit and the time
+// the call decided at, the reply's first value, without a reply of
+// values boxed for cmd.
 func spread(c scriptCmd, batch []*pending) {
 	replies, err := c.Slice()
 	var at int64
@@ -385,7 +390,7 @@ func spread(c scriptCmd, batch []*pending) {
 			err = fmt.Errorf("redisstore: decideAll answered %d values, too few for %d decisions: %w", len(replies), len(batch), sluice.ErrIndeterminate)
 		case err != nil:
 		case p.spec != "" && isInt(replies[k]) && k+1 < len(replies) && isInt(replies[k+1]):
-			p.cmd.SetVal([]any{int64(0), int64(1), p.limit, replies[k], replies[k+1], int64(0), at})
+			p.whole, p.at, p.compact = [2]int64{replies[k].(int64), replies[k+1].(int64)}, at, true
 			k += 2
 			continue
 		default:
@@ -472,7 +477,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 	}
 	p.mark.arm(p.args)
 	p.ref.written.Store(false)
-	p.cmd, p.err, p.wrote, p.wait = newScriptCmd(ctx, p.args), nil, false, nil
+	p.cmd, p.err, p.wrote, p.wait, p.compact = newScriptCmd(ctx, p.args), nil, false, nil, false
 	reuse, err := b.do(ctx, p)
 	if reuse {
 		defer s.release(p)
@@ -487,6 +492,9 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return nil, p.err
 	}
 	ev.Batch = p.batch
+	if p.compact {
+		return append(dst, 0, 1, p.limit, p.whole[0], p.whole[1], 0, p.at), nil
+	}
 	return int64s(p.cmd, dst)
 }
 
