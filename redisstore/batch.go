@@ -42,6 +42,7 @@ const (
 type pending struct {
 	args    []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
 	keys    int       // how many keys args holds
+	key     string    // its first key; a short decision's command holds it as &key, which costs no allocation where the string would
 	alone   bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
 	mark    mark      // its last argument while it is sent: notes when go-redis writes it
 	lease   text      // a short decision's lease, its argument
@@ -183,7 +184,7 @@ func (b *batcher) exec(batch []*pending) {
 				s.fallBack("redis refused FCALL: " + msg)
 			}
 			if !loaded || s.scripts.Load() != loadedScripts {
-				lerr = s.loadNode(ctx, b.n, p.args[3].(string), err)
+				lerr = s.loadNode(ctx, b.n, p.key, err)
 				loaded, loadedScripts = true, s.scripts.Load() // the form it loaded
 			}
 			if lerr != nil {
@@ -321,7 +322,7 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	args = append(args, callAll[0], callAll[1], keys)
 	for _, p := range batch {
 		if p.spec != "" {
-			p.ref.arg = p.args[3].(string)
+			p.ref.arg = p.key
 			args = append(args, &p.ref)
 		} else {
 			args = append(args, p.args[3:3+p.keys]...)
@@ -449,7 +450,7 @@ func (b *batcher) close() {
 // that node's senders or alone, and returns the script's reply appended
 // to dst, or the error typed by typeErr. It sets ev.Batch.
 func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
-	n := s.nodeFor(ctx, p.args[3].(string))
+	n := s.nodeFor(ctx, p.key)
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
 		return nil, n.errOpen
@@ -531,7 +532,7 @@ func (s *Store) sendAlone(ctx context.Context, n *node, p *pending) error {
 	if notLoaded(err) {
 		// The code certainly did not run: load it where the key lives
 		// and try once more.
-		if lerr := s.loadNode(ctx, n, p.args[3].(string), err); lerr != nil {
+		if lerr := s.loadNode(ctx, n, p.key, err); lerr != nil {
 			return reloadFailed(err, lerr)
 		}
 		p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
@@ -626,6 +627,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg = scriptCmd{}, nil, nil, "", "", "", ""
+	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg, p.key = scriptCmd{}, nil, nil, "", "", "", "", ""
 	pendingPool.Put(p)
 }
