@@ -40,21 +40,22 @@ const (
 
 // pending is one decision waiting for, or on, the wire.
 type pending struct {
-	args    []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
-	keys    int       // how many keys args holds
-	key     string    // its first key; a short decision's command holds it as &key, which costs no allocation where the string would
-	alone   bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
-	mark    mark      // its last argument while it is sent: notes when go-redis writes it
-	lease   text      // a short decision's lease, its argument
-	spec    string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
-	limit   int64     // with spec: the decision's limit, which a compact reply leaves out
-	whole   [2]int64  // with spec, compact set: the compact reply's remaining and resetAfter
-	at      int64     // with spec, compact set: the time its decideAll call decided at
-	compact bool      // set by spread: the reply is whole and at, not in cmd
-	ref     mark      // with spec: its key in a decideAll call, which notes when it is written
-	cmd     scriptCmd // its own command, or where a decideAll call leaves its reply
-	wrote   bool      // set by its sender: the command, or the decideAll call that held it, was written
-	batch   int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
+	args    []any           // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
+	keys    int             // how many keys args holds
+	key     string          // its first key; a short decision's command holds it as &key, which costs no allocation where the string would
+	alone   bool            // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
+	mark    mark            // its last argument while it is sent: notes when go-redis writes it
+	lease   text            // a short decision's lease, its argument
+	spec    string          // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
+	limit   int64           // with spec: the decision's limit, which a compact reply leaves out
+	whole   [2]int64        // with spec, compact set: the compact reply's remaining and resetAfter
+	at      int64           // with spec, compact set: the time its decideAll call decided at
+	compact bool            // set by spread: the reply is whole and at, not in cmd
+	ref     mark            // with spec: its key in a decideAll call, which notes when it is written
+	cmd     scriptCmd       // its own command, or where a decideAll call leaves its reply; made when first needed (command)
+	ctx     context.Context // its caller's, for the command made late
+	wrote   bool            // set by its sender: the command, or the decideAll call that held it, was written
+	batch   int             // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
 	wait    *redis.IntCmd
 	err     error // the command's error, typed by typeErr
 	state   atomic.Int32
@@ -62,6 +63,23 @@ type pending struct {
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// command returns p's own command, made now if it was not yet: a
+// decision by spec whose decideAll call answered it compactly needs none.
+func (p *pending) command() scriptCmd {
+	if p.cmd.Cmd == nil {
+		p.cmd = newScriptCmd(p.ctx, p.args)
+	}
+	return p.cmd
+}
+
+// cmdErr returns the error of p's command, nil while it has none.
+func (p *pending) cmdErr() error {
+	if p.cmd.Cmd == nil {
+		return nil
+	}
+	return p.cmd.Err()
+}
 
 // batcher sends the decisions that meet at one node (the store's Redis,
 // or one master of a Cluster: a master that hangs holds up only its own)
@@ -179,7 +197,7 @@ func (b *batcher) exec(batch []*pending) {
 	var lerr error // loading the code on the node: once for the batch, in each form
 	loaded, loadedScripts := false, false
 	for _, p := range batch {
-		if err := p.cmd.Err(); notLoaded(err) {
+		if err := p.cmdErr(); notLoaded(err) {
 			if msg := replyError(err); noFunctions(msg) {
 				s.fallBack("redis refused FCALL: " + msg)
 			}
@@ -203,7 +221,7 @@ func (b *batcher) exec(batch []*pending) {
 	var failed error
 	for _, p := range batch {
 		if p.err == nil {
-			if err := p.cmd.Err(); err != nil {
+			if err := p.cmdErr(); err != nil {
 				p.err = s.typeErr(ctx, "run script", p.wrote, err)
 			} else {
 				p.err = s.waited(p.wait)
@@ -226,7 +244,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 	s := b.s
 	if len(batch) == 1 && s.replicas == 0 && !s.batchAll {
 		p := batch[0]
-		if err := s.client.Process(ctx, p.cmd); err != nil && p.cmd.Err() == nil {
+		if err := s.client.Process(ctx, p.command()); err != nil && p.cmd.Err() == nil {
 			p.cmd.SetErr(err)
 		}
 		p.wrote, p.wait, p.batch = p.mark.written.Load(), nil, 1
@@ -247,7 +265,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		}
 	} else {
 		for _, p := range batch {
-			pipe.Process(ctx, p.cmd)
+			pipe.Process(ctx, p.command())
 		}
 	}
 	var w *redis.IntCmd
@@ -267,7 +285,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		// A failure of the whole pipeline: every command without an
 		// answer of its own carries it.
 		for _, p := range batch {
-			if p.cmd.Err() == nil && p.cmd.Val() == nil && !p.compact {
+			if !p.compact && p.command().Err() == nil && p.cmd.Val() == nil {
 				p.cmd.SetErr(err)
 			}
 		}
@@ -396,20 +414,20 @@ func spread(c scriptCmd, batch []*pending) {
 			continue
 		default:
 			if rerr, ok := replies[k].(error); ok {
-				p.cmd.SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
+				p.command().SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
 			} else {
-				p.cmd.SetVal(replies[k])
+				p.command().SetVal(replies[k])
 			}
 			k++
 			continue
 		}
-		p.cmd.SetErr(err)
+		p.command().SetErr(err)
 	}
 	if err == nil && k != len(replies) {
 		// Too many values: the replies handed out may be misplaced too.
 		err = fmt.Errorf("redisstore: decideAll answered %d values, more than %d decisions take: %w", len(replies), len(batch), sluice.ErrIndeterminate)
 		for _, p := range batch {
-			p.cmd.SetErr(err)
+			p.command().SetErr(err)
 		}
 	}
 }
@@ -478,7 +496,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 	}
 	p.mark.arm(p.args)
 	p.ref.written.Store(false)
-	p.cmd, p.err, p.wrote, p.wait, p.compact = newScriptCmd(ctx, p.args), nil, false, nil, false
+	p.cmd, p.ctx, p.err, p.wrote, p.wait, p.compact = scriptCmd{}, ctx, nil, false, nil, false
 	reuse, err := b.do(ctx, p)
 	if reuse {
 		defer s.release(p)
@@ -496,7 +514,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 	if p.compact {
 		return append(dst, 0, 1, p.limit, p.whole[0], p.whole[1], 0, p.at), nil
 	}
-	return int64s(p.cmd, dst)
+	return int64s(p.command(), dst)
 }
 
 // int64s appends the integers of cmd's reply to dst, as Int64Slice reads
@@ -627,6 +645,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg, p.key = scriptCmd{}, nil, nil, "", "", "", "", ""
+	p.cmd, p.ctx, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg, p.key = scriptCmd{}, nil, nil, nil, "", "", "", "", ""
 	pendingPool.Put(p)
 }
