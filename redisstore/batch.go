@@ -40,24 +40,46 @@ const (
 
 // pending is one decision waiting for, or on, the wire.
 type pending struct {
-	args  []any     // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
-	keys  int       // how many keys args holds
-	alone bool      // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
-	mark  mark      // its last argument while it is sent: notes when go-redis writes it
-	lease text      // a short decision's lease, its argument
-	spec  string    // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it; else ""
-	limit int64     // with spec: the decision's limit, which a compact reply leaves out
-	ref   mark      // with spec: its key in a decideAll call, which notes when it is written
-	cmd   scriptCmd // its own command, or where a decideAll call leaves its reply
-	wrote bool      // set by its sender: the command, or the decideAll call that held it, was written
-	batch int       // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
-	wait  *redis.IntCmd
-	err   error // the command's error, typed by typeErr
-	state atomic.Int32
-	done  chan struct{} // receives one value when cmd holds the reply or err is set
+	args    []any           // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
+	keys    int             // how many keys args holds
+	key     string          // its first key; a short decision's command holds it as &key, which costs no allocation where the string would
+	alone   bool            // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
+	mark    mark            // its last argument while it is sent: notes when go-redis writes it
+	lease   text            // a short decision's lease, its argument
+	spec    string          // a short decision on Redis time: its spec (shortSpec), by which a decideAll call sends it (a lease's with its lease); else ""
+	limit   int64           // with spec: the decision's limit, which a compact reply leaves out
+	whole   [2]int64        // with spec, compact set: the compact reply's remaining and resetAfter
+	at      int64           // with spec, compact set: the time its decideAll call decided at
+	compact bool            // set by spread: the reply is whole and at, not in cmd
+	ref     mark            // with spec: its key in a decideAll call, which notes when it is written
+	cmd     scriptCmd       // its own command, or where a decideAll call leaves its reply; made when first needed (command)
+	ctx     context.Context // its caller's, for the command made late
+	wrote   bool            // set by its sender: the command, or the decideAll call that held it, was written
+	batch   int             // set by its sender: how many decisions the round trip held (sluice.Evaluation.Batch)
+	wait    *redis.IntCmd
+	err     error // the command's error, typed by typeErr
+	state   atomic.Int32
+	done    chan struct{} // receives one value when cmd holds the reply or err is set
 }
 
 var pendingPool = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// command returns p's own command, made now if it was not yet: a
+// decision by spec whose decideAll call answered it compactly needs none.
+func (p *pending) command() scriptCmd {
+	if p.cmd.Cmd == nil {
+		p.cmd = newScriptCmd(p.ctx, p.args)
+	}
+	return p.cmd
+}
+
+// cmdErr returns the error of p's command, nil while it has none.
+func (p *pending) cmdErr() error {
+	if p.cmd.Cmd == nil {
+		return nil
+	}
+	return p.cmd.Err()
+}
 
 // batcher sends the decisions that meet at one node (the store's Redis,
 // or one master of a Cluster: a master that hangs holds up only its own)
@@ -175,12 +197,12 @@ func (b *batcher) exec(batch []*pending) {
 	var lerr error // loading the code on the node: once for the batch, in each form
 	loaded, loadedScripts := false, false
 	for _, p := range batch {
-		if err := p.cmd.Err(); notLoaded(err) {
+		if err := p.cmdErr(); notLoaded(err) {
 			if msg := replyError(err); noFunctions(msg) {
 				s.fallBack("redis refused FCALL: " + msg)
 			}
 			if !loaded || s.scripts.Load() != loadedScripts {
-				lerr = s.loadNode(ctx, b.n, p.args[3].(string), err)
+				lerr = s.loadNode(ctx, b.n, p.key, err)
 				loaded, loadedScripts = true, s.scripts.Load() // the form it loaded
 			}
 			if lerr != nil {
@@ -199,7 +221,7 @@ func (b *batcher) exec(batch []*pending) {
 	var failed error
 	for _, p := range batch {
 		if p.err == nil {
-			if err := p.cmd.Err(); err != nil {
+			if err := p.cmdErr(); err != nil {
 				p.err = s.typeErr(ctx, "run script", p.wrote, err)
 			} else {
 				p.err = s.waited(p.wait)
@@ -222,7 +244,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 	s := b.s
 	if len(batch) == 1 && s.replicas == 0 && !s.batchAll {
 		p := batch[0]
-		if err := s.client.Process(ctx, p.cmd); err != nil && p.cmd.Err() == nil {
+		if err := s.client.Process(ctx, p.command()); err != nil && p.cmd.Err() == nil {
 			p.cmd.SetErr(err)
 		}
 		p.wrote, p.wait, p.batch = p.mark.written.Load(), nil, 1
@@ -243,7 +265,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		}
 	} else {
 		for _, p := range batch {
-			pipe.Process(ctx, p.cmd)
+			pipe.Process(ctx, p.command())
 		}
 	}
 	var w *redis.IntCmd
@@ -263,7 +285,7 @@ func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
 		// A failure of the whole pipeline: every command without an
 		// answer of its own carries it.
 		for _, p := range batch {
-			if p.cmd.Err() == nil && p.cmd.Val() == nil {
+			if !p.compact && p.command().Err() == nil && p.cmd.Val() == nil {
 				p.cmd.SetErr(err)
 			}
 		}
@@ -289,7 +311,7 @@ func (b *batcher) shareable(batch []*pending) bool {
 // the number of decisions, the number of heads, the number of distinct
 // specs and the specs, the heads (a run of consecutive decisions by spec j: "-j" and the run's
 // length; any other decision: its number of keys), then the others'
-// arguments, in order.
+// arguments and the leases of decisions by a lease's spec, in order.
 func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	keys, argv, heads := 0, 0, 0
 	var specs []string
@@ -309,13 +331,16 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 		} else if p.spec != last {
 			heads += 2
 		}
+		if leaseSpec(p.spec) {
+			argv++
+		}
 		last = p.spec
 	}
 	args := make([]any, 0, 3+keys+3+len(specs)+heads+argv)
 	args = append(args, callAll[0], callAll[1], keys)
 	for _, p := range batch {
 		if p.spec != "" {
-			p.ref.arg = p.args[3].(string)
+			p.ref.arg = p.key
 			args = append(args, &p.ref)
 		} else {
 			args = append(args, p.args[3:3+p.keys]...)
@@ -342,9 +367,17 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	for _, p := range batch {
 		if p.spec == "" {
 			args = append(args, p.args[3+p.keys:]...) // its mark last
+		} else if leaseSpec(p.spec) {
+			args = append(args, &p.lease)
 		}
 	}
 	return newScriptCmd(ctx, args)
+}
+
+// leaseSpec reports whether spec is a lease's (an acquire or a release):
+// a decision by it names its lease beside it.
+func leaseSpec(spec string) bool {
+	return spec != "" && (spec[0] == 'a' || spec[0] == 'r')
 }
 
 // specRefs are the heads of runs of decisions by spec in a decideAll
@@ -359,8 +392,10 @@ var specRefs = func() (v [maxAll]string) {
 // spread hands each decision of batch its part of c's reply: its own
 // reply or error reply, or c's error when the call failed as a whole. A
 // decision by spec admitted with no retry has two integers there,
-// remaining and resetAfter: its reply is made whole with its limit and the
-// time the call decided at, the reply's first value.
+// remaining and resetAfter: they are kept in the decision (whole, at,
+// compact), for send to make its reply whole with its limit and the time
+// the call decided at, the reply's first value, without a reply of
+// values boxed for cmd.
 func spread(c scriptCmd, batch []*pending) {
 	replies, err := c.Slice()
 	var at int64
@@ -374,25 +409,25 @@ func spread(c scriptCmd, batch []*pending) {
 			err = fmt.Errorf("redisstore: decideAll answered %d values, too few for %d decisions: %w", len(replies), len(batch), sluice.ErrIndeterminate)
 		case err != nil:
 		case p.spec != "" && isInt(replies[k]) && k+1 < len(replies) && isInt(replies[k+1]):
-			p.cmd.SetVal([]any{int64(0), int64(1), p.limit, replies[k], replies[k+1], int64(0), at})
+			p.whole, p.at, p.compact = [2]int64{replies[k].(int64), replies[k+1].(int64)}, at, true
 			k += 2
 			continue
 		default:
 			if rerr, ok := replies[k].(error); ok {
-				p.cmd.SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
+				p.command().SetErr(rerr) // the decision's own error reply (SLUICE_CORRUPT, …)
 			} else {
-				p.cmd.SetVal(replies[k])
+				p.command().SetVal(replies[k])
 			}
 			k++
 			continue
 		}
-		p.cmd.SetErr(err)
+		p.command().SetErr(err)
 	}
 	if err == nil && k != len(replies) {
 		// Too many values: the replies handed out may be misplaced too.
 		err = fmt.Errorf("redisstore: decideAll answered %d values, more than %d decisions take: %w", len(replies), len(batch), sluice.ErrIndeterminate)
 		for _, p := range batch {
-			p.cmd.SetErr(err)
+			p.command().SetErr(err)
 		}
 	}
 }
@@ -433,7 +468,7 @@ func (b *batcher) close() {
 // that node's senders or alone, and returns the script's reply appended
 // to dst, or the error typed by typeErr. It sets ev.Batch.
 func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
-	n := s.nodeFor(ctx, p.args[3].(string))
+	n := s.nodeFor(ctx, p.key)
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
 		return nil, n.errOpen
@@ -461,7 +496,7 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 	}
 	p.mark.arm(p.args)
 	p.ref.written.Store(false)
-	p.cmd, p.err, p.wrote, p.wait = newScriptCmd(ctx, p.args), nil, false, nil
+	p.cmd, p.ctx, p.err, p.wrote, p.wait, p.compact = scriptCmd{}, ctx, nil, false, nil, false
 	reuse, err := b.do(ctx, p)
 	if reuse {
 		defer s.release(p)
@@ -476,7 +511,10 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return nil, p.err
 	}
 	ev.Batch = p.batch
-	return int64s(p.cmd, dst)
+	if p.compact {
+		return append(dst, 0, 1, p.limit, p.whole[0], p.whole[1], 0, p.at), nil
+	}
+	return int64s(p.command(), dst)
 }
 
 // int64s appends the integers of cmd's reply to dst, as Int64Slice reads
@@ -512,7 +550,7 @@ func (s *Store) sendAlone(ctx context.Context, n *node, p *pending) error {
 	if notLoaded(err) {
 		// The code certainly did not run: load it where the key lives
 		// and try once more.
-		if lerr := s.loadNode(ctx, n, p.args[3].(string), err); lerr != nil {
+		if lerr := s.loadNode(ctx, n, p.key, err); lerr != nil {
 			return reloadFailed(err, lerr)
 		}
 		p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
@@ -607,6 +645,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg = scriptCmd{}, nil, nil, "", "", "", ""
+	p.cmd, p.ctx, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg, p.key = scriptCmd{}, nil, nil, nil, "", "", "", "", ""
 	pendingPool.Put(p)
 }

@@ -168,7 +168,10 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 // BenchmarkLease measures one lease's acquire and release through a
 // Limiter on the shared standalone server, as one pair per op: serially
 // and from 64 concurrent callers, each on its own subject; beside it a
-// gcra decision through the same Limiter, for the ratio.
+// gcra decision through the same Limiter, for the ratio; then the same
+// two asked of the store itself (Store.Evaluate, each caller reusing its
+// evaluations, as BenchmarkEvaluate does): the store's own allocations,
+// without the Limiter's (the lease id, the Lease, the Outcome).
 func BenchmarkLease(b *testing.B) {
 	c := standaloneClient(b)
 	s := newStore(b, c, redisstore.Options{})
@@ -195,16 +198,55 @@ func BenchmarkLease(b *testing.B) {
 		}
 		return nil
 	}
+	lp, _ := l.Policy("lease")
+	rp, _ := l.Policy("rate")
+	// storePair and storeDecision make a caller's op on the store itself,
+	// its evaluation made once; a pair's lease id is made outside the
+	// store, as a Limiter makes it (here, taken from a ring of 64).
+	storePair := func(subj string) func(context.Context) error {
+		ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{&lp}}
+		ids := make([]string, 64)
+		for i := range ids {
+			ids[i] = fmt.Sprint(subj, ".", i)
+		}
+		n := 0
+		return func(ctx context.Context) error {
+			n++
+			ev.Op, ev.Cost, ev.LeaseID = sluice.Acquire, 1, ids[n%len(ids)]
+			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+				return fmt.Errorf("acquire: %v %+v", err, ev.Statuses)
+			}
+			ev.Op, ev.Cost = sluice.Release, 0
+			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+				return fmt.Errorf("release: %v %+v", err, ev.Statuses)
+			}
+			return nil
+		}
+	}
+	storeDecision := func(subj string) func(context.Context) error {
+		ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{&rp}, Cost: 1}
+		return func(ctx context.Context) error {
+			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+				return fmt.Errorf("gcra: %v %+v", err, ev.Statuses)
+			}
+			return nil
+		}
+	}
+	limiterOp := func(op func(context.Context, string) error) func(string) func(context.Context) error {
+		return func(subj string) func(context.Context) error {
+			return func(ctx context.Context) error { return op(ctx, subj) }
+		}
+	}
 	for _, row := range []struct {
 		name string
-		op   func(context.Context, string) error
-	}{{"pair", pair}, {"gcra", decision}} {
+		op   func(subj string) func(context.Context) error
+	}{{"pair", limiterOp(pair)}, {"gcra", limiterOp(decision)}, {"store-pair", storePair}, {"store-gcra", storeDecision}} {
 		b.Run(row.name+"/serial", func(b *testing.B) {
-			subj := subject(b)
+			op := row.op(subject(b))
 			b.ReportAllocs()
 			cpu := redisCPU(b, c)
 			for b.Loop() {
-				if err := row.op(context.Background(), subj); err != nil {
+				if err := op(context.Background()); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -218,9 +260,9 @@ func BenchmarkLease(b *testing.B) {
 			b.ResetTimer()
 			cpu := redisCPU(b, c)
 			b.RunParallel(func(pb *testing.PB) {
-				subj := fmt.Sprint(base, seq.Add(1))
+				op := row.op(fmt.Sprint(base, seq.Add(1)))
 				for pb.Next() {
-					if err := row.op(context.Background(), subj); err != nil {
+					if err := op(context.Background()); err != nil {
 						b.Error(err)
 						return
 					}

@@ -89,6 +89,8 @@ func TestCorruptShapes(t *testing.T) {
 		{"lease expiry far ahead", sluice.Concurrency, leases(now + 60*minute), "after the time of this call"},
 		{"lease expiry a day before the latest", sluice.Concurrency, leases(now-24*60*minute+minute, now+minute), "want one after the latest"},
 		{"lease expiry negative zero", sluice.Concurrency, leases(math.Copysign(0, -1), now+minute), "want an integer > 0"},
+		{"the only lease's expiry negative zero", sluice.Concurrency, leases(math.Copysign(0, -1)), "want an integer > 0"},
+		{"leases of another type", sluice.Concurrency, func(k string) error { return c.Set(ctx, k, "a", 0).Err() }, "holds another type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			subj := subject(t)
@@ -130,6 +132,20 @@ func TestCorruptShapes(t *testing.T) {
 				}
 				if after := dump(); after != before {
 					t.Fatalf("a decision (batched %v) refused for corrupt state wrote: %q, then %q", st == batched, before, after)
+				}
+			}
+			if p.Algorithm == sluice.Concurrency {
+				// A release of lease "a", the only one in the single-lease
+				// cases: short.lua's leaseFloor reads it, alone and batched.
+				for _, st := range []*redisstore.Store{s, batched} {
+					ev := &sluice.Evaluation{Op: sluice.Release, Subject: subj, Policies: []*sluice.Policy{p}, LeaseID: "a"}
+					err := st.Evaluate(ctx, ev)
+					if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
+						t.Fatalf("release (batched %v) over %s = %v (statuses %+v), want CorruptState naming %s, saying %q", st == batched, tc.name, err, ev.Statuses, key, tc.want)
+					}
+					if after := dump(); after != before {
+						t.Fatalf("a release (batched %v) refused for corrupt state wrote: %q, then %q", st == batched, before, after)
+					}
 				}
 			}
 			l, err := sluice.New(s, []sluice.Policy{*p}, sluice.Options{})

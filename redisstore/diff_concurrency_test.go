@@ -97,7 +97,8 @@ func describeLeases(ps []*sluice.Policy) string {
 // clock stepping back now and then and the numbers changed under one
 // revision, through memstore (the Go engine) and the Lua script, which
 // must answer alike (alone: through the short form of an acquire or a
-// release, and through the general form only, on one sequence); then
+// release, and through the general form only, on one sequence), then on
+// Redis time against the engine twin (short, batched and general); then
 // concurrency beside rate policies in one decision.
 func TestDifferentialConcurrency(t *testing.T) {
 	seed := *diffSeed
@@ -162,6 +163,12 @@ func TestDifferentialConcurrency(t *testing.T) {
 					acquired = acquired[:0]
 				}
 			}
+		})
+	}
+	for _, form := range []string{"short", "general", "batched"} {
+		t.Run("alone/redis-clock/"+form, func(t *testing.T) {
+			t.Parallel()
+			diffRedisClockLeases(t, c, seed, form == "general", form == "batched", *diffSteps)
 		})
 	}
 	t.Run("with rate policies", func(t *testing.T) {

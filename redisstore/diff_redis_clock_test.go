@@ -39,7 +39,7 @@ func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status
 	if err != nil {
 		return nil, err
 	}
-	a := algorithm.Evaluation{Now: now, Op: evaluation.Op(ev), Cost: ev.Cost, Hold: hold, MaxRegression: -1,
+	a := algorithm.Evaluation{Now: now, Op: evaluation.Op(ev), Cost: ev.Cost, LeaseID: ev.LeaseID, Hold: hold, MaxRegression: -1,
 		Decisions: make([]algorithm.Decision, n), Writes: make([]algorithm.Write, n)}
 	keys := make([]string, n)
 	for i, p := range ev.Policies {
@@ -51,7 +51,7 @@ func (e *engineTwin) evaluate(ev *sluice.Evaluation, now int64) ([]sluice.Status
 		keys[i] = fmt.Sprintf("%s/%s/%d/%t/%d", ev.Subject, p.ID, p.Revision, p.ClockAligned, ap.Kind)
 		a.Policies, a.States = append(a.Policies, ap), append(a.States, e.states[keys[i]])
 	}
-	if err := algorithm.Check(a.Op, a.Policies, a.Cost, a.Hold, "", false); err != nil {
+	if err := algorithm.Check(a.Op, a.Policies, a.Cost, a.Hold, a.LeaseID, false); err != nil {
 		return nil, err
 	}
 	if err := algorithm.Evaluate(&a); err != nil {
@@ -182,3 +182,66 @@ func boolBit(b bool) uint64 {
 }
 
 func boolInt(b bool) int { return int(boolBit(b)) }
+
+// diffRedisClockLeases drives random acquisitions, releases, renewals and
+// peeks of a few leases under a concurrency policy with a short lease TTL
+// (1 to 10 ms, so that leases expire between steps on Redis's clock)
+// through a store on Redis time and its engine twin, demanding identical
+// statuses over steps decisions: alone (an acquire or a release in the
+// short form, short.lua's leaseFloor), batched (by a lease's spec in a
+// decideAll call) or general. Limits of 1 to 3 and three lease ids keep
+// the states a pair meets (no lease, the only one, named or not) common.
+func diffRedisClockLeases(t *testing.T, c redis.UniversalClient, seed uint64, general, batched bool, steps int) {
+	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
+	s.SetGeneral(general)
+	s.SetBatched(batched)
+	var at int64
+	s.OnRedisTime(func(now int64) { at = now })
+	twin := &engineTwin{states: map[string]*algorithm.State{}}
+	r := rand.New(rand.NewPCG(seed, 79<<8|boolBit(batched)<<2|boolBit(general)<<1))
+	const episode = 300
+	var p *sluice.Policy
+	subj := ""
+	var allowed, denied int
+	for step := range steps {
+		if step%episode == 0 || r.IntN(60) == 0 {
+			q := evaluation.Defaults(sluice.Policy{ID: "diff", Algorithm: sluice.Concurrency, Limit: 1 + r.Int64N(3),
+				LeaseTTL: time.Duration(1000+r.Int64N(9_000)) * time.Microsecond, Priorities: randomShares(r)})
+			p = &q
+			if step%episode == 0 {
+				subj = fmt.Sprintf("%s.%d.%d", subject(t), seed, step)
+			}
+		}
+		ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, LeaseID: fmt.Sprint("lease-", r.IntN(3)), Priority: randomClass(r)}
+		switch r.IntN(10) {
+		case 0, 1, 2, 3:
+			ev.Op, ev.Cost = sluice.Acquire, 1
+		case 4, 5, 6, 7:
+			ev.Op, ev.Priority = sluice.Release, "" // a release takes no class
+		case 8:
+			ev.Op = sluice.Renew
+		default:
+			ev.Op, ev.LeaseID = sluice.Peek, ""
+		}
+		before := at
+		if err := s.Evaluate(context.Background(), ev); err != nil {
+			t.Fatalf("seed %d step %d: redisstore %v %s on %s: %v", seed, step, ev.Op, ev.LeaseID, describeLeases(ev.Policies), err)
+		}
+		if at == before {
+			t.Fatalf("seed %d step %d: the reply on Redis time carried no time", seed, step)
+		}
+		want, err := twin.evaluate(ev, at)
+		if err != nil {
+			t.Fatalf("seed %d step %d: engine at %d: %v", seed, step, at, err)
+		}
+		if !slices.Equal(ev.Statuses, want) {
+			t.Fatalf("seed %d step %d: policies %s at %d (Redis time): %v %s = %+v, the engine says %+v", seed, step, describeLeases(ev.Policies), at, ev.Op, ev.LeaseID, ev.Statuses, want)
+		}
+		if ev.Statuses[0].Allowed {
+			allowed++
+		} else {
+			denied++
+		}
+	}
+	t.Logf("%d lease steps on Redis time: %d allowed, %d denied", steps, allowed, denied)
+}

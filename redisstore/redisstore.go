@@ -759,7 +759,8 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
 	p.args, p.keys, p.alone = args, 1, false
 	cmdName, code := s.call()
-	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], s.key(subject, pol)
+	p.key = s.key(subject, pol)
+	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], &p.key
 	argv := args[3:] // argv[i] is ARGV[i]
 	argv[1] = fastForms[clocked][ev.Op]
 	if pol.Algorithm == sluice.Concurrency {
@@ -776,8 +777,9 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	}
 	pa := s.argsOf(pol, evaluation.Reserve(pol, ev.Priority, evaluation.Op(ev)))
 	argv[nargv] = pa.arg
-	if s.clock == nil && pol.Algorithm != sluice.Concurrency {
-		// In a decideAll call it goes by its spec (batch.lua).
+	if s.clock == nil {
+		// In a decideAll call it goes by its spec (batch.lua), a lease's
+		// beside it.
 		p.spec, p.limit = shortSpec(pa, ev.Op, ev.Cost, ev.Hold), pa.limit
 	}
 	return s.send(ctx, p, ev, dst)
@@ -814,6 +816,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	for i, p := range ev.Policies {
 		args[3+i] = s.key(subject, p)
 	}
+	p.key = args[3].(string)
 	first := ev.Policies[0]
 	if id != "" {
 		args[3+n], args[3+n+1] = s.policyKey(subject, first, "ids"), s.policyKey(subject, first, "idv")

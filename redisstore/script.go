@@ -284,6 +284,7 @@ type policyArgs struct {
 	arg                any        // the policy's argument: "kind limit window burst grace align", " r<reserve>" after it for a class's
 	text               string     // arg, as a string
 	spend1             string     // the spec of a spend of 1 under it on Redis time (shortSpec)
+	leases             [2]string  // a concurrency policy's: the specs of an acquire and of a release under it on Redis time
 	limit              int64      // the limit its decisions answer: the burst of a bucket, else the limit
 	bounds             [4]int64   // a calendar period's bounds in arg (algorithm.Params.Bounds); zero for others
 	dedupeTTL, dedupeN any
@@ -350,6 +351,9 @@ func (s *Store) argsOf(p *sluice.Policy, reserve int64) *policyArgs {
 		a.text += " r" + strconv.FormatInt(reserve, 10) // args.lua's parsePolicy reads it
 	}
 	a.arg, a.spend1, a.limit = a.text, "s 1 0 "+a.text, p.Limit
+	if p.Algorithm == sluice.Concurrency {
+		a.leases = [2]string{"a 0 0 " + a.text, "r 0 0 " + a.text}
+	}
 	if p.Algorithm == sluice.GCRA || p.Algorithm == sluice.TokenBucket {
 		a.limit = p.Burst
 	}
@@ -380,12 +384,18 @@ func (s *Store) boundsOf(p *sluice.Policy) [4]int64 {
 }
 
 // shortSpec returns the spec (batch.lua, short.lua's specOf) of a short
-// decision of op (a spend or a peek) with cost, held for hold, under the
-// policy of a on Redis time: its form, cost, hold in µs and the policy's
-// argument, joined by spaces.
+// decision of op (a spend or a peek; on a concurrency policy an acquire or
+// a release, whose lease goes beside the spec) with cost, held for hold,
+// under the policy of a on Redis time: its form, cost, hold in µs and the
+// policy's argument, joined by spaces.
 func shortSpec(a *policyArgs, op sluice.Op, cost int64, hold time.Duration) string {
-	if op == sluice.Spend && cost == 1 && hold == 0 {
+	switch {
+	case op == sluice.Spend && cost == 1 && hold == 0:
 		return a.spend1
+	case op == sluice.Acquire:
+		return a.leases[0]
+	case op == sluice.Release:
+		return a.leases[1]
 	}
 	form := fastForms[0][op].(string)
 	if hold != 0 {

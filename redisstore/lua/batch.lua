@@ -8,9 +8,11 @@ spread (which reads what it answers). ]]
 -- ARGV[3] the number s of specs (short.lua's specOf) and ARGV[4 .. 3 + s]
 -- the specs; then the h heads: "-j" and a number n for a run of n
 -- decisions (n >= 1) by spec j, short decisions on Redis time with one
--- key each and no arguments of their own; else one decision's number of
+-- key each and no arguments of their own but, by a lease's spec, the
+-- lease; else one decision's number of
 -- keys. KEYS holds the decisions' keys one after the other, and ARGV,
--- after the heads, the others' arguments likewise: LAYOUT.ARGV_POLICIES
+-- after the heads, the others' arguments likewise (a run by a lease's
+-- spec: its n leases, in its place): LAYOUT.ARGV_POLICIES
 -- plus LAYOUT.ARGV_PER_POLICY per policy each (no carried state: a
 -- decision that carries some goes alone), or a short decision's
 -- (FAST_ARGS). The reply is the time the Redis-time decisions shared (0
@@ -43,7 +45,7 @@ local function decideAll(keys, args)
     local sp = byRef[head]
     if sp ~= nil then
       local n = SMALL[args[hi + 2]] or arg(args[hi + 2])
-      if hi + 2 > 3 + s + h or n == nil or n < 1 or ko + n > #keys then
+      if hi + 2 > 3 + s + h or n == nil or n < 1 or ko + n > #keys or (sp.leased and ao + n > #args) then
         return redis.error_reply('SLUICE_ARGS decideAll: the run of spec ' .. head .. ' names ' .. tostring(args[hi + 2]) .. ' decisions')
       end
       if at == nil then
@@ -52,7 +54,7 @@ local function decideAll(keys, args)
       local done = {0} -- specRun's decision under way
       while done[1] < n do -- each pass ends at least one decision
         local from = done[1]
-        local ok, last = pcall(specRun, keys, ko, from, n, sp, at, out, o, done)
+        local ok, last = pcall(specRun, keys, ko, args, ao, from, n, sp, at, out, o, done)
         if ok then
           o = last
         elseif done[1] == from then -- it failed before any decision of its own
@@ -64,6 +66,9 @@ local function decideAll(keys, args)
         end
       end
       ko, hi = ko + n, hi + 2
+      if sp.leased then
+        ao = ao + n
+      end
     else
       local nk = SMALL[head] or arg(head)
       if nk == nil or nk < 1 or ko + nk > #keys then

@@ -65,6 +65,40 @@ local function fastView(key, p, op, cost, lease, now, maxRegression, onRedis)
   return ds[2] == 1, ds[3], ds[4], ds[5], ds[6]
 end
 
+-- leaseFloor decides a short acquire or release of lease on key under
+-- p, a concurrency policy, on Redis time at now, as fastView would, with
+-- the least work in the states a lease's pair meets: an acquire on no
+-- lease (ZCARD, then apply's ZADD and PEXPIRE), a release with no lease
+-- held (ZCARD alone: the key is absent, apply's DEL would find nothing)
+-- or of the only one (ZCARD, its ZRANGE, apply's DEL: expired or live,
+-- no lease is left after it), on values rather than a view, an edit and
+-- a write. The lease read is checked as readState checks it
+-- (concurrencyEntry's score rule, ahead); one that fails, and any other
+-- state, goes by fastView, which reads it again and raises the error
+-- that names the rule. It returns the decision's allowed, limit,
+-- remaining, resetAfter and retryAfter.
+-- leaseFloor ports DecideOne, on a Concurrency acquired or released on Redis time.
+local function leaseFloor(key, p, op, lease, now)
+  local n, limit = read(key, 'ZCARD'), p.limit
+  if n == 0 and lease ~= '' then
+    if op == 'release' then -- concurrencyRelease of an absent state
+      return true, limit, limit, 0, 0
+    end
+    local at = now + p.window -- concurrencyDecide's acquisition on an absent state
+    redisCall('ZADD', key, fmt(at), lease)
+    redisCall('PEXPIRE', key, px(at, now, p.grace))
+    return true, limit, limit - p.reserve - 1, p.window, 0 -- Remaining: the class's ceiling (Params.ceiling) less this lease
+  elseif n == 1 and op == 'release' and lease ~= '' then
+    local r = redisCall('ZRANGE', key, '0', '0', 'WITHSCORES')
+    local v = int(r[2])
+    if r[1] == lease and v ~= nil and v >= 1 and v - p.window - now <= p.window + p.grace then
+      redisCall('DEL', key) -- concurrencyRelease of the only lease, or of an expired state
+      return true, limit, limit, 0, 0
+    end
+  end
+  return fastView(key, p, op, 0, lease, now, -1, true)
+end
+
 -- FLOOR keeps what fixedWindowFloor's writes reuse from one call to the
 -- next (a function library keeps it): ends, the window end it last
 -- opened, with head, the start of that state's stored form (the byte
@@ -187,6 +221,8 @@ local function shortDecide(key, p, op, cost, hold, lease, now, maxRegression, on
   end
   if (op == 'acquire' or op == 'release') ~= (k == KIND_CONCURRENCY) then
     raise('SLUICE_ARGS', 'a short ' .. op .. ' does not take a policy of algorithm ' .. k)
+  elseif k == KIND_CONCURRENCY and onRedis then
+    return leaseFloor(key, p, op, lease, now)
   end
   if hold > 0 and k ~= KIND_FIXED_WINDOW and k ~= KIND_FIXED_WINDOW_END and k ~= KIND_TOKEN_BUCKET and k ~= KIND_GCRA then
     raise('SLUICE_ARGS', 'a held spend does not take a policy of algorithm ' .. k)
@@ -262,32 +298,41 @@ local function fastMain(key, args, o, at)
 end
 
 -- Short decisions of a batch on Redis time (decideAll) by their spec: the
--- form (FAST_FORM.SPEND, FAST_FORM.HELD or FAST_FORM.PEEK), cost, hold in µs (0 unless
+-- form (FAST_FORM.SPEND, FAST_FORM.HELD or FAST_FORM.PEEK; a lease's
+-- FAST_FORM.ACQUIRE or FAST_FORM.RELEASE, cost and hold 0, each decision
+-- naming its lease in an argument of its own), cost, hold in µs (0 unless
 -- held) and the policy's argument, joined by spaces, e.g. "s 1 0 5 100
 -- 1000000 20 0 0" (redisstore.go's shortSpec). A function library keeps
 -- this table from one call to the next, as args.lua's checked, so a spec
 -- is read and checked once; it is emptied when it holds CACHED.max.
 local specs = {}
 
--- specOf returns the spec raw, read and checked: {op, cost, hold, p, floor}.
+-- specOf returns the spec raw, read and checked: {op, cost, hold, p,
+-- floor, leased}.
 -- specOf ports shortSpec's other side: it reads the spec shortSpec writes.
 local function specOf(raw)
   local sp = specs[raw]
   if sp ~= nil then
     return sp
   end
-  local form, rawCost, rawHold, rawPolicy = string.match(raw, '^([shp]) (%d+) (%d+) (.+)$')
+  local form, rawCost, rawHold, rawPolicy = string.match(raw, '^([shpar]) (%d+) (%d+) (.+)$')
   local cost, hold = arg(rawCost), arg(rawHold)
   if form == nil or cost == nil or hold == nil then
-    raise('SLUICE_ARGS', 'spec: want form (s, h or p), cost, hold and a policy, joined by spaces')
+    raise('SLUICE_ARGS', 'spec: want form (s, h, p, a or r), cost, hold and a policy, joined by spaces')
   end
+  local leased = form == FAST_FORM.ACQUIRE or form == FAST_FORM.RELEASE
   if (form == FAST_FORM.HELD) ~= (hold > 0) or hold > MAX_WINDOW then
     raise('SLUICE_ARGS', 'spec: hold must be 1 to ' .. fmt(MAX_WINDOW) .. ' µs in form h, 0 in the others')
   end
   local p = policyOf(rawPolicy, 1)
+  if leased and (cost ~= 0 or hold ~= 0 or p.kind ~= KIND_CONCURRENCY) then
+    raise('SLUICE_ARGS', 'spec: a lease\'s form (a or r) takes cost 0, hold 0 and a concurrency policy')
+  end
   -- floor: the common decision of a fixed window on Redis time, which
-  -- decideAll runs as fixedWindowFloor without shortDecide's course.
-  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_FORM.SPEND and p.kind == KIND_FIXED_WINDOW_END}
+  -- decideAll runs as fixedWindowFloor without shortDecide's course;
+  -- leased: a lease's, run as leaseFloor, its lease an argument of each.
+  sp = {op = FAST_OPS[form], cost = cost, hold = hold, p = p, floor = form == FAST_FORM.SPEND and p.kind == KIND_FIXED_WINDOW_END,
+    leased = leased}
   if CACHED.specs >= CACHED.max then
     specs, CACHED.specs = {}, 0
   end
@@ -296,8 +341,9 @@ local function specOf(raw)
 end
 
 -- specRun decides the decisions i + 1 to n of a run by the spec sp in a
--- decideAll call, their keys keys[ko + i + 1] on, at now, Redis time,
--- each as shortDecide would (fixedWindowFloor when sp.floor), and puts
+-- decideAll call, their keys keys[ko + i + 1] on (by a lease's spec, their
+-- leases args[ao + i + 1] on), at now, Redis time, each as shortDecide
+-- would (fixedWindowFloor when sp.floor, leaseFloor when sp.leased), and puts
 -- their replies in out from out[o + 1] on, as decideAll answers them: an
 -- admitted decision with no retry as its remaining and resetAfter, any
 -- other as fastMain's reply. It returns the last index of out written.
@@ -305,13 +351,15 @@ end
 -- (decideAll answers it in its place and calls specRun again for the
 -- rest), so one pcall takes a run rather than one per decision.
 -- specRun ports DecideOne, by a spec.
-local function specRun(keys, ko, i, n, sp, now, out, o, done)
-  local p, cost, floor = sp.p, sp.cost, sp.floor
+local function specRun(keys, ko, args, ao, i, n, sp, now, out, o, done)
+  local p, cost, floor, leased = sp.p, sp.cost, sp.floor, sp.leased
   for j = i + 1, n do
     done[1] = j
     local allowed, limit, remaining, resetAfter, retryAfter
     if floor then
       allowed, limit, remaining, resetAfter, retryAfter = fixedWindowFloor(keys[ko + j], p, cost, now)
+    elseif leased then
+      allowed, limit, remaining, resetAfter, retryAfter = leaseFloor(keys[ko + j], p, sp.op, args[ao + j], now)
     else
       allowed, limit, remaining, resetAfter, retryAfter = shortDecide(keys[ko + j], p, sp.op, cost, sp.hold, '', now, -1, true)
     end
