@@ -184,7 +184,9 @@ func wpChild(spec string, in io.Reader, out io.Writer) error {
 }
 
 // wpAdmit is one admission: a Wait, or with p.Poll today's loop, a Check
-// that sleeps the Retry-After of each denial and asks again.
+// that waits out the Retry-After of each denial (the workload compared,
+// on the real clock as a caller's would be; ctx bounds it) and asks
+// again.
 func wpAdmit(ctx context.Context, l *sluice.Limiter, p wpParams) sluice.Outcome {
 	req := sluice.Request{Policy: "upstream", Subject: p.Subject}
 	if !p.Poll {
@@ -195,7 +197,13 @@ func wpAdmit(ctx context.Context, l *sluice.Limiter, p wpParams) sluice.Outcome 
 		if o.Kind != sluice.Denied {
 			return o
 		}
-		time.Sleep(o.RetryAfter)
+		t := time.NewTimer(o.RetryAfter)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.DeadlinePassed, Err: ctx.Err()}
+		}
 	}
 }
 

@@ -72,6 +72,7 @@ func (u *upstream) requests() []seen {
 // clock, with metrics on their own registry.
 type proxyFixture struct {
 	url     string
+	srv     *httptest.Server // Close waits for every handler in flight
 	clock   *sluicetest.Clock
 	logs    *syncBuffer
 	metrics *server.Metrics
@@ -127,7 +128,7 @@ func newProxyFixture(t *testing.T, cfg *config.Proxy, store sluice.Store, polici
 	t.Cleanup(func() { p.Close() })
 	ts := httptest.NewServer(p)
 	t.Cleanup(ts.Close)
-	f.url = ts.URL
+	f.url, f.srv = ts.URL, ts
 	return f
 }
 
