@@ -10,7 +10,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -309,19 +308,7 @@ type lqRun struct {
 func lqStart(t *testing.T, c redis.UniversalClient, p lqParams) lqRun {
 	t.Helper()
 	p.Mutate = os.Getenv(lqMutateEnv)
-	type child struct {
-		cmd    *exec.Cmd
-		stdin  io.WriteCloser
-		ready  chan struct{}
-		done   chan struct{}
-		lines  []string
-		stderr strings.Builder
-	}
-	children := make([]*child, lqChildren)
-	for i := range children {
-		ch := &child{ready: make(chan struct{}), done: make(chan struct{})}
-		children[i] = ch
-		ch.cmd = exec.Command(os.Args[0], "-test.run=^TestLocalQuotaChild$", "-test.count=1")
+	cs := startChildren(t, lqChildren, "^TestLocalQuotaChild$", lqMark, func(i int) string {
 		cp := p
 		if i >= lqLeaders {
 			cp.LeadRate = 0
@@ -330,61 +317,11 @@ func lqStart(t *testing.T, c redis.UniversalClient, p lqParams) lqRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch.cmd.Env = append(os.Environ(), lqChildEnv+"="+string(spec), lqGORACE())
-		ch.cmd.Stderr = &ch.stderr
-		if ch.stdin, err = ch.cmd.StdinPipe(); err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := ch.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if ch.cmd.ProcessState == nil {
-				ch.cmd.Process.Kill() // a child this test started, by its own handle
-				ch.cmd.Wait()
-			}
-		})
-		go func() {
-			defer close(ch.done)
-			sc := bufio.NewScanner(stdout)
-			sc.Buffer(make([]byte, 64<<10), 1<<20)
-			for sc.Scan() {
-				line, ok := strings.CutPrefix(sc.Text(), lqMark)
-				switch {
-				case !ok:
-				case line == "ready":
-					close(ch.ready)
-				default:
-					ch.lines = append(ch.lines, line)
-				}
-			}
-		}()
-	}
-	failed := func(i int, what string) {
-		t.Helper()
-		for _, ch := range children {
-			if ch.cmd.ProcessState == nil {
-				ch.cmd.Process.Kill() // the children this test started, by their own handles
-			}
-		}
-		children[i].cmd.Wait() // its stderr is whole once it has been waited for
-		t.Fatalf("child %d %s; its stderr:\n%s", i, what, children[i].stderr.String())
-	}
+		return lqChildEnv + "=" + string(spec)
+	})
 	var run lqRun
 	timeout := time.After(p.Lead + 2*p.Window + p.Duration + time.Minute)
-	for i, ch := range children {
-		select {
-		case <-ch.ready:
-		case <-ch.done:
-			failed(i, "ended before it was ready")
-		case <-timeout:
-			failed(i, "was not ready within a minute")
-		}
-	}
+	cs.waitReady(timeout)
 	before := lqFcalls(t, c)
 	w := p.Window.Microseconds()
 	start := time.Now().Add(10 * time.Millisecond).UnixMicro() // time for the word to reach them
@@ -394,23 +331,9 @@ func lqStart(t *testing.T, c redis.UniversalClient, p lqParams) lqRun {
 		start = run.switchAt - p.Lead.Microseconds()
 	}
 	run.end = run.switchAt + p.Duration.Microseconds()
-	for i, ch := range children {
-		if _, err := fmt.Fprintf(ch.stdin, "go %d %d %d\n", start, run.switchAt, run.end); err != nil {
-			failed(i, fmt.Sprintf("took no go: %v", err))
-		}
-	}
-	for i, ch := range children {
-		select {
-		case <-ch.done:
-		case <-timeout:
-			failed(i, "did not stop by itself")
-		}
-		if err := ch.cmd.Wait(); err != nil {
-			failed(i, fmt.Sprintf("failed: %v", err))
-		}
-		if len(ch.lines) == 0 {
-			failed(i, "said nothing")
-		}
+	cs.tell(func(int) string { return fmt.Sprintf("go %d %d %d", start, run.switchAt, run.end) })
+	cs.waitDone(timeout)
+	for i, ch := range cs.list {
 		for j, line := range ch.lines {
 			var err error
 			if j == len(ch.lines)-1 {
@@ -423,7 +346,7 @@ func lqStart(t *testing.T, c redis.UniversalClient, p lqParams) lqRun {
 				run.adm = append(run.adm, a)
 			}
 			if err != nil {
-				failed(i, fmt.Sprintf("said %q: %v", line, err))
+				cs.fail(i, fmt.Sprintf("said %q: %v", line, err))
 			}
 		}
 	}

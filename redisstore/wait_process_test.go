@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -271,90 +269,17 @@ func wpStart(t *testing.T, c *redis.Client, p wpParams) ([]wpSummary, int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type child struct {
-		cmd    *exec.Cmd
-		stdin  io.WriteCloser
-		ready  chan struct{}
-		done   chan struct{}
-		last   string
-		stderr strings.Builder
-	}
-	children := make([]*child, wpChildren)
-	for i := range children {
-		ch := &child{ready: make(chan struct{}), done: make(chan struct{})}
-		children[i] = ch
-		ch.cmd = exec.Command(os.Args[0], "-test.run=^TestWaitChild$", "-test.count=1")
-		ch.cmd.Env = append(os.Environ(), wpChildEnv+"="+string(spec), lqGORACE())
-		ch.cmd.Stderr = &ch.stderr
-		if ch.stdin, err = ch.cmd.StdinPipe(); err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := ch.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if ch.cmd.ProcessState == nil {
-				ch.cmd.Process.Kill() // a child this test started, by its own handle
-				ch.cmd.Wait()
-			}
-		})
-		go func() {
-			defer close(ch.done)
-			sc := bufio.NewScanner(stdout)
-			sc.Buffer(make([]byte, 64<<10), 4<<20)
-			for sc.Scan() {
-				switch line, ok := strings.CutPrefix(sc.Text(), wpMark); {
-				case !ok:
-				case line == "ready":
-					close(ch.ready)
-				default:
-					ch.last = line
-				}
-			}
-		}()
-	}
-	failed := func(i int, what string) {
-		t.Helper()
-		for _, ch := range children {
-			if ch.cmd.ProcessState == nil {
-				ch.cmd.Process.Kill() // the children this test started, by their own handles
-			}
-		}
-		children[i].cmd.Wait() // its stderr is whole once it has been waited for
-		t.Fatalf("child %d %s; its stderr:\n%s", i, what, children[i].stderr.String())
-	}
+	cs := startChildren(t, wpChildren, "^TestWaitChild$", wpMark, func(int) string { return wpChildEnv + "=" + string(spec) })
 	timeout := time.After(2 * time.Minute)
-	for i, ch := range children {
-		select {
-		case <-ch.ready:
-		case <-ch.done:
-			failed(i, "ended before it was ready")
-		case <-timeout:
-			failed(i, "was not ready in time")
-		}
-	}
+	cs.waitReady(timeout)
 	before := lqFcalls(t, c)
-	for i, ch := range children {
-		if _, err := io.WriteString(ch.stdin, "go\n"); err != nil {
-			failed(i, fmt.Sprintf("took no go: %v", err))
-		}
-	}
+	cs.tell(func(int) string { return "go" })
+	cs.waitDone(timeout)
 	sums := make([]wpSummary, wpChildren)
-	for i, ch := range children {
-		select {
-		case <-ch.done:
-		case <-timeout:
-			failed(i, "did not stop by itself")
-		}
-		if err := ch.cmd.Wait(); err != nil {
-			failed(i, fmt.Sprintf("failed: %v", err))
-		}
-		if err := json.Unmarshal([]byte(ch.last), &sums[i]); err != nil {
-			failed(i, fmt.Sprintf("said %q: %v", ch.last, err))
+	for i, ch := range cs.list {
+		last := ch.lines[len(ch.lines)-1]
+		if err := json.Unmarshal([]byte(last), &sums[i]); err != nil {
+			cs.fail(i, fmt.Sprintf("said %q: %v", last, err))
 		}
 	}
 	return sums, lqFcalls(t, c) - before
