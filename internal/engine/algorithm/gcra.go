@@ -203,7 +203,7 @@ func (s GCRA) Newest() int64 { return s.Last }
 // Book evaluates a booking of cost (>= 1) at now that may wait up to
 // mostWait µs (OpBook, book.go). When the cost fits now it is Decide's
 // spend, Delay 0. Otherwise the cost fits once the schedule is Burst·T
-// ahead of the clock no longer, in RetryAfter = ⌈(debt − (Burst − cost)·T)
+// (less the class's Reserve, as in Decide) ahead of the clock no longer, in RetryAfter = ⌈(debt − (Burst − cost)·T)
 // / T⌉ µs (debt: the TAT's lead on now); within mostWait the units are
 // scheduled now after all the booked ones (the TAT moves on by cost·T,
 // past Burst·T ahead) and the decision is admitted with that wait as its

@@ -138,7 +138,7 @@ func (s TokenBucket) Newest() int64 { return s.Last }
 
 // Book evaluates a booking of cost (>= 1) at now that may wait up to
 // mostWait µs (OpBook, book.go), GCRA.Book's rule in tokens: when the
-// cost is in the bucket it is Decide's spend, Delay 0; otherwise, when
+// cost is in the bucket beside the class's Reserve it is Decide's spend, Delay 0; otherwise, when
 // the rate refills what is missing within mostWait, the cost is taken
 // all the same (the level goes below empty by the units booked ahead)
 // and the decision is admitted with that refill time as its Delay and
