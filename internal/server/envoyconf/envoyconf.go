@@ -33,7 +33,10 @@
 //
 // sluice adds sluice_in_flight (InFlightKey): {limit: N, lease_ttl: D}
 // in place of unit and requests_per_unit makes the rule an in-flight
-// limit (see Rule.InFlight), on a descriptor with a key and no value.
+// limit (see Rule.InFlight), on a descriptor with a key and no value;
+// sluice_settle (SettleKey) settles a cost on stream done; and
+// sluice_priorities (PrioritiesKey) shares the rule's budget among
+// priority classes (priority.go).
 //
 // Every problem of every file is reported in one pass (Errors), sorted by
 // file and line: besides each value that breaks a rule, a replaces that
@@ -540,8 +543,11 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	}
 	f := p.flags(path, m)
 	key, value, ok := p.keyValue(path, n, m)
-	if key == RequestIDKey || key == StreamDoneKey {
+	switch key {
+	case RequestIDKey, StreamDoneKey:
 		p.add(p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request id and the stream-done marker of %s): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done", SettleKey))
+	case PriorityKey:
+		p.add(p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request's priority class, see %s): a descriptor with it would never match; see docs/envoy.md, Priorities", PrioritiesKey))
 	}
 	full := key
 	if value != "" {
@@ -620,7 +626,7 @@ func (p *parser) metadata(path string, n *yaml.Node) *structpb.Struct {
 // without a policy.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule {
 	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey)
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey, PrioritiesKey)
 	if err != nil {
 		p.add(err)
 		return r
@@ -631,6 +637,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 	p.names(path, m, r)
 	if r.Unlimited {
 		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey)
+		p.noPriorities(path, m, "when unlimited is true")
 		return r
 	}
 	if v := m[InFlightKey]; v != nil {
@@ -652,8 +659,10 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
 		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align", SettleKey)
+		p.noPriorities(path, m, "with requests_per_unit 0, which denies every request")
 		return r
 	}
+	pol.Priorities = p.priorities(path, m[PrioritiesKey])
 	p.settles(path, m, r, &pol)
 	if len(p.errs) > before {
 		return r // the policy is built of values that broke a rule
@@ -827,10 +836,15 @@ func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r 
 	} else if pol.LeaseTTL, err = time.ParseDuration(s); err != nil {
 		p.add(p.errorf(ipath+".lease_ttl", t, "must be a duration such as 30s or 5m"))
 	}
+	pol.Priorities = p.priorities(path, m[PrioritiesKey])
 	if len(p.errs) > before {
 		return
 	}
 	if err := pol.Validate(); err != nil {
+		if e, ok := p.priorityError(path, m, err); ok {
+			p.add(e)
+			return
+		}
 		e := p.policyError(ipath, im, v.Line, err)
 		e.Path = strings.Replace(e.Path, "requests_per_unit", "limit", 1)
 		p.add(e)
@@ -860,6 +874,9 @@ func (p *parser) failureMode(path string, n *yaml.Node) (failure.Mode, error) {
 // for the limit, unit for the window), at line, the rate_limit block's,
 // when the block does not set that key.
 func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err error) *Error {
+	if e, ok := p.priorityError(path, m, err); ok {
+		return e
+	}
 	var pe *policyerr.Error
 	if !errors.As(err, &pe) {
 		return &Error{File: p.file, Path: path, Rule: err.Error(), Line: line}

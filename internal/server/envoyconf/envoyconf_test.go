@@ -52,6 +52,15 @@ func TestInvalid(t *testing.T) {
 		{"settle_unlimited.yaml", `descriptors[0].rate_limit.sluice_settle: true: must not be set when unlimited is true (line 6)`},
 		{"settle_bucket_debt.yaml", `descriptors[0].rate_limit.sluice_settle: true: cannot settle this rule: policy "d.tenant": invalid request: an estimate on token_bucket: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most 1737 (line 8)`},
 		{"settle_request_id_key.yaml", `descriptors[0].descriptors[0].key: "sluice_request_id": is a key sluice reads itself and removes before matching (the request id and the stream-done marker of sluice_settle): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done (line 5)`},
+		{"priorities_unlimited.yaml", `descriptors[0].rate_limit.sluice_priorities: {critical: 100%, sheddable: 50%}: must not be set when unlimited is true: a rule without a remaining budget has nothing to share among classes (line 6)`},
+		{"priorities_zero.yaml", `descriptors[0].rate_limit.sluice_priorities: {sheddable: 50%}: must not be set with requests_per_unit 0, which denies every request: a rule without a remaining budget has nothing to share among classes (line 7)`},
+		{"priorities_share_too_big.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "150%": must be between 1% and 100% of the policy's capacity (line 9)`},
+		{"priorities_not_percent.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "half": must be the share of the policy's capacity this class may use, in whole percent, e.g. 50% (line 8)`},
+		{"priorities_bad_class.yaml", `descriptors[0].rate_limit.sluice_priorities: "Bulk": a class name is 1 to 32 characters of a-z 0-9 _ - (line 9)`},
+		{"priorities_no_unit_left.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "20%": leaves this class no unit of the policy's capacity of 3: raise the share to at least 34% (line 7)`},
+		{"priorities_not_mapping.yaml", `descriptors[0].rate_limit.sluice_priorities: "sheddable": must be a mapping, not a scalar (line 7)`},
+		{"priorities_in_flight_no_unit_left.yaml", `descriptors[0].descriptors[0].rate_limit.sluice_priorities.sheddable: "10%": leaves this class no unit of the policy's capacity of 4: raise the share to at least 25% (line 8)`},
+		{"priority_key.yaml", `descriptors[0].descriptors[0].key: "sluice_priority": is a key sluice reads itself and removes before matching (the request's priority class, see sluice_priorities): a descriptor with it would never match; see docs/envoy.md, Priorities (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			name := filepath.Join("testdata", "invalid", tc.file)
@@ -70,8 +79,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 34 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 34)
+	if len(files) != 43 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 43)
 	}
 }
 

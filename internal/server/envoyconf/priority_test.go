@@ -1,0 +1,52 @@
+package envoyconf
+
+import (
+	"maps"
+	"testing"
+)
+
+// TestPriorities: sluice_priorities gives a rule's policy its classes
+// and shares, on a rate of any algorithm and on an in-flight limit, in
+// percent with or without the sign; a rule without it has none.
+func TestPriorities(t *testing.T) {
+	c, err := Parse([]Source{{Name: "p.yaml", Data: []byte(`domain: api
+descriptors:
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 100
+      sluice_priorities: { critical: 100%, sheddable: 50% }
+  - key: model
+    rate_limit:
+      unit: minute
+      requests_per_unit: 60
+      algorithm: gcra
+      burst: 10
+      sluice_priorities: { default: 80, batch: 30% }
+  - key: user
+    descriptors:
+      - key: request_id
+        rate_limit:
+          sluice_in_flight: { limit: 10, lease_ttl: 5m }
+          sluice_priorities: { sheddable: 50% }
+  - key: plain
+    rate_limit: { unit: second, requests_per_unit: 5 }
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		entries []Entry
+		want    map[string]int
+	}{
+		{[]Entry{{"tenant", "t"}}, map[string]int{"critical": 100, "sheddable": 50}},
+		{[]Entry{{"model", "m"}}, map[string]int{"default": 80, "batch": 30}},
+		{[]Entry{{"user", "u"}, {"request_id", "r"}}, map[string]int{"sheddable": 50}},
+		{[]Entry{{"plain", "p"}}, nil},
+	} {
+		r, _ := c.Match("api", tc.entries)
+		if r == nil || !r.Decided() || !maps.Equal(r.Policy.Priorities, tc.want) {
+			t.Errorf("Match(%v) = %+v, want a rule whose policy has priorities %v", tc.entries, r, tc.want)
+		}
+	}
+}
