@@ -33,6 +33,10 @@ const NoRule = "(none)"
 //     that settle on stream done (sluice_settle) whose cost could not be
 //     settled: no_request_id, no_cost, no_estimate, unavailable,
 //     limit_override (see settle.go).
+//   - sluice_envoy_unknown_priority_total{rule}: descriptors whose
+//     sluice_priority entry names a class their rule does not declare,
+//     decided as the default class (see priority.go); never the class
+//     itself, which comes from the client.
 //
 // Label values come from the rules files or fixed sets, never from a
 // descriptor value. Safe for concurrent use.
@@ -40,6 +44,8 @@ type Metrics struct {
 	requests    *prometheus.CounterVec
 	descriptors *prometheus.CounterVec
 	unsettled   *prometheus.CounterVec
+	// unknownPriority: descriptors of a class their rule does not declare.
+	unknownPriority *prometheus.CounterVec
 }
 
 // NewMetrics registers the collectors on reg.
@@ -57,8 +63,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "sluice_envoy_unsettled_total",
 			Help: "Descriptors of rules that settle on stream done whose cost could not be settled, by rule and reason.",
 		}, []string{"rule", "reason"}),
+		unknownPriority: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_unknown_priority_total",
+			Help: "Descriptors naming a priority class their rule does not declare, decided as the default class, by rule.",
+		}, []string{"rule"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.descriptors, m.unsettled} {
+	for _, c := range []prometheus.Collector{m.requests, m.descriptors, m.unsettled, m.unknownPriority} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

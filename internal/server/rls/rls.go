@@ -277,7 +277,13 @@ type descriptor struct {
 	lease   string
 	release bool
 	settle  settleCall // a settling rule's estimate or settle (settle.go)
-	status  *rlspb.RateLimitResponse_DescriptorStatus
+	// priority is the class the descriptor is decided as
+	// (sluice.Request.Priority; "" for the default class), and
+	// unknownClass reports that it named one its rule does not declare,
+	// decided as the default (priority.go).
+	priority     string
+	unknownClass bool
+	status       *rlspb.RateLimitResponse_DescriptorStatus
 	// decided is the store's verdict, for the response headers (a
 	// shadow rule's too: its answer carries what an enforced one would).
 	decided *sluice.Status
@@ -302,6 +308,7 @@ type group struct {
 	peek     bool // a descriptor of the subject is denied without the store
 	members  []int
 	settle   settleCall // a settling rule's estimate or settle (settle.go)
+	priority string     // the members' class (descriptor.priority)
 }
 
 func (g *group) has(ds []descriptor, id string) bool {
@@ -352,6 +359,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		return nil, err
 	}
 	s.countUnsettled(ctx, ds)
+	s.countUnknownClasses(ctx, ds)
 	for i := range ds {
 		if d := &ds[i]; d.dup > 0 {
 			e := &ds[d.dup-1]
@@ -420,7 +428,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		entries, se, err := takeSettleEntries(entries)
+		entries, se, err := takeOwnEntries(entries)
 		if err != nil {
 			return nil, fmt.Errorf("descriptors[%d].%w", i, err)
 		}
@@ -443,6 +451,7 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		if ds[i].rule == nil {
 			continue
 		}
+		ds[i].priority, ds[i].unknownClass = classOf(ds[i].rule, se.priority)
 		if ds[i].rule.InFlight {
 			if vars, err = inFlight(st, &ds[i], d, domain, vars); err != nil {
 				return nil, fmt.Errorf("descriptors[%d]: %w", i, err)
@@ -467,8 +476,8 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 
 // groupDescriptors answers the descriptors that need no store (see
 // answerLocally) and groups the rest into the Limiter.Checks that decide
-// them: descriptors of one subject, cost and kind (refund or spend,
-// shadow or enforced) share a check unless one policy would be in it
+// them: descriptors of one subject, cost, priority class and kind
+// (refund or spend, shadow or enforced) share a check unless one policy would be in it
 // twice; every refund has a check of its own. A group whose subject has
 // a descriptor denied locally only peeks, so nothing is spent on it.
 func groupDescriptors(ds []descriptor) []*group {
@@ -494,13 +503,13 @@ func groupDescriptors(ds []descriptor) []*group {
 		}
 		var g *group
 		for _, c := range groups {
-			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && !d.refund && d.lease == "" && c.lease == "" && d.settle.op == 0 && c.settle.op == 0 && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
+			if c.core == d.core && c.subject == d.subject && c.cost == d.cost && c.refund == d.refund && c.shadow == r.Shadow && c.priority == d.priority && !d.refund && d.lease == "" && c.lease == "" && d.settle.op == 0 && c.settle.op == 0 && !r.QuotaMode && !c.quota && !c.has(ds, r.Policy.ID) {
 				g = c
 				break
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, settle: d.settle, quota: r.QuotaMode, shadow: r.Shadow}
+			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, settle: d.settle, quota: r.QuotaMode, shadow: r.Shadow, priority: d.priority}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -523,7 +532,7 @@ func repeats(ds []descriptor, i int) int {
 	for j := range ds[:i] {
 		e := &ds[j]
 		if e.dup == 0 && e.status == nil && e.rule != nil && e.rule.Policy.ID == d.rule.Policy.ID && e.core == d.core &&
-			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release && e.settle == d.settle {
+			e.subject == d.subject && e.cost == d.cost && e.refund == d.refund && e.lease == d.lease && e.release == d.release && e.settle == d.settle && e.priority == d.priority {
 			return j + 1
 		}
 	}
@@ -560,7 +569,7 @@ func answerLocally(d *descriptor) bool {
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 	case d.settle.idle():
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(r)}
-	case !r.Decided(), !d.refund && d.cost > evaluation.Defaults(r.Policy).MaxCost:
+	case !r.Decided(), !d.refund && d.cost > mostCost(r, d.priority):
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
 			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
 			DurationUntilReset: durationpb.New(r.Unit.Duration()),
@@ -620,6 +629,9 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		ids[j] = ds[i].rule.Policy.ID
 	}
 	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost}
+	if !g.givesBack() {
+		req.Priority = g.priority // what gives back takes no class
+	}
 	if len(ids) == 1 {
 		// One policy named as such: the shape a Limiter may answer from
 		// a block of local quota (Policy.LocalQuota).

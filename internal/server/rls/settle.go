@@ -83,31 +83,37 @@ var unsettledNames = [...]string{settles: "", noRequestID: "no_request_id", noCo
 
 func (u unsettled) String() string { return unsettledNames[u] }
 
-// settleEntries are sluice's own entries of a request descriptor.
-type settleEntries struct {
+// ownEntries are sluice's own entries of a request descriptor.
+type ownEntries struct {
 	requestID string
 	done      bool
+	priority  string // the class the descriptor names (priority.go)
 }
 
-// takeSettleEntries removes sluice's own entries (envoyconf.RequestIDKey
-// and StreamDoneKey) from entries, in place, and returns the entries
-// left and what sluice's said. Each may appear once.
-func takeSettleEntries(entries []envoyconf.Entry) ([]envoyconf.Entry, settleEntries, error) {
-	var se settleEntries
+// takeOwnEntries removes sluice's own entries (envoyconf.RequestIDKey,
+// StreamDoneKey and PriorityKey) from entries, in place, and returns the
+// entries left and what sluice's said. Each may appear once.
+func takeOwnEntries(entries []envoyconf.Entry) ([]envoyconf.Entry, ownEntries, error) {
+	var se ownEntries
 	out := entries[:0]
-	ids, dones := 0, 0
+	ids, dones, classes := 0, 0, 0
 	for _, e := range entries {
 		switch e.Key {
 		case envoyconf.RequestIDKey:
 			se.requestID, ids = e.Value, ids+1
 		case envoyconf.StreamDoneKey:
 			se.done, dones = true, dones+1
+		case envoyconf.PriorityKey:
+			se.priority, classes = e.Value, classes+1
 		default:
 			out = append(out, e)
 		}
 	}
-	if ids > 1 || dones > 1 {
+	switch {
+	case ids > 1 || dones > 1:
 		return out, se, fmt.Errorf("entries: %s or %s appears more than once: a descriptor carries one request id and one stream-done marker", envoyconf.RequestIDKey, envoyconf.StreamDoneKey)
+	case classes > 1:
+		return out, se, fmt.Errorf("entries: %s appears more than once: a descriptor carries one priority class", envoyconf.PriorityKey)
 	}
 	return out, se, nil
 }
@@ -119,7 +125,7 @@ func takeSettleEntries(entries []envoyconf.Entry) ([]envoyconf.Entry, settleEntr
 // and the request id se carries; reqHits is the request's hits_addend.
 // A request-time check (hits_addend 0) or refund (is_negative_hits)
 // stays what it is.
-func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, reqHits uint32, domain string, entries []envoyconf.Entry, se settleEntries) {
+func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, reqHits uint32, domain string, entries []envoyconf.Entry, se ownEntries) {
 	c := &d.settle
 	c.done = se.done
 	if d.override {
