@@ -10,6 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -238,4 +241,37 @@ func TestPrioritiesRedis(t *testing.T) {
 			tc.fn(t, start(t, redisStore(t, srv, sluicetest.NewClock()), priorityRules))
 		})
 	}
+}
+
+// TestPriorityTenantPlanCost: a tenant plan (sluice.Override) lowering a
+// rule's limit lowers what one request may ever spend, and its class's
+// share of it: a cost above either is OVER_LIMIT, never an error Envoy's
+// failure_mode_deny: false would admit.
+func TestPriorityTenantPlanCost(t *testing.T) {
+	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	h := startWith(t, ms, priorityRules, func(st *rls.State) {
+		policy, subj, _, err := st.OverrideSubject("shop", []envoyconf.Entry{{Key: "tenant", Value: "t7"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim, err := sluice.New(ms, st.Rules.Policies(), sluice.Options{Overrides: []sluice.Override{{Policy: policy, Subject: subj, Limit: 4}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Limiter = lim
+	})
+	cost := func(class string, n uint64) *rlspb.RateLimitRequest {
+		r := req(classed(class, "tenant", "t7"))
+		r.Descriptors[0].HitsAddend = wrapperspb.UInt64(n)
+		return r
+	}
+	run(t, h, []step{
+		{"sheddable asking 3 of the plan's 4: its share is 2", cost("sheddable", 3), "OVER_LIMIT", []st{{"OVER_LIMIT", "10/HOUR", 0}}},
+		{"critical asking 5 of the plan's 4", cost("critical", 5), "OVER_LIMIT", []st{{"OVER_LIMIT", "10/HOUR", 0}}},
+		{"critical asking 4", cost("critical", 4), "OK", []st{{"OK", "10/HOUR", 0}}},
+	})
 }

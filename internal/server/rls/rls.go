@@ -70,6 +70,13 @@
 // envoyconf.Rule.Settles): the request-time call spends an estimate, the
 // stream-done call settles it at the actual cost; settle.go says how the
 // two calls find each other.
+//
+// Priority classes (a rule's sluice_priorities): a descriptor names its
+// class in an entry of key envoyconf.PriorityKey, removed before
+// matching; priority.go says how it is decided. A cost above what a
+// descriptor's class may ever spend (its rule's, or a tenant plan's
+// lower limit) is OVER_LIMIT, never an error: Envoy's
+// failure_mode_deny: false admits what an error answers.
 package rls
 
 import (
@@ -84,6 +91,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -570,14 +578,20 @@ func answerLocally(d *descriptor) bool {
 	case d.settle.idle():
 		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(r)}
 	case !r.Decided(), !d.refund && d.cost > mostCost(r, d.priority):
-		d.status = &rlspb.RateLimitResponse_DescriptorStatus{
-			Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
-			DurationUntilReset: durationpb.New(r.Unit.Duration()),
-		}
+		d.status = overLimit(r)
 	default:
 		return false
 	}
 	return true
+}
+
+// overLimit is the status of a descriptor of r denied without the
+// store's verdict: it can never be admitted.
+func overLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_DescriptorStatus {
+	return &rlspb.RateLimitResponse_DescriptorStatus{
+		Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
+		DurationUntilReset: durationpb.New(r.Unit.Duration()),
+	}
 }
 
 // response returns the answer to the decided descriptors ds, counting
@@ -655,6 +669,14 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		o.Statuses = []sluice.Status{o.Status}
 	}
 	switch {
+	case edge.Rejected(o) && errors.Is(o.Err, algorithm.ErrCostTooHigh) && !g.givesBack():
+		// More than a tenant plan's lower limit (or its class's share of
+		// it) can ever admit: a denial, as answerLocally's above the
+		// rule's, never an error Envoy's failure_mode_deny: false admits.
+		for _, i := range g.members {
+			ds[i].status = overLimit(ds[i].rule)
+		}
+		return nil
 	case edge.Rejected(o):
 		return status.Error(codes.InvalidArgument, "sluice: "+fmt.Sprint(o.Err))
 	case a.Kind == edge.Admit || a.Kind == edge.Limit:
