@@ -267,6 +267,11 @@ func TestConfigsLoad(t *testing.T) {
 	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "tenant", Value: "t"}}); r == nil || !r.Settles {
 		t.Errorf("deploy/ratelimit: (tenant) matches %+v, want the settling rule envoy.yaml's /v1/chat relies on", r)
 	}
+	// envoy.yaml's /v1/batch sends (api_key) and a sluice_priority entry,
+	// which the service removes before matching: a rule with that class.
+	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "api_key", Value: "k"}}); r == nil || r.Policy.Priorities["sheddable"] != 50 {
+		t.Errorf("deploy/ratelimit: (api_key) matches %+v, want the rule with the sheddable class envoy.yaml's /v1/batch relies on", r)
+	}
 
 	var cm map[string]any
 	kinds := map[string]map[string]any{}
@@ -320,7 +325,7 @@ func TestConfigsLoad(t *testing.T) {
 	}
 
 	env, _ := json.Marshal(yamlDocs(t, "envoy.yaml")[0])
-	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`, `"apply_on_stream_done":true`, `"is_negative_hits":true`, `"descriptor_key":"request_id"`, `"descriptor_key":"sluice_request_id"`, `"descriptor_key":"sluice_stream_done"`, `"format":"%DYNAMIC_METADATA(sluice:tokens_used)%"`} {
+	for _, want := range []string{`"domain":"edge"`, `"cluster_name":"sluice"`, `"port_value":8081`, `"transport_api_version":"V3"`, `"service_name":"envoy.service.ratelimit.v3.RateLimitService"`, `"apply_on_stream_done":true`, `"is_negative_hits":true`, `"descriptor_key":"request_id"`, `"descriptor_key":"sluice_request_id"`, `"descriptor_key":"sluice_stream_done"`, `"descriptor_key":"sluice_priority"`, `"format":"%DYNAMIC_METADATA(sluice:tokens_used)%"`} {
 		if !bytes.Contains(env, []byte(want)) {
 			t.Errorf("envoy.yaml lacks %s", want)
 		}

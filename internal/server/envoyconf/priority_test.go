@@ -2,6 +2,9 @@ package envoyconf
 
 import (
 	"maps"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -48,5 +51,28 @@ descriptors:
 		if r == nil || !r.Decided() || !maps.Equal(r.Policy.Priorities, tc.want) {
 			t.Errorf("Match(%v) = %+v, want a rule whose policy has priorities %v", tc.entries, r, tc.want)
 		}
+	}
+}
+
+// TestDocRules: every rules file docs/envoy.md shows (a yaml block that
+// starts with domain:) loads.
+func TestDocRules(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "envoy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, block := range strings.Split(string(doc), "```yaml\n")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		if !strings.HasPrefix(block, "domain:") {
+			continue
+		}
+		n++
+		if _, err := Parse([]Source{{Name: "docs/envoy.md", Data: []byte(block)}}); err != nil {
+			t.Errorf("a rules file of docs/envoy.md: %v\n%s", err, block)
+		}
+	}
+	if n < 4 {
+		t.Errorf("docs/envoy.md shows %d rules files, want at least 4 (its first example, in-flight, settle, priorities)", n)
 	}
 }
