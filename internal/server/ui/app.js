@@ -135,7 +135,14 @@ function fillTable(table, cols, list, row, empty) {
 }
 
 const cellNum = (v, cls) => el('td', { class: 'num ' + cls }, String(v));
-const ms = (v) => v.toFixed(1) + ' ms';
+// ms spells a duration in ms in the unit that reads best, e.g. "12.5 ms",
+// "1.50 s", "60.0 min".
+function ms(v) {
+  if (v < 1000) return v.toFixed(1) + ' ms';
+  if (v < 60000) return (v / 1000).toFixed(2) + ' s';
+  if (v < 3600000) return (v / 60000).toFixed(1) + ' min';
+  return (v / 3600000).toFixed(2) + ' h';
+}
 
 function renderPriorities(st) {
   fillTable('#priorities', 6, st.priorities, (r) => el('tr', { 'data-policy': r.policy, 'data-class': r.class },
