@@ -38,6 +38,7 @@ server:
 policies:
   - { id: login, algorithm: sliding_log, limit: 5, window: 1h }
   - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20, priorities: { critical: 100%, sheddable: 50% } }
+  - { id: paced, algorithm: gcra, limit: 1, window: 1h, max_wait: 2h }
 `))
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -95,8 +96,8 @@ policies:
 
 	// The policies render with their numbers.
 	do("open /ui", chromedp.Navigate(s.url+"/ui"), chromedp.WaitVisible(chromedp.CSS(`#policies tr[data-policy="api"]`)))
-	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra · critical 100%, sheddable 50% 100 1s 20" {
-		t.Errorf("policies table = %q, want login and api with their numbers (api's priority classes beside its algorithm)", got)
+	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra · critical 100%, sheddable 50% 100 1s 20; paced gcra 1 1h0m0s 1" {
+		t.Errorf("policies table = %q, want login, api and paced with their numbers (api's priority classes beside its algorithm)", got)
 	}
 	if got := eval(cell("login", "allowed")); got != "0" {
 		t.Errorf("login allowed before traffic = %q, want 0", got)
@@ -145,6 +146,39 @@ policies:
 		return `document.querySelector('#settles tr[data-policy="login"] td.` + class + `')?.textContent`
 	}
 	waitFor("the Settles table shows login's settles", settled("charged")+` === "4" && `+settled("given-back")+` === "2" && `+settled("owed")+` === "2"`)
+
+	// The Priorities table lists api's classes with their shares, and
+	// counts a sheddable check; op book on paced (1 an hour) waits on its
+	// second booking, which the Waits booked table counts. No proxy runs:
+	// the Queues table says none yet.
+	if got := eval(`Array.from(document.querySelectorAll('#priorities tbody tr')).map(r => r.cells[1].textContent + ' ' + r.cells[2].textContent).join(', ')`); got != "critical 100%, default 100%, sheddable 50%" {
+		t.Errorf("priorities table = %q, want api's classes critical, default and sheddable with their shares", got)
+	}
+	if got := eval(`document.querySelector('#queues tbody').textContent + ' / ' + document.querySelector('#bookings tbody').textContent`); got != "none yet / none yet" {
+		t.Errorf("queues / bookings before any = %q, want none yet / none yet", got)
+	}
+	for _, body := range []string{
+		`{"policy":"api","subject":"carol","priority":"sheddable"}`,
+		`{"policy":"paced","subject":"dave","op":"book"}`,
+		`{"policy":"paced","subject":"dave","op":"book"}`,
+	} {
+		resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST /v1/check %s = %d, want 200", body, resp.StatusCode)
+		}
+	}
+	waitFor("the Priorities table counts the sheddable check",
+		`document.querySelector('#priorities tr[data-policy="api"][data-class="sheddable"] td.allowed')?.textContent === "1"`)
+	waitFor("the Waits booked table counts paced's wait",
+		`document.querySelector('#bookings tr[data-policy="paced"] td.waits')?.textContent === "1"`)
+	if got := eval(`document.querySelector('#bookings tr[data-policy="paced"] td.mean-delay').textContent`); got != "60.0 min" && got != "1.00 h" {
+		t.Errorf("paced's mean delay = %q, want 60.0 min (a slot just under an hour ahead; 1.00 h were it booked in the same µs)", got)
+	}
 
 	// The playground runs the simulator and draws its chart.
 	do("run the playground", chromedp.Click(chromedp.CSS(`#sim-form button`)))

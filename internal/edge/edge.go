@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
@@ -43,8 +44,14 @@ import (
 const DefaultDeadline = 500 * time.Millisecond
 
 // CountFunc counts one spending decision: o, the Limiter's outcome, once
-// for each of policies. It must be safe for concurrent use.
-type CountFunc func(policies []string, o sluice.Outcome)
+// for each of policies. classes, when not nil, says per policy the
+// priority class the decision counts as there (Core.counted): the class
+// the request named if that policy declares it, else "default"; "" for
+// a policy that declares no classes. It is nil when none of policies
+// declares classes, and for a settle. Every class is one the config
+// declares, never a name only the request carried. It must be safe for
+// concurrent use.
+type CountFunc func(policies, classes []string, o sluice.Outcome)
 
 // Options configure a Core. The zero value means the defaults.
 type Options struct {
@@ -88,6 +95,7 @@ type Core struct {
 	log      *slog.Logger
 	prefix   string
 	warnings logthrottle.Throttle
+	classed  map[string]map[string]int // the Priorities of lim's policies that declare classes; nil for none
 }
 
 // New returns the Core deciding with lim (nil: a configuration without
@@ -101,6 +109,7 @@ func New(lim *sluice.Limiter, opts Options) (*Core, error) {
 		clock:    opts.Clock,
 		log:      cmp.Or(opts.Logger, slog.Default()),
 		prefix:   cmp.Or(opts.Prefix, "edge"),
+		classed:  classed(lim),
 	}
 	if c.clock == nil {
 		c.clock = clock.System{}
@@ -361,12 +370,55 @@ func (c *Core) counted(ctx context.Context, req *sluice.Request, o sluice.Outcom
 	if req.Policy != "" {
 		ids = []string{req.Policy}
 	}
+	classes := c.classes(ids, req.Priority)
 	if c.count != nil {
-		c.count(ids, o)
+		c.count(ids, classes, o)
 	}
 	if f != nil {
-		f(ids, o)
+		f(ids, classes, o)
 	}
+}
+
+// classes returns the priority class a request of class counts as on
+// each of ids (see CountFunc), or nil when none of them declares
+// classes: a class is a label value only when the policy declares it.
+func (c *Core) classes(ids []string, class string) []string {
+	if c.classed == nil {
+		return nil
+	}
+	var out []string
+	for i, id := range ids {
+		shares, ok := c.classed[id]
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = make([]string, len(ids))
+		}
+		out[i] = algorithm.DefaultClass
+		if _, declared := shares[class]; declared {
+			out[i] = class
+		}
+	}
+	return out
+}
+
+// classed returns the Priorities of lim's policies that declare
+// priority classes, by ID; nil when none does (or lim is nil).
+func classed(lim *sluice.Limiter) map[string]map[string]int {
+	if lim == nil {
+		return nil
+	}
+	var out map[string]map[string]int
+	for _, id := range lim.Policies() {
+		if p, _ := lim.Policy(id); len(p.Priorities) > 0 {
+			if out == nil {
+				out = map[string]map[string]int{}
+			}
+			out[id] = p.Priorities
+		}
+	}
+	return out
 }
 
 type countKey struct{}
@@ -421,7 +473,7 @@ func (c *Core) DecideRequest(ctx context.Context, req sluice.Request, mode failu
 // With returns a Core deciding with lim instead, counting and logging as
 // c does, without a local fallback.
 func (c *Core) With(lim *sluice.Limiter) *Core {
-	return &Core{lim: lim, deadline: c.deadline, count: c.count, settled: c.settled, clock: c.clock, log: c.log, prefix: c.prefix}
+	return &Core{lim: lim, deadline: c.deadline, count: c.count, settled: c.settled, clock: c.clock, log: c.log, prefix: c.prefix, classed: classed(lim)}
 }
 
 // request is the Limiter request of op on r's policies for s: every

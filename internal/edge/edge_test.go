@@ -31,10 +31,14 @@ type counts struct {
 	got []string
 }
 
-func (c *counts) count(ids []string, o sluice.Outcome) {
+func (c *counts) count(ids, classes []string, o sluice.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.got = append(c.got, strings.Join(ids, "+")+"="+o.Kind.String())
+	got := strings.Join(ids, "+") + "=" + o.Kind.String()
+	if classes != nil {
+		got += " as " + strings.Join(classes, "+")
+	}
+	c.got = append(c.got, got)
 }
 
 func newCore(t *testing.T, store sluice.Store, opts Options) *Core {
@@ -116,6 +120,49 @@ func TestDecide(t *testing.T) {
 		if diff := cmp.Diff(want, c.got); diff != "" {
 			t.Errorf("%s counted diff (-want +got):\n%s", name, diff)
 		}
+	}
+}
+
+// TestCountClasses: the counter is told, per policy, the class a
+// decision counts as: the request's where the policy declares it, else
+// default, and "" where the policy declares no classes; nothing (nil)
+// when no policy of the request declares any. A class no policy declares
+// is never passed on.
+func TestCountClasses(t *testing.T) {
+	lim, err := sluice.New(memStore(t, sluicetest.NewClock()), []sluice.Policy{
+		{ID: "api", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, Priorities: map[string]int{"critical": 100, "sheddable": 50}},
+		{ID: "bulk", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute, Priorities: map[string]int{"batch": 10}},
+		{ID: "plain", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Minute},
+	}, sluice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got counts
+	c, err := New(lim, Options{Count: got.count})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, req := range []sluice.Request{
+		{Policy: "api", Subject: "s", Priority: "sheddable"},
+		{Policy: "api", Subject: "s"},
+		{Policies: []string{"api", "bulk", "plain"}, Subject: "s", Priority: "batch"},
+		{Policy: "plain", Subject: "s", Priority: "critical"},
+		{Policy: "api", Subject: "s", Priority: "nope"},
+	} {
+		c.Check(ctx, req)
+	}
+	c.With(lim).Check(ctx, sluice.Request{Policy: "api", Subject: "s", Priority: "critical"})
+	want := []string{
+		"api=allowed as sheddable",
+		"api=allowed as default",
+		"api+bulk+plain=allowed as default+batch+",
+		"plain=allowed",
+		"api=incompatible as default",
+		"api=allowed as critical",
+	}
+	if diff := cmp.Diff(want, got.got); diff != "" {
+		t.Errorf("counted diff (-want +got):\n%s", diff)
 	}
 }
 

@@ -99,7 +99,7 @@ func (c *Core) countSettle(ctx context.Context, req *sluice.Request, o sluice.Ou
 	}
 	for _, count := range []CountFunc{c.settled, f} {
 		if count != nil {
-			count(ids, o)
+			count(ids, nil, o)
 		}
 	}
 }

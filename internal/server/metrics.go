@@ -33,6 +33,18 @@ const UnknownPolicy = "(unknown)"
 //     with the request's outcome (allowed, denied, unavailable,
 //     incompatible, indeterminate). Peeks and refunds spend nothing and
 //     are not counted.
+//   - sluice_decisions_by_priority_total{policy, priority, outcome}: the
+//     same decisions of the policies that declare priority classes, per
+//     class (the dashboard's Priorities table reads it): the class the
+//     request named if the policy declares it, else default (a request
+//     naming none, or a class only another policy declares). Policies
+//     without classes are left out: there it would repeat
+//     sluice_decisions_total under priority="default".
+//   - sluice_booked_delay_seconds{policy}: how long each admitted booking
+//     (op book of the check API, Limiter.Reserve behind it, the proxy's
+//     and the middlewares' max_delay queues) was told to wait for its
+//     slot; bookings admitted at once are not observed. Its _count is
+//     the waits booked, its _sum their delays.
 //   - sluice_settled_units_total{policy, kind}: what the settles of
 //     estimates did (op settle of the check API, the proxy's and the
 //     middleware's settle_header, Envoy's stream-done call), per policy,
@@ -79,6 +91,8 @@ type Metrics struct {
 	failures  *prometheus.CounterVec
 	near      *prometheus.CounterVec
 	settles   *prometheus.CounterVec
+	classes   *prometheus.CounterVec
+	booked    *prometheus.HistogramVec
 	queued    *prometheus.CounterVec
 	waited    *prometheus.HistogramVec
 	dropped   *prometheus.CounterVec
@@ -127,6 +141,15 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 			Name: "sluice_settled_units_total",
 			Help: "What settles of estimates did, per policy, in units: charged past the estimate, given_back of it, owed past the capacity after each settle (summed).",
 		}, []string{"policy", "kind"}),
+		classes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_decisions_by_priority_total",
+			Help: "Spending decisions of the policies that declare priority classes, per policy, class (the request's if the policy declares it, else default) and outcome.",
+		}, []string{"policy", "priority", "outcome"}),
+		booked: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_booked_delay_seconds",
+			Help:    "How long each admitted booking (op book, a max_delay queue) was told to wait for its slot, per policy; bookings admitted at once are not observed.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"policy"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_proxy_queued_total",
 			Help: "Requests of a route with max_delay held for their booked slot, then sent on.",
@@ -144,7 +167,7 @@ func NewMetrics(reg *prometheus.Registry, policies []string) (*Metrics, error) {
 	m.overrides = &overridesCollector{desc: prometheus.NewDesc("sluice_overrides",
 		"Runtime overrides (tenant plans) per policy: the config file's and those set through the admin API.", []string{"policy"}, nil)}
 	m.localQ = newLocalCollector()
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.settles, m.queued, m.waited, m.dropped, m.overrides, m.localQ} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.requests, m.proxy, m.local, m.failures, m.near, m.settles, m.classes, m.booked, m.queued, m.waited, m.dropped, m.overrides, m.localQ} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -351,29 +374,45 @@ func (m *Metrics) policyLabel(id string) string {
 	return UnknownPolicy
 }
 
-// count counts o once per policy of the request: the edge core's
-// counter (edge.CountFunc) of every edge of the server. A nil m counts
-// nothing.
-func (m *Metrics) count(policies []string, o sluice.Outcome) {
+// count counts o once per policy of the request, and per class on the
+// policies that declare classes (classes, see edge.CountFunc): the edge
+// core's counter of every edge of the server. A nil m counts nothing.
+func (m *Metrics) count(policies, classes []string, o sluice.Outcome) {
 	if m == nil {
 		return
 	}
 	kind := o.Kind.String()
 	sec := m.clock.Now().Unix()
-	for _, id := range policies {
+	for i, id := range policies {
 		label := m.policyLabel(id)
 		m.decisions.WithLabelValues(label, kind).Inc()
 		m.live.add(label, o.Kind, sec)
 		if o.FromCache && len(policies) == 1 {
 			m.near.WithLabelValues(label).Inc()
 		}
+		if i < len(classes) && classes[i] != "" {
+			m.classes.WithLabelValues(label, classes[i], kind).Inc()
+		}
+		if o.Kind == sluice.Allowed {
+			if d := statusOf(&o, i).Delay; d > 0 {
+				m.booked.WithLabelValues(label).Observe(d.Seconds())
+			}
+		}
 	}
+}
+
+// statusOf is o's Status of its i-th policy.
+func statusOf(o *sluice.Outcome, i int) *sluice.Status {
+	if i < len(o.Statuses) {
+		return &o.Statuses[i]
+	}
+	return &o.Status
 }
 
 // settled counts o, the outcome of a settle of policies, per policy on
 // sluice_settled_units_total: the edge core's settle counter. A nil m
 // counts nothing; a settle not taken counts nothing.
-func (m *Metrics) settled(policies []string, o sluice.Outcome) {
+func (m *Metrics) settled(policies, _ []string, o sluice.Outcome) {
 	if m == nil || o.Kind != sluice.Allowed || o.Replayed {
 		return
 	}

@@ -29,7 +29,10 @@ import (
 //     Metrics), the store's health (readiness, how long the readiness
 //     checks took, the circuit breaker's state), the config generation,
 //     and per policy what settles of estimates charged, gave back and
-//     left owed (sluice_settled_units_total).
+//     left owed (sluice_settled_units_total); per proxy route what its
+//     max_delay queue held, how long on average, and what it dropped;
+//     per policy the waits bookings were told; per policy with priority
+//     classes, each class's share and decisions (ui_waits.go).
 //   - POST /ui/api/simulate: the playground, which runs internal/simulate
 //     on numbers and a pattern the page sends, within PlaygroundMax*
 //     bounds, and answers the chart as SVG with the measures.
@@ -153,6 +156,12 @@ type uiState struct {
 	// given back, owed, from sluice_settled_units_total); nil when the
 	// server counts no metrics.
 	Settles []uiSettled `json:"settles"`
+	// Queues, Bookings and Priorities are the Queues, Waits booked and
+	// Priorities tables (ui_waits.go); nil when the server counts no
+	// metrics.
+	Queues     []uiQueue    `json:"queues"`
+	Bookings   []uiBooked   `json:"bookings"`
+	Priorities []uiPriority `json:"priorities"`
 }
 
 type uiStore struct {
@@ -227,6 +236,9 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 	if s.metrics != nil {
 		st.Live = s.metrics.live.series(ids, st.Now)
 		st.Settles = s.metrics.settledTotals(ids)
+		st.Queues = s.metrics.queueTotals()
+		st.Bookings = s.metrics.bookedTotals(ids)
+		st.Priorities = s.metrics.priorityTotals(ids, policy)
 	}
 	writeJSON(w, http.StatusOK, st)
 }

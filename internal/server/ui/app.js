@@ -120,6 +120,48 @@ function renderSettles(st) {
     el('td', {}, r.policy), num(r.charged, 'charged'), num(r.given_back, 'given-back'), num(r.owed, 'owed'))));
 }
 
+// fillTable fills the tbody of table with rows, or one note row: when the
+// server counts no metrics (list is null), or list is empty (empty, or
+// "none yet").
+function fillTable(table, cols, list, row, empty) {
+  const tbody = $(table + ' tbody');
+  if (!list) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: cols, class: 'note' }, 'the server counts no metrics')));
+  } else if (list.length === 0) {
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: cols, class: 'note' }, empty || 'none yet')));
+  } else {
+    tbody.replaceChildren(...list.map(row));
+  }
+}
+
+const cellNum = (v, cls) => el('td', { class: 'num ' + cls }, String(v));
+// ms spells a duration in ms in the unit that reads best, e.g. "12.5 ms",
+// "1.50 s", "60.0 min".
+function ms(v) {
+  if (v < 1000) return v.toFixed(1) + ' ms';
+  if (v < 60000) return (v / 1000).toFixed(2) + ' s';
+  if (v < 3600000) return (v / 60000).toFixed(1) + ' min';
+  return (v / 3600000).toFixed(2) + ' h';
+}
+
+function renderPriorities(st) {
+  fillTable('#priorities', 6, st.priorities, (r) => el('tr', { 'data-policy': r.policy, 'data-class': r.class },
+    el('td', {}, r.policy), el('td', {}, r.class), cellNum(r.share + '%', 'share'),
+    cellNum(r.allowed, 'allowed'), cellNum(r.denied, 'denied'), cellNum(r.undecided, 'undecided')),
+    'no policy declares priority classes');
+}
+
+function renderQueues(st) {
+  fillTable('#queues', 6, st.queues, (r) => el('tr', { 'data-route': r.route },
+    el('td', {}, r.route), cellNum(r.queued, 'queued'), cellNum(r.queued ? ms(r.mean_wait_ms) : '', 'mean-wait'),
+    cellNum(r.past_max_delay, 'past-max-delay'), cellNum(r.queue_full, 'queue-full'), cellNum(r.abandoned, 'abandoned')));
+}
+
+function renderBookings(st) {
+  fillTable('#bookings', 3, st.bookings, (r) => el('tr', { 'data-policy': r.policy },
+    el('td', {}, r.policy), cellNum(r.waits, 'waits'), cellNum(ms(r.mean_delay_ms), 'mean-delay')));
+}
+
 function renderLive(st) {
   const box = $('#live');
   if (!st.live) {
@@ -155,6 +197,9 @@ async function poll() {
     renderPolicies(st);
     renderOverrides(st);
     renderSettles(st);
+    renderPriorities(st);
+    renderQueues(st);
+    renderBookings(st);
     renderLive(st);
     showError('#state-error', '');
   } catch (e) {
