@@ -22,6 +22,8 @@ type routeHead struct {
 	n             int
 	f             [maxFields]field
 	contentLength int64
+	hasHost       bool
+	hasLength     bool
 }
 
 // known are the field names a client sends most, canonical: a field of
@@ -55,70 +57,81 @@ func (l *Listener) parseHead(buf []byte) (head int, rt routeHead, ok bool) {
 	}
 	pos := len(l.routes[rt.route].line)
 	rt.fields = pos
-	hasHost, hasLength := false, false
 	for {
-		end := -1
-		for j := pos; j < len(buf); j++ {
-			if c := buf[j]; c == '\r' {
-				if j+1 == len(buf) {
-					return 0, rt, true
-				}
-				if buf[j+1] != '\n' {
-					return 0, rt, false
-				}
-				end = j
-				break
-			} else if c == '\n' {
-				return 0, rt, false
-			}
-		}
+		end, complete := lineEnd(buf, pos)
 		if end < 0 {
-			return 0, rt, true
+			return 0, rt, complete
 		}
 		if end == pos { // the empty line
-			head = end + 2
-			break
+			if !rt.hasHost || !rt.hasLength {
+				return 0, rt, false
+			}
+			return end + 2, rt, true
 		}
 		f, ok := parseField(buf[pos:end], pos)
-		if !ok || rt.n == maxFields {
+		if !ok || !rt.take(f, buf[f.v0:f.v1]) {
 			return 0, rt, false
 		}
-		for i := 0; i < rt.n; i++ {
-			if rt.f[i].key == f.key {
-				return 0, rt, false // net/http joins repeated fields
-			}
-		}
-		v := buf[f.v0:f.v1]
-		switch f.key {
-		case "Host":
-			if !validHost(v) {
-				return 0, rt, false
-			}
-			hasHost = true
-		case "Content-Length":
-			n, ok := parseLength(v)
-			if !ok || n > bufSize {
-				return 0, rt, false
-			}
-			rt.contentLength, hasLength = n, true
-		case "Connection":
-			if !bytes.EqualFold(v, []byte("keep-alive")) {
-				return 0, rt, false
-			}
-		}
-		for _, k := range refused {
-			if f.key == k {
-				return 0, rt, false
-			}
-		}
-		rt.f[rt.n] = f
-		rt.n++
 		pos = end + 2
 	}
-	if !hasHost || !hasLength {
-		return 0, rt, false
+}
+
+// lineEnd returns where the line at pos of buf ends (its CR), or -1 with
+// whether buf may yet hold the line (true: it has not all arrived;
+// false: a CR or LF alone, not a request served here).
+func lineEnd(buf []byte, pos int) (int, bool) {
+	for j := pos; j < len(buf); j++ {
+		if c := buf[j]; c == '\r' {
+			if j+1 == len(buf) {
+				return -1, true
+			}
+			if buf[j+1] != '\n' {
+				return -1, false
+			}
+			return j, true
+		} else if c == '\n' {
+			return -1, false
+		}
 	}
-	return head, rt, true
+	return -1, true
+}
+
+// take adds field f, of value v, to rt: false when it makes the request
+// one for net/http.
+func (rt *routeHead) take(f field, v []byte) bool {
+	if rt.n == maxFields {
+		return false
+	}
+	for i := 0; i < rt.n; i++ {
+		if rt.f[i].key == f.key {
+			return false // net/http joins repeated fields
+		}
+	}
+	switch f.key {
+	case "Host":
+		if !validHost(v) {
+			return false
+		}
+		rt.hasHost = true
+	case "Content-Length":
+		n, ok := parseLength(v)
+		if !ok || n > bufSize {
+			return false
+		}
+		rt.contentLength, rt.hasLength = n, true
+	case "Connection":
+		if !bytes.EqualFold(v, []byte("keep-alive")) {
+			return false
+		}
+	}
+	for _, k := range refused {
+		if f.key == k {
+			return false
+		}
+	}
+	rt.f[rt.n] = f
+	rt.n++
+	return true
 }
 
 // parseField parses the field line b, which begins at off in the
