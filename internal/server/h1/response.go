@@ -136,6 +136,9 @@ func (w *response) appendFields(b []byte, code int) []byte {
 // appendValue appends v with CR and LF made spaces and then trimmed of
 // ASCII blanks at either end, as net/http writes a field's value.
 func appendValue(b []byte, v string) []byte {
+	if plainValue(v) {
+		return append(b, v...)
+	}
 	i, j := 0, len(v)
 	blank := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 	for i < j && blank(v[i]) {
@@ -152,6 +155,21 @@ func appendValue(b []byte, v string) []byte {
 		b = append(b, c)
 	}
 	return b
+}
+
+// plainValue reports whether v is written as it is: no CR or LF, no
+// blank at either end.
+func plainValue(v string) bool {
+	if v == "" {
+		return true
+	}
+	if c := v[0]; c == ' ' || c == '\t' {
+		return false
+	}
+	if c := v[len(v)-1]; c == ' ' || c == '\t' {
+		return false
+	}
+	return strings.IndexByte(v, '\r') < 0 && strings.IndexByte(v, '\n') < 0
 }
 
 func validFieldName(k string) bool {
