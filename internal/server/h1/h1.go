@@ -258,7 +258,11 @@ func (c *conn) serve() {
 	br := bufio.NewReaderSize(c.c, bufSize)
 	for {
 		if br.Buffered() == 0 {
-			c.deadline(false, c.l.srv.IdleTimeout)
+			idleFor := c.l.srv.IdleTimeout
+			if idleFor == 0 {
+				idleFor = c.l.srv.ReadTimeout // as net/http
+			}
+			c.deadline(false, idleFor)
 		}
 		if _, err := br.Peek(1); err != nil {
 			return

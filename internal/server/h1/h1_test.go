@@ -374,3 +374,41 @@ func FuzzParseHead(f *testing.F) {
 		}
 	})
 }
+
+// TestTimeouts holds a connection served here to the server's idle
+// timeout between requests and its header timeout within one: each
+// ends the connection.
+func TestTimeouts(t *testing.T) {
+	srv := &http.Server{Handler: handler(nil), IdleTimeout: 50 * time.Millisecond, ReadHeaderTimeout: 50 * time.Millisecond}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, srv, Route{Method: http.MethodPost, Path: "/v1/check"})
+	go srv.Serve(l)
+	defer func() { srv.Close(); l.Shutdown(context.Background()) }()
+	for _, c := range []struct{ name, first, then string }{
+		{"idle after a check", req("check", "{}"), ""},
+		{"a header that stops half way", "", "POST /v1/check HTTP/1.1\r\nHost: a\r\n"},
+	} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second)) // the test's bound, far past the server's
+		br := bufio.NewReader(conn)
+		if c.first != "" {
+			io.WriteString(conn, c.first)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+		}
+		io.WriteString(conn, c.then)
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Errorf("%s: read %v, want io.EOF (the server closed the connection)", c.name, err)
+		}
+		conn.Close()
+	}
+}
