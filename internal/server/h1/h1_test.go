@@ -327,6 +327,9 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("check in flight: %v %v", resp, err)
 	}
 	io.Copy(io.Discard, resp.Body)
+	if !resp.Close {
+		t.Errorf("the answer of the check in flight at Shutdown has no Connection: close")
+	}
 	if _, err := busyR.ReadByte(); err != io.EOF {
 		t.Errorf("busy connection after its answer: read %v, want io.EOF", err)
 	}

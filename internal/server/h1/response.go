@@ -20,6 +20,7 @@ type response struct {
 	keys  []string
 
 	hasDate, hasLength, hasType, hasEncoding, close bool
+	ending                                          bool // the listener is shutting down
 }
 
 func (w *response) Header() http.Header { return w.h }
@@ -57,7 +58,8 @@ func (w *response) Write(p []byte) (int, error) {
 }
 
 // finish ends the answer with the fields net/http adds (Date,
-// Content-Length, a sniffed Content-Type) and the body.
+// Content-Length, a sniffed Content-Type, Connection: close while
+// shutting down) and the body.
 func (w *response) finish() {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
@@ -77,6 +79,12 @@ func (w *response) finish() {
 		w.out = append(w.out, "Content-Type: "...)
 		w.out = append(w.out, http.DetectContentType(w.body)...)
 		w.out = append(w.out, "\r\n"...)
+	}
+	if w.ending && !w.close {
+		// The server is shutting down: the connection closes after
+		// this answer, and says so, as net/http's.
+		w.out = append(w.out, "Connection: close\r\n"...)
+		w.close = true
 	}
 	w.out = append(w.out, "\r\n"...)
 	if allowed {
@@ -215,6 +223,7 @@ func (c *conn) answer(r *http.Request) bool {
 		h = http.DefaultServeMux
 	}
 	h.ServeHTTP(w, r)
+	w.ending = c.l.closing.Load()
 	w.finish()
 	c.out = w.out
 	c.deadline(true, c.l.srv.WriteTimeout)
