@@ -175,13 +175,15 @@ func parseField(b []byte, off int) (field, bool) {
 
 // isTokenByte reports whether c may be in a field name (RFC 9110's
 // tchar).
-func isTokenByte(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
+func isTokenByte(c byte) bool { return tchar[c] }
+
+var tchar = func() (t [256]bool) {
+	for c := 0; c < 256; c++ {
+		b := byte(c)
+		t[c] = 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), b) >= 0
 	}
-	return bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0
-}
+	return t
+}()
 
 // validHost reports whether v is a plain host[:port]: letters, digits,
 // dots, dashes, underscores, colons and brackets.
