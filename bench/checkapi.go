@@ -25,7 +25,8 @@ const kindHTTP kind = "check_api"
 
 // runCheckAPI builds ../cmd/sluice, serves a generated config with the
 // memory store and then with the redis store, and drives POST /v1/check
-// over HTTP/1.1 keep-alive in every cell; then the same through its
+// over HTTP/1.1 keep-alive in every cell (rawDecide's client, or with
+// -net-client net/http's); then the same through its
 // rate-limiting reverse proxy, in front of an upstream of this process
 // that answers every request, which is also measured alone (the floor).
 func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
@@ -58,6 +59,10 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	// each measures every cell through one way in: tag names it in the
 	// progress lines, flush empties Redis before each cell, cpu reads the
 	// server's CPU time (nil for none).
+	checks := rawDecide
+	if cfg.netClient {
+		checks = httpDecide
+	}
 	each := func(limiter, tag string, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
 		for _, c := range cells {
 			r := result{Limiter: limiter, Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
@@ -99,11 +104,11 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		}
 		name := fmt.Sprintf("sluice serve %s (%s)", alg, storeName(store))
 		err = each(name+", POST /v1/check", "check API", func(c cell) (decideFunc, func()) {
-			return httpDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+			return checks(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
 		}, store == "redis", sv.cpu)
 		if err == nil && store == "redis" && strings.Contains(policiesYAML(alg), localPolicy) {
 			err = each(name+", POST /v1/check, local quota", "check API", func(c cell) (decideFunc, func()) {
-				return httpDecide(sv.url, localPolicyOf(c.mode), e.subjects[:c.subjects], c.callers)
+				return checks(sv.url, localPolicyOf(c.mode), e.subjects[:c.subjects], c.callers)
 			}, true, sv.cpu)
 		}
 		if err == nil {

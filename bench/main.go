@@ -66,6 +66,7 @@ type config struct {
 	svg               string
 	http              bool
 	httpAlgorithm     string
+	netClient         bool
 	redisServer       string
 	redisAddr         string
 	callgrindPID      int
@@ -93,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
 	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
 	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
+	fs.BoolVar(&c.netClient, "net-client", false, "drive the check API with net/http's client instead of plain keep-alive TCP (rawDecide): the client of earlier rounds, as CPU-hungry as the server")
 	fs.BoolVar(&c.rls, "rls", false, "with -http: also drive sluice serve's Envoy rate-limit service (gRPC ShouldRateLimit) on Redis")
 	fs.BoolVar(&c.onlyRLS, "only-rls", false, "with -rls: skip the check API and proxy rows")
 	fs.StringVar(&c.envoyRatelimit, "envoy-ratelimit", "", "with -rls: the envoyproxy/ratelimit service binary (`BIN`) to measure beside it on the same Redis, e.g. built by go build github.com/envoyproxy/ratelimit/src/service_cmd")

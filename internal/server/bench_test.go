@@ -1,9 +1,12 @@
 package server_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -15,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/server"
+	"github.com/sluicehq/sluice/internal/server/h1"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -27,23 +31,7 @@ import (
 //	go test -run '^$' -bench CheckAPI/parallel -cpuprofile cpu.out ./internal/server
 //	go tool pprof -top -cum -focus 'net/http.\(\*conn\).serve' cpu.out
 func BenchmarkCheckAPI(b *testing.B) {
-	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"open"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	lim, err := sluice.New(m.InstrumentStore(memstoreFor(b), "memory", clock.System{}),
-		[]sluice.Policy{{ID: "open", Algorithm: sluice.GCRA, Limit: 1_000_000_000, Window: time.Second}}, sluice.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	pseud, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("0123456789abcdef0123456789abcdef")}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := server.New(lim, pseud, slog.New(slog.NewTextHandler(io.Discard, nil)), server.Options{Metrics: m})
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv := benchServer(b)
 	ts := httptest.NewServer(srv)
 	defer ts.Close()
 	const subjects = 10_000
@@ -83,5 +71,82 @@ func BenchmarkCheckAPI(b *testing.B) {
 				i += 7
 			}
 		})
+	})
+}
+
+// benchServer is the check API as sluice serve wires it, over memstore
+// with a policy never reached.
+func benchServer(b *testing.B) *server.Server {
+	m, err := server.NewMetrics(prometheus.NewRegistry(), []string{"open"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim, err := sluice.New(m.InstrumentStore(memstoreFor(b), "memory", clock.System{}),
+		[]sluice.Policy{{ID: "open", Algorithm: sluice.GCRA, Limit: 1_000_000_000, Window: time.Second}}, sluice.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pseud, err := subject.New([]subject.Key{{ID: "k1", Secret: []byte("0123456789abcdef0123456789abcdef")}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := server.New(lim, pseud, slog.New(slog.NewTextHandler(io.Discard, nil)), server.Options{Metrics: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv
+}
+
+// BenchmarkCheckAPIFast is BenchmarkCheckAPI through sluice serve's
+// HTTP/1.1 loop (internal/server/h1), driven over plain keep-alive TCP
+// with each request encoded once, so that its profile is the server's:
+//
+//	go test -run '^$' -bench CheckAPIFast -cpuprofile cpu.out ./internal/server
+//	go tool pprof -top -cum -focus 'h1.\(\*conn\).serve' cpu.out
+func BenchmarkCheckAPIFast(b *testing.B) {
+	srv := benchServer(b)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv}
+	fast := h1.New(ln, hs, h1.Route{Method: http.MethodPost, Path: "/v1/check"})
+	go hs.Serve(fast)
+	defer fast.Shutdown(context.Background())
+	defer hs.Close()
+	const subjects = 10_000
+	reqs := make([][]byte, subjects)
+	for i := range reqs {
+		body := `{"policy":"open","subject":"user-` + strconv.Itoa(i) + `"}`
+		reqs[i] = []byte("POST /v1/check HTTP/1.1\r\nHost: " + ln.Addr().String() + "\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	}
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 callers on 2 cores
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		i := 0
+		for pb.Next() {
+			if _, err := c.Write(reqs[i%subjects]); err != nil {
+				b.Error(err)
+				return
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				b.Errorf("POST /v1/check: %s", resp.Status)
+				return
+			}
+			i += 7
+		}
 	})
 }

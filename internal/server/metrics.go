@@ -98,6 +98,10 @@ type Metrics struct {
 	dropped   *prometheus.CounterVec
 	overrides *overridesCollector
 	localQ    *localCollector
+	// checkAnswers are requests' counters of POST /v1/check answered
+	// 200 and 429, made on first use: a check then skips the label
+	// lookup (and the code's formatting).
+	checkAnswers [2]atomic.Pointer[prometheus.Counter]
 }
 
 // NewMetrics registers the collectors on reg. policies are the IDs the
@@ -433,6 +437,20 @@ func (m *Metrics) settled(policies, _ []string, o sluice.Outcome) {
 
 // countRequest counts one answer of handler.
 func (m *Metrics) countRequest(handler string, code int) {
+	if handler == checkPattern && (code == http.StatusOK || code == http.StatusTooManyRequests) {
+		slot := &m.checkAnswers[0]
+		if code == http.StatusTooManyRequests {
+			slot = &m.checkAnswers[1]
+		}
+		c := slot.Load()
+		if c == nil {
+			made := m.requests.WithLabelValues(handler, strconv.Itoa(code))
+			c = &made
+			slot.Store(c)
+		}
+		(*c).Inc()
+		return
+	}
 	m.requests.WithLabelValues(handler, strconv.Itoa(code)).Inc()
 }
 

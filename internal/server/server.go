@@ -247,7 +247,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		p, _ := s.policy(id)
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
-	s.mux.HandleFunc("POST "+checkapi.CheckPath, s.check)
+	s.mux.HandleFunc(checkPattern, s.check)
 	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
 	s.mux.HandleFunc("POST "+checkapi.RenewPath, s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -286,6 +286,10 @@ func (s *Server) newCore(core *edge.Core) (*edge.Core, error) {
 	}
 	return edge.New(s.lim, edge.Options{Deadline: s.decide, Count: count, Settled: settled, Clock: s.clock, Logger: s.log, Prefix: "server"})
 }
+
+// checkPattern is the check API's route, as the mux and the metrics name
+// it.
+const checkPattern = "POST " + checkapi.CheckPath
 
 // ServeHTTP routes r and logs it. Unknown paths get 404, known paths with
 // another method 405 with Allow.
