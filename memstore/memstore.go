@@ -380,7 +380,8 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 		}
 	}
 	now := evaluation.Now(s.clock)
-	ap := evaluation.PolicyAt(p, now, &s.periods)
+	var ap algorithm.Policy
+	evaluation.SetPolicyAt(&ap, p, now, &s.periods)
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
 	k := keyOf(ev.Subject, p)
