@@ -1,7 +1,5 @@
 package algorithm
 
-import "math/bits"
-
 // DecideOne is Evaluate for the common decision: one policy, a spend, a
 // held spend (OpHold, for hold µs) or a peek that passed Check, nothing to
 // replay. It runs the same steps on the
@@ -44,8 +42,7 @@ func decideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold
 // what: it copies no Policy, Params or GCRA, reschedules a state at most
 // once, and it divides twice on an admitted spend (GCRA.Decide's ⌈debt/T⌉
 // is the quotient of the new TAT plus one when there is a remainder; its
-// test "ahead > τ/Limit + 1" is the product (ahead − 1)·Limit > τ, exact
-// in 128 bits).
+// test "ahead > τ/Limit + 1" is beyond's product).
 func decideGCRA(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, w *Write, d *Decision) (bool, error) {
 	var t, f, expires int64 // the schedule decided on (under p) and when it ends; zeros: absent
 	at, fresh := now, true
@@ -100,7 +97,7 @@ func gcraStep(pp *Params, t, f, now, cost, hold int64, w *Write, d *Decision) {
 	var debt int64
 	if ahead := t - now; t != 0 && ahead >= 0 {
 		// ahead > τ/Limit + 1, as GCRA.Decide asks it, without dividing.
-		if hi, lo := bits.Mul64(uint64(ahead-1), uint64(limit)); ahead > 0 && (hi != 0 || lo > uint64(tau)) {
+		if ahead > 0 && beyond(ahead-1, limit, tau) {
 			d.RetryAfter = ahead - floorDiv(tau-need-f, limit)
 			d.ResetAfter = ahead + ceilDiv(f, limit)
 			return

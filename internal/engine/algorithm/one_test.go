@@ -184,3 +184,35 @@ func TestDecideGCRAMatchesGeneral(t *testing.T) {
 		t.Fatalf("only %d of 20 000 draws passed Check", compared)
 	}
 }
+
+// TestBeyond: beyond(a, l, x) is a > ⌊x/l⌋, over the edges (products
+// just below, at and above x; both at their largest) and random values.
+func TestBeyond(t *testing.T) {
+	r := rand.New(rand.NewPCG(37, 2))
+	check := func(a, l, x int64) {
+		if got, want := beyond(a, l, x), a > x/l; got != want {
+			t.Fatalf("beyond(%d, %d, %d) = %v, want %v", a, l, x, got, want)
+		}
+	}
+	for _, l := range []int64{1, 2, 3, 7, 1_000_000, MaxLimit} {
+		for _, x := range []int64{0, 1, l - 1, l, l + 1, MaxExact - 1, math.MaxInt64} {
+			q := x / l
+			for _, a := range []int64{0, 1, q - 1, q, q + 1, q + 2, MaxExact, math.MaxInt64} {
+				if a >= 0 {
+					check(a, l, x)
+				}
+			}
+		}
+	}
+	for range 1_000_000 {
+		l := 1 + r.Int64N(MaxLimit)
+		x := r.Int64N(MaxExact)
+		a := x/l + r.Int64N(5) - 2
+		if r.IntN(4) == 0 {
+			a = r.Int64()
+		}
+		if a >= 0 {
+			check(a, l, x)
+		}
+	}
+}
