@@ -61,7 +61,12 @@ func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
 	case len(ev.Statuses) != len(ev.Policies):
 		*o = Outcome{Kind: Incompatible, Err: fmt.Errorf("sluice: store answered %d statuses for %d policies", len(ev.Statuses), len(ev.Policies))}
 	default:
-		o.Kind, o.Status, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, mostRestrictive(ev.Statuses), ev.Replayed, 0, nil, false, false
+		if len(ev.Statuses) == 1 {
+			o.Status = ev.Statuses[0] // copied once, not through mostRestrictive's choice
+		} else {
+			o.Status = mostRestrictive(ev.Statuses)
+		}
+		o.Kind, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, ev.Replayed, 0, nil, false, false
 		o.Lease, o.Statuses = Lease{}, nil
 		if !o.Allowed {
 			o.Kind = Denied

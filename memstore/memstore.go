@@ -111,11 +111,14 @@ type state struct {
 	st               algorithm.State
 }
 
-// entry is a state held in a shard, under its key.
+// entry is a state held in a shard, under its key. Its fields are in the
+// order a decision reads them, the key first and the state's log and lease
+// ids (which a GCRA never uses) last, so a decision touches as few of its
+// cache lines as it can.
 type entry struct {
-	state
 	key  key
 	next *entry // the next entry of the same subject hash
+	state
 }
 
 // states are the entries of one shard, found by their subject's hash: the
@@ -377,18 +380,19 @@ func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
 		}
 	}
 	now := evaluation.Now(s.clock)
-	ap := evaluation.PolicyAt(p, now, &s.periods)
+	var ap algorithm.Policy
+	evaluation.SetPolicyAt(&ap, p, now, &s.periods)
 	h := maphash.String(s.seed, ev.Subject)
 	sh := &s.shards[h&s.mask]
 	k := keyOf(ev.Subject, p)
 	var d algorithm.Decision
+	var w algorithm.Write // on the stack: the shard's work would be one more cache line to take from the core that locked it last
 	sh.mu.Lock()
 	en := sh.states.get(h, k)
 	st := stateOf(en, ap.Kind)
-	w := &sh.work.writes[0]
-	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), w, &d)
+	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), &w, &d)
 	if commit {
-		s.put(sh, now, h, k, en, ap.Kind, w, &d)
+		s.put(sh, now, h, k, en, ap.Kind, &w, &d)
 	}
 	sh.mu.Unlock()
 	if err != nil {

@@ -1,8 +1,9 @@
 --[[ short.lua: the common decision in short, the specialization of main
 (redisstore.lua) that the differential test drives on every seed. Go
-twin: internal/engine/algorithm/one.go, DecideOne (fastView: corrupt
-through readState, current, step, Fresh, lengthen, commit; fastMain's
-fixed-size course the same on values), which memstore's decideOne runs;
+twin: internal/engine/algorithm/one.go, DecideOne's general course,
+decideOne (fastView: corrupt through readState, current, step, Fresh,
+lengthen, commit; fastMain's fixed-size course the same on values), which
+memstore's decideOne runs (for gcra by decideGCRA, Go only, held to it);
 redisstore/redisstore.go's Store.decideShort writes its arguments.
 fixedWindowFloor is DecideOne on a FixedWindowEnd with nothing to check
 but its record. ]]

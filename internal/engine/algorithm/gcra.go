@@ -1,6 +1,9 @@
 package algorithm
 
-import "fmt"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // GCRA is the state of the generic cell rate algorithm (a virtual
 // scheduler).
@@ -59,10 +62,20 @@ func (s GCRA) corrupt() string {
 		most = MaxLimit * s.Window
 	}
 	ahead := s.TAT - s.Last
-	if ahead < 0 || ahead == 0 && s.Frac == 0 || ahead > (most-s.Frac)/s.Limit {
+	if ahead < 0 || ahead == 0 && s.Frac == 0 || beyond(ahead, s.Limit, most-s.Frac) {
 		return fmt.Sprintf("TAT %d is %d µs after the last write: want after it by at most burst × %d / %d µs", s.TAT, ahead, s.Window, s.Limit)
 	}
 	return ""
+}
+
+// beyond reports whether a > ⌊x/l⌋ for a ≥ 0, x ≥ 0 and l ≥ 1, as gcra.lua
+// asks it (a > quo(x, l)), without dividing: for a whole a, ⌊x/l⌋ < a
+// exactly when x/l < a, when x < a·l; the product is taken in 128 bits,
+// so it cannot overflow. Every decision on a stored GCRA asks it
+// (corrupt); TestBeyond holds it to the quotient.
+func beyond(a, l, x int64) bool {
+	hi, lo := bits.Mul64(uint64(a), uint64(l))
+	return hi != 0 || lo > uint64(x)
 }
 
 // scheduledUnder reports whether s needs no rescheduling under p: the

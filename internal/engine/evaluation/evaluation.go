@@ -19,27 +19,40 @@ import (
 // policy with a calendar period is the engine's KindFixedPeriod, its
 // bounds left zero: PolicyAt sets them.
 func Policy(p *sluice.Policy) algorithm.Policy {
-	kind := algorithm.Kind(p.Algorithm)
+	var ap algorithm.Policy
+	setPolicy(&ap, p)
+	return ap
+}
+
+// setPolicy writes Policy(p) to ap, field by field.
+func setPolicy(ap *algorithm.Policy, p *sluice.Policy) {
+	ap.Kind = algorithm.Kind(p.Algorithm)
 	if p.Period != "" {
-		kind = algorithm.KindFixedPeriod
+		ap.Kind = algorithm.KindFixedPeriod
 	}
-	return algorithm.Policy{
-		Kind:    kind,
-		Params:  algorithm.Params{Limit: p.Limit, Window: Window(p), Burst: p.Burst, Aligned: p.ClockAligned},
-		ID:      p.ID,
-		MaxCost: p.MaxCost,
-	}
+	ap.Params.Limit, ap.Params.Window, ap.Params.Burst = p.Limit, Window(p), p.Burst
+	ap.Params.Aligned, ap.Params.Reserve, ap.Params.Bounds = p.ClockAligned, 0, [4]int64{}
+	ap.ID, ap.MaxCost = p.ID, p.MaxCost
 }
 
 // PolicyAt returns Policy(p), and for a policy with a calendar period its
 // periods around now, the caller's clock in µs (from c: see
 // period.Cache), with the middle one's length as its window.
 func PolicyAt(p *sluice.Policy, now int64, c *period.Cache) algorithm.Policy {
-	ap := Policy(p)
-	if p.Period != "" {
-		SetBounds(&ap, Bounds(p, now, c))
-	}
+	var ap algorithm.Policy
+	SetPolicyAt(&ap, p, now, c)
 	return ap
+}
+
+// SetPolicyAt writes PolicyAt(p, now, c) to ap, field by field: a
+// Policy built whole and then returned is zeroed, filled and copied twice
+// on the way, which on memstore's common decision cost more than the
+// rest of the conversion.
+func SetPolicyAt(ap *algorithm.Policy, p *sluice.Policy, now int64, c *period.Cache) {
+	setPolicy(ap, p)
+	if p.Period != "" {
+		SetBounds(ap, Bounds(p, now, c))
+	}
 }
 
 // Bounds returns the periods of p, a policy with a calendar period,
