@@ -90,3 +90,37 @@ func Join(path, key string) string {
 	}
 	return path + "." + key
 }
+
+// Keys returns the keys of n in order when n is a mapping (aliases
+// followed), nil otherwise: for a mapping whose keys are the writer's to
+// choose, every one of them known to a strict reader.
+func Keys(n *yaml.Node) []string {
+	var keys []string
+	if r := Resolve(n); r.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(r.Content); i += 2 {
+			keys = append(keys, Resolve(r.Content[i]).Value)
+		}
+	}
+	return keys
+}
+
+// Shares reads m, the mapping at path of priority classes to the share
+// of a policy's capacity each may use, as both config files write it
+// (priorities, sluice_priorities): whole percent, 50% or 50. Names and
+// numbers are sluice.Policy.Validate's to judge; here only the form. It
+// returns the shares of the values of that form and an Error for each
+// other one.
+func Shares(path string, m map[string]*yaml.Node) (map[string]int, []*Error) {
+	out := make(map[string]int, len(m))
+	var errs []*Error
+	for class, v := range m {
+		r := Resolve(v)
+		share, err := strconv.Atoi(strings.TrimSuffix(r.Value, "%"))
+		if r.Kind != yaml.ScalarNode || r.Value == "" || err != nil {
+			errs = append(errs, &Error{Path: Join(path, class), Value: Written(v), Rule: "must be the share of the policy's capacity this class may use, in whole percent, e.g. 50%", Line: r.Line})
+			continue
+		}
+		out[class] = share
+	}
+	return out, errs
+}

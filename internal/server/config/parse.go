@@ -512,26 +512,15 @@ func (d *decoder) priorities(path string, n *yaml.Node, out *map[string]int) {
 	if n == nil {
 		return
 	}
-	var classes []string // every key is known: the names are the policy's to choose
-	if r := yamlnode.Resolve(n); r.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(r.Content); i += 2 {
-			classes = append(classes, yamlnode.Resolve(r.Content[i]).Value)
-		}
-	}
-	m, ok := d.mapping(path, n, classes...)
+	m, ok := d.mapping(path, n, yamlnode.Keys(n)...) // the names are the policy's to choose
 	if !ok {
 		return
 	}
-	*out = make(map[string]int, len(m))
-	for class, v := range m {
-		r := yamlnode.Resolve(v)
-		share, err := strconv.Atoi(strings.TrimSuffix(r.Value, "%"))
-		if r.Kind != yaml.ScalarNode || r.Value == "" || err != nil {
-			d.fail(&Error{Path: yamlnode.Join(path, class), Value: yamlnode.Written(v), Rule: "must be the share of the policy's capacity this class may use, in whole percent, e.g. 50%", Line: r.Line})
-			continue
-		}
-		(*out)[class] = share
+	shares, errs := yamlnode.Shares(path, m)
+	for _, e := range errs {
+		d.fail(e)
 	}
+	*out = shares
 }
 
 // localQuota reads a policy's local_quota: true or false, or a mapping of

@@ -42,28 +42,17 @@ func (p *parser) priorities(path string, n *yaml.Node) map[string]int {
 		return nil
 	}
 	path += "." + PrioritiesKey
-	var classes []string // every key is known: the names are the rule's to choose
-	if r := yamlnode.Resolve(n); r.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(r.Content); i += 2 {
-			classes = append(classes, yamlnode.Resolve(r.Content[i]).Value)
-		}
-	}
-	before := len(p.errs)
-	m, err := p.mapping(path, n, classes...)
+	m, err := p.mapping(path, n, yamlnode.Keys(n)...) // the names are the rule's to choose
 	if err != nil {
 		p.add(err)
 		return nil
 	}
-	out := make(map[string]int, len(m))
-	for class, v := range m {
-		share, err := strconv.Atoi(strings.TrimSuffix(v.Value, "%"))
-		if v.Kind != yaml.ScalarNode || v.Value == "" || err != nil {
-			p.add(p.errorf(yamlnode.Join(path, class), v, "must be the share of the policy's capacity this class may use, in whole percent, e.g. 50%%"))
-			continue
-		}
-		out[class] = share
+	out, errs := yamlnode.Shares(path, m)
+	for _, e := range errs {
+		e.File = p.file
+		p.add(e)
 	}
-	if len(p.errs) > before {
+	if len(errs) > 0 {
 		return nil
 	}
 	return out

@@ -10,7 +10,8 @@ import (
 
 // TestPriorities: sluice_priorities gives a rule's policy its classes
 // and shares, on a rate of any algorithm and on an in-flight limit, in
-// percent with or without the sign; a rule without it has none.
+// percent with or without the sign, a share written through an alias;
+// a rule without it has none.
 func TestPriorities(t *testing.T) {
 	c, err := Parse([]Source{{Name: "p.yaml", Data: []byte(`domain: api
 descriptors:
@@ -25,13 +26,13 @@ descriptors:
       requests_per_unit: 60
       algorithm: gcra
       burst: 10
-      sluice_priorities: { default: 80, batch: 30% }
+      sluice_priorities: { default: 80, batch: &half 30% }
   - key: user
     descriptors:
       - key: request_id
         rate_limit:
           sluice_in_flight: { limit: 10, lease_ttl: 5m }
-          sluice_priorities: { sheddable: 50% }
+          sluice_priorities: { sheddable: *half }
   - key: plain
     rate_limit: { unit: second, requests_per_unit: 5 }
 `)}})
@@ -44,7 +45,7 @@ descriptors:
 	}{
 		{[]Entry{{"tenant", "t"}}, map[string]int{"critical": 100, "sheddable": 50}},
 		{[]Entry{{"model", "m"}}, map[string]int{"default": 80, "batch": 30}},
-		{[]Entry{{"user", "u"}, {"request_id", "r"}}, map[string]int{"sheddable": 50}},
+		{[]Entry{{"user", "u"}, {"request_id", "r"}}, map[string]int{"sheddable": 30}},
 		{[]Entry{{"plain", "p"}}, nil},
 	} {
 		r, _ := c.Match("api", tc.entries)
