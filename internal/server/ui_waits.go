@@ -90,7 +90,7 @@ func samples(c prometheus.Collector) []sample {
 	return out
 }
 
-// mean is sum/count in ms, 0 for no count.
+// meanMS is sum/count in ms, 0 for no count.
 func meanMS(sum, count float64) float64 {
 	if count == 0 {
 		return 0
