@@ -42,7 +42,7 @@ const (
 type pending struct {
 	args    []any           // the decision's command: name, code, number of keys, keys, ARGV (the last one its mark, once armed)
 	keys    int             // how many keys args holds
-	key     string          // its first key; a short decision's command holds it as &key, which costs no allocation where the string would
+	key     keyArg          // its first key, which its command holds as &key
 	alone   bool            // the decision carries state (ARGV_CARRY "carry"): never in a decideAll call
 	mark    mark            // its last argument while it is sent: notes when go-redis writes it
 	lease   text            // a short decision's lease, its argument
@@ -202,7 +202,7 @@ func (b *batcher) exec(batch []*pending) {
 				s.fallBack("redis refused FCALL: " + msg)
 			}
 			if !loaded || s.scripts.Load() != loadedScripts {
-				lerr = s.loadNode(ctx, b.n, p.key, err)
+				lerr = s.loadNode(ctx, b.n, p.key.b, err)
 				loaded, loadedScripts = true, s.scripts.Load() // the form it loaded
 			}
 			if lerr != nil {
@@ -340,7 +340,7 @@ func allCmd(ctx context.Context, batch []*pending) scriptCmd {
 	args = append(args, callAll[0], callAll[1], keys)
 	for _, p := range batch {
 		if p.spec != "" {
-			p.ref.arg = p.key
+			p.ref.src = p.key.b
 			args = append(args, &p.ref)
 		} else {
 			args = append(args, p.args[3:3+p.keys]...)
@@ -468,7 +468,7 @@ func (b *batcher) close() {
 // that node's senders or alone, and returns the script's reply appended
 // to dst, or the error typed by typeErr. It sets ev.Batch.
 func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
-	n := s.nodeFor(ctx, p.key)
+	n := s.nodeFor(ctx, p.key.b)
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
 		return nil, n.errOpen
@@ -550,7 +550,7 @@ func (s *Store) sendAlone(ctx context.Context, n *node, p *pending) error {
 	if notLoaded(err) {
 		// The code certainly did not run: load it where the key lives
 		// and try once more.
-		if lerr := s.loadNode(ctx, n, p.key, err); lerr != nil {
+		if lerr := s.loadNode(ctx, n, p.key.b, err); lerr != nil {
 			return reloadFailed(err, lerr)
 		}
 		p.args[0], p.args[1] = s.call() // loading may have fallen back to scripts
@@ -645,6 +645,6 @@ func (s *Store) typeErr(ctx context.Context, what string, written bool, err erro
 // release returns p to the pool, dropping what it references.
 func (s *Store) release(p *pending) {
 	clear(p.args)
-	p.cmd, p.ctx, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.arg, p.key = scriptCmd{}, nil, nil, nil, "", "", "", "", ""
+	p.cmd, p.ctx, p.err, p.wait, p.mark.arg, p.lease.s, p.spec, p.ref.src, p.key.b = scriptCmd{}, nil, nil, nil, "", "", "", nil, p.key.b[:0]
 	pendingPool.Put(p)
 }

@@ -409,11 +409,11 @@ const nodeIdle = 30 * time.Second
 // nodeFor returns the node a decision on key goes to: on a Cluster the
 // master that owns key's slot (the store's own node, routed by the
 // cluster client, while the slot map cannot be had).
-func (s *Store) nodeFor(ctx context.Context, key string) *node {
+func (s *Store) nodeFor(ctx context.Context, key []byte) *node {
 	if s.cluster == nil || !s.one.breaker.closed() {
 		return s.one
 	}
-	c, err := s.cluster.MasterForKey(ctx, key)
+	c, err := s.cluster.MasterForKey(ctx, string(key))
 	if err != nil || c == nil {
 		return s.one
 	}

@@ -77,7 +77,7 @@ func (s *Store) Overrides(ctx context.Context) ([]sluice.Override, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	n := s.nodeFor(ctx, s.prefix+overridesKey)
+	n := s.nodeFor(ctx, []byte(s.prefix+overridesKey))
 	if err := n.breaker.allow(); err != nil {
 		return nil, err
 	}

@@ -622,38 +622,45 @@ var algorithmCodes = [...]string{
 // key returns the Redis key of p's state for subject: see the package
 // documentation.
 func (s *Store) key(subject string, p *sluice.Policy) string {
-	if p.Period != "" {
-		return s.policyKey(subject, p, "p") // a calendar period's (algorithm.FixedPeriod), on either clock
-	}
-	if p.Algorithm == sluice.FixedWindow && s.clock == nil {
+	return s.policyKey(subject, p, s.stateSuffix(p))
+}
+
+// stateSuffix returns the last part of p's state key: the code of the
+// record it keeps.
+func (s *Store) stateSuffix(p *sluice.Policy) string {
+	switch {
+	case p.Period != "":
+		return "p" // a calendar period's (algorithm.FixedPeriod), on either clock
+	case p.Algorithm == sluice.FixedWindow && s.clock == nil && p.ClockAligned:
 		// On Redis time a fixed window keeps another record
 		// (algorithm.FixedWindowEnd): another key.
-		if p.ClockAligned {
-			return s.policyKey(subject, p, "E")
-		}
-		return s.policyKey(subject, p, "e")
+		return "E"
+	case p.Algorithm == sluice.FixedWindow && s.clock == nil:
+		return "e"
+	case p.ClockAligned:
+		return "F" // another window than first-request's: another key
 	}
-	if p.ClockAligned {
-		return s.policyKey(subject, p, "F") // another window than first-request's: another key
-	}
-	return s.policyKey(subject, p, algorithmCodes[p.Algorithm])
+	return algorithmCodes[p.Algorithm]
 }
 
 // policyKey returns the key of p for subject that ends in suffix: the
 // algorithm code of its state, or one of the evaluation-id records.
 func (s *Store) policyKey(subject string, p *sluice.Policy, suffix string) string {
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(subject) + len(p.ID) + len(suffix) + 16)
-	b.WriteString(s.prefix)
-	b.WriteByte('{')
-	b.WriteString(subject)
-	b.WriteByte('}')
-	b.WriteString(p.ID)
-	b.WriteByte(':')
-	b.WriteString(strconv.FormatInt(p.Revision, 10))
-	b.WriteByte(':')
-	b.WriteString(suffix)
-	return b.String()
+	var room [128]byte
+	return string(s.appendPolicyKey(room[:0], subject, p, suffix))
+}
+
+// appendPolicyKey appends policyKey's key to b.
+func (s *Store) appendPolicyKey(b []byte, subject string, p *sluice.Policy, suffix string) []byte {
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = append(b, subject...)
+	b = append(b, '}')
+	b = append(b, p.ID...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, p.Revision, 10)
+	b = append(b, ':')
+	return append(b, suffix...)
 }
 
 // Evaluate implements sluice.Store.
@@ -759,7 +766,7 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
 	p.args, p.keys, p.alone = args, 1, false
 	cmdName, code := s.call()
-	p.key = s.key(subject, pol)
+	p.key.b = s.appendPolicyKey(p.key.b[:0], subject, pol, s.stateSuffix(pol))
 	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], &p.key
 	argv := args[3:] // argv[i] is ARGV[i]
 	argv[1] = fastForms[clocked][ev.Op]
@@ -813,10 +820,11 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	p.args, p.keys, p.alone = args, keys, carry == "carry"
 	cmdName, code := s.call()
 	args[0], args[1], args[2] = cmdName, code, intArg(int64(keys))
-	for i, p := range ev.Policies {
-		args[3+i] = s.key(subject, p)
+	p.key.b = s.appendPolicyKey(p.key.b[:0], subject, ev.Policies[0], s.stateSuffix(ev.Policies[0]))
+	args[3] = &p.key
+	for i, p := range ev.Policies[1:] {
+		args[4+i] = s.key(subject, p)
 	}
-	p.key = args[3].(string)
 	first := ev.Policies[0]
 	if id != "" {
 		args[3+n], args[3+n+1] = s.policyKey(subject, first, "ids"), s.policyKey(subject, first, "idv")

@@ -122,6 +122,7 @@ func (s *Store) call() (any, any) {
 // (String).
 type mark struct {
 	arg     string
+	src     []byte // or, when not nil, the argument's bytes, which the pooled decision keeps (a decision's key)
 	buf     []byte // arg's bytes, in a buffer the pooled decision keeps
 	written atomic.Bool
 }
@@ -129,12 +130,20 @@ type mark struct {
 // MarshalBinary implements encoding.BinaryMarshaler.
 func (m *mark) MarshalBinary() ([]byte, error) {
 	m.written.Store(true)
+	if m.src != nil {
+		return m.src, nil
+	}
 	m.buf = append(m.buf[:0], m.arg...)
 	return m.buf, nil
 }
 
 // String returns the argument, for logs and traces of the command.
-func (m *mark) String() string { return m.arg }
+func (m *mark) String() string {
+	if m.src != nil {
+		return string(m.src)
+	}
+	return m.arg
+}
 
 // arm puts m in args (a decision's command) in place of its last
 // argument, not yet written.
@@ -168,6 +177,18 @@ func (t *text) MarshalBinary() ([]byte, error) {
 // String returns the argument, for logs and traces of the command.
 func (t *text) String() string { return t.s }
 
+// keyArg is a decision's first key, written into a buffer the pooled
+// decision keeps: put in its command as a pointer, it costs no
+// allocation, where a string would cost one per decision.
+type keyArg struct{ b []byte }
+
+// MarshalBinary implements encoding.BinaryMarshaler.
+func (k *keyArg) MarshalBinary() ([]byte, error) { return k.b, nil }
+
+// String returns the key, for logs and traces of the command, and for
+// go-redis's Cluster routing.
+func (k *keyArg) String() string { return string(k.b) }
+
 // load loads the code on every master of a Cluster, every shard of a
 // Ring, or the one Redis.
 func (s *Store) load(ctx context.Context) error {
@@ -184,7 +205,7 @@ func (s *Store) load(ctx context.Context) error {
 // loadNode loads the code on n, after Redis answered cause to one of its
 // decisions: that it does not hold the code, or may not or cannot run
 // FCALL, in which case the store falls back to scripts for good.
-func (s *Store) loadNode(ctx context.Context, n *node, key string, cause error) error {
+func (s *Store) loadNode(ctx context.Context, n *node, key []byte, cause error) error {
 	if msg := replyError(cause); noFunctions(msg) {
 		s.fallBack("redis refused FCALL: " + msg)
 	}
@@ -192,7 +213,7 @@ func (s *Store) loadNode(ctx context.Context, n *node, key string, cause error) 
 	case s.ring != nil:
 		return s.load(ctx)
 	case s.cluster != nil && n.client.Load() == nil:
-		c, err := s.cluster.MasterForKey(ctx, key)
+		c, err := s.cluster.MasterForKey(ctx, string(key))
 		if err != nil {
 			return err
 		}
