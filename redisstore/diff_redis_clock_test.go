@@ -89,13 +89,25 @@ func shortWindow(r *rand.Rand, p *sluice.Policy) *sluice.Policy {
 		q.Limit = min(q.Limit, 1000)
 		q.Burst, q.MaxCost = 0, 0
 		if q.Algorithm == sluice.TokenBucket || q.Algorithm == sluice.GCRA {
-			q.Burst = 1 + r.Int64N(2*q.Limit)
+			// At least the burst p's classes need: a burst drawn below it
+			// would fail every draw, and this loop would never end.
+			q.Burst = max(1+r.Int64N(2*q.Limit), leastCapacity(q.Priorities))
 		}
 		if q.Validate() == nil {
 			q = evaluation.Defaults(q)
 			return &q
 		}
 	}
+}
+
+// leastCapacity returns the least capacity that leaves each class of
+// shares at least one unit (algorithm.CheckShares's rule).
+func leastCapacity(shares map[string]int) int64 {
+	var least int64
+	for _, share := range shares {
+		least = max(least, int64((100+share-1)/share))
+	}
+	return least
 }
 
 // diffRedisClock drives algs' random sequences (several policies at once
