@@ -833,4 +833,14 @@ func TestPooledStateDoesNotLeak(t *testing.T) {
 	if hs := headerMap(kept[1]); hs["RateLimit-Policy"] == "" || hs["RateLimit"] == "" || len(hs) != 2 {
 		t.Errorf("small: headers %v, want RateLimit-Policy and RateLimit alone", hs)
 	}
+	// The counters found once are the registry's: every answer counted.
+	if ok, over := sum(t, h.reg, "sluice_envoy_requests_total", "OK"), sum(t, h.reg, "sluice_envoy_requests_total", "OVER_LIMIT"); ok != 5 || over != 1 {
+		t.Errorf("sluice_envoy_requests_total: OK %v, OVER_LIMIT %v; want 5 and 1", ok, over)
+	}
+	if n := sumRule(t, h.reg, "shop.api"); n != 7 {
+		t.Errorf("sluice_envoy_descriptors_total{rule=shop.api} = %v, want 7 (two in each big request, three small ones)", n)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "unlimited"); n != 2 {
+		t.Errorf("sluice_envoy_descriptors_total{code=unlimited} = %v, want 2", n)
+	}
 }
