@@ -331,15 +331,27 @@ type Entry struct{ Key, Value string }
 // a key alone or by a wildcard without share_threshold): the part of the
 // descriptor that names whose budget is spent.
 func (c *Config) Match(domain string, entries []Entry) (*Rule, []Entry) {
+	r, vars := c.AppendMatch(nil, domain, entries)
+	if len(vars) == 0 {
+		vars = nil
+	}
+	return r, vars
+}
+
+// AppendMatch is Match writing the entries the rule does not fix over
+// vars[:0] (a caller deciding many descriptors reuses one buffer); with
+// no rule, the entries returned are empty but for a descriptor whose
+// last entry reaches a level without a rate_limit.
+func (c *Config) AppendMatch(vars []Entry, domain string, entries []Entry) (*Rule, []Entry) {
+	vars = vars[:0]
 	n := c.domains[domain]
 	if n == nil || len(entries) == 0 {
-		return nil, nil
+		return nil, vars
 	}
-	var vars []Entry
 	for i, e := range entries {
 		next, variable := n.lookup(e)
 		if next == nil {
-			return nil, nil
+			return nil, vars[:0]
 		}
 		if variable {
 			vars = append(vars, e)
@@ -348,11 +360,11 @@ func (c *Config) Match(domain string, entries []Entry) (*Rule, []Entry) {
 			return next.rule, vars
 		}
 		if next.has == 0 {
-			return nil, nil // the request is deeper than the tree
+			return nil, vars[:0] // the request is deeper than the tree
 		}
 		n = next
 	}
-	return nil, nil
+	return nil, vars[:0]
 }
 
 // lookup finds the most specific child of n for e; variable reports
@@ -898,22 +910,38 @@ func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err
 // first 8 hex digits of the key's SHA-256, so distinct keys keep distinct
 // IDs.
 func PolicyID(key string) string {
-	clean := true
+	// The metrics label every descriptor with it: a valid key is
+	// returned without copying it (a copy longer than 32 bytes was an
+	// allocation per descriptor).
+	if len(key) <= 64 && validIDBytes(key) {
+		return key
+	}
 	b := []byte(key)
 	for i, c := range b {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+		if !idByte(c) {
 			b[i] = '-'
-			clean = false
 		}
-	}
-	if clean && len(b) <= 64 {
-		return key
 	}
 	sum := sha256.Sum256([]byte(key))
 	if len(b) > 55 {
 		b = b[:55]
 	}
 	return string(b) + "-" + hex.EncodeToString(sum[:4])
+}
+
+// validIDBytes reports whether every byte of key may be in a policy ID.
+func validIDBytes(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if !idByte(key[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// idByte reports whether c may be in a policy ID (A-Z a-z 0-9 _ . -).
+func idByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-'
 }
 
 // mapping checks that n is a mapping and returns its values by key,

@@ -305,6 +305,13 @@ func TestMatch(t *testing.T) {
 			if r != nil && fmtEntries(vars) != tc.vars {
 				t.Errorf("Match(%q, %v) vars = %s, want %s", tc.domain, tc.entries, fmtEntries(vars), tc.vars)
 			}
+			// AppendMatch over a buffer a previous descriptor filled
+			// answers alike, none of the old entries left.
+			dirty := []Entry{{"stale", "1"}, {"stale", "2"}}
+			ar, avars := c.AppendMatch(dirty, tc.domain, tc.entries)
+			if ar != r || fmtEntries(avars) != fmtEntries(vars) {
+				t.Errorf("AppendMatch(dirty, %q, %v) = %v %s, want Match's %v %s", tc.domain, tc.entries, ar, fmtEntries(avars), r, fmtEntries(vars))
+			}
 		})
 	}
 }

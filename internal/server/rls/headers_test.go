@@ -26,11 +26,11 @@ func TestOneHeadersAreHeaders(t *testing.T) {
 			for i := range statuses {
 				rule := &envoyconf.Rule{Policy: policy, Shadow: shadow}
 				ds := []descriptor{{rule: &envoyconf.Rule{}}, {rule: rule, decided: &statuses[i]}}
-				got, ok := oneHeaders(ds, over)
+				got, ok := oneHeaders(ds, over, newReply(len(ds)))
 				if !ok {
 					t.Fatalf("oneHeaders declined one decided descriptor")
 				}
-				want := headers(append(ds, ds[1]), over)
+				want := headers(append(ds, ds[1]), over, newReply(len(ds)+1))
 				if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 					t.Errorf("shadow %v, over %v, status %d: (-headers +oneHeaders)\n%s", shadow, over, i, diff)
 				}
@@ -40,7 +40,7 @@ func TestOneHeadersAreHeaders(t *testing.T) {
 			}
 		}
 	}
-	if hs, ok := oneHeaders([]descriptor{{}}, true); !ok || hs != nil {
+	if hs, ok := oneHeaders([]descriptor{{}}, true, newReply(1)); !ok || hs != nil {
 		t.Errorf("oneHeaders(nothing decided) = %v, %v; want nil, true as headers", hs, ok)
 	}
 }

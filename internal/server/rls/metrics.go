@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 
@@ -46,7 +48,18 @@ type Metrics struct {
 	unsettled   *prometheus.CounterVec
 	// unknownPriority: descriptors of a class their rule does not declare.
 	unknownPriority *prometheus.CounterVec
+
+	// The counters every answer increments, found once: requests by
+	// overall code (ok, over), and descriptors' by labels (a
+	// descriptorLabels key, a prometheus.Counter value: the children of
+	// descriptors, as many as it has), so an answer does not hash its
+	// label values again to find them.
+	ok, over    prometheus.Counter
+	descriptorC sync.Map
 }
+
+// descriptorLabels are the label values of sluice_envoy_descriptors_total.
+type descriptorLabels struct{ rule, code string }
 
 // NewMetrics registers the collectors on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -73,9 +86,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
-	for _, code := range []string{rlspb.RateLimitResponse_OK.String(), rlspb.RateLimitResponse_OVER_LIMIT.String()} {
-		m.requests.WithLabelValues(code)
-	}
+	m.ok = m.requests.WithLabelValues(rlspb.RateLimitResponse_OK.String())
+	m.over = m.requests.WithLabelValues(rlspb.RateLimitResponse_OVER_LIMIT.String())
 	return m, nil
 }
 
@@ -84,7 +96,14 @@ func (m *Metrics) countRequest(resp *rlspb.RateLimitResponse, err error) {
 		m.requests.WithLabelValues(status.Code(err).String()).Inc()
 		return
 	}
-	m.requests.WithLabelValues(resp.GetOverallCode().String()).Inc()
+	switch code := resp.GetOverallCode(); code {
+	case rlspb.RateLimitResponse_OK:
+		m.ok.Inc()
+	case rlspb.RateLimitResponse_OVER_LIMIT:
+		m.over.Inc()
+	default:
+		m.requests.WithLabelValues(code.String()).Inc()
+	}
 }
 
 func (m *Metrics) countDescriptor(d *descriptor, code string) {
@@ -97,7 +116,14 @@ func (m *Metrics) countDescriptor(d *descriptor, code string) {
 	case d.replaced != nil:
 		label = envoyconf.PolicyID(d.replaced.Key)
 	}
-	m.descriptors.WithLabelValues(label, code).Inc()
+	k := descriptorLabels{label, code}
+	if c, ok := m.descriptorC.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := m.descriptors.WithLabelValues(label, code)
+	m.descriptorC.Store(k, c)
+	c.Inc()
 }
 
 // codeLabel is the code label of a descriptor's final status.

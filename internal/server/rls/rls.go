@@ -102,7 +102,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/edge"
@@ -293,8 +292,10 @@ type descriptor struct {
 	unknownClass bool
 	status       *rlspb.RateLimitResponse_DescriptorStatus
 	// decided is the store's verdict, for the response headers (a
-	// shadow rule's too: its answer carries what an enforced one would).
+	// shadow rule's too: its answer carries what an enforced one would):
+	// verdict, or a repeated descriptor's.
 	decided *sluice.Status
+	verdict sluice.Status
 	// replaced is the rule another matched rule's replaces dropped (rule
 	// is then nil): counted as replaced, not as no rule.
 	replaced *envoyconf.Rule
@@ -359,11 +360,13 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 	if err := st.bounds(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
 	}
-	ds, err := match(st, req)
+	sc := getScratch(len(req.Descriptors))
+	defer sc.release()
+	ds, err := match(st, req, sc)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "sluice: "+err.Error())
 	}
-	if err := s.decideGroups(ctx, ds); err != nil {
+	if err := s.decideGroups(ctx, ds, sc); err != nil {
 		return nil, err
 	}
 	s.countUnsettled(ctx, ds)
@@ -375,7 +378,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 			d.decided, d.failedOpen = e.decided, e.failedOpen
 		}
 	}
-	resp := s.response(ds)
+	resp := s.response(ds, sc.rp)
 	if st.ResponseMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, ds)
 	}
@@ -391,8 +394,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 // over, the request is over whatever its quota_mode descriptors say, so
 // they (decided last) only check too. A quota_mode descriptor over its
 // limit stops nothing.
-func (s *Service) decideGroups(ctx context.Context, ds []descriptor) error {
-	groups := groupDescriptors(ds)
+func (s *Service) decideGroups(ctx context.Context, ds []descriptor, sc *scratch) error {
+	groups := groupDescriptors(ds, sc)
 	denied := map[string]bool{} // subjects with a group the store denied
 	over := false               // an enforced descriptor outside quota_mode is over
 	for i := range ds {
@@ -404,7 +407,7 @@ func (s *Service) decideGroups(ctx context.Context, ds []descriptor) error {
 		if (denied[g.subject] || g.quota && over) && !g.shadow && !g.givesBack() {
 			g.peek = true // nothing more is spent once denied
 		}
-		if err := s.decide(ctx, ds, g); err != nil {
+		if err := s.decide(ctx, ds, g, sc.rp); err != nil {
 			return err
 		}
 		if g.quota || g.shadow || g.givesBack() {
@@ -421,16 +424,17 @@ func (s *Service) decideGroups(ctx context.Context, ds []descriptor) error {
 // match returns req's descriptors with their rules, costs and subjects.
 // A descriptor whose rule another matched rule replaces has no rule:
 // it is neither decided nor spent. The error is a limit override sluice
-// cannot apply.
-func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
+// cannot apply. The descriptors and buffers are sc's.
+func match(st *State, req *rlspb.RateLimitRequest, sc *scratch) ([]descriptor, error) {
 	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
 	if reqCost == 0 {
 		reqCost = 1
 	}
-	ds := make([]descriptor, len(req.Descriptors))
+	ds := sc.ds
 	replaced := map[string]bool{}
-	entries := make([]envoyconf.Entry, 0, 4)
+	entries := sc.entries[:0]
+	defer func() { sc.entries = entries }() // keeps its buffer for the next request
 	for i, d := range req.Descriptors {
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
@@ -454,7 +458,8 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 			// override by the whole descriptor.
 			ds[i].rule, ds[i].core, ds[i].override, vars = ol.rule, ol.core, true, entries
 		} else {
-			ds[i].rule, vars = st.Rules.Match(domain, entries)
+			ds[i].rule, vars = st.Rules.AppendMatch(sc.vars, domain, entries)
+			sc.vars = vars
 		}
 		if ds[i].rule == nil {
 			continue
@@ -468,8 +473,10 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 		if ds[i].rule.Settles || se.done && ds[i].override {
 			prepareSettle(st, &ds[i], d, req.GetHitsAddend(), domain, entries, se)
 		}
-		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, identity(vars), domain)
-		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, identity(vars), domain)
+		sc.id = appendIdentity(sc.id[:0], vars)
+		id := string(sc.id) // does not escape: on the stack when short
+		ds[i].subject = st.Pseudonymizer.Pseudonym(SubjectKind, id, domain)
+		ds[i].previous = st.Pseudonymizer.Previous(SubjectKind, id, domain)
 		for _, name := range ds[i].rule.Replaces {
 			replaced[name] = true
 		}
@@ -488,13 +495,16 @@ func match(st *State, req *rlspb.RateLimitRequest) ([]descriptor, error) {
 // (refund or spend, shadow or enforced) share a check unless one policy would be in it
 // twice; every refund has a check of its own. A group whose subject has
 // a descriptor denied locally only peeks, so nothing is spent on it.
-func groupDescriptors(ds []descriptor) []*group {
-	var groups []*group
+// The groups and statuses are sc's.
+func groupDescriptors(ds []descriptor, sc *scratch) []*group {
+	groups := sc.groups[:0]
+	// groups keeps its buffer for the next request.
+	defer func() { sc.groups = groups }()
 	blocked := map[string]bool{} // subjects with a descriptor denied locally
 	for i := range ds {
 		d := &ds[i]
 		r := d.rule
-		if answerLocally(d) {
+		if answerLocally(d, sc.rp) {
 			if d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow && !r.QuotaMode {
 				blocked[d.subject] = true
 			}
@@ -517,7 +527,8 @@ func groupDescriptors(ds []descriptor) []*group {
 			}
 		}
 		if g == nil {
-			g = &group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, settle: d.settle, quota: r.QuotaMode, shadow: r.Shadow, priority: d.priority}
+			g = sc.newGroup()
+			*g = group{core: d.core, subject: d.subject, previous: d.previous, cost: d.cost, refund: d.refund, lease: d.lease, release: d.release, settle: d.settle, quota: r.QuotaMode, shadow: r.Shadow, priority: d.priority, members: g.members[:0]}
 			groups = append(groups, g)
 		}
 		g.members = append(g.members, i)
@@ -567,18 +578,20 @@ func spends(g *group) int {
 // answerLocally fills in d's status and reports true when d needs no
 // store: OK when no rule matches or the rule is unlimited, OVER_LIMIT
 // when the rule allows 0 per unit or d spends more than the limit could
-// ever admit.
-func answerLocally(d *descriptor) bool {
+// ever admit. The status is rp's.
+func answerLocally(d *descriptor, rp *reply) bool {
 	r := d.rule
 	switch {
 	case r == nil:
-		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		d.status = &rp.status(rlspb.RateLimitResponse_OK, nil).status
 	case r.Unlimited:
-		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		sl := rp.status(rlspb.RateLimitResponse_OK, nil)
+		sl.status.LimitRemaining = math.MaxUint32
+		d.status = &sl.status
 	case d.settle.idle():
-		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(r)}
+		d.status = &rp.status(rlspb.RateLimitResponse_OK, r).status
 	case !r.Decided(), !d.refund && d.cost > mostCost(r, d.priority):
-		d.status = overLimit(r)
+		d.status = overLimit(r, rp)
 	default:
 		return false
 	}
@@ -586,21 +599,21 @@ func answerLocally(d *descriptor) bool {
 }
 
 // overLimit is the status of a descriptor of r denied without the
-// store's verdict: it can never be admitted.
-func overLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_DescriptorStatus {
-	return &rlspb.RateLimitResponse_DescriptorStatus{
-		Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(r),
-		DurationUntilReset: durationpb.New(r.Unit.Duration()),
-	}
+// store's verdict: it can never be admitted. The status is rp's.
+func overLimit(r *envoyconf.Rule, rp *reply) *rlspb.RateLimitResponse_DescriptorStatus {
+	sl := rp.status(rlspb.RateLimitResponse_OVER_LIMIT, r)
+	sl.untilReset(r.Unit.Duration())
+	return &sl.status
 }
 
 // response returns the answer to the decided descriptors ds, counting
 // each in the metrics: their statuses, with shadow_mode rules' OVER_LIMIT
 // answered OK, the overall code (OVER_LIMIT when a descriptor outside
 // quota_mode is, or when every quota_mode descriptor is), and the
-// response headers.
-func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
-	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(ds))}
+// response headers: rp's response.
+func (s *Service) response(ds []descriptor, rp *reply) *rlspb.RateLimitResponse {
+	resp := &rp.resp // its Statuses sized for ds
+	resp.OverallCode = rlspb.RateLimitResponse_OK
 	var quota, quotaOver int // quota_mode descriptors, and those over
 	for i := range ds {
 		d := &ds[i]
@@ -628,28 +641,30 @@ func (s *Service) response(ds []descriptor) *rlspb.RateLimitResponse {
 	if quota > 0 && quotaOver == quota {
 		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT // every quota is spent
 	}
-	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT)
+	resp.ResponseHeadersToAdd = headers(ds, resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT, rp)
 	return resp
 }
 
 // decide asks the store for one group and fills in its statuses. It
-// returns a gRPC error when a fail-closed policy cannot be decided.
-func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
+// returns a gRPC error when a fail-closed policy cannot be decided. The
+// statuses are rp's.
+func (s *Service) decide(ctx context.Context, ds []descriptor, g *group, rp *reply) error {
 	if g.settle.op == sluice.Settle {
-		return s.settle(ctx, ds, g)
+		return s.settle(ctx, ds, g, rp)
 	}
-	ids := make([]string, len(g.members))
-	for j, i := range g.members {
-		ids[j] = ds[i].rule.Policy.ID
-	}
-	req := sluice.Request{Policies: ids, Subject: g.subject, Previous: g.previous, Cost: g.cost}
+	req := sluice.Request{Subject: g.subject, Previous: g.previous, Cost: g.cost}
 	if !g.givesBack() {
 		req.Priority = g.priority // what gives back takes no class
 	}
-	if len(ids) == 1 {
+	if len(g.members) == 1 {
 		// One policy named as such: the shape a Limiter may answer from
 		// a block of local quota (Policy.LocalQuota).
-		req.Policy, req.Policies = ids[0], nil
+		req.Policy = ds[g.members[0]].rule.Policy.ID
+	} else {
+		req.Policies = make([]string, len(g.members))
+		for j, i := range g.members {
+			req.Policies[j] = ds[i].rule.Policy.ID
+		}
 	}
 	switch {
 	case g.release:
@@ -665,16 +680,13 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 	}
 	a := g.core.DecideRequest(ctx, req, groupMode(ds, g))
 	o := &a.Outcome
-	if req.Policy != "" {
-		o.Statuses = []sluice.Status{o.Status}
-	}
 	switch {
 	case edge.Rejected(o) && errors.Is(o.Err, algorithm.ErrCostTooHigh) && !g.givesBack():
 		// More than a tenant plan's lower limit (or its class's share of
 		// it) can ever admit: a denial, as answerLocally's above the
 		// rule's, never an error Envoy's failure_mode_deny: false admits.
 		for _, i := range g.members {
-			ds[i].status = overLimit(ds[i].rule)
+			ds[i].status = overLimit(ds[i].rule, rp)
 		}
 		return nil
 	case edge.Rejected(o):
@@ -682,18 +694,19 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 	case a.Kind == edge.Admit || a.Kind == edge.Limit:
 		for j, i := range g.members {
 			d := &ds[i]
-			sst := o.Statuses[j]
+			d.verdict = o.Status // one policy named as such: the outcome's only status
+			if req.Policy == "" {
+				d.verdict = o.Statuses[j]
+			}
+			sst := &d.verdict
 			code := rlspb.RateLimitResponse_OK
 			if !sst.Allowed && !g.givesBack() {
 				code = rlspb.RateLimitResponse_OVER_LIMIT
 			}
-			d.status = &rlspb.RateLimitResponse_DescriptorStatus{
-				Code:               code,
-				CurrentLimit:       currentLimit(d.rule),
-				LimitRemaining:     uint32(min(max(sst.Remaining, 0), math.MaxUint32)),
-				DurationUntilReset: durationpb.New(sst.ResetAfter),
-			}
-			d.decided = &sst
+			sl := rp.status(code, d.rule)
+			sl.status.LimitRemaining = uint32(min(max(sst.Remaining, 0), math.MaxUint32))
+			sl.untilReset(sst.ResetAfter)
+			d.status, d.decided = &sl.status, sst
 		}
 		return nil
 	}
@@ -704,7 +717,7 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group) error {
 		return errUnavailable(fmt.Sprint(o.Err))
 	}
 	for _, i := range g.members {
-		ds[i].status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(ds[i].rule)}
+		ds[i].status = &rp.status(rlspb.RateLimitResponse_OK, ds[i].rule).status
 		ds[i].decided = nil
 		ds[i].failedOpen = true
 	}
@@ -727,8 +740,10 @@ func groupMode(ds []descriptor, g *group) failure.Mode {
 
 // identity frames the entries a rule does not fix, so that no two
 // different lists give the same string.
-func identity(vars []envoyconf.Entry) string {
-	var b []byte
+func identity(vars []envoyconf.Entry) string { return string(appendIdentity(nil, vars)) }
+
+// appendIdentity appends the identity of vars to b.
+func appendIdentity(b []byte, vars []envoyconf.Entry) []byte {
 	for _, e := range vars {
 		b = strconv.AppendInt(b, int64(len(e.Key)), 10)
 		b = append(b, ':')
@@ -737,15 +752,7 @@ func identity(vars []envoyconf.Entry) string {
 		b = append(b, ':')
 		b = append(b, e.Value...)
 	}
-	return string(b)
-}
-
-func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
-	return &rlspb.RateLimitResponse_RateLimit{
-		Name:            r.Name,
-		RequestsPerUnit: uint32(r.RequestsPerUnit),
-		Unit:            rlspb.RateLimitResponse_RateLimit_Unit(r.Unit),
-	}
+	return b
 }
 
 // headers returns the RateLimit-Policy and RateLimit fields for the
@@ -753,8 +760,8 @@ func currentLimit(r *envoyconf.Rule) *rlspb.RateLimitResponse_RateLimit {
 // what an enforced one would), the most restrictive first, and
 // Retry-After from the enforced rules when the request is over the
 // limit. This is the one place the service calls the field serializer.
-func headers(ds []descriptor, over bool) []*corepb.HeaderValue {
-	if hs, ok := oneHeaders(ds, over); ok {
+func headers(ds []descriptor, over bool, rp *reply) []*corepb.HeaderValue {
+	if hs, ok := oneHeaders(ds, over, rp); ok {
 		return hs
 	}
 	var policies []sluice.Policy

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice"
@@ -780,5 +781,66 @@ func TestRequestBounds(t *testing.T) {
 		if _, err := h.client.ShouldRateLimit(context.Background(), r); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
 			t.Errorf("with bounds 2 and 1: ShouldRateLimit = %v, want InvalidArgument %q", err, want)
 		}
+	}
+}
+
+// TestPooledStateDoesNotLeak: the service reuses a request's working
+// memory (descriptors, groups, buffers) for the next request and builds
+// each answer in memory of its own. Requests of different shapes in turn
+// get the answers they would get alone, and an answer already returned
+// does not change while later requests are decided.
+func TestPooledStateDoesNotLeak(t *testing.T) {
+	h := memHarness(t)
+	ctx := context.Background()
+	big := req(d("user", "p1"), d("plan", "free", "user", "p1"), d("internal", "x"), d("api", "p1"), d("nope", "x"), d("api", "p1"))
+	small := req(d("api", "p2"))
+	short := func(resp *rlspb.RateLimitResponse) (string, []st) {
+		var got []st
+		for _, s := range resp.Statuses {
+			x := st{Code: s.Code.String(), Remaining: s.LimitRemaining}
+			if l := s.CurrentLimit; l != nil {
+				x.Limit = itoa(l.RequestsPerUnit) + "/" + l.Unit.String()
+			}
+			got = append(got, x)
+		}
+		return resp.OverallCode.String(), got
+	}
+	var kept []*rlspb.RateLimitResponse // answers returned, with a copy taken then
+	var copies []proto.Message
+	steps := []step{
+		{"big", big, "OK", []st{{"OK", "10/HOUR", 9}, {"OK", "1/HOUR", 0}, {"OK", "", math.MaxUint32}, {"OK", "5/DAY", 4}, {"OK", "", 0}, {"OK", "5/DAY", 4}}},
+		{"small", small, "OK", []st{{"OK", "5/DAY", 4}}},
+		{"big again", big, "OVER_LIMIT", []st{{"OK", "10/HOUR", 9}, {"OVER_LIMIT", "1/HOUR", 0}, {"OK", "", math.MaxUint32}, {"OK", "5/DAY", 3}, {"OK", "", 0}, {"OK", "5/DAY", 3}}},
+		{"small again", small, "OK", []st{{"OK", "5/DAY", 3}}},
+		{"no rule", req(d("nope", "y")), "OK", []st{{"OK", "", 0}}},
+		{"small a third time", small, "OK", []st{{"OK", "5/DAY", 2}}},
+	}
+	for _, s := range steps {
+		resp, err := h.svc.ShouldRateLimit(ctx, s.req)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if overall, got := short(resp); overall != s.overall || !cmp.Equal(got, s.want) {
+			t.Fatalf("%s: ShouldRateLimit = %s %+v, want %s %+v", s.name, overall, got, s.overall, s.want)
+		}
+		kept, copies = append(kept, resp), append(copies, proto.Clone(resp))
+	}
+	for i, resp := range kept {
+		if !proto.Equal(resp, copies[i]) {
+			t.Errorf("%s: the answer changed after later requests:\n%v\nwas\n%v", steps[i].name, resp, copies[i])
+		}
+	}
+	if hs := headerMap(kept[1]); hs["RateLimit-Policy"] == "" || hs["RateLimit"] == "" || len(hs) != 2 {
+		t.Errorf("small: headers %v, want RateLimit-Policy and RateLimit alone", hs)
+	}
+	// The counters found once are the registry's: every answer counted.
+	if ok, over := sum(t, h.reg, "sluice_envoy_requests_total", "OK"), sum(t, h.reg, "sluice_envoy_requests_total", "OVER_LIMIT"); ok != 5 || over != 1 {
+		t.Errorf("sluice_envoy_requests_total: OK %v, OVER_LIMIT %v; want 5 and 1", ok, over)
+	}
+	if n := sumRule(t, h.reg, "shop.api"); n != 7 {
+		t.Errorf("sluice_envoy_descriptors_total{rule=shop.api} = %v, want 7 (two in each big request, three small ones)", n)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "unlimited"); n != 2 {
+		t.Errorf("sluice_envoy_descriptors_total{code=unlimited} = %v, want 2", n)
 	}
 }

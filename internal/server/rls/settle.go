@@ -9,7 +9,6 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
@@ -166,17 +165,18 @@ func (c *settleCall) idle() bool { return c.done && c.op == 0 }
 // answered OK (a settle is never denied); one that cannot be taken is
 // given its reason (see the file's comment). It counts on the core's
 // settle counter (sluice_settled_units_total).
-func (s *Service) settle(ctx context.Context, ds []descriptor, g *group) error {
+func (s *Service) settle(ctx context.Context, ds []descriptor, g *group, rp *reply) error {
 	d := &ds[g.members[0]]
 	req := sluice.Request{Policy: d.rule.Policy.ID, Subject: g.subject, Previous: g.previous, Op: sluice.Settle, EvaluationID: g.settle.id, Cost: g.cost}
 	o := g.core.Check(ctx, req)
 	for _, i := range g.members {
 		d := &ds[i]
-		d.status = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: currentLimit(d.rule)}
+		sl := rp.status(rlspb.RateLimitResponse_OK, d.rule)
+		d.status = &sl.status
 		switch {
 		case o.Kind == sluice.Allowed:
-			d.status.LimitRemaining = uint32(min(max(o.Remaining, 0), math.MaxUint32))
-			d.status.DurationUntilReset = durationpb.New(o.ResetAfter)
+			sl.status.LimitRemaining = uint32(min(max(o.Remaining, 0), math.MaxUint32))
+			sl.untilReset(o.ResetAfter)
 		case o.Kind == sluice.Incompatible && errors.Is(o.Err, sluice.ErrInvalidRequest):
 			d.settle.why = noEstimate
 		default:
