@@ -625,6 +625,11 @@ func (s *Store) key(subject string, p *sluice.Policy) string {
 	return s.policyKey(subject, p, s.stateSuffix(p))
 }
 
+// appendKey appends key's key to b.
+func (s *Store) appendKey(b []byte, subject string, p *sluice.Policy) []byte {
+	return s.appendPolicyKey(b, subject, p, s.stateSuffix(p))
+}
+
 // stateSuffix returns the last part of p's state key: the code of the
 // record it keeps.
 func (s *Store) stateSuffix(p *sluice.Policy) string {
@@ -766,7 +771,7 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
 	p.args, p.keys, p.alone = args, 1, false
 	cmdName, code := s.call()
-	p.key.b = s.appendPolicyKey(p.key.b[:0], subject, pol, s.stateSuffix(pol))
+	p.key.b = s.appendKey(p.key.b[:0], subject, pol)
 	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], &p.key
 	argv := args[3:] // argv[i] is ARGV[i]
 	argv[1] = fastForms[clocked][ev.Op]
@@ -820,7 +825,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	p.args, p.keys, p.alone = args, keys, carry == "carry"
 	cmdName, code := s.call()
 	args[0], args[1], args[2] = cmdName, code, intArg(int64(keys))
-	p.key.b = s.appendPolicyKey(p.key.b[:0], subject, ev.Policies[0], s.stateSuffix(ev.Policies[0]))
+	p.key.b = s.appendKey(p.key.b[:0], subject, ev.Policies[0])
 	args[3] = &p.key
 	for i, p := range ev.Policies[1:] {
 		args[4+i] = s.key(subject, p)
