@@ -390,6 +390,8 @@ func TestDashboardAndSIGHUP(t *testing.T) {
 server: { listen: "127.0.0.1:0" }
 policies:
   - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20 }
+  - { id: batch, algorithm: gcra, limit: 100, window: 1s, priorities: { sheddable: 50% } }
+  - { id: slow, algorithm: gcra, limit: 1, window: 10s }
 proxy:
   listen: "127.0.0.1:0"
   upstream: "`+up.URL+`"
@@ -403,11 +405,24 @@ envoy:
 	}
 	p := startProcess(t, bin, cfg)
 
-	resp, err := http.Post(p.URL+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","subject":"alice"}`))
-	if err != nil {
-		t.Fatal(err)
+	// A check of each kind the dashboard's panels count: a plain one, one
+	// of a priority class, and a booking told to wait (slow's one unit
+	// spent first).
+	for _, body := range []string{
+		`{"policy":"api","subject":"alice"}`,
+		`{"policy":"batch","subject":"alice","priority":"sheddable"}`,
+		`{"policy":"slow","subject":"alice"}`,
+		`{"policy":"slow","subject":"alice","op":"book","max_wait_ms":60000}`,
+	} {
+		resp, err := http.Post(p.URL+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /v1/check %s: %s", body, resp.Status)
+		}
 	}
-	resp.Body.Close()
 	get(t, p.ProxyURL()+"/anything")
 	conn, err := grpc.NewClient(p.RLSAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
