@@ -234,12 +234,7 @@ func TestInFlightRedis(t *testing.T) {
 // and what is left; a request-time call with an empty request id is
 // refused, since every such request would share one lease.
 func TestInFlightAnswers(t *testing.T) {
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	h := start(t, ms, inFlightRules)
+	h := start(t, memStore(t), inFlightRules)
 	r := &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "r1")}}
 	r.HitsAddend = 7 // one slot, whatever the hits
 	_, got, _ := h.ask(t, r)
@@ -250,7 +245,7 @@ func TestInFlightAnswers(t *testing.T) {
 	if want := (st{"OK", "10/UNKNOWN", 9}); len(got) != 1 || got[0] != want {
 		t.Errorf("the same request id again = %+v, want %+v (one lease, renewed)", got, want)
 	}
-	_, err = h.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "")}})
+	_, err := h.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "")}})
 	if err == nil {
 		t.Errorf("an empty request id was decided, want InvalidArgument")
 	}

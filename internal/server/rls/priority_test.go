@@ -14,7 +14,6 @@ import (
 	"github.com/sluicehq/sluice/internal/server/envoyconf"
 	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
-	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -224,12 +223,7 @@ var priorityTests = []struct {
 func TestPrioritiesMemstore(t *testing.T) {
 	for _, tc := range priorityTests {
 		t.Run(tc.name, func(t *testing.T) {
-			ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { ms.Close() })
-			tc.fn(t, start(t, ms, priorityRules))
+			tc.fn(t, start(t, memStore(t), priorityRules))
 		})
 	}
 }
@@ -248,11 +242,7 @@ func TestPrioritiesRedis(t *testing.T) {
 // share of it: a cost above either is OVER_LIMIT, never an error Envoy's
 // failure_mode_deny: false would admit.
 func TestPriorityTenantPlanCost(t *testing.T) {
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
+	ms := memStore(t)
 	h := startWith(t, ms, priorityRules, func(st *rls.State) {
 		policy, subj, _, err := st.OverrideSubject("shop", []envoyconf.Entry{{Key: "tenant", Value: "t7"}})
 		if err != nil {

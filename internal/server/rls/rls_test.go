@@ -148,13 +148,17 @@ func startWith(t *testing.T, store sluice.Store, yaml string, adjust func(*rls.S
 	return &harness{client: rlspb.NewRateLimitServiceClient(conn), conn: conn, reg: reg, svc: svc, store: store}
 }
 
-func memHarness(t *testing.T) *harness {
+func memHarness(t *testing.T) *harness { return start(t, memStore(t), rules) }
+
+// memStore is a memstore on a fake clock, closed when t ends.
+func memStore(t *testing.T) *memstore.Store {
+	t.Helper()
 	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Close() })
-	return start(t, ms, rules)
+	return ms
 }
 
 func redisHarness(t *testing.T) (*harness, *redistest.Server) {
@@ -636,12 +640,7 @@ func TestEveryField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	h := start(t, ms, string(data))
+	h := start(t, memStore(t), string(data))
 	r := func(descs ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
 		return &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: descs}
 	}
@@ -677,12 +676,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	svc, err := rls.New(&rls.State{Rules: cfg, Store: ms, Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	svc, err := rls.New(&rls.State{Rules: cfg, Store: memStore(t), Pseudonymizer: subject.Unkeyed()}, rls.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -730,12 +724,7 @@ func (c *countingStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) err
 // one descriptor, is refused InvalidArgument naming the bound, before any
 // store call; one at the bounds is decided.
 func TestRequestBounds(t *testing.T) {
-	ms, err := memstore.New(memstore.Options{Clock: sluicetest.NewClock()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ms.Close() })
-	cs := &countingStore{Store: ms}
+	cs := &countingStore{Store: memStore(t)}
 	h := start(t, cs, rules)
 	many := func(n int) []*commonpb.RateLimitDescriptor {
 		ds := make([]*commonpb.RateLimitDescriptor, n)
