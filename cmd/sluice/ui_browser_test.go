@@ -126,22 +126,27 @@ policies:
 	if got := eval(`document.querySelector('#settles tbody').textContent`); got != "none yet" {
 		t.Errorf("settles before any = %q, want none yet", got)
 	}
-	for _, body := range []string{
+	// checkAll posts each body to /v1/check, wanting 200.
+	checkAll := func(bodies ...string) {
+		t.Helper()
+		for _, body := range bodies {
+			resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("POST /v1/check %s = %d, want 200", body, resp.StatusCode)
+			}
+		}
+	}
+	checkAll(
 		`{"policy":"login","subject":"bob","op":"estimate","cost":3,"evaluation_id":"e1"}`,
 		`{"policy":"login","subject":"bob","op":"settle","cost":1,"evaluation_id":"e1"}`,
 		`{"policy":"login","subject":"bob","op":"estimate","cost":2,"evaluation_id":"e2"}`,
 		`{"policy":"login","subject":"bob","op":"settle","cost":6,"evaluation_id":"e2"}`,
-	} {
-		resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("POST /v1/check %s = %d, want 200", body, resp.StatusCode)
-		}
-	}
+	)
 	settled := func(class string) string {
 		return `document.querySelector('#settles tr[data-policy="login"] td.` + class + `')?.textContent`
 	}
@@ -157,21 +162,11 @@ policies:
 	if got := eval(`document.querySelector('#queues tbody').textContent + ' / ' + document.querySelector('#bookings tbody').textContent`); got != "none yet / none yet" {
 		t.Errorf("queues / bookings before any = %q, want none yet / none yet", got)
 	}
-	for _, body := range []string{
+	checkAll(
 		`{"policy":"api","subject":"carol","priority":"sheddable"}`,
 		`{"policy":"paced","subject":"dave","op":"book"}`,
 		`{"policy":"paced","subject":"dave","op":"book"}`,
-	} {
-		resp, err := http.Post(s.url+"/v1/check", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("POST /v1/check %s = %d, want 200", body, resp.StatusCode)
-		}
-	}
+	)
 	waitFor("the Priorities table counts the sheddable check",
 		`document.querySelector('#priorities tr[data-policy="api"][data-class="sheddable"] td.allowed')?.textContent === "1"`)
 	waitFor("the Waits booked table counts paced's wait",
