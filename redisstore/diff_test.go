@@ -86,11 +86,7 @@ func classCost(ps []*sluice.Policy, class string, cost int64) int64 {
 		if p.Algorithm == sluice.Concurrency {
 			continue
 		}
-		capacity := p.Limit
-		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
-			capacity = p.Burst
-		}
-		cost = min(cost, p.MaxCost, capacity-evaluation.Reserve(p, class, algorithm.OpSpend))
+		cost = min(cost, p.MaxCost, evaluation.Capacity(p)-evaluation.Reserve(p, class, algorithm.OpSpend))
 	}
 	return cost
 }

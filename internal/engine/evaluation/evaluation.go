@@ -99,11 +99,17 @@ func Reserve(p *sluice.Policy, class string, op algorithm.Op) int64 {
 	if len(p.Priorities) == 0 || !op.Admits() {
 		return 0
 	}
-	capacity := p.Limit
+	return algorithm.Reserve(Capacity(p), algorithm.ShareOf(p.Priorities, class))
+}
+
+// Capacity returns the most units one decision of p could ever admit
+// (algorithm.Params.Capacity): Burst for token_bucket and gcra, Limit
+// for the others.
+func Capacity(p *sluice.Policy) int64 {
 	if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
-		capacity = p.Burst
+		return p.Burst
 	}
-	return algorithm.Reserve(capacity, algorithm.ShareOf(p.Priorities, class))
+	return p.Limit
 }
 
 // Op returns ev's operation in the engine's terms: its Op, except that a

@@ -57,11 +57,7 @@ func mostCost(r *envoyconf.Rule, class string) int64 {
 	p := evaluation.Defaults(r.Policy)
 	most := p.MaxCost
 	if reserve := evaluation.Reserve(&p, class, algorithm.OpSpend); reserve > 0 && p.Algorithm != sluice.Concurrency {
-		capacity := p.Limit
-		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
-			capacity = p.Burst
-		}
-		most = min(most, capacity-reserve)
+		most = min(most, evaluation.Capacity(&p)-reserve)
 	}
 	return most
 }
