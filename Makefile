@@ -69,10 +69,10 @@ unit:
 # The tests that prove numbers, not concurrency, at sizes that take
 # minutes under the race detector: unit runs them smaller (or skips
 # them) with -race, and here whole without it. ACCURACY.md's local-quota
-# table is regenerated and compared here (internal/wiring's
+# table is regenerated and compared here (internal/simulate's
 # race_on_test.go says what runs smaller under -race).
 unit-norace:
-	$(GO) test -shuffle=on -count=1 -run '^(TestSimulateLocalQuotaBound|TestAccuracyDocLocalQuota)$$' ./internal/wiring/
+	$(GO) test -shuffle=on -count=1 -run '^(TestSimulateLocalQuotaBound|TestAccuracyDocLocalQuota)$$' ./internal/simulate/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

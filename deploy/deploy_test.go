@@ -31,8 +31,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
@@ -251,25 +251,25 @@ func TestConfigsLoad(t *testing.T) {
 	if len(cfg.Policies) != 0 {
 		t.Errorf("deploy/sluice.yaml has %d policies: its limits are the rules files'; a config with an envoy section needs none", len(cfg.Policies))
 	}
-	rules, err := envoyconf.Load(cfg.Envoy.Configs) // relative to this directory, as to the config file
+	rs, err := rules.Load(cfg.Envoy.Configs) // relative to this directory, as to the config file
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !contains(rules.Domains(), "edge") {
-		t.Errorf("deploy/ratelimit domains = %q, want edge (envoy.yaml's domain)", rules.Domains())
+	if !contains(rs.Domains(), "edge") {
+		t.Errorf("deploy/ratelimit domains = %q, want edge (envoy.yaml's domain)", rs.Domains())
 	}
 	// envoy.yaml's /v1/stream sends (api_key, request_id): an in-flight rule.
-	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "api_key", Value: "k"}, {Key: "request_id", Value: "r"}}); r == nil || !r.InFlight {
+	if r, _ := rs.Match("edge", []rules.Entry{{Key: "api_key", Value: "k"}, {Key: "request_id", Value: "r"}}); r == nil || !r.InFlight {
 		t.Errorf("deploy/ratelimit: (api_key, request_id) matches %+v, want the in-flight rule envoy.yaml's /v1/stream relies on", r)
 	}
 	// envoy.yaml's /v1/chat sends (tenant) and sluice's own entries, which
 	// the service removes before matching: a rule that settles.
-	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "tenant", Value: "t"}}); r == nil || !r.Settles {
+	if r, _ := rs.Match("edge", []rules.Entry{{Key: "tenant", Value: "t"}}); r == nil || !r.Settles {
 		t.Errorf("deploy/ratelimit: (tenant) matches %+v, want the settling rule envoy.yaml's /v1/chat relies on", r)
 	}
 	// envoy.yaml's /v1/batch sends (api_key) and a sluice_priority entry,
 	// which the service removes before matching: a rule with that class.
-	if r, _ := rules.Match("edge", []envoyconf.Entry{{Key: "api_key", Value: "k"}}); r == nil || r.Policy.Priorities["sheddable"] != 50 {
+	if r, _ := rs.Match("edge", []rules.Entry{{Key: "api_key", Value: "k"}}); r == nil || r.Policy.Priorities["sheddable"] != 50 {
 		t.Errorf("deploy/ratelimit: (api_key) matches %+v, want the rule with the sheddable class envoy.yaml's /v1/batch relies on", r)
 	}
 
@@ -292,18 +292,18 @@ func TestConfigsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the ConfigMap's sluice.yaml: %v", err)
 	}
-	var srcs []envoyconf.Source
+	var srcs []rules.Source
 	for _, pat := range kcfg.Envoy.Configs {
 		for key, body := range cm {
 			if ok, _ := filepath.Match(pat, key); ok {
-				srcs = append(srcs, envoyconf.Source{Name: key, Data: []byte(body.(string))})
+				srcs = append(srcs, rules.Source{Name: key, Data: []byte(body.(string))})
 			}
 		}
 	}
 	if len(srcs) == 0 {
 		t.Fatalf("no ConfigMap key matches envoy.configs %q", kcfg.Envoy.Configs)
 	}
-	if _, err := envoyconf.Parse(srcs); err != nil {
+	if _, err := rules.Parse(srcs); err != nil {
 		t.Fatalf("the ConfigMap's rules: %v", err)
 	}
 	// Probes on /healthz and /readyz, never the store's own health

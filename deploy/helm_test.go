@@ -12,8 +12,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 )
 
 // helmEnv names the helm binary TestHelmChart renders the chart with:
@@ -117,15 +117,15 @@ func checkRenderedConfig(t *testing.T, cm, rulesCM map[string]any, store string)
 	if cfg.Envoy == nil {
 		return
 	}
-	rules, _ := rulesCM["data"].(map[string]any)
-	var srcs []envoyconf.Source
-	for name, body := range rules {
-		srcs = append(srcs, envoyconf.Source{Name: name, Data: []byte(body.(string))})
+	files, _ := rulesCM["data"].(map[string]any)
+	var srcs []rules.Source
+	for name, body := range files {
+		srcs = append(srcs, rules.Source{Name: name, Data: []byte(body.(string))})
 	}
 	if len(srcs) == 0 {
 		t.Fatalf("envoy is on, but the rules' ConfigMap holds no file")
 	}
-	if _, err := envoyconf.Parse(srcs); err != nil {
+	if _, err := rules.Parse(srcs); err != nil {
 		t.Errorf("the rules' ConfigMap: %v", err)
 	}
 }

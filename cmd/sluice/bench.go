@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/bench"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
@@ -42,7 +43,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	f.applyMode(set)
 
 	alg, _ := config.ParseAlgorithm(f.algorithm) // checked
-	b := wiring.Bench{URL: f.url, TokenEnv: f.tokenEnv, CAFile: f.caFile, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
+	b := bench.Load{URL: f.url, TokenEnv: f.tokenEnv, CAFile: f.caFile, Store: config.Store{Type: f.store}, Getenv: a.getenv, Clock: a.clock, Mode: f.mode, Subjects: f.subjects, Callers: f.callers, Duration: f.duration, Progress: a.stderr,
 		Policy: sluice.Policy{ID: f.policy, Algorithm: alg, Limit: f.limit, Window: f.window, Burst: f.burst}}
 	if f.store == config.StoreRedis {
 		b.Store.Redis = &config.Redis{URL: f.redisURL, Addrs: wiring.SplitList(f.redisAddrs), Mode: f.redisMode, PasswordEnv: f.redisPasswordEnv}
@@ -74,11 +75,11 @@ func (f *benchFlags) applyMode(set map[string]bool) {
 	}
 	switch {
 	case f.url != "":
-		f.mode = wiring.BenchServer
+		f.mode = bench.Server
 	case set["limit"] || set["window"] || set["burst"]:
-		f.mode = wiring.BenchCustom
+		f.mode = bench.Custom
 	default:
-		f.limit, f.window = wiring.BenchNumbers(f.mode, f.algorithm)
+		f.limit, f.window = bench.Numbers(f.mode, f.algorithm)
 	}
 }
 
@@ -93,7 +94,7 @@ func (f *benchFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.tokenEnv, "token-env", "", "with --url: the environment variable `NAME` holding a bearer token of the server (server.auth.tokens, scope check)")
 	fs.StringVar(&f.caFile, "ca-file", "", "with an https --url: a PEM file (`PATH`) of the certificates that sign the server's, e.g. a private CA's")
 	fs.StringVar(&f.policy, "policy", "", "the policy `ID`: with --url, required, a policy of the server's config (the built-in example has demo, login, api); else its name (default bench)")
-	fs.StringVar(&f.mode, "mode", wiring.BenchAllowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
+	fs.StringVar(&f.mode, "mode", bench.Allowed, "what share the policy allows: allowed (nearly all), denied (all after each subject's first) or mixed (about half); --limit, --window or --burst instead give numbers of your own")
 	fs.Float64Var(&f.maxErrors, "max-errors", 0.01, "exit 1 when more than this `SHARE` (0 to 1) of the answers are errors rather than decisions, naming the first")
 	fs.StringVar(&f.algorithm, "policy-algorithm", "gcra", "the policy's algorithm: fixed_window, sliding_log, sliding_window, token_bucket or gcra")
 	fs.Int64Var(&f.limit, "limit", 100, "the policy's limit per --window")
@@ -115,7 +116,7 @@ func (f *benchFlags) check(set map[string]bool) error {
 		return errors.New("--token-env and --ca-file are for a server: they need --url (--ca-file an https:// one)")
 	case f.url != "" && f.policy == "":
 		return errors.New("--url needs --policy ID, a policy of the server's config (the built-in example has demo, login and api)")
-	case f.mode != wiring.BenchAllowed && f.mode != wiring.BenchDenied && f.mode != wiring.BenchMixed:
+	case f.mode != bench.Allowed && f.mode != bench.Denied && f.mode != bench.Mixed:
 		return fmt.Errorf("--mode %q: want allowed, denied or mixed", f.mode)
 	case set["mode"] && (set["limit"] || set["window"] || set["burst"]):
 		return errors.New("--mode picks the policy's numbers: leave out --limit, --window and --burst, or --mode")

@@ -10,19 +10,19 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/bench"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
-	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // runBench runs sluice bench with args and --json and decodes its summary.
-func runBench(t *testing.T, args ...string) wiring.BenchReport {
+func runBench(t *testing.T, args ...string) bench.Report {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	args = append([]string{"bench", "--json"}, args...)
 	if err := run(context.Background(), args, &out, &errOut); err != nil {
 		t.Fatalf("sluice %s: %v\nstderr: %s", strings.Join(args, " "), err, errOut.String())
 	}
-	var rep wiring.BenchReport
+	var rep bench.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
 	}
@@ -111,7 +111,7 @@ func TestBenchServer(t *testing.T) {
 	var out, errOut bytes.Buffer
 	args := []string{"bench", "--json", "--url", s.url, "--policy", "nope", "--subjects", "1", "--callers", "1", "--duration", "50ms"}
 	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
-	var rep2 wiring.BenchReport
+	var rep2 bench.Report
 	if err := json.Unmarshal(out.Bytes(), &rep2); err != nil {
 		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
 	}
@@ -152,7 +152,7 @@ policies:
 	errOut.Reset()
 	args := []string{"bench", "--json", "--url", s.url, "--policy", "demo", "--ca-file", certFile, "--subjects", "1", "--callers", "2", "--duration", "1h"}
 	code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
-	var rep2 wiring.BenchReport
+	var rep2 bench.Report
 	if err := json.Unmarshal(out.Bytes(), &rep2); err != nil {
 		t.Fatalf("sluice %s printed %q: %v", strings.Join(args, " "), out.String(), err)
 	}
@@ -169,11 +169,11 @@ func TestBenchModes(t *testing.T) {
 	for _, tc := range []struct {
 		mode   string
 		header string
-		ok     func(rep wiring.BenchReport) bool
+		ok     func(rep bench.Report) bool
 	}{
-		{"allowed", "mode allowed: nearly every decision is allowed", func(r wiring.BenchReport) bool { return r.Denied == 0 && r.Allowed > 0 }},
-		{"denied", "mode denied: every decision after a subject's first is denied", func(r wiring.BenchReport) bool { return r.Allowed <= 4 && r.Denied > 0 }},
-		{"mixed", "mode mixed: about half the decisions are allowed", func(r wiring.BenchReport) bool {
+		{"allowed", "mode allowed: nearly every decision is allowed", func(r bench.Report) bool { return r.Denied == 0 && r.Allowed > 0 }},
+		{"denied", "mode denied: every decision after a subject's first is denied", func(r bench.Report) bool { return r.Allowed <= 4 && r.Denied > 0 }},
+		{"mixed", "mode mixed: about half the decisions are allowed", func(r bench.Report) bool {
 			return r.Allowed > 0 && r.Denied > 0 && r.Allowed > r.Denied/2 && r.Denied > r.Allowed/2
 		}},
 	} {
@@ -182,7 +182,7 @@ func TestBenchModes(t *testing.T) {
 		if err := run(context.Background(), args, &out, &errOut); err != nil {
 			t.Fatalf("sluice %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
 		}
-		var rep wiring.BenchReport
+		var rep bench.Report
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			t.Fatal(err)
 		}

@@ -312,7 +312,7 @@ func readmeCommands(t *testing.T, readme string) []string {
 // and exit 1; no --config is one line and the command's own usage, not
 // the whole help.
 func TestValidateBinary(t *testing.T) {
-	fixture, _ := filepath.Abs(filepath.Join("..", "..", "internal", "server", "config", "testdata", "invalid", "ten_mistakes.yaml"))
+	fixture, _ := filepath.Abs(filepath.Join("..", "..", "internal", "config", "testdata", "invalid", "ten_mistakes.yaml"))
 	stdout, stderr, code := runBinary(t, t.TempDir(), "validate", "--config", fixture)
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	if code != 1 || stdout != "" || len(lines) != 10 {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/simulate"
-	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 const simulateSynopsis = "sluice simulate [--pattern NAME | --csv FILE] [--policy ALG[:LIMIT/WINDOW[:BURST]]]... [--limit N --window D --burst N] [--rate R] [--duration D] [--seed N] [--out FILE.svg|FILE.html] | --accuracy DIR | --local-quota [--instances N] [--seed N] [--limit N --window D --burst N]"
@@ -171,19 +170,19 @@ func (a *app) accuracy(f simulateFlags, window int64) error {
 }
 
 // localQuota runs every built-in pattern at --limit (default
-// wiring.LocalQuotaLimit) per --window through the algorithms that take
+// simulate.LocalQuotaLimit) per --window through the algorithms that take
 // local quota, on --instances Limiters, and prints ACCURACY.md's
 // local-quota table.
 func (a *app) localQuota(f simulateFlags, set map[string]bool) error {
 	limit := f.limit
 	if !set["limit"] {
-		limit = wiring.LocalQuotaLimit
+		limit = simulate.LocalQuotaLimit
 	}
-	policies, err := wiring.LocalQuotaPolicies(limit, f.window, f.burst)
+	policies, err := simulate.LocalQuotaPolicies(limit, f.window, f.burst)
 	if err != nil {
 		return simulateUsage(err)
 	}
-	table, err := wiring.LocalQuotaTable(policies, f.instances, f.seed, f.patternSpec)
+	table, err := simulate.LocalQuotaTable(policies, f.instances, f.seed, f.patternSpec)
 	if err != nil {
 		return fmt.Errorf("simulate: --local-quota: %w", err)
 	}

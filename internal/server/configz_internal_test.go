@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // TestListenersNameTheDefault: a config without a server section serves

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os/exec"
+	"path"
 	"strings"
 	"testing"
 )
@@ -16,30 +17,33 @@ const module = "github.com/sluicehq/sluice"
 // shows: a package may import only packages of rows below its own. Each
 // package of the module has a row, so a new one must be placed here.
 // Paths are relative to the module ("" is the root package, sluice).
-// The folders show the groups: internal/server/... is the server and what
-// only it uses, internal/engine/... the decision engine below the root,
+// The folders say who owns them (TestNesting): internal/server/... is the
+// server and what only it uses, internal/envoy/... the Envoy side,
+// internal/engine/... the decision engine below the root,
 // internal/testkit/... the harnesses of real processes for tests, and the
 // other internal/ packages helpers. Where this order differs from
 // DESIGN.md's table, the imports decided: the stores, sluicetest,
 // internal/engine/evaluation and internal/ratelimitheader import the root,
-// so they sit above it; internal/server/rls imports
-// internal/server/envoyconf, and internal/simulate imports
-// internal/engine/algorithm.
+// so they sit above it; internal/bench builds its stores through
+// internal/wiring, so it sits above it; internal/simulate runs the local
+// quota simulator on memstore, so it sits above the stores.
 var layers = []struct {
 	name     string
 	packages []string
 }{
 	{"commands", []string{"cmd/sluice", "deploy", "examples/demo", "examples/llmtokens"}},
 	{"server", []string{"internal/server"}},
+	{"bench", []string{"internal/bench"}},
 	{"wiring", []string{"internal/wiring"}},
-	{"envoy rate-limit service", []string{"internal/server/rls"}},
-	{"envoy rules files", []string{"internal/server/envoyconf"}},
+	{"envoy rate-limit service", []string{"internal/envoy/rls"}},
+	{"envoy rules files", []string{"internal/envoy/rules"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
 	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
-	{"config", []string{"internal/server/config"}},
+	{"config", []string{"internal/config"}},
 	{"HTTP/1.1 fast path", []string{"internal/server/h1"}},
 	{"subjects", []string{"subject"}},
+	{"simulation", []string{"internal/simulate"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
 	{"header fields", []string{"internal/ratelimitheader"}},
@@ -48,10 +52,46 @@ var layers = []struct {
 	{"stages", []string{"internal/localquota", "internal/tracing", "internal/overridemap"}},
 	{"request form, policy rules", []string{"internal/requestform"}},
 	{"policy defaults", []string{"internal/policydefaults"}},
-	{"simulation", []string{"internal/simulate"}},
 	{"engine", []string{"internal/engine/algorithm"}},
 	{"failure modes", []string{"failure"}},
 	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/policyerr", "internal/period"}},
+}
+
+// groupFolders are folders that group packages rather than belong to one:
+// a package under them is owned by no package above it in the folder.
+var groupFolders = map[string]bool{"internal": true, "internal/engine": true, "internal/envoy": true, "internal/testkit": true, "examples": true, "cmd": true}
+
+// TestNesting holds the folders true: a package nested under another
+// package's folder (internal/server/h1 under internal/server) is that
+// package's own, imported only by packages inside the folder. Folders
+// that only group packages (internal, internal/envoy, ...) own nothing.
+// Tests may import across (a test may read whatever it checks).
+func TestNesting(t *testing.T) {
+	pkgs := listModule(t)
+	isPkg := map[string]bool{}
+	for _, p := range pkgs {
+		isPkg[strings.TrimPrefix(p.ImportPath, module+"/")] = true
+	}
+	owner := func(rel string) string { // the nearest package folder above rel, or ""
+		for dir := path.Dir(rel); dir != "." && dir != "/"; dir = path.Dir(dir) {
+			if isPkg[dir] && !groupFolders[dir] {
+				return dir
+			}
+		}
+		return ""
+	}
+	for _, p := range pkgs {
+		from := strings.TrimPrefix(p.ImportPath, module+"/")
+		for _, imp := range p.Imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			to := strings.TrimPrefix(imp, module+"/")
+			if own := owner(to); own != "" && from != own && !strings.HasPrefix(from, own+"/") {
+				t.Errorf("%s imports %s, which is nested under %s's folder: only %s and the packages inside its folder may import it; move it beside the packages that use it", p.ImportPath, imp, own, own)
+			}
+		}
+	}
 }
 
 // listedPackage is what TestLayers reads of go list -json.

@@ -10,8 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/server"
-	"github.com/sluicehq/sluice/internal/server/config"
 )
 
 var leasePolicies = []sluice.Policy{

@@ -16,8 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/wiring"
 	"github.com/sluicehq/sluice/subject"
 )
@@ -40,9 +40,9 @@ func (l Errors) Unwrap() []error { return l }
 // with an envoy section, the rules files it names.
 type loaded struct {
 	cfg   *config.Config
-	envoy *envoyconf.Config // nil without an envoy section
-	hash  string            // SHA-256 over every file read
-	files []string          // config file first; nil for the built-in example
+	envoy *rules.Config // nil without an envoy section
+	hash  string        // SHA-256 over every file read
+	files []string      // config file first; nil for the built-in example
 }
 
 // Validate reports everything Run would refuse in the config at path: its
@@ -78,7 +78,7 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	l := &loaded{cfg: cfg, files: []string{path}}
 	var rulesErr error
 	if cfg.Envoy != nil && len(cfg.Envoy.Configs) > 0 {
-		l.envoy, rulesErr = envoyconf.Load(envoyPatterns(cfg, path))
+		l.envoy, rulesErr = rules.Load(envoyPatterns(cfg, path))
 		rulesErr = rulesErrors(rulesErr, path, cfg.Line("envoy.configs"))
 	}
 	if rulesErr == nil && err == nil {
@@ -102,8 +102,8 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 }
 
 // rulesErrors returns each problem of the Envoy rules files (err, from
-// envoyconf.Load) as an error of its own about line, envoy.configs' in
-// the config at path, keeping envoyconf's order (by file and line).
+// rules.Load) as an error of its own about line, envoy.configs' in
+// the config at path, keeping rules's order (by file and line).
 func rulesErrors(err error, path string, line int) error {
 	if err == nil {
 		return nil
@@ -115,10 +115,10 @@ func rulesErrors(err error, path string, line int) error {
 	return joinErrors(list)
 }
 
-// flattenRules returns the *envoyconf.Error of an envoyconf.Errors, or
+// flattenRules returns the *rules.Error of an rules.Errors, or
 // err alone.
 func flattenRules(err error) []error {
-	es, ok := errors.AsType[envoyconf.Errors](err)
+	es, ok := errors.AsType[rules.Errors](err)
 	if !ok {
 		return []error{err}
 	}

@@ -11,9 +11,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
-	"github.com/sluicehq/sluice/internal/server/rls"
 )
 
 // The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),
@@ -270,9 +270,9 @@ func (s *Server) target(in checkapi.OverrideRequest) (overrideTarget, int, strin
 	if len(d.Entries) == 0 || len(d.Entries) > rls.DefaultMaxEntries || len(d.Domain) > checkapi.MaxSubjectLen {
 		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("envoy: a domain of at most %d bytes and 1 to %d entries", checkapi.MaxSubjectLen, rls.DefaultMaxEntries)
 	}
-	entries := make([]envoyconf.Entry, len(d.Entries))
+	entries := make([]rules.Entry, len(d.Entries))
 	for i, e := range d.Entries {
-		entries[i] = envoyconf.Entry{Key: e.Key, Value: e.Value}
+		entries[i] = rules.Entry{Key: e.Key, Value: e.Value}
 	}
 	policy, subj, prev, err := s.envoyState.OverrideSubject(d.Domain, entries)
 	switch {

@@ -20,8 +20,8 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
-	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/memstore"
 )
 

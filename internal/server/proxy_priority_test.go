@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // TestProxyPriority: two routes share the operation "site" and so one

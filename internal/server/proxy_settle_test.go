@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // TestProxySettle: a route with settle_header spends its estimate, and

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // rawSend writes one request to the proxy at rawURL byte for byte, target

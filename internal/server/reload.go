@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/rls"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 

@@ -22,9 +22,9 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/server/h1"
-	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 

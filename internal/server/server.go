@@ -74,12 +74,12 @@ import (
 	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/subject"
 )
 

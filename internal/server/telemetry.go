@@ -26,8 +26,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/logthrottle"
-	"github.com/sluicehq/sluice/internal/server/config"
 )
 
 // tracerName is the instrumentation scope of the server's own spans.

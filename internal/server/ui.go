@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/checkapi"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
-	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/internal/simulate"
 )
 

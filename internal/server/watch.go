@@ -14,7 +14,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/sluicehq/sluice/internal/server/config"
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // watchSet is what the config watcher reacts to: the config file, the

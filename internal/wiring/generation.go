@@ -11,11 +11,11 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/failure"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
-	"github.com/sluicehq/sluice/internal/server/rls"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -81,7 +81,7 @@ type BuildOptions struct {
 // Build turns cfg and its Envoy rules files (rules; nil without an envoy
 // section) into a Generation. It is the one place where a configuration's
 // Limiters are made.
-func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Generation, error) {
+func Build(cfg *config.Config, rules *rules.Config, o BuildOptions) (*Generation, error) {
 	if o.Getenv == nil {
 		o.Getenv = func(string) string { return "" }
 	}
@@ -130,7 +130,7 @@ func Build(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) (*Genera
 
 // cores builds g's edge cores: the check API's, and with rules the Envoy
 // service's state and core.
-func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildOptions) error {
+func (g *Generation) cores(cfg *config.Config, rules *rules.Config, o BuildOptions) error {
 	var err error
 	deadline := cmp.Or(cfg.Server.DecisionTimeout, config.DefaultDecisionTimeout)
 	if g.Core, err = edge.New(g.Limiter, edge.Options{Deadline: deadline, Count: o.Count, Settled: o.Settled, Clock: o.Clock, Logger: o.Log, Prefix: "server"}); err != nil {
@@ -151,7 +151,7 @@ func (g *Generation) cores(cfg *config.Config, rules *envoyconf.Config, o BuildO
 
 // failureModes are the failure modes of cfg's policies and rules', by
 // ID: the config's failure_mode, and the rules files' rules'.
-func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]failure.Mode {
+func failureModes(cfg *config.Config, rules *rules.Config) map[string]failure.Mode {
 	modes := cfg.FailureModes()
 	if rules != nil {
 		for _, r := range rules.Rules() {
@@ -166,7 +166,7 @@ func failureModes(cfg *config.Config, rules *envoyconf.Config) map[string]failur
 // PolicyIDs are the IDs of every policy cfg defines, the config's and
 // then the rules files' (rules; nil without an envoy section): those
 // decisions are counted under.
-func PolicyIDs(cfg *config.Config, rules *envoyconf.Config) []string {
+func PolicyIDs(cfg *config.Config, rules *rules.Config) []string {
 	ids := make([]string, 0, len(cfg.Policies))
 	for _, p := range cfg.Policies {
 		ids = append(ids, p.ID)
@@ -183,25 +183,25 @@ func PolicyIDs(cfg *config.Config, rules *envoyconf.Config) []string {
 
 // EnvoyOverrides returns the config's overrides that name an Envoy
 // subject (envoy: {domain, entries}) as the Envoy Limiter takes them:
-// each matched to its rule in rules (the policy) and pseudonymized as
+// each matched to its rule in rs (the policy) and pseudonymized as
 // the Envoy service does with pseud. The error names the override whose
 // descriptor no rule the store decides matches, or whose numbers the
 // rule's policy does not take.
-func EnvoyOverrides(cfg *config.Config, rules *envoyconf.Config, pseud *subject.Pseudonymizer) ([]sluice.Override, error) {
+func EnvoyOverrides(cfg *config.Config, rs *rules.Config, pseud *subject.Pseudonymizer) ([]sluice.Override, error) {
 	var out []sluice.Override
 	for i, o := range cfg.Overrides {
 		if o.Envoy == nil {
 			continue
 		}
 		path := fmt.Sprintf("overrides[%d].envoy", i)
-		if rules == nil {
+		if rs == nil {
 			return nil, fmt.Errorf("%s: there are no Envoy rules (envoy: configs) to match it to (line %d)", path, cfg.Line(path))
 		}
-		entries := make([]envoyconf.Entry, len(o.Envoy.Entries))
+		entries := make([]rules.Entry, len(o.Envoy.Entries))
 		for j, kv := range o.Envoy.Entries {
-			entries[j] = envoyconf.Entry{Key: kv[0], Value: kv[1]}
+			entries[j] = rules.Entry{Key: kv[0], Value: kv[1]}
 		}
-		st := &rls.State{Rules: rules, Pseudonymizer: pseud}
+		st := &rls.State{Rules: rs, Pseudonymizer: pseud}
 		policy, subj, _, err := st.OverrideSubject(o.Envoy.Domain, entries)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w (line %d)", path, err, cfg.Line(path))
@@ -210,7 +210,7 @@ func EnvoyOverrides(cfg *config.Config, rules *envoyconf.Config, pseud *subject.
 			return nil, fmt.Errorf("overrides[%d].policy: %q: the descriptor's rule has policy %q; leave policy out or name that one (line %d)", i, o.Policy, policy, cfg.Line(path))
 		}
 		ov := sluice.Override{Policy: policy, Subject: subj, Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note}
-		if err := checkOverride(rules, ov); err != nil {
+		if err := checkOverride(rs, ov); err != nil {
 			if pe, ok := errors.AsType[*policyerr.Error](err); ok {
 				return nil, fmt.Errorf("overrides[%d].%s: %s: %s (line %d)", i, pe.Field, pe.Value, pe.Rule, cfg.Line(path))
 			}
@@ -223,7 +223,7 @@ func EnvoyOverrides(cfg *config.Config, rules *envoyconf.Config, pseud *subject.
 
 // checkOverride reports whether the numbers of o suit its policy in
 // rules, by the policy's own rules (sluice.Policy.Validate).
-func checkOverride(rules *envoyconf.Config, o sluice.Override) error {
+func checkOverride(rules *rules.Config, o sluice.Override) error {
 	for _, p := range rules.Policies() {
 		if p.ID != o.Policy {
 			continue

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/failure"
-	"github.com/sluicehq/sluice/internal/server/config"
-	"github.com/sluicehq/sluice/internal/server/envoyconf"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/wiring"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -25,10 +25,10 @@ func buildFrom(t *testing.T, cfgYAML, rulesYAML string) (*wiring.Generation, *co
 	if err != nil {
 		t.Fatalf("config.Parse: %v", err)
 	}
-	var rules *envoyconf.Config
+	var rs *rules.Config
 	if rulesYAML != "" {
-		if rules, err = envoyconf.Parse([]envoyconf.Source{{Name: "shop.yaml", Data: []byte(rulesYAML)}}); err != nil {
-			t.Fatalf("envoyconf.Parse: %v", err)
+		if rs, err = rules.Parse([]rules.Source{{Name: "shop.yaml", Data: []byte(rulesYAML)}}); err != nil {
+			t.Fatalf("rules.Parse: %v", err)
 		}
 	}
 	ms, err := memstore.New(memstore.Options{})
@@ -36,7 +36,7 @@ func buildFrom(t *testing.T, cfgYAML, rulesYAML string) (*wiring.Generation, *co
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Close() })
-	g, err := wiring.Build(cfg, rules, wiring.BuildOptions{Store: ms})
+	g, err := wiring.Build(cfg, rs, wiring.BuildOptions{Store: ms})
 	if err != nil {
 		t.Fatalf("Build: %v", err)
 	}

@@ -27,19 +27,21 @@ var constructors = map[string]string{
 // non-test files may call a constructor, and why; every other package's
 // Limiters and stores come from this package.
 var mayConstruct = map[string]string{
-	".":               "the root package itself",
-	"memstore":        "the store itself",
-	"redisstore":      "the store itself",
-	"sluicetest":      "the exported store suite builds Limiters on the store under test",
-	"httplimit":       "a public edge: PerIP builds its own Limiter for a caller without a config",
-	"grpclimit":       "a public edge",
-	"internal/edge":   "the edge core's local fallback Limiter, on the store it is handed",
-	"internal/wiring": "the one place",
+	".":                 "the root package itself",
+	"memstore":          "the store itself",
+	"redisstore":        "the store itself",
+	"sluicetest":        "the exported store suite builds Limiters on the store under test",
+	"httplimit":         "a public edge: PerIP builds its own Limiter for a caller without a config",
+	"grpclimit":         "a public edge",
+	"internal/edge":     "the edge core's local fallback Limiter, on the store it is handed",
+	"internal/wiring":   "the one place",
+	"internal/bench":    "sluice bench: a Limiter of the bench's own policies over the store internal/wiring builds",
+	"internal/simulate": "the local-quota simulator: a memstore and Limiters per simulated instance, on a virtual clock",
 }
 
 // mayConstructFile are single files allowed outside mayConstruct, and why.
 var mayConstructFile = map[string]string{
-	"internal/server/rls/override.go": "a Limiter per limit override an Envoy request carries, made at request time on the state's store: a request's, not a config's",
+	"internal/envoy/rls/override.go": "a Limiter per limit override an Envoy request carries, made at request time on the state's store: a request's, not a config's",
 }
 
 // TestOnePlaceBuildsLimitersAndStores fails when a package other than

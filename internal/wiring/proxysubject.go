@@ -8,8 +8,8 @@ import (
 	"slices"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/subject"
 )
 

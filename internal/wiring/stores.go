@@ -1,4 +1,4 @@
-// Package wiring turns a configuration (internal/server/config) into
+// Package wiring turns a configuration (internal/config) into
 // running parts, in one place for every command: the store the config
 // names (memstore, or redisstore over one Redis, a Cluster or Sentinel,
 // dialled as sluice serve dials them), the store of the proxy's local
@@ -23,8 +23,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/logthrottle"
-	"github.com/sluicehq/sluice/internal/server/config"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
