@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/evaluation"
 	"github.com/sluicehq/sluice/internal/localquota"
 
 	"github.com/redis/go-redis/v9"

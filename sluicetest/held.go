@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // testHeld: a store passes a held spend (Evaluation.Hold) through to the

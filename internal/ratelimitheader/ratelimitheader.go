@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // AppendPolicyItem appends p's RateLimit-Policy list member to b, e.g.

@@ -23,7 +23,7 @@ const module = "github.com/sluicehq/sluice"
 // internal/testkit/... the harnesses of real processes for tests, and the
 // other internal/ packages helpers. Where this order differs from
 // DESIGN.md's table, the imports decided: the stores, sluicetest,
-// internal/engine/evaluation and internal/ratelimitheader import the root,
+// internal/evaluation and internal/ratelimitheader import the root,
 // so they sit above it; internal/bench builds its stores through
 // internal/wiring, so it sits above it; internal/simulate runs the local
 // quota simulator on memstore, so it sits above the stores.
@@ -47,7 +47,7 @@ var layers = []struct {
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
 	{"header fields", []string{"internal/ratelimitheader"}},
-	{"evaluation", []string{"internal/engine/evaluation"}},
+	{"evaluation", []string{"internal/evaluation"}},
 	{"contract", []string{""}},
 	{"stages", []string{"internal/localquota", "internal/tracing", "internal/overridemap"}},
 	{"request form, policy rules", []string{"internal/requestform"}},

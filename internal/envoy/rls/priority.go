@@ -6,8 +6,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
-	"github.com/sluicehq/sluice/internal/engine/evaluation"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
+	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // Priorities on one budget (docs/priorities.md) from a descriptor: a
