@@ -208,7 +208,7 @@ func (w *work) reset(n int) {
 		w.e.Decisions, w.e.Writes = make([]algorithm.Decision, n), make([]algorithm.Write, n)
 		w.keys, w.stored = make([]key, 0, n), make([]*entry, 0, n)
 	}
-	w.e.Replay, w.e.ReplayExtra, w.e.Estimate, w.e.Extra = nil, nil, nil, w.e.Extra[:0]
+	w.e.Replay, w.e.ReplayExtra, w.e.ReplayOthers, w.e.Estimate, w.e.Extra, w.e.Others = nil, nil, "", nil, w.e.Extra[:0], ""
 }
 
 // New returns a Store, starting its sweeper unless disabled.
@@ -335,6 +335,9 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	s.gather(sh, h, now, ev, carried)
 	ks := w.keys
 	if id != "" {
+		if e.Op == algorithm.OpEstimate || e.Op == algorithm.OpSettle {
+			e.Others = others(e, ks)
+		}
 		lookup(sh.dedupe[ks[0]], e, ev.EvaluationID, id, now)
 	}
 	if len(ev.Previous) == 0 {
@@ -356,7 +359,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 		return nil
 	}
 	if id != "" {
-		s.remember(sh, now, ks[0], ev.Policies[0], id, e.Decisions, recordExtra(e))
+		s.remember(sh, now, ks[0], ev.Policies[0], id, e.Decisions, recordExtra(e), e.Others)
 	}
 	if e.Commit {
 		for i := range e.Writes {
@@ -513,13 +516,13 @@ func (s *Store) forget(subjects []string, policies []*sluice.Policy) {
 // remember records decisions as the decision for id (sh locked). The
 // shard holds at most perShard records in all: beyond, expired ones go
 // first, then whole logs, the soonest-expiring of a sample.
-func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision, extra []int64) {
+func (s *Store) remember(sh *shard, now int64, dk key, p *sluice.Policy, id string, decisions []algorithm.Decision, extra []int64, others string) {
 	l := sh.dedupe[dk]
 	if l == nil {
 		l = &algorithm.DedupeLog{}
 		sh.dedupe[dk] = l
 	}
-	sh.ids += l.RememberRecord(id, now, p.DedupeTTL.Microseconds(), p.DedupeMax, decisions, extra)
+	sh.ids += l.RememberRecord(id, now, p.DedupeTTL.Microseconds(), p.DedupeMax, decisions, extra, others)
 	if sh.ids > s.perShard {
 		s.makeDedupeRoom(sh, now, l)
 	}

@@ -1,6 +1,10 @@
 package memstore
 
-import "github.com/sluicehq/sluice/internal/engine/algorithm"
+import (
+	"strconv"
+
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
+)
 
 // lookup hands e what l (nil: nothing remembered) holds for its
 // evaluation id, whose record id is id: the decision to replay, and for an
@@ -36,4 +40,26 @@ func recordExtra(e *algorithm.Evaluation) []int64 {
 		return e.Extra
 	}
 	return nil
+}
+
+// others returns algorithm.Others of e, an estimate or a settle, whose
+// states ks key (e.Policies' keys, in order): each state named by its
+// policy id, revision, alignment ("a": a clock-aligned window's own
+// state) and algorithm, as redisstore's keys name them; "" for one
+// policy, whose record's own key names it.
+func others(e *algorithm.Evaluation, ks []key) string {
+	if len(ks) < 2 {
+		return ""
+	}
+	names := make([]string, len(ks))
+	for i := 1; i < len(ks); i++ {
+		b := append([]byte(ks[i].policy), ':')
+		b = strconv.AppendInt(b, ks[i].revision, 10)
+		if ks[i].aligned {
+			b = append(b, 'a')
+		}
+		b = append(b, ':')
+		names[i] = string(strconv.AppendInt(b, int64(e.Policies[i].Kind), 10))
+	}
+	return algorithm.Others(names)
 }

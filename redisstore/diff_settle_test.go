@@ -57,19 +57,23 @@ func settlePolicy(t *testing.T, r *rand.Rand, id string, a sluice.Algorithm) *sl
 // on one fake clock, as TestDifferential does for the other operations:
 // settles of estimates still live, forgotten (past their deadline),
 // denied or never made, actual costs below, at and above the estimate
-// (past the limit), and retried settles and estimates, which must answer
-// the same. Every status (its Charged, GivenBack and Owed included),
-// Replayed flag and error class must agree.
+// (past the limit), retried settles and estimates, which must answer
+// the same, and settles naming other policies than their estimate's (one
+// swapped for another, one more or one fewer, the first two swapped: the
+// hostile caller's settle, refused by both, giving nothing back). Every
+// status (its Charged, GivenBack and Owed included), Replayed flag and
+// error class must agree.
 func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general bool, steps int) {
 	d := newDiff(t, c)
 	d.redis.SetGeneral(general)
 	r := rand.New(rand.NewPCG(seed, uint64(len(algs))*7+uint64(algs[0])))
 	const episode = 300
 	var ps []*sluice.Policy
-	var ids []string // estimates spent this episode, settled or not
-	var settled, charged, given, refused int
+	var other *sluice.Policy // a policy no estimate of the episode names
+	var ids []string         // estimates spent this episode, settled or not
+	var settled, charged, given, refused, named int
 	defer func() {
-		t.Logf("%d steps: %d settles (%d charged past the estimate, %d given back), %d refused", steps, settled, charged, given, refused)
+		t.Logf("%d steps: %d settles (%d charged past the estimate, %d given back), %d refused, %d naming other policies", steps, settled, charged, given, refused, named)
 	}()
 	for step := range steps {
 		if step%episode == 0 {
@@ -77,6 +81,7 @@ func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluic
 			for i := range 1 + r.IntN(len(algs)) {
 				ps = append(ps, settlePolicy(t, r, fmt.Sprint("p", i), algs[r.IntN(len(algs))]))
 			}
+			other = settlePolicy(t, r, "q", algs[r.IntN(len(algs))])
 			d.newSubject(r, seed, step)
 		}
 		most := ps[0].MaxCost
@@ -120,6 +125,10 @@ func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluic
 			if r.IntN(20) == 0 {
 				ev.EvaluationID = "never" // a settle with no estimate
 			}
+			if r.IntN(8) == 0 {
+				ev.Policies = strangers(r, ps, other)
+				named++
+			}
 		case k == 8:
 			ev.Op, ev.Cost = sluice.Spend, 1+r.Int64N(min(most, 5))
 		default:
@@ -140,6 +149,25 @@ func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluic
 			refused++
 		}
 	}
+}
+
+// strangers returns policies a settle of an estimate on ps may not name:
+// other swapped in for one of ps (the first kept, so the settle finds the
+// estimate), other added, the last of ps dropped, or the first two
+// swapped.
+func strangers(r *rand.Rand, ps []*sluice.Policy, other *sluice.Policy) []*sluice.Policy {
+	out := slices.Clone(ps)
+	switch k := r.IntN(4); {
+	case k == 0 && len(ps) > 1:
+		out[1+r.IntN(len(ps)-1)] = other
+	case k == 1 && len(ps) > 1:
+		out = out[:len(ps)-1]
+	case k == 2 && len(ps) > 1:
+		out[0], out[1] = out[1], out[0]
+	default:
+		out = append(out, other)
+	}
+	return out
 }
 
 // evaluateBoth takes ev on both stores and demands the same answer: the

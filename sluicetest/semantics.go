@@ -19,6 +19,7 @@ func testSemantics(t *testing.T, newStore newStoreFunc) {
 	t.Run("DedupeMultiPolicy", func(t *testing.T) { testDedupeMulti(t, newStore) })
 	t.Run("Refund", func(t *testing.T) { testRefund(t, newStore) })
 	t.Run("EstimateThenSettle", func(t *testing.T) { testSettle(t, newStore) })
+	t.Run("SettleNamesItsEstimatesPolicies", func(t *testing.T) { testSettleOwnPolicies(t, newStore) })
 	t.Run("LoweredPolicySameRevision", func(t *testing.T) { testLoweredPolicy(t, newStore) })
 	t.Run("ChangedWindowSameRevision", func(t *testing.T) { testChangedWindow(t, newStore) })
 }

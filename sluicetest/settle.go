@@ -94,3 +94,66 @@ func testSettlePeriod(t *testing.T, newStore newStoreFunc) {
 	h.clock.Set(may)
 	expect(t, "May: afresh", h.check("plan", 100, false), sluice.Allowed)
 }
+
+// testSettleOwnPolicies: a settle is valid only for the policies its
+// estimate spent, in the same order. An estimate of 5 on a and b, then a
+// settle at 0 naming a and c (c spent to its limit), another number of
+// policies, the same two in another order, or another subject, is
+// Incompatible and writes nothing: c gets nothing back, a and b keep the
+// estimate. The settle on a and b gives 5 back to both; a retry naming a
+// and c is Incompatible too, not the first answer. An estimate whose
+// deadline passed is refused and stays spent.
+func testSettleOwnPolicies(t *testing.T, newStore newStoreFunc) {
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingLog, sluice.TokenBucket, sluice.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			var ps []sluice.Policy
+			for _, id := range []string{"a", "b", "c"} {
+				p := policy(id, a, 10, time.Hour, 0)
+				p.DedupeTTL = time.Minute
+				ps = append(ps, p)
+			}
+			h := newHarness(t, newStore, ps...)
+			do := func(subject string, op sluice.Op, cost int64, id string, policies ...string) sluice.Outcome {
+				return h.limiter.Check(context.Background(), sluice.Request{Op: op, Policies: policies, Subject: subject, Cost: cost, EvaluationID: id})
+			}
+			left := func(id string) int64 { return h.check(id, 0, true).Remaining }
+			expect(t, "spend c to its limit", h.check("c", 10, false), sluice.Allowed)
+			expect(t, "estimate 5 on a, b", do(h.subject, sluice.Estimate, 5, "x", "a", "b"), sluice.Allowed)
+			for _, bad := range []struct {
+				what     string
+				subject  string
+				policies []string
+			}{
+				{"a and c", h.subject, []string{"a", "c"}},
+				{"a alone", h.subject, []string{"a"}},
+				{"a, b and c", h.subject, []string{"a", "b", "c"}},
+				{"b and a", h.subject, []string{"b", "a"}},
+				{"a and b of another subject", h.subject + ".other", []string{"a", "b"}},
+			} {
+				if o := do(bad.subject, sluice.Settle, 0, "x", bad.policies...); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+					t.Fatalf("settle at 0 naming %s after an estimate on a, b = %v (%v, %+v), want Incompatible with ErrInvalidRequest", bad.what, o.Kind, o.Err, o.Statuses)
+				}
+				if la, lb, lc := left("a"), left("b"), left("c"); la != 5 || lb != 5 || lc != 0 {
+					t.Fatalf("after a settle naming %s: remaining a %d, b %d, c %d, want 5, 5, 0: a refused settle writes nothing", bad.what, la, lb, lc)
+				}
+			}
+			if o := do(h.subject, sluice.Settle, 0, "x", "a", "b"); o.Kind != sluice.Allowed || len(o.Statuses) != 2 || o.Statuses[0].GivenBack != 5 || o.Statuses[1].GivenBack != 5 {
+				t.Fatalf("settle at 0 on a, b = %v (%v, %+v), want 5 given back to each", o.Kind, o.Err, o.Statuses)
+			}
+			if o := do(h.subject, sluice.Settle, 0, "x", "a", "c"); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+				t.Fatalf("retried settle naming a and c = %v (%v, %+v), want Incompatible, not the first answer", o.Kind, o.Err, o.Statuses)
+			}
+			if lc := left("c"); lc != 0 {
+				t.Fatalf("remaining c = %d after settles naming it, want 0: c was never estimated", lc)
+			}
+			expect(t, "estimate 4 on a, b", do(h.subject, sluice.Estimate, 4, "y", "a", "b"), sluice.Allowed)
+			h.clock.Advance(time.Minute)
+			if o := do(h.subject, sluice.Settle, 0, "y", "a", "b"); o.Kind != sluice.Incompatible || !errors.Is(o.Err, sluice.ErrInvalidRequest) {
+				t.Fatalf("settle past the estimate's deadline = %v (%v), want Incompatible", o.Kind, o.Err)
+			}
+			if la, lb := left("a"), left("b"); la > 6 || lb > 6 {
+				t.Fatalf("after a settle past its deadline: remaining a %d, b %d, want at most 6: the estimate stays spent", la, lb)
+			}
+		})
+	}
+}

@@ -23,7 +23,8 @@ local function ints(hkey, raw, out)
 end
 
 -- recordLookup returns the decisions remembered for id (flat, the
--- replayed flag, here 1, first, held to recordCorrupt) and the record's Extra, or nil when there are none or they
+-- replayed flag, here 1, first, held to recordCorrupt), the record's Extra
+-- and its Others ('' for none), or nil when there are none or they
 -- expired (score <= now).
 -- recordLookup ports DedupeLog.LookupRecord.
 local function recordLookup(zkey, hkey, id, now)
@@ -46,9 +47,10 @@ local function recordLookup(zkey, hkey, id, now)
   if not raw then
     corrupt(hkey, 'holds no reply for a remembered id')
   end
-  local head, tail = string.match(raw, '^([^|]*)|([^|]*)$')
+  -- decisions|extra, and |others after a record of several policies
+  local head, tail, others = string.match(raw, '^([^|]*)|([^|]*)|?(.*)$')
   if head == nil then
-    head, tail = raw, ''
+    head, tail, others = raw, '', ''
   end
   local vals = ints(hkey, head, {1})
   if (#vals - 1) % LAYOUT.REPLY_PER_POLICY ~= 0 then
@@ -58,7 +60,7 @@ local function recordLookup(zkey, hkey, id, now)
   if why ~= nil then
     corrupt(hkey, 'a remembered reply: ' .. why)
   end
-  return vals, ints(hkey, tail, {})
+  return vals, ints(hkey, tail, {}), others
 end
 
 -- dedupeLookup returns the decisions remembered for id (flat, as
@@ -106,11 +108,11 @@ local function dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
 end
 
 -- recordRemember records reply for id as dedupeRemember does, with extra
--- after '|'.
+-- after '|' and, when not '', others after another.
 -- recordRemember ports DedupeLog.RememberRecord.
-local function recordRemember(zkey, hkey, id, now, ttl, max, grace, reply, extra)
+local function recordRemember(zkey, hkey, id, now, ttl, max, grace, reply, extra, others)
   dedupeRemember(zkey, hkey, id, now, ttl, max, grace, reply)
-  if #extra > 0 and redisCall('ZSCORE', zkey, id) then
+  if (#extra > 0 or others ~= '') and redisCall('ZSCORE', zkey, id) then
     local vals, more = {}, {}
     for i = 2, #reply do
       vals[i - 1] = fmt(reply[i])
@@ -118,6 +120,10 @@ local function recordRemember(zkey, hkey, id, now, ttl, max, grace, reply, extra
     for i = 1, #extra do
       more[i] = fmt(extra[i])
     end
-    redisCall('HSET', hkey, id, table.concat(vals, ',') .. '|' .. table.concat(more, ','))
+    local raw = table.concat(vals, ',') .. '|' .. table.concat(more, ',')
+    if others ~= '' then
+      raw = raw .. '|' .. others
+    end
+    redisCall('HSET', hkey, id, raw)
   end
 end

@@ -123,7 +123,7 @@ local function main(KEYS, ARGV, at)
   -- Every field evaluate sets is named here, so the table is built at its
   -- size once rather than grown.
   local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, hold = hold, lease = ARGV[LAYOUT.ARGV_LEASE], maxRegression = maxRegression,
-    replay = nil, decisions = nil, writes = nil, commit = false, replayed = false}
+    replay = nil, decisions = nil, writes = nil, commit = false, replayed = false, others = ''}
   local policies, states, redisTime = ev.policies, ev.states, ARGV[LAYOUT.ARGV_NOW] == ''
   for i = 1, n do
     policies[i] = policyOf(ARGV[LAYOUT.ARGV_POLICIES + i], i)
@@ -146,6 +146,7 @@ local function main(KEYS, ARGV, at)
   end
   local recorded = id ~= '' and (op == 'estimate' or op == 'settle') -- records with an Extra (settle.lua)
   if recorded then
+    ev.others = others(KEYS, n)
     lookupFor(ev, KEYS[n + 1], KEYS[n + 2], rawID, id, now)
   elseif id ~= '' then
     ev.replay = dedupeLookup(KEYS[n + 1], KEYS[n + 2], id, now)
@@ -178,7 +179,7 @@ local function main(KEYS, ARGV, at)
       if op == 'estimate' then
         kept = estimateExtra(cost, now)
       end
-      recordRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply, kept)
+      recordRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply, kept, ev.others)
     elseif id ~= '' then
       dedupeRemember(KEYS[n + 1], KEYS[n + 2], id, now, dttl, dmax, ev.policies[1].grace, reply)
     end

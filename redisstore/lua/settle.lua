@@ -9,6 +9,25 @@ settle's charged, given back and owed of each policy. The functions on
 a state return it, then the decision's allowed, remaining, resetAfter
 and retryAfter, then charged, given back and owed. ]]
 
+-- The refusal of a settle naming other policies than its estimate's
+-- (errOtherPolicies).
+local OTHER_POLICIES = "the estimate under this evaluation id was spent on other policies: a settle names exactly its estimate's policies, in the same order"
+
+-- others ports Others: the names of the states keys[2..n] key (a key
+-- without its prefix and subject: the part after the hash tag's '}',
+-- policy id, revision and algorithm code), joined by ','; '' for one
+-- policy.
+local function others(keys, n)
+  if n < 2 then
+    return ''
+  end
+  local names = {}
+  for i = 2, n do
+    names[i - 1] = string.match(keys[i], '^.*}(.*)$')
+  end
+  return table.concat(names, ',')
+end
+
 -- estimateExtra ports EstimateExtra.
 local function estimateExtra(cost, now)
   return {cost, now}
@@ -211,12 +230,12 @@ local function settledCorrupt(extra, n)
   return nil
 end
 
--- estimateOf ports estimateOf: the estimate rec ({decisions, extra}, the
--- decisions as recordLookup returns them, already held to
--- recordCorrupt), or nil, for a settle over n policies: the time it was
--- spent at and its cost, or nil, nil and an error table ({settle =
--- reason}, {replay = …} or {corrupt = reason}).
-local function estimateOf(rec, n)
+-- estimateOf ports estimateOf: the estimate rec ({decisions, extra,
+-- others}, the decisions as recordLookup returns them, already held to
+-- recordCorrupt), or nil, for a settle over n policies whose others are
+-- others: the time it was spent at and its cost, or nil, nil and an error
+-- table ({settle = reason}, {replay = …} or {corrupt = reason}).
+local function estimateOf(rec, n, others)
   if rec == nil then
     return nil, nil, {settle = 'no estimate to settle under this evaluation id: none was spent with it on these policies for this subject, or its deadline passed (an estimate never settled stays spent)'}
   elseif #rec.decisions ~= 1 + DECISION_SIZE * n then
@@ -225,6 +244,9 @@ local function estimateOf(rec, n)
   local why = estimateCorrupt(rec.extra)
   if why ~= nil then
     return nil, nil, {corrupt = why}
+  end
+  if rec.others ~= others then
+    return nil, nil, {settle = OTHER_POLICIES}
   end
   for o = 2, #rec.decisions, DECISION_SIZE do
     if rec.decisions[o] ~= 1 then
@@ -237,14 +259,14 @@ end
 -- lookupFor ports LookupFor, looking in the id keys zkey and hkey:
 -- rawID is the evaluation id, id its record id.
 local function lookupFor(ev, zkey, hkey, rawID, id, now)
-  local vals, extra = recordLookup(zkey, hkey, id, now)
+  local vals, extra, ot = recordLookup(zkey, hkey, id, now)
   if vals ~= nil then
-    ev.replay, ev.replayExtra = vals, extra
+    ev.replay, ev.replayExtra, ev.replayOthers = vals, extra, ot
   end
   if ev.op == 'settle' then
-    local ds, ex = recordLookup(zkey, hkey, recordID(rawID, 'estimate'), now)
+    local ds, ex, ot = recordLookup(zkey, hkey, recordID(rawID, 'estimate'), now)
     if ds ~= nil then
-      ev.estimate = {decisions = ds, extra = ex}
+      ev.estimate = {decisions = ds, extra = ex, others = ot}
     end
   end
 end
@@ -267,10 +289,13 @@ local function evaluateSettle(ev)
     if why ~= nil then
       return {corrupt = why}
     end
+    if ev.replayOthers ~= ev.others then
+      return {settle = OTHER_POLICIES}
+    end
     ev.decisions, ev.extra, ev.replayed = ev.replay, ev.replayExtra, true
     return nil
   end
-  local spentAt, estimate, err = estimateOf(ev.estimate, n)
+  local spentAt, estimate, err = estimateOf(ev.estimate, n, ev.others)
   if err ~= nil then
     return err
   end

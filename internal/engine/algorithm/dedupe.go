@@ -16,10 +16,17 @@ type DedupeLog struct {
 	order []dedupeRecord         // in the order recorded; expiries ascend with it
 	index map[string]dedupeEntry // nil up to indexFrom records
 	head  int                    // records forgotten from the front since the index was built
-	// extras holds the Extra of the estimates' and settles' records
-	// (Record.Extra) by id, nil until one is remembered: apart, so that
+	// extras holds the Extra and Others of the estimates' and settles'
+	// records (Record) by id, nil until one is remembered: apart, so that
 	// every other record keeps its size.
-	extras map[string][]int64
+	extras map[string]recordExtra
+}
+
+// recordExtra is what a record of an estimate or a settle holds beside
+// its decisions.
+type recordExtra struct {
+	ints   []int64
+	others string
 }
 
 // indexFrom is the size from which a DedupeLog indexes its ids.
@@ -39,7 +46,8 @@ type dedupeEntry struct{ at int }
 // false when there is none or it expired (at or before now).
 func (l *DedupeLog) LookupRecord(id string, now int64) (Record, bool) {
 	if r, ok := l.get(id); ok && r.expires > now {
-		return Record{Decisions: r.decisions, Extra: l.extras[id]}, true
+		x := l.extras[id]
+		return Record{Decisions: r.decisions, Extra: x.ints, Others: x.others}, true
 	}
 	return Record{}, false
 }
@@ -67,15 +75,15 @@ func (l *DedupeLog) Remember(id string, now, ttl int64, max int, ds []Decision) 
 	return grew + 1 - l.Prune(now, max)
 }
 
-// RememberRecord is Remember, with a copy of extra kept beside ds
-// (Record.Extra).
-func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64) int {
+// RememberRecord is Remember, with a copy of extra and others kept
+// beside ds (Record.Extra, Record.Others).
+func (l *DedupeLog) RememberRecord(id string, now, ttl int64, max int, ds []Decision, extra []int64, others string) int {
 	grew := l.Remember(id, now, ttl, max, ds)
-	if _, ok := l.get(id); ok && len(extra) > 0 {
+	if _, ok := l.get(id); ok && (len(extra) > 0 || others != "") {
 		if l.extras == nil {
-			l.extras = make(map[string][]int64)
+			l.extras = make(map[string]recordExtra)
 		}
-		l.extras[id] = slices.Clone(extra)
+		l.extras[id] = recordExtra{ints: slices.Clone(extra), others: others}
 	}
 	return grew
 }

@@ -74,6 +74,13 @@ type Evaluation struct {
 	// ReplayExtra is, for an OpSettle replayed, the Extra remembered
 	// beside Replay (Record.Extra).
 	ReplayExtra []int64
+	// ReplayOthers is, for an OpSettle replayed, the policies after the
+	// first it was first taken on (Record.Others).
+	ReplayOthers string
+	// Others is, for an OpEstimate or an OpSettle with an evaluation id,
+	// the policies after the first as the store names their states
+	// (Others): an estimate remembers it, a settle must name the same.
+	Others string
 	// Estimate is, for an OpSettle, the record remembered for the
 	// estimate under the same id (RecordID(id, OpEstimate)), nil when
 	// none is live: EvaluateSettle settles it.
@@ -114,12 +121,17 @@ func (e *ClockError) Error() string {
 }
 
 // ReplayError says that an evaluation id was first used with another
-// number of policies.
+// number of policies: an invalid request (ErrInvalidRequest), as the
+// script's SLUICE_ARGS reply says it.
 type ReplayError struct{ First, Now int }
 
 func (e *ReplayError) Error() string {
 	return fmt.Sprintf("the evaluation id was first used with %d policies, now with %d", e.First, e.Now)
 }
+
+// Unwrap returns ErrInvalidRequest: the caller's request, not the store,
+// is at fault.
+func (e *ReplayError) Unwrap() error { return ErrInvalidRequest }
 
 // CorruptError says that a stored state, or the decisions remembered for
 // an evaluation id, are none a decision of this engine leaves behind: the

@@ -1,6 +1,9 @@
 package algorithm
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Estimate → settle: a cost known only after the work (the tokens an LLM
 // call used, the rows a query returned) is spent as an estimate first
@@ -56,11 +59,32 @@ type Settled struct {
 // Record is what a store remembers under a record id (RecordID): the
 // decisions of the first evaluation and, for an estimate or a settle,
 // Extra: an estimate's cost and the time it was spent at (µs), or a
-// settle's Charged, GivenBack and Owed of each policy in order.
+// settle's Charged, GivenBack and Owed of each policy in order; and
+// Others, the policies after the first it was taken on (Others). The
+// record lies under the first policy's key of its subject, so the two
+// name every state its estimate spent.
 type Record struct {
 	Decisions []Decision
 	Extra     []int64
+	Others    string
 }
+
+// Others returns what a store remembers beside an estimate or a settle
+// over the policies whose states it names names, in order (Record.Others,
+// Evaluation.Others): the names after the first, joined by ','; "" for
+// one policy. A store's names are its keys without the subject (a policy
+// id, its revision and the form of its state), so they hold no ','.
+func Others(names []string) string {
+	if len(names) < 2 {
+		return ""
+	}
+	return strings.Join(names[1:], ",")
+}
+
+// errOtherPolicies refuses a settle that names other policies than its
+// estimate spent, or the same in another order: it would give back what
+// they never spent.
+var errOtherPolicies = fmt.Errorf("%w: the estimate under this evaluation id was spent on other policies: a settle names exactly its estimate's policies, in the same order", ErrInvalidRequest)
 
 // EstimateExtra returns the Extra a store remembers beside an estimate's
 // decisions: its cost and the time, µs, it was spent at.
@@ -339,10 +363,11 @@ func SettledCorrupt(extra []int64, n int) string {
 }
 
 // estimateOf returns the time the estimate rec (nil: none live) was spent
-// at and its cost, for a settle over n policies, or why it cannot be
-// settled: a record of another number of policies (*ReplayError), one no
-// estimate leaves (*CorruptError), or a denied or missing estimate.
-func estimateOf(rec *Record, n int) (spentAt, cost int64, err error) {
+// at and its cost, for a settle over n policies whose others are others
+// (Others), or why it cannot be settled: a record of another number of
+// policies (*ReplayError), one no estimate leaves (*CorruptError), an
+// estimate spent on other policies, or a denied or missing estimate.
+func estimateOf(rec *Record, n int, others string) (spentAt, cost int64, err error) {
 	switch {
 	case rec == nil:
 		return 0, 0, fmt.Errorf("%w: no estimate to settle under this evaluation id: none was spent with it on these policies for this subject, or its deadline passed (an estimate never settled stays spent)", ErrInvalidRequest)
@@ -354,6 +379,9 @@ func estimateOf(rec *Record, n int) (spentAt, cost int64, err error) {
 	}
 	if why := EstimateCorrupt(rec.Extra); why != "" {
 		return 0, 0, &CorruptError{Policy: -1, Reason: why}
+	}
+	if rec.Others != others {
+		return 0, 0, errOtherPolicies
 	}
 	for i := range rec.Decisions {
 		if !rec.Decisions[i].Allowed {
@@ -370,7 +398,7 @@ func estimateOf(rec *Record, n int) (spentAt, cost int64, err error) {
 // DedupeLog, settle.lua's lookupFor in the id keys.
 func LookupFor(ev *Evaluation, evaluationID, id string, look func(id string) (Record, bool)) {
 	if r, ok := look(id); ok {
-		ev.Replay, ev.ReplayExtra = r.Decisions, r.Extra
+		ev.Replay, ev.ReplayExtra, ev.ReplayOthers = r.Decisions, r.Extra, r.Others
 	}
 	if ev.Op == OpSettle {
 		if r, ok := look(RecordID(evaluationID, OpEstimate)); ok {
@@ -384,7 +412,9 @@ func LookupFor(ev *Evaluation, evaluationID, id string, look func(id string) (Re
 // (ev.Replay, its Extra in ev.ReplayExtra) is answered again; otherwise
 // the estimate remembered under the id (ev.Estimate) is replaced by the
 // actual cost, ev.Cost, on every policy, in one decision that always
-// commits. Extra receives each policy's Charged, GivenBack and Owed, in
+// commits. Either holds only for the policies remembered (ev.Others
+// against ReplayOthers, or the estimate's): a settle naming others is
+// refused, and writes nothing. Extra receives each policy's Charged, GivenBack and Owed, in
 // order: what the store remembers beside the decisions, and answers.
 func EvaluateSettle(ev *Evaluation) error {
 	n := len(ev.Policies)
@@ -403,11 +433,14 @@ func EvaluateSettle(ev *Evaluation) error {
 		if why != "" {
 			return &CorruptError{Policy: -1, Reason: why}
 		}
+		if ev.ReplayOthers != ev.Others {
+			return errOtherPolicies
+		}
 		copy(ev.Decisions, ev.Replay)
 		ev.Extra, ev.Replayed = append(ev.Extra, ev.ReplayExtra...), true
 		return nil
 	}
-	spentAt, estimate, err := estimateOf(ev.Estimate, n)
+	spentAt, estimate, err := estimateOf(ev.Estimate, n, ev.Others)
 	if err != nil {
 		return err
 	}

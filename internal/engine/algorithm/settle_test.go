@@ -174,7 +174,7 @@ func TestDedupeExtra(t *testing.T) {
 	var l DedupeLog
 	ds := []Decision{{Allowed: true, Limit: 1}}
 	l.Remember("s:plain", 0, 10, 5, ds)
-	l.RememberRecord("e:x", 0, 10, 5, ds, []int64{3, 1})
+	l.RememberRecord("e:x", 0, 10, 5, ds, []int64{3, 1}, "")
 	if r, ok := l.LookupRecord("e:x", 5); !ok || len(r.Extra) != 2 || r.Extra[0] != 3 {
 		t.Fatalf("LookupRecord(e:x) = %+v, %v; want its Extra [3 1]", r, ok)
 	}
