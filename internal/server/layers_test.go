@@ -38,7 +38,6 @@ var layers = []struct {
 	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/server/config"}},
-	{"HTTP/1.1 fast path", []string{"internal/server/h1"}},
 	{"subjects", []string{"subject"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
