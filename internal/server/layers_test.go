@@ -41,7 +41,6 @@ var layers = []struct {
 	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
 	{"config", []string{"internal/config"}},
-	{"HTTP/1.1 fast path", []string{"internal/server/h1"}},
 	{"subjects", []string{"subject"}},
 	{"simulation", []string{"internal/simulate"}},
 	{"stores", []string{"memstore", "redisstore"}},

@@ -20,11 +20,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
-	"github.com/sluicehq/sluice/internal/server/h1"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
@@ -123,7 +121,6 @@ type runner struct {
 	https    []*http.Server // the check API's, then the proxy's
 	grpc     *grpc.Server   // nil without an envoy section
 	lns      []net.Listener // https' listeners, then grpc's
-	fast     *h1.Listener   // serves the check API's checks over plain HTTP; nil with TLS
 	tracing  *tracing       // nil without a telemetry section
 	deadline time.Time      // of the shutdown, once begun: the drain's and the spans' flush's
 }
@@ -195,6 +192,11 @@ func (rn *runner) start(l *loaded) error {
 // listen builds the servers of cfg and opens their listeners.
 func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 	errorLog := slog.NewLogLogger(rn.log.Handler(), slog.LevelWarn)
+	// The check API is net/http's alone, with its timeouts
+	// (docs/check-api.md): a request's header within 5 s of its start (a
+	// connection that sends nothing is closed then), the whole request
+	// within 10 s, its answer within 10 s, and a keep-alive connection
+	// closed after 60 s without a request.
 	rn.https = []*http.Server{{
 		Handler:           rn.tracing.handler("sluice", true, rn.r.serveWith(func(g *generation) http.Handler { return g.api })),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -232,12 +234,6 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("serve: %s %q: %w", fields[i], addr, err)
-		}
-		if i == 0 && tlsConf == nil {
-			// A check in the plain shape costs net/http more than the
-			// check itself: h1 serves those, net/http the rest.
-			rn.fast = h1.New(ln, rn.https[0], h1.Route{Method: http.MethodPost, Path: checkapi.CheckPath})
-			ln = rn.fast
 		}
 		rn.lns = append(rn.lns, ln)
 	}
@@ -315,14 +311,9 @@ func (rn *runner) shutdown(ctx context.Context, served <-chan error, failed erro
 			<-stopped
 		}
 	}
-	for i, srv := range rn.https {
+	for _, srv := range rn.https {
 		if err := srv.Shutdown(shutdownCtx); err != nil && failed == nil {
 			failed = fmt.Errorf("serve: shut down: %w", err)
-		}
-		if i == 0 && rn.fast != nil {
-			if err := rn.fast.Shutdown(shutdownCtx); err != nil && failed == nil {
-				failed = fmt.Errorf("serve: shut down: %w", err)
-			}
 		}
 	}
 	if failed != nil {

@@ -570,7 +570,7 @@ func (s *Server) badRequest(w http.ResponseWriter, in *checkapi.Request, why str
 // answered 400 here, and read reports false.
 func (s *Server) read(w http.ResponseWriter, r *http.Request, in *checkapi.Request, parse func() (sluice.Request, error)) (sluice.Request, bool) {
 	var req sluice.Request
-	why := s.decodeRequest(w, r, in)
+	why := s.decode(w, r, in)
 	if why == "" {
 		var err error
 		if req, err = parse(); err != nil {
@@ -598,12 +598,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in any) string {
 // decodeBody is decode with the body's bound given: the playground's
 // is its own (playgroundMaxBody), not the check API's.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, in any) string {
-	return decodeFrom(http.MaxBytesReader(w, r.Body, limit), in)
-}
-
-// decodeFrom is decodeBody's reading of body, bounded already.
-func decodeFrom(body io.Reader, in any) string {
-	dec := json.NewDecoder(body)
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(in)
 	if err == nil {
