@@ -152,7 +152,7 @@ const (
 	abuseReset  = "abuse-reset-0123456789abcdef"
 )
 
-var abuseEnv = map[string]string{
+var hostileEnv = map[string]string{
 	"ABUSE_CHECK": abuseCheck, "ABUSE_REFUND": abuseRefund, "ABUSE_RESET": abuseReset,
 	"ABUSE_HMAC": "abuse-hmac-0123456789abcdef0123456789",
 }
@@ -216,7 +216,7 @@ func (h *hostile) start(t *testing.T, store string, clock sluice.Clock) string {
 	if err := os.WriteFile(path, fmt.Appendf(nil, abuseConfig, store), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	opts := server.RunOptions{ConfigPath: path, Getenv: func(k string) string { return abuseEnv[k] }}
+	opts := server.RunOptions{ConfigPath: path, Getenv: func(k string) string { return hostileEnv[k] }}
 	if clock != nil {
 		opts.Clock = clock
 	}
