@@ -95,7 +95,8 @@ type Method struct {
 	// panicked too) settles it with that value, giving back the
 	// difference or charging the excess past the limit. A missing or
 	// malformed value (not a decimal integer of 0 or more), or a panic,
-	// settles at the estimate. The method's policies must take estimates
+	// settles at the estimate; one above 1e9, the most a settle takes,
+	// settles as 1e9. The method's policies must take estimates
 	// (fixed_window, sliding_log, token_bucket, gcra); their DedupeTTL is
 	// how long an estimate waits for its settle. Limit cannot settle: use
 	// Unary and Stream. Default: "", a plain spend.

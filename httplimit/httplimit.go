@@ -110,12 +110,16 @@ type Route struct {
 	// SettleHeader, when set, is the response header (or trailer) in
 	// which the handler reports what the request really cost, e.g.
 	// "X-Tokens-Used" for an LLM call: the route then spends Cost as a
-	// sluice.Estimate, and once the handler returns (having panicked, or
-	// given up on a client that went away, too) settles it with that
+	// sluice.Estimate and, once the handler is done, settles it with that
 	// value, giving back the difference or charging the excess past the
-	// limit. A missing or malformed value (not a decimal integer of 0 or
-	// more), or a panic, settles at the estimate: nothing given back. The
-	// route's policies must take estimates (fixed_window, sliding_log,
+	// limit. A header's value is taken as the header is written, so a
+	// client that hangs up afterwards pays it all the same (though the
+	// handler then gives up, or panics as httputil.ReverseProxy does); a
+	// trailer's once the handler returns. A missing or malformed value
+	// (not a decimal integer of 0 or more), or a panic before the header
+	// is written, settles at the estimate: nothing given back; a value
+	// above 1e9, the most a settle takes, settles as 1e9. The route's
+	// policies must take estimates (fixed_window, sliding_log,
 	// token_bucket, gcra); their DedupeTTL is how long an estimate waits
 	// for its settle. Default: "", a plain spend.
 	SettleHeader string

@@ -328,7 +328,8 @@ type Route struct {
 	// SettleHeader, when set, is the upstream response header (or
 	// trailer) reporting what a request really cost, e.g. X-Tokens-Used:
 	// the route spends Estimate units up front (sluice.Estimate) and
-	// settles them with that value once the response body is done.
+	// settles them with that value (a header's as it arrives, a
+	// trailer's once the body is done).
 	SettleHeader string
 	// Estimate is what a request of a route with SettleHeader spends up
 	// front, at most each policy's max_cost. Default: 1.

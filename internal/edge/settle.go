@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 )
 
 // Estimate → settle at the edges: a rule whose cost is known only once
@@ -48,10 +50,14 @@ func SettleID(s Subject) string {
 }
 
 // ParseCost reads an actual cost as a handler or an upstream reports it:
-// a decimal integer of 0 or more. ok is false for anything else (absent
-// included): the edge then settles at the estimate.
+// a decimal integer of 0 or more; one past int64 reads as math.MaxInt64
+// (Settle caps it). ok is false for anything else (absent included): the
+// edge then settles at the estimate.
 func ParseCost(v string) (cost int64, ok bool) {
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if errors.Is(err, strconv.ErrRange) && n > 0 {
+		return n, true // math.MaxInt64: huge, not malformed
+	}
 	if err != nil || n < 0 {
 		return 0, false
 	}
@@ -62,8 +68,11 @@ func ParseCost(v string) (cost int64, ok bool) {
 // s.EvaluationID, the id it was spent with) by cost, the actual one, on
 // the limiter that admitted it, with a deadline of its own (the request's
 // context may be canceled already), and counts it (Options.Settled). A
-// settle the store could not take is logged (throttled): the estimate
-// then stays spent. An action that admitted nothing settles nothing.
+// cost above the most a settle takes (algorithm.MaxLimit, past which the
+// store refuses it) is settled as that most: a huge report charges as
+// much as any, never less than the estimate. A settle the store could
+// not take is logged (throttled): the estimate then stays spent. An
+// action that admitted nothing settles nothing.
 func (c *Core) Settle(ctx context.Context, r *Rule, a *Action, s Subject, cost int64) sluice.Outcome {
 	if a.Kind != Admit || r.Op != sluice.Estimate {
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("%s: %w: %w", c.prefix, errNothingSpent, sluice.ErrInvalidRequest)}
@@ -75,12 +84,12 @@ func (c *Core) Settle(ctx context.Context, r *Rule, a *Action, s Subject, cost i
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.deadline)
 	defer cancel()
 	req := request(sluice.Settle, r, s)
-	req.Cost = cost
+	req.Cost = min(cost, algorithm.MaxLimit)
 	o := lim.Check(sctx, req)
 	c.countSettle(ctx, &req, o)
 	if o.Kind != sluice.Allowed {
 		c.Log(ctx, slog.LevelWarn, "sluice: estimate not settled; it stays spent until its deadline (dedupe_ttl) passes",
-			slog.String("policies", strings.Join(r.Policies, ",")), slog.Int64("cost", cost),
+			slog.String("policies", strings.Join(r.Policies, ",")), slog.Int64("cost", req.Cost),
 			slog.String("outcome", o.Kind.String()), slog.Any("error", o.Err))
 	}
 	return o

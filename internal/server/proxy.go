@@ -185,7 +185,7 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode, lim *s
 		}
 		rt.MaxDelay, rt.QueueLimit = r.MaxDelay, int(r.QueueLimit)
 		if r.SettleHeader != "" {
-			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled when the response body is done
+			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled with the upstream's header as it arrives (httplimit's settleWriter)
 		}
 		switch kind, name := r.SubjectKind(); kind {
 		case config.SubjectIP:
