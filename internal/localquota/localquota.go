@@ -37,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/nearcache"
 	"github.com/sluicehq/sluice/internal/policydefaults"
 )
 
@@ -126,9 +125,16 @@ type Quota[P comparable, S any] struct {
 	shards [shards]shard[P, S]
 }
 
+// key is a subject and a policy ID: one block whatever numbers the policy
+// has (an override gives one subject others).
+type key struct {
+	Subject string
+	Policy  string
+}
+
 type shard[P comparable, S any] struct {
 	mu    sync.Mutex
-	m     map[nearcache.Key]*entry[P, S]
+	m     map[key]*entry[P, S]
 	swept time.Time // when sweep last ran: it runs at most every sweepEvery
 }
 
@@ -156,7 +162,7 @@ type entry[P comparable, S any] struct {
 func New[P comparable, S any](c Clock, hook Hook) *Quota[P, S] {
 	q := &Quota[P, S]{clock: c, hook: hook, seed: maphash.MakeSeed()}
 	for i := range q.shards {
-		q.shards[i].m = make(map[nearcache.Key]*entry[P, S])
+		q.shards[i].m = make(map[key]*entry[P, S])
 	}
 	return q
 }
@@ -176,7 +182,7 @@ func (q *Quota[P, S]) shard(subject string) *shard[P, S] {
 // entry returns the entry of subject under p, created if there is room
 // (nil if not), with sh locked: the caller unlocks it.
 func (q *Quota[P, S]) entry(sh *shard[P, S], subject string, p P, n *Numbers, now time.Time) *entry[P, S] {
-	k := nearcache.Key{Subject: subject, Policy: n.ID}
+	k := key{Subject: subject, Policy: n.ID}
 	e := sh.m[k]
 	if e == nil {
 		if len(sh.m) >= maxSubjects/shards && !q.sweep(sh, now) {
@@ -370,7 +376,7 @@ func (q *Quota[P, S]) takeBlock(sh *shard[P, S], e *entry[P, S], p P, cost, k, r
 func (q *Quota[P, S]) Forget(subject, id string) {
 	sh := q.shard(subject)
 	sh.mu.Lock()
-	if e := sh.m[nearcache.Key{Subject: subject, Policy: id}]; e != nil {
+	if e := sh.m[key{Subject: subject, Policy: id}]; e != nil {
 		q.drop(e)
 		e.known = false
 		e.resets++ // a block being asked now was spent before the reset

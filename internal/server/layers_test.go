@@ -48,12 +48,12 @@ var layers = []struct {
 	{"header fields", []string{"internal/ratelimitheader"}},
 	{"evaluation", []string{"internal/evaluation"}},
 	{"contract", []string{""}},
-	{"stages", []string{"internal/localquota", "internal/tracing", "internal/overridemap"}},
+	{"stages", []string{"internal/localquota", "internal/overridemap"}},
 	{"request form, policy rules", []string{"internal/requestform"}},
 	{"policy defaults", []string{"internal/policydefaults"}},
 	{"engine", []string{"internal/engine/algorithm"}},
 	{"failure modes", []string{"failure"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/nearcache", "internal/overrideage", "internal/policyerr", "internal/period"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/clock", "internal/overrideage", "internal/policyerr", "internal/period"}},
 }
 
 // groupFolders are folders that group packages rather than belong to one:
