@@ -86,10 +86,10 @@ descriptors:
 // or numbers its rule's policy does not take, is reported with its line.
 func TestValidateEnvoyOverride(t *testing.T) {
 	for _, tc := range []struct{ override, want string }{
-		{`{ envoy: { domain: shop, entries: [{ key: nope, value: x }] }, limit: 5 }`, `overrides[0].envoy: descriptor (nope=x): no rule of domain "shop" matches it (line 10)`},
+		{`{ envoy: { domain: shop, entries: [{ key: nope, value: x }] }, limit: 5 }`, `overrides[0].envoy: descriptor (nope=…): no rule of domain "shop" matches it (line 10)`},
 		{`{ envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5, burst: 9 }`, `overrides[0].burst: 9: applies only to token_bucket and gcra; leave it unset for fixed_window (line 10)`},
 		{`{ policy: other, envoy: { domain: shop, entries: [{ key: user, value: x }] }, limit: 5 }`, `overrides[0].policy: "other": the descriptor's rule has policy "shop.user"`},
-		{`{ proxy: { route: 0, header: acme }, limit: 5 }`, `overrides[0].proxy: route 0: its subject is ip, not a header (line 10)`},
+		{`{ proxy: { route: 0, header: acme }, limit: 5 }`, `overrides[0].proxy.header: route 0: its subject is ip, not a header (line 10)`},
 		{`{ proxy: { route: 0, ip: 203.0.113.9 }, limit: 0 }`, `overrides[0].limit: 0: must be at least 1 (line 10)`},
 	} {
 		cfg := writeConfig(t, `envoy:

@@ -597,7 +597,7 @@ func (c *Config) validateOverrides() []*Error {
 			errs = append(errs, c.errorAt(path+".policy", strconv.Quote(o.Policy), "is not the id of any policy"))
 			continue
 		case o.Subject == "" || len(o.Subject) > 200:
-			errs = append(errs, c.errorAt(path+".subject", strconv.Quote(o.Subject), "must be 1 to 200 bytes"))
+			errs = append(errs, c.withoutValue(path+".subject", fmt.Sprintf("is %d bytes: must be 1 to 200", len(o.Subject))))
 			continue
 		case len(o.Note) > 200:
 			errs = append(errs, c.errorAt(path+".note", strconv.Quote(o.Note), "must be at most 200 bytes"))
@@ -607,7 +607,7 @@ func (c *Config) validateOverrides() []*Error {
 			continue
 		}
 		if j, dup := seen[[2]string{o.Policy, o.Subject}]; dup {
-			errs = append(errs, c.errorAt(path+".subject", strconv.Quote(o.Subject), fmt.Sprintf("is already overridden for policy %s by overrides[%d]", o.Policy, j)))
+			errs = append(errs, c.withoutValue(path+".subject", fmt.Sprintf("is already overridden for policy %s by overrides[%d]", o.Policy, j)))
 			continue
 		}
 		seen[[2]string{o.Policy, o.Subject}] = i
@@ -692,6 +692,15 @@ func (c *Config) errorAt(path, value, rule string) *Error {
 			break
 		}
 	}
+	return e
+}
+
+// withoutValue is errorAt for a path whose value names a subject (an
+// override's): the error names the field and its line, never the value,
+// which would reach a log line.
+func (c *Config) withoutValue(path, rule string) *Error {
+	e := c.errorAt(path, "", rule)
+	e.Value = ""
 	return e
 }
 

@@ -98,3 +98,25 @@ func TestParseOverridesEveryError(t *testing.T) {
 		}
 	}
 }
+
+// TestParseOverridesNameNoSubject: an override whose subject is refused
+// is reported by field and line, never with the subject, which names a
+// tenant (the error reaches serve's log).
+func TestParseOverridesNameNoSubject(t *testing.T) {
+	long := strings.Repeat("tenant-secret-9", 20)
+	_, err := config.Parse(strings.NewReader(overridesBase + `  - { policy: api, subject: tenant-secret-9, limit: 5 }
+  - { policy: api, subject: tenant-secret-9, limit: 6 }
+  - { policy: api, subject: ` + long + `, limit: 7 }
+`))
+	for _, w := range []string{
+		`overrides[1].subject: is already overridden for policy api by overrides[0] (line 16)`,
+		`overrides[2].subject: is 300 bytes: must be 1 to 200 (line 17)`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("Parse error lacks %q; it is:\n%v", w, err)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "tenant-secret-9") {
+		t.Errorf("Parse error carries the subject:\n%v", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/policyerr"
+	"github.com/sluicehq/sluice/internal/wiring"
 )
 
 // The admin API of runtime overrides (PUT, GET, DELETE /v1/overrides),
@@ -350,7 +351,8 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 }
 
 // proxyTarget resolves an override naming a client of the proxy (see
-// Proxy.OverrideSubject).
+// wiring.ProxySubject): 422 for a client the proxy refuses every request
+// of, whose plan could never apply.
 func (s *Server) proxyTarget(in checkapi.OverrideRequest) (overrideTarget, int, string) {
 	switch {
 	case in.Subject != "" || in.Envoy != nil:
@@ -361,8 +363,11 @@ func (s *Server) proxyTarget(in checkapi.OverrideRequest) (overrideTarget, int, 
 		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("proxy: ip or header of at most %d bytes", checkapi.MaxSubjectLen)
 	}
 	policies, subj, prev, err := s.proxySubject(in.Proxy.Route, in.Proxy.IP, in.Proxy.Header)
-	if err != nil {
-		return overrideTarget{}, http.StatusBadRequest, "proxy: " + err.Error()
+	switch {
+	case errors.Is(err, wiring.ErrEdgeRefuses):
+		return overrideTarget{}, http.StatusUnprocessableEntity, err.Error()
+	case err != nil: // it names its field, never the client
+		return overrideTarget{}, http.StatusBadRequest, err.Error()
 	}
 	policy := in.Policy
 	switch {

@@ -81,7 +81,7 @@ proxy:
 	}
 	for _, tc := range []struct{ body, want string }{
 		{`{"proxy":{"route":0,"header":"acme"},"limit":5}`, "its subject is ip, not a header"},
-		{`{"proxy":{"route":7,"ip":"127.0.0.1"},"limit":5}`, "route 7"},
+		{`{"proxy":{"route":7,"ip":"127.0.0.1"},"limit":5}`, "proxy.route: 7: the proxy has routes 0 to 1"},
 		{`{"proxy":{"route":0,"ip":"nonsense"},"limit":5}`, "not a client address"},
 		{`{"policy":"api","proxy":{"route":0,"ip":"127.0.0.1"},"limit":5}`, "must be one of the route's policies"},
 	} {

@@ -1,10 +1,7 @@
 package server
 
 import (
-	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/wiring"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -165,17 +163,22 @@ func NewProxy(cfg *config.Proxy, lim *sluice.Limiter, opts ProxyOptions) (*Proxy
 	return p, nil
 }
 
-// routes maps proxy.routes to the middleware's, one subject kind of the
-// config to one subject.KeyFunc, and records the subject headers.
+// routes maps proxy.routes to the middleware's, each route's operation
+// and subject as wiring.ProxyRoute names them (as a plan names its
+// clients), and records the subject headers.
 func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode, lim *sluice.Limiter) ([]httplimit.Route, error) {
-	ip := subject.ClientIP(p.ips)
 	out := make([]httplimit.Route, 0, len(cfg))
 	for i, r := range cfg {
+		op, key, err := wiring.ProxyRoute(r, p.ips)
+		if err != nil {
+			return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
+		}
 		rt := httplimit.Route{
-			Operation:   cmp.Or(r.Operation, r.Match.Operation()),
+			Operation:   op,
 			Methods:     r.Match.Methods,
 			PathPrefix:  r.Match.PathPrefix,
 			Policies:    r.Policies,
+			Subject:     key,
 			Shadow:      r.Shadow,
 			FailureMode: routeMode(r.Policies, modes),
 			Priority:    r.Priority,
@@ -187,24 +190,10 @@ func (p *Proxy) routes(cfg []config.Route, modes map[string]failure.Mode, lim *s
 		if r.SettleHeader != "" {
 			rt.Cost, rt.SettleHeader = max(r.Estimate, 1), r.SettleHeader // settled with the upstream's header as it arrives (httplimit's settleWriter)
 		}
-		switch kind, name := r.SubjectKind(); kind {
-		case config.SubjectIP:
-			rt.Subject = ip
-		case config.SubjectIPUserAgent:
-			rt.Subject = ipUserAgent(ip)
-		case config.SubjectHeader:
-			// Without the header, the address. The value is trusted as
-			// sent (see docs/proxy.md): a client that varies it varies its budget.
-			h, err := subject.Header(name)
-			if err != nil {
-				return nil, fmt.Errorf("server: NewProxy: routes[%d].subject: %w", i, err)
-			}
-			rt.Subject = subject.FirstOf(h, ip)
+		if kind, name := r.SubjectKind(); kind == config.SubjectHeader {
 			if name = http.CanonicalHeaderKey(name); !slices.Contains(p.headers, name) {
 				p.headers = append(p.headers, name)
 			}
-		default:
-			return nil, fmt.Errorf("server: NewProxy: routes[%d].subject %q: must be ip, ip+user_agent or header:<Name>", i, r.Subject)
 		}
 		out = append(out, rt)
 	}
@@ -244,23 +233,6 @@ func (p *Proxy) priorityFrom(name string, classes []string) func(*http.Request) 
 	}
 }
 
-// ipUserAgent is the subject of ip+user_agent: the client address (as ip
-// reads it) together with a digest of the User-Agent, of kind
-// "ip_user_agent", so that clients behind one NAT get separate budgets;
-// without a User-Agent, the address. A client that varies its User-Agent
-// gets a fresh budget each time.
-func ipUserAgent(ip subject.KeyFunc) subject.KeyFunc {
-	return func(r *http.Request) (string, string) {
-		kind, prefix := ip(r)
-		ua := r.UserAgent()
-		if prefix == "" || ua == "" {
-			return kind, prefix
-		}
-		sum := sha256.Sum256([]byte(ua))
-		return "ip_user_agent", prefix + " " + hex.EncodeToString(sum[:8])
-	}
-}
-
 // foldHeader is the name a CGI-style upstream reads header name as: case
 // and "_" against "-" do not count.
 func foldHeader(name string) string {
@@ -286,9 +258,7 @@ func (p *Proxy) screenHeaders(next http.Handler) http.Handler {
 				case f != foldHeader(h):
 				case name != h:
 					delete(r.Header, name)
-				case len(vals) > 1 || strings.IndexByte(vals[0], ',') >= 0:
-					// A list on one line is the same values (RFC 9110,
-					// 5.3), of which an upstream may read any.
+				case wiring.ListedHeader(vals):
 					writeProblem(w, http.StatusBadRequest, problemDuplicate)
 					return
 				}

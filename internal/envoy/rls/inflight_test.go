@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,8 +11,13 @@ import (
 
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/envoy/rls"
+	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -248,5 +254,45 @@ func TestInFlightAnswers(t *testing.T) {
 	_, err := h.client.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "")}})
 	if err == nil {
 		t.Errorf("an empty request id was decided, want InvalidArgument")
+	}
+}
+
+// TestInFlightLimitOverride: a descriptor's limit (Envoy's per-request
+// override, a count per unit) on an in-flight rule is refused naming the
+// field and the rule, and takes no lease: applied, it would have replaced
+// the leases by a fixed window keyed by every entry, the request id
+// among them, so that each stream got a budget of its own.
+func TestInFlightLimitOverride(t *testing.T) {
+	h := start(t, memStore(t), inFlightRules)
+	for i := range 3 {
+		desc := d("user", "u", "request_id", "with-limit-"+strconv.Itoa(i))
+		desc.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typepb.RateLimitUnit_MINUTE}
+		ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
+		resp, err := h.client.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{desc}})
+		cancel()
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit") || !strings.Contains(err.Error(), "sluice_in_flight") {
+			t.Fatalf("an in-flight descriptor with a limit = %v, %v; want InvalidArgument naming descriptors[0].limit and sluice_in_flight", resp, err)
+		}
+	}
+	_, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "plain")}})
+	if want := (st{"OK", "10/UNKNOWN", 9}); len(got) != 1 || got[0] != want {
+		t.Errorf("a stream after the refused ones = %+v, want %+v (they took no lease)", got, want)
+	}
+}
+
+// TestOverrideSubjectNamesNoValue: why a tenant plan reaches no
+// descriptor names its entries by key, never by value (the value names
+// a tenant, and the reason reaches the admin API's request log).
+func TestOverrideSubjectNamesNoValue(t *testing.T) {
+	var state *rls.State
+	startWith(t, memStore(t), inFlightRules, func(st *rls.State) { state = st })
+	for _, entries := range [][]rules.Entry{
+		{{Key: "nope", Value: "tenant-secret-1"}},
+		{{Key: "user", Value: "tenant-secret-1"}},
+	} {
+		_, _, _, err := state.OverrideSubject("api", entries)
+		if err == nil || strings.Contains(err.Error(), "tenant-secret-1") || !strings.Contains(err.Error(), entries[0].Key) {
+			t.Errorf("OverrideSubject(%v) = %v, want an error naming the key %s, not its value", entries, err, entries[0].Key)
+		}
 	}
 }

@@ -38,7 +38,14 @@ type overrideLimit struct {
 // from the numbers (e.g. "limit-override.100-per-60s"), so each set of
 // numbers counts on a counter of its own and one counter never holds two
 // limits. The error says why o cannot be applied.
-func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*overrideLimit, error) {
+//
+// A descriptor that matches an in-flight rule (rules.Rule.InFlight) is
+// refused: o's count per unit would replace its leases, so that every
+// stream, whose request id is an entry, got a budget of its own.
+func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride, domain string, entries []rules.Entry) (*overrideLimit, error) {
+	if r, _ := st.Rules.Match(domain, entries); r != nil && r.InFlight {
+		return nil, fmt.Errorf("limit: the descriptor's rule %s is an in-flight limit (sluice_in_flight), which counts streams, not requests per unit: a limit override cannot apply to it; send the descriptor without limit, or set a tenant plan (PUT /v1/overrides)", r.Key)
+	}
 	unit := rules.Unit(o.GetUnit())
 	switch o.GetUnit() {
 	case typepb.RateLimitUnit_SECOND, typepb.RateLimitUnit_MINUTE, typepb.RateLimitUnit_HOUR, typepb.RateLimitUnit_DAY,
@@ -99,7 +106,8 @@ type decideOnly struct{ sluice.Store }
 // subject under older keys during a rotation. For an in-flight rule the
 // last entry names a lease, not the subject: its value is left out. The
 // error says why no plan can reach it: an unknown domain, no rule, or a
-// rule the store does not decide (unlimited, 0 per unit).
+// rule the store does not decide (unlimited, 0 per unit); it names the
+// entries by their keys, never their values.
 func (st *State) OverrideSubject(domain string, entries []rules.Entry) (policy, subject string, previous []string, err error) {
 	if !st.Rules.HasDomain(domain) {
 		return "", "", nil, fmt.Errorf("domain %q: no rules file holds it", domain)
@@ -117,11 +125,13 @@ func (st *State) OverrideSubject(domain string, entries []rules.Entry) (policy, 
 	return r.Policy.ID, st.Pseudonymizer.Pseudonym(SubjectKind, id, domain), st.Pseudonymizer.Previous(SubjectKind, id, domain), nil
 }
 
-// describe writes entries as key=value pairs, for an operator's message.
+// describe writes entries by their keys, for an operator's message: a
+// value names a tenant, so it never reaches an error, a log line or an
+// answer.
 func describe(entries []rules.Entry) string {
 	parts := make([]string, len(entries))
 	for i, e := range entries {
-		parts[i] = e.Key + "=" + e.Value
+		parts[i] = e.Key + "=…"
 	}
 	return "(" + strings.Join(parts, ", ") + ")"
 }

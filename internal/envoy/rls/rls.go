@@ -451,7 +451,7 @@ func match(st *State, req *rlspb.RateLimitRequest, sc *scratch) ([]descriptor, e
 		var vars []rules.Entry
 		if o := d.GetLimit(); o != nil && st.Rules.HasDomain(domain) && len(entries) > 0 {
 			var ol *overrideLimit
-			if ol, err = st.override(o); err != nil {
+			if ol, err = st.override(o, domain, entries); err != nil {
 				return nil, fmt.Errorf("descriptors[%d].%w", i, err)
 			}
 			// Every entry names the budget, as envoyproxy/ratelimit keys an
