@@ -69,7 +69,8 @@
 // Costs settled on stream done (a rule's sluice_settle,
 // rules.Rule.Settles): the request-time call spends an estimate, the
 // stream-done call settles it at the actual cost; settle.go says how the
-// two calls find each other.
+// two calls find each other. A settle is never denied, whatever its
+// cost: the store charges it up to its debt bound.
 //
 // Priority classes (a rule's sluice_priorities): a descriptor names its
 // class in an entry of key rules.PriorityKey, removed before
@@ -578,7 +579,9 @@ func spends(g *group) int {
 // answerLocally fills in d's status and reports true when d needs no
 // store: OK when no rule matches or the rule is unlimited, OVER_LIMIT
 // when the rule allows 0 per unit or d spends more than the limit could
-// ever admit. The status is rp's.
+// ever admit. A settle is never judged here, whatever its cost: the
+// store charges it up to its debt bound, as at every edge. The status
+// is rp's.
 func answerLocally(d *descriptor, rp *reply) bool {
 	r := d.rule
 	switch {
@@ -590,7 +593,7 @@ func answerLocally(d *descriptor, rp *reply) bool {
 		d.status = &sl.status
 	case d.settle.idle():
 		d.status = &rp.status(rlspb.RateLimitResponse_OK, r).status
-	case !r.Decided(), !d.refund && d.cost > mostCost(r, d.priority):
+	case !r.Decided(), !d.refund && d.settle.op != sluice.Settle && d.cost > mostCost(r, d.priority):
 		d.status = overLimit(r, rp)
 	default:
 		return false
