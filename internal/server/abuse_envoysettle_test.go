@@ -78,6 +78,11 @@ descriptors:
 			t.Errorf("stream-done call %d = %s, want OK", i, got)
 		}
 	}
+	// An estimate above the rule's capacity is still a denial, now the
+	// store's: it refuses the cost before it reads any state.
+	if got := call(abuseLimit+1, "tenant", "other", "sluice_request_id", "big"); got != "OVER_LIMIT" {
+		t.Errorf("an estimate of %d on a budget of %d = %s, want OVER_LIMIT", abuseLimit+1, abuseLimit, got)
+	}
 	// The same tenant's calls over the check API, on a policy of the
 	// same numbers.
 	checkAdmitted := 0
@@ -104,7 +109,8 @@ descriptors:
 		`sluice_envoy_descriptors_total{code="settled",rule="ai.tenant"}`:       1,
 		`sluice_envoy_descriptors_total{code="unsettled",rule="ai.tenant"}`:     abuseCalls - 1,
 		`sluice_envoy_unsettled_total{reason="no_estimate",rule="ai.tenant"}`:   abuseCalls - 1,
-		`sluice_envoy_descriptors_total{code="over_limit",rule="ai.tenant"}`:    abuseCalls - 1,
+		`sluice_envoy_descriptors_total{code="over_limit",rule="ai.tenant"}`:    abuseCalls,
+		`sluice_decisions_total{outcome="incompatible",policy="ai.tenant"}`:     1,
 		`sluice_decisions_total{outcome="allowed",policy="ai.tenant"}`:          1,
 		`sluice_decisions_total{outcome="denied",policy="ai.tenant"}`:           abuseCalls - 1,
 		`sluice_envoy_unsettled_total{reason="unavailable",rule="ai.tenant"}`:   0,

@@ -74,10 +74,15 @@
 //
 // Priority classes (a rule's sluice_priorities): a descriptor names its
 // class in an entry of key rules.PriorityKey, removed before
-// matching; priority.go says how it is decided. A cost above what a
-// descriptor's class may ever spend (its rule's, or a tenant plan's
-// lower limit) is OVER_LIMIT, never an error: Envoy's
-// failure_mode_deny: false admits what an error answers.
+// matching; priority.go says how it is decided.
+//
+// A spend above what a descriptor's class may ever spend (its rule's, or
+// a tenant plan's lower limit) is OVER_LIMIT, never an error: Envoy's
+// failure_mode_deny: false admits what an error answers. The store
+// refuses it before it reads any state (algorithm.ErrCostTooHigh), as it
+// refuses any edge's: the check it is decided in is denied whole, every
+// descriptor of it OVER_LIMIT, and the subject's later checks only peek,
+// as after any denial.
 package rls
 
 import (
@@ -495,7 +500,8 @@ func match(st *State, req *rlspb.RateLimitRequest, sc *scratch) ([]descriptor, e
 // them: descriptors of one subject, cost, priority class and kind
 // (refund or spend, shadow or enforced) share a check unless one policy would be in it
 // twice; every refund has a check of its own. A group whose subject has
-// a descriptor denied locally only peeks, so nothing is spent on it.
+// a descriptor denied locally (a rule of 0 per unit) only peeks, so
+// nothing is spent on it.
 // The groups and statuses are sc's.
 func groupDescriptors(ds []descriptor, sc *scratch) []*group {
 	groups := sc.groups[:0]
@@ -577,11 +583,10 @@ func spends(g *group) int {
 }
 
 // answerLocally fills in d's status and reports true when d needs no
-// store: OK when no rule matches or the rule is unlimited, OVER_LIMIT
-// when the rule allows 0 per unit or d spends more than the limit could
-// ever admit. A settle is never judged here, whatever its cost: the
-// store charges it up to its debt bound, as at every edge. The status
-// is rp's.
+// store: OK when no rule matches, the rule is unlimited or d is a
+// stream-done call that cannot settle, OVER_LIMIT when the rule allows 0
+// per unit (it has no policy to ask). A cost is never judged here: the
+// store judges every cost, as at every edge. The status is rp's.
 func answerLocally(d *descriptor, rp *reply) bool {
 	r := d.rule
 	switch {
@@ -593,7 +598,7 @@ func answerLocally(d *descriptor, rp *reply) bool {
 		d.status = &sl.status
 	case d.settle.idle():
 		d.status = &rp.status(rlspb.RateLimitResponse_OK, r).status
-	case !r.Decided(), !d.refund && d.settle.op != sluice.Settle && d.cost > mostCost(r, d.priority):
+	case !r.Decided():
 		d.status = overLimit(r, rp)
 	default:
 		return false
@@ -685,9 +690,9 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group, rp *rep
 	o := &a.Outcome
 	switch {
 	case edge.Rejected(o) && errors.Is(o.Err, algorithm.ErrCostTooHigh) && !g.givesBack():
-		// More than a tenant plan's lower limit (or its class's share of
-		// it) can ever admit: a denial, as answerLocally's above the
-		// rule's, never an error Envoy's failure_mode_deny: false admits.
+		// More than the rule, a tenant plan's lower limit or the class's
+		// share of either can ever admit: a denial, never an error Envoy's
+		// failure_mode_deny: false admits.
 		for _, i := range g.members {
 			ds[i].status = overLimit(ds[i].rule, rp)
 		}
