@@ -100,7 +100,6 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/engine/evaluation"
 
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -112,7 +111,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -761,70 +759,4 @@ func appendIdentity(b []byte, vars []rules.Entry) []byte {
 		b = append(b, e.Value...)
 	}
 	return b
-}
-
-// headers returns the RateLimit-Policy and RateLimit fields for the
-// rules the store decided, shadow ones included (their answer carries
-// what an enforced one would), the most restrictive first, and
-// Retry-After from the enforced rules when the request is over the
-// limit. This is the one place the service calls the field serializer.
-func headers(ds []descriptor, over bool, rp *reply) []*corepb.HeaderValue {
-	if hs, ok := oneHeaders(ds, over, rp); ok {
-		return hs
-	}
-	var policies []sluice.Policy
-	var statuses, enforced []sluice.Status
-	seen := map[string]bool{}
-	for i := range ds {
-		if d := &ds[i]; d.decided != nil && !seen[d.rule.Policy.ID] {
-			seen[d.rule.Policy.ID] = true
-			policies = append(policies, d.rule.Policy)
-			statuses = append(statuses, *d.decided)
-			if !d.rule.Shadow {
-				enforced = append(enforced, *d.decided)
-			}
-		}
-	}
-	if len(statuses) == 0 {
-		return nil
-	}
-	var pol []byte
-	for i, p := range policies {
-		if i > 0 {
-			pol = append(pol, ", "...)
-		}
-		pol = ratelimitheader.AppendPolicyItem(pol, p)
-	}
-	o := sluice.Outcome{Status: mostRestrictive(statuses)}
-	if len(statuses) > 1 {
-		o.Statuses = statuses
-	}
-	hs := []*corepb.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(pol)},
-		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
-	}
-	if most := mostRestrictive(enforced); over && len(enforced) > 0 && !most.Allowed {
-		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
-	}
-	return hs
-}
-
-// mostRestrictive returns the status of statuses (at least one unless
-// the caller does not read it) that restricts most: a denial before an
-// admission, the longest retry among denials, the fewest remaining
-// among admissions.
-func mostRestrictive(statuses []sluice.Status) sluice.Status {
-	if len(statuses) == 0 {
-		return sluice.Status{}
-	}
-	most := statuses[0]
-	for _, st := range statuses[1:] {
-		switch {
-		case most.Allowed && !st.Allowed,
-			!most.Allowed && !st.Allowed && st.RetryAfter > most.RetryAfter,
-			most.Allowed && st.Allowed && st.Remaining < most.Remaining:
-			most = st
-		}
-	}
-	return most
 }
