@@ -4,10 +4,8 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
-	"github.com/sluicehq/sluice/internal/evaluation"
 )
 
 // Priorities on one budget (docs/priorities.md) from a descriptor: a
@@ -32,8 +30,10 @@ import (
 // without the value, which comes from the client. An empty value, or
 // "default", is the default class and counted as nothing.
 //
-// A cost above what the class may ever use (its ceiling) is answered
-// OVER_LIMIT without the store, as a cost above the rule's maximum is.
+// A cost above what the class may ever use (its ceiling) is OVER_LIMIT,
+// as a cost above the rule's maximum is: the store refuses either before
+// it reads any state (algorithm.ErrCostTooHigh), and decide answers that
+// refusal as a denial.
 
 // classOf returns the class a descriptor of rule r naming class is
 // decided as ("" for the default) and whether class is one r does not
@@ -47,19 +47,6 @@ func classOf(r *rules.Rule, class string) (string, bool) {
 		return class, false
 	}
 	return "", true
-}
-
-// mostCost is the most one request of class may spend on r: its policy's
-// MaxCost and, for a class that holds part of a rate's capacity back,
-// the class's ceiling. More is an error of the engine (ErrCostTooHigh),
-// answered here as a denial before the store is asked.
-func mostCost(r *rules.Rule, class string) int64 {
-	p := evaluation.Defaults(r.Policy)
-	most := p.MaxCost
-	if reserve := evaluation.Reserve(&p, class, algorithm.OpSpend); reserve > 0 && p.Algorithm != sluice.Concurrency {
-		most = min(most, evaluation.Capacity(&p)-reserve)
-	}
-	return most
 }
 
 // countUnknownClasses counts and logs every descriptor of ds that named

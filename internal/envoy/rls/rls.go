@@ -69,14 +69,20 @@
 // Costs settled on stream done (a rule's sluice_settle,
 // rules.Rule.Settles): the request-time call spends an estimate, the
 // stream-done call settles it at the actual cost; settle.go says how the
-// two calls find each other.
+// two calls find each other. A settle is never denied, whatever its
+// cost: the store charges it up to its debt bound.
 //
 // Priority classes (a rule's sluice_priorities): a descriptor names its
 // class in an entry of key rules.PriorityKey, removed before
-// matching; priority.go says how it is decided. A cost above what a
-// descriptor's class may ever spend (its rule's, or a tenant plan's
-// lower limit) is OVER_LIMIT, never an error: Envoy's
-// failure_mode_deny: false admits what an error answers.
+// matching; priority.go says how it is decided.
+//
+// A spend above what a descriptor's class may ever spend (its rule's, or
+// a tenant plan's lower limit) is OVER_LIMIT, never an error: Envoy's
+// failure_mode_deny: false admits what an error answers. The store
+// refuses it before it reads any state (algorithm.ErrCostTooHigh), as it
+// refuses any edge's: the check it is decided in is denied whole, every
+// descriptor of it OVER_LIMIT, and the subject's later checks only peek,
+// as after any denial.
 package rls
 
 import (
@@ -94,7 +100,6 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/evaluation"
 
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -106,7 +111,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/edge"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -494,7 +498,8 @@ func match(st *State, req *rlspb.RateLimitRequest, sc *scratch) ([]descriptor, e
 // them: descriptors of one subject, cost, priority class and kind
 // (refund or spend, shadow or enforced) share a check unless one policy would be in it
 // twice; every refund has a check of its own. A group whose subject has
-// a descriptor denied locally only peeks, so nothing is spent on it.
+// a descriptor denied locally (a rule of 0 per unit) only peeks, so
+// nothing is spent on it.
 // The groups and statuses are sc's.
 func groupDescriptors(ds []descriptor, sc *scratch) []*group {
 	groups := sc.groups[:0]
@@ -576,9 +581,10 @@ func spends(g *group) int {
 }
 
 // answerLocally fills in d's status and reports true when d needs no
-// store: OK when no rule matches or the rule is unlimited, OVER_LIMIT
-// when the rule allows 0 per unit or d spends more than the limit could
-// ever admit. The status is rp's.
+// store: OK when no rule matches, the rule is unlimited or d is a
+// stream-done call that cannot settle, OVER_LIMIT when the rule allows 0
+// per unit (it has no policy to ask). A cost is never judged here: the
+// store judges every cost, as at every edge. The status is rp's.
 func answerLocally(d *descriptor, rp *reply) bool {
 	r := d.rule
 	switch {
@@ -590,7 +596,7 @@ func answerLocally(d *descriptor, rp *reply) bool {
 		d.status = &sl.status
 	case d.settle.idle():
 		d.status = &rp.status(rlspb.RateLimitResponse_OK, r).status
-	case !r.Decided(), !d.refund && d.cost > mostCost(r, d.priority):
+	case !r.Decided():
 		d.status = overLimit(r, rp)
 	default:
 		return false
@@ -682,9 +688,9 @@ func (s *Service) decide(ctx context.Context, ds []descriptor, g *group, rp *rep
 	o := &a.Outcome
 	switch {
 	case edge.Rejected(o) && errors.Is(o.Err, algorithm.ErrCostTooHigh) && !g.givesBack():
-		// More than a tenant plan's lower limit (or its class's share of
-		// it) can ever admit: a denial, as answerLocally's above the
-		// rule's, never an error Envoy's failure_mode_deny: false admits.
+		// More than the rule, a tenant plan's lower limit or the class's
+		// share of either can ever admit: a denial, never an error Envoy's
+		// failure_mode_deny: false admits.
 		for _, i := range g.members {
 			ds[i].status = overLimit(ds[i].rule, rp)
 		}
@@ -753,70 +759,4 @@ func appendIdentity(b []byte, vars []rules.Entry) []byte {
 		b = append(b, e.Value...)
 	}
 	return b
-}
-
-// headers returns the RateLimit-Policy and RateLimit fields for the
-// rules the store decided, shadow ones included (their answer carries
-// what an enforced one would), the most restrictive first, and
-// Retry-After from the enforced rules when the request is over the
-// limit. This is the one place the service calls the field serializer.
-func headers(ds []descriptor, over bool, rp *reply) []*corepb.HeaderValue {
-	if hs, ok := oneHeaders(ds, over, rp); ok {
-		return hs
-	}
-	var policies []sluice.Policy
-	var statuses, enforced []sluice.Status
-	seen := map[string]bool{}
-	for i := range ds {
-		if d := &ds[i]; d.decided != nil && !seen[d.rule.Policy.ID] {
-			seen[d.rule.Policy.ID] = true
-			policies = append(policies, d.rule.Policy)
-			statuses = append(statuses, *d.decided)
-			if !d.rule.Shadow {
-				enforced = append(enforced, *d.decided)
-			}
-		}
-	}
-	if len(statuses) == 0 {
-		return nil
-	}
-	var pol []byte
-	for i, p := range policies {
-		if i > 0 {
-			pol = append(pol, ", "...)
-		}
-		pol = ratelimitheader.AppendPolicyItem(pol, p)
-	}
-	o := sluice.Outcome{Status: mostRestrictive(statuses)}
-	if len(statuses) > 1 {
-		o.Statuses = statuses
-	}
-	hs := []*corepb.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(pol)},
-		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
-	}
-	if most := mostRestrictive(enforced); over && len(enforced) > 0 && !most.Allowed {
-		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
-	}
-	return hs
-}
-
-// mostRestrictive returns the status of statuses (at least one unless
-// the caller does not read it) that restricts most: a denial before an
-// admission, the longest retry among denials, the fewest remaining
-// among admissions.
-func mostRestrictive(statuses []sluice.Status) sluice.Status {
-	if len(statuses) == 0 {
-		return sluice.Status{}
-	}
-	most := statuses[0]
-	for _, st := range statuses[1:] {
-		switch {
-		case most.Allowed && !st.Allowed,
-			!most.Allowed && !st.Allowed && st.RetryAfter > most.RetryAfter,
-			most.Allowed && st.Allowed && st.Remaining < most.Remaining:
-			most = st
-		}
-	}
-	return most
 }

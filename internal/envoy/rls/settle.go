@@ -11,6 +11,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
 )
 
@@ -148,14 +149,21 @@ func prepareSettle(st *State, d *descriptor, rd *commonpb.RateLimitDescriptor, r
 	case rd.GetIsNegativeHits():
 		c.why = noCost
 	case h != nil:
-		c.op, d.cost = sluice.Settle, clampCost(h.GetValue())
+		c.op, d.cost = sluice.Settle, settleCost(h.GetValue())
 	case reqHits != 0:
-		c.op, d.cost = sluice.Settle, int64(reqHits)
+		c.op, d.cost = sluice.Settle, settleCost(uint64(reqHits))
 	default:
 		c.why = noCost
 	}
 	d.refund = false
 }
+
+// settleCost is the actual cost a stream-done call's hits report, at
+// most the most a store takes (algorithm.MaxLimit): a settle is never
+// refused for its cost, the store's debt bound caps what it charges
+// (twice the capacity counted, or a full bucket of debt), so a cost
+// past the store's most charges what that most does.
+func settleCost(hits uint64) int64 { return min(clampCost(hits), algorithm.MaxLimit) }
 
 // idle reports whether d is a stream-done call of a settling rule that
 // cannot settle: answered OK without the store.

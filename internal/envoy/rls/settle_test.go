@@ -1,6 +1,8 @@
 package rls_test
 
 import (
+	"io"
+	"log/slog"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -264,4 +269,102 @@ func TestSettleConcurrentRedis(t *testing.T) {
 	if n := sumLabel(t, h.reg, "sluice_envoy_unsettled_total", "reason", "no_estimate"); n != float64(streams-admitted) {
 		t.Errorf("unsettled no_estimate = %v, want the %d denied", n, streams-admitted)
 	}
+}
+
+// settled records the outcomes of the settles a Core takes.
+type settled struct {
+	mu  sync.Mutex
+	got []sluice.Outcome
+}
+
+func (s *settled) count(_, _ []string, o sluice.Outcome) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, o)
+}
+
+// last returns the outcome of the last settle taken, and how many were.
+func (s *settled) last() (sluice.Outcome, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.got) == 0 {
+		return sluice.Outcome{}, 0
+	}
+	return s.got[len(s.got)-1], len(s.got)
+}
+
+// startSettling serves settleRules over store with a Core that records
+// every settle it takes.
+func startSettling(t *testing.T, store sluice.Store) (*harness, *settled) {
+	t.Helper()
+	rec := &settled{}
+	h := startWith(t, store, settleRules, func(st *rls.State) {
+		core, err := edge.New(st.Limiter, edge.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: "rls", Settled: rec.count})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Core = core
+	})
+	return h, rec
+}
+
+// testSettleAboveCapacity: a stream-done call whose cost is above the
+// rule's capacity (1 000 an hour) is a settle like any other, never a
+// denial answered before the store: the store charges it up to its debt
+// bound (a fixed window counts at most twice its limit), as the check
+// API's settle of the same numbers does, and it is answered OK. A cost
+// above what the store takes at all (algorithm.MaxLimit) is that most.
+func testSettleAboveCapacity(t *testing.T, store sluice.Store) {
+	h, rec := startSettling(t, store)
+	l := llm{t, h}
+	const limit = "1000/HOUR"
+	type charge struct{ charged, owed int64 }
+	steps := []struct {
+		name string
+		key  string
+		call func() st
+		want st
+		left uint32
+		// settled is what the settle charged and left owed; nil when the
+		// step takes no settle.
+		settled *charge
+	}{
+		{"estimate 100", "k1", func() st { return l.estimate("k1", "r1", 100) }, st{"OK", limit, 900}, 900, nil},
+		{"stream done at 1001: 901 charged, 1 owed", "k1", func() st { return l.done("k1", "r1", 1001) }, st{"OK", limit, 0}, 0, &charge{901, 1}},
+		{"the stream-done call retried: nothing more", "k1", func() st { return l.done("k1", "r1", 1001) }, st{"OK", limit, 0}, 0, &charge{901, 1}},
+		{"the next estimate is denied", "k1", func() st { return l.estimate("k1", "r2", 1) }, st{"OVER_LIMIT", limit, 0}, 0, nil},
+		{"estimate 100 on another key", "k2", func() st { return l.estimate("k2", "r1", 100) }, st{"OK", limit, 900}, 900, nil},
+		{"stream done at 2^40: the debt bound, 1900 charged", "k2", func() st { return l.done("k2", "r1", 1<<40) }, st{"OK", limit, 0}, 0, &charge{1900, 1000}},
+	}
+	for _, s := range steps {
+		_, before := rec.last()
+		if got := s.call(); got != s.want {
+			t.Errorf("%s: status = %+v, want %+v", s.name, got, s.want)
+		}
+		if left := l.left(s.key); left != s.left {
+			t.Errorf("%s: %s has %d left, want %d", s.name, s.key, left, s.left)
+		}
+		o, after := rec.last()
+		switch {
+		case s.settled == nil && after != before:
+			t.Errorf("%s: a settle was taken, want none", s.name)
+		case s.settled != nil && after != before+1:
+			t.Errorf("%s: %d settles taken, want 1", s.name, after-before)
+		case s.settled != nil && (o.Kind != sluice.Allowed || o.Charged != s.settled.charged || o.Owed != s.settled.owed):
+			t.Errorf("%s: settle = %v, charged %d, owed %d; want allowed, charged %d, owed %d", s.name, o.Kind, o.Charged, o.Owed, s.settled.charged, s.settled.owed)
+		}
+	}
+	if n := sumLabel(t, h.reg, "sluice_envoy_unsettled_total", "rule", "ai.api_key"); n != 0 {
+		t.Errorf("sluice_envoy_unsettled_total = %v, want 0: every settle was taken", n)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "settled"); n != 3 {
+		t.Errorf("settled descriptors = %v, want 3 (the retry included)", n)
+	}
+}
+
+func TestSettleAboveCapacityMemstore(t *testing.T) { testSettleAboveCapacity(t, memStore(t)) }
+
+func TestSettleAboveCapacityRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	testSettleAboveCapacity(t, redisStore(t, srv, sluicetest.NewClock()))
 }
