@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,35 +22,39 @@ import (
 
 // The fault tests put real Redis processes (and the fault proxy between
 // them and the store) into each failure of issue 10 while workers send
-// decisions, then bring Redis back. For each fault they hold:
+// decisions, then bring Redis back. One harness serves them all (and the
+// per-master failover test, hang_test.go): startLoad or newRun, inject
+// with the fault, check. For each fault they hold:
 //
-//   - every decision is answered within its caller's deadline plus
-//     answerMargin (a correctness bound: nothing waits on a dead Redis
-//     past what its caller allowed; not a measure of speed). The store's
-//     Timeout bounds each round trip; a decision queued behind one waits
-//     for it, then for its own, so up to twice that;
+//   - the fault lasts until it has shown (its until: the breaker shed,
+//     a reply was lost, …), not for a set time;
+//   - nothing waits on a dead Redis: where Redis answers nothing while
+//     broken (quiet), the load is drained before Redis is back, so every
+//     decision begun during the fault was answered without Redis (the
+//     store's Timeout and the caller's deadline end them);
 //   - every answer is typed as the fault allows: Allowed, Unavailable
 //     with the cause the fault explains, or Indeterminate;
 //   - nothing is spent twice: each decision whose reply was lost is
 //     retried with its evaluation id, and the budget spent equals the
 //     decisions allowed, exactly;
 //   - no goroutine outlives the store, its client and the proxy;
-//   - decisions are allowed again within recoverBound of Redis being back.
+//   - decisions are allowed again once Redis is back (faultStreak in a
+//     row per worker).
 //
 // Each logs its figures (answers, worst latency, outcomes, time to
-// recover, replays, over-admissions); RELIABILITY.md quotes them:
+// recover, replays, over-admissions), measured, never asserted;
+// RELIABILITY.md quotes them:
 //
 //	go test ./redisstore -run 'TestFault' -v -count=1
 const (
 	faultDeadline  = time.Second            // each decision's context deadline
 	faultTimeout   = 500 * time.Millisecond // the store's Timeout per round trip
-	answerMargin   = 250 * time.Millisecond // scheduling slack past a deadline
-	recoverBound   = time.Second            // decisions correct again after Redis is back
 	faultWorkers   = 6
 	faultPace      = 5 * time.Millisecond // between one worker's decisions
 	faultLimit     = 1_000_000            // never reached: every decision Redis takes is allowed
 	faultStreak    = 20                   // allowed decisions in a row, per worker, that mean recovered
-	faultRunBudget = 15 * time.Second     // the most one run waits for recovery
+	faultShed      = 20                   // decisions shed by the breaker that show it opened
+	faultRunBudget = 30 * time.Second     // the most one phase waits for its event: a bound, not a threshold
 )
 
 // checkLeaks fails the test if, once its cleanups have run, more
@@ -93,37 +98,53 @@ type faultRun struct {
 	t        *testing.T
 	l        *sluice.Limiter
 	policy   string
-	subjects []string
+	subjects []string // one per worker
 
 	mu      sync.Mutex
 	answers []answer
+	broken  time.Time // when the fault was set
 	healed  time.Time // when Redis was back
 	// failover: the fault may lose writes Redis acknowledged (a replica
 	// promoted before it had them), so less may be spent than allowed.
 	failover bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	seq      atomic.Int64 // evaluation ids, unique over the run
 }
 
-// startLoad starts the workers: each sends decisions on its own subject,
-// each with an evaluation id of its own, until stop.
+// newRun returns a run of l's policy on subjects, one worker each; load
+// starts it.
+func newRun(t *testing.T, l *sluice.Limiter, policy string, subjects []string) *faultRun {
+	return &faultRun{t: t, l: l, policy: policy, subjects: subjects}
+}
+
+// startLoad starts faultWorkers workers, each on a subject of its own.
 func startLoad(t *testing.T, l *sluice.Limiter, policy string) *faultRun {
-	r := &faultRun{t: t, l: l, policy: policy, stop: make(chan struct{})}
+	var subjects []string
 	for w := range faultWorkers {
-		r.subjects = append(r.subjects, fmt.Sprintf("%s.w%d", subject(t), w))
+		subjects = append(subjects, fmt.Sprintf("%s.w%d", subject(t), w))
 	}
-	for w := range faultWorkers {
+	r := newRun(t, l, policy, subjects)
+	r.load()
+	return r
+}
+
+// load starts the workers: each sends decisions on its subject, each
+// with an evaluation id of its own, until drain.
+func (r *faultRun) load() {
+	r.stop = make(chan struct{})
+	for w := range r.subjects {
 		r.wg.Go(func() {
-			for i := 0; ; i++ {
+			for {
 				select {
 				case <-r.stop:
 					return
-				case <-time.After(faultPace):
+				case <-time.After(faultPace): // pace, not order
 				}
-				id := fmt.Sprintf("w%d-%d", w, i)
+				id := fmt.Sprintf("w%d-%d", w, r.seq.Add(1))
 				ctx, cancel := context.WithTimeout(context.Background(), faultDeadline)
 				start := time.Now()
-				o := l.Check(ctx, sluice.Request{Policy: policy, Subject: r.subjects[w], EvaluationID: id})
+				o := r.l.Check(ctx, sluice.Request{Policy: r.policy, Subject: r.subjects[w], EvaluationID: id})
 				took := time.Since(start)
 				cancel()
 				r.mu.Lock()
@@ -132,57 +153,97 @@ func startLoad(t *testing.T, l *sluice.Limiter, policy string) *faultRun {
 			}
 		})
 	}
-	return r
 }
 
-// waitAllowed waits until every worker has had n decisions allowed in a
-// row since from, or budget has passed.
-func (r *faultRun) waitAllowed(from time.Time, n int, budget time.Duration) {
-	deadline := time.Now().Add(budget)
-	for time.Now().Before(deadline) {
+// drain stops the workers and waits for the decisions they have in
+// flight, at most faultRunBudget: a decision still waiting then waits on
+// Redis, past anything its caller allowed.
+func (r *faultRun) drain(what string) {
+	r.t.Helper()
+	close(r.stop)
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(faultRunBudget):
+		r.t.Fatalf("decisions still unanswered %v after the load stopped %s: they wait on Redis", faultRunBudget, what)
+	}
+}
+
+// waitFor polls cond over the outcomes (kind/cause → count) of the
+// decisions begun since from, a bounded number of times.
+func (r *faultRun) waitFor(what string, from time.Time, cond func(kinds map[string]int, streak int) bool) {
+	r.t.Helper()
+	for deadline := time.Now().Add(faultRunBudget); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		r.mu.Lock()
-		streak := make([]int, faultWorkers)
+		kinds := map[string]int{}
+		streak := make([]int, len(r.subjects))
 		for _, a := range r.answers {
-			switch {
-			case a.start.Before(from):
-			case a.o.Kind == sluice.Allowed:
-				streak[a.worker]++
-			default:
+			if a.start.Before(from) {
+				continue
+			}
+			kinds[a.o.Kind.String()+"/"+a.o.Cause.String()]++
+			if streak[a.worker]++; a.o.Kind != sluice.Allowed {
 				streak[a.worker] = 0
 			}
 		}
 		r.mu.Unlock()
-		if slices.Min(streak) >= n {
+		if cond(kinds, slices.Min(streak)) {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	r.t.Fatalf("%s: not within %v", what, faultRunBudget)
 }
 
-// inject runs the workers through a fault: warm up, break, hold for
-// faultFor, heal (Redis is back when heal returns), then on until every
-// worker is allowed again, and stop. A nil breakIt means Redis is down
-// from the start: no warm-up.
-func (r *faultRun) inject(breakIt, heal func(), faultFor time.Duration) {
+// fault is one way to break Redis, and how to tell it has shown.
+type fault struct {
+	breakIt func() // nil: Redis is down from the start, no warm-up
+	heal    func() // Redis is back when it returns
+	// until says, from the outcomes of the decisions begun since the
+	// break, that the fault has shown; nil: heal at once.
+	until func(kinds map[string]int) bool
+	// quiet: Redis answers nothing while broken, so the load is drained
+	// before heal: every decision begun in the fault was answered
+	// without Redis.
+	quiet bool
+}
+
+// shed is an until: the breaker has shed faultShed decisions.
+func shed(kinds map[string]int) bool { return kinds["unavailable/circuit_open"] >= faultShed }
+
+// inject runs the workers through f: warm up, break, hold until the
+// fault has shown, heal, then on until every worker is allowed again,
+// and stop.
+func (r *faultRun) inject(f fault) {
 	t := r.t
 	t.Helper()
-	if breakIt != nil {
-		r.waitAllowed(time.Time{}, 5, faultRunBudget)
-		breakIt()
+	if f.breakIt != nil {
+		r.waitFor("warm-up", time.Time{}, func(_ map[string]int, streak int) bool { return streak >= 5 })
+		f.breakIt()
 	}
-	time.Sleep(faultFor)
-	heal()
+	r.mu.Lock()
+	r.broken = time.Now()
+	r.mu.Unlock()
+	if f.until != nil {
+		r.waitFor("the fault showing", r.broken, func(kinds map[string]int, _ int) bool { return f.until(kinds) })
+	}
+	if f.quiet {
+		r.drain("while Redis was broken")
+	}
+	f.heal()
 	r.mu.Lock()
 	r.healed = time.Now()
 	r.mu.Unlock()
-	r.waitAllowed(r.healed, faultStreak, faultRunBudget)
-	close(r.stop)
-	r.wg.Wait()
+	if f.quiet {
+		r.load()
+	}
+	r.waitFor("every worker allowed again", r.healed, func(_ map[string]int, streak int) bool { return streak >= faultStreak })
+	r.drain("after Redis was back")
 }
 
 // faultFigures is what a fault test measured.
 type faultFigures struct {
-	answers, late int
+	answers       int
 	maxLatency    time.Duration
 	maxShed       time.Duration  // the slowest answer the breaker shed (circuit_open)
 	kinds         map[string]int // kind/cause → count
@@ -201,8 +262,8 @@ func (f faultFigures) String() string {
 	for _, k := range keys {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k, f.kinds[k]))
 	}
-	return fmt.Sprintf("%d answers, %d past deadline+%v, max latency %v (shed by the breaker: %v); outcomes: %s; recovered %v after Redis was back; %d lost replies retried, %d replayed; spent %d for %d allowed (over-admissions %d)",
-		f.answers, f.late, answerMargin, f.maxLatency.Round(time.Millisecond), f.maxShed.Round(10*time.Microsecond), strings.Join(kinds, ", "),
+	return fmt.Sprintf("%d answers, max latency %v (shed by the breaker: %v); outcomes: %s; recovered %v after Redis was back; %d lost replies retried, %d replayed; spent %d for %d allowed (over-admissions %d)",
+		f.answers, f.maxLatency.Round(time.Millisecond), f.maxShed.Round(10*time.Microsecond), strings.Join(kinds, ", "),
 		f.recovery.Round(time.Millisecond), f.lost, f.replays, f.spent, f.want, f.want-f.spent)
 }
 
@@ -227,10 +288,6 @@ func (r *faultRun) check(name string, allowed ...string) faultFigures {
 		if a.o.Cause == sluice.CircuitOpen {
 			f.maxShed = max(f.maxShed, a.took)
 		}
-		if a.took > faultDeadline+answerMargin {
-			f.late++
-			t.Errorf("%s: decision %s took %v, want at most its %v deadline + %v: %+v", name, a.id, a.took, faultDeadline, answerMargin, a.o)
-		}
 		if !slices.Contains(allowed, k) {
 			t.Errorf("%s: decision %s = %s (%v), want one of %v", name, a.id, k, a.o.Err, allowed)
 		}
@@ -242,9 +299,6 @@ func (r *faultRun) check(name string, allowed ...string) faultFigures {
 		}
 	}
 	f.recovery = recoveredAt.Sub(healed)
-	if f.recovery > recoverBound {
-		t.Errorf("%s: decisions failed until %v after Redis was back, want at most %v", name, f.recovery, recoverBound)
-	}
 	// Nothing spent twice: retry every lost reply with its id; each is
 	// allowed (replayed if Redis had taken it), and the budget spent is
 	// exactly the decisions allowed.
@@ -294,12 +348,23 @@ func (r *faultRun) check(name string, allowed ...string) faultFigures {
 func faultStore(t *testing.T, c redis.UniversalClient, opts redisstore.Options) *sluice.Limiter {
 	t.Helper()
 	opts.Timeout = faultTimeout
+	l, _, _ := faultLimiter(t, c, opts, "fault")
+	return l
+}
+
+// faultLimiter returns a limiter with the policy id (faultPolicy) over a
+// store over c with opts, and the breaker states the store went through.
+func faultLimiter(t *testing.T, c redis.UniversalClient, opts redisstore.Options, id string) (*sluice.Limiter, *redisstore.Store, func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var states []string
+	opts.Breaker.OnChange = func(s string) { mu.Lock(); states = append(states, s); mu.Unlock() }
 	s := newStore(t, c, opts)
-	l, err := sluice.New(s, []sluice.Policy{faultPolicy(t, "fault")}, sluice.Options{})
+	l, err := sluice.New(s, []sluice.Policy{faultPolicy(t, id)}, sluice.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l
+	return l, s, func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(states) }
 }
 
 // faultClient is a client as an application would make one: context
@@ -309,7 +374,7 @@ func faultClient(addr string) *redis.Client {
 }
 
 // TestFaultKilled: Redis is killed (SIGKILL) under load and restarted
-// after a second, with its append-only file synced on every write, as a
+// once the breaker has shed, with its append-only file synced on every write, as a
 // Redis that keeps its data does. In-flight decisions are Indeterminate,
 // later ones fail before send until the breaker opens.
 func TestFaultKilled(t *testing.T) {
@@ -323,18 +388,19 @@ func TestFaultKilled(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	l := faultStore(t, c, redisstore.Options{})
 	r := startLoad(t, l, "fault")
-	r.inject(srv.Kill, func() {
+	r.inject(fault{breakIt: srv.Kill, heal: func() {
 		if err := srv.Restart(); err != nil {
 			t.Fatal(err)
 		}
-	}, time.Second)
+	}, until: shed, quiet: true})
 	r.check("killed", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }
 
 // TestFaultStartsWithoutRedis: a store is built while Redis is
 // down and decisions are asked at once; they fail before send (nothing
-// spent) or are shed by the breaker, each within its deadline, until
-// Redis starts, a second later; then they are taken.
+// spent) or are shed by the breaker, each without Redis, until Redis
+// starts, once some failed before send and the breaker has shed; then
+// they are taken.
 func TestFaultStartsWithoutRedis(t *testing.T) {
 	checkLeaks(t)
 	srv := redistest.Standalone(t)
@@ -343,11 +409,13 @@ func TestFaultStartsWithoutRedis(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	l := faultStore(t, c, redisstore.Options{})
 	r := startLoad(t, l, "fault")
-	r.inject(nil, func() {
+	r.inject(fault{heal: func() {
 		if err := srv.Restart(); err != nil {
 			t.Fatal(err)
 		}
-	}, time.Second)
+	}, until: func(kinds map[string]int) bool {
+		return kinds["unavailable/failed_before_send"] > 0 && shed(kinds)
+	}, quiet: true})
 	// A pipeline of decisions whose connection was still being dialled
 	// when the store's timeout ended it is Indeterminate: batch.go types
 	// every pipeline cut short by its deadline so, sent or not. Nothing
@@ -358,8 +426,8 @@ func TestFaultStartsWithoutRedis(t *testing.T) {
 	}
 }
 
-// TestFaultHung: Redis is stopped (SIGSTOP) for two seconds: it keeps its
-// connections and answers nothing. The first decisions wait out the
+// TestFaultHung: Redis is stopped (SIGSTOP) until the breaker has shed:
+// it keeps its connections and answers nothing. The first decisions wait out the
 // store's timeout; then the breaker sheds at once; after SIGCONT the
 // decisions held in the socket run, and their retries replay them.
 func TestFaultHung(t *testing.T) {
@@ -369,7 +437,7 @@ func TestFaultHung(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	l := faultStore(t, c, redisstore.Options{})
 	r := startLoad(t, l, "fault")
-	r.inject(func() {
+	pause, resume := func() {
 		if err := srv.Pause(); err != nil {
 			t.Fatal(err)
 		}
@@ -377,15 +445,13 @@ func TestFaultHung(t *testing.T) {
 		if err := srv.Resume(); err != nil {
 			t.Fatal(err)
 		}
-	}, 2*time.Second)
-	f := r.check("hung (SIGSTOP)", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
-	if f.kinds["unavailable/circuit_open"] == 0 {
-		t.Errorf("no decision was shed by the breaker during a 2s hang")
 	}
+	r.inject(fault{breakIt: pause, heal: resume, until: shed, quiet: true})
+	r.check("hung (SIGSTOP)", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }
 
-// TestFaultBlackhole: a listener that accepts connections and never
-// answers, and whose connections then carry nothing either way: new
+// TestFaultBlackhole: until the breaker has shed, a listener that
+// accepts connections and never answers, and whose connections then carry nothing either way: new
 // connections cannot even be set up. Bytes held are dropped with the
 // connections when the fault clears, so nothing the store sent runs.
 func TestFaultBlackhole(t *testing.T) {
@@ -400,15 +466,12 @@ func TestFaultBlackhole(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	l := faultStore(t, c, redisstore.Options{})
 	r := startLoad(t, l, "fault")
-	r.inject(func() { p.Hang(); p.Drop() }, func() { p.Drop(); p.Forward() }, 2*time.Second)
-	f := r.check("accepts, never answers", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
-	if f.kinds["unavailable/circuit_open"] == 0 {
-		t.Errorf("no decision was shed by the breaker during a 2s black hole")
-	}
+	r.inject(fault{breakIt: func() { p.Hang(); p.Drop() }, heal: func() { p.Drop(); p.Forward() }, until: shed, quiet: true})
+	r.check("accepts, never answers", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }
 
 // TestFaultLatency: 50ms added each way is only slower: every decision is
-// taken. Then 1s each way, past the store's timeout: the decisions are
+// taken. Then 1s each way until the breaker has shed, past the store's timeout: the decisions are
 // Indeterminate (they reach Redis late and run), the breaker opens, and
 // their retries replay them.
 func TestFaultLatency(t *testing.T) {
@@ -424,16 +487,19 @@ func TestFaultLatency(t *testing.T) {
 	l := faultStore(t, c, redisstore.Options{})
 
 	r := startLoad(t, l, "fault")
-	r.inject(func() { p.SetLatency(50 * time.Millisecond) }, func() { p.SetLatency(0) }, time.Second)
-	f := r.check("50ms latency each way")
-	if f.maxLatency < 100*time.Millisecond {
-		t.Errorf("max latency %v with 50ms each way: the latency was not applied", f.maxLatency)
-	}
+	delayed := p.Delayed()
+	// Held until every worker has had 5 decisions begun under the
+	// latency, and the proxy has delayed chunks (its sign the latency
+	// took effect).
+	r.inject(fault{breakIt: func() { p.SetLatency(50 * time.Millisecond) }, heal: func() { p.SetLatency(0) }, until: func(kinds map[string]int) bool {
+		return kinds["allowed/"] >= 5*faultWorkers && p.Delayed() > delayed
+	}})
+	r.check("50ms latency each way")
 
 	r = startLoad(t, l, "fault")
-	// Recovery waits for the decisions already delayed in the proxy: from
-	// when the last of them has come through.
-	r.inject(func() { p.SetLatency(time.Second) }, func() { p.SetLatency(0); time.Sleep(time.Second) }, 2*time.Second)
+	// Clearing the latency delivers the chunks the proxy was delaying at
+	// once: recovery is from then.
+	r.inject(fault{breakIt: func() { p.SetLatency(time.Second) }, heal: func() { p.SetLatency(0) }, until: shed})
 	r.check("1s latency each way", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }
 
@@ -452,7 +518,7 @@ func TestFaultResetAfterWrite(t *testing.T) {
 	c := faultClient(p.Addr())
 	t.Cleanup(func() { c.Close() })
 	l := faultStore(t, c, redisstore.Options{})
-	for _, fault := range []struct {
+	for _, tc := range []struct {
 		name string
 		set  func()
 	}{
@@ -460,10 +526,10 @@ func TestFaultResetAfterWrite(t *testing.T) {
 		{"reset after 10 bytes of the command", func() { p.ResetAfter(10) }},
 	} {
 		r := startLoad(t, l, "fault")
-		r.inject(fault.set, p.Forward, time.Second)
-		f := r.check(fault.name, "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
+		r.inject(fault{breakIt: tc.set, heal: p.Forward, until: func(kinds map[string]int) bool { return kinds["indeterminate/"] > 0 && shed(kinds) }})
+		f := r.check(tc.name, "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 		if f.lost == 0 {
-			t.Errorf("%s: no decision was Indeterminate", fault.name)
+			t.Errorf("%s: no decision was Indeterminate", tc.name)
 		}
 	}
 }
@@ -488,7 +554,7 @@ func TestFaultRefused(t *testing.T) {
 			}
 		}
 	}
-	for _, fault := range []struct {
+	for _, tc := range []struct {
 		name, code string
 		set, heal  func()
 	}{
@@ -496,14 +562,16 @@ func TestFaultRefused(t *testing.T) {
 		{"OOM", "OOM", do("config", "set", "maxmemory", "1"), do("config", "set", "maxmemory", "0")},
 	} {
 		r := startLoad(t, l, "fault")
-		r.inject(fault.set, fault.heal, time.Second)
-		f := r.check(fault.name, "unavailable/failed_before_send", "unavailable/circuit_open")
+		r.inject(fault{breakIt: tc.set, heal: tc.heal, until: func(kinds map[string]int) bool {
+			return kinds["unavailable/failed_before_send"] > 0 && shed(kinds)
+		}})
+		f := r.check(tc.name, "unavailable/failed_before_send", "unavailable/circuit_open")
 		if f.lost != 0 || f.kinds["unavailable/failed_before_send"] == 0 {
-			t.Errorf("%s: %v; want some failed before send and none Indeterminate", fault.name, f)
+			t.Errorf("%s: %v; want some failed before send and none Indeterminate", tc.name, f)
 		}
 		for _, a := range r.answers {
-			if a.o.Cause == sluice.FailedBeforeSend && !strings.Contains(fmt.Sprint(a.o.Err), fault.code) {
-				t.Errorf("%s: decision %s failed before send: %q, want Redis's code %s", fault.name, a.id, a.o.Err, fault.code)
+			if a.o.Cause == sluice.FailedBeforeSend && !strings.Contains(fmt.Sprint(a.o.Err), tc.code) {
+				t.Errorf("%s: decision %s failed before send: %q, want Redis's code %s", tc.name, a.id, a.o.Err, tc.code)
 				break
 			}
 		}
@@ -552,11 +620,11 @@ func TestFaultClusterFailover(t *testing.T) {
 		t.Fatalf("master %s of %s is not one the cluster started", dead, r.subjects[0])
 	}
 	var killed time.Time
-	r.inject(func() { victim.Kill(); killed = time.Now() }, func() {
+	r.inject(fault{breakIt: func() { victim.Kill(); killed = time.Now() }, heal: func() {
 		if err := cluster.WaitPromoted(ctx, replica, dead); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("replica %s promoted %v after its master was killed", replica.Addr, time.Since(killed).Round(time.Millisecond))
-	}, 0)
+	}})
 	r.check("cluster master killed, replica promoted", "indeterminate/", "unavailable/failed_before_send", "unavailable/circuit_open", "unavailable/deadline_passed")
 }

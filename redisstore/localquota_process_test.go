@@ -188,6 +188,9 @@ func lqChild(spec string, in io.Reader, out io.Writer) error {
 	} else if _, err := fmt.Sscanf(sc.Text(), "go %d %d %d", &start, &switchAt, &end); err != nil {
 		return fmt.Errorf("the parent said %q: %w", sc.Text(), err)
 	}
+	// Real time must pass: four processes share the windows of Redis's
+	// clock and start together at the parent's instant (no fake clock
+	// spans processes); this waits for it, at most the word's 10ms.
 	time.Sleep(time.Until(time.UnixMicro(start)))
 	var settled atomic.Int64 // the store calls made while the subject's rate was learnt
 	time.AfterFunc(p.Settle, func() { settled.Store(store.calls.Load()) })
@@ -240,6 +243,8 @@ func lqOffer(ctx context.Context, l *sluice.Limiter, p lqParams, switchAt, end t
 			next := first()
 			for {
 				if !p.Unpaced {
+					// Real time must pass: the offered rate is what local
+					// quota learns, against windows of the real clock.
 					time.Sleep(time.Until(next))
 					d := mean(next)
 					if d == 0 {

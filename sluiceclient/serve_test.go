@@ -13,10 +13,10 @@ import (
 	"github.com/sluicehq/sluice/sluiceclient"
 )
 
-// leaseTTL is the lease_ttl of the policy "short" in serveConfig: short,
-// so that a renewal is seen to outlive it, and long enough that a request
-// on a busy machine still lands well inside it.
-const leaseTTL = time.Second
+// The policies "short" (lease_ttl 1s) and "half" (500ms) in serveConfig
+// time renewCase: short, so that a renewal is seen to outlive a TTL, and
+// long enough that a request on a busy machine mostly lands inside one.
+// The server's own clock measures them: a real TTL must pass.
 
 // serveConfig is the configuration of the sluice serve process, on a
 // free loopback port. The rate policies are an hour and a day
@@ -29,6 +29,7 @@ policies:
   - { id: daily, algorithm: sliding_log, limit: 10, window: 24h }
   - { id: slots, algorithm: concurrency, limit: 1, lease_ttl: 1h }
   - { id: short, algorithm: concurrency, limit: 1, lease_ttl: 1s }
+  - { id: half, algorithm: concurrency, limit: 1, lease_ttl: 500ms }
   - { id: shared, algorithm: gcra, limit: 4, window: 1h, priorities: { critical: 100%, sheddable: 50% } }
 `
 
@@ -257,34 +258,49 @@ func releaseCase(t *testing.T, c *sluiceclient.Client, subj string) {
 
 // renewCase: a lease renewed halfway through its TTL is still held after
 // that first TTL has passed, while one acquired beside it and never
-// renewed has expired. An attempt whose last answer came back too late to
-// tell (the renewed lease could have expired too) is tried again, three
-// times at most.
+// renewed has expired. The server's clock says when: each wait is for a
+// lease of its own to expire (polled, bounded), never a sleep, and a
+// witness lease taken just before the renewal tells whether the answer
+// about the renewed one came in time (else the attempt is tried again,
+// three times at most).
 func renewCase(t *testing.T, c *sluiceclient.Client, subj string) {
 	for attempt := 1; ; attempt++ {
-		kept, left := fmt.Sprintf("%s-%d-kept", subj, attempt), fmt.Sprintf("%s-%d-left", subj, attempt)
-		check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: left}, sluice.Allowed)
-		o := check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: kept}, sluice.Allowed)
-		acquired := time.Now() // the server took both leases before this
-		time.Sleep(leaseTTL / 2)
-		renewed := time.Now() // the server renews after this
-		r := check(t, c, sluice.Request{Op: sluice.Renew, Policy: "short", Subject: kept, LeaseID: o.Lease.ID}, sluice.Allowed)
+		name := func(role string) string { return fmt.Sprintf("%s-%d-%s", subj, attempt, role) }
+		o := check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: name("kept")}, sluice.Allowed)
+		check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: name("left")}, sluice.Allowed)
+		check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "half", Subject: name("half")}, sluice.Allowed)
+		expired(t, c, "half", name("half")) // halfway through kept's TTL
+		check(t, c, sluice.Request{Op: sluice.Acquire, Policy: "short", Subject: name("witness")}, sluice.Allowed)
+		r := check(t, c, sluice.Request{Op: sluice.Renew, Policy: "short", Subject: name("kept"), LeaseID: o.Lease.ID}, sluice.Allowed)
 		if r.Lease.ID != o.Lease.ID {
 			t.Fatalf("renew = lease %+v, want %+v", r.Lease, o.Lease)
 		}
-		time.Sleep(time.Until(acquired.Add(leaseTTL + leaseTTL/10))) // the first TTL has passed
-		heldKept, heldLeft := remaining(t, c, "short", kept), remaining(t, c, "short", left)
-		if heldLeft != 1 {
-			t.Fatalf("a lease never renewed, %v after its acquisition: %d slots free, want 1 (expired)", time.Since(acquired), heldLeft)
-		}
-		if time.Since(renewed) < leaseTTL { // answered before the renewed lease could expire
+		// left, taken after kept, has expired: kept's first TTL has passed.
+		expired(t, c, "short", name("left"))
+		heldKept := remaining(t, c, "short", name("kept"))
+		// The witness, taken before the renewal, still held after that
+		// answer: the renewed lease was too when it was read.
+		if remaining(t, c, "short", name("witness")) == 0 {
 			if heldKept != 0 {
 				t.Errorf("a lease renewed halfway, after its first TTL: %d slots free, want 0 (still held)", heldKept)
 			}
 			return
 		}
 		if attempt == 3 {
-			t.Fatalf("three attempts answered too slowly to tell whether a renewal outlives the first TTL (%v)", leaseTTL)
+			t.Fatalf("three attempts answered too slowly to tell whether a renewal outlives the first TTL (1s)")
 		}
 	}
+}
+
+// expired polls, a bounded number of times, until subj's lease on a
+// concurrency policy of limit 1 has expired: its slot is free again.
+func expired(t *testing.T, c *sluiceclient.Client, policy, subj string) {
+	t.Helper()
+	for range 1000 { // 20s at most: a bound on a loaded machine
+		if remaining(t, c, policy, subj) == 1 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("the lease of %s on %s never expired", subj, policy)
 }

@@ -3,7 +3,9 @@
 // unless told to misbehave. Each fault applies from the moment it is set,
 // to connections already open and to new ones alike:
 //
-//   - Latency delays every chunk of bytes, in both directions;
+//   - Latency delays every chunk of bytes, in both directions; a chunk
+//     waiting when the faults change is delivered as the new ones say
+//     (at once once the latency is cleared);
 //   - Hang stops forwarding: connections are accepted, bytes are read
 //     and held, nothing is answered, until Forward (then what was held
 //     flows on, as after a SIGSTOP'd server is continued);
@@ -47,6 +49,7 @@ type Proxy struct {
 	links      map[*link]struct{}
 	closed     bool
 	accepted   int64
+	delayed    int64 // chunks delivered after waiting out a latency
 }
 
 // link is one proxied connection: the client's and the upstream's.
@@ -81,6 +84,14 @@ func (p *Proxy) Accepted() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.accepted
+}
+
+// Delayed is how many chunks of bytes the proxy has delivered after
+// waiting out a latency: a test's sign that SetLatency took effect.
+func (p *Proxy) Delayed() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delayed
 }
 
 // set changes the faults under the lock and wakes every waiting pump.
@@ -224,6 +235,12 @@ func (p *Proxy) deliver(lk *link, fromClient bool, dst net.Conn, b []byte) bool 
 			t := time.NewTimer(latency)
 			select {
 			case <-t.C:
+				p.mu.Lock()
+				p.delayed++
+				p.mu.Unlock()
+			case <-changed:
+				t.Stop()
+				continue
 			case <-p.done:
 				t.Stop()
 				return false

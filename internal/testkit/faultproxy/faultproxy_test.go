@@ -129,17 +129,19 @@ func TestLatency(t *testing.T) {
 	c := dial(t, p)
 	const d = 100 * time.Millisecond
 	p.SetLatency(d)
-	begin := time.Now()
 	if got, err := roundTrip(c, "slow", 10*time.Second); got != "slow" || err != nil {
 		t.Fatalf("round trip = %q, %v", got, err)
 	}
-	// Each direction waits d: the answer cannot come sooner than 2d.
-	if took := time.Since(begin); took < 2*d {
-		t.Fatalf("round trip with %v latency each way took %v, want at least %v", d, took, 2*d)
+	// Each direction waited d out: two chunks delayed, one each way.
+	if n := p.Delayed(); n != 2 {
+		t.Fatalf("round trip with %v latency each way: %d chunks delayed, want 2", d, n)
 	}
 	p.SetLatency(0)
 	if got, err := roundTrip(c, "fast", 10*time.Second); got != "fast" || err != nil {
 		t.Fatalf("round trip after latency cleared = %q, %v", got, err)
+	}
+	if n := p.Delayed(); n != 2 {
+		t.Fatalf("round trip after latency cleared: %d chunks delayed in all, want still 2", n)
 	}
 }
 
