@@ -91,26 +91,27 @@ func (f *Freshness) Begin() (ch chan struct{}, started bool) {
 }
 
 // End ends the read of ch, begun at began and over at now. A fresh read
-// (the overrides as the store held them at began) is old half
-// the maximum age after began and stale at the maximum age. After a failed
-// read no Check waits for another until one succeeds: decisions go on
-// the overrides last read (a store that cannot give its overrides can
-// seldom decide either, and a Check must not wait on a hung store for
-// them when the store's own breaker would answer it at once), and a Check
-// half the maximum age from now starts a background read again.
+// (the overrides as the store held them at began) is old half the
+// maximum age after began and stale at the maximum age. A failed read
+// changes neither: the overrides are as old as the last read that
+// succeeded, so once the store answers again no decision is taken on
+// overrides older than the maximum age. While it fails, each Check that
+// finds them stale waits for one read again (shared by every Check that
+// comes while it runs), then decides on the overrides last read: over a
+// failing store the read ends at once (its breaker) or within the
+// store's timeout, and the Check waits at most half its own deadline.
 func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	oldAt, staleAt := began.Add(f.maxAge/2).UnixNano(), began.Add(f.maxAge).UnixNano()
-	if !fresh {
-		oldAt, staleAt = now.Add(f.maxAge/2).UnixNano(), math.MaxInt64
+	if fresh {
+		f.oldAt.Store(began.Add(f.maxAge / 2).UnixNano())
+		f.staleAt.Store(began.Add(f.maxAge).UnixNano())
 	}
-	f.oldAt.Store(oldAt)
-	f.staleAt.Store(staleAt)
 	if f.timers != nil {
 		f.gen++
 		gen := f.gen
-		f.flag.Store(f.at(now.UnixNano()))
+		at := now.UnixNano()
+		f.flag.Store(f.at(at))
 		set := func(age int32) func() {
 			return func() {
 				f.mu.Lock()
@@ -120,9 +121,11 @@ func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
 				f.mu.Unlock()
 			}
 		}
-		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(Old))
-		if staleAt != math.MaxInt64 {
-			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(Stale))
+		if oldAt := f.oldAt.Load(); oldAt > at {
+			f.timers.AfterFunc(time.Duration(oldAt-at), set(Old))
+		}
+		if staleAt := f.staleAt.Load(); staleAt > at {
+			f.timers.AfterFunc(time.Duration(staleAt-at), set(Stale))
 		}
 	}
 	f.reading.Store(nil)

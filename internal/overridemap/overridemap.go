@@ -22,8 +22,10 @@ import (
 )
 
 // Timings: no decision is taken on overrides read from the store longer
-// than MaxAge ago (on the Limiter's clock, counted from when the read
-// began): a Check that finds them older reads them first. A Check that
+// than MaxAge ago (on the Limiter's clock, counted from when the last
+// read that succeeded began; a failed read does not count): a Check that
+// finds them older reads them first, and decides on the ones in hand
+// only when that read fails or outlasts half its deadline. A Check that
 // finds them older than half that starts one background read, so a busy
 // Limiter never waits for one. A read gives up after ReadTimeout.
 const (
