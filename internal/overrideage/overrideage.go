@@ -43,6 +43,7 @@ type Freshness struct {
 	oldAt   atomic.Int64                  // Unix ns from when the overrides are Old
 	staleAt atomic.Int64                  // Unix ns from when they are Stale
 	reading atomic.Pointer[chan struct{}] // closed when the read under way ends; nil when none
+	failing atomic.Bool                   // the last read to end failed
 }
 
 // Init makes f stale until a first read, on clock c, a fresh read
@@ -90,44 +91,51 @@ func (f *Freshness) Begin() (ch chan struct{}, started bool) {
 	return ch, true
 }
 
-// End ends the read of ch, begun at began and over at now. A fresh read
+// Failing reports whether the last read to end failed.
+func (f *Freshness) Failing() bool { return f.failing.Load() }
+
+// Record records a read begun at began and over at now. A fresh read
 // (the overrides as the store held them at began) is old half the
 // maximum age after began and stale at the maximum age. A failed read
 // changes neither: the overrides are as old as the last read that
 // succeeded, so once the store answers again no decision is taken on
-// overrides older than the maximum age. While it fails, each Check that
-// finds them stale waits for one read again (shared by every Check that
-// comes while it runs), then decides on the overrides last read: over a
-// failing store the read ends at once (its breaker) or within the
-// store's timeout, and the Check waits at most half its own deadline.
-func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
+// overrides older than the maximum age.
+func (f *Freshness) Record(fresh bool, began, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.failing.Store(!fresh)
 	if fresh {
-		f.oldAt.Store(began.Add(f.maxAge / 2).UnixNano())
-		f.staleAt.Store(began.Add(f.maxAge).UnixNano())
+		f.oldAt.Store(max(f.oldAt.Load(), began.Add(f.maxAge/2).UnixNano()))
+		f.staleAt.Store(max(f.staleAt.Load(), began.Add(f.maxAge).UnixNano()))
 	}
-	if f.timers != nil {
-		f.gen++
-		gen := f.gen
-		at := now.UnixNano()
-		f.flag.Store(f.at(at))
-		set := func(age int32) func() {
-			return func() {
-				f.mu.Lock()
-				if f.gen == gen && f.flag.Load() < age {
-					f.flag.Store(age)
-				}
-				f.mu.Unlock()
+	if f.timers == nil {
+		return
+	}
+	f.gen++
+	gen := f.gen
+	at := now.UnixNano()
+	f.flag.Store(f.at(at))
+	set := func(age int32) func() {
+		return func() {
+			f.mu.Lock()
+			if f.gen == gen && f.flag.Load() < age {
+				f.flag.Store(age)
 			}
-		}
-		if oldAt := f.oldAt.Load(); oldAt > at {
-			f.timers.AfterFunc(time.Duration(oldAt-at), set(Old))
-		}
-		if staleAt := f.staleAt.Load(); staleAt > at {
-			f.timers.AfterFunc(time.Duration(staleAt-at), set(Stale))
+			f.mu.Unlock()
 		}
 	}
+	if oldAt := f.oldAt.Load(); oldAt > at {
+		f.timers.AfterFunc(time.Duration(oldAt-at), set(Old))
+	}
+	if staleAt := f.staleAt.Load(); staleAt > at {
+		f.timers.AfterFunc(time.Duration(staleAt-at), set(Stale))
+	}
+}
+
+// End ends the read of ch, begun at began and over at now, as Record
+// says.
+func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
+	f.Record(fresh, began, now)
 	f.reading.Store(nil)
 	close(ch)
 }
