@@ -66,9 +66,10 @@ type Request struct {
 	// and local quota. Default: "" (the class "default").
 	Priority string
 	// MaxWait is a Book's bound (Limiter.Wait, Limiter.Reserve): the
-	// longest it may wait for its slot, in place of the policy's
-	// MaxWait; past it the request is Denied and books nothing. A whole
-	// number of µs, at most 24h. Every other operation takes none.
+	// longest it may wait for its slot, when less than the policy's
+	// MaxWait; more is held to the policy's (a caller may ask for less,
+	// never more). Past it the request is Denied and books nothing. A
+	// whole number of µs, at most 24h. Every other operation takes none.
 	// Default: 0, the policy's.
 	MaxWait time.Duration
 }

@@ -164,7 +164,8 @@ func (l *Limiter) applyOverrides(ctx context.Context, d *decision, next step) {
 // error), as memstore and redisstore have), the override is stored there
 // and every Limiter on it applies it to every decision taken 500ms or
 // more after (each reads the store's overrides again before deciding on
-// ones read longer ago than that); otherwise it lives in l. l applies it
+// ones read longer ago than that, a failed read not counting); otherwise
+// it lives in l. l applies it
 // at once.
 func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 	if o.Limit < 0 {

@@ -322,9 +322,12 @@ func (s *failingOverrides) Overrides(ctx context.Context) ([]sluice.Override, er
 }
 
 // TestOverridesReadFailing: a Check that finds the overrides stale waits
-// for one read; when that read fails it decides on the overrides it had,
-// and later Checks wait for no read until one succeeds (a hung store's
-// overrides read must not hold decisions its breaker would answer).
+// for one read; when that read fails it decides on the overrides it had.
+// A failed read does not make them fresh: once the store answers again,
+// no decision is taken on overrides read longer than the bound (500ms)
+// ago. A plan of 5 stored by another instance after the store came back
+// applies to every Check 500ms later: the first, then 39 at once, of
+// which 2 are admitted (3 spent before), none on the old plan of 40.
 func TestOverridesReadFailing(t *testing.T) {
 	clock := sluicetest.NewClock()
 	store := &failingOverrides{Store: newMemstore(t, clock), release: make(chan struct{})}
@@ -343,16 +346,32 @@ func TestOverridesReadFailing(t *testing.T) {
 	if o := l.Check(ctx, req); o.Kind != sluice.Allowed || o.Limit != 40 {
 		t.Fatalf("Check after a failed read = %+v, want allowed on the overrides read before (limit 40)", o)
 	}
-	store.hang.Store(true)
-	// A guard, not a wait: a Check that waits for the hung read ends
-	// with its context, Unavailable.
-	guard, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	for i := range 3 {
-		clock.Advance(600 * time.Millisecond)
-		if o := l.Check(guard, req); o.Kind != sluice.Allowed || o.Limit != 40 {
-			t.Fatalf("Check %d while the read hangs = %+v, want allowed at once on the overrides read before", i, o)
-		}
+	store.fail.Store(false)
+	if err := store.PutOverride(ctx, sluice.Override{Policy: "fw", Subject: "tenant", Limit: 5}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(500 * time.Millisecond)
+	if o := l.Check(ctx, req); o.Limit != 5 {
+		t.Fatalf("Check 500ms after a plan of 5 was stored, the store answering again after a failed read = %+v, want limit 5", o)
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 39 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := l.Check(ctx, req)
+			if o.Limit != 5 {
+				t.Errorf("concurrent Check = %+v, want limit 5", o)
+			}
+			if o.Kind == sluice.Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 2 {
+		t.Fatalf("39 concurrent Checks on a plan of 5 with 3 spent: %d admitted, want 2", got)
 	}
 }
 

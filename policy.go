@@ -121,10 +121,10 @@ type Policy struct {
 	// no EvaluationID. A Reset clears it in this process only: other
 	// processes deny until that time at most. Default: false.
 	NearCache bool
-	// MaxWait is the longest a Book (Limiter.Wait, Limiter.Reserve) of
-	// this policy waits for its slot unless the request sets its own
-	// (Request.MaxWait): one whose slot lies further ahead is Denied and
-	// books nothing. token_bucket and gcra only (the others have no future
+	// MaxWait is the longest any Book (Limiter.Wait, Limiter.Reserve, a
+	// queue's MaxDelay) of this policy waits for its slot, whatever the
+	// request asks (Request.MaxWait may only ask for less): one whose
+	// slot lies further ahead is Denied and books nothing. token_bucket and gcra only (the others have no future
 	// slot to book); a whole number of µs, at most 24h and at most what
 	// keeps the units booked ahead exact below 2^53. Default: the Window,
 	// at most one minute (the units booked ahead are then at most Limit).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/policyerr"
@@ -79,9 +80,9 @@ func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
 	}
 }
 
-// failed types a store error.
+// failed types a store error, said in the library's words (said).
 func failed(err error) Outcome {
-	o := Outcome{Err: err}
+	o := Outcome{Err: said(err)}
 	switch {
 	case errors.Is(err, ErrIndeterminate):
 		// First: a lost reply may also wrap the context error that cut it off.
@@ -123,3 +124,31 @@ func mostRestrictive(ss []Status) Status {
 	}
 	return best
 }
+
+// said returns a store's error as an Outcome says it. A Store wraps the
+// engine's error behind its package's name (`memstore: %w`): said drops
+// that name for the library's ("sluice: "), so that a refusal reads the
+// same whichever store refused it (and a check API answer's reason names
+// no store), and keeps the store's error underneath, for errors.Is,
+// errors.As and Unwrap. Any other error is left as it is.
+func said(err error) error {
+	inner := errors.Unwrap(err)
+	if inner == nil {
+		return err
+	}
+	prefix, ok := strings.CutSuffix(err.Error(), inner.Error())
+	name, named := strings.CutSuffix(prefix, ": ")
+	if !ok || !named || name == "" || strings.ContainsAny(name, " :") || name == "sluice" {
+		return err
+	}
+	return &storeError{msg: "sluice: " + inner.Error(), err: err}
+}
+
+// storeError is a store's error in the library's words (said).
+type storeError struct {
+	msg string
+	err error
+}
+
+func (e *storeError) Error() string { return e.msg }
+func (e *storeError) Unwrap() error { return e.err }

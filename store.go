@@ -72,8 +72,8 @@ const (
 	// Book spends Cost units of one gcra or token_bucket policy now when
 	// they fit, and otherwise books the earliest time they will, in the
 	// same atomic decision: Allowed with Status.Delay, the wait until that
-	// slot, when it is at most MaxWait (Request.MaxWait, else the
-	// policy's); beyond, Denied as a Spend is, booking nothing. Waiters
+	// slot, when it is at most MaxWait (the policy's, or Request.MaxWait
+	// when less); beyond, Denied as a Spend is, booking nothing. Waiters
 	// in any number of processes are so spaced at the rate without
 	// polling. Limiter.Wait sleeps until the slot; Limiter.Reserve returns
 	// it with a way to give it back. No EvaluationID; other algorithms are
@@ -172,7 +172,8 @@ type Evaluation struct {
 	// algorithms at most the time the rate takes to refill Burst
 	// (Burst × Window / Limit); 0 for every other decision. Example: 100ms.
 	Hold time.Duration
-	// MaxWait is a Book's bound: the longest it may wait for its slot, a
+	// MaxWait is a Book's bound: the longest it may wait for its slot (a
+	// Limiter sends its policy's MaxWait, or the request's when less), a
 	// whole number of µs, at most 24h (and what keeps the units booked
 	// ahead exact: algorithm.MostWait); 0 for every other operation (and
 	// a Book that may only be admitted now). Example: 500ms.

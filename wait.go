@@ -13,8 +13,13 @@ import (
 // give it back (Reserve). The booking itself is the store's, in one
 // atomic decision (Op Book); nothing here polls.
 
-// bookBound puts req's bound in ev: a Book's own MaxWait, else its
-// policy's; every other operation takes none.
+// bookBound puts req's bound in ev: its policy's MaxWait (the
+// operator's), or a Book's own MaxWait when that is less; every other
+// operation takes none. A request may ask to wait less than its policy
+// allows, never more: one that asks for more is held to the policy's
+// (whatever the edge: the check API's max_wait_ms, a queue's max delay,
+// a library caller's Request), so no caller books more than a window's
+// refill of a shared subject ahead.
 func bookBound(ev *Evaluation, req *Request) error {
 	switch {
 	case req.MaxWait < 0:
@@ -25,10 +30,20 @@ func bookBound(ev *Evaluation, req *Request) error {
 		return nil
 	}
 	ev.MaxWait = req.MaxWait
-	if ev.MaxWait == 0 && len(ev.Policies) > 0 {
-		ev.MaxWait = ev.Policies[0].MaxWait
+	if len(ev.Policies) > 0 {
+		ev.MaxWait = mostWait(req.MaxWait, ev.Policies[0])
 	}
 	return nil
+}
+
+// mostWait is a Book's bound on p: p's MaxWait, or asked when that is
+// less (0: not asked). A p with no MaxWait (an algorithm with no future
+// slot, which the store refuses to book) leaves asked as it is.
+func mostWait(asked time.Duration, p *Policy) time.Duration {
+	if p.MaxWait > 0 && (asked == 0 || asked > p.MaxWait) {
+		return p.MaxWait
+	}
+	return asked
 }
 
 // Reserve books req's cost (Op Book: req.Op must be Spend or Book) and
@@ -76,7 +91,8 @@ func (l *Limiter) giveBack(ctx context.Context, req Request) Outcome {
 // on the Limiter's clock (Options.Clock; one that offers AfterFunc(d
 // time.Duration, f func()), as a test's fake clock may, is waited on
 // through it), then returns the Outcome: Allowed, its Delay the time
-// waited. The bound is MaxWait, and ctx's deadline when it comes sooner:
+// waited. The bound is the policy's MaxWait (or the request's, when
+// less), and ctx's deadline when it comes sooner:
 // a slot past either is Denied at once, booking nothing (its RetryAfter
 // says when the cost would fit). A ctx that ends before the slot gives
 // the booking back, as Reserve's cancel does, and returns Unavailable,
@@ -86,8 +102,8 @@ func (l *Limiter) giveBack(ctx context.Context, req Request) Outcome {
 func (l *Limiter) Wait(ctx context.Context, req Request) Outcome {
 	if d, ok := ctx.Deadline(); ok {
 		most := req.MaxWait
-		if p := l.policy(req.Policy); most == 0 && p != nil {
-			most = p.MaxWait
+		if p := l.policy(req.Policy); p != nil {
+			most = mostWait(most, p)
 		}
 		if left := d.Sub(l.clock.Now()).Truncate(time.Microsecond); left < most {
 			req.MaxWait = max(left, time.Microsecond) // a deadline passed is Check's to answer

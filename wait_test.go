@@ -113,25 +113,28 @@ func TestWaitSleepsUntilItsSlot(t *testing.T) {
 	}
 }
 
-// TestWaitBounds: a slot past MaxWait (the request's, else the policy's)
-// or past the context's deadline is Denied at once and books nothing.
+// TestWaitBounds: a slot past MaxWait (the policy's, or the request's
+// when less) or past the context's deadline is Denied at once and books nothing.
 func TestWaitBounds(t *testing.T) {
 	clock := newSleepClock()
 	p := gcra200
-	p.MaxWait = 4 * time.Millisecond
+	p.MaxWait = 5 * time.Millisecond
 	l := newWaitLimiter(t, clock, p)
 	ctx := context.Background()
 	for range 2 {
 		l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s"})
 	}
-	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s"}); o.Kind != sluice.Denied || o.RetryAfter != 5*time.Millisecond {
-		t.Fatalf("Wait past the policy's max wait = %+v, want Denied, retry after 5ms", o)
+	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s", MaxWait: 4 * time.Millisecond}); o.Kind != sluice.Denied || o.RetryAfter != 5*time.Millisecond {
+		t.Fatalf("Wait past its own max wait = %+v, want Denied, retry after 5ms", o)
+	}
+	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s", Cost: 2, MaxWait: time.Second}); o.Kind != sluice.Denied || o.RetryAfter != 10*time.Millisecond {
+		t.Fatalf("Wait(cost=2) past the policy's max wait, asking for 1s = %+v, want Denied, retry after 10ms", o)
 	}
 	// A context's deadline is on the real clock: a Limiter whose clock
 	// reads the real time now, a slot an hour ahead, a deadline in 30m.
 	real := newSleepClock()
 	real.Set(time.Now())
-	hourly := newWaitLimiter(t, real, sluice.Policy{ID: "hourly", Algorithm: sluice.GCRA, Limit: 1, Window: time.Hour})
+	hourly := newWaitLimiter(t, real, sluice.Policy{ID: "hourly", Algorithm: sluice.GCRA, Limit: 1, Window: time.Hour, MaxWait: 2 * time.Hour})
 	hourly.Wait(ctx, sluice.Request{Policy: "hourly", Subject: "s"})
 	dl, cancel := context.WithDeadline(ctx, real.Now().Add(30*time.Minute))
 	defer cancel()
@@ -141,8 +144,8 @@ func TestWaitBounds(t *testing.T) {
 	if o, _ := hourly.Reserve(ctx, sluice.Request{Policy: "hourly", Subject: "s", MaxWait: 2 * time.Hour}); o.Kind != sluice.Allowed || o.Delay != time.Hour {
 		t.Fatalf("Reserve after it = %+v, want the slot an hour ahead: the denial booked nothing", o)
 	}
-	if o, _ := l.Reserve(ctx, sluice.Request{Policy: "api", Subject: "s", MaxWait: 5 * time.Millisecond}); o.Kind != sluice.Allowed || o.Delay != 5*time.Millisecond {
-		t.Fatalf("Reserve with its own max wait = %+v: want the first slot, 5ms ahead: the denials booked nothing", o)
+	if o, _ := l.Reserve(ctx, sluice.Request{Policy: "api", Subject: "s"}); o.Kind != sluice.Allowed || o.Delay != 5*time.Millisecond {
+		t.Fatalf("Reserve within the policy's max wait = %+v: want the first slot, 5ms ahead: the denials booked nothing", o)
 	}
 }
 
@@ -235,5 +238,48 @@ func TestPolicyMaxWait(t *testing.T) {
 	err = sluice.Policy{ID: "g", Algorithm: sluice.GCRA, Limit: 3, Window: time.Second, MaxWait: 25 * time.Hour}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "max_wait = 25h0m0s: must be between 0s and 24h0m0s") {
 		t.Errorf("Validate(max_wait 25h) = %v, want the rule", err)
+	}
+}
+
+// TestBookBoundedByPolicy: the policy's MaxWait (the operator's) bounds
+// every booking: a request may ask for less, never more. 300 books of
+// cost 10 each asking to wait a day on gcra 10/s, max wait 1s, book at
+// most the burst now and one window's refill ahead, the rest Denied; a
+// spend of another caller is then admitted again within that second, not
+// a day later. Wait with the same bound, and no deadline, is Denied too.
+func TestBookBoundedByPolicy(t *testing.T) {
+	clock := newSleepClock()
+	l := newWaitLimiter(t, clock, sluice.Policy{ID: "shared", Algorithm: sluice.GCRA, Limit: 10, Window: time.Second, MaxWait: time.Second})
+	ctx := context.Background()
+	greedy := sluice.Request{Op: sluice.Book, Policy: "shared", Subject: "s", Cost: 10, MaxWait: 24 * time.Hour}
+	booked := 0
+	for i := range 300 {
+		o := l.Check(ctx, greedy)
+		switch {
+		case o.Kind == sluice.Allowed && o.Delay <= time.Second:
+			booked++
+		case o.Kind != sluice.Denied:
+			t.Fatalf("Check(book %d, cost=10, max wait 24h) = %+v (err %v), want allowed within the policy's 1s or denied", i, o, o.Err)
+		}
+	}
+	if booked != 2 {
+		t.Fatalf("books of cost 10 asking for 24h on gcra 10/s, max wait 1s: %d booked, want 2 (the burst now, a window's refill ahead)", booked)
+	}
+	if o := l.Wait(ctx, greedy); o.Kind != sluice.Denied {
+		t.Fatalf("Wait(cost=10, max wait 24h) = %+v, want denied: its slot lies past the policy's 1s", o)
+	}
+	if o, _ := l.Reserve(ctx, sluice.Request{Policy: "shared", Subject: "s", Cost: 10, MaxWait: time.Hour}); o.Kind != sluice.Denied {
+		t.Fatalf("Reserve(cost=10, max wait 1h) = %+v, want denied", o)
+	}
+	o := l.Check(ctx, sluice.Request{Policy: "shared", Subject: "s"})
+	if o.Kind != sluice.Denied || o.RetryAfter > 2*time.Second {
+		t.Fatalf("Check(spend 1) after the books = %+v, want denied with Retry-After at most 2s (what was booked)", o)
+	}
+	clock.Advance(o.RetryAfter)
+	if o := l.Check(ctx, sluice.Request{Policy: "shared", Subject: "s"}); o.Kind != sluice.Allowed {
+		t.Fatalf("Check(spend 1) %v later = %+v, want allowed", o.RetryAfter, o)
+	}
+	if o := l.Check(ctx, sluice.Request{Op: sluice.Book, Policy: "shared", Subject: "s", MaxWait: 50 * time.Millisecond}); o.Kind != sluice.Denied || o.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("Check(book, max wait 50ms) = %+v, want denied: a request may ask for less than the policy's bound", o)
 	}
 }

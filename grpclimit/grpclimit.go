@@ -120,7 +120,8 @@ type Method struct {
 	// its slot lies further ahead, or when QueueLimit calls are already
 	// held (then it is decided as a plain spend). A call canceled while
 	// held gives its slot back (codes.Canceled). A whole number of ms,
-	// 1ms to 24h; not with SettleTrailer. Default: 0, refused at once.
+	// 1ms to the policy's MaxWait (which bounds every booking); not with
+	// SettleTrailer. Default: 0, refused at once.
 	MaxDelay time.Duration
 	// QueueLimit is the most calls the method holds at once for their
 	// slots (MaxDelay). Default: 1000.

@@ -141,8 +141,8 @@ type Route struct {
 	// refused (429) only when its slot lies further ahead, or when
 	// QueueLimit requests are already held (then it is decided as a
 	// plain spend). A client that goes away while held gives its slot
-	// back and is answered nothing. A whole number of ms, 1ms to 24h;
-	// not with Shadow or SettleHeader, and an idempotency key is not
+	// back and is answered nothing. A whole number of ms, 1ms to the
+	// policy's MaxWait (which bounds every booking); not with Shadow or SettleHeader, and an idempotency key is not
 	// sent (a booking takes no evaluation id). Default: 0, refused at
 	// once, NGINX's limit_req without delay.
 	MaxDelay time.Duration

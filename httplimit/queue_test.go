@@ -25,6 +25,7 @@ func TestMaxDelayRefusedAtConstruction(t *testing.T) {
 		{httplimit.Route{Policies: []string{"pages"}, MaxDelay: 500 * time.Millisecond}, `policy "pages" is fixed_window: only gcra and token_bucket have a future slot to book`},
 		{httplimit.Route{Policies: []string{"api", "pages"}, MaxDelay: time.Second}, "one policy, not of 2"},
 		{httplimit.Route{Policies: []string{"api"}, MaxDelay: 1500 * time.Microsecond}, "whole number of milliseconds"},
+		{httplimit.Route{Policies: []string{"api"}, MaxDelay: 2 * time.Second}, `is more than policy "api"'s MaxWait (1s), which bounds every booking`},
 		{httplimit.Route{Policies: []string{"api"}, QueueLimit: 5}, "Routes[0].MaxDelay = 0s: must be a whole number of milliseconds"},
 		{httplimit.Route{Policies: []string{"api"}, MaxDelay: time.Second, Shadow: true}, "not with Shadow or SettleHeader"},
 	} {

@@ -61,7 +61,9 @@ func checkTimed(l *sluice.Limiter, policy, subj string) timed {
 // check that waited for the Limiter's stale overrides, whose read failed
 // by its deadline and counts towards the breaker too), then circuit_open
 // answers, each before its deadline had passed: Redis hangs, so an
-// answer that came that soon waited for nothing.
+// answer that came that soon waited for nothing (the first shed may
+// have read the overrides itself after a failed read, cut off at half
+// its deadline, so it too answers before the deadline).
 func holdsOpening(t *testing.T, name string, answers []timed, failures int) {
 	t.Helper()
 	opened := len(answers)

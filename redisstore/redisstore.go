@@ -956,8 +956,12 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 	var rerr redis.Error
 	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
 		msg := rerr.Error()
-		code, _, _ := strings.Cut(msg, " ")
-		if sentinel := scriptError(code); sentinel != nil {
+		code, reason, _ := strings.Cut(msg, " ")
+		if sentinel := scriptError(code); sentinel == sluice.ErrInvalidRequest {
+			// Worded as the engine words its Go twin's refusal (memstore's):
+			// the rule, without the script's code.
+			return fmt.Errorf("redisstore: %w", fmt.Errorf("%w: %s", sentinel, reason))
+		} else if sentinel != nil {
 			return fmt.Errorf("redisstore: %s: %w", msg, sentinel)
 		}
 		for _, c := range refusedBeforeRun {

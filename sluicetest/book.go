@@ -46,7 +46,9 @@ func testBook(t *testing.T, newStore newStoreFunc) {
 		})
 	}
 	t.Run("concurrent", func(t *testing.T) {
-		h := newHarness(t, newStore, policy("book", sluice.GCRA, 10, time.Second, 1))
+		p := policy("book", sluice.GCRA, 10, time.Second, 1)
+		p.MaxWait = 10 * time.Second // the bound is the policy's: a request may ask for less, never more
+		h := newHarness(t, newStore, p)
 		const n = 20
 		delays := make([]time.Duration, n)
 		var wg sync.WaitGroup

@@ -289,8 +289,9 @@ type Answer struct {
 }
 
 // StatusCode returns the HTTP status of o's answer: 200 allowed, 429
-// denied, 503 unavailable or indeterminate, 404 an unknown policy, 400
-// another invalid request, 422 any other incompatible one.
+// denied, 503 unavailable or indeterminate, 404 an unknown policy, 422
+// an unknown priority class, 400 another invalid request, 422 any other
+// incompatible one.
 func StatusCode(o *sluice.Outcome) int {
 	switch o.Kind {
 	case sluice.Allowed:
@@ -303,6 +304,8 @@ func StatusCode(o *sluice.Outcome) int {
 	switch {
 	case errors.Is(o.Err, policyerr.ErrUnknownPolicy):
 		return http.StatusNotFound
+	case errors.Is(o.Err, algorithm.ErrUnknownClass):
+		return http.StatusUnprocessableEntity // well formed: the policies declare no such class
 	case errors.Is(o.Err, sluice.ErrInvalidRequest):
 		return http.StatusBadRequest
 	}

@@ -99,6 +99,7 @@ var invalid = []struct {
 	{"proxy_settle_sliding_window.yaml", "proxy.routes[0].policies[0]: \"tokens\": is a sliding_window policy: a route with settle_header spends estimates, which only fixed_window, sliding_log, token_bucket and gcra can settle (line 11)"},
 	{"proxy_estimate_without_settle_header.yaml", "proxy.routes[0].estimate: 300: applies only with settle_header: what a request spends before its upstream reports its cost (line 12)"},
 	{"proxy_max_delay_fixed_window.yaml", "proxy.routes[0].max_delay: \"500ms\": policy \"pages\" is fixed_window: only gcra and token_bucket have a future slot to book; a denial's Retry-After is its answer (line 12)"},
+	{"proxy_max_delay_past_max_wait.yaml", "proxy.routes[0].max_delay: \"2s\": is more than policy \"paced\"'s max_wait (1s), which bounds every booking: raise its max_wait (line 12)"},
 	{"proxy_queue_limit_without_max_delay.yaml", "proxy.routes[0].queue_limit: 50: applies only with max_delay: how many requests are held at once (line 12)"},
 	{"proxy_estimate_above_max_cost.yaml", "proxy.routes[0].estimate: 3000: must be at most the max_cost of policy \"tokens\", 1000 (line 13)"},
 	{"proxy_bad_upstream.yaml", "proxy.upstream: \"127.0.0.1:9000\": must be an http:// or https:// URL with a host, such as http://127.0.0.1:9000 (line 7)"},

@@ -48,8 +48,8 @@ func (c *Config) validateSettle(path string, r Route) []*Error {
 }
 
 // validateQueue reports every rule a proxy route at path breaks with its
-// max_delay and queue_limit: a whole number of ms from 1ms to 24h (and
-// what the policy's max_wait may be); queue_limit 1 or more, only beside
+// max_delay and queue_limit: a whole number of ms from 1ms to 24h, at
+// most the policy's max_wait (which bounds every booking); queue_limit 1 or more, only beside
 // a max_delay; one policy, of gcra or token_bucket (the algorithms with a
 // future slot to book); not with shadow or settle_header.
 func (c *Config) validateQueue(path string, r Route) []*Error {
@@ -79,6 +79,9 @@ func (c *Config) validateQueue(path string, r Route) []*Error {
 		probe.MaxWait = d
 		if err := probe.Validate(); err != nil && p.Policy.Validate() == nil {
 			return []*Error{c.errorAt(path+".max_delay", d.String(), fmt.Sprintf("cannot book on policy %q: %v", p.ID, err))}
+		}
+		if most := evaluation.Defaults(p.Policy).MaxWait; p.Policy.Validate() == nil && d > most {
+			return []*Error{c.errorAt(path+".max_delay", d.String(), fmt.Sprintf("is more than policy %q's max_wait (%v), which bounds every booking: raise its max_wait", p.ID, most))}
 		}
 	}
 	return nil

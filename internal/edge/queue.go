@@ -52,8 +52,8 @@ type queue struct {
 // do not fit now wait up to maxDelay for a booked slot, at most limit (0:
 // DefaultQueueLimit) held at once. r must name one gcra or token_bucket
 // policy (the algorithms with a future slot to book); maxDelay is a whole
-// number of ms from 1ms to the policy's most (sluice.Policy.MaxWait's
-// rules). at names the rule in errors.
+// number of ms from 1ms to the policy's MaxWait, which bounds every
+// booking. at names the rule in errors.
 func (c *Core) Queue(at string, r *Rule, maxDelay time.Duration, limit int) error {
 	if maxDelay == 0 && limit == 0 {
 		return nil
@@ -74,6 +74,9 @@ func (c *Core) Queue(at string, r *Rule, maxDelay time.Duration, limit int) erro
 	probe.MaxWait = maxDelay
 	if err := probe.Validate(); err != nil {
 		return c.OptionError(at+".MaxDelay", maxDelay, err.Error())
+	}
+	if maxDelay > p.MaxWait {
+		return c.OptionError(at+".MaxDelay", maxDelay, fmt.Sprintf("is more than policy %q's MaxWait (%v), which bounds every booking: raise its MaxWait", p.ID, p.MaxWait))
 	}
 	r.MaxDelay = maxDelay
 	r.queue = &queue{limit: int64(limit)}

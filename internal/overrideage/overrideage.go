@@ -43,6 +43,7 @@ type Freshness struct {
 	oldAt   atomic.Int64                  // Unix ns from when the overrides are Old
 	staleAt atomic.Int64                  // Unix ns from when they are Stale
 	reading atomic.Pointer[chan struct{}] // closed when the read under way ends; nil when none
+	failing atomic.Bool                   // the last read to end failed
 }
 
 // Init makes f stale until a first read, on clock c, a fresh read
@@ -90,41 +91,51 @@ func (f *Freshness) Begin() (ch chan struct{}, started bool) {
 	return ch, true
 }
 
-// End ends the read of ch, begun at began and over at now. A fresh read
-// (the overrides as the store held them at began) is old half
-// the maximum age after began and stale at the maximum age. After a failed
-// read no Check waits for another until one succeeds: decisions go on
-// the overrides last read (a store that cannot give its overrides can
-// seldom decide either, and a Check must not wait on a hung store for
-// them when the store's own breaker would answer it at once), and a Check
-// half the maximum age from now starts a background read again.
-func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
+// Failing reports whether the last read to end failed.
+func (f *Freshness) Failing() bool { return f.failing.Load() }
+
+// Record records a read begun at began and over at now. A fresh read
+// (the overrides as the store held them at began) is old half the
+// maximum age after began and stale at the maximum age. A failed read
+// changes neither: the overrides are as old as the last read that
+// succeeded, so once the store answers again no decision is taken on
+// overrides older than the maximum age.
+func (f *Freshness) Record(fresh bool, began, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	oldAt, staleAt := began.Add(f.maxAge/2).UnixNano(), began.Add(f.maxAge).UnixNano()
-	if !fresh {
-		oldAt, staleAt = now.Add(f.maxAge/2).UnixNano(), math.MaxInt64
+	f.failing.Store(!fresh)
+	if fresh {
+		f.oldAt.Store(max(f.oldAt.Load(), began.Add(f.maxAge/2).UnixNano()))
+		f.staleAt.Store(max(f.staleAt.Load(), began.Add(f.maxAge).UnixNano()))
 	}
-	f.oldAt.Store(oldAt)
-	f.staleAt.Store(staleAt)
-	if f.timers != nil {
-		f.gen++
-		gen := f.gen
-		f.flag.Store(f.at(now.UnixNano()))
-		set := func(age int32) func() {
-			return func() {
-				f.mu.Lock()
-				if f.gen == gen && f.flag.Load() < age {
-					f.flag.Store(age)
-				}
-				f.mu.Unlock()
+	if f.timers == nil {
+		return
+	}
+	f.gen++
+	gen := f.gen
+	at := now.UnixNano()
+	f.flag.Store(f.at(at))
+	set := func(age int32) func() {
+		return func() {
+			f.mu.Lock()
+			if f.gen == gen && f.flag.Load() < age {
+				f.flag.Store(age)
 			}
-		}
-		f.timers.AfterFunc(time.Duration(oldAt-now.UnixNano()), set(Old))
-		if staleAt != math.MaxInt64 {
-			f.timers.AfterFunc(time.Duration(staleAt-now.UnixNano()), set(Stale))
+			f.mu.Unlock()
 		}
 	}
+	if oldAt := f.oldAt.Load(); oldAt > at {
+		f.timers.AfterFunc(time.Duration(oldAt-at), set(Old))
+	}
+	if staleAt := f.staleAt.Load(); staleAt > at {
+		f.timers.AfterFunc(time.Duration(staleAt-at), set(Stale))
+	}
+}
+
+// End ends the read of ch, begun at began and over at now, as Record
+// says.
+func (f *Freshness) End(ch chan struct{}, fresh bool, began, now time.Time) {
+	f.Record(fresh, began, now)
 	f.reading.Store(nil)
 	close(ch)
 }

@@ -22,8 +22,10 @@ import (
 )
 
 // Timings: no decision is taken on overrides read from the store longer
-// than MaxAge ago (on the Limiter's clock, counted from when the read
-// began): a Check that finds them older reads them first. A Check that
+// than MaxAge ago (on the Limiter's clock, counted from when the last
+// read that succeeded began; a failed read does not count): a Check that
+// finds them older reads them first, and decides on the ones in hand
+// only when that read fails or outlasts half its deadline. A Check that
 // finds them older than half that starts one background read, so a busy
 // Limiter never waits for one. A read gives up after ReadTimeout.
 const (
@@ -61,6 +63,8 @@ type State[O comparable, P any] struct {
 	stored  []O                              // the store's, as last read
 	dirty   bool                             // a Set since: stored is not what the snapshot holds
 	changes int64                            // Set calls: a read begun before one is stale
+	reads   int64                            // reads begun
+	applied int64                            // the latest read applied (its number in reads): an older one is dropped
 }
 
 // New returns the State of cfg with local (given at New, each resolved
@@ -99,24 +103,51 @@ func (s *State[O, P]) Fresh(ctx context.Context) *Map[Entry[O, P]] {
 	return s.set.Load()
 }
 
-// await is Fresh's wait over a store that keeps overrides.
+// await is Fresh's wait over a store that keeps overrides. After a
+// failed read, a Check that finds them stale reads them itself rather
+// than wait for the read under way: over a store that hangs, that read
+// may hang past the moment the store's breaker opens and would shed this
+// Check at once, while the Check's own read meets the open breaker too;
+// and once the store answers again, every Check reads the overrides it
+// decides on (one round trip each, until one read succeeds and the
+// overrides are fresh again).
 func (s *State[O, P]) await(ctx context.Context) {
 	switch s.age.State() {
 	case overrideage.Old:
 		s.read()
 	case overrideage.Stale:
-		ch := s.read()
-		if dl, ok := ctx.Deadline(); ok {
-			now := s.cfg.Clock.Now()
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, now.Add(dl.Sub(now)/2))
-			defer cancel()
+		ctx, cancel := s.half(ctx)
+		defer cancel()
+		if s.age.Failing() {
+			s.readOwn(ctx)
+			return
 		}
 		select {
-		case <-ch:
+		case <-s.read():
 		case <-ctx.Done():
 		}
 	}
+}
+
+// half returns ctx bounded to half the time it has left, on the
+// Limiter's clock.
+func (s *State[O, P]) half(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	now := s.cfg.Clock.Now()
+	return context.WithDeadline(ctx, now.Add(dl.Sub(now)/2))
+}
+
+// readOwn reads the store's overrides for one Check, within ctx and
+// ReadTimeout, and records the read.
+func (s *State[O, P]) readOwn(ctx context.Context) {
+	began := s.cfg.Clock.Now()
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	applied, err := s.ReadNow(ctx)
+	cancel()
+	s.age.Record(err == nil && applied, began, s.cfg.Clock.Now())
 }
 
 // read starts one read of the store's overrides, unless one is under
@@ -138,10 +169,13 @@ func (s *State[O, P]) read() <-chan struct{} {
 
 // ReadNow reads the store's overrides now and applies them, building a
 // new snapshot only when they changed, and reports whether it applied
-// them: a read that a later Set overtook is dropped.
+// them: a read that a later Set, or a read begun after it, overtook is
+// dropped.
 func (s *State[O, P]) ReadNow(ctx context.Context) (bool, error) {
 	s.mu.Lock()
 	changes := s.changes
+	s.reads++
+	n := s.reads
 	s.mu.Unlock()
 	list, err := s.cfg.Read(ctx)
 	if err != nil {
@@ -149,9 +183,10 @@ func (s *State[O, P]) ReadNow(ctx context.Context) (bool, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if changes != s.changes {
+	if changes != s.changes || n < s.applied {
 		return false, nil
 	}
+	s.applied = n
 	if !s.same(list) {
 		s.replace(list)
 	}

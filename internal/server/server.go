@@ -668,12 +668,14 @@ var (
 )
 
 // reason is the answer's "reason": why no decision was taken, "" for a
-// decision.
+// decision; in the library's words (the Limiter says a store's error so),
+// without the library's own package name, which a client of the check
+// API has no use for.
 func reason(o *sluice.Outcome) string {
 	if o.Err == nil {
 		return ""
 	}
-	return o.Err.Error()
+	return strings.TrimPrefix(o.Err.Error(), "sluice: ")
 }
 
 // errNoPolicies is the answer of an admin request when the configuration

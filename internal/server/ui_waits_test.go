@@ -203,7 +203,7 @@ func TestMetricsPriorityLabelBounded(t *testing.T) {
 			t.Fatalf("POST /v1/check %s = %d %+v, want 200", body, resp.StatusCode, a)
 		}
 	}
-	f.check(t, `{"policy":"api","subject":"a","priority":"no-such-class"}`, 400, "must be empty or a class a policy declares")
+	f.check(t, `{"policy":"api","subject":"a","priority":"no-such-class"}`, 422, "must be empty or a class a policy declares")
 	got := map[string]float64{}
 	for series, v := range scrape(t, m) {
 		if strings.HasPrefix(series, "sluice_decisions_by_priority_total{") {

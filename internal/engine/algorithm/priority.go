@@ -1,6 +1,7 @@
 package algorithm
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -91,12 +92,24 @@ func Classes(shares map[string]int) []string {
 	return names
 }
 
+// ErrUnknownClass is wrapped, beside ErrInvalidRequest, by UnknownClass's
+// error: the request is well formed but names a class the policies do
+// not declare, which the check API answers 422 (a malformed request is
+// its 400).
+var ErrUnknownClass = errors.New("unknown priority class")
+
 // UnknownClass returns the error for a request's class that none of
-// known (sorted) declares.
+// known (sorted) declares: ErrInvalidRequest and ErrUnknownClass.
 func UnknownClass(class string, known []string) error {
 	rule := "no policy declares priority classes: leave it empty"
 	if len(known) > 0 {
 		rule = "must be empty or a class a policy declares: " + strings.Join(known, ", ")
 	}
-	return fmt.Errorf("%w: priority = %q: %s", ErrInvalidRequest, class, rule)
+	return &classError{fmt.Sprintf("%v: priority = %q: %s", ErrInvalidRequest, class, rule)}
 }
+
+// classError is UnknownClass's error.
+type classError struct{ msg string }
+
+func (e *classError) Error() string   { return e.msg }
+func (e *classError) Unwrap() []error { return []error{ErrInvalidRequest, ErrUnknownClass} }
