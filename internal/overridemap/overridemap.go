@@ -3,9 +3,9 @@
 // Check looks a subject's numbers up in, a persistent hash trie (Map) so
 // that setting one override among many copies a few nodes, not the whole
 // map; the overrides set on the Limiter and read from its store, the
-// ones given at New under them; and when to read the store's again (by
-// internal/overrideage). It knows nothing of overrides or policies but
-// what the stage hands it: O is an override (compared by ==), P what one
+// ones given at New under them; and when to read the store's again
+// (age.go). It knows nothing of overrides or policies but what the
+// stage hands it: O is an override (compared by ==), P what one
 // resolves to (the overridden policy).
 package overridemap
 
@@ -17,8 +17,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/overrideage"
 )
 
 // Timings: no decision is taken on overrides read from the store longer
@@ -50,14 +48,14 @@ type Config[O comparable, P any] struct {
 	// Read reads the store's overrides; nil when the store keeps none.
 	Read func(ctx context.Context) ([]O, error)
 	// Clock is the Limiter's.
-	Clock overrideage.Clock
+	Clock Clock
 }
 
 // State is a Limiter's overrides. Safe for concurrent use.
 type State[O comparable, P any] struct {
 	cfg     Config[O, P]
 	set     atomic.Pointer[Map[Entry[O, P]]] // the snapshot Checks look up
-	age     overrideage.Freshness            // how old the store's overrides are
+	age     Freshness                        // how old the store's overrides are
 	mu      sync.Mutex                       // held to change stored, set and changes
 	local   *Map[Entry[O, P]]                // the ones given at New: applied under the others
 	stored  []O                              // the store's, as last read
@@ -113,9 +111,9 @@ func (s *State[O, P]) Fresh(ctx context.Context) *Map[Entry[O, P]] {
 // overrides are fresh again).
 func (s *State[O, P]) await(ctx context.Context) {
 	switch s.age.State() {
-	case overrideage.Old:
+	case Old:
 		s.read()
-	case overrideage.Stale:
+	case Stale:
 		ctx, cancel := s.half(ctx)
 		defer cancel()
 		if s.age.Failing() {

@@ -1,8 +1,8 @@
-// Package overrideage tracks how old the tenant overrides a Limiter read
-// from its store are, on the Limiter's clock, and the read under way: the
-// bookkeeping of the root's overrides stage (sluice's overrides.go), over
-// a clock that is anything with Now.
-package overrideage
+package overridemap
+
+// How old the tenant overrides a Limiter read from its store are, on the
+// Limiter's clock, and the read under way (Freshness), over a clock that
+// is anything with Now.
 
 import (
 	"math"
