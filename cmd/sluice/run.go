@@ -65,7 +65,7 @@ command.
 // Synopses of the commands, shared by the help and the usage errors.
 const (
 	serveSynopsis    = "sluice serve [--config FILE] [--log-level LEVEL] [--log-format text|json]"
-	validateSynopsis = "sluice validate --config FILE"
+	validateSynopsis = "sluice validate [--strict] --config FILE"
 	checkSynopsis    = "sluice check [--url URL] [--token-env NAME] --policy ID --subject SUBJECT [--cost N] [--refund] [--release LEASE_ID]"
 )
 

@@ -11,8 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// TestValidateRulesFilesWhole: a rules file with nine different
-// mistakes gives nine errors in one validate run, sorted by file and
+// TestValidateRulesFilesWhole: a rules file with seven different
+// mistakes (and two warnings: TestValidateWarnings) gives seven errors in
+// one validate run, sorted by file and
 // line, each with its field, value and rule; a second file's problem
 // follows the first file's.
 func TestValidateRulesFilesWhole(t *testing.T) {
@@ -71,13 +72,54 @@ descriptors:
 		a + `: descriptors[1].rate_limit.algorithm: "concurrency": is not an algorithm of the Envoy service: an in-flight limit is sluice_in_flight: {limit: N, lease_ttl: D} on a descriptor whose value names the request (docs/envoy.md, In-flight limits) (line 7)`,
 		a + `: descriptors[2].key: "plan": duplicate descriptor: shop.plan is already defined at this level (line 8)`,
 		a + `: descriptors[3].rate_limit.failure_mode: "sometimes": must be one of closed, open (local needs a per-instance share, which the Envoy service does not have) (line 12)`,
-		a + `: descriptors[4].value: "/api/v1/*": can never match: the wildcard "/api/*" above it (line 11) matches every value this one does, and the first wildcard that matches wins (line 14)`,
 		a + `: descriptors[5].rate_limits: unknown key: must be one of key, value, rate_limit, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, quota_mode, descriptors (line 17)`,
-		a + `: descriptors[6].rate_limit.replaces[0].name: "no_such_rule": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 22)`,
 		b + `: descriptors[0].rate_limit.requests_per_unit: "many": must be an integer (line 4)`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("validate's problems (-want +got):\n%s", diff)
+	}
+}
+
+// TestValidateWarnings: what envoyproxy/ratelimit loads, validate passes:
+// a wildcard the one above it covers (their "the first listed wins") and
+// a replaces naming no rule are warnings on stdout with their line, and
+// validate exits 0; --strict refuses them, each named.
+func TestValidateWarnings(t *testing.T) {
+	cfg := writeConfig(t, `envoy:
+  listen: "127.0.0.1:0"
+  configs: ["shop.yaml"]
+`)
+	rules := filepath.Join(filepath.Dir(cfg), "shop.yaml")
+	if err := os.WriteFile(rules, []byte(`domain: shop
+descriptors:
+  - { key: path, value: "ab*", rate_limit: { unit: hour, requests_per_unit: 5 } }
+  - { key: path, value: "abc*", rate_limit: { unit: hour, requests_per_unit: 9 } }
+  - key: team
+    rate_limit: { unit: hour, requests_per_unit: 5, replaces: [{ name: no_such_rule }] }
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prefix := "envoy.configs (" + cfg + " line 3): " + rules
+	want := []string{
+		prefix + `: descriptors[1].value: "abc*": can never match: the wildcard "ab*" above it (line 3) matches every value this one does, and the first wildcard that matches wins (line 4)`,
+		prefix + `: descriptors[2].rate_limit.replaces[0].name: "no_such_rule": names no rate_limit of this domain: it replaces nothing (a typo here leaves both limits applied) (line 6)`,
+	}
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 0 {
+		t.Fatalf("validate exited %d, want 0; stderr %q", code, errOut.String())
+	}
+	if got, w := out.String(), "warning: "+want[0]+"\nwarning: "+want[1]+"\nok\n"; got != w {
+		t.Errorf("validate printed %q, want %q", got, w)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := exitCode(run(context.Background(), []string{"validate", "--strict", "-c", cfg}, &out, &errOut), &errOut); code != 1 || out.Len() != 0 {
+		t.Fatalf("validate --strict exited %d, printed %q; want 1 and nothing on stdout", code, out.String())
+	}
+	for _, w := range want {
+		if !strings.Contains(errOut.String(), w) {
+			t.Errorf("validate --strict said %q, want it to name %q", errOut.String(), w)
+		}
 	}
 }
 

@@ -39,20 +39,26 @@ func (l Errors) Unwrap() []error { return l }
 // loaded is a parsed and validated configuration: the config file and,
 // with an envoy section, the rules files it names.
 type loaded struct {
-	cfg   *config.Config
-	envoy *rules.Config // nil without an envoy section
-	hash  string        // SHA-256 over every file read
-	files []string      // config file first; nil for the built-in example
+	cfg      *config.Config
+	envoy    *rules.Config // nil without an envoy section
+	hash     string        // SHA-256 over every file read
+	files    []string      // config file first; nil for the built-in example
+	warnings []string      // what loads but never acts, by file and line
 }
 
 // Validate reports everything Run would refuse in the config at path: its
 // rules, what it needs from the environment (secrets, TLS files, a Redis
 // URL the client accepts) and the Envoy rules files it names, every
-// problem at once (as Errors when there are several). nil when Run can
-// start with it.
-func Validate(path string, getenv func(string) string) error {
-	_, err := load(path, getenv)
-	return err
+// problem at once (as Errors when there are several). err is nil when Run
+// can start with it; warnings are what Run would serve but what never
+// acts (an Envoy rule that can never match, a replaces naming no rule),
+// as envoyproxy/ratelimit loads such files too.
+func Validate(path string, getenv func(string) string) (warnings []string, err error) {
+	l, err := load(path, getenv)
+	if err != nil {
+		return nil, err
+	}
+	return l.warnings, nil
 }
 
 // load reads the config at path (the built-in example when path is "")
@@ -96,6 +102,9 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	if l.envoy != nil {
 		h.Write([]byte(l.envoy.Hash()))
 		l.files = append(l.files, l.envoy.Files()...)
+		for _, w := range l.envoy.Warnings() {
+			l.warnings = append(l.warnings, fmt.Sprintf("envoy.configs (%s line %d): %v", path, cfg.Line("envoy.configs"), w))
+		}
 	}
 	l.hash = hex.EncodeToString(h.Sum(nil))
 	return l, nil

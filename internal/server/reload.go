@@ -117,10 +117,14 @@ func (g *generation) close() {
 //   - sluice_config_generation: the generation serving (1 at start).
 //   - sluice_config_last_reload_success_timestamp_seconds: when the
 //     serving generation was loaded, in Unix seconds.
+//   - sluice_config_warnings: what the serving config holds that loads
+//     but never acts (an Envoy rule that can never match, a replaces
+//     naming none: rules.Config.Warnings), each logged once as it loads.
 type reloadMetrics struct {
 	reloads    *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastOK     prometheus.Gauge
+	warnings   prometheus.Gauge
 }
 
 func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
@@ -137,8 +141,12 @@ func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
 			Name: "sluice_config_last_reload_success_timestamp_seconds",
 			Help: "When the config serving was loaded, in seconds since the Unix epoch.",
 		}),
+		warnings: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_config_warnings",
+			Help: "What the serving config holds that loads but never acts: Envoy rules that can never match, replaces naming no rule (sluice validate lists them).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.generation, m.lastOK} {
+	for _, c := range []prometheus.Collector{m.reloads, m.generation, m.lastOK, m.warnings} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -146,6 +154,15 @@ func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	return m, nil
+}
+
+// warn logs each warning of l, the config now serving, once, and counts
+// them.
+func (m *reloadMetrics) warn(log *slog.Logger, l *loaded) {
+	for _, w := range l.warnings {
+		log.Warn("config: loads, but never acts (sluice validate --strict refuses it)", "warning", w)
+	}
+	m.warnings.Set(float64(len(l.warnings)))
 }
 
 // reloader owns the serving generation and replaces it.
@@ -307,6 +324,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	r.reloadM.reloads.WithLabelValues("success").Inc()
 	r.reloadM.generation.Set(float64(g.n))
 	r.reloadM.lastOK.Set(float64(at.Unix()))
+	r.reloadM.warn(r.log, l)
 	attrs := []any{"trigger", trigger, "generation", g.n, "hash", l.hash[:min(12, len(l.hash))], "policies", len(l.cfg.Policies)}
 	if l.envoy != nil {
 		attrs = append(attrs, "envoy_domains", len(l.envoy.Domains()), "envoy_rules", len(l.envoy.Rules()))

@@ -181,6 +181,7 @@ func (rn *runner) start(l *loaded) error {
 	rn.r = r
 	reloadM.generation.Set(1)
 	reloadM.lastOK.Set(float64(g.loadedAt.Unix()))
+	reloadM.warn(rn.log, l)
 	if cfg.Envoy != nil {
 		if r.rlsSvc, err = rls.New(g.rls, rls.Options{Logger: rn.log, Metrics: r.rlsM}); err != nil {
 			return err

@@ -109,6 +109,7 @@ type parser struct {
 	file  string
 	rules []*Rule
 	errs  []*Error
+	warns []*Error            // what loads but never acts: a dead rule, a replaces naming none
 	named map[string]int      // rate_limit names (several rules may share one, as theirs)
 	refs  []replacesReference // every replaces entry, checked at the end
 }
@@ -194,9 +195,9 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 	key, value, ok := p.keyValue(path, n, m)
 	switch key {
 	case RequestIDKey, StreamDoneKey:
-		p.add(p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request id and the stream-done marker of %s): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done", SettleKey))
+		p.warns = append(p.warns, p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request id and the stream-done marker of %s): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done", SettleKey))
 	case PriorityKey:
-		p.add(p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request's priority class, see %s): a descriptor with it would never match; see docs/envoy.md, Priorities", PrioritiesKey))
+		p.warns = append(p.warns, p.errorf(path+".key", m["key"], "is a key sluice reads itself and removes before matching (the request's priority class, see %s): a descriptor with it would never match; see docs/envoy.md, Priorities", PrioritiesKey))
 	}
 	full := key
 	if value != "" {
@@ -345,6 +346,7 @@ func parseSources(files []Source) (*Config, []*Error) {
 		p := &parser{file: f.Name}
 		domain, root, dn := p.parse(f.Data)
 		errs = append(errs, p.errs...)
+		c.warnings = append(c.warnings, p.warns...)
 		if root == nil {
 			continue
 		}
@@ -453,7 +455,7 @@ func (p *parser) document(data []byte) (*yaml.Node, error) {
 func (p *parser) checkReplaces() {
 	for _, ref := range p.refs {
 		if _, ok := p.named[ref.name]; !ok {
-			p.add(p.errorf(ref.path, ref.n, "names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied)"))
+			p.warns = append(p.warns, p.errorf(ref.path, ref.n, "names no rate_limit of this domain: it replaces nothing (a typo here leaves both limits applied)"))
 		}
 	}
 }
@@ -502,8 +504,7 @@ func (p *parser) insert(path string, m map[string]*yaml.Node, parent, child *nod
 				p.add(p.errorf(path+".value", m["value"], "duplicate descriptor: %s is already defined at this level", full))
 				return
 			case wildcardCovers(o.value, value):
-				p.add(p.errorf(path+".value", m["value"], "can never match: the wildcard %q above it (line %d) matches every value this one does, and the first wildcard that matches wins", o.value, o.line))
-				return
+				p.warns = append(p.warns, p.errorf(path+".value", m["value"], "can never match: the wildcard %q above it (line %d) matches every value this one does, and the first wildcard that matches wins", o.value, o.line))
 			}
 		}
 		w.parts, w.n, w.line = strings.Split(value, "*"), child, m["value"].Line

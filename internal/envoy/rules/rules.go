@@ -198,11 +198,20 @@ func (r *Rule) Decided() bool { return r.Policy.ID != "" }
 // Config is a loaded set of rules files: one tree per domain. Build one
 // with Load or Parse; it is immutable and safe for concurrent use.
 type Config struct {
-	domains map[string]*node
-	rules   []*Rule
-	files   []string
-	hash    string
+	domains  map[string]*node
+	rules    []*Rule
+	files    []string
+	hash     string
+	warnings []*Error
 }
+
+// Warnings returns what the files hold that loads but never acts, by file
+// (in load order) and line: a rule that can never match (a wildcard the
+// one above it covers, a key sluice removes before matching) and a
+// replaces naming no rate_limit. envoyproxy/ratelimit loads such files, so
+// sluice does too: sluice validate prints them (and refuses them with
+// --strict), sluice serve logs and counts them.
+func (c *Config) Warnings() []*Error { return c.warnings }
 
 // node is one level of a domain's descriptor tree.
 type node struct {

@@ -42,8 +42,6 @@ func TestInvalid(t *testing.T) {
 		{"align_unknown.yaml", `descriptors[0].rate_limit.align: "midnight": must be one of clock (the default: windows start on the UTC second, minute, hour or day), first_request (a window opens at its first admitted request) (line 7)`},
 		{"wildcard_duplicate.yaml", `descriptors[1].value: "/api/*/action": duplicate descriptor: d.path_/api/*/action is already defined at this level (line 7)`},
 		{"unlimited_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set when unlimited is true (line 6)`},
-		{"replaces_unknown.yaml", `descriptors[0].rate_limit.replaces[0].name: "nowhere": names no rate_limit of this domain: replaces must name a rate_limit's name (a typo here leaves both limits applied) (line 6)`},
-		{"wildcard_never_matches.yaml", `descriptors[1].value: "/api/*/action": can never match: the wildcard "/api/*" above it (line 4) matches every value this one does, and the first wildcard that matches wins (line 7)`},
 		{"in_flight_with_value.yaml", `descriptors[0].descriptors[0].value: "fixed": must not be set on a descriptor with sluice_in_flight: the value Envoy sends for its key names the lease (e.g. the x-request-id header), so each request holds its own (line 6)`},
 		{"in_flight_with_unit.yaml", `descriptors[0].rate_limit.unit: "second": must not be set with sluice_in_flight, which counts requests in flight, not a rate (line 5)`},
 		{"in_flight_no_ttl.yaml", `descriptors[0].rate_limit.sluice_in_flight.lease_ttl: is required: how long a lease lives when the stream-done call never comes (a crashed Envoy), e.g. 5m (line 5)`},
@@ -51,7 +49,6 @@ func TestInvalid(t *testing.T) {
 		{"settle_not_bool.yaml", `descriptors[0].rate_limit.sluice_settle: "yes": must be true or false (line 4)`},
 		{"settle_unlimited.yaml", `descriptors[0].rate_limit.sluice_settle: true: must not be set when unlimited is true (line 6)`},
 		{"settle_bucket_debt.yaml", `descriptors[0].rate_limit.sluice_settle: true: cannot settle this rule: policy "d.tenant": invalid request: an estimate on token_bucket: a settle carries up to a full bucket of debt, so 2 × burst × window in µs must stay below 2^53; at this window the burst can be at most 1737 (line 8)`},
-		{"settle_request_id_key.yaml", `descriptors[0].descriptors[0].key: "sluice_request_id": is a key sluice reads itself and removes before matching (the request id and the stream-done marker of sluice_settle): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done (line 5)`},
 		{"priorities_unlimited.yaml", `descriptors[0].rate_limit.sluice_priorities: {critical: 100%, sheddable: 50%}: must not be set when unlimited is true: a rule without a remaining budget has nothing to share among classes (line 6)`},
 		{"priorities_zero.yaml", `descriptors[0].rate_limit.sluice_priorities: {sheddable: 50%}: must not be set with requests_per_unit 0, which denies every request: a rule without a remaining budget has nothing to share among classes (line 7)`},
 		{"priorities_share_too_big.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "150%": must be between 1% and 100% of the policy's capacity (line 9)`},
@@ -60,7 +57,6 @@ func TestInvalid(t *testing.T) {
 		{"priorities_no_unit_left.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "20%": leaves this class no unit of the policy's capacity of 3: raise the share to at least 34% (line 7)`},
 		{"priorities_not_mapping.yaml", `descriptors[0].rate_limit.sluice_priorities: "sheddable": must be a mapping, not a scalar (line 7)`},
 		{"priorities_in_flight_no_unit_left.yaml", `descriptors[0].descriptors[0].rate_limit.sluice_priorities.sheddable: "10%": leaves this class no unit of the policy's capacity of 4: raise the share to at least 25% (line 8)`},
-		{"priority_key.yaml", `descriptors[0].descriptors[0].key: "sluice_priority": is a key sluice reads itself and removes before matching (the request's priority class, see sluice_priorities): a descriptor with it would never match; see docs/envoy.md, Priorities (line 5)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			name := filepath.Join("testdata", "invalid", tc.file)
@@ -79,8 +75,46 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 43 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 43)
+	if len(files) != 39 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 39)
+	}
+}
+
+// TestWarnings: what envoyproxy/ratelimit loads, sluice loads. A rule
+// that can never match and a replaces naming no rate_limit load, each a
+// warning with its file, path, value, rule and line (sluice validate
+// prints them, --strict refuses them; serve logs and counts them).
+func TestWarnings(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"replaces_unknown.yaml", `descriptors[0].rate_limit.replaces[0].name: "nowhere": names no rate_limit of this domain: it replaces nothing (a typo here leaves both limits applied) (line 6)`},
+		{"wildcard_never_matches.yaml", `descriptors[1].value: "/api/*/action": can never match: the wildcard "/api/*" above it (line 4) matches every value this one does, and the first wildcard that matches wins (line 7)`},
+		{"settle_request_id_key.yaml", `descriptors[0].descriptors[0].key: "sluice_request_id": is a key sluice reads itself and removes before matching (the request id and the stream-done marker of sluice_settle): a descriptor with it would never match; see docs/envoy.md, Costs settled on stream done (line 5)`},
+		{"priority_key.yaml", `descriptors[0].descriptors[0].key: "sluice_priority": is a key sluice reads itself and removes before matching (the request's priority class, see sluice_priorities): a descriptor with it would never match; see docs/envoy.md, Priorities (line 5)`},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			name := filepath.Join("testdata", "warnings", tc.file)
+			c, err := Load([]string{name})
+			if err != nil {
+				t.Fatalf("Load(%q) = %v, want it loaded with a warning", name, err)
+			}
+			ws := c.Warnings()
+			if len(ws) != 1 || ws[0].Error() != name+": "+tc.want {
+				t.Errorf("Load(%q).Warnings() = %q, want [%q]", name, ws, name+": "+tc.want)
+			}
+		})
+	}
+	files, _ := filepath.Glob("testdata/warnings/*.yaml")
+	if len(files) != 4 {
+		t.Errorf("testdata/warnings holds %d files, the table 4: add the new case", len(files))
+	}
+	// The shadowed wildcard loads and never matches: the first listed wins,
+	// as in envoyproxy/ratelimit.
+	c, err := Parse([]Source{{Name: "w.yaml", Data: []byte("domain: d\ndescriptors:\n  - { key: k, value: \"ab*\", rate_limit: { unit: hour, requests_per_unit: 1 } }\n  - { key: k, value: \"abc*\", rate_limit: { unit: hour, requests_per_unit: 2 } }\n")}})
+	if err != nil {
+		t.Fatalf("Parse(ab* then abc*) = %v, want loaded", err)
+	}
+	if r, _ := c.Match("d", []Entry{{Key: "k", Value: "abcd"}}); r == nil || r.Policy.Limit != 1 {
+		t.Errorf("Match(k=abcd) = %+v, want the first wildcard's rule (limit 1)", r)
 	}
 }
 
@@ -113,7 +147,6 @@ func TestEveryProblem(t *testing.T) {
 		"a.yaml: domain: is required: the domain Envoy's rate_limit filter names (line 1)",
 		"a.yaml: descriptors[0].key: is required (line 2)",
 		`a.yaml: descriptors[0].descriptors[0].rate_limit.requests_per_unit: "lots": must be an integer (line 5)`,
-		`a.yaml: descriptors[2].value: "a*": can never match: the wildcard "*" above it (line 7) matches every value this one does, and the first wildcard that matches wins (line 10)`,
 		`a.yaml: descriptors[2].rate_limit.unit: "hour": must not be set when unlimited is true (line 11)`,
 		"c.yaml: invalid YAML: did not find expected ',' or ']' (line 1)",
 	}
