@@ -50,6 +50,22 @@ type RunOptions struct {
 // ctx is done.
 const shutdownTimeout = 10 * time.Second
 
+// flushTimeout bounds the flush of the spans not yet exported at
+// shutdown, whatever the collector does: a collector that accepts and
+// never answers (or a blackholed address) would otherwise hold SIGTERM
+// for the drain's whole bound.
+const flushTimeout = 2 * time.Second
+
+// flushDeadline is when the flush at shutdown gives up, flushing from now:
+// flushTimeout later, or the drain's deadline (zero when there was no
+// drain) when that comes first.
+func flushDeadline(now, drain time.Time) time.Time {
+	if d := now.Add(flushTimeout); drain.IsZero() || d.Before(drain) {
+		return d
+	}
+	return drain
+}
+
 // Run serves a whole configuration until ctx is done: the check API (and
 // /metrics, /healthz, /readyz, /ui) on server.listen, with TLS when
 // server.tls says so, the reverse proxy on proxy.listen, the Envoy
@@ -345,11 +361,7 @@ func (rn *runner) close() {
 	if rn.st != nil {
 		rn.st.Close()
 	}
-	deadline := rn.deadline // the spans are flushed within the drain's bound, not a second one
-	if deadline.IsZero() {
-		deadline = time.Now().Add(shutdownTimeout)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), flushDeadline(time.Now(), rn.deadline))
 	defer cancel()
 	if err := rn.tracing.close(ctx); err != nil {
 		rn.log.Warn("telemetry: spans not exported at shutdown", "reason", err)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 
@@ -34,5 +35,29 @@ func TestOTelErrorsThrottled(t *testing.T) {
 	otel.Handle(errors.New("after"))
 	if logs.Len() != before {
 		t.Fatalf("after unroute the log got %q", logs.String()[before:])
+	}
+}
+
+// TestFlushDeadline: the spans left at shutdown are flushed for at most
+// flushTimeout, whatever the collector does (one that accepts and never
+// answers held SIGTERM for the drain's whole 10 s), and never past the
+// drain's own deadline.
+func TestFlushDeadline(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name        string
+		drain, want time.Time
+	}{
+		{"no drain", time.Time{}, now.Add(flushTimeout)},
+		{"the drain's 10s ahead", now.Add(shutdownTimeout), now.Add(flushTimeout)},
+		{"the drain ends first", now.Add(time.Second), now.Add(time.Second)},
+		{"the drain is over", now.Add(-time.Second), now.Add(-time.Second)},
+	} {
+		if got := flushDeadline(now, tc.drain); !got.Equal(tc.want) {
+			t.Errorf("%s: flushDeadline(now, %v) = %v, want %v", tc.name, tc.drain, got, tc.want)
+		}
+	}
+	if flushTimeout > 2*time.Second {
+		t.Errorf("flushTimeout = %v, want at most 2s (issue 50: SIGTERM with a blackholed collector within 3s)", flushTimeout)
 	}
 }

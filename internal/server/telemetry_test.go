@@ -374,3 +374,59 @@ telemetry: { endpoint: "http://` + closed + `", protocol: ` + protocol + ` }
 		})
 	}
 }
+
+// TestTelemetrySilentCollector: a collector that accepts connections and
+// never answers (as a blackholed address holds a connect) held SIGTERM
+// for the drain's whole 10 s. The flush at shutdown has its own bound
+// (flushTimeout, TestFlushDeadline): serve stops while the collector
+// still holds the export, and says the spans were not exported.
+func TestTelemetrySilentCollector(t *testing.T) {
+	for _, protocol := range []string{"http", "grpc"} {
+		t.Run(protocol, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := make(chan net.Conn, 16)
+			go func() { // accepts and reads nothing, answers nothing
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					held <- c
+				}
+			}()
+			t.Cleanup(func() {
+				ln.Close()
+				for {
+					select {
+					case c := <-held:
+						c.Close()
+					default:
+						return
+					}
+				}
+			})
+			dir := t.TempDir()
+			writeTree(t, dir, map[string]string{"sluice.yaml": `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
+telemetry: { endpoint: "http://` + ln.Addr().String() + `", protocol: ` + protocol + ` }
+`})
+			r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+			resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if err := r.stop(); err != nil { // returns: the collector never answered
+				t.Fatal(err)
+			}
+			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: spans not exported at shutdown") {
+				t.Errorf("the log lacks the spans left unexported:\n%s", logs)
+			}
+		})
+	}
+}
