@@ -39,7 +39,7 @@ var layers = []struct {
 	{"envoy rules files", []string{"internal/envoy/rules"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
 	{"edge core", []string{"internal/edge"}},
-	{"check API wire", []string{"internal/checkapi"}},
+	{"check API wire", []string{"internal/checkapi", "internal/checkpb"}},
 	{"config", []string{"internal/config"}},
 	{"subjects", []string{"subject"}},
 	{"simulation", []string{"internal/simulate"}},
