@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkpb"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
@@ -228,6 +229,7 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		}
 		rn.grpc = grpc.NewServer(gopts...)
 		rn.r.rlsSvc.Register(rn.grpc)
+		checkpb.RegisterCheckServiceServer(rn.grpc, &checkService{server: rn.r.current})
 		addrs, fields = append(addrs, cfg.Envoy.Listen), append(fields, "envoy.listen")
 	}
 	for i, addr := range addrs {
