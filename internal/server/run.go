@@ -54,7 +54,8 @@ const shutdownTimeout = 10 * time.Second
 // Run serves a whole configuration until ctx is done: the check API (and
 // /metrics, /healthz, /readyz, /ui) on server.listen, with TLS when
 // server.tls says so, the reverse proxy on proxy.listen, the Envoy
-// rate-limit service on envoy.listen. It builds the store the config
+// rate-limit service and the gRPC check service (grpccheck.go) on
+// envoy.listen. It builds the store the config
 // names, reloads the config on SIGHUP and when one of its files changes
 // (see watchSet), and shuts down gracefully. It returns nil after a clean
 // shutdown; a config Run refuses is reported as Validate reports it.
