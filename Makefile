@@ -22,7 +22,7 @@ HELM = $(HELM_DIR)/helm
 # compiled twice (this way and with -race for unit), not three times. No package of the module uses cgo, so nothing goes unchecked.
 STATIC = CGO_ENABLED=0 GOFLAGS=-trimpath
 
-.PHONY: test deps fmt vet lint unit unit-norace bench bench-check chart fuzz screenshot
+.PHONY: test deps fmt vet lint unit unit-norace bench bench-check chart fuzz screenshot proto
 
 # deps installs redis-sentinel: the Sentinel failover tests, which skip
 # without it elsewhere, must run here.
@@ -48,6 +48,10 @@ deps:
 	  echo "installing chromium"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@chromium --version 2>/dev/null
+	@command -v protoc >/dev/null 2>&1 || { \
+	  echo "installing protobuf-compiler"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null; }
+	@protoc --version
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -99,3 +103,19 @@ fuzz:
 # dashboard's browser test in a real headless chromium.
 screenshot:
 	SLUICE_LONG=1 SLUICE_SCREENSHOT=docs $(GO) test -count=1 -run '^TestDashboardInBrowser$$' ./cmd/sluice
+
+# proto regenerates internal/checkpb, the Go code of the gRPC check
+# service, from proto/sluice/v1/check.proto, with protoc (deps installs
+# it), protoc-gen-go at go.mod's version and protoc-gen-go-grpc at
+# PROTOC_GEN_GO_GRPC, built into a temporary directory. The generated code
+# is committed; it is not part of test, whose TestGenerated
+# (internal/checkpb) fails when it no longer matches the .proto.
+PROTOC_GEN_GO_GRPC = google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+proto:
+	@bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
+	  GOBIN=$$bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go && \
+	  GOBIN=$$bin $(GO) install $(PROTOC_GEN_GO_GRPC) && \
+	  protoc -I proto --plugin=protoc-gen-go=$$bin/protoc-gen-go --plugin=protoc-gen-go-grpc=$$bin/protoc-gen-go-grpc \
+	    --go_out=. --go_opt=module=github.com/sluicehq/sluice \
+	    --go-grpc_out=. --go-grpc_opt=module=github.com/sluicehq/sluice \
+	    proto/sluice/v1/check.proto

@@ -71,9 +71,10 @@ func newAuth(tokens []Token) (*auth, error) {
 
 var errUnauthenticated = errors.New("a valid bearer token is required: Authorization: Bearer <token>")
 
-// authenticate returns the token r presents, or errUnauthenticated.
-func (a *auth) authenticate(r *http.Request) (*authToken, error) {
-	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+// authenticate returns the token an Authorization value presents (an
+// HTTP header's, gRPC metadata's), or errUnauthenticated.
+func (a *auth) authenticate(authorization string) (*authToken, error) {
+	scheme, secret, ok := strings.Cut(authorization, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return nil, errUnauthenticated
 	}
@@ -98,7 +99,7 @@ func (s *Server) authenticated(w http.ResponseWriter, r *http.Request, in *check
 		return nil, true
 	}
 	lw, _ := w.(*logWriter)
-	tok, err := s.auth.authenticate(r)
+	tok, err := s.auth.authenticate(r.Header.Get("Authorization"))
 	if err != nil {
 		if lw != nil {
 			lw.reason = err.Error()

@@ -40,6 +40,7 @@ var layers = []struct {
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
 	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
+	{"check API messages", []string{"internal/checkpb"}},
 	{"config", []string{"internal/config"}},
 	{"subjects", []string{"subject"}},
 	{"simulation", []string{"internal/simulate"}},

@@ -367,6 +367,19 @@ func (r *reloader) serveWith(pick func(*generation) http.Handler) http.Handler {
 	})
 }
 
+// current returns the check API of the generation serving, held until
+// release is called: the gRPC check service's (grpccheck.go) as
+// serveWith is the HTTP API's.
+func (r *reloader) current() (srv *Server, release func()) {
+	for {
+		g := r.cur.Load()
+		if g.acquire() {
+			srv, _ = g.api.(*Server) // New's, always
+			return srv, g.release
+		}
+	}
+}
+
 // checkAPITokens returns server.auth's tokens for Options, warning when
 // the check API is open on an address other hosts can reach.
 func checkAPITokens(cfg *config.Config, getenv func(string) string, log *slog.Logger) ([]Token, error) {

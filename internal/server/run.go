@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/checkpb"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
@@ -69,7 +70,8 @@ func flushDeadline(now, drain time.Time) time.Time {
 // Run serves a whole configuration until ctx is done: the check API (and
 // /metrics, /healthz, /readyz, /ui) on server.listen, with TLS when
 // server.tls says so, the reverse proxy on proxy.listen, the Envoy
-// rate-limit service on envoy.listen. It builds the store the config
+// rate-limit service and the gRPC check service (grpccheck.go) on
+// envoy.listen. It builds the store the config
 // names, reloads the config on SIGHUP and when one of its files changes
 // (see watchSet), and shuts down gracefully. It returns nil after a clean
 // shutdown; a config Run refuses is reported as Validate reports it.
@@ -245,6 +247,7 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 		}
 		rn.grpc = grpc.NewServer(gopts...)
 		rn.r.rlsSvc.Register(rn.grpc)
+		checkpb.RegisterCheckServiceServer(rn.grpc, &checkService{server: rn.r.current})
 		addrs, fields = append(addrs, cfg.Envoy.Listen), append(fields, "envoy.listen")
 	}
 	for i, addr := range addrs {

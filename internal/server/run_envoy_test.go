@@ -54,7 +54,7 @@ envoy:
 }
 
 // writeTree writes files (relative name → content) under dir.
-func writeTree(t *testing.T, dir string, files map[string]string) {
+func writeTree(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
 	for name, body := range files {
 		p := filepath.Join(dir, name)

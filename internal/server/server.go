@@ -65,6 +65,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -298,7 +299,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	lw := logWriterPool.Get().(*logWriter)
 	*lw = logWriter{ResponseWriter: w, status: http.StatusOK}
 	s.mux.ServeHTTP(lw, r)
-	s.logRequest(r, lw, s.clock.Now().Sub(start))
+	s.logRequest(r.Context(), r.Method, r.URL.Path, lw, s.clock.Now().Sub(start))
 	if s.metrics != nil {
 		handler := r.Pattern // set by the mux; "" for 404 and 405
 		if handler == "" {
@@ -336,7 +337,7 @@ func (lw *logWriter) WriteHeader(code int) {
 // Unwrap lets http.ResponseController reach the connection.
 func (lw *logWriter) Unwrap() http.ResponseWriter { return lw.ResponseWriter }
 
-func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) {
+func (s *Server) logRequest(ctx context.Context, method, path string, lw *logWriter, took time.Duration) {
 	level := slog.LevelDebug
 	switch {
 	case lw.status >= 500:
@@ -344,7 +345,6 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 	case lw.status >= 400 && lw.status != http.StatusTooManyRequests:
 		level = slog.LevelInfo
 	}
-	ctx := r.Context()
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
@@ -362,8 +362,8 @@ func (s *Server) logRequest(r *http.Request, lw *logWriter, took time.Duration) 
 		}
 	}
 	attrs = append(attrs,
-		slog.String("method", r.Method),
-		slog.String("path", r.URL.Path),
+		slog.String("method", method),
+		slog.String("path", path),
 		slog.Int("status", lw.status),
 		slog.Duration("duration", took),
 	)
@@ -466,10 +466,51 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req, ok := s.read(w, r, &in, in.Check)
-	if !ok {
+	if why := s.decode(w, r, &in); why != "" {
+		s.badRequest(w, &in, why)
 		return
 	}
+	d := s.decideCheck(r.Context(), &in, tok)
+	switch {
+	case d.code == http.StatusBadRequest && !d.decided:
+		s.badRequest(w, &in, d.reason)
+		return
+	case d.code == http.StatusForbidden:
+		if lw != nil {
+			lw.reason = "token lacks scope " + d.scope
+		}
+		s.refuse(w, &in, tok, d.scope)
+		return
+	}
+	if lw != nil {
+		d.record(lw, &in)
+	}
+	s.answer(w, &in, d.code, d.o, d.reason)
+}
+
+// decided is a check decideCheck answered: what it asked for (its
+// subject pseudonymized), the outcome, the HTTP status of its answer and
+// the answer's reason.
+type decided struct {
+	req     sluice.Request
+	o       sluice.Outcome
+	code    int
+	reason  string
+	scope   string // the scope the check needs (a 403's, the token lacks)
+	decided bool   // the edge core decided: false for a 400 or 403 before it
+}
+
+// decideCheck decides in, the body of a check, presented with tok (nil
+// when no tokens are configured): 400 when in is malformed, 403 when tok
+// lacks the scope its operation needs, else the edge core's decision,
+// counted once on the metrics. POST /v1/check and the gRPC check service
+// (grpccheck.go) answer what it returns; each authenticates its own way.
+func (s *Server) decideCheck(ctx context.Context, in *checkapi.Request, tok *authToken) decided {
+	req, err := in.Check()
+	if err != nil {
+		return decided{o: sluice.Outcome{Kind: sluice.Incompatible}, code: http.StatusBadRequest, reason: requestReason(err)}
+	}
+	s.pseudonymize(&req)
 	scope := config.ScopeCheck
 	switch req.Op {
 	case sluice.Refund:
@@ -481,21 +522,22 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 			req.Op = sluice.Acquire
 		}
 	}
-	if !s.permits(w, &in, tok, scope) {
-		return
+	if tok != nil && !slices.Contains(tok.scopes, scope) {
+		return decided{req: req, o: sluice.Outcome{Kind: sluice.Incompatible}, code: http.StatusForbidden, scope: scope, reason: fmt.Sprintf("token %q lacks scope %s", tok.id, scope)}
 	}
-	// The core counts a spend (or acquire) once, on the metrics.
-	o := s.core.Check(r.Context(), req)
-	if lw != nil {
-		lw.hasCheck = true
-		lw.policy = in.Policy
-		if len(in.Policies) > 0 {
-			lw.policy = strings.Join(in.Policies, ",")
-		}
-		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), reason(&o)
-		lw.refund, lw.replayed = req.Op == sluice.Refund, o.Replayed
+	o := s.core.Check(ctx, req)
+	return decided{req: req, o: o, code: checkapi.StatusCode(&o), reason: reason(&o), scope: scope, decided: true}
+}
+
+// record fills in the request log's decision fields of d, asked by in.
+func (d *decided) record(lw *logWriter, in *checkapi.Request) {
+	lw.hasCheck = true
+	lw.policy = in.Policy
+	if len(in.Policies) > 0 {
+		lw.policy = strings.Join(in.Policies, ",")
 	}
-	s.answer(w, &in, checkapi.StatusCode(&o), o, reason(&o))
+	lw.pseudo, lw.cost, lw.outcome, lw.reason = d.req.Subject, d.req.Cost, d.o.Kind.String(), d.reason
+	lw.refund, lw.replayed = d.req.Op == sluice.Refund, d.o.Replayed
 }
 
 // namesConcurrency reports whether req names a concurrency policy: a
@@ -574,19 +616,30 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, in *checkapi.Reque
 	if why == "" {
 		var err error
 		if req, err = parse(); err != nil {
-			why = err.Error()
-			if bad, ok := errors.AsType[*checkapi.RequestError](err); ok {
-				why = bad.Reason
-			}
+			why = requestReason(err)
 		}
 	}
 	if why != "" {
 		s.badRequest(w, in, why)
 		return req, false
 	}
+	s.pseudonymize(&req)
+	return req, true
+}
+
+// requestReason is the 400's reason for err, a request checkapi refuses.
+func requestReason(err error) string {
+	if bad, ok := errors.AsType[*checkapi.RequestError](err); ok {
+		return bad.Reason
+	}
+	return err.Error()
+}
+
+// pseudonymize replaces req's raw subject with its pseudonym (and the
+// older keys' in Previous).
+func (s *Server) pseudonymize(req *sluice.Request) {
 	raw := req.Subject
 	req.Subject, req.Previous = s.pseud.Pseudonym("api", raw, ""), s.pseud.Previous("api", raw, "")
-	return req, true
 }
 
 // decode reads the body into in: the reason it is not one JSON object of

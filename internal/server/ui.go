@@ -110,7 +110,7 @@ func (a *auth) authenticateUI(r *http.Request) (*authToken, error) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Authorization", "Bearer "+password)
 	}
-	return a.authenticate(r)
+	return a.authenticate(r.Header.Get("Authorization"))
 }
 
 func (s *Server) uiPage(w http.ResponseWriter, r *http.Request) {
