@@ -99,22 +99,26 @@ func (f *Freshness) Failing() bool { return f.failing.Load() }
 // maximum age after began and stale at the maximum age. A failed read
 // changes neither: the overrides are as old as the last read that
 // succeeded, so once the store answers again no decision is taken on
-// overrides older than the maximum age.
+// overrides older than the maximum age. The clock's timers are set once
+// f.mu is released: a clock may run a callback at once (a test's fake one
+// that is already past it), and each callback takes f.mu.
 func (f *Freshness) Record(fresh bool, began, now time.Time) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.failing.Store(!fresh)
 	if fresh {
 		f.oldAt.Store(max(f.oldAt.Load(), began.Add(f.maxAge/2).UnixNano()))
 		f.staleAt.Store(max(f.staleAt.Load(), began.Add(f.maxAge).UnixNano()))
 	}
 	if f.timers == nil {
+		f.mu.Unlock()
 		return
 	}
 	f.gen++
 	gen := f.gen
 	at := now.UnixNano()
 	f.flag.Store(f.at(at))
+	oldAt, staleAt := f.oldAt.Load(), f.staleAt.Load()
+	f.mu.Unlock()
 	set := func(age int32) func() {
 		return func() {
 			f.mu.Lock()
@@ -124,10 +128,10 @@ func (f *Freshness) Record(fresh bool, began, now time.Time) {
 			f.mu.Unlock()
 		}
 	}
-	if oldAt := f.oldAt.Load(); oldAt > at {
+	if oldAt > at {
 		f.timers.AfterFunc(time.Duration(oldAt-at), set(Old))
 	}
-	if staleAt := f.staleAt.Load(); staleAt > at {
+	if staleAt > at {
 		f.timers.AfterFunc(time.Duration(staleAt-at), set(Stale))
 	}
 }
