@@ -162,8 +162,10 @@ type Outcome struct {
 	Local bool
 	// Cause says why the outcome is Unavailable; zero otherwise.
 	Cause Cause
-	// Err is the error behind Incompatible, Unavailable and Indeterminate;
-	// nil otherwise. Match it with errors.Is against the Err… variables and the Causes.
+	// Err is the error behind Incompatible, Unavailable and Indeterminate,
+	// and behind a Denied that Limiter.Wait answers (which bound the slot
+	// lay past); nil otherwise. Match it with errors.Is against the Err…
+	// variables, the Causes and context.DeadlineExceeded.
 	Err error
 }
 

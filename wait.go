@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -92,25 +93,41 @@ func (l *Limiter) giveBack(ctx context.Context, req Request) Outcome {
 // time.Duration, f func()), as a test's fake clock may, is waited on
 // through it), then returns the Outcome: Allowed, its Delay the time
 // waited. The bound is the policy's MaxWait (or the request's, when
-// less), and ctx's deadline when it comes sooner:
-// a slot past either is Denied at once, booking nothing (its RetryAfter
-// says when the cost would fit). A ctx that ends before the slot gives
-// the booking back, as Reserve's cancel does, and returns Unavailable,
-// cause DeadlinePassed, its Err saying whether it was given back (a
-// refund the store could not take leaves the units spent). Any other
-// failure is Check's.
+// less), and ctx's deadline when it comes sooner: a slot past either is
+// Denied at once, booking nothing, its Err saying which bound it lay past
+// (wrapping context.DeadlineExceeded for the deadline) and its RetryAfter
+// when the cost would fit. A slot the store booked within the deadline is
+// waited for even when the store's round trip puts it a little past the
+// deadline: the store decided it, from its own instant, within the bound.
+// A ctx canceled (or past its deadline by more than the round trip)
+// before the slot gives the booking back, as Reserve's cancel does, and
+// returns Unavailable, cause DeadlinePassed, its Err saying whether it
+// was given back (a refund the store could not take leaves the units
+// spent). Any other failure is Check's.
 func (l *Limiter) Wait(ctx context.Context, req Request) Outcome {
+	most, byDeadline := req.MaxWait, false
+	if p := l.policy(req.Policy); p != nil {
+		most = mostWait(most, p)
+	}
 	if d, ok := ctx.Deadline(); ok {
-		most := req.MaxWait
-		if p := l.policy(req.Policy); p != nil {
-			most = mostWait(most, p)
-		}
 		if left := d.Sub(l.clock.Now()).Truncate(time.Microsecond); left < most {
-			req.MaxWait = max(left, time.Microsecond) // a deadline passed is Check's to answer
+			req.MaxWait, byDeadline = max(left, time.Microsecond), true // a deadline passed is Check's to answer
 		}
 	}
+	sent := l.clock.Now()
 	o, _ := l.Reserve(ctx, req)
-	if o.Kind != Allowed || clock.Sleep(l.clock, o.Delay, ctx.Done()) {
+	if o.Kind == Denied {
+		o.Err = waitDenied(o.RetryAfter, most, byDeadline)
+		return o
+	}
+	if o.Kind != Allowed {
+		return o
+	}
+	replied := l.clock.Now()
+	done, stop := waitDone(ctx, replied.Add(o.Delay), replied.Sub(sent))
+	slept := clock.Sleep(l.clock, o.Delay, done)
+	stop()
+	if slept {
 		return o
 	}
 	err := ctx.Err()
@@ -120,4 +137,35 @@ func (l *Limiter) Wait(ctx context.Context, req Request) Outcome {
 		err = fmt.Errorf("sluice: wait: %w before the slot booked %v ahead; the booking was given back", err, o.Delay)
 	}
 	return Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: err}
+}
+
+// waitDenied is the Err of a Wait denied at once: the slot lay past the
+// most it may wait, the context's deadline (byDeadline) or the policy's
+// MaxWait; retry is when the cost would fit.
+func waitDenied(retry, most time.Duration, byDeadline bool) error {
+	if byDeadline {
+		return fmt.Errorf("sluice: wait: the slot lies past the context's deadline (the cost would fit in %v): %w", retry, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("sluice: wait: the slot lies past the most to wait, %v (the cost would fit in %v)", most, retry)
+}
+
+// waitDone is what ends a Wait's sleep before slot: ctx's cancellation, or
+// its deadline when that passes more than rtt (the store's round trip)
+// before slot. The store booked the slot within the deadline from its own
+// instant, which came up to rtt before the reply the sleep is counted
+// from: a slot that lies past the deadline by no more than that is the
+// booking kept, not a deadline missed.
+// stop releases what waitDone set up once the sleep is over.
+func waitDone(ctx context.Context, slot time.Time, rtt time.Duration) (done <-chan struct{}, stop func()) {
+	d, ok := ctx.Deadline()
+	if !ok || slot.After(d.Add(rtt)) || !slot.After(d) {
+		return ctx.Done(), func() {}
+	}
+	canceled := make(chan struct{})
+	release := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			close(canceled)
+		}
+	})
+	return canceled, func() { release() }
 }

@@ -124,8 +124,8 @@ func TestWaitBounds(t *testing.T) {
 	for range 2 {
 		l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s"})
 	}
-	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s", MaxWait: 4 * time.Millisecond}); o.Kind != sluice.Denied || o.RetryAfter != 5*time.Millisecond {
-		t.Fatalf("Wait past its own max wait = %+v, want Denied, retry after 5ms", o)
+	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s", MaxWait: 4 * time.Millisecond}); o.Kind != sluice.Denied || o.RetryAfter != 5*time.Millisecond || o.Err == nil || !strings.Contains(o.Err.Error(), "past the most to wait, 4ms") {
+		t.Fatalf("Wait past its own max wait = %+v, want Denied, retry after 5ms, its Err naming the 4ms bound", o)
 	}
 	if o := l.Wait(ctx, sluice.Request{Policy: "api", Subject: "s", Cost: 2, MaxWait: time.Second}); o.Kind != sluice.Denied || o.RetryAfter != 10*time.Millisecond {
 		t.Fatalf("Wait(cost=2) past the policy's max wait, asking for 1s = %+v, want Denied, retry after 10ms", o)
@@ -138,8 +138,8 @@ func TestWaitBounds(t *testing.T) {
 	hourly.Wait(ctx, sluice.Request{Policy: "hourly", Subject: "s"})
 	dl, cancel := context.WithDeadline(ctx, real.Now().Add(30*time.Minute))
 	defer cancel()
-	if o := hourly.Wait(dl, sluice.Request{Policy: "hourly", Subject: "s", MaxWait: 2 * time.Hour}); o.Kind != sluice.Denied {
-		t.Fatalf("Wait past the context's deadline = %+v, want Denied", o)
+	if o := hourly.Wait(dl, sluice.Request{Policy: "hourly", Subject: "s", MaxWait: 2 * time.Hour}); o.Kind != sluice.Denied || !errors.Is(o.Err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past the context's deadline = %+v, want Denied, its Err context.DeadlineExceeded (as x/time/rate's Wait)", o)
 	}
 	if o, _ := hourly.Reserve(ctx, sluice.Request{Policy: "hourly", Subject: "s", MaxWait: 2 * time.Hour}); o.Kind != sluice.Allowed || o.Delay != time.Hour {
 		t.Fatalf("Reserve after it = %+v, want the slot an hour ahead: the denial booked nothing", o)
@@ -281,5 +281,78 @@ func TestBookBoundedByPolicy(t *testing.T) {
 	}
 	if o := l.Check(ctx, sluice.Request{Op: sluice.Book, Policy: "shared", Subject: "s", MaxWait: 50 * time.Millisecond}); o.Kind != sluice.Denied || o.RetryAfter != 100*time.Millisecond {
 		t.Fatalf("Check(book, max wait 50ms) = %+v, want denied: a request may ask for less than the policy's bound", o)
+	}
+}
+
+// clockCtx is a context whose deadline is on a test's clock: Done closes
+// when the test says the deadline has come (expire).
+type clockCtx struct {
+	context.Context
+	deadline time.Time
+	done     chan struct{}
+}
+
+func newClockCtx(deadline time.Time) *clockCtx {
+	return &clockCtx{Context: context.Background(), deadline: deadline, done: make(chan struct{})}
+}
+
+func (c *clockCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *clockCtx) Done() <-chan struct{}       { return c.done }
+func (c *clockCtx) expire()                     { close(c.done) }
+func (c *clockCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// roundTrip is a store whose answer takes rtt on the Limiter's clock
+// after its decision, as a Redis round trip does.
+type roundTrip struct {
+	sluice.Store
+	clock *sleepClock
+	rtt   time.Duration
+}
+
+func (s *roundTrip) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	err := s.Store.Evaluate(ctx, ev)
+	s.clock.Advance(s.rtt)
+	return err
+}
+
+// TestWaitDeadlineAtItsSlot: a deadline at the very slot the store
+// booked within it, from the instant it decided, is no deadline missed:
+// the reply came 50µs after that decision, and the sleep counted from the
+// reply ends 50µs past the deadline. Wait waited for its slot and is
+// Allowed, where it answered Unavailable and gave the booking back.
+func TestWaitDeadlineAtItsSlot(t *testing.T) {
+	clock := newSleepClock()
+	ms, err := memstore.New(memstore.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ms.Close() })
+	const rtt = 50 * time.Microsecond
+	store := &roundTrip{Store: ms, clock: clock}
+	l, err := sluice.New(store, []sluice.Policy{gcra200}, sluice.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := sluice.Request{Policy: "api", Subject: "s"}
+	for range 2 {
+		l.Wait(context.Background(), req)
+	}
+	store.rtt = rtt
+	ctx := newClockCtx(clock.Now().Add(5 * time.Millisecond)) // the next slot's instant
+	got := make(chan sluice.Outcome)
+	go func() { got <- l.Wait(ctx, req) }()
+	clock.asleep(t, 5*time.Millisecond)
+	clock.Advance(5*time.Millisecond - rtt) // the deadline
+	ctx.expire()
+	clock.Advance(rtt) // the slot, counted from the reply
+	if o := <-got; o.Kind != sluice.Allowed || o.Delay != 5*time.Millisecond {
+		t.Fatalf("Wait with its deadline at the slot the store booked = %+v (%v), want Allowed after 5ms", o, o.Err)
 	}
 }
