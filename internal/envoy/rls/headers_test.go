@@ -29,6 +29,7 @@ func TestOneHeadersAreHeaders(t *testing.T) {
 		for _, over := range []bool{false, true} {
 			for i := range statuses {
 				rule := &rules.Rule{Policy: policy, Shadow: shadow}
+				rule.Derive()
 				ds := []descriptor{{rule: &rules.Rule{}}, {rule: rule, decided: &statuses[i]}}
 				got, ok := oneHeaders(ds, over, newReply(len(ds)))
 				if !ok {

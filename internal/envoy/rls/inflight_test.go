@@ -12,9 +12,9 @@ import (
 	commonpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
@@ -258,26 +258,80 @@ func TestInFlightAnswers(t *testing.T) {
 }
 
 // TestInFlightLimitOverride: a descriptor's limit (Envoy's per-request
-// override, a count per unit) on an in-flight rule is refused naming the
-// field and the rule, and takes no lease: applied, it would have replaced
-// the leases by a fixed window keyed by every entry, the request id
-// among them, so that each stream got a budget of its own.
+// override, a count per unit) on an in-flight rule is ignored: the
+// in-flight rule decides, so no more streams are admitted than its
+// limit, and the answer is never an error (Envoy's failure_mode_deny:
+// false admits an error answer, so a refusal would let every such
+// stream through). Each ignored limit is counted under the rule, and
+// the stream-done call with a limit still releases its lease. Applied,
+// the limit would have replaced the leases by a fixed window keyed by
+// every entry, the request id among them, so that each stream got a
+// budget of its own.
 func TestInFlightLimitOverride(t *testing.T) {
 	h := start(t, memStore(t), inFlightRules)
-	for i := range 3 {
-		desc := d("user", "u", "request_id", "with-limit-"+strconv.Itoa(i))
+	withLimit := func(id string, done bool) *rlspb.RateLimitRequest {
+		desc := d("user", "u", "request_id", id)
 		desc.Limit = &commonpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typepb.RateLimitUnit_MINUTE}
+		if done {
+			desc.HitsAddend = wrapperspb.UInt64(0)
+		}
+		return &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{desc}}
+	}
+	const limit, streams = 10, 13
+	admitted := 0
+	for i := range streams {
 		ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
-		resp, err := h.client.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{desc}})
+		resp, err := h.client.ShouldRateLimit(ctx, withLimit("with-limit-"+strconv.Itoa(i), false))
 		cancel()
-		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[0].limit") || !strings.Contains(err.Error(), "sluice_in_flight") {
-			t.Fatalf("an in-flight descriptor with a limit = %v, %v; want InvalidArgument naming descriptors[0].limit and sluice_in_flight", resp, err)
+		if err != nil {
+			t.Fatalf("stream %d with a limit = %v; want an answer, never an error Envoy would admit", i, err)
+		}
+		if resp.OverallCode == rlspb.RateLimitResponse_OK {
+			admitted++
 		}
 	}
-	_, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "plain")}})
-	if want := (st{"OK", "10/UNKNOWN", 9}); len(got) != 1 || got[0] != want {
-		t.Errorf("a stream after the refused ones = %+v, want %+v (they took no lease)", got, want)
+	if admitted != limit {
+		t.Errorf("%d streams with a limit of 100/MINUTE on an in-flight rule of %d: %d admitted, want %d (the in-flight limit holds)", streams, limit, admitted, limit)
 	}
+	if code, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "plain")}}); code != "OVER_LIMIT" || len(got) != 1 || got[0] != (st{"OVER_LIMIT", "10/UNKNOWN", 0}) {
+		t.Errorf("a plain stream with every slot held = %s %+v, want OVER_LIMIT, 10/UNKNOWN, 0 left", code, got)
+	}
+	if code, _, _ := h.ask(t, withLimit("with-limit-0", true)); code != "OK" {
+		t.Errorf("the stream-done call of a stream, with its limit = %s, want OK", code)
+	}
+	if code, got, _ := h.ask(t, &rlspb.RateLimitRequest{Domain: "api", Descriptors: []*commonpb.RateLimitDescriptor{d("user", "u", "request_id", "after-release")}}); code != "OK" || len(got) != 1 || got[0] != (st{"OK", "10/UNKNOWN", 0}) {
+		t.Errorf("a stream after one released = %s %+v, want OK with the released slot, 0 left", code, got)
+	}
+	if n := sum(t, h.reg, "sluice_envoy_descriptors_total", "released"); n != 1 {
+		t.Errorf("released = %v, want 1 (the stream-done call with a limit released its lease)", n)
+	}
+	rule := rules.PolicyID("api.user.request_id")
+	if n := counter(t, h.reg, "sluice_envoy_ignored_limit_total", "rule", rule); n != streams+1 {
+		t.Errorf("sluice_envoy_ignored_limit_total{rule=%q} = %v, want %d (every descriptor whose limit was ignored)", rule, n, streams+1)
+	}
+}
+
+// counter is the value of the counter name whose label is value, 0 when
+// there is none.
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // TestOverrideSubjectNamesNoValue: why a tenant plan reaches no

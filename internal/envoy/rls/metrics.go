@@ -4,11 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/status"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/sluicehq/sluice/internal/envoy/rules"
 )
 
 // NoRule is the rule label of descriptors no rule matched: their domain
@@ -34,11 +31,15 @@ const NoRule = "(none)"
 //   - sluice_envoy_unsettled_total{rule, reason}: descriptors of rules
 //     that settle on stream done (sluice_settle) whose cost could not be
 //     settled: no_request_id, no_cost, no_estimate, unavailable,
-//     limit_override (see settle.go).
+//     limit_override (see match.go, settling).
 //   - sluice_envoy_unknown_priority_total{rule}: descriptors whose
 //     sluice_priority entry names a class their rule does not declare,
-//     decided as the default class (see priority.go); never the class
-//     itself, which comes from the client.
+//     decided as the default class (see match.go, classOf); never the
+//     class itself, which comes from the client.
+//   - sluice_envoy_ignored_limit_total{rule}: descriptors whose limit
+//     (RateLimitDescriptor.limit) their rule ignores: an in-flight rule
+//     (sluice_in_flight) decides by its leases alone; never the numbers,
+//     which come from the client.
 //
 // Label values come from the rules files or fixed sets, never from a
 // descriptor value. Safe for concurrent use.
@@ -48,6 +49,8 @@ type Metrics struct {
 	unsettled   *prometheus.CounterVec
 	// unknownPriority: descriptors of a class their rule does not declare.
 	unknownPriority *prometheus.CounterVec
+	// ignoredLimit: descriptors whose limit their (in-flight) rule ignores.
+	ignoredLimit *prometheus.CounterVec
 
 	// The counters every answer increments, found once: requests by
 	// overall code (ok, over), and descriptors' by labels (a
@@ -80,8 +83,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "sluice_envoy_unknown_priority_total",
 			Help: "Descriptors naming a priority class their rule does not declare, decided as the default class, by rule.",
 		}, []string{"rule"}),
+		ignoredLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_ignored_limit_total",
+			Help: "Descriptors whose limit their rule ignores (an in-flight rule decides by its leases alone), by rule.",
+		}, []string{"rule"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.descriptors, m.unsettled, m.unknownPriority} {
+	for _, c := range []prometheus.Collector{m.requests, m.descriptors, m.unsettled, m.unknownPriority, m.ignoredLimit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -89,62 +96,4 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.ok = m.requests.WithLabelValues(rlspb.RateLimitResponse_OK.String())
 	m.over = m.requests.WithLabelValues(rlspb.RateLimitResponse_OVER_LIMIT.String())
 	return m, nil
-}
-
-func (m *Metrics) countRequest(resp *rlspb.RateLimitResponse, err error) {
-	if err != nil {
-		m.requests.WithLabelValues(status.Code(err).String()).Inc()
-		return
-	}
-	switch code := resp.GetOverallCode(); code {
-	case rlspb.RateLimitResponse_OK:
-		m.ok.Inc()
-	case rlspb.RateLimitResponse_OVER_LIMIT:
-		m.over.Inc()
-	default:
-		m.requests.WithLabelValues(code.String()).Inc()
-	}
-}
-
-func (m *Metrics) countDescriptor(d *descriptor, code string) {
-	label := NoRule
-	switch {
-	case d.override:
-		label = OverrideRule
-	case d.rule != nil:
-		label = rules.PolicyID(d.rule.Key)
-	case d.replaced != nil:
-		label = rules.PolicyID(d.replaced.Key)
-	}
-	k := descriptorLabels{label, code}
-	if c, ok := m.descriptorC.Load(k); ok {
-		c.(prometheus.Counter).Inc()
-		return
-	}
-	c := m.descriptors.WithLabelValues(label, code)
-	m.descriptorC.Store(k, c)
-	c.Inc()
-}
-
-// codeLabel is the code label of a descriptor's final status.
-func codeLabel(d *descriptor) string {
-	switch {
-	case d.replaced != nil:
-		return "replaced"
-	case d.release && !d.failedOpen:
-		return "released"
-	case d.rule == nil:
-		return "no_rule"
-	case d.failedOpen:
-		return "failed_open"
-	case d.settle.done && d.settle.why == settles:
-		return "settled"
-	case d.settle.done:
-		return "unsettled"
-	case d.rule.Unlimited:
-		return "unlimited"
-	case d.status.Code == rlspb.RateLimitResponse_OVER_LIMIT:
-		return "over_limit"
-	}
-	return "ok"
 }

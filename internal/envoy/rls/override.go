@@ -2,7 +2,6 @@ package rls
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -37,15 +36,12 @@ type overrideLimit struct {
 // Its policy, a fixed window aligned to the clock, has an ID derived
 // from the numbers (e.g. "limit-override.100-per-60s"), so each set of
 // numbers counts on a counter of its own and one counter never holds two
-// limits. The error says why o cannot be applied.
-//
-// A descriptor that matches an in-flight rule (rules.Rule.InFlight) is
-// refused: o's count per unit would replace its leases, so that every
-// stream, whose request id is an entry, got a budget of its own.
-func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride, domain string, entries []rules.Entry) (*overrideLimit, error) {
-	if r, _ := st.Rules.Match(domain, entries); r != nil && r.InFlight {
-		return nil, fmt.Errorf("limit: the descriptor's rule %s is an in-flight limit (sluice_in_flight), which counts streams, not requests per unit: a limit override cannot apply to it; send the descriptor without limit, or set a tenant plan (PUT /v1/overrides)", r.Key)
-	}
+// limits. The error says why o cannot be applied. match never asks for
+// a descriptor of an in-flight rule (rules.Rule.InFlight): its limit is
+// ignored there, since o's count per unit would replace its leases, so
+// that every stream, whose request id is an entry, got a budget of its
+// own.
+func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride) (*overrideLimit, error) {
 	unit := rules.Unit(o.GetUnit())
 	switch o.GetUnit() {
 	case typepb.RateLimitUnit_SECOND, typepb.RateLimitUnit_MINUTE, typepb.RateLimitUnit_HOUR, typepb.RateLimitUnit_DAY,
@@ -75,6 +71,10 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride, dom
 	ol := &overrideLimit{rule: r}
 	if rpu > 0 { // 0 denies everything without the store, as a rule of 0 does
 		r.Policy = sluice.Policy{ID: key, Algorithm: sluice.FixedWindow, Limit: rpu, Window: window, ClockAligned: true}
+	}
+	r.Derive()
+	r.Label = OverrideRule // its numbers come from the client
+	if rpu > 0 {
 		lim, err := sluice.New(decideOnly{st.Store}, []sluice.Policy{r.Policy}, sluice.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("limit: %w", err)
@@ -89,9 +89,6 @@ func (st *State) override(o *commonpb.RateLimitDescriptor_RateLimitOverride, dom
 	}
 	return ol, nil
 }
-
-// clampCost converts a hits_addend to a cost.
-func clampCost(h uint64) int64 { return int64(min(h, math.MaxInt64)) }
 
 // decideOnly is a Store seen only as one: a limit override's Limiter
 // decides on it, but no tenant plan can name its policy, so it must not

@@ -218,6 +218,7 @@ func (p *parser) descriptor(path string, n *yaml.Node, parent *node, domain, par
 		}
 		r.Shadow, r.DetailedMetric, r.ValueToMetric = f.shadow, f.detailed, f.valueToMetric
 		r.QuotaMode, r.Metadata = f.quota, f.metadata
+		r.Derive()
 		child.rule = r
 		p.rules = append(p.rules, r)
 	}

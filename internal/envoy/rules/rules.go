@@ -73,6 +73,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
 	"github.com/sluicehq/sluice/internal/yamlnode"
 )
 
@@ -190,6 +192,38 @@ type Rule struct {
 	// File and Line say where the rule is written.
 	File string
 	Line int
+
+	// What a request reads of the rule rather than derives from it, set
+	// once when the rules load (Derive):
+	//
+	// Label is the rule's label in the Envoy service's metrics, its
+	// policy ID as PolicyID derives it from Key (e.g. "shop.api"), for
+	// unlimited rules and rules of 0 per unit too.
+	Label string
+	// UnitLength is the length of one Unit (Unit.Duration), e.g. 1h; 0
+	// for in-flight and unlimited rules.
+	UnitLength time.Duration
+	// MaxCost is the most one request can ever spend of Policy (its
+	// capacity, the policy's defaults applied), e.g. 5 for 5 per day; 0
+	// when the store does not decide the rule.
+	MaxCost int64
+	// PolicyItem is the rule's member of the RateLimit-Policy field,
+	// e.g. `"shop.api";q=5;w=86400`; "" when the store does not decide
+	// the rule.
+	PolicyItem string
+}
+
+// Derive sets the fields a request reads of r rather than derives
+// (Label, UnitLength, MaxCost, PolicyItem) from the others: the loader
+// calls it for every rule, and whoever builds a Rule of their own calls
+// it once the rule is complete.
+func (r *Rule) Derive() {
+	r.Label, r.UnitLength = PolicyID(r.Key), r.Unit.Duration()
+	r.MaxCost, r.PolicyItem = 0, ""
+	if r.Decided() {
+		r.MaxCost = evaluation.Defaults(r.Policy).MaxCost
+		r.PolicyItem = string(ratelimitheader.AppendPolicyItem(nil, r.Policy))
+	}
 }
 
 // Decided reports whether the store decides r (it has a Policy).
