@@ -5,17 +5,20 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/localquota"
 )
 
 // localQuota is local quota's stage (Policy.LocalQuota) over
-// internal/localquota's blocks, whose package doc proves the bound.
+// internal/localquota's blocks, whose package doc proves the bound: it
+// hands them the policy's numbers and the store's answers in the
+// engine's terms, and builds the Status of an admission from a block.
 type localQuota struct {
-	q *localquota.Quota[*Policy, Status]
+	q *localquota.Quota
 }
 
 func newLocalQuota(c Clock, hook localquota.Hook) *localQuota {
-	return &localQuota{q: localquota.New[*Policy, Status](c, hook)}
+	return &localQuota{q: localquota.New(c, hook)}
 }
 
 // do is local quota's stage. A Spend of one LocalQuota policy (the
@@ -36,12 +39,13 @@ func (lq *localQuota) do(ctx context.Context, d *decision, next step) {
 		return
 	}
 	p, cost := ev.Policies[0], ev.Cost
-	n := localquota.Numbers{ID: p.ID, BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock, Drained: p.drained(), Windowed: p.Algorithm == FixedWindow}
-	r := lq.q.Spend(ctx, ev.Subject, p, &n, cost, func(k int64, hold time.Duration) localquota.Answer[Status] {
+	n := localquota.Numbers{ID: p.ID, Kind: algorithm.Kind(p.Algorithm), Limit: p.Limit, Window: p.Window, Burst: p.Burst,
+		BlockTime: p.LocalQuota.BlockTime, MaxBlock: p.LocalQuota.MaxBlock}
+	r := lq.q.Spend(ctx, ev.Subject, &n, cost, func(k int64, hold time.Duration) localquota.Answer {
 		ev.Cost, ev.Hold = k, hold
 		next(ctx, d)
 		ev.Cost, ev.Hold = cost, 0
-		a := localquota.Answer[Status]{Status: d.o.Status, Remaining: d.o.Remaining, ResetAfter: d.o.ResetAfter}
+		a := localquota.Answer{Limit: d.o.Limit, Remaining: d.o.Remaining, ResetAfter: d.o.ResetAfter, RetryAfter: d.o.RetryAfter}
 		switch d.o.Kind {
 		case Allowed:
 			a.Kind = localquota.Allowed
@@ -54,22 +58,12 @@ func (lq *localQuota) do(ctx context.Context, d *decision, next step) {
 	case r.Err != nil:
 		d.o = Outcome{Kind: Unavailable, Cause: DeadlinePassed, Err: fmt.Errorf("sluice: nothing sent: %w", r.Err)}
 	case r.Local:
-		st := r.Base
-		st.Remaining += r.Left
-		st.ResetAfter = max(st.ResetAfter-r.Since, 0)
-		d.o = Outcome{Kind: Allowed, Status: st, Local: true}
+		// The store's admitted status for the block, which a spend of
+		// fixed_window, token_bucket or gcra fills with these numbers alone.
+		b := r.Base
+		d.o = Outcome{Kind: Allowed, Status: Status{Policy: p.ID, Allowed: true, Limit: b.Limit, Remaining: b.Remaining + r.Left,
+			ResetAfter: max(b.ResetAfter-r.Since, 0), RetryAfter: b.RetryAfter}, Local: true}
 	default:
 		d.o.Remaining += r.Extra
 	}
-}
-
-// drained returns the units a block's hold takes from a token_bucket or
-// gcra bucket beside the block (what the bucket refills over BlockTime,
-// rounded up); 0 for fixed_window.
-func (p *Policy) drained() int64 {
-	if p.Algorithm != TokenBucket && p.Algorithm != GCRA {
-		return 0
-	}
-	w := p.Window.Microseconds()
-	return (p.LocalQuota.BlockTime.Microseconds()*p.Limit + w - 1) / w
 }

@@ -371,6 +371,50 @@ func TestLocalQuotaOverride(t *testing.T) {
 	}
 }
 
+// TestLocalQuotaOverrideSameNumbers: a subject's block is kept under the
+// numbers it was taken under. Its override set again with the same
+// numbers (a new note) keeps it; one with other numbers drops it, its
+// units counted unused, and the subject is decided by the store until
+// its arrivals under the new numbers are learnt.
+func TestLocalQuotaOverrideSameNumbers(t *testing.T) {
+	f := newFleet(t, 1, localCases()[0].policy)
+	l, ctx := f.limiters[0], context.Background()
+	set := func(o sluice.Override) {
+		t.Helper()
+		if err := l.SetOverride(ctx, o); err != nil {
+			t.Fatalf("SetOverride(%+v) = %v", o, err)
+		}
+	}
+	local := func(n int) (local int) {
+		for range n {
+			if l.Check(ctx, sluice.Request{Policy: "hot", Subject: "big"}).Local {
+				local++
+			}
+			f.clock.Advance(100 * time.Microsecond)
+		}
+		return local
+	}
+	o := sluice.Override{Policy: "hot", Subject: "big", Limit: 100_000, Note: "plan a"}
+	set(o)
+	if n := local(4000); n == 0 { // 400ms: the arrival rate is learnt over three block times
+		t.Fatal("no check of 4000 admitted from a block")
+	}
+	o.Note = "plan a, renamed"
+	set(o)
+	if n := local(10); n < 8 { // a block may run out, and the next be asked
+		t.Errorf("after the override was set again with the same numbers, %d of 10 checks admitted from blocks, want at least 8: its block stays", n)
+	}
+	unused := f.tally.Stats("hot").Unused
+	o.Limit = 200_000
+	set(o)
+	if n := local(10); n != 0 {
+		t.Errorf("after the override was given other numbers, %d of 10 checks admitted from blocks, want 0: a block is kept only under the numbers it was taken under", n)
+	}
+	if got := f.tally.Stats("hot").Unused; got <= unused {
+		t.Errorf("unused units %d after the block was dropped, want more than %d", got, unused)
+	}
+}
+
 // hotLimiter returns a Limiter on a memstore with a local-quota policy
 // "hot" whose subject "tenant-1" has been asked for 400ms: past the three
 // block times after which it is admitted from blocks.
