@@ -14,7 +14,6 @@ import (
 	"github.com/sluicehq/sluice/internal/form"
 	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/requestform"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -306,16 +305,16 @@ func (l *Limiter) put(d *decision) {
 }
 
 // prepare validates what only l knows of req (its policies, by
-// requestform.Policies' rules, and the form of what req carries) into ev.
+// policiesOf's rules, and the form of what req carries) into ev.
 func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	var err error
-	if ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids); err != nil {
+	if ev.Policies, err = policiesOf(ev.Policies, req.Policy, req.Policies, l.policy, l.ids); err != nil {
 		return err
 	}
-	if err := requestform.Subject(req.Subject); err != nil {
+	if err := checkSubject(req.Subject); err != nil {
 		return err
 	}
-	if err := requestform.Carried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
+	if err := checkCarried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
 		return err
 	}
 	if req.Priority != "" && !l.knows(req.Priority) {
@@ -332,7 +331,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
 	if ev.Op == Acquire && ev.LeaseID == "" {
-		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
+		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
 }
@@ -345,4 +344,4 @@ func (l *Limiter) knows(class string) bool {
 
 // unknown is the error for a policy id l does not have, naming the ones
 // it has (the first few).
-func (l *Limiter) unknown(field, id string) error { return requestform.Unknown(field, id, l.ids) }
+func (l *Limiter) unknown(field, id string) error { return unknownPolicy(field, id, l.ids) }
