@@ -11,9 +11,9 @@ import (
 
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/form"
 	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/requestform"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -130,7 +130,6 @@ type Limiter struct {
 	near     *nearCache                            // nil when no policy has NearCache
 	ovr      *overridemap.State[Override, *Policy] // subjects' other numbers: see overrides.go
 	ovrStore overrideStore                         // the Store, when it keeps overrides
-	noFast   bool                                  // validate every request the general way (a test's)
 	classes  []string                              // the priority classes the policies declare, sorted
 }
 
@@ -257,36 +256,45 @@ func (l *Limiter) Check(ctx context.Context, req Request) Outcome {
 	return o
 }
 
-// validate puts req, validated, into ev: the common request (a spend or a
-// peek of one policy with no evaluation id, lease or older subject) by
-// prepareOne, which skips the checks of what it does not carry, every
-// other by prepare. TestFastPathEqual holds the two to the same answers.
+// validate puts req, validated, into ev, and records its form there.
 func (l *Limiter) validate(ev *Evaluation, req *Request) error {
-	if !l.noFast && req.Policy != "" && len(req.Policies) == 0 && len(req.Previous) == 0 && req.EvaluationID == "" && req.LeaseID == "" && req.MaxWait == 0 && (req.Op == Spend || req.Op == Peek) {
-		return l.prepareOne(ev, req)
-	}
-	return l.prepare(ev, req)
-}
-
-// prepareOne is prepare for the common request.
-func (l *Limiter) prepareOne(ev *Evaluation, req *Request) error {
-	p := l.policy(req.Policy)
-	if p == nil {
-		return l.unknown("policy", req.Policy)
-	}
-	if err := requestform.Subject(req.Subject); err != nil {
+	if err := l.prepare(ev, req); err != nil {
 		return err
 	}
-	if req.Priority != "" && !l.knows(req.Priority) {
-		return algorithm.UnknownClass(req.Priority, l.classes)
-	}
-	cost := req.Cost
-	if cost == 0 && req.Op == Spend {
-		cost = 1
-	}
-	ev.Op, ev.Subject, ev.Cost, ev.Priority = req.Op, req.Subject, cost, req.Priority
-	ev.Policies = append(ev.Policies, p)
+	ev.short = shortForm(ev)
 	return nil
+}
+
+// shortForm is the one predicate of the short form, the common decision
+// every store may take by a course of its own (short.go, short.lua): one
+// policy, no evaluation id (nothing to remember or replay), no older
+// subject (nothing to carry over), no book (nothing booked ahead); on a
+// rate policy a spend of at least one unit or a peek, with no lease; on a
+// concurrency policy an acquire or a release of one lease. Every store
+// honours it: the decision reads and writes one key, so a short course
+// needs no record, no carry and no second state, and whatever the
+// Limiter's stages do after validation keeps it (an override swaps in a
+// policy of the same algorithm; local quota makes a spend a held spend of
+// more units, which a short course checks as the general one does). A
+// priority class is short too: its reserve is one number of the policy.
+// Whatever else an operation's rules forbid (a cost above MaxCost, a held
+// spend's bounds, a lease's form) is left to the store's check, as on the
+// general course. The field it sets is read below through
+// evaluation.Short, and nowhere decided again.
+func shortForm(ev *Evaluation) bool {
+	if len(ev.Policies) != 1 || ev.EvaluationID != "" || len(ev.Previous) != 0 || ev.MaxWait != 0 {
+		return false
+	}
+	if ev.Policies[0].Algorithm == Concurrency {
+		return ev.Op == Acquire || ev.Op == Release
+	}
+	return ev.LeaseID == "" && (ev.Op == Spend && ev.Cost >= 1 || ev.Op == Peek && ev.Cost == 0)
+}
+
+func init() {
+	// The stores read the form through package form (see there).
+	form.Short = func(ev any) bool { return ev.(*Evaluation).short }
+	form.Record = func(ev any) { e := ev.(*Evaluation); e.short = shortForm(e) }
 }
 
 // put returns d to l's pool, emptied.
@@ -298,16 +306,16 @@ func (l *Limiter) put(d *decision) {
 }
 
 // prepare validates what only l knows of req (its policies, by
-// requestform.Policies' rules, and the form of what req carries) into ev.
+// policiesOf's rules, and the form of what req carries) into ev.
 func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	var err error
-	if ev.Policies, err = requestform.Policies(ev.Policies, req.Policy, req.Policies, l.policy, l.ids); err != nil {
+	if ev.Policies, err = policiesOf(ev.Policies, req.Policy, req.Policies, l.policy, l.ids); err != nil {
 		return err
 	}
-	if err := requestform.Subject(req.Subject); err != nil {
+	if err := checkSubject(req.Subject); err != nil {
 		return err
 	}
-	if err := requestform.Carried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
+	if err := checkCarried(req.Subject, req.Previous, req.EvaluationID, req.LeaseID); err != nil {
 		return err
 	}
 	if req.Priority != "" && !l.knows(req.Priority) {
@@ -324,7 +332,7 @@ func (l *Limiter) prepare(ev *Evaluation, req *Request) error {
 	ev.Op, ev.Subject, ev.Cost, ev.LeaseID, ev.EvaluationID = req.Op, req.Subject, cost, req.LeaseID, req.EvaluationID
 	ev.Previous = req.Previous
 	if ev.Op == Acquire && ev.LeaseID == "" {
-		ev.LeaseID = requestform.NewLeaseID(ev.Subject, ev.EvaluationID)
+		ev.LeaseID = newLeaseID(ev.Subject, ev.EvaluationID)
 	}
 	return nil
 }
@@ -337,4 +345,4 @@ func (l *Limiter) knows(class string) bool {
 
 // unknown is the error for a policy id l does not have, naming the ones
 // it has (the first few).
-func (l *Limiter) unknown(field, id string) error { return requestform.Unknown(field, id, l.ids) }
+func (l *Limiter) unknown(field, id string) error { return unknownPolicy(field, id, l.ids) }

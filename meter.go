@@ -3,8 +3,6 @@ package sluice
 import (
 	"context"
 	"fmt"
-
-	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Meter runs work whose cost is known only once it is done (the tokens an
@@ -31,7 +29,7 @@ func (l *Limiter) Meter(ctx context.Context, req Request, work func(ctx context.
 	}
 	req.Op = Estimate
 	if req.EvaluationID == "" {
-		req.EvaluationID = requestform.NewID()
+		req.EvaluationID = newID()
 	}
 	if o = l.Check(ctx, req); o.Kind != Allowed {
 		return o, nil

@@ -9,7 +9,6 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Override gives one subject of one policy other numbers: a tenant's plan.
@@ -87,7 +86,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if o.Limit == 0 {
 		return nil, nil
 	}
-	if err := requestform.Subject(o.Subject); err != nil {
+	if err := checkSubject(o.Subject); err != nil {
 		return nil, err
 	}
 	q := *base
@@ -119,7 +118,7 @@ func (l *Limiter) overridden(o Override) (*Policy, error) {
 	if local { // local quota's defaults for the subject's own numbers, unless they are too small for blocks
 		lq := q
 		lq.LocalQuota = LocalQuota{Enabled: true}
-		if lq = lq.withDefaults(); requestform.LocalQuota(lq.fields(), func(_, _, _ string) error { return errTooSmall }) == nil {
+		if lq = lq.withDefaults(); checkLocalQuota(lq.fields(), func(_, _, _ string) error { return errTooSmall }) == nil {
 			q = lq
 		}
 	}
@@ -176,7 +175,7 @@ func (l *Limiter) SetOverride(ctx context.Context, o Override) error {
 		return err
 	}
 	if o.Limit == 0 {
-		if err := requestform.Subject(o.Subject); err != nil {
+		if err := checkSubject(o.Subject); err != nil {
 			return err
 		}
 		o = Override{Policy: o.Policy, Subject: o.Subject}

@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/period"
 	"github.com/sluicehq/sluice/internal/policydefaults"
 	"github.com/sluicehq/sluice/internal/policyerr"
-	"github.com/sluicehq/sluice/internal/requestform"
 )
 
 // Algorithm selects the math a policy uses. Its String form is the config
@@ -205,24 +205,17 @@ func (p Policy) withDefaults() Policy {
 // Validate reports the first field of p (after defaults) that breaks a
 // rule, naming the policy, the field, the value and the rule, e.g.
 // `sluice: policy "api": limit = 0: must be between 1 and 1000000000`.
-// The rules are internal/requestform's.
+// The rules are policyform.go's.
 func (p Policy) Validate() error {
 	maxCost := p.MaxCost
 	p = p.withDefaults()
 	bad := func(field, value, rule string) error {
 		return &policyerr.Error{Policy: p.ID, Field: field, Value: value, Rule: rule}
 	}
-	if err := requestform.Policy(p.form(maxCost), bad); err != nil {
+	if err := checkPolicy(&p, maxCost, bad); err != nil {
 		return err
 	}
 	return algorithm.CheckShares(p.Priorities, p.params().Capacity(algorithm.Kind(p.Algorithm)), bad)
-}
-
-// form returns what requestform checks of p; setMaxCost is MaxCost
-// before defaults.
-func (p *Policy) form(setMaxCost int64) requestform.PolicyForm {
-	return requestform.PolicyForm{Fields: p.fields(), ID: p.ID, Period: p.Period, TimeZone: p.TimeZone,
-		NearCache: p.NearCache, CleanupGrace: p.CleanupGrace, SetMaxCost: setMaxCost}
 }
 
 // reserves reports whether p holds part of its capacity back from a
@@ -236,6 +229,9 @@ func (p *Policy) reserves(class string) bool {
 // params returns p's numbers in the engine's units (a calendar period's
 // nominal length for its window).
 func (p Policy) params() algorithm.Params {
-	f := p.form(p.MaxCost)
+	f := p.fields()
+	if u, ok := period.Parse(p.Period); ok {
+		f.Window = u.Nominal()
+	}
 	return f.Params()
 }

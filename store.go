@@ -188,6 +188,13 @@ type Evaluation struct {
 	// one included (1 when it went alone). It is recorded in a trace
 	// (Options.TracerProvider); 0 when the store does not say. Example: 12.
 	Batch int
+
+	// short records that the Limiter's validation found the decision in
+	// the short form (shortForm, limiter.go): a store may take its short
+	// course on it, and reads this through evaluation.Short, never
+	// deriving the form again. False, the general form, for an Evaluation
+	// built by other means.
+	short bool
 }
 
 // Clock tells the time. Nothing below Limiter reads the time by other

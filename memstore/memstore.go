@@ -74,8 +74,6 @@ type Store struct {
 	perShard  int
 	evictions atomic.Int64 // live states dropped at the bound
 	idsLost   atomic.Int64 // live remembered ids dropped at the bound
-	general   bool         // tests: every decision takes the general path
-	onFast    func()       // tests: called for each decision the fast path takes
 	periods   period.Cache // calendar periods' bounds around the clock
 	stop      chan struct{}
 	done      chan struct{}
@@ -294,14 +292,8 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(ev.Policies) == 1 && ev.EvaluationID == "" && len(ev.Previous) == 0 && ev.LeaseID == "" && ev.MaxWait == 0 && !s.general && (len(ev.Policies[0].Priorities) == 0 || evaluation.Reserve(ev.Policies[0], ev.Priority, algorithm.OpSpend) == 0) {
-		if p := ev.Policies[0]; p.Algorithm != sluice.Concurrency &&
-			(ev.Op == sluice.Spend && ev.Cost >= 1 && ev.Cost <= p.MaxCost || ev.Op == sluice.Peek && ev.Cost == 0) {
-			if s.onFast != nil {
-				s.onFast()
-			}
-			return s.decideOne(ev, p)
-		}
+	if evaluation.Short(ev) {
+		return s.decideShort(ev)
 	}
 	if len(ev.Previous) > 0 {
 		// Carrying state over writes before the decision: check first.
@@ -366,44 +358,6 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 			s.put(sh, now, h, ks[i], w.stored[i], e.Policies[i].Kind, &e.Writes[i], &e.Decisions[i])
 		}
 	}
-	return nil
-}
-
-// decideOne takes the common decision: a spend within p's MaxCost (held
-// or not: a held one is checked here) or a peek, on one rate policy, with
-// no evaluation id, lease or older subject (every other rule of Check
-// holds for it). It does what the general path does
-// for it, by the engine's DecideOne, without building an Evaluation: the
-// state is read and written in place under the shard's lock.
-func (s *Store) decideOne(ev *sluice.Evaluation, p *sluice.Policy) error {
-	if ev.Hold != 0 {
-		// A held spend has rules of its own: check them.
-		if err := check(ev); err != nil {
-			return err
-		}
-	}
-	now := evaluation.Now(s.clock)
-	var ap algorithm.Policy
-	evaluation.SetPolicyAt(&ap, p, now, &s.periods)
-	h := maphash.String(s.seed, ev.Subject)
-	sh := &s.shards[h&s.mask]
-	k := keyOf(ev.Subject, p)
-	var d algorithm.Decision
-	var w algorithm.Write // on the stack: the shard's work would be one more cache line to take from the core that locked it last
-	sh.mu.Lock()
-	en := sh.states.get(h, k)
-	st := stateOf(en, ap.Kind)
-	commit, err := algorithm.DecideOne(&ap, st, now, -1, evaluation.Op(ev), ev.Cost, int64(ev.Hold/time.Microsecond), &w, &d)
-	if commit {
-		s.put(sh, now, h, k, en, ap.Kind, &w, &d)
-	}
-	sh.mu.Unlock()
-	if err != nil {
-		return engineError(err)
-	}
-	ev.Statuses = evaluation.Statuses(ev.Statuses, 1)
-	evaluation.SetStatus(&ev.Statuses[0], p, &d)
-	ev.Replayed = false
 	return nil
 }
 

@@ -298,7 +298,7 @@ func TestSharedCallKeepsEachAnswer(t *testing.T) {
 	}
 	run := func(ev *sluice.Evaluation) chan answer {
 		ch := make(chan answer, 1)
-		go func() { err := s.Evaluate(ctx, ev); ch <- answer{ev.Statuses, err, ev} }()
+		go func() { err := s.Evaluate(ctx, formed(ev, false)); ch <- answer{ev.Statuses, err, ev} }()
 		return ch
 	}
 	var busyAnswers []chan answer

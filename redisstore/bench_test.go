@@ -101,7 +101,7 @@ func BenchmarkEvaluate(b *testing.B) {
 			}
 			b.Run(a.String()+name, func(b *testing.B) {
 				subj := subject(b)
-				ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1}
+				ev := formed(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1}, false)
 				b.ReportAllocs()
 				cpu := redisCPU(b, c)
 				for b.Loop() {
@@ -129,7 +129,7 @@ func BenchmarkEvaluate(b *testing.B) {
 			cpu := redisCPU(b, c)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
-				ev := &sluice.Evaluation{Subject: fmt.Sprint(base, seq.Add(1)), Policies: []*sluice.Policy{p}, Cost: 1}
+				ev := formed(&sluice.Evaluation{Subject: fmt.Sprint(base, seq.Add(1)), Policies: []*sluice.Policy{p}, Cost: 1}, false)
 				for pb.Next() {
 					if err := s.Evaluate(context.Background(), ev); err != nil {
 						b.Error(err)
@@ -213,18 +213,18 @@ func BenchmarkLease(b *testing.B) {
 		return func(ctx context.Context) error {
 			n++
 			ev.Op, ev.Cost, ev.LeaseID = sluice.Acquire, 1, ids[n%len(ids)]
-			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+			if err := s.Evaluate(ctx, formed(ev, false)); err != nil || !ev.Statuses[0].Allowed {
 				return fmt.Errorf("acquire: %v %+v", err, ev.Statuses)
 			}
 			ev.Op, ev.Cost = sluice.Release, 0
-			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
+			if err := s.Evaluate(ctx, formed(ev, false)); err != nil || !ev.Statuses[0].Allowed {
 				return fmt.Errorf("release: %v %+v", err, ev.Statuses)
 			}
 			return nil
 		}
 	}
 	storeDecision := func(subj string) func(context.Context) error {
-		ev := &sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{&rp}, Cost: 1}
+		ev := formed(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{&rp}, Cost: 1}, false)
 		return func(ctx context.Context) error {
 			if err := s.Evaluate(ctx, ev); err != nil || !ev.Statuses[0].Allowed {
 				return fmt.Errorf("gcra: %v %+v", err, ev.Statuses)

@@ -125,7 +125,7 @@ func TestCorruptShapes(t *testing.T) {
 			// The other entry shapes: the short decision alone and batched
 			// (a decideAll call: fixedWindowFloor for a fixed window).
 			for _, st := range []*redisstore.Store{s, batched} {
-				ev := spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, LeaseID: "l1"})
+				ev := formed(spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, LeaseID: "l1"}), false)
 				err := st.Evaluate(ctx, ev)
 				if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Evaluate (batched %v) over %s alone = %v (statuses %+v), want CorruptState naming %s, saying %q", st == batched, tc.name, err, ev.Statuses, key, tc.want)
@@ -138,7 +138,7 @@ func TestCorruptShapes(t *testing.T) {
 				// A release of lease "a", the only one in the single-lease
 				// cases: short.lua's leaseFloor reads it, alone and batched.
 				for _, st := range []*redisstore.Store{s, batched} {
-					ev := &sluice.Evaluation{Op: sluice.Release, Subject: subj, Policies: []*sluice.Policy{p}, LeaseID: "a"}
+					ev := formed(&sluice.Evaluation{Op: sluice.Release, Subject: subj, Policies: []*sluice.Policy{p}, LeaseID: "a"}, false)
 					err := st.Evaluate(ctx, ev)
 					if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
 						t.Fatalf("release (batched %v) over %s = %v (statuses %+v), want CorruptState naming %s, saying %q", st == batched, tc.name, err, ev.Statuses, key, tc.want)

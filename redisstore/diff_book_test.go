@@ -62,7 +62,7 @@ func diffBook(t *testing.T, c redis.UniversalClient, seed uint64, a sluice.Algor
 		}
 		want, got := ev, ev
 		errM := d.mem.Evaluate(context.Background(), &want)
-		errR := d.redis.Evaluate(context.Background(), &got)
+		errR := d.redis.Evaluate(context.Background(), formed(&got, d.general))
 		if errM != nil || errR != nil {
 			t.Fatalf("seed %d step %d: %v cost=%d max wait=%v: memstore %v, redisstore %v", seed, step, ev.Op, ev.Cost, ev.MaxWait, errM, errR)
 		}

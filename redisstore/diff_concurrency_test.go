@@ -73,7 +73,7 @@ func (d *diff) leaseStep(seed uint64, step int, dt int64, op leaseOp, ps []*slui
 	if err := d.mem.Evaluate(context.Background(), evs[0]); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: memstore %v: %v", seed, step, d.now, op, err)
 	}
-	if err := d.redis.Evaluate(context.Background(), evs[1]); err != nil {
+	if err := d.redis.Evaluate(context.Background(), formed(evs[1], d.general)); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: redisstore %v: %v", seed, step, d.now, op, err)
 	}
 	if !slices.Equal(evs[1].Statuses, evs[0].Statuses) {
@@ -115,7 +115,7 @@ func TestDifferentialConcurrency(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			d := newDiff(t, c)
-			d.redis.SetGeneral(general)
+			d.general = general
 			r := rand.New(rand.NewPCG(seed, 77))
 			const episode = 300
 			var ps []*sluice.Policy

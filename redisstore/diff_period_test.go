@@ -76,7 +76,7 @@ func (d *diff) stepPeriods(seed uint64, step int, dt, cost int64, refund bool, p
 	want := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
 	got := &sluice.Evaluation{Op: op, Subject: d.subject, Policies: ps, Cost: cost}
 	errM := d.mem.Evaluate(context.Background(), want)
-	errR := d.redis.Evaluate(context.Background(), got)
+	errR := d.redis.Evaluate(context.Background(), formed(got, d.general))
 	if errM != nil || errR != nil {
 		if !errors.Is(errM, sluice.ClockUnsafe) || !errors.Is(errR, sluice.ClockUnsafe) {
 			d.t.Fatalf("seed %d step %d: %s now=%d: Evaluate(op=%v, cost=%d): memstore %v, redisstore %v: want both ClockUnsafe or neither", seed, step, describe(ps), d.now, op, cost, errM, errR)
@@ -94,7 +94,7 @@ func (d *diff) stepPeriods(seed uint64, step int, dt, cost int64, refund bool, p
 // other algorithms' policies when multi is set.
 func diffPeriods(t *testing.T, c redis.UniversalClient, seed uint64, general, multi bool) {
 	d := newDiff(t, c)
-	d.redis.SetGeneral(general)
+	d.general = general
 	r := rand.New(rand.NewPCG(seed, 0xca1e<<2|uint64(boolBit(general))<<1|boolBit(multi)))
 	const episode = 300
 	var ps []*sluice.Policy
@@ -175,7 +175,6 @@ func (c *calendar) around(t int64) [4]int64 {
 // caller clock far behind): refused as ClockUnsafe, nothing written.
 func diffPeriodsRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, general, batched bool) {
 	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetGeneral(general)
 	s.SetBatched(batched)
 	var at int64
 	s.OnRedisTime(func(now int64) { at = now })
@@ -214,7 +213,7 @@ func diffPeriodsRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, g
 		}
 		got := &sluice.Evaluation{Op: op, Subject: subj, Policies: ps, Cost: cost}
 		before := at
-		err := s.Evaluate(context.Background(), got)
+		err := s.Evaluate(context.Background(), formed(got, general))
 		if off {
 			if !errors.Is(err, sluice.ClockUnsafe) {
 				t.Fatalf("seed %d step %d: bounds %v ended before Redis's clock (%d at the last reply): Evaluate = %v, %+v, want ClockUnsafe", seed, step, sent, before, err, got.Statuses)

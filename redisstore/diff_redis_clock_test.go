@@ -122,7 +122,6 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 	// the engine twin does not model. (A fixed window's key takes none:
 	// it expires at the end it keeps.)
 	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetGeneral(general)
 	s.SetBatched(batched)
 	var at int64
 	s.OnRedisTime(func(now int64) { at = now })
@@ -161,7 +160,7 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 		}
 		got := &sluice.Evaluation{Op: op, Subject: subj, Policies: ps, Cost: cost, Hold: hold, Priority: class}
 		before := at
-		if err := s.Evaluate(context.Background(), got); err != nil {
+		if err := s.Evaluate(context.Background(), formed(got, general)); err != nil {
 			t.Fatalf("seed %d step %d: redisstore Evaluate(op=%v, cost=%d, hold=%v) on %s: %v", seed, step, op, cost, hold, describe(ps), err)
 		}
 		if at == before {
@@ -205,7 +204,6 @@ func boolInt(b bool) int { return int(boolBit(b)) }
 // the states a pair meets (no lease, the only one, named or not) common.
 func diffRedisClockLeases(t *testing.T, c redis.UniversalClient, seed uint64, general, batched bool, steps int) {
 	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetGeneral(general)
 	s.SetBatched(batched)
 	var at int64
 	s.OnRedisTime(func(now int64) { at = now })
@@ -236,7 +234,7 @@ func diffRedisClockLeases(t *testing.T, c redis.UniversalClient, seed uint64, ge
 			ev.Op, ev.LeaseID = sluice.Peek, ""
 		}
 		before := at
-		if err := s.Evaluate(context.Background(), ev); err != nil {
+		if err := s.Evaluate(context.Background(), formed(ev, general)); err != nil {
 			t.Fatalf("seed %d step %d: redisstore %v %s on %s: %v", seed, step, ev.Op, ev.LeaseID, describeLeases(ev.Policies), err)
 		}
 		if at == before {

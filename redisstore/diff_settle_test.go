@@ -65,7 +65,7 @@ func settlePolicy(t *testing.T, r *rand.Rand, id string, a sluice.Algorithm) *sl
 // error class must agree.
 func diffSettle(t *testing.T, c redis.UniversalClient, seed uint64, algs []sluice.Algorithm, general bool, steps int) {
 	d := newDiff(t, c)
-	d.redis.SetGeneral(general)
+	d.general = general
 	r := rand.New(rand.NewPCG(seed, uint64(len(algs))*7+uint64(algs[0])))
 	const episode = 300
 	var ps []*sluice.Policy
@@ -177,7 +177,7 @@ func (d *diff) evaluateBoth(seed uint64, step int, ev *sluice.Evaluation) []slui
 	d.t.Helper()
 	want, got := *ev, *ev
 	werr := d.mem.Evaluate(context.Background(), &want)
-	gerr := d.redis.Evaluate(context.Background(), &got)
+	gerr := d.redis.Evaluate(context.Background(), formed(&got, d.general))
 	what := fmt.Sprintf("seed %d step %d: policies %s now=%d: %v(cost=%d, id=%s)", seed, step, describe(ev.Policies), d.now, ev.Op, ev.Cost, ev.EvaluationID)
 	if werr != nil || gerr != nil {
 		for _, kind := range []error{sluice.ErrInvalidRequest, algorithm.ErrCostTooHigh, algorithm.ErrNotRefundable, sluice.CorruptState, sluice.ClockUnsafe} {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/form"
 
 	"github.com/redis/go-redis/v9"
 
@@ -157,7 +158,7 @@ func TestDifferential(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			d := newDiff(t, c)
-			d.redis.SetGeneral(tc.general)
+			d.general = tc.general
 			r := rand.New(rand.NewPCG(seed, uint64(a)))
 			const episode = 500 // steps per policy before new numbers and a new key
 			var ps []*sluice.Policy
@@ -291,6 +292,7 @@ type diff struct {
 	now     int64
 	subject string
 	class   string // the priority class step and leaseStep ask with
+	general bool   // every decision to Redis in the general form
 }
 
 func newDiff(t *testing.T, c redis.UniversalClient) *diff {
@@ -352,7 +354,7 @@ func (d *diff) step(seed uint64, step int, dt, cost int64, hold time.Duration, r
 	if err := d.mem.Evaluate(context.Background(), want); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: memstore Evaluate(cost=%d, hold=%v, refund=%v, class=%q): %v", seed, step, d.now, cost, hold, refund, d.class, err)
 	}
-	if err := d.redis.Evaluate(context.Background(), got); err != nil {
+	if err := d.redis.Evaluate(context.Background(), formed(got, d.general)); err != nil {
 		d.t.Fatalf("seed %d step %d: now=%d: redisstore Evaluate(cost=%d, hold=%v, refund=%v, class=%q): %v", seed, step, d.now, cost, hold, refund, d.class, err)
 	}
 	if !slices.Equal(got.Statuses, want.Statuses) {
@@ -387,11 +389,21 @@ func TestDifferentialPast2p53(t *testing.T) {
 	}
 	*p = evaluation.Defaults(*p)
 	for _, general := range []bool{false, true} {
-		d.redis.SetGeneral(general)
+		d.general = general
 		d.subject = fmt.Sprintf("%s.%v", subject(t), general)
 		d.now = 1_769_926_940_422_961
 		if st := d.step(0, 0, 0, p.Burst, window, false, []*sluice.Policy{p}); st[0].Allowed {
 			t.Fatalf("general=%v: a held spend of the whole burst on fresh state = %+v, want denied (the hold's debt leaves no room)", general, st[0])
 		}
 	}
+}
+
+// formed records on ev the form the Limiter's validation gives it (the
+// short form where ev has that shape), unless general: then ev stays in
+// the general form, as a test builds it. It returns ev.
+func formed(ev *sluice.Evaluation, general bool) *sluice.Evaluation {
+	if !general {
+		form.Record(ev)
+	}
+	return ev
 }

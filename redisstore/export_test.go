@@ -11,11 +11,6 @@ func (s *Store) Key(subject string, p *sluice.Policy) string { return s.key(subj
 // little-endian IEEE doubles.
 const StateBinary = 1
 
-// SetGeneral makes s send every decision in the general form (true) or
-// the common ones in the short form (false, the default), so a test
-// drives both paths of the script alike.
-func (s *Store) SetGeneral(general bool) { s.general = general }
-
 // Queued returns how many decisions wait in the queue of s's Redis (not
 // a Cluster's), for tests that wait until callers have queued rather
 // than sleep.

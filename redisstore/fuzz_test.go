@@ -60,8 +60,7 @@ func FuzzCorruptState(f *testing.F) {
 	// advance with Redis's, which expires them.
 	caller := newStore(f, c, redisstore.Options{Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
 	server := newStore(f, c, redisstore.Options{})
-	general := newStore(f, c, redisstore.Options{}) // every decision in the general form
-	general.SetGeneral(true)
+	general := newStore(f, c, redisstore.Options{}) // every decision to it in the general form (fuzzRun.general)
 	batched := newStore(f, c, redisstore.Options{}) // every decision in a decideAll call
 	batched.SetBatched(true)
 	ints := func(vs ...int64) []byte {
@@ -133,7 +132,7 @@ func FuzzCorruptState(f *testing.F) {
 		// One spend on Redis's clock, the state written around its time,
 		// in the short form, alone and batched, and in the general one.
 		for i, s := range []*redisstore.Store{server, general, batched} {
-			fz = &fuzzRun{t: t, c: c, s: s, p: p, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
+			fz = &fuzzRun{t: t, c: c, s: s, p: p, general: s == general, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
 			if p.Algorithm == sluice.Concurrency {
 				fz.lag = p.LeaseTTL.Microseconds() + p.CleanupGrace.Microseconds()
 			}
@@ -173,6 +172,7 @@ type fuzzRun struct {
 	c       *redis.Client
 	s       *redisstore.Store
 	p       *sluice.Policy
+	general bool // every decision in the general form, else in the form the Limiter gives it
 	subject string
 	caller  bool  // on the caller's clock (else Redis's)
 	lag     int64 // µs the newest write may lie ahead of a decision's time
@@ -341,7 +341,7 @@ func (fz *fuzzRun) decide(cost int64, i int) (sluice.Status, bool) {
 	t, ctx := fz.t, context.Background()
 	key := fz.s.Key(fz.subject, fz.p)
 	before := fz.c.Dump(ctx, key).Val()
-	ev := spending(&sluice.Evaluation{Subject: fz.subject, Policies: []*sluice.Policy{fz.p}, Cost: cost, LeaseID: fmt.Sprint("lease", i)})
+	ev := formed(spending(&sluice.Evaluation{Subject: fz.subject, Policies: []*sluice.Policy{fz.p}, Cost: cost, LeaseID: fmt.Sprint("lease", i)}), fz.general)
 	err := fz.s.Evaluate(ctx, ev)
 	switch {
 	case errors.Is(err, sluice.CorruptState):

@@ -134,7 +134,7 @@ func evaluate(ctx context.Context, s sluice.Store, subject string, cost int64, p
 	if cost == 0 {
 		ev.Op = sluice.Peek
 	}
-	if err := s.Evaluate(ctx, ev); err != nil {
+	if err := s.Evaluate(ctx, formed(ev, false)); err != nil {
 		return nil, err
 	}
 	return ev.Statuses, nil

@@ -330,7 +330,6 @@ type Store struct {
 	// *sluice.Policy → *policyArgs, about cachedArgs of them.
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
-	general    bool // every decision in the general form: the short one is never sent (tests)
 	batchAll   bool // every decision through the senders in a decideAll call, even alone (tests)
 	// onRedisTime, when set, is called with the time each decision on
 	// Redis time was taken at, from its reply (tests: the differential
@@ -742,19 +741,6 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-// short reports whether ev's decision, with id and carry as decide's, may
-// go in the short form: one policy, a spend or a peek (on a concurrency
-// policy, an acquire or a release), no evaluation id, nothing carried.
-func (s *Store) short(ev *sluice.Evaluation, id, carry string) bool {
-	if s.general || len(ev.Policies) != 1 || id != "" || carry != "" {
-		return false
-	}
-	if ev.Policies[0].Algorithm == sluice.Concurrency {
-		return ev.Op == sluice.Acquire || ev.Op == sluice.Release
-	}
-	return ev.Op == sluice.Spend || ev.Op == sluice.Peek
-}
-
 // decideShort runs the script once for subject: ev's decision in the
 // short form (see short.lua).
 func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
@@ -810,7 +796,7 @@ func holdArg(h time.Duration) any {
 // (none), "probe" or "carry" and the carried states (see redisstore.lua and carry.lua).
 // It appends the reply's integers to dst.
 func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64) ([]int64, error) {
-	if s.short(ev, id, carry) {
+	if evaluation.Short(ev) {
 		return s.decideShort(ctx, subject, ev, dst)
 	}
 	n := len(ev.Policies)

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
+	"github.com/sluicehq/sluice/internal/form"
 	"github.com/sluicehq/sluice/internal/period"
 	"github.com/sluicehq/sluice/internal/policydefaults"
 )
@@ -111,6 +112,14 @@ func Capacity(p *sluice.Policy) int64 {
 	}
 	return p.Limit
 }
+
+// Short reports whether ev is in the short form, as the Limiter's
+// validation recorded it (sluice's shortForm: one policy, no evaluation
+// id, no older subject, no book; a spend or a peek of a rate policy, an
+// acquire or a release of a concurrency one). It is the one way a store
+// learns the form: a store's short course is entered on it alone, and
+// answers exactly as its general course would.
+func Short(ev *sluice.Evaluation) bool { return form.Short(ev) }
 
 // Op returns ev's operation in the engine's terms: its Op, except that a
 // Spend with a Hold is the engine's OpHold (local quota's held spend, which

@@ -50,7 +50,7 @@ var layers = []struct {
 	{"evaluation", []string{"internal/evaluation"}},
 	{"contract", []string{""}},
 	{"stages", []string{"internal/localquota", "internal/overridemap"}},
-	{"request form, policy rules", []string{"internal/requestform"}},
+	{"the decision's form (short or general)", []string{"internal/form"}},
 	{"policy defaults", []string{"internal/policydefaults"}},
 	{"engine", []string{"internal/engine/algorithm"}},
 	{"failure modes", []string{"failure"}},

@@ -92,7 +92,7 @@ func (p calendarPolicy) run(arrivals []int64) (CalendarRow, error) {
 			b := period.Bounds(p.unit, p.location, t)
 			ap.Params.Bounds, ap.Params.Window = b, b[2]-b[1]
 		}
-		commit, err := algorithm.DecideOne(&ap, &st, t, -1, algorithm.OpSpend, 1, 0, &w, &d)
+		commit, err := algorithm.DecideOne(&ap, &st, t, -1, algorithm.OpSpend, 1, 0, "", &w, &d)
 		if err != nil {
 			return row, err // none: the bounds hold t by construction
 		}

@@ -58,7 +58,7 @@ func BenchmarkDecideOne(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				now += 10
-				commit, err := DecideOne(&p, &st, now, -1, OpSpend, 1, 0, &w, &d)
+				commit, err := DecideOne(&p, &st, now, -1, OpSpend, 1, 0, "", &w, &d)
 				if err != nil || !commit {
 					b.Fatalf("DecideOne = %v, commit %v", err, commit)
 				}

@@ -291,7 +291,7 @@ func TestEvaluateRefusesCorrupt(t *testing.T) {
 		if tc.replay == nil {
 			w := Write{}
 			var d Decision
-			if _, err := DecideOne(&tc.p, tc.st, t0+10, -1, OpSpend, 1, 0, &w, &d); !errors.As(err, &ce) {
+			if _, err := DecideOne(&tc.p, tc.st, t0+10, -1, OpSpend, 1, 0, "", &w, &d); !errors.As(err, &ce) {
 				t.Errorf("%s: DecideOne = %v, want a *CorruptError", tc.name, err)
 			}
 		}

@@ -21,7 +21,7 @@ func decidePeriod(t *testing.T, p *Policy, st *State, now, cost int64) (Decision
 	if cost == 0 {
 		op = OpPeek
 	}
-	commit, err := DecideOne(p, st, now, -1, op, cost, 0, &w, &d)
+	commit, err := DecideOne(p, st, now, -1, op, cost, 0, "", &w, &d)
 	if commit {
 		if w.Expires <= now {
 			*st = State{}

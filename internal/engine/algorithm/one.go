@@ -1,22 +1,22 @@
 package algorithm
 
 // DecideOne is Evaluate for the common decision: one policy, a spend, a
-// held spend (OpHold, for hold µs) or a peek that passed Check, nothing to
-// replay. It runs the same steps on the
+// held spend (OpHold, for hold µs) or a peek, or an acquire or a release
+// of lease, that passed Check, nothing to replay. It runs the same steps on the
 // same functions (current, then the policy's step, then lengthen), without
 // the slices of an Evaluation: the decision goes to d, the state after it
 // to w (Fresh included), and commit reports whether the store must apply w
 // (the spend was admitted). st is the stored state, nil when absent; it is
 // read, never modified.
-func DecideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, w *Write, d *Decision) (commit bool, err error) {
+func DecideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, lease string, w *Write, d *Decision) (commit bool, err error) {
 	if p.Kind == KindGCRA && op != OpRefund && op != OpBook && p.Params.Reserve >= 0 && int64(p.Params.Reserve) < p.Params.Burst {
 		return decideGCRA(p, st, now, maxRegression, op, cost, hold, w, d)
 	}
-	return decideOne(p, st, now, maxRegression, op, cost, hold, w, d)
+	return decideOne(p, st, now, maxRegression, op, cost, hold, lease, w, d)
 }
 
 // decideOne is DecideOne's general course, every algorithm's.
-func decideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, w *Write, d *Decision) (commit bool, err error) {
+func decideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold int64, lease string, w *Write, d *Decision) (commit bool, err error) {
 	if why := p.corrupt(st, now); why != "" {
 		return false, &CorruptError{Reason: why}
 	}
@@ -24,7 +24,7 @@ func decideOne(p *Policy, st *State, now, maxRegression int64, op Op, cost, hold
 	if cerr != nil {
 		return false, cerr
 	}
-	p.step(cur, at, op, cost, hold, "", w, d)
+	p.step(cur, at, op, cost, hold, lease, w, d)
 	w.Fresh = cur != st
 	if at != now {
 		lengthen(d, at-now)

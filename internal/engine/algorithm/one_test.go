@@ -58,7 +58,7 @@ func TestDecideOneMatchesEvaluate(t *testing.T) {
 					}
 					var w Write
 					var d Decision
-					commit, err := DecideOne(&m.p, m.st, now, -1, op, cost, hold, &w, &d)
+					commit, err := DecideOne(&m.p, m.st, now, -1, op, cost, hold, "", &w, &d)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -136,7 +136,7 @@ func TestDecideGCRAMatchesGeneral(t *testing.T) {
 				at += logIn(1, q.Params.Window) - 1
 				var w Write
 				var d Decision
-				if commit, err := decideOne(&q, st, at, -1, OpSpend, logIn(1, q.Params.Burst), 0, &w, &d); err != nil {
+				if commit, err := decideOne(&q, st, at, -1, OpSpend, logIn(1, q.Params.Burst), 0, "", &w, &d); err != nil {
 					t.Fatal(err)
 				} else if commit {
 					st.Apply(&w)
@@ -172,8 +172,8 @@ func TestDecideGCRAMatchesGeneral(t *testing.T) {
 		var w1, w2 Write
 		var d1, d2 Decision
 		w1.V[2], w2.V[2] = 7, 9 // what a write left before: overwritten
-		c1, err1 := DecideOne(&p, st, now, maxRegression, op, cost, hold, &w1, &d1)
-		c2, err2 := decideOne(&p, st, now, maxRegression, op, cost, hold, &w2, &d2)
+		c1, err1 := DecideOne(&p, st, now, maxRegression, op, cost, hold, "", &w1, &d1)
+		c2, err2 := decideOne(&p, st, now, maxRegression, op, cost, hold, "", &w2, &d2)
 		if c1 != c2 || fmt.Sprint(err1) != fmt.Sprint(err2) || d1 != d2 || err1 == nil && w1 != w2 {
 			t.Fatalf("%+v, %v cost %d hold %d at %d (max regression %d) on %+v:\nfast    %v %v %+v %+v\ngeneral %v %v %+v %+v",
 				p, op, cost, hold, now, maxRegression, st, c1, err1, d1, w1, c2, err2, d2, w2)

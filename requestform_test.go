@@ -1,4 +1,4 @@
-package requestform
+package sluice
 
 import (
 	"math/rand/v2"

@@ -1,11 +1,12 @@
-// Package requestform holds the rules of form a Limiter checks before a
-// store sees a request (a subject's bytes, an evaluation id, a lease id,
-// the older subjects of a key rotation, a policy ID), the error for a
-// policy it does not have, and the rules of a policy's local quota: the
-// checks only the Limiter knows, each an error naming the field, the
-// value and the rule. The operation's own rules are the decision
-// engine's (internal/engine/algorithm), checked by the store.
-package requestform
+package sluice
+
+// requestform.go holds the rules of form a Limiter checks before a store
+// sees a request (a subject's bytes, an evaluation id, a lease id, the
+// older subjects of a key rotation, a policy ID) and the error for a
+// policy it does not have: the checks only the Limiter knows, each an
+// error naming the field, the value and the rule. The operation's own
+// rules are the decision engine's (internal/engine/algorithm), checked by
+// the store. A policy's own rules are in policyform.go.
 
 import (
 	"crypto/rand"
@@ -27,13 +28,13 @@ const (
 	maxPolicyID     = 64  // bytes of a policy ID
 )
 
-// errInvalid is the error every form rule wraps: sluice.ErrInvalidRequest.
+// errInvalid is the error every form rule wraps: ErrInvalidRequest.
 var errInvalid = algorithm.ErrInvalidRequest
 
-// Subject reports whether s can be a Request.Subject: 1 to 200 bytes of
+// checkSubject reports whether s can be a Request.Subject: 1 to 200 bytes of
 // printable ASCII other than space, '{' and '}' (braces delimit Redis
 // Cluster hash tags).
-func Subject(s string) error {
+func checkSubject(s string) error {
 	if len(s) == 0 || len(s) > maxSubject {
 		return fmt.Errorf("sluice: %w: subject is %d bytes: must be 1 to %d", errInvalid, len(s), maxSubject)
 	}
@@ -94,17 +95,17 @@ func keySafe(s string) bool {
 	return bad&highs == 0
 }
 
-// Carried reports whether what a request carries beside its subject and
+// checkCarried reports whether what a request carries beside its subject and
 // policies is well-formed: previous, its subject's pseudonyms under older
 // keys (at most 4, each a valid subject other than subject); its
 // evaluation id (at most 128 bytes of printable ASCII other than space);
 // its lease id (see LeaseID).
-func Carried(subject string, previous []string, evaluationID, leaseID string) error {
+func checkCarried(subject string, previous []string, evaluationID, leaseID string) error {
 	if len(previous) > maxPrevious {
 		return fmt.Errorf("sluice: %w: previous names %d subjects: must be at most %d", errInvalid, len(previous), maxPrevious)
 	}
 	for i, prev := range previous {
-		if err := Subject(prev); err != nil {
+		if err := checkSubject(prev); err != nil {
 			return fmt.Errorf("sluice: previous[%d]: %w", i, err)
 		}
 		if prev == subject {
@@ -120,14 +121,14 @@ func Carried(subject string, previous []string, evaluationID, leaseID string) er
 		}
 	}
 	if leaseID != "" {
-		return LeaseID(leaseID)
+		return checkLeaseID(leaseID)
 	}
 	return nil
 }
 
-// LeaseID reports whether id can name a lease: 1 to 64 bytes of A-Z a-z
+// checkLeaseID reports whether id can name a lease: 1 to 64 bytes of A-Z a-z
 // 0-9 - _, the alphabet lease ids are written in.
-func LeaseID(id string) error {
+func checkLeaseID(id string) error {
 	if len(id) == 0 || len(id) > maxLeaseID {
 		return fmt.Errorf("sluice: %w: lease id is %d bytes: must be 1 to %d", errInvalid, len(id), maxLeaseID)
 	}
@@ -139,26 +140,26 @@ func LeaseID(id string) error {
 	return nil
 }
 
-// NewLeaseID returns a lease id for an acquire by subject: random, or
+// newLeaseID returns a lease id for an acquire by subject: random, or
 // derived from evaluationID when set (a retry then names the same lease).
-func NewLeaseID(subject, evaluationID string) string {
+func newLeaseID(subject, evaluationID string) string {
 	if evaluationID == "" {
-		return NewID()
+		return newID()
 	}
 	h := sha256.Sum256([]byte("sluice lease\x00" + subject + "\x00" + evaluationID))
 	return base64.RawURLEncoding.EncodeToString(h[:16])
 }
 
-// NewID returns a random id of 16 bytes, as an evaluation or lease id.
-func NewID() string {
+// newID returns a random id of 16 bytes, as an evaluation or lease id.
+func newID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// PolicyID reports whether id can name a policy: 1 to 64 of
+// validPolicyID reports whether id can name a policy: 1 to 64 of
 // [A-Za-z0-9_.-].
-func PolicyID(id string) bool {
+func validPolicyID(id string) bool {
 	if len(id) < 1 || len(id) > maxPolicyID {
 		return false
 	}
@@ -171,9 +172,9 @@ func PolicyID(id string) bool {
 	return true
 }
 
-// Unknown is the error for a policy id a Limiter does not have, in field,
+// unknownPolicy is the error for a policy id a Limiter does not have, in field,
 // naming the ones it has (the first few of ids).
-func Unknown(field, id string, ids []string) error {
+func unknownPolicy(field, id string, ids []string) error {
 	const shown = 8
 	quoted := make([]string, 0, shown)
 	for _, known := range ids[:min(len(ids), shown)] {
@@ -186,18 +187,18 @@ func Unknown(field, id string, ids []string) error {
 	return fmt.Errorf("sluice: %s %q: %w: the policies are %s", field, id, policyerr.ErrUnknownPolicy, known)
 }
 
-// Policies appends to into the policies a request names (one, or several
+// policiesOf appends to into the policies a request names (one, or several
 // none twice, not both), found by find (nil: none such), and returns it;
 // ids are the ones there are, for the error of one unknown.
-func Policies[P comparable](into []P, one string, several []string, find func(id string) P, ids []string) ([]P, error) {
-	var none P
+func policiesOf(into []*Policy, one string, several []string, find func(id string) *Policy, ids []string) ([]*Policy, error) {
+	var none *Policy
 	switch {
 	case one != "" && len(several) > 0:
 		return into, fmt.Errorf("sluice: %w: set policy or policies, not both", errInvalid)
 	case one != "":
 		p := find(one)
 		if p == none {
-			return into, Unknown("policy", one, ids)
+			return into, unknownPolicy("policy", one, ids)
 		}
 		return append(into, p), nil
 	case len(several) == 0:
@@ -206,7 +207,7 @@ func Policies[P comparable](into []P, one string, several []string, find func(id
 	for i, id := range several {
 		p := find(id)
 		if p == none {
-			return into, Unknown(fmt.Sprintf("policies[%d]", i), id, ids)
+			return into, unknownPolicy(fmt.Sprintf("policies[%d]", i), id, ids)
 		}
 		for _, q := range into {
 			if q == p {
