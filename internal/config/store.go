@@ -48,7 +48,7 @@ type Memory struct {
 	// remembered evaluation ids (memstore.Options.MaxKeys: at the bound,
 	// expired entries go first, then those whose loss gives away least).
 	// MinMaxKeys to MaxMaxKeys. 0: derived from GOMEMLIMIT when it is set
-	// (half of it over about 1 KiB per state and its id), else memstore's
+	// (half of it over 1400 bytes per state and its id), else memstore's
 	// default of 1 000 000.
 	MaxKeys int64
 }
