@@ -88,12 +88,14 @@ bench-check:
 
 # chart lints the Helm chart (defaults, and with every optional part on)
 # and has TestHelmChart render it for each store mode and check what it
-# renders (the readiness probe is /readyz, never /readyz/store).
+# renders (the readiness probe is /readyz, never /readyz/store),
+# TestHelmChartRefuses the values the schema refuses, TestHelmChartNotes
+# what helm install prints.
 chart:
 	@test -x $(HELM) || { echo "building helm $(HELM_VERSION) into $(HELM_DIR)"; GOBIN=$(HELM_DIR) $(GO) install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION); }
 	$(HELM) lint --strict deploy/helm/sluice
 	$(HELM) lint --strict deploy/helm/sluice -f deploy/testdata/helm-everything.yaml --set store.type=sentinel --set 'store.redis.addrs={sentinel-0:26379}' --set tls.enabled=true --set tls.secretName=sluice-tls --set serviceMonitor.enabled=true
-	SLUICE_HELM=$(HELM) $(GO) test -count=1 -run '^TestHelmChart$$' ./deploy
+	SLUICE_HELM=$(HELM) $(GO) test -count=1 -run '^TestHelmChart(Refuses|Notes)?$$' ./deploy
 
 fuzz:
 	@for t in $$($(GO) test -list '^Fuzz' ./internal/engine/algorithm | grep ^Fuzz); do \

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,10 +44,11 @@ func TestHelmChart(t *testing.T) {
 		kinds []string
 	}{
 		{"memory", nil, "memory", nil},
+		{"memory bound", []string{"store.memory.maxKeys=200000", "replicaCount=1"}, "memory", nil},
 		{"redis", []string{"store.type=redis"}, "", nil},
 		{"cluster", []string{"store.type=cluster", "store.redis.addrs={redis-0:6379,redis-1:6379,redis-2:6379}"}, config.ModeCluster, nil},
 		{"sentinel", []string{"store.type=sentinel", "store.redis.addrs={sentinel-0:26379,sentinel-1:26379}", "store.redis.masterName=mymaster"}, config.ModeSentinel, nil},
-		{"everything", []string{"store.type=redis", "tls.enabled=true", "tls.secretName=sluice-tls", "serviceMonitor.enabled=true"}, "", []string{"ServiceMonitor"}},
+		{"everything", []string{"store.type=redis", "tls.enabled=true", "tls.secretName=sluice-tls", "serviceMonitor.enabled=true"}, "", []string{"ServiceMonitor", "NetworkPolicy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "sluice", "helm/sluice"}
@@ -65,9 +68,155 @@ func TestHelmChart(t *testing.T) {
 					t.Errorf("rendered no %s (kinds: %v)", want, keys(docs))
 				}
 			}
-			checkRenderedConfig(t, docs["ConfigMap"], docs["ConfigMap/rules"], tc.store)
+			cfg := checkRenderedConfig(t, docs["ConfigMap"], docs["ConfigMap/rules"], tc.store)
+			if want := memoryBound(tc.set); (cfg.Store.Memory == nil && want != 0) || (cfg.Store.Memory != nil && cfg.Store.Memory.MaxKeys != want) {
+				t.Errorf("store.memory = %+v, want max_keys %d (0: none, derived from GOMEMLIMIT)", cfg.Store.Memory, want)
+			}
 			checkRenderedDeployment(t, docs["Deployment"])
+			if np := docs["NetworkPolicy"]; np != nil {
+				checkRenderedNetworkPolicy(t, np)
+			}
 		})
+	}
+}
+
+// memoryBound is the store.memory.maxKeys a case sets, 0 when none.
+func memoryBound(set []string) int64 {
+	for _, s := range set {
+		if v, ok := strings.CutPrefix(s, "store.memory.maxKeys="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// TestHelmChartRefuses: values that would render a config sluice refuses,
+// or a bound outside max_keys's range, fail helm template with the field
+// and the reason, from the values schema; without the schema
+// (--skip-schema-validation) the template itself still refuses a cluster
+// or Sentinel store without addresses.
+func TestHelmChartRefuses(t *testing.T) {
+	helm := os.Getenv(helmEnv)
+	if helm == "" {
+		t.Skipf("%s is unset: make test's chart step sets it to a helm binary", helmEnv)
+	}
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want []string // each in the output
+	}{
+		{"cluster without addrs", []string{"store.type=cluster"}, []string{"at '/store/redis/addrs': minItems: got 0, want 1"}},
+		{"sentinel without addrs", []string{"store.type=sentinel"}, []string{"at '/store/redis/addrs': minItems: got 0, want 1"}},
+		{"sentinel without a master", []string{"store.type=sentinel", "store.redis.addrs={sentinel-0:26379}", "store.redis.masterName="}, []string{"at '/store/redis/masterName': minLength: got 0, want 1"}},
+		{"cluster seed without a port", []string{"store.type=cluster", "store.redis.addrs={redis-0}"}, []string{"at '/store/redis/addrs/0'"}},
+		{"unknown store", []string{"store.type=memcached"}, []string{"at '/store/type'", "memory", "sentinel"}},
+		{"bound too small", []string{"store.memory.maxKeys=10"}, []string{"at '/store/memory/maxKeys'", "minimum: got 10, want 1,000"}},
+		{"cluster without addrs, no schema", []string{"store.type=cluster", "--skip-schema-validation"}, []string{"store.redis.addrs is required with store.type cluster"}},
+		{"sentinel without addrs, no schema", []string{"store.type=sentinel", "--skip-schema-validation"}, []string{"store.redis.addrs is required with store.type sentinel"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"template", "sluice", "helm/sluice"}
+			for _, s := range tc.set {
+				if strings.HasPrefix(s, "--") {
+					args = append(args, s)
+				} else {
+					args = append(args, "--set", s)
+				}
+			}
+			out, err := exec.Command(helm, args...).CombinedOutput()
+			if err == nil {
+				t.Fatalf("helm %s rendered, want a refusal naming %q", strings.Join(args, " "), tc.want)
+			}
+			for _, w := range tc.want {
+				if !bytes.Contains(out, []byte(w)) {
+					t.Errorf("helm %s: %v\n%s\nwant %q in it", strings.Join(args, " "), err, out, w)
+				}
+			}
+		})
+	}
+}
+
+// TestHelmChartNotes: what helm install prints names the HMAC Secret to
+// create first, with its command, and warns when the embedded store runs
+// on more than one replica (each limits alone: the limits multiply) or
+// without any memory bound of its own.
+func TestHelmChartNotes(t *testing.T) {
+	helm := os.Getenv(helmEnv)
+	if helm == "" {
+		t.Skipf("%s is unset: make test's chart step sets it to a helm binary", helmEnv)
+	}
+	const (
+		hmac     = `kubectl -n default create secret generic sluice-hmac --from-literal=k1="$(openssl rand -hex 32)"`
+		replicas = "WARNING: store.type is memory and replicaCount is 2"
+		unbound  = "WARNING: neither goMemLimit nor store.memory.maxKeys is set"
+	)
+	for _, tc := range []struct {
+		name          string
+		set           []string
+		want, wantNot []string
+	}{
+		{"defaults", nil, []string{hmac, replicas}, []string{unbound}},
+		{"one replica", []string{"replicaCount=1"}, []string{hmac}, []string{replicas, unbound}},
+		{"redis", []string{"store.type=redis"}, []string{hmac}, []string{replicas, unbound}},
+		{"no bound", []string{"replicaCount=1", "goMemLimit="}, []string{unbound}, []string{replicas}},
+		{"tokens", []string{"auth.tokens[0].id=app", "auth.tokens[0].scopes={check}", "auth.tokens[0].secretName=sluice-tokens", "auth.tokens[1].id=ops", "auth.tokens[1].scopes={admin}", "auth.tokens[1].secretName=sluice-tokens"},
+			[]string{hmac, `create secret generic sluice-tokens --from-literal=app="$(openssl rand -hex 32)" --from-literal=ops="$(openssl rand -hex 32)"`}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"install", "sluice", "helm/sluice", "--dry-run=client", "--namespace", "default"}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			out, err := exec.Command(helm, args...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			_, notes, ok := strings.Cut(string(out), "\nNOTES:\n")
+			if !ok {
+				t.Fatalf("helm %s printed no NOTES:\n%s", strings.Join(args, " "), out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(notes, w) {
+					t.Errorf("NOTES lack %q:\n%s", w, notes)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(notes, w) {
+					t.Errorf("NOTES say %q:\n%s", w, notes)
+				}
+			}
+		})
+	}
+}
+
+// checkRenderedNetworkPolicy checks that the NetworkPolicy selects the
+// release's pods and admits ingress to the http port only from peers.
+func checkRenderedNetworkPolicy(t *testing.T, np map[string]any) {
+	t.Helper()
+	var p struct {
+		Spec struct {
+			PodSelector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"podSelector"`
+			PolicyTypes []string `json:"policyTypes"`
+			Ingress     []struct {
+				From  []map[string]any `json:"from"`
+				Ports []struct {
+					Port any `json:"port"`
+				} `json:"ports"`
+			} `json:"ingress"`
+		} `json:"spec"`
+	}
+	b, _ := json.Marshal(np)
+	if err := json.Unmarshal(b, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.PodSelector.MatchLabels["app.kubernetes.io/instance"] != "sluice" || !contains(p.Spec.PolicyTypes, "Ingress") {
+		t.Errorf("NetworkPolicy selects %v with types %v, want the release's pods, Ingress", p.Spec.PodSelector.MatchLabels, p.Spec.PolicyTypes)
+	}
+	if len(p.Spec.Ingress) != 1 || len(p.Spec.Ingress[0].From) == 0 || len(p.Spec.Ingress[0].Ports) == 0 || p.Spec.Ingress[0].Ports[0].Port != "http" {
+		t.Errorf("NetworkPolicy ingress = %+v, want one rule from peers to the http port", p.Spec.Ingress)
 	}
 }
 
@@ -100,7 +249,7 @@ func renderedDocs(t *testing.T, out []byte) map[string]map[string]any {
 // checkRenderedConfig parses the ConfigMap's sluice.yaml as sluice serve
 // does and checks its store; with an envoy section, the rules' ConfigMap
 // parses too.
-func checkRenderedConfig(t *testing.T, cm, rulesCM map[string]any, store string) {
+func checkRenderedConfig(t *testing.T, cm, rulesCM map[string]any, store string) *config.Config {
 	t.Helper()
 	data, _ := cm["data"].(map[string]any)
 	raw, _ := data["sluice.yaml"].(string)
@@ -115,7 +264,7 @@ func checkRenderedConfig(t *testing.T, cm, rulesCM map[string]any, store string)
 		t.Errorf("store = %+v, want redis in mode %q", cfg.Store, store)
 	}
 	if cfg.Envoy == nil {
-		return
+		return cfg
 	}
 	files, _ := rulesCM["data"].(map[string]any)
 	var srcs []rules.Source
@@ -128,6 +277,7 @@ func checkRenderedConfig(t *testing.T, cm, rulesCM map[string]any, store string)
 	if _, err := rules.Parse(srcs); err != nil {
 		t.Errorf("the rules' ConfigMap: %v", err)
 	}
+	return cfg
 }
 
 // checkRenderedDeployment checks the probes, the image and the pod's
@@ -137,7 +287,17 @@ func checkRenderedDeployment(t *testing.T, dep map[string]any) {
 	var d struct {
 		Spec struct {
 			Template struct {
+				Metadata struct {
+					Labels map[string]string `json:"labels"`
+				} `json:"metadata"`
 				Spec struct {
+					AutomountServiceAccountToken *bool `json:"automountServiceAccountToken"`
+					TopologySpreadConstraints    []struct {
+						TopologyKey   string `json:"topologyKey"`
+						LabelSelector struct {
+							MatchLabels map[string]string `json:"matchLabels"`
+						} `json:"labelSelector"`
+					} `json:"topologySpreadConstraints"`
 					SecurityContext struct {
 						RunAsNonRoot bool `json:"runAsNonRoot"`
 					} `json:"securityContext"`
@@ -181,9 +341,32 @@ func checkRenderedDeployment(t *testing.T, dep map[string]any) {
 	if !contains(env, "GOMEMLIMIT") || !contains(env, "SLUICE_HMAC_K1") {
 		t.Errorf("env = %v, want GOMEMLIMIT and SLUICE_HMAC_K1", env)
 	}
-	if !d.Spec.Template.Spec.SecurityContext.RunAsNonRoot {
+	ps := d.Spec.Template.Spec
+	if !ps.SecurityContext.RunAsNonRoot {
 		t.Errorf("the pod may run as root")
 	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Errorf("automountServiceAccountToken = %v, want false: sluice never calls the Kubernetes API", ps.AutomountServiceAccountToken)
+	}
+	if len(ps.TopologySpreadConstraints) == 0 {
+		t.Errorf("the pod has no topologySpreadConstraints, want the replicas spread over nodes")
+	}
+	for _, c := range ps.TopologySpreadConstraints {
+		if len(c.LabelSelector.MatchLabels) == 0 || !reflect.DeepEqual(c.LabelSelector.MatchLabels, pick(d.Spec.Template.Metadata.Labels, c.LabelSelector.MatchLabels)) {
+			t.Errorf("topology spread on %s selects %v, want the pod's own labels %v", c.TopologyKey, c.LabelSelector.MatchLabels, d.Spec.Template.Metadata.Labels)
+		}
+	}
+}
+
+// pick returns the entries of m under the keys of like.
+func pick(m, like map[string]string) map[string]string {
+	out := map[string]string{}
+	for k := range like {
+		if v, ok := m[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func keys(m map[string]map[string]any) []string {

@@ -133,6 +133,9 @@ var invalid = []struct {
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
 	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
+	{"memory_max_keys_too_small.yaml", "store.memory.max_keys: 500: must be between 1000 and 1000000000 (line 4)"},
+	{"memory_max_keys_not_integer.yaml", "store.memory.max_keys: 1e6: must be an integer, not a float (line 4)"},
+	{"memory_section_with_redis.yaml", "store.memory: applies only to store.type memory (line 5)"},
 	{"redis_sentinel_without_master.yaml", "store.redis.master_name: is required with mode sentinel (line 3)"},
 	{"redis_url_and_addrs.yaml", "store.redis.addrs: set url or addrs, not both (line 5)"},
 	{"redis_without_section.yaml", "store.redis: is required when store.type is redis (line 1)"},
@@ -444,6 +447,21 @@ func TestParseRedisURL(t *testing.T) {
 	_, err = got.Store.Redis.Password(lookup(nil))
 	if want := `store.redis.password_env: "REDIS_PASSWORD": environment variable REDIS_PASSWORD is not set or empty`; err == nil || err.Error() != want {
 		t.Errorf("Password() without the variable: error = %v, want %s", err, want)
+	}
+}
+
+// TestParseMemoryMaxKeys: store.memory.max_keys reaches the Config; left
+// out, the section is nil (the bound is then derived, see wiring).
+func TestParseMemoryMaxKeys(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "memory_max_keys.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (&config.Memory{MaxKeys: 200_000}); !cmp.Equal(got.Store.Memory, want) {
+		t.Errorf("store.memory = %+v, want %+v", got.Store.Memory, want)
+	}
+	if d := config.Default(); d.Store.Memory != nil {
+		t.Errorf("Default().Store.Memory = %+v, want nil", d.Store.Memory)
 	}
 }
 

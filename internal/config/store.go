@@ -30,6 +30,27 @@ type Store struct {
 	// Redis configures the Redis connection; required for StoreRedis and
 	// nil otherwise.
 	Redis *Redis
+	// Memory configures the embedded store; nil when absent (its bound is
+	// then derived from the process's memory limit, see MaxKeys), and
+	// only with StoreMemory.
+	Memory *Memory
+}
+
+// The range of Memory.MaxKeys.
+const (
+	MinMaxKeys = 1000
+	MaxMaxKeys = 1_000_000_000
+)
+
+// Memory configures the embedded store (memstore).
+type Memory struct {
+	// MaxKeys bounds the (subject, policy) states held, and separately the
+	// remembered evaluation ids (memstore.Options.MaxKeys: at the bound,
+	// expired entries go first, then those whose loss gives away least).
+	// MinMaxKeys to MaxMaxKeys. 0: derived from GOMEMLIMIT when it is set
+	// (half of it over 1400 bytes per state and its id), else memstore's
+	// default of 1 000 000.
+	MaxKeys int64
 }
 
 // Redis says how to reach Redis: either URL (one server) or Addrs with a
@@ -119,8 +140,14 @@ func (c *Config) validateStore() *Error {
 		if s.Redis != nil {
 			return c.errorAt("store.redis", "", "applies only to store.type redis")
 		}
+		if m := s.Memory; m != nil && (m.MaxKeys < MinMaxKeys || m.MaxKeys > MaxMaxKeys) {
+			return c.errorAt("store.memory.max_keys", strconv.FormatInt(m.MaxKeys, 10), fmt.Sprintf("must be between %d and %d", MinMaxKeys, MaxMaxKeys))
+		}
 		return nil
 	case StoreRedis:
+		if s.Memory != nil {
+			return c.errorAt("store.memory", "", "applies only to store.type memory")
+		}
 	default:
 		return c.errorAt("store.type", strconv.Quote(s.Type), "must be one of memory, redis")
 	}
@@ -180,11 +207,17 @@ func (c *Config) validateStore() *Error {
 }
 
 func (d *decoder) store(s *Store, n *yaml.Node) {
-	m, ok := d.mapping("store", n, "type", "redis")
+	m, ok := d.mapping("store", n, "type", "redis", "memory")
 	if !ok {
 		return
 	}
 	d.str("store.type", m["type"], &s.Type)
+	if v := m["memory"]; v != nil {
+		if mm, ok := d.mapping("store.memory", v, "max_keys"); ok {
+			s.Memory = &Memory{}
+			d.int("store.memory.max_keys", mm["max_keys"], &s.Memory.MaxKeys)
+		}
+	}
 	v := m["redis"]
 	if v == nil {
 		return

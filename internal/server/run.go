@@ -308,7 +308,11 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 	if cfg.Envoy != nil {
 		attrs = append(attrs, "envoy_addr", rn.lns[len(rn.lns)-1].Addr().String())
 	}
-	attrs = append(attrs, "config", source, "store", cfg.Store.Type, "policies", strings.Join(wiring.PolicyIDs(cfg, nil), ","))
+	attrs = append(attrs, "config", source, "store", cfg.Store.Type)
+	if rn.st.MaxKeys > 0 {
+		attrs = append(attrs, "max_keys", rn.st.MaxKeys) // the embedded store's bound, configured or derived
+	}
+	attrs = append(attrs, "policies", strings.Join(wiring.PolicyIDs(cfg, nil), ","))
 	rn.log.Info("listening", attrs...)
 }
 

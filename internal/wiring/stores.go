@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -51,7 +53,10 @@ type Store struct {
 	Breaker func() string
 	// Client is the Redis client of a redis store, nil otherwise.
 	Client redis.UniversalClient
-	close  func() error
+	// MaxKeys is the embedded store's bound (memstore.Options.MaxKeys),
+	// 0 for Redis.
+	MaxKeys int
+	close   func() error
 }
 
 // Close releases the store and its connections.
@@ -70,6 +75,37 @@ type StoreOptions struct {
 	// Prefix is put before every Redis key (sluice bench's run keeps its
 	// keys apart with one). Default: redisstore's.
 	Prefix string
+	// MemoryLimit is the process's memory limit in bytes, which the
+	// embedded store's bound is derived from when store.memory.max_keys
+	// is unset (math.MaxInt64: none). Default: the runtime's
+	// (GOMEMLIMIT).
+	MemoryLimit int64
+}
+
+// MemoryBytesPerKey is what the embedded store's derived bound budgets
+// for each (subject, policy) state, its remembered evaluation id
+// included: the heap a sluice serve holds per state at the bound under a
+// flood of distinct subjects, each request with an id of its own (153 MiB
+// in use for 117 760 states and ids, the server's own heap and garbage
+// not yet collected included: 1 362 bytes), rounded up
+// (docs/configuration.md, "The embedded store's bound").
+const MemoryBytesPerKey = 1400
+
+// defaultMaxKeys is memstore's own default bound (memstore.Options).
+const defaultMaxKeys = 1_000_000
+
+// memoryMaxKeys is the embedded store's bound: store.memory.max_keys when
+// set; else, under a memory limit, as many states as half of it holds at
+// MemoryBytesPerKey each (the other half is the server's own and the
+// collector's room), within config's range; else memstore's default.
+func memoryMaxKeys(m *config.Memory, limit int64) int {
+	switch {
+	case m != nil && m.MaxKeys > 0:
+		return int(m.MaxKeys)
+	case limit <= 0 || limit == math.MaxInt64:
+		return defaultMaxKeys
+	}
+	return int(min(max(limit/2/MemoryBytesPerKey, config.MinMaxKeys), config.MaxMaxKeys))
 }
 
 // NewStore builds the store sc names. It is the one place where store
@@ -79,13 +115,17 @@ func NewStore(sc config.Store, o StoreOptions) (*Store, error) {
 	if o.Getenv == nil {
 		o.Getenv = func(string) string { return "" }
 	}
+	if o.MemoryLimit == 0 {
+		o.MemoryLimit = debug.SetMemoryLimit(-1) // reads it
+	}
 	switch sc.Type {
 	case config.StoreMemory, "":
-		ms, err := memstore.New(memstore.Options{Clock: o.Clock})
+		maxKeys := memoryMaxKeys(sc.Memory, o.MemoryLimit)
+		ms, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: maxKeys})
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
-		return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close, Evictions: func() int64 { n, _ := ms.Evictions(); return n }, LostIDs: func() int64 { _, n := ms.Evictions(); return n }}, nil
+		return &Store{Store: ms, Type: config.StoreMemory, MaxKeys: maxKeys, close: ms.Close, Evictions: func() int64 { n, _ := ms.Evictions(); return n }, LostIDs: func() int64 { _, n := ms.Evictions(); return n }}, nil
 	case config.StoreRedis:
 		return newRedisStore(sc.Redis, o)
 	}
@@ -214,11 +254,14 @@ func NewFallbackStore(cfg *config.Config, clock sluice.Clock) (*Store, error) {
 	if cfg.Proxy == nil {
 		return nil, nil
 	}
-	ms, err := memstore.New(memstore.Options{Clock: clock})
+	// Bounded as the embedded store is; it fills only while the store
+	// fails.
+	maxKeys := memoryMaxKeys(cfg.Store.Memory, debug.SetMemoryLimit(-1))
+	ms, err := memstore.New(memstore.Options{Clock: clock, MaxKeys: maxKeys})
 	if err != nil {
 		return nil, fmt.Errorf("local fallback store: %w", err)
 	}
-	return &Store{Store: ms, Type: config.StoreMemory, close: ms.Close}, nil
+	return &Store{Store: ms, Type: config.StoreMemory, MaxKeys: maxKeys, close: ms.Close}, nil
 }
 
 // SplitList splits a comma-separated list of addresses (sluice bench's

@@ -3,7 +3,9 @@ package wiring_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -117,6 +119,56 @@ func TestNewStore(t *testing.T) {
 	}
 	if _, err := wiring.NewStore(config.Store{Type: "etcd"}, wiring.StoreOptions{}); err == nil || !strings.Contains(err.Error(), `store type "etcd": unknown`) {
 		t.Errorf("NewStore(etcd) = %v, want the unknown type named", err)
+	}
+}
+
+// TestMemoryStoreBound: the embedded store holds at most the bound
+// store.memory.max_keys sets, else the one derived from the process's
+// memory limit (GOMEMLIMIT), else memstore's default; a flood of distinct
+// subjects past it evicts instead of growing.
+func TestMemoryStoreBound(t *testing.T) {
+	const noLimit = math.MaxInt64 // the runtime's memory limit when GOMEMLIMIT is unset
+	for _, c := range []struct {
+		name     string
+		memory   *config.Memory
+		limit    int64
+		wantKeys int
+	}{
+		{"configured", &config.Memory{MaxKeys: 2000}, noLimit, 2000},
+		{"configured wins over GOMEMLIMIT", &config.Memory{MaxKeys: 2000}, 230 << 20, 2000},
+		{"GOMEMLIMIT 230MiB", nil, 230 << 20, 230 << 20 / 2 / wiring.MemoryBytesPerKey},
+		{"GOMEMLIMIT 4GiB", nil, 4 << 30, 4 << 30 / 2 / wiring.MemoryBytesPerKey},
+		{"GOMEMLIMIT tiny: the least bound", nil, 1 << 20, config.MinMaxKeys},
+		{"no GOMEMLIMIT: memstore's default", nil, noLimit, 1_000_000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, err := wiring.NewStore(config.Store{Type: config.StoreMemory, Memory: c.memory}, wiring.StoreOptions{MemoryLimit: c.limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if st.MaxKeys != c.wantKeys {
+				t.Fatalf("NewStore(memory %+v, memory limit %d).MaxKeys = %d, want %d", c.memory, c.limit, st.MaxKeys, c.wantKeys)
+			}
+			if c.wantKeys > 10_000 {
+				return // the flood below is for the small bounds
+			}
+			lim, err := sluice.New(st.Store, []sluice.Policy{{ID: "p", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour}}, sluice.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const sent = 3 * 2000
+			for i := range sent {
+				if o := lim.Check(context.Background(), sluice.Request{Policy: "p", Subject: fmt.Sprint("s", i)}); o.Kind != sluice.Allowed {
+					t.Fatalf("Check(s%d) = %v (%v), want allowed", i, o.Kind, o.Err)
+				}
+			}
+			// No state expires within the hour: what is held is what was
+			// sent minus what was evicted.
+			if held := sent - int(st.Evictions()); held > c.wantKeys || held < c.wantKeys/2 {
+				t.Errorf("after %d distinct subjects the store holds %d states, want at most the bound %d (and near it)", sent, held, c.wantKeys)
+			}
+		})
 	}
 }
 

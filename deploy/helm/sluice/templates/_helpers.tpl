@@ -47,13 +47,20 @@ store:
   {{- $r := .Values.store.redis }}
   {{- if eq .Values.store.type "memory" }}
   type: memory
+  {{- with .Values.store.memory.maxKeys }}
+  memory:
+    max_keys: {{ . | int64 }}
+  {{- end }}
   {{- else }}
   type: redis
   redis:
     {{- if eq .Values.store.type "redis" }}
     url: {{ required "store.redis.url is required with store.type redis" $r.url | quote }}
     {{- else if or (eq .Values.store.type "cluster") (eq .Values.store.type "sentinel") }}
-    addrs: {{ required (printf "store.redis.addrs is required with store.type %s" .Values.store.type) $r.addrs | toJson }}
+    {{- if not $r.addrs }}
+    {{- fail (printf "store.redis.addrs is required with store.type %s: the %s, such as --set 'store.redis.addrs={%s}'" .Values.store.type (ternary "cluster's seed nodes" "sentinels" (eq .Values.store.type "cluster")) (ternary "redis-0:6379,redis-1:6379" "sentinel-0:26379,sentinel-1:26379" (eq .Values.store.type "cluster"))) }}
+    {{- end }}
+    addrs: {{ $r.addrs | toJson }}
     mode: {{ .Values.store.type }}
     {{- if eq .Values.store.type "sentinel" }}
     master_name: {{ required "store.redis.masterName is required with store.type sentinel" $r.masterName | quote }}
