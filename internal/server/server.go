@@ -248,6 +248,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc(checkPattern, s.check)
+	s.mux.HandleFunc("POST "+checkapi.ChecksPath, s.checks)
 	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
 	s.mux.HandleFunc("POST "+checkapi.RenewPath, s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -460,42 +461,24 @@ func (s *Server) answeredWithoutStore() []string {
 }
 
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {
-	lw, _ := w.(*logWriter)
 	var in checkapi.Request
 	tok, ok := s.authenticated(w, r, &in)
 	if !ok {
 		return
 	}
-	req, ok := s.read(w, r, &in, in.Check)
-	if !ok {
+	if why := s.decode(w, r, &in); why != "" {
+		s.badRequest(w, &in, why)
 		return
 	}
-	scope := config.ScopeCheck
-	switch req.Op {
-	case sluice.Refund:
-		scope = config.ScopeRefund
-	case sluice.Reset:
-		scope = config.ScopeReset
-	case sluice.Spend:
-		if s.namesConcurrency(&req) {
-			req.Op = sluice.Acquire
-		}
+	d := s.decideCheck(r.Context(), tok, &in)
+	if lw, ok := w.(*logWriter); ok {
+		d.log(lw, &in)
 	}
-	if !s.permits(w, &in, tok, scope) {
+	if d.code == http.StatusForbidden {
+		s.refuse(w, &in, tok, d.scope)
 		return
 	}
-	// The core counts a spend (or acquire) once, on the metrics.
-	o := s.core.Check(r.Context(), req)
-	if lw != nil {
-		lw.hasCheck = true
-		lw.policy = in.Policy
-		if len(in.Policies) > 0 {
-			lw.policy = strings.Join(in.Policies, ",")
-		}
-		lw.pseudo, lw.cost, lw.outcome, lw.reason = req.Subject, req.Cost, o.Kind.String(), reason(&o)
-		lw.refund, lw.replayed = req.Op == sluice.Refund, o.Replayed
-	}
-	s.answer(w, &in, checkapi.StatusCode(&o), o, reason(&o))
+	s.answer(w, &in, d.code, d.o, d.reason)
 }
 
 // namesConcurrency reports whether req names a concurrency policy: a
@@ -598,29 +581,36 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in any) string {
 // decodeBody is decode with the body's bound given: the playground's
 // is its own (playgroundMaxBody), not the check API's.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, in any) string {
+	_, why := decodeBodyCode(w, r, limit, in)
+	return why
+}
+
+// decodeBodyCode is decodeBody with the status its reason is answered
+// with: 413 for a body over limit, else 400.
+func decodeBodyCode(w http.ResponseWriter, r *http.Request, limit int64, in any) (int, string) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(in)
 	if err == nil {
 		if _, err = dec.Token(); errors.Is(err, io.EOF) {
-			return ""
+			return http.StatusOK, ""
 		}
 		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); !tooLarge {
-			return "malformed JSON: more than one value in the body"
+			return http.StatusBadRequest, "malformed JSON: more than one value in the body"
 		}
 	}
 	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		return fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
 	}
 	if errors.Is(err, io.EOF) {
-		return "request body is empty: want a JSON object"
+		return http.StatusBadRequest, "request body is empty: want a JSON object"
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
 		// A network error names both ends' addresses: never in an answer
 		// or a log line.
-		return "request body could not be read: the connection failed or timed out"
+		return http.StatusBadRequest, "request body could not be read: the connection failed or timed out"
 	}
-	return "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
+	return http.StatusBadRequest, "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
