@@ -1,5 +1,5 @@
 // Package sluiceclient is a Go client for the check API of sluice serve
-// (POST /v1/check, /v1/release, /v1/renew), for services that share one
+// (POST /v1/check, /v1/checks, /v1/release, /v1/renew), for services that share one
 // sluice server instead of embedding the library.
 //
 // Check takes the library's sluice.Request, every operation of it, and

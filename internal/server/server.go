@@ -1,5 +1,6 @@
 // Package server is the HTTP face of sluice serve: the check API
-// (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz:
+// (POST /v1/check, and POST /v1/checks for up to 64 at once: see
+// checks.go), liveness (GET /healthz), readiness (GET /readyz:
 // ready while the store is, or while a policy can be answered without
 // it), the store's health (GET /readyz/store), the API's OpenAPI 3.1
 // document (GET /openapi.yaml, see openapi.go), Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
