@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
+	"github.com/sluicehq/sluice/sluiceclient"
 )
 
 // kindHTTP marks check API rows.
@@ -63,7 +65,7 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	if cfg.netClient {
 		checks = httpDecide
 	}
-	each := func(limiter, tag string, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
+	eachN := func(limiter, tag string, batch int, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
 		for _, c := range cells {
 			r := result{Limiter: limiter, Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
 			if flush {
@@ -72,7 +74,7 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 				}
 			}
 			d, release := decide(c)
-			err := measure(ctx, e, &r, d, 1, c, cfg.run, flush, cpu)
+			err := measure(ctx, e, &r, d, batch, c, cfg.run, flush, cpu)
 			release()
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
@@ -82,6 +84,9 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 			rs = append(rs, r)
 		}
 		return nil
+	}
+	each := func(limiter, tag string, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
+		return eachN(limiter, tag, 1, decide, flush, cpu)
 	}
 	err = each("upstream alone, no proxy (floor)", "proxy", func(c cell) (decideFunc, func()) {
 		return proxyDecide(up.url, string(c.mode), e.subjects[:c.subjects], c.callers)
@@ -106,6 +111,18 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		err = each(name+", POST /v1/check", "check API", func(c cell) (decideFunc, func()) {
 			return checks(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
 		}, store == "redis", sv.cpu)
+		if err == nil {
+			err = eachN(name+", POST /v1/checks, 16 a request", "check API", checksPerRequest, func(c cell) (decideFunc, func()) {
+				return batchDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+			}, store == "redis", sv.cpu)
+		}
+		for _, off := range []bool{true, false} {
+			if err == nil {
+				err = each(name+", sluiceclient"+map[bool]string{true: ", one request a check", false: ", coalescing"}[off], "check API", func(c cell) (decideFunc, func()) {
+					return clientDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers, off)
+				}, store == "redis", sv.cpu)
+			}
+		}
 		if err == nil && store == "redis" && strings.Contains(policiesYAML(alg), localPolicy) {
 			err = each(name+", POST /v1/check, local quota", "check API", func(c cell) (decideFunc, func()) {
 				return checks(sv.url, localPolicyOf(c.mode), e.subjects[:c.subjects], c.callers)
@@ -338,4 +355,77 @@ func parseAlgorithm(s string) (sluice.Algorithm, error) {
 		}
 	}
 	return 0, fmt.Errorf("unknown algorithm %q", s)
+}
+
+// checksPerRequest is how many checks a POST /v1/checks row sends in
+// each request.
+const checksPerRequest = 16
+
+// batchDecide returns a decideFunc that asks POST /v1/checks for
+// checksPerRequest subjects from i on: the allowed ones are counted,
+// a status other than 200 or 429 in a result is an error.
+func batchDecide(base, policy string, subjects []string, callers int) (decideFunc, func()) {
+	url := base + "/v1/checks"
+	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	return func(ctx context.Context, i int) (int, error) {
+		var body bytes.Buffer
+		body.WriteString(`{"checks":[`)
+		for k := range checksPerRequest {
+			if k > 0 {
+				body.WriteByte(',')
+			}
+			body.WriteString(`{"policy":"` + policy + `","subject":"` + subjects[(i+k)%len(subjects)] + `"}`)
+		}
+		body.WriteString(`]}`)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, &body)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var a struct {
+			Results []struct {
+				Status int `json:"status"`
+			} `json:"results"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil || resp.StatusCode != http.StatusOK || len(a.Results) != checksPerRequest {
+			return 0, fmt.Errorf("POST /v1/checks: %s, %d results (%v)", resp.Status, len(a.Results), err)
+		}
+		allowed := 0
+		for _, r := range a.Results {
+			switch r.Status {
+			case http.StatusOK:
+				allowed++
+			case http.StatusTooManyRequests:
+			default:
+				return 0, fmt.Errorf("POST /v1/checks: a result of %d", r.Status)
+			}
+		}
+		return allowed, nil
+	}, tr.CloseIdleConnections
+}
+
+// clientDecide returns a decideFunc that asks through sluiceclient, its
+// checks coalesced or (off) one request each.
+func clientDecide(base, policy string, subjects []string, callers int, off bool) (decideFunc, func()) {
+	tr := &http.Transport{MaxIdleConns: callers + 16, MaxIdleConnsPerHost: callers + 16, IdleConnTimeout: time.Minute, DisableCompression: true}
+	c, err := sluiceclient.New(base, sluiceclient.Options{NoCoalescing: off, Retries: -1, HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		return func(context.Context, int) (int, error) { return 0, err }, func() {}
+	}
+	return func(ctx context.Context, i int) (int, error) {
+		o := c.Check(ctx, sluice.Request{Policy: policy, Subject: subjects[i]})
+		switch o.Kind {
+		case sluice.Allowed:
+			return 1, nil
+		case sluice.Denied:
+			return 0, nil
+		}
+		return 0, fmt.Errorf("sluiceclient: %v: %w", o.Kind, o.Err)
+	}, tr.CloseIdleConnections
 }

@@ -1,5 +1,5 @@
 // Package sluiceclient is a Go client for the check API of sluice serve
-// (POST /v1/check, /v1/release, /v1/renew), for services that share one
+// (POST /v1/check, /v1/checks, /v1/release, /v1/renew), for services that share one
 // sluice server instead of embedding the library.
 //
 // Check takes the library's sluice.Request, every operation of it, and
@@ -30,7 +30,6 @@
 package sluiceclient
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -39,7 +38,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -89,10 +87,16 @@ type Options struct {
 	// RetryBackoff is the pause before the first retry; it doubles for
 	// each further one. Default: 50ms.
 	RetryBackoff time.Duration
+	// NoCoalescing sends every check in a request of its own. Default:
+	// false, checks that arrive while another request is on the wire go
+	// to the server together, up to 64 in one POST /v1/checks (see
+	// Client.Check).
+	NoCoalescing bool
 }
 
-// Client asks one sluice server. Safe for concurrent use; it owns no
-// goroutines. Close releases its idle connections.
+// Client asks one sluice server. Safe for concurrent use. The
+// goroutines that send coalesced checks end by themselves once no check
+// waits. Close releases its idle connections.
 type Client struct {
 	base    string // the server's URL, without /v1/check
 	token   string
@@ -101,6 +105,7 @@ type Client struct {
 	retries int
 	attempt time.Duration
 	backoff time.Duration
+	co      *coalescer // nil with NoCoalescing
 }
 
 // New returns a Client for the server at baseURL, e.g.
@@ -126,6 +131,9 @@ func New(baseURL string, opts Options) (*Client, error) {
 		retries: opts.Retries,
 		attempt: opts.AttemptTimeout,
 		backoff: opts.RetryBackoff,
+	}
+	if !opts.NoCoalescing {
+		c.co = &coalescer{}
 	}
 	if c.http == nil {
 		c.http = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
@@ -164,6 +172,18 @@ func (c *Client) Close() error {
 // answer was lost after every retry: the units may have been spent), with
 // Err set, matching the sluice.Err… sentinels and Causes as a Limiter's would; an
 // Unavailable answer from the server keeps its Cause.
+//
+// A check (any operation but a release or a renewal) that finds no other
+// request of the Client on the wire is sent at once, as POST /v1/check.
+// Checks that arrive while one is are gathered, as a Redis store gathers
+// the decisions that find it busy, and sent together, up to 64 in one
+// POST /v1/checks: no timer holds a check back, and each gets the outcome
+// it would have got alone, retries included. A server without
+// /v1/checks (404) is sent single checks from then on. A gathered check
+// is sent under the Client's own context, bounded by AttemptTimeout:
+// one caller's cancellation never cancels the others'; that caller
+// returns at once, Unavailable if its check was not sent yet,
+// Indeterminate if it was.
 func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	body, path, err := checkapi.Encode(req)
 	if err != nil {
@@ -187,7 +207,10 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	if err != nil {
 		return incompatible(sluice.ErrInvalidRequest, err.Error())
 	}
-	return c.send(ctx, c.base+path, data, &req, retries)
+	if c.co != nil && path == checkapi.CheckPath {
+		return c.coalesce(ctx, data, &req, retries)
+	}
+	return c.send(ctx, c.base+path, data, &req, retries, nil)
 }
 
 // Reserve books req's cost on the server (op book; req.Op is Spend or
@@ -224,10 +247,17 @@ func (c *Client) Reserve(ctx context.Context, req sluice.Request) (sluice.Outcom
 
 // send posts data to url, retrying up to retries times with exponential
 // back-off an answer lost after it was sent (see once), and returns the
-// last outcome.
-func (c *Client) send(ctx context.Context, url string, data []byte, req *sluice.Request, retries int) sluice.Outcome {
+// last outcome. The first attempt is first when it is not nil: a
+// batch's, which held data.
+func (c *Client) send(ctx context.Context, url string, data []byte, req *sluice.Request, retries int, first *answered) sluice.Outcome {
 	for attempt := 0; ; attempt++ {
-		o, retry := c.once(ctx, url, data, req)
+		var o sluice.Outcome
+		var retry bool
+		if attempt == 0 && first != nil {
+			o, retry = first.o, first.retry
+		} else {
+			o, retry = c.once(ctx, url, data, req)
+		}
 		if !retry || attempt >= retries {
 			return o
 		}
@@ -250,49 +280,49 @@ func (c *Client) once(ctx context.Context, endpoint string, data []byte, req *sl
 	}
 	actx, cancel := context.WithTimeout(ctx, c.attempt)
 	defer cancel()
-	hreq, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint, bytes.NewReader(data))
+	code, raw, err := c.post(actx, endpoint, data, 1<<20)
 	if err != nil {
-		return incompatible(sluice.ErrInvalidRequest, err.Error()), false
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "application/json")
-	if c.token != "" {
-		hreq.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		if notSent(err) {
-			return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.FailedBeforeSend, Err: fmt.Errorf("sluiceclient: %w: %w", sluice.FailedBeforeSend, err)}, false
-		}
-		return lost(err), true
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return lost(fmt.Errorf("read answer: %w", err)), true
+		return unanswered(err)
 	}
 	a, err := checkapi.ParseAnswer(raw)
 	if err != nil {
 		// Not the check API's answer. A 5xx is a gateway in between that
 		// may have lost sluice's answer; anything else means something
 		// other than the check API answers at this URL.
-		err := fmt.Errorf("%s from %s: not a check API answer", resp.Status, endpoint)
-		if resp.StatusCode >= 500 {
+		err := fmt.Errorf("%d %s from %s: not a check API answer", code, http.StatusText(code), endpoint)
+		if code >= 500 {
 			return lost(err), true
 		}
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("sluiceclient: %w", err)}, false
 	}
-	switch resp.StatusCode {
+	return outcome(code, &a, req)
+}
+
+// outcome returns the outcome of req that a, answered with HTTP status
+// code, stands for, and whether it may be retried with the same
+// evaluation ID (Indeterminate).
+func outcome(code int, a *checkapi.Answer, req *sluice.Request) (sluice.Outcome, bool) {
+	switch code {
 	case http.StatusUnauthorized:
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("%w: %s", ErrUnauthenticated, a.Reason)}, false
 	case http.StatusForbidden:
 		return sluice.Outcome{Kind: sluice.Incompatible, Err: fmt.Errorf("%w: %s", ErrForbidden, a.Reason)}, false
 	}
-	o := checkapi.Outcome(resp.StatusCode, &a, req)
+	o := checkapi.Outcome(code, a, req)
 	if o.Err != nil {
 		o.Err = fmt.Errorf("sluiceclient: %w", o.Err)
 	}
 	return o, o.Kind == sluice.Indeterminate
+}
+
+// unanswered returns the outcome of a request err kept from being
+// answered, and whether it may be retried: nothing was sent, or the
+// answer was lost.
+func unanswered(err error) (sluice.Outcome, bool) {
+	if notSent(err) {
+		return sluice.Outcome{Kind: sluice.Unavailable, Cause: sluice.FailedBeforeSend, Err: fmt.Errorf("sluiceclient: %w: %w", sluice.FailedBeforeSend, err)}, false
+	}
+	return lost(err), true
 }
 
 // Release gives lease (an Outcome.Lease of Check) back: a Check of a

@@ -137,5 +137,10 @@ func (s *Server) refuse(w http.ResponseWriter, in *checkapi.Request, tok *authTo
 		return
 	}
 	h.Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="sluice", error="insufficient_scope", scope=%q`, scope))
-	s.answer(w, in, http.StatusForbidden, sluice.Outcome{Kind: sluice.Incompatible}, fmt.Sprintf("token %q lacks scope %s", tok.id, scope))
+	s.answer(w, in, http.StatusForbidden, sluice.Outcome{Kind: sluice.Incompatible}, lacksScope(tok, scope))
+}
+
+// lacksScope is the reason of a 403: tok lacks scope.
+func lacksScope(tok *authToken, scope string) string {
+	return fmt.Sprintf("token %q lacks scope %s", tok.id, scope)
 }

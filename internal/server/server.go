@@ -1,5 +1,6 @@
 // Package server is the HTTP face of sluice serve: the check API
-// (POST /v1/check), liveness (GET /healthz), readiness (GET /readyz:
+// (POST /v1/check, and POST /v1/checks for up to 64 at once: see
+// checks.go), liveness (GET /healthz), readiness (GET /readyz:
 // ready while the store is, or while a policy can be answered without
 // it), the store's health (GET /readyz/store), the API's OpenAPI 3.1
 // document (GET /openapi.yaml, see openapi.go), Prometheus metrics (GET /metrics, see Metrics), the dashboard (GET /ui,
@@ -249,6 +250,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
 	s.mux.HandleFunc(checkPattern, s.check)
+	s.mux.HandleFunc("POST "+checkapi.ChecksPath, s.checks)
 	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
 	s.mux.HandleFunc("POST "+checkapi.RenewPath, s.lease(sluice.Renew))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
@@ -503,8 +505,9 @@ type decided struct {
 // decideCheck decides in, the body of a check, presented with tok (nil
 // when no tokens are configured): 400 when in is malformed, 403 when tok
 // lacks the scope its operation needs, else the edge core's decision,
-// counted once on the metrics. POST /v1/check and the gRPC check service
-// (grpccheck.go) answer what it returns; each authenticates its own way.
+// counted once on the metrics. POST /v1/check, each entry of POST
+// /v1/checks (checks.go) and the gRPC check service (grpccheck.go) answer
+// what it returns; each authenticates its own way. It writes nothing.
 func (s *Server) decideCheck(ctx context.Context, in *checkapi.Request, tok *authToken) decided {
 	req, err := in.Check()
 	if err != nil {
@@ -523,7 +526,7 @@ func (s *Server) decideCheck(ctx context.Context, in *checkapi.Request, tok *aut
 		}
 	}
 	if tok != nil && !slices.Contains(tok.scopes, scope) {
-		return decided{req: req, o: sluice.Outcome{Kind: sluice.Incompatible}, code: http.StatusForbidden, scope: scope, reason: fmt.Sprintf("token %q lacks scope %s", tok.id, scope)}
+		return decided{req: req, o: sluice.Outcome{Kind: sluice.Incompatible}, code: http.StatusForbidden, scope: scope, reason: lacksScope(tok, scope)}
 	}
 	o := s.core.Check(ctx, req)
 	return decided{req: req, o: o, code: checkapi.StatusCode(&o), reason: reason(&o), scope: scope, decided: true}
@@ -651,29 +654,36 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, in any) string {
 // decodeBody is decode with the body's bound given: the playground's
 // is its own (playgroundMaxBody), not the check API's.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, in any) string {
+	_, why := decodeBodyCode(w, r, limit, in)
+	return why
+}
+
+// decodeBodyCode is decodeBody with the status its reason is answered
+// with: 413 for a body over limit, else 400.
+func decodeBodyCode(w http.ResponseWriter, r *http.Request, limit int64, in any) (int, string) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(in)
 	if err == nil {
 		if _, err = dec.Token(); errors.Is(err, io.EOF) {
-			return ""
+			return http.StatusOK, ""
 		}
 		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); !tooLarge {
-			return "malformed JSON: more than one value in the body"
+			return http.StatusBadRequest, "malformed JSON: more than one value in the body"
 		}
 	}
 	if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		return fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", tooLarge.Limit)
 	}
 	if errors.Is(err, io.EOF) {
-		return "request body is empty: want a JSON object"
+		return http.StatusBadRequest, "request body is empty: want a JSON object"
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
 		// A network error names both ends' addresses: never in an answer
 		// or a log line.
-		return "request body could not be read: the connection failed or timed out"
+		return http.StatusBadRequest, "request body could not be read: the connection failed or timed out"
 	}
-	return "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
+	return http.StatusBadRequest, "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
