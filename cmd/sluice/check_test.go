@@ -73,15 +73,16 @@ func TestCheckEstimateSettle(t *testing.T) {
 	}
 }
 
-// TestCheckBook: --op book on a gcra policy of one an hour is admitted at
-// once, then booked the slot an hour ahead (delay_ms), and with
-// --max-wait 1m refused (exit 1); a --max-wait of a fraction of a
-// millisecond is a usage error.
+// TestCheckBook: --op book on a gcra policy of one an hour (whose
+// operator lets a booking wait 2h) is admitted at once, then booked the
+// slot an hour ahead (delay_ms), and with --max-wait 1m refused (exit 1);
+// a --max-wait of a fraction of a millisecond is a usage error.
 func TestCheckBook(t *testing.T) {
 	s := startServe(t, "--config", writeConfig(t, demoConfig+`  - id: hourly
     algorithm: gcra
     limit: 1
     window: 1h
+    max_wait: 2h
 `))
 	check := func(args ...string) (int, string, string) {
 		var out, errOut bytes.Buffer

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/sluicehq/sluice/internal/server"
 )
@@ -14,23 +12,18 @@ func (a *app) validate(args []string) error {
 	var strict bool
 	fs.StringVar(&path, "config", "", "the config `FILE` to check (required)")
 	fs.StringVar(&path, "c", "", "shorthand for --config")
-	fs.BoolVar(&strict, "strict", false, "refuse what loads but never acts (an Envoy rule that can never match, a replaces naming no rule), which is otherwise a warning")
+	fs.BoolVar(&strict, "strict", false, "refuse what loads but never acts (an Envoy rule that can never match, a replaces naming no rule): otherwise a warning")
 	if err := a.parseFlags(fs, validateSynopsis, args); err != nil {
 		return err // errHelp after -h: run answers nil
 	}
 	if path == "" {
 		return &usageError{msg: "validate needs --config FILE", usage: "Usage: " + validateSynopsis + "\n"}
 	}
-	// Everything serve would refuse: the config's rules, what it needs
-	// from the environment, and the Envoy rules files it names. What serve
-	// would load but never act on is a warning, as envoyproxy/ratelimit
-	// loads such files too, unless --strict.
-	warnings, err := server.Validate(path, a.getenv)
+	// Everything serve would refuse; what it would load but never act on
+	// is a warning (envoyproxy/ratelimit loads it too), unless --strict.
+	warnings, err := server.Validate(path, a.getenv, strict)
 	if err != nil {
 		return err
-	}
-	if strict && len(warnings) > 0 {
-		return errors.New("validate --strict: " + strings.Join(warnings, "\n"))
 	}
 	for _, w := range warnings {
 		fmt.Fprintln(a.stdout, "warning:", w)

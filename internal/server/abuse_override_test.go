@@ -116,7 +116,7 @@ func (e *abuseEnv) validateErr(t *testing.T, extra string) string {
 	// The extra rows end the overrides list, which proxy: follows.
 	cfg := strings.Replace(abuseOverrideConfig("", "http://127.0.0.1:1"), "proxy:\n", extra+"proxy:\n", 1)
 	writeTree(t, dir, map[string]string{"sluice.yaml": cfg, "rules/shop.yaml": envoyOverrideRules})
-	_, err := server.Validate(filepath.Join(dir, "sluice.yaml"), func(k string) string { return overrideEnv[k] })
+	_, err := server.Validate(filepath.Join(dir, "sluice.yaml"), func(k string) string { return overrideEnv[k] }, false)
 	if err == nil {
 		return ""
 	}

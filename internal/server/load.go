@@ -52,11 +52,15 @@ type loaded struct {
 // problem at once (as Errors when there are several). err is nil when Run
 // can start with it; warnings are what Run would serve but what never
 // acts (an Envoy rule that can never match, a replaces naming no rule),
-// as envoyproxy/ratelimit loads such files too.
-func Validate(path string, getenv func(string) string) (warnings []string, err error) {
+// as envoyproxy/ratelimit loads such files too. With strict, warnings
+// are refused: err names each.
+func Validate(path string, getenv func(string) string, strict bool) (warnings []string, err error) {
 	l, err := load(path, getenv)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, err
+	case strict && len(l.warnings) > 0:
+		return nil, errors.New("validate --strict: " + strings.Join(l.warnings, "\n"))
 	}
 	return l.warnings, nil
 }
