@@ -74,6 +74,7 @@ type config struct {
 	rls               bool
 	onlyRLS           bool
 	envoyRatelimit    string
+	rlsLocalQuota     bool
 	render            string
 	hot               hotOptions
 }
@@ -97,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.netClient, "net-client", false, "drive the check API with net/http's client instead of plain keep-alive TCP (rawDecide): the client of earlier rounds, as CPU-hungry as the server")
 	fs.BoolVar(&c.rls, "rls", false, "with -http: also drive sluice serve's Envoy rate-limit service (gRPC ShouldRateLimit) on Redis")
 	fs.BoolVar(&c.onlyRLS, "only-rls", false, "with -rls: skip the check API and proxy rows")
+	fs.BoolVar(&c.rlsLocalQuota, "rls-local-quota", false, "with -rls: also measure sluice serve with sluice_local_quota: true on the rule, a row of its own (allowed mode; with -subjects 1, one hot descriptor)")
 	fs.StringVar(&c.envoyRatelimit, "envoy-ratelimit", "", "with -rls: the envoyproxy/ratelimit service binary (`BIN`) to measure beside it on the same Redis, e.g. built by go build github.com/envoyproxy/ratelimit/src/service_cmd")
 	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server binary (default: the one on PATH)")
 	fs.StringVar(&c.redisAddr, "redis", "", "use the redis-server already listening on this loopback `ADDR` (host:port) instead of starting one; every cell flushes it")

@@ -32,6 +32,26 @@ func rlsRules(m mode) string {
 	return fmt.Sprintf("domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: %s\n      requests_per_unit: %d\n", unit, n)
 }
 
+// rlsLocalQuota is the row of sluice serve whose rule asks local quota
+// (sluice_local_quota: true, a key envoyproxy/ratelimit's loader refuses,
+// so theirs is given rlsRules alone).
+const rlsLocalQuota = "sluice serve, local quota"
+
+// rlsWho are the servers runRLS measures in a cell of mode m, in order:
+// sluice serve, with -rls-local-quota sluice serve with local quota on
+// the rule (allowed mode only: 1 an hour is too small for blocks), and
+// with -envoy-ratelimit theirs.
+func rlsWho(cfg *config, m mode) []string {
+	who := []string{"sluice serve"}
+	if cfg.rlsLocalQuota && m == allowedMode {
+		who = append(who, rlsLocalQuota)
+	}
+	if cfg.envoyRatelimit != "" {
+		who = append(who, "envoyproxy/ratelimit")
+	}
+	return who
+}
+
 // rlsDecide drives ShouldRateLimit on addr over one gRPC connection (as an
 // Envoy holds one HTTP/2 connection to its rate-limit cluster), one
 // descriptor user=<subject> per request.
@@ -71,10 +91,8 @@ func rlsDecide(addr string, subjects []string) (decideFunc, func(), error) {
 func runRLS(ctx context.Context, cfg *config, e *env, bin, dir, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
 	var rs []result
 	for _, c := range cells {
-		for _, who := range []string{"sluice serve", "envoyproxy/ratelimit"} {
-			if who == "envoyproxy/ratelimit" && cfg.envoyRatelimit == "" {
-				continue
-			}
+		var row []result
+		for _, who := range rlsWho(cfg, c.mode) {
 			if err := e.admin.FlushAll(ctx).Err(); err != nil {
 				return nil, err
 			}
@@ -82,13 +100,17 @@ func runRLS(ctx context.Context, cfg *config, e *env, bin, dir, redisAddr string
 			if err := os.MkdirAll(rules, 0o700); err != nil {
 				return nil, err
 			}
-			if err := os.WriteFile(filepath.Join(rules, "bench.yaml"), []byte(rlsRules(c.mode)), 0o600); err != nil {
+			text := rlsRules(c.mode)
+			if who == rlsLocalQuota {
+				text += "      sluice_local_quota: true\n"
+			}
+			if err := os.WriteFile(filepath.Join(rules, "bench.yaml"), []byte(text), 0o600); err != nil {
 				return nil, err
 			}
 			var addr string
 			var cpu func() float64
 			var stop func() error
-			if who == "sluice serve" {
+			if who != "envoyproxy/ratelimit" {
 				path := filepath.Join(dir, "rls-"+string(c.mode)+".yaml")
 				yaml := policiesYAML(parseAlgorithmOr(cfg.httpAlgorithm)) +
 					fmt.Sprintf("store:\n  type: redis\n  redis: { url: \"redis://%s/0\" }\nenvoy:\n  listen: \"127.0.0.1:0\"\n  configs: [%q]\n", redisAddr, filepath.Join(rules, "*.yaml"))
@@ -116,21 +138,44 @@ func runRLS(ctx context.Context, cfg *config, e *env, bin, dir, redisAddr string
 				stop()
 				return nil, err
 			}
-			r := result{Limiter: who + " (Envoy RLS, redis)", Kind: kindHTTP, Peer: who != "sluice serve", Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
+			r := result{Limiter: who + " (Envoy RLS, redis)", Kind: kindHTTP, Peer: who == "envoyproxy/ratelimit", Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
 			err = measure(ctx, e, &r, d, 1, c, cfg.run, true, cpu)
 			release()
-			if serr := stop(); err == nil && serr != nil && who == "sluice serve" {
+			if serr := stop(); err == nil && serr != nil && who != "envoyproxy/ratelimit" {
 				err = serr
 			}
 			if err != nil {
 				return nil, fmt.Errorf("%s, %s: %w", c, r.Limiter, err)
 			}
 			r.RoundTripsPerDecision = 0
-			fmt.Fprintf(stderr, "[RLS] %s: %-45s %10.0f per second  server %6.1f µs/dec  redis %5.1f µs/dec  errors %d\n", c, r.Limiter, r.PerSecond, r.ServerCPUPerDecision, r.RedisCPUPerDecision, r.Errors)
-			rs = append(rs, r)
+			fmt.Fprintf(stderr, "[RLS] %s: %-45s %10.0f per second  server %6.1f µs/dec  redis %5.2f µs/dec  %.4f cmds/dec  %.4f scripts/dec  errors %d\n",
+				c, r.Limiter, r.PerSecond, r.ServerCPUPerDecision, r.RedisCPUPerDecision, r.RedisCommandsPerDecision, r.ScriptCallsPerDecision, r.Errors)
+			row = append(row, r)
 		}
+		rlsRatios(stderr, c, row)
+		rs = append(rs, row...)
 	}
 	return rs, nil
+}
+
+// rlsRatios prints, for one cell, each sluice row's server and Redis CPU
+// per decision divided by envoyproxy/ratelimit's in the same cell.
+func rlsRatios(w io.Writer, c cell, row []result) {
+	var theirs *result
+	for i := range row {
+		if row[i].Peer {
+			theirs = &row[i]
+		}
+	}
+	if theirs == nil || theirs.ServerCPUPerDecision == 0 || theirs.RedisCPUPerDecision == 0 {
+		return
+	}
+	for _, r := range row {
+		if !r.Peer {
+			fmt.Fprintf(w, "[RLS] %s: %-45s ÷ envoyproxy/ratelimit: server CPU %.3f×  Redis CPU %.3f×\n",
+				c, r.Limiter, r.ServerCPUPerDecision/theirs.ServerCPUPerDecision, r.RedisCPUPerDecision/theirs.RedisCPUPerDecision)
+		}
+	}
 }
 
 // parseAlgorithmOr is parseAlgorithm, GCRA for a spelling it does not know.

@@ -15,7 +15,8 @@ type Envoy struct {
 	// LocalQuota turns local quota (sluice.Policy.LocalQuota, with its
 	// defaults) on for every rule whose limit can take it (a max_cost of
 	// at least 8: 8 per unit); smaller limits stay decided by the store,
-	// one request at a time.
+	// one request at a time. A rule that writes sluice_local_quota keeps
+	// its own, either way.
 	LocalQuota bool
 	// MaxDescriptors bounds the descriptors of one request, 1 to 10000,
 	// and MaxEntries the entries of one descriptor, 1 to 10000; a request

@@ -98,10 +98,7 @@ func Build(cfg *config.Config, rules *rules.Config, o BuildOptions) (*Generation
 		return nil, err
 	}
 	if rules != nil {
-		if ps := rules.Policies(); len(ps) > 0 {
-			if cfg.Envoy.LocalQuota {
-				withLocalQuota(ps)
-			}
+		if ps := envoyPolicies(rules, cfg.Envoy.LocalQuota); len(ps) > 0 {
 			if g.Envoy, err = sluice.New(o.Store, ps, sluice.Options{TracerProvider: o.TracerProvider, Overrides: envoyOverrides, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {
 				return nil, fmt.Errorf("envoy rules: %w", err)
 			}
@@ -230,6 +227,7 @@ func checkOverride(rules *rules.Config, o sluice.Override) error {
 		}
 		q := p
 		q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
+		q.LocalQuota = sluice.LocalQuota{} // the Limiter gives an override local quota's defaults for its own numbers, where they fit
 		if o.Window != 0 {
 			q.Window = o.Window
 		}
@@ -238,16 +236,27 @@ func checkOverride(rules *rules.Config, o sluice.Override) error {
 	return nil
 }
 
-// withLocalQuota turns local quota on for every policy of ps that can
-// take it with its defaults.
-func withLocalQuota(ps []sluice.Policy) {
-	for i := range ps {
-		p := ps[i]
-		p.LocalQuota.Enabled = true
-		if p.Validate() == nil {
-			ps[i] = p
+// envoyPolicies are the policies of the rules the store decides, as the
+// Envoy Limiter takes them: with localQuota (envoy.local_quota), local
+// quota on with its defaults for every rule that does not write its own
+// (sluice_local_quota) and whose limit can take it.
+func envoyPolicies(rs *rules.Config, localQuota bool) []sluice.Policy {
+	var ps []sluice.Policy
+	for _, r := range rs.Rules() {
+		if !r.Decided() {
+			continue
 		}
+		p := r.Policy
+		if localQuota && !r.OwnLocalQuota {
+			q := p
+			q.LocalQuota.Enabled = true
+			if q.Validate() == nil {
+				p = q
+			}
+		}
+		ps = append(ps, p)
 	}
+	return ps
 }
 
 // pseudonymizer builds the subject pseudonymizer from subjects.hmac_keys,

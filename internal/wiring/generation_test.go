@@ -1,8 +1,12 @@
 package wiring_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
 
 	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/config"
@@ -93,5 +97,44 @@ func TestBuildEnvoyOnly(t *testing.T) {
 	g, _ = buildFrom(t, "policies:\n  - { id: api, algorithm: fixed_window, limit: 10, window: 1m }\n", "")
 	if g.Envoy != nil || g.RLS != nil {
 		t.Errorf("without an envoy section: Envoy = %p, RLS = %p, want nil", g.Envoy, g.RLS)
+	}
+}
+
+// TestBuildLocalQuotaPerRule: a rule's own sluice_local_quota (on, off or
+// its numbers) overrides envoy.local_quota, which still decides for the
+// rules that do not write it; an override of a rule with its own local
+// quota is judged as the Limiter takes it (local quota's defaults for
+// the subject's numbers).
+func TestBuildLocalQuotaPerRule(t *testing.T) {
+	const rulesYAML = `domain: shop
+descriptors:
+  - key: tenant
+    rate_limit: { unit: second, requests_per_unit: 10000, sluice_local_quota: { block_time: 400ms, max_block: 500 } }
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 600, sluice_local_quota: false }
+  - key: path
+    rate_limit: { unit: minute, requests_per_unit: 600 }
+`
+	for _, wide := range []bool{false, true} {
+		g, _ := buildFrom(t, fmt.Sprintf(`
+overrides:
+  - { envoy: { domain: shop, entries: [{ key: tenant, value: big }] }, limit: 100000, window: 100ms }
+envoy:
+  listen: "127.0.0.1:0"
+  configs: ["rules/*.yaml"]
+  local_quota: %v
+`, wide), rulesYAML)
+		for id, want := range map[string]sluice.LocalQuota{
+			"shop.tenant": {Enabled: true, BlockTime: 400 * time.Millisecond, MaxBlock: 500},
+			"shop.user":   {},
+			"shop.path":   {Enabled: wide, BlockTime: 100 * time.Millisecond, MaxBlock: 60},
+		} {
+			if !wide && id == "shop.path" {
+				want = sluice.LocalQuota{}
+			}
+			if p, ok := g.Envoy.Policy(id); !ok || p.LocalQuota != want {
+				t.Errorf("envoy.local_quota %v: Envoy's policy %q: found %v, local quota %+v; want %+v", wide, id, ok, p.LocalQuota, want)
+			}
+		}
 	}
 }

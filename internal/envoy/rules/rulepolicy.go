@@ -22,7 +22,7 @@ import (
 // without a policy.
 func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule {
 	r := &Rule{Domain: domain, Key: full, File: p.file, Line: yamlnode.Resolve(n).Line}
-	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey, PrioritiesKey)
+	m, err := p.mapping(path, n, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey, PrioritiesKey, LocalQuotaKey)
 	if err != nil {
 		p.add(err)
 		return r
@@ -32,7 +32,7 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 	p.add(p.bool(path+"."+SettleKey, m[SettleKey], &r.Settles))
 	p.names(path, m, r)
 	if r.Unlimited {
-		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey)
+		p.unset(path, m, "when unlimited is true", "unit", "requests_per_unit", "algorithm", "burst", "failure_mode", "align", InFlightKey, SettleKey, LocalQuotaKey)
 		p.noPriorities(path, m, "when unlimited is true")
 		return r
 	}
@@ -54,12 +54,13 @@ func (p *parser) rateLimit(path string, n *yaml.Node, domain, full string) *Rule
 	if r.RequestsPerUnit == 0 {
 		// Denies everything (envoyproxy/ratelimit's way to block a value):
 		// no policy, no store.
-		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align", SettleKey)
+		p.unset(path, m, "with requests_per_unit 0, which denies every request", "algorithm", "burst", "align", SettleKey, LocalQuotaKey)
 		p.noPriorities(path, m, "with requests_per_unit 0, which denies every request")
 		return r
 	}
 	pol.Priorities = p.priorities(path, m[PrioritiesKey])
 	p.settles(path, m, r, &pol)
+	p.localQuota(path, m, r, &pol)
 	if len(p.errs) > before {
 		return r // the policy is built of values that broke a rule
 	}
@@ -206,7 +207,7 @@ const InFlightKey = "sluice_in_flight"
 func (p *parser) inFlight(path string, m map[string]*yaml.Node, v *yaml.Node, r *Rule) {
 	before := len(p.errs)
 	r.InFlight = true
-	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align", SettleKey)
+	p.unset(path, m, "with "+InFlightKey+", which counts requests in flight, not a rate", "unit", "requests_per_unit", "algorithm", "burst", "align", SettleKey, LocalQuotaKey)
 	if fm := m["failure_mode"]; fm != nil {
 		var err error
 		if r.FailureMode, err = p.failureMode(path+".failure_mode", fm); err != nil {
@@ -271,6 +272,9 @@ func (p *parser) failureMode(path string, n *yaml.Node) (failure.Mode, error) {
 // when the block does not set that key.
 func (p *parser) policyError(path string, m map[string]*yaml.Node, line int, err error) *Error {
 	if e, ok := p.priorityError(path, m, err); ok {
+		return e
+	}
+	if e, ok := p.localQuotaError(path, m, err); ok {
 		return e
 	}
 	var pe *policyerr.Error

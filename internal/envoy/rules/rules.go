@@ -172,6 +172,10 @@ type Rule struct {
 	// both carry (RequestIDKey), and the stream-done call is marked as
 	// such (StreamDoneKey). package rls says how.
 	Settles bool
+	// OwnLocalQuota rules write rate_limit.sluice_local_quota (true,
+	// false or its numbers): Policy.LocalQuota is the rule's own, which
+	// the config-wide envoy.local_quota does not change.
+	OwnLocalQuota bool
 	// DetailedMetric and ValueToMetric are accepted for compatibility:
 	// they put descriptor values in envoyproxy/ratelimit's statistics,
 	// and sluice never labels a metric with one, so they have no effect.

@@ -57,6 +57,16 @@ func TestInvalid(t *testing.T) {
 		{"priorities_no_unit_left.yaml", `descriptors[0].rate_limit.sluice_priorities.sheddable: "20%": leaves this class no unit of the policy's capacity of 3: raise the share to at least 34% (line 7)`},
 		{"priorities_not_mapping.yaml", `descriptors[0].rate_limit.sluice_priorities: "sheddable": must be a mapping, not a scalar (line 7)`},
 		{"priorities_in_flight_no_unit_left.yaml", `descriptors[0].descriptors[0].rate_limit.sluice_priorities.sheddable: "10%": leaves this class no unit of the policy's capacity of 4: raise the share to at least 25% (line 8)`},
+		{"local_quota_sliding_log.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: does not apply to sliding_log: a block's entries would have to be dated after the log's newest write; use gcra or token_bucket for a hot subject (line 8)`},
+		{"local_quota_in_flight.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: must not be set with sluice_in_flight, which counts requests in flight, not a rate (line 6)`},
+		{"local_quota_unlimited.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: must not be set when unlimited is true (line 6)`},
+		{"local_quota_denies_all.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: must not be set with requests_per_unit 0, which denies every request (line 7)`},
+		{"local_quota_settle.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: must not be set with sluice_settle: every request of a settling rule carries its request id, and the store decides each such request itself (line 8)`},
+		{"local_quota_small_limit.yaml", `descriptors[0].rate_limit.sluice_local_quota: true: needs a max_cost of at least 8, not 5: a limit this small is best decided by the store, one request at a time (line 7)`},
+		{"local_quota_block_time.yaml", `descriptors[0].rate_limit.sluice_local_quota.block_time: "2s": must be between 1ms and 1s, at most half the window (500ms), a whole number of microseconds (line 8)`},
+		{"local_quota_zero.yaml", `descriptors[0].rate_limit.sluice_local_quota.max_block: 0: must not be zero; leave it out for the default (line 7)`},
+		{"local_quota_unknown_key.yaml", `descriptors[0].rate_limit.sluice_local_quota.block: unknown key: must be one of block_time, max_block (line 7)`},
+		{"local_quota_not_bool.yaml", `descriptors[0].rate_limit.sluice_local_quota: "yes": must be true or false, or a mapping of block_time and max_block (line 4)`},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			name := filepath.Join("testdata", "invalid", tc.file)
@@ -75,8 +85,8 @@ func TestInvalid(t *testing.T) {
 	}
 	// Every fixture has a case.
 	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) != 39 {
-		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 39)
+	if len(files) != 49 {
+		t.Errorf("testdata/invalid holds %d files, the table %d: add the new case", len(files), 49)
 	}
 }
 
