@@ -16,9 +16,11 @@ import (
 	"github.com/sluicehq/sluice/internal/server"
 )
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise it comes from the module's build information (versionText).
-var version = ""
+// The build's stamps, set with -ldflags "-X main.version=v1.2.3 -X
+// main.commit=<sha> -X main.modified=false" (make build and the
+// Dockerfile do); each left "" comes from the module's build information
+// (versionText), which builds without .git (CI, containers) lack.
+var version, commit, modified = "", "", ""
 
 const usage = `sluice is a distributed rate limiter.
 
@@ -109,7 +111,7 @@ func (a *app) run(ctx context.Context, args []string) error {
 			return &usageError{msg: "version takes no arguments", usage: usage}
 		}
 		bi, _ := debug.ReadBuildInfo()
-		io.WriteString(a.stdout, versionText(version, bi))
+		io.WriteString(a.stdout, versionText(stamps{version, commit, modified}, bi))
 		return nil
 	case "help", "-h", "-help", "--help":
 		switch {
@@ -226,23 +228,29 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-// versionText is what sluice version prints: the version (ldflags' -X
-// main.version, else the main module's: v1.2.3 from go install …@v1.2.3, a
-// pseudo-version or (devel) in a clone), the commit and whether its tree
-// was modified (go build's vcs stamps; "unknown" without them: a module
-// zip, a test binary, a build without .git).
-func versionText(ldflags string, bi *debug.BuildInfo) string {
-	commit, modified := "unknown", "unknown"
+// stamps are what -ldflags -X set: version, commit, modified; "" unset.
+type stamps struct{ version, commit, modified string }
+
+// versionText is what sluice version prints: the version, the commit and
+// whether its tree was modified, each as the build's ldflags stamped it
+// (make build, the Dockerfile), else from go build's information: the
+// main module's version (v1.2.3 from go install …@v1.2.3, a
+// pseudo-version in a clone, (devel) without .git) and the vcs stamps;
+// "unknown" only when neither has it (a module zip, a test binary, a build
+// without .git and without ldflags).
+func versionText(ld stamps, bi *debug.BuildInfo) string {
+	var vcsCommit, vcsModified string
 	if bi == nil {
 		bi = &debug.BuildInfo{}
 	}
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
-			commit = s.Value
+			vcsCommit = s.Value
 		case "vcs.modified":
-			modified = s.Value
+			vcsModified = s.Value
 		}
 	}
-	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ldflags, bi.Main.Version, "unknown"), commit, modified)
+	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ld.version, bi.Main.Version, "unknown"),
+		cmp.Or(ld.commit, vcsCommit, "unknown"), cmp.Or(ld.modified, vcsModified, "unknown"))
 }
