@@ -16,10 +16,8 @@ import (
 	"github.com/sluicehq/sluice/internal/server"
 )
 
-// The build's stamps, set with -ldflags "-X main.version=v1.2.3 -X
-// main.commit=<sha> -X main.modified=false" (make build and the
-// Dockerfile do); each left "" comes from the module's build information
-// (versionText), which builds without .git (CI, containers) lack.
+// The build's stamps (-ldflags "-X main.version=v1.2.3 -X main.commit=…"):
+// make build and the Dockerfile set them; "" falls back (versionText).
 var version, commit, modified = "", "", ""
 
 const usage = `sluice is a distributed rate limiter.
@@ -228,21 +226,15 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-// stamps are what -ldflags -X set: version, commit, modified; "" unset.
-type stamps struct{ version, commit, modified string }
+type stamps struct{ version, commit, modified string } // -ldflags -X's; "" unset
 
-// versionText is what sluice version prints: the version, the commit and
-// whether its tree was modified, each as the build's ldflags stamped it
-// (make build, the Dockerfile), else from go build's information: the
-// main module's version (v1.2.3 from go install …@v1.2.3, a
-// pseudo-version in a clone, (devel) without .git) and the vcs stamps;
-// "unknown" only when neither has it (a module zip, a test binary, a build
-// without .git and without ldflags).
+// versionText is what sluice version prints: version, commit and whether
+// the tree was modified, each as ldflags stamped it, else go build's (the
+// main module's version: v1.2.3 from go install …@v1.2.3, a pseudo-version
+// in a clone, (devel) without .git; the vcs stamps), else "unknown".
 func versionText(ld stamps, bi *debug.BuildInfo) string {
 	var vcsCommit, vcsModified string
-	if bi == nil {
-		bi = &debug.BuildInfo{}
-	}
+	bi = cmp.Or(bi, &debug.BuildInfo{})
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
