@@ -22,7 +22,24 @@ HELM = $(HELM_DIR)/helm
 # compiled twice (this way and with -race for unit), not three times. No package of the module uses cgo, so nothing goes unchecked.
 STATIC = CGO_ENABLED=0 GOFLAGS=-trimpath
 
-.PHONY: test deps fmt vet lint unit unit-norace bench bench-check chart fuzz screenshot proto
+.PHONY: test deps fmt vet lint unit unit-norace bench bench-check chart fuzz screenshot proto build image
+
+# build builds bin/sluice (BIN) stamped with its version and commit, which
+# sluice version prints however the tree is checked out (a CI checkout or a
+# container context may carry no .git for go build's own stamps): VERSION
+# is git describe's (a tag, else the short commit), COMMIT the full commit,
+# MODIFIED whether the tree had uncommitted changes. image builds the
+# container with the same stamps.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED ?= $(shell git rev-parse HEAD >/dev/null 2>&1 && { test -z "$$(git status --porcelain)" && echo false || echo true; })
+BIN ?= bin/sluice
+
+build:
+	$(STATIC) $(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)" -o $(BIN) ./cmd/sluice
+
+image:
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$(COMMIT) -t sluice:$(VERSION) .
 
 # deps installs redis-sentinel: the Sentinel failover tests, which skip
 # without it elsewhere, must run here.

@@ -125,7 +125,7 @@ var (
 
 // sluiceBinary builds cmd/sluice once, with the Dockerfile's go build line
 // (its -o and package left to servetest.Build, ${VERSION} replaced by
-// "deploy-test").
+// "deploy-test" and ${REVISION} by deployRevision).
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
 	env, args := dockerBuild(t)
@@ -141,7 +141,7 @@ func sluiceBinary(t *testing.T) string {
 				i++ // servetest.Build names the output
 			case args[i] == "./cmd/sluice":
 			default:
-				flags = append(flags, strings.ReplaceAll(args[i], "${VERSION}", "deploy-test"))
+				flags = append(flags, strings.NewReplacer("${VERSION}", "deploy-test", "${REVISION}", deployRevision).Replace(args[i]))
 			}
 		}
 		// The Dockerfile builds from the repository root.
@@ -152,6 +152,10 @@ func sluiceBinary(t *testing.T) string {
 	}
 	return binary
 }
+
+// deployRevision is the REVISION build argument of the test's build: a
+// commit that is not the clone's, so it can only come from the stamp.
+const deployRevision = "0000000000000000000000000000000000dec0de"
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -181,8 +185,8 @@ func TestDockerfileBuildsStaticBinary(t *testing.T) {
 		t.Errorf("the binary needs shared libraries %q, want none", libs)
 	}
 	out, err := exec.Command(bin, "version").CombinedOutput()
-	if first, _, _ := strings.Cut(string(out), "\n"); err != nil || first != "sluice deploy-test" {
-		t.Errorf("sluice version = %q, %v; want the version the build line sets", out, err)
+	if want := "sluice deploy-test\ncommit: " + deployRevision + "\n"; err != nil || !strings.HasPrefix(string(out), want) {
+		t.Errorf("sluice version = %q, %v; want the version and commit the build line stamps (%q)", out, err, want)
 	}
 }
 

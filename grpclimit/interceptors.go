@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/edge"
-	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
 // The trailer metadata keys of the draft's fields.
@@ -141,7 +140,7 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 	case edge.Admit:
 		return a, s, nil
 	case edge.Limit:
-		return edge.Action{}, s, denial(kind, a.Decided())
+		return edge.Action{}, s, in.denial(kind, a.Decided())
 	case edge.Abandoned:
 		return edge.Action{}, s, status.Error(codes.Canceled, "grpclimit: the call ended while held for its slot; the slot was given back")
 	}
@@ -158,7 +157,7 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 // denial is the status error of the denied outcome o of a subject of
 // kind: ResourceExhausted with a RetryInfo at least the wait o names and
 // a QuotaFailure listing the policies that denied.
-func denial(kind string, o *sluice.Outcome) error {
+func (in *Interceptors) denial(kind string, o *sluice.Outcome) error {
 	retry := o.RetryAfter
 	if r := retry.Truncate(time.Millisecond); r < retry { // whole milliseconds, never less than the wait
 		retry = r + time.Millisecond
@@ -174,10 +173,10 @@ func denial(kind string, o *sluice.Outcome) error {
 			Subject:     kind,
 			QuotaId:     s.Policy,
 			QuotaValue:  s.Limit,
-			Description: fmt.Sprintf("quota of policy %q exceeded; retry in %d s", s.Policy, ratelimitheader.RetryAfterSeconds(s.RetryAfter)),
+			Description: fmt.Sprintf("quota of policy %q exceeded; retry %s", s.Policy, in.core.RetryWhen(s.RetryAfter)),
 		})
 	}
-	msg := fmt.Sprintf("grpclimit: rate limited by policy %s; retry in %d s", strings.Join(ids, ", "), ratelimitheader.RetryAfterSeconds(retry))
+	msg := fmt.Sprintf("grpclimit: rate limited by policy %s; retry %s", strings.Join(ids, ", "), in.core.RetryWhen(retry))
 	return withDetails(status.New(codes.ResourceExhausted, msg), &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}, &quota)
 }
 

@@ -1,6 +1,7 @@
 package grpclimit_test
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,27 @@ func TestGoGRPCMiddleware(t *testing.T) {
 	st = wantCode(t, "call of a method with a concurrency policy", err, codes.ResourceExhausted)
 	if !strings.Contains(st.Message(), `grpclimit: Limit cannot hold the lease of concurrency policy "calls"`) {
 		t.Errorf("concurrency call: message %q, want it to say that Limit cannot hold a lease", st.Message())
+	}
+}
+
+// TestDenialDatesAMonthlyWait: a monthly quota's ResourceExhausted says
+// when to retry as a date (RFC 3339, UTC), not as millions of seconds;
+// RetryInfo keeps the wait.
+func TestDenialDatesAMonthlyWait(t *testing.T) {
+	clock := sluicetest.NewClock()
+	clock.Set(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
+	ints := newInterceptors(t, clock, grpclimit.Options{Methods: []grpclimit.Method{{Name: echoUnary, Policies: []string{"monthly"}}}},
+		sluice.Policy{ID: "monthly", Algorithm: sluice.FixedWindow, Limit: 1, Period: "month"})
+	s := serveInterceptors(t, ints)
+	_, err := s.call(t, echoUnary)
+	wantCode(t, "call 1", err, codes.OK)
+	_, err = s.call(t, echoUnary)
+	st := wantCode(t, "call 2", err, codes.ResourceExhausted)
+	dated := regexp.MustCompile(`; retry after \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`)
+	if !dated.MatchString(st.Message()) {
+		t.Errorf("call 2: message %q, want it to end %q", st.Message(), "; retry after <RFC 3339 date>")
+	}
+	if got, want := retryDelay(t, st), (21*24+12)*time.Hour; got != want {
+		t.Errorf("call 2: RetryInfo %v, want %v", got, want)
 	}
 }

@@ -562,6 +562,6 @@ func (m *Middleware) finish(w http.ResponseWriter, r *http.Request, next http.Ha
 			Detail: "The request carries no identity this endpoint can be rate limited by.",
 		})
 	default:
-		edge.WriteProblem(w, a.Problem())
+		edge.WriteProblem(w, m.core.Problem(a))
 	}
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/sluicehq/sluice/internal/server"
 )
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise it comes from the module's build information (versionText).
-var version = ""
+// The build's stamps (-ldflags "-X main.version=v1.2.3 -X main.commit=…"):
+// make build and the Dockerfile set them; "" falls back (versionText).
+var version, commit, modified = "", "", ""
 
 const usage = `sluice is a distributed rate limiter.
 
@@ -109,7 +109,7 @@ func (a *app) run(ctx context.Context, args []string) error {
 			return &usageError{msg: "version takes no arguments", usage: usage}
 		}
 		bi, _ := debug.ReadBuildInfo()
-		io.WriteString(a.stdout, versionText(version, bi))
+		io.WriteString(a.stdout, versionText(stamps{version, commit, modified}, bi))
 		return nil
 	case "help", "-h", "-help", "--help":
 		switch {
@@ -226,23 +226,23 @@ func flagsSet(fs *flag.FlagSet) map[string]bool {
 // errHelp means the command printed its help; run returns nil.
 var errHelp = errors.New("help printed")
 
-// versionText is what sluice version prints: the version (ldflags' -X
-// main.version, else the main module's: v1.2.3 from go install …@v1.2.3, a
-// pseudo-version or (devel) in a clone), the commit and whether its tree
-// was modified (go build's vcs stamps; "unknown" without them: a module
-// zip, a test binary, a build without .git).
-func versionText(ldflags string, bi *debug.BuildInfo) string {
-	commit, modified := "unknown", "unknown"
-	if bi == nil {
-		bi = &debug.BuildInfo{}
-	}
+type stamps struct{ version, commit, modified string } // -ldflags -X's; "" unset
+
+// versionText is what sluice version prints: version, commit and whether
+// the tree was modified, each as ldflags stamped it, else go build's (the
+// main module's version: v1.2.3 from go install …@v1.2.3, a pseudo-version
+// in a clone, (devel) without .git; the vcs stamps), else "unknown".
+func versionText(ld stamps, bi *debug.BuildInfo) string {
+	var vcsCommit, vcsModified string
+	bi = cmp.Or(bi, &debug.BuildInfo{})
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
-			commit = s.Value
+			vcsCommit = s.Value
 		case "vcs.modified":
-			modified = s.Value
+			vcsModified = s.Value
 		}
 	}
-	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ldflags, bi.Main.Version, "unknown"), commit, modified)
+	return fmt.Sprintf("sluice %s\ncommit: %s\nmodified: %s\n", cmp.Or(ld.version, bi.Main.Version, "unknown"),
+		cmp.Or(ld.commit, vcsCommit, "unknown"), cmp.Or(ld.modified, vcsModified, "unknown"))
 }

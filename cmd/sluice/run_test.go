@@ -490,7 +490,7 @@ func TestVersionText(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		ldflags string
+		ldflags stamps
 		bi      *debug.BuildInfo
 		want    string
 	}{
@@ -506,9 +506,21 @@ func TestVersionText(t *testing.T) {
 		},
 		{
 			name:    "ldflags' version wins",
-			ldflags: "v1.2.4",
+			ldflags: stamps{version: "v1.2.4"},
 			bi:      clone,
 			want:    "sluice v1.2.4\ncommit: ba3281d0c1a2b3c4d5e6f708192a3b4c5d6e7f80\nmodified: true\n",
+		},
+		{
+			name:    "ldflags' stamps win over go build's",
+			ldflags: stamps{"v1.2.5", "0123456789abcdef0123456789abcdef01234567", "false"},
+			bi:      clone,
+			want:    "sluice v1.2.5\ncommit: 0123456789abcdef0123456789abcdef01234567\nmodified: false\n",
+		},
+		{
+			name:    "ldflags' stamps without vcs stamps (a container, CI)",
+			ldflags: stamps{"v1.2.6", "89abcdef0123456789abcdef0123456789abcdef", ""},
+			bi:      &debug.BuildInfo{Main: debug.Module{Path: "github.com/sluicehq/sluice", Version: "(devel)"}},
+			want:    "sluice v1.2.6\ncommit: 89abcdef0123456789abcdef0123456789abcdef\nmodified: unknown\n",
 		},
 		{
 			name: "no build information",
@@ -517,7 +529,7 @@ func TestVersionText(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := versionText(tc.ldflags, tc.bi); got != tc.want {
-				t.Errorf("versionText(%q, %+v) = %q, want %q", tc.ldflags, tc.bi, got, tc.want)
+				t.Errorf("versionText(%+v, %+v) = %q, want %q", tc.ldflags, tc.bi, got, tc.want)
 			}
 		})
 	}

@@ -22,7 +22,8 @@ import (
 const chromiumHint = "make deps (apt-get install chromium)"
 
 // TestDashboardInBrowser opens the dashboard of a running sluice serve in
-// a real headless Chromium: the policies render, the decision counts move
+// a real headless Chromium: the policies render (an Envoy rule's marked
+// shadow, its week a fixed 7 days), the decision counts move
 // after traffic reaches /v1/check, the playground draws a chart, and the
 // page asks nothing of any other origin. Like the Redis tests, it fails
 // when the binary it needs is missing: make test installs it.
@@ -32,14 +33,27 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("chromium is not installed; install it with: %s", chromiumHint)
 	}
-	s := startServe(t, "-c", writeConfig(t, `
+	cfg := writeConfig(t, `
 server:
   listen: "127.0.0.1:0"
 policies:
   - { id: login, algorithm: sliding_log, limit: 5, window: 1h }
   - { id: api, algorithm: gcra, limit: 100, window: 1s, burst: 20, priorities: { critical: 100%, sheddable: 50% } }
   - { id: paced, algorithm: gcra, limit: 1, window: 1h, max_wait: 2h }
-`))
+envoy:
+  listen: "127.0.0.1:0"
+  configs: ["rules.yaml"]
+`)
+	// An Envoy rule in shadow mode, a week long: the page marks it so.
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "rules.yaml"), []byte(`domain: shop
+descriptors:
+  - key: tenant
+    shadow_mode: true
+    rate_limit: { unit: week, requests_per_unit: 1000 }
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, "-c", cfg)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(bin),
@@ -96,8 +110,14 @@ policies:
 
 	// The policies render with their numbers.
 	do("open /ui", chromedp.Navigate(s.url+"/ui"), chromedp.WaitVisible(chromedp.CSS(`#policies tr[data-policy="api"]`)))
-	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra · critical 100%, sheddable 50% 100 1s 20; paced gcra 1 1h0m0s 1" {
+	if got := eval(`Array.from(document.querySelectorAll('#policies tbody tr')).map(r => Array.from(r.cells).slice(0, 5).map(c => c.textContent).join(' ')).join('; ')`); got != "login sliding_log 5 1h0m0s ; api gcra · critical 100%, sheddable 50% 100 1s 20; paced gcra 1 1h0m0s 1; shop.tenant shadow fixed_window 1000 week (7 days, fixed) " {
 		t.Errorf("policies table = %q, want login, api and paced with their numbers (api's priority classes beside its algorithm)", got)
+	}
+	if got := eval(`Array.from(document.querySelector('#policies tr[data-policy="shop.tenant"]').cells).slice(0, 4).map(c => c.textContent).join(' | ')`); got != "shop.tenant shadow | fixed_window | 1000 | week (7 days, fixed)" {
+		t.Errorf("Envoy rule's row = %q, want it marked shadow, its week a fixed 7 days", got)
+	}
+	if got := eval(cell("shop.tenant", "denied")); got != "0 (answered OK)" {
+		t.Errorf("shadow rule's denied = %q, want 0 (answered OK)", got)
 	}
 	if got := eval(cell("login", "allowed")); got != "0" {
 		t.Errorf("login allowed before traffic = %q, want 0", got)

@@ -108,7 +108,7 @@ func TestDecide(t *testing.T) {
 			t.Errorf("%s: RateLimit-Policy %q, RateLimit %q, want both policies, and RateLimit when decided", step.name, r.Field, a.Limit)
 		}
 		if step.status == 429 {
-			if p := a.Problem(); p.Status != 429 || !cmp.Equal(p.ViolatedPolicies, []string{"p"}) {
+			if p := c.Problem(&a); p.Status != 429 || !cmp.Equal(p.ViolatedPolicies, []string{"p"}) {
 				t.Errorf("%s: problem %+v, want 429 violating p", step.name, p)
 			}
 		}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+
+	"github.com/sluicehq/sluice/internal/ratelimitheader"
+	"time"
 )
 
 // quotaExceededType is the problem type of a 429 answer, defined by
@@ -21,15 +24,37 @@ type Problem struct {
 	ViolatedPolicies []string `json:"violated-policies,omitempty"`
 }
 
+// datedWait is the longest wait said in seconds; a longer one (a
+// monthly quota's) is said as the date it ends.
+const datedWait = time.Hour
+
+// RetryWhen says when a request refused for wait may be retried, for
+// people to read ("retry in 2101333 s." is not read): "in 8 s" (whole
+// seconds rounded up, at least 1, as Retry-After) up to an hour, past it
+// "after 2026-04-01T00:00:00Z", the instant on c's clock, RFC 3339 in UTC
+// rounded up to the second.
+func (c *Core) RetryWhen(wait time.Duration) string {
+	secs := ratelimitheader.RetryAfterSeconds(wait)
+	if time.Duration(secs)*time.Second <= datedWait {
+		return fmt.Sprintf("in %d s", secs)
+	}
+	at := c.clock.Now().Add(wait)
+	if t := at.Truncate(time.Second); t.Before(at) {
+		at = t.Add(time.Second) // never earlier than the wait
+	}
+	return "after " + at.UTC().Format(time.RFC3339)
+}
+
 // Problem is the problem body of a's refusal: 429 of the draft's
-// quota-exceeded type listing the violated policies, or 503.
-func (a *Action) Problem() Problem {
+// quota-exceeded type listing the violated policies, its detail saying
+// when to retry (RetryWhen; Retry-After stays in seconds), or 503.
+func (c *Core) Problem(a *Action) Problem {
 	if a.Kind == Limit {
 		return Problem{
 			Type:             quotaExceededType,
 			Title:            "Request cannot be satisfied as assigned quota has been exceeded",
 			Status:           http.StatusTooManyRequests,
-			Detail:           fmt.Sprintf("Too many requests; retry in %d s.", a.RetryAfter),
+			Detail:           "Too many requests; retry " + c.RetryWhen(retryAfter(a.Decided())) + ".",
 			ViolatedPolicies: Violated(a.Decided()),
 		}
 	}

@@ -188,6 +188,15 @@ type uiPolicy struct {
 	// Priorities are the policy's priority classes and their shares in
 	// percent (sluice.Policy.Priorities), e.g. {"sheddable": 50}.
 	Priorities map[string]int `json:"priorities,omitempty"`
+	// Shadow, QuotaMode, Replaces and ReplacedBy mark an Envoy rule's
+	// policy (ui_envoy.go): shadow_mode (its denials were answered OK),
+	// quota_mode, the policies of the rules it replaces and of those
+	// replacing it when both apply. An Envoy rule's week, month or year
+	// window reads e.g. "week (7 days, fixed)".
+	Shadow     bool     `json:"shadow,omitempty"`
+	QuotaMode  bool     `json:"quota_mode,omitempty"`
+	Replaces   []string `json:"replaces,omitempty"`
+	ReplacedBy []string `json:"replaced_by,omitempty"`
 }
 
 func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
@@ -213,6 +222,7 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 		cancel()
 	}
 	ids, policy := s.shown()
+	marks := s.envoyMarks()
 	for _, id := range ids {
 		p, _ := policy(id)
 		up := uiPolicy{ID: id, Algorithm: p.Algorithm.String(), Limit: p.Limit, Window: windowText(&p), MaxCost: p.MaxCost,
@@ -220,6 +230,9 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 			Priorities: p.Priorities}
 		if p.Algorithm == sluice.TokenBucket || p.Algorithm == sluice.GCRA {
 			up.Burst = p.Burst
+		}
+		if _, own := s.policy(id); !own || s.envoy == nil { // a config policy of the Envoy rules' ID is shown, not the rule
+			up.mark(marks[id])
 		}
 		st.Policies = append(st.Policies, up)
 	}

@@ -70,6 +70,18 @@ function shares(priorities) {
   return ' · ' + classes.map((c) => c + ' ' + priorities[c] + '%').join(', ');
 }
 
+// marks are an Envoy rule's badges beside its policy ID: what its numbers
+// mean (a shadow rule's denials were answered OK).
+function marks(p) {
+  const out = [];
+  const badge = (text, title) => out.push(' ', el('span', { class: 'mark', title }, text));
+  if (p.shadow) badge('shadow', 'shadow_mode: decided and counted, always answered OK: its denials were not enforced');
+  if (p.quota_mode) badge('quota mode', 'quota_mode: over the limit stops a request only when every quota_mode descriptor of it is over');
+  if (p.replaces) badge('replaces ' + p.replaces.join(', '), 'applied instead of these rules when both match a request');
+  if (p.replaced_by) badge('replaced by ' + p.replaced_by.join(', '), 'not applied when one of these rules matches the same request');
+  return out;
+}
+
 function renderPolicies(st) {
   const live = new Map((st.live || []).map((s) => [s.policy, s]));
   const tbody = $('#policies tbody');
@@ -77,13 +89,13 @@ function renderPolicies(st) {
     const s = live.get(p.id) || { counts: {}, total: {} };
     const num = (v, cls) => el('td', { class: 'num' + (cls ? ' ' + cls : '') }, String(v));
     return el('tr', { 'data-policy': p.id },
-      el('td', {}, p.id),
+      el('td', {}, p.id, ...marks(p)),
       el('td', {}, p.algorithm + (p.approximate ? ' (approximate)' : '') + shares(p.priorities)),
       num(p.limit), el('td', {}, p.window), num(p.burst || ''), num(p.max_cost),
       el('td', {}, p.failure_mode), num(p.revision),
       num(lastSecond(s), 'rate'),
       num(total(s, ['allowed']), 'allowed'),
-      num(total(s, ['denied']), 'denied'),
+      num(total(s, ['denied']) + (p.shadow ? ' (answered OK)' : ''), 'denied'),
       num(total(s, ['unavailable', 'indeterminate', 'incompatible']), 'undecided'));
   });
   tbody.replaceChildren(...rows);
