@@ -108,6 +108,13 @@ func memoryMaxKeys(m *config.Memory, limit int64) int {
 	return int(min(max(limit/2/MemoryBytesPerKey, config.MinMaxKeys), config.MaxMaxKeys))
 }
 
+// maxOverrides bounds the tenant overrides a store built here holds (the
+// admin API's: the config file's are the Limiters' own, on top): every
+// server holds them all in memory, and each change rebuilds every
+// Limiter's snapshot of them at its next read (5ms at 10 000). The store
+// counts them in the write, in O(1), exactly across servers.
+const maxOverrides = 10000
+
 // NewStore builds the store sc names. It is the one place where store
 // types are wired. It does not contact Redis: sluice serve starts while
 // Redis is down or hung, and answers per failure mode until it is back.
@@ -121,7 +128,7 @@ func NewStore(sc config.Store, o StoreOptions) (*Store, error) {
 	switch sc.Type {
 	case config.StoreMemory, "":
 		maxKeys := memoryMaxKeys(sc.Memory, o.MemoryLimit)
-		ms, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: maxKeys})
+		ms, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: maxKeys, MaxOverrides: maxOverrides})
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
@@ -161,7 +168,7 @@ func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
 	// New does not contact Redis: serve starts while Redis is down or
 	// hung, answers per failure mode until it is back, and /readyz tells
 	// which.
-	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
+	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), MaxOverrides: maxOverrides, Breaker: redisstore.BreakerOptions{
 		OnChange: func(state string) {
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request
