@@ -203,7 +203,9 @@ func NewBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *l
 
 // NewRedisClient connects as rc says: a redis:// or rediss:// URL (TLS
 // for rediss), or addrs of a cluster or of sentinels. The password comes
-// from the environment. Context deadlines bound every call.
+// from the environment, or from a file read again whenever it changes
+// (as may the ACL user), before each new connection. Context deadlines
+// bound every call.
 func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.UniversalClient, error) {
 	if rc == nil {
 		return nil, errors.New("store.redis is missing")
@@ -224,15 +226,24 @@ func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 		if password != "" {
 			opts.Password = password
 		}
+		if opts.CredentialsProviderContext, err = credentials(rc, opts.Username, opts.Password); err != nil {
+			return nil, err
+		}
 		opts.ContextTimeoutEnabled = true
 		opts.DialTimeout, opts.PoolSize = rc.DialTimeout, int(rc.PoolSize)
 		opts.DialerRetries = dialAttempts
 		return redis.NewClient(opts), nil
-	case rc.Mode == config.ModeCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+	}
+	provide, err := credentials(rc, rc.Username, password)
+	if err != nil {
+		return nil, err
+	}
+	switch rc.Mode {
+	case config.ModeCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, CredentialsProviderContext: provide, ContextTimeoutEnabled: true,
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
-	case rc.Mode == config.ModeSentinel:
-		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+	case config.ModeSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, CredentialsProviderContext: provide, ContextTimeoutEnabled: true,
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
