@@ -58,6 +58,10 @@ type Options struct {
 	// and 650 more per remembered id.
 	// Default: 1 000 000.
 	MaxKeys int
+	// MaxOverrides bounds the overrides the store holds (see
+	// Store.PutOverride): it refuses to add one more, changing or
+	// removing one still works. 0: no bound. Default: 0.
+	MaxOverrides int
 	// SweepInterval is how often a background goroutine drops expired
 	// states (they are also dropped lazily when touched). Negative disables
 	// the sweeper. Default: 1m.
@@ -80,6 +84,7 @@ type Store struct {
 	closeOnce sync.Once
 	ovrMu     sync.Mutex
 	ovr       map[[2]string]sluice.Override // policy, subject → override
+	maxOvr    int                           // Options.MaxOverrides
 }
 
 var _ sluice.Store = (*Store)(nil)
@@ -217,6 +222,9 @@ func New(opts Options) (*Store, error) {
 	if opts.MaxKeys < 0 {
 		return nil, fmt.Errorf("memstore: MaxKeys = %d: must not be negative", opts.MaxKeys)
 	}
+	if opts.MaxOverrides < 0 {
+		return nil, fmt.Errorf("memstore: MaxOverrides = %d: must not be negative", opts.MaxOverrides)
+	}
 	if opts.Clock == nil {
 		opts.Clock = clock.NewMonotonic()
 	}
@@ -239,6 +247,7 @@ func New(opts Options) (*Store, error) {
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
 		perShard: max(opts.MaxKeys/n, 1),
+		maxOvr:   opts.MaxOverrides,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}

@@ -2,9 +2,11 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"sort"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/overridemap"
 )
 
 // The methods a Limiter looks for to keep overrides in its Store (see
@@ -15,7 +17,8 @@ var _ interface {
 } = (*Store)(nil)
 
 // PutOverride keeps overrides for sluice.Limiter: the override lives in the
-// process, for every Limiter on s. Limiter.SetOverride validates it.
+// process, for every Limiter on s. Past Options.MaxOverrides a new one is
+// refused. Limiter.SetOverride validates it.
 func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -29,6 +32,9 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	}
 	if s.ovr == nil {
 		s.ovr = make(map[[2]string]sluice.Override)
+	}
+	if _, ok := s.ovr[k]; !ok && s.maxOvr > 0 && len(s.ovr) >= s.maxOvr {
+		return fmt.Errorf("memstore: PutOverride: %w", &overridemap.Full{Stored: len(s.ovr), Max: s.maxOvr})
 	}
 	s.ovr[k] = o
 	return nil

@@ -37,3 +37,6 @@ func (s *Store) SetPeriodBounds(f func(p *sluice.Policy) [4]int64) { s.periodBou
 // decideAll call (true), even alone, so a test drives batch.lua's path
 // (decisions by spec, compact replies) as hard as the others.
 func (s *Store) SetBatched(batched bool) { s.batchAll = batched }
+
+// ScriptSHA is the SHA-1 of the decision code as a script (EVALSHA).
+var ScriptSHA = scriptSHA

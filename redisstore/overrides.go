@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -12,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/overridemap"
 )
 
 // The methods a Limiter looks for to keep overrides in its Store (see
@@ -26,11 +29,38 @@ var _ interface {
 // server), its value "1|<limit>|<burst>|<window µs>|<note>". Every change
 // INCRs <Prefix>{overrides}:version, so a reader that has the list reads
 // only the version (one GET) until it moves. The hash tag keeps both in
-// one slot of a Cluster. Plain commands: HSET, HDEL, HGETALL, GET, INCR.
+// one slot of a Cluster. A put is one EVALSHA of putScript (HLEN, HGET,
+// HSET and INCR inside, whatever the number of overrides); a removal
+// HDEL and INCR; a read GET, and HGETALL when the version moved.
 const (
 	overridesKey = "{overrides}"
 	versionKey   = "{overrides}:version"
 )
+
+// putScript stores one override unless that would make the hash hold
+// more than its most: KEYS[1] the hash, KEYS[2] the version; ARGV[1] the
+// field, ARGV[2] the value, ARGV[3] the most fields (0: no bound, and no
+// HLEN). It answers -1 once it has written (HSET, then INCR), or the
+// number of fields when the field is new and the hash holds the most
+// already (nothing written). In one script, the count and the write are
+// one step: servers adding at once never pass the bound together.
+const putScript = `local max = tonumber(ARGV[3])
+if max > 0 then
+  local n = redis.call('HLEN', KEYS[1])
+  if n >= max and not redis.call('HGET', KEYS[1], ARGV[1]) then
+    return n
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('INCR', KEYS[2])
+return -1
+`
+
+// putScriptSHA is putScript's SHA-1, which EVALSHA names it by.
+var putScriptSHA = func() string {
+	h := sha1.Sum([]byte(putScript))
+	return hex.EncodeToString(h[:])
+}()
 
 // overrideCache is the list as last read and the version it was read at.
 type overrideCache struct {
@@ -40,6 +70,7 @@ type overrideCache struct {
 
 // PutOverride keeps overrides for sluice.Limiter: it stores o in Redis (or,
 // with o.Limit 0, removes it) and moves the version every reader polls.
+// Past Options.MaxOverrides, a new override is refused, nothing written.
 // sluice.Limiter.SetOverride validates o first.
 func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	if err := ctx.Err(); err != nil {
@@ -51,18 +82,60 @@ func (s *Store) PutOverride(ctx context.Context, o sluice.Override) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	field := o.Policy + "\x00" + o.Subject
-	pipe := s.client.Pipeline()
-	if o.Limit == 0 {
-		pipe.HDel(ctx, s.prefix+overridesKey, field)
-	} else {
+	if o.Limit != 0 {
 		value := fmt.Sprintf("1|%d|%d|%d|%s", o.Limit, o.Burst, o.Window.Microseconds(), o.Note)
-		pipe.HSet(ctx, s.prefix+overridesKey, field, value)
+		return s.putOverride(ctx, field, value)
 	}
+	pipe := s.client.Pipeline()
+	pipe.HDel(ctx, s.prefix+overridesKey, field)
 	pipe.Incr(ctx, s.prefix+versionKey)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("redisstore: PutOverride: %w", err)
 	}
 	return nil
+}
+
+// putOverride runs putScript for field and value, loading it first on
+// the Redis that holds the hash when that Redis does not have it.
+func (s *Store) putOverride(ctx context.Context, field, value string) error {
+	keys := []string{s.prefix + overridesKey, s.prefix + versionKey}
+	run := func() (int64, error) {
+		cmd := redis.NewIntCmd(ctx, "evalsha", putScriptSHA, 2, keys[0], keys[1], field, value, s.maxOverrides)
+		err := s.client.Process(ctx, cmd)
+		return cmd.Val(), err
+	}
+	n, err := run()
+	if err != nil && strings.HasPrefix(replyError(err), "NOSCRIPT") {
+		if err = s.loadPutScript(ctx, keys[0]); err == nil {
+			n, err = run()
+		}
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("redisstore: PutOverride: %w", err)
+	case n >= 0:
+		return fmt.Errorf("redisstore: PutOverride: %w", &overridemap.Full{Stored: int(n), Max: s.maxOverrides})
+	}
+	return nil
+}
+
+// loadPutScript loads putScript on the Redis that holds key (every shard
+// of a Ring: it says which holds a key by its own hash).
+func (s *Store) loadPutScript(ctx context.Context, key string) error {
+	load := func(ctx context.Context, c *redis.Client) error {
+		return c.Process(ctx, redis.NewStringCmd(ctx, "script", "load", putScript))
+	}
+	switch {
+	case s.cluster != nil:
+		c, err := s.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		return load(ctx, c)
+	case s.ring != nil:
+		return s.ring.ForEachShard(ctx, load)
+	}
+	return s.client.Process(ctx, redis.NewStringCmd(ctx, "script", "load", putScript))
 }
 
 // Overrides keeps overrides for sluice.Limiter: one GET of the version,

@@ -2,13 +2,19 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/overridemap"
+	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -208,6 +214,71 @@ func TestOverridesSkipUnreadableFields(t *testing.T) {
 	for _, want := range []string{`"big:written-by-another-tool"`, `format "2"`, `"plan\x00other"`, `"plan\x00short"`} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("OnSkippedOverride's errors %q do not name %s", skipped, want)
+		}
+	}
+}
+
+// TestOverridesBound: stores with MaxOverrides 5 on one Redis, adding 40
+// overrides at once, store exactly 5 (the count and the write are one
+// script), each refusal an *overridemap.Full; changing a stored one still
+// works, and removing one makes room. On a least-privilege ACL user (the
+// package doc's), and after SCRIPT FLUSH (the script is loaded again).
+func TestOverridesBound(t *testing.T) {
+	t.Run("acl", func(t *testing.T) {
+		prefix := "ovrbound:"
+		a := redistest.ACL(t, prefix)
+		user, admin := a.UserClient(), a.AdminClient()
+		t.Cleanup(func() { user.Close(); admin.Close() })
+		testOverridesBound(t, user, prefix, func() {
+			if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		testOverridesBound(t, clusterClient(t), redisOptionsFor(t).Prefix, func() {})
+	})
+}
+
+func testOverridesBound(t *testing.T, c redis.UniversalClient, prefix string, flush func()) {
+	ctx := context.Background()
+	opts := redisstore.Options{Prefix: prefix, MaxOverrides: 5}
+	stores := []*redisstore.Store{newStore(t, c, opts), newStore(t, c, opts)}
+	var wg sync.WaitGroup
+	errs := make([]error, 40)
+	for i := range errs {
+		wg.Go(func() {
+			errs[i] = stores[i%2].PutOverride(ctx, sluice.Override{Policy: "plan", Subject: fmt.Sprint("s", i), Limit: 3})
+		})
+	}
+	wg.Wait()
+	var stored []string
+	for i, err := range errs {
+		var full *overridemap.Full
+		switch {
+		case err == nil:
+			stored = append(stored, fmt.Sprint("s", i))
+		case !errors.As(err, &full) || full.Max != 5 || full.Stored != 5:
+			t.Fatalf("PutOverride(s%d) = %v, want nil or 5 overrides stored, at most 5", i, err)
+		}
+	}
+	list, err := stores[0].Overrides(ctx)
+	if err != nil || len(stored) != 5 || len(list) != 5 {
+		t.Fatalf("%d puts succeeded, Overrides() = %d (%v), want 5 and 5", len(stored), len(list), err)
+	}
+	flush()
+	for _, step := range []struct {
+		o    sluice.Override
+		full bool
+	}{
+		{sluice.Override{Policy: "plan", Subject: stored[0], Limit: 9}, false}, // a change
+		{sluice.Override{Policy: "plan", Subject: "new", Limit: 9}, true},
+		{sluice.Override{Policy: "plan", Subject: stored[1]}, false}, // a removal
+		{sluice.Override{Policy: "plan", Subject: "new", Limit: 9}, false},
+	} {
+		var full *overridemap.Full
+		if err := stores[1].PutOverride(ctx, step.o); errors.As(err, &full) != step.full || (err != nil && full == nil) {
+			t.Fatalf("PutOverride(%+v) = %v, want full %v", step.o, err, step.full)
 		}
 	}
 }

@@ -82,12 +82,13 @@
 // LRANGE, LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
 // ZREMRANGEBYRANK, ZRANK and ZREM on keys under Prefix (LRANGE and ZRANGE
 // with scores read an older subject's state during a key rotation).
-// Overrides (see Store.PutOverride) add plain HSET, HDEL and HGETALL on
-// <Prefix>{overrides} and GET and INCR on <Prefix>{overrides}:version,
-// sent by the store itself, never by the decision code. A user
+// Overrides (see Store.PutOverride) add plain HDEL and HGETALL on
+// <Prefix>{overrides} and GET on <Prefix>{overrides}:version, and a
+// small script of their own (EVALSHA) calling HLEN, HGET, HSET and INCR
+// on those keys, sent by the store itself, never by the decision code. A user
 // restricted to exactly that works:
 //
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange
+//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +hlen +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange
 //
 // A cluster client additionally needs +cluster|slots +cluster|shards
 // +command for its topology discovery; Options.WaitReplicas needs +wait.
@@ -253,6 +254,12 @@ type Options struct {
 	// reported at each read of the hash, which happens only when the
 	// overrides' version moved. For logs and metrics. Default: nil.
 	OnSkippedOverride func(err error)
+	// MaxOverrides bounds the overrides the store holds: PutOverride
+	// refuses to add one more (changing or removing one still works),
+	// counted in Redis in the script that writes (HLEN), so stores
+	// adding at once never pass it together, at the same cost whatever
+	// the number. 0: no bound. Default: 0.
+	MaxOverrides int
 	// Clock, when set, is the time source of decisions: its time is passed
 	// to the script, each key remembers the newest time it was written at,
 	// and a caller whose time lies more than MaxClockRegression behind it
@@ -342,6 +349,7 @@ type Store struct {
 	periodBounds func(p *sluice.Policy) [4]int64
 	onFallback   func(string)
 	onSkipped    func(error) // Options.OnSkippedOverride
+	maxOverrides int         // Options.MaxOverrides
 
 	// The nodes decisions go to: one, the store's Redis (on a Cluster,
 	// the decisions whose master cannot be told, routed by the cluster
@@ -400,8 +408,11 @@ func New(client Client, opts Options) (*Store, error) {
 	if opts.ExtraTTL < 0 || opts.ExtraTTL > 24*time.Hour {
 		return nil, fmt.Errorf("redisstore: New: ExtraTTL = %v: must be between 0 and 24h", opts.ExtraTTL)
 	}
+	if opts.MaxOverrides < 0 {
+		return nil, fmt.Errorf("redisstore: New: MaxOverrides = %d: must not be negative", opts.MaxOverrides)
+	}
 	s := &Store{client: client, prefix: opts.Prefix, timeout: opts.Timeout, maxReg: "-1", extra: opts.ExtraTTL,
-		onFallback: opts.OnFallback, onSkipped: opts.OnSkippedOverride, breakerOpts: opts.Breaker, onChange: opts.Breaker.OnChange, state: "closed",
+		onFallback: opts.OnFallback, onSkipped: opts.OnSkippedOverride, maxOverrides: opts.MaxOverrides, breakerOpts: opts.Breaker, onChange: opts.Breaker.OnChange, state: "closed",
 		states: map[*node]string{}, seqs: map[*node]uint64{}}
 	if c, ok := client.(clusterClient); ok {
 		s.cluster = c

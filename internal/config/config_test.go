@@ -109,6 +109,8 @@ var invalid = []struct {
 	{"proxy_local_share_too_big.yaml", "proxy.local_share: 1.5: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"proxy_local_share_zero.yaml", "proxy.local_share: 0: must be more than 0 and at most 1, such as 0.25 for four proxy instances (line 8)"},
 	{"redis_timeout.yaml", "store.redis.timeout: \"2m\": must be between 1ms and 1m (line 5)"},
+	{"redis_password_env_and_file.yaml", "store.redis.password_file: \"/run/secrets/redis\": set password_env or password_file, not both (line 6)"},
+	{"redis_username_and_file.yaml", "store.redis.username_file: \"/run/secrets/redis-user\": set username or username_file, not both (line 6)"},
 	{"redis_wait_replicas.yaml", "store.redis.wait_replicas: 17: must be between 0 and 16 (line 5)"},
 	{"proxy_decision_timeout.yaml", "proxy.decision_timeout: \"30s\": must be between 1ms and 10s (line 6)"},
 	{"server_decision_timeout.yaml", "server.decision_timeout: \"0s\": must be between 1ms and 10s (line 3)"},
@@ -131,7 +133,7 @@ var invalid = []struct {
 	{"several_errors_in_one_policy.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[0].window: 10: must be a duration with a unit, such as 10s, 1m or 1h30m (line 5)"},
 	{"several_decode_errors.yaml", "policies[0].limit: \"ten\": must be an integer, not a string (line 4)\npolicies[1].windw: unknown key: must be one of id, revision, algorithm, limit, window, lease_ttl, burst, max_cost, failure_mode, cleanup_grace, dedupe_ttl, dedupe_max, near_cache, align, local_quota, period, time_zone, priorities, max_wait (did you mean window?) (line 9)"},
 	{"redis_master_name_without_sentinel.yaml", "store.redis.master_name: \"mymaster\": applies only to mode sentinel (line 6)"},
-	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, password_env, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
+	{"redis_password_in_file.yaml", "store.redis.password: unknown key: must be one of url, addrs, mode, master_name, username, username_file, password_env, password_file, timeout, dial_timeout, pool_size, wait_replicas (line 5)"},
 	{"redis_section_with_memory.yaml", "store.redis: applies only to store.type redis (line 2)"},
 	{"memory_max_keys_too_small.yaml", "store.memory.max_keys: 500: must be between 1000 and 1000000000 (line 4)"},
 	{"memory_max_keys_not_integer.yaml", "store.memory.max_keys: 1e6: must be an integer, not a float (line 4)"},
@@ -447,6 +449,19 @@ func TestParseRedisURL(t *testing.T) {
 	_, err = got.Store.Redis.Password(lookup(nil))
 	if want := `store.redis.password_env: "REDIS_PASSWORD": environment variable REDIS_PASSWORD is not set or empty`; err == nil || err.Error() != want {
 		t.Errorf("Password() without the variable: error = %v, want %s", err, want)
+	}
+}
+
+// TestParseRedisFiles: the ACL user and the password may come from
+// files (read by wiring, again whenever they change).
+func TestParseRedisFiles(t *testing.T) {
+	got, err := config.Load(filepath.Join("testdata", "valid", "redis_files.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.Redis{URL: "redis://redis.internal:6379/0", UsernameFile: "/run/secrets/redis/username", PasswordFile: "/run/secrets/redis/password"}
+	if diff := cmp.Diff(want, got.Store.Redis); diff != "" {
+		t.Errorf("store.redis mismatch (-want +got):\n%s", diff)
 	}
 }
 

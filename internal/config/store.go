@@ -66,8 +66,19 @@ type Redis struct {
 	MasterName string
 	// Username is the ACL user, if any.
 	Username string
+	// UsernameFile names a file holding the ACL user, read again when it
+	// changes, as PasswordFile is; not with Username.
+	UsernameFile string
 	// PasswordEnv names the environment variable holding the password.
 	PasswordEnv string
+	// PasswordFile names a file holding the password (a mounted
+	// Kubernetes Secret, say), read at start and again whenever it
+	// changes (its size or modification time), before each new
+	// connection: a rotated password is used without a restart, by the
+	// connections opened after it; those open keep theirs until Redis
+	// drops them. Trailing line breaks are dropped; at most 64 KiB. Not
+	// with PasswordEnv.
+	PasswordFile string
 	// Timeout bounds each round trip of decisions to Redis, 1ms to 1m;
 	// past it they are undecidable and the failure mode answers. 0: the
 	// store's default (1s).
@@ -189,6 +200,12 @@ func (c *Config) validateStore() *Error {
 	if r.PasswordEnv != "" && !validEnvName(r.PasswordEnv) {
 		return c.errorAt("store.redis.password_env", strconv.Quote(r.PasswordEnv), envNameRule)
 	}
+	if r.PasswordEnv != "" && r.PasswordFile != "" {
+		return c.errorAt("store.redis.password_file", strconv.Quote(r.PasswordFile), "set password_env or password_file, not both")
+	}
+	if r.Username != "" && r.UsernameFile != "" {
+		return c.errorAt("store.redis.username_file", strconv.Quote(r.UsernameFile), "set username or username_file, not both")
+	}
 	for _, d := range []struct {
 		field string
 		v     time.Duration
@@ -223,7 +240,7 @@ func (d *decoder) store(s *Store, n *yaml.Node) {
 		return
 	}
 	const p = "store.redis"
-	rm, ok := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "password_env", "timeout", "dial_timeout", "pool_size", "wait_replicas")
+	rm, ok := d.mapping(p, v, "url", "addrs", "mode", "master_name", "username", "username_file", "password_env", "password_file", "timeout", "dial_timeout", "pool_size", "wait_replicas")
 	if !ok {
 		return
 	}
@@ -234,6 +251,8 @@ func (d *decoder) store(s *Store, n *yaml.Node) {
 	d.str(p+".master_name", rm["master_name"], &r.MasterName)
 	d.str(p+".username", rm["username"], &r.Username)
 	d.str(p+".password_env", rm["password_env"], &r.PasswordEnv)
+	d.str(p+".username_file", rm["username_file"], &r.UsernameFile)
+	d.str(p+".password_file", rm["password_file"], &r.PasswordFile)
 	d.duration(p+".timeout", rm["timeout"], &r.Timeout)
 	d.duration(p+".dial_timeout", rm["dial_timeout"], &r.DialTimeout)
 	d.int(p+".pool_size", rm["pool_size"], &r.PoolSize)

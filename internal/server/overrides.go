@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/checkapi"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
+	"github.com/sluicehq/sluice/internal/overridemap"
 	"github.com/sluicehq/sluice/internal/policyerr"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
@@ -46,36 +47,9 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		window = d
 	}
 	o := sluice.Override{Policy: t.policy, Subject: t.subject, Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
-	if s.underCap(w, r, o) && s.dropOlder(w, r, t) {
+	if s.dropOlder(w, r, t) {
 		s.setOverride(w, r, t.lim, o)
 	}
-}
-
-// maxOverrides bounds the overrides (the config file's included) a PUT
-// may add to: each change rebuilds every Limiter's snapshot of them (5ms
-// at 10 000), and every server holds them all in memory.
-const maxOverrides = 10000
-
-// underCap reports whether o may be set: it replaces one, or fewer than
-// s.maxOverrides are set. It answers when not.
-func (s *Server) underCap(w http.ResponseWriter, r *http.Request, o sluice.Override) bool {
-	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
-	defer cancel()
-	list, err := s.allOverrides(ctx)
-	if err != nil {
-		s.overrideAnswer(w, http.StatusServiceUnavailable, nil, err.Error())
-		return false
-	}
-	for _, l := range list {
-		if l.Policy == o.Policy && l.Subject == o.Subject {
-			return true
-		}
-	}
-	if len(list) >= s.maxOverrides {
-		s.overrideAnswer(w, http.StatusConflict, nil, fmt.Sprintf("%d overrides are set: at most %d; remove one (DELETE) before adding another", len(list), s.maxOverrides))
-		return false
-	}
-	return true
 }
 
 // dropOlder removes the overrides of t's subject under older HMAC keys
@@ -164,7 +138,11 @@ func (s *Server) setOverride(w http.ResponseWriter, r *http.Request, lim *sluice
 	defer cancel()
 	err := lim.SetOverride(ctx, o)
 	var pe *policyerr.Error
+	var full *overridemap.Full
 	switch {
+	case errors.As(err, &full):
+		// The store counts them, in the write (wiring bounds it).
+		s.overrideAnswer(w, http.StatusConflict, nil, fmt.Sprintf("%d overrides are set: at most %d; remove one (DELETE) before adding another", full.Stored, full.Max))
 	case errors.Is(err, policyerr.ErrUnknownPolicy):
 		s.overrideAnswer(w, http.StatusNotFound, nil, err.Error())
 	case errors.As(err, &pe), errors.Is(err, sluice.ErrInvalidRequest):

@@ -14,11 +14,11 @@ import (
 	"github.com/sluicehq/sluice/subject"
 )
 
-// TestOverridesCap: past the cap a PUT of a new override is refused with
-// the cap named (each PUT rebuilt the whole snapshot, 5ms at 10 000, with
-// no bound); changing one that exists, and removing one, still work.
+// TestOverridesCap: past the store's bound (memstore.Options.MaxOverrides,
+// which wiring sets) a PUT of a new override is refused with 409 and the
+// bound named; changing one that exists, and removing one, still work.
 func TestOverridesCap(t *testing.T) {
-	ms, err := memstore.New(memstore.Options{})
+	ms, err := memstore.New(memstore.Options{MaxOverrides: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,6 @@ func TestOverridesCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.maxOverrides = 2
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	do := func(method, body string) (int, string) {

@@ -49,7 +49,7 @@ overrides:
 var overrideEnv = map[string]string{"OVR_ADMIN": ovrAdminToken, "OVR_CHECK": ovrCheckToken, "OVR_HMAC": "hmac-secret-0123456789abcdef0123456789"}
 
 // startOverrideServer runs cfg in this process with its own Limiter.
-func startOverrideServer(t *testing.T, cfg string) string {
+func startOverrideServer(t testing.TB, cfg string) string {
 	t.Helper()
 	url, _ := startOverrideServerAt(t, cfg)
 	return url
@@ -57,7 +57,7 @@ func startOverrideServer(t *testing.T, cfg string) string {
 
 // startOverrideServerAt is startOverrideServer, also returning the
 // config file's path.
-func startOverrideServerAt(t *testing.T, cfg string) (string, string) {
+func startOverrideServerAt(t testing.TB, cfg string) (string, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

@@ -93,7 +93,7 @@ func startRunWith(t *testing.T, opts server.RunOptions, logFile string) *running
 
 // waitUntil polls ok for at most about 20s: the watcher reacts after a
 // quiet period, on a machine that may be busy.
-func waitUntil(t *testing.T, what string, ok func() bool) {
+func waitUntil(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	for range 400 {
 		if ok() {

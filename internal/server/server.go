@@ -182,7 +182,6 @@ type Server struct {
 	store        StoreInfo
 	sims         chan struct{} // playground runs in progress
 	cfgOverrides []sluice.Override
-	maxOverrides int // the most overrides a PUT may make: maxOverrides (tests set fewer)
 	// clientErrs throttles the request log's 4xx lines (a client's
 	// mistake, repeated at its request rate, or a scanner's) as the edge
 	// core throttles its 503s: ten a second, the first after a pause
@@ -221,7 +220,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
-		cfgOverrides: opts.ConfigOverrides, maxOverrides: maxOverrides,
+		cfgOverrides: opts.ConfigOverrides,
 	}
 	s.modes = opts.FailureModes
 	s.storeless = s.answeredWithoutStore()

@@ -108,6 +108,13 @@ func memoryMaxKeys(m *config.Memory, limit int64) int {
 	return int(min(max(limit/2/MemoryBytesPerKey, config.MinMaxKeys), config.MaxMaxKeys))
 }
 
+// maxOverrides bounds the tenant overrides a store built here holds (the
+// admin API's: the config file's are the Limiters' own, on top): every
+// server holds them all in memory, and each change rebuilds every
+// Limiter's snapshot of them at its next read (5ms at 10 000). The store
+// counts them in the write, in O(1), exactly across servers.
+const maxOverrides = 10000
+
 // NewStore builds the store sc names. It is the one place where store
 // types are wired. It does not contact Redis: sluice serve starts while
 // Redis is down or hung, and answers per failure mode until it is back.
@@ -121,7 +128,7 @@ func NewStore(sc config.Store, o StoreOptions) (*Store, error) {
 	switch sc.Type {
 	case config.StoreMemory, "":
 		maxKeys := memoryMaxKeys(sc.Memory, o.MemoryLimit)
-		ms, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: maxKeys})
+		ms, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: maxKeys, MaxOverrides: maxOverrides})
 		if err != nil {
 			return nil, fmt.Errorf("store type memory: %w", err)
 		}
@@ -161,7 +168,7 @@ func newRedisStore(rc *config.Redis, o StoreOptions) (*Store, error) {
 	// New does not contact Redis: serve starts while Redis is down or
 	// hung, answers per failure mode until it is back, and /readyz tells
 	// which.
-	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), Breaker: redisstore.BreakerOptions{
+	rs, err := redisstore.New(client, redisstore.Options{Prefix: o.Prefix, Timeout: rc.Timeout, WaitReplicas: int(rc.WaitReplicas), MaxOverrides: maxOverrides, Breaker: redisstore.BreakerOptions{
 		OnChange: func(state string) {
 			breaker.Store(&state)
 			breakerLog.Record(state) // transitions only, throttled: not one line per request
@@ -196,7 +203,9 @@ func NewBreakerLog(log *slog.Logger, clock sluice.Clock, every time.Duration) *l
 
 // NewRedisClient connects as rc says: a redis:// or rediss:// URL (TLS
 // for rediss), or addrs of a cluster or of sentinels. The password comes
-// from the environment. Context deadlines bound every call.
+// from the environment, or from a file read again whenever it changes
+// (as may the ACL user), before each new connection. Context deadlines
+// bound every call.
 func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.UniversalClient, error) {
 	if rc == nil {
 		return nil, errors.New("store.redis is missing")
@@ -217,15 +226,24 @@ func NewRedisClient(rc *config.Redis, getenv func(string) string) (redis.Univers
 		if password != "" {
 			opts.Password = password
 		}
+		if opts.CredentialsProviderContext, err = credentials(rc, opts.Username, opts.Password); err != nil {
+			return nil, err
+		}
 		opts.ContextTimeoutEnabled = true
 		opts.DialTimeout, opts.PoolSize = rc.DialTimeout, int(rc.PoolSize)
 		opts.DialerRetries = dialAttempts
 		return redis.NewClient(opts), nil
-	case rc.Mode == config.ModeCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+	}
+	provide, err := credentials(rc, rc.Username, password)
+	if err != nil {
+		return nil, err
+	}
+	switch rc.Mode {
+	case config.ModeCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, Username: rc.Username, Password: password, CredentialsProviderContext: provide, ContextTimeoutEnabled: true,
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
-	case rc.Mode == config.ModeSentinel:
-		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, ContextTimeoutEnabled: true,
+	case config.ModeSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rc.MasterName, SentinelAddrs: rc.Addrs, Username: rc.Username, Password: password, CredentialsProviderContext: provide, ContextTimeoutEnabled: true,
 			DialTimeout: rc.DialTimeout, PoolSize: int(rc.PoolSize), DialerRetries: dialAttempts}), nil
 	}
 	return nil, fmt.Errorf("store.redis: needs url, or addrs with mode %s or %s", config.ModeCluster, config.ModeSentinel)
