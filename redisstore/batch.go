@@ -510,6 +510,13 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return nil, p.err
 	}
 	ev.Batch = p.batch
+	return p.values(dst)
+}
+
+// values appends the integers of p's reply to dst: its compact reply
+// made whole (its limit, and the time its decideAll call decided at), or
+// its command's.
+func (p *pending) values(dst []int64) ([]int64, error) {
 	if p.compact {
 		return append(dst, 0, 1, p.limit, p.whole[0], p.whole[1], 0, p.at), nil
 	}

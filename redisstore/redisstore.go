@@ -472,6 +472,13 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	if evaluation.Short(ev) {
 		return s.decideShort(ctx, subject, ev, dst)
 	}
+	return s.send(ctx, s.generalPending(subject, ev, id, carry, carried), ev, dst)
+}
+
+// generalPending returns the pending decision that decide sends for a
+// decision in the general form: ev's for subject, with id, carry and
+// carried as decide's.
+func (s *Store) generalPending(subject string, ev *sluice.Evaluation, id, carry string, carried []any) *pending {
 	n := len(ev.Policies)
 	keys := n
 	if id != "" {
@@ -520,7 +527,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p, evaluation.Reserve(p, ev.Priority, op)).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p, ev, dst)
+	return p
 }
 
 // previous reads the state of ev's policies under ev.Previous, one

@@ -34,6 +34,12 @@ var fastHeld = [2]any{"h", "H"}
 // decideShort runs the script once for subject: ev's decision in the
 // short form (see short.lua).
 func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
+	return s.send(ctx, s.shortPending(subject, ev), ev, dst)
+}
+
+// shortPending returns the pending decision that decideShort sends: ev's
+// for subject in the short form.
+func (s *Store) shortPending(subject string, ev *sluice.Evaluation) *pending {
 	pol := ev.Policies[0]
 	nargv, clocked, held := 3, 0, 0
 	if s.clock != nil {
@@ -70,7 +76,7 @@ func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Eval
 		// beside it.
 		p.spec, p.limit = shortSpec(pa, ev.Op, ev.Cost, ev.Hold), pa.limit
 	}
-	return s.send(ctx, p, ev, dst)
+	return p
 }
 
 // shortSpec returns the spec (batch.lua, short.lua's specOf) of a short
