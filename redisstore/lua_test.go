@@ -142,6 +142,10 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 		if !strings.Contains(string(src), twin) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)
 		}
+		if name == "short.lua" && !strings.Contains(string(src), "redisstore/short.go") {
+			// The short course's two halves name each other (issue 48).
+			t.Errorf("short.lua does not name redisstore/short.go, which writes its arguments")
+		}
 	}
 	checkTwinsByName(t)
 }
