@@ -1,10 +1,12 @@
 --[[ short.lua: the common decision in short, the specialization of main
-(redisstore.lua) that the differential test drives on every seed. Go
-twin: internal/engine/algorithm/one.go, DecideOne's general course,
-decideOne (fastView: corrupt through readState, current, step, Fresh,
-lengthen, commit; fastMain's fixed-size course the same on values), which
-memstore's decideOne runs (for gcra by decideGCRA, Go only, held to it);
-redisstore/short.go's Store.decideShort writes its arguments.
+(redisstore.lua) that the differential test drives on every seed and
+TestShortMatchesGeneral (short_test.go) holds to main, decision and Redis
+state alike. Go twin: internal/engine/algorithm/one.go, DecideOne's
+general course, decideOne (fastView: corrupt through readState, current,
+step, Fresh, lengthen, commit; fastMain's fixed-size course the same on
+values), which memstore's short course runs (for gcra by decideGCRA, Go
+only, held to it); redisstore/short.go's Store.decideShort writes its
+arguments, entered only on evaluation.Short.
 fixedWindowFloor is DecideOne on a FixedWindowEnd with nothing to check
 but its record. ]]
 
