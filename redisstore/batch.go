@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -511,6 +510,13 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 		return nil, p.err
 	}
 	ev.Batch = p.batch
+	return p.values(dst)
+}
+
+// values appends the integers of p's reply to dst: its compact reply
+// made whole (its limit, and the time its decideAll call decided at), or
+// its command's.
+func (p *pending) values(dst []int64) ([]int64, error) {
 	if p.compact {
 		return append(dst, 0, 1, p.limit, p.whole[0], p.whole[1], 0, p.at), nil
 	}
@@ -606,40 +612,6 @@ func (s *Store) waited(w *redis.IntCmd) error {
 		return fmt.Errorf("redisstore: decided on the master, acknowledged by %d of %d replicas (WAIT): it may be lost in a failover: %w", w.Val(), s.replicas, sluice.ErrIndeterminate)
 	}
 	return nil
-}
-
-// reloadFailed is the error of a decision whose node did not hold the
-// code (cause) and could not load it: refused, so nothing ran, and not
-// sent again.
-func reloadFailed(cause, err error) error {
-	return fmt.Errorf("redisstore: reload after %s: %v: %w", replyError(cause), err, sluice.FailedBeforeSend)
-}
-
-// typeErr types err, the error of what (a decision's command), by what it
-// shows. An error reply is Redis's own answer (classify). Otherwise
-// whether the command was written decides: one never written failed
-// before send, or returns the context error when its caller cancelled;
-// one written got no reply and may have run: Indeterminate, whether its
-// connection failed or a deadline (the store's or its caller's) cut the
-// wait short.
-func (s *Store) typeErr(ctx context.Context, what string, written bool, err error) error {
-	var rerr redis.Error
-	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
-		return s.classify(ctx, what, err)
-	}
-	if !written {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			return fmt.Errorf("redisstore: %s: nothing sent: %w", what, context.Canceled)
-		}
-		return fmt.Errorf("redisstore: %s: nothing sent (%v): %w", what, err, sluice.FailedBeforeSend)
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "write" {
-		// A failed write left the command incomplete on the wire: a Redis
-		// server executes only complete commands.
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
-	}
-	return fmt.Errorf("redisstore: %s: sent, no reply: %w: %w", what, sluice.ErrIndeterminate, err)
 }
 
 // release returns p to the pool, dropping what it references.

@@ -142,6 +142,70 @@ func TestScriptFilesPortTheirTwins(t *testing.T) {
 		if !strings.Contains(string(src), twin) {
 			t.Errorf("%s does not name its Go twin %s", name, twin)
 		}
+		if name == "short.lua" && !strings.Contains(string(src), "redisstore/short.go") {
+			// The short course's two halves name each other (issue 48).
+			t.Errorf("short.lua does not name redisstore/short.go, which writes its arguments")
+		}
 	}
 	checkTwinsByName(t)
+}
+
+// maxLuaFuncLines bounds a function of the decision code as
+// TestFunctionLength bounds a Go function (maxFuncLines, the module's
+// surface_test.go): from its first line to its closing end.
+const maxLuaFuncLines = 80
+
+// TestLuaFunctionLength keeps every function of the decision code within
+// maxLuaFuncLines lines, like every Go function of the module: a function
+// is a top-level "local function NAME(" or "NAME = function(" (one
+// declared earlier), and ends at the first "end" at the start of a line.
+func TestLuaFunctionLength(t *testing.T) {
+	start := regexp.MustCompile(`^(?:local function ([A-Za-z_]\w*)\(|([A-Za-z_]\w*) = function\()`)
+	for _, name := range scriptFiles {
+		src, err := luaFiles.ReadFile("lua/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn, from := "", 0
+		for i, line := range strings.Split(string(src), "\n") {
+			if m := start.FindStringSubmatch(line); m != nil {
+				if fn != "" {
+					t.Errorf("%s:%d: function %s begins before %s (line %d) ends", name, i+1, m[1]+m[2], fn, from)
+				}
+				fn, from = m[1]+m[2], i+1
+			}
+			if line == "end" && fn != "" {
+				if n := i + 1 - from + 1; n > maxLuaFuncLines {
+					t.Errorf("%s:%d: function %s is %d lines, more than %d: split it into functions that each do one thing", name, from, fn, n, maxLuaFuncLines)
+				}
+				fn = ""
+			}
+		}
+		if fn != "" {
+			t.Errorf("%s:%d: function %s has no end at the start of a line", name, from, fn)
+		}
+	}
+}
+
+// TestLuaTopLevelLocals counts the decision code's top-level locals (a
+// "local function" is one, "local a, b = …" two): Lua 5.1 refuses a chunk
+// of more than 200 (LUAI_MAXVARS), and Redis with it the whole library,
+// at load. A new function pays for itself here: fold a helper into its
+// caller, or constants into a table, before the count reaches the limit.
+func TestLuaTopLevelLocals(t *testing.T) {
+	const maxVars = 200 // LUAI_MAXVARS
+	fn := regexp.MustCompile(`^local function \w+\(`)
+	vars := regexp.MustCompile(`^local ([\w, ]+?)\s*(?:=|$)`)
+	n := 0
+	for _, line := range strings.Split(decideLua, "\n") {
+		if fn.MatchString(line) {
+			n++
+		} else if m := vars.FindStringSubmatch(line); m != nil {
+			n += len(strings.Split(m[1], ","))
+		}
+	}
+	if n > maxVars {
+		t.Errorf("the decision code declares %d top-level locals, more than Lua's %d", n, maxVars)
+	}
+	t.Logf("%d top-level locals of %d", n, maxVars)
 }

@@ -1,137 +1,9 @@
-// Package redisstore is the shared sluice.Store: every decision is one
-// call of Lua code in Redis that runs sluice's decision engine, ported
-// function by function from Go, so any number of application instances
-// share one limit through one Redis, a Sentinel-managed Redis, or a Redis
-// Cluster.
-//
-// # Calls
-//
-// New takes a Client: *redis.Client (Sentinel failover clients too),
-// *redis.ClusterClient, *redis.Ring, or an application's own type that
-// embeds one; the store tells a Cluster and a Ring by their methods, not
-// their types (see Client). On Redis 7 and later the code is a function
-// library (FUNCTION LOAD once per master) and each decision one FCALL;
-// before Redis 7, or for a user not allowed FUNCTION LOAD or FCALL, it is
-// a script (SCRIPT LOAD) and each decision one EVALSHA. Decisions that
-// meet at a Store while its senders are on the wire go to Redis together
-// in one round trip (Options.Senders, per Cluster master), each with its
-// own reply; a lone decision is sent at once. To one Redis (a Client,
-// Sentinel-managed or not) they go as calls of the library's second
-// function, which takes up to 64 decisions in one FCALL, each exactly as
-// alone and with its own reply or error; to a Cluster master or a Ring,
-// as a pipeline of one call per decision. With Options.WaitReplicas,
-// each round trip ends with a WAIT on the same connection.
-//
-// The common decision (one policy, a spend or a peek, or a lease's
-// acquire or release; no evaluation id, no Previous subjects) goes in a
-// short form: its cost or lease and its policy, decided by the same Lua
-// functions as any other, on values rather than tables, with one read
-// and at most one write of a fixed-size state. At 64 callers on 10 000
-// subjects, allowed, it costs redis-server about 61 000 instructions
-// (token_bucket), 63 000 (gcra), 66 000 (fixed_window), 73 000
-// (sliding_window) and 99 000 (sliding_log); a lease's acquire and
-// release about 154 000 together (BENCHMARKS.md, `cd bench &&
-// ./instructions.sh`).
-//
-// # Start
-//
-// New does not contact Redis, so an application starts while Redis is
-// down, hung or not yet reachable, as sluice serve does: decisions fail
-// before send (Unavailable, FailedBeforeSend, nothing spent, so each
-// policy's failure mode answers; soon shed by the circuit breaker) with
-// the client's own error, e.g. "dial tcp 10.0.0.9:6379: connect:
-// connection refused", until Redis answers; then the first decision to
-// reach a node that lacks the decision code gets "function not found"
-// (NOSCRIPT for a script), loads the code there and is sent once more.
-// New's error is for invalid options only. An application that must not
-// start without Redis asks Ready until it answers nil: its error says
-// what Redis answered, e.g. the refused dial.
-//
-// # Keys
-//
-// The state of policy P (revision R) for subject S lives under
-//
-//	<Prefix>{<S>}<P>:<R>:<algorithm>     e.g. sluice:{k1:3q2x…}login:1:l
-//
-// The braces make S the Cluster hash tag, so every key of one decision lies
-// in one slot and a multi-policy decision is one atomic script call, never
-// CROSSSLOT. The algorithm code (f fixed_window, F fixed_window aligned
-// to the clock, on Redis time e and E, p fixed_window with a calendar
-// period (its end, count and newest write, on either clock), l
-// sliding_log, w sliding_window, t token_bucket, g gcra)
-// keeps a policy whose algorithm or alignment changed without a revision
-// bump from reading the other's state. Keys are
-// at most len(Prefix) + 290 bytes. Every key the script writes carries a
-// TTL: the time until its state equals an absent one, plus the policy's
-// CleanupGrace, rounded up to the millisecond.
-//
-// State: one string per fixed-size algorithm, the byte 1 and then its
-// integer fields as little-endian IEEE doubles in the engine's order
-// (e.g. fixed_window start, count, last: 25 bytes; times in µs;
-// token_bucket and gcra also keep the numbers they were written under, so
-// a policy changed under the same revision is read right; every state
-// keeps its newest write time, for the clock rule);
-// sliding_log a list of admission times in µs, one entry per admitted
-// unit. A decision reads a string state with one GET and writes it with
-// one SET … PX.
-//
-// # Least-privilege ACL
-//
-// The store sends FCALL and FUNCTION LOAD, or EVALSHA and SCRIPT LOAD (never
-// EVAL), and it and its code call only TIME, PTTL, PEXPIRE, DEL, GET, SET, SETRANGE, HGET, HSET, HDEL, LLEN, LINDEX,
-// LRANGE, LTRIM, RPUSH, ZSCORE, ZADD, ZCARD, ZRANGE, ZRANGEBYSCORE, ZREMRANGEBYSCORE,
-// ZREMRANGEBYRANK, ZRANK and ZREM on keys under Prefix (LRANGE and ZRANGE
-// with scores read an older subject's state during a key rotation).
-// Overrides (see Store.PutOverride) add plain HDEL and HGETALL on
-// <Prefix>{overrides} and GET on <Prefix>{overrides}:version, and a
-// small script of their own (EVALSHA) calling HLEN, HGET, HSET and INCR
-// on those keys, sent by the store itself, never by the decision code. A user
-// restricted to exactly that works:
-//
-//	ACL SETUSER sluice on >PASSWORD resetkeys ~sluice:* resetchannels -@all +fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +hlen +incr +llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange
-//
-// A cluster client additionally needs +cluster|slots +cluster|shards
-// +command for its topology discovery; Options.WaitReplicas needs +wait.
-//
-// # Failures
-//
-// Errors wrap the sluice sentinels so sluice.Limiter can type the outcome:
-// a context already done returns the context error and sends nothing, as
-// does a decision its caller cancelled or gave up on before it was
-// written; a decision never written (dial refused or cut short, a
-// connection that could not be set up before the deadline, pool timeout,
-// client closed, write error) or refused by Redis before the script ran
-// wraps sluice.FailedBeforeSend; a decision written that got no reply (read
-// timeout, reset, EOF, a deadline, the store's or its caller's, passing
-// while it waited) wraps sluice.ErrIndeterminate: it may have run. The
-// store knows whether a command was written because go-redis asks the
-// command for its bytes only then. State the script did not write wraps
-// sluice.CorruptState; a caller clock too far behind wraps
-// sluice.ClockUnsafe. The decision command is marked not retryable, so
-// go-redis's MaxRetries never replays a decision, or a pipeline holding
-// one, whose reply was lost (which could spend twice); only a node's
-// answer that it does not hold the code (NOSCRIPT, "Function not found")
-// or will not run FCALL (NOPERM for fcall, unknown command), which proves
-// the decision did not run, is retried, once, after loading the code on
-// that node (as a script, for good, when FCALL was refused). Which
-// failures open the circuit breakers is told at BreakerOptions.Failures.
-//
-// # Evaluation ids
-//
-// A decision with an Evaluation.EvaluationID is remembered in the same
-// script call that takes it, under two keys of the subject's slot named
-// after the first policy: <Prefix>{<S>}<P>:<R>:ids, a sorted set of ids
-// scored by expiry, and <Prefix>{<S>}<P>:<R>:idv, a hash of id to reply.
-// A repeat within the first policy's DedupeTTL gets the remembered reply
-// (Evaluation.Replayed) and spends nothing; beyond DedupeMax ids the one
-// expiring first is forgotten. Both keys expire with their newest record.
 package redisstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -169,21 +41,6 @@ const (
 	maxDedupeTTL      = int64(time.Hour / time.Microsecond)
 	maxDedupeIDs      = 10000
 )
-
-// The short decision's forms (short.lua's FAST_FORM), on Redis
-// time and, in capitals, on the caller's clock: the common decision, one
-// policy, a spend or a peek (a lease's acquire or release on a
-// concurrency policy), no evaluation id, nothing carried, sent with its
-// cost (or lease) and policy only (and on the caller's clock, now and the
-// maximum regression).
-var fastForms = [2][sluice.Renew + 1]any{
-	{sluice.Spend: "s", sluice.Peek: "p", sluice.Acquire: "a", sluice.Release: "r"},
-	{sluice.Spend: "S", sluice.Peek: "P", sluice.Acquire: "A", sluice.Release: "R"},
-}
-
-// fastHeld is the short form of a held spend (FAST_FORM.HELD), on Redis time
-// and on the caller's clock: a spend's, its hold after the cost.
-var fastHeld = [2]any{"h", "H"}
 
 // opArgs are the operations as the script's ARGV_OP spells them, each an
 // interface value made once.
@@ -380,13 +237,6 @@ type Store struct {
 	ovrCache atomic.Pointer[overrideCache] // the overrides as last read: see overrides.go
 }
 
-// check is what a readiness check found besides what it recorded on each
-// node: a Cluster's masters at the time (nil otherwise, or when the slot
-// map could not be had).
-type check struct {
-	masters map[string]bool
-}
-
 var _ sluice.Store = (*Store)(nil)
 
 // New returns a Store over client and starts its senders, without
@@ -465,142 +315,6 @@ func (s *Store) Close() error {
 	})
 	s.bg.Wait()
 	return nil
-}
-
-// readyWait is the longest Ready waits on Redis.
-const readyWait = 50 * time.Millisecond
-
-// Ready reports whether the store can take decisions: whether Redis
-// answers and holds the decision code on every master. It answers from
-// what the store knows, without waiting on Redis: not ready while a
-// breaker is open (the master named) or when the newest round trip to a
-// master (a decision's, a probe's or a check's) failed, or before any
-// round trip has succeeded. A check loads the code on every master where
-// it is missing (and on a Cluster learns which nodes are the masters);
-// Ready starts one in the background unless one runs, bounded by
-// Options.Timeout, and waits for it at most 50ms (less if ctx ends
-// first): a hung Redis costs a readiness probe no timeout, and what a
-// check that has not answered by then finds counts for the next Ready.
-func (s *Store) Ready(ctx context.Context) error {
-	done := s.check()
-	if err := s.readiness(true); err != nil {
-		return err // an open breaker: no check can say otherwise
-	}
-	t := time.NewTimer(readyWait)
-	select {
-	case <-done:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	t.Stop()
-	return s.readiness(false)
-}
-
-// readiness is Ready's answer from what the store knows now; openOnly:
-// nil unless a breaker is open.
-func (s *Store) readiness(openOnly bool) error {
-	var masters map[string]bool // nil: every node the store knows
-	if last := s.lastCheck.Load(); last != nil {
-		masters = last.masters
-	}
-	var err error
-	answered := false
-	s.eachNode(func(n *node) {
-		if n != s.one && masters != nil && !masters[n.addr] {
-			return // not a master at the last check: its slots are served elsewhere
-		}
-		switch {
-		case err != nil:
-		case n.breaker.isOpen():
-			err = n.errOpen
-		case openOnly:
-		case n.last.Load() != nil:
-			err = *n.last.Load()
-		case n.answered.Load():
-			answered = true
-		}
-	})
-	if err == nil && !answered && !openOnly {
-		err = fmt.Errorf("redisstore: no answer from Redis within %v yet", readyWait)
-	}
-	if err != nil {
-		return fmt.Errorf("redisstore: not ready: %w", err)
-	}
-	return nil
-}
-
-// check returns a channel closed when the running readiness check ends,
-// starting one if none runs.
-func (s *Store) check() <-chan struct{} {
-	s.checkMu.Lock()
-	defer s.checkMu.Unlock()
-	if s.checking != nil {
-		return s.checking
-	}
-	done := make(chan struct{})
-	if s.bgCtx.Err() != nil {
-		close(done) // closed
-		return done
-	}
-	s.checking = done
-	s.bg.Go(func() {
-		ctx, cancel := s.callContext(s.bgCtx)
-		c := s.runCheck(ctx)
-		cancel()
-		s.lastCheck.Store(c)
-		s.checkMu.Lock()
-		s.checking = nil
-		s.checkMu.Unlock()
-		close(done)
-	})
-	return done
-}
-
-// runCheck loads the code on every master (on a Ring every shard, or the
-// one Redis), except where a breaker is open, and records each round
-// trip on its node.
-func (s *Store) runCheck(ctx context.Context) *check {
-	on := func(ctx context.Context, n *node, load func(context.Context) error) {
-		if n.breaker.isOpen() {
-			return // Ready says so; the probe tells when that Redis answers
-		}
-		err := load(ctx)
-		if err != nil {
-			// A failed dial wrote nothing: say so, not "sent, no reply".
-			var op *net.OpError
-			err = s.typeErr(ctx, "load the code", !errors.As(err, &op) || op.Op != "dial", err)
-		}
-		s.record(ctx, n, err)
-	}
-	switch {
-	case s.ring != nil:
-		on(ctx, s.one, s.load) // one breaker for the shards
-		return &check{}
-	case s.cluster == nil:
-		on(ctx, s.one, func(ctx context.Context) error { return s.loadOn(ctx, s.client) })
-		return &check{}
-	}
-	var mu sync.Mutex
-	masters := map[string]bool{}
-	err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		n := s.nodeOf(c)
-		mu.Lock()
-		masters[n.addr] = true
-		mu.Unlock()
-		on(ctx, n, func(ctx context.Context) error { return s.loadOn(ctx, c) })
-		return nil
-	})
-	if len(masters) == 0 {
-		// No slot map: the decisions the store's own node routes cannot
-		// be sent either.
-		if err != nil {
-			err = s.typeErr(ctx, "read the cluster's slot map", false, err)
-		}
-		s.record(ctx, s.one, err)
-		return &check{}
-	}
-	s.record(ctx, s.one, nil)
-	return &check{masters: masters}
 }
 
 // callContext returns ctx bounded by the store's Timeout. A ctx whose own
@@ -752,48 +466,6 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	return nil
 }
 
-// decideShort runs the script once for subject: ev's decision in the
-// short form (see short.lua).
-func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
-	pol := ev.Policies[0]
-	nargv, clocked, held := 3, 0, 0
-	if s.clock != nil {
-		nargv, clocked = 5, 1
-	}
-	if ev.Hold != 0 {
-		nargv, held = nargv+1, 1
-	}
-	p := pendingPool.Get().(*pending)
-	p.state.Store(queued)
-	args := slices.Grow(p.args[:0], 4+nargv)[:4+nargv]
-	p.args, p.keys, p.alone = args, 1, false
-	cmdName, code := s.call()
-	p.key.b = s.appendKey(p.key.b[:0], subject, pol)
-	args[0], args[1], args[2], args[3] = cmdName, code, smallInts[1], &p.key
-	argv := args[3:] // argv[i] is ARGV[i]
-	argv[1] = fastForms[clocked][ev.Op]
-	if pol.Algorithm == sluice.Concurrency {
-		p.lease.s = ev.LeaseID
-		argv[2] = &p.lease
-	} else {
-		argv[2] = intArg(ev.Cost)
-	}
-	if held != 0 {
-		argv[1], argv[3] = fastHeld[clocked], holdArg(ev.Hold)
-	}
-	if s.clock != nil {
-		argv[3+held], argv[4+held] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
-	}
-	pa := s.argsOf(pol, evaluation.Reserve(pol, ev.Priority, evaluation.Op(ev)))
-	argv[nargv] = pa.arg
-	if s.clock == nil {
-		// In a decideAll call it goes by its spec (batch.lua), a lease's
-		// beside it.
-		p.spec, p.limit = shortSpec(pa, ev.Op, ev.Cost, ev.Hold), pa.limit
-	}
-	return s.send(ctx, p, ev, dst)
-}
-
 // holdArg returns h, a held spend's hold that passed Check (whole µs),
 // as the script's argument: µs.
 func holdArg(h time.Duration) any {
@@ -810,6 +482,13 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 	if evaluation.Short(ev) {
 		return s.decideShort(ctx, subject, ev, dst)
 	}
+	return s.send(ctx, s.generalPending(subject, ev, id, carry, carried), ev, dst)
+}
+
+// generalPending returns the pending decision that decide sends for a
+// decision in the general form: ev's for subject, with id, carry and
+// carried as decide's.
+func (s *Store) generalPending(subject string, ev *sluice.Evaluation, id, carry string, carried []any) *pending {
 	n := len(ev.Policies)
 	keys := n
 	if id != "" {
@@ -858,7 +537,7 @@ func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluatio
 		argv[argvPolicies+i+1] = s.argsOf(p, evaluation.Reserve(p, ev.Priority, op)).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
-	return s.send(ctx, p, ev, dst)
+	return p
 }
 
 // previous reads the state of ev's policies under ev.Previous, one
@@ -927,64 +606,4 @@ func (s *Store) previous(ctx context.Context, ev *sluice.Evaluation) ([]any, err
 		}
 	}
 	return out, nil
-}
-
-// refusedBeforeRun are error replies with which Redis refuses a script
-// before it runs, or at its first write (nothing written yet: the script
-// writes only after every read and check).
-var refusedBeforeRun = []string{
-	"NOSCRIPT", "NOPERM", "NOAUTH", "WRONGPASS", "CROSSSLOT", "CLUSTERDOWN",
-	"MOVED", "ASK", "TRYAGAIN", "LOADING", "BUSY", "MASTERDOWN", "READONLY",
-	"OOM", "MISCONF", "NOREPLICAS", "MAXCLIENTS",
-}
-
-// classifyRead is classify for round trips that only read: nothing was
-// spent, whatever happened, so what classify calls Indeterminate is
-// FailedBeforeSend (Unavailable: the breaker counts it all the same).
-func (s *Store) classifyRead(ctx context.Context, what string, err error) error {
-	if err = s.classify(ctx, what, err); errors.Is(err, sluice.ErrIndeterminate) {
-		return fmt.Errorf("redisstore: %s: %w: %v", what, sluice.FailedBeforeSend, err)
-	}
-	return err
-}
-
-// classify wraps err, from doing what, in the sentinel that types it.
-func (s *Store) classify(ctx context.Context, what string, err error) error {
-	var rerr redis.Error
-	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrPoolTimeout) && !errors.Is(err, redis.ErrClosed) {
-		msg := rerr.Error()
-		code, reason, _ := strings.Cut(msg, " ")
-		if sentinel := scriptError(code); sentinel == sluice.ErrInvalidRequest {
-			// Worded as the engine words its Go twin's refusal (memstore's):
-			// the rule, without the script's code.
-			return fmt.Errorf("redisstore: %w", fmt.Errorf("%w: %s", sentinel, reason))
-		} else if sentinel != nil {
-			return fmt.Errorf("redisstore: %s: %w", msg, sentinel)
-		}
-		for _, c := range refusedBeforeRun {
-			if code == c {
-				return fmt.Errorf("redisstore: %s: redis refused: %s: %w", what, msg, sluice.FailedBeforeSend)
-			}
-		}
-		return fmt.Errorf("redisstore: %s: %s: %w", what, msg, sluice.ErrIndeterminate)
-	}
-	var op *net.OpError
-	switch {
-	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
-	case errors.As(err, &op) && op.Op == "dial":
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
-	case errors.As(err, &op) && op.Op == "write":
-		// A failed write left the command incomplete on the wire: a Redis
-		// server executes only complete commands.
-		return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.FailedBeforeSend, err)
-	case op == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) && ctx.Err() != nil:
-		// go-redis returns a bare context error only while waiting for a
-		// connection, dialling or setting a new one up (a Redis that
-		// accepts and never answers); a read cut short by the deadline is
-		// a *net.OpError timeout. The deadline is the store's (Timeout),
-		// not the caller's: Redis failed to take the command in time.
-		return fmt.Errorf("redisstore: %s: nothing sent within the store's timeout (%v): %w", what, err, sluice.FailedBeforeSend)
-	}
-	return fmt.Errorf("redisstore: %s: %w: %w", what, sluice.ErrIndeterminate, err)
 }

@@ -404,26 +404,5 @@ func (s *Store) boundsOf(p *sluice.Policy) [4]int64 {
 	return evaluation.Bounds(p, evaluation.Now(c), &s.periods)
 }
 
-// shortSpec returns the spec (batch.lua, short.lua's specOf) of a short
-// decision of op (a spend or a peek; on a concurrency policy an acquire or
-// a release, whose lease goes beside the spec) with cost, held for hold,
-// under the policy of a on Redis time: its form, cost, hold in µs and the
-// policy's argument, joined by spaces.
-func shortSpec(a *policyArgs, op sluice.Op, cost int64, hold time.Duration) string {
-	switch {
-	case op == sluice.Spend && cost == 1 && hold == 0:
-		return a.spend1
-	case op == sluice.Acquire:
-		return a.leases[0]
-	case op == sluice.Release:
-		return a.leases[1]
-	}
-	form := fastForms[0][op].(string)
-	if hold != 0 {
-		form = fastHeld[0].(string)
-	}
-	return form + " " + strconv.FormatInt(cost, 10) + " " + strconv.FormatInt(hold.Microseconds(), 10) + " " + a.text
-}
-
 // maxCachedArgs bounds the policies whose arguments a Store keeps.
 const maxCachedArgs = 4096

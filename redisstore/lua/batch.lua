@@ -2,6 +2,31 @@
 redisstore/batch.go, allCmd (which writes what decideAll reads) and
 spread (which reads what it answers). ]]
 
+-- allRun takes the run of n decisions by spec sp whose keys follow key
+-- ko (and, by a lease's spec, whose leases follow argument ao), at time
+-- at, their replies in out after o: one pcall for the run (specRun), not
+-- one per decision, and another from the decision after one that aborts.
+-- It returns where the replies end, or nil and the error reply of a run
+-- that failed before any decision of its own.
+-- allRun ports spread's other side for a run by spec: the replies spread reads, compact or whole.
+local function allRun(keys, ko, args, ao, n, sp, at, out, o)
+  local done = {0} -- specRun's decision under way
+  while done[1] < n do -- each pass ends at least one decision
+    local from = done[1]
+    local ok, last = pcall(specRun, keys, ko, args, ao, from, n, sp, at, out, o, done)
+    if ok then
+      o = last
+    elseif done[1] == from then -- it failed before any decision of its own
+      return nil, answer(ok, last)
+    else -- decision done[1] aborted, its reply in its place
+      ok, last = shortError(keys[ko + done[1]], last)
+      o = #out + 1
+      out[o] = answer(ok, last)
+    end
+  end
+  return o
+end
+
 -- decideAll takes several decisions in one call, each as decide takes it
 -- alone, in order. ARGV[1] is their number m (for readers of the call:
 -- the heads say where each begins), ARGV[2] the number h of heads,
@@ -18,7 +43,7 @@ spread (which reads what it answers). ]]
 -- (FAST_ARGS). The reply is the time the Redis-time decisions shared (0
 -- if none read it), then per decision its reply or error reply, except
 -- that a decision by spec admitted with no retry answers two integers in
--- its place: remaining and resetAfter (redisstore.go's spread knows its
+-- its place: remaining and resetAfter (batch.go's spread knows its
 -- limit). A run is one pcall (specRun), not one per decision. The
 -- library registers it beside decide (FCALL <name>_all).
 -- decideAll ports allCmd and spread's other side: it reads the call allCmd writes and answers what spread reads.
@@ -51,19 +76,10 @@ local function decideAll(keys, args)
       if at == nil then
         at = redisTime()
       end
-      local done = {0} -- specRun's decision under way
-      while done[1] < n do -- each pass ends at least one decision
-        local from = done[1]
-        local ok, last = pcall(specRun, keys, ko, args, ao, from, n, sp, at, out, o, done)
-        if ok then
-          o = last
-        elseif done[1] == from then -- it failed before any decision of its own
-          return answer(ok, last)
-        else -- decision done[1] aborted, its reply in its place
-          ok, last = shortError(keys[ko + done[1]], last)
-          o = #out + 1
-          out[o] = answer(ok, last)
-        end
+      local failed
+      o, failed = allRun(keys, ko, args, ao, n, sp, at, out, o)
+      if o == nil then
+        return failed
       end
       ko, hi = ko + n, hi + 2
       if sp.leased then

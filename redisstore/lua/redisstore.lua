@@ -66,10 +66,15 @@ Time source: LAYOUT.ARGV_NOW or Redis TIME, never both (TTLs: records.lua).
 Needs Redis >= 5 (TIME in a script), 6.2 for SET … PXAT; on Redis >= 7
 it is a function library called with FCALL (script.go). ]]
 
--- main decides one call; KEYS and ARGV are the call's keys and arguments,
--- and at, when not nil, the time of this call read already by redisTime.
--- main ports Store.decide's other side: it reads the general form decide writes, and runs Evaluate as memstore does.
-local function main(KEYS, ARGV, at)
+-- generalArgs reads and checks the arguments of one call in the general
+-- form; KEYS and ARGV are the call's keys and arguments, and at, when not
+-- nil, the time of this call read already by redisTime. It returns the
+-- evaluation (every field evaluate sets named, so the table is built at
+-- its size once rather than grown), the number of policies, the
+-- evaluation id as sent and as recorded (algorithm.RecordID), the carry
+-- and the dedupe TTL and maximum.
+-- generalArgs ports Store.decide's other side: it reads the general form decide writes.
+local function generalArgs(KEYS, ARGV, at)
   local rawID = ARGV[LAYOUT.ARGV_ID] or ''
   local n = #KEYS
   if rawID ~= '' then
@@ -97,8 +102,7 @@ local function main(KEYS, ARGV, at)
   if hold == nil or hold < 0 or hold > MAX_WINDOW or (hold > 0 and op ~= 'spend' and op ~= 'book') then
     raise('SLUICE_ARGS', 'hold must be an integer of 0 to ' .. fmt(MAX_WINDOW) .. ' µs, 0 unless the op is spend or book')
   end
-  local reset = op == 'reset'
-  if reset and carry ~= '' then
+  if op == 'reset' and carry ~= '' then
     raise('SLUICE_ARGS', 'a reset carries no state')
   end
   local id = recordID(rawID, op)
@@ -119,11 +123,18 @@ local function main(KEYS, ARGV, at)
   else
     now, maxRegression = callerClock(ARGV[LAYOUT.ARGV_NOW], ARGV[LAYOUT.ARGV_MAX_REGRESSION])
   end
-
-  -- Every field evaluate sets is named here, so the table is built at its
-  -- size once rather than grown.
   local ev = {policies = {}, states = {}, now = now, op = op, cost = cost, hold = hold, lease = ARGV[LAYOUT.ARGV_LEASE], maxRegression = maxRegression,
     replay = nil, decisions = nil, writes = nil, commit = false, replayed = false, others = ''}
+  return ev, n, rawID, id, carry, dttl, dmax
+end
+
+-- main decides one call in the general form; KEYS and ARGV are the
+-- call's keys and arguments, and at, when not nil, the time of this call
+-- read already by redisTime.
+-- main ports Store.decide's other side: it reads the general form decide writes, and runs Evaluate as memstore does.
+local function main(KEYS, ARGV, at)
+  local ev, n, rawID, id, carry, dttl, dmax = generalArgs(KEYS, ARGV, at)
+  local now, op, cost, reset = ev.now, ev.op, ev.cost, ev.op == 'reset'
   local policies, states, redisTime = ev.policies, ev.states, ARGV[LAYOUT.ARGV_NOW] == ''
   for i = 1, n do
     policies[i] = policyOf(ARGV[LAYOUT.ARGV_POLICIES + i], i)

@@ -1,10 +1,12 @@
 --[[ short.lua: the common decision in short, the specialization of main
-(redisstore.lua) that the differential test drives on every seed. Go
-twin: internal/engine/algorithm/one.go, DecideOne's general course,
-decideOne (fastView: corrupt through readState, current, step, Fresh,
-lengthen, commit; fastMain's fixed-size course the same on values), which
-memstore's decideOne runs (for gcra by decideGCRA, Go only, held to it);
-redisstore/redisstore.go's Store.decideShort writes its arguments.
+(redisstore.lua) that the differential test drives on every seed and
+TestShortMatchesGeneral (short_test.go) holds to main, decision and Redis
+state alike. Go twin: internal/engine/algorithm/one.go, DecideOne's
+general course, decideOne (fastView: corrupt through readState, current,
+step, Fresh, lengthen, commit; fastMain's fixed-size course the same on
+values), which memstore's short course runs (for gcra by decideGCRA, Go
+only, held to it); redisstore/short.go's Store.decideShort writes its
+arguments, entered only on evaluation.Short.
 fixedWindowFloor is DecideOne on a FixedWindowEnd with nothing to check
 but its record. ]]
 
@@ -20,7 +22,7 @@ but its record. ]]
 -- decided by the functions main's evaluate calls (a fixed-size state on
 -- values rather than tables), and answers and writes what main would.
 
--- The forms of the short decision on Redis time (redisstore.go's
+-- The forms of the short decision on Redis time (short.go's
 -- fastForms and fastHeld): one table, not a local each.
 local FAST_FORM = {SPEND = 's', HELD = 'h', PEEK = 'p', ACQUIRE = 'a', RELEASE = 'r'}
 
@@ -303,7 +305,7 @@ end
 -- FAST_FORM.ACQUIRE or FAST_FORM.RELEASE, cost and hold 0, each decision
 -- naming its lease in an argument of its own), cost, hold in µs (0 unless
 -- held) and the policy's argument, joined by spaces, e.g. "s 1 0 5 100
--- 1000000 20 0 0" (redisstore.go's shortSpec). A function library keeps
+-- 1000000 20 0 0" (short.go's shortSpec). A function library keeps
 -- this table from one call to the next, as args.lua's checked, so a spec
 -- is read and checked once; it is emptied when it holds CACHED.max.
 local specs = {}
