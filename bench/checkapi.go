@@ -26,11 +26,15 @@ import (
 const kindHTTP kind = "check_api"
 
 // runCheckAPI builds ../cmd/sluice, serves a generated config with the
-// memory store and then with the redis store, and drives POST /v1/check
-// over HTTP/1.1 keep-alive in every cell (rawDecide's client, or with
-// -net-client net/http's); then the same through its
-// rate-limiting reverse proxy, in front of an upstream of this process
-// that answers every request, which is also measured alone (the floor).
+// memory store and then with the redis store, and drives in every cell
+// (the rows -rows matches): POST /v1/check over HTTP/1.1 keep-alive
+// (rawDecide's client, or with -net-client net/http's); POST /v1/checks,
+// 16 checks a request; the gRPC CheckStream on the listener that serves
+// Envoy (64 callers a stream); sluiceclient, one request a check and
+// coalescing; then the same policy through its rate-limiting reverse
+// proxy, in front of an upstream of this process that answers every
+// request, which is also measured alone (the floor). Each row's server
+// CPU is the sluice serve process's, from /proc.
 func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cells []cell, stderr io.Writer) ([]result, error) {
 	alg, err := parseAlgorithm(cfg.httpAlgorithm)
 	if err != nil {
@@ -66,6 +70,9 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		checks = httpDecide
 	}
 	eachN := func(limiter, tag string, batch int, decide func(c cell) (decideFunc, func()), flush bool, cpu func() float64) error {
+		if !cfg.rows.MatchString(limiter) {
+			return nil
+		}
 		for _, c := range cells {
 			r := result{Limiter: limiter, Kind: kindHTTP, Callers: c.callers, Subjects: c.subjects, Mode: c.mode}
 			if flush {
@@ -94,8 +101,17 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 	if err != nil {
 		return nil, err
 	}
+	// The gRPC listener, for the CheckStream row, needs an Envoy rules
+	// file: one domain no row asks.
+	rules := filepath.Join(dir, "checkapi-rules", "bench.yaml")
+	if err := os.MkdirAll(filepath.Dir(rules), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(rules, []byte(rlsRules(allowedMode)), 0o600); err != nil {
+		return nil, err
+	}
 	for _, store := range []string{"memory", "redis"} {
-		yaml := policiesYAML(alg) + proxyYAML(up.url)
+		yaml := policiesYAML(alg) + proxyYAML(up.url) + fmt.Sprintf("envoy:\n  listen: \"127.0.0.1:0\"\n  configs: [%q]\n", rules)
 		if store == "redis" {
 			yaml += fmt.Sprintf("store:\n  type: redis\n  redis: { url: \"redis://%s/0\" }\n", redisAddr)
 		}
@@ -114,6 +130,11 @@ func runCheckAPI(ctx context.Context, cfg *config, e *env, redisAddr string, cel
 		if err == nil {
 			err = eachN(name+", POST /v1/checks, 16 a request", "check API", checksPerRequest, func(c cell) (decideFunc, func()) {
 				return batchDecide(sv.url, string(c.mode), e.subjects[:c.subjects], c.callers)
+			}, store == "redis", sv.cpu)
+		}
+		if err == nil {
+			err = each(name+", gRPC CheckStream", "check API", func(c cell) (decideFunc, func()) {
+				return streamDecide(sv.envoy, string(c.mode), e.subjects[:c.subjects], c.callers)
 			}, store == "redis", sv.cpu)
 		}
 		for _, off := range []bool{true, false} {

@@ -59,6 +59,7 @@ type config struct {
 	callers, subjects []int
 	modes             []mode
 	only              *regexp.Regexp
+	rows              *regexp.Regexp
 	run               runOptions
 	pool              int
 	passes            int
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	subjects := fs.String("subjects", "1,10000", "subjects per cell, comma-separated (1 is one hot subject)")
 	modes := fs.String("mode", "allowed,denied", "limits per cell: allowed (a limit never reached), denied (1 per hour)")
 	only := fs.String("limiters", "", "run only the limiters whose name matches this `regexp`")
+	rows := fs.String("rows", "", "with -http: run only the check API rows whose name matches this `regexp` (e.g. 'memstore.*(CheckStream|sluiceclient)')")
 	fs.DurationVar(&c.run.duration, "duration", 5*time.Second, "measured time per cell (the warm-up comes on top)")
 	fs.DurationVar(&c.run.warmup, "warmup", time.Second, "unmeasured load before each cell, after every subject was touched once")
 	fs.IntVar(&c.passes, "passes", 1, "run every cell this many times, interleaved, and keep the pass with the median decisions/s")
@@ -135,6 +137,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.only, err = regexp.Compile(*only); err != nil {
 		return nil, fmt.Errorf("-limiters: %w", err)
+	}
+	if c.rows, err = regexp.Compile(*rows); err != nil {
+		return nil, fmt.Errorf("-rows: %w", err)
 	}
 	if c.run.duration <= 0 || c.run.duration > 10*time.Minute || c.run.warmup < 0 || c.run.warmup > time.Minute {
 		return nil, errors.New("-duration must be in (0, 10m] and -warmup in [0, 1m]")

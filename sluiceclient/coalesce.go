@@ -14,9 +14,12 @@ import (
 )
 
 // maxSenders is how many batches of gathered checks may be on the wire
-// at once, besides the lone checks callers send themselves: as many as a
-// Redis store's senders (redisstore.Options.Senders' default).
-const maxSenders = 2
+// at once, besides the lone checks callers send themselves. One: while
+// its batch is on the wire the next gathers, so 64 callers go in two
+// alternating batches of about 32. Two and four senders split them into
+// batches of about 17 and 9 and took more CPU per check on both stores,
+// client and server together (bench/results/2026-12-07-oneroad.md).
+const maxSenders = 1
 
 // The life of a gathered check: a sender takes it (sent) unless its
 // caller gave up first (abandoned).
@@ -29,11 +32,12 @@ const (
 // coalescer gathers the checks that find a request of the Client on the
 // wire, and sends them together: a caller that finds nothing on the wire
 // sends its check itself, at once, as POST /v1/check. Callers that arrive
-// while something is wait in the queue; up to maxSenders goroutines, each
-// started when a check is queued and none is free, take everything queued
-// (up to checkapi.MaxChecks), send it as one POST /v1/checks (a lone
-// check as a POST /v1/check) and hand each check its own answer; a sender
-// ends when it finds the queue empty. No timer ever holds a check back.
+// while something is on the wire wait in the queue; up to maxSenders
+// goroutines, each started when a check is queued and none is free, take
+// everything queued (up to checkapi.MaxChecks), send it as one POST
+// /v1/checks (a lone check as a POST /v1/check) and hand each check its
+// own answer; a sender ends when it finds the queue empty. No timer ever
+// holds a check back.
 type coalescer struct {
 	mu      sync.Mutex
 	wire    int // requests on the wire: lone checks and batches

@@ -26,7 +26,9 @@
 // of spending twice. Check generates an evaluation ID for each of them
 // that has none. A reset, release or renewal is idempotent and simply sent
 // again; a peek, which spends nothing, is sent once, and so is a book
-// (Reserve), which has no evaluation id to replay it by.
+// (Reserve), which has no evaluation id to replay it by. With Retries
+// negative nothing is sent again, and Check generates no evaluation ID:
+// one that is never repeated would only cost the server its memory.
 package sluiceclient
 
 import (
@@ -199,7 +201,9 @@ func (c *Client) Check(ctx context.Context, req sluice.Request) sluice.Outcome {
 	case sluice.Book:
 		retries = 0 // no evaluation id to replay it by: a lost answer may have booked
 	case sluice.Spend, sluice.Acquire, sluice.Refund:
-		if body.EvaluationID == "" {
+		// An id of its own only when it may be sent again: the server
+		// remembers every id for the policy's dedupe_ttl.
+		if body.EvaluationID == "" && retries > 0 {
 			body.EvaluationID = newEvaluationID()
 		}
 	}

@@ -1,9 +1,12 @@
 package sluiceclient_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -394,5 +397,46 @@ func TestReserve(t *testing.T) {
 	before := cs.requests.Load()
 	if o, _ := c.Reserve(ctx, sluice.Request{Policy: "hourly", Subject: "lost"}); o.Kind != sluice.Indeterminate || cs.requests.Load() != before+1 {
 		t.Fatalf("Reserve with its answer lost = %+v after %d requests, want Indeterminate after 1", o, cs.requests.Load()-before)
+	}
+}
+
+// TestEvaluationIDOnlyWhenRetried: Check generates an evaluation id for
+// a spend only when it may send it again; with Retries -1 the id could
+// never be used, and the server would remember it for nothing.
+func TestEvaluationIDOnlyWhenRetried(t *testing.T) {
+	cs, _ := startServer(t, nil, server.Options{}, false)
+	var mu sync.Mutex
+	var ids []string
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			EvaluationID string `json:"evaluation_id"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(raw, &body); err != nil {
+			t.Errorf("body %s: %v", raw, err)
+		}
+		mu.Lock()
+		ids = append(ids, body.EvaluationID)
+		mu.Unlock()
+		resp, err := http.Post(cs.url+r.URL.Path, "application/json", bytes.NewReader(raw))
+		if err != nil {
+			t.Errorf("forward: %v", err)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(rec.Close)
+	for _, retries := range []int{-1, 0} {
+		c := newClient(t, rec.URL, sluiceclient.Options{Retries: retries})
+		if o := c.Check(t.Context(), sluice.Request{Policy: "demo", Subject: "ids"}); o.Kind != sluice.Allowed {
+			t.Fatalf("Retries %d: %v (%v), want allowed", retries, o.Kind, o.Err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ids) != 2 || ids[0] != "" || ids[1] == "" {
+		t.Errorf("evaluation ids sent with Retries -1, then the default: %q; want none, then one", ids)
 	}
 }
