@@ -359,14 +359,8 @@ telemetry: { endpoint: "http://` + closed + `", protocol: ` + protocol + ` }
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			begun := time.Now()
-			if err := r.stop(); err != nil {
+			if err := r.stop(); err != nil { // returns: a refused export fails at once, the flush is bounded (TestFlushDeadline)
 				t.Fatal(err)
-			}
-			// A bound, not a speed: the drain bound is 10s, and a refused
-			// export fails at once.
-			if took := time.Since(begun); took > 5*time.Second {
-				t.Errorf("shutdown with an unreachable collector took %v, want well under the 10s drain bound", took)
 			}
 			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: export failed") {
 				t.Errorf("the log lacks the failed export:\n%s", logs)
