@@ -346,22 +346,7 @@ func TestTelemetryUnreachableCollector(t *testing.T) {
 			}
 			closed := ln.Addr().String()
 			ln.Close() // a port nothing listens on: every export is refused
-			dir := t.TempDir()
-			writeTree(t, dir, map[string]string{"sluice.yaml": `
-server: { listen: "127.0.0.1:0" }
-policies:
-  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
-telemetry: { endpoint: "http://` + closed + `", protocol: ` + protocol + ` }
-`})
-			r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
-			resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if err := r.stop(); err != nil { // returns: a refused export fails at once, the flush is bounded (TestFlushDeadline)
-				t.Fatal(err)
-			}
+			r := checkOnceAndStop(t, closed, protocol) // returns: a refused export fails at once, the flush is bounded (TestFlushDeadline)
 			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: export failed") {
 				t.Errorf("the log lacks the failed export:\n%s", logs)
 			}
@@ -402,25 +387,33 @@ func TestTelemetrySilentCollector(t *testing.T) {
 					}
 				}
 			})
-			dir := t.TempDir()
-			writeTree(t, dir, map[string]string{"sluice.yaml": `
-server: { listen: "127.0.0.1:0" }
-policies:
-  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
-telemetry: { endpoint: "http://` + ln.Addr().String() + `", protocol: ` + protocol + ` }
-`})
-			r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
-			resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if err := r.stop(); err != nil { // returns: the collector never answered
-				t.Fatal(err)
-			}
+			r := checkOnceAndStop(t, ln.Addr().String(), protocol) // returns: the collector never answered
 			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: spans not exported at shutdown") {
 				t.Errorf("the log lacks the spans left unexported:\n%s", logs)
 			}
 		})
 	}
+}
+
+// checkOnceAndStop serves a check API whose spans go to the collector at
+// addr over protocol, sends it one check (a span to flush) and stops it.
+func checkOnceAndStop(t *testing.T, addr, protocol string) *running {
+	t.Helper()
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"sluice.yaml": `
+server: { listen: "127.0.0.1:0" }
+policies:
+  - { id: demo, algorithm: fixed_window, limit: 3, window: 1h }
+telemetry: { endpoint: "http://` + addr + `", protocol: ` + protocol + ` }
+`})
+	r := startRun(t, filepath.Join(dir, "sluice.yaml"), "")
+	resp, err := http.Post(r.url+"/v1/check", "application/json", strings.NewReader(`{"policy":"demo","subject":"s"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
