@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/evaluation"
 	"github.com/sluicehq/sluice/internal/form"
+	"github.com/sluicehq/sluice/internal/testkit/draw"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -60,14 +61,14 @@ func TestShortMatchesGeneral(t *testing.T) {
 			for step := range 4000 {
 				switch {
 				case step%400 == 0:
-					p = fastPolicy(r, a)
+					p = draw.Policy(r, a, "fast", fastWindows)
 					subject = fmt.Sprint("s.", step)
 				case r.IntN(25) == 0:
-					p = fastPolicy(r, a) // new numbers under the same revision
+					p = draw.Policy(r, a, "fast", fastWindows) // new numbers under the same revision
 				case r.IntN(60) == 0:
-					p = fastPolicy(r, algs[r.IntN(len(algs))]) // another algorithm's state under it
+					p = draw.Policy(r, algs[r.IntN(len(algs))], "fast", fastWindows) // another algorithm's state under it
 				}
-				now = now.Add(time.Duration(fastStep(r, (p.Window+p.LeaseTTL).Microseconds())) * time.Microsecond)
+				now = now.Add(time.Duration(draw.Step(r, (p.Window+p.LeaseTTL).Microseconds())) * time.Microsecond)
 				clock.Set(now)
 				want := shortStep(r, subject, p)
 				got := *want // copied before its form is recorded: want stays general
@@ -131,48 +132,5 @@ func shortStep(r *rand.Rand, subject string, p *sluice.Policy) *sluice.Evaluatio
 	return ev
 }
 
-// fastPolicy draws a valid policy of a under the one ID and revision.
-func fastPolicy(r *rand.Rand, a sluice.Algorithm) *sluice.Policy {
-	windows := []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, time.Hour}
-	limits := []int64{1, 2, 3, 10, 1000, 100_000}
-	for {
-		p := sluice.Policy{ID: "fast", Algorithm: a, Limit: limits[r.IntN(len(limits))], Window: windows[r.IntN(len(windows))]}
-		if r.IntN(3) == 0 {
-			p.Priorities = map[string]int{"sheddable": 1 + r.IntN(100)}
-		}
-		if (a == sluice.TokenBucket || a == sluice.GCRA) && r.IntN(2) == 0 {
-			p.Burst = 1 + r.Int64N(3*p.Limit)
-		}
-		p.ClockAligned = a == sluice.FixedWindow && r.IntN(2) == 0
-		if a == sluice.Concurrency {
-			p.Window, p.LeaseTTL = 0, p.Window
-		} else if r.IntN(4) == 0 {
-			p.MaxCost = 1 + r.Int64N(p.Limit)
-		}
-		if p.Validate() == nil {
-			p = evaluation.Defaults(p)
-			return &p
-		}
-	}
-}
-
-// fastStep draws a clock step for a window of w µs: none, small, within
-// the window, beyond it, or backwards.
-func fastStep(r *rand.Rand, w int64) int64 {
-	switch r.IntN(8) {
-	case 0:
-		return 0
-	case 1:
-		return r.Int64N(1000)
-	case 2, 3:
-		return r.Int64N(w/4 + 1)
-	case 4:
-		return r.Int64N(w)
-	case 5:
-		return w + r.Int64N(2*w)
-	case 6:
-		return -r.Int64N(1000)
-	default:
-		return -r.Int64N(w)
-	}
-}
+// fastWindows are the windows of the drawn policies.
+var fastWindows = []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, time.Hour}

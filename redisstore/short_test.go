@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/evaluation"
 	"github.com/sluicehq/sluice/internal/form"
+	"github.com/sluicehq/sluice/internal/testkit/draw"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -111,16 +112,16 @@ func (sh *shortPair) step(r *rand.Rand, seed uint64, step int, a sluice.Algorith
 	t := sh.t
 	switch {
 	case step%100 == 0:
-		sh.p = shortPolicy(r, a)
+		sh.p = draw.Policy(r, a, "p", shortWindows)
 		sh.subject = fmt.Sprintf("%s.%d.%d", strings.ReplaceAll(t.Name(), "/", "."), seed, step)
 		sh.slack = 0
 	case r.IntN(25) == 0:
-		sh.p = shortPolicy(r, a) // new numbers under the same revision
+		sh.p = draw.Policy(r, a, "p", shortWindows) // new numbers under the same revision
 	case r.IntN(60) == 0:
-		sh.p = shortPolicy(r, sh.algs[r.IntN(len(sh.algs))]) // another algorithm's state under it
+		sh.p = draw.Policy(r, sh.algs[r.IntN(len(sh.algs))], "p", shortWindows) // another algorithm's state under it
 	}
 	if sh.clock != nil {
-		sh.clock.Advance(time.Duration(shortClockStep(r, (sh.p.Window+sh.p.LeaseTTL).Microseconds())) * time.Microsecond)
+		sh.clock.Advance(time.Duration(draw.Step(r, (sh.p.Window+sh.p.LeaseTTL).Microseconds())) * time.Microsecond)
 	}
 	general := shortRequest(r, sh.subject, sh.p)
 	short := *general // copied before its form is recorded: general stays general
@@ -336,51 +337,8 @@ func shortRequest(r *rand.Rand, subject string, p *sluice.Policy) *sluice.Evalua
 	return ev
 }
 
-// shortPolicy draws a valid policy of a under the one ID and revision,
-// with windows from 1ms (which pass in a few steps on Redis time) to an
-// hour.
-func shortPolicy(r *rand.Rand, a sluice.Algorithm) *sluice.Policy {
-	windows := []time.Duration{time.Millisecond, 3 * time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, time.Hour}
-	limits := []int64{1, 2, 3, 10, 1000, 100_000}
-	for {
-		p := sluice.Policy{ID: "p", Algorithm: a, Limit: limits[r.IntN(len(limits))], Window: windows[r.IntN(len(windows))]}
-		if r.IntN(3) == 0 {
-			p.Priorities = map[string]int{"sheddable": 1 + r.IntN(100)}
-		}
-		if (a == sluice.TokenBucket || a == sluice.GCRA) && r.IntN(2) == 0 {
-			p.Burst = 1 + r.Int64N(3*p.Limit)
-		}
-		p.ClockAligned = a == sluice.FixedWindow && r.IntN(2) == 0
-		if a == sluice.Concurrency {
-			p.Window, p.LeaseTTL = 0, p.Window
-		} else if r.IntN(4) == 0 {
-			p.MaxCost = 1 + r.Int64N(p.Limit)
-		}
-		if p.Validate() == nil {
-			p = evaluation.Defaults(p)
-			return &p
-		}
-	}
-}
-
-// shortClockStep draws a step of the caller's clock for a window of w
-// µs: none, small, within the window, beyond it, or backwards (past the
-// store's 1s MaxClockRegression now and then: ClockUnsafe on both).
-func shortClockStep(r *rand.Rand, w int64) int64 {
-	switch r.IntN(8) {
-	case 0:
-		return 0
-	case 1:
-		return r.Int64N(1000)
-	case 2, 3:
-		return r.Int64N(w/4 + 1)
-	case 4:
-		return r.Int64N(w)
-	case 5:
-		return w + r.Int64N(2*w)
-	case 6:
-		return -r.Int64N(1000)
-	default:
-		return -r.Int64N(w)
-	}
-}
+// shortWindows are the windows of the drawn policies: from 1ms (which
+// pass in a few steps on Redis time) to an hour. A step of the caller's
+// clock past the store's 1s MaxClockRegression now and then is
+// ClockUnsafe on both courses.
+var shortWindows = []time.Duration{time.Millisecond, 3 * time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, time.Hour}

@@ -46,6 +46,7 @@ var layers = []struct {
 	{"simulation", []string{"internal/simulate"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"store suite", []string{"sluicetest"}},
+	{"test draws", []string{"internal/testkit/draw"}},
 	{"header fields", []string{"internal/ratelimitheader"}},
 	{"evaluation", []string{"internal/evaluation"}},
 	{"contract", []string{""}},
