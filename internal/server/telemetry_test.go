@@ -345,7 +345,7 @@ func TestTelemetryUnreachableCollector(t *testing.T) {
 				t.Fatal(err)
 			}
 			closed := ln.Addr().String()
-			ln.Close() // a port nothing listens on: every export is refused
+			ln.Close()                                 // a port nothing listens on: every export is refused
 			r := checkOnceAndStop(t, closed, protocol) // returns: a refused export fails at once, the flush is bounded (TestFlushDeadline)
 			if logs := r.logs.String(); !strings.Contains(logs, "telemetry: export failed") {
 				t.Errorf("the log lacks the failed export:\n%s", logs)
