@@ -37,6 +37,7 @@ var layers = []struct {
 	{"wiring", []string{"internal/wiring"}},
 	{"envoy rate-limit service", []string{"internal/envoy/rls"}},
 	{"envoy rules files", []string{"internal/envoy/rules"}},
+	{"envoy quota ledger", []string{"internal/envoy/rlqs/ledger"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},
 	{"edge core", []string{"internal/edge"}},
 	{"check API wire", []string{"internal/checkapi"}},
