@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -274,7 +275,7 @@ func TestSplitNeverExceedsThePolicy(t *testing.T) {
 			reserved[in.id] = g
 			settle(in.hs, want, g)
 		}
-		clk.t = clk.t.Add(time.Millisecond)
+		clk.advance(time.Millisecond)
 		var sum share
 		for _, in := range ins {
 			for _, h := range in.hs {
@@ -304,7 +305,7 @@ func TestSplitFollowsDemand(t *testing.T) {
 		}
 		in.fleet.update(c, gs[0])
 		settle(in.hs, want, gs[0])
-		clk.t = clk.t.Add(time.Second)
+		clk.advance(time.Second)
 	}
 	a, b := in.hs[0].assigned, in.hs[1].assigned
 	if a.rate+b.rate > p.rate || a.rate < 6*b.rate {
@@ -312,6 +313,20 @@ func TestSplitFollowsDemand(t *testing.T) {
 	}
 }
 
-type fakeClock struct{ t time.Time }
+// fakeClock is a clock advanced by hand, safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
 
-func (c *fakeClock) Now() time.Time { return c.t }
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
