@@ -73,6 +73,7 @@ type Service struct {
 	domains map[string]*domain
 	all     map[*stream]bool // every stream served
 	closing bool
+	ending  atomic.Bool // Shutdown began: reports are no longer answered
 
 	stop, done chan struct{}
 	streams    sync.WaitGroup // handlers running

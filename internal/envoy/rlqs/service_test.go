@@ -128,9 +128,9 @@ func (c *client) send(us ...usage) error {
 	return c.s.Send(m)
 }
 
-// report sends us and a probe, and waits for the answer: the action of
-// each bucket is then c.latest's.
-func (c *client) report(us ...usage) {
+// report sends us and a probe, and returns the answer (the message
+// carrying the probe): the action of each bucket is then c.latest's.
+func (c *client) report(us ...usage) *rlqspb.RateLimitQuotaResponse {
 	c.t.Helper()
 	c.probe++
 	probe := map[string]string{"probe": fmt.Sprint(c.probe)}
@@ -138,24 +138,32 @@ func (c *client) report(us ...usage) {
 		c.t.Fatal(err)
 	}
 	key := identity(probe)
-	for c.latest[key] == nil {
-		c.next()
+	for {
+		m := c.next()
+		if c.latest[key] != nil {
+			return m
+		}
 	}
 }
 
 // next waits for the next message and records its actions.
 func (c *client) next() *rlqspb.RateLimitQuotaResponse {
 	c.t.Helper()
+	var m *rlqspb.RateLimitQuotaResponse
 	select {
-	case m := <-c.msgs:
-		for _, a := range m.GetBucketAction() {
-			c.latest[identity(a.GetBucketId().GetBucket())] = a
-		}
-		return m
+	case m = <-c.msgs:
 	case err := <-c.errc:
-		c.t.Fatalf("the stream ended: %v", err)
+		select { // the reader queued every message before the end
+		case m = <-c.msgs:
+			c.errc <- err
+		default:
+			c.t.Fatalf("the stream ended: %v", err)
+		}
 	}
-	return nil
+	for _, a := range m.GetBucketAction() {
+		c.latest[identity(a.GetBucketId().GetBucket())] = a
+	}
+	return m
 }
 
 // action is the latest action for id.
@@ -396,5 +404,51 @@ func TestMetricsRegister(t *testing.T) {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
+	}
+}
+
+// failing is a ledger whose calls fail while down is set.
+type failing struct {
+	ledger.Ledger
+	mu   sync.Mutex
+	down bool
+}
+
+func (f *failing) Claim(ctx context.Context, domain, instance string, cs []ledger.Claim, ttl time.Duration) ([]ledger.Grant, error) {
+	f.mu.Lock()
+	down := f.down
+	f.mu.Unlock()
+	if down {
+		return nil, errors.New("ledger down")
+	}
+	return f.Ledger.Claim(ctx, domain, instance, cs, ttl)
+}
+
+func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
+	h := newHarness(t, testConfig(), Options{})
+	f := &failing{Ledger: ledger.NewMemory(h.clock.Now)}
+	h.svc.ledger = f
+	c := h.client("edge")
+	c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	h.round()
+	c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	before, _ := tokens(t, c.action(tenantA))
+	f.mu.Lock()
+	f.down = true
+	f.mu.Unlock()
+	h.clock.advance(10 * time.Second)
+	h.round()
+	m := c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	if len(m.GetBucketAction()) != 2 {
+		t.Fatalf("10 s into an outage (TTL 15 s) the answer has %d actions, want the bucket's and the probe's", len(m.GetBucketAction()))
+	}
+	if during, _ := tokens(t, c.action(tenantA)); during != before {
+		t.Fatalf("during the outage the share moved from %v/s to %v/s, want kept", before, during)
+	}
+	h.clock.advance(10 * time.Second)
+	h.round()
+	m = c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	if len(m.GetBucketAction()) != 1 {
+		t.Fatalf("past the TTL the answer has %d actions, want only the probe's: the assignment left to expire", len(m.GetBucketAction()))
 	}
 }

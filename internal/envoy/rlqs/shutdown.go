@@ -20,6 +20,7 @@ func (s *Service) Shutdown(ctx context.Context) {
 		return
 	}
 	s.closing = true
+	s.ending.Store(true)
 	s.mu.Unlock()
 	close(s.stop)
 	<-s.done

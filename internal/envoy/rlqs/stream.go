@@ -155,6 +155,9 @@ func ended(cause error) error {
 // report handles one message of st: checks it, takes its domain if it is
 // the first, and answers every bucket it reports.
 func (s *Service) report(ctx context.Context, st *stream, m *rlqspb.RateLimitQuotaUsageReports) error {
+	if s.ending.Load() {
+		return nil // TTL 0 was sent: nothing more is assigned
+	}
 	cfg := s.cfg.Load()
 	if st.name == "" {
 		if m.GetDomain() == "" {
