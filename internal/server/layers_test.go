@@ -35,7 +35,7 @@ var layers = []struct {
 	{"server", []string{"internal/server"}},
 	{"bench", []string{"internal/bench"}},
 	{"wiring", []string{"internal/wiring"}},
-	{"envoy rate-limit service", []string{"internal/envoy/rls"}},
+	{"envoy rate-limit services", []string{"internal/envoy/rls", "internal/envoy/rlqs"}},
 	{"envoy rules files", []string{"internal/envoy/rules"}},
 	{"envoy quota ledger", []string{"internal/envoy/rlqs/ledger"}},
 	{"edges", []string{"httplimit", "grpclimit", "sluiceclient"}},

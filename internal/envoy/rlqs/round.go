@@ -1,0 +1,232 @@
+package rlqs
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/envoy/rlqs/ledger"
+)
+
+// round runs one split round: the plans read once, then per domain one
+// ledger call for all its buckets, the split and the pushes of what
+// changed.
+func (s *Service) round(ctx context.Context) {
+	s.readPlans(ctx)
+	cfg := s.cfg.Load()
+	for _, d := range s.domainList() {
+		s.roundDomain(ctx, cfg, d)
+	}
+}
+
+// readPlans reads the tenant plans, keeping the last ones read when the
+// read fails.
+func (s *Service) readPlans(ctx context.Context) {
+	if s.opts.Overrides == nil {
+		return
+	}
+	os, err := s.opts.Overrides(ctx)
+	if err != nil {
+		if ok, n := s.planLog.Allow(s.opts.Clock.Now()); ok {
+			s.opts.Logger.Warn("rlqs: cannot read the tenant plans; the last ones read apply", slog.Any("error", err), slog.Int64("suppressed", n))
+		}
+		return
+	}
+	m := make(map[planKey]sluice.Override, len(os))
+	for _, o := range os {
+		m[planKey{o.Policy, o.Subject}] = o
+	}
+	s.plans.Store(&m)
+}
+
+// planMap is the plans last read (nil before).
+func (s *Service) planMap() map[planKey]sluice.Override {
+	if p := s.plans.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// roundPlan is a domain's round between its two halves: the buckets, the
+// holds as they were planned (a stream that leaves meanwhile is dropped
+// from its bucket, not from here) and their claims and wants.
+type roundPlan struct {
+	buckets []*bucket
+	holds   [][]*hold
+	streams [][]*stream // the holder of each hold
+	wants   [][]share
+	claims  []ledger.Claim
+	ttl     time.Duration
+}
+
+// roundDomain runs d's round: claimMu held throughout, d.mu in the two
+// halves but not across the ledger call.
+func (s *Service) roundDomain(ctx context.Context, cfg *config, d *domain) {
+	start := s.opts.Clock.Now()
+	d.claimMu.Lock()
+	defer d.claimMu.Unlock()
+	rp := s.planRound(cfg, d)
+	var gs []ledger.Grant
+	var err error
+	if len(rp.claims) > 0 {
+		s.opts.Metrics.ledgerCall(d.name)
+		gs, err = s.ledger.Claim(ctx, d.name, s.instance, rp.claims, rp.ttl)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		s.opts.Metrics.ledgerError(d.name)
+		if !d.outage {
+			d.outage = true
+			s.opts.Logger.Warn("rlqs: the ledger cannot be reached: assignments stay as they are until their TTL, then expire",
+				slog.String("domain", d.name), slog.Any("error", err))
+		}
+	} else {
+		if d.outage {
+			d.outage = false
+			s.opts.Logger.Info("rlqs: the ledger answers again", slog.String("domain", d.name))
+		}
+		s.applyRound(d, rp, gs)
+	}
+	s.endSlow(d, cfg.Round)
+	s.opts.Metrics.roundDone(d, s.opts.Clock.Now().Sub(start))
+}
+
+// planRound re-matches d's buckets (a Swap may have changed them), lets
+// go those no matcher matches, and plans the split of each; d.mu held
+// inside.
+func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
+	ms := cfg.domains[d.name] // nil for a domain Swap removed: every bucket let go
+	plans := s.planMap()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rp := &roundPlan{ttl: ttl(0)}
+	for st := range d.streams {
+		rp.ttl = max(rp.ttl, st.ttl())
+	}
+	rp.ttl += cfg.Round
+	for _, b := range d.buckets {
+		if b.m = match(ms, b.id.GetBucket()); b.m == nil {
+			for st := range b.holds {
+				delete(st.holds, b.key)
+			}
+			clear(b.holds)
+		} else {
+			b.policy = policyOf(b.m, b.subject, plans)
+		}
+		p := policyShare(b.policy)
+		hs, sts := make([]*hold, 0, len(b.holds)), make([]*stream, 0, len(b.holds))
+		for st, h := range b.holds {
+			hs, sts = append(hs, &h.hold), append(sts, st)
+		}
+		n, total := b.fleet.now(hs)
+		c, want := plan(p, n, total, hs)
+		c.Bucket = b.subject
+		rp.buckets, rp.holds, rp.streams = append(rp.buckets, b), append(rp.holds, hs), append(rp.streams, sts)
+		rp.wants, rp.claims = append(rp.wants, want), append(rp.claims, c)
+	}
+	return rp
+}
+
+// applyRound settles every planned bucket by its grant, pushes the
+// changed assignments and drops the buckets no stream holds; d.mu held.
+func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant) {
+	now := s.opts.Clock.Now()
+	d.fleetS = 0
+	for i, b := range rp.buckets {
+		g := gs[i]
+		b.fleet.update(rp.claims[i], g)
+		b.granted = now
+		d.fleetS = max(d.fleetS, g.Streams)
+		changed := settle(rp.holds[i], rp.wants[i], g)
+		for _, h := range rp.holds[i] {
+			h.fresh = false
+		}
+		delete(d.fresh, b)
+		if len(b.holds) == 0 && rp.claims[i].Streams == 0 {
+			delete(d.buckets, b.key)
+			continue
+		}
+		for j, st := range rp.streams[i] {
+			if h := b.holds[st]; h != nil && changed[j] {
+				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), st.ttl())})
+			}
+		}
+	}
+}
+
+// endSlow ends the streams of d whose answer has waited longer than a
+// round to be sent: the bound assumes delivery within a round, and such
+// a stream's Envoy is better off on its expired-assignment behaviour;
+// d.mu held.
+func (s *Service) endSlow(d *domain, round time.Duration) {
+	now := s.opts.Clock.Now()
+	for st := range d.streams {
+		if st.out.stuck(now, round) {
+			s.opts.Logger.Warn("rlqs: ending a stream too slow to take its answers", slog.String("domain", d.name))
+			st.cancel(errSlow)
+		}
+	}
+}
+
+// claimFresh claims, at once and in one ledger call, a floor for every
+// fresh hold of d (a stream's first report of a bucket), from what the
+// policy has free; a round that ran meanwhile may have assigned them
+// already.
+func (s *Service) claimFresh(ctx context.Context, d *domain) {
+	d.claimMu.Lock()
+	defer d.claimMu.Unlock()
+	type freshBucket struct {
+		b  *bucket
+		hs []*hold
+		n  int64
+	}
+	var fbs []freshBucket
+	var cs []ledger.Claim
+	d.mu.Lock()
+	for b := range d.fresh {
+		delete(d.fresh, b)
+		hs, any := make([]*hold, 0, len(b.holds)), false
+		for _, h := range b.holds {
+			hs = append(hs, &h.hold)
+			any = any || h.fresh
+		}
+		if !any {
+			continue
+		}
+		n, _ := b.fleet.now(nil)
+		for _, h := range hs {
+			if !h.fresh {
+				n++
+			}
+		}
+		c := claimFresh(policyShare(b.policy), n, hs)
+		c.Bucket = b.subject
+		fbs, cs = append(fbs, freshBucket{b, hs, n}), append(cs, c)
+	}
+	ttl := ttl(0) + s.cfg.Load().Round
+	for st := range d.streams {
+		ttl = max(ttl, st.ttl()+s.cfg.Load().Round)
+	}
+	d.mu.Unlock()
+	if len(cs) == 0 {
+		return
+	}
+	s.opts.Metrics.ledgerCall(d.name)
+	gs, err := s.ledger.Claim(ctx, d.name, s.instance, cs, ttl)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		s.opts.Metrics.ledgerError(d.name)
+		return // DENY_ALL is not sent either: no_assignment_behavior applies until a round grants
+	}
+	now := s.opts.Clock.Now()
+	for i, fb := range fbs {
+		fb.b.fleet.update(cs[i], gs[i])
+		fb.b.granted = now
+		settleFresh(policyShare(fb.b.policy), fb.n, fb.hs, gs[i])
+	}
+}

@@ -1,0 +1,465 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice"
+)
+
+// domain is one domain's buckets and streams. claimMu orders its ledger
+// calls (a round's and first reports'), so that each claim's committed
+// amounts are what the reservation it replaces covers; mu guards the
+// rest, and is never held across a ledger call.
+type domain struct {
+	name    string
+	claimMu sync.Mutex
+
+	mu      sync.Mutex
+	buckets map[string]*bucket // by identity
+	streams map[*stream]bool
+	fresh   map[*bucket]bool // buckets with a fresh hold
+	fleetS  int64            // the most streams the last round's ledger answers saw on one bucket
+	outage  bool             // the last ledger call failed
+	gauges  map[string]bool
+}
+
+func newDomain(name string) *domain {
+	return &domain{name: name, buckets: map[string]*bucket{}, streams: map[*stream]bool{}, fresh: map[*bucket]bool{}, gauges: map[string]bool{}}
+}
+
+// bucket is one bucket of a domain, with the streams that hold it.
+type bucket struct {
+	key     string
+	id      *rlqspb.BucketId // as reported, echoed in every answer
+	subject string
+	m       *matcher
+	policy  sluice.Policy // m's, with its plan
+	holds   map[*stream]*holding
+	fleet   fleet
+	granted time.Time // of the last grant; zero before
+	allowed uint64
+	denied  uint64
+}
+
+// holding is a stream's hold on a bucket.
+type holding struct {
+	hold
+	zeros int // consecutive reports of nothing
+}
+
+// stream is one Envoy's stream: a client.
+type stream struct {
+	d      *domain // nil: a domain no config names (every bucket unmatched)
+	name   string
+	holds  map[string]*bucket // by identity; guarded by d.mu
+	period time.Duration      // observed; guarded by d.mu
+	out    mailbox
+	cancel context.CancelCauseFunc
+}
+
+// ttl is the assignment TTL of st's answers; d.mu held.
+func (st *stream) ttl() time.Duration { return ttl(st.period) }
+
+// StreamRateLimitQuotas serves one Envoy's stream: its first message
+// names the domain; every report is answered at once with the assignment
+// of each bucket it reports, and rounds push changed assignments. One
+// writer goroutine sends, latest answer of each bucket first come.
+func (s *Service) StreamRateLimitQuotas(gs rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "sluice: rlqs: shutting down")
+	}
+	ctx, cancel := context.WithCancelCause(gs.Context())
+	defer cancel(nil)
+	st := &stream{holds: map[string]*bucket{}, cancel: cancel, out: newMailbox()}
+	s.all[st] = true
+	s.streams.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.all, st)
+		s.mu.Unlock()
+		s.streams.Done()
+	}()
+	written := make(chan struct{})
+	go func() { defer close(written); st.out.write(ctx, gs, s.opts.Clock, cancel) }()
+	defer func() {
+		cancel(nil)
+		<-written
+		s.leave(st)
+		if s.opts.left != nil {
+			s.opts.left()
+		}
+	}()
+	recv := make(chan *rlqspb.RateLimitQuotaUsageReports)
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			m, err := gs.Recv()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case recv <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ended(context.Cause(ctx))
+		case err := <-failed:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case m := <-recv:
+			if err := s.report(ctx, st, m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Why a stream was ended by the server.
+var (
+	errShutdown = errors.New("shutting down")
+	errSlow     = errors.New("stream too slow: an answer waited longer than a round to be sent")
+)
+
+func ended(cause error) error {
+	switch {
+	case errors.Is(cause, errShutdown):
+		return nil
+	case errors.Is(cause, errSlow):
+		return status.Error(codes.ResourceExhausted, "sluice: rlqs: "+cause.Error())
+	}
+	return status.FromContextError(cause).Err()
+}
+
+// report handles one message of st: checks it, takes its domain if it is
+// the first, and answers every bucket it reports.
+func (s *Service) report(ctx context.Context, st *stream, m *rlqspb.RateLimitQuotaUsageReports) error {
+	if s.ending.Load() {
+		return nil // TTL 0 was sent: nothing more is assigned
+	}
+	cfg := s.cfg.Load()
+	if st.name == "" {
+		if m.GetDomain() == "" {
+			return status.Error(codes.InvalidArgument, "sluice: rlqs: domain: empty: the first message must name the domain")
+		}
+		s.join(st, m.GetDomain())
+	}
+	if err := checkReport(m, cfg.MaxBucketsPerStream); err != nil {
+		return status.Error(codes.InvalidArgument, "sluice: rlqs: "+err.Error())
+	}
+	if st.d == nil {
+		acts := make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(m.GetBucketQuotaUsages()))
+		for _, u := range m.GetBucketQuotaUsages() {
+			acts = append(acts, assign(u.GetBucketId(), blanket(typepb.RateLimitStrategy_ALLOW_ALL), ttl(0)))
+		}
+		s.opts.Metrics.unmatched(unknownDomain, len(acts))
+		st.out.put(acts)
+		return nil
+	}
+	fresh, answers := s.take(st, cfg, m)
+	if fresh {
+		s.claimFresh(ctx, st.d)
+	}
+	st.out.put(s.answer(st, answers))
+	return nil
+}
+
+// join attaches st to its domain.
+func (s *Service) join(st *stream, name string) {
+	st.name = name
+	s.mu.Lock()
+	st.d = s.domains[name]
+	s.mu.Unlock()
+	if st.d == nil {
+		return
+	}
+	st.d.mu.Lock()
+	st.d.streams[st] = true
+	st.d.mu.Unlock()
+}
+
+// leave frees st's shares: the next round gives them to others.
+func (s *Service) leave(st *stream) {
+	d := st.d
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, b := range st.holds {
+		delete(b.holds, st)
+	}
+	st.holds = nil
+	delete(d.streams, st)
+}
+
+// reply is how one reported bucket is answered.
+type reply struct {
+	id       *rlqspb.BucketId
+	b        *bucket // held: its assignment
+	overflow *sluice.Policy
+	abandon  bool
+}
+
+// take records m's usage in st's domain and returns whether a bucket is
+// fresh (to be claimed at once) and how to answer each reported bucket.
+func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageReports) (bool, []reply) {
+	d := st.d
+	ms := cfg.domains[d.name]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var fresh bool
+	var unmatched int
+	replies := make([]reply, 0, len(m.GetBucketQuotaUsages()))
+	for _, u := range m.GetBucketQuotaUsages() {
+		id := u.GetBucketId()
+		key := identity(id.GetBucket())
+		b := st.holds[key]
+		if b == nil {
+			mt := match(ms, id.GetBucket())
+			if mt == nil {
+				unmatched++
+				replies = append(replies, reply{id: id})
+				continue
+			}
+			b = s.hold(st, cfg, mt, key, id)
+			if b == nil {
+				p := mt.policy
+				s.opts.Metrics.overflowed(d.name, p.ID)
+				replies = append(replies, reply{id: id, overflow: &p})
+				continue
+			}
+			fresh = true
+		}
+		h := b.holds[st]
+		n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+		b.allowed += u.GetNumRequestsAllowed()
+		b.denied += u.GetNumRequestsDenied()
+		s.opts.Metrics.reported(d.name, b.policy.ID, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
+		te := u.GetTimeElapsed().AsDuration()
+		if !h.fresh && te >= time.Second {
+			st.period = min(te.Truncate(time.Second), maxPeriod)
+		}
+		h.demand = ewma(h.demand, h.fresh && h.demand == 0, n, te)
+		if h.zeros = h.zeros + 1; n > 0 {
+			h.zeros = 0
+		}
+		if h.zeros >= 3 { // idle: abandoned, its share freed
+			delete(b.holds, st)
+			delete(st.holds, key)
+			replies = append(replies, reply{id: id, abandon: true})
+			continue
+		}
+		replies = append(replies, reply{id: id, b: b})
+	}
+	s.opts.Metrics.unmatched(d.name, unmatched)
+	return fresh, replies
+}
+
+// hold makes st a holder of the bucket key (matched by mt), fresh, or
+// returns nil past the per-stream or per-domain cap; d.mu held.
+func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlqspb.BucketId) *bucket {
+	d := st.d
+	if len(st.holds) >= cfg.MaxBucketsPerStream {
+		return nil
+	}
+	b := d.buckets[key]
+	if b == nil {
+		if len(d.buckets) >= cfg.MaxBucketsPerDomain {
+			return nil
+		}
+		subj := s.opts.Pseudonymizer.Pseudonym(SubjectKind, key, d.name)
+		b = &bucket{key: key, id: proto.Clone(id).(*rlqspb.BucketId), subject: subj, m: mt,
+			holds: map[*stream]*holding{}}
+		b.policy = policyOf(mt, subj, s.planMap())
+		d.buckets[key] = b
+	}
+	b.holds[st] = &holding{hold: hold{fresh: true}}
+	d.fresh[b] = true
+	st.holds[key] = b
+	return b
+}
+
+// answer turns replies into bucket actions: a held bucket's current
+// assignment (none while its last grant is older than the TTL: a ledger
+// outage lets it expire), ALLOW_ALL when unmatched, the overflow share,
+// or abandon.
+func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaResponse_BucketAction {
+	d := st.d
+	now := s.opts.Clock.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := st.ttl()
+	acts := make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(rs))
+	for _, r := range rs {
+		switch {
+		case r.abandon:
+			acts = append(acts, &rlqspb.RateLimitQuotaResponse_BucketAction{BucketId: r.id,
+				BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+		case r.overflow != nil:
+			acts = append(acts, assign(r.id, strategy(s.overflowShare(d, *r.overflow)), l))
+		case r.b == nil:
+			acts = append(acts, assign(r.id, blanket(typepb.RateLimitStrategy_ALLOW_ALL), l))
+		default:
+			h := r.b.holds[st]
+			if h == nil || h.fresh || now.Sub(r.b.granted) > l {
+				continue
+			}
+			acts = append(acts, assign(r.id, strategy(h.assigned), l))
+		}
+	}
+	return acts
+}
+
+// overflowShare is the answer past a cap: the policy split equally over
+// the domain's streams (the most the last round's ledger answers saw on
+// one bucket, or this instance's, at least 1); d.mu held.
+func (s *Service) overflowShare(d *domain, p sluice.Policy) share {
+	n := max(d.fleetS, int64(len(d.streams)), 1)
+	ps := policyShare(p)
+	return share{ps.rate / n, ps.burst / n}
+}
+
+// assign is the action assigning strategy st to id for ttl.
+func assign(id *rlqspb.BucketId, st *typepb.RateLimitStrategy, ttl time.Duration) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{BucketId: id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+			AssignmentTimeToLive: durationpb.New(ttl), RateLimitStrategy: st}}}
+}
+
+// mailbox holds a stream's answers until its writer sends them: the
+// latest action of each bucket replaces an earlier one not yet sent, so
+// a put never blocks (a round never waits for a stream).
+type mailbox struct {
+	mu      sync.Mutex
+	pending map[string]*rlqspb.RateLimitQuotaResponse_BucketAction
+	order   []string
+	since   time.Time     // when the send under way began; zero when none is
+	dead    bool          // the writer is gone
+	drained chan struct{} // closed when pending is empty and nothing is being sent
+	wake    chan struct{}
+}
+
+func newMailbox() mailbox {
+	return mailbox{pending: map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}, wake: make(chan struct{}, 1)}
+}
+
+// put queues acts.
+func (mb *mailbox) put(acts []*rlqspb.RateLimitQuotaResponse_BucketAction) {
+	if len(acts) == 0 {
+		return
+	}
+	mb.mu.Lock()
+	for _, a := range acts {
+		k := identity(a.GetBucketId().GetBucket())
+		if _, ok := mb.pending[k]; !ok {
+			mb.order = append(mb.order, k)
+		}
+		mb.pending[k] = a
+	}
+	mb.mu.Unlock()
+	select {
+	case mb.wake <- struct{}{}:
+	default:
+	}
+}
+
+// write sends what is put, in order, until ctx ends or a send fails
+// (which ends the stream).
+func (mb *mailbox) write(ctx context.Context, gs rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, clock sluice.Clock, cancel context.CancelCauseFunc) {
+	defer mb.close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-mb.wake:
+		}
+		for resp := mb.take(clock.Now()); resp != nil; resp = mb.take(clock.Now()) {
+			if err := gs.Send(resp); err != nil {
+				cancel(err)
+				return
+			}
+		}
+	}
+}
+
+// take returns what is pending as one response, marking a send under
+// way since now, or nil (and marks mb drained) when nothing is.
+func (mb *mailbox) take(now time.Time) *rlqspb.RateLimitQuotaResponse {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	if len(mb.order) == 0 {
+		mb.since = time.Time{}
+		if mb.drained != nil {
+			close(mb.drained)
+			mb.drained = nil
+		}
+		return nil
+	}
+	resp := &rlqspb.RateLimitQuotaResponse{BucketAction: make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(mb.order))}
+	for _, k := range mb.order {
+		resp.BucketAction = append(resp.BucketAction, mb.pending[k])
+	}
+	clear(mb.pending)
+	mb.order, mb.since = mb.order[:0], now
+	return resp
+}
+
+// close marks mb's writer gone: a flush waits for nothing more.
+func (mb *mailbox) close() {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	mb.dead, mb.since = true, time.Time{}
+	if mb.drained != nil {
+		close(mb.drained)
+		mb.drained = nil
+	}
+}
+
+// flush waits until everything put before it was sent, the writer is
+// gone, or ctx ends.
+func (mb *mailbox) flush(ctx context.Context) {
+	mb.mu.Lock()
+	if mb.dead || len(mb.order) == 0 && mb.since.IsZero() {
+		mb.mu.Unlock()
+		return
+	}
+	if mb.drained == nil {
+		mb.drained = make(chan struct{})
+	}
+	ch := mb.drained
+	mb.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// stuck reports whether a send has been under way for longer than limit
+// at now.
+func (mb *mailbox) stuck(now time.Time, limit time.Duration) bool {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return !mb.since.IsZero() && now.Sub(mb.since) > limit
+}
