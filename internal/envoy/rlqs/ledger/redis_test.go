@@ -424,10 +424,22 @@ func TestParseGrants(t *testing.T) {
 	}
 }
 
+// benchRedisEnv, when set to host:port, points BenchmarkRedisClaim at
+// that server instead of one it starts: a server under callgrind
+// (../shared/tools/rediscg), to count its instructions per claim.
+const benchRedisEnv = "SLUICE_LEDGER_BENCH_REDIS"
+
 // BenchmarkRedisClaim: one instance's round on a domain of 100 buckets
 // shared with a second instance: one call, 100 claims.
 func BenchmarkRedisClaim(b *testing.B) {
-	ctx, c := context.Background(), standalone(b)
+	ctx := context.Background()
+	var c *redis.Client
+	if addr := os.Getenv(benchRedisEnv); addr != "" {
+		c = redis.NewClient(&redis.Options{Addr: addr})
+		b.Cleanup(func() { c.Close() })
+	} else {
+		c = standalone(b)
+	}
 	r := NewRedis(c)
 	cs := make([]Claim, 100)
 	for i := range cs {
