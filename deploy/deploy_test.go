@@ -252,8 +252,18 @@ func TestConfigsLoad(t *testing.T) {
 	if cfg.Envoy == nil || cfg.Store.Type != config.StoreRedis {
 		t.Fatalf("deploy/sluice.yaml: want an envoy section and the Redis store")
 	}
-	if len(cfg.Policies) != 0 {
-		t.Errorf("deploy/sluice.yaml has %d policies: its limits are the rules files'; a config with an envoy section needs none", len(cfg.Policies))
+	// Its policies are the quota service's (envoy.rlqs); the rate-limit
+	// service's limits are the rules files'.
+	for _, p := range cfg.Policies {
+		named := false
+		for _, d := range cfg.Envoy.RLQS.Domains {
+			for _, b := range d.Buckets {
+				named = named || b.Policy == p.ID
+			}
+		}
+		if !named {
+			t.Errorf("deploy/sluice.yaml's policy %s is named by no envoy.rlqs matcher: the rate-limit service's limits are the rules files'", p.ID)
+		}
 	}
 	rs, err := rules.Load(cfg.Envoy.Configs) // relative to this directory, as to the config file
 	if err != nil {

@@ -12,7 +12,7 @@ func (a *app) validate(args []string) error {
 	var strict bool
 	fs.StringVar(&path, "config", "", "the config `FILE` to check (required)")
 	fs.StringVar(&path, "c", "", "shorthand for --config")
-	fs.BoolVar(&strict, "strict", false, "refuse what loads but never acts (an Envoy rule that can never match, a replaces naming no rule): otherwise a warning")
+	fs.BoolVar(&strict, "strict", false, "refuse what loads but never acts (an Envoy rule or RLQS matcher that can never match, a replaces naming no rule): otherwise a warning")
 	if err := a.parseFlags(fs, validateSynopsis, args); err != nil {
 		return err // errHelp after -h: run answers nil
 	}

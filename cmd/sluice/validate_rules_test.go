@@ -155,3 +155,32 @@ overrides:
 		}
 	}
 }
+
+// TestValidateRLQSWarnings: an RLQS matcher an earlier one shadows loads
+// (validate prints a warning with its line and exits 0); --strict
+// refuses it. A config with envoy.rlqs needs no rules files.
+func TestValidateRLQSWarnings(t *testing.T) {
+	cfg := writeConfig(t, `policies: [{id: p, algorithm: token_bucket, limit: 10, window: 1s}]
+envoy:
+  listen: "127.0.0.1:0"
+  rlqs:
+    domains:
+      - domain: edge
+        buckets:
+          - {match: {tenant: "*"}, policy: p}
+          - {match: {tenant: acme}, policy: p}
+`)
+	want := cfg + `: envoy.rlqs.domains[0].buckets[1].match: can never match: buckets[0] above it (line 8) matches every bucket id this one does, and the first match wins (line 9)`
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 0 {
+		t.Fatalf("validate exited %d, want 0; stderr %q", code, errOut.String())
+	}
+	if got, w := out.String(), "warning: "+want+"\nok\n"; got != w {
+		t.Errorf("validate printed %q, want %q", got, w)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := exitCode(run(context.Background(), []string{"validate", "--strict", "-c", cfg}, &out, &errOut), &errOut); code != 1 || !strings.Contains(errOut.String(), want) {
+		t.Errorf("validate --strict exited %d, said %q; want 1 naming %q", code, errOut.String(), want)
+	}
+}

@@ -151,7 +151,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validatePolicies()...)
 	errs = append(errs, c.validateSubjects()...)
 	errs = append(errs, c.validateProxy()...)
-	add(c.validateEnvoy())
+	errs = append(errs, c.validateEnvoy()...)
 	errs = append(errs, c.validateTelemetry()...)
 	errs = append(errs, c.validateOverrides()...)
 	return joinErrors(errs)

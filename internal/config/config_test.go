@@ -194,7 +194,7 @@ func TestTenMistakes(t *testing.T) {
 
 func TestParseInvalid(t *testing.T) {
 	covered := map[string]bool{}
-	for _, tc := range invalid {
+	for _, tc := range append(invalid, invalidRLQS...) {
 		covered[tc.file] = true
 		t.Run(strings.TrimSuffix(tc.file, ".yaml"), func(t *testing.T) {
 			f, err := os.Open(filepath.Join("testdata", "invalid", tc.file))

@@ -26,25 +26,28 @@ type Envoy struct {
 	// domain, the descriptors, the metadata of the rules that passed), as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	ResponseMetadata bool
+	// RLQS configures Envoy's rate-limit quota service on the same
+	// listener; nil when absent. Configs, RLQS or both must be set.
+	RLQS *RLQS
 }
 
-func (c *Config) validateEnvoy() *Error {
+func (c *Config) validateEnvoy() []*Error {
 	e := c.Envoy
 	if e == nil {
 		return nil
 	}
+	var errs []*Error
 	if rule := checkHostPort(e.Listen, true); rule != "" {
-		return c.errorAt("envoy.listen", strconv.Quote(e.Listen), rule)
+		errs = append(errs, c.errorAt("envoy.listen", strconv.Quote(e.Listen), rule))
+	} else if sameAddr(e.Listen, c.Server.Listen) || c.Proxy != nil && sameAddr(e.Listen, c.Proxy.Listen) {
+		errs = append(errs, c.errorAt("envoy.listen", strconv.Quote(e.Listen), "must differ from server.listen and proxy.listen"))
 	}
-	if sameAddr(e.Listen, c.Server.Listen) || c.Proxy != nil && sameAddr(e.Listen, c.Proxy.Listen) {
-		return c.errorAt("envoy.listen", strconv.Quote(e.Listen), "must differ from server.listen and proxy.listen")
-	}
-	if len(e.Configs) == 0 {
-		return c.errorAt("envoy.configs", "", "at least one file pattern is required")
+	if len(e.Configs) == 0 && e.RLQS == nil {
+		errs = append(errs, c.errorAt("envoy.configs", "", "is required unless envoy.rlqs is set: at least one rules file pattern for the rate-limit service, or an rlqs: section for the quota service"))
 	}
 	for i, pat := range e.Configs {
 		if _, err := filepath.Match(pat, ""); pat == "" || err != nil {
-			return c.errorAt(fmt.Sprintf("envoy.configs[%d]", i), strconv.Quote(pat), "must be a file path or glob pattern such as ratelimit/*.yaml")
+			errs = append(errs, c.errorAt(fmt.Sprintf("envoy.configs[%d]", i), strconv.Quote(pat), "must be a file path or glob pattern such as ratelimit/*.yaml"))
 		}
 	}
 	for _, b := range []struct {
@@ -52,14 +55,17 @@ func (c *Config) validateEnvoy() *Error {
 		v     int64
 	}{{"max_descriptors", e.MaxDescriptors}, {"max_entries", e.MaxEntries}} {
 		if b.v < 0 || b.v > 10000 {
-			return c.errorAt("envoy."+b.field, strconv.FormatInt(b.v, 10), "must be between 1 and 10000")
+			errs = append(errs, c.errorAt("envoy."+b.field, strconv.FormatInt(b.v, 10), "must be between 1 and 10000"))
 		}
 	}
-	return nil
+	if e.RLQS != nil {
+		errs = append(errs, c.validateRLQS(e.RLQS)...)
+	}
+	return errs
 }
 
 func (d *decoder) envoy(n *yaml.Node) *Envoy {
-	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries", "response_metadata")
+	m, ok := d.mapping("envoy", n, "listen", "configs", "local_quota", "max_descriptors", "max_entries", "response_metadata", "rlqs")
 	if !ok {
 		return nil
 	}
@@ -70,5 +76,8 @@ func (d *decoder) envoy(n *yaml.Node) *Envoy {
 	d.int("envoy.max_descriptors", m["max_descriptors"], &e.MaxDescriptors)
 	d.int("envoy.max_entries", m["max_entries"], &e.MaxEntries)
 	d.bool("envoy.response_metadata", m["response_metadata"], &e.ResponseMetadata)
+	if m["rlqs"] != nil {
+		e.RLQS = d.rlqs("envoy.rlqs", m["rlqs"])
+	}
 	return e
 }

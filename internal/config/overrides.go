@@ -24,7 +24,13 @@ type Override struct {
 	Envoy *EnvoyDescriptor
 	// Proxy, in place of Subject, names a client of the reverse proxy as
 	// one route sees it: its address or its subject header's value.
-	Proxy  *ProxyClient
+	Proxy *ProxyClient
+	// RLQS, in place of Subject, names a bucket of Envoy's rate-limit
+	// quota service: the first matcher of envoy.rlqs that matches it
+	// gives the policy (Policy, when set, must be that one); its subject
+	// is the pseudonym of the domain and the sorted bucket id, as the
+	// service names it.
+	RLQS   *RLQSBucketID
 	Limit  int64         // the subject's limit, at least 1
 	Burst  int64         // token_bucket and gcra only; 0: the limit
 	Window time.Duration // not for concurrency; 0: the policy's
@@ -53,18 +59,18 @@ type ProxyClient struct {
 func (c *Config) validateOverrides() []*Error {
 	var errs []*Error
 	seen := map[[2]string]int{}
+	buckets := map[string]int{}
 	for i, o := range c.Overrides {
 		path := fmt.Sprintf("overrides[%d]", i)
+		if o.RLQS != nil {
+			errs = append(errs, c.rlqsOverrideErrors(i, o, buckets)...)
+			continue
+		}
 		if o.Envoy != nil || o.Proxy != nil {
 			errs = append(errs, c.edgeOverrideErrors(path, o)...)
 			continue
 		}
-		var base *sluice.Policy
-		for j := range c.Policies {
-			if c.Policies[j].ID == o.Policy {
-				base = &c.Policies[j].Policy
-			}
-		}
+		base := c.policy(o.Policy)
 		switch {
 		case base == nil:
 			errs = append(errs, c.errorAt(path+".policy", strconv.Quote(o.Policy), "is not the id of any policy"))
@@ -84,29 +90,36 @@ func (c *Config) validateOverrides() []*Error {
 			continue
 		}
 		seen[[2]string{o.Policy, o.Subject}] = i
-		q := *base
-		q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
-		if base.Algorithm == sluice.Concurrency {
-			if o.Burst != 0 {
-				errs = append(errs, c.errorAt(path+".burst", strconv.FormatInt(o.Burst, 10), "does not apply to concurrency: an override sets only its limit"))
-				continue
-			}
-			if o.Window != 0 {
-				errs = append(errs, c.errorAt(path+".window", o.Window.String(), "does not apply to concurrency, which has no window"))
-				continue
-			}
-		} else if o.Window != 0 {
-			q.Window = o.Window
-		}
-		if err := q.Validate(); err != nil {
-			if pe, ok := errors.AsType[*policyerr.Error](err); ok {
-				errs = append(errs, c.errorAt(path+"."+pe.Field, pe.Value, pe.Rule))
-			} else {
-				errs = append(errs, c.errorAt(path, "", err.Error()))
-			}
+		if err := c.overrideNumbers(path, base.Policy, o); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs
+}
+
+// overrideNumbers checks o's numbers on base, its policy, by the rules of
+// base's algorithm: sluice.Policy.Validate on base with o's limit, burst
+// and window; nil when they hold.
+func (c *Config) overrideNumbers(path string, base sluice.Policy, o Override) *Error {
+	q := base
+	q.Limit, q.Burst, q.MaxCost = o.Limit, o.Burst, 0
+	if base.Algorithm == sluice.Concurrency {
+		if o.Burst != 0 {
+			return c.errorAt(path+".burst", strconv.FormatInt(o.Burst, 10), "does not apply to concurrency: an override sets only its limit")
+		}
+		if o.Window != 0 {
+			return c.errorAt(path+".window", o.Window.String(), "does not apply to concurrency, which has no window")
+		}
+	} else if o.Window != 0 {
+		q.Window = o.Window
+	}
+	if err := q.Validate(); err != nil {
+		if pe, ok := errors.AsType[*policyerr.Error](err); ok {
+			return c.errorAt(path+"."+pe.Field, pe.Value, pe.Rule)
+		}
+		return c.errorAt(path, "", err.Error())
+	}
+	return nil
 }
 
 // edgeOverrideErrors checks what an override naming an Envoy subject or
@@ -134,21 +147,21 @@ func (c *Config) edgeOverrideErrors(path string, o Override) []*Error {
 
 // SluiceOverrides returns the overrides of check API subjects as
 // sluice.Options.Overrides takes them, each subject passed through
-// pseudonym first (those naming an Envoy subject or a proxy client are
-// left out: the wiring resolves them against the rules files and the
-// proxy's routes).
+// pseudonym first (those naming an Envoy subject, a proxy client or an
+// RLQS bucket are left out: the wiring resolves them against the rules
+// files, the proxy's routes and envoy.rlqs).
 func (c *Config) SluiceOverrides(pseudonym func(string) string) []sluice.Override {
 	out := make([]sluice.Override, 0, len(c.Overrides))
 	for _, o := range c.Overrides {
-		if o.Envoy == nil && o.Proxy == nil {
+		if o.Envoy == nil && o.Proxy == nil && o.RLQS == nil {
 			out = append(out, sluice.Override{Policy: o.Policy, Subject: pseudonym(o.Subject), Limit: o.Limit, Burst: o.Burst, Window: o.Window, Note: o.Note})
 		}
 	}
 	return out
 }
 
-// overrides decodes the overrides: section, a list of {policy, subject,
-// limit, burst, window, note}.
+// overrides decodes the overrides: section, a list of {policy, subject
+// (or envoy, proxy or rlqs), limit, burst, window, note}.
 func (d *decoder) overrides(n *yaml.Node) []Override {
 	items, ok := d.sequence("overrides", n)
 	if !ok {
@@ -157,17 +170,20 @@ func (d *decoder) overrides(n *yaml.Node) []Override {
 	os := make([]Override, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("overrides[%d]", i)
-		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "proxy", "limit", "burst", "window", "note")
+		m, ok := d.mapping(path, item, "policy", "subject", "envoy", "proxy", "rlqs", "limit", "burst", "window", "note")
 		if !ok {
 			continue
 		}
-		if e, p := m["envoy"], m["proxy"]; e != nil || p != nil {
+		if e, p, q := m["envoy"], m["proxy"], m["rlqs"]; e != nil || p != nil || q != nil {
 			d.required(path, item, m, "limit")
 			if e != nil {
 				os[i].Envoy = d.envoyDescriptor(path+".envoy", e)
 			}
 			if p != nil {
 				os[i].Proxy = d.proxyClient(path+".proxy", p)
+			}
+			if q != nil {
+				os[i].RLQS = d.rlqsBucketID(path+".rlqs", q)
 			}
 		} else {
 			d.required(path, item, m, "policy", "subject", "limit")

@@ -83,7 +83,7 @@ func (d *decoder) judged(verr error) []*Error {
 		}
 		// A route naming a policy whose entry did not decode may name it
 		// rightly.
-		if idBad && (strings.HasPrefix(e.Path, "proxy.routes[") || strings.HasPrefix(e.Path, "overrides[")) && strings.HasSuffix(e.Rule, "is not the id of any policy") {
+		if idBad && (strings.HasPrefix(e.Path, "proxy.routes[") || strings.HasPrefix(e.Path, "overrides[") || strings.HasPrefix(e.Path, "envoy.rlqs.")) && strings.HasSuffix(e.Rule, "is not the id of any policy") {
 			continue
 		}
 		out = append(out, e)

@@ -51,9 +51,9 @@ type loaded struct {
 // URL the client accepts) and the Envoy rules files it names, every
 // problem at once (as Errors when there are several). err is nil when Run
 // can start with it; warnings are what Run would serve but what never
-// acts (an Envoy rule that can never match, a replaces naming no rule),
-// as envoyproxy/ratelimit loads such files too. With strict, warnings
-// are refused: err names each.
+// acts (an Envoy rule or RLQS matcher that can never match, a replaces
+// naming no rule), as envoyproxy/ratelimit loads such files too. With
+// strict, warnings are refused: err names each.
 func Validate(path string, getenv func(string) string, strict bool) (warnings []string, err error) {
 	l, err := load(path, getenv)
 	switch {
@@ -100,6 +100,9 @@ func load(path string, getenv func(string) string) (*loaded, error) {
 	}
 	if err := byLine(err, beyond(err, preflight(cfg, getenv, path)), rulesErr); err != nil {
 		return nil, err
+	}
+	for _, w := range cfg.Warnings() {
+		l.warnings = append(l.warnings, fmt.Sprintf("%s: %v", path, w))
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s", len(data), data)

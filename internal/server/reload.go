@@ -119,7 +119,8 @@ func (g *generation) close() {
 //     serving generation was loaded, in Unix seconds.
 //   - sluice_config_warnings: what the serving config holds that loads
 //     but never acts (an Envoy rule that can never match, a replaces
-//     naming none: rules.Config.Warnings), each logged once as it loads.
+//     naming none: rules.Config.Warnings; an RLQS matcher that can never
+//     match: config.Config.Warnings), each logged once as it loads.
 type reloadMetrics struct {
 	reloads    *prometheus.CounterVec
 	generation prometheus.Gauge
@@ -143,7 +144,7 @@ func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
 		}),
 		warnings: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_config_warnings",
-			Help: "What the serving config holds that loads but never acts: Envoy rules that can never match, replaces naming no rule (sluice validate lists them).",
+			Help: "What the serving config holds that loads but never acts: Envoy rules and RLQS matchers that can never match, replaces naming no rule (sluice validate lists them).",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.reloads, m.generation, m.lastOK, m.warnings} {
