@@ -69,7 +69,7 @@ func (r *RLQS) Match(domain string, id map[string]string) (b RLQSBucket, ok bool
 			continue
 		}
 		for _, b := range d.Buckets {
-			if matches(b.Match, id) {
+			if MatchesBucket(b.Match, id) {
 				return b, true
 			}
 		}
@@ -77,10 +77,11 @@ func (r *RLQS) Match(domain string, id map[string]string) (b RLQSBucket, ok bool
 	return RLQSBucket{}, false
 }
 
-// matches reports whether the matcher m matches every bucket id that id
-// names: the same keys, each value of m equal to id's or "*". With id a
+// MatchesBucket reports whether the matcher m takes the bucket id id:
+// the same keys, each value equal to m's or m's "*". It is the one
+// matching rule of RLQS: the service matches reports with it. With id a
 // matcher itself, it reports whether m shadows id.
-func matches(m, id map[string]string) bool {
+func MatchesBucket(m, id map[string]string) bool {
 	if len(m) != len(id) {
 		return false
 	}
@@ -118,7 +119,7 @@ func (c *Config) Warnings() []*Error {
 	for i, d := range c.Envoy.RLQS.Domains {
 		for j, b := range d.Buckets {
 			for k, earlier := range d.Buckets[:j] {
-				if len(b.Match) > 0 && matches(earlier.Match, b.Match) {
+				if len(b.Match) > 0 && MatchesBucket(earlier.Match, b.Match) {
 					path := fmt.Sprintf("envoy.rlqs.domains[%d].buckets[%d].match", i, j)
 					ws = append(ws, c.errorAt(path, "", fmt.Sprintf("can never match: buckets[%d] above it (line %d) matches every bucket id this one does, and the first match wins",
 						k, c.Line(fmt.Sprintf("envoy.rlqs.domains[%d].buckets[%d].match", i, k)))))

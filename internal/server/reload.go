@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,8 +17,10 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rlqs"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/wiring"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // restartOnly reports a setting that differs between old and new and
@@ -44,6 +47,10 @@ func restartOnly(prev, next *config.Config) error {
 		return changed("envoy", present(prev.Envoy != nil), present(next.Envoy != nil))
 	case prev.Envoy != nil && prev.Envoy.Listen != next.Envoy.Listen:
 		return changed("envoy.listen", strconv.Quote(prev.Envoy.Listen), strconv.Quote(next.Envoy.Listen))
+	case prev.Envoy != nil && (len(prev.Envoy.Configs) == 0) != (len(next.Envoy.Configs) == 0):
+		return changed("envoy.configs", present(len(prev.Envoy.Configs) > 0), present(len(next.Envoy.Configs) > 0))
+	case prev.Envoy != nil && (prev.Envoy.RLQS == nil) != (next.Envoy.RLQS == nil):
+		return changed("envoy.rlqs", present(prev.Envoy.RLQS != nil), present(next.Envoy.RLQS != nil))
 	case !reflect.DeepEqual(prev.Telemetry, next.Telemetry):
 		return changed("telemetry", "its old settings", "new ones")
 	}
@@ -65,8 +72,10 @@ type generation struct {
 	loaded   *loaded
 	loadedAt time.Time
 	api      http.Handler
-	proxy    *Proxy     // nil without a proxy section
-	rls      *rls.State // nil without an envoy section
+	proxy    *Proxy       // nil without a proxy section
+	rls      *rls.State   // nil without Envoy rules files
+	rlqs     *rlqs.Config // nil without envoy.rlqs
+	pseud    *subject.Pseudonymizer
 
 	mu       sync.Mutex
 	inflight int
@@ -179,8 +188,10 @@ type reloader struct {
 	metrics  *Metrics
 	rlsM     *rls.Metrics
 	reloadM  *reloadMetrics
-	rlsSvc   *rls.Service // nil without an envoy section
-	tracing  *tracing     // nil without a telemetry section
+	rlsSvc   *rls.Service // nil without Envoy rules files
+	rlqsM    *rlqs.Metrics
+	rlqsSvc  *rlqs.Service // nil without envoy.rlqs
+	tracing  *tracing      // nil without a telemetry section
 
 	cur  atomic.Pointer[generation]
 	last atomic.Pointer[ReloadStatus]
@@ -215,7 +226,7 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS}
+	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS, rlqs: w.RLQS, pseud: w.Pseudonymizer}
 	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, EnvoyState: w.RLS, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
 		return nil, err
 	}
@@ -293,9 +304,8 @@ func (r *reloader) reload(trigger string, force bool) {
 	if err == nil {
 		g, err = r.build(l, old.n+1)
 	}
-	if err == nil && g.rls != nil {
-		err = r.rlsSvc.Swap(g.rls)
-		if err != nil {
+	if err == nil {
+		if err = r.swapEnvoy(g); err != nil {
 			g.close()
 		}
 	}
@@ -350,6 +360,30 @@ func listeners(cfg *config.Config) []Listener {
 		ls = append(ls, Listener{Service: "envoy", Addr: cfg.Envoy.Listen, Source: "envoy.listen"})
 	}
 	return ls
+}
+
+// swapEnvoy hands g's Envoy services' states to the running services.
+func (r *reloader) swapEnvoy(g *generation) error {
+	if g.rls != nil {
+		if err := r.rlsSvc.Swap(g.rls); err != nil {
+			return err
+		}
+	}
+	if g.rlqs != nil {
+		return r.rlqsSvc.Swap(*g.rlqs)
+	}
+	return nil
+}
+
+// rlqsPlans reads the tenant plans of the serving generation's Limiter:
+// the quota service's buckets' plans are among them.
+func (r *reloader) rlqsPlans(ctx context.Context) ([]sluice.Override, error) {
+	srv, release := r.current()
+	defer release()
+	if srv == nil || srv.lim == nil {
+		return nil, nil
+	}
+	return srv.lim.Overrides(ctx)
 }
 
 // serveWith serves an HTTP request with the handler pick chooses from the

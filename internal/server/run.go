@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/checkpb"
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoy/rlqs"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/wiring"
 )
@@ -185,8 +186,13 @@ func (rn *runner) start(l *loaded) error {
 	if fb != nil {
 		rn.fallback, r.fallback = fb, fb.Store
 	}
-	if cfg.Envoy != nil {
+	if cfg.Envoy != nil && len(cfg.Envoy.Configs) > 0 {
 		if r.rlsM, err = rls.NewMetrics(reg); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	if cfg.Envoy != nil && cfg.Envoy.RLQS != nil {
+		if r.rlqsM, err = rlqs.NewMetrics(reg); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
@@ -200,8 +206,16 @@ func (rn *runner) start(l *loaded) error {
 	reloadM.generation.Set(1)
 	reloadM.lastOK.Set(float64(g.loadedAt.Unix()))
 	reloadM.warn(rn.log, l)
-	if cfg.Envoy != nil {
+	if g.rls != nil {
 		if r.rlsSvc, err = rls.New(g.rls, rls.Options{Logger: rn.log, Metrics: r.rlsM}); err != nil {
+			return err
+		}
+	}
+	if g.rlqs != nil {
+		// Every instance on one Redis divides the same limits through
+		// its ledger; on the embedded store, this one is the fleet.
+		if r.rlqsSvc, err = rlqs.New(*g.rlqs, rlqs.Options{Redis: rn.st.Client, Pseudonymizer: g.pseud,
+			Overrides: r.rlqsPlans, Clock: clock, Logger: rn.log, Metrics: r.rlqsM}); err != nil {
 			return err
 		}
 	}
@@ -246,7 +260,12 @@ func (rn *runner) listen(cfg *config.Config, tlsConf *tls.Config) error {
 			gopts = append(gopts, grpc.UnaryInterceptor(rn.tracing.unary()))
 		}
 		rn.grpc = grpc.NewServer(gopts...)
-		rn.r.rlsSvc.Register(rn.grpc)
+		if rn.r.rlsSvc != nil {
+			rn.r.rlsSvc.Register(rn.grpc)
+		}
+		if rn.r.rlqsSvc != nil {
+			rn.r.rlqsSvc.Register(rn.grpc)
+		}
 		checkpb.RegisterCheckServiceServer(rn.grpc, &checkService{server: rn.r.current})
 		addrs, fields = append(addrs, cfg.Envoy.Listen), append(fields, "envoy.listen")
 	}
@@ -286,7 +305,14 @@ func (rn *runner) logListening(l *loaded, tls bool) {
 		rn.log.Info("proxy listening", "addr", "http://"+rn.lns[1].Addr().String(), "upstream", cfg.Proxy.Upstream, "routes", len(cfg.Proxy.Routes))
 	}
 	if cfg.Envoy != nil {
-		rn.log.Info("envoy rate-limit service listening", "addr", rn.lns[len(rn.lns)-1].Addr().String(), "domains", strings.Join(l.envoy.Domains(), ","), "rules", len(l.envoy.Rules()), "files", len(l.envoy.Files()))
+		attrs := []any{"addr", rn.lns[len(rn.lns)-1].Addr().String()}
+		if l.envoy != nil {
+			attrs = append(attrs, "domains", strings.Join(l.envoy.Domains(), ","), "rules", len(l.envoy.Rules()), "files", len(l.envoy.Files()))
+		}
+		if rq := cfg.Envoy.RLQS; rq != nil {
+			attrs = append(attrs, "rlqs_domains", len(rq.Domains))
+		}
+		rn.log.Info("envoy rate-limit service listening", attrs...)
 	}
 	scheme, source := "http://", "the built-in example config"
 	if tls {
@@ -325,7 +351,14 @@ func (rn *runner) shutdown(ctx context.Context, served <-chan error, failed erro
 	shutdownCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), rn.deadline)
 	defer cancel()
 	if rn.grpc != nil {
-		rn.r.rlsSvc.Shutdown()
+		if rn.r.rlsSvc != nil {
+			rn.r.rlsSvc.Shutdown()
+		}
+		if rn.r.rlqsSvc != nil {
+			// Every Envoy hears its assignments expire now before the
+			// streams end (docs/rlqs.md, "Shutdown").
+			rn.r.rlqsSvc.Shutdown(shutdownCtx)
+		}
 		stopped := make(chan struct{})
 		go func() { rn.grpc.GracefulStop(); close(stopped) }()
 		select {

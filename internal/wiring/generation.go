@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/failure"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/envoy/rlqs"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
 	"github.com/sluicehq/sluice/internal/policyerr"
@@ -49,6 +50,9 @@ type Generation struct {
 	// RLS is the Envoy rate-limit service's state, with its edge core
 	// deciding with Envoy; nil without an envoy section.
 	RLS *rls.State
+	// RLQS is Envoy's quota service's config; nil without envoy.rlqs.
+	// Its buckets' plans are among Limiter's overrides.
+	RLQS *rlqs.Config
 }
 
 // BuildOptions are what a generation is built with besides its config.
@@ -113,6 +117,8 @@ func Build(cfg *config.Config, rules *rules.Config, o BuildOptions) (*Generation
 		return nil, err
 	}
 	apiOverrides := append(cfg.SluiceOverrides(func(raw string) string { return pseud.Pseudonym("api", raw, "") }), proxyOverrides...)
+	apiOverrides = append(apiOverrides, rlqsOverrides(cfg, pseud)...)
+	g.RLQS = RLQS(cfg)
 	g.Overrides = append(apiOverrides, envoyOverrides...)
 	if len(cfg.Policies) > 0 {
 		if g.Limiter, err = sluice.New(o.Store, cfg.SluicePolicies(), sluice.Options{TracerProvider: o.TracerProvider, Overrides: apiOverrides, Clock: o.Clock, OnLocalQuota: o.OnLocalQuota}); err != nil {

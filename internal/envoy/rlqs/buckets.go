@@ -9,6 +9,7 @@ import (
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
 	"github.com/sluicehq/sluice"
+	conf "github.com/sluicehq/sluice/internal/config"
 )
 
 // Config is what the service splits: per domain, matchers of bucket ids
@@ -121,20 +122,8 @@ func checkMatcher(m Matcher) error {
 // match returns the first matcher of ms that matches id, or nil.
 func match(ms []matcher, id map[string]string) *matcher {
 	for i := range ms {
-		m := &ms[i]
-		if len(m.match) != len(id) {
-			continue
-		}
-		ok := true
-		for k, v := range m.match {
-			got, has := id[k]
-			if !has || v != "*" && v != got {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return m
+		if conf.MatchesBucket(ms[i].match, id) {
+			return &ms[i]
 		}
 	}
 	return nil

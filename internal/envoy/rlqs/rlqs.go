@@ -21,6 +21,7 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
@@ -33,12 +34,28 @@ import (
 // bucket id's sorted entries and the domain.
 const SubjectKind = "rlqs"
 
+// Subject is the subject of the bucket id id of domain, as the service
+// names it and plans name it: the pseudonym of the domain and the
+// sorted entries.
+func Subject(p *subject.Pseudonymizer, domain string, id map[string]string) string {
+	return pseudonym(p, domain, identity(id))
+}
+
+// pseudonym is Subject of a bucket whose identity is already known.
+func pseudonym(p *subject.Pseudonymizer, domain, identity string) string {
+	return p.Pseudonym(SubjectKind, identity, domain)
+}
+
 // Options configure a Service. Pseudonymizer, Clock and Logger are
 // required.
 type Options struct {
 	// Ledger records what this instance reserved of each bucket. Default
 	// (nil): ledger.NewMemory on Clock, for one instance alone.
 	Ledger ledger.Ledger
+	// Redis, when set and Ledger is nil, keeps the ledger in Redis, so
+	// every instance on it divides the same limits (docs/rlqs.md,
+	// "Redis"). Default: nil.
+	Redis redis.UniversalClient
 	// Pseudonymizer makes each bucket's subject. Required.
 	Pseudonymizer *subject.Pseudonymizer
 	// Overrides returns the tenant plans; one naming a matcher's policy and
@@ -94,7 +111,10 @@ func New(cfg Config, opts Options) (*Service, error) {
 	s := &Service{opts: opts, ledger: opts.Ledger, instance: hex.EncodeToString(id[:]),
 		domains: map[string]*domain{}, all: map[*stream]bool{}, stop: make(chan struct{}), done: make(chan struct{}),
 		planLog: logthrottle.Throttle{Every: time.Minute, Burst: 1}}
-	if s.ledger == nil {
+	switch {
+	case s.ledger == nil && opts.Redis != nil:
+		s.ledger = ledger.NewRedis(opts.Redis)
+	case s.ledger == nil:
 		s.ledger = ledger.NewMemory(opts.Clock.Now)
 	}
 	if err := s.Swap(cfg); err != nil {

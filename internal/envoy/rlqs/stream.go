@@ -289,7 +289,7 @@ func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlq
 		if len(d.buckets) >= cfg.MaxBucketsPerDomain {
 			return nil
 		}
-		subj := s.opts.Pseudonymizer.Pseudonym(SubjectKind, key, d.name)
+		subj := pseudonym(s.opts.Pseudonymizer, d.name, key)
 		b = &bucket{key: key, id: proto.Clone(id).(*rlqspb.BucketId), subject: subj, m: mt,
 			holds: map[*stream]*holding{}}
 		b.policy = policyOf(mt, subj, s.planMap())
