@@ -292,9 +292,11 @@ func shortForm(ev *Evaluation) bool {
 }
 
 func init() {
-	// The stores read the form through package form (see there).
+	// The stores read the form through package form (see there), and the
+	// Envoy service the choice of the most restrictive status.
 	form.Short = func(ev any) bool { return ev.(*Evaluation).short }
 	form.Record = func(ev any) { e := ev.(*Evaluation); e.short = shortForm(e) }
+	form.MostRestrictive = func(ss any) int { return mostRestrictive(ss.([]Status)) }
 }
 
 // put returns d to l's pool, emptied.

@@ -65,7 +65,7 @@ func outcomeOf(o *Outcome, ev *Evaluation, err error, many bool) {
 		if len(ev.Statuses) == 1 {
 			o.Status = ev.Statuses[0] // copied once, not through mostRestrictive's choice
 		} else {
-			o.Status = mostRestrictive(ev.Statuses)
+			o.Status = ev.Statuses[mostRestrictive(ev.Statuses)]
 		}
 		o.Kind, o.Replayed, o.Cause, o.Err, o.FromCache, o.Local = Allowed, ev.Replayed, 0, nil, false, false
 		o.Lease, o.Statuses = Lease{}, nil
@@ -108,18 +108,23 @@ func failed(err error) Outcome {
 	return o
 }
 
-// mostRestrictive picks the Status that speaks for the whole decision: the
-// denial that lasts longest, else the policy closest to exhaustion.
-func mostRestrictive(ss []Status) Status {
-	best := ss[0]
-	for _, s := range ss[1:] {
+// mostRestrictive returns the index of the Status of ss (at least one)
+// that speaks for them all: the denial that lasts longest, else the
+// policy closest to exhaustion and, of two as close, the one that resets
+// later; of two alike, the first. It is the one choice: an Outcome's
+// Status among its Statuses here, and through form.MostRestrictive the
+// Envoy service's across the checks of one request.
+func mostRestrictive(ss []Status) int {
+	best := 0
+	for i := 1; i < len(ss); i++ {
+		b, s := &ss[best], &ss[i]
 		switch {
-		case best.Allowed && !s.Allowed:
-			best = s
-		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
-			best = s
-		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
-			best = s
+		case b.Allowed && !s.Allowed:
+			best = i
+		case !b.Allowed && !s.Allowed && s.RetryAfter > b.RetryAfter:
+			best = i
+		case b.Allowed && s.Allowed && (s.Remaining < b.Remaining || s.Remaining == b.Remaining && s.ResetAfter > b.ResetAfter):
+			best = i
 		}
 	}
 	return best

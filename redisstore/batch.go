@@ -175,7 +175,7 @@ func (b *batcher) send() {
 			continue
 		}
 		b.inflight.Add(1)
-		b.exec(batch)
+		b.exec(batch, false)
 		b.inflight.Add(-1)
 		for i, p := range batch {
 			p.done <- struct{}{}
@@ -186,12 +186,13 @@ func (b *batcher) send() {
 
 // exec sends batch and leaves each reply in its command and each typed
 // error in err. A decision whose node did not hold the code certainly did
-// not run: the code is loaded there and the decision sent once more.
-func (b *batcher) exec(batch []*pending) {
+// not run: the code is loaded there and the decision sent once more. all
+// is pipeline's.
+func (b *batcher) exec(batch []*pending, all bool) {
 	s := b.s
 	ctx, cancel := s.callContext(context.Background())
 	defer cancel()
-	b.pipeline(ctx, batch)
+	b.pipeline(ctx, batch, all)
 	var retry []*pending
 	var lerr error // loading the code on the node: once for the batch, in each form
 	loaded, loadedScripts := false, false
@@ -215,7 +216,7 @@ func (b *batcher) exec(batch []*pending) {
 		}
 	}
 	if len(retry) > 0 {
-		b.pipeline(ctx, retry)
+		b.pipeline(ctx, retry, all)
 	}
 	var failed error
 	for _, p := range batch {
@@ -238,10 +239,11 @@ func (b *batcher) exec(batch []*pending) {
 const maxAll = 64
 
 // pipeline sends batch in one round trip (with WaitReplicas, the WAIT
-// after it) and leaves each decision's reply or error in its command.
-func (b *batcher) pipeline(ctx context.Context, batch []*pending) {
+// after it) and leaves each decision's reply or error in its command; a
+// lone decision as a plain command, unless all (send's).
+func (b *batcher) pipeline(ctx context.Context, batch []*pending, all bool) {
 	s := b.s
-	if len(batch) == 1 && s.replicas == 0 && !s.batchAll {
+	if len(batch) == 1 && s.replicas == 0 && !all {
 		p := batch[0]
 		if err := s.client.Process(ctx, p.command()); err != nil && p.cmd.Err() == nil {
 			p.cmd.SetErr(err)
@@ -465,15 +467,17 @@ func (b *batcher) close() {
 
 // send runs the decision p holds on the node its key belongs to, through
 // that node's senders or alone, and returns the script's reply appended
-// to dst, or the error typed by typeErr. It sets ev.Batch.
-func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
+// to dst, or the error typed by typeErr. It sets ev.Batch. With all
+// (evaluate's, for tests), a node with senders takes it in a decideAll
+// call of its own, sent from its caller.
+func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst []int64, all bool) ([]int64, error) {
 	n := s.nodeFor(ctx, p.key.b)
 	if err := n.breaker.allow(); err != nil {
 		s.release(p)
 		return nil, n.errOpen
 	}
 	b := n.batch
-	if b == nil || !s.batchAll && b.inflight.CompareAndSwap(0, 1) {
+	if b == nil || !all && b.inflight.CompareAndSwap(0, 1) {
 		// Nothing on the wire: this decision goes now, from its caller.
 		if b != nil {
 			defer b.inflight.Add(-1)
@@ -496,7 +500,12 @@ func (s *Store) send(ctx context.Context, p *pending, ev *sluice.Evaluation, dst
 	p.mark.arm(p.args)
 	p.ref.written.Store(false)
 	p.cmd, p.ctx, p.err, p.wrote, p.wait, p.compact = scriptCmd{}, ctx, nil, false, nil, false
-	reuse, err := b.do(ctx, p)
+	reuse, err := true, error(nil)
+	if all {
+		b.exec([]*pending{p}, true) // as a sender would, had it met p alone
+	} else {
+		reuse, err = b.do(ctx, p)
+	}
 	if reuse {
 		defer s.release(p)
 	}

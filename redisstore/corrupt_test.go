@@ -31,8 +31,7 @@ func TestCorruptShapes(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
 	s := newStore(t, c, redisstore.Options{})
-	batched := newStore(t, c, redisstore.Options{})
-	batched.SetBatched(true)
+	batched := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{}), Batched: true}
 	now := float64(time.Now().UnixMicro()) // Redis's clock: this machine's
 	minute := float64(time.Minute.Microseconds())
 	log := func(entries ...float64) func(string) error {
@@ -124,7 +123,7 @@ func TestCorruptShapes(t *testing.T) {
 			}
 			// The other entry shapes: the short decision alone and batched
 			// (a decideAll call: fixedWindowFloor for a fixed window).
-			for _, st := range []*redisstore.Store{s, batched} {
+			for _, st := range []sluice.Store{s, batched} {
 				ev := formed(spending(&sluice.Evaluation{Subject: subj, Policies: []*sluice.Policy{p}, Cost: 1, LeaseID: "l1"}), false)
 				err := st.Evaluate(ctx, ev)
 				if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
@@ -137,7 +136,7 @@ func TestCorruptShapes(t *testing.T) {
 			if p.Algorithm == sluice.Concurrency {
 				// A release of lease "a", the only one in the single-lease
 				// cases: short.lua's leaseFloor reads it, alone and batched.
-				for _, st := range []*redisstore.Store{s, batched} {
+				for _, st := range []sluice.Store{s, batched} {
 					ev := formed(&sluice.Evaluation{Op: sluice.Release, Subject: subj, Policies: []*sluice.Policy{p}, LeaseID: "a"}, false)
 					err := st.Evaluate(ctx, ev)
 					if !errors.Is(err, sluice.CorruptState) || !strings.Contains(err.Error(), "SLUICE_CORRUPT "+key+": ") || !strings.Contains(err.Error(), tc.want) {
@@ -301,9 +300,8 @@ func TestCorruptRecords(t *testing.T) {
 func TestFixedWindowAtTheFloor(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
-	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{ExtraTTL: time.Hour}), OnRedisTime: func(now int64) { at = now }}
 	for _, aligned := range []bool{false, true} {
 		p := policy(t, "floor", sluice.FixedWindow, 2, time.Minute)
 		p.ClockAligned = aligned

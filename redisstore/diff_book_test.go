@@ -26,7 +26,7 @@ import (
 // meet busy senders go.
 func diffBook(t *testing.T, c redis.UniversalClient, seed uint64, a sluice.Algorithm, batched bool, steps int) {
 	d := newDiff(t, c)
-	d.redis.SetBatched(batched)
+	d.redis.Batched = batched
 	r := rand.New(rand.NewPCG(seed, 1000+uint64(a)))
 	const episode = 300
 	var ps []*sluice.Policy

@@ -25,7 +25,7 @@ import (
 // a few periods either way (a step back past the periods around the clock
 // is refused by both, as ClockUnsafe); on Redis time the store sends
 // bounds drawn from a calendar of periods of a few ms around Redis's
-// clock (SetPeriodBounds) and the engine twin decides at the time the
+// clock (Driven.Bounds) and the engine twin decides at the time the
 // script answers, on the bounds sent.
 
 // periodZones are the zones the periods are drawn in: UTC, two with DST
@@ -174,21 +174,19 @@ func (c *calendar) around(t int64) [4]int64 {
 // and one step in twenty sends bounds that ended before Redis's clock (a
 // caller clock far behind): refused as ClockUnsafe, nothing written.
 func diffPeriodsRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, general, batched bool) {
-	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetBatched(batched)
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{ExtraTTL: time.Hour}), Batched: batched, OnRedisTime: func(now int64) { at = now }}
 	r := rand.New(rand.NewPCG(seed, 0xca1e<<8|boolBit(batched)<<1|boolBit(general)))
 	cal := &calendar{r: r}
 	var sent [4]int64
 	var off bool
-	s.SetPeriodBounds(func(p *sluice.Policy) [4]int64 {
+	s.Bounds = func(p *sluice.Policy) [4]int64 {
 		sent = cal.around(at)
 		if off {
 			sent = [4]int64{sent[0] - 300_000, sent[1] - 300_000, sent[2] - 300_000, sent[3] - 300_000}
 		}
 		return sent
-	})
+	}
 	twin := &engineTwin{states: map[string]*algorithm.State{}}
 	at = redisNow(t, c)
 	var ps []*sluice.Policy

@@ -121,10 +121,8 @@ func diffRedisClock(t *testing.T, c redis.UniversalClient, seed uint64, algs []s
 	// under one revision may lengthen a window past a key's TTL, which
 	// the engine twin does not model. (A fixed window's key takes none:
 	// it expires at the end it keeps.)
-	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetBatched(batched)
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{ExtraTTL: time.Hour}), Batched: batched, OnRedisTime: func(now int64) { at = now }}
 	twin := &engineTwin{states: map[string]*algorithm.State{}}
 	r := rand.New(rand.NewPCG(seed, uint64(len(algs))<<8|boolBit(batched)<<2|boolBit(general)<<1|boolBit(multi)))
 	const episode = 300
@@ -203,10 +201,8 @@ func boolInt(b bool) int { return int(boolBit(b)) }
 // decideAll call) or general. Limits of 1 to 3 and three lease ids keep
 // the states a pair meets (no lease, the only one, named or not) common.
 func diffRedisClockLeases(t *testing.T, c redis.UniversalClient, seed uint64, general, batched bool, steps int) {
-	s := newStore(t, c, redisstore.Options{ExtraTTL: time.Hour})
-	s.SetBatched(batched)
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{ExtraTTL: time.Hour}), Batched: batched, OnRedisTime: func(now int64) { at = now }}
 	twin := &engineTwin{states: map[string]*algorithm.State{}}
 	r := rand.New(rand.NewPCG(seed, 79<<8|boolBit(batched)<<2|boolBit(general)<<1))
 	const episode = 300

@@ -287,7 +287,7 @@ func diffCases() []diffCase {
 type diff struct {
 	t       *testing.T
 	mem     *memstore.Store
-	redis   *redisstore.Store
+	redis   *redisstore.Driven
 	clock   *sluicetest.Clock
 	now     int64
 	subject string
@@ -302,7 +302,7 @@ func newDiff(t *testing.T, c redis.UniversalClient) *diff {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Close() })
-	return &diff{t: t, mem: ms, redis: rs, clock: clock}
+	return &diff{t: t, mem: ms, redis: &redisstore.Driven{Store: rs}, clock: clock}
 }
 
 // newSubject starts an episode: a fresh subject at a random instant.

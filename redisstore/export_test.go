@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/sluicehq/sluice"
+import (
+	"context"
+
+	"github.com/sluicehq/sluice"
+)
 
 // Key returns the Redis key of p's state for subject, for the tests of
 // package redisstore_test.
@@ -24,19 +28,33 @@ func (s *Store) Queued() int {
 	return len(b.queue)
 }
 
-// OnRedisTime makes s call f with the time each decision on Redis time
-// was taken at, as the script answers it (nil: not called).
-func (s *Store) OnRedisTime(f func(now int64)) { s.onRedisTime = f }
+// Driven is a Store driven by a test down what production meets only
+// sometimes: its Evaluate is the Store's, through the one unexported
+// evaluate (Evaluate's false and nil are the fields' zero values). The
+// Store's other methods are its own.
+type Driven struct {
+	*Store
+	// Batched sends every decision in a decideAll call, even alone, so a
+	// test drives batch.lua's path (decisions by spec, compact replies)
+	// as hard as the others.
+	Batched bool
+	// Bounds, when not nil, gives the bounds of a calendar period's policy
+	// p instead of the calendar's around the store's clock, so a test on
+	// Redis time drives periods of a few ms.
+	Bounds func(p *sluice.Policy) [4]int64
+	// OnRedisTime, when not nil, is called with the time each decision on
+	// Redis time was taken at, as the script answers it.
+	OnRedisTime func(now int64)
+}
 
-// SetPeriodBounds makes s send f(p) as the bounds of a calendar period's
-// policy p instead of the calendar's around its clock (nil: the
-// calendar's), so a test on Redis time drives periods of a few ms.
-func (s *Store) SetPeriodBounds(f func(p *sluice.Policy) [4]int64) { s.periodBounds = f }
-
-// SetBatched makes s send every decision through its senders in a
-// decideAll call (true), even alone, so a test drives batch.lua's path
-// (decisions by spec, compact replies) as hard as the others.
-func (s *Store) SetBatched(batched bool) { s.batchAll = batched }
+// Evaluate implements sluice.Store.
+func (d *Driven) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	at, err := d.evaluate(ctx, ev, d.Batched, d.Bounds)
+	if err == nil && d.OnRedisTime != nil && d.clock == nil {
+		d.OnRedisTime(at)
+	}
+	return err
+}
 
 // ScriptSHA is the SHA-1 of the decision code as a script (EVALSHA).
 var ScriptSHA = scriptSHA

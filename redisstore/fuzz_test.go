@@ -61,8 +61,8 @@ func FuzzCorruptState(f *testing.F) {
 	caller := newStore(f, c, redisstore.Options{Clock: clock, MaxClockRegression: fuzzMaxRegression, ExtraTTL: time.Hour})
 	server := newStore(f, c, redisstore.Options{})
 	general := newStore(f, c, redisstore.Options{}) // every decision to it in the general form (fuzzRun.general)
-	batched := newStore(f, c, redisstore.Options{}) // every decision in a decideAll call
-	batched.SetBatched(true)
+	// Every decision to batched in a decideAll call.
+	batched := &redisstore.Driven{Store: newStore(f, c, redisstore.Options{}), Batched: true}
 	ints := func(vs ...int64) []byte {
 		var b []byte
 		for _, v := range vs {
@@ -111,7 +111,7 @@ func FuzzCorruptState(f *testing.F) {
 		// A run of spends at one instant on the caller's clock.
 		now := clockStart.Add(time.Duration(windowMs%1000) * time.Millisecond)
 		clock.Set(now)
-		fz := &fuzzRun{t: t, c: c, s: caller, p: p, subject: subject(t), caller: true, lag: fuzzMaxRegression.Microseconds()}
+		fz := &fuzzRun{t: t, c: c, s: &redisstore.Driven{Store: caller}, p: p, subject: subject(t), caller: true, lag: fuzzMaxRegression.Microseconds()}
 		fz.write(layout, data, now.UnixMicro())
 		cost, units := max(1, fz.capacity()/4), int64(0)
 		if p.Algorithm == sluice.Concurrency {
@@ -131,8 +131,8 @@ func FuzzCorruptState(f *testing.F) {
 		}
 		// One spend on Redis's clock, the state written around its time,
 		// in the short form, alone and batched, and in the general one.
-		for i, s := range []*redisstore.Store{server, general, batched} {
-			fz = &fuzzRun{t: t, c: c, s: s, p: p, general: s == general, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
+		for i, s := range []*redisstore.Driven{{Store: server}, {Store: general}, batched} {
+			fz = &fuzzRun{t: t, c: c, s: s, p: p, general: s.Store == general, subject: fmt.Sprint(subject(t), ".", i), lag: p.Window.Microseconds() + p.CleanupGrace.Microseconds()}
 			if p.Algorithm == sluice.Concurrency {
 				fz.lag = p.LeaseTTL.Microseconds() + p.CleanupGrace.Microseconds()
 			}
@@ -170,7 +170,7 @@ func fuzzPolicy(t *testing.T, kind uint8, limit uint16, windowMs uint32, burst u
 type fuzzRun struct {
 	t       *testing.T
 	c       *redis.Client
-	s       *redisstore.Store
+	s       *redisstore.Driven
 	p       *sluice.Policy
 	general bool // every decision in the general form, else in the form the Limiter gives it
 	subject string

@@ -33,13 +33,12 @@ func monthly(t *testing.T, limit int64) *sluice.Policy {
 func TestPeriodRecordBounds(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
-	s := newStore(t, c, redisstore.Options{})
 	p := monthly(t, 10)
 	now := time.Now().UnixMicro()
 	day := int64(86_400_000_000)
 	// Periods of 367 days ending after now.
 	b := [4]int64{now - 2*day, now - day, now + algorithm.MaxPeriod - day, now + 2*algorithm.MaxPeriod - day}
-	s.SetPeriodBounds(func(*sluice.Policy) [4]int64 { return b })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{}), Bounds: func(*sluice.Policy) [4]int64 { return b }}
 	for _, c0 := range []struct {
 		name      string
 		end, last int64
@@ -77,12 +76,10 @@ func TestPeriodRecordBounds(t *testing.T) {
 func TestPeriodKeyExpiresAtItsEnd(t *testing.T) {
 	ctx := context.Background()
 	c := standaloneClient(t)
-	s := newStore(t, c, redisstore.Options{})
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
 	now := redisNow(t, c)
 	b := [4]int64{now - 20_000_000, now - 10_000_000, now + 10_000_000, now + 30_000_000}
-	s.SetPeriodBounds(func(*sluice.Policy) [4]int64 { return b })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{}), Bounds: func(*sluice.Policy) [4]int64 { return b }, OnRedisTime: func(now int64) { at = now }}
 	p := monthly(t, 10)
 	subj := subject(t)
 	st := mustEvaluate(t, s, subj, 4, p)
@@ -105,9 +102,8 @@ func TestPeriodKeyExpiresAtItsEnd(t *testing.T) {
 // answers with reads it.
 func TestPeriodOnRedisTimeWithTheSystemCalendar(t *testing.T) {
 	c := standaloneClient(t)
-	s := newStore(t, c, redisstore.Options{})
 	var at int64
-	s.OnRedisTime(func(now int64) { at = now })
+	s := &redisstore.Driven{Store: newStore(t, c, redisstore.Options{}), OnRedisTime: func(now int64) { at = now }}
 	p := sluice.Policy{ID: "perminute", Algorithm: sluice.FixedWindow, Limit: 5, Period: "minute"}
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)

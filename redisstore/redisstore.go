@@ -194,16 +194,9 @@ type Store struct {
 	// *sluice.Policy → *policyArgs, about cachedArgs of them.
 	policyArgs sync.Map
 	cachedArgs atomic.Int64
-	batchAll   bool // every decision through the senders in a decideAll call, even alone (tests)
-	// onRedisTime, when set, is called with the time each decision on
-	// Redis time was taken at, from its reply (tests: the differential
-	// test decides it again at that time).
-	onRedisTime func(now int64)
 	// periods keeps calendar periods' bounds around this process's clock
-	// (the caller's, or on Redis time the system's); periodBounds, when
-	// set, replaces them (tests: periods of a few ms around Redis time).
+	// (the caller's, or on Redis time the system's).
 	periods      period.Cache
-	periodBounds func(p *sluice.Policy) [4]int64
 	onFallback   func(string)
 	onSkipped    func(error) // Options.OnSkippedOverride
 	maxOverrides int         // Options.MaxOverrides
@@ -394,12 +387,25 @@ func (s *Store) appendPolicyKey(b []byte, subject string, p *sluice.Policy, suff
 
 // Evaluate implements sluice.Store.
 func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
+	_, err := s.evaluate(ctx, ev, false, nil)
+	return err
+}
+
+// evaluate is Evaluate, and returns the time the decision was taken at on
+// Redis time, as its reply says (0 on the caller's clock). all and bounds
+// are for the package's tests (export_test.go), which drive through them
+// what production meets only sometimes: all sends each decision in a
+// decideAll call of its own, as decisions that meet busy senders go
+// (batch.lua's path); bounds, when not nil, gives a calendar period's
+// bounds instead of the calendar's around the store's clock (periods of a
+// few ms around Redis's clock). Evaluate passes false and nil.
+func (s *Store) evaluate(ctx context.Context, ev *sluice.Evaluation, all bool, bounds func(*sluice.Policy) [4]int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
 	var room [4]algorithm.Policy
 	if err := evaluation.Check(ev, room[:]); err != nil {
-		return fmt.Errorf("redisstore: %w", err)
+		return 0, fmt.Errorf("redisstore: %w", err)
 	}
 	n := len(ev.Policies)
 	id := ""
@@ -411,28 +417,28 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	var err error
 	switch {
 	case len(ev.Previous) == 0:
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0], all, bounds)
 	case ev.Op == sluice.Reset:
 		for _, prev := range ev.Previous {
-			if _, err := s.decide(ctx, prev, ev, "", "", nil, reply[:0]); err != nil {
-				return err
+			if _, err := s.decide(ctx, prev, ev, "", "", nil, reply[:0], all, bounds); err != nil {
+				return 0, err
 			}
 		}
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0])
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "", nil, reply[:0], all, bounds)
 	default:
 		// A key rotation: decide unless a policy has no state under
 		// Subject; then read the older subjects' and decide again, the
 		// script keeping what it carries over.
-		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil, reply[:0])
+		vals, err = s.decide(ctx, ev.Subject, ev, id, "probe", nil, reply[:0], all, bounds)
 		if err == nil && len(vals) == 1 && vals[0] == replyAbsent {
 			var carried []any
 			if carried, err = s.previous(ctx, ev); err == nil {
-				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried, reply[:0])
+				vals, err = s.decide(ctx, ev.Subject, ev, id, "carry", carried, reply[:0], all, bounds)
 			}
 		}
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	extra := 0 // a settle's charged, given back and owed of each policy follow the decisions, a book's delay its one
 	switch ev.Op {
@@ -441,14 +447,12 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	case sluice.Book:
 		extra = 1
 	}
+	var at int64
 	switch {
 	case len(vals) == 2+replyPerPolicy*n+extra && s.clock == nil:
-		// On Redis time the reply ends with the time it decided at.
-		if s.onRedisTime != nil {
-			s.onRedisTime(vals[len(vals)-1])
-		}
+		at = vals[len(vals)-1] // on Redis time the reply ends with the time it decided at
 	case len(vals) != 1+replyPerPolicy*n+extra || s.clock == nil:
-		return fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
+		return 0, fmt.Errorf("redisstore: %w: the script answered %d values for %d policies", sluice.ErrIndeterminate, len(vals), n)
 	}
 	ev.Replayed = vals[0] == 1
 	ev.Statuses = evaluation.Statuses(ev.Statuses, n)
@@ -463,7 +467,7 @@ func (s *Store) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	if ev.Op == sluice.Settle {
 		evaluation.SetSettled(ev.Statuses, vals[1+replyPerPolicy*n:1+replyPerPolicy*n+extra])
 	}
-	return nil
+	return at, nil
 }
 
 // holdArg returns h, a held spend's hold that passed Check (whole µs),
@@ -478,17 +482,18 @@ func holdArg(h time.Duration) any {
 // decide runs the script once for subject: ev's decision, with carry ""
 // (none), "probe" or "carry" and the carried states (see redisstore.lua and carry.lua).
 // It appends the reply's integers to dst.
-func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64) ([]int64, error) {
+// all and bounds are evaluate's.
+func (s *Store) decide(ctx context.Context, subject string, ev *sluice.Evaluation, id, carry string, carried []any, dst []int64, all bool, bounds func(*sluice.Policy) [4]int64) ([]int64, error) {
 	if evaluation.Short(ev) {
-		return s.decideShort(ctx, subject, ev, dst)
+		return s.decideShort(ctx, subject, ev, dst, all, bounds)
 	}
-	return s.send(ctx, s.generalPending(subject, ev, id, carry, carried), ev, dst)
+	return s.send(ctx, s.generalPending(subject, ev, id, carry, carried, bounds), ev, dst, all)
 }
 
 // generalPending returns the pending decision that decide sends for a
 // decision in the general form: ev's for subject, with id, carry and
-// carried as decide's.
-func (s *Store) generalPending(subject string, ev *sluice.Evaluation, id, carry string, carried []any) *pending {
+// carried (and bounds) as decide's.
+func (s *Store) generalPending(subject string, ev *sluice.Evaluation, id, carry string, carried []any, bounds func(*sluice.Policy) [4]int64) *pending {
 	n := len(ev.Policies)
 	keys := n
 	if id != "" {
@@ -527,14 +532,14 @@ func (s *Store) generalPending(subject string, ev *sluice.Evaluation, id, carry 
 	argv[argvID] = ""
 	argv[argvDedupeTTL], argv[argvDedupeMax] = "", ""
 	if id != "" {
-		fa := s.argsOf(first, 0) // its dedupe numbers
+		fa := s.argsOf(first, 0, bounds) // its dedupe numbers
 		argv[argvID] = id
 		argv[argvDedupeTTL], argv[argvDedupeMax] = fa.dedupeTTL, fa.dedupeN
 	}
 	argv[argvCarry] = carry
 	op := evaluation.Op(ev)
 	for i, p := range ev.Policies {
-		argv[argvPolicies+i+1] = s.argsOf(p, evaluation.Reserve(p, ev.Priority, op)).arg
+		argv[argvPolicies+i+1] = s.argsOf(p, evaluation.Reserve(p, ev.Priority, op), bounds).arg
 	}
 	copy(argv[argvPolicies+argvPerPolicy*n+1:], carried)
 	return p

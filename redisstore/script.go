@@ -337,9 +337,14 @@ type classArgs struct {
 // which does not change) is seen with that reserve, and again should its
 // numbers differ from what they were formatted from. A few classes make
 // a few entries, each its own argument string (args.lua caches by it).
-func (s *Store) argsOf(p *sluice.Policy, reserve int64) *policyArgs {
+// A calendar period's bounds are set's, when not nil (evaluate's bounds).
+func (s *Store) argsOf(p *sluice.Policy, reserve int64, set func(*sluice.Policy) [4]int64) *policyArgs {
 	var bounds [4]int64
-	if p.Period != "" {
+	switch {
+	case p.Period == "":
+	case set != nil:
+		bounds = set(p)
+	default:
 		bounds = s.boundsOf(p)
 	}
 	var key any = p
@@ -394,9 +399,6 @@ func (s *Store) argsOf(p *sluice.Policy, reserve int64) *policyArgs {
 // around this process's clock: the caller's (Options.Clock), or on Redis
 // time the system's, which the script holds Redis's to.
 func (s *Store) boundsOf(p *sluice.Policy) [4]int64 {
-	if s.periodBounds != nil {
-		return s.periodBounds(p)
-	}
 	var c sluice.Clock = clock.System{}
 	if s.clock != nil {
 		c = s.clock

@@ -32,14 +32,14 @@ var fastForms = [2][sluice.Renew + 1]any{
 var fastHeld = [2]any{"h", "H"}
 
 // decideShort runs the script once for subject: ev's decision in the
-// short form (see short.lua).
-func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64) ([]int64, error) {
-	return s.send(ctx, s.shortPending(subject, ev), ev, dst)
+// short form (see short.lua); all and bounds are evaluate's.
+func (s *Store) decideShort(ctx context.Context, subject string, ev *sluice.Evaluation, dst []int64, all bool, bounds func(*sluice.Policy) [4]int64) ([]int64, error) {
+	return s.send(ctx, s.shortPending(subject, ev, bounds), ev, dst, all)
 }
 
 // shortPending returns the pending decision that decideShort sends: ev's
 // for subject in the short form.
-func (s *Store) shortPending(subject string, ev *sluice.Evaluation) *pending {
+func (s *Store) shortPending(subject string, ev *sluice.Evaluation, bounds func(*sluice.Policy) [4]int64) *pending {
 	pol := ev.Policies[0]
 	nargv, clocked, held := 3, 0, 0
 	if s.clock != nil {
@@ -69,7 +69,7 @@ func (s *Store) shortPending(subject string, ev *sluice.Evaluation) *pending {
 	if s.clock != nil {
 		argv[3+held], argv[4+held] = strconv.FormatInt(evaluation.Now(s.clock), 10), s.maxReg
 	}
-	pa := s.argsOf(pol, evaluation.Reserve(pol, ev.Priority, evaluation.Op(ev)))
+	pa := s.argsOf(pol, evaluation.Reserve(pol, ev.Priority, evaluation.Op(ev)), bounds)
 	argv[nargv] = pa.arg
 	if s.clock == nil {
 		// In a decideAll call it goes by its spec (batch.lua), a lease's

@@ -177,12 +177,12 @@ func (sh *shortPair) together(evs [2]*sluice.Evaluation, bySpec bool) (vals [2][
 		}
 		var p *pending
 		if evaluation.Short(ev) {
-			p = s.shortPending(sh.subject, ev)
+			p = s.shortPending(sh.subject, ev, nil)
 			if !bySpec {
 				p.spec = ""
 			}
 		} else {
-			p = s.generalPending(sh.subject, ev, "", "", nil)
+			p = s.generalPending(sh.subject, ev, "", "", nil, nil)
 		}
 		p.mark.arm(p.args)
 		p.ref.written.Store(false)

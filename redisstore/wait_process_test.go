@@ -78,12 +78,12 @@ type wpSlotKey struct{}
 
 // wpStore gives each waiter a redisstore.Store of its own (one client
 // for all), found by the context the Limiter hands down, so the time
-// Redis answers a decision at (OnRedisTime, called on the deciding
+// Redis answers a decision at (Driven.OnRedisTime, called on the deciding
 // goroutine) is that waiter's; it counts the Evaluate calls of all.
 type wpStore struct {
 	c      redis.UniversalClient
 	mu     sync.Mutex
-	stores map[*atomic.Int64]*redisstore.Store
+	stores map[*atomic.Int64]*redisstore.Driven
 	calls  atomic.Int64
 }
 
@@ -93,13 +93,14 @@ func (s *wpStore) Evaluate(ctx context.Context, ev *sluice.Evaluation) error {
 	s.mu.Lock()
 	st := s.stores[at]
 	if st == nil {
-		var err error
-		if st, err = redisstore.New(s.c, redisstore.Options{Timeout: 10 * time.Second}); err != nil {
+		rs, err := redisstore.New(s.c, redisstore.Options{Timeout: 10 * time.Second})
+		if err != nil {
 			s.mu.Unlock()
 			return err
 		}
+		st = &redisstore.Driven{Store: rs}
 		if at != nil {
-			st.OnRedisTime(func(now int64) { at.Store(now) })
+			st.OnRedisTime = func(now int64) { at.Store(now) }
 		}
 		s.stores[at] = st
 	}
@@ -128,7 +129,7 @@ func wpChild(spec string, in io.Reader, out io.Writer) error {
 	}
 	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true, PoolSize: 2 * wpWaiters})
 	defer c.Close()
-	store := &wpStore{c: c, stores: map[*atomic.Int64]*redisstore.Store{}}
+	store := &wpStore{c: c, stores: map[*atomic.Int64]*redisstore.Driven{}}
 	l, err := sluice.New(store, []sluice.Policy{wpPolicy()}, sluice.Options{})
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
+	"github.com/sluicehq/sluice/internal/form"
 	"github.com/sluicehq/sluice/internal/ratelimitheader"
 )
 
@@ -332,7 +333,7 @@ func headers(ds []descriptor, over bool, rp *reply) []*corepb.HeaderValue {
 		}
 		pol = append(pol, r.PolicyItem...) // the rule's, made when it loaded
 	}
-	o := sluice.Outcome{Status: mostRestrictive(statuses)}
+	o := sluice.Outcome{Status: statuses[form.MostRestrictive(statuses)]}
 	if len(statuses) > 1 {
 		o.Statuses = statuses
 	}
@@ -341,33 +342,11 @@ func headers(ds []descriptor, over bool, rp *reply) []*corepb.HeaderValue {
 		{Key: "RateLimit", Value: string(ratelimitheader.AppendLimitField(nil, o))},
 	}
 	if over && len(enforced) > 0 {
-		if most := mostRestrictive(enforced); !most.Allowed {
+		if most := enforced[form.MostRestrictive(enforced)]; !most.Allowed {
 			hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ratelimitheader.RetryAfterSeconds(most.RetryAfter), 10)})
 		}
 	}
 	return hs
-}
-
-// mostRestrictive picks the status of statuses (at least one) that
-// speaks for them all: the denial that lasts longest, else the policy
-// closest to exhaustion and, of two as close, the one that resets later.
-// It is the root's choice (sluice's mostRestrictive, which picks an
-// Outcome's Status among its Statuses), made here across the checks of
-// one request; the root's is not exported (its surface is capped), so
-// TestMostRestrictiveIsTheRoots holds the two identical.
-func mostRestrictive(ss []sluice.Status) sluice.Status {
-	best := ss[0]
-	for _, s := range ss[1:] {
-		switch {
-		case best.Allowed && !s.Allowed:
-			best = s
-		case !best.Allowed && !s.Allowed && s.RetryAfter > best.RetryAfter:
-			best = s
-		case best.Allowed && s.Allowed && (s.Remaining < best.Remaining || s.Remaining == best.Remaining && s.ResetAfter > best.ResetAfter):
-			best = s
-		}
-	}
-	return best
 }
 
 // dynamicMetadata is the answer's dynamic_metadata (statuses being

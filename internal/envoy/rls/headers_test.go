@@ -1,8 +1,8 @@
 package rls
 
 import (
-	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,8 +11,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/envoy/rules"
-	"github.com/sluicehq/sluice/memstore"
-	"github.com/sluicehq/sluice/sluicetest"
 )
 
 // TestOneHeadersAreHeaders holds oneHeaders to headers' general path:
@@ -50,54 +48,56 @@ func TestOneHeadersAreHeaders(t *testing.T) {
 	}
 }
 
-// TestMostRestrictiveIsTheRoots holds mostRestrictive, which picks the
-// first RateLimit item and the Retry-After of an answer across its
-// checks, to the root's choice among the statuses of one check (an
-// Outcome's Status among its Statuses): on memstore at a fake clock,
-// checks of several policies whose statuses tie in every way the choice
-// looks at (denied or not, remaining, reset, retry), each outcome's
-// Status is what mostRestrictive picks from its Statuses, in either
-// order.
-func TestMostRestrictiveIsTheRoots(t *testing.T) {
-	clock := sluicetest.NewClock()
-	ms, err := memstore.New(memstore.Options{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
+// TestHeadersLeadWithTheMostRestrictive: across the checks of one
+// request the RateLimit field leads with the status the root's choice
+// picks among them all (a shadow rule's too), and Retry-After is the
+// longest wait of the enforced rules' denials only.
+func TestHeadersLeadWithTheMostRestrictive(t *testing.T) {
+	type decided struct {
+		id     string
+		shadow bool
+		st     sluice.Status
 	}
-	defer ms.Close()
-	policies := []sluice.Policy{
-		{ID: "hour10", Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour},
-		{ID: "day10", Algorithm: sluice.FixedWindow, Limit: 10, Window: 24 * time.Hour},
-		{ID: "hour5", Algorithm: sluice.FixedWindow, Limit: 5, Window: time.Hour},
-		{ID: "gcra10", Algorithm: sluice.GCRA, Limit: 10, Window: time.Hour},
-		{ID: "bucket10", Algorithm: sluice.TokenBucket, Limit: 10, Window: time.Hour},
-	}
-	lim, err := sluice.New(ms, policies, sluice.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sets := [][]string{{"hour10", "day10"}, {"day10", "hour10"}, {"hour5", "hour10", "day10"}, {"gcra10", "bucket10", "hour10"}, {"bucket10", "day10", "hour5"}}
-	checks := 0
-	for step := range 12 {
-		for i, ids := range sets {
-			subject := "s" + strconv.Itoa(i)
-			reversed := slices.Clone(ids)
-			slices.Reverse(reversed)
-			for _, order := range [][]string{ids, reversed} {
-				o := lim.Check(t.Context(), sluice.Request{Policies: order, Subject: subject, Op: sluice.Peek})
-				if o.Kind != sluice.Allowed && o.Kind != sluice.Denied {
-					t.Fatalf("step %d: Check(%v) = %v: %v", step, order, o.Kind, o.Err)
-				}
-				checks++
-				if got := mostRestrictive(o.Statuses); got != o.Status {
-					t.Errorf("step %d: mostRestrictive(%+v) = %+v, want the root's %+v", step, o.Statuses, got, o.Status)
-				}
-			}
-			lim.Check(t.Context(), sluice.Request{Policy: ids[step%len(ids)], Subject: subject})
+	for _, tc := range []struct {
+		name      string
+		ds        []decided
+		first     string // the policy the RateLimit field names first
+		retryWant string // "": none
+	}{
+		{"fewest left", []decided{
+			{"a", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 5, ResetAfter: time.Minute}},
+			{"b", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 2, ResetAfter: time.Second}},
+			{"c", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 2, ResetAfter: time.Second}},
+		}, "b", ""},
+		{"as few left: the later reset", []decided{
+			{"a", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 2, ResetAfter: time.Second}},
+			{"b", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 2, ResetAfter: time.Minute}},
+		}, "b", ""},
+		{"the longest denial, a shadow one's; Retry-After the enforced one's", []decided{
+			{"a", false, sluice.Status{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: time.Hour}},
+			{"b", false, sluice.Status{Allowed: false, Limit: 10, ResetAfter: time.Minute, RetryAfter: 30 * time.Second}},
+			{"c", true, sluice.Status{Allowed: false, Limit: 10, ResetAfter: time.Hour, RetryAfter: time.Hour}},
+			{"d", false, sluice.Status{Allowed: false, Limit: 10, ResetAfter: time.Minute, RetryAfter: 20 * time.Second}},
+		}, "c", "30"},
+	} {
+		var ds []descriptor
+		for _, d := range tc.ds {
+			rule := &rules.Rule{Policy: sluice.Policy{ID: d.id, Algorithm: sluice.FixedWindow, Limit: 10, Window: time.Hour}, Shadow: d.shadow}
+			rule.Derive()
+			st := d.st
+			st.Policy = d.id
+			ds = append(ds, descriptor{rule: rule, decided: &st})
 		}
-		clock.Advance(7 * time.Minute)
-	}
-	if checks == 0 {
-		t.Fatal("no check compared")
+		hs := headers(ds, true, newReply(len(ds)))
+		got := map[string]string{}
+		for _, h := range hs {
+			got[h.Key] = h.Value
+		}
+		if l := got["RateLimit"]; !strings.HasPrefix(l, strconv.Quote(tc.first)+";") {
+			t.Errorf("%s: RateLimit = %q, want %q first", tc.name, l, tc.first)
+		}
+		if ra := got["Retry-After"]; ra != tc.retryWant {
+			t.Errorf("%s: Retry-After = %q, want %q", tc.name, ra, tc.retryWant)
+		}
 	}
 }
