@@ -8,6 +8,7 @@ import (
 
 	rlqpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3" // the matcher inputs' @type
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -69,8 +70,13 @@ func TestEnvoyRLQSFilter(t *testing.T) {
 		if _, ok := cfg.Envoy.RLQS.Match(fc.GetDomain(), id); !ok {
 			t.Errorf("bucket matcher %d builds bucket ids with keys %v: no matcher of sluice.yaml's envoy.rlqs domain %q takes them", i, slices.Sorted(maps.Keys(id)), fc.GetDomain())
 		}
-		if tb := s.GetNoAssignmentBehavior().GetFallbackRateLimit().GetTokenBucket(); tb == nil || tb.GetMaxTokens() == 0 {
-			t.Errorf("bucket matcher %d: no_assignment_behavior = %v, want a fallback token bucket", i, s.GetNoAssignmentBehavior())
+		// Envoy builds no limiter for a token bucket here (docs/rlqs.md,
+		// "Envoy's filter, as read"): a blanket rule only.
+		if s.GetNoAssignmentBehavior().GetFallbackRateLimit().GetBlanketRule() != typepb.RateLimitStrategy_ALLOW_ALL {
+			t.Errorf("bucket matcher %d: no_assignment_behavior = %v, want blanket_rule ALLOW_ALL", i, s.GetNoAssignmentBehavior())
+		}
+		if s.GetExpiredAssignmentBehavior().GetExpiredAssignmentBehaviorTimeout().GetSeconds() < 1 {
+			t.Errorf("bucket matcher %d: expired_assignment_behavior_timeout = %v, want it set: Envoy reads unset as 0", i, s.GetExpiredAssignmentBehavior().GetExpiredAssignmentBehaviorTimeout())
 		}
 		if tb := s.GetExpiredAssignmentBehavior().GetFallbackRateLimit().GetTokenBucket(); tb == nil || tb.GetMaxTokens() == 0 {
 			t.Errorf("bucket matcher %d: expired_assignment_behavior = %v, want a fallback token bucket", i, s.GetExpiredAssignmentBehavior())
