@@ -82,8 +82,23 @@ func (s *Server) checks(w http.ResponseWriter, r *http.Request) {
 func (s *Server) decideAll(ctx context.Context, tok *authToken, checks []json.RawMessage) []decided {
 	results := make([]decided, len(checks))
 	ins := make([]checkapi.Request, len(checks))
-	for i, raw := range checks {
-		if why := decodeEntry(raw, &ins[i]); why != "" {
+	// One decoder reads the entries as a stream of values: each is one
+	// JSON value (the body's decoding checked its syntax), so an entry
+	// that is not a check's body (an unknown field, a wrong type) leaves
+	// the decoder at the next, and its buffer and scanner serve them all.
+	n := 0
+	for _, raw := range checks {
+		n += len(raw) + 1
+	}
+	stream := make([]byte, 0, n)
+	for _, raw := range checks {
+		stream = append(append(stream, raw...), ' ')
+	}
+	dec := json.NewDecoder(bytes.NewReader(stream))
+	dec.DisallowUnknownFields()
+	for i := range checks {
+		if err := dec.Decode(&ins[i]); err != nil {
+			why := "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
 			results[i] = decided{o: sluice.Outcome{Kind: sluice.Incompatible}, code: http.StatusBadRequest, reason: why}
 		}
 	}
@@ -99,17 +114,6 @@ func (s *Server) decideAll(ctx context.Context, tok *authToken, checks []json.Ra
 	}
 	wg.Wait()
 	return results
-}
-
-// decodeEntry decodes raw, one entry of a batch, into in: the reason it
-// is not a check's body, or "".
-func decodeEntry(raw json.RawMessage, in *checkapi.Request) string {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(in); err != nil {
-		return "malformed JSON: " + strings.TrimPrefix(err.Error(), "json: ")
-	}
-	return ""
 }
 
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {

@@ -282,3 +282,39 @@ func TestChecksDecidedInOrderInProcess(t *testing.T) {
 		t.Errorf("statuses %v, want %v: the checks decided in the order written", got, want)
 	}
 }
+
+// TestChecksEntriesOfAnyValue: an entry that is JSON but not a check's
+// body (a number, an array of checks, a string, an object of a wrong
+// type or unknown field) is its own 400 with encoding/json's reason, and
+// the entries after it are decided as if it were not there; null is the
+// empty check (its 400 names the missing subject).
+func TestChecksEntriesOfAnyValue(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	entries := []string{`5`, `[{"policy":"demo","subject":"a"}]`, `{"policy":"demo","subject":"a"}`, `"x"`, `{"policy":["demo"],"subject":"b"}`, `null`, `{"policy":"demo","subject":"a","x":{"y":[1]}}`, `{"policy":"demo","subject":"a"}`}
+	code, raw := call(t, "POST", f.url+checkapi.ChecksPath, "", `{"checks":[`+strings.Join(entries, " ,\n")+`]}`)
+	if code != 200 {
+		t.Fatalf("POST /v1/checks = %d %s, want 200", code, raw)
+	}
+	a, err := checkapi.ParseBatchAnswer([]byte(raw), len(entries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		status int
+		reason string
+	}{
+		{400, "malformed JSON: cannot unmarshal number into Go value of type checkapi.Request"},
+		{400, "malformed JSON: cannot unmarshal array into Go value of type checkapi.Request"},
+		{200, ""},
+		{400, "malformed JSON: cannot unmarshal string into Go value of type checkapi.Request"},
+		{400, "malformed JSON: cannot unmarshal array into Go struct field Request.policy of type string"},
+		{400, ""},
+		{400, `malformed JSON: unknown field "x"`},
+		{200, ""},
+	}
+	for i, r := range a.Results {
+		if r.Status != want[i].status || want[i].reason != "" && r.Reason != want[i].reason {
+			t.Errorf("entry %d %s: %d %q, want %d %q", i, entries[i], r.Status, r.Reason, want[i].status, want[i].reason)
+		}
+	}
+}
