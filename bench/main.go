@@ -33,6 +33,7 @@ import (
 	"os/signal"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,6 +65,7 @@ type config struct {
 	pool              int
 	passes            int
 	json              bool
+	cpuProfile        string
 	svg               string
 	http              bool
 	httpAlgorithm     string
@@ -94,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.passes, "passes", 1, "run every cell this many times, interleaved, and keep the pass with the median decisions/s")
 	fs.IntVar(&c.pool, "pool", 20, "connections in the one go-redis client every Redis limiter shares")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of markdown")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write this process's CPU profile (the load generator's: clients, in-process limiters) to `FILE`; the server's own is BenchmarkChecksAPITCP's in internal/server")
 	fs.StringVar(&c.svg, "svg", "", "write the chart of the 10 000-subject mostly-allowed cells to `FILE`")
 	fs.BoolVar(&c.http, "http", true, "also drive POST /v1/check of a real sluice serve (built from ../cmd/sluice)")
 	fs.StringVar(&c.httpAlgorithm, "http-algorithm", "gcra", "the algorithm of the check API's policy")
@@ -244,6 +247,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if cfg.render != "" {
 		return render(cfg, stdout)
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	redisBin, err := lookRedis(cfg.redisServer)
 	if err != nil {

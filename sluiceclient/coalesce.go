@@ -36,7 +36,8 @@ const (
 // goroutines, each started when a check is queued and none is free, take
 // everything queued (up to checkapi.MaxChecks), send it as one POST
 // /v1/checks (a lone check as a POST /v1/check) and hand each check its
-// own answer; a sender ends when it finds the queue empty. No timer ever
+// own answer; a sender ends when it finds the queue empty, or passes its
+// place on as its batch's answer arrives (sendGathered). No timer ever
 // holds a check back.
 type coalescer struct {
 	mu      sync.Mutex
@@ -100,24 +101,17 @@ func (c *Client) coalesce(ctx context.Context, data []byte, req *sluice.Request,
 	return c.send(ctx, url, data, req, retries, &g.answered)
 }
 
-// sendGathered sends what is queued until the queue is empty.
+// sendGathered sends what is queued, a batch at a time, until the queue
+// is empty. Once a batch's answer has arrived, the sender's place passes
+// to a new goroutine when more checks wait, so that the next batch is on
+// the wire, decided by the server, while this one's answer is decoded
+// and handed out: with one sender the server otherwise idled through
+// every decoding.
 func (c *Client) sendGathered() {
 	co := c.co
-	batch := make([]*gathered, 0, checkapi.MaxChecks)
 	for {
-		batch = batch[:0]
 		co.mu.Lock()
-		n := 0
-		for ; n < len(co.queue) && len(batch) < checkapi.MaxChecks; n++ {
-			if g := co.queue[n]; g.state.CompareAndSwap(queued, sent) {
-				batch = append(batch, g)
-			}
-			co.queue[n] = nil
-		}
-		co.queue = co.queue[n:]
-		if len(co.queue) == 0 {
-			co.queue = nil
-		}
+		batch := co.take()
 		if len(batch) == 0 {
 			co.senders--
 			co.mu.Unlock()
@@ -125,32 +119,63 @@ func (c *Client) sendGathered() {
 		}
 		co.wire++
 		co.mu.Unlock()
+		answer := func() {}
 		if co.single.Load() {
 			for _, g := range batch {
 				g.alone = true // the server said it has no /v1/checks
 			}
 		} else {
-			c.sendBatch(batch)
+			answer = c.sendBatch(batch)
 		}
 		co.mu.Lock()
 		co.wire--
+		next := len(co.queue) > 0
+		if next {
+			go c.sendGathered() // this sender's place, passed on
+		}
 		co.mu.Unlock()
+		answer()
 		for _, g := range batch {
 			close(g.done)
+		}
+		if next {
+			return
 		}
 	}
 }
 
+// take moves up to checkapi.MaxChecks queued checks into a batch of
+// their own, skipping the abandoned. co.mu is held.
+func (co *coalescer) take() []*gathered {
+	var batch []*gathered
+	n := 0
+	for ; n < len(co.queue) && len(batch) < checkapi.MaxChecks; n++ {
+		if g := co.queue[n]; g.state.CompareAndSwap(queued, sent) {
+			if batch == nil {
+				batch = make([]*gathered, 0, min(len(co.queue), checkapi.MaxChecks))
+			}
+			batch = append(batch, g)
+		}
+		co.queue[n] = nil
+	}
+	co.queue = co.queue[n:]
+	if len(co.queue) == 0 {
+		co.queue = nil
+	}
+	return batch
+}
+
 // sendBatch sends batch's checks in one request, under the Client's own
-// context (no caller's cancellation reaches the others), and sets each
-// one's answer.
-func (c *Client) sendBatch(batch []*gathered) {
+// context (no caller's cancellation reaches the others), and returns once
+// its answer has arrived, with answer, which decodes it and sets each
+// check's own.
+func (c *Client) sendBatch(batch []*gathered) (answer func()) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.attempt)
 	defer cancel()
 	if len(batch) == 1 {
 		g := batch[0]
 		g.o, g.retry = c.once(ctx, c.base+checkapi.CheckPath, g.data, g.req)
-		return
+		return func() {}
 	}
 	body := append(make([]byte, 0, 16+len(batch)*(len(batch[0].data)+1)), `{"checks":[`...)
 	for i, g := range batch {
@@ -166,8 +191,17 @@ func (c *Client) sendBatch(batch []*gathered) {
 		for _, g := range batch {
 			g.o, g.retry = o, retry
 		}
-		return
+		return func() {}
 	}
+	if code == http.StatusNotFound {
+		c.co.single.Store(true) // an older server: no /v1/checks
+	}
+	return func() { c.answerBatch(batch, code, raw) }
+}
+
+// answerBatch sets the answer of each check of batch from raw, the body
+// of the answer to its POST /v1/checks, of status code.
+func (c *Client) answerBatch(batch []*gathered, code int, raw []byte) {
 	if code == http.StatusOK {
 		if a, err := checkapi.ParseBatchAnswer(raw, len(batch)); err == nil {
 			for i, g := range batch {
@@ -180,8 +214,7 @@ func (c *Client) sendBatch(batch []*gathered) {
 	for _, g := range batch {
 		switch {
 		case code == http.StatusNotFound:
-			c.co.single.Store(true) // an older server: no /v1/checks
-			g.alone = true
+			g.alone = true // an older server: no /v1/checks
 		case err == nil && (code == http.StatusUnauthorized || code == http.StatusForbidden):
 			g.o, g.retry = outcome(code, &a, g.req) // each alone would be answered the same
 		case code >= 500 || code == http.StatusOK:

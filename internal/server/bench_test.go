@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,4 +146,65 @@ func BenchmarkCheckAPITCP(b *testing.B) {
 			i += 7
 		}
 	})
+}
+
+// BenchmarkChecksAPITCP is BenchmarkCheckAPITCP for POST /v1/checks, 16
+// checks a request, reported per check: its profile is the batch path's
+// server side alone.
+//
+//	go test -run '^$' -bench ChecksAPITCP -cpuprofile cpu.out ./internal/server
+//	go tool pprof -top -cum -focus 'net/http.\(\*conn\).serve' cpu.out
+func BenchmarkChecksAPITCP(b *testing.B) {
+	srv := benchServer(b)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv}
+	go hs.Serve(ln)
+	defer hs.Close()
+	const subjects, per = 10_000, 16
+	reqs := make([][]byte, subjects/per)
+	for i := range reqs {
+		body := []byte(`{"checks":[`)
+		for j := range per {
+			if j > 0 {
+				body = append(body, ',')
+			}
+			body = append(body, `{"policy":"open","subject":"user-`+strconv.Itoa(i*per+j)+`"}`...)
+		}
+		body = append(body, "]}"...)
+		reqs[i] = []byte("POST /v1/checks HTTP/1.1\r\nHost: " + ln.Addr().String() + "\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
+	}
+	b.ReportAllocs()
+	b.SetParallelism(8) // 16 callers on 2 cores
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		i := int(n.Add(131))
+		for pb.Next() {
+			if _, err := c.Write(reqs[i%len(reqs)]); err != nil {
+				b.Error(err)
+				return
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				b.Errorf("POST /v1/checks: %s", resp.Status)
+				return
+			}
+			i++
+		}
+	})
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*per), "ns/check")
 }

@@ -179,7 +179,7 @@ func TestChecksShareRoundTrips(t *testing.T) {
 	const n = 16
 	gate := &gateStore{Store: rs, arrived: make(chan struct{}, n), open: make(chan struct{})}
 	gate.pass.Store(1)
-	f := newFixtureOn(t, &recordingStore{Store: gate}, sluicetest.NewClock(), demoPolicies, server.Options{})
+	f := newFixtureOn(t, &recordingStore{Store: gate}, sluicetest.NewClock(), demoPolicies, server.Options{Store: server.StoreInfo{Type: "redis", Batches: true}})
 	// One decision first, ungated, so the script is loaded before the
 	// count starts.
 	if resp, a := f.post(t, `{"policy":"api","subject":"warm"}`); resp.StatusCode != 200 {
@@ -252,4 +252,69 @@ func scriptCalls(t *testing.T, srv *redistest.Server) int {
 		total += n
 	}
 	return total
+}
+
+// TestChecksDecidedInOrderInProcess: on a store that decides in process
+// (memstore), the checks of a batch are decided one after another in
+// the order written, on the request's own goroutine: eight checks of one
+// subject on a policy of three admit the first three and deny the rest.
+// (Decided at once, a goroutine each, they came to the store in any
+// order, each at the cost of its goroutine's start and stack growth.)
+func TestChecksDecidedInOrderInProcess(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	entries := make([]string, 8)
+	for i := range entries {
+		entries[i] = `{"policy":"demo","subject":"alice"}`
+	}
+	code, raw := call(t, "POST", f.url+checkapi.ChecksPath, "", `{"checks":[`+strings.Join(entries, ",")+`]}`)
+	if code != 200 {
+		t.Fatalf("POST /v1/checks = %d %s, want 200", code, raw)
+	}
+	a, err := checkapi.ParseBatchAnswer([]byte(raw), len(entries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]int, len(a.Results))
+	for i, r := range a.Results {
+		got[i] = r.Status
+	}
+	if want := []int{200, 200, 200, 429, 429, 429, 429, 429}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("statuses %v, want %v: the checks decided in the order written", got, want)
+	}
+}
+
+// TestChecksEntriesOfAnyValue: an entry that is JSON but not a check's
+// body (a number, an array of checks, a string, an object of a wrong
+// type or unknown field) is its own 400 with encoding/json's reason, and
+// the entries after it are decided as if it were not there; null is the
+// empty check (its 400 names the missing subject).
+func TestChecksEntriesOfAnyValue(t *testing.T) {
+	f := newFixture(t, demoPolicies, server.Options{})
+	entries := []string{`5`, `[{"policy":"demo","subject":"a"}]`, `{"policy":"demo","subject":"a"}`, `"x"`, `{"policy":["demo"],"subject":"b"}`, `null`, `{"policy":"demo","subject":"a","x":{"y":[1]}}`, `{"policy":"demo","subject":"a"}`}
+	code, raw := call(t, "POST", f.url+checkapi.ChecksPath, "", `{"checks":[`+strings.Join(entries, " ,\n")+`]}`)
+	if code != 200 {
+		t.Fatalf("POST /v1/checks = %d %s, want 200", code, raw)
+	}
+	a, err := checkapi.ParseBatchAnswer([]byte(raw), len(entries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		status int
+		reason string
+	}{
+		{400, "malformed JSON: cannot unmarshal number into Go value of type checkapi.Request"},
+		{400, "malformed JSON: cannot unmarshal array into Go value of type checkapi.Request"},
+		{200, ""},
+		{400, "malformed JSON: cannot unmarshal string into Go value of type checkapi.Request"},
+		{400, "malformed JSON: cannot unmarshal array into Go struct field Request.policy of type string"},
+		{400, ""},
+		{400, `malformed JSON: unknown field "x"`},
+		{200, ""},
+	}
+	for i, r := range a.Results {
+		if r.Status != want[i].status || want[i].reason != "" && r.Reason != want[i].reason {
+			t.Errorf("entry %d %s: %d %q, want %d %q", i, entries[i], r.Status, r.Reason, want[i].status, want[i].reason)
+		}
+	}
 }

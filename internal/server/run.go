@@ -175,7 +175,7 @@ func (rn *runner) start(l *loaded) error {
 		}
 	}
 	r := &reloader{path: rn.opts.ConfigPath, getenv: rn.opts.Getenv, clock: clock, log: rn.log, tracing: rn.tracing,
-		store: metrics.InstrumentStore(rn.st.Store, cfg.Store.Type, clock), info: StoreInfo{Type: rn.st.Type, Breaker: rn.st.Breaker}, metrics: metrics, reloadM: reloadM}
+		store: metrics.InstrumentStore(rn.st.Store, cfg.Store.Type, clock), info: StoreInfo{Type: rn.st.Type, Breaker: rn.st.Breaker, Batches: rn.st.Type == config.StoreRedis}, metrics: metrics, reloadM: reloadM}
 	if rn.st.Ready != nil {
 		r.ready = []Check{rn.st.Ready}
 	}

@@ -61,6 +61,12 @@ type StoreInfo struct {
 	// Breaker, when set, returns the state of the store's circuit breaker:
 	// "closed", "open" or "half_open". Default: nil, no breaker.
 	Breaker func() string
+	// Batches reports that the store shares round trips between
+	// concurrent decisions (redisstore): the checks of one POST
+	// /v1/checks are then decided at once, so that they reach it
+	// together. Default: false, a store that decides in process
+	// (memstore), the checks decided one after another in order.
+	Batches bool
 }
 
 // uiSecurityHeaders keep the page to its own origin: it loads nothing
