@@ -250,6 +250,13 @@ func ttl(period time.Duration) time.Duration {
 // strategy encodes a share as Envoy reads it: a token bucket of whole
 // seconds, every number rounded down (so shares never add up to more
 // than the policy), or DENY_ALL when a number would be below 1.
+//
+// fill_interval carries fillNanos(seconds) nanoseconds beside its whole
+// seconds: Envoy decides whether a token bucket is the one in force by
+// max_tokens, tokens_per_fill and fill_interval's nanos, never its
+// seconds, so without them a change of seconds alone (a rate below 1/s
+// moving) would be ignored and the old rate kept. Envoy's rate reads
+// whole seconds (truncated), so the nanos do not change it.
 func strategy(s share) *typepb.RateLimitStrategy {
 	var perFill, fill int64
 	switch {
@@ -265,9 +272,14 @@ func strategy(s share) *typepb.RateLimitStrategy {
 	return &typepb.RateLimitStrategy{Strategy: &typepb.RateLimitStrategy_TokenBucket{TokenBucket: &typepb.TokenBucket{
 		MaxTokens:     uint32(maxTokens),
 		TokensPerFill: wrapperspb.UInt32(uint32(perFill)),
-		FillInterval:  durationpb.New(time.Duration(fill) * time.Second),
+		FillInterval:  &durationpb.Duration{Seconds: fill, Nanos: fillNanos(fill)},
 	}}}
 }
+
+// fillNanos is the nanos of a fill_interval of seconds whole seconds
+// (1 to 1000): seconds − 1, one-to-one, 0 for the usual 1 s, and below
+// the 1 s that would change the whole seconds Envoy reads.
+func fillNanos(seconds int64) int32 { return int32(seconds - 1) }
 
 // blanket is the strategy of rule r.
 func blanket(r typepb.RateLimitStrategy_BlanketRule) *typepb.RateLimitStrategy {
