@@ -71,6 +71,7 @@ func (s *Service) roundDomain(ctx context.Context, cfg *config, d *domain) {
 	rp := s.planRound(cfg, d)
 	var gs []ledger.Grant
 	var err error
+	sent := s.opts.Clock.Now() // the entries expire rp.ttl after the ledger's now, which is no earlier
 	if len(rp.claims) > 0 {
 		s.opts.Metrics.ledgerCall(d.name)
 		gs, err = s.ledger.Claim(ctx, d.name, s.instance, rp.claims, rp.ttl)
@@ -89,7 +90,7 @@ func (s *Service) roundDomain(ctx context.Context, cfg *config, d *domain) {
 			d.outage = false
 			s.opts.Logger.Info("rlqs: the ledger answers again", slog.String("domain", d.name))
 		}
-		s.applyRound(d, rp, gs)
+		s.applyRound(d, rp, gs, sent.Add(rp.ttl))
 	}
 	s.endSlow(d, cfg.Round)
 	s.opts.Metrics.roundDone(d, s.opts.Clock.Now().Sub(start))
@@ -132,14 +133,15 @@ func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
 }
 
 // applyRound settles every planned bucket by its grant, pushes the
-// changed assignments and drops the buckets no stream holds; d.mu held.
-func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant) {
+// changed assignments and drops the buckets no stream holds; until is
+// when the claimed entries may expire, at the earliest; d.mu held.
+func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until time.Time) {
 	now := s.opts.Clock.Now()
 	d.fleetS = 0
 	for i, b := range rp.buckets {
 		g := gs[i]
 		b.fleet.update(rp.claims[i], g)
-		b.granted = now
+		b.until = until
 		d.fleetS = max(d.fleetS, g.Streams)
 		changed := settle(rp.holds[i], rp.wants[i], g)
 		for _, h := range rp.holds[i] {
@@ -152,7 +154,7 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant) {
 		}
 		for j, st := range rp.streams[i] {
 			if h := b.holds[st]; h != nil && changed[j] {
-				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), st.ttl())})
+				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), b.ttl(st.ttl(), now))})
 			}
 		}
 	}
@@ -216,6 +218,7 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 		return
 	}
 	s.opts.Metrics.ledgerCall(d.name)
+	sent := s.opts.Clock.Now()
 	gs, err := s.ledger.Claim(ctx, d.name, s.instance, cs, ttl)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -223,10 +226,9 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 		s.opts.Metrics.ledgerError(d.name)
 		return // DENY_ALL is not sent either: no_assignment_behavior applies until a round grants
 	}
-	now := s.opts.Clock.Now()
 	for i, fb := range fbs {
 		fb.b.fleet.update(cs[i], gs[i])
-		fb.b.granted = now
+		fb.b.until = sent.Add(ttl)
 		settleFresh(policyShare(fb.b.policy), fb.n, fb.hs, gs[i])
 	}
 }

@@ -452,3 +452,32 @@ func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
 		t.Fatalf("past the TTL the answer has %d actions, want only the probe's: the assignment left to expire", len(m.GetBucketAction()))
 	}
 }
+
+// TestOutageRefreshEndsWithTheLedgerEntry: during a ledger outage a
+// report's answer refreshes the assignment only up to when this
+// instance's ledger entry may expire (the last claim's send time + its
+// entry TTL, 15 s + 1 round): an assignment that outlived its entry would
+// be in force while another instance may be granted its share.
+func TestOutageRefreshEndsWithTheLedgerEntry(t *testing.T) {
+	h := newHarness(t, testConfig(), Options{})
+	f := &failing{Ledger: ledger.NewMemory(h.clock.Now)}
+	h.svc.ledger = f
+	c := h.client("edge")
+	c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	claimed := h.clock.Now()
+	h.round() // the last claim: its entry lives 15 s + 1 s (the round)
+	entryEnds := claimed.Add(16 * time.Second)
+	f.mu.Lock()
+	f.down = true
+	f.mu.Unlock()
+	for _, step := range []time.Duration{time.Second, 5 * time.Second, 4*time.Second + 500*time.Millisecond, 5 * time.Second} {
+		h.clock.advance(step)
+		h.round()
+		c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+		a := c.action(tenantA).GetQuotaAssignmentAction()
+		if ends := h.clock.Now().Add(a.GetAssignmentTimeToLive().AsDuration()); ends.After(entryEnds) {
+			t.Fatalf("%v into the outage: the answer's TTL %v ends %v after the ledger entry may expire",
+				h.clock.Now().Sub(claimed), a.GetAssignmentTimeToLive().AsDuration(), ends.Sub(entryEnds))
+		}
+	}
+}

@@ -47,7 +47,11 @@ type bucket struct {
 	policy  sluice.Policy // m's, with its plan
 	holds   map[*stream]*holding
 	fleet   fleet
-	granted time.Time // of the last grant; zero before
+	// until is when this instance's ledger entry of the bucket may expire,
+	// at the earliest: the send time of the last claim that granted it
+	// plus that claim's entry TTL (zero before). No assignment of the
+	// bucket is sent to end later (docs/rlqs.md, the bound's assumption 4).
+	until time.Time
 	allowed uint64
 	denied  uint64
 }
@@ -302,9 +306,9 @@ func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlq
 }
 
 // answer turns replies into bucket actions: a held bucket's current
-// assignment (none while its last grant is older than the TTL: a ledger
-// outage lets it expire), ALLOW_ALL when unmatched, the overflow share,
-// or abandon.
+// assignment, its TTL cut to end when the bucket's ledger entry may
+// expire (none once it may have: a ledger outage lets it expire),
+// ALLOW_ALL when unmatched, the overflow share, or abandon.
 func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaResponse_BucketAction {
 	d := st.d
 	now := s.opts.Clock.Now()
@@ -323,13 +327,19 @@ func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaRespons
 			acts = append(acts, assign(r.id, blanket(typepb.RateLimitStrategy_ALLOW_ALL), l))
 		default:
 			h := r.b.holds[st]
-			if h == nil || h.fresh || now.Sub(r.b.granted) > l {
+			if h == nil || h.fresh || !r.b.until.After(now) {
 				continue
 			}
-			acts = append(acts, assign(r.id, strategy(h.assigned), l))
+			acts = append(acts, assign(r.id, strategy(h.assigned), r.b.ttl(l, now)))
 		}
 	}
 	return acts
+}
+
+// ttl is the TTL of an assignment of b sent at now to a stream whose
+// TTL is l: l, cut so that it ends no later than b.until.
+func (b *bucket) ttl(l time.Duration, now time.Time) time.Duration {
+	return max(min(l, b.until.Sub(now)), 0)
 }
 
 // overflowShare is the answer past a cap: the policy split equally over
