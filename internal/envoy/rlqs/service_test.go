@@ -292,8 +292,15 @@ func (r *releases) Release(ctx context.Context, domain, instance string) error {
 	return r.Ledger.Release(ctx, domain, instance)
 }
 
+// now is an Options.after that has waited already.
+func now(time.Duration) <-chan time.Time {
+	c := make(chan time.Time, 1)
+	c <- time.Time{}
+	return c
+}
+
 func TestShutdownSendsTTLZero(t *testing.T) {
-	h := newHarness(t, testConfig(), Options{})
+	h := newHarness(t, testConfig(), Options{after: now})
 	rel := &releases{Ledger: ledger.NewMemory(h.clock.Now)}
 	h.svc.ledger = rel
 	a, b := h.client("edge"), h.client("edge")
@@ -319,6 +326,53 @@ func TestShutdownSendsTTLZero(t *testing.T) {
 	}
 	if rel.n != 1 {
 		t.Fatalf("%d ledger releases, want 1 (one domain)", rel.n)
+	}
+}
+
+// TestShutdownReleasesARoundAfterTTLZero: the ledger entries are
+// released one round after the TTL 0 answers were sent, so that they are
+// applied (delivery within a round, the bound's assumption 1) before
+// the reservation goes; and not at all when Shutdown's ctx ends first
+// (the entries then expire by themselves, which is safe).
+func TestShutdownReleasesARoundAfterTTLZero(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		asked, fire := make(chan time.Duration, 1), make(chan time.Time)
+		h := newHarness(t, testConfig(), Options{after: func(d time.Duration) <-chan time.Time { asked <- d; return fire }})
+		rel := &releases{Ledger: ledger.NewMemory(h.clock.Now)}
+		h.svc.ledger = rel
+		c := h.client("edge")
+		c.report(usage{id: tenantA, allowed: 1, elapsed: time.Second})
+		h.round()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { h.svc.Shutdown(ctx); close(done) }()
+		select {
+		case d := <-asked:
+			if d != time.Second {
+				t.Fatalf("Shutdown waited %v after TTL 0, want a round, 1s", d)
+			}
+		case <-done:
+			t.Fatalf("Shutdown returned (%d releases) without waiting a round after TTL 0", rel.n)
+		}
+		for a := c.action(tenantA); a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() != 0; a = c.action(tenantA) {
+			c.next()
+		}
+		rel.mu.Lock()
+		early := rel.n
+		rel.mu.Unlock()
+		if early != 0 {
+			t.Fatalf("%d releases before the round after TTL 0 passed, want 0", early)
+		}
+		if cut {
+			cancel()
+		} else {
+			fire <- time.Time{}
+		}
+		<-done
+		cancel()
+		if want := map[bool]int{false: 1, true: 0}[cut]; rel.n != want {
+			t.Fatalf("ctx cut %v: %d releases, want %d", cut, rel.n, want)
+		}
 	}
 }
 

@@ -51,7 +51,7 @@ type bucket struct {
 	// at the earliest: the send time of the last claim that granted it
 	// plus that claim's entry TTL (zero before). No assignment of the
 	// bucket is sent to end later (docs/rlqs.md, the bound's assumption 4).
-	until time.Time
+	until   time.Time
 	allowed uint64
 	denied  uint64
 }
