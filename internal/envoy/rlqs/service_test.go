@@ -40,6 +40,7 @@ type harness struct {
 	svc   *Service
 	clock *fakeClock
 	conn  *grpc.ClientConn
+	addr  string
 	left  chan struct{}
 }
 
@@ -58,6 +59,7 @@ func newHarness(t *testing.T, cfg Config, opts Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.addr = ln.Addr().String()
 	g := grpc.NewServer()
 	svc.Register(g)
 	go func() { _ = g.Serve(ln) }()
