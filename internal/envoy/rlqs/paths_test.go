@@ -8,6 +8,7 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -67,5 +68,96 @@ func TestSlowStreamIsEnded(t *testing.T) {
 	}
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "too slow") {
 		t.Fatalf("the slow stream ended with %v, want ResourceExhausted naming it too slow", err)
+	}
+}
+
+// TestIdleBucketIsAbandoned: a stream that reports a bucket with nothing
+// allowed or denied 3 times in a row hears abandon_action for it, and its
+// share goes to the other stream at the next round.
+func TestIdleBucketIsAbandoned(t *testing.T) {
+	h := newHarness(t, testConfig(), Options{})
+	a, b := h.client("edge"), h.client("edge")
+	for range 3 {
+		a.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+		b.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+		h.round()
+	}
+	b.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+	before, _ := tokens(t, b.action(tenantA))
+	for i := range 3 {
+		a.report(usage{id: tenantA, elapsed: 5 * time.Second})
+		abandoned := a.action(tenantA).GetAbandonAction() != nil
+		if abandoned != (i == 2) {
+			t.Fatalf("idle report %d: abandon_action %v, want it at the third only", i+1, abandoned)
+		}
+	}
+	if vs := h.svc.Buckets(0); len(vs) != 1 || vs[0].Streams != 1 {
+		t.Fatalf("after the abandon, Buckets = %+v: want the bucket held by one stream", vs)
+	}
+	h.round()
+	b.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+	after, _ := tokens(t, b.action(tenantA))
+	if before > 50 || after < 90 {
+		t.Fatalf("b's share %v/s beside a, %v/s once a abandoned the bucket: want about half, then nearly all of 100/s", before, after)
+	}
+}
+
+// TestSwapChangesPoliciesAndLetsGo: after a Swap, a bucket whose matcher
+// names another policy is split by it at the next round, and a bucket no
+// matcher matches any more is let go: ALLOW_ALL at the next report, no
+// state kept.
+func TestSwapChangesPoliciesAndLetsGo(t *testing.T) {
+	h := newHarness(t, testConfig(), Options{})
+	c := h.client("edge")
+	c.report(usage{id: tenantA, allowed: 10, elapsed: time.Second})
+	h.round()
+	small := perTenant
+	small.ID, small.Limit, small.Burst = "small", 10, 10
+	cfg := testConfig()
+	cfg.Domains[0].Matchers[0].Policy = small
+	if err := h.svc.Swap(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.round()
+	c.report(usage{id: tenantA, allowed: 10, elapsed: time.Second})
+	if rate, burst := tokens(t, c.action(tenantA)); rate > 10 || burst > 10 || rate < 9 {
+		t.Fatalf("after a Swap to 10/s: %v/s max %d, want 15/16 of 10/s and of 10", rate, burst)
+	}
+	cfg.Domains[0].Matchers[0].Match = map[string]string{"tenant": "*", "route": "other"}
+	if err := h.svc.Swap(cfg); err != nil {
+		t.Fatal(err)
+	}
+	h.round()
+	c.report(usage{id: tenantA, allowed: 10, elapsed: time.Second})
+	if r := c.action(tenantA).GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule(); r != typepb.RateLimitStrategy_ALLOW_ALL {
+		t.Fatalf("after a Swap no matcher matches: %v, want ALLOW_ALL", c.action(tenantA))
+	}
+	if vs := h.svc.Buckets(0); len(vs) != 0 {
+		t.Fatalf("after a Swap no matcher matches: Buckets = %+v, want none", vs)
+	}
+}
+
+// TestDomainCapIsOverflowWithoutState: past max_buckets_per_domain, a
+// bucket new to the domain gets the overflow answer (the policy over the
+// domain's streams, here 2), whichever stream reports it, and no state.
+func TestDomainCapIsOverflowWithoutState(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBucketsPerDomain = 2
+	h := newHarness(t, cfg, Options{})
+	a, b := h.client("edge"), h.client("edge")
+	id := func(i int) map[string]string { return map[string]string{"tenant": fmt.Sprint(i), "route": "api"} }
+	a.report(usage{id: id(0), allowed: 1, elapsed: time.Second}, usage{id: id(1), allowed: 1, elapsed: time.Second})
+	for i := 2; i < 20; i++ {
+		b.report(usage{id: id(i), allowed: 1, elapsed: time.Second})
+		if rate, burst := tokens(t, b.action(id(i))); rate != 50 || burst != 50 {
+			t.Fatalf("bucket %d past the domain's cap of 2: %v/s max %d, want the policy over 2 streams: 50/s, 50", i, rate, burst)
+		}
+	}
+	b.report(usage{id: id(0), allowed: 1, elapsed: time.Second})
+	if rate, _ := tokens(t, b.action(id(0))); rate == 50 {
+		t.Fatalf("a bucket the domain holds answered with the overflow share, want its own split")
+	}
+	if n := len(h.svc.Buckets(0)); n != 2 {
+		t.Fatalf("%d buckets kept, want the cap, 2", n)
 	}
 }
