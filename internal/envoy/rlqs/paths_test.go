@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice/internal/envoy/rlqs/ledger"
 )
 
 // bigReport is a report naming n buckets no matcher matches, each id
@@ -159,5 +162,52 @@ func TestDomainCapIsOverflowWithoutState(t *testing.T) {
 	}
 	if n := len(h.svc.Buckets(0)); n != 2 {
 		t.Fatalf("%d buckets kept, want the cap, 2", n)
+	}
+}
+
+// sizes wraps a ledger, recording the number of claims of every call.
+type sizes struct {
+	ledger.Ledger
+	mu    sync.Mutex
+	calls []int
+}
+
+func (z *sizes) Claim(ctx context.Context, domain, instance string, cs []ledger.Claim, ttl time.Duration) ([]ledger.Grant, error) {
+	z.mu.Lock()
+	z.calls = append(z.calls, len(cs))
+	z.mu.Unlock()
+	return z.Ledger.Claim(ctx, domain, instance, cs, ttl)
+}
+
+// TestClaimsGoInCallsOfAtMostMaxClaims: a domain's 2500 buckets are
+// claimed in calls of at most ledger.MaxClaims, at a stream's first
+// report of them and at a round, and every bucket is answered.
+func TestClaimsGoInCallsOfAtMostMaxClaims(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBucketsPerStream = 3000
+	h := newHarness(t, cfg, Options{})
+	z := &sizes{Ledger: ledger.NewMemory(h.clock.Now)}
+	h.svc.ledger = z
+	c := h.client("edge")
+	us := make([]usage, 2500)
+	for i := range us {
+		us[i] = usage{id: map[string]string{"tenant": fmt.Sprint(i), "route": "api"}, allowed: 1, elapsed: time.Second}
+	}
+	c.report(us...)
+	h.round()
+	var total int
+	for _, n := range z.calls {
+		if n > ledger.MaxClaims {
+			t.Fatalf("a ledger call of %d claims, want at most %d", n, ledger.MaxClaims)
+		}
+		total += n
+	}
+	if total != 2*2500 {
+		t.Fatalf("ledger calls of %v claims: want 2500 claimed at the first report and 2500 at the round", z.calls)
+	}
+	for _, u := range us {
+		if c.action(u.id).GetQuotaAssignmentAction() == nil {
+			t.Fatalf("a bucket of the 2500 was not answered")
+		}
 	}
 }

@@ -4,8 +4,9 @@ memDomain.put, memDomain.sweep): the RLQS ledger in Redis, one atomic call per C
 KEYS[1]  the domain's hash, sluice:rlqs:{<first 16 hex of sha256(domain)>}: field = a bucket's subject, value =
          the packed entries of every instance on that bucket (packEntries); the field "" holds when the hash was
          last swept of expired entries (µs), as memDomain.swept does.
-ARGV     'claim', instance, ttl (µs), then per claim 9 values: bucket, rate, burst, demand, streams, wish,
-         wishBurst, committed, committedBurst (redis.go's claimArgs writes them; integers in [0, 2^53)).
+ARGV     'claim', instance, ttl (µs), then per claim 2 values: bucket, and its 8 amounts packed as little-endian
+         doubles (AMOUNTS: rate, burst, demand, streams, wish, wishBurst, committed, committedBurst; redis.go's
+         claimArgs writes them, integers in [0, 2^53)): no decimal text to parse.
          'release', instance.
 Reply    claim: now (µs), then per claim the grant's rate, burst, reserved, reservedBurst, demand, streams.
          release: now (µs).
@@ -14,25 +15,36 @@ Errors   'SLUICE_ARGS …' for arguments redis.go never writes; 'SLUICE_CORRUPT 
          write. The key's PEXPIRE is at least ttl (rounded up to the ms, plus 1 ms) after every claim, never
          shortened: it outlives every entry. ]]
 
-local mathMax, mathMin, toNumber, redisCall, structPack, structUnpack
+local mathMax, mathMin, toNumber, redisCall, structPack, structUnpack, stringByte, unpackArgs
 
 -- bindLibrary binds the locals above (while a function library loads, Redis hides them).
 local function bindLibrary()
   mathMax, mathMin, toNumber, redisCall = math.max, math.min, tonumber, redis.call
-  structPack, structUnpack = struct.pack, struct.unpack
+  structPack, structUnpack, stringByte, unpackArgs = struct.pack, struct.unpack, string.byte, unpack
 end
 
 -- An entry packs as its instance (length byte, bytes) and five little-endian doubles, exact below 2^53.
 local ENTRY = '<Bc0ddddd'
+local ENTRY_NUMBERS = 40 -- the bytes of its doubles
 
--- unpackEntries returns the entries a field holds, or raises SLUICE_CORRUPT.
+-- The most buckets one HSET or HDEL names; the most claims one call carries (redis.go's MaxClaims).
+local WRITE_CHUNK = 1000
+local MAX_CLAIMS = 1000
+
+-- A claim's amounts pack as eight little-endian doubles.
+local AMOUNTS = '<dddddddd'
+local AMOUNTS_BYTES = 64
+
+-- unpackEntries returns the entries a field holds, or raises SLUICE_CORRUPT: every entry's length checked before
+-- it is read, so no read runs past the value.
 local function unpackEntries(v)
-  local es, pos = {}, 1
-  while pos <= #v do
-    local ok, inst, expires, reserved, reservedBurst, demand, streams, nxt = pcall(structUnpack, ENTRY, v, pos)
-    if not ok or inst == '' or nxt == nil then
+  local es, pos, size = {}, 1, #v
+  while pos <= size do
+    local n = stringByte(v, pos)
+    if n == 0 or pos + n + ENTRY_NUMBERS > size then
       error({err = 'SLUICE_CORRUPT a bucket\'s entries cannot be read'})
     end
+    local inst, expires, reserved, reservedBurst, demand, streams, nxt = structUnpack(ENTRY, v, pos)
     es[#es + 1] = {instance = inst, expires = expires, reserved = reserved, reservedBurst = reservedBurst,
       demand = demand, streams = streams}
     pos = nxt
@@ -95,21 +107,42 @@ local function filterAll(key, keep)
   return changed
 end
 
--- put ports memDomain.put: a bucket without entries has no field.
-local function put(key, bucket, es)
+-- put ports memDomain.put: a bucket without entries has no field. The writes gather in w, which writeAll sends.
+local function put(w, bucket, es)
   if #es == 0 then
-    redisCall('HDEL', key, bucket)
+    w.dels[#w.dels + 1] = bucket
     return
   end
-  redisCall('HSET', key, bucket, packEntries(es))
+  local sets = w.sets
+  sets[#sets + 1], sets[#sets + 2] = bucket, packEntries(es)
+end
+
+-- writes returns an empty gathering of writes, for put.
+local function writes()
+  return {sets = {}, dels = {}}
+end
+
+-- writeAll sends the writes w gathered to key: one HSET and one HDEL per WRITE_CHUNK buckets (a call per bucket
+-- costs Redis more than the bucket's whole computation; a sweep or a release may write every bucket of a domain,
+-- more than Lua's stack holds as arguments).
+local function writeAll(key, w)
+  local sets, dels = w.sets, w.dels
+  for i = 1, #sets, 2 * WRITE_CHUNK do
+    redisCall('HSET', key, unpackArgs(sets, i, mathMin(i + 2 * WRITE_CHUNK - 1, #sets)))
+  end
+  for i = 1, #dels, WRITE_CHUNK do
+    redisCall('HDEL', key, unpackArgs(dels, i, mathMin(i + WRITE_CHUNK - 1, #dels)))
+  end
 end
 
 -- sweep ports memDomain.sweep: every bucket's expired entries dropped.
 local function sweep(key, now)
+  local w = writes()
   for _, b in ipairs(filterAll(key, function(e) return e.expires > now end)) do
-    put(key, b[1], b[2])
+    put(w, b[1], b[2])
   end
-  redisCall('HSET', key, '', string.format('%.0f', now))
+  w.sets[#w.sets + 1], w.sets[#w.sets + 2] = '', string.format('%.0f', now)
+  writeAll(key, w)
 end
 
 -- number returns ARGV[i] as an integer in [0, 2^53), or raises SLUICE_ARGS.
@@ -119,6 +152,26 @@ local function number(args, i)
     error({err = 'SLUICE_ARGS argument ' .. i .. ' is no integer in [0, 2^53)'})
   end
   return n
+end
+
+-- whole reports whether n, a double, is an integer in [0, 2^53) (NaN is not).
+local function whole(n)
+  return n >= 0 and n < 9007199254740992 and n % 1 == 0
+end
+
+-- amounts returns the claim ARGV[i] packs (AMOUNTS), bucket ARGV[i - 1], or raises SLUICE_ARGS.
+local function amounts(args, i)
+  local v = args[i]
+  if #v ~= AMOUNTS_BYTES then
+    error({err = 'SLUICE_ARGS argument ' .. i .. ' is no 8 packed amounts'})
+  end
+  local rate, burst, demand, streams, wish, wishBurst, committed, committedBurst = structUnpack(AMOUNTS, v)
+  if not (whole(rate) and whole(burst) and whole(demand) and whole(streams) and whole(wish) and whole(wishBurst)
+      and whole(committed) and whole(committedBurst)) then
+    error({err = 'SLUICE_ARGS argument ' .. i .. ' holds an amount that is no integer in [0, 2^53)'})
+  end
+  return {bucket = args[i - 1], rate = rate, burst = burst, demand = demand, streams = streams, wish = wish,
+    wishBurst = wishBurst, committed = committed, committedBurst = committedBurst}
 end
 
 -- redisTime returns the time of this call by Redis TIME, in µs.
@@ -136,21 +189,25 @@ local function keepFor(key, ttl)
 end
 
 -- readClaims returns the claims args carries and the entries of each bucket they name, every argument checked
--- and every field read before anything is written.
+-- and every field read (one HMGET) before anything is written.
 local function readClaims(key, args)
-  local cs, entries = {}, {}
-  for i = 4, #args, 9 do
-    local c = {bucket = args[i], rate = number(args, i + 1), burst = number(args, i + 2), demand = number(args, i + 3),
-      streams = number(args, i + 4), wish = number(args, i + 5), wishBurst = number(args, i + 6),
-      committed = number(args, i + 7), committedBurst = number(args, i + 8)}
+  local cs, entries, fields = {}, {}, {}
+  for i = 4, #args, 2 do
+    local c = amounts(args, i + 1)
     if c.bucket == '' then
       error({err = 'SLUICE_ARGS a bucket is never empty'})
     end
     if entries[c.bucket] == nil then
-      local v = redisCall('HGET', key, c.bucket)
-      entries[c.bucket] = v and unpackEntries(v) or {}
+      entries[c.bucket] = false
+      fields[#fields + 1] = c.bucket
     end
     cs[#cs + 1] = c
+  end
+  if #fields > 0 then
+    local vs = redisCall('HMGET', key, unpackArgs(fields))
+    for j, b in ipairs(fields) do
+      entries[b] = vs[j] and unpackEntries(vs[j]) or {}
+    end
   end
   return cs, entries
 end
@@ -167,12 +224,14 @@ local function claimAll(keys, args)
     reply[n + 1], reply[n + 2], reply[n + 3] = g.rate, g.burst, g.reserved
     reply[n + 4], reply[n + 5], reply[n + 6] = g.reservedBurst, g.demand, g.streams
   end
+  local w = writes()
   for _, c in ipairs(cs) do
     if entries[c.bucket] then
-      put(key, c.bucket, entries[c.bucket])
+      put(w, c.bucket, entries[c.bucket])
       entries[c.bucket] = false
     end
   end
+  writeAll(key, w)
   local swept = toNumber(redisCall('HGET', key, '') or '')
   if swept == nil then
     redisCall('HSET', key, '', string.format('%.0f', now))
@@ -185,10 +244,11 @@ end
 
 -- release ports Memory.Release: instance's entries of every bucket removed.
 local function release(keys, args)
-  local key, instance = keys[1], args[2]
+  local key, instance, w = keys[1], args[2], writes()
   for _, b in ipairs(filterAll(key, function(e) return e.instance ~= instance end)) do
-    put(key, b[1], b[2])
+    put(w, b[1], b[2])
   end
+  writeAll(key, w)
   return {redisTime()}
 end
 
@@ -200,10 +260,10 @@ local function ledger(keys, args)
   if #keys ~= 1 or args[2] == nil or args[2] == '' then
     return redis.error_reply('SLUICE_ARGS want one key, an operation and an instance')
   end
-  if args[1] == 'claim' and (#args - 3) % 9 == 0 then
+  if args[1] == 'claim' and (#args - 3) % 2 == 0 and #args <= 3 + 2 * MAX_CLAIMS then
     return claimAll(keys, args)
   elseif args[1] == 'release' and #args == 2 then
     return release(keys, args)
   end
-  return redis.error_reply('SLUICE_ARGS want claim, instance, ttl and 9 values per claim, or release and instance')
+  return redis.error_reply('SLUICE_ARGS want claim, instance, ttl and 2 values per claim (at most 1000), or release and instance')
 end

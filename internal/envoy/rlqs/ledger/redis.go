@@ -5,9 +5,11 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -46,7 +48,7 @@ const (
 	maxAmount   = 1<<53 - 1
 	maxInstance = 255
 	maxTTL      = 24 * time.Hour
-	argsPer     = 9 // claim.lua's values per claim
+	argsPer     = 2 // claim.lua's values per claim: the bucket and its packed amounts
 	replyPer    = 6 // claim.lua's values per grant
 )
 
@@ -116,11 +118,16 @@ func checkInstance(instance string) error {
 	return nil
 }
 
-// claimArgs returns the code's arguments for cs, checked: every amount in
-// [0, 2^53), no bucket empty (the hash's field "" is the code's own).
+// claimArgs returns the code's arguments for cs, checked: at most
+// MaxClaims, every amount in [0, 2^53), no bucket empty (the hash's field
+// "" is the code's own). Each claim's amounts go as 8 little-endian
+// doubles (exact below 2^53), which the code reads without parsing text.
 func claimArgs(instance string, cs []Claim, ttl time.Duration) ([]any, error) {
 	if err := checkInstance(instance); err != nil {
 		return nil, err
+	}
+	if len(cs) > MaxClaims {
+		return nil, fmt.Errorf("%d claims: at most %d a call", len(cs), MaxClaims)
 	}
 	if ttl < time.Millisecond || ttl > maxTTL {
 		return nil, fmt.Errorf("ttl %v: must be between 1ms and %v", ttl, maxTTL)
@@ -137,7 +144,11 @@ func claimArgs(instance string, cs []Claim, ttl time.Duration) ([]any, error) {
 				return nil, fmt.Errorf("claims[%d].%s = %d: must be between 0 and 2^53-1", i, claimFields[j], n)
 			}
 		}
-		args = append(args, c.Bucket, c.Rate, c.Burst, c.Demand, c.Streams, c.Wish, c.WishBurst, c.Committed, c.CommittedBurst)
+		packed := make([]byte, 0, 8*len(nums))
+		for _, n := range nums {
+			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(float64(n)))
+		}
+		args = append(args, c.Bucket, packed)
 	}
 	return args, nil
 }

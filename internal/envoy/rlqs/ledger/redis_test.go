@@ -246,7 +246,7 @@ func TestRedisReservationsNeverExceedThePolicy(t *testing.T) {
 // loaded and called either way, and the commands the code calls, on its
 // keys only (docs/rlqs.md quotes it).
 const rlqsACL = "resetkeys resetchannels -@all ~sluice:rlqs:* +fcall +function|load +evalsha +script|load " +
-	"+time +hget +hset +hdel +hgetall +pttl +pexpire"
+	"+time +hget +hmget +hset +hdel +hgetall +pttl +pexpire"
 
 // TestRedisACL: the ledger works for a user allowed exactly rlqsACL and
 // for the Redis store's user (redistest.ACLUser); for a user who may not
