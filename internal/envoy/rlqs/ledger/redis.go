@@ -43,7 +43,7 @@ var (
 )
 
 // The bounds of what a claim carries: claim.lua computes on doubles,
-// exact below 2^53, and packs an instance's length in one byte.
+// exact below 2^53.
 const (
 	maxAmount   = 1<<53 - 1
 	maxInstance = 255
@@ -114,6 +114,9 @@ func (r *Redis) Release(ctx context.Context, domain, instance string) error {
 func checkInstance(instance string) error {
 	if instance == "" || len(instance) > maxInstance {
 		return fmt.Errorf("instance of %d bytes: must be 1 to %d bytes", len(instance), maxInstance)
+	}
+	if strings.IndexByte(instance, 0) >= 0 {
+		return errors.New("instance: holds a NUL byte: claim.lua stores it zero-terminated")
 	}
 	return nil
 }

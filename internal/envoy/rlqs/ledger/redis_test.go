@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -48,7 +49,8 @@ func standalone(t testing.TB) *redis.Client {
 }
 
 // storedEntries decodes the entries Redis holds for bucket (claim.lua's
-// packEntries: a length byte, the instance, five little-endian doubles).
+// put: their number, 2 bytes little-endian, then each entry's instance,
+// zero-terminated, and five little-endian doubles).
 func storedEntries(t *testing.T, c redis.UniversalClient, domain, bucket string) []entry {
 	t.Helper()
 	v, err := c.HGet(context.Background(), key(domain), bucket).Result()
@@ -58,15 +60,24 @@ func storedEntries(t *testing.T, c redis.UniversalClient, domain, bucket string)
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := []byte(v)
+	if len(b) < 2 {
+		t.Fatalf("bucket %q: %d bytes, want a count of 2", bucket, len(b))
+	}
+	k := int(binary.LittleEndian.Uint16(b))
+	b = b[2:]
 	var es []entry
-	for b := []byte(v); len(b) > 0; {
-		n := int(b[0])
-		if len(b) < 1+n+40 {
-			t.Fatalf("bucket %q: %d bytes left, want at least %d", bucket, len(b), 1+n+40)
+	for range k {
+		n := bytes.IndexByte(b, 0)
+		if n < 1 || len(b) < n+1+40 {
+			t.Fatalf("bucket %q: an entry of %d bytes left: want an instance, a NUL and 40 bytes", bucket, len(b))
 		}
-		f := func(i int) int64 { return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[1+n+8*i:]))) }
-		es = append(es, entry{instance: string(b[1 : 1+n]), expires: f(0), reserved: f(1), reservedBurst: f(2), demand: f(3), streams: f(4)})
-		b = b[1+n+40:]
+		f := func(i int) int64 { return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[n+1+8*i:]))) }
+		es = append(es, entry{instance: string(b[:n]), expires: f(0), reserved: f(1), reservedBurst: f(2), demand: f(3), streams: f(4)})
+		b = b[n+1+40:]
+	}
+	if len(b) > 0 {
+		t.Fatalf("bucket %q: %d bytes after its %d entries", bucket, len(b), k)
 	}
 	return es
 }
@@ -367,20 +378,32 @@ func TestRedisCluster(t *testing.T) {
 func TestRedisCorruptField(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
 	r := NewRedis(c)
-	domain := fmt.Sprintf("corrupt-%d", rand.Uint64())
-	if err := c.HSet(ctx, key(domain), "bad", "\x05ab").Err(); err != nil {
-		t.Fatal(err)
+	entry := func(inst string) string { return inst + "\x00" + strings.Repeat("\x00", 40) }
+	bad := map[string]string{
+		"garbage":           "\x05ab",
+		"empty":             "",
+		"no entries":        "\x00\x00",
+		"short":             "\x01\x00" + entry("a")[:30],
+		"an empty instance": "\x02\x00" + entry("abc") + entry(""),
+		"bytes after":       "\x01\x00" + entry("a") + "x",
+		"count above":       "\x02\x00" + entry("a"),
 	}
-	cs := []Claim{{Bucket: "good", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}, {Bucket: "bad", Rate: 10, Burst: 10, Streams: 1}}
-	_, err := r.Claim(ctx, domain, "a", cs, time.Minute)
-	if err == nil || !strings.HasPrefix(err.Error(), "rlqs ledger: claim: ") || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
-		t.Fatalf("Claim over a corrupt field = %v, want an rlqs ledger error naming SLUICE_CORRUPT", err)
-	}
-	if n, err := c.HExists(ctx, key(domain), "good").Result(); err != nil || n {
-		t.Fatalf("after the failed claim, HEXISTS good = %v, %v: want false", n, err)
-	}
-	if err := r.Release(ctx, domain, "a"); err == nil || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
-		t.Fatalf("Release over a corrupt field = %v, want SLUICE_CORRUPT", err)
+	for name, v := range bad {
+		domain := fmt.Sprintf("corrupt-%d", rand.Uint64())
+		if err := c.HSet(ctx, key(domain), "bad", v).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cs := []Claim{{Bucket: "good", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}, {Bucket: "bad", Rate: 10, Burst: 10, Streams: 1}}
+		_, err := r.Claim(ctx, domain, "a", cs, time.Minute)
+		if err == nil || !strings.HasPrefix(err.Error(), "rlqs ledger: claim: ") || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
+			t.Fatalf("%s: Claim over a corrupt field = %v, want an rlqs ledger error naming SLUICE_CORRUPT", name, err)
+		}
+		if n, err := c.HExists(ctx, key(domain), "good").Result(); err != nil || n {
+			t.Fatalf("%s: after the failed claim, HEXISTS good = %v, %v: want false", name, n, err)
+		}
+		if err := r.Release(ctx, domain, "a"); err == nil || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
+			t.Fatalf("%s: Release over a corrupt field = %v, want SLUICE_CORRUPT", name, err)
+		}
 	}
 }
 
@@ -397,6 +420,8 @@ func TestClaimArgs(t *testing.T) {
 	}{
 		{"empty instance", "", []Claim{ok}, time.Second, "instance of 0 bytes: must be 1 to 255 bytes"},
 		{"long instance", strings.Repeat("i", 256), []Claim{ok}, time.Second, "instance of 256 bytes: must be 1 to 255 bytes"},
+		{"NUL in instance", "a\x00b", []Claim{ok}, time.Second, "instance: holds a NUL byte: claim.lua stores it zero-terminated"},
+		{"too many claims", "a", make([]Claim, MaxClaims+1), time.Second, "1001 claims: at most 1000 a call"},
 		{"short ttl", "a", []Claim{ok}, time.Microsecond, "ttl 1µs: must be between 1ms and 24h0m0s"},
 		{"empty bucket", "a", []Claim{ok, {Rate: 1}}, time.Second, "claims[1].Bucket: empty: a bucket's subject is never empty"},
 		{"negative", "a", []Claim{{Bucket: "b", Demand: -1}}, time.Second, "claims[0].Demand = -1: must be between 0 and 2^53-1"},
