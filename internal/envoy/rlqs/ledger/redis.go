@@ -57,7 +57,8 @@ const (
 // Release, on Redis time. Safe for concurrent use; the client stays the
 // caller's.
 type Redis struct {
-	c redis.UniversalClient
+	c      redis.UniversalClient
+	prefix string
 	// scripts is set once Redis refused functions: EVALSHA from then on.
 	scripts atomic.Bool
 }
@@ -65,16 +66,36 @@ type Redis struct {
 var _ Ledger = (*Redis)(nil)
 
 // NewRedis returns the ledger kept in the Redis c reaches: a client,
-// a Sentinel failover client or a Cluster client. The code is loaded on
+// a Sentinel failover client or a Cluster client. prefix starts every key,
+// as redisstore.Options.Prefix starts the store's: give it the same one,
+// so that one ACL key pattern covers both. "" is redisstore's default,
+// "sluice:"; like redisstore's, it is at most 64 bytes without '{' or '}'
+// (a brace would change the key's Cluster slot). The code is loaded on
 // first use, and again wherever Redis answers that it lacks it (a restart,
 // a failover to a node without it).
-func NewRedis(c redis.UniversalClient) *Redis { return &Redis{c: c} }
+func NewRedis(c redis.UniversalClient, prefix string) (*Redis, error) {
+	if prefix == "" {
+		prefix = defaultPrefix
+	}
+	if len(prefix) > maxPrefix || strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("rlqs ledger: prefix %q: must be at most %d bytes without '{' or '}'", prefix, maxPrefix)
+	}
+	return &Redis{c: c, prefix: prefix}, nil
+}
 
-// key returns the hash that holds domain's buckets: one per domain, in
-// one Cluster slot by its hash tag; the domain itself never reaches Redis.
-func key(domain string) string {
+// redisstore's default key prefix and the bound of one (redisstore.go;
+// this package does not import the store).
+const (
+	defaultPrefix = "sluice:"
+	maxPrefix     = 64
+)
+
+// key returns the hash that holds domain's buckets under prefix: one per
+// domain, in one Cluster slot by its hash tag; the domain itself never
+// reaches Redis.
+func key(prefix, domain string) string {
 	h := sha256.Sum256([]byte(domain))
-	return "sluice:rlqs:{" + hex.EncodeToString(h[:8]) + "}"
+	return prefix + "rlqs:{" + hex.EncodeToString(h[:8]) + "}"
 }
 
 // Claim implements Ledger.
@@ -89,7 +110,7 @@ func (r *Redis) claim(ctx context.Context, domain, instance string, cs []Claim, 
 	if err != nil {
 		return nil, 0, fmt.Errorf("rlqs ledger: claim: %w", err)
 	}
-	vals, err := r.run(ctx, key(domain), args)
+	vals, err := r.run(ctx, key(r.prefix, domain), args)
 	if err != nil {
 		return nil, 0, fmt.Errorf("rlqs ledger: claim: %w", err)
 	}
@@ -105,7 +126,7 @@ func (r *Redis) Release(ctx context.Context, domain, instance string) error {
 	if err := checkInstance(instance); err != nil {
 		return fmt.Errorf("rlqs ledger: release: %w", err)
 	}
-	if _, err := r.run(ctx, key(domain), []any{"release", instance}); err != nil {
+	if _, err := r.run(ctx, key(r.prefix, domain), []any{"release", instance}); err != nil {
 		return fmt.Errorf("rlqs ledger: release: %w", err)
 	}
 	return nil

@@ -53,7 +53,7 @@ func standalone(t testing.TB) *redis.Client {
 // zero-terminated, and five little-endian doubles).
 func storedEntries(t *testing.T, c redis.UniversalClient, domain, bucket string) []entry {
 	t.Helper()
-	v, err := c.HGet(context.Background(), key(domain), bucket).Result()
+	v, err := c.HGet(context.Background(), key(defaultPrefix, domain), bucket).Result()
 	if err == redis.Nil {
 		return nil
 	}
@@ -104,7 +104,7 @@ func waitRedisPast(t *testing.T, c redis.UniversalClient, at int64) {
 // script read: identical grants, and identical live entries at the end.
 func TestRedisMatchesMemory(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	seed := rand.Uint64()
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var clk time.Time
@@ -201,7 +201,7 @@ func countExpired(m *Memory, domain string, cs []Claim, now int64) int64 {
 // would let two instances take the same free capacity.
 func TestRedisReservationsNeverExceedThePolicy(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	const rate, burst = 10_000, 20_000
 	domain := fmt.Sprintf("concurrent-%d", rand.Uint64())
 	var claimers sync.WaitGroup
@@ -281,7 +281,7 @@ func TestRedisACL(t *testing.T) {
 	}
 	for name, c := range users {
 		defer c.Close()
-		r := NewRedis(c)
+		r := newRedis(t, c)
 		playTwoInstances(t, r, "acl-"+name)
 		if r.scripts.Load() {
 			t.Errorf("%s: the ledger fell back to scripts for a user allowed functions", name)
@@ -290,7 +290,7 @@ func TestRedisACL(t *testing.T) {
 	if err := admin.Do(ctx, "acl", "setuser", "rlqs", "-fcall", "-function|load").Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := NewRedis(users["exact"])
+	r := newRedis(t, users["exact"])
 	playTwoInstances(t, r, "acl-scripts")
 	if !r.scripts.Load() {
 		t.Fatal("the ledger did not fall back to scripts for a user refused FCALL")
@@ -343,11 +343,11 @@ func TestRedisCluster(t *testing.T) {
 	cl := redistest.Cluster(t)
 	c := cl.Client()
 	defer c.Close()
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	masters := map[string][]string{}
 	for i := 0; len(masters) < 3 && i < 100; i++ {
 		d := fmt.Sprint("cluster-", i)
-		m, err := c.MasterForKey(ctx, key(d))
+		m, err := c.MasterForKey(ctx, key(defaultPrefix, d))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +377,7 @@ func TestRedisCluster(t *testing.T) {
 // to the other buckets it named.
 func TestRedisCorruptField(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	entry := func(inst string) string { return inst + "\x00" + strings.Repeat("\x00", 40) }
 	bad := map[string]string{
 		"garbage":           "\x05ab",
@@ -390,7 +390,7 @@ func TestRedisCorruptField(t *testing.T) {
 	}
 	for name, v := range bad {
 		domain := fmt.Sprintf("corrupt-%d", rand.Uint64())
-		if err := c.HSet(ctx, key(domain), "bad", v).Err(); err != nil {
+		if err := c.HSet(ctx, key(defaultPrefix, domain), "bad", v).Err(); err != nil {
 			t.Fatal(err)
 		}
 		cs := []Claim{{Bucket: "good", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}, {Bucket: "bad", Rate: 10, Burst: 10, Streams: 1}}
@@ -398,7 +398,7 @@ func TestRedisCorruptField(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "rlqs ledger: claim: ") || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
 			t.Fatalf("%s: Claim over a corrupt field = %v, want an rlqs ledger error naming SLUICE_CORRUPT", name, err)
 		}
-		if n, err := c.HExists(ctx, key(domain), "good").Result(); err != nil || n {
+		if n, err := c.HExists(ctx, key(defaultPrefix, domain), "good").Result(); err != nil || n {
 			t.Fatalf("%s: after the failed claim, HEXISTS good = %v, %v: want false", name, n, err)
 		}
 		if err := r.Release(ctx, domain, "a"); err == nil || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
@@ -465,7 +465,7 @@ func BenchmarkRedisClaim(b *testing.B) {
 	} else {
 		c = standalone(b)
 	}
-	r := NewRedis(c)
+	r := newRedis(b, c)
 	cs := make([]Claim, 100)
 	for i := range cs {
 		cs[i] = Claim{Bucket: fmt.Sprintf("bucket-%03d", i), Rate: 10_000, Burst: 20_000, Demand: 50, Streams: 3,
@@ -494,4 +494,45 @@ func BenchmarkRedisClaim(b *testing.B) {
 			}
 		})
 	})
+}
+
+// newRedis is NewRedis with the default prefix, failing tb on an error.
+func newRedis(tb testing.TB, c redis.UniversalClient) *Redis {
+	tb.Helper()
+	r, err := NewRedis(c, "")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// TestRedisPrefix: the ledger's keys start with the prefix it is given
+// (the Redis store's, so one ACL key pattern covers both), by default
+// "sluice:"; a prefix with a brace or of more than 64 bytes is refused.
+func TestRedisPrefix(t *testing.T) {
+	ctx, c := context.Background(), standalone(t)
+	domain := fmt.Sprintf("prefix-%d", rand.Uint64())
+	for _, prefix := range []string{"", "tenant-7:"} {
+		r, err := NewRedis(c, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Claim(ctx, domain, "a", []Claim{{Bucket: "b", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		want := prefix
+		if want == "" {
+			want = "sluice:"
+		}
+		if k := key(want, domain); !strings.HasPrefix(k, want+"rlqs:{") {
+			t.Fatalf("prefix %q: key %q", prefix, k)
+		} else if n, err := c.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Fatalf("prefix %q: EXISTS %s = %d (%v), want 1", prefix, k, n, err)
+		}
+	}
+	for _, bad := range []string{"a{b:", "a}:", strings.Repeat("p", 65)} {
+		if _, err := NewRedis(c, bad); err == nil || !strings.Contains(err.Error(), "must be at most 64 bytes without '{' or '}'") {
+			t.Errorf("NewRedis(prefix %q) = %v, want the prefix refused", bad, err)
+		}
+	}
 }
