@@ -219,11 +219,20 @@ func settleFresh(p share, n int64, hs []*hold, g ledger.Grant) {
 	}
 }
 
+// maxDemand is the most demand one stream may bring to one bucket, in
+// milli-requests per second (a million requests a second): a report's
+// counts are the stream's word, and without a bound a stream's demand
+// could overflow the sums, or the ledger's exact range (claims whose
+// Demand passes 2^53 − 1 are refused, a round lost for every stream of
+// the domain). Up to 9 million streams on a bucket still sum below 2^53.
+const maxDemand = 1_000_000_000
+
 // ewma is the smoothed demand after a report of n requests over elapsed
-// (whole seconds, at least 1): the first report's rate, then α = 1/2.
+// (whole seconds, at least 1): the first report's rate, then α = 1/2;
+// at most maxDemand.
 func ewma(prev int64, first bool, n uint64, elapsed time.Duration) int64 {
 	secs := max(int64(elapsed/time.Second), 1)
-	rate := int64(min(n, math.MaxInt64/1000)) * 1000 / secs
+	rate := min(int64(min(n, math.MaxInt64/1000))*1000/secs, maxDemand)
 	if first {
 		return rate
 	}

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -246,6 +247,8 @@ func TestTTLAndDemand(t *testing.T) {
 		{"then half the old, half the new", 10_000, false, 0, 5 * time.Second, 5000},
 		{"elapsed 0 counts as 1 s (a new bucket's first report from Envoy)", 0, true, 7, 0, 7000},
 		{"elapsed under 1 s counts as 1 s", 10_000, false, 7, 500 * time.Millisecond, 8500},
+		{"a stream's demand is at most maxDemand", 0, true, math.MaxUint64, 0, maxDemand},
+		{"and stays so", maxDemand, false, math.MaxUint64, time.Second, maxDemand},
 	} {
 		if got := ewma(r.prev, r.first, r.n, r.elapsed); got != r.want {
 			t.Errorf("%s: ewma(%d, %v, %d, %v) = %d, want %d", r.name, r.prev, r.first, r.n, r.elapsed, got, r.want)
