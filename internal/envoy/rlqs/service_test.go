@@ -74,6 +74,22 @@ func newHarness(t *testing.T, cfg Config, opts Options) *harness {
 
 func (h *harness) round() { h.svc.round(context.Background()) }
 
+// advance waits until every answer put so far was sent, then advances the
+// clock by d: a round at the new time must not take a send still under
+// way in real time for one stuck since the old time.
+func (h *harness) advance(d time.Duration) {
+	h.svc.mu.Lock()
+	sts := make([]*stream, 0, len(h.svc.all))
+	for st := range h.svc.all {
+		sts = append(sts, st)
+	}
+	h.svc.mu.Unlock()
+	for _, st := range sts {
+		st.out.flush(context.Background())
+	}
+	h.clock.advance(d)
+}
+
 // client is a raw RLQS client: one stream, a reader keeping the latest
 // action of every bucket, and a probe (an unmatched bucket) in every
 // report, so that the report's answer is known when it arrives.
@@ -208,7 +224,7 @@ func TestSkewedDemandGetsSkewedShares(t *testing.T) {
 		a.report(usage{id: tenantA, allowed: 450, denied: 450, elapsed: 5 * time.Second})
 		b.report(usage{id: tenantA, allowed: 100, elapsed: 5 * time.Second})
 		h.round()
-		h.clock.advance(time.Second)
+		h.advance(time.Second)
 	}
 	a.report(usage{id: tenantA, allowed: 450, denied: 450, elapsed: 5 * time.Second})
 	b.report(usage{id: tenantA, allowed: 100, elapsed: 5 * time.Second})
@@ -492,7 +508,7 @@ func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
 	f.mu.Lock()
 	f.down = true
 	f.mu.Unlock()
-	h.clock.advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	h.round()
 	m := c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
 	if len(m.GetBucketAction()) != 2 {
@@ -501,7 +517,7 @@ func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
 	if during, _ := tokens(t, c.action(tenantA)); during != before {
 		t.Fatalf("during the outage the share moved from %v/s to %v/s, want kept", before, during)
 	}
-	h.clock.advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	h.round()
 	m = c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
 	if len(m.GetBucketAction()) != 1 {
@@ -527,7 +543,7 @@ func TestOutageRefreshEndsWithTheLedgerEntry(t *testing.T) {
 	f.down = true
 	f.mu.Unlock()
 	for _, step := range []time.Duration{time.Second, 5 * time.Second, 4*time.Second + 500*time.Millisecond, 5 * time.Second} {
-		h.clock.advance(step)
+		h.advance(step)
 		h.round()
 		c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
 		a := c.action(tenantA).GetQuotaAssignmentAction()
