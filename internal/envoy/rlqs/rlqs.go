@@ -69,8 +69,10 @@ type Options struct {
 	// Metrics, when set, counts and gauges the buckets. Default: nil.
 	Metrics *Metrics
 
-	manual bool   // no ticker: tests call round themselves
-	left   func() // called when a stream has left (tests)
+	manual  bool                                 // no ticker: tests call round themselves
+	left    func()                               // called when a stream has left (tests)
+	after   func(time.Duration) <-chan time.Time // default time.After (tests wait on their own)
+	sending func()                               // called as a stream's writer begins a send (tests)
 }
 
 // Service is the RLQS service. Safe for concurrent use. It owns one

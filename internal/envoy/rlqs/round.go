@@ -71,26 +71,21 @@ func (s *Service) roundDomain(ctx context.Context, cfg *config, d *domain) {
 	rp := s.planRound(cfg, d)
 	var gs []ledger.Grant
 	var err error
-	if len(rp.claims) > 0 {
-		s.opts.Metrics.ledgerCall(d.name)
-		gs, err = s.ledger.Claim(ctx, d.name, s.instance, rp.claims, rp.ttl)
-	}
+	sent := s.opts.Clock.Now() // the entries expire rp.ttl after the ledger's now, which is no earlier
+	gs, err = s.claimAll(ctx, d, rp.claims, rp.ttl)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err != nil {
-		s.opts.Metrics.ledgerError(d.name)
 		if !d.outage {
 			d.outage = true
 			s.opts.Logger.Warn("rlqs: the ledger cannot be reached: assignments stay as they are until their TTL, then expire",
 				slog.String("domain", d.name), slog.Any("error", err))
 		}
-	} else {
-		if d.outage {
-			d.outage = false
-			s.opts.Logger.Info("rlqs: the ledger answers again", slog.String("domain", d.name))
-		}
-		s.applyRound(d, rp, gs)
+	} else if d.outage {
+		d.outage = false
+		s.opts.Logger.Info("rlqs: the ledger answers again", slog.String("domain", d.name))
 	}
+	s.applyRound(d, rp, gs, sent.Add(rp.ttl))
 	s.endSlow(d, cfg.Round)
 	s.opts.Metrics.roundDone(d, s.opts.Clock.Now().Sub(start))
 }
@@ -131,15 +126,41 @@ func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
 	return rp
 }
 
-// applyRound settles every planned bucket by its grant, pushes the
-// changed assignments and drops the buckets no stream holds; d.mu held.
-func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant) {
+// claimAll claims cs for d in calls of at most ledger.MaxClaims, in
+// order: one call holds Redis (its shard) for as long as it runs, and must
+// not for long; each claim is atomic on its own bucket, which is all the
+// reservations' invariant needs. It returns the grants of the calls that
+// succeeded, in order, and the error of the first that failed (the rest
+// are not sent).
+func (s *Service) claimAll(ctx context.Context, d *domain, cs []ledger.Claim, ttl time.Duration) ([]ledger.Grant, error) {
+	gs := make([]ledger.Grant, 0, len(cs))
+	for len(cs) > 0 {
+		n := min(len(cs), ledger.MaxClaims)
+		s.opts.Metrics.ledgerCall(d.name)
+		g, err := s.ledger.Claim(ctx, d.name, s.instance, cs[:n], ttl)
+		if err != nil {
+			s.opts.Metrics.ledgerError(d.name)
+			return gs, err
+		}
+		gs, cs = append(gs, g...), cs[n:]
+	}
+	return gs, nil
+}
+
+// applyRound settles the planned buckets granted (the first len(gs); the
+// others keep their assignments, which their reservations still cover),
+// pushes the changed assignments and drops the buckets no stream holds;
+// until is when the claimed entries may expire, at the earliest; d.mu
+// held.
+func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until time.Time) {
 	now := s.opts.Clock.Now()
-	d.fleetS = 0
-	for i, b := range rp.buckets {
+	if len(gs) == len(rp.buckets) {
+		d.fleetS = 0
+	}
+	for i, b := range rp.buckets[:len(gs)] {
 		g := gs[i]
 		b.fleet.update(rp.claims[i], g)
-		b.granted = now
+		b.until = until
 		d.fleetS = max(d.fleetS, g.Streams)
 		changed := settle(rp.holds[i], rp.wants[i], g)
 		for _, h := range rp.holds[i] {
@@ -152,7 +173,7 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant) {
 		}
 		for j, st := range rp.streams[i] {
 			if h := b.holds[st]; h != nil && changed[j] {
-				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), st.ttl())})
+				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), b.ttl(st.ttl(), now))})
 			}
 		}
 	}
@@ -215,18 +236,15 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 	if len(cs) == 0 {
 		return
 	}
-	s.opts.Metrics.ledgerCall(d.name)
-	gs, err := s.ledger.Claim(ctx, d.name, s.instance, cs, ttl)
+	sent := s.opts.Clock.Now()
+	gs, _ := s.claimAll(ctx, d, cs, ttl)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err != nil {
-		s.opts.Metrics.ledgerError(d.name)
-		return // DENY_ALL is not sent either: no_assignment_behavior applies until a round grants
-	}
-	now := s.opts.Clock.Now()
-	for i, fb := range fbs {
+	// The buckets of a failed call are not answered, not even DENY_ALL:
+	// no_assignment_behavior applies until a round grants.
+	for i, fb := range fbs[:len(gs)] {
 		fb.b.fleet.update(cs[i], gs[i])
-		fb.b.granted = now
+		fb.b.until = sent.Add(ttl)
 		settleFresh(policyShare(fb.b.policy), fb.n, fb.hs, gs[i])
 	}
 }

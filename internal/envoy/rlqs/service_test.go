@@ -40,6 +40,7 @@ type harness struct {
 	svc   *Service
 	clock *fakeClock
 	conn  *grpc.ClientConn
+	addr  string
 	left  chan struct{}
 }
 
@@ -58,6 +59,7 @@ func newHarness(t *testing.T, cfg Config, opts Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.addr = ln.Addr().String()
 	g := grpc.NewServer()
 	svc.Register(g)
 	go func() { _ = g.Serve(ln) }()
@@ -71,6 +73,22 @@ func newHarness(t *testing.T, cfg Config, opts Options) *harness {
 }
 
 func (h *harness) round() { h.svc.round(context.Background()) }
+
+// advance waits until every answer put so far was sent, then advances the
+// clock by d: a round at the new time must not take a send still under
+// way in real time for one stuck since the old time.
+func (h *harness) advance(d time.Duration) {
+	h.svc.mu.Lock()
+	sts := make([]*stream, 0, len(h.svc.all))
+	for st := range h.svc.all {
+		sts = append(sts, st)
+	}
+	h.svc.mu.Unlock()
+	for _, st := range sts {
+		st.out.flush(context.Background())
+	}
+	h.clock.advance(d)
+}
 
 // client is a raw RLQS client: one stream, a reader keeping the latest
 // action of every bucket, and a probe (an unmatched bucket) in every
@@ -206,7 +224,7 @@ func TestSkewedDemandGetsSkewedShares(t *testing.T) {
 		a.report(usage{id: tenantA, allowed: 450, denied: 450, elapsed: 5 * time.Second})
 		b.report(usage{id: tenantA, allowed: 100, elapsed: 5 * time.Second})
 		h.round()
-		h.clock.advance(time.Second)
+		h.advance(time.Second)
 	}
 	a.report(usage{id: tenantA, allowed: 450, denied: 450, elapsed: 5 * time.Second})
 	b.report(usage{id: tenantA, allowed: 100, elapsed: 5 * time.Second})
@@ -292,8 +310,15 @@ func (r *releases) Release(ctx context.Context, domain, instance string) error {
 	return r.Ledger.Release(ctx, domain, instance)
 }
 
+// now is an Options.after that has waited already.
+func now(time.Duration) <-chan time.Time {
+	c := make(chan time.Time, 1)
+	c <- time.Time{}
+	return c
+}
+
 func TestShutdownSendsTTLZero(t *testing.T) {
-	h := newHarness(t, testConfig(), Options{})
+	h := newHarness(t, testConfig(), Options{after: now})
 	rel := &releases{Ledger: ledger.NewMemory(h.clock.Now)}
 	h.svc.ledger = rel
 	a, b := h.client("edge"), h.client("edge")
@@ -319,6 +344,53 @@ func TestShutdownSendsTTLZero(t *testing.T) {
 	}
 	if rel.n != 1 {
 		t.Fatalf("%d ledger releases, want 1 (one domain)", rel.n)
+	}
+}
+
+// TestShutdownReleasesARoundAfterTTLZero: the ledger entries are
+// released one round after the TTL 0 answers were sent, so that they are
+// applied (delivery within a round, the bound's assumption 1) before
+// the reservation goes; and not at all when Shutdown's ctx ends first
+// (the entries then expire by themselves, which is safe).
+func TestShutdownReleasesARoundAfterTTLZero(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		asked, fire := make(chan time.Duration, 1), make(chan time.Time)
+		h := newHarness(t, testConfig(), Options{after: func(d time.Duration) <-chan time.Time { asked <- d; return fire }})
+		rel := &releases{Ledger: ledger.NewMemory(h.clock.Now)}
+		h.svc.ledger = rel
+		c := h.client("edge")
+		c.report(usage{id: tenantA, allowed: 1, elapsed: time.Second})
+		h.round()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { h.svc.Shutdown(ctx); close(done) }()
+		select {
+		case d := <-asked:
+			if d != time.Second {
+				t.Fatalf("Shutdown waited %v after TTL 0, want a round, 1s", d)
+			}
+		case <-done:
+			t.Fatalf("Shutdown returned (%d releases) without waiting a round after TTL 0", rel.n)
+		}
+		for a := c.action(tenantA); a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() != 0; a = c.action(tenantA) {
+			c.next()
+		}
+		rel.mu.Lock()
+		early := rel.n
+		rel.mu.Unlock()
+		if early != 0 {
+			t.Fatalf("%d releases before the round after TTL 0 passed, want 0", early)
+		}
+		if cut {
+			cancel()
+		} else {
+			fire <- time.Time{}
+		}
+		<-done
+		cancel()
+		if want := map[bool]int{false: 1, true: 0}[cut]; rel.n != want {
+			t.Fatalf("ctx cut %v: %d releases, want %d", cut, rel.n, want)
+		}
 	}
 }
 
@@ -436,7 +508,7 @@ func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
 	f.mu.Lock()
 	f.down = true
 	f.mu.Unlock()
-	h.clock.advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	h.round()
 	m := c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
 	if len(m.GetBucketAction()) != 2 {
@@ -445,10 +517,39 @@ func TestLedgerOutageKeepsAssignmentsUntilTheirTTL(t *testing.T) {
 	if during, _ := tokens(t, c.action(tenantA)); during != before {
 		t.Fatalf("during the outage the share moved from %v/s to %v/s, want kept", before, during)
 	}
-	h.clock.advance(10 * time.Second)
+	h.advance(10 * time.Second)
 	h.round()
 	m = c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
 	if len(m.GetBucketAction()) != 1 {
 		t.Fatalf("past the TTL the answer has %d actions, want only the probe's: the assignment left to expire", len(m.GetBucketAction()))
+	}
+}
+
+// TestOutageRefreshEndsWithTheLedgerEntry: during a ledger outage a
+// report's answer refreshes the assignment only up to when this
+// instance's ledger entry may expire (the last claim's send time + its
+// entry TTL, 15 s + 1 round): an assignment that outlived its entry would
+// be in force while another instance may be granted its share.
+func TestOutageRefreshEndsWithTheLedgerEntry(t *testing.T) {
+	h := newHarness(t, testConfig(), Options{})
+	f := &failing{Ledger: ledger.NewMemory(h.clock.Now)}
+	h.svc.ledger = f
+	c := h.client("edge")
+	c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+	claimed := h.clock.Now()
+	h.round() // the last claim: its entry lives 15 s + 1 s (the round)
+	entryEnds := claimed.Add(16 * time.Second)
+	f.mu.Lock()
+	f.down = true
+	f.mu.Unlock()
+	for _, step := range []time.Duration{time.Second, 5 * time.Second, 4*time.Second + 500*time.Millisecond, 5 * time.Second} {
+		h.advance(step)
+		h.round()
+		c.report(usage{id: tenantA, allowed: 50, elapsed: 5 * time.Second})
+		a := c.action(tenantA).GetQuotaAssignmentAction()
+		if ends := h.clock.Now().Add(a.GetAssignmentTimeToLive().AsDuration()); ends.After(entryEnds) {
+			t.Fatalf("%v into the outage: the answer's TTL %v ends %v after the ledger entry may expire",
+				h.clock.Now().Sub(claimed), a.GetAssignmentTimeToLive().AsDuration(), ends.Sub(entryEnds))
+		}
 	}
 }

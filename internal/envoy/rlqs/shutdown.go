@@ -3,16 +3,21 @@ package rlqs
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 )
 
 // Shutdown stops the rounds and refuses new streams; sends every stream
 // every bucket it holds with a TTL of 0 (its Envoy expires them now, to
-// its expired_assignment_behavior) and waits until those are sent; then
-// releases this instance's ledger entries, so the other instances may
-// regive the shares at their next round; then ends every stream. ctx
-// bounds the waits: past it, what is left is done at once.
+// its expired_assignment_behavior) and waits until those are sent; one
+// round later, when they are applied (delivery within a round: the
+// bound's assumption 1), releases this instance's ledger entries, so the
+// other instances may regive the shares at their next round; then ends
+// every stream. ctx bounds the waits: past it, the entries are not
+// released (they expire by themselves: releasing them before the TTL 0
+// answers are applied could let the fleet admit more than the bound) and
+// the streams end at once.
 func (s *Service) Shutdown(ctx context.Context) {
 	s.mu.Lock()
 	if s.closing {
@@ -41,12 +46,15 @@ func (s *Service) Shutdown(ctx context.Context) {
 	for _, st := range streams {
 		st.out.flush(ctx)
 	}
-	for _, d := range ds {
-		d.claimMu.Lock()
-		if err := s.ledger.Release(ctx, d.name, s.instance); err != nil {
-			s.opts.Logger.Warn("rlqs: cannot release this instance's ledger entries; they expire by themselves", slog.String("domain", d.name), slog.Any("error", err))
-		}
-		d.claimMu.Unlock()
+	after := s.opts.after
+	if after == nil {
+		after = time.After
+	}
+	select {
+	case <-after(s.cfg.Load().Round):
+		s.release(ctx, ds)
+	case <-ctx.Done():
+		s.opts.Logger.Warn("rlqs: shutdown ran out of time before the TTL 0 answers were surely applied; this instance's ledger entries expire by themselves")
 	}
 	s.mu.Lock()
 	for st := range s.all {
@@ -54,4 +62,15 @@ func (s *Service) Shutdown(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	s.streams.Wait()
+}
+
+// release releases this instance's ledger entries of every domain of ds.
+func (s *Service) release(ctx context.Context, ds []*domain) {
+	for _, d := range ds {
+		d.claimMu.Lock()
+		if err := s.ledger.Release(ctx, d.name, s.instance); err != nil {
+			s.opts.Logger.Warn("rlqs: cannot release this instance's ledger entries; they expire by themselves", slog.String("domain", d.name), slog.Any("error", err))
+		}
+		d.claimMu.Unlock()
+	}
 }

@@ -219,11 +219,20 @@ func settleFresh(p share, n int64, hs []*hold, g ledger.Grant) {
 	}
 }
 
+// maxDemand is the most demand one stream may bring to one bucket, in
+// milli-requests per second (a million requests a second): a report's
+// counts are the stream's word, and without a bound a stream's demand
+// could overflow the sums, or the ledger's exact range (claims whose
+// Demand passes 2^53 − 1 are refused, a round lost for every stream of
+// the domain). Up to 9 million streams on a bucket still sum below 2^53.
+const maxDemand = 1_000_000_000
+
 // ewma is the smoothed demand after a report of n requests over elapsed
-// (whole seconds, at least 1): the first report's rate, then α = 1/2.
+// (whole seconds, at least 1): the first report's rate, then α = 1/2;
+// at most maxDemand.
 func ewma(prev int64, first bool, n uint64, elapsed time.Duration) int64 {
 	secs := max(int64(elapsed/time.Second), 1)
-	rate := int64(min(n, math.MaxInt64/1000)) * 1000 / secs
+	rate := min(int64(min(n, math.MaxInt64/1000))*1000/secs, maxDemand)
 	if first {
 		return rate
 	}
@@ -250,6 +259,13 @@ func ttl(period time.Duration) time.Duration {
 // strategy encodes a share as Envoy reads it: a token bucket of whole
 // seconds, every number rounded down (so shares never add up to more
 // than the policy), or DENY_ALL when a number would be below 1.
+//
+// fill_interval carries fillNanos(seconds) nanoseconds beside its whole
+// seconds: Envoy decides whether a token bucket is the one in force by
+// max_tokens, tokens_per_fill and fill_interval's nanos, never its
+// seconds, so without them a change of seconds alone (a rate below 1/s
+// moving) would be ignored and the old rate kept. Envoy's rate reads
+// whole seconds (truncated), so the nanos do not change it.
 func strategy(s share) *typepb.RateLimitStrategy {
 	var perFill, fill int64
 	switch {
@@ -265,9 +281,14 @@ func strategy(s share) *typepb.RateLimitStrategy {
 	return &typepb.RateLimitStrategy{Strategy: &typepb.RateLimitStrategy_TokenBucket{TokenBucket: &typepb.TokenBucket{
 		MaxTokens:     uint32(maxTokens),
 		TokensPerFill: wrapperspb.UInt32(uint32(perFill)),
-		FillInterval:  durationpb.New(time.Duration(fill) * time.Second),
+		FillInterval:  &durationpb.Duration{Seconds: fill, Nanos: fillNanos(fill)},
 	}}}
 }
+
+// fillNanos is the nanos of a fill_interval of seconds whole seconds
+// (1 to 1000): seconds − 1, one-to-one, 0 for the usual 1 s, and below
+// the 1 s that would change the whole seconds Envoy reads.
+func fillNanos(seconds int64) int32 { return int32(seconds - 1) }
 
 // blanket is the strategy of rule r.
 func blanket(r typepb.RateLimitStrategy_BlanketRule) *typepb.RateLimitStrategy {

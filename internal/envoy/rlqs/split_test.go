@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -9,7 +10,9 @@ import (
 
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/envoy/rlqs/ledger"
@@ -155,7 +158,7 @@ func TestStrategy(t *testing.T) {
 	tb := func(maxTokens, perFill uint32, fill time.Duration) *typepb.RateLimitStrategy {
 		s := strategy(share{1000, 1000}) // any token bucket, then its numbers
 		b := s.GetTokenBucket()
-		b.MaxTokens, b.TokensPerFill.Value, b.FillInterval.Seconds = maxTokens, perFill, int64(fill/time.Second)
+		b.MaxTokens, b.TokensPerFill.Value, b.FillInterval = maxTokens, perFill, durationpb.New(fill)
 		return s
 	}
 	deny := blanket(typepb.RateLimitStrategy_DENY_ALL)
@@ -166,15 +169,60 @@ func TestStrategy(t *testing.T) {
 	}{
 		{"whole tokens per second", share{10_000, 20_000}, tb(20, 10, time.Second)},
 		{"fractions round down", share{10_999, 20_999}, tb(20, 10, time.Second)},
-		{"half a token a second: one every 2 s", share{500, 5000}, tb(5, 1, 2*time.Second)},
-		{"0.3 a second: one every 4 s (rounded down to 0.25)", share{300, 5000}, tb(5, 1, 4*time.Second)},
-		{"a rate too small for a whole second's count still has a token now and then", share{1, 1000}, tb(1, 1, 1000*time.Second)},
+		{"half a token a second: one every 2 s (and 1 ns: Envoy tells fill intervals apart by their nanos)", share{500, 5000}, tb(5, 1, 2*time.Second+1)},
+		{"0.3 a second: one every 4 s (rounded down to 0.25)", share{300, 5000}, tb(5, 1, 4*time.Second+3)},
+		{"a rate too small for a whole second's count still has a token now and then", share{1, 1000}, tb(1, 1, 1000*time.Second+999)},
 		{"no rate: DENY_ALL", share{0, 5000}, deny},
 		{"burst below one token: DENY_ALL", share{5000, 999}, deny},
 	}
 	for _, r := range rows {
 		if diff := cmp.Diff(r.want, strategy(r.s), protocmp.Transform()); diff != "" {
 			t.Errorf("%s: strategy(%v) (-want +got):\n%s", r.name, r.s, diff)
+		}
+	}
+}
+
+// envoySame is Envoy's protoTokenBucketsEq (global_client_impl.cc, cited
+// in docs/rlqs.md): max_tokens, tokens_per_fill and fill_interval's nanos,
+// not its seconds. Two token buckets it calls the same keep the limiter
+// in force, whatever rate the second one says.
+func envoySame(a, b *typepb.TokenBucket) bool {
+	return a.GetMaxTokens() == b.GetMaxTokens() && a.GetTokensPerFill().GetValue() == b.GetTokensPerFill().GetValue() &&
+		a.GetFillInterval().GetNanos() == b.GetFillInterval().GetNanos()
+}
+
+// TestStrategyDistinctToEnvoy: every two shares that encode to different
+// token buckets are different to Envoy's comparison too (else a change
+// that differs only in fill_interval's seconds is ignored, and Envoy keeps
+// the old, higher rate), and the rate Envoy reads (tokens_per_fill per
+// whole second of fill_interval, truncated) is the encoded one.
+func TestStrategyDistinctToEnvoy(t *testing.T) {
+	type enc struct {
+		seconds   int64
+		perFill   uint32
+		maxTokens uint32
+	}
+	seen := map[[3]int64]enc{}
+	for _, burst := range []int64{1000, 2000, 7000} {
+		for rate := int64(1); rate <= 3000; rate++ {
+			tb := strategy(share{rate, burst}).GetTokenBucket()
+			if tb == nil {
+				continue
+			}
+			fi := tb.GetFillInterval()
+			e := enc{fi.GetSeconds(), tb.GetTokensPerFill().GetValue(), tb.GetMaxTokens()}
+			if whole := fi.AsDuration().Truncate(time.Second); whole != time.Duration(e.seconds)*time.Second {
+				t.Fatalf("strategy(%d, %d): fill_interval %v reads as %v in Envoy, want %d s", rate, burst, fi.AsDuration(), whole, e.seconds)
+			}
+			k := [3]int64{int64(e.maxTokens), int64(e.perFill), int64(fi.GetNanos())}
+			if was, ok := seen[k]; ok && was != e {
+				t.Fatalf("strategy(%d, %d) = %+v and an earlier %+v are the same token bucket to Envoy", rate, burst, e, was)
+			}
+			seen[k] = e
+			prev := strategy(share{rate - 1, burst}).GetTokenBucket()
+			if prev != nil && !proto.Equal(prev, tb) && envoySame(prev, tb) {
+				t.Fatalf("strategy(%d, %d) and strategy(%d, %d) differ but are the same to Envoy", rate-1, burst, rate, burst)
+			}
 		}
 	}
 }
@@ -197,7 +245,10 @@ func TestTTLAndDemand(t *testing.T) {
 	}{
 		{"first report: its rate", 0, true, 50, 5 * time.Second, 10_000},
 		{"then half the old, half the new", 10_000, false, 0, 5 * time.Second, 5000},
-		{"elapsed 0 counts as 1 s", 0, true, 7, 0, 7000},
+		{"elapsed 0 counts as 1 s (a new bucket's first report from Envoy)", 0, true, 7, 0, 7000},
+		{"elapsed under 1 s counts as 1 s", 10_000, false, 7, 500 * time.Millisecond, 8500},
+		{"a stream's demand is at most maxDemand", 0, true, math.MaxUint64, 0, maxDemand},
+		{"and stays so", maxDemand, false, math.MaxUint64, time.Second, maxDemand},
 	} {
 		if got := ewma(r.prev, r.first, r.n, r.elapsed); got != r.want {
 			t.Errorf("%s: ewma(%d, %v, %d, %v) = %d, want %d", r.name, r.prev, r.first, r.n, r.elapsed, got, r.want)

@@ -47,7 +47,11 @@ type bucket struct {
 	policy  sluice.Policy // m's, with its plan
 	holds   map[*stream]*holding
 	fleet   fleet
-	granted time.Time // of the last grant; zero before
+	// until is when this instance's ledger entry of the bucket may expire,
+	// at the earliest: the send time of the last claim that granted it
+	// plus that claim's entry TTL (zero before). No assignment of the
+	// bucket is sent to end later (docs/rlqs.md, the bound's assumption 4).
+	until   time.Time
 	allowed uint64
 	denied  uint64
 }
@@ -84,6 +88,7 @@ func (s *Service) StreamRateLimitQuotas(gs rlqspb.RateLimitQuotaService_StreamRa
 	ctx, cancel := context.WithCancelCause(gs.Context())
 	defer cancel(nil)
 	st := &stream{holds: map[string]*bucket{}, cancel: cancel, out: newMailbox()}
+	st.out.sending = s.opts.sending
 	s.all[st] = true
 	s.streams.Add(1)
 	s.mu.Unlock()
@@ -97,7 +102,12 @@ func (s *Service) StreamRateLimitQuotas(gs rlqspb.RateLimitQuotaService_StreamRa
 	go func() { defer close(written); st.out.write(ctx, gs, s.opts.Clock, cancel) }()
 	defer func() {
 		cancel(nil)
-		<-written
+		if !st.out.quit() {
+			<-written
+		}
+		// else a send is under way, and may block until the stream ends
+		// (a client that does not read): returning ends it, gRPC's Send
+		// then fails and the writer ends.
 		s.leave(st)
 		if s.opts.left != nil {
 			s.opts.left()
@@ -302,9 +312,9 @@ func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlq
 }
 
 // answer turns replies into bucket actions: a held bucket's current
-// assignment (none while its last grant is older than the TTL: a ledger
-// outage lets it expire), ALLOW_ALL when unmatched, the overflow share,
-// or abandon.
+// assignment, its TTL cut to end when the bucket's ledger entry may
+// expire (none once it may have: a ledger outage lets it expire),
+// ALLOW_ALL when unmatched, the overflow share, or abandon.
 func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaResponse_BucketAction {
 	d := st.d
 	now := s.opts.Clock.Now()
@@ -323,13 +333,19 @@ func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaRespons
 			acts = append(acts, assign(r.id, blanket(typepb.RateLimitStrategy_ALLOW_ALL), l))
 		default:
 			h := r.b.holds[st]
-			if h == nil || h.fresh || now.Sub(r.b.granted) > l {
+			if h == nil || h.fresh || !r.b.until.After(now) {
 				continue
 			}
-			acts = append(acts, assign(r.id, strategy(h.assigned), l))
+			acts = append(acts, assign(r.id, strategy(h.assigned), r.b.ttl(l, now)))
 		}
 	}
 	return acts
+}
+
+// ttl is the TTL of an assignment of b sent at now to a stream whose
+// TTL is l: l, cut so that it ends no later than b.until.
+func (b *bucket) ttl(l time.Duration, now time.Time) time.Duration {
+	return max(min(l, b.until.Sub(now)), 0)
 }
 
 // overflowShare is the answer past a cap: the policy split equally over
@@ -352,13 +368,15 @@ func assign(id *rlqspb.BucketId, st *typepb.RateLimitStrategy, ttl time.Duration
 // latest action of each bucket replaces an earlier one not yet sent, so
 // a put never blocks (a round never waits for a stream).
 type mailbox struct {
-	mu      sync.Mutex
-	pending map[string]*rlqspb.RateLimitQuotaResponse_BucketAction
-	order   []string
-	since   time.Time     // when the send under way began; zero when none is
-	dead    bool          // the writer is gone
-	drained chan struct{} // closed when pending is empty and nothing is being sent
-	wake    chan struct{}
+	mu       sync.Mutex
+	pending  map[string]*rlqspb.RateLimitQuotaResponse_BucketAction
+	order    []string
+	sending  func()        // called before each send (tests); may be nil
+	since    time.Time     // when the send under way began; zero when none is
+	dead     bool          // the writer is gone
+	quitting bool          // the handler is returning: nothing more is taken
+	drained  chan struct{} // closed when pending is empty and nothing is being sent
+	wake     chan struct{}
 }
 
 func newMailbox() mailbox {
@@ -396,6 +414,9 @@ func (mb *mailbox) write(ctx context.Context, gs rlqspb.RateLimitQuotaService_St
 		case <-mb.wake:
 		}
 		for resp := mb.take(clock.Now()); resp != nil; resp = mb.take(clock.Now()) {
+			if mb.sending != nil {
+				mb.sending()
+			}
 			if err := gs.Send(resp); err != nil {
 				cancel(err)
 				return
@@ -409,7 +430,7 @@ func (mb *mailbox) write(ctx context.Context, gs rlqspb.RateLimitQuotaService_St
 func (mb *mailbox) take(now time.Time) *rlqspb.RateLimitQuotaResponse {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	if len(mb.order) == 0 {
+	if len(mb.order) == 0 || mb.quitting {
 		mb.since = time.Time{}
 		if mb.drained != nil {
 			close(mb.drained)
@@ -424,6 +445,15 @@ func (mb *mailbox) take(now time.Time) *rlqspb.RateLimitQuotaResponse {
 	clear(mb.pending)
 	mb.order, mb.since = mb.order[:0], now
 	return resp
+}
+
+// quit makes take return nothing more, and reports whether a send is
+// under way (the writer may then be blocked in it).
+func (mb *mailbox) quit() (sending bool) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	mb.quitting = true
+	return !mb.dead && !mb.since.IsZero()
 }
 
 // close marks mb's writer gone: a flush waits for nothing more.

@@ -383,11 +383,11 @@ type ACLServer struct {
 // ACLUser returns the ACL rule of the restricted user for keys under
 // prefix: FCALL and FUNCTION LOAD, EVALSHA and SCRIPT LOAD, PING, and the
 // data commands the store and its code call (HGETALL, HLEN and INCR
-// for overrides), on prefix* keys only. Everything
+// for overrides, HMGET for the RLQS ledger), on prefix* keys only. Everything
 // else, EVAL included, is denied.
 func ACLUser(prefix string) string {
 	return "resetkeys resetchannels -@all ~" + prefix + "* " +
-		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hset +hdel +hgetall +hlen +incr " +
+		"+fcall +function|load +evalsha +script|load +ping +time +pttl +pexpire +del +get +set +hget +hmget +hset +hdel +hgetall +hlen +incr " +
 		"+llen +lindex +lrange +ltrim +rpush +zscore +zadd +zcard +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +zrank +zrem +setrange"
 }
 

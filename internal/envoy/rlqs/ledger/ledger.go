@@ -51,11 +51,17 @@ type Grant struct {
 	Demand, Streams int64
 }
 
+// MaxClaims is the most claims one Claim call carries: one call holds
+// Redis for as long as it runs, so a caller with more buckets splits them
+// into several calls (each claim is atomic on its own bucket, which is
+// all the reservations' invariant needs).
+const MaxClaims = 1000
+
 // Ledger is the shared record of reservations. Implementations are safe
 // for concurrent use.
 type Ledger interface {
-	// Claim claims cs for instance in one call, atomically, and returns
-	// one Grant per Claim, in order. An instance's entries expire ttl after
+	// Claim claims cs (at most MaxClaims) for instance in one call,
+	// atomically, and returns one Grant per Claim, in order. An instance's entries expire ttl after
 	// its last claim of them. A Claim with no streams and nothing
 	// committed removes the instance's entry of its bucket.
 	Claim(ctx context.Context, domain, instance string, cs []Claim, ttl time.Duration) ([]Grant, error)

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -31,6 +32,9 @@ func NewMemory(now func() time.Time) *Memory {
 
 // Claim implements Ledger.
 func (m *Memory) Claim(_ context.Context, domain, instance string, cs []Claim, ttl time.Duration) ([]Grant, error) {
+	if len(cs) > MaxClaims {
+		return nil, fmt.Errorf("rlqs ledger: claim: %d claims: at most %d a call", len(cs), MaxClaims)
+	}
 	now, t := m.now().UnixMicro(), ttl.Microseconds()
 	m.mu.Lock()
 	defer m.mu.Unlock()

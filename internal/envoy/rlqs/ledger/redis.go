@@ -5,9 +5,11 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,12 +43,12 @@ var (
 )
 
 // The bounds of what a claim carries: claim.lua computes on doubles,
-// exact below 2^53, and packs an instance's length in one byte.
+// exact below 2^53.
 const (
 	maxAmount   = 1<<53 - 1
 	maxInstance = 255
 	maxTTL      = 24 * time.Hour
-	argsPer     = 9 // claim.lua's values per claim
+	argsPer     = 2 // claim.lua's values per claim: the bucket and its packed amounts
 	replyPer    = 6 // claim.lua's values per grant
 )
 
@@ -55,7 +57,8 @@ const (
 // Release, on Redis time. Safe for concurrent use; the client stays the
 // caller's.
 type Redis struct {
-	c redis.UniversalClient
+	c      redis.UniversalClient
+	prefix string
 	// scripts is set once Redis refused functions: EVALSHA from then on.
 	scripts atomic.Bool
 }
@@ -63,16 +66,36 @@ type Redis struct {
 var _ Ledger = (*Redis)(nil)
 
 // NewRedis returns the ledger kept in the Redis c reaches: a client,
-// a Sentinel failover client or a Cluster client. The code is loaded on
+// a Sentinel failover client or a Cluster client. prefix starts every key,
+// as redisstore.Options.Prefix starts the store's: give it the same one,
+// so that one ACL key pattern covers both. "" is redisstore's default,
+// "sluice:"; like redisstore's, it is at most 64 bytes without '{' or '}'
+// (a brace would change the key's Cluster slot). The code is loaded on
 // first use, and again wherever Redis answers that it lacks it (a restart,
 // a failover to a node without it).
-func NewRedis(c redis.UniversalClient) *Redis { return &Redis{c: c} }
+func NewRedis(c redis.UniversalClient, prefix string) (*Redis, error) {
+	if prefix == "" {
+		prefix = defaultPrefix
+	}
+	if len(prefix) > maxPrefix || strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("rlqs ledger: prefix %q: must be at most %d bytes without '{' or '}'", prefix, maxPrefix)
+	}
+	return &Redis{c: c, prefix: prefix}, nil
+}
 
-// key returns the hash that holds domain's buckets: one per domain, in
-// one Cluster slot by its hash tag; the domain itself never reaches Redis.
-func key(domain string) string {
+// redisstore's default key prefix and the bound of one (redisstore.go;
+// this package does not import the store).
+const (
+	defaultPrefix = "sluice:"
+	maxPrefix     = 64
+)
+
+// key returns the hash that holds domain's buckets under prefix: one per
+// domain, in one Cluster slot by its hash tag; the domain itself never
+// reaches Redis.
+func key(prefix, domain string) string {
 	h := sha256.Sum256([]byte(domain))
-	return "sluice:rlqs:{" + hex.EncodeToString(h[:8]) + "}"
+	return prefix + "rlqs:{" + hex.EncodeToString(h[:8]) + "}"
 }
 
 // Claim implements Ledger.
@@ -87,7 +110,7 @@ func (r *Redis) claim(ctx context.Context, domain, instance string, cs []Claim, 
 	if err != nil {
 		return nil, 0, fmt.Errorf("rlqs ledger: claim: %w", err)
 	}
-	vals, err := r.run(ctx, key(domain), args)
+	vals, err := r.run(ctx, key(r.prefix, domain), args)
 	if err != nil {
 		return nil, 0, fmt.Errorf("rlqs ledger: claim: %w", err)
 	}
@@ -103,7 +126,7 @@ func (r *Redis) Release(ctx context.Context, domain, instance string) error {
 	if err := checkInstance(instance); err != nil {
 		return fmt.Errorf("rlqs ledger: release: %w", err)
 	}
-	if _, err := r.run(ctx, key(domain), []any{"release", instance}); err != nil {
+	if _, err := r.run(ctx, key(r.prefix, domain), []any{"release", instance}); err != nil {
 		return fmt.Errorf("rlqs ledger: release: %w", err)
 	}
 	return nil
@@ -113,14 +136,22 @@ func checkInstance(instance string) error {
 	if instance == "" || len(instance) > maxInstance {
 		return fmt.Errorf("instance of %d bytes: must be 1 to %d bytes", len(instance), maxInstance)
 	}
+	if strings.IndexByte(instance, 0) >= 0 {
+		return errors.New("instance: holds a NUL byte: claim.lua stores it zero-terminated")
+	}
 	return nil
 }
 
-// claimArgs returns the code's arguments for cs, checked: every amount in
-// [0, 2^53), no bucket empty (the hash's field "" is the code's own).
+// claimArgs returns the code's arguments for cs, checked: at most
+// MaxClaims, every amount in [0, 2^53), no bucket empty (the hash's field
+// "" is the code's own). Each claim's amounts go as 8 little-endian
+// doubles (exact below 2^53), which the code reads without parsing text.
 func claimArgs(instance string, cs []Claim, ttl time.Duration) ([]any, error) {
 	if err := checkInstance(instance); err != nil {
 		return nil, err
+	}
+	if len(cs) > MaxClaims {
+		return nil, fmt.Errorf("%d claims: at most %d a call", len(cs), MaxClaims)
 	}
 	if ttl < time.Millisecond || ttl > maxTTL {
 		return nil, fmt.Errorf("ttl %v: must be between 1ms and %v", ttl, maxTTL)
@@ -137,7 +168,11 @@ func claimArgs(instance string, cs []Claim, ttl time.Duration) ([]any, error) {
 				return nil, fmt.Errorf("claims[%d].%s = %d: must be between 0 and 2^53-1", i, claimFields[j], n)
 			}
 		}
-		args = append(args, c.Bucket, c.Rate, c.Burst, c.Demand, c.Streams, c.Wish, c.WishBurst, c.Committed, c.CommittedBurst)
+		packed := make([]byte, 0, 8*len(nums))
+		for _, n := range nums {
+			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(float64(n)))
+		}
+		args = append(args, c.Bucket, packed)
 	}
 	return args, nil
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -48,25 +49,35 @@ func standalone(t testing.TB) *redis.Client {
 }
 
 // storedEntries decodes the entries Redis holds for bucket (claim.lua's
-// packEntries: a length byte, the instance, five little-endian doubles).
+// put: their number, 2 bytes little-endian, then each entry's instance,
+// zero-terminated, and five little-endian doubles).
 func storedEntries(t *testing.T, c redis.UniversalClient, domain, bucket string) []entry {
 	t.Helper()
-	v, err := c.HGet(context.Background(), key(domain), bucket).Result()
+	v, err := c.HGet(context.Background(), key(defaultPrefix, domain), bucket).Result()
 	if err == redis.Nil {
 		return nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := []byte(v)
+	if len(b) < 2 {
+		t.Fatalf("bucket %q: %d bytes, want a count of 2", bucket, len(b))
+	}
+	k := int(binary.LittleEndian.Uint16(b))
+	b = b[2:]
 	var es []entry
-	for b := []byte(v); len(b) > 0; {
-		n := int(b[0])
-		if len(b) < 1+n+40 {
-			t.Fatalf("bucket %q: %d bytes left, want at least %d", bucket, len(b), 1+n+40)
+	for range k {
+		n := bytes.IndexByte(b, 0)
+		if n < 1 || len(b) < n+1+40 {
+			t.Fatalf("bucket %q: an entry of %d bytes left: want an instance, a NUL and 40 bytes", bucket, len(b))
 		}
-		f := func(i int) int64 { return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[1+n+8*i:]))) }
-		es = append(es, entry{instance: string(b[1 : 1+n]), expires: f(0), reserved: f(1), reservedBurst: f(2), demand: f(3), streams: f(4)})
-		b = b[1+n+40:]
+		f := func(i int) int64 { return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[n+1+8*i:]))) }
+		es = append(es, entry{instance: string(b[:n]), expires: f(0), reserved: f(1), reservedBurst: f(2), demand: f(3), streams: f(4)})
+		b = b[n+1+40:]
+	}
+	if len(b) > 0 {
+		t.Fatalf("bucket %q: %d bytes after its %d entries", bucket, len(b), k)
 	}
 	return es
 }
@@ -93,7 +104,7 @@ func waitRedisPast(t *testing.T, c redis.UniversalClient, at int64) {
 // script read: identical grants, and identical live entries at the end.
 func TestRedisMatchesMemory(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	seed := rand.Uint64()
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var clk time.Time
@@ -190,7 +201,7 @@ func countExpired(m *Memory, domain string, cs []Claim, now int64) int64 {
 // would let two instances take the same free capacity.
 func TestRedisReservationsNeverExceedThePolicy(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	const rate, burst = 10_000, 20_000
 	domain := fmt.Sprintf("concurrent-%d", rand.Uint64())
 	var claimers sync.WaitGroup
@@ -246,7 +257,7 @@ func TestRedisReservationsNeverExceedThePolicy(t *testing.T) {
 // loaded and called either way, and the commands the code calls, on its
 // keys only (docs/rlqs.md quotes it).
 const rlqsACL = "resetkeys resetchannels -@all ~sluice:rlqs:* +fcall +function|load +evalsha +script|load " +
-	"+time +hget +hset +hdel +hgetall +pttl +pexpire"
+	"+time +hget +hmget +hset +hdel +hgetall +pttl +pexpire"
 
 // TestRedisACL: the ledger works for a user allowed exactly rlqsACL and
 // for the Redis store's user (redistest.ACLUser); for a user who may not
@@ -270,7 +281,7 @@ func TestRedisACL(t *testing.T) {
 	}
 	for name, c := range users {
 		defer c.Close()
-		r := NewRedis(c)
+		r := newRedis(t, c)
 		playTwoInstances(t, r, "acl-"+name)
 		if r.scripts.Load() {
 			t.Errorf("%s: the ledger fell back to scripts for a user allowed functions", name)
@@ -279,7 +290,7 @@ func TestRedisACL(t *testing.T) {
 	if err := admin.Do(ctx, "acl", "setuser", "rlqs", "-fcall", "-function|load").Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := NewRedis(users["exact"])
+	r := newRedis(t, users["exact"])
 	playTwoInstances(t, r, "acl-scripts")
 	if !r.scripts.Load() {
 		t.Fatal("the ledger did not fall back to scripts for a user refused FCALL")
@@ -332,11 +343,11 @@ func TestRedisCluster(t *testing.T) {
 	cl := redistest.Cluster(t)
 	c := cl.Client()
 	defer c.Close()
-	r := NewRedis(c)
+	r := newRedis(t, c)
 	masters := map[string][]string{}
 	for i := 0; len(masters) < 3 && i < 100; i++ {
 		d := fmt.Sprint("cluster-", i)
-		m, err := c.MasterForKey(ctx, key(d))
+		m, err := c.MasterForKey(ctx, key(defaultPrefix, d))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,21 +377,33 @@ func TestRedisCluster(t *testing.T) {
 // to the other buckets it named.
 func TestRedisCorruptField(t *testing.T) {
 	ctx, c := context.Background(), standalone(t)
-	r := NewRedis(c)
-	domain := fmt.Sprintf("corrupt-%d", rand.Uint64())
-	if err := c.HSet(ctx, key(domain), "bad", "\x05ab").Err(); err != nil {
-		t.Fatal(err)
+	r := newRedis(t, c)
+	entry := func(inst string) string { return inst + "\x00" + strings.Repeat("\x00", 40) }
+	bad := map[string]string{
+		"garbage":           "\x05ab",
+		"empty":             "",
+		"no entries":        "\x00\x00",
+		"short":             "\x01\x00" + entry("a")[:30],
+		"an empty instance": "\x02\x00" + entry("abc") + entry(""),
+		"bytes after":       "\x01\x00" + entry("a") + "x",
+		"count above":       "\x02\x00" + entry("a"),
 	}
-	cs := []Claim{{Bucket: "good", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}, {Bucket: "bad", Rate: 10, Burst: 10, Streams: 1}}
-	_, err := r.Claim(ctx, domain, "a", cs, time.Minute)
-	if err == nil || !strings.HasPrefix(err.Error(), "rlqs ledger: claim: ") || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
-		t.Fatalf("Claim over a corrupt field = %v, want an rlqs ledger error naming SLUICE_CORRUPT", err)
-	}
-	if n, err := c.HExists(ctx, key(domain), "good").Result(); err != nil || n {
-		t.Fatalf("after the failed claim, HEXISTS good = %v, %v: want false", n, err)
-	}
-	if err := r.Release(ctx, domain, "a"); err == nil || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
-		t.Fatalf("Release over a corrupt field = %v, want SLUICE_CORRUPT", err)
+	for name, v := range bad {
+		domain := fmt.Sprintf("corrupt-%d", rand.Uint64())
+		if err := c.HSet(ctx, key(defaultPrefix, domain), "bad", v).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cs := []Claim{{Bucket: "good", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}, {Bucket: "bad", Rate: 10, Burst: 10, Streams: 1}}
+		_, err := r.Claim(ctx, domain, "a", cs, time.Minute)
+		if err == nil || !strings.HasPrefix(err.Error(), "rlqs ledger: claim: ") || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
+			t.Fatalf("%s: Claim over a corrupt field = %v, want an rlqs ledger error naming SLUICE_CORRUPT", name, err)
+		}
+		if n, err := c.HExists(ctx, key(defaultPrefix, domain), "good").Result(); err != nil || n {
+			t.Fatalf("%s: after the failed claim, HEXISTS good = %v, %v: want false", name, n, err)
+		}
+		if err := r.Release(ctx, domain, "a"); err == nil || !strings.Contains(err.Error(), "SLUICE_CORRUPT") {
+			t.Fatalf("%s: Release over a corrupt field = %v, want SLUICE_CORRUPT", name, err)
+		}
 	}
 }
 
@@ -397,6 +420,8 @@ func TestClaimArgs(t *testing.T) {
 	}{
 		{"empty instance", "", []Claim{ok}, time.Second, "instance of 0 bytes: must be 1 to 255 bytes"},
 		{"long instance", strings.Repeat("i", 256), []Claim{ok}, time.Second, "instance of 256 bytes: must be 1 to 255 bytes"},
+		{"NUL in instance", "a\x00b", []Claim{ok}, time.Second, "instance: holds a NUL byte: claim.lua stores it zero-terminated"},
+		{"too many claims", "a", make([]Claim, MaxClaims+1), time.Second, "1001 claims: at most 1000 a call"},
 		{"short ttl", "a", []Claim{ok}, time.Microsecond, "ttl 1µs: must be between 1ms and 24h0m0s"},
 		{"empty bucket", "a", []Claim{ok, {Rate: 1}}, time.Second, "claims[1].Bucket: empty: a bucket's subject is never empty"},
 		{"negative", "a", []Claim{{Bucket: "b", Demand: -1}}, time.Second, "claims[0].Demand = -1: must be between 0 and 2^53-1"},
@@ -440,7 +465,7 @@ func BenchmarkRedisClaim(b *testing.B) {
 	} else {
 		c = standalone(b)
 	}
-	r := NewRedis(c)
+	r := newRedis(b, c)
 	cs := make([]Claim, 100)
 	for i := range cs {
 		cs[i] = Claim{Bucket: fmt.Sprintf("bucket-%03d", i), Rate: 10_000, Burst: 20_000, Demand: 50, Streams: 3,
@@ -469,4 +494,45 @@ func BenchmarkRedisClaim(b *testing.B) {
 			}
 		})
 	})
+}
+
+// newRedis is NewRedis with the default prefix, failing tb on an error.
+func newRedis(tb testing.TB, c redis.UniversalClient) *Redis {
+	tb.Helper()
+	r, err := NewRedis(c, "")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// TestRedisPrefix: the ledger's keys start with the prefix it is given
+// (the Redis store's, so one ACL key pattern covers both), by default
+// "sluice:"; a prefix with a brace or of more than 64 bytes is refused.
+func TestRedisPrefix(t *testing.T) {
+	ctx, c := context.Background(), standalone(t)
+	domain := fmt.Sprintf("prefix-%d", rand.Uint64())
+	for _, prefix := range []string{"", "tenant-7:"} {
+		r, err := NewRedis(c, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Claim(ctx, domain, "a", []Claim{{Bucket: "b", Rate: 10, Burst: 10, Streams: 1, Wish: 5, WishBurst: 5}}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		want := prefix
+		if want == "" {
+			want = "sluice:"
+		}
+		if k := key(want, domain); !strings.HasPrefix(k, want+"rlqs:{") {
+			t.Fatalf("prefix %q: key %q", prefix, k)
+		} else if n, err := c.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Fatalf("prefix %q: EXISTS %s = %d (%v), want 1", prefix, k, n, err)
+		}
+	}
+	for _, bad := range []string{"a{b:", "a}:", strings.Repeat("p", 65)} {
+		if _, err := NewRedis(c, bad); err == nil || !strings.Contains(err.Error(), "must be at most 64 bytes without '{' or '}'") {
+			t.Errorf("NewRedis(prefix %q) = %v, want the prefix refused", bad, err)
+		}
+	}
 }
