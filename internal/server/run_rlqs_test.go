@@ -72,6 +72,18 @@ func TestServeRLQS(t *testing.T) {
 			}
 		}
 	}
+	// The first answers, at once: the same fraction of each bucket's
+	// numbers, the plan's for gold (the plans are read before the first
+	// report).
+	first := map[string]uint32{}
+	for _, e := range p.Events() {
+		if k := e.Key; e.Kind == envoyrlqs.Assigned && first[k] == 0 {
+			first[k] = e.Strategy.GetTokenBucket().GetMaxTokens()
+		}
+	}
+	if a, g := first[envoyrlqs.Key(plain)], first[envoyrlqs.Key(gold)]; a == 0 || g != 10*a {
+		t.Fatalf("first answers: %d tokens for a, %d for gold, want ten times a's for gold", a, g)
+	}
 	if err := s.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

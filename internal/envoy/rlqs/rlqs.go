@@ -115,13 +115,23 @@ func New(cfg Config, opts Options) (*Service, error) {
 		planLog: logthrottle.Throttle{Every: time.Minute, Burst: 1}}
 	switch {
 	case s.ledger == nil && opts.Redis != nil:
-		s.ledger = ledger.NewRedis(opts.Redis)
+		// The store's keys' prefix: sluice serve's, the default.
+		r, err := ledger.NewRedis(opts.Redis, "")
+		if err != nil {
+			return nil, err
+		}
+		s.ledger = r
 	case s.ledger == nil:
 		s.ledger = ledger.NewMemory(opts.Clock.Now)
 	}
 	if err := s.Swap(cfg); err != nil {
 		return nil, err
 	}
+	// The plans before the first report, so a planned bucket's first
+	// answer has its plan's numbers, not the policy's.
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Load().Round)
+	s.readPlans(ctx)
+	cancel()
 	if opts.manual {
 		close(s.done)
 	} else {
