@@ -15,11 +15,11 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/envoyrlqs"
 )
 
-// rlqsAdminConfig is overridesConfig's tokens and HMAC key with Envoy's
-// quota service: domain edge, each tenant a bucket of per-tenant (100 a
-// second, burst 200), and a config-file plan for tenant gold.
-func rlqsAdminConfig() string {
-	return strings.Replace(overridesConfig(""), "  - { id: conc,", "  - { id: per-tenant, algorithm: token_bucket, limit: 100, window: 1s, burst: 200 }\n  - { id: conc,", 1) +
+// rlqsAdminConfig is overridesConfig's tokens, HMAC key and store with
+// Envoy's quota service: domain edge, each tenant a bucket of per-tenant
+// (100 a second, burst 200), and a config-file plan for tenant gold.
+func rlqsAdminConfig(store string) string {
+	return strings.Replace(overridesConfig(store), "  - { id: conc,", "  - { id: per-tenant, algorithm: token_bucket, limit: 100, window: 1s, burst: 200 }\n  - { id: conc,", 1) +
 		`  - { rlqs: { domain: edge, bucket: { tenant: gold } }, limit: 1000, burst: 2000, note: gold from the config }
 envoy:
   listen: "127.0.0.1:0"
@@ -33,12 +33,13 @@ envoy:
 `
 }
 
-// startRLQSAdmin runs rlqsAdminConfig and returns the server and a kit
-// proxy of domain edge dialled to its Envoy listener.
-func startRLQSAdmin(t *testing.T) (*running, *envoyrlqs.Proxy) {
+// startRLQSAdmin runs cfg (rlqsAdminConfig's, or a variant) and returns
+// the server and a kit proxy of domain edge dialled to its Envoy
+// listener.
+func startRLQSAdmin(t *testing.T, cfg string) (*running, *envoyrlqs.Proxy) {
 	t.Helper()
 	dir := t.TempDir()
-	writeTree(t, dir, map[string]string{"sluice.yaml": rlqsAdminConfig()})
+	writeTree(t, dir, map[string]string{"sluice.yaml": cfg})
 	s := startRunWith(t, server.RunOptions{ConfigPath: filepath.Join(dir, "sluice.yaml"), Getenv: func(k string) string { return overrideEnv[k] }}, "")
 	m := envoyLine.FindStringSubmatch(s.logs.String())
 	if m == nil {
@@ -80,7 +81,7 @@ func rlqsBuckets(t *testing.T, url, query string) (int, checkapi.RLQSList, strin
 // by its subject with what it is assigned, and DELETE brings the policy
 // back.
 func TestOverridesRLQSBucket(t *testing.T) {
-	s, p := startRLQSAdmin(t)
+	s, p := startRLQSAdmin(t, rlqsAdminConfig(""))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	acme := map[string]string{"tenant": "acme-7731"}
@@ -119,7 +120,7 @@ func TestOverridesRLQSBucket(t *testing.T) {
 // TestRLQSBucketsLimit: GET /v1/rlqs lists at most ?limit= buckets,
 // saying so, and refuses a limit out of 1 to 1000.
 func TestRLQSBucketsLimit(t *testing.T) {
-	s, p := startRLQSAdmin(t)
+	s, p := startRLQSAdmin(t, rlqsAdminConfig(""))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 3 {
