@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
-const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V)] [--limit N [--burst N] [--window D] [--note TEXT]]"
+const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V) | --rlqs-domain DOMAIN --bucket KEY=VALUE...] [--limit N [--burst N] [--window D] [--note TEXT]]"
 
 // overrideFlags are the flags of sluice override: the admin API's own
 // OverrideRequest (checkapi), one flag per field.
@@ -101,6 +103,7 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 		envoy.Entries = append(envoy.Entries, checkapi.EnvoyEntry{Key: k, Value: v})
 		return nil
 	})
+	rlqsBucket := rlqsFlags(fs)
 	fs.Int64Var(&f.body.Limit, "limit", 0, "the subject's limit (set)")
 	fs.Int64Var(&f.body.Burst, "burst", 0, "the subject's burst, token_bucket and gcra only (set; default: the limit)")
 	var window time.Duration
@@ -119,6 +122,12 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	if proxyRoute || proxy.IP != "" || proxy.Header != "" {
 		f.body.Proxy = &proxy
 	}
+	if rlqsBucket.Domain != "" || len(rlqsBucket.Bucket) > 0 {
+		f.body.RLQS = rlqsBucket
+	}
+	if err := subjectFlags(f.body, verb); err != "" {
+		return nil, &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + err, usage: "Usage: " + overrideSynopsis + "\n"}}
+	}
 	bad := func(msg string) error {
 		return &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + msg, usage: "Usage: " + overrideSynopsis + "\n"}}
 	}
@@ -133,8 +142,8 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 		return nil, bad("--envoy-domain and --descriptor name a subject in place of --subject, for set and rm")
 	case f.body.Envoy != nil && (envoy.Domain == "" || len(envoy.Entries) == 0):
 		return nil, bad("--envoy-domain needs at least one --descriptor KEY=VALUE, and --descriptor needs --envoy-domain")
-	case verb != "list" && f.body.Envoy == nil && f.body.Proxy == nil && (f.body.Policy == "" || f.body.Subject == ""):
-		return nil, bad("needs --policy and --subject (or --envoy-domain and --descriptor, or --proxy-route)")
+	case verb != "list" && f.body.Envoy == nil && f.body.Proxy == nil && f.body.RLQS == nil && (f.body.Policy == "" || f.body.Subject == ""):
+		return nil, bad("needs --policy and --subject (or --envoy-domain and --descriptor, --proxy-route, or --rlqs-domain and --bucket)")
 	case verb == "set" && f.body.Limit < 1:
 		return nil, bad("needs --limit, at least 1 (rm removes an override)")
 	case verb != "set" && (f.body.Limit != 0 || f.body.Burst != 0 || window != 0 || f.body.Note != ""):
@@ -143,6 +152,43 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 		return nil, bad("lists show notes, never subjects: leave --subject out")
 	}
 	return f, nil
+}
+
+// rlqsFlags declares the rlqs form's flags on fs: --rlqs-domain and the
+// repeated --bucket KEY=VALUE; the bucket they name fills in as fs parses.
+func rlqsFlags(fs *flag.FlagSet) *checkapi.RLQSBucket {
+	b := &checkapi.RLQSBucket{}
+	fs.StringVar(&b.Domain, "rlqs-domain", "", "in place of --subject: the `DOMAIN` of Envoy's quota service (envoy.rlqs) whose bucket --bucket names (--policy may then be left out)")
+	fs.Func("bucket", "with --rlqs-domain: one `KEY=VALUE` entry of the bucket id (repeat for each key)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return errors.New("want KEY=VALUE")
+		}
+		if _, dup := b.Bucket[k]; dup {
+			return fmt.Errorf("key %q given twice", k)
+		}
+		if b.Bucket == nil {
+			b.Bucket = map[string]string{}
+		}
+		b.Bucket[k] = v
+		return nil
+	})
+	return b
+}
+
+// subjectFlags checks the rlqs form's flags: one of the subject forms,
+// for set and rm, with its domain and at least one entry. It returns the
+// usage error's message, "" when there is none.
+func subjectFlags(b checkapi.OverrideRequest, verb string) string {
+	switch {
+	case b.RLQS == nil:
+		return ""
+	case verb == "list" || b.Subject != "" || b.Envoy != nil || b.Proxy != nil:
+		return "--rlqs-domain and --bucket name a bucket in place of --subject, --envoy-domain or --proxy-route, for set and rm"
+	case b.RLQS.Domain == "" || len(b.RLQS.Bucket) == 0:
+		return "--rlqs-domain needs at least one --bucket KEY=VALUE, and --bucket needs --rlqs-domain"
+	}
+	return ""
 }
 
 // printOverrides prints the entries of the answer in resp, one a line,

@@ -224,7 +224,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
-		cfgOverrides: opts.ConfigOverrides,
+		cfgOverrides: opts.ConfigOverrides, configStatus: opts.ConfigStatus,
 	}
 	s.modes = opts.FailureModes
 	s.storeless = s.answeredWithoutStore()
@@ -253,6 +253,12 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		p, _ := s.policy(id)
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
+	s.routes()
+	return s, nil
+}
+
+// routes registers every handler of s on its mux.
+func (s *Server) routes() {
 	s.mux.HandleFunc(checkPattern, s.check)
 	s.mux.HandleFunc("POST "+checkapi.ChecksPath, s.checks)
 	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
@@ -264,8 +270,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	if s.metrics != nil {
 		s.mux.Handle("GET /metrics", s.metrics.Handler())
 	}
-	if opts.ConfigStatus != nil {
-		s.configStatus = opts.ConfigStatus
+	if s.configStatus != nil {
 		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
 	s.mux.HandleFunc("PUT "+checkapi.OverridesPath, s.admin(s.putOverride))
@@ -277,7 +282,6 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	s.mux.HandleFunc("GET /ui/{file}", s.admin(s.uiAsset))
 	s.mux.HandleFunc("GET /ui/api/state", s.admin(s.uiState))
 	s.mux.HandleFunc("POST /ui/api/simulate", s.admin(s.uiSimulate))
-	return s, nil
 }
 
 // newCore returns core, or with none the edge core of s's Limiter.
