@@ -113,13 +113,23 @@ func (s *Server) listRLQS(w http.ResponseWriter, r *http.Request) {
 		s.rlqsAnswer(w, http.StatusNotFound, checkapi.RLQSList{Error: "this server has no Envoy quota service (envoy.rlqs)"})
 		return
 	}
-	views := s.rlqsBuckets(limit + 1)
-	out := checkapi.RLQSList{Buckets: make([]checkapi.RLQSBucketView, 0, min(len(views), limit)), Truncated: len(views) > limit}
-	for _, v := range views[:min(len(views), limit)] {
-		out.Buckets = append(out.Buckets, checkapi.RLQSBucketView{Domain: v.Domain, Policy: v.Policy, Subject: v.Subject, Streams: v.Streams,
+	views := s.rlqsViews(limit + 1)
+	s.rlqsAnswer(w, http.StatusOK, checkapi.RLQSList{Buckets: views[:min(len(views), limit)], Truncated: len(views) > limit})
+}
+
+// rlqsViews returns at most limit buckets of the quota service as the
+// wire shows them; nil without one.
+func (s *Server) rlqsViews(limit int) []checkapi.RLQSBucketView {
+	if s.rlqsBuckets == nil {
+		return nil
+	}
+	views := s.rlqsBuckets(limit)
+	out := make([]checkapi.RLQSBucketView, 0, len(views))
+	for _, v := range views {
+		out = append(out, checkapi.RLQSBucketView{Domain: v.Domain, Policy: v.Policy, Subject: v.Subject, Streams: v.Streams,
 			Demand: v.Demand, Rate: v.Rate, Burst: v.Burst, Allowed: v.Allowed, Denied: v.Denied})
 	}
-	s.rlqsAnswer(w, http.StatusOK, out)
+	return out
 }
 
 func (s *Server) rlqsAnswer(w http.ResponseWriter, code int, list checkapi.RLQSList) {
