@@ -32,6 +32,18 @@ type OverrideRequest struct {
 	Note   string      `json:"note,omitempty"`
 }
 
+// Forms returns how many of Subject, Envoy, Proxy and RLQS r sets: a
+// write names its subject exactly one way.
+func (r *OverrideRequest) Forms() int {
+	n := 0
+	for _, set := range []bool{r.Subject != "", r.Envoy != nil, r.Proxy != nil, r.RLQS != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
 // RLQSBucket is a bucket of Envoy's quota service: a domain of
 // envoy.rlqs and a bucket id, every value the bucket's own (never "*").
 type RLQSBucket struct {

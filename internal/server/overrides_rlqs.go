@@ -34,7 +34,7 @@ const (
 func (s *Server) rlqsTarget(in checkapi.OverrideRequest) (overrideTarget, int, string) {
 	b := in.RLQS
 	switch {
-	case in.Subject != "" || in.Envoy != nil || in.Proxy != nil:
+	case in.Forms() > 1:
 		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy, proxy and rlqs"
 	case len(b.Domain) == 0 || len(b.Domain) > checkapi.MaxSubjectLen:
 		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.domain is %d bytes: must be 1 to %d", len(b.Domain), checkapi.MaxSubjectLen)
