@@ -16,7 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/wiring"
 )
 
-const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V)] [--limit N [--burst N] [--window D] [--note TEXT]]"
+const overrideSynopsis = "sluice override set|list|rm [--url URL] [--token-env NAME | --token TOKEN] --policy ID [--subject SUBJECT | --envoy-domain DOMAIN --descriptor KEY=VALUE... | --proxy-route N (--client-ip IP | --header-value V) | --rlqs-domain DOMAIN --bucket KEY=VALUE...] [--limit N [--burst N] [--window D] [--note TEXT]]"
 
 // overrideFlags are the flags of sluice override: the admin API's own
 // OverrideRequest (checkapi), one flag per field.
@@ -93,14 +93,18 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	})
 	fs.StringVar(&proxy.IP, "client-ip", "", "with --proxy-route: the client's `IP` address, masked as the route masks it")
 	fs.StringVar(&proxy.Header, "header-value", "", "with --proxy-route: the `VALUE` of the route's subject header")
-	fs.Func("descriptor", "with --envoy-domain: one `KEY=VALUE` entry of the descriptor, as Envoy sends it (repeat, in order)", func(s string) error {
+	entry := func(s string) error {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" {
 			return fmt.Errorf("%q: want KEY=VALUE", s)
 		}
 		envoy.Entries = append(envoy.Entries, checkapi.EnvoyEntry{Key: k, Value: v})
 		return nil
-	})
+	}
+	fs.Func("descriptor", "with --envoy-domain: one `KEY=VALUE` entry of the descriptor, as Envoy sends it (repeat, in order)", entry)
+	fs.Func("bucket", "with --rlqs-domain: one `KEY=VALUE` entry of the bucket id (repeat for each key)", entry)
+	var rlqsDomain string
+	fs.StringVar(&rlqsDomain, "rlqs-domain", "", "in place of --subject: the `DOMAIN` of Envoy's quota service (envoy.rlqs) of the bucket --bucket names (--policy may then be left out)")
 	fs.Int64Var(&f.body.Limit, "limit", 0, "the subject's limit (set)")
 	fs.Int64Var(&f.body.Burst, "burst", 0, "the subject's burst, token_bucket and gcra only (set; default: the limit)")
 	var window time.Duration
@@ -113,36 +117,48 @@ func (a *app) overrideFlags(verb string, args []string) (*overrideFlags, error) 
 	if window != 0 {
 		f.body.Window = window.String()
 	}
-	if envoy.Domain != "" || len(envoy.Entries) > 0 {
+	if rlqsDomain != "" {
+		f.body.RLQS = &checkapi.RLQSBucket{Domain: rlqsDomain, Bucket: map[string]string{}}
+		for _, e := range envoy.Entries {
+			f.body.RLQS.Bucket[e.Key] = e.Value
+		}
+	}
+	if envoy.Domain != "" || len(envoy.Entries) > 0 && rlqsDomain == "" {
 		f.body.Envoy = &envoy
 	}
 	if proxyRoute || proxy.IP != "" || proxy.Header != "" {
 		f.body.Proxy = &proxy
 	}
-	bad := func(msg string) error {
-		return &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + msg, usage: "Usage: " + overrideSynopsis + "\n"}}
-	}
-	switch {
-	case f.tokenEnv != "" && f.token != "":
-		return nil, bad("set --token-env or --token, not both")
-	case f.body.Proxy != nil && (verb == "list" || f.body.Subject != "" || f.body.Envoy != nil):
-		return nil, bad("--proxy-route with --client-ip or --header-value names a subject in place of --subject or --envoy-domain, for set and rm")
-	case f.body.Proxy != nil && (!proxyRoute || (proxy.IP == "") == (proxy.Header == "")):
-		return nil, bad("--proxy-route needs one of --client-ip and --header-value, and they need --proxy-route")
-	case f.body.Envoy != nil && (verb == "list" || f.body.Subject != ""):
-		return nil, bad("--envoy-domain and --descriptor name a subject in place of --subject, for set and rm")
-	case f.body.Envoy != nil && (envoy.Domain == "" || len(envoy.Entries) == 0):
-		return nil, bad("--envoy-domain needs at least one --descriptor KEY=VALUE, and --descriptor needs --envoy-domain")
-	case verb != "list" && f.body.Envoy == nil && f.body.Proxy == nil && (f.body.Policy == "" || f.body.Subject == ""):
-		return nil, bad("needs --policy and --subject (or --envoy-domain and --descriptor, or --proxy-route)")
-	case verb == "set" && f.body.Limit < 1:
-		return nil, bad("needs --limit, at least 1 (rm removes an override)")
-	case verb != "set" && (f.body.Limit != 0 || f.body.Burst != 0 || window != 0 || f.body.Note != ""):
-		return nil, bad("--limit, --burst, --window and --note apply to set only")
-	case verb == "list" && f.body.Subject != "":
-		return nil, bad("lists show notes, never subjects: leave --subject out")
+	if msg := f.usage(verb, proxyRoute, len(envoy.Entries)); msg != "" {
+		return nil, &exitError{code: 2, err: &usageError{msg: "override " + verb + ": " + msg, usage: "Usage: " + overrideSynopsis + "\n"}}
 	}
 	return f, nil
+}
+
+// usage returns what is wrong with the flags of verb ("" when nothing
+// is), given whether --proxy-route was set and how many --descriptor or
+// --bucket entries were.
+func (f *overrideFlags) usage(verb string, proxyRoute bool, entries int) string {
+	b, forms := f.body, f.body.Forms()
+	switch {
+	case f.tokenEnv != "" && f.token != "":
+		return "set --token-env or --token, not both"
+	case verb == "list" && forms > 0:
+		return "lists show notes, never subjects: leave --subject, --envoy-domain, --proxy-route and --rlqs-domain out"
+	case forms > 1:
+		return "name the subject one way: --subject, --envoy-domain, --proxy-route or --rlqs-domain, for set and rm"
+	case b.Proxy != nil && (!proxyRoute || (b.Proxy.IP == "") == (b.Proxy.Header == "")):
+		return "--proxy-route needs one of --client-ip and --header-value, and they need --proxy-route"
+	case b.Envoy != nil && (b.Envoy.Domain == "" || entries == 0), b.RLQS != nil && (entries == 0 || len(b.RLQS.Bucket) != entries):
+		return "--envoy-domain needs at least one --descriptor KEY=VALUE, --rlqs-domain one --bucket KEY=VALUE (each key once); and they need their domain"
+	case verb != "list" && forms == 0, b.Subject != "" && b.Policy == "":
+		return "needs --policy and --subject (or --envoy-domain and --descriptor, --proxy-route, or --rlqs-domain and --bucket)"
+	case verb == "set" && b.Limit < 1:
+		return "needs --limit, at least 1 (rm removes an override)"
+	case verb != "set" && (b.Limit != 0 || b.Burst != 0 || b.Window != "" || b.Note != ""):
+		return "--limit, --burst, --window and --note apply to set only"
+	}
+	return ""
 }
 
 // printOverrides prints the entries of the answer in resp, one a line,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/sluicehq/sluice/internal/testkit/envoyrlqs"
 	"github.com/sluicehq/sluice/internal/testkit/redistest"
 )
 
@@ -43,6 +44,11 @@ policies:
 envoy:
   listen: "127.0.0.1:0"
   configs: ["rules.yaml"]
+  rlqs:
+    domains:
+      - domain: edge
+        buckets:
+          - { match: { tenant: "*" }, policy: paced }
 `)
 	// An Envoy rule in shadow mode, a week long: the page marks it so.
 	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "rules.yaml"), []byte(`domain: shop
@@ -204,6 +210,24 @@ descriptors:
 	if got := eval(`document.querySelector('#sim-error').hidden ? '' : document.querySelector('#sim-error').textContent`); got != "" {
 		t.Errorf("playground error %q", got)
 	}
+
+	// An Envoy proxy reports a bucket of the quota service: the Envoy
+	// quota buckets table lists it by its subject, one stream.
+	m := envoyListening.FindStringSubmatch(s.logs.String())
+	if m == nil {
+		t.Fatalf("no envoy listening line:\n%s", s.logs)
+	}
+	p, err := envoyrlqs.Dial(m[1], envoyrlqs.Options{Domain: "edge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Admit(map[string]string{"tenant": "alice-tenant"})
+	if err := p.Await(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the quota bucket is listed", `document.querySelector('#rlqs tr[data-domain="edge"] td.streams')?.textContent === "1" && `+
+		`document.querySelector('#rlqs tr[data-domain="edge"] td.allowed')?.textContent === "1"`)
 
 	// Nothing on the page names the subject.
 	if body := eval(`document.body.innerText`); strings.Contains(body, "alice") {

@@ -20,11 +20,35 @@ type OverrideRequest struct {
 	// one route of it sees it: its address or its header's value. The
 	// server pseudonymizes it as that route does; Policy is one of the
 	// route's (or left empty when it has one).
-	Proxy  *ProxyClient `json:"proxy,omitempty"`
-	Limit  int64        `json:"limit,omitempty"`
-	Burst  int64        `json:"burst,omitempty"`
-	Window string       `json:"window,omitempty"`
-	Note   string       `json:"note,omitempty"`
+	Proxy *ProxyClient `json:"proxy,omitempty"`
+	// RLQS, in place of Subject, names a bucket of Envoy's quota service:
+	// its domain and bucket id. The first matcher of the domain that
+	// takes the id gives the policy, which Policy must be (or be left
+	// empty); the server names the bucket as the service does.
+	RLQS   *RLQSBucket `json:"rlqs,omitempty"`
+	Limit  int64       `json:"limit,omitempty"`
+	Burst  int64       `json:"burst,omitempty"`
+	Window string      `json:"window,omitempty"`
+	Note   string      `json:"note,omitempty"`
+}
+
+// Forms returns how many of Subject, Envoy, Proxy and RLQS r sets: a
+// write names its subject exactly one way.
+func (r *OverrideRequest) Forms() int {
+	n := 0
+	for _, set := range []bool{r.Subject != "", r.Envoy != nil, r.Proxy != nil, r.RLQS != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// RLQSBucket is a bucket of Envoy's quota service: a domain of
+// envoy.rlqs and a bucket id, every value the bucket's own (never "*").
+type RLQSBucket struct {
+	Domain string            `json:"domain"`
+	Bucket map[string]string `json:"bucket"`
 }
 
 // OverrideEntry is one override as lists show it: never its subject nor

@@ -196,23 +196,25 @@ func (c *Config) matcherErrors(path string, b RLQSBucket) []*Error {
 		if burst == 0 {
 			burst, how = p.Limit, " (the default: its limit)"
 		}
-		if need, rate, short := shortBurst(p.Limit, burst, p.Window); short {
+		if need, rate, short := ShortBurst(p.Limit, burst, p.Window); short {
 			errs = append(errs, c.errorAt(path+".policy", strconv.Quote(b.Policy), fmt.Sprintf("has burst %d%s, below the %s tokens per second it refills (%d per %s): %s; set burst to at least %d",
-				burst, how, rate, p.Limit, p.Window, burstRule, need)))
+				burst, how, rate, p.Limit, p.Window, BurstRule, need)))
 		}
 	}
 	return errs
 }
 
-// burstRule is why an RLQS bucket's burst must cover its rate per
-// second: Envoy fills its token bucket once a whole second at least.
-const burstRule = "max_tokens below tokens per fill cannot deliver the rate"
+// BurstRule is why an RLQS bucket's burst must cover its rate per
+// second: Envoy fills its token bucket once a whole second at least. The
+// admin API refuses a plan with it as validate does.
+const BurstRule = "max_tokens below tokens per fill cannot deliver the rate"
 
-// shortBurst reports whether burst is below the tokens that limit per
+// ShortBurst reports whether burst is below the tokens that limit per
 // window refills in one second, and then the least burst that is not
-// and that rate, as written for a message. Numbers a policy's own rules
+// and that rate, as written for a message: the rule of an RLQS bucket's
+// policy and plan, in the config file and the admin API alike. Numbers a policy's own rules
 // refuse (a limit past 10^9, no window) are left to those rules.
-func shortBurst(limit, burst int64, window time.Duration) (need int64, rate string, short bool) {
+func ShortBurst(limit, burst int64, window time.Duration) (need int64, rate string, short bool) {
 	if limit < 1 || limit > 1_000_000_000 || burst < 1 || window <= 0 {
 		return 0, "", false
 	}
@@ -291,8 +293,8 @@ func (c *Config) rlqsOverrideErrors(i int, o Override, seen map[string]int) []*E
 	}
 	window := cmp.Or(o.Window, base.Window)
 	burst := cmp.Or(o.Burst, o.Limit)
-	if need, rate, short := shortBurst(o.Limit, burst, window); short {
-		return []*Error{c.errorAt(path+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("is below the %s tokens per second the plan refills (%d per %s): %s; set burst to at least %d", rate, o.Limit, window, burstRule, need))}
+	if need, rate, short := ShortBurst(o.Limit, burst, window); short {
+		return []*Error{c.errorAt(path+".burst", strconv.FormatInt(burst, 10), fmt.Sprintf("is below the %s tokens per second the plan refills (%d per %s): %s; set burst to at least %d", rate, o.Limit, window, BurstRule, need))}
 	}
 	return nil
 }

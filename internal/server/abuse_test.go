@@ -99,18 +99,24 @@ func abuseFuncs(t *testing.T) map[string]string {
 	return funcs
 }
 
+// rlqsOps are the operations of Envoy's quota service, each a row: a
+// plan for a bucket (the admin API's override, rlqs form), the list of
+// buckets (GET /v1/rlqs), and the stream (StreamRateLimitQuotas).
+var rlqsOps = []string{"override rlqs", "rlqs list", "rlqs stream"}
+
 // tableFrame is the test that checks the table itself: no row of its own.
 const tableFrame = "TestAbuseTableCovered"
 
 // TestAbuseTableCovered fails when the caller table in docs/security.md
 // and the abuse suite drift apart: a row for every operation a Limiter
-// takes (and for override, the admin API's), at least one test per row,
+// takes (and for override, the admin API's; and Envoy's quota service's
+// rlqsOps), at least one test per row,
 // every test a row names declared in this package, every TestAbuse*
 // function named by a row.
 func TestAbuseTableCovered(t *testing.T) {
 	rows := callerRows(t)
 	funcs := abuseFuncs(t)
-	ops := []string{"override"}
+	ops := append([]string{"override"}, rlqsOps...)
 	for op := sluice.Spend; !strings.HasPrefix(op.String(), "Op("); op++ {
 		if op.String() != "hold" { // local quota's block, inside a Limiter: no caller asks for it
 			ops = append(ops, op.String())

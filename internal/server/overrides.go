@@ -46,6 +46,12 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		}
 		window = d
 	}
+	if t.rlqs {
+		if why := s.rlqsBurstShort(t.policy, in.Limit, in.Burst, window); why != "" {
+			s.overrideAnswer(w, http.StatusUnprocessableEntity, nil, why)
+			return
+		}
+	}
 	o := sluice.Override{Policy: t.policy, Subject: t.subject, Limit: in.Limit, Burst: in.Burst, Window: window, Note: in.Note}
 	if s.dropOlder(w, r, t) {
 		s.setOverride(w, r, t.lim, o)
@@ -77,7 +83,7 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if in.Limit != 0 || in.Burst != 0 || in.Window != "" || in.Note != "" {
-		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject (or envoy) only")
+		s.overrideAnswer(w, http.StatusBadRequest, nil, "DELETE takes policy and subject (or envoy, proxy or rlqs) only")
 		return
 	}
 	o := sluice.Override{Policy: t.policy, Subject: t.subject}
@@ -187,11 +193,14 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 
 // overrideTarget is what an admin write names, resolved: the Limiter
 // that has the policy, the policy, the subject's pseudonym as the edge
-// that checks it makes it, and its pseudonyms under older keys.
+// that checks it makes it, and its pseudonyms under older keys; rlqs
+// when it names a bucket of Envoy's quota service, whose plan's burst
+// must cover its rate per second.
 type overrideTarget struct {
 	lim             *sluice.Limiter
 	policy, subject string
 	previous        []string
+	rlqs            bool
 }
 
 // readOverride authorizes an admin write, decodes its body and resolves
@@ -225,8 +234,12 @@ func (s *Server) readOverride(w http.ResponseWriter, r *http.Request) (checkapi.
 // target resolves what in names: a check API subject (subject, raw,
 // pseudonymized as /v1/check does) of the check API's policy, or a
 // descriptor as the Envoy service sees it (envoy), whose rule gives the
-// policy. On failure it returns the status and the reason.
+// policy; or a proxy's client or a quota service's bucket (proxyTarget,
+// rlqsTarget). On failure it returns the status and the reason.
 func (s *Server) target(in checkapi.OverrideRequest) (overrideTarget, int, string) {
+	if in.RLQS != nil {
+		return s.rlqsTarget(in)
+	}
 	if in.Proxy != nil {
 		return s.proxyTarget(in)
 	}
@@ -334,7 +347,7 @@ func (s *Server) overrideCounts(ctx context.Context) map[string]int {
 func (s *Server) proxyTarget(in checkapi.OverrideRequest) (overrideTarget, int, string) {
 	switch {
 	case in.Subject != "" || in.Envoy != nil:
-		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy and proxy"
+		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy, proxy and rlqs"
 	case s.proxySubject == nil:
 		return overrideTarget{}, http.StatusNotFound, "proxy: this server has no reverse proxy (proxy:)"
 	case len(in.Proxy.IP)+len(in.Proxy.Header) > checkapi.MaxSubjectLen:

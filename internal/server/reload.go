@@ -227,7 +227,8 @@ func (r *reloader) build(l *loaded, n int64) (*generation, error) {
 		return nil, err
 	}
 	g := &generation{n: n, loaded: l, loadedAt: r.clock.Now(), rls: w.RLS, rlqs: w.RLQS, pseud: w.Pseudonymizer}
-	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, EnvoyState: w.RLS, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core}); err != nil {
+	if g.api, err = New(w.Limiter, w.Pseudonymizer, r.log, Options{Envoy: w.Envoy, EnvoyState: w.RLS, FailureModes: w.FailureModes, Ready: r.ready, DecisionTimeout: cfg.Server.DecisionTimeout, Clock: r.clock, Metrics: r.metrics, ConfigStatus: r.status, Tokens: tokens, Store: r.info, ConfigOverrides: w.Overrides, Core: w.Core,
+		RLQS: w.RLQS, RLQSBuckets: r.rlqsBuckets(w.RLQS)}); err != nil {
 		return nil, err
 	}
 	if cfg.Proxy != nil {
@@ -384,6 +385,21 @@ func (r *reloader) rlqsPlans(ctx context.Context) ([]sluice.Override, error) {
 		return nil, nil
 	}
 	return srv.lim.Overrides(ctx)
+}
+
+// rlqsBuckets lists the quota service's buckets for a generation of cfg
+// (nil without envoy.rlqs). The service is made after the first
+// generation and before any request: read when asked.
+func (r *reloader) rlqsBuckets(cfg *rlqs.Config) func(limit int) []rlqs.BucketView {
+	if cfg == nil {
+		return nil
+	}
+	return func(limit int) []rlqs.BucketView {
+		if r.rlqsSvc == nil {
+			return nil
+		}
+		return r.rlqsSvc.Buckets(limit)
+	}
 }
 
 // serveWith serves an HTTP request with the handler pick chooses from the

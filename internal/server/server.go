@@ -72,6 +72,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/edge"
+	"github.com/sluicehq/sluice/internal/envoy/rlqs"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
 	"github.com/sluicehq/sluice/internal/logthrottle"
 	"github.com/sluicehq/sluice/internal/policyerr"
@@ -133,6 +134,13 @@ type Options struct {
 	// API names a subject as the service sees it (an override's envoy
 	// descriptor). Default: nil, such overrides are refused.
 	EnvoyState *rls.State
+	// RLQS is Envoy's quota service's config, through which the admin
+	// API names a bucket (an override's rlqs). Default: nil, such
+	// overrides are refused (404).
+	RLQS *rlqs.Config
+	// RLQSBuckets lists at most limit buckets of the quota service (GET
+	// /v1/rlqs, the dashboard). Default: nil, GET /v1/rlqs answers 404.
+	RLQSBuckets func(limit int) []rlqs.BucketView
 	// FailureModes are the policies' failure modes (the config's
 	// failure_mode and the rules files'), by ID, for the dashboard.
 	// Default: none, every policy fails closed.
@@ -153,6 +161,8 @@ type Server struct {
 	// proxySubject names a proxy client for overrides (Proxy.OverrideSubject);
 	// nil without a proxy. Set once, before the server serves.
 	proxySubject func(route int, ip, header string) ([]string, string, []string, error)
+	rlqs         *rlqs.Config                      // names quota service buckets for overrides; nil without envoy.rlqs
+	rlqsBuckets  func(limit int) []rlqs.BucketView // nil without envoy.rlqs
 	modes        map[string]failure.Mode
 	pseud        *subject.Pseudonymizer
 	log          *slog.Logger
@@ -214,7 +224,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		maxBody: opts.MaxBodyBytes, clock: opts.Clock, metrics: opts.Metrics,
 		mux: http.NewServeMux(), policyField: map[string]string{},
 		store: opts.Store, sims: make(chan struct{}, playgroundConcurrent),
-		cfgOverrides: opts.ConfigOverrides,
+		cfgOverrides: opts.ConfigOverrides, configStatus: opts.ConfigStatus,
 	}
 	s.modes = opts.FailureModes
 	s.storeless = s.answeredWithoutStore()
@@ -222,6 +232,7 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		s.envoy = opts.Envoy
 	}
 	s.envoyState = opts.EnvoyState
+	s.rlqs, s.rlqsBuckets = opts.RLQS, opts.RLQSBuckets
 	var err error
 	if s.auth, err = newAuth(opts.Tokens); err != nil {
 		return nil, err
@@ -242,6 +253,12 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 		p, _ := s.policy(id)
 		s.policyField[id] = string(ratelimitheader.AppendPolicyItem(nil, p))
 	}
+	s.routes()
+	return s, nil
+}
+
+// routes registers every handler of s on its mux.
+func (s *Server) routes() {
 	s.mux.HandleFunc(checkPattern, s.check)
 	s.mux.HandleFunc("POST "+checkapi.ChecksPath, s.checks)
 	s.mux.HandleFunc("POST "+checkapi.ReleasePath, s.lease(sluice.Release))
@@ -253,19 +270,18 @@ func New(lim *sluice.Limiter, pseud *subject.Pseudonymizer, log *slog.Logger, op
 	if s.metrics != nil {
 		s.mux.Handle("GET /metrics", s.metrics.Handler())
 	}
-	if opts.ConfigStatus != nil {
-		s.configStatus = opts.ConfigStatus
+	if s.configStatus != nil {
 		s.mux.HandleFunc("GET /v1/config", s.configz)
 	}
 	s.mux.HandleFunc("PUT "+checkapi.OverridesPath, s.admin(s.putOverride))
 	s.mux.HandleFunc("DELETE "+checkapi.OverridesPath, s.admin(s.deleteOverride))
 	s.mux.HandleFunc("GET "+checkapi.OverridesPath, s.admin(s.listOverrides))
+	s.mux.HandleFunc("GET "+checkapi.RLQSPath, s.admin(s.listRLQS))
 	s.mux.HandleFunc("GET /ui", s.admin(s.uiPage))
 	s.mux.Handle("GET /ui/{$}", http.RedirectHandler("/ui", http.StatusMovedPermanently))
 	s.mux.HandleFunc("GET /ui/{file}", s.admin(s.uiAsset))
 	s.mux.HandleFunc("GET /ui/api/state", s.admin(s.uiState))
 	s.mux.HandleFunc("POST /ui/api/simulate", s.admin(s.uiSimulate))
-	return s, nil
 }
 
 // newCore returns core, or with none the edge core of s's Limiter.

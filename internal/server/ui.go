@@ -168,7 +168,13 @@ type uiState struct {
 	Queues     []uiQueue    `json:"queues"`
 	Bookings   []uiBooked   `json:"bookings"`
 	Priorities []uiPriority `json:"priorities"`
+	// RLQS is the Envoy quota buckets table, GET /v1/rlqs's first
+	// uiRLQSLimit buckets; nil without envoy.rlqs.
+	RLQS []checkapi.RLQSBucketView `json:"rlqs"`
 }
+
+// uiRLQSLimit is how many quota service buckets the dashboard shows.
+const uiRLQSLimit = 100
 
 type uiStore struct {
 	Type  string `json:"type"`
@@ -259,6 +265,7 @@ func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
 		st.Bookings = s.metrics.bookedTotals(ids)
 		st.Priorities = s.metrics.priorityTotals(ids, policy)
 	}
+	st.RLQS = s.rlqsViews(uiRLQSLimit)
 	writeJSON(w, http.StatusOK, st)
 }
 

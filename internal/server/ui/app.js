@@ -174,6 +174,18 @@ function renderBookings(st) {
     el('td', {}, r.policy), cellNum(r.waits, 'waits'), cellNum(ms(r.mean_delay_ms), 'mean-delay')));
 }
 
+// renderRLQS fills the Envoy quota buckets table; the section shows only
+// on a server with envoy.rlqs.
+function renderRLQS(st) {
+  $('#rlqs-section').hidden = !st.rlqs;
+  if (!st.rlqs) return;
+  const num = (v) => (Math.round(v * 10) / 10).toString();
+  fillTable('#rlqs', 9, st.rlqs, (b) => el('tr', { 'data-domain': b.domain, 'data-subject': b.subject },
+    el('td', {}, b.domain), el('td', {}, b.policy), el('td', { class: 'subject', title: b.subject }, b.subject.slice(0, 12) + '…'),
+    cellNum(b.streams, 'streams'), cellNum(num(b.demand), 'demand'), cellNum(num(b.rate), 'rate'), cellNum(num(b.burst), 'burst'),
+    cellNum(b.allowed, 'allowed'), cellNum(b.denied, 'denied')), 'no bucket reported yet');
+}
+
 function renderLive(st) {
   const box = $('#live');
   if (!st.live) {
@@ -212,6 +224,7 @@ async function poll() {
     renderPriorities(st);
     renderQueues(st);
     renderBookings(st);
+    renderRLQS(st);
     renderLive(st);
     showError('#state-error', '');
   } catch (e) {
