@@ -154,8 +154,8 @@ func rss(pid int) string {
 // reports of max_buckets_per_stream (1000) each. The server keeps 1000
 // buckets (sluice_rlqs_buckets), answers the first 1000 with a share of
 // their own and every other with the documented overflow answer (the
-// policy split equally over the domain's S = 1 stream: 100 a second,
-// burst 100; counted in sluice_rlqs_overflow_total). The process's RSS
+// policy split equally over the domain's S = 1 stream: 400 a second,
+// burst 400; counted in sluice_rlqs_overflow_total). The process's RSS
 // before and after is logged, not asserted.
 func TestFleet100kBuckets(t *testing.T) {
 	const ids, perReport = 100_000, 1000

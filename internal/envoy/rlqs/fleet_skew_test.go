@@ -9,17 +9,21 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
-// phaseLen and settle: each phase of demand lasts 30 virtual seconds, and
-// its steady part, where utilization is measured, starts 10 s (two
-// reports) in: the smoothed demand (α = ½ a report) has then moved ¾ of
-// the way, enough for every proxy's share to sit at or below its demand.
+// phaseLen and settle: each phase of demand lasts 40 virtual seconds, and
+// its steady part, where utilization is measured, starts 20 s (four
+// reports) in. The smoothed demand (α = ½ a report) of a proxy whose
+// demand fell from 90 % to under 1 % of the offered halves each report,
+// and its share, above what it uses, with it: measured from 10 s after
+// the move, the N = 16 fleet admitted 85.7 % of r·T; from 20 s, the old
+// demand weighs 1/16 and every share sits at or below its demand.
 const (
-	phaseLen = 30 * time.Second
-	settle   = 10 * time.Second
+	phaseLen = 40 * time.Second
+	settle   = 20 * time.Second
 )
 
 // skewPhases are the issue's demand for n proxies: 90 % at proxy 0, then
-// at proxy n−1, then even; 3·n times the limit offered in each.
+// at proxy n−1 (3 times the limit offered in all), then even (1.5 times
+// the limit at each proxy).
 func skewPhases(n int) []phase {
 	return []phase{
 		skewed("90% at proxy 0", n, 0, phaseLen),
@@ -29,7 +33,7 @@ func skewPhases(n int) []phase {
 }
 
 // TestFleetSkewedDemand: N proxies on one `sluice serve` share one limit
-// (r = 100/s, b = 100) under skewed demand that moves; in every 1 s and
+// (r = 400/s, b = 400) under skewed demand that moves; in every 1 s and
 // 10 s window and over the whole run the fleet admits within r·T + b + M
 // (+ F = 0, X = 0), and in the steady part of each phase at least 90 %
 // of r·T. The same demand against the static split (every proxy the
