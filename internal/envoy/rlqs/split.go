@@ -129,7 +129,12 @@ func plan(p share, n, total int64, hs []*hold) (ledger.Claim, []share) {
 		c.Committed += h.committed.rate
 		c.CommittedBurst += h.committed.burst
 		want[i] = t
-		if keeps(h.assigned, t) {
+		// Held within 10 %, unless below its target while the stream asks
+		// for more than it has: it spends all it has (its Envoy's bucket
+		// is empty, so the change costs it nothing), and holding it would
+		// leave the limit unused while demand exceeds it.
+		short := t.rate > h.assigned.rate && h.demand > h.assigned.rate
+		if keeps(h.assigned, t) && !short {
 			want[i] = h.assigned
 		}
 	}

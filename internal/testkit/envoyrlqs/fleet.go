@@ -112,8 +112,9 @@ func (p *Proxy) Close() error {
 		p.stream = nil
 		p.ends = append(p.ends, p.now)
 	}
+	conn := p.conn
 	p.mu.Unlock()
-	err := p.conn.Close()
+	err := conn.Close()
 	p.wg.Wait()
 	return err
 }
