@@ -151,15 +151,14 @@ func identity(id map[string]string) string {
 	return string(b)
 }
 
-// checkReport checks the bounds of a report: at most max buckets, each
-// id of 1 to 32 entries with keys and values of at most 256 bytes. The
-// error names the field and the rule, never a key or value.
-func checkReport(m *rlqspb.RateLimitQuotaUsageReports, max int) error {
-	us := m.GetBucketQuotaUsages()
-	if len(us) > max {
-		return fmt.Errorf("bucket_quota_usages: %d buckets: at most %d a report (max_buckets_per_stream)", len(us), max)
-	}
-	for i, u := range us {
+// checkReport checks the bounds of a report's buckets: each id of 1 to 32
+// entries with keys and values of at most 256 bytes. How many a report
+// holds is bounded by gRPC's receive limit (4 MiB), not by the caps:
+// Envoy reports every bucket it caches in one message, and the buckets
+// past a cap get the overflow answer. The error names the field and the
+// rule, never a key or value.
+func checkReport(m *rlqspb.RateLimitQuotaUsageReports) error {
+	for i, u := range m.GetBucketQuotaUsages() {
 		id := u.GetBucketId().GetBucket()
 		if len(id) == 0 || len(id) > maxIDEntries {
 			return fmt.Errorf("bucket_quota_usages[%d].bucket_id.bucket: %d entries: must have 1 to %d", i, len(id), maxIDEntries)

@@ -296,6 +296,31 @@ func TestOverflowIsAnEqualSplitWithoutState(t *testing.T) {
 	}
 }
 
+// TestReportPastTheCapIsAnswered: Envoy reports every bucket it caches
+// in one message, so a report of more buckets than the per-stream cap is
+// answered, the ones past the cap with the overflow answer, and the
+// stream goes on (refused, the stream would end at every report).
+func TestReportPastTheCapIsAnswered(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBucketsPerStream = 2
+	h := newHarness(t, cfg, Options{})
+	c := h.client("edge")
+	var us []usage
+	for i := range 50 {
+		us = append(us, usage{id: map[string]string{"tenant": fmt.Sprint(i), "route": "api"}, allowed: 1, elapsed: time.Second})
+	}
+	c.report(us...)
+	for i, u := range us[2:] {
+		if rate, burst := tokens(t, c.action(u.id)); rate != 100 || burst != 100 {
+			t.Fatalf("bucket %d past the cap of 2: %v/s max %d, want the overflow answer: 100/s, 100", i+2, rate, burst)
+		}
+	}
+	c.report(us[0])
+	if n := len(h.svc.Buckets(0)); n != 2 {
+		t.Fatalf("%d buckets kept, want the cap, 2", n)
+	}
+}
+
 // releases wraps the memory ledger, counting releases.
 type releases struct {
 	ledger.Ledger

@@ -175,7 +175,7 @@ func (s *Service) report(ctx context.Context, st *stream, m *rlqspb.RateLimitQuo
 		}
 		s.join(st, m.GetDomain())
 	}
-	if err := checkReport(m, cfg.MaxBucketsPerStream); err != nil {
+	if err := checkReport(m); err != nil {
 		return status.Error(codes.InvalidArgument, "sluice: rlqs: "+err.Error())
 	}
 	if st.d == nil {
