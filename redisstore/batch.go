@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redisreply"
 )
 
 // scriptCmd is an FCALL or EVALSHA that go-redis must never retry on its
@@ -197,8 +198,8 @@ func (b *batcher) exec(batch []*pending, all bool) {
 	var lerr error // loading the code on the node: once for the batch, in each form
 	loaded, loadedScripts := false, false
 	for _, p := range batch {
-		if err := p.cmdErr(); notLoaded(err) {
-			if msg := replyError(err); noFunctions(msg) {
+		if err := p.cmdErr(); redisreply.NotLoaded(err) {
+			if msg := redisreply.Error(err); redisreply.NoFunctions(msg) {
 				s.fallBack("redis refused FCALL: " + msg)
 			}
 			if !loaded || s.scripts.Load() != loadedScripts {
@@ -562,7 +563,7 @@ func (s *Store) sendAlone(ctx context.Context, n *node, p *pending) error {
 	p.mark.arm(p.args)
 	p.cmd = newScriptCmd(ctx, p.args)
 	w, err := s.exchange(ctx, n, p.cmd)
-	if notLoaded(err) {
+	if redisreply.NotLoaded(err) {
 		// The code certainly did not run: load it where the key lives
 		// and try once more.
 		if lerr := s.loadNode(ctx, n, p.key.b, err); lerr != nil {

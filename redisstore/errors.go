@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redisreply"
 )
 
 // refusedBeforeRun are error replies with which Redis refuses a script
@@ -76,7 +77,7 @@ func (s *Store) classify(ctx context.Context, what string, err error) error {
 // code (cause) and could not load it: refused, so nothing ran, and not
 // sent again.
 func reloadFailed(cause, err error) error {
-	return fmt.Errorf("redisstore: reload after %s: %v: %w", replyError(cause), err, sluice.FailedBeforeSend)
+	return fmt.Errorf("redisstore: reload after %s: %v: %w", redisreply.Error(cause), err, sluice.FailedBeforeSend)
 }
 
 // typeErr types err, the error of what (a decision's command), by what it

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/overridemap"
+	"github.com/sluicehq/sluice/internal/redisreply"
 )
 
 // The methods a Limiter looks for to keep overrides in its Store (see
@@ -105,7 +106,7 @@ func (s *Store) putOverride(ctx context.Context, field, value string) error {
 		return cmd.Val(), err
 	}
 	n, err := run()
-	if err != nil && strings.HasPrefix(replyError(err), "NOSCRIPT") {
+	if err != nil && strings.HasPrefix(redisreply.Error(err), "NOSCRIPT") {
 		if err = s.loadPutScript(ctx, keys[0]); err == nil {
 			n, err = run()
 		}

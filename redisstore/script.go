@@ -5,7 +5,6 @@ import (
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/internal/clock"
 	"github.com/sluicehq/sluice/internal/engine/algorithm"
 	"github.com/sluicehq/sluice/internal/evaluation"
+	"github.com/sluicehq/sluice/internal/redisreply"
 )
 
 // The decision code, one Lua file per Go file it ports, joined in this
@@ -206,7 +206,7 @@ func (s *Store) load(ctx context.Context) error {
 // decisions: that it does not hold the code, or may not or cannot run
 // FCALL, in which case the store falls back to scripts for good.
 func (s *Store) loadNode(ctx context.Context, n *node, key []byte, cause error) error {
-	if msg := replyError(cause); noFunctions(msg) {
+	if msg := redisreply.Error(cause); redisreply.NoFunctions(msg) {
 		s.fallBack("redis refused FCALL: " + msg)
 	}
 	switch {
@@ -236,7 +236,7 @@ func (s *Store) loadOn(ctx context.Context, c processor) error {
 	if !s.scripts.Load() {
 		cmd := redis.NewStringCmd(ctx, "function", "load", librarySource)
 		err := c.Process(ctx, onceCmd{cmd})
-		msg := replyError(err)
+		msg := redisreply.Error(err)
 		switch {
 		case err == nil, strings.HasPrefix(msg, "ERR Library") && strings.Contains(msg, "already exists"):
 			return nil
@@ -267,35 +267,6 @@ func (onceCmd) NoRetry() bool { return true }
 // processor sends one command.
 type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// notLoaded reports whether err says the node does not hold the code, or
-// cannot run it as a function (before Redis 7, or a user not allowed
-// FCALL, whether a Lazy store has not learnt it yet or the user lost
-// +fcall at run time), so the call certainly did not run.
-func notLoaded(err error) bool {
-	msg := replyError(err)
-	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") || noFunctions(msg)
-}
-
-// noFunctions reports whether msg, an error reply to FCALL, says the node
-// will not run functions for this user: FCALL unknown (before Redis 7) or
-// not permitted.
-func noFunctions(msg string) bool {
-	return strings.HasPrefix(msg, "ERR unknown command 'fcall'") || strings.HasPrefix(msg, "ERR unknown command `fcall`") ||
-		strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'")
-}
-
-// replyError returns the error reply err carries, "" when it is none.
-func replyError(err error) string {
-	if err == nil {
-		return ""
-	}
-	var re redis.Error
-	if errors.As(err, &re) {
-		return re.Error()
-	}
-	return ""
 }
 
 // policyArgs are a policy's arguments to the decision code, formatted once

@@ -56,7 +56,7 @@ var layers = []struct {
 	{"policy defaults", []string{"internal/policydefaults"}},
 	{"engine", []string{"internal/engine/algorithm"}},
 	{"failure modes", []string{"failure"}},
-	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/testkit/envoyrlqs", "internal/clock", "internal/policyerr", "internal/period"}},
+	{"helpers", []string{"internal/yamlnode", "internal/sfparse", "internal/logthrottle", "internal/testkit/redistest", "internal/testkit/faultproxy", "internal/testkit/servetest", "internal/testkit/openapitest", "internal/testkit/envoyrlqs", "internal/clock", "internal/policyerr", "internal/period", "internal/redisreply"}},
 }
 
 // groupFolders are folders that group packages rather than belong to one:

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/redisreply"
 )
 
 // code is the ledger's Lua: claim.lua ports claim and Memory, function by
@@ -214,9 +215,9 @@ func describe(v any) string {
 // the code is loaded where key lives and the call sent once more.
 func (r *Redis) run(ctx context.Context, key string, args []any) (any, error) {
 	v, err := r.c.Do(ctx, r.command(key, args)...).Result()
-	if notLoaded(err) {
+	if redisreply.NotLoaded(err) {
 		if lerr := r.load(ctx, key, err); lerr != nil {
-			return nil, fmt.Errorf("load the code after %q: %w", replyError(err), lerr)
+			return nil, fmt.Errorf("load the code after %q: %w", redisreply.Error(err), lerr)
 		}
 		v, err = r.c.Do(ctx, r.command(key, args)...).Result()
 	}
@@ -238,7 +239,7 @@ func (r *Redis) command(key string, args []any) []any {
 // Ring), after Redis answered cause; when cause says Redis will not run
 // functions for this user, the ledger sends scripts from now on.
 func (r *Redis) load(ctx context.Context, key string, cause error) error {
-	if noFunctions(replyError(cause)) {
+	if redisreply.NoFunctions(redisreply.Error(cause)) {
 		r.scripts.Store(true)
 	}
 	switch c := r.c.(type) {
@@ -264,7 +265,7 @@ func (r *Redis) load(ctx context.Context, key string, cause error) error {
 func (r *Redis) loadOn(ctx context.Context, c redis.Cmdable) error {
 	if !r.scripts.Load() {
 		err := c.FunctionLoad(ctx, librarySource).Err()
-		msg := replyError(err)
+		msg := redisreply.Error(err)
 		switch {
 		case err == nil, strings.HasPrefix(msg, "ERR Library") && strings.Contains(msg, "already exists"):
 			return nil
@@ -282,28 +283,4 @@ func (r *Redis) loadOn(ctx context.Context, c redis.Cmdable) error {
 		return fmt.Errorf("script load: redis answered sha1 %s, want %s", sha, scriptSHA)
 	}
 	return nil
-}
-
-// notLoaded reports whether err says the node lacks the code or will not
-// run it as a function, so the call certainly did not run.
-func notLoaded(err error) bool {
-	msg := replyError(err)
-	return strings.HasPrefix(msg, "NOSCRIPT") || strings.HasPrefix(msg, "ERR Function not found") || noFunctions(msg)
-}
-
-// noFunctions reports whether msg, an error reply to FCALL, says the node
-// will not run functions for this user: FCALL unknown (before Redis 7)
-// or not permitted.
-func noFunctions(msg string) bool {
-	return strings.HasPrefix(msg, "ERR unknown command 'fcall'") || strings.HasPrefix(msg, "ERR unknown command `fcall`") ||
-		strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "'fcall'")
-}
-
-// replyError returns the error reply err carries, "" when it is none.
-func replyError(err error) string {
-	var re redis.Error
-	if errors.As(err, &re) {
-		return re.Error()
-	}
-	return ""
 }
