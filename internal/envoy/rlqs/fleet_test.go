@@ -68,11 +68,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The policy every fleet test splits: 400 a second, burst 400. Envoy
-// reads whole tokens per whole second and the server rounds each share
-// down, so a share of a few tokens a second loses up to one of them: at
-// 100 a second over 16 proxies (about 6 each) that alone was 8 % of the
-// limit; at 400, under 4 %.
+// The policy every fleet test splits: 400 a second, burst 400 (a share
+// of a few tokens a second: TestFleetLowRate, where shares are smaller).
 const (
 	fleetRate  = 400
 	fleetBurst = 400

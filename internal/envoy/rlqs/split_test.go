@@ -234,6 +234,28 @@ func TestStrategyRate(t *testing.T) {
 	}
 }
 
+// TestFloorOfSixteen: the floor share of a stream among 16 is a token
+// bucket exactly when the policy's burst is at least 136 and its rate at
+// least 0.136 a second, else DENY_ALL: the thresholds of the config's
+// warning (config.smallFloor) and of docs/rlqs.md, "Small policies".
+func TestFloorOfSixteen(t *testing.T) {
+	for _, r := range []struct {
+		limit, burst int64
+		window       time.Duration
+		token        bool
+	}{
+		{100, 136, time.Second, true},
+		{100, 135, time.Second, false},
+		{136, 136, 1000 * time.Second, true}, // 0.136/s: one token every 1000 s
+		{135, 136, 1000 * time.Second, false},
+	} {
+		f := floorShare(policyShare(sluice.Policy{Limit: r.limit, Burst: r.burst, Window: r.window}), 16)
+		if got := strategy(f).GetTokenBucket() != nil; got != r.token {
+			t.Errorf("limit %d per %v, burst %d: the floor among 16 is %+v: a token bucket = %v, want %v", r.limit, r.window, r.burst, f, got, r.token)
+		}
+	}
+}
+
 // envoySame is Envoy's protoTokenBucketsEq (global_client_impl.cc, cited
 // in docs/rlqs.md): max_tokens, tokens_per_fill and fill_interval's nanos,
 // not its seconds. Two token buckets it calls the same keep the limiter
