@@ -46,20 +46,22 @@ envoy:
 	defer cancel()
 	id := map[string]string{"tenant": "acme", "route": "api"}
 	// until p's bucket holds a token bucket of max tokens, per a second
-	await := func(max, per uint32) {
+	// (tokens_per_fill per whole second of fill_interval, as Envoy reads it)
+	await := func(max uint32, per float64) {
 		t.Helper()
 		for {
 			st := p.State(id)
-			if tb := st.Strategy.GetTokenBucket(); st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max && tb.GetTokensPerFill().GetValue() == per {
+			if tb := st.Strategy.GetTokenBucket(); st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max &&
+				float64(tb.GetTokensPerFill().GetValue())/float64(tb.GetFillInterval().GetSeconds()) == per {
 				return
 			}
 			if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-				t.Fatalf("bucket = %+v, want %d tokens, %d a second: %v", st, max, per, err)
+				t.Fatalf("bucket = %+v, want %d tokens, %v a second: %v", st, max, per, err)
 			}
 		}
 	}
 	p.Admit(id)
-	await(187, 93) // 15/16 of the policy: one floor is left for a newcomer
+	await(187, 93.75) // 15/16 of the policy: one floor is left for a newcomer
 	override := func(args ...string) (string, string, int) {
 		var out, errOut bytes.Buffer
 		code := exitCode(run(context.Background(), append([]string{"override"}, args...), &out, &errOut), &errOut)
@@ -70,11 +72,11 @@ envoy:
 	if code != 0 || !strings.Contains(out, "per-tenant") || !strings.Contains(out, "enterprise") || strings.Contains(out, "acme") {
 		t.Fatalf("override set --rlqs-domain = %d %q %q", code, out, errOut)
 	}
-	await(1875, 937)
+	await(1875, 937.5)
 	if _, errOut, code := override("rm", "--url", s.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--rlqs-domain", "edge", "--bucket", "tenant=acme", "--bucket", "route=api"); code != 0 {
 		t.Fatalf("override rm --rlqs-domain = %d %q", code, errOut)
 	}
-	await(187, 93)
+	await(187, 93.75)
 	_, errOut, code = override("set", "--url", s.url, "--token-env", "SLUICE_TEST_OVR_ADMIN", "--rlqs-domain", "edge", "--bucket", "tenant=*", "--bucket", "route=api", "--limit", "1000")
 	if code != 2 || !strings.Contains(errOut, "400") {
 		t.Errorf(`override set --bucket tenant=* = exit %d %q, want 2 with the server's 400`, code, errOut)

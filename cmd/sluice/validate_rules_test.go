@@ -160,7 +160,7 @@ overrides:
 // (validate prints a warning with its line and exits 0); --strict
 // refuses it. A config with envoy.rlqs needs no rules files.
 func TestValidateRLQSWarnings(t *testing.T) {
-	cfg := writeConfig(t, `policies: [{id: p, algorithm: token_bucket, limit: 10, window: 1s}]
+	cfg := writeConfig(t, `policies: [{id: p, algorithm: token_bucket, limit: 10, window: 1s, burst: 136}]
 envoy:
   listen: "127.0.0.1:0"
   rlqs:
@@ -182,5 +182,30 @@ envoy:
 	errOut.Reset()
 	if code := exitCode(run(context.Background(), []string{"validate", "--strict", "-c", cfg}, &out, &errOut), &errOut); code != 1 || !strings.Contains(errOut.String(), want) {
 		t.Errorf("validate --strict exited %d, said %q; want 1 naming %q", code, errOut.String(), want)
+	}
+}
+
+// TestValidateRLQSSmallBurst: a matcher whose policy's burst gives an
+// idle Envoy's floor share among 16 less than one token (b < 136) loads,
+// and validate says so with the matcher's line and the least burst that
+// does, then ok (exit 0): the split answers such a floor DENY_ALL.
+func TestValidateRLQSSmallBurst(t *testing.T) {
+	cfg := writeConfig(t, `policies: [{id: per-tenant, algorithm: token_bucket, limit: 100, window: 1s}]
+envoy:
+  listen: "127.0.0.1:0"
+  rlqs:
+    domains:
+      - domain: edge
+        buckets:
+          - {match: {tenant: "*"}, policy: per-tenant}
+`)
+	var out, errOut bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"validate", "-c", cfg}, &out, &errOut), &errOut); code != 0 {
+		t.Fatalf("validate exited %d, want 0; stderr %q", code, errOut.String())
+	}
+	want := "warning: " + cfg + `: envoy.rlqs.domains[0].buckets[0].policy: "per-tenant": has burst 100 (the default: its limit): ` +
+		"among 16 Envoys an idle or new one's floor share (1/136 of the policy) is too small for a token bucket, so it gets DENY_ALL until its demand earns it a share; set burst to at least 136 (line 8)\nok\n"
+	if got := out.String(); got != want {
+		t.Errorf("validate printed %q, want %q", got, want)
 	}
 }

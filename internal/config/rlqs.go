@@ -107,10 +107,12 @@ func sameKeys(a, b map[string]string) bool {
 	return true
 }
 
-// Warnings returns what the config holds that loads but never acts: an
-// RLQS matcher an earlier one of its domain shadows (the same key set,
-// each earlier value equal or "*"), which no bucket id can reach.
-// sluice validate prints them; --strict refuses them.
+// Warnings returns what the config holds that loads but never acts, or
+// acts other than meant: an RLQS matcher an earlier one of its domain
+// shadows (the same key set, each earlier value equal or "*"), which no
+// bucket id can reach; and one whose policy is too small for the floor
+// share of an idle or new Envoy in a fleet of 16 (smallFloor). sluice
+// validate prints them; --strict refuses them.
 func (c *Config) Warnings() []*Error {
 	if c.Envoy == nil || c.Envoy.RLQS == nil {
 		return nil
@@ -118,6 +120,9 @@ func (c *Config) Warnings() []*Error {
 	var ws []*Error
 	for i, d := range c.Envoy.RLQS.Domains {
 		for j, b := range d.Buckets {
+			if w := c.smallFloor(fmt.Sprintf("envoy.rlqs.domains[%d].buckets[%d].policy", i, j), b.Policy); w != nil {
+				ws = append(ws, w)
+			}
 			for k, earlier := range d.Buckets[:j] {
 				if len(b.Match) > 0 && MatchesBucket(earlier.Match, b.Match) {
 					path := fmt.Sprintf("envoy.rlqs.domains[%d].buckets[%d].match", i, j)
@@ -129,6 +134,51 @@ func (c *Config) Warnings() []*Error {
 		}
 	}
 	return ws
+}
+
+// floorFleet is the fleet smallFloor warns for: 16 Envoys reporting one
+// bucket, whose floor share is 1/(8·(16+1)) = 1/136 of the policy (the
+// split's floorShare, internal/envoy/rlqs).
+const floorFleet = 16
+
+// floorRule is why smallFloor warns.
+const floorRule = "among 16 Envoys an idle or new one's floor share (1/136 of the policy) is too small for a token bucket, so it gets DENY_ALL until its demand earns it a share"
+
+// smallFloor is the warning for a matcher (at path) of policy id when the
+// floor share of an idle or new stream among floorFleet is less than one
+// token of burst (burst < 136) or less than the least rate sluice sends,
+// one token in 1000 s (rate < 0.136 a second): sluice answers such a
+// share with DENY_ALL (docs/rlqs.md, "Small policies"). nil otherwise,
+// and for a policy the errors already refuse.
+func (c *Config) smallFloor(path, id string) *Error {
+	p := c.policy(id)
+	if p == nil || p.Algorithm != sluice.TokenBucket && p.Algorithm != sluice.GCRA || p.Limit < 1 || p.Window <= 0 {
+		return nil
+	}
+	d := int64(8 * (floorFleet + 1))
+	burst, how := p.Burst, ""
+	if burst == 0 {
+		burst, how = p.Limit, " (the default: its limit)"
+	}
+	// The floor's rate in milli-tokens a second, ⌊⌊limit·10¹²/window⌋/d⌋,
+	// is at least 1 when limit·10¹² ≥ d·window (in 128 bits).
+	hi, lo := bits.Mul64(uint64(p.Limit), 1e12)
+	shortRate := hi == 0 && lo < uint64(d)*uint64(p.Window)
+	shortBurst := burst < d
+	var has, set []string
+	if shortBurst {
+		has = append(has, fmt.Sprintf("has burst %d%s", burst, how))
+		set = append(set, fmt.Sprintf("burst to at least %d", d))
+	}
+	if shortRate {
+		rate := strconv.FormatFloat(float64(p.Limit)/p.Window.Seconds(), 'g', 3, 64)
+		has = append(has, fmt.Sprintf("refills %s tokens a second (%d per %s)", rate, p.Limit, p.Window))
+		set = append(set, fmt.Sprintf("a rate of at least %s a second", strconv.FormatFloat(float64(d)/1000, 'f', -1, 64)))
+	}
+	if len(has) == 0 {
+		return nil
+	}
+	return c.errorAt(path, strconv.Quote(id), fmt.Sprintf("%s: %s; set %s", strings.Join(has, " and "), floorRule, strings.Join(set, " and ")))
 }
 
 // validateRLQS checks envoy.rlqs: the ranges, each domain named once,
@@ -205,9 +255,11 @@ func (c *Config) matcherErrors(path string, b RLQSBucket) []*Error {
 }
 
 // BurstRule is why an RLQS bucket's burst must cover its rate per
-// second: Envoy fills its token bucket once a whole second at least. The
-// admin API refuses a plan with it as validate does.
-const BurstRule = "max_tokens below tokens per fill cannot deliver the rate"
+// second: Envoy refills its token bucket continuously, capped at
+// max_tokens, so a share shallower than a second of its rate loses the
+// refill of every pause longer than max_tokens/rate. The admin API
+// refuses a plan with it as validate does.
+const BurstRule = "a token bucket holding less than a second of its rate loses its refill whenever requests pause"
 
 // ShortBurst reports whether burst is below the tokens that limit per
 // window refills in one second, and then the least burst that is not

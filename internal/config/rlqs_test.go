@@ -32,7 +32,7 @@ var invalidRLQS = []struct {
 	{"rlqs_unknown_key.yaml", "envoy.rlqs.rounds: unknown key: must be one of round, max_buckets_per_domain, max_buckets_per_stream, domains (did you mean round?) (line 9)"},
 	{"rlqs_missing_policy.yaml", "envoy.rlqs.domains[0].buckets[0].policy: is required (line 12)"},
 	{"rlqs_wrong_algorithm.yaml", `envoy.rlqs.domains[0].buckets[0].policy: "per-tenant": is a fixed_window policy: Envoy enforces a token bucket, so an RLQS bucket's policy must be token_bucket or gcra (a rate and a burst) (line 13)`},
-	{"rlqs_burst_below_rate.yaml", `envoy.rlqs.domains[0].buckets[0].policy: "per-tenant": has burst 10 (the default: its limit), below the 100 tokens per second it refills (10 per 100ms): max_tokens below tokens per fill cannot deliver the rate; set burst to at least 100 (line 13)`},
+	{"rlqs_burst_below_rate.yaml", `envoy.rlqs.domains[0].buckets[0].policy: "per-tenant": has burst 10 (the default: its limit), below the 100 tokens per second it refills (10 per 100ms): a token bucket holding less than a second of its rate loses its refill whenever requests pause; set burst to at least 100 (line 13)`},
 	{"rlqs_every_mistake.yaml", strings.Join([]string{
 		`envoy.rlqs.round: "20s": must be between 100ms and 10s (line 13)`,
 		`envoy.rlqs.max_buckets_per_stream: 0: must be between 1 and 1000000 (line 14)`,
@@ -48,7 +48,7 @@ var invalidRLQS = []struct {
 	{"rlqs_override_key_set.yaml", `overrides[0].rlqs.bucket: has the keys [tenant]: no matcher of domain "edge" has that key set, so the plan would never apply (line 15)`},
 	{"rlqs_override_no_match.yaml", `overrides[0].rlqs.bucket: no matcher of domain "edge" matches it (each value must equal the matcher's, or the matcher's be "*"), so the plan would never apply (line 15)`},
 	{"rlqs_override_wrong_policy.yaml", `overrides[0].policy: "other": the bucket's matcher has policy "per-tenant"; leave policy out or name that one (line 15)`},
-	{"rlqs_override_burst_below_rate.yaml", `overrides[0].burst: 100: is below the 500 tokens per second the plan refills (500 per 1s): max_tokens below tokens per fill cannot deliver the rate; set burst to at least 500 (line 17)`},
+	{"rlqs_override_burst_below_rate.yaml", `overrides[0].burst: 100: is below the 500 tokens per second the plan refills (500 per 1s): a token bucket holding less than a second of its rate loses its refill whenever requests pause; set burst to at least 500 (line 17)`},
 	{"rlqs_override_missing_bucket.yaml", "overrides[0].rlqs.bucket: is required (line 15)"},
 	{"rlqs_override_without_rlqs.yaml", "overrides[0].rlqs: names a bucket of Envoy's quota service, and there is no envoy.rlqs section (line 10)"},
 }
@@ -131,7 +131,7 @@ envoy:
 // TestRLQSWarnings: a matcher an earlier one shadows (the same key set,
 // each earlier value equal or "*") loads, as a warning naming both lines.
 func TestRLQSWarnings(t *testing.T) {
-	c, err := config.Parse(strings.NewReader(`policies: [{id: p, algorithm: token_bucket, limit: 10, window: 1s}]
+	c, err := config.Parse(strings.NewReader(`policies: [{id: p, algorithm: token_bucket, limit: 10, window: 1s, burst: 136}]
 envoy:
   listen: 127.0.0.1:8081
   rlqs:
@@ -157,6 +157,47 @@ envoy:
 	want := []string{
 		"envoy.rlqs.domains[0].buckets[1].match: can never match: buckets[0] above it (line 8) matches every bucket id this one does, and the first match wins (line 9)",
 		"envoy.rlqs.domains[0].buckets[3].match: can never match: buckets[0] above it (line 8) matches every bucket id this one does, and the first match wins (line 11)",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Warnings() (-want +got):\n%s", diff)
+	}
+}
+
+// TestRLQSSmallPolicyWarnings: a matcher whose policy gives an idle or
+// new Envoy's floor share, among a fleet of 16, less than one token of
+// burst (b/(8·17) < 1, b < 136) or less than the least rate sluice sends
+// (r/136 below one token in 1000 s, r < 0.136/s) loads, as a warning
+// naming the matcher's line, the policy and the rule: that Envoy gets
+// DENY_ALL until its demand earns it a share. Each matcher once.
+func TestRLQSSmallPolicyWarnings(t *testing.T) {
+	c, err := config.Parse(strings.NewReader(`policies:
+  - {id: small, algorithm: token_bucket, limit: 100, window: 1s}
+  - {id: enough, algorithm: token_bucket, limit: 100, window: 1s, burst: 136}
+  - {id: slow, algorithm: gcra, limit: 200, window: 1h, burst: 200}
+  - {id: both, algorithm: token_bucket, limit: 1, window: 10s}
+envoy:
+  listen: 127.0.0.1:8081
+  rlqs:
+    domains:
+      - domain: edge
+        buckets:
+          - {match: {tenant: "*"}, policy: small}
+          - {match: {route: "*"}, policy: enough}
+          - {match: {user: "*"}, policy: slow}
+          - {match: {ip: "*"}, policy: both}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range c.Warnings() {
+		got = append(got, w.Error())
+	}
+	rule := "among 16 Envoys an idle or new one's floor share (1/136 of the policy) is too small for a token bucket, so it gets DENY_ALL until its demand earns it a share"
+	want := []string{
+		`envoy.rlqs.domains[0].buckets[0].policy: "small": has burst 100 (the default: its limit): ` + rule + `; set burst to at least 136 (line 12)`,
+		`envoy.rlqs.domains[0].buckets[2].policy: "slow": refills 0.0556 tokens a second (200 per 1h0m0s): ` + rule + `; set a rate of at least 0.136 a second (line 14)`,
+		`envoy.rlqs.domains[0].buckets[3].policy: "both": has burst 1 (the default: its limit) and refills 0.1 tokens a second (1 per 10s): ` + rule + `; set burst to at least 136 and a rate of at least 0.136 a second (line 15)`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Warnings() (-want +got):\n%s", diff)

@@ -69,7 +69,7 @@ func testAbuseOverrideRLQS(t *testing.T, store string) {
 	defer cancel()
 	id := map[string]string{"tenant": rawValue}
 	p.Admit(id)
-	awaitTokenBucket(ctx, t, p, id, 187, 93)
+	awaitTokenBucket(ctx, t, p, id, 187, 375, 4)
 	_, before := call(t, "GET", s.url+"/v1/overrides", ovrAdminToken, "")
 	many := make([]string, 33)
 	for i := range many {
@@ -104,8 +104,8 @@ func testAbuseOverrideRLQS(t *testing.T, store string) {
 	if _, after := call(t, "GET", s.url+"/v1/overrides", ovrAdminToken, ""); after != before {
 		t.Errorf("the plans changed under refused PUTs:\nbefore %s\nafter  %s", before, after)
 	}
-	if st := p.State(id); !hasTokenBucket(st, 187, 93) {
-		t.Errorf("the bucket after refused PUTs = %+v, want the policy's share, 187 tokens, 93 a second", st)
+	if st := p.State(id); !hasTokenBucket(st, 187, 375, 4) {
+		t.Errorf("the bucket after refused PUTs = %+v, want the policy's share, 187 tokens, 93.75 a second (375 every 4 s)", st)
 	}
 	if l := logLinesWith(s.logs.String(), rawValue); l != "" {
 		t.Errorf("the server's log carries the bucket value:\n%s", l)
@@ -172,7 +172,7 @@ func TestAbuseRLQSStream(t *testing.T) {
 		st := p.State(id)
 		tb := st.Strategy.GetTokenBucket()
 		deny := st.Strategy.GetBlanketRule() == typepb.RateLimitStrategy_DENY_ALL
-		if st.Phase != envoyrlqs.Assignment || !deny && (tb == nil || tb.GetMaxTokens() > 200 || tb.GetTokensPerFill().GetValue() > 100) {
+		if st.Phase != envoyrlqs.Assignment || !deny && (tb == nil || tb.GetMaxTokens() > 200 || tb.GetTokensPerFill().GetValue() > 100*uint32(tb.GetFillInterval().GetSeconds())) {
 			t.Errorf("bucket %v = %+v, want a token bucket of at most the policy's 200 tokens, 100 a second (or DENY_ALL)", id, st)
 		}
 	}

@@ -54,12 +54,12 @@ func startRLQSAdmin(t *testing.T, cfg string) (*running, *envoyrlqs.Proxy) {
 }
 
 // awaitTokenBucket waits, on the server's answers and pushes, until p's
-// bucket id holds a token bucket of max tokens, per a second.
-func awaitTokenBucket(ctx context.Context, t *testing.T, p *envoyrlqs.Proxy, id map[string]string, max, per uint32) {
+// bucket id holds a token bucket of max tokens, per every every seconds.
+func awaitTokenBucket(ctx context.Context, t *testing.T, p *envoyrlqs.Proxy, id map[string]string, max, per uint32, every int64) {
 	t.Helper()
-	for !hasTokenBucket(p.State(id), max, per) {
+	for !hasTokenBucket(p.State(id), max, per, every) {
 		if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-			t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d a second: %v", id, p.State(id), max, per, err)
+			t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", id, p.State(id), max, per, every, err)
 		}
 	}
 }
@@ -88,13 +88,13 @@ func TestOverridesRLQSBucket(t *testing.T) {
 	p.Admit(acme)
 	// One stream alone gets the policy less one floor of 1/16 left free
 	// for a newcomer: 15/16 of 200 tokens and of 100 a second.
-	awaitTokenBucket(ctx, t, p, acme, 187, 93)
+	awaitTokenBucket(ctx, t, p, acme, 187, 375, 4)
 	plan := `{"rlqs":{"domain":"edge","bucket":{"tenant":"acme-7731"}},"limit":1000,"burst":2000,"note":"enterprise"}`
 	code, body := call(t, "PUT", s.url+"/v1/overrides", ovrAdminToken, plan)
 	if code != 200 || !strings.Contains(body, `"policy":"per-tenant"`) || !strings.Contains(body, `"limit":1000`) || strings.Contains(body, "acme-7731") {
 		t.Fatalf("PUT an rlqs plan = %d %s, want 200 naming policy per-tenant and no bucket value", code, body)
 	}
-	awaitTokenBucket(ctx, t, p, acme, 1875, 937)
+	awaitTokenBucket(ctx, t, p, acme, 1875, 1875, 2)
 	code, list, raw := rlqsBuckets(t, s.url, "")
 	if code != 200 || len(list.Buckets) != 1 || list.Truncated || strings.Contains(raw, "acme-7731") {
 		t.Fatalf("GET /v1/rlqs = %d %s, want 200 and the one bucket, without its bucket id", code, raw)
@@ -108,7 +108,7 @@ func TestOverridesRLQSBucket(t *testing.T) {
 	if code, body := call(t, "DELETE", s.url+"/v1/overrides", ovrAdminToken, `{"rlqs":{"domain":"edge","bucket":{"tenant":"acme-7731"}}}`); code != 200 {
 		t.Fatalf("DELETE the rlqs plan = %d %s", code, body)
 	}
-	awaitTokenBucket(ctx, t, p, acme, 187, 93)
+	awaitTokenBucket(ctx, t, p, acme, 187, 375, 4)
 	if code, body := call(t, "DELETE", s.url+"/v1/overrides", ovrAdminToken, `{"rlqs":{"domain":"edge","bucket":{"tenant":"gold"}}}`); code != http.StatusConflict {
 		t.Errorf("DELETE the config file's rlqs plan = %d %s, want 409: remove it from the file", code, body)
 	}

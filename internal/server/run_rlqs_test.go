@@ -30,9 +30,9 @@ overrides:
 // envoy.rlqs: a proxy's buckets get the policy (less the floor left free
 // for a newcomer), a planned tenant its plan's numbers, and a stop tells
 // the proxy its assignments expire now.
-func hasTokenBucket(st envoyrlqs.State, max, per uint32) bool {
+func hasTokenBucket(st envoyrlqs.State, max, per uint32, every int64) bool {
 	tb := st.Strategy.GetTokenBucket()
-	return st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max && tb.GetTokensPerFill().GetValue() == per && tb.GetFillInterval().GetSeconds() == 1
+	return st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max && tb.GetTokensPerFill().GetValue() == per && tb.GetFillInterval().GetSeconds() == every
 }
 
 func TestServeRLQS(t *testing.T) {
@@ -59,16 +59,18 @@ func TestServeRLQS(t *testing.T) {
 	for _, c := range []struct {
 		id       map[string]string
 		max, per uint32
+		every    int64 // fill_interval's whole seconds
 	}{
 		// At once the floor, then after a round one stream alone, with
-		// one floor of 1/16 left free for a newcomer: 15/16.
-		{plain, 187, 93},
-		{gold, 1875, 937},
+		// one floor of 1/16 left free for a newcomer: 15/16 (93.75/s as
+		// 375 tokens every 4 s, 937.5/s as 1875 every 2 s).
+		{plain, 187, 375, 4},
+		{gold, 1875, 1875, 2},
 	} {
-		for !hasTokenBucket(p.State(c.id), c.max, c.per) {
+		for !hasTokenBucket(p.State(c.id), c.max, c.per, c.every) {
 			// The next answer or push: the round's is on its way.
 			if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-				t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d a second: %v", c.id, p.State(c.id), c.max, c.per, err)
+				t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", c.id, p.State(c.id), c.max, c.per, c.every, err)
 			}
 		}
 	}

@@ -78,9 +78,9 @@ func TestFleetSkewedDemand(t *testing.T) {
 // logShares logs each proxy's assignment at the end.
 func logShares(t *testing.T, ps []*envoyrlqs.Proxy) {
 	t.Helper()
-	var sum uint32
+	var sum float64
 	for _, p := range ps {
-		sum += p.State(tenantA).Strategy.GetTokenBucket().GetTokensPerFill().GetValue()
+		sum += ratePerSecond(p)
 	}
-	t.Logf("at the end the %d proxies are assigned %d tokens/s in all (r = %d)", len(ps), sum, fleetRate)
+	t.Logf("at the end the %d proxies are assigned %.2f tokens/s in all (r = %d)", len(ps), sum, fleetRate)
 }

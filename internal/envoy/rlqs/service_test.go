@@ -189,15 +189,15 @@ func (c *client) action(id map[string]string) *rlqspb.RateLimitQuotaResponse_Buc
 	return c.latest[identity(id)]
 }
 
-// tokens is the token bucket of a, as (tokens per second, max tokens), or
-// fails the test.
+// tokens is the token bucket of a, as (tokens per second, as Envoy reads
+// it: per whole second of fill_interval, max tokens), or fails the test.
 func tokens(t *testing.T, a *rlqspb.RateLimitQuotaResponse_BucketAction) (perSecond float64, maxTokens uint32) {
 	t.Helper()
 	tb := a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
 	if tb == nil {
 		t.Fatalf("action %v: want a token bucket", a)
 	}
-	return float64(tb.GetTokensPerFill().GetValue()) / tb.GetFillInterval().AsDuration().Seconds(), tb.GetMaxTokens()
+	return float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds()), tb.GetMaxTokens()
 }
 
 var tenantA = map[string]string{"tenant": "a", "route": "api"}
@@ -208,9 +208,10 @@ func TestFirstReportAnsweredAtOnce(t *testing.T) {
 	c.report(usage{id: tenantA, allowed: 3, elapsed: 0})
 	a := c.action(tenantA)
 	rate, burst := tokens(t, a)
-	// Alone on the bucket: a floor, 1/8 of 100/s and of 100.
-	if rate != 12 || burst != 12 {
-		t.Fatalf("first answer: %v/s, max %d, want the floor 12/s, max 12", rate, burst)
+	// Alone on the bucket: a floor, 1/8 of 100/s and of 100 (25 tokens
+	// every 2 s; the burst rounded down).
+	if rate != 12.5 || burst != 12 {
+		t.Fatalf("first answer: %v/s, max %d, want the floor 12.5/s, max 12", rate, burst)
 	}
 	if got := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); got != 15*time.Second {
 		t.Fatalf("first answer's TTL %v, want 15s (3 × the 5 s period Envoy reports at)", got)
@@ -438,9 +439,10 @@ func TestPlanChangesABucketsNumbers(t *testing.T) {
 	mu.Unlock()
 	h.round()
 	c.report(usage{id: tenantA, allowed: 10, elapsed: time.Second})
-	// Alone with demand: 15/16 of the plan's 10/s and 10.
-	if rate, burst := tokens(t, c.action(tenantA)); rate != 9 || burst != 9 {
-		t.Fatalf("under a plan of 10/s: %v/s max %d, want 9/s max 9", rate, burst)
+	// Alone with demand: 15/16 of the plan's 10/s and 10 (75 tokens every
+	// 8 s; the burst rounded down).
+	if rate, burst := tokens(t, c.action(tenantA)); rate != 9.375 || burst != 9 {
+		t.Fatalf("under a plan of 10/s: %v/s max %d, want 9.375/s max 9", rate, burst)
 	}
 }
 

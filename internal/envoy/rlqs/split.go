@@ -262,23 +262,21 @@ func ttl(period time.Duration) time.Duration {
 }
 
 // strategy encodes a share as Envoy reads it: a token bucket of whole
-// seconds, every number rounded down (so shares never add up to more
-// than the policy), or DENY_ALL when a number would be below 1.
+// seconds (fillRate), every number rounded down (so shares never add up to
+// more than the policy), or DENY_ALL when a number would be below 1.
 //
 // fill_interval carries fillNanos(seconds) nanoseconds beside its whole
 // seconds: Envoy decides whether a token bucket is the one in force by
 // max_tokens, tokens_per_fill and fill_interval's nanos, never its
-// seconds, so without them a change of seconds alone (a rate below 1/s
-// moving) would be ignored and the old rate kept. Envoy's rate reads
-// whole seconds (truncated), so the nanos do not change it.
+// seconds, so without them a change of seconds alone would be ignored and
+// the old rate kept. Envoy's rate reads whole seconds (truncated), so the
+// nanos do not change it.
+//
+// tokens_per_fill may exceed max_tokens: Envoy refills continuously, at
+// tokens_per_fill / fill_interval a second, capped at max_tokens
+// (docs/rlqs.md, "Envoy's filter, as read").
 func strategy(s share) *typepb.RateLimitStrategy {
-	var perFill, fill int64
-	switch {
-	case s.rate >= 1000:
-		perFill, fill = min(s.rate/1000, math.MaxUint32), 1
-	case s.rate > 0:
-		perFill, fill = 1, (1000+s.rate-1)/s.rate
-	}
+	perFill, fill := fillRate(s.rate)
 	maxTokens := min(s.burst/1000, math.MaxUint32)
 	if perFill < 1 || maxTokens < 1 {
 		return blanket(typepb.RateLimitStrategy_DENY_ALL)
@@ -288,6 +286,36 @@ func strategy(s share) *typepb.RateLimitStrategy {
 		TokensPerFill: wrapperspb.UInt32(uint32(perFill)),
 		FillInterval:  &durationpb.Duration{Seconds: fill, Nanos: fillNanos(fill)},
 	}}}
+}
+
+// maxFill is the longest fill interval, in seconds, fillRate searches for
+// the closest rate: one that holds 100 tokens or more brings the rate
+// within 1 % of the share.
+const maxFill = 60
+
+// fillRate writes a rate of milli milli-tokens a second as tokens every
+// fill seconds, never above it: of the whole seconds 1 to maxFill, the
+// one whose ⌊ρ·fill⌋ / fill is the highest (the shortest of equals), so
+// the rate is within 1 % of ρ whenever ρ·maxFill ≥ 100, and exact when a
+// fill interval of at most maxFill seconds holds a whole number of
+// tokens; below one token in maxFill seconds, 1 token every ⌈1/ρ⌉ s (at
+// most 1000 s, ρ being at least 1 milli-token a second). (0, 0) for no
+// rate.
+func fillRate(milli int64) (tokens, seconds int64) {
+	if milli <= 0 {
+		return 0, 0
+	}
+	tokens, seconds = 0, 1
+	for f := int64(1); f <= maxFill; f++ {
+		t := min(mulDiv(milli, f, 1000), math.MaxUint32)
+		if t*seconds > tokens*f { // t/f > tokens/seconds
+			tokens, seconds = t, f
+		}
+	}
+	if tokens == 0 {
+		return 1, (1000 + milli - 1) / milli
+	}
+	return tokens, seconds
 }
 
 // fillNanos is the nanos of a fill_interval of seconds whole seconds

@@ -168,16 +168,90 @@ func TestStrategy(t *testing.T) {
 		want *typepb.RateLimitStrategy
 	}{
 		{"whole tokens per second", share{10_000, 20_000}, tb(20, 10, time.Second)},
-		{"fractions round down", share{10_999, 20_999}, tb(20, 10, time.Second)},
+		{"fractions: the longest whole-second fill that rounds down least (659/60 s = 10.983)", share{10_999, 20_999}, tb(20, 659, 60*time.Second+59)},
 		{"half a token a second: one every 2 s (and 1 ns: Envoy tells fill intervals apart by their nanos)", share{500, 5000}, tb(5, 1, 2*time.Second+1)},
-		{"0.3 a second: one every 4 s (rounded down to 0.25)", share{300, 5000}, tb(5, 1, 4*time.Second+3)},
-		{"a rate too small for a whole second's count still has a token now and then", share{1, 1000}, tb(1, 1, 1000*time.Second+999)},
+		{"0.3 a second: 3 every 10 s, exact", share{300, 5000}, tb(5, 3, 10*time.Second+9)},
+		{"a rate too small for a token in 60 s still has one now and then", share{1, 1000}, tb(1, 1, 1000*time.Second+999)},
 		{"no rate: DENY_ALL", share{0, 5000}, deny},
 		{"burst below one token: DENY_ALL", share{5000, 999}, deny},
 	}
 	for _, r := range rows {
 		if diff := cmp.Diff(r.want, strategy(r.s), protocmp.Transform()); diff != "" {
 			t.Errorf("%s: strategy(%v) (-want +got):\n%s", r.name, r.s, diff)
+		}
+	}
+}
+
+// TestStrategyRate: the rate Envoy enforces for a share of ρ tokens/s
+// (tokens_per_fill per whole second of fill_interval, refilled
+// continuously) is never above ρ, so the shares sent sum to at most the
+// policy, and is within 1 % below it whenever some whole-second fill
+// interval of at most 60 s holds 100 tokens or more: rounding each share
+// down to whole tokens per whole second lost 8 % of a limit of 100/s over
+// 16 proxies (6.25/s → 6/s) and 20 % of 10/s (0.625/s → 0.5/s). Below
+// that it is the best rate a fill interval of 1 to 60 s gives, and below
+// one token a minute one token every ⌈1/ρ⌉ s.
+func TestStrategyRate(t *testing.T) {
+	enforced := func(tb *typepb.TokenBucket) float64 {
+		return float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
+	}
+	for _, r := range []struct {
+		rate    int64 // ρ, milli-tokens per second
+		seconds int64 // the fill_interval chosen, F
+		tokens  uint32
+	}{
+		{100_000, 1, 100},  // 100/s: exact at once
+		{6250, 4, 25},      // 100/s over 16 proxies: 6.25/s, exact (was 6/s)
+		{6204, 54, 335},    // 100·(1 − 1/136)/16: 6.2037/s (was 6/s)
+		{625, 8, 5},        // 10/s over 16 proxies: 0.625/s, exact (was 0.5/s)
+		{1318, 41, 54},     // a quiet proxy's floor and demand share: 1.3171/s (was 1/s)
+		{99_999, 60, 5999}, // 99.983/s (was 99/s)
+		{1500, 2, 3},       // 1.5/s (was 1/s)
+		{17, 59, 1},        // about one a minute: 1/59 s ≤ 0.017
+		{16, 63, 1},        // under one token in 60 s: one every ⌈1/ρ⌉ s
+		{1, 1000, 1},       // one a thousand seconds
+		{math.MaxInt64, 1, math.MaxUint32},
+	} {
+		tb := strategy(share{r.rate, 1000}).GetTokenBucket()
+		if got := [2]int64{tb.GetFillInterval().GetSeconds(), int64(tb.GetTokensPerFill().GetValue())}; got != [2]int64{r.seconds, int64(r.tokens)} {
+			t.Errorf("ρ = %d milli/s: fill %d s, %d tokens; want %d s, %d tokens", r.rate, got[0], got[1], r.seconds, r.tokens)
+		}
+	}
+	for rate := int64(1); rate <= 300_000; rate += 1 + rate/1000 {
+		tb := strategy(share{rate, 1000}).GetTokenBucket()
+		rho, got := float64(rate)/1000, enforced(tb)
+		if got > rho {
+			t.Fatalf("ρ = %d milli/s: Envoy enforces %v/s, above ρ", rate, got)
+		}
+		if 60*rate >= 100_000 && got < 0.99*rho {
+			t.Fatalf("ρ = %d milli/s: Envoy enforces %v/s, more than 1 %% below ρ", rate, got)
+		}
+		for f := int64(1); f <= 60; f++ {
+			if best := float64(rate*f/1000) / float64(f); best > got {
+				t.Fatalf("ρ = %d milli/s: Envoy enforces %v/s; %d tokens every %d s would give %v/s", rate, got, rate*f/1000, f, best)
+			}
+		}
+	}
+}
+
+// TestFloorOfSixteen: the floor share of a stream among 16 is a token
+// bucket exactly when the policy's burst is at least 136 and its rate at
+// least 0.136 a second, else DENY_ALL: the thresholds of the config's
+// warning (config.smallFloor) and of docs/rlqs.md, "Small policies".
+func TestFloorOfSixteen(t *testing.T) {
+	for _, r := range []struct {
+		limit, burst int64
+		window       time.Duration
+		token        bool
+	}{
+		{100, 136, time.Second, true},
+		{100, 135, time.Second, false},
+		{136, 136, 1000 * time.Second, true}, // 0.136/s: one token every 1000 s
+		{135, 136, 1000 * time.Second, false},
+	} {
+		f := floorShare(policyShare(sluice.Policy{Limit: r.limit, Burst: r.burst, Window: r.window}), 16)
+		if got := strategy(f).GetTokenBucket() != nil; got != r.token {
+			t.Errorf("limit %d per %v, burst %d: the floor among 16 is %+v: a token bucket = %v, want %v", r.limit, r.window, r.burst, f, got, r.token)
 		}
 	}
 }
@@ -204,7 +278,7 @@ func TestStrategyDistinctToEnvoy(t *testing.T) {
 	}
 	seen := map[[3]int64]enc{}
 	for _, burst := range []int64{1000, 2000, 7000} {
-		for rate := int64(1); rate <= 3000; rate++ {
+		for rate := int64(1); rate <= 12_000; rate++ {
 			tb := strategy(share{rate, burst}).GetTokenBucket()
 			if tb == nil {
 				continue

@@ -76,6 +76,13 @@ func TestTokenBucket(t *testing.T) {
 			[]step{{admit: 4, allowed: 3, phase: envoyrlqs.Assignment}}},
 		{"it fills tokens_per_fill per fill_interval, continuously", envoyrlqs.Options{}, tb(5, 2, time.Second), hour,
 			[]step{{admit: 5, allowed: 5}, {advance: time.Second, admit: 3, allowed: 2}, {advance: 500 * time.Millisecond, admit: 2, allowed: 1}}},
+		// sluice sends tokens_per_fill above max_tokens (a share written
+		// as tokens every F s, F up to 60): Envoy's AtomicTokenBucketImpl
+		// refills at tokens_per_fill / fill_interval a second, capped at
+		// max_tokens, never a whole fill at once (docs/rlqs.md).
+		{"tokens_per_fill above max_tokens: the rate, capped at max_tokens", envoyrlqs.Options{}, tb(2, 10, 5*time.Second), hour,
+			[]step{{admit: 3, allowed: 2}, {advance: time.Second, admit: 3, allowed: 2}, {advance: 500 * time.Millisecond, admit: 2, allowed: 1},
+				{advance: 10 * time.Second, admit: 5, allowed: 2}}},
 		{"fill_interval is read in whole seconds", envoyrlqs.Options{}, tb(1, 1, 1500*time.Millisecond), hour,
 			[]step{{admit: 1, allowed: 1}, {advance: time.Second, admit: 2, allowed: 1}}},
 		{"a fill_interval under 1 s admits all", envoyrlqs.Options{}, tb(1, 1, 500*time.Millisecond), hour,
