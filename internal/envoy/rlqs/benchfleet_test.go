@@ -294,20 +294,23 @@ func dialFleet(addr, domain string, f fleetShape) (*benchFleet, error) {
 		go st.read()
 		fl.streams = append(fl.streams, st)
 	}
-	if err := fl.all(fl.first); err != nil {
+	// One first report at a time: each is one ledger call of its
+	// buckets, the same calls every run (rediscg differences two runs).
+	if err := fl.all(fl.first, 1); err != nil {
 		fl.close()
 		return nil, err
 	}
 	return fl, nil
 }
 
-// all sends m on every stream, 64 at a time, and waits for every answer.
-func (fl *benchFleet) all(m *rlqspb.RateLimitQuotaUsageReports) error {
+// all sends m on every stream, workers at a time, and waits for every
+// answer.
+func (fl *benchFleet) all(m *rlqspb.RateLimitQuotaUsageReports, workers int) error {
 	var next atomic.Int64
 	var mu sync.Mutex
 	var first error
 	var wg sync.WaitGroup
-	for range 64 {
+	for range workers {
 		wg.Go(func() {
 			for i := next.Add(1) - 1; i < int64(len(fl.streams)); i = next.Add(1) - 1 {
 				if err := fl.streams[i].report(m, int64(fl.shape.buckets), time.After(time.Minute)); err != nil {
@@ -337,7 +340,7 @@ func (fl *benchFleet) settle(round func() error) error {
 	if err := round(); err != nil {
 		return err
 	}
-	if err := fl.all(fl.steady); err != nil {
+	if err := fl.all(fl.steady, 64); err != nil {
 		return err
 	}
 	for range 3 {
@@ -345,7 +348,7 @@ func (fl *benchFleet) settle(round func() error) error {
 			return err
 		}
 	}
-	if err := fl.all(fl.steady); err != nil {
+	if err := fl.all(fl.steady, 64); err != nil {
 		return err
 	}
 	for _, a := range fl.streams[0].last.Load().GetBucketAction() {
