@@ -170,7 +170,11 @@ func benchRound(b *testing.B, store string, f fleetShape) {
 	var rc *redis.Client
 	if store == "redis" {
 		rc = benchRedis(b)
-		l.Ledger = ledger.NewRedis(rc)
+		r, err := ledger.NewRedis(rc, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		l.Ledger = r
 	}
 	svc, addr, stop, err := startBenchService(domain, Options{Ledger: l, Clock: clk})
 	if err != nil {

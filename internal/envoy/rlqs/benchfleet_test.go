@@ -29,6 +29,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/envoy/rls"
+	"github.com/sluicehq/sluice/internal/testkit/servetest"
 	"github.com/sluicehq/sluice/subject"
 )
 
@@ -61,11 +62,15 @@ const maxConns = 1000
 // (TestMain): a Service on loopback, driven by lines on stdin.
 const benchServerEnv = "SLUICE_RLQS_BENCH_SERVER"
 
+// TestMain runs the benchmark's server process when asked to, else the
+// tests, then removes the binary servetest built for the fleet tests.
 func TestMain(m *testing.M) {
 	if os.Getenv(benchServerEnv) != "" {
 		os.Exit(serveBenchChild())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	servetest.Cleanup()
+	os.Exit(code)
 }
 
 // startBenchService starts a Service with its rounds run by hand, on a

@@ -61,13 +61,6 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit/servetest"
 )
 
-// TestMain removes the binary servetest built.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	servetest.Cleanup()
-	os.Exit(code)
-}
-
 // The policy every fleet test splits: 400 a second, burst 400 (a share
 // of a few tokens a second: TestFleetLowRate, where shares are smaller).
 const (
