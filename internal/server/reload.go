@@ -28,7 +28,7 @@ import (
 // and the store.
 func restartOnly(prev, next *config.Config) error {
 	changed := func(field string, a, b any) error {
-		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence, the store and telemetry are fixed until sluice restarts; restart it to apply", field, a, b, next.Line(field))
+		return fmt.Errorf("%s changed from %v to %v (line %d): listen addresses, the proxy and envoy sections' presence, the store, telemetry and, with envoy.rlqs, the HMAC keys are fixed until sluice restarts; restart it to apply", field, a, b, next.Line(field))
 	}
 	switch {
 	case prev.Server.Listen != next.Server.Listen:
@@ -51,6 +51,11 @@ func restartOnly(prev, next *config.Config) error {
 		return changed("envoy.configs", present(len(prev.Envoy.Configs) > 0), present(len(next.Envoy.Configs) > 0))
 	case prev.Envoy != nil && (prev.Envoy.RLQS == nil) != (next.Envoy.RLQS == nil):
 		return changed("envoy.rlqs", present(prev.Envoy.RLQS != nil), present(next.Envoy.RLQS != nil))
+	case next.Envoy != nil && next.Envoy.RLQS != nil && !reflect.DeepEqual(prev.Subjects.HMACKeys, next.Subjects.HMACKeys):
+		// The quota service names a bucket by its pseudonym under the
+		// keys it started with, for the bucket's life (docs/rlqs.md,
+		// "Key rotation").
+		return changed("subjects.hmac_keys", "its old keys", "new ones")
 	case !reflect.DeepEqual(prev.Telemetry, next.Telemetry):
 		return changed("telemetry", "its old settings", "new ones")
 	}
