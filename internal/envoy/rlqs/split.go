@@ -138,7 +138,31 @@ func plan(p share, n, total int64, hs []*hold) (ledger.Claim, []share) {
 			want[i] = h.assigned
 		}
 	}
+	unkeepAbove(p, hs, n, total, want)
 	return c, want
+}
+
+// unkeepAbove is the hysteresis' budget: when the assignments of hs
+// sum above the policy p — a plan or a Swap lowered it, by less than the
+// 10 % the hysteresis lets pass — the streams held above their targets
+// get their targets, which sum to at most p·(1−φ). Without it a stream
+// alone on a bucket whose policy went from 100/s to 90/s keeps 93.75/s
+// for good, and the ledger reserves it (it is committed). Under
+// unchanged numbers the assignments sum to at most the reservation, at
+// most p, and nothing changes here.
+func unkeepAbove(p share, hs []*hold, n, total int64, want []share) {
+	var sum share
+	for _, h := range hs {
+		sum.rate, sum.burst = sum.rate+h.assigned.rate, sum.burst+h.assigned.burst
+	}
+	if sum.rate <= p.rate && sum.burst <= p.burst {
+		return
+	}
+	for i, h := range hs {
+		if t := target(p, n, total, h.demand); want[i].rate > t.rate || want[i].burst > t.burst {
+			want[i] = t
+		}
+	}
 }
 
 // settle sets the assignments of hs from want within the reservation g

@@ -191,7 +191,7 @@ func (s *Service) report(ctx context.Context, st *stream, m *rlqspb.RateLimitQuo
 	if fresh {
 		s.claimFresh(ctx, st.d)
 	}
-	st.out.put(s.answer(st, answers))
+	s.answer(st, answers)
 	return nil
 }
 
@@ -311,15 +311,21 @@ func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlq
 	return b
 }
 
-// answer turns replies into bucket actions: a held bucket's current
+// answer puts replies as bucket actions: a held bucket's current
 // assignment, its TTL cut to end when the bucket's ledger entry may
 // expire (none once it may have: a ledger outage lets it expire),
-// ALLOW_ALL when unmatched, the overflow share, or abandon.
-func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaResponse_BucketAction {
+// ALLOW_ALL when unmatched, the overflow share, or abandon. Nothing once
+// Shutdown began: it sets ending before it takes d.mu to put TTL 0, so
+// an answer put under d.mu either comes before the TTL 0 (which replaces
+// or follows it) or is not put at all.
+func (s *Service) answer(st *stream, rs []reply) {
 	d := st.d
 	now := s.opts.Clock.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if s.ending.Load() {
+		return
+	}
 	l := st.ttl()
 	acts := make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(rs))
 	for _, r := range rs {
@@ -339,7 +345,7 @@ func (s *Service) answer(st *stream, rs []reply) []*rlqspb.RateLimitQuotaRespons
 			acts = append(acts, assign(r.id, strategy(h.assigned), r.b.ttl(l, now)))
 		}
 	}
-	return acts
+	st.out.put(acts)
 }
 
 // ttl is the TTL of an assignment of b sent at now to a stream whose
