@@ -132,8 +132,8 @@ func (in *Interceptors) decide(ctx context.Context, method string, r *rule, setT
 	}
 	a := in.core.Decide(ctx, r.Rule, s)
 	md := metadata.MD{mdPolicy: {r.Field}}
-	if a.Limit != "" {
-		md[mdLimit] = []string{a.Limit}
+	if l := a.LimitField(); l != "" {
+		md[mdLimit] = []string{l}
 	}
 	_ = setTrailer(md) // fails only once the call has ended
 	switch a.Kind {

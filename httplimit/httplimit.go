@@ -498,8 +498,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	d.Waited, d.Queue = a.Delay, a.Queue
 	h := w.Header()
 	h.Set("RateLimit-Policy", rt.Field)
-	if a.Limit != "" {
-		h.Set("RateLimit", a.Limit)
+	if l := a.LimitField(); l != "" {
+		h.Set("RateLimit", l)
 		if m.legacy {
 			edge.SetLegacyHeaders(h, &a)
 		}

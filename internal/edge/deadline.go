@@ -17,8 +17,9 @@ type lazyDeadline struct {
 	context.Context // the parent
 	at              time.Time
 	once            sync.Once
-	made            atomic.Pointer[context.Context] // WithDeadline's, once Done was asked
+	made            context.Context // WithDeadline's, once Done was asked: set before isMade
 	cancel          context.CancelFunc
+	isMade          atomic.Bool // made and cancel are set (a pointer to made was an allocation per decision)
 	stopped         atomic.Bool
 }
 
@@ -37,23 +38,22 @@ func (c *lazyDeadline) Deadline() (time.Time, bool) {
 
 func (c *lazyDeadline) Done() <-chan struct{} {
 	c.once.Do(c.make)
-	return (*c.made.Load()).Done()
+	return c.made.Done()
 }
 
 // make makes WithDeadline's context, cancelled already when c was
 // stopped first.
 func (c *lazyDeadline) make() {
-	ctx, cancel := context.WithDeadline(c.Context, c.at)
-	c.cancel = cancel
-	c.made.Store(&ctx)
+	c.made, c.cancel = context.WithDeadline(c.Context, c.at)
+	c.isMade.Store(true)
 	if c.stopped.Load() { // stop may have missed it
-		cancel()
+		c.cancel()
 	}
 }
 
 func (c *lazyDeadline) Err() error {
-	if p := c.made.Load(); p != nil {
-		return (*p).Err()
+	if c.isMade.Load() {
+		return c.made.Err()
 	}
 	if err := c.Context.Err(); err != nil {
 		return err
@@ -70,7 +70,7 @@ func (c *lazyDeadline) Err() error {
 // stop is WithDeadline's cancel: it releases the timer, if one was made.
 func (c *lazyDeadline) stop() {
 	c.stopped.Store(true)
-	if p := c.made.Load(); p != nil {
+	if c.isMade.Load() {
 		c.cancel()
 	}
 }

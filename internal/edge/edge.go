@@ -206,9 +206,6 @@ type Action struct {
 	// RetryAfter is the Retry-After of a refusal in whole seconds, rounded
 	// up, at least 1; 0 when the request goes on.
 	RetryAfter int64
-	// Limit is the RateLimit field of the deciding outcome, e.g.
-	// `"login";r=2;t=60`; "" when nothing was decided.
-	Limit string
 	// Lease is the lease an admission holds on the rule's concurrency
 	// policies, to give back with Core.Release; the zero Lease for none.
 	Lease sluice.Lease
@@ -219,6 +216,17 @@ type Action struct {
 	// QueuePastDelay, QueueFull, QueueAbandoned); "" for a request that
 	// fit now, or a rule without a queue.
 	Queue string
+}
+
+// LimitField is the RateLimit field of the deciding outcome, e.g.
+// `"login";r=2;t=60`; "" when nothing was decided. It is written when
+// asked: the Envoy service and the check API answer in fields of their
+// own, and a field built for every decision was a string they dropped.
+func (a *Action) LimitField() string {
+	if o := a.Decided(); decided(o) {
+		return string(ratelimitheader.AppendLimitField(nil, *o))
+	}
+	return ""
 }
 
 // Decided is the outcome that decided: the local fallback's when it was
@@ -629,13 +637,10 @@ func appendPolicyItem(b []byte, p sluice.Policy) []byte {
 	return ratelimitheader.AppendPolicyItem(b, p)
 }
 
-// settle fills in what a's edge answers with: its status, Retry-After
-// and RateLimit field.
+// settle fills in what a's edge answers with: its status and
+// Retry-After (its RateLimit field is LimitField's).
 func settle(a *Action) {
 	o := a.Decided()
-	if decided(o) {
-		a.Limit = string(ratelimitheader.AppendLimitField(nil, *o))
-	}
 	switch a.Kind {
 	case Admit:
 		a.Lease = leaseOf(o)

@@ -104,8 +104,8 @@ func TestDecide(t *testing.T) {
 		if a.Status != step.status || (a.Status != 0) != (a.RetryAfter > 0) {
 			t.Errorf("%s: Status %d, RetryAfter %d, want %d and Retry-After with a refusal", step.name, a.Status, a.RetryAfter, step.status)
 		}
-		if r.Field != `"p";q=2;w=60, "q";q=4;w=60` || (a.Limit != "") != (step.name == "decided" || step.mode == failure.Local) {
-			t.Errorf("%s: RateLimit-Policy %q, RateLimit %q, want both policies, and RateLimit when decided", step.name, r.Field, a.Limit)
+		if r.Field != `"p";q=2;w=60, "q";q=4;w=60` || (a.LimitField() != "") != (step.name == "decided" || step.mode == failure.Local) {
+			t.Errorf("%s: RateLimit-Policy %q, RateLimit %q, want both policies, and RateLimit when decided", step.name, r.Field, a.LimitField())
 		}
 		if step.status == 429 {
 			if p := c.Problem(&a); p.Status != 429 || !cmp.Equal(p.ViolatedPolicies, []string{"p"}) {
@@ -206,5 +206,25 @@ func TestLogThrottle(t *testing.T) {
 	got := buf.String()
 	if strings.Contains(got, "held") || !strings.Contains(got, "msg=one") || !strings.Contains(got, "msg=info") || !strings.Contains(got, "msg=two suppressed_since_last=2") {
 		t.Errorf("logs:\n%s\nwant one, info, and two with suppressed_since_last=2", got)
+	}
+}
+
+// TestDecideRequestBuildsNoField finds a decision of the core costing at
+// most one allocation more than the Limiter's own (the lazy deadline's):
+// the RateLimit field is built only when an edge asks for it
+// (Action.LimitField), as the Envoy service and the check API never do.
+func TestDecideRequestBuildsNoField(t *testing.T) {
+	clock := sluicetest.NewClock()
+	c := newCore(t, memStore(t, clock), Options{Clock: clock})
+	req := sluice.Request{Op: sluice.Peek, Policy: "p", Subject: "u0:x"}
+	ctx := context.Background()
+	lim := testing.AllocsPerRun(100, func() { c.Limiter().Check(ctx, req) })
+	var a Action
+	core := testing.AllocsPerRun(100, func() { a = c.DecideRequest(ctx, req, failure.Closed) })
+	if core > lim+1 {
+		t.Errorf("DecideRequest: %v allocations a decision, the Limiter's own %v: want at most one more", core, lim)
+	}
+	if a.Kind != Admit || !strings.HasPrefix(a.LimitField(), `"p";r=2;`) {
+		t.Errorf("DecideRequest: %s, RateLimit %q; want admitted, with the field when asked", a.Kind, a.LimitField())
 	}
 }

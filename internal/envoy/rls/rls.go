@@ -303,8 +303,8 @@ func errUnavailable(reason string) error {
 func (s *Service) decideGroups(ctx context.Context, sc *scratch) error {
 	ds := sc.ds
 	groups := groupDescriptors(ds, sc)
-	denied := map[string]bool{} // subjects with a group the store denied
-	over := false               // an enforced descriptor outside quota_mode is over
+	var denied map[string]bool // subjects with a group the store denied; made at the first
+	over := false              // an enforced descriptor outside quota_mode is over
 	for i := range ds {
 		if d := &ds[i]; d.code != rlspb.RateLimitResponse_UNKNOWN && d.rule != nil && !d.rule.Shadow && !d.rule.QuotaMode {
 			over = over || d.code == rlspb.RateLimitResponse_OVER_LIMIT
@@ -321,8 +321,12 @@ func (s *Service) decideGroups(ctx context.Context, sc *scratch) error {
 			continue
 		}
 		for _, i := range g.members {
-			o := ds[i].code == rlspb.RateLimitResponse_OVER_LIMIT
-			denied[g.subject], over = denied[g.subject] || o, over || o
+			if ds[i].code == rlspb.RateLimitResponse_OVER_LIMIT {
+				if denied == nil {
+					denied = map[string]bool{}
+				}
+				denied[g.subject], over = true, true
+			}
 		}
 	}
 	return nil
@@ -340,12 +344,15 @@ func groupDescriptors(ds []descriptor, sc *scratch) []*group {
 	groups := sc.groups[:0]
 	// groups keeps its buffer for the next request.
 	defer func() { sc.groups = groups }()
-	blocked := map[string]bool{} // subjects with a descriptor denied locally
+	var blocked map[string]bool // subjects with a descriptor denied locally; made at the first
 	for i := range ds {
 		d := &ds[i]
 		r := d.rule
 		if answerLocally(d) {
 			if d.code == rlspb.RateLimitResponse_OVER_LIMIT && !r.Shadow && !r.QuotaMode {
+				if blocked == nil {
+					blocked = map[string]bool{}
+				}
 				blocked[d.subject] = true
 			}
 			continue
