@@ -309,7 +309,7 @@ func (s *Service) leave(st *stream) {
 // reply is how one reported bucket is answered.
 type reply struct {
 	id       *rlqspb.BucketId
-	key      string // its identity, when known ("": put finds it)
+	key      string  // its identity, when known ("": put finds it)
 	b        *bucket // held: its assignment
 	overflow *sluice.Policy
 	abandon  bool
@@ -459,7 +459,7 @@ type mailbox struct {
 	mu       sync.Mutex
 	pending  map[string]int // by bucket identity, the index in acts of its action
 	acts     []*rlqspb.RateLimitQuotaResponse_BucketAction
-	idBuf    []byte // the identity put is at
+	idBuf    []byte        // the identity put is at
 	sending  func()        // called before each send (tests); may be nil
 	since    time.Time     // when the send under way began; zero when none is
 	dead     bool          // the writer is gone
