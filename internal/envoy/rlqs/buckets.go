@@ -132,13 +132,18 @@ func match(ms []matcher, id map[string]string) *matcher {
 // identity is the bucket id's entries, sorted by key and framed (length
 // and bytes of each key and value), so two ids are one bucket exactly
 // when their identities are equal.
-func identity(id map[string]string) string {
-	keys := make([]string, 0, len(id))
+func identity(id map[string]string) string { return string(appendIdentity(nil, id)) }
+
+// appendIdentity appends id's identity to b: with b reused and a map
+// looked up by string(b), a report's buckets are found without a string
+// made for each.
+func appendIdentity(b []byte, id map[string]string) []byte {
+	var arr [maxIDEntries]string // on the stack for every checked id
+	keys := arr[:0]
 	for k := range id {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	var b []byte
 	for _, k := range keys {
 		b = strconv.AppendInt(b, int64(len(k)), 10)
 		b = append(b, ':')
@@ -148,7 +153,7 @@ func identity(id map[string]string) string {
 		b = append(b, ':')
 		b = append(b, v...)
 	}
-	return string(b)
+	return b
 }
 
 // checkReport checks the bounds of a report's buckets: each id of 1 to 32

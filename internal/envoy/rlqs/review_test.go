@@ -135,7 +135,7 @@ func TestNoAssignmentAfterShutdownsTTLZero(t *testing.T) {
 		break
 	}
 	st.out.mu.Lock()
-	for _, a := range st.out.pending {
+	for _, a := range st.out.acts {
 		if ttlOf(a) > 0 {
 			late = append(late, "queued: "+a.String())
 		}

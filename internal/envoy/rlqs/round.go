@@ -86,6 +86,9 @@ func (s *Service) roundDomain(ctx context.Context, cfg *config, d *domain) {
 		s.opts.Logger.Info("rlqs: the ledger answers again", slog.String("domain", d.name))
 	}
 	s.applyRound(d, rp, gs, sent.Add(rp.ttl))
+	for _, b := range rp.buckets {
+		b.scratch.release()
+	}
 	s.endSlow(d, cfg.Round)
 	s.opts.Metrics.roundDone(d, s.opts.Clock.Now().Sub(start))
 }
@@ -98,11 +101,7 @@ func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
 	plans := s.planMap()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	rp := &roundPlan{ttl: ttl(0)}
-	for st := range d.streams {
-		rp.ttl = max(rp.ttl, st.ttl())
-	}
-	rp.ttl += cfg.Round
+	rp := &roundPlan{ttl: d.maxTTL() + cfg.Round}
 	for _, b := range d.buckets {
 		if b.m = match(ms, b.id.GetBucket()); b.m == nil {
 			for st := range b.holds {
@@ -113,12 +112,15 @@ func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
 			b.policy = policyOf(b.m, b.subject, plans)
 		}
 		p := policyShare(b.policy)
-		hs, sts := make([]*hold, 0, len(b.holds)), make([]*stream, 0, len(b.holds))
+		sc := b.scratch.take(len(b.holds))
+		hs, sts := sc.hs[:0], sc.sts[:0]
 		for st, h := range b.holds {
 			hs, sts = append(hs, &h.hold), append(sts, st)
 		}
 		n, total := b.fleet.now(hs)
-		c, want := plan(p, n, total, hs)
+		want := sc.want[:len(hs)]
+		c := planInto(p, n, total, hs, want)
+		b.resum() // plan made each committed its assignment
 		c.Bucket = b.subject
 		rp.buckets, rp.holds, rp.streams = append(rp.buckets, b), append(rp.holds, hs), append(rp.streams, sts)
 		rp.wants, rp.claims = append(rp.wants, want), append(rp.claims, c)
@@ -162,10 +164,12 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until 
 		b.fleet.update(rp.claims[i], g)
 		b.until = until
 		d.fleetS = max(d.fleetS, g.Streams)
-		changed := settle(rp.holds[i], rp.wants[i], g)
+		k := len(rp.holds[i])
+		changed := settleInto(rp.holds[i], rp.wants[i], g, b.scratch.rates[:k], b.scratch.bursts[:k], b.scratch.changed[:k])
 		for _, h := range rp.holds[i] {
 			h.fresh = false
 		}
+		b.resum()
 		delete(d.fresh, b)
 		if len(b.holds) == 0 && rp.claims[i].Streams == 0 {
 			delete(d.buckets, b.key)
@@ -173,7 +177,7 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until 
 		}
 		for j, st := range rp.streams[i] {
 			if h := b.holds[st]; h != nil && changed[j] {
-				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), b.ttl(st.ttl(), now))})
+				st.out.put([]*rlqspb.RateLimitQuotaResponse_BucketAction{assign(b.id, strategy(h.assigned), b.ttl(st.ttl(), now))}, []string{b.key})
 			}
 		}
 	}
@@ -201,37 +205,32 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 	d.claimMu.Lock()
 	defer d.claimMu.Unlock()
 	type freshBucket struct {
-		b  *bucket
-		hs []*hold
-		n  int64
+		b       *bucket
+		settled settled
+		sts     []*stream
+		hs      []*holding
+		n       int64
 	}
 	var fbs []freshBucket
 	var cs []ledger.Claim
 	d.mu.Lock()
 	for b := range d.fresh {
 		delete(d.fresh, b)
-		hs, any := make([]*hold, 0, len(b.holds)), false
-		for _, h := range b.holds {
-			hs = append(hs, &h.hold)
-			any = any || h.fresh
-		}
-		if !any {
+		if len(b.fresh) == 0 {
 			continue
 		}
-		n, _ := b.fleet.now(nil)
-		for _, h := range hs {
-			if !h.fresh {
-				n++
-			}
+		fb := freshBucket{b: b, settled: b.settled}
+		for st, h := range b.fresh {
+			fb.sts, fb.hs = append(fb.sts, st), append(fb.hs, h)
 		}
-		c := claimFresh(policyShare(b.policy), n, hs)
+		n, _ := b.fleet.now(nil)
+		fb.n = n + b.settled.n
+		c := claimFreshOf(policyShare(b.policy), fb.n, fb.settled, holdsOf(fb.hs))
 		c.Bucket = b.subject
-		fbs, cs = append(fbs, freshBucket{b, hs, n}), append(cs, c)
+		fbs, cs = append(fbs, fb), append(cs, c)
 	}
-	ttl := ttl(0) + s.cfg.Load().Round
-	for st := range d.streams {
-		ttl = max(ttl, st.ttl()+s.cfg.Load().Round)
-	}
+	round := s.cfg.Load().Round
+	ttl := d.maxTTL() + round
 	d.mu.Unlock()
 	if len(cs) == 0 {
 		return
@@ -245,6 +244,45 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 	for i, fb := range fbs[:len(gs)] {
 		fb.b.fleet.update(cs[i], gs[i])
 		fb.b.until = sent.Add(ttl)
-		settleFresh(policyShare(fb.b.policy), fb.n, fb.hs, gs[i])
+		settleFreshOf(policyShare(fb.b.policy), fb.n, fb.settled, holdsOf(fb.hs), gs[i])
+		for j, st := range fb.sts {
+			fb.b.settle(st, fb.hs[j])
+		}
 	}
+}
+
+// holdsOf is the holds of hs.
+func holdsOf(hs []*holding) []*hold {
+	out := make([]*hold, len(hs))
+	for i, h := range hs {
+		out[i] = &h.hold
+	}
+	return out
+}
+
+// scratch is a bucket's slices of a round, kept from one round to the
+// next (rounds run one at a time, under the domain's claimMu), so that a
+// round allocates only when a bucket's holders grow.
+type scratch struct {
+	hs            []*hold
+	sts           []*stream
+	want          []share
+	rates, bursts []int64
+	changed       []bool
+}
+
+// take returns sc with room for n holds.
+func (sc *scratch) take(n int) *scratch {
+	if cap(sc.hs) < n {
+		c := n + n/4
+		*sc = scratch{hs: make([]*hold, 0, c), sts: make([]*stream, 0, c), want: make([]share, c),
+			rates: make([]int64, c), bursts: make([]int64, c), changed: make([]bool, c)}
+	}
+	return sc
+}
+
+// release drops sc's pointers, so that a stream gone is not kept.
+func (sc *scratch) release() {
+	clear(sc.hs[:cap(sc.hs)])
+	clear(sc.sts[:cap(sc.sts)])
 }

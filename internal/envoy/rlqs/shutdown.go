@@ -35,10 +35,12 @@ func (s *Service) Shutdown(ctx context.Context) {
 		d.mu.Lock()
 		for st := range d.streams {
 			acts := make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(st.holds))
+			keys := make([]string, 0, len(st.holds))
 			for _, b := range st.holds {
 				acts = append(acts, assign(b.id, strategy(b.holds[st].assigned), 0))
+				keys = append(keys, b.key)
 			}
-			st.out.put(acts)
+			st.out.put(acts, keys)
 			streams = append(streams, st)
 		}
 		d.mu.Unlock()

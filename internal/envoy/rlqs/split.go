@@ -113,13 +113,19 @@ func keeps(a, t share) bool {
 // stream's wanted share: its target, or its assignment where hysteresis
 // keeps it.
 func plan(p share, n, total int64, hs []*hold) (ledger.Claim, []share) {
+	want := make([]share, len(hs))
+	return planInto(p, n, total, hs, want), want
+}
+
+// planInto is plan writing the wanted shares into want (len(hs)), so a
+// round can reuse it.
+func planInto(p share, n, total int64, hs []*hold, want []share) ledger.Claim {
 	c := ledger.Claim{Rate: p.rate, Burst: p.burst, Streams: int64(len(hs))}
 	var local int64
 	for _, h := range hs {
 		local += h.demand
 	}
 	n, total = max(n, int64(len(hs))), max(total, local)
-	want := make([]share, len(hs))
 	for i, h := range hs {
 		h.committed = h.assigned
 		t := target(p, n, total, h.demand)
@@ -139,7 +145,7 @@ func plan(p share, n, total int64, hs []*hold) (ledger.Claim, []share) {
 		}
 	}
 	unkeepAbove(p, hs, n, total, want)
-	return c, want
+	return c
 }
 
 // unkeepAbove is the hysteresis' budget: when the assignments of hs
@@ -171,13 +177,17 @@ func unkeepAbove(p share, hs []*hold, n, total int64, want []share) {
 // stream's committed becomes max(committed, new). It reports which
 // assignments changed.
 func settle(hs []*hold, want []share, g ledger.Grant) []bool {
-	rates, bursts := make([]int64, len(hs)), make([]int64, len(hs))
+	return settleInto(hs, want, g, make([]int64, len(hs)), make([]int64, len(hs)), make([]bool, len(hs)))
+}
+
+// settleInto is settle with its scratch given (rates, bursts and changed
+// of len(hs)), so a round can reuse them; it returns changed.
+func settleInto(hs []*hold, want []share, g ledger.Grant, rates, bursts []int64, changed []bool) []bool {
 	for i := range hs {
 		rates[i], bursts[i] = want[i].rate, want[i].burst
 	}
 	fitUp(hs, rates, func(h *hold) int64 { return h.committed.rate }, g.Reserved)
 	fitUp(hs, bursts, func(h *hold) int64 { return h.committed.burst }, g.ReservedBurst)
-	changed := make([]bool, len(hs))
 	for i, h := range hs {
 		n := share{rates[i], bursts[i]}
 		changed[i] = n != h.assigned
@@ -206,23 +216,65 @@ func fitUp(hs []*hold, want []int64, of func(*hold) int64, reserved int64) {
 	}
 }
 
+// settled is what the first-report claims need of a bucket's settled
+// holds (those not fresh): how many, and their demand and committed
+// amounts summed. The service keeps it as holds change, so that a
+// stream's first report costs its buckets, not their other holders.
+type settled struct {
+	n         int64
+	demand    int64
+	committed share
+}
+
+func (s *settled) add(h *hold) {
+	s.n++
+	s.demand += h.demand
+	s.committed.rate += h.committed.rate
+	s.committed.burst += h.committed.burst
+}
+
+func (s *settled) remove(h *hold) {
+	s.n--
+	s.demand -= h.demand
+	s.committed.rate -= h.committed.rate
+	s.committed.burst -= h.committed.burst
+}
+
+// split returns the settled holds of hs summed, and the fresh ones, in
+// order.
+func split(hs []*hold) (settled, []*hold) {
+	var s settled
+	var fresh []*hold
+	for _, h := range hs {
+		if h.fresh {
+			fresh = append(fresh, h)
+		} else {
+			s.add(h)
+		}
+	}
+	return s, fresh
+}
+
 // claimFresh is the claim that answers the fresh streams of hs at once:
 // one floor each (among the fleet's n streams before them) on top of
 // what is committed.
 func claimFresh(p share, n int64, hs []*hold) ledger.Claim {
-	c := ledger.Claim{Rate: p.rate, Burst: p.burst, Streams: int64(len(hs))}
+	s, fresh := split(hs)
+	return claimFreshOf(p, n, s, fresh)
+}
+
+// claimFreshOf is claimFresh of the holds s sums and fresh.
+func claimFreshOf(p share, n int64, s settled, fresh []*hold) ledger.Claim {
 	f := floorShare(p, n)
-	for _, h := range hs {
+	c := ledger.Claim{Rate: p.rate, Burst: p.burst, Streams: s.n + int64(len(fresh)),
+		Demand: s.demand, Committed: s.committed.rate, CommittedBurst: s.committed.burst,
+		Wish: s.committed.rate, WishBurst: s.committed.burst}
+	for _, h := range fresh {
 		c.Demand += h.demand
 		c.Committed += h.committed.rate
 		c.CommittedBurst += h.committed.burst
-		if h.fresh {
-			c.Wish += f.rate
-			c.WishBurst += f.burst
-		} else {
-			c.Wish += h.committed.rate
-			c.WishBurst += h.committed.burst
-		}
+		c.Wish += f.rate
+		c.WishBurst += f.burst
 	}
 	return c
 }
@@ -232,16 +284,19 @@ func claimFresh(p share, n int64, hs []*hold) ledger.Claim {
 // or what is left of it: 0 when nothing is (DENY_ALL until the next
 // round).
 func settleFresh(p share, n int64, hs []*hold, g ledger.Grant) {
+	s, fresh := split(hs)
+	settleFreshOf(p, n, s, fresh, g)
+}
+
+// settleFreshOf is settleFresh of the holds s sums and fresh.
+func settleFreshOf(p share, n int64, s settled, fresh []*hold, g ledger.Grant) {
 	f := floorShare(p, n)
-	room := share{g.Reserved, g.ReservedBurst}
-	for _, h := range hs {
+	room := share{g.Reserved - s.committed.rate, g.ReservedBurst - s.committed.burst}
+	for _, h := range fresh {
 		room.rate -= h.committed.rate
 		room.burst -= h.committed.burst
 	}
-	for _, h := range hs {
-		if !h.fresh {
-			continue
-		}
+	for _, h := range fresh {
 		a := share{min(f.rate, max(room.rate, 0)), min(f.burst, max(room.burst, 0))}
 		room.rate, room.burst = room.rate-a.rate, room.burst-a.burst
 		h.assigned, h.committed, h.fresh = a, a, false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +33,27 @@ type domain struct {
 	fleetS  int64            // the most streams the last round's ledger answers saw on one bucket
 	outage  bool             // the last ledger call failed
 	gauges  map[string]bool
+	periods [maxPeriod/time.Second + 1]int // the streams by observed period, in whole seconds (0: none yet)
+}
+
+// maxTTL is the longest assignment TTL of d's streams' answers, at least
+// ttl(0): the streams' longest period's, ttl rising with the period;
+// d.mu held.
+func (d *domain) maxTTL() time.Duration {
+	for i := len(d.periods) - 1; i > 0; i-- {
+		if d.periods[i] > 0 {
+			return max(ttl(0), ttl(time.Duration(i)*time.Second))
+		}
+	}
+	return ttl(0)
+}
+
+// setPeriod makes st's observed period p (whole seconds, at most
+// maxPeriod); d.mu held.
+func (d *domain) setPeriod(st *stream, p time.Duration) {
+	d.periods[st.period/time.Second]--
+	st.period = p
+	d.periods[st.period/time.Second]++
 }
 
 func newDomain(name string) *domain {
@@ -46,6 +68,12 @@ type bucket struct {
 	m       *matcher
 	policy  sluice.Policy // m's, with its plan
 	holds   map[*stream]*holding
+	// settled sums the holds of holds not fresh, and fresh are the others:
+	// kept as holds come, go and change, so that a first report's claim
+	// does not walk every holder (claimFresh).
+	settled settled
+	fresh   map[*stream]*holding
+	scratch scratch // a round's slices of the bucket, under claimMu
 	fleet   fleet
 	// until is when this instance's ledger entry of the bucket may expire,
 	// at the earliest: the send time of the last claim that granted it
@@ -54,6 +82,57 @@ type bucket struct {
 	until   time.Time
 	allowed uint64
 	denied  uint64
+}
+
+// add makes h, fresh, st's hold on b; d.mu held.
+func (b *bucket) add(st *stream, h *holding) {
+	b.holds[st] = h
+	b.fresh[st] = h
+}
+
+// drop ends st's hold on b, if any; d.mu held.
+func (b *bucket) drop(st *stream) {
+	h := b.holds[st]
+	if h == nil {
+		return
+	}
+	delete(b.holds, st)
+	if h.fresh {
+		delete(b.fresh, st)
+	} else {
+		b.settled.remove(&h.hold)
+	}
+}
+
+// setDemand sets h's demand (h a hold of b); d.mu held.
+func (b *bucket) setDemand(h *holding, demand int64) {
+	if !h.fresh {
+		b.settled.demand += demand - h.demand
+	}
+	h.demand = demand
+}
+
+// settle moves st's hold h, made not fresh, from fresh to settled, if it
+// is still st's hold on b; d.mu held.
+func (b *bucket) settle(st *stream, h *holding) {
+	if b.holds[st] != h || b.fresh[st] != h {
+		return
+	}
+	delete(b.fresh, st)
+	b.settled.add(&h.hold)
+}
+
+// resum sums b's holds again, after a round changed them; d.mu held.
+func (b *bucket) resum() {
+	b.settled = settled{}
+	clear(b.fresh)
+	for st, h := range b.holds {
+		if h.fresh {
+			b.fresh[st] = h
+		} else {
+			b.settled.add(&h.hold)
+		}
+	}
 }
 
 // holding is a stream's hold on a bucket.
@@ -70,6 +149,7 @@ type stream struct {
 	period time.Duration      // observed; guarded by d.mu
 	out    mailbox
 	cancel context.CancelCauseFunc
+	idBuf  []byte // the identity of the bucket a report's handler is at
 }
 
 // ttl is the assignment TTL of st's answers; d.mu held.
@@ -184,7 +264,7 @@ func (s *Service) report(ctx context.Context, st *stream, m *rlqspb.RateLimitQuo
 			acts = append(acts, assign(u.GetBucketId(), blanket(typepb.RateLimitStrategy_ALLOW_ALL), ttl(0)))
 		}
 		s.opts.Metrics.unmatched(unknownDomain, len(acts))
-		st.out.put(acts)
+		st.out.put(acts, nil)
 		return nil
 	}
 	fresh, answers := s.take(st, cfg, m)
@@ -206,6 +286,7 @@ func (s *Service) join(st *stream, name string) {
 	}
 	st.d.mu.Lock()
 	st.d.streams[st] = true
+	st.d.periods[0]++
 	st.d.mu.Unlock()
 }
 
@@ -218,15 +299,17 @@ func (s *Service) leave(st *stream) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, b := range st.holds {
-		delete(b.holds, st)
+		b.drop(st)
 	}
 	st.holds = nil
 	delete(d.streams, st)
+	d.periods[st.period/time.Second]--
 }
 
 // reply is how one reported bucket is answered.
 type reply struct {
 	id       *rlqspb.BucketId
+	key      string  // its identity, when known ("": put finds it)
 	b        *bucket // held: its assignment
 	overflow *sluice.Policy
 	abandon  bool
@@ -244,8 +327,8 @@ func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageRep
 	replies := make([]reply, 0, len(m.GetBucketQuotaUsages()))
 	for _, u := range m.GetBucketQuotaUsages() {
 		id := u.GetBucketId()
-		key := identity(id.GetBucket())
-		b := st.holds[key]
+		st.idBuf = appendIdentity(st.idBuf[:0], id.GetBucket())
+		b := st.holds[string(st.idBuf)] // no string made
 		if b == nil {
 			mt := match(ms, id.GetBucket())
 			if mt == nil {
@@ -253,7 +336,7 @@ func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageRep
 				replies = append(replies, reply{id: id})
 				continue
 			}
-			b = s.hold(st, cfg, mt, key, id)
+			b = s.hold(st, cfg, mt, string(st.idBuf), id)
 			if b == nil {
 				p := mt.policy
 				s.opts.Metrics.overflowed(d.name, p.ID)
@@ -269,19 +352,19 @@ func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageRep
 		s.opts.Metrics.reported(d.name, b.policy.ID, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
 		te := u.GetTimeElapsed().AsDuration()
 		if !h.fresh && te >= time.Second {
-			st.period = min(te.Truncate(time.Second), maxPeriod)
+			d.setPeriod(st, min(te.Truncate(time.Second), maxPeriod))
 		}
-		h.demand = ewma(h.demand, h.fresh && h.demand == 0, n, te)
+		b.setDemand(h, ewma(h.demand, h.fresh && h.demand == 0, n, te))
 		if h.zeros = h.zeros + 1; n > 0 {
 			h.zeros = 0
 		}
 		if h.zeros >= 3 { // idle: abandoned, its share freed
-			delete(b.holds, st)
-			delete(st.holds, key)
-			replies = append(replies, reply{id: id, abandon: true})
+			b.drop(st)
+			delete(st.holds, b.key)
+			replies = append(replies, reply{id: id, key: b.key, abandon: true})
 			continue
 		}
-		replies = append(replies, reply{id: id, b: b})
+		replies = append(replies, reply{id: id, key: b.key, b: b})
 	}
 	s.opts.Metrics.unmatched(d.name, unmatched)
 	return fresh, replies
@@ -301,11 +384,11 @@ func (s *Service) hold(st *stream, cfg *config, mt *matcher, key string, id *rlq
 		}
 		subj := pseudonym(s.opts.Pseudonymizer, d.name, key)
 		b = &bucket{key: key, id: proto.Clone(id).(*rlqspb.BucketId), subject: subj, m: mt,
-			holds: map[*stream]*holding{}}
+			holds: map[*stream]*holding{}, fresh: map[*stream]*holding{}}
 		b.policy = policyOf(mt, subj, s.planMap())
 		d.buckets[key] = b
 	}
-	b.holds[st] = &holding{hold: hold{fresh: true}}
+	b.add(st, &holding{hold: hold{fresh: true}})
 	d.fresh[b] = true
 	st.holds[key] = b
 	return b
@@ -328,7 +411,9 @@ func (s *Service) answer(st *stream, rs []reply) {
 	}
 	l := st.ttl()
 	acts := make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(rs))
+	keys := make([]string, 0, len(rs))
 	for _, r := range rs {
+		n := len(acts)
 		switch {
 		case r.abandon:
 			acts = append(acts, &rlqspb.RateLimitQuotaResponse_BucketAction{BucketId: r.id,
@@ -344,8 +429,11 @@ func (s *Service) answer(st *stream, rs []reply) {
 			}
 			acts = append(acts, assign(r.id, strategy(h.assigned), r.b.ttl(l, now)))
 		}
+		if len(acts) > n {
+			keys = append(keys, r.key)
+		}
 	}
-	st.out.put(acts)
+	st.out.put(acts, keys)
 }
 
 // ttl is the TTL of an assignment of b sent at now to a stream whose
@@ -375,8 +463,9 @@ func assign(id *rlqspb.BucketId, st *typepb.RateLimitStrategy, ttl time.Duration
 // a put never blocks (a round never waits for a stream).
 type mailbox struct {
 	mu       sync.Mutex
-	pending  map[string]*rlqspb.RateLimitQuotaResponse_BucketAction
-	order    []string
+	pending  map[string]int // by bucket identity, the index in acts of its action
+	acts     []*rlqspb.RateLimitQuotaResponse_BucketAction
+	idBuf    []byte        // the identity put is at
 	sending  func()        // called before each send (tests); may be nil
 	since    time.Time     // when the send under way began; zero when none is
 	dead     bool          // the writer is gone
@@ -386,21 +475,37 @@ type mailbox struct {
 }
 
 func newMailbox() mailbox {
-	return mailbox{pending: map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}, wake: make(chan struct{}, 1)}
+	return mailbox{pending: map[string]int{}, wake: make(chan struct{}, 1)}
 }
 
-// put queues acts.
-func (mb *mailbox) put(acts []*rlqspb.RateLimitQuotaResponse_BucketAction) {
+// put queues acts; keys, when not nil, are their buckets' identities,
+// where known ("": put finds it).
+func (mb *mailbox) put(acts []*rlqspb.RateLimitQuotaResponse_BucketAction, keys []string) {
 	if len(acts) == 0 {
 		return
 	}
 	mb.mu.Lock()
-	for _, a := range acts {
-		k := identity(a.GetBucketId().GetBucket())
-		if _, ok := mb.pending[k]; !ok {
-			mb.order = append(mb.order, k)
+	for i, a := range acts {
+		var k string
+		if keys != nil {
+			k = keys[i]
 		}
-		mb.pending[k] = a
+		var j int
+		var ok bool
+		if k == "" {
+			mb.idBuf = appendIdentity(mb.idBuf[:0], a.GetBucketId().GetBucket())
+			if j, ok = mb.pending[string(mb.idBuf)]; !ok { // no string made
+				k = string(mb.idBuf)
+			}
+		} else {
+			j, ok = mb.pending[k]
+		}
+		if ok {
+			mb.acts[j] = a
+			continue
+		}
+		mb.pending[k] = len(mb.acts)
+		mb.acts = append(mb.acts, a)
 	}
 	mb.mu.Unlock()
 	select {
@@ -436,7 +541,7 @@ func (mb *mailbox) write(ctx context.Context, gs rlqspb.RateLimitQuotaService_St
 func (mb *mailbox) take(now time.Time) *rlqspb.RateLimitQuotaResponse {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
-	if len(mb.order) == 0 || mb.quitting {
+	if len(mb.acts) == 0 || mb.quitting {
 		mb.since = time.Time{}
 		if mb.drained != nil {
 			close(mb.drained)
@@ -444,12 +549,10 @@ func (mb *mailbox) take(now time.Time) *rlqspb.RateLimitQuotaResponse {
 		}
 		return nil
 	}
-	resp := &rlqspb.RateLimitQuotaResponse{BucketAction: make([]*rlqspb.RateLimitQuotaResponse_BucketAction, 0, len(mb.order))}
-	for _, k := range mb.order {
-		resp.BucketAction = append(resp.BucketAction, mb.pending[k])
-	}
+	resp := &rlqspb.RateLimitQuotaResponse{BucketAction: slices.Clone(mb.acts)}
 	clear(mb.pending)
-	mb.order, mb.since = mb.order[:0], now
+	clear(mb.acts)
+	mb.acts, mb.since = mb.acts[:0], now
 	return resp
 }
 
@@ -477,7 +580,7 @@ func (mb *mailbox) close() {
 // gone, or ctx ends.
 func (mb *mailbox) flush(ctx context.Context) {
 	mb.mu.Lock()
-	if mb.dead || len(mb.order) == 0 && mb.since.IsZero() {
+	if mb.dead || len(mb.acts) == 0 && mb.since.IsZero() {
 		mb.mu.Unlock()
 		return
 	}
