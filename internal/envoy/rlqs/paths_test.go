@@ -76,7 +76,8 @@ func TestSlowStreamIsEnded(t *testing.T) {
 
 // TestIdleBucketIsAbandoned: a stream that reports a bucket with nothing
 // allowed or denied 3 times in a row hears abandon_action for it, and its
-// share goes to the other stream at the next round.
+// share goes to the other stream once the abandon has surely arrived: at
+// the round after the next (TestAbandonKeepsCommittedUntilApplied).
 func TestIdleBucketIsAbandoned(t *testing.T) {
 	h := newHarness(t, testConfig(), Options{})
 	a, b := h.client("edge"), h.client("edge")
@@ -97,6 +98,7 @@ func TestIdleBucketIsAbandoned(t *testing.T) {
 	if vs := h.svc.Buckets(0); len(vs) != 1 || vs[0].Streams != 1 {
 		t.Fatalf("after the abandon, Buckets = %+v: want the bucket held by one stream", vs)
 	}
+	h.round()
 	h.round()
 	b.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
 	after, _ := tokens(t, b.action(tenantA))

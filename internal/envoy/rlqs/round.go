@@ -121,6 +121,8 @@ func (s *Service) planRound(cfg *config, d *domain) *roundPlan {
 		want := sc.want[:len(hs)]
 		c := planInto(p, n, total, hs, want)
 		b.resum() // plan made each committed its assignment
+		b.left, b.leaving = b.leaving, share{}
+		c.Committed, c.CommittedBurst = c.Committed+b.left.rate, c.CommittedBurst+b.left.burst
 		c.Bucket = b.subject
 		rp.buckets, rp.holds, rp.streams = append(rp.buckets, b), append(rp.holds, hs), append(rp.streams, sts)
 		rp.wants, rp.claims = append(rp.wants, want), append(rp.claims, c)
@@ -165,12 +167,14 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until 
 		b.until = until
 		d.fleetS = max(d.fleetS, g.Streams)
 		k := len(rp.holds[i])
-		changed := settleInto(rp.holds[i], rp.wants[i], g, b.scratch.rates[:k], b.scratch.bursts[:k], b.scratch.changed[:k])
+		changed := settleInto(rp.holds[i], rp.wants[i], less(g, b.left), b.scratch.rates[:k], b.scratch.bursts[:k], b.scratch.changed[:k])
 		for _, h := range rp.holds[i] {
 			h.fresh = false
 		}
 		b.resum()
-		delete(d.fresh, b)
+		if len(b.fresh) == 0 { // a first report during the ledger call waits for its own claim
+			delete(d.fresh, b)
+		}
 		if len(b.holds) == 0 && rp.claims[i].Streams == 0 {
 			delete(d.buckets, b.key)
 			continue
@@ -210,6 +214,7 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 		sts     []*stream
 		hs      []*holding
 		n       int64
+		gone    share
 	}
 	var fbs []freshBucket
 	var cs []ledger.Claim
@@ -226,6 +231,9 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 		n, _ := b.fleet.now(nil)
 		fb.n = n + b.settled.n
 		c := claimFreshOf(policyShare(b.policy), fb.n, fb.settled, holdsOf(fb.hs))
+		fb.gone = b.left.plus(b.leaving) // abandons not yet surely applied stay reserved
+		c.Committed, c.CommittedBurst = c.Committed+fb.gone.rate, c.CommittedBurst+fb.gone.burst
+		c.Wish, c.WishBurst = c.Wish+fb.gone.rate, c.WishBurst+fb.gone.burst
 		c.Bucket = b.subject
 		fbs, cs = append(fbs, fb), append(cs, c)
 	}
@@ -244,7 +252,7 @@ func (s *Service) claimFresh(ctx context.Context, d *domain) {
 	for i, fb := range fbs[:len(gs)] {
 		fb.b.fleet.update(cs[i], gs[i])
 		fb.b.until = sent.Add(ttl)
-		settleFreshOf(policyShare(fb.b.policy), fb.n, fb.settled, holdsOf(fb.hs), gs[i])
+		settleFreshOf(policyShare(fb.b.policy), fb.n, fb.settled, holdsOf(fb.hs), less(gs[i], fb.gone))
 		for j, st := range fb.sts {
 			fb.b.settle(st, fb.hs[j])
 		}

@@ -36,6 +36,15 @@ type share struct{ rate, burst int64 }
 
 func (a share) max(b share) share { return share{max(a.rate, b.rate), max(a.burst, b.burst)} }
 
+func (a share) plus(b share) share { return share{a.rate + b.rate, a.burst + b.burst} }
+
+// less is g with its reservation less a, never below 0: what is left of
+// it for the holds once a is counted.
+func less(g ledger.Grant, a share) ledger.Grant {
+	g.Reserved, g.ReservedBurst = max(g.Reserved-a.rate, 0), max(g.ReservedBurst-a.burst, 0)
+	return g
+}
+
 // hold is one stream's state on one bucket, as the split sees it.
 type hold struct {
 	demand    int64 // smoothed demand (ewma)

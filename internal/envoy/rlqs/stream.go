@@ -73,6 +73,13 @@ type bucket struct {
 	// does not walk every holder (claimFresh).
 	settled settled
 	fresh   map[*stream]*holding
+	// leaving sums the commitments of the holds abandoned since the last
+	// round's plan, and left those that plan counted: an abandon is a
+	// decrease to nothing, and its Envoy enforces the old assignment
+	// until it arrives (within a round: docs/rlqs.md, assumption 1), so
+	// it stays committed, as a decrease's old amount does, until the
+	// round after the one that follows it.
+	leaving, left share
 	scratch scratch // a round's slices of the bucket, under claimMu
 	fleet   fleet
 	// until is when this instance's ledger entry of the bucket may expire,
@@ -358,7 +365,8 @@ func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageRep
 		if h.zeros = h.zeros + 1; n > 0 {
 			h.zeros = 0
 		}
-		if h.zeros >= 3 { // idle: abandoned, its share freed
+		if h.zeros >= 3 { // idle: abandoned, its share freed once applied
+			b.leaving = b.leaving.plus(h.committed.max(h.assigned))
 			b.drop(st)
 			delete(st.holds, b.key)
 			replies = append(replies, reply{id: id, key: b.key, abandon: true})
