@@ -80,8 +80,8 @@ type bucket struct {
 	// it stays committed, as a decrease's old amount does, until the
 	// round after the one that follows it.
 	leaving, left share
-	scratch scratch // a round's slices of the bucket, under claimMu
-	fleet   fleet
+	scratch       scratch // a round's slices of the bucket, under claimMu
+	fleet         fleet
 	// until is when this instance's ledger entry of the bucket may expire,
 	// at the earliest: the send time of the last claim that granted it
 	// plus that claim's entry TTL (zero before). No assignment of the
