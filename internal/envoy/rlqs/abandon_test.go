@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/envoy/rlqs/ledger"
+	"github.com/sluicehq/sluice/subject"
 )
 
 // TestAbandonKeepsCommittedUntilApplied: an abandoned bucket's Envoy
@@ -84,4 +86,19 @@ func TestFirstReportDuringARoundIsAnswered(t *testing.T) {
 func holds(svc *Service, n int) bool {
 	vs := svc.Buckets(0)
 	return len(vs) == 1 && vs[0].Streams == n
+}
+
+// TestOverflowTakesThePlan: a planned bucket past a cap gets the
+// overflow answer of its plan, not of the matcher's policy.
+func TestOverflowTakesThePlan(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxBucketsPerStream = 1
+	tenantB := map[string]string{"tenant": "b", "route": "api"}
+	plan := sluice.Override{Policy: "per-tenant", Subject: Subject(subject.Unkeyed(), "edge", tenantB), Limit: 10}
+	h := newHarness(t, cfg, Options{Overrides: func(context.Context) ([]sluice.Override, error) { return []sluice.Override{plan}, nil }})
+	c := h.client("edge")
+	c.report(usage{id: tenantA, allowed: 1, elapsed: time.Second}, usage{id: tenantB, allowed: 1, elapsed: time.Second})
+	if rate, burst := tokens(t, c.action(tenantB)); rate != 10 || burst != 10 {
+		t.Fatalf("a planned bucket past the cap: %v/s max %d, want its plan over 1 stream: 10/s, 10", rate, burst)
+	}
 }

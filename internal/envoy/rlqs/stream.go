@@ -344,8 +344,11 @@ func (s *Service) take(st *stream, cfg *config, m *rlqspb.RateLimitQuotaUsageRep
 				continue
 			}
 			b = s.hold(st, cfg, mt, string(st.idBuf), id)
-			if b == nil {
+			if b == nil { // past a cap: the overflow answer, of the bucket's plan if it has one
 				p := mt.policy
+				if plans := s.planMap(); len(plans) > 0 {
+					p = policyOf(mt, pseudonym(s.opts.Pseudonymizer, d.name, string(st.idBuf)), plans)
+				}
 				s.opts.Metrics.overflowed(d.name, p.ID)
 				replies = append(replies, reply{id: id, overflow: &p})
 				continue
