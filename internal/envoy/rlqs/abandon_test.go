@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,5 +101,50 @@ func TestOverflowTakesThePlan(t *testing.T) {
 	c.report(usage{id: tenantA, allowed: 1, elapsed: time.Second}, usage{id: tenantB, allowed: 1, elapsed: time.Second})
 	if rate, burst := tokens(t, c.action(tenantB)); rate != 10 || burst != 10 {
 		t.Fatalf("a planned bucket past the cap: %v/s max %d, want its plan over 1 stream: 10/s, 10", rate, burst)
+	}
+}
+
+// TestPlanLoweringConvergesAcrossInstances: two instances on one ledger,
+// each with one stream of a bucket, each stream's share kept by the 10 %
+// hysteresis when a plan lowers the policy by less than that. Each
+// instance's own sum stays under the new policy, so only the ledger can
+// tell that their sum does not: an instance the ledger grants less than
+// it wishes fits its streams into the grant.
+func TestPlanLoweringConvergesAcrossInstances(t *testing.T) {
+	var mu sync.Mutex
+	var plans []sluice.Override
+	read := func(context.Context) ([]sluice.Override, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return plans, nil
+	}
+	x := newHarness(t, testConfig(), Options{Overrides: read})
+	shared := ledger.NewMemory(x.clock.Now)
+	x.svc.ledger = shared
+	y := newHarness(t, testConfig(), Options{Overrides: read})
+	y.svc.ledger = shared
+	cx, cy := x.client("edge"), y.client("edge")
+	both := func() float64 {
+		for range 3 {
+			cx.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+			cy.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+			x.round()
+			y.round()
+		}
+		cx.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+		cy.report(usage{id: tenantA, allowed: 500, elapsed: 5 * time.Second})
+		rx, _ := tokens(t, cx.action(tenantA))
+		ry, _ := tokens(t, cy.action(tenantA))
+		return rx + ry
+	}
+	if sum := both(); sum > 100 {
+		t.Fatalf("under the policy of 100/s, the two streams hold %v/s", sum)
+	}
+	mu.Lock()
+	plans = []sluice.Override{{Policy: "per-tenant", Subject: Subject(subject.Unkeyed(), "edge", tenantA), Limit: 92}}
+	mu.Unlock()
+	both()
+	if sum := both(); sum > 92 {
+		t.Fatalf("rounds after a plan of 92/s, the two instances' streams hold %v/s", sum)
 	}
 }

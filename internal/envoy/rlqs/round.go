@@ -167,6 +167,7 @@ func (s *Service) applyRound(d *domain, rp *roundPlan, gs []ledger.Grant, until 
 		b.until = until
 		d.fleetS = max(d.fleetS, g.Streams)
 		k := len(rp.holds[i])
+		fitDown(rp.holds[i], rp.wants[i], rp.claims[i], g)
 		changed := settleInto(rp.holds[i], rp.wants[i], less(g, b.left), b.scratch.rates[:k], b.scratch.bursts[:k], b.scratch.changed[:k])
 		for _, h := range rp.holds[i] {
 			h.fresh = false

@@ -51,6 +51,7 @@ type hold struct {
 	assigned  share // the last assignment sent
 	committed share // what may be in force: max(previous, assigned) until the next round
 	fresh     bool  // reported once, not yet assigned
+	target    share // the last round's target
 }
 
 // hysteresis is the change of a stream's share, in tenths of it, that
@@ -138,9 +139,8 @@ func planInto(p share, n, total int64, hs []*hold, want []share) ledger.Claim {
 	for i, h := range hs {
 		h.committed = h.assigned
 		t := target(p, n, total, h.demand)
+		h.target = t
 		c.Demand += h.demand
-		c.Wish += t.rate
-		c.WishBurst += t.burst
 		c.Committed += h.committed.rate
 		c.CommittedBurst += h.committed.burst
 		want[i] = t
@@ -154,6 +154,15 @@ func planInto(p share, n, total int64, hs []*hold, want []share) ledger.Claim {
 		}
 	}
 	unkeepAbove(p, hs, n, total, want)
+	// The claim wishes for what the split means to hold this round: each
+	// stream's wanted share (its target, or the assignment the hysteresis
+	// keeps), or its committed amount while that is more (a decrease is
+	// in force until the next round). A grant below it is the fleet
+	// saying the other instances hold the rest (fitDown).
+	for i, h := range hs {
+		w := want[i].max(h.committed)
+		c.Wish, c.WishBurst = c.Wish+w.rate, c.WishBurst+w.burst
+	}
 	return c
 }
 
@@ -203,6 +212,25 @@ func settleInto(hs []*hold, want []share, g ledger.Grant, rates, bursts []int64,
 		h.assigned, h.committed = n, h.committed.max(n)
 	}
 	return changed
+}
+
+// fitDown gives the streams of hs the hysteresis keeps above their
+// targets their targets, where the ledger granted less than the claim c
+// wished for and less than the policy: the other instances hold the
+// rest. Without it, instances whose streams the hysteresis keeps (a plan
+// lowered the policy by less than 10 %) would each hold them above what
+// the fleet leaves it, each one's sum under the policy and the fleet's
+// above it, for good. Alone on a bucket (or not squeezed) nothing
+// changes.
+func fitDown(hs []*hold, want []share, c ledger.Claim, g ledger.Grant) {
+	if g.Rate >= min(c.Wish, c.Rate) && g.Burst >= min(c.WishBurst, c.Burst) {
+		return
+	}
+	for i, h := range hs {
+		if want[i].rate > h.target.rate || want[i].burst > h.target.burst {
+			want[i] = h.target
+		}
+	}
 }
 
 // fitUp scales the increases of want over each hold's committed amount

@@ -30,8 +30,10 @@ type Claim struct {
 	// Demand is the demand of this instance's streams on the bucket, and
 	// Streams how many of them report it.
 	Demand, Streams int64
-	// Wish and WishBurst are the sum of the targets of this instance's
-	// streams.
+	// Wish and WishBurst are the sum of what this instance means to
+	// hold for its streams this round: each one's target, or the
+	// assignment its hysteresis keeps, or what it still has in force
+	// when that is more.
 	Wish, WishBurst int64
 	// Committed and CommittedBurst are what this instance's streams may
 	// have in force now: never more than its last reservation.
