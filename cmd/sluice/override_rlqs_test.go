@@ -49,15 +49,13 @@ envoy:
 	// (tokens_per_fill per whole second of fill_interval, as Envoy reads it)
 	await := func(max uint32, per float64) {
 		t.Helper()
-		for {
-			st := p.State(id)
-			if tb := st.Strategy.GetTokenBucket(); st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max &&
-				float64(tb.GetTokensPerFill().GetValue())/float64(tb.GetFillInterval().GetSeconds()) == per {
-				return
-			}
-			if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-				t.Fatalf("bucket = %+v, want %d tokens, %v a second: %v", st, max, per, err)
-			}
+		st, err := p.AwaitState(ctx, id, func(st envoyrlqs.State) bool {
+			tb := st.Strategy.GetTokenBucket()
+			return st.Phase == envoyrlqs.Assignment && tb.GetMaxTokens() == max &&
+				float64(tb.GetTokensPerFill().GetValue())/float64(tb.GetFillInterval().GetSeconds()) == per
+		})
+		if err != nil {
+			t.Fatalf("bucket = %+v, want %d tokens, %v a second: %v", st, max, per, err)
 		}
 	}
 	p.Admit(id)

@@ -57,10 +57,9 @@ func startRLQSAdmin(t *testing.T, cfg string) (*running, *envoyrlqs.Proxy) {
 // bucket id holds a token bucket of max tokens, per every every seconds.
 func awaitTokenBucket(ctx context.Context, t *testing.T, p *envoyrlqs.Proxy, id map[string]string, max, per uint32, every int64) {
 	t.Helper()
-	for !hasTokenBucket(p.State(id), max, per, every) {
-		if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-			t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", id, p.State(id), max, per, every, err)
-		}
+	st, err := p.AwaitState(ctx, id, func(st envoyrlqs.State) bool { return hasTokenBucket(st, max, per, every) })
+	if err != nil {
+		t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", id, st, max, per, every, err)
 	}
 }
 

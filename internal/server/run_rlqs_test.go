@@ -67,11 +67,10 @@ func TestServeRLQS(t *testing.T) {
 		{plain, 187, 375, 4},
 		{gold, 1875, 1875, 2},
 	} {
-		for !hasTokenBucket(p.State(c.id), c.max, c.per, c.every) {
-			// The next answer or push: the round's is on its way.
-			if err := p.AwaitResponses(ctx, p.Responses()+1); err != nil {
-				t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", c.id, p.State(c.id), c.max, c.per, c.every, err)
-			}
+		// The answers and pushes until the round's arrives.
+		st, err := p.AwaitState(ctx, c.id, func(st envoyrlqs.State) bool { return hasTokenBucket(st, c.max, c.per, c.every) })
+		if err != nil {
+			t.Fatalf("bucket %v = %+v, want a token bucket of %d tokens, %d every %d s: %v", c.id, st, c.max, c.per, c.every, err)
 		}
 	}
 	// The first answers, at once: the same fraction of each bucket's

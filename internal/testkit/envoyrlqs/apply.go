@@ -159,6 +159,23 @@ func (p *Proxy) Responses() uint64 {
 	return p.in.seq
 }
 
+// AwaitState waits until bucket id's state satisfies ok, applying each
+// response as it arrives, and returns that state; or the state when ctx
+// ends, with the error. It reads how many responses have arrived before
+// it looks at the state, so a response that arrives between the two is
+// never waited for again (State, then Responses, would).
+func (p *Proxy) AwaitState(ctx context.Context, id map[string]string, ok func(State) bool) (State, error) {
+	for {
+		n := p.Responses()
+		if st := p.State(id); ok(st) {
+			return st, nil
+		}
+		if err := p.AwaitResponses(ctx, n+1); err != nil {
+			return p.State(id), err
+		}
+	}
+}
+
 // AwaitResponses waits until at least n responses have arrived (a push
 // the test expects: read Responses, act, await one more), then applies
 // them.
