@@ -1,6 +1,6 @@
 --[[ batch.lua: several decisions in one call. Go twin:
-redisstore/batch.go, allCmd (which writes what decideAll reads) and
-spread (which reads what it answers). ]]
+redisstore/batch.go, allCmd (which writes what decideAll reads), and
+redisstore/reply.go, spread (which reads what it answers). ]]
 
 -- allRun takes the run of n decisions by spec sp whose keys follow key
 -- ko (and, by a lease's spec, whose leases follow argument ao), at time
@@ -43,7 +43,7 @@ end
 -- (FAST_ARGS). The reply is the time the Redis-time decisions shared (0
 -- if none read it), then per decision its reply or error reply, except
 -- that a decision by spec admitted with no retry answers two integers in
--- its place: remaining and resetAfter (batch.go's spread knows its
+-- its place: remaining and resetAfter (reply.go's spread knows its
 -- limit). A run is one pcall (specRun), not one per decision. The
 -- library registers it beside decide (FCALL <name>_all).
 -- decideAll ports allCmd and spread's other side: it reads the call allCmd writes and answers what spread reads.

@@ -6,8 +6,9 @@
 //
 // One phase a file: split.go is the split's arithmetic (pure), buckets.go
 // the config and the matching of bucket ids, stream.go the streams and
-// their reports, round.go the split rounds and the ledger, shutdown.go the
-// shutdown, metrics.go and view.go what operators see.
+// their reports, mailbox.go a stream's answers on their way, round.go
+// the split rounds and the ledger, shutdown.go the shutdown, metrics.go
+// and view.go what operators see.
 package rlqs
 
 import (
