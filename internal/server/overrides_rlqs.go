@@ -17,14 +17,6 @@ import (
 // server holds. A bucket id's values name tenants: no answer or log line
 // here shows one, only the bucket's subject (its pseudonym).
 
-// maxRLQSEntries and maxRLQSBytes bound a plan's bucket id as the service
-// bounds a report's: 1 to 32 entries, keys and values of at most 256
-// bytes.
-const (
-	maxRLQSEntries = 32
-	maxRLQSBytes   = 256
-)
-
 // rlqsTarget resolves an override naming a bucket of the quota service:
 // the first matcher of the domain taking the bucket id gives the policy,
 // of the config's Limiter, whose plans the service reads each round; the
@@ -38,13 +30,13 @@ func (s *Server) rlqsTarget(in checkapi.OverrideRequest) (overrideTarget, int, s
 		return overrideTarget{}, http.StatusBadRequest, "set one of subject, envoy, proxy and rlqs"
 	case len(b.Domain) == 0 || len(b.Domain) > checkapi.MaxSubjectLen:
 		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.domain is %d bytes: must be 1 to %d", len(b.Domain), checkapi.MaxSubjectLen)
-	case len(b.Bucket) == 0 || len(b.Bucket) > maxRLQSEntries:
-		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.bucket has %d entries: must have 1 to %d", len(b.Bucket), maxRLQSEntries)
+	case len(b.Bucket) == 0 || len(b.Bucket) > rlqs.MaxIDEntries:
+		return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.bucket has %d entries: must have 1 to %d", len(b.Bucket), rlqs.MaxIDEntries)
 	}
 	for k, v := range b.Bucket {
 		switch {
-		case k == "" || len(k) > maxRLQSBytes || len(v) > maxRLQSBytes:
-			return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.bucket: an entry of %d and %d bytes: keys must have 1 to %d, values at most %d", len(k), len(v), maxRLQSBytes, maxRLQSBytes)
+		case k == "" || len(k) > rlqs.MaxIDBytes || len(v) > rlqs.MaxIDBytes:
+			return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.bucket: an entry of %d and %d bytes: keys must have 1 to %d, values at most %d", len(k), len(v), rlqs.MaxIDBytes, rlqs.MaxIDBytes)
 		case v == "" || v == "*":
 			// Neither key nor value named: the caller's words, in the log.
 			return overrideTarget{}, http.StatusBadRequest, fmt.Sprintf("rlqs.bucket: a value is %q: each must be the value the bucket id has (a plan is for one bucket: never empty, never \"*\")", v)

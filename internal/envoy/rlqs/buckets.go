@@ -45,11 +45,12 @@ const (
 	defaultMaxBucketsPerStream = 1000
 )
 
-// The bounds of one bucket id (a report carries at most
-// MaxBucketsPerStream of them).
+// The bounds of one bucket id, in a report and in a plan naming a bucket
+// (the admin API's rlqs form): 1 to MaxIDEntries entries, keys and
+// values of at most MaxIDBytes bytes.
 const (
-	maxIDEntries = 32
-	maxIDBytes   = 256
+	MaxIDEntries = 32
+	MaxIDBytes   = 256
 )
 
 // config is a Config checked and compiled.
@@ -109,8 +110,8 @@ func checkMatcher(m Matcher) error {
 	switch {
 	case len(m.Match) == 0:
 		return fmt.Errorf("match: empty: must name the bucket id's keys")
-	case len(m.Match) > maxIDEntries:
-		return fmt.Errorf("match: %d keys: a bucket id has at most %d", len(m.Match), maxIDEntries)
+	case len(m.Match) > MaxIDEntries:
+		return fmt.Errorf("match: %d keys: a bucket id has at most %d", len(m.Match), MaxIDEntries)
 	case p.Algorithm != sluice.TokenBucket && p.Algorithm != sluice.GCRA:
 		return fmt.Errorf("policy %q: algorithm %s: must be token_bucket or gcra", p.ID, p.Algorithm)
 	case p.Limit < 1 || p.Window <= 0:
@@ -138,7 +139,7 @@ func identity(id map[string]string) string { return string(appendIdentity(nil, i
 // looked up by string(b), a report's buckets are found without a string
 // made for each.
 func appendIdentity(b []byte, id map[string]string) []byte {
-	var arr [maxIDEntries]string // on the stack for every checked id
+	var arr [MaxIDEntries]string // on the stack for every checked id
 	keys := arr[:0]
 	for k := range id {
 		keys = append(keys, k)
@@ -165,12 +166,12 @@ func appendIdentity(b []byte, id map[string]string) []byte {
 func checkReport(m *rlqspb.RateLimitQuotaUsageReports) error {
 	for i, u := range m.GetBucketQuotaUsages() {
 		id := u.GetBucketId().GetBucket()
-		if len(id) == 0 || len(id) > maxIDEntries {
-			return fmt.Errorf("bucket_quota_usages[%d].bucket_id.bucket: %d entries: must have 1 to %d", i, len(id), maxIDEntries)
+		if len(id) == 0 || len(id) > MaxIDEntries {
+			return fmt.Errorf("bucket_quota_usages[%d].bucket_id.bucket: %d entries: must have 1 to %d", i, len(id), MaxIDEntries)
 		}
 		for k, v := range id {
-			if len(k) > maxIDBytes || len(v) > maxIDBytes {
-				return fmt.Errorf("bucket_quota_usages[%d].bucket_id.bucket: an entry of %d and %d bytes: keys and values must have at most %d", i, len(k), len(v), maxIDBytes)
+			if len(k) > MaxIDBytes || len(v) > MaxIDBytes {
+				return fmt.Errorf("bucket_quota_usages[%d].bucket_id.bucket: an entry of %d and %d bytes: keys and values must have at most %d", i, len(k), len(v), MaxIDBytes)
 			}
 		}
 		if te := u.GetTimeElapsed(); te != nil && (te.AsDuration() < 0 || !te.IsValid()) {
